@@ -1,0 +1,47 @@
+# The README's two commands.  Each installs what is missing, configures, builds, then runs or tests.
+#   make run    orderd on SQLite (./var/orderd.db) with a demo user; Ctrl-C stops it
+#   make test   every test: unit, store contract, service, then the ASan+UBSan build with fuzzers
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+CTEST_FLAGS ?= --output-on-failure -j $(JOBS)
+
+.PHONY: all deps build run test test-fast test-asan fuzz clean
+
+all: build
+
+deps:
+	@scripts/deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	@scripts/run.sh
+
+# The plain build's suite, then the whole suite again under ASan+UBSan (clang) with the fuzzers.
+test: build
+	@cd $(BUILD) && ctest $(CTEST_FLAGS)
+	@$(MAKE) --no-print-directory test-asan
+
+test-fast: build
+	@cd $(BUILD) && ctest $(CTEST_FLAGS)
+
+test-asan: deps
+	@CC=clang cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=ON \
+		-DIDEM_FUZZ=ON >/dev/null
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+		ctest $(CTEST_FLAGS)
+
+# Longer fuzzing by hand: make fuzz FUZZ_SECONDS=600
+FUZZ_SECONDS ?= 300
+fuzz: deps
+	@CC=clang cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=ON \
+		-DIDEM_FUZZ=ON -DIDEM_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+	@cd $(ASAN_BUILD) && ctest --output-on-failure -R '^fuzz\.'
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,361 @@
+/*
+ * idem.h - the one public header of libidem, the idempotency engine.
+ *
+ * A retry must never become a second order, a second charge or a second email.  libidem gives a
+ * C service the pieces to keep that promise: Idempotency-Key parsing, request fingerprints over
+ * the RFC 8785 canonical form of the body, and durable records with leases and recovery points,
+ * kept in a store (SQLite or PostgreSQL) inside the same transaction as the service's own writes.
+ *
+ * Conventions (see shared/STYLE.md): 0 is success and a negative IDEM_E* code is a failure;
+ * business outcomes (execute, replay, mismatch, in progress) come back through an
+ * enum idem_outcome out-parameter.  Every result says whether it is new (caller frees it with the
+ * named function), or borrowed (valid until the named event).  The library never aborts.
+ */
+#ifndef IDEM_IDEM_H
+#define IDEM_IDEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(IDEM_BUILDING) && defined(__GNUC__)
+#define IDEM_API __attribute__((visibility("default")))
+#else
+#define IDEM_API
+#endif
+
+#define IDEM_VERSION_STRING "0.1.0"
+
+/* ---------------------------------------------------------------------------------------------
+ * Errors
+ * ------------------------------------------------------------------------------------------- */
+
+/* One list makes the enum, idem_strerror() and idem_err_name() (libuv's UV_ERRNO_MAP). */
+#define IDEM_ERRNO_MAP(XX)                                                                         \
+    XX(ENOMEM, -1, "out of memory")                                                                \
+    XX(EINVAL, -2, "invalid argument")                                                             \
+    XX(EKEY, -3, "idempotency key invalid")                                                        \
+    XX(EJSON, -4, "body is not valid JSON")                                                        \
+    XX(EDUPKEY, -5, "duplicate member name in a JSON object")                                      \
+    XX(EDEPTH, -6, "JSON nested too deeply")                                                       \
+    XX(ETOOBIG, -7, "value exceeds its size cap")                                                  \
+    XX(ESTORE, -8, "store error")                                                                  \
+    XX(EUNAVAIL, -9, "store unavailable")                                                          \
+    XX(ECONFLICT, -10, "unique constraint violated")                                               \
+    XX(ELEASE, -11, "lease lost to another owner")                                                 \
+    XX(ESTATE, -12, "call not in a state that allows this")                                        \
+    XX(EURI, -13, "store URI not recognised")                                                      \
+    XX(EMIGRATE, -14, "schema migration failed")
+
+enum idem_errno {
+#define IDEM__ERR_ENUM(name, code, text) IDEM_##name = (code),
+    IDEM_OK = 0,
+    IDEM_ERRNO_MAP(IDEM__ERR_ENUM)
+#undef IDEM__ERR_ENUM
+};
+
+/* Returns a static English sentence for an error code ("out of memory"). */
+IDEM_API const char *idem_strerror(int err);
+/* Returns the static name of an error code ("IDEM_ENOMEM"), or "IDEM_UNKNOWN". */
+IDEM_API const char *idem_err_name(int err);
+
+/* Frees memory the library handed out as new bytes (canonical JSON, hex strings). NULL is a no-op. */
+IDEM_API void idem_free(void *p);
+
+/* ---------------------------------------------------------------------------------------------
+ * Idempotency-Key parsing
+ * ------------------------------------------------------------------------------------------- */
+
+#define IDEM_KEY_MAX 255
+
+/*
+ * Parses one Idempotency-Key field value of `len` bytes: an RFC 8941 sf-string ("abc", with \"
+ * and \\ escapes) or a bare token of visible ASCII (0x21-0x7E, no comma, not starting with a
+ * quote).  Optional white space (SP / HTAB) around the value is ignored.  The key must be 1 to
+ * IDEM_KEY_MAX characters once unquoted, with no control characters.
+ *
+ * On success writes the NUL-terminated key into `out` and returns 0.  On failure returns
+ * IDEM_EKEY (or IDEM_EINVAL for NULL arguments) and, if `why` is not NULL, sets *why to a static
+ * sentence saying what is wrong ("key is empty", "key is longer than 255 characters", ...).
+ */
+IDEM_API int idem_key_parse(const char *value, size_t len, char out[IDEM_KEY_MAX + 1],
+                            const char **why);
+
+/* ---------------------------------------------------------------------------------------------
+ * RFC 8785 canonical JSON and request fingerprints
+ * ------------------------------------------------------------------------------------------- */
+
+#define IDEM_JSON_MAX_DEPTH 64
+#define IDEM_FP_LEN 32
+
+/*
+ * Canonicalises the JSON text `json` (`len` bytes, UTF-8) by RFC 8785 (JCS): object members
+ * sorted by the UTF-16 code units of their names, numbers in ECMAScript's shortest form, strings
+ * with minimal escaping, no white space.  Every number is an IEEE 754 double, as JCS demands.
+ *
+ * Returns 0 and hands out *out (new, NUL-terminated, free with idem_free) and *out_len; or
+ * IDEM_EJSON (not JSON, or a number that is not finite as a double), IDEM_EDUPKEY (an object
+ * names a member twice), IDEM_EDEPTH (nested deeper than IDEM_JSON_MAX_DEPTH), IDEM_ENOMEM.
+ * If `why` is not NULL it receives a static sentence on failure.
+ */
+IDEM_API int idem_jcs_canonicalize(const void *json, size_t len, char **out, size_t *out_len,
+                                   const char **why);
+
+/*
+ * Computes the request fingerprint: SHA-256 over the method, the route template (e.g.
+ * "/api/orders/{id}/cancel"), its `nparams` path parameter values in order, and the JCS form of
+ * the body.  Every field is length-prefixed, so no two different requests share an encoding.
+ * An empty body (len 0) is fingerprinted as "no body"; a non-empty body must be JSON.
+ *
+ * Returns 0 and fills `out`; or the errors of idem_jcs_canonicalize() for a bad body.
+ */
+IDEM_API int idem_fingerprint(const char *method, const char *route, const char *const *params,
+                              size_t nparams, const void *body, size_t body_len,
+                              unsigned char out[IDEM_FP_LEN], const char **why);
+
+/* Writes the 64 lowercase hex digits of a fingerprint and a NUL into `hex`. */
+IDEM_API void idem_fingerprint_hex(const unsigned char fp[IDEM_FP_LEN], char hex[2 * IDEM_FP_LEN + 1]);
+
+/* ---------------------------------------------------------------------------------------------
+ * Stores
+ * ------------------------------------------------------------------------------------------- */
+
+struct idem_store;
+
+enum idem_sync {
+    IDEM_SYNC_FULL = 0, /* default: every commit is fsync'd before it is acknowledged */
+    IDEM_SYNC_NORMAL = 1 /* SQLite WAL "NORMAL": a power loss may drop the last commits */
+};
+
+struct idem_store_options {
+    int pool_size;          /* connections kept by the store; 0 means 8 */
+    int busy_timeout_ms;    /* how long a writer waits for a lock or a pooled connection; 0: 5000 */
+    enum idem_sync sync;    /* SQLite durability; ignored by stores that are always durable */
+};
+
+/*
+ * Opens the store named by `uri`: "sqlite:PATH" (PATH may be relative; the file is created) or,
+ * once that store exists, "postgresql://..." / "postgres://...".  Applies libidem's own schema
+ * migrations.  NULL `opts` means defaults.
+ *
+ * Returns 0 and *out (new, close with idem_store_close).  On failure returns a negative code;
+ * *out is then NULL and, if `errmsg` is not NULL, *errmsg receives a new sentence (free with
+ * idem_free) that never contains a password.
+ */
+IDEM_API int idem_store_open(const char *uri, const struct idem_store_options *opts,
+                             struct idem_store **out, char **errmsg);
+
+/* Closes every pooled connection. NULL is a no-op.  No call on the store may be running. */
+IDEM_API void idem_store_close(struct idem_store *st);
+
+/* The store's kind: "sqlite" or "postgresql" (static). */
+IDEM_API const char *idem_store_kind(const struct idem_store *st);
+
+/*
+ * A versioned schema step of the application.  Each store runs its own dialect: `sqlite_sql` or
+ * `postgres_sql` (several statements separated by ';' are allowed).  Versions of one component
+ * must be given in ascending order.
+ */
+struct idem_migration {
+    int version;
+    const char *name;
+    const char *sqlite_sql;
+    const char *postgres_sql;
+};
+
+/*
+ * Applies, in one transaction each, every migration of `component` whose version is newer than
+ * the one recorded in the store's schema table.  Safe when several processes start at once: the
+ * table is locked while it is read and written.  *applied (may be NULL) receives how many ran.
+ * Returns 0, or IDEM_EMIGRATE with detail in *errmsg (new, free with idem_free).
+ */
+IDEM_API int idem_store_migrate(struct idem_store *st, const char *component,
+                                const struct idem_migration *steps, size_t n, int *applied,
+                                char **errmsg);
+
+/* ---------------------------------------------------------------------------------------------
+ * Transactions and SQL for the application's own writes
+ *
+ * SQL is written once for both stores: parameters are $1, $2, ... and travel as text (a NULL
+ * pointer is SQL NULL); results come back as text.  A transaction holds one pooled connection.
+ * ------------------------------------------------------------------------------------------- */
+
+struct idem_tx;
+struct idem_rows;
+
+/*
+ * Begins a transaction.  `write` non-zero takes the write lock at once (SQLite BEGIN IMMEDIATE),
+ * so a later write cannot fail with a lock upgrade.  Returns 0 and *out (new: end it with
+ * idem_tx_commit or idem_tx_rollback), or IDEM_EUNAVAIL when no connection could be had within
+ * the busy timeout or the store cannot be reached.
+ */
+IDEM_API int idem_tx_begin(struct idem_store *st, int write, struct idem_tx **out);
+
+/* Commits durably and frees the handle (also on failure).  A failed commit rolled back. */
+IDEM_API int idem_tx_commit(struct idem_tx *tx);
+
+/* Rolls back and frees the handle.  NULL is a no-op. */
+IDEM_API void idem_tx_rollback(struct idem_tx *tx);
+
+/*
+ * Runs one statement with `nparams` text parameters.  `rows` may be NULL when no result is
+ * wanted; otherwise *rows is new (free with idem_rows_free) and holds every result row.
+ * Returns 0, IDEM_ECONFLICT for a unique or primary key violation (the transaction stays usable
+ * on SQLite; on PostgreSQL roll it back), IDEM_EUNAVAIL when the store went away, or IDEM_ESTORE
+ * with detail in idem_tx_errmsg().
+ */
+IDEM_API int idem_tx_exec(struct idem_tx *tx, const char *sql, int nparams,
+                          const char *const *params, struct idem_rows **rows);
+
+/* The last failure's detail, borrowed until the next call on `tx`. */
+IDEM_API const char *idem_tx_errmsg(const struct idem_tx *tx);
+
+IDEM_API int idem_rows_count(const struct idem_rows *r);
+IDEM_API int idem_rows_columns(const struct idem_rows *r);
+/* Rows changed by the statement (INSERT / UPDATE / DELETE). */
+IDEM_API int64_t idem_rows_changed(const struct idem_rows *r);
+/* Value of (row, col) as text, borrowed until idem_rows_free; NULL for SQL NULL or out of range. */
+IDEM_API const char *idem_rows_get(const struct idem_rows *r, int row, int col);
+/* Index of the column named `name`, or -1. */
+IDEM_API int idem_rows_column_index(const struct idem_rows *r, const char *name);
+IDEM_API void idem_rows_free(struct idem_rows *r);
+
+/* ---------------------------------------------------------------------------------------------
+ * The engine: records, leases, phases, replay
+ * ------------------------------------------------------------------------------------------- */
+
+struct idem_engine;
+struct idem_call;
+
+/* An operation's published policy. Zero fields take the defaults in brackets. */
+struct idem_operation {
+    const char *name; /* stable name, part of the scope: "orders.create" */
+    int64_t ttl_ms;   /* retention of its records [24 h] */
+    int64_t lease_ms; /* how long an owner may hold a processing record unrenewed [10 s] */
+    int64_t wait_ms;  /* how long a duplicate waits for the first to finish [2 s] */
+};
+
+struct idem_engine_options {
+    const char *owner; /* lease owner name of this process; NULL: "host:pid:random" */
+};
+
+/*
+ * Makes an engine over an open store (borrowed: it must outlive the engine).  Returns 0 and *out
+ * (new, free with idem_engine_free).
+ */
+IDEM_API int idem_engine_new(struct idem_store *st, const struct idem_engine_options *opts,
+                             struct idem_engine **out);
+IDEM_API void idem_engine_free(struct idem_engine *eng);
+/* The owner name written into leases (borrowed until idem_engine_free). */
+IDEM_API const char *idem_engine_owner(const struct idem_engine *eng);
+
+enum idem_outcome {
+    IDEM_OUTCOME_NONE = 0,
+    IDEM_OUTCOME_EXECUTE,     /* new record claimed: run from the first phase, which is open */
+    IDEM_OUTCOME_RESUME,      /* an expired lease was taken over: go on from the recovery point */
+    IDEM_OUTCOME_REPLAY,      /* completed with the same fingerprint: send the stored response */
+    IDEM_OUTCOME_MISMATCH,    /* same scope, another fingerprint: refuse (422), run nothing */
+    IDEM_OUTCOME_IN_PROGRESS, /* another owner holds a live lease past wait_ms: 409 */
+};
+
+/* A stored response header.  Only allow-listed names are kept: Content-Type and Location. */
+struct idem_header {
+    const char *name;
+    const char *value;
+};
+
+/*
+ * Looks up or claims the record of scope (principal, op->name, key) for a request with
+ * fingerprint `fp`.  The store's unique key decides who owns a new record: the claim is an
+ * insert that does nothing on conflict, never a read followed by an insert.
+ *
+ * - EXECUTE: the record was inserted as `processing` with this engine's lease, inside an open
+ *   transaction (the first phase).  Run the first phase's writes with idem_call_tx(), then
+ *   idem_call_advance() or idem_call_complete().  If the phase is rolled back, the claim goes with it.
+ * - RESUME: a processing record whose lease had expired is now leased to this engine; no phase is
+ *   open.  idem_call_recovery_point() says where to go on.
+ * - REPLAY: idem_call_response*() give the stored response.
+ * - MISMATCH / IN_PROGRESS: nothing was run.  idem_call_retry_after_s() suggests a Retry-After.
+ *
+ * A duplicate that finds a live lease waits up to op->wait_ms, woken when the record changes in
+ * this process and otherwise polling the store with growing pauses, and idem_call_waited() is
+ * then true.
+ *
+ * Returns 0 with *call (new, end with idem_call_end) and *outcome, or a negative code
+ * (IDEM_EUNAVAIL: answer 503, nothing ran).
+ */
+IDEM_API int idem_call_begin(struct idem_engine *eng, const struct idem_operation *op,
+                             const char *principal, const char *key,
+                             const unsigned char fp[IDEM_FP_LEN], struct idem_call **call,
+                             enum idem_outcome *outcome);
+
+/*
+ * Opens the next phase: a write transaction on the store.  Not needed after EXECUTE (the first
+ * phase is open).  Returns 0, IDEM_ESTATE if a phase is already open, or IDEM_EUNAVAIL.
+ */
+IDEM_API int idem_call_phase_begin(struct idem_call *call);
+
+/* The open phase's transaction, borrowed until the phase ends; NULL when no phase is open. */
+IDEM_API struct idem_tx *idem_call_tx(struct idem_call *call);
+
+/*
+ * Ends the open phase: moves the record's recovery point to `point` (with optional `data`, text
+ * the next phase needs, e.g. the order id), renews the lease and commits, all in the phase's
+ * transaction.  The update is fenced: if another owner took the lease over, nothing commits and
+ * IDEM_ELEASE is returned.
+ */
+IDEM_API int idem_call_advance(struct idem_call *call, const char *point, const char *data);
+
+/*
+ * Stores the final response and marks the record completed, in the open phase's transaction
+ * (one is opened if none is), then commits.  Headers not on the allow list are not stored.
+ * Afterwards idem_call_response*() return what was stored.  Fenced like idem_call_advance().
+ */
+IDEM_API int idem_call_complete(struct idem_call *call, int status,
+                                const struct idem_header *headers, size_t nheaders,
+                                const void *body, size_t body_len);
+
+/*
+ * Gives up the open phase: rolls back its transaction.  A claim made in that transaction
+ * disappears with it (a retry runs afresh); a record that had already advanced keeps its recovery
+ * point and its lease is released at once, so a retry may resume it without waiting.
+ */
+IDEM_API void idem_call_abort(struct idem_call *call);
+
+/* Ends the call: aborts an open phase (see idem_call_abort) and frees it.  NULL is a no-op. */
+IDEM_API void idem_call_end(struct idem_call *call);
+
+/* The recovery point ("" for a new record) and its data (NULL if none); borrowed until the next
+ * call on `call`. */
+IDEM_API const char *idem_call_recovery_point(const struct idem_call *call);
+IDEM_API const char *idem_call_recovery_data(const struct idem_call *call);
+
+/* Whether this call waited for another owner before its outcome. */
+IDEM_API int idem_call_waited(const struct idem_call *call);
+
+/* Seconds a client should wait before retrying an IN_PROGRESS outcome (>= 1). */
+IDEM_API int idem_call_retry_after_s(const struct idem_call *call);
+
+/* The stored response of a REPLAY or of a completed call; borrowed until idem_call_end. */
+IDEM_API int idem_call_response_status(const struct idem_call *call);
+IDEM_API const void *idem_call_response_body(const struct idem_call *call, size_t *len);
+IDEM_API size_t idem_call_response_header_count(const struct idem_call *call);
+IDEM_API const struct idem_header *idem_call_response_header(const struct idem_call *call, size_t i);
+
+/* Detail of the last failure on `call`, borrowed until the next call on it. */
+IDEM_API const char *idem_call_errmsg(const struct idem_call *call);
+
+/*
+ * Retention: deletes at most `limit` records whose retention has ended (and that no live lease
+ * protects), in one short transaction.  *deleted (may be NULL) receives the count.  A sweeper
+ * calls it repeatedly until fewer than `limit` come back.
+ */
+IDEM_API int idem_engine_sweep(struct idem_engine *eng, int limit, int *deleted);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* IDEM_IDEM_H */

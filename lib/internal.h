@@ -1,0 +1,148 @@
+/*
+ * internal.h - what libidem's own files share and the public header does not show: the store
+ * backend table (a store is a swappable backend, as SQLite's sqlite3_vfs), the record as the
+ * engine and the stores exchange it, and small helpers.  Programs never include this file.
+ */
+#ifndef IDEM_INTERNAL_H
+#define IDEM_INTERNAL_H
+
+#include "idem/idem.h"
+#include "banned.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+
+#define IDEM_ERRMSG_MAX 512
+
+/* Milliseconds of the wall clock (CLOCK_REALTIME), the clock SQLite leases are measured with. */
+int64_t idem__now_ms(void);
+/* Milliseconds of CLOCK_MONOTONIC, for timeouts inside one process. */
+int64_t idem__mono_ms(void);
+/* Sleeps `ms` milliseconds (restarting on EINTR). */
+void idem__sleep_ms(int64_t ms);
+
+/* snprintf into a fixed message buffer; never overflows, always NUL-terminates. */
+void idem__fmt(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* malloc'd copy of `s` (NULL stays NULL; sets *rc to IDEM_ENOMEM on failure if rc not NULL). */
+char *idem__strdup(const char *s);
+
+/* ---- records -------------------------------------------------------------------------------- */
+
+enum idem_record_status { IDEM_REC_PROCESSING = 0, IDEM_REC_COMPLETED = 1 };
+
+/* The scope that names a record: its primary key. */
+struct idem_scope {
+    const char *principal;
+    const char *operation;
+    const char *key;
+};
+
+/*
+ * One record as a store returns it.  Every pointer is owned by the record and freed by
+ * idem__record_clear(); `headers` is "Name: value\n" lines of the allow-listed headers.
+ */
+struct idem_record {
+    int found;
+    enum idem_record_status status;
+    unsigned char fp[IDEM_FP_LEN];
+    char *recovery_point; /* "" for a fresh claim */
+    char *recovery_data;  /* NULL if none */
+    char *lease_owner;    /* NULL once completed or released */
+    int64_t lease_expires_ms; /* in the store's clock */
+    int64_t store_now_ms;     /* the store's clock when the record was read */
+    int response_status;
+    char *response_headers;
+    void *response_body;
+    size_t response_body_len;
+};
+
+void idem__record_clear(struct idem_record *rec);
+
+/* ---- the store backend table ---------------------------------------------------------------- */
+
+struct idem_conn; /* one connection of a backend; defined by each backend */
+
+/*
+ * What a store backend implements.  Every function takes a connection out of the store's pool;
+ * record functions run inside the transaction the engine opened with `begin`, except `record_get`
+ * which may run outside one.  On failure a function returns a negative IDEM_E* and leaves a
+ * sentence in the connection's message buffer (`errmsg`).  Time is the store's own clock: a lease
+ * expiry is computed and compared by the store, never by the caller.
+ */
+struct idem_store_vtab {
+    const char *kind;
+
+    /* Opens a connection and applies libidem's schema (idempotent; safe to race). */
+    int (*conn_open)(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
+    void (*conn_close)(struct idem_conn *c);
+    const char *(*errmsg)(const struct idem_conn *c);
+    /* Whether the connection is still usable after a failure (else the pool drops it). */
+    int (*conn_ok)(struct idem_conn *c);
+
+    int (*begin)(struct idem_conn *c, int write);
+    int (*commit)(struct idem_conn *c);
+    int (*rollback)(struct idem_conn *c);
+    int (*exec)(struct idem_conn *c, const char *sql, int nparams, const char *const *params,
+                struct idem_rows **rows);
+
+    /* INSERT ... ON CONFLICT DO NOTHING; *inserted says whether this call made the record. */
+    int (*record_insert)(struct idem_conn *c, const struct idem_scope *s,
+                         const unsigned char fp[IDEM_FP_LEN], const char *owner, int64_t lease_ms,
+                         int64_t ttl_ms, int *inserted);
+    /* Reads the record (rec->found = 0 when there is none), with the store's current time. */
+    int (*record_get)(struct idem_conn *c, const struct idem_scope *s, struct idem_record *rec);
+    /* Takes a processing record whose lease has expired; *won = 1 if this owner got it. */
+    int (*record_takeover)(struct idem_conn *c, const struct idem_scope *s, const char *owner,
+                           int64_t lease_ms, int *won);
+    /* Fenced on (owner, status processing): moves the recovery point and renews the lease. */
+    int (*record_advance)(struct idem_conn *c, const struct idem_scope *s, const char *owner,
+                          const char *point, const char *data, int64_t lease_ms, int *ok);
+    /* Fenced on (owner, status processing): stores the response, status completed, no lease. */
+    int (*record_complete)(struct idem_conn *c, const struct idem_scope *s, const char *owner,
+                           int status, const char *headers, const void *body, size_t body_len,
+                           int *ok);
+    /* Fenced on owner: expires the lease now, so the next request may resume at once. */
+    int (*record_release)(struct idem_conn *c, const struct idem_scope *s, const char *owner);
+    /* Deletes up to `limit` records past retention that no live lease protects. */
+    int (*record_sweep)(struct idem_conn *c, int limit, int *deleted);
+
+    /* Application migrations: applies newer steps of `component` (see idem_store_migrate). */
+    int (*migrate)(struct idem_conn *c, const char *component, const struct idem_migration *steps,
+                   size_t n, int *applied);
+};
+
+/* A store handle: the backend, its options and a bounded pool of connections. */
+struct idem_store {
+    const struct idem_store_vtab *vt;
+    char *target; /* backend-specific: the SQLite path, or the libpq conninfo */
+    struct idem_store_options opts;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct idem_conn **idle; /* connections ready for use */
+    int nidle;
+    int nopen; /* idle + lent out */
+};
+
+/* Lends a connection, opening one if the pool has room, waiting up to busy_timeout_ms. */
+int idem__store_acquire(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
+/* Returns a connection; a broken one (`vt->conn_ok` false) is closed instead. */
+void idem__store_release(struct idem_store *st, struct idem_conn *c);
+
+extern const struct idem_store_vtab idem__sqlite_vtab;
+
+/* ---- result rows, built by the backends ----------------------------------------------------- */
+
+struct idem_rows {
+    int nrows, ncols, cap;
+    int64_t changed;
+    char **names; /* ncols column names */
+    char **cells; /* nrows * ncols values, NULL for SQL NULL */
+};
+
+/* New empty result with `ncols` named columns (names copied). */
+int idem__rows_new(int ncols, const char *const *names, struct idem_rows **out);
+/* Appends a row of `ncols` values (copied; NULL stays NULL, lens[i] bytes of each). */
+int idem__rows_append(struct idem_rows *r, const char *const *vals, const size_t *lens);
+
+#endif /* IDEM_INTERNAL_H */

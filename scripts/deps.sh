@@ -1,0 +1,26 @@
+#!/bin/sh
+# Installs the Debian packages idem needs to build, run and test, when any is missing.
+# Used by `make run` and `make test`, so a fresh Debian 12 machine needs nothing by hand.
+set -eu
+
+PKGS="build-essential cmake pkg-config clang libclang-rt-14-dev python3 sqlite3 curl procps
+      libmicrohttpd-dev libjansson-dev libsqlite3-dev libssl-dev libcurl4-openssl-dev
+      libpq-dev postgresql"
+
+missing=""
+for p in $PKGS; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+        missing="$missing $p"
+    fi
+done
+[ -z "$missing" ] && exit 0
+
+echo "deps: installing:$missing" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    SUDO="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
