@@ -58,6 +58,11 @@ struct idem_record {
 
 void idem__record_clear(struct idem_record *rec);
 
+/* Encodes the allow-listed headers of `h` as "Name: value\n" lines (new, free()). */
+int idem__headers_encode(const struct idem_header *h, size_t n, char **out);
+/* Splits `text` in place into headers; *out (new, free()) points into `text`. */
+int idem__headers_decode(char *text, struct idem_header **out, size_t *n);
+
 /* ---- the store backend table ---------------------------------------------------------------- */
 
 struct idem_conn; /* one connection of a backend; defined by each backend */
@@ -128,6 +133,9 @@ struct idem_store {
 int idem__store_acquire(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
 /* Returns a connection; a broken one (`vt->conn_ok` false) is closed instead. */
 void idem__store_release(struct idem_store *st, struct idem_conn *c);
+
+/* The connection a transaction holds (record functions run on it inside the phase). */
+struct idem_conn *idem__tx_conn(struct idem_tx *tx);
 
 extern const struct idem_store_vtab idem__sqlite_vtab;
 

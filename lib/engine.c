@@ -1,0 +1,611 @@
+/*
+ * engine.c - the record state machine: claim, replay, mismatch, wait, take over, phases.
+ *
+ * A request becomes a "call" on the record of its scope (principal, operation, key).  Ownership
+ * is decided by the store's primary key (an insert that does nothing on conflict), never by a read
+ * followed by an insert.  The owner runs the operation as atomic phases; each phase is one store
+ * transaction that carries the business writes and moves the record's recovery point, so a crash
+ * between phases loses nothing and a finished phase never runs twice.  Every phase commit is
+ * fenced on the lease owner: a slow owner whose lease was taken over cannot commit behind the new
+ * owner's back.
+ *
+ * Each call gets its own lease owner name ("<engine owner>/<n>"), so two threads of one process
+ * fence each other just as two processes do.  Duplicates that find a live lease wait on a
+ * condition variable that every phase end in this process signals, and otherwise poll the store
+ * with growing pauses, so a storm of retries does not hammer it.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <openssl/rand.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_TTL_MS (24LL * 3600 * 1000)
+#define DEFAULT_LEASE_MS (10LL * 1000)
+#define DEFAULT_WAIT_MS (2LL * 1000)
+#define POLL_FIRST_MS 2
+#define POLL_MAX_MS 100
+#define CLAIM_ROUNDS_MAX 64
+
+struct idem_engine {
+    struct idem_store *st;
+    char *owner;
+    atomic_ullong next_call;
+
+    /* Wakes waiting duplicates when any record changes in this process. */
+    pthread_mutex_t mu;
+    pthread_cond_t changed;
+    uint64_t epoch;
+};
+
+struct idem_call {
+    struct idem_engine *eng;
+    struct idem_scope scope;
+    char *principal, *operation, *key;
+    char owner[320];
+    int64_t ttl_ms, lease_ms, wait_ms;
+    unsigned char fp[IDEM_FP_LEN];
+
+    struct idem_tx *tx;  /* the open phase, if any */
+    int record_durable;  /* the record exists beyond the open phase (committed) */
+    int completed;
+    int waited;
+    int retry_after_s;
+
+    struct idem_record rec; /* last state read, or what this call stored */
+    struct idem_header *headers;
+    size_t nheaders;
+    char errmsg[IDEM_ERRMSG_MAX];
+};
+
+int idem_engine_new(struct idem_store *st, const struct idem_engine_options *opts,
+                    struct idem_engine **out)
+{
+    int rc = IDEM_ENOMEM;
+    struct idem_engine *eng = NULL;
+    char owner[256];
+
+    if (!st || !out)
+        return IDEM_EINVAL;
+    *out = NULL;
+    eng = calloc(1, sizeof(*eng));
+    if (!eng)
+        goto out;
+    if (opts && opts->owner) {
+        idem__fmt(owner, sizeof(owner), "%s", opts->owner);
+    } else {
+        char host[128] = "localhost";
+        unsigned char rnd[4] = {0};
+        gethostname(host, sizeof(host) - 1);
+        host[sizeof(host) - 1] = '\0';
+        if (RAND_bytes(rnd, sizeof(rnd)) != 1)
+            memset(rnd, 0, sizeof(rnd));
+        idem__fmt(owner, sizeof(owner), "%s:%ld:%02x%02x%02x%02x", host, (long)getpid(), rnd[0],
+                  rnd[1], rnd[2], rnd[3]);
+    }
+    eng->owner = idem__strdup(owner);
+    if (!eng->owner)
+        goto out;
+    eng->st = st;
+    atomic_init(&eng->next_call, 1);
+    if (pthread_mutex_init(&eng->mu, NULL) != 0)
+        goto out;
+    if (pthread_cond_init(&eng->changed, NULL) != 0) {
+        pthread_mutex_destroy(&eng->mu);
+        goto out;
+    }
+    *out = eng;
+    eng = NULL;
+    rc = 0;
+out:
+    if (eng) {
+        free(eng->owner);
+        free(eng);
+    }
+    return rc;
+}
+
+void idem_engine_free(struct idem_engine *eng)
+{
+    if (!eng)
+        return;
+    pthread_cond_destroy(&eng->changed);
+    pthread_mutex_destroy(&eng->mu);
+    free(eng->owner);
+    free(eng);
+}
+
+const char *idem_engine_owner(const struct idem_engine *eng)
+{
+    return eng ? eng->owner : NULL;
+}
+
+static void notify_changed(struct idem_engine *eng)
+{
+    pthread_mutex_lock(&eng->mu);
+    eng->epoch++;
+    pthread_cond_broadcast(&eng->changed);
+    pthread_mutex_unlock(&eng->mu);
+}
+
+/* Sleeps up to `ms`, or less if a record changes in this process meanwhile. */
+static void wait_for_change(struct idem_engine *eng, int64_t ms)
+{
+    struct timespec ts;
+    uint64_t seen;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)(ms / 1000);
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&eng->mu);
+    seen = eng->epoch;
+    while (eng->epoch == seen)
+        if (pthread_cond_timedwait(&eng->changed, &eng->mu, &ts) == ETIMEDOUT)
+            break;
+    pthread_mutex_unlock(&eng->mu);
+}
+
+static int call_fail(struct idem_call *call, int rc, const char *what, const char *detail)
+{
+    idem__fmt(call->errmsg, sizeof(call->errmsg), "%s: %s", what,
+              detail && detail[0] ? detail : idem_strerror(rc));
+    return rc;
+}
+
+/* Reads the record outside any transaction (a plain read; WAL readers never block writers). */
+static int read_record(struct idem_call *call)
+{
+    struct idem_store *st = call->eng->st;
+    struct idem_conn *conn = NULL;
+    int rc;
+
+    idem__record_clear(&call->rec);
+    rc = idem__store_acquire(st, &conn, call->errmsg, sizeof(call->errmsg));
+    if (rc < 0)
+        return rc;
+    rc = st->vt->record_get(conn, &call->scope, &call->rec);
+    if (rc < 0)
+        call_fail(call, rc, "read record", st->vt->errmsg(conn));
+    idem__store_release(st, conn);
+    return rc;
+}
+
+/* Tries to insert the record; on success the claim's transaction stays open as the first phase. */
+static int try_claim(struct idem_call *call, int *claimed)
+{
+    struct idem_store *st = call->eng->st;
+    struct idem_tx *tx = NULL;
+    int rc;
+
+    *claimed = 0;
+    rc = idem_tx_begin(st, 1, &tx);
+    if (rc < 0)
+        return call_fail(call, rc, "begin claim", tx ? NULL : "no store connection");
+    rc = st->vt->record_insert(idem__tx_conn(tx), &call->scope, call->fp, call->owner,
+                               call->lease_ms, call->ttl_ms, claimed);
+    if (rc < 0 || !*claimed) {
+        if (rc < 0)
+            call_fail(call, rc, "claim", st->vt->errmsg(idem__tx_conn(tx)));
+        idem_tx_rollback(tx);
+        return rc;
+    }
+    call->tx = tx;
+    return 0;
+}
+
+/* Takes over an expired lease and re-reads the record under the same write lock. */
+static int try_takeover(struct idem_call *call, int *won)
+{
+    struct idem_store *st = call->eng->st;
+    struct idem_tx *tx = NULL;
+    int rc;
+
+    *won = 0;
+    rc = idem_tx_begin(st, 1, &tx);
+    if (rc < 0)
+        return call_fail(call, rc, "begin takeover", NULL);
+    rc = st->vt->record_takeover(idem__tx_conn(tx), &call->scope, call->owner, call->lease_ms,
+                                 won);
+    if (rc == 0 && *won) {
+        idem__record_clear(&call->rec);
+        rc = st->vt->record_get(idem__tx_conn(tx), &call->scope, &call->rec);
+    }
+    if (rc < 0) {
+        call_fail(call, rc, "take over", st->vt->errmsg(idem__tx_conn(tx)));
+        idem_tx_rollback(tx);
+        *won = 0;
+        return rc;
+    }
+    rc = idem_tx_commit(tx);
+    if (rc < 0) {
+        *won = 0;
+        return call_fail(call, rc, "commit takeover", NULL);
+    }
+    return 0;
+}
+
+static int load_response(struct idem_call *call)
+{
+    free(call->headers);
+    call->headers = NULL;
+    call->nheaders = 0;
+    return idem__headers_decode(call->rec.response_headers, &call->headers, &call->nheaders);
+}
+
+static int retry_after_from_lease(const struct idem_record *rec)
+{
+    int64_t left = rec->lease_expires_ms - rec->store_now_ms;
+    int64_t s = (left + 999) / 1000;
+    if (s < 1)
+        s = 1;
+    if (s > 60)
+        s = 60;
+    return (int)s;
+}
+
+int idem_call_begin(struct idem_engine *eng, const struct idem_operation *op,
+                    const char *principal, const char *key, const unsigned char fp[IDEM_FP_LEN],
+                    struct idem_call **out, enum idem_outcome *outcome)
+{
+    int rc = 0;
+    struct idem_call *call = NULL;
+    int64_t deadline;
+    int64_t pause = POLL_FIRST_MS;
+
+    if (out)
+        *out = NULL;
+    if (outcome)
+        *outcome = IDEM_OUTCOME_NONE;
+    if (!eng || !op || !op->name || !principal || !key || !fp || !out || !outcome)
+        return IDEM_EINVAL;
+
+    call = calloc(1, sizeof(*call));
+    if (!call)
+        return IDEM_ENOMEM;
+    call->eng = eng;
+    call->principal = idem__strdup(principal);
+    call->operation = idem__strdup(op->name);
+    call->key = idem__strdup(key);
+    if (!call->principal || !call->operation || !call->key) {
+        rc = IDEM_ENOMEM;
+        goto out;
+    }
+    call->scope.principal = call->principal;
+    call->scope.operation = call->operation;
+    call->scope.key = call->key;
+    call->ttl_ms = op->ttl_ms > 0 ? op->ttl_ms : DEFAULT_TTL_MS;
+    call->lease_ms = op->lease_ms > 0 ? op->lease_ms : DEFAULT_LEASE_MS;
+    call->wait_ms = op->wait_ms > 0 ? op->wait_ms : DEFAULT_WAIT_MS;
+    call->retry_after_s = 1;
+    memcpy(call->fp, fp, IDEM_FP_LEN);
+    idem__fmt(call->owner, sizeof(call->owner), "%s/%llu", eng->owner,
+              (unsigned long long)atomic_fetch_add(&eng->next_call, 1));
+    deadline = idem__mono_ms() + call->wait_ms;
+
+    for (int round = 0;; round++) {
+        if (round >= CLAIM_ROUNDS_MAX) {
+            rc = call_fail(call, IDEM_EUNAVAIL, "claim", "the record kept changing under us");
+            goto out;
+        }
+        rc = read_record(call);
+        if (rc < 0)
+            goto out;
+
+        if (!call->rec.found) {
+            int claimed = 0;
+            rc = try_claim(call, &claimed);
+            if (rc < 0)
+                goto out;
+            if (claimed) {
+                idem__record_clear(&call->rec);
+                call->rec.found = 1;
+                call->rec.recovery_point = idem__strdup("");
+                if (!call->rec.recovery_point) {
+                    rc = IDEM_ENOMEM;
+                    goto out;
+                }
+                *outcome = IDEM_OUTCOME_EXECUTE;
+                break;
+            }
+            continue; /* someone else's insert won: read what they made */
+        }
+        if (memcmp(call->rec.fp, call->fp, IDEM_FP_LEN) != 0) {
+            *outcome = IDEM_OUTCOME_MISMATCH;
+            break;
+        }
+        if (call->rec.status == IDEM_REC_COMPLETED) {
+            rc = load_response(call);
+            if (rc < 0)
+                goto out;
+            call->completed = 1;
+            *outcome = IDEM_OUTCOME_REPLAY;
+            break;
+        }
+        if (call->rec.lease_expires_ms <= call->rec.store_now_ms) {
+            int won = 0;
+            rc = try_takeover(call, &won);
+            if (rc < 0)
+                goto out;
+            if (won) {
+                call->record_durable = 1;
+                *outcome = IDEM_OUTCOME_RESUME;
+                break;
+            }
+            continue;
+        }
+        /* A live lease: wait for its owner, but not past wait_ms. */
+        int64_t left = deadline - idem__mono_ms();
+        if (left <= 0) {
+            call->retry_after_s = retry_after_from_lease(&call->rec);
+            *outcome = IDEM_OUTCOME_IN_PROGRESS;
+            break;
+        }
+        call->waited = 1;
+        wait_for_change(eng, pause < left ? pause : left);
+        pause = pause * 2 > POLL_MAX_MS ? POLL_MAX_MS : pause * 2;
+    }
+    *out = call;
+    call = NULL;
+out:
+    idem_call_end(call);
+    return rc;
+}
+
+int idem_call_phase_begin(struct idem_call *call)
+{
+    int rc;
+    if (!call)
+        return IDEM_EINVAL;
+    if (call->tx || call->completed)
+        return call_fail(call, IDEM_ESTATE, "phase begin",
+                         call->tx ? "a phase is already open" : "the call is completed");
+    rc = idem_tx_begin(call->eng->st, 1, &call->tx);
+    if (rc < 0)
+        return call_fail(call, rc, "phase begin", NULL);
+    return 0;
+}
+
+struct idem_tx *idem_call_tx(struct idem_call *call)
+{
+    return call ? call->tx : NULL;
+}
+
+/* Commits the open phase; the record has changed, so waiting duplicates are woken. */
+static int commit_phase(struct idem_call *call, const char *what)
+{
+    int rc = idem_tx_commit(call->tx);
+    call->tx = NULL;
+    notify_changed(call->eng);
+    if (rc < 0)
+        return call_fail(call, rc, what, NULL);
+    call->record_durable = 1;
+    return 0;
+}
+
+int idem_call_advance(struct idem_call *call, const char *point, const char *data)
+{
+    struct idem_store *st;
+    char *p = NULL, *d = NULL;
+    int ok = 0;
+    int rc;
+
+    if (!call || !point)
+        return IDEM_EINVAL;
+    if (!call->tx)
+        return call_fail(call, IDEM_ESTATE, "advance", "no phase is open");
+    st = call->eng->st;
+    p = idem__strdup(point);
+    d = data ? idem__strdup(data) : NULL;
+    if (!p || (data && !d)) {
+        rc = IDEM_ENOMEM;
+        goto out;
+    }
+    rc = st->vt->record_advance(idem__tx_conn(call->tx), &call->scope, call->owner, point, data,
+                                call->lease_ms, &ok);
+    if (rc < 0) {
+        call_fail(call, rc, "advance", st->vt->errmsg(idem__tx_conn(call->tx)));
+        goto out;
+    }
+    if (!ok) {
+        rc = call_fail(call, IDEM_ELEASE, "advance", "another owner took the lease over");
+        idem_tx_rollback(call->tx);
+        call->tx = NULL;
+        goto out;
+    }
+    rc = commit_phase(call, "commit phase");
+    if (rc < 0)
+        goto out;
+    free(call->rec.recovery_point);
+    free(call->rec.recovery_data);
+    call->rec.recovery_point = p;
+    call->rec.recovery_data = d;
+    p = d = NULL;
+out:
+    free(p);
+    free(d);
+    return rc;
+}
+
+int idem_call_complete(struct idem_call *call, int status, const struct idem_header *headers,
+                       size_t nheaders, const void *body, size_t body_len)
+{
+    struct idem_store *st;
+    char *text = NULL;
+    void *copy = NULL;
+    int ok = 0;
+    int rc;
+
+    if (!call || (nheaders > 0 && !headers) || (body_len > 0 && !body) || status < 100 ||
+        status > 599)
+        return IDEM_EINVAL;
+    if (call->completed)
+        return call_fail(call, IDEM_ESTATE, "complete", "the call is completed");
+    st = call->eng->st;
+    rc = idem__headers_encode(headers, nheaders, &text);
+    if (rc < 0)
+        goto out;
+    copy = malloc(body_len + 1);
+    if (!copy) {
+        rc = IDEM_ENOMEM;
+        goto out;
+    }
+    if (body_len)
+        memcpy(copy, body, body_len);
+    ((char *)copy)[body_len] = '\0';
+    if (!call->tx) {
+        rc = idem_call_phase_begin(call);
+        if (rc < 0)
+            goto out;
+    }
+    rc = st->vt->record_complete(idem__tx_conn(call->tx), &call->scope, call->owner, status, text,
+                                 body, body_len, &ok);
+    if (rc < 0) {
+        call_fail(call, rc, "complete", st->vt->errmsg(idem__tx_conn(call->tx)));
+        goto out;
+    }
+    if (!ok) {
+        rc = call_fail(call, IDEM_ELEASE, "complete", "another owner took the lease over");
+        idem_tx_rollback(call->tx);
+        call->tx = NULL;
+        goto out;
+    }
+    rc = commit_phase(call, "commit response");
+    if (rc < 0)
+        goto out;
+    call->completed = 1;
+    call->rec.status = IDEM_REC_COMPLETED;
+    call->rec.response_status = status;
+    free(call->rec.response_headers);
+    free(call->rec.response_body);
+    call->rec.response_headers = text;
+    call->rec.response_body = copy;
+    call->rec.response_body_len = body_len;
+    text = NULL;
+    copy = NULL;
+    rc = load_response(call);
+out:
+    free(text);
+    free(copy);
+    return rc;
+}
+
+void idem_call_abort(struct idem_call *call)
+{
+    struct idem_store *st;
+    struct idem_tx *tx = NULL;
+
+    if (!call)
+        return;
+    st = call->eng->st;
+    if (call->tx) {
+        idem_tx_rollback(call->tx);
+        call->tx = NULL;
+    }
+    /* A claim that never committed vanished with the rollback; a durable one is released. */
+    if (call->record_durable && !call->completed && idem_tx_begin(st, 1, &tx) == 0) {
+        if (st->vt->record_release(idem__tx_conn(tx), &call->scope, call->owner) == 0)
+            idem_tx_commit(tx);
+        else
+            idem_tx_rollback(tx);
+        call->record_durable = 0;
+    }
+    notify_changed(call->eng);
+}
+
+void idem_call_end(struct idem_call *call)
+{
+    if (!call)
+        return;
+    if (call->tx || (call->record_durable && !call->completed))
+        idem_call_abort(call);
+    idem__record_clear(&call->rec);
+    free(call->headers);
+    free(call->principal);
+    free(call->operation);
+    free(call->key);
+    free(call);
+}
+
+const char *idem_call_recovery_point(const struct idem_call *call)
+{
+    return call && call->rec.recovery_point ? call->rec.recovery_point : "";
+}
+
+const char *idem_call_recovery_data(const struct idem_call *call)
+{
+    return call ? call->rec.recovery_data : NULL;
+}
+
+int idem_call_waited(const struct idem_call *call)
+{
+    return call ? call->waited : 0;
+}
+
+int idem_call_retry_after_s(const struct idem_call *call)
+{
+    return call ? call->retry_after_s : 1;
+}
+
+int idem_call_response_status(const struct idem_call *call)
+{
+    return call && call->completed ? call->rec.response_status : 0;
+}
+
+const void *idem_call_response_body(const struct idem_call *call, size_t *len)
+{
+    if (len)
+        *len = call && call->completed ? call->rec.response_body_len : 0;
+    return call && call->completed ? call->rec.response_body : NULL;
+}
+
+size_t idem_call_response_header_count(const struct idem_call *call)
+{
+    return call && call->completed ? call->nheaders : 0;
+}
+
+const struct idem_header *idem_call_response_header(const struct idem_call *call, size_t i)
+{
+    if (!call || !call->completed || i >= call->nheaders)
+        return NULL;
+    return &call->headers[i];
+}
+
+const char *idem_call_errmsg(const struct idem_call *call)
+{
+    return call ? call->errmsg : "no call";
+}
+
+int idem_engine_sweep(struct idem_engine *eng, int limit, int *deleted)
+{
+    struct idem_store *st;
+    struct idem_tx *tx = NULL;
+    int n = 0;
+    int rc;
+
+    if (deleted)
+        *deleted = 0;
+    if (!eng || limit <= 0)
+        return IDEM_EINVAL;
+    st = eng->st;
+    rc = idem_tx_begin(st, 1, &tx);
+    if (rc < 0)
+        return rc;
+    rc = st->vt->record_sweep(idem__tx_conn(tx), limit, &n);
+    if (rc < 0) {
+        idem_tx_rollback(tx);
+        return rc;
+    }
+    rc = idem_tx_commit(tx);
+    if (rc == 0 && deleted)
+        *deleted = n;
+    return rc;
+}

@@ -1,0 +1,303 @@
+/*
+ * store.c - what every store shares: picking the backend from a URI, the bounded connection pool,
+ * and the transaction handle the application runs its own SQL through.
+ *
+ * The pool is bounded so a burst of requests queues for a connection instead of opening hundreds;
+ * a request that cannot get one within the busy timeout gets IDEM_EUNAVAIL and its client a 503,
+ * which is safe: nothing ran.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct idem_tx {
+    struct idem_store *st;
+    struct idem_conn *conn;
+    char errmsg[IDEM_ERRMSG_MAX];
+};
+
+static void set_errmsg(char **errmsg, const char *msg)
+{
+    if (errmsg)
+        *errmsg = idem__strdup(msg);
+}
+
+int idem_store_open(const char *uri, const struct idem_store_options *opts,
+                    struct idem_store **out, char **errmsg)
+{
+    int rc = 0;
+    struct idem_store *st = NULL;
+    struct idem_conn *conn = NULL;
+    char err[IDEM_ERRMSG_MAX] = "";
+
+    if (errmsg)
+        *errmsg = NULL;
+    if (!out || !uri) {
+        set_errmsg(errmsg, "store URI missing");
+        return IDEM_EINVAL;
+    }
+    *out = NULL;
+    st = calloc(1, sizeof(*st));
+    if (!st) {
+        rc = IDEM_ENOMEM;
+        goto out;
+    }
+    if (pthread_mutex_init(&st->mu, NULL) != 0 || pthread_cond_init(&st->cv, NULL) != 0) {
+        free(st);
+        st = NULL;
+        rc = IDEM_ENOMEM;
+        goto out;
+    }
+    if (opts)
+        st->opts = *opts;
+    if (st->opts.pool_size <= 0)
+        st->opts.pool_size = 8;
+    if (st->opts.busy_timeout_ms <= 0)
+        st->opts.busy_timeout_ms = 5000;
+
+    if (strncmp(uri, "sqlite:", 7) == 0) {
+        const char *path = uri + 7;
+        /* "sqlite:///abs/path" and "sqlite://rel" are accepted as well as "sqlite:path". */
+        if (strncmp(path, "//", 2) == 0)
+            path += 2;
+        if (*path == '\0') {
+            idem__fmt(err, sizeof(err), "store URI \"sqlite:\" names no file");
+            rc = IDEM_EURI;
+            goto out;
+        }
+        st->vt = &idem__sqlite_vtab;
+        st->target = idem__strdup(path);
+    } else if (strncmp(uri, "postgresql://", 13) == 0 || strncmp(uri, "postgres://", 11) == 0) {
+        idem__fmt(err, sizeof(err), "the PostgreSQL store is not built into this libidem yet");
+        rc = IDEM_EURI;
+        goto out;
+    } else {
+        idem__fmt(err, sizeof(err),
+                  "store URI must start with \"sqlite:\" (e.g. sqlite:./var/orderd.db)");
+        rc = IDEM_EURI;
+        goto out;
+    }
+    if (!st->target) {
+        rc = IDEM_ENOMEM;
+        goto out;
+    }
+    st->idle = calloc((size_t)st->opts.pool_size, sizeof(*st->idle));
+    if (!st->idle) {
+        rc = IDEM_ENOMEM;
+        goto out;
+    }
+    /* The first connection proves the store answers and applies libidem's schema. */
+    rc = st->vt->conn_open(st, &conn, err, sizeof(err));
+    if (rc < 0)
+        goto out;
+    st->idle[st->nidle++] = conn;
+    st->nopen = 1;
+    conn = NULL;
+    *out = st;
+    st = NULL;
+out:
+    if (rc < 0)
+        set_errmsg(errmsg, err[0] ? err : idem_strerror(rc));
+    idem_store_close(st);
+    return rc;
+}
+
+void idem_store_close(struct idem_store *st)
+{
+    if (!st)
+        return;
+    for (int i = 0; i < st->nidle; i++)
+        st->vt->conn_close(st->idle[i]);
+    free(st->idle);
+    free(st->target);
+    pthread_cond_destroy(&st->cv);
+    pthread_mutex_destroy(&st->mu);
+    free(st);
+}
+
+const char *idem_store_kind(const struct idem_store *st)
+{
+    return st && st->vt ? st->vt->kind : "none";
+}
+
+static void deadline_after(struct timespec *ts, int ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+int idem__store_acquire(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
+{
+    struct timespec deadline;
+    int rc = 0;
+
+    *out = NULL;
+    deadline_after(&deadline, st->opts.busy_timeout_ms);
+    pthread_mutex_lock(&st->mu);
+    while (st->nidle == 0 && st->nopen >= st->opts.pool_size) {
+        if (pthread_cond_timedwait(&st->cv, &st->mu, &deadline) == ETIMEDOUT &&
+            st->nidle == 0 && st->nopen >= st->opts.pool_size) {
+            pthread_mutex_unlock(&st->mu);
+            idem__fmt(err, errlen, "no store connection free within %d ms (pool of %d)",
+                      st->opts.busy_timeout_ms, st->opts.pool_size);
+            return IDEM_EUNAVAIL;
+        }
+    }
+    if (st->nidle > 0) {
+        *out = st->idle[--st->nidle];
+        pthread_mutex_unlock(&st->mu);
+        return 0;
+    }
+    st->nopen++;
+    pthread_mutex_unlock(&st->mu);
+
+    /* Opening may take a while (a network round trip for PostgreSQL): not under the lock. */
+    rc = st->vt->conn_open(st, out, err, errlen);
+    if (rc < 0) {
+        pthread_mutex_lock(&st->mu);
+        st->nopen--;
+        pthread_cond_signal(&st->cv);
+        pthread_mutex_unlock(&st->mu);
+        if (rc != IDEM_ENOMEM)
+            rc = IDEM_EUNAVAIL;
+    }
+    return rc;
+}
+
+void idem__store_release(struct idem_store *st, struct idem_conn *c)
+{
+    if (!c)
+        return;
+    if (!st->vt->conn_ok(c)) {
+        st->vt->conn_close(c);
+        pthread_mutex_lock(&st->mu);
+        st->nopen--;
+    } else {
+        pthread_mutex_lock(&st->mu);
+        st->idle[st->nidle++] = c;
+    }
+    pthread_cond_signal(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+}
+
+int idem_store_migrate(struct idem_store *st, const char *component,
+                       const struct idem_migration *steps, size_t n, int *applied, char **errmsg)
+{
+    int rc = 0;
+    int count = 0;
+    struct idem_conn *conn = NULL;
+    char err[IDEM_ERRMSG_MAX] = "";
+
+    if (errmsg)
+        *errmsg = NULL;
+    if (applied)
+        *applied = 0;
+    if (!st || !component || (n > 0 && !steps))
+        return IDEM_EINVAL;
+    for (size_t i = 1; i < n; i++) {
+        if (steps[i].version <= steps[i - 1].version) {
+            set_errmsg(errmsg, "migration versions must ascend");
+            return IDEM_EINVAL;
+        }
+    }
+    rc = idem__store_acquire(st, &conn, err, sizeof(err));
+    if (rc < 0)
+        goto out;
+    rc = st->vt->migrate(conn, component, steps, n, &count);
+    if (rc < 0)
+        idem__fmt(err, sizeof(err), "%s", st->vt->errmsg(conn));
+out:
+    idem__store_release(st, conn);
+    if (applied)
+        *applied = count;
+    if (rc < 0)
+        set_errmsg(errmsg, err[0] ? err : idem_strerror(rc));
+    return rc;
+}
+
+/* ---- transactions ----------------------------------------------------------------------- */
+
+int idem_tx_begin(struct idem_store *st, int write, struct idem_tx **out)
+{
+    int rc = 0;
+    struct idem_tx *tx = NULL;
+
+    if (!st || !out)
+        return IDEM_EINVAL;
+    *out = NULL;
+    tx = calloc(1, sizeof(*tx));
+    if (!tx)
+        return IDEM_ENOMEM;
+    tx->st = st;
+    rc = idem__store_acquire(st, &tx->conn, tx->errmsg, sizeof(tx->errmsg));
+    if (rc < 0)
+        goto out;
+    rc = st->vt->begin(tx->conn, write);
+    if (rc < 0)
+        goto out;
+    *out = tx;
+    tx = NULL;
+out:
+    if (tx) {
+        idem__store_release(st, tx->conn);
+        free(tx);
+    }
+    return rc;
+}
+
+int idem_tx_commit(struct idem_tx *tx)
+{
+    int rc;
+
+    if (!tx)
+        return IDEM_EINVAL;
+    rc = tx->st->vt->commit(tx->conn);
+    if (rc < 0)
+        tx->st->vt->rollback(tx->conn);
+    idem__store_release(tx->st, tx->conn);
+    free(tx);
+    return rc;
+}
+
+void idem_tx_rollback(struct idem_tx *tx)
+{
+    if (!tx)
+        return;
+    tx->st->vt->rollback(tx->conn);
+    idem__store_release(tx->st, tx->conn);
+    free(tx);
+}
+
+int idem_tx_exec(struct idem_tx *tx, const char *sql, int nparams, const char *const *params,
+                 struct idem_rows **rows)
+{
+    int rc;
+
+    if (rows)
+        *rows = NULL;
+    if (!tx || !sql || nparams < 0 || (nparams > 0 && !params))
+        return IDEM_EINVAL;
+    rc = tx->st->vt->exec(tx->conn, sql, nparams, params, rows);
+    if (rc < 0)
+        idem__fmt(tx->errmsg, sizeof(tx->errmsg), "%s", tx->st->vt->errmsg(tx->conn));
+    return rc;
+}
+
+const char *idem_tx_errmsg(const struct idem_tx *tx)
+{
+    return tx ? tx->errmsg : "no transaction";
+}
+
+/* The engine runs record functions on the connection of the phase's transaction. */
+struct idem_conn *idem__tx_conn(struct idem_tx *tx)
+{
+    return tx->conn;
+}

@@ -1,0 +1,681 @@
+/*
+ * store_sqlite.c - the SQLite store: one file, zero set-up, the embedded default.
+ *
+ * Durability is the point: WAL with synchronous=FULL, so a commit is on disk before anyone is told
+ * it happened, and kill -9 at any moment leaves a consistent file.  Claims run under BEGIN
+ * IMMEDIATE: the writer lock is taken before the insert, so two claimers never both read "absent"
+ * and the primary key, not a read, decides who owns a key.  Each pooled connection is used by one
+ * thread at a time and keeps its prepared statements.  Leases are measured with this machine's
+ * wall clock, which every process sharing the file shares too.
+ */
+#include "internal.h"
+
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STMT_CACHE 48
+
+struct cached_stmt {
+    char *sql;
+    sqlite3_stmt *stmt;
+    int nmap;
+    int *map; /* parameter slot -> index into the caller's params ($k -> k-1) */
+    uint64_t used;
+};
+
+struct idem_conn {
+    sqlite3 *db;
+    char errmsg[IDEM_ERRMSG_MAX];
+    int broken;
+    int in_tx;
+    uint64_t clock;
+    struct cached_stmt cache[STMT_CACHE];
+};
+
+/* libidem's own schema, versioned like an application's. */
+static const struct idem_migration idem_schema[] = {
+    {1, "records",
+     "CREATE TABLE IF NOT EXISTS idem_records ("
+     " principal TEXT NOT NULL, operation TEXT NOT NULL, idem_key TEXT NOT NULL,"
+     " fingerprint BLOB NOT NULL,"
+     " status INTEGER NOT NULL," /* 0 processing, 1 completed */
+     " recovery_point TEXT NOT NULL DEFAULT '', recovery_data TEXT,"
+     " lease_owner TEXT, lease_expires_ms INTEGER NOT NULL DEFAULT 0,"
+     " response_status INTEGER, response_headers TEXT, response_body BLOB,"
+     " created_ms INTEGER NOT NULL, expires_ms INTEGER NOT NULL,"
+     " PRIMARY KEY (principal, operation, idem_key)) WITHOUT ROWID;"
+     "CREATE INDEX IF NOT EXISTS idem_records_expires ON idem_records (expires_ms);",
+     NULL},
+};
+
+static int fail(struct idem_conn *c, int rc, const char *what)
+{
+    int code = sqlite3_extended_errcode(c->db);
+    int primary = code & 0xff;
+
+    idem__fmt(c->errmsg, sizeof(c->errmsg), "sqlite: %s: %s", what, sqlite3_errmsg(c->db));
+    if (rc != IDEM_ESTORE)
+        return rc;
+    if (code == SQLITE_CONSTRAINT_UNIQUE || code == SQLITE_CONSTRAINT_PRIMARYKEY)
+        return IDEM_ECONFLICT;
+    if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED)
+        return IDEM_EUNAVAIL;
+    if (primary == SQLITE_NOMEM)
+        return IDEM_ENOMEM;
+    if (primary == SQLITE_IOERR || primary == SQLITE_CORRUPT || primary == SQLITE_CANTOPEN ||
+        primary == SQLITE_FULL || primary == SQLITE_NOTADB) {
+        c->broken = 1;
+        return IDEM_EUNAVAIL;
+    }
+    return IDEM_ESTORE;
+}
+
+static void cache_entry_clear(struct cached_stmt *e)
+{
+    sqlite3_finalize(e->stmt);
+    free(e->sql);
+    free(e->map);
+    memset(e, 0, sizeof(*e));
+}
+
+/*
+ * Finds or prepares `sql`.  Parameters are written $1..$n for both stores; SQLite treats "$1" as
+ * a named parameter, so each slot is mapped to the caller's index once, at prepare time.
+ */
+static int prepare(struct idem_conn *c, const char *sql, struct cached_stmt **out)
+{
+    struct cached_stmt *victim = &c->cache[0];
+    struct cached_stmt fresh = {0};
+    int rc = IDEM_ESTORE;
+
+    for (int i = 0; i < STMT_CACHE; i++) {
+        struct cached_stmt *e = &c->cache[i];
+        if (e->sql && strcmp(e->sql, sql) == 0) {
+            e->used = ++c->clock;
+            sqlite3_reset(e->stmt);
+            sqlite3_clear_bindings(e->stmt);
+            *out = e;
+            return 0;
+        }
+        if (e->used < victim->used)
+            victim = e;
+    }
+    if (sqlite3_prepare_v3(c->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &fresh.stmt, NULL) !=
+        SQLITE_OK) {
+        rc = fail(c, IDEM_ESTORE, "prepare");
+        goto out;
+    }
+    fresh.nmap = sqlite3_bind_parameter_count(fresh.stmt);
+    if (fresh.nmap > 0) {
+        fresh.map = calloc((size_t)fresh.nmap, sizeof(int));
+        if (!fresh.map) {
+            rc = IDEM_ENOMEM;
+            goto out;
+        }
+    }
+    for (int i = 0; i < fresh.nmap; i++) {
+        const char *name = sqlite3_bind_parameter_name(fresh.stmt, i + 1);
+        char *end = NULL;
+        /* The store's own statements use ?N, which SQLite binds to slot N directly. */
+        if (!name || name[0] == '?') {
+            fresh.map[i] = i;
+            continue;
+        }
+        long k = name && name[0] == '$' ? strtol(name + 1, &end, 10) : 0;
+        if (k < 1 || !end || *end != '\0') {
+            idem__fmt(c->errmsg, sizeof(c->errmsg),
+                      "sqlite: parameters must be written $1, $2, ... (got %s)",
+                      name ? name : "?");
+            rc = IDEM_EINVAL;
+            goto out;
+        }
+        fresh.map[i] = (int)k - 1;
+    }
+    fresh.sql = idem__strdup(sql);
+    if (!fresh.sql) {
+        rc = IDEM_ENOMEM;
+        goto out;
+    }
+    cache_entry_clear(victim);
+    fresh.used = ++c->clock;
+    *victim = fresh;
+    memset(&fresh, 0, sizeof(fresh));
+    *out = victim;
+    rc = 0;
+out:
+    cache_entry_clear(&fresh);
+    return rc;
+}
+
+static int run_simple(struct idem_conn *c, const char *sql, const char *what)
+{
+    char *err = NULL;
+    if (sqlite3_exec(c->db, sql, NULL, NULL, &err) != SQLITE_OK) {
+        int rc = fail(c, IDEM_ESTORE, what);
+        if (err)
+            idem__fmt(c->errmsg, sizeof(c->errmsg), "sqlite: %s: %s", what, err);
+        sqlite3_free(err);
+        return rc;
+    }
+    return 0;
+}
+
+static int sq_migrate(struct idem_conn *c, const char *component,
+                      const struct idem_migration *steps, size_t n, int *applied);
+
+static void sq_close(struct idem_conn *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < STMT_CACHE; i++)
+        cache_entry_clear(&c->cache[i]);
+    sqlite3_close_v2(c->db);
+    free(c);
+}
+
+static int sq_open(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
+{
+    int rc = IDEM_EUNAVAIL;
+    struct idem_conn *c = NULL;
+    char pragma[128];
+
+    *out = NULL;
+    c = calloc(1, sizeof(*c));
+    if (!c)
+        return IDEM_ENOMEM;
+    if (sqlite3_open_v2(st->target, &c->db,
+                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                        NULL) != SQLITE_OK) {
+        idem__fmt(err, errlen, "sqlite: cannot open %s: %s", st->target,
+                  c->db ? sqlite3_errmsg(c->db) : "out of memory");
+        goto out;
+    }
+    sqlite3_extended_result_codes(c->db, 1);
+    sqlite3_busy_timeout(c->db, st->opts.busy_timeout_ms);
+    idem__fmt(pragma, sizeof(pragma),
+              "PRAGMA journal_mode=WAL; PRAGMA synchronous=%s; PRAGMA foreign_keys=ON;",
+              st->opts.sync == IDEM_SYNC_NORMAL ? "NORMAL" : "FULL");
+    rc = run_simple(c, pragma, "configure");
+    if (rc < 0)
+        goto fail_msg;
+    rc = sq_migrate(c, "libidem", idem_schema, sizeof(idem_schema) / sizeof(idem_schema[0]),
+                    NULL);
+    if (rc < 0)
+        goto fail_msg;
+    *out = c;
+    c = NULL;
+    rc = 0;
+    goto out;
+fail_msg:
+    idem__fmt(err, errlen, "%s (%s)", c->errmsg, st->target);
+    if (rc != IDEM_ENOMEM)
+        rc = IDEM_EUNAVAIL;
+out:
+    sq_close(c);
+    return rc;
+}
+
+static const char *sq_errmsg(const struct idem_conn *c)
+{
+    return c->errmsg;
+}
+
+static int sq_conn_ok(struct idem_conn *c)
+{
+    /* A connection left inside a transaction (a failed rollback) must not be lent again. */
+    return !c->broken && sqlite3_get_autocommit(c->db);
+}
+
+static int sq_begin(struct idem_conn *c, int write)
+{
+    int rc = run_simple(c, write ? "BEGIN IMMEDIATE" : "BEGIN", "begin");
+    if (rc == 0)
+        c->in_tx = 1;
+    return rc;
+}
+
+static int sq_commit(struct idem_conn *c)
+{
+    int rc = run_simple(c, "COMMIT", "commit");
+    if (rc == 0)
+        c->in_tx = 0;
+    return rc;
+}
+
+static int sq_rollback(struct idem_conn *c)
+{
+    int rc = 0;
+    if (!sqlite3_get_autocommit(c->db))
+        rc = run_simple(c, "ROLLBACK", "rollback");
+    c->in_tx = 0;
+    return rc;
+}
+
+/* Binds the caller's text parameters through the statement's $k map. */
+static int bind_params(struct idem_conn *c, struct cached_stmt *e, int nparams,
+                       const char *const *params)
+{
+    for (int i = 0; i < e->nmap; i++) {
+        int k = e->map[i];
+        int src;
+        if (k >= nparams) {
+            idem__fmt(c->errmsg, sizeof(c->errmsg), "sqlite: statement uses $%d but %d given",
+                      k + 1, nparams);
+            return IDEM_EINVAL;
+        }
+        src = params[k] ? sqlite3_bind_text(e->stmt, i + 1, params[k], -1, SQLITE_STATIC)
+                        : sqlite3_bind_null(e->stmt, i + 1);
+        if (src != SQLITE_OK)
+            return fail(c, IDEM_ESTORE, "bind");
+    }
+    return 0;
+}
+
+static int sq_exec(struct idem_conn *c, const char *sql, int nparams, const char *const *params,
+                   struct idem_rows **rows)
+{
+    int rc = 0;
+    struct cached_stmt *e = NULL;
+    struct idem_rows *r = NULL;
+    const char **vals = NULL;
+    size_t *lens = NULL;
+    int step;
+
+    rc = prepare(c, sql, &e);
+    if (rc < 0)
+        goto out;
+    rc = bind_params(c, e, nparams, params);
+    if (rc < 0)
+        goto out;
+    if (rows) {
+        int ncols = sqlite3_column_count(e->stmt);
+        const char **names = calloc((size_t)ncols + 1, sizeof(char *));
+        vals = calloc((size_t)ncols + 1, sizeof(char *));
+        lens = calloc((size_t)ncols + 1, sizeof(size_t));
+        if (!names || !vals || !lens) {
+            free(names);
+            rc = IDEM_ENOMEM;
+            goto out;
+        }
+        for (int i = 0; i < ncols; i++)
+            names[i] = sqlite3_column_name(e->stmt, i);
+        rc = idem__rows_new(ncols, names, &r);
+        free(names);
+        if (rc < 0)
+            goto out;
+    }
+    while ((step = sqlite3_step(e->stmt)) == SQLITE_ROW) {
+        if (!r)
+            continue;
+        for (int i = 0; i < r->ncols; i++) {
+            vals[i] = (const char *)sqlite3_column_text(e->stmt, i);
+            lens[i] = (size_t)sqlite3_column_bytes(e->stmt, i);
+        }
+        rc = idem__rows_append(r, vals, lens);
+        if (rc < 0)
+            goto out;
+    }
+    if (step != SQLITE_DONE) {
+        rc = fail(c, IDEM_ESTORE, "step");
+        goto out;
+    }
+    if (r)
+        r->changed = sqlite3_changes64(c->db);
+    if (rows) {
+        *rows = r;
+        r = NULL;
+    }
+out:
+    if (e)
+        sqlite3_reset(e->stmt);
+    idem_rows_free(r);
+    free(vals);
+    free(lens);
+    return rc;
+}
+
+/* ---- records ------------------------------------------------------------------------------ */
+
+/* Prepares one of the store's own statements (written with ?N) and binds the scope to ?1-?3. */
+static int record_stmt(struct idem_conn *c, const char *sql, const struct idem_scope *s,
+                       sqlite3_stmt **out)
+{
+    struct cached_stmt *e = NULL;
+    int rc = prepare(c, sql, &e);
+    if (rc < 0)
+        return rc;
+    if (sqlite3_bind_text(e->stmt, 1, s->principal, -1, SQLITE_STATIC) != SQLITE_OK ||
+        sqlite3_bind_text(e->stmt, 2, s->operation, -1, SQLITE_STATIC) != SQLITE_OK ||
+        sqlite3_bind_text(e->stmt, 3, s->key, -1, SQLITE_STATIC) != SQLITE_OK)
+        return fail(c, IDEM_ESTORE, "bind");
+    *out = e->stmt;
+    return 0;
+}
+
+/* Steps a statement that returns no rows; *changes gets the rows it changed. */
+static int step_done(struct idem_conn *c, sqlite3_stmt *stmt, const char *what, int *changes)
+{
+    int step = sqlite3_step(stmt);
+    int rc = 0;
+    if (step != SQLITE_DONE)
+        rc = fail(c, IDEM_ESTORE, what);
+    else if (changes)
+        *changes = sqlite3_changes(c->db);
+    sqlite3_reset(stmt);
+    return rc;
+}
+
+#define SCOPE_WHERE "principal = ?1 AND operation = ?2 AND idem_key = ?3"
+
+static int sq_record_insert(struct idem_conn *c, const struct idem_scope *s,
+                            const unsigned char fp[IDEM_FP_LEN], const char *owner,
+                            int64_t lease_ms, int64_t ttl_ms, int *inserted)
+{
+    /*
+     * The primary key decides: a new key is inserted, an existing one is left alone -- unless
+     * its retention ended and no live lease protects it, in which case the key is new again.
+     */
+    static const char sql[] =
+        "INSERT INTO idem_records (principal, operation, idem_key, fingerprint, status,"
+        " recovery_point, lease_owner, lease_expires_ms, created_ms, expires_ms)"
+        " VALUES (?1, ?2, ?3, ?4, 0, '', ?5, ?6, ?7, ?8)"
+        " ON CONFLICT (principal, operation, idem_key) DO UPDATE SET"
+        " fingerprint = excluded.fingerprint, status = 0, recovery_point = '',"
+        " recovery_data = NULL, lease_owner = excluded.lease_owner,"
+        " lease_expires_ms = excluded.lease_expires_ms, response_status = NULL,"
+        " response_headers = NULL, response_body = NULL, created_ms = excluded.created_ms,"
+        " expires_ms = excluded.expires_ms"
+        " WHERE idem_records.expires_ms <= excluded.created_ms"
+        " AND (idem_records.status = 1 OR idem_records.lease_expires_ms <= excluded.created_ms)";
+    sqlite3_stmt *stmt = NULL;
+    int64_t now = idem__now_ms();
+    int changes = 0;
+    int rc = record_stmt(c, sql, s, &stmt);
+
+    *inserted = 0;
+    if (rc < 0)
+        return rc;
+    if (sqlite3_bind_blob(stmt, 4, fp, IDEM_FP_LEN, SQLITE_STATIC) != SQLITE_OK ||
+        sqlite3_bind_text(stmt, 5, owner, -1, SQLITE_STATIC) != SQLITE_OK ||
+        sqlite3_bind_int64(stmt, 6, now + lease_ms) != SQLITE_OK ||
+        sqlite3_bind_int64(stmt, 7, now) != SQLITE_OK ||
+        sqlite3_bind_int64(stmt, 8, now + ttl_ms) != SQLITE_OK)
+        return fail(c, IDEM_ESTORE, "bind");
+    rc = step_done(c, stmt, "claim", &changes);
+    *inserted = changes == 1;
+    return rc;
+}
+
+static char *column_dup(sqlite3_stmt *stmt, int col)
+{
+    const unsigned char *t = sqlite3_column_text(stmt, col);
+    return t ? idem__strdup((const char *)t) : NULL;
+}
+
+static int sq_record_get(struct idem_conn *c, const struct idem_scope *s, struct idem_record *rec)
+{
+    static const char sql[] =
+        "SELECT status, fingerprint, recovery_point, recovery_data, lease_owner,"
+        " lease_expires_ms, response_status, response_headers, response_body, expires_ms"
+        " FROM idem_records WHERE " SCOPE_WHERE;
+    sqlite3_stmt *stmt = NULL;
+    int rc = record_stmt(c, sql, s, &stmt);
+    int step;
+
+    memset(rec, 0, sizeof(*rec));
+    if (rc < 0)
+        return rc;
+    rec->store_now_ms = idem__now_ms();
+    step = sqlite3_step(stmt);
+    if (step == SQLITE_ROW) {
+        const void *fp = sqlite3_column_blob(stmt, 1);
+        int64_t expires = sqlite3_column_int64(stmt, 9);
+        rec->status = sqlite3_column_int(stmt, 0) == 1 ? IDEM_REC_COMPLETED : IDEM_REC_PROCESSING;
+        rec->lease_expires_ms = sqlite3_column_int64(stmt, 5);
+        /* Past retention and unprotected, a record is as good as swept: the key is new. */
+        rec->found = !(expires <= rec->store_now_ms &&
+                       (rec->status == IDEM_REC_COMPLETED ||
+                        rec->lease_expires_ms <= rec->store_now_ms));
+        if (fp && sqlite3_column_bytes(stmt, 1) == IDEM_FP_LEN)
+            memcpy(rec->fp, fp, IDEM_FP_LEN);
+        rec->recovery_point = column_dup(stmt, 2);
+        rec->recovery_data = column_dup(stmt, 3);
+        rec->lease_owner = column_dup(stmt, 4);
+        rec->response_status = sqlite3_column_int(stmt, 6);
+        rec->response_headers = column_dup(stmt, 7);
+        rec->response_body_len = (size_t)sqlite3_column_bytes(stmt, 8);
+        rec->response_body = malloc(rec->response_body_len + 1);
+        if (rec->response_body) {
+            const void *b = sqlite3_column_blob(stmt, 8);
+            if (b)
+                memcpy(rec->response_body, b, rec->response_body_len);
+            ((char *)rec->response_body)[rec->response_body_len] = '\0';
+        }
+        if (!rec->recovery_point || !rec->response_body)
+            rc = IDEM_ENOMEM;
+    } else if (step != SQLITE_DONE) {
+        rc = fail(c, IDEM_ESTORE, "read record");
+    }
+    sqlite3_reset(stmt);
+    if (rc < 0)
+        idem__record_clear(rec);
+    return rc;
+}
+
+static int sq_record_takeover(struct idem_conn *c, const struct idem_scope *s, const char *owner,
+                              int64_t lease_ms, int *won)
+{
+    static const char sql[] = "UPDATE idem_records SET lease_owner = ?4, lease_expires_ms = ?5"
+                              " WHERE " SCOPE_WHERE " AND status = 0 AND lease_expires_ms <= ?6";
+    sqlite3_stmt *stmt = NULL;
+    int64_t now = idem__now_ms();
+    int changes = 0;
+    int rc = record_stmt(c, sql, s, &stmt);
+
+    *won = 0;
+    if (rc < 0)
+        return rc;
+    if (sqlite3_bind_text(stmt, 4, owner, -1, SQLITE_STATIC) != SQLITE_OK ||
+        sqlite3_bind_int64(stmt, 5, now + lease_ms) != SQLITE_OK ||
+        sqlite3_bind_int64(stmt, 6, now) != SQLITE_OK)
+        return fail(c, IDEM_ESTORE, "bind");
+    rc = step_done(c, stmt, "take over lease", &changes);
+    *won = changes == 1;
+    return rc;
+}
+
+static int sq_record_advance(struct idem_conn *c, const struct idem_scope *s, const char *owner,
+                             const char *point, const char *data, int64_t lease_ms, int *ok)
+{
+    static const char sql[] =
+        "UPDATE idem_records SET recovery_point = ?4, recovery_data = ?5, lease_expires_ms = ?6"
+        " WHERE " SCOPE_WHERE " AND status = 0 AND lease_owner = ?7";
+    sqlite3_stmt *stmt = NULL;
+    int changes = 0;
+    int rc = record_stmt(c, sql, s, &stmt);
+
+    *ok = 0;
+    if (rc < 0)
+        return rc;
+    if (sqlite3_bind_text(stmt, 4, point, -1, SQLITE_STATIC) != SQLITE_OK ||
+        (data ? sqlite3_bind_text(stmt, 5, data, -1, SQLITE_STATIC)
+              : sqlite3_bind_null(stmt, 5)) != SQLITE_OK ||
+        sqlite3_bind_int64(stmt, 6, idem__now_ms() + lease_ms) != SQLITE_OK ||
+        sqlite3_bind_text(stmt, 7, owner, -1, SQLITE_STATIC) != SQLITE_OK)
+        return fail(c, IDEM_ESTORE, "bind");
+    rc = step_done(c, stmt, "advance record", &changes);
+    *ok = changes == 1;
+    return rc;
+}
+
+static int sq_record_complete(struct idem_conn *c, const struct idem_scope *s, const char *owner,
+                              int status, const char *headers, const void *body, size_t body_len,
+                              int *ok)
+{
+    static const char sql[] =
+        "UPDATE idem_records SET status = 1, response_status = ?4, response_headers = ?5,"
+        " response_body = ?6, lease_owner = NULL, lease_expires_ms = 0"
+        " WHERE " SCOPE_WHERE " AND status = 0 AND lease_owner = ?7";
+    sqlite3_stmt *stmt = NULL;
+    int changes = 0;
+    int rc = record_stmt(c, sql, s, &stmt);
+
+    *ok = 0;
+    if (rc < 0)
+        return rc;
+    if (sqlite3_bind_int(stmt, 4, status) != SQLITE_OK ||
+        sqlite3_bind_text(stmt, 5, headers, -1, SQLITE_STATIC) != SQLITE_OK ||
+        sqlite3_bind_blob64(stmt, 6, body ? body : "", body_len, SQLITE_STATIC) != SQLITE_OK ||
+        sqlite3_bind_text(stmt, 7, owner, -1, SQLITE_STATIC) != SQLITE_OK)
+        return fail(c, IDEM_ESTORE, "bind");
+    rc = step_done(c, stmt, "complete record", &changes);
+    *ok = changes == 1;
+    return rc;
+}
+
+static int sq_record_release(struct idem_conn *c, const struct idem_scope *s, const char *owner)
+{
+    static const char sql[] = "UPDATE idem_records SET lease_expires_ms = 0"
+                              " WHERE " SCOPE_WHERE " AND status = 0 AND lease_owner = ?4";
+    sqlite3_stmt *stmt = NULL;
+    int rc = record_stmt(c, sql, s, &stmt);
+
+    if (rc < 0)
+        return rc;
+    if (sqlite3_bind_text(stmt, 4, owner, -1, SQLITE_STATIC) != SQLITE_OK)
+        return fail(c, IDEM_ESTORE, "bind");
+    return step_done(c, stmt, "release lease", NULL);
+}
+
+static int sq_record_sweep(struct idem_conn *c, int limit, int *deleted)
+{
+    static const char sql[] =
+        "DELETE FROM idem_records WHERE (principal, operation, idem_key) IN"
+        " (SELECT principal, operation, idem_key FROM idem_records"
+        "  WHERE expires_ms <= ?1 AND (status = 1 OR lease_expires_ms <= ?1) LIMIT ?2)";
+    struct cached_stmt *e = NULL;
+    int rc = prepare(c, sql, &e);
+
+    *deleted = 0;
+    if (rc < 0)
+        return rc;
+    if (sqlite3_bind_int64(e->stmt, 1, idem__now_ms()) != SQLITE_OK ||
+        sqlite3_bind_int(e->stmt, 2, limit) != SQLITE_OK)
+        return fail(c, IDEM_ESTORE, "bind");
+    return step_done(c, e->stmt, "sweep", deleted);
+}
+
+/* ---- migrations --------------------------------------------------------------------------- */
+
+static int schema_version(struct idem_conn *c, const char *component, int *version)
+{
+    static const char sql[] = "SELECT version FROM idem_schema WHERE component = ?1";
+    struct cached_stmt *e = NULL;
+    int rc = prepare(c, sql, &e);
+    int step;
+
+    *version = 0;
+    if (rc < 0)
+        return rc;
+    if (sqlite3_bind_text(e->stmt, 1, component, -1, SQLITE_STATIC) != SQLITE_OK)
+        return fail(c, IDEM_ESTORE, "bind");
+    step = sqlite3_step(e->stmt);
+    if (step == SQLITE_ROW)
+        *version = sqlite3_column_int(e->stmt, 0);
+    else if (step != SQLITE_DONE)
+        rc = fail(c, IDEM_ESTORE, "read schema version");
+    sqlite3_reset(e->stmt);
+    return rc;
+}
+
+static int sq_migrate(struct idem_conn *c, const char *component,
+                      const struct idem_migration *steps, size_t n, int *applied)
+{
+    static const char set_sql[] =
+        "INSERT INTO idem_schema (component, version, applied_ms) VALUES (?1, ?2, ?3)"
+        " ON CONFLICT (component) DO UPDATE SET version = excluded.version,"
+        " applied_ms = excluded.applied_ms";
+    int rc = 0;
+    int count = 0;
+    int version = 0;
+
+    rc = run_simple(c,
+                    "CREATE TABLE IF NOT EXISTS idem_schema (component TEXT PRIMARY KEY,"
+                    " version INTEGER NOT NULL, applied_ms INTEGER NOT NULL)",
+                    "create schema table");
+    if (rc < 0)
+        goto out;
+    rc = schema_version(c, component, &version);
+    if (rc < 0 || n == 0 || version >= steps[n - 1].version)
+        goto out;
+
+    for (size_t i = 0; i < n; i++) {
+        struct cached_stmt *e = NULL;
+        /* The write lock serialises processes starting at once; re-read under it. */
+        rc = run_simple(c, "BEGIN IMMEDIATE", "begin migration");
+        if (rc < 0)
+            goto out;
+        rc = schema_version(c, component, &version);
+        if (rc < 0 || version >= steps[i].version) {
+            sq_rollback(c);
+            if (rc < 0)
+                goto out;
+            continue;
+        }
+        if (!steps[i].sqlite_sql) {
+            idem__fmt(c->errmsg, sizeof(c->errmsg), "migration %s %d has no SQLite form",
+                      component, steps[i].version);
+            rc = IDEM_EMIGRATE;
+        }
+        if (rc == 0)
+            rc = run_simple(c, steps[i].sqlite_sql, "migration");
+        if (rc == 0)
+            rc = prepare(c, set_sql, &e);
+        if (rc == 0) {
+            if (sqlite3_bind_text(e->stmt, 1, component, -1, SQLITE_STATIC) != SQLITE_OK ||
+                sqlite3_bind_int(e->stmt, 2, steps[i].version) != SQLITE_OK ||
+                sqlite3_bind_int64(e->stmt, 3, idem__now_ms()) != SQLITE_OK)
+                rc = fail(c, IDEM_ESTORE, "bind");
+        }
+        if (rc == 0)
+            rc = step_done(c, e->stmt, "record migration", NULL);
+        if (rc == 0)
+            rc = sq_commit(c);
+        if (rc < 0) {
+            char msg[IDEM_ERRMSG_MAX];
+            idem__fmt(msg, sizeof(msg), "%s %d (%s): %s", component, steps[i].version,
+                      steps[i].name ? steps[i].name : "", c->errmsg);
+            idem__fmt(c->errmsg, sizeof(c->errmsg), "%s", msg);
+            sq_rollback(c);
+            rc = IDEM_EMIGRATE;
+            goto out;
+        }
+        count++;
+    }
+out:
+    if (applied)
+        *applied = count;
+    return rc;
+}
+
+const struct idem_store_vtab idem__sqlite_vtab = {
+    .kind = "sqlite",
+    .conn_open = sq_open,
+    .conn_close = sq_close,
+    .errmsg = sq_errmsg,
+    .conn_ok = sq_conn_ok,
+    .begin = sq_begin,
+    .commit = sq_commit,
+    .rollback = sq_rollback,
+    .exec = sq_exec,
+    .record_insert = sq_record_insert,
+    .record_get = sq_record_get,
+    .record_takeover = sq_record_takeover,
+    .record_advance = sq_record_advance,
+    .record_complete = sq_record_complete,
+    .record_release = sq_record_release,
+    .record_sweep = sq_record_sweep,
+    .migrate = sq_migrate,
+};

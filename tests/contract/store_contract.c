@@ -1,0 +1,546 @@
+/*
+ * store_contract.c - the store contract suite: the behaviour every store must show, written once
+ * and run against each store (`store_contract sqlite`; `store_contract postgresql` with
+ * IDEM_TEST_PG_URI set, once that store exists).
+ *
+ * It drives the public engine API only, so what it proves is what a service sees: one owner per
+ * key under a race, byte-identical replay, mismatch, lease expiry and takeover with fencing,
+ * resume from a recovery point without re-running a finished phase, retention, and that a rolled
+ * back phase leaves neither a record nor a business row.
+ */
+#include "idem/idem.h"
+#include "t.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static char store_uri[1024];
+static const char *store_kind;
+
+static const struct idem_migration biz_schema[] = {
+    {1, "business rows", "CREATE TABLE biz (id TEXT PRIMARY KEY, note TEXT)",
+     "CREATE TABLE biz (id TEXT PRIMARY KEY, note TEXT)"},
+};
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static struct idem_store *open_store(int pool)
+{
+    struct idem_store_options o = {.pool_size = pool, .busy_timeout_ms = 10000};
+    struct idem_store *st = NULL;
+    char *err = NULL;
+    int rc = idem_store_open(store_uri, &o, &st, &err);
+    if (rc < 0) {
+        fprintf(stderr, "cannot open %s: %s\n", store_kind, err ? err : idem_strerror(rc));
+        exit(1);
+    }
+    return st;
+}
+
+static void fp_of(const char *body, unsigned char fp[IDEM_FP_LEN])
+{
+    int rc = idem_fingerprint("POST", "/t", NULL, 0, body, strlen(body), fp, NULL);
+    if (rc < 0) {
+        fprintf(stderr, "fingerprint failed: %s\n", idem_strerror(rc));
+        exit(1);
+    }
+}
+
+static int biz_insert(struct idem_call *call, const char *id)
+{
+    const char *p[] = {id, "x"};
+    return idem_tx_exec(idem_call_tx(call), "INSERT INTO biz (id, note) VALUES ($1, $2)", 2, p,
+                        NULL);
+}
+
+static int biz_count(struct idem_store *st, const char *prefix)
+{
+    struct idem_tx *tx = NULL;
+    struct idem_rows *r = NULL;
+    const char *p[] = {prefix};
+    int n = -1;
+    if (idem_tx_begin(st, 0, &tx) < 0)
+        return -1;
+    if (idem_tx_exec(tx, "SELECT count(*) FROM biz WHERE id LIKE $1 || '%'", 1, p, &r) == 0)
+        n = atoi(idem_rows_get(r, 0, 0));
+    idem_rows_free(r);
+    idem_tx_rollback(tx);
+    return n;
+}
+
+/* ---- 1. many threads racing one claim ------------------------------------------------------ */
+
+struct racer {
+    struct idem_engine *eng;
+    pthread_barrier_t *start;
+    enum idem_outcome outcome;
+    int rc;
+    int status;
+    char body[64];
+};
+
+static const struct idem_operation race_op = {"contract.race", 0, 5000, 5000};
+
+static void *race_one(void *arg)
+{
+    struct racer *r = arg;
+    struct idem_call *call = NULL;
+    unsigned char fp[IDEM_FP_LEN];
+    fp_of("{\"n\":1}", fp);
+    pthread_barrier_wait(r->start);
+    r->rc = idem_call_begin(r->eng, &race_op, "alice", "race-key", fp, &call, &r->outcome);
+    if (r->rc == 0 && r->outcome == IDEM_OUTCOME_EXECUTE) {
+        r->rc = biz_insert(call, "race-1");
+        sleep_ms(50); /* hold the record so others must wait for it */
+        if (r->rc == 0)
+            r->rc = idem_call_complete(call, 201, NULL, 0, "{\"id\":\"race-1\"}", 15);
+    }
+    if (r->rc == 0 && idem_call_response_status(call)) {
+        size_t len = 0;
+        const void *b = idem_call_response_body(call, &len);
+        r->status = idem_call_response_status(call);
+        snprintf(r->body, sizeof(r->body), "%.*s", (int)len, (const char *)b);
+    }
+    idem_call_end(call);
+    return NULL;
+}
+
+static void test_race(struct idem_engine *eng, struct idem_store *st)
+{
+    enum { N = 24 };
+    pthread_t th[N];
+    struct racer r[N];
+    pthread_barrier_t start;
+    int executed = 0, replayed = 0, other = 0;
+
+    pthread_barrier_init(&start, NULL, N);
+    for (int i = 0; i < N; i++) {
+        r[i] = (struct racer){.eng = eng, .start = &start};
+        pthread_create(&th[i], NULL, race_one, &r[i]);
+    }
+    for (int i = 0; i < N; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&start);
+    for (int i = 0; i < N; i++) {
+        CHECK_INT(r[i].rc, 0);
+        if (r[i].outcome == IDEM_OUTCOME_EXECUTE)
+            executed++;
+        else if (r[i].outcome == IDEM_OUTCOME_REPLAY)
+            replayed++;
+        else
+            other++;
+        CHECK_INT(r[i].status, 201);
+        CHECK_STR(r[i].body, "{\"id\":\"race-1\"}");
+    }
+    CHECK_INT(executed, 1);
+    CHECK_INT(replayed, N - 1);
+    CHECK_INT(other, 0);
+    CHECK_INT(biz_count(st, "race-"), 1);
+    fprintf(stderr, "race: %d threads, %d executed, %d replayed\n", N, executed, replayed);
+}
+
+/* ---- 2. replay, headers, mismatch, scope ---------------------------------------------------- */
+
+static void test_replay_mismatch_scope(struct idem_engine *eng)
+{
+    static const struct idem_operation op = {"contract.replay", 0, 0, 100};
+    static const char body[] = "{\"ok\":true}\0binary\xff";
+    const size_t body_len = sizeof(body) - 1;
+    struct idem_header h[] = {{"content-type", "application/json"},
+                              {"Location", "/t/1"},
+                              {"Set-Cookie", "secret=1"}};
+    struct idem_call *call = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN], fp2[IDEM_FP_LEN];
+    size_t len = 0;
+    const char *b;
+
+    fp_of("{\"a\":1,\"b\":2}", fp);
+    fp_of("{\"a\":1,\"b\":3}", fp2);
+
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "k1", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_STR(idem_call_recovery_point(call), "");
+    CHECK_INT(idem_call_complete(call, 201, h, 3, body, body_len), 0);
+    idem_call_end(call);
+
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "k1", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
+    CHECK_INT(idem_call_response_status(call), 201);
+    b = idem_call_response_body(call, &len);
+    CHECK_INT(len, body_len);
+    CHECK(b && memcmp(b, body, body_len) == 0);
+    CHECK_INT(idem_call_response_header_count(call), 2);
+    if (idem_call_response_header_count(call) == 2) {
+        CHECK_STR(idem_call_response_header(call, 0)->name, "Content-Type");
+        CHECK_STR(idem_call_response_header(call, 0)->value, "application/json");
+        CHECK_STR(idem_call_response_header(call, 1)->name, "Location");
+        CHECK_STR(idem_call_response_header(call, 1)->value, "/t/1");
+    }
+    CHECK(!idem_call_waited(call));
+    idem_call_end(call);
+
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "k1", fp2, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_MISMATCH);
+    CHECK(idem_call_tx(call) == NULL);
+    idem_call_end(call);
+
+    /* Another principal, or another operation, is another scope. */
+    CHECK_INT(idem_call_begin(eng, &op, "bob", "k1", fp2, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    idem_call_end(call);
+    static const struct idem_operation other_op = {"contract.other", 0, 0, 100};
+    CHECK_INT(idem_call_begin(eng, &other_op, "alice", "k1", fp2, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    idem_call_end(call);
+}
+
+/* ---- 3. a rolled-back phase leaves no record and no business row ---------------------------- */
+
+static void test_rollback(struct idem_engine *eng, struct idem_store *st)
+{
+    static const struct idem_operation op = {"contract.rollback", 0, 0, 100};
+    struct idem_call *call = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+
+    fp_of("{}", fp);
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "rb", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(biz_insert(call, "rb-1"), 0);
+    idem_call_abort(call);
+    idem_call_end(call);
+    CHECK_INT(biz_count(st, "rb-"), 0);
+
+    /* The retry runs afresh, and a unique violation is reported as such. */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "rb", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(biz_insert(call, "rb-1"), 0);
+    CHECK_INT(biz_insert(call, "rb-1"), IDEM_ECONFLICT);
+    CHECK_INT(idem_call_complete(call, 200, NULL, 0, "{}", 2), 0);
+    idem_call_end(call);
+    CHECK_INT(biz_count(st, "rb-"), 1);
+}
+
+/* ---- 4. lease expiry, takeover, fencing, resume from the recovery point --------------------- */
+
+static void test_takeover(struct idem_engine *eng, struct idem_store *st)
+{
+    static const struct idem_operation op = {"contract.lease", 0, 300, 50};
+    struct idem_call *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+    size_t len;
+
+    fp_of("{\"lease\":1}", fp);
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "lease", fp, &a, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(biz_insert(a, "lease-1"), 0);
+    CHECK_INT(idem_call_advance(a, "created", "lease-1"), 0);
+    CHECK(idem_call_tx(a) == NULL);
+
+    /* The lease is live: a duplicate waits wait_ms, then is told to come back. */
+    int64_t t0 = mono_ms();
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "lease", fp, &b, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_IN_PROGRESS);
+    CHECK(idem_call_waited(b));
+    CHECK(idem_call_retry_after_s(b) >= 1);
+    CHECK(mono_ms() - t0 >= 40);
+    idem_call_end(b);
+
+    /* Owner "a" goes silent past its lease; the next request takes over and resumes. */
+    sleep_ms(400);
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "lease", fp, &c, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_RESUME);
+    CHECK_STR(idem_call_recovery_point(c), "created");
+    CHECK_STR(idem_call_recovery_data(c), "lease-1");
+    CHECK(idem_call_tx(c) == NULL);
+
+    /* The old owner wakes up: its writes are fenced off and roll back. */
+    CHECK_INT(idem_call_phase_begin(a), 0);
+    CHECK_INT(biz_insert(a, "lease-stale"), 0);
+    CHECK_INT(idem_call_complete(a, 500, NULL, 0, "stale", 5), IDEM_ELEASE);
+    idem_call_end(a);
+    CHECK_INT(biz_count(st, "lease-stale"), 0);
+
+    /* The new owner finishes from the recovery point: phase 1 is not run again. */
+    CHECK_INT(idem_call_phase_begin(c), 0);
+    CHECK_INT(idem_call_complete(c, 201, NULL, 0, "done", 4), 0);
+    idem_call_end(c);
+    CHECK_INT(biz_count(st, "lease-"), 1);
+
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "lease", fp, &d, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
+    CHECK_INT(idem_call_response_status(d), 201);
+    CHECK(memcmp(idem_call_response_body(d, &len), "done", 4) == 0);
+    idem_call_end(d);
+}
+
+/* A call that ends without completing releases its lease: the retry resumes at once. */
+static void test_release_on_abort(struct idem_engine *eng, struct idem_store *st)
+{
+    static const struct idem_operation op = {"contract.release", 0, 60000, 2000};
+    struct idem_call *a = NULL, *b = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+
+    fp_of("{\"release\":1}", fp);
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "rel", fp, &a, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(biz_insert(a, "rel-1"), 0);
+    CHECK_INT(idem_call_advance(a, "created", "rel-1"), 0);
+    CHECK_INT(idem_call_phase_begin(a), 0);
+    CHECK_INT(biz_insert(a, "rel-2"), 0); /* an unknown outcome: phase 2 gives up */
+    idem_call_end(a);
+    CHECK_INT(biz_count(st, "rel-"), 1);
+
+    int64_t t0 = mono_ms();
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "rel", fp, &b, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_RESUME);
+    CHECK(mono_ms() - t0 < 1000);
+    CHECK_STR(idem_call_recovery_point(b), "created");
+    CHECK_INT(idem_call_complete(b, 201, NULL, 0, "ok", 2), 0);
+    idem_call_end(b);
+}
+
+/* ---- 5. a waiting duplicate is woken by the completion -------------------------------------- */
+
+struct waiter {
+    struct idem_engine *eng;
+    enum idem_outcome outcome;
+    int waited;
+    int64_t took_ms;
+};
+
+static const struct idem_operation wake_op = {"contract.wake", 0, 10000, 3000};
+
+static void *wait_one(void *arg)
+{
+    struct waiter *w = arg;
+    struct idem_call *call = NULL;
+    unsigned char fp[IDEM_FP_LEN];
+    int64_t t0 = mono_ms();
+    fp_of("{\"wake\":1}", fp);
+    if (idem_call_begin(w->eng, &wake_op, "alice", "wake", fp, &call, &w->outcome) == 0)
+        w->waited = idem_call_waited(call);
+    w->took_ms = mono_ms() - t0;
+    idem_call_end(call);
+    return NULL;
+}
+
+static void test_wake(struct idem_engine *eng)
+{
+    struct idem_call *a = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+    pthread_t th;
+    struct waiter w = {.eng = eng};
+
+    fp_of("{\"wake\":1}", fp);
+    CHECK_INT(idem_call_begin(eng, &wake_op, "alice", "wake", fp, &a, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_advance(a, "created", NULL), 0);
+    pthread_create(&th, NULL, wait_one, &w);
+    sleep_ms(200);
+    CHECK_INT(idem_call_complete(a, 201, NULL, 0, "woken", 5), 0);
+    idem_call_end(a);
+    pthread_join(th, NULL);
+    CHECK_INT(w.outcome, IDEM_OUTCOME_REPLAY);
+    CHECK(w.waited);
+    CHECK(w.took_ms >= 150 && w.took_ms < 1500);
+}
+
+/* ---- 6. retention ---------------------------------------------------------------------------- */
+
+static void test_retention(struct idem_engine *eng)
+{
+    static const struct idem_operation short_op = {"contract.short", 200, 0, 100};
+    static const struct idem_operation long_op = {"contract.long", 0, 0, 100};
+    struct idem_call *call = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN], fp2[IDEM_FP_LEN];
+    char key[32];
+    int deleted = -1;
+
+    fp_of("{\"ttl\":1}", fp);
+    fp_of("{\"ttl\":2}", fp2);
+    /* Sweep whatever earlier runs of this suite left, then make 5 short-lived records. */
+    while (idem_engine_sweep(eng, 1000, &deleted) == 0 && deleted > 0)
+        ;
+    for (int i = 0; i < 5; i++) {
+        snprintf(key, sizeof(key), "ttl-%d", i);
+        CHECK_INT(idem_call_begin(eng, &short_op, "alice", key, fp, &call, &oc), 0);
+        CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+        CHECK_INT(idem_call_complete(call, 200, NULL, 0, "a", 1), 0);
+        idem_call_end(call);
+    }
+    CHECK_INT(idem_call_begin(eng, &long_op, "alice", "keep", fp, &call, &oc), 0);
+    CHECK_INT(idem_call_complete(call, 200, NULL, 0, "k", 1), 0);
+    idem_call_end(call);
+
+    /* Within retention: a replay. */
+    CHECK_INT(idem_call_begin(eng, &short_op, "alice", "ttl-0", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
+    idem_call_end(call);
+    sleep_ms(300);
+
+    /* Past retention, even before the sweeper ran, the key is new (here with another body). */
+    CHECK_INT(idem_call_begin(eng, &short_op, "alice", "ttl-0", fp2, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    idem_call_abort(call);
+    idem_call_end(call);
+
+    /* The sweeper deletes in bounded batches and spares live records. */
+    CHECK_INT(idem_engine_sweep(eng, 2, &deleted), 0);
+    CHECK_INT(deleted, 2);
+    CHECK_INT(idem_engine_sweep(eng, 2, &deleted), 0);
+    CHECK_INT(deleted, 2);
+    CHECK_INT(idem_engine_sweep(eng, 2, &deleted), 0);
+    CHECK_INT(deleted, 1);
+    CHECK_INT(idem_engine_sweep(eng, 2, &deleted), 0);
+    CHECK_INT(deleted, 0);
+    CHECK_INT(idem_call_begin(eng, &long_op, "alice", "keep", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
+    idem_call_end(call);
+}
+
+/* ---- 7. SQL through the store, migrations ----------------------------------------------------- */
+
+static void test_sql_and_migrations(struct idem_store *st)
+{
+    struct idem_tx *tx = NULL;
+    struct idem_rows *r = NULL;
+    int applied = -1;
+    char *err = NULL;
+    const char *p[] = {"b", "a"};
+
+    CHECK_INT(idem_store_migrate(st, "contract", biz_schema, 1, &applied, &err), 0);
+    CHECK_INT(applied, 0); /* applied once already at start-up */
+    idem_free(err);
+
+    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+    /* Parameters may appear out of order and repeat. */
+    CHECK_INT(idem_tx_exec(tx, "SELECT $2 || $1 || $2 AS s, NULL AS n", 2, p, &r), 0);
+    CHECK_INT(idem_rows_count(r), 1);
+    CHECK_STR(idem_rows_get(r, 0, 0), "aba");
+    CHECK(idem_rows_get(r, 0, 1) == NULL);
+    CHECK_INT(idem_rows_column_index(r, "n"), 1);
+    idem_rows_free(r);
+    CHECK_INT(idem_tx_exec(tx, "SELECT $3", 2, p, NULL), IDEM_EINVAL);
+    CHECK(strlen(idem_tx_errmsg(tx)) > 0);
+    CHECK_INT(idem_tx_exec(tx, "SELEC nonsense", 0, NULL, NULL), IDEM_ESTORE);
+    idem_tx_rollback(tx);
+
+    static const struct idem_migration bad[] = {
+        {1, "business rows", "CREATE TABLE biz (id TEXT PRIMARY KEY, note TEXT)", NULL},
+        {2, "broken", "CREATE TABLE nope (", "CREATE TABLE nope ("},
+    };
+    CHECK_INT(idem_store_migrate(st, "contract", bad, 2, &applied, &err), IDEM_EMIGRATE);
+    CHECK(err && strstr(err, "broken"));
+    idem_free(err);
+}
+
+/* Several handles migrating at once (as several processes starting together) all succeed. */
+static void *migrate_one(void *arg)
+{
+    int *rc = arg;
+    struct idem_store *st = open_store(2);
+    static const struct idem_migration steps[] = {
+        {1, "a", "CREATE TABLE mig_a (x TEXT)", "CREATE TABLE mig_a (x TEXT)"},
+        {2, "b", "CREATE TABLE mig_b (x TEXT)", "CREATE TABLE mig_b (x TEXT)"},
+    };
+    int applied = 0;
+    *rc = idem_store_migrate(st, "contract-race", steps, 2, &applied, NULL);
+    if (*rc == 0)
+        *rc = applied; /* how many this handle applied */
+    idem_store_close(st);
+    return NULL;
+}
+
+static void test_migrate_race(void)
+{
+    enum { N = 4 };
+    pthread_t th[N];
+    int rc[N];
+    int total = 0;
+    for (int i = 0; i < N; i++)
+        pthread_create(&th[i], NULL, migrate_one, &rc[i]);
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(rc[i] >= 0);
+        total += rc[i] > 0 ? rc[i] : 0;
+    }
+    CHECK_INT(total, 2); /* each step ran exactly once among them */
+}
+
+int main(int argc, char **argv)
+{
+    struct idem_store *st = NULL;
+    struct idem_engine *eng = NULL;
+    char dir[] = "/tmp/idem-contract-XXXXXX";
+
+    if (argc != 2) {
+        fprintf(stderr, "usage: store_contract sqlite|postgresql\n");
+        return 2;
+    }
+    store_kind = argv[1];
+    if (strcmp(store_kind, "sqlite") == 0) {
+        if (!mkdtemp(dir)) {
+            perror("mkdtemp");
+            return 1;
+        }
+        snprintf(store_uri, sizeof(store_uri), "sqlite:%s/contract.db", dir);
+    } else if (strcmp(store_kind, "postgresql") == 0) {
+        const char *uri = getenv("IDEM_TEST_PG_URI");
+        if (!uri) {
+            fprintf(stderr, "IDEM_TEST_PG_URI is not set\n");
+            return 1;
+        }
+        snprintf(store_uri, sizeof(store_uri), "%s", uri);
+    } else {
+        fprintf(stderr, "unknown store kind %s\n", store_kind);
+        return 2;
+    }
+
+    st = open_store(8);
+    if (idem_store_migrate(st, "contract", biz_schema, 1, NULL, NULL) < 0 ||
+        idem_engine_new(st, NULL, &eng) < 0) {
+        fprintf(stderr, "set-up failed\n");
+        return 1;
+    }
+    test_race(eng, st);
+    test_replay_mismatch_scope(eng);
+    test_rollback(eng, st);
+    test_takeover(eng, st);
+    test_release_on_abort(eng, st);
+    test_wake(eng);
+    test_retention(eng);
+    test_sql_and_migrations(st);
+    test_migrate_race();
+
+    idem_engine_free(eng);
+    idem_store_close(st);
+    if (strcmp(store_kind, "sqlite") == 0) {
+        char cmd[128];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "could not remove %s\n", dir);
+    }
+    return t_done();
+}
