@@ -1,0 +1,26 @@
+#!/bin/sh
+# Installs libidem into a temporary prefix, builds examples/embed.c against it with pkg-config
+# only (as a user would), runs it twice, and checks that the second run replays.
+set -eu
+build=$1
+src=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
+pc=$(find "$tmp/prefix" -name idem.pc -print -quit)
+[ -n "$pc" ] || { echo "idem.pc was not installed"; exit 1; }
+export PKG_CONFIG_PATH="$(dirname "$pc")"
+test -f "$tmp/prefix/include/idem/idem.h" || { echo "idem.h was not installed"; exit 1; }
+# shellcheck disable=SC2046
+cc -std=c11 -Wall -Werror "$src/examples/embed.c" $(pkg-config --cflags idem) \
+   $(pkg-config --libs --static idem) -o "$tmp/embed-static" -Wl,-Bstatic -lidem -Wl,-Bdynamic \
+   $(pkg-config --libs --static idem | sed 's/-lidem//')
+cc -std=c11 -Wall -Werror "$src/examples/embed.c" $(pkg-config --cflags --libs idem) \
+   -o "$tmp/embed" -Wl,-rpath,"$(pkg-config --variable=libdir idem)"
+out=$("$tmp/embed" "sqlite:$tmp/demo.db")
+echo "$out"
+echo "$out" | grep -q '^executed: 201 {"payment":"created"}$' || { echo "first run did not execute"; exit 1; }
+echo "$out" | grep -q '^replayed: 201 {"payment":"created"}$' || { echo "retry did not replay"; exit 1; }
+out=$("$tmp/embed-static" "sqlite:$tmp/demo.db")
+echo "$out" | grep -c '^replayed: ' | grep -q '^2$' || { echo "a later process did not replay both: $out"; exit 1; }
+echo "install: headers, shared + static library and idem.pc work from $tmp/prefix"

@@ -1,0 +1,92 @@
+/*
+ * test_engine.c - the engine's edges that the store contract suite does not walk: bad arguments,
+ * calls in the wrong state, policy defaults, and a store URI that names nothing.  (The state
+ * machine itself is proven per store by tests/contract/store_contract.c.)
+ */
+#include "idem/idem.h"
+#include "t.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int main(void)
+{
+    char dir[] = "/tmp/idem-engine-XXXXXX";
+    char uri[128];
+    struct idem_store *st = NULL;
+    struct idem_engine *eng = NULL;
+    struct idem_call *call = NULL;
+    enum idem_outcome oc = IDEM_OUTCOME_NONE;
+    unsigned char fp[IDEM_FP_LEN] = {1};
+    const struct idem_operation op = {"unit.op", 0, 0, 0};
+    const struct idem_operation nameless = {NULL, 0, 0, 0};
+    char *err = NULL;
+
+    if (!mkdtemp(dir))
+        return 1;
+
+    /* URIs that name no store are refused with a sentence, and no handle. */
+    CHECK_INT(idem_store_open("mysql://x", NULL, &st, &err), IDEM_EURI);
+    CHECK(st == NULL);
+    CHECK(err && strstr(err, "sqlite:"));
+    idem_free(err);
+    CHECK_INT(idem_store_open("sqlite:", NULL, &st, &err), IDEM_EURI);
+    idem_free(err);
+    CHECK_INT(idem_store_open("sqlite:/nonexistent-dir/x/y.db", NULL, &st, &err), IDEM_EUNAVAIL);
+    CHECK(err && strstr(err, "/nonexistent-dir/x/y.db"));
+    idem_free(err);
+
+    snprintf(uri, sizeof(uri), "sqlite:%s/e.db", dir);
+    CHECK_INT(idem_store_open(uri, NULL, &st, NULL), 0);
+    CHECK_STR(idem_store_kind(st), "sqlite");
+    CHECK_INT(idem_engine_new(st, NULL, &eng), 0);
+    CHECK(strchr(idem_engine_owner(eng), ':') != NULL);
+
+    /* Bad arguments are errors, never outcomes. */
+    CHECK_INT(idem_call_begin(eng, &nameless, "p", "k", fp, &call, &oc), IDEM_EINVAL);
+    CHECK_INT(idem_call_begin(eng, &op, NULL, "k", fp, &call, &oc), IDEM_EINVAL);
+    CHECK_INT(idem_call_begin(NULL, &op, "p", "k", fp, &call, &oc), IDEM_EINVAL);
+    CHECK(call == NULL);
+    CHECK_INT(oc, IDEM_OUTCOME_NONE);
+
+    /* A fresh call has its first phase open; a second one cannot be opened on top. */
+    CHECK_INT(idem_call_begin(eng, &op, "p", "k", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK(idem_call_tx(call) != NULL);
+    CHECK_INT(idem_call_phase_begin(call), IDEM_ESTATE);
+    CHECK(strstr(idem_call_errmsg(call), "already open") != NULL);
+    CHECK_INT(idem_call_complete(call, 42, NULL, 0, NULL, 0), IDEM_EINVAL);
+    CHECK_INT(idem_call_advance(call, "one", NULL), 0);
+    CHECK_INT(idem_call_advance(call, "two", NULL), IDEM_ESTATE); /* no phase open */
+    CHECK_INT(idem_call_complete(call, 204, NULL, 0, NULL, 0), 0);  /* opens its own phase */
+    CHECK_INT(idem_call_complete(call, 204, NULL, 0, NULL, 0), IDEM_ESTATE);
+    CHECK_INT(idem_call_phase_begin(call), IDEM_ESTATE);
+    CHECK_INT(idem_call_response_status(call), 204);
+    idem_call_end(call);
+    call = NULL;
+
+    /* An empty body is stored and replayed as empty. */
+    CHECK_INT(idem_call_begin(eng, &op, "p", "k", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
+    size_t len = 99;
+    CHECK(idem_call_response_body(call, &len) != NULL);
+    CHECK_INT(len, 0);
+    CHECK_INT(idem_call_retry_after_s(call), 1);
+    idem_call_end(call);
+
+    idem_call_end(NULL);
+    idem_call_abort(NULL);
+    idem_engine_free(eng);
+    idem_store_close(st);
+    idem_store_close(NULL);
+    CHECK_STR(idem_strerror(IDEM_ELEASE), "lease lost to another owner");
+    CHECK_STR(idem_err_name(IDEM_EUNAVAIL), "IDEM_EUNAVAIL");
+
+    char cmd[96];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        return 1;
+    return t_done();
+}
