@@ -23,7 +23,7 @@ void idem__sleep_ms(int64_t ms);
 
 /* snprintf into a fixed message buffer; never overflows, always NUL-terminates. */
 void idem__fmt(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* malloc'd copy of `s` (NULL stays NULL; sets *rc to IDEM_ENOMEM on failure if rc not NULL). */
+/* malloc'd copy of `s`, or NULL when `s` is NULL or memory ran out. */
 char *idem__strdup(const char *s);
 
 /* ---- records -------------------------------------------------------------------------------- */
@@ -114,6 +114,16 @@ struct idem_store_vtab {
     /* Application migrations: applies newer steps of `component` (see idem_store_migrate). */
     int (*migrate)(struct idem_conn *c, const char *component, const struct idem_migration *steps,
                    size_t n, int *applied);
+
+    /*
+     * Optional (NULL: the engine waits on its own condition variable and polls).  Blocks until
+     * the record of `s` may have changed in any process sharing the store, or `timeout_ms`
+     * passed; a wake-up may be spurious.  Returns 0, or a negative code when the store cannot
+     * wait right now (the engine then falls back to polling).
+     */
+    int (*wait_change)(struct idem_store *st, const struct idem_scope *s, int64_t timeout_ms);
+    /* Optional: frees the backend's per-store state (st->backend) in idem_store_close. */
+    void (*store_close)(struct idem_store *st);
 };
 
 /* A store handle: the backend, its options and a bounded pool of connections. */
@@ -121,6 +131,7 @@ struct idem_store {
     const struct idem_store_vtab *vt;
     char *target; /* backend-specific: the SQLite path, or the libpq conninfo */
     struct idem_store_options opts;
+    void *backend; /* per-store state of the backend (PostgreSQL: its listener), or NULL */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -138,6 +149,7 @@ void idem__store_release(struct idem_store *st, struct idem_conn *c);
 struct idem_conn *idem__tx_conn(struct idem_tx *tx);
 
 extern const struct idem_store_vtab idem__sqlite_vtab;
+extern const struct idem_store_vtab idem__pg_vtab;
 
 /* ---- result rows, built by the backends ----------------------------------------------------- */
 

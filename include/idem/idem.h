@@ -57,9 +57,9 @@ enum idem_errno {
 #undef IDEM__ERR_ENUM
 };
 
-/* Returns a static English sentence for an error code ("out of memory"). */
+/* Returns a static English sentence for an error code ("out of memory"; "success" for 0). */
 IDEM_API const char *idem_strerror(int err);
-/* Returns the static name of an error code ("IDEM_ENOMEM"), or "IDEM_UNKNOWN". */
+/* Returns the static name of an error code ("IDEM_ENOMEM", "IDEM_OK" for 0), or "IDEM_UNKNOWN". */
 IDEM_API const char *idem_err_name(int err);
 
 /* Frees memory the library handed out as new bytes (canonical JSON, hex strings). NULL is a no-op. */
@@ -97,8 +97,10 @@ IDEM_API int idem_key_parse(const char *value, size_t len, char out[IDEM_KEY_MAX
  * with minimal escaping, no white space.  Every number is an IEEE 754 double, as JCS demands.
  *
  * Returns 0 and hands out *out (new, NUL-terminated, free with idem_free) and *out_len; or
- * IDEM_EJSON (not JSON, or a number that is not finite as a double), IDEM_EDUPKEY (an object
- * names a member twice), IDEM_EDEPTH (nested deeper than IDEM_JSON_MAX_DEPTH), IDEM_ENOMEM.
+ * IDEM_EJSON (not JSON, or a number that is not finite as a double; also a member name holding
+ * U+0000, which jansson cannot represent), IDEM_EDUPKEY (an object names a member twice),
+ * IDEM_EDEPTH (nested deeper than IDEM_JSON_MAX_DEPTH), IDEM_ETOOBIG (input or output over
+ * 16 MiB), IDEM_ENOMEM.
  * If `why` is not NULL it receives a static sentence on failure.
  */
 IDEM_API int idem_jcs_canonicalize(const void *json, size_t len, char **out, size_t *out_len,
@@ -108,6 +110,7 @@ IDEM_API int idem_jcs_canonicalize(const void *json, size_t len, char **out, siz
  * Computes the request fingerprint: SHA-256 over the method, the route template (e.g.
  * "/api/orders/{id}/cancel"), its `nparams` path parameter values in order, and the JCS form of
  * the body.  Every field is length-prefixed, so no two different requests share an encoding.
+ * The method is taken as given (pass it upper-case, as HTTP sends it).
  * An empty body (len 0) is fingerprinted as "no body"; a non-empty body must be JSON.
  *
  * Returns 0 and fills `out`; or the errors of idem_jcs_canonicalize() for a bad body.
@@ -117,7 +120,8 @@ IDEM_API int idem_fingerprint(const char *method, const char *route, const char 
                               unsigned char out[IDEM_FP_LEN], const char **why);
 
 /* Writes the 64 lowercase hex digits of a fingerprint and a NUL into `hex`. */
-IDEM_API void idem_fingerprint_hex(const unsigned char fp[IDEM_FP_LEN], char hex[2 * IDEM_FP_LEN + 1]);
+IDEM_API void idem_fingerprint_hex(const unsigned char fp[IDEM_FP_LEN],
+                                   char hex[2 * IDEM_FP_LEN + 1]);
 
 /* ---------------------------------------------------------------------------------------------
  * Stores
