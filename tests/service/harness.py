@@ -1,0 +1,594 @@
+"""
+harness.py - what every service test shares: a real `orderd` on a loopback port, a small HTTP
+client that shows exactly what came back, users with tokens, and a tiny test runner.
+
+Service tests talk to the binaries a user runs, over real HTTP, so that what they check is what a
+client would notice.  Python's standard library only: the tests run on a bare Debian machine.
+
+Environment:
+  IDEM_BIN          directory holding the built programs (CTest sets it; default: <repo>/build/bin)
+  IDEM_TEST_DB_URI  store URI for the servers; "{tmp}" is replaced by a fresh temp directory.
+                    Default "sqlite:{tmp}/orderd.db".  A PostgreSQL run sets e.g.
+                    "postgresql://postgres@127.0.0.1:55432/idem" and reuses the same tests: every
+                    test works with its own freshly named users, so a shared database is fine;
+                    the few tests that need an untouched catalog (p-limited's stock of 3) or the
+                    SQLite file itself say "skipped" when the URI has no "{tmp}" / is not SQLite.
+  IDEM_TEST_KEEP    set to 1 to keep the temp directory (server logs, database) for a post-mortem.
+"""
+
+import atexit
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+BIN = os.environ.get("IDEM_BIN") or os.path.join(REPO, "build", "bin")
+ORDERD = os.path.join(BIN, "orderd")
+
+START_TIMEOUT_S = 15.0
+STOP_TIMEOUT_S = 5.0
+REQUEST_TIMEOUT_S = 30.0
+
+LISTEN_RE = re.compile(r"orderd: listening on http://(\[[^\]]+\]|[^:/\s]+):(\d+)")
+
+_live_servers = []
+
+
+class TestFailure(AssertionError):
+    """A check that failed; the message says what was expected and what came back."""
+
+
+# ---- the server ------------------------------------------------------------------------------
+
+def _db_template():
+    return os.environ.get("IDEM_TEST_DB_URI") or "sqlite:{tmp}/orderd.db"
+
+
+def db_uri_for(tmpdir):
+    """The store URI for a server whose scratch space is `tmpdir` (see IDEM_TEST_DB_URI)."""
+    return _db_template().replace("{tmp}", tmpdir)
+
+
+def fresh_db_per_server():
+    """Whether every Server gets a database of its own (seeded catalog untouched)."""
+    return "{tmp}" in _db_template()
+
+
+def _tail(path, limit=4000):
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", "replace")
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+class Server:
+    """
+    One orderd process on 127.0.0.1:<ephemeral port>, its database and its logs in a temp dir.
+
+    start() may be called again after stop() or kill9(): the new process uses the same database
+    (and gets a new port; clients always ask the server for its current address).
+    """
+
+    def __init__(self, extra_args=(), env=None, db_uri=None, name="orderd"):
+        self.name = name
+        self.tmpdir = tempfile.mkdtemp(prefix="idem-svc-")
+        self.db_uri = db_uri or db_uri_for(self.tmpdir)
+        self.extra_args = list(extra_args)
+        self.env = dict(os.environ)
+        self.env.update(env or {})
+        self.proc = None
+        self.host = None
+        self.port = None
+        self.generation = 0
+        self.stdout_path = None
+        self.stderr_path = None
+        self._migrated = False
+        _live_servers.append(self)
+
+    # -- lifecycle --
+
+    @property
+    def base_url(self):
+        return "http://%s:%d" % (self.host, self.port)
+
+    def _run_tool(self, args, what):
+        cmd = [ORDERD] + args
+        try:
+            p = subprocess.run(cmd, capture_output=True, timeout=30, env=self.env)
+        except FileNotFoundError:
+            raise TestFailure("%s: %s not found (IDEM_BIN=%s)" % (what, ORDERD, BIN))
+        except subprocess.TimeoutExpired:
+            raise TestFailure("%s: `%s` did not finish in 30 s" % (what, " ".join(cmd)))
+        if p.returncode != 0:
+            raise TestFailure("%s: `%s` exited %d\nstdout: %s\nstderr: %s" % (
+                what, " ".join(cmd), p.returncode, p.stdout.decode("utf-8", "replace"),
+                p.stderr.decode("utf-8", "replace")))
+        return p.stdout.decode("utf-8", "replace")
+
+    def migrate(self):
+        self._run_tool(["migrate", "--db", self.db_uri], "migrate")
+        self._migrated = True
+
+    def start(self):
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError("server already running")
+        if not self._migrated:
+            self.migrate()
+        self.generation += 1
+        self.stdout_path = os.path.join(self.tmpdir, "%s.%d.stdout" % (self.name, self.generation))
+        self.stderr_path = os.path.join(self.tmpdir, "%s.%d.stderr" % (self.name, self.generation))
+        cmd = [ORDERD, "serve", "--listen", "127.0.0.1:0", "--db", self.db_uri] + self.extra_args
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            try:
+                self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                             env=self.env)
+            except FileNotFoundError:
+                raise TestFailure("cannot start %s (IDEM_BIN=%s)" % (ORDERD, BIN))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            m = LISTEN_RE.search(_tail(self.stdout_path, 1 << 20))
+            if m:
+                self.host = m.group(1).strip("[]")
+                self.port = int(m.group(2))
+                return self
+            rc = self.proc.poll()
+            if rc is not None:
+                raise TestFailure("`%s` exited with %d before listening\nstdout: %s\nstderr: %s" % (
+                    " ".join(cmd), rc, _tail(self.stdout_path), _tail(self.stderr_path)))
+            if time.monotonic() > deadline:
+                self._kill()
+                raise TestFailure(
+                    "`%s` did not print 'orderd: listening on http://HOST:PORT' within %.0f s\n"
+                    "stdout: %s\nstderr: %s" % (" ".join(cmd), START_TIMEOUT_S,
+                                                _tail(self.stdout_path), _tail(self.stderr_path)))
+            time.sleep(0.02)
+
+    def _kill(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self, timeout=STOP_TIMEOUT_S):
+        """SIGTERM, then SIGKILL if it has not exited within `timeout`.  Returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                sys.stderr.write("harness: %s ignored SIGTERM for %.0f s; killing it\n" % (
+                    self.name, timeout))
+                self._kill()
+        return self.proc.returncode
+
+    def kill9(self):
+        """SIGKILL: the process gets no chance to finish anything."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def restart(self):
+        self.stop()
+        return self.start()
+
+    def wait_exit(self, timeout):
+        """Waits for the process to exit by itself; returns its exit code or None."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def close(self):
+        self.stop()
+        if self in _live_servers:
+            _live_servers.remove(self)
+        if os.environ.get("IDEM_TEST_KEEP") == "1":
+            sys.stderr.write("harness: kept %s\n" % self.tmpdir)
+        else:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def logs(self):
+        return "stderr of %s:\n%s" % (self.name, _tail(self.stderr_path or "", 3000))
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    # -- users --
+
+    def create_token(self, user):
+        """`orderd token create --db URI --user NAME`: the token alone on stdout."""
+        out = self._run_tool(["token", "create", "--db", self.db_uri, "--user", user],
+                             "token create")
+        token = out.strip()
+        if not token or "\n" in token or " " in token:
+            raise TestFailure("token create printed %r, expected the token alone" % out)
+        return token
+
+    def new_user(self, prefix="user"):
+        """A freshly named user and a client that speaks as that user."""
+        name = "%s-%s" % (prefix, uuid.uuid4().hex[:10])
+        return Client(self, self.create_token(name), name)
+
+    def client(self, token=None):
+        return Client(self, token)
+
+
+def _cleanup_all():
+    for s in list(_live_servers):
+        try:
+            s.close()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+
+
+atexit.register(_cleanup_all)
+
+
+def _on_term(signum, frame):
+    # CTest's timeout sends SIGTERM: leave no orderd and no temp dir behind.
+    raise SystemExit(128 + signum)
+
+
+signal.signal(signal.SIGTERM, _on_term)
+
+
+# ---- the client --------------------------------------------------------------------------------
+
+class Response:
+    """status, headers (case-insensitive, multi-valued: http.client.HTTPMessage) and raw body."""
+
+    def __init__(self, status, headers, body, elapsed):
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.elapsed = elapsed
+        self._json = None
+
+    def header(self, name):
+        return self.headers.get(name)
+
+    def header_all(self, name):
+        return self.headers.get_all(name) or []
+
+    @property
+    def content_type(self):
+        return (self.header("Content-Type") or "").split(";")[0].strip().lower()
+
+    def json(self):
+        if self._json is None:
+            try:
+                self._json = json.loads(self.body.decode("utf-8"))
+            except (ValueError, UnicodeDecodeError) as e:
+                raise TestFailure("response body is not JSON (%s): %s" % (e, self.describe()))
+        return self._json
+
+    @property
+    def replayed(self):
+        return (self.header("Idempotent-Replayed") or "").strip().lower() == "true"
+
+    def describe(self, limit=1200):
+        body = self.body.decode("utf-8", "replace")
+        if len(body) > limit:
+            body = body[:limit] + "...(%d bytes)" % len(self.body)
+        hdrs = "; ".join("%s: %s" % (k, v) for k, v in self.headers.items())
+        return "HTTP %d [%s] %s" % (self.status, hdrs, body)
+
+    def __repr__(self):
+        return "<Response %s>" % self.describe(200)
+
+
+class Client:
+    """Speaks HTTP/1.1 to a Server as one principal; one connection per request."""
+
+    def __init__(self, server, token=None, user=None):
+        self.server = server
+        self.token = token
+        self.user = user
+
+    def connect(self, timeout=REQUEST_TIMEOUT_S):
+        """An open connection to the server, e.g. to release many requests together."""
+        conn = http.client.HTTPConnection(self.server.host, self.server.port, timeout=timeout)
+        conn.connect()
+        return conn
+
+    def request(self, method, path, body=None, json_body=None, headers=None, key=None,
+                token=Ellipsis, content_type=Ellipsis, timeout=REQUEST_TIMEOUT_S, conn=None,
+                chunked=False):
+        """
+        Sends one request and returns a Response.
+
+        body: raw bytes (or str); json_body: an object sent as compact JSON.  content_type defaults
+        to application/json when there is a body (None: send no Content-Type).  headers: a dict or
+        a list of (name, value) pairs (a list may repeat a name).  key: the Idempotency-Key value,
+        sent verbatim.  token: defaults to the client's; None sends no Authorization.  Connection
+        errors propagate (OSError, http.client.HTTPException).  chunked: send the body with
+        Transfer-Encoding: chunked (64 KiB chunks) instead of a Content-Length.
+        """
+        if json_body is not None:
+            body = json.dumps(json_body, separators=(",", ":")).encode()
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        if content_type is Ellipsis:
+            content_type = "application/json" if body is not None else None
+        if token is Ellipsis:
+            token = self.token
+        hdrs = []
+        if token is not None:
+            hdrs.append(("Authorization", "Bearer " + token))
+        if content_type is not None:
+            hdrs.append(("Content-Type", content_type))
+        if key is not None:
+            hdrs.append(("Idempotency-Key", key))
+        if isinstance(headers, dict):
+            hdrs.extend(headers.items())
+        elif headers:
+            hdrs.extend(headers)
+        own = conn is None
+        if own:
+            conn = http.client.HTTPConnection(self.server.host, self.server.port, timeout=timeout)
+        t0 = time.monotonic()
+        try:
+            conn.putrequest(method, path, skip_accept_encoding=True)
+            for name, value in hdrs:
+                conn.putheader(name, value)
+            payload = body
+            if chunked:
+                conn.putheader("Transfer-Encoding", "chunked")
+                payload = [body[i:i + 65536] for i in range(0, len(body or b""), 65536)]
+            elif body is not None or method in ("POST", "PUT", "PATCH"):
+                conn.putheader("Content-Length", str(len(body or b"")))
+            try:
+                conn.endheaders(payload, encode_chunked=chunked)
+            except (BrokenPipeError, ConnectionResetError):
+                # The server may answer (413) and close before reading all of a large body; but
+                # a connection that never opened has nothing to read.
+                if conn.sock is None:
+                    raise
+            resp = conn.getresponse()
+            data = resp.read()
+            return Response(resp.status, resp.msg, data, time.monotonic() - t0)
+        finally:
+            if own:
+                conn.close()
+
+    def get(self, path, **kw):
+        return self.request("GET", path, **kw)
+
+    def post(self, path, json_body=None, **kw):
+        return self.request("POST", path, json_body=json_body, **kw)
+
+    def put(self, path, json_body=None, **kw):
+        return self.request("PUT", path, json_body=json_body, **kw)
+
+    # -- orderd's operations --
+
+    def create_order(self, key, product="p-1024", quantity=2, **kw):
+        return self.post("/api/orders", {"productId": product, "quantity": quantity}, key=key, **kw)
+
+    def cancel(self, order_id, key, **kw):
+        return self.request("POST", "/api/orders/%s/cancel" % order_id, key=key, **kw)
+
+    def all_orders(self, limit=100):
+        """Every order of this user, following nextCursor; checks each page is a 200."""
+        orders, cursor, pages = [], None, 0
+        while True:
+            path = "/api/orders?limit=%d" % limit
+            if cursor is not None:
+                path += "&cursor=" + cursor
+            r = self.get(path)
+            expect_status(r, 200, "GET " + path)
+            doc = r.json()
+            if not isinstance(doc.get("orders"), list):
+                raise TestFailure("GET %s: no 'orders' list: %s" % (path, r.describe()))
+            orders.extend(doc["orders"])
+            cursor = doc.get("nextCursor")
+            pages += 1
+            if cursor is None or pages > 10000:
+                return orders
+            if not doc["orders"]:
+                raise TestFailure("GET %s: empty page with a nextCursor: %s" % (path, r.describe()))
+
+
+def new_key(prefix="k"):
+    return "%s-%s" % (prefix, uuid.uuid4().hex)
+
+
+# ---- assertions ----------------------------------------------------------------------------------
+
+def fail(msg):
+    raise TestFailure(msg)
+
+
+def expect(cond, msg):
+    if not cond:
+        raise TestFailure(msg)
+
+
+def expect_eq(got, expected, what):
+    if got != expected:
+        raise TestFailure("%s: expected %r, got %r" % (what, expected, got))
+
+
+def expect_status(resp, status, what="response"):
+    if resp.status != status:
+        raise TestFailure("%s: expected status %d, got %s" % (what, status, resp.describe()))
+    return resp
+
+
+def expect_problem(resp, status, code, what="response"):
+    """An RFC 9457 problem with the stable code of docs/http-api.md."""
+    expect_status(resp, status, what)
+    if resp.content_type != "application/problem+json":
+        fail("%s: expected Content-Type application/problem+json, got %s" % (what, resp.describe()))
+    doc = resp.json()
+    if not isinstance(doc, dict):
+        fail("%s: problem body is not an object: %s" % (what, resp.describe()))
+    problems = []
+    if doc.get("code") != code:
+        problems.append("code %r (expected %r)" % (doc.get("code"), code))
+    if doc.get("type") != "/problems/" + code:
+        problems.append("type %r (expected %r)" % (doc.get("type"), "/problems/" + code))
+    if doc.get("status") != status:
+        problems.append("status member %r (expected %d)" % (doc.get("status"), status))
+    for member in ("title", "detail"):
+        if not isinstance(doc.get(member), str) or not doc.get(member):
+            problems.append("%s missing or not a non-empty string" % member)
+    if problems:
+        fail("%s: bad problem (%s): %s" % (what, ", ".join(problems), resp.describe()))
+    return doc
+
+
+def expect_replay(resp, first, what="replay"):
+    """The stored response again: status, byte-identical body, Content-Type and Location."""
+    if resp.status != first.status:
+        fail("%s: expected the stored status %d, got %s" % (what, first.status, resp.describe()))
+    if not resp.replayed:
+        fail("%s: expected Idempotent-Replayed: true, got %s" % (what, resp.describe()))
+    if resp.body != first.body:
+        fail("%s: body differs from the first response\nfirst: %r\nreplay: %r" % (
+            what, first.body[:600], resp.body[:600]))
+    for h in ("Content-Type", "Location"):
+        if resp.header(h) != first.header(h):
+            fail("%s: %s differs: first %r, replay %r" % (what, h, first.header(h),
+                                                          resp.header(h)))
+    return resp
+
+
+def expect_fresh(resp, status, what="fresh request"):
+    """Executed now: the expected status and no Idempotent-Replayed header."""
+    expect_status(resp, status, what)
+    if resp.header("Idempotent-Replayed") is not None:
+        fail("%s: expected a fresh execution without Idempotent-Replayed, got %s" % (
+            what, resp.describe()))
+    return resp
+
+
+def retry_after_seconds(resp, what="response"):
+    v = resp.header("Retry-After")
+    if v is None:
+        fail("%s: no Retry-After header: %s" % (what, resp.describe()))
+    try:
+        n = int(v.strip())
+    except ValueError:
+        fail("%s: Retry-After %r is not a number of seconds: %s" % (what, v, resp.describe()))
+    if n < 1:
+        fail("%s: Retry-After %d is below 1: %s" % (what, n, resp.describe()))
+    return n
+
+
+# ---- Prometheus text ---------------------------------------------------------------------------
+
+_METRIC_RE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+_LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text):
+    """[(name, {label: value}, float)] from Prometheus text exposition."""
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _METRIC_RE.match(line)
+        if not m:
+            continue
+        labels = dict(_LABEL_RE.findall(m.group(2) or ""))
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        out.append((m.group(1), labels, value))
+    return out
+
+
+def metric_value(samples, name, **labels):
+    """Sum of the samples of `name` whose labels include `labels` (0 if none)."""
+    total = 0.0
+    for n, lab, v in samples:
+        if n == name and all(lab.get(k) == val for k, val in labels.items()):
+            total += v
+    return total
+
+
+# ---- the runner --------------------------------------------------------------------------------
+
+_tests = []
+
+
+def test(fn=None, name=None):
+    """Registers a test function (decorator), or registers `fn` under `name`."""
+    if fn is None:
+        return lambda f: test(f, name)
+    _tests.append((name or fn.__name__, fn))
+    return fn
+
+
+def run(title, setup=None, teardown=None):
+    """
+    Runs every registered test in order (argv: optional substrings selecting tests), prints one
+    line per test, the failures in full, and a summary.  Exits non-zero if anything failed.
+    Each test is called with what setup() returned (None without a setup).
+    """
+    selected = [(n, f) for n, f in _tests if len(sys.argv) < 2 or any(a in n for a in sys.argv[1:])]
+    failures = []
+    t_start = time.monotonic()
+    print("%s: %d tests (orderd from %s)" % (title, len(selected), BIN), flush=True)
+    ctx = None
+    try:
+        if setup is not None:
+            ctx = setup()
+    except Exception as e:  # noqa: BLE001
+        print("SETUP FAILED: %s" % e, flush=True)
+        traceback.print_exc()
+        print("%s: 0 passed, %d failed (setup failed)" % (title, len(selected)), flush=True)
+        sys.exit(1)
+    try:
+        for name, fn in selected:
+            t0 = time.monotonic()
+            try:
+                fn(ctx)
+            except TestFailure as e:
+                failures.append((name, str(e)))
+                print("FAIL %s (%.2fs)\n     %s" % (name, time.monotonic() - t0,
+                                                     str(e).replace("\n", "\n     ")), flush=True)
+            except Exception as e:  # noqa: BLE001 - an error is a failure, with its trace
+                tb = traceback.format_exc()
+                failures.append((name, "%s: %s" % (type(e).__name__, e)))
+                print("FAIL %s (%.2fs) raised %s\n%s" % (name, time.monotonic() - t0,
+                                                         type(e).__name__, tb), flush=True)
+            else:
+                print("ok   %s (%.2fs)" % (name, time.monotonic() - t0), flush=True)
+    finally:
+        if teardown is not None:
+            try:
+                teardown(ctx)
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+    passed = len(selected) - len(failures)
+    print("", flush=True)
+    if failures:
+        print("Failed tests:")
+        for name, msg in failures:
+            print("  %s: %s" % (name, msg.splitlines()[0] if msg else ""))
+    print("%s: %d passed, %d failed, %d total in %.1fs" % (
+        title, passed, len(failures), len(selected), time.monotonic() - t_start), flush=True)
+    sys.exit(1 if failures else 0)
