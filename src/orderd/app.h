@@ -1,0 +1,30 @@
+/*
+ * app.h - the server context: what every request handler may use, built once by serve.c and
+ * passed down explicitly (no global server struct).  Handlers read it; the parts that change
+ * (metrics, the order id generator) guard themselves.
+ */
+#ifndef ORDERD_APP_H
+#define ORDERD_APP_H
+
+#include "idem/idem.h"
+
+#include "config.h"
+#include "idgen.h"
+#include "log.h"
+#include "metrics.h"
+
+struct app {
+    const struct orderd_config *cfg;
+    struct logger log;
+    struct idem_store *store;
+    struct idem_engine *engine;
+    struct metrics *metrics;
+    struct idgen ids;
+
+    /* The published policies of the idempotent operations. */
+    struct idem_operation op_orders_create;
+    struct idem_operation op_orders_cancel;
+    struct idem_operation op_profile_update;
+};
+
+#endif /* ORDERD_APP_H */

@@ -1,0 +1,174 @@
+/*
+ * auth.c - bearer tokens: creating them (`orderd token create`) and resolving a request's
+ * Authorization header to a user id.  Only SHA-256 hashes are stored and looked up: the token
+ * itself exists once, on the stdout of the command that made it.
+ */
+#include "auth.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/evp.h>
+
+#include "idem/idem.h"
+
+#include "util.h"
+#include "banned.h"
+
+#define TOKEN_RANDOM_BYTES 32
+#define TOKEN_MAX_LEN 512
+
+static void token_hash(const char *token, size_t len, char hex[AUTH_HASH_HEX_LEN + 1])
+{
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdlen = 0;
+
+    if (EVP_Digest(token, len, md, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != 32)
+        die("OpenSSL SHA-256 failed");
+    hex_encode(md, mdlen, hex);
+}
+
+/* Finds the token in "Bearer <token>": the scheme is case-insensitive, spaces around are ok. */
+static int bearer_token(const char *value, const char **tok, size_t *len)
+{
+    const char *p = value;
+    const char *end;
+    int rc = -1;
+
+    while (*p == ' ' || *p == '\t')
+        p++;
+    if (!ascii_ncaseeq(p, "Bearer", 6) || (p[6] != ' ' && p[6] != '\t'))
+        goto out;
+    p += 6;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    end = p + strlen(p);
+    while (end > p && (end[-1] == ' ' || end[-1] == '\t'))
+        end--;
+    if (end == p || (size_t)(end - p) > TOKEN_MAX_LEN)
+        goto out;
+    *tok = p;
+    *len = (size_t)(end - p);
+    rc = 0;
+out:
+    return rc;
+}
+
+int auth_principal(struct idem_store *st, const char *authorization, char **user_id)
+{
+    struct idem_tx *tx = NULL;
+    struct idem_rows *rows = NULL;
+    char hex[AUTH_HASH_HEX_LEN + 1];
+    const char *params[1];
+    const char *tok = NULL;
+    const char *uid;
+    size_t len = 0;
+    int rc;
+
+    *user_id = NULL;
+    if (authorization == NULL || bearer_token(authorization, &tok, &len) != 0) {
+        rc = 1;
+        goto out;
+    }
+    token_hash(tok, len, hex);
+    rc = idem_tx_begin(st, 0, &tx);
+    if (rc < 0)
+        goto out;
+    params[0] = hex;
+    rc = idem_tx_exec(tx, "SELECT user_id FROM tokens WHERE hash = $1", 1, params, &rows);
+    if (rc < 0)
+        goto out;
+    uid = idem_rows_count(rows) > 0 ? idem_rows_get(rows, 0, 0) : NULL;
+    if (uid == NULL) {
+        rc = 1;
+        goto out;
+    }
+    *user_id = xstrdup(uid);
+    rc = 0;
+out:
+    idem_rows_free(rows);
+    idem_tx_rollback(tx);
+    return rc;
+}
+
+int auth_token_create(struct idem_store *st, const char *name, char **token, char *err,
+                      size_t errlen)
+{
+    struct idem_tx *tx = NULL;
+    struct idem_rows *rows = NULL;
+    unsigned char raw[TOKEN_RANDOM_BYTES];
+    unsigned char uid_raw[16];
+    char uid[4 + 2 * sizeof uid_raw + 1];
+    char hex[2 * TOKEN_RANDOM_BYTES + 1];
+    char hash[AUTH_HASH_HEX_LEN + 1];
+    char now[ISO8601_LEN + 1];
+    char *tok = NULL;
+    const char *params[3];
+    const char *existing;
+    size_t toklen;
+    int rc;
+
+    *token = NULL;
+    if (name == NULL || name[0] == '\0' || strlen(name) > 200) {
+        snprintf(err, errlen, "the user name must be 1 to 200 bytes");
+        rc = IDEM_EINVAL;
+        goto out;
+    }
+    random_bytes(uid_raw, sizeof uid_raw);
+    hex_encode(uid_raw, sizeof uid_raw, uid + 4);
+    memcpy(uid, "usr_", 4);
+    random_bytes(raw, sizeof raw);
+    hex_encode(raw, sizeof raw, hex);
+    toklen = strlen(AUTH_TOKEN_PREFIX) + strlen(hex);
+    tok = xmalloc(toklen + 1);
+    snprintf(tok, toklen + 1, "%s%s", AUTH_TOKEN_PREFIX, hex);
+    token_hash(tok, toklen, hash);
+    iso8601_ms(wall_ms(), now);
+
+    rc = idem_tx_begin(st, 1, &tx);
+    if (rc < 0) {
+        snprintf(err, errlen, "cannot begin a transaction: %s", idem_strerror(rc));
+        goto out;
+    }
+    /* Insert-if-absent, then read back: the unique name decides, not a read before the write. */
+    params[0] = uid;
+    params[1] = name;
+    rc = idem_tx_exec(tx,
+                      "INSERT INTO users (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+                      2, params, NULL);
+    if (rc < 0)
+        goto store_failed;
+    rc = idem_tx_exec(tx, "SELECT id FROM users WHERE name = $1", 1, params + 1, &rows);
+    if (rc < 0)
+        goto store_failed;
+    existing = idem_rows_count(rows) > 0 ? idem_rows_get(rows, 0, 0) : NULL;
+    if (existing == NULL) {
+        snprintf(err, errlen, "user '%s' vanished while its token was made", name);
+        rc = IDEM_ESTORE;
+        goto out;
+    }
+    params[0] = hash;
+    params[1] = existing;
+    params[2] = now;
+    rc = idem_tx_exec(tx, "INSERT INTO tokens (hash, user_id, created_at) VALUES ($1, $2, $3)", 3,
+                      params, NULL);
+    if (rc < 0)
+        goto store_failed;
+    rc = idem_tx_commit(tx);
+    tx = NULL;
+    if (rc < 0) {
+        snprintf(err, errlen, "cannot commit: %s", idem_strerror(rc));
+        goto out;
+    }
+    *token = tok;
+    tok = NULL;
+    goto out;
+store_failed:
+    snprintf(err, errlen, "%s: %s", idem_strerror(rc), idem_tx_errmsg(tx));
+out:
+    idem_rows_free(rows);
+    idem_tx_rollback(tx);
+    free(tok);
+    return rc;
+}

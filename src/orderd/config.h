@@ -1,0 +1,34 @@
+/*
+ * config.h - everything `orderd serve` can be told on its command line, in one struct that is
+ * filled once by main.c and then passed down read-only.  Keeping it explicit (no global server
+ * struct) means every function shows in its signature what configuration it depends on.
+ */
+#ifndef ORDERD_CONFIG_H
+#define ORDERD_CONFIG_H
+
+#include <stdint.h>
+
+#include "idem/idem.h"
+#include "log.h"
+
+#define ORDERD_DEFAULT_LISTEN "127.0.0.1:8080"
+#define ORDERD_DEFAULT_DB "sqlite:./var/orderd.db"
+#define ORDERD_DEFAULT_POOL 16
+#define ORDERD_DEFAULT_TTL_MS (24LL * 3600 * 1000)
+#define ORDERD_DEFAULT_LEASE_MS 10000
+#define ORDERD_DEFAULT_WAIT_MS 2000
+#define ORDERD_DEFAULT_SWEEP_S 60
+
+struct orderd_config {
+    const char *listen;  /* "HOST:PORT", "[V6]:PORT"; port 0 picks a free one */
+    const char *db;      /* store URI: "sqlite:PATH" or "postgresql://..." */
+    int db_pool;         /* store connections */
+    enum idem_sync sync; /* SQLite durability */
+    enum log_format log_format;
+    int64_t lease_ms;     /* lease of every operation */
+    int64_t wait_ms;      /* how long a duplicate waits for the first request */
+    int sweep_interval_s; /* pause between retention sweeps; 0 disables the sweeper */
+    int test_hooks;       /* ORDERD_TEST_HOOKS=1 at start: X-Test-* headers are honoured */
+};
+
+#endif /* ORDERD_CONFIG_H */

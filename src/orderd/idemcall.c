@@ -1,0 +1,159 @@
+/*
+ * idemcall.c - the one place that maps libidem's outcomes to HTTP (see idemcall.h).  Keeping it
+ * apart from the handlers means orders and profiles cannot drift in how they replay, refuse or
+ * ask a client to retry, and a new phase (payment) changes only its operation's run function.
+ */
+#include "idemcall.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "app.h"
+#include "response.h"
+#include "router.h"
+#include "util.h"
+#include "banned.h"
+
+void idemcall_unavailable(struct response *resp, const char *detail)
+{
+    response_set_header(resp, "Retry-After", "1");
+    response_problem(resp, 503, "idempotency-store-unavailable", detail);
+    resp->outcome = "error";
+}
+
+void idemcall_fail(struct response *resp, int rc)
+{
+    if (rc == IDEM_EUNAVAIL) {
+        idemcall_unavailable(resp, "The store did not answer in time; nothing was done. Retry.");
+    } else {
+        response_problem(resp, 500, "internal-error",
+                         "The request failed and was rolled back; nothing was stored. Retry.");
+        resp->outcome = "error";
+    }
+}
+
+int idemcall_complete_json(struct idem_call *call, int status, const json_t *doc,
+                           const char *location)
+{
+    struct idem_header hdrs[2] = {{"Content-Type", CONTENT_TYPE_JSON}, {"Location", location}};
+    size_t len = 0;
+    char *body = json_text(doc, &len);
+    int rc;
+
+    rc = idem_call_complete(call, status, hdrs, location ? 2 : 1, body, len);
+    free(body);
+    return rc;
+}
+
+int idemcall_complete_problem(struct idem_call *call, int status, const char *code,
+                              const char *detail)
+{
+    struct idem_header hdrs[1] = {{"Content-Type", CONTENT_TYPE_PROBLEM}};
+    size_t len = 0;
+    char *body = problem_body(status, code, detail, &len);
+    int rc;
+
+    rc = idem_call_complete(call, status, hdrs, 1, body, len);
+    free(body);
+    return rc;
+}
+
+/* The stored response, byte for byte, with its allow-listed headers. */
+static void send_stored(const struct idem_call *call, struct response *resp)
+{
+    const struct idem_header *h;
+    const void *body;
+    size_t len = 0;
+    size_t i, n;
+
+    resp->status = idem_call_response_status(call);
+    body = idem_call_response_body(call, &len);
+    response_set_body(resp, body, body ? len : 0);
+    n = idem_call_response_header_count(call);
+    for (i = 0; i < n; i++) {
+        h = idem_call_response_header(call, i);
+        if (h != NULL && h->name != NULL && h->value != NULL)
+            response_set_header(resp, h->name, h->value);
+    }
+}
+
+static void in_progress(struct response *resp, int retry_after_s)
+{
+    char ra[16];
+
+    snprintf(ra, sizeof ra, "%d", retry_after_s < 1 ? 1 : retry_after_s);
+    response_set_header(resp, "Retry-After", ra);
+    response_problem(resp, 409, "idempotency-request-in-progress",
+                     "A request with this Idempotency-Key is still being processed. Retry after "
+                     "the number of seconds in Retry-After to get its result.");
+    resp->outcome = "in_progress";
+}
+
+void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
+                     idemcall_run_fn run, void *arg, struct response *resp)
+{
+    struct app *app = cx->app;
+    struct idem_call *call = NULL;
+    enum idem_outcome outcome = IDEM_OUTCOME_NONE;
+    char detail[256];
+    int attempt;
+    int rc;
+
+    /* A second attempt only follows a lost lease: another owner finished or holds the record. */
+    for (attempt = 0; attempt < 2; attempt++) {
+        rc = idem_call_begin(app->engine, op, cx->principal, cx->key, cx->fp, &call, &outcome);
+        if (rc < 0) {
+            log_msg(&app->log, "error", "%s: cannot begin: %s", op->name, idem_err_name(rc));
+            idemcall_unavailable(resp, "The idempotency store cannot be reached; nothing was "
+                                       "done. Retry.");
+            goto out;
+        }
+        switch (outcome) {
+        case IDEM_OUTCOME_REPLAY:
+            send_stored(call, resp);
+            response_set_header(resp, "Idempotent-Replayed", "true");
+            resp->outcome = idem_call_waited(call) ? "waited" : "replayed";
+            goto out;
+        case IDEM_OUTCOME_MISMATCH:
+            snprintf(detail, sizeof detail,
+                     "This Idempotency-Key was already used for a different request to %s. Use "
+                     "a new key for a new request (keys are kept 24 hours).",
+                     op->name);
+            response_problem(resp, 422, "idempotency-key-reused", detail);
+            resp->outcome = "mismatch";
+            goto out;
+        case IDEM_OUTCOME_IN_PROGRESS:
+            in_progress(resp, idem_call_retry_after_s(call));
+            goto out;
+        case IDEM_OUTCOME_EXECUTE:
+        case IDEM_OUTCOME_RESUME:
+            resp->outcome = "executed";
+            rc = run(cx, call, outcome, arg, resp);
+            if (rc == 0) {
+                send_stored(call, resp);
+                goto out;
+            }
+            log_msg(&app->log, rc == IDEM_ELEASE ? "warn" : "error", "%s: %s: %s", op->name,
+                    idem_err_name(rc), idem_call_errmsg(call) ? idem_call_errmsg(call) : "");
+            idem_call_abort(call);
+            if (rc != IDEM_ELEASE) {
+                idemcall_fail(resp, rc);
+                goto out;
+            }
+            idem_call_end(call);
+            call = NULL;
+            break;
+        case IDEM_OUTCOME_NONE:
+        default:
+            log_msg(&app->log, "error", "%s: unexpected engine outcome %d", op->name, (int)outcome);
+            idemcall_fail(resp, IDEM_ESTATE);
+            goto out;
+        }
+    }
+    /* Lost the lease twice: someone else is working on it. */
+    in_progress(resp, 1);
+out:
+    idem_call_end(call);
+}

@@ -1,0 +1,47 @@
+/*
+ * idemcall.h - the engine's outcomes as HTTP.  An idempotent handler validates its request,
+ * then hands idemcall_handle() a function that runs the operation's phases; this file claims or
+ * finds the record and answers every other outcome the same way for every operation: replay
+ * the stored response, 422 for a reused key, 409 while the first request runs, 503 when the
+ * store cannot be reached.  What a handler completes is stored, and exactly the stored bytes
+ * are sent.
+ */
+#ifndef ORDERD_IDEMCALL_H
+#define ORDERD_IDEMCALL_H
+
+#include <jansson.h>
+
+#include "idem/idem.h"
+
+struct call_ctx;
+struct response;
+
+/*
+ * Runs an operation that owns its record: `outcome` is IDEM_OUTCOME_EXECUTE (the first phase is
+ * open) or IDEM_OUTCOME_RESUME (no phase is open; see idem_call_recovery_point()).  Returns 0
+ * once it completed the call (idemcall_complete_*), or a negative IDEM_E* after which the open
+ * phase is aborted and nothing is stored.  It may set resp->outcome or response headers that
+ * are sent but not stored (Idempotent-Replayed for a late retry).
+ */
+typedef int (*idemcall_run_fn)(const struct call_ctx *cx, struct idem_call *call,
+                               enum idem_outcome outcome, void *arg, struct response *resp);
+
+/* Begins the call for (cx->principal, op, cx->key, cx->fp) and answers it into `resp`. */
+void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
+                     idemcall_run_fn run, void *arg, struct response *resp);
+
+/* Completes the call with `status`, application/json `doc` and an optional Location. */
+int idemcall_complete_json(struct idem_call *call, int status, const json_t *doc,
+                           const char *location);
+
+/* Completes the call with a stored business problem (422 unknown-product, 409 out-of-stock...). */
+int idemcall_complete_problem(struct idem_call *call, int status, const char *code,
+                              const char *detail);
+
+/* 503 idempotency-store-unavailable with Retry-After: 1 (nothing ran, nothing is stored). */
+void idemcall_unavailable(struct response *resp, const char *detail);
+
+/* Answers a failure `rc` of a non-stored path: 503 for an unreachable store, else 500. */
+void idemcall_fail(struct response *resp, int rc);
+
+#endif /* ORDERD_IDEMCALL_H */

@@ -1,0 +1,119 @@
+/*
+ * log.c - writes orderd's log lines to stderr.  Each line is assembled in memory first and
+ * written with one call, so lines of concurrent requests (one thread per connection) never
+ * interleave.  Paths come from strangers: the text form escapes anything that is not visible
+ * ASCII (a path with a space or a newline must not forge a second log line); the JSON form lets
+ * jansson escape.
+ */
+#include "log.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "strbuf.h"
+#include "util.h"
+#include "banned.h"
+
+static void write_line(struct strbuf *sb)
+{
+    strbuf_addch(sb, '\n');
+    fwrite(sb->buf, 1, sb->len, stderr);
+    fflush(stderr);
+}
+
+static void add_escaped(struct strbuf *sb, const char *s)
+{
+    static const char digits[] = "0123456789ABCDEF";
+    const unsigned char *p;
+
+    for (p = (const unsigned char *)s; *p != '\0'; p++) {
+        if (*p > 0x20 && *p < 0x7f && *p != '%') {
+            strbuf_addch(sb, (char)*p);
+        } else {
+            strbuf_addch(sb, '%');
+            strbuf_addch(sb, digits[*p >> 4]);
+            strbuf_addch(sb, digits[*p & 0x0f]);
+        }
+    }
+}
+
+static void add_json_line(struct strbuf *sb, json_t *obj)
+{
+    char *text = xcheck(json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENSURE_ASCII |
+                                            JSON_REAL_PRECISION(12)));
+
+    strbuf_adds(sb, text);
+    free(text);
+}
+
+void log_request(const struct logger *lg, const char *method, const char *path, int status,
+                 const char *outcome, double duration_ms, const char *principal)
+{
+    struct strbuf sb = STRBUF_INIT;
+    char ts[ISO8601_LEN + 1];
+    json_t *obj = NULL;
+
+    if (lg->format == LOG_JSON) {
+        iso8601_ms(wall_ms(), ts);
+        obj = xcheck(json_object());
+        json_object_set_new(obj, "ts", xcheck(json_string(ts)));
+        json_object_set_new(obj, "method", xcheck(json_string(method)));
+        /* A path that is not UTF-8 cannot be a JSON string; escape it like the text form. */
+        if (json_object_set_new(obj, "path", json_string(path)) != 0) {
+            struct strbuf esc = STRBUF_INIT;
+            add_escaped(&esc, path);
+            json_object_set_new(obj, "path", xcheck(json_string(esc.buf ? esc.buf : "")));
+            strbuf_release(&esc);
+        }
+        json_object_set_new(obj, "status", xcheck(json_integer(status)));
+        json_object_set_new(obj, "outcome", xcheck(json_string(outcome)));
+        /* Whole microseconds: more digits would only be noise. */
+        json_object_set_new(
+            obj, "duration_ms",
+            xcheck(json_real((double)(int64_t)(duration_ms * 1000.0 + 0.5) / 1000.0)));
+        json_object_set_new(obj, "principal",
+                            principal ? xcheck(json_string(principal)) : json_null());
+        add_json_line(&sb, obj);
+        json_decref(obj);
+    } else {
+        add_escaped(&sb, method);
+        strbuf_addch(&sb, ' ');
+        add_escaped(&sb, path);
+        strbuf_addf(&sb, " %d %s %.3f ", status, outcome, duration_ms);
+        add_escaped(&sb, principal ? principal : "-");
+    }
+    write_line(&sb);
+    strbuf_release(&sb);
+}
+
+void log_msg(const struct logger *lg, const char *level, const char *fmt, ...)
+{
+    struct strbuf sb = STRBUF_INIT;
+    char msg[1024];
+    char ts[ISO8601_LEN + 1];
+    json_t *obj = NULL;
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (lg->format == LOG_JSON) {
+        iso8601_ms(wall_ms(), ts);
+        obj = xcheck(json_object());
+        json_object_set_new(obj, "ts", xcheck(json_string(ts)));
+        json_object_set_new(obj, "level", xcheck(json_string(level)));
+        if (json_object_set_new(obj, "msg", json_string(msg)) != 0)
+            json_object_set_new(obj, "msg", xcheck(json_string("(message is not UTF-8)")));
+        add_json_line(&sb, obj);
+        json_decref(obj);
+    } else {
+        strbuf_addf(&sb, "orderd: %s: %s", level, msg);
+    }
+    write_line(&sb);
+    strbuf_release(&sb);
+}

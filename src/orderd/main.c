@@ -1,0 +1,413 @@
+/*
+ * main.c - orderd's command line: `serve`, `token create`, `migrate`, `--help`, `--version`.
+ * Every subcommand has its own --help; a wrong flag or value is named on stderr and exits with
+ * status 2, a failure at run time exits with 1, so scripts can tell "you called me wrong" from
+ * "it did not work".  Flags are parsed into a struct orderd_config that is passed down.
+ */
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "idem/idem.h"
+
+#include "auth.h"
+#include "config.h"
+#include "db.h"
+#include "http.h"
+#include "schema.h"
+#include "serve.h"
+#include "util.h"
+#include "banned.h"
+
+#define EXIT_USAGE 2
+
+static const char usage_main[] =
+    "Usage: orderd <command> [options]\n"
+    "\n"
+    "orderd is the reference service of idem: an orders API whose writes are safe to retry.\n"
+    "\n"
+    "Commands:\n"
+    "  serve          run the HTTP server\n"
+    "  token create   create a user (if needed) and print a new bearer token for it\n"
+    "  migrate        apply the database migrations and print how many ran\n"
+    "\n"
+    "Options:\n"
+    "  -h, --help     show this help\n"
+    "  --version      show the version\n"
+    "\n"
+    "Run 'orderd <command> --help' for the options of a command.\n";
+
+static const char usage_serve[] =
+    "Usage: orderd serve [options]\n"
+    "\n"
+    "Runs the HTTP API until SIGINT or SIGTERM.  Once listening, prints one line\n"
+    "'orderd: listening on http://HOST:PORT' on stdout; logs go to stderr.\n"
+    "\n"
+    "Options:\n"
+    "  --listen HOST:PORT       address to listen on (default " ORDERD_DEFAULT_LISTEN ");\n"
+    "                           IPv6 as [::1]:8080; port 0 picks a free port\n"
+    "  --db URI                 store (default " ORDERD_DEFAULT_DB ")\n"
+    "  --db-pool N              store connections, 1..1024 (default 16)\n"
+    "  --sqlite-sync MODE       full|normal: SQLite durability (default full)\n"
+    "  --log-format FORMAT      text|json (default text)\n"
+    "  --lease-ms N             lease of a request on its idempotency record (default 10000)\n"
+    "  --wait-ms N              how long a duplicate waits for the first request (default 2000)\n"
+    "  --sweep-interval-s N     seconds between retention sweeps, 0 to disable (default 60)\n"
+    "  -h, --help               show this help\n"
+    "\n"
+    "Environment: ORDERD_TEST_HOOKS=1 enables the X-Test-* request headers (tests only).\n";
+
+static const char usage_token[] =
+    "Usage: orderd token create --db URI --user NAME\n"
+    "\n"
+    "Creates user NAME if it does not exist, then a new bearer token for it, and prints the\n"
+    "token alone on stdout.  Only its SHA-256 is stored: the token cannot be shown again.\n"
+    "\n"
+    "Options:\n"
+    "  --db URI       store (default " ORDERD_DEFAULT_DB ")\n"
+    "  --user NAME    user name (required)\n"
+    "  -h, --help     show this help\n";
+
+static const char usage_migrate[] =
+    "Usage: orderd migrate --db URI\n"
+    "\n"
+    "Applies orderd's database migrations (libidem's own schema included) and prints how many\n"
+    "ran.  `orderd serve` does the same at start-up.\n"
+    "\n"
+    "Options:\n"
+    "  --db URI       store (default " ORDERD_DEFAULT_DB ")\n"
+    "  -h, --help     show this help\n";
+
+enum {
+    OPT_HELP = 'h',
+    OPT_LISTEN = 256,
+    OPT_DB,
+    OPT_DB_POOL,
+    OPT_SQLITE_SYNC,
+    OPT_LOG_FORMAT,
+    OPT_LEASE_MS,
+    OPT_WAIT_MS,
+    OPT_SWEEP,
+    OPT_USER,
+};
+
+static const struct option serve_options[] = {
+    {"listen", required_argument, NULL, OPT_LISTEN},
+    {"db", required_argument, NULL, OPT_DB},
+    {"db-pool", required_argument, NULL, OPT_DB_POOL},
+    {"sqlite-sync", required_argument, NULL, OPT_SQLITE_SYNC},
+    {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
+    {"lease-ms", required_argument, NULL, OPT_LEASE_MS},
+    {"wait-ms", required_argument, NULL, OPT_WAIT_MS},
+    {"sweep-interval-s", required_argument, NULL, OPT_SWEEP},
+    {"help", no_argument, NULL, OPT_HELP},
+    {NULL, 0, NULL, 0},
+};
+
+static const struct option token_options[] = {
+    {"db", required_argument, NULL, OPT_DB},
+    {"user", required_argument, NULL, OPT_USER},
+    {"help", no_argument, NULL, OPT_HELP},
+    {NULL, 0, NULL, 0},
+};
+
+static const struct option migrate_options[] = {
+    {"db", required_argument, NULL, OPT_DB},
+    {"help", no_argument, NULL, OPT_HELP},
+    {NULL, 0, NULL, 0},
+};
+
+/* What each command was told; `serve` uses all of it, the others the store part. */
+struct cli {
+    const char *command; /* "serve", "token create", "migrate": for messages */
+    struct orderd_config cfg;
+    const char *user;
+};
+
+/* Says what is wrong with the command line and returns EXIT_USAGE. */
+static int usage_error(const struct cli *cli, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static int usage_error(const struct cli *cli, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "orderd %s: %s\nTry 'orderd %s --help'.\n", cli->command, msg, cli->command);
+    return EXIT_USAGE;
+}
+
+static const char *option_name(const struct option *opts, int val)
+{
+    for (; opts->name != NULL; opts++) {
+        if (opts->val == val)
+            return opts->name;
+    }
+    return "?";
+}
+
+static int number_flag(const struct cli *cli, const char *flag, const char *arg, int64_t min,
+                       int64_t max, int64_t *out)
+{
+    int rc = 0;
+
+    if (parse_int64(arg, min, max, out) != 0)
+        rc = usage_error(cli, "--%s must be an integer from %lld to %lld, not '%s'", flag,
+                         (long long)min, (long long)max, arg);
+    return rc;
+}
+
+/* Applies one parsed option to `cli`.  Returns -1 to go on, or an exit status. */
+static int apply_option(struct cli *cli, int c, const char *arg)
+{
+    struct orderd_config *cfg = &cli->cfg;
+    char host[256];
+    char err[320];
+    uint16_t port = 0;
+    int64_t v = 0;
+    int status = -1;
+
+    switch (c) {
+    case OPT_LISTEN:
+        if (http_listen_split(arg, host, sizeof host, &port, err, sizeof err) != 0)
+            status = usage_error(cli, "%s", err);
+        cfg->listen = arg;
+        break;
+    case OPT_DB:
+        cfg->db = arg;
+        break;
+    case OPT_USER:
+        cli->user = arg;
+        break;
+    case OPT_DB_POOL:
+        if (number_flag(cli, "db-pool", arg, 1, 1024, &v) != 0)
+            status = EXIT_USAGE;
+        cfg->db_pool = (int)v;
+        break;
+    case OPT_SQLITE_SYNC:
+        if (strcmp(arg, "full") == 0)
+            cfg->sync = IDEM_SYNC_FULL;
+        else if (strcmp(arg, "normal") == 0)
+            cfg->sync = IDEM_SYNC_NORMAL;
+        else
+            status = usage_error(cli, "--sqlite-sync must be 'full' or 'normal', not '%s'", arg);
+        break;
+    case OPT_LOG_FORMAT:
+        if (strcmp(arg, "text") == 0)
+            cfg->log_format = LOG_TEXT;
+        else if (strcmp(arg, "json") == 0)
+            cfg->log_format = LOG_JSON;
+        else
+            status = usage_error(cli, "--log-format must be 'text' or 'json', not '%s'", arg);
+        break;
+    case OPT_LEASE_MS:
+        if (number_flag(cli, "lease-ms", arg, 1, 86400000, &v) != 0)
+            status = EXIT_USAGE;
+        cfg->lease_ms = v;
+        break;
+    case OPT_WAIT_MS:
+        if (number_flag(cli, "wait-ms", arg, 0, 600000, &v) != 0)
+            status = EXIT_USAGE;
+        cfg->wait_ms = v;
+        break;
+    case OPT_SWEEP:
+        if (number_flag(cli, "sweep-interval-s", arg, 0, 86400, &v) != 0)
+            status = EXIT_USAGE;
+        cfg->sweep_interval_s = (int)v;
+        break;
+    default:
+        status = usage_error(cli, "internal error: option %d", c);
+        break;
+    }
+    return status;
+}
+
+/*
+ * Parses the options of one command.  Returns -1 to go on, or an exit status: 0 after --help,
+ * EXIT_USAGE for a bad command line.
+ */
+static int parse_options(struct cli *cli, int argc, char **argv, const struct option *opts,
+                         const char *usage)
+{
+    char shortopt[3] = {'-', '?', '\0'};
+    int status = -1;
+    int c;
+
+    opterr = 0;
+    optind = 1;
+    while (status < 0) {
+        c = getopt_long(argc, argv, ":h", opts, NULL);
+        if (c == -1)
+            break;
+        if (c == OPT_HELP) {
+            fputs(usage, stdout);
+            status = 0;
+        } else if (c == ':' && optopt >= OPT_LISTEN) {
+            status = usage_error(cli, "option '--%s' needs a value", option_name(opts, optopt));
+        } else if (c == ':') {
+            status = usage_error(cli, "option '%s' needs a value", argv[optind - 1]);
+        } else if (c == '?' && optopt != 0 && optopt < OPT_LISTEN) {
+            shortopt[1] = (char)optopt;
+            status = usage_error(cli, "unknown option '%s'", shortopt);
+        } else if (c == '?') {
+            status = usage_error(cli, "unknown option '%s'", argv[optind - 1]);
+        } else {
+            status = apply_option(cli, c, optarg);
+        }
+    }
+    if (status < 0 && optind < argc)
+        status = usage_error(cli, "unexpected argument '%s'", argv[optind]);
+    return status;
+}
+
+static int run_token_create(const struct cli *cli)
+{
+    struct idem_store *st = NULL;
+    char err[512];
+    char *errmsg = NULL;
+    char *token = NULL;
+    int status = 1;
+    int rc;
+
+    rc = db_open(cli->cfg.db, 1, cli->cfg.sync, &st, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "orderd token create: %s\n", err);
+        goto out;
+    }
+    rc = schema_migrate(st, NULL, &errmsg);
+    if (rc < 0) {
+        fprintf(stderr, "orderd token create: migrations failed: %s\n",
+                errmsg ? errmsg : idem_strerror(rc));
+        goto out;
+    }
+    rc = auth_token_create(st, cli->user, &token, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "orderd token create: %s\n", err);
+        goto out;
+    }
+    printf("%s\n", token);
+    fflush(stdout);
+    status = 0;
+out:
+    free(token);
+    idem_free(errmsg);
+    idem_store_close(st);
+    return status;
+}
+
+static int run_migrate(const struct cli *cli)
+{
+    struct idem_store *st = NULL;
+    char err[512];
+    char *errmsg = NULL;
+    int applied = 0;
+    int status = 1;
+    int rc;
+
+    rc = db_open(cli->cfg.db, 1, cli->cfg.sync, &st, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "orderd migrate: %s\n", err);
+        goto out;
+    }
+    rc = schema_migrate(st, &applied, &errmsg);
+    if (rc < 0) {
+        fprintf(stderr, "orderd migrate: %s\n", errmsg ? errmsg : idem_strerror(rc));
+        goto out;
+    }
+    printf("orderd: applied %d migration%s\n", applied, applied == 1 ? "" : "s");
+    status = 0;
+out:
+    idem_free(errmsg);
+    idem_store_close(st);
+    return status;
+}
+
+static void config_defaults(struct orderd_config *cfg)
+{
+    const char *hooks = getenv("ORDERD_TEST_HOOKS");
+
+    memset(cfg, 0, sizeof *cfg);
+    cfg->listen = ORDERD_DEFAULT_LISTEN;
+    cfg->db = ORDERD_DEFAULT_DB;
+    cfg->db_pool = ORDERD_DEFAULT_POOL;
+    cfg->sync = IDEM_SYNC_FULL;
+    cfg->log_format = LOG_TEXT;
+    cfg->lease_ms = ORDERD_DEFAULT_LEASE_MS;
+    cfg->wait_ms = ORDERD_DEFAULT_WAIT_MS;
+    cfg->sweep_interval_s = ORDERD_DEFAULT_SWEEP_S;
+    cfg->test_hooks = hooks != NULL && strcmp(hooks, "1") == 0;
+}
+
+/* `orderd token ...`: only `create` exists. */
+static int command_token(struct cli *cli, int argc, char **argv)
+{
+    int status;
+
+    cli->command = "token";
+    if (argc >= 3 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0)) {
+        fputs(usage_token, stdout);
+        status = 0;
+        goto out;
+    }
+    if (argc < 3) {
+        status = usage_error(cli, "a subcommand is needed: 'create'");
+        goto out;
+    }
+    if (strcmp(argv[2], "create") != 0) {
+        status = usage_error(cli, "unknown subcommand '%s' (expected 'create')", argv[2]);
+        goto out;
+    }
+    cli->command = "token create";
+    status = parse_options(cli, argc - 2, argv + 2, token_options, usage_token);
+    if (status >= 0)
+        goto out;
+    if (cli->user == NULL || cli->user[0] == '\0') {
+        status = usage_error(cli, "--user NAME is required");
+        goto out;
+    }
+    status = run_token_create(cli);
+out:
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    struct cli cli;
+    const char *cmd = argc >= 2 ? argv[1] : "";
+    int status;
+
+    memset(&cli, 0, sizeof cli);
+    config_defaults(&cli.cfg);
+    if (argc < 2) {
+        fputs(usage_main, stderr);
+        status = EXIT_USAGE;
+    } else if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        fputs(usage_main, stdout);
+        status = 0;
+    } else if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
+        printf("orderd %s (libidem %s)\n", IDEM_VERSION_STRING, IDEM_VERSION_STRING);
+        status = 0;
+    } else if (strcmp(cmd, "serve") == 0) {
+        cli.command = "serve";
+        status = parse_options(&cli, argc - 1, argv + 1, serve_options, usage_serve);
+        if (status < 0)
+            status = serve_run(&cli.cfg);
+    } else if (strcmp(cmd, "migrate") == 0) {
+        cli.command = "migrate";
+        status = parse_options(&cli, argc - 1, argv + 1, migrate_options, usage_migrate);
+        if (status < 0)
+            status = run_migrate(&cli);
+    } else if (strcmp(cmd, "token") == 0) {
+        status = command_token(&cli, argc, argv);
+    } else {
+        fprintf(stderr, "orderd: unknown command '%s'\nTry 'orderd --help'.\n", cmd);
+        status = EXIT_USAGE;
+    }
+    return status;
+}

@@ -1,0 +1,554 @@
+/*
+ * orders.c - the orders endpoints.  Creating an order is a list of atomic phases, each one
+ * database transaction that also moves the idempotency record's recovery point:
+ *
+ *   phase 1 (""):              check the product, reserve stock with a conditional UPDATE,
+ *                              insert the order; advance to "order_created" with the order id.
+ *   phase 2 ("order_created"): read the order back and complete with 201.
+ *
+ * A request that takes over an expired lease resumes at the recorded point, so a finished phase
+ * is never run twice; a payment phase slots in between later without touching the others.
+ * The order row keeps (user, Idempotency-Key) unique for good: once the record has been swept,
+ * a late retry still finds its order (200, replayed) or is refused (422) if the body differs.
+ */
+#include "orders.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "idem/idem.h"
+
+#include "app.h"
+#include "db.h"
+#include "http.h"
+#include "idemcall.h"
+#include "response.h"
+#include "router.h"
+#include "util.h"
+#include "banned.h"
+
+#define ORDER_COLS "id, status, product_id, quantity, unit_price, amount, currency, created_at"
+#define QUANTITY_MAX 1000
+#define PRODUCT_ID_MAX 200
+#define LIST_DEFAULT 20
+#define LIST_MAX 100
+#define TEST_DELAY_MAX_MS 600000
+
+#define POINT_ORDER_CREATED "order_created"
+
+/* The validated body of POST /api/orders. */
+struct create_input {
+    const char *product;
+    char quantity[24];
+    int64_t qty;
+    char fp_hex[2 * IDEM_FP_LEN + 1];
+};
+
+/* ---- shared ---------------------------------------------------------------------------------- */
+
+/* The public shape of the order in row `row` of a result selected with ORDER_COLS (new). */
+static json_t *order_json(const struct idem_rows *rows, int row)
+{
+    return xcheck(json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:s, s:s}", "orderId",
+                            db_text(rows, row, 0), "status", db_text(rows, row, 1), "productId",
+                            db_text(rows, row, 2), "quantity", (json_int_t)db_int(rows, row, 3),
+                            "unitPrice", (json_int_t)db_int(rows, row, 4), "amount",
+                            (json_int_t)db_int(rows, row, 5), "currency", db_text(rows, row, 6),
+                            "createdAt", db_text(rows, row, 7)));
+}
+
+static void order_location(const char *id, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "/api/orders/%s", id);
+}
+
+static void validation_failed(struct response *resp, const char *detail)
+{
+    response_problem(resp, 400, "validation-failed", detail);
+}
+
+/* A JSON number that is a whole number in [min, max] (numbers are read as doubles). */
+static int whole_number(const json_t *v, int64_t min, int64_t max, int64_t *out)
+{
+    double d = json_is_number(v) ? json_number_value(v) : NAN;
+    int ok = isfinite(d) && d >= (double)min && d <= (double)max && (double)(int64_t)d == d;
+
+    if (ok)
+        *out = (int64_t)d;
+    return ok ? 0 : -1;
+}
+
+/* ---- POST /api/orders ------------------------------------------------------------------------ */
+
+/* The test hooks (ORDERD_TEST_HOOKS=1): crash or stall right after phase 1 committed. */
+static void after_order_created(const struct call_ctx *cx)
+{
+    const char *crash;
+    const char *delay;
+    int64_t ms = 0;
+
+    if (!cx->app->cfg->test_hooks)
+        return;
+    crash = request_header(cx->rq, "X-Test-Crash");
+    if (crash != NULL && strcmp(crash, "after-order-created") == 0) {
+        log_msg(&cx->app->log, "warn", "test hook: exiting with 137 after order_created");
+        _exit(137);
+    }
+    delay = request_header(cx->rq, "X-Test-Delay-Ms");
+    if (delay != NULL && parse_int64(delay, 0, TEST_DELAY_MAX_MS, &ms) == 0 && ms > 0)
+        sleep_ms(ms);
+}
+
+/*
+ * A late retry whose record was swept: the order row answers.  Returns 1 (with the call
+ * completed, or rc < 0 in *rc) when an order with this key exists, 0 when not.
+ */
+static int complete_from_existing(const struct call_ctx *cx, struct idem_call *call,
+                                  const struct create_input *in, struct response *resp, int *rc)
+{
+    struct idem_tx *tx = idem_call_tx(call);
+    struct idem_rows *rows = NULL;
+    const char *params[2] = {cx->principal, cx->key};
+    char location[128];
+    json_t *doc = NULL;
+    int found = 0;
+
+    *rc = db_exec(cx->app, tx,
+                  "SELECT " ORDER_COLS ", request_fp FROM orders WHERE user_id = $1 AND "
+                  "idem_key = $2",
+                  2, params, &rows);
+    if (*rc < 0 || idem_rows_count(rows) == 0)
+        goto out;
+    found = 1;
+    if (strcmp(db_text(rows, 0, 8), in->fp_hex) != 0) {
+        *rc = idemcall_complete_problem(
+            call, 422, "idempotency-key-reused",
+            "This Idempotency-Key already created an order with a different request. Use a new "
+            "key for a new order.");
+        resp->outcome = "mismatch";
+        goto out;
+    }
+    doc = order_json(rows, 0);
+    order_location(db_text(rows, 0, 0), location, sizeof location);
+    *rc = idemcall_complete_json(call, 200, doc, location);
+    if (*rc == 0) {
+        response_set_header(resp, "Idempotent-Replayed", "true");
+        resp->outcome = "replayed";
+    }
+out:
+    json_decref(doc);
+    idem_rows_free(rows);
+    return found;
+}
+
+/*
+ * Phase 1, in the open phase's transaction.  Either completes the call with a business answer
+ * (*done = 1) or advances it to "order_created" with the new id in *order_id (new).
+ */
+static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *call,
+                                const struct create_input *in, struct response *resp,
+                                char **order_id, int *done)
+{
+    struct app *app = cx->app;
+    struct idem_tx *tx = idem_call_tx(call);
+    struct idem_rows *rows = NULL;
+    const char *params[11];
+    char detail[320];
+    char id[ORDER_ID_LEN + 1];
+    char created[ISO8601_LEN + 1];
+    char unit_price[24], amount[24];
+    char currency[16];
+    int64_t price, ms = 0;
+    int rc = 0;
+
+    *done = 0;
+    if (tx == NULL) {
+        rc = IDEM_ESTATE;
+        goto out;
+    }
+    if (complete_from_existing(cx, call, in, resp, &rc) || rc < 0) {
+        *done = 1;
+        goto out;
+    }
+
+    params[0] = in->product;
+    rc = db_exec(app, tx, "SELECT unit_price, currency FROM products WHERE id = $1", 1, params,
+                 &rows);
+    if (rc < 0)
+        goto out;
+    if (idem_rows_count(rows) == 0) {
+        snprintf(detail, sizeof detail, "There is no product '%.200s'.", in->product);
+        rc = idemcall_complete_problem(call, 422, "unknown-product", detail);
+        *done = 1;
+        goto out;
+    }
+    price = db_int(rows, 0, 0);
+    snprintf(currency, sizeof currency, "%s", db_text(rows, 0, 1));
+    idem_rows_free(rows);
+    rows = NULL;
+
+    /* The condition in the UPDATE, not a read before it, decides whether stock is left. */
+    params[0] = in->product;
+    params[1] = in->quantity;
+    rc = db_exec(app, tx,
+                 "UPDATE products SET stock = stock - CAST($2 AS INTEGER) WHERE id = $1 AND "
+                 "stock >= CAST($2 AS INTEGER)",
+                 2, params, &rows);
+    if (rc < 0)
+        goto out;
+    if (idem_rows_changed(rows) == 0) {
+        snprintf(detail, sizeof detail, "Not enough stock of '%.200s' for %s.", in->product,
+                 in->quantity);
+        rc = idemcall_complete_problem(call, 409, "out-of-stock", detail);
+        *done = 1;
+        goto out;
+    }
+    idem_rows_free(rows);
+    rows = NULL;
+
+    if (price < 0 || price > INT64_MAX / QUANTITY_MAX) {
+        rc = IDEM_ESTORE;
+        goto out;
+    }
+    idgen_next(&app->ids, id, &ms);
+    iso8601_ms(ms, created);
+    snprintf(unit_price, sizeof unit_price, "%lld", (long long)price);
+    snprintf(amount, sizeof amount, "%lld", (long long)(price * in->qty));
+    params[0] = id;
+    params[1] = cx->principal;
+    params[2] = in->product;
+    params[3] = in->quantity;
+    params[4] = unit_price;
+    params[5] = amount;
+    params[6] = currency;
+    params[7] = "created";
+    params[8] = cx->key;
+    params[9] = in->fp_hex;
+    params[10] = created;
+    rc = db_exec(app, tx,
+                 "INSERT INTO orders (id, user_id, product_id, quantity, unit_price, amount, "
+                 "currency, status, idem_key, request_fp, created_at) VALUES ($1, $2, $3, "
+                 "CAST($4 AS INTEGER), CAST($5 AS INTEGER), CAST($6 AS INTEGER), $7, $8, $9, "
+                 "$10, $11)",
+                 11, params, NULL);
+    if (rc == IDEM_ECONFLICT) {
+        /* (user, key) was checked in this transaction; only an id collision gets here. */
+        log_msg(&app->log, "error", "orders.create: order insert conflicted for %s", id);
+        goto out;
+    }
+    if (rc < 0)
+        goto out;
+    rc = idem_call_advance(call, POINT_ORDER_CREATED, id);
+    if (rc < 0)
+        goto out;
+    *order_id = xstrdup(id);
+out:
+    idem_rows_free(rows);
+    return rc;
+}
+
+/* Phase 2: the order as the response, stored with its Location. */
+static int create_phase_confirm(const struct call_ctx *cx, struct idem_call *call,
+                                const char *order_id)
+{
+    struct idem_rows *rows = NULL;
+    const char *params[1] = {order_id};
+    char location[128];
+    json_t *doc = NULL;
+    int rc;
+
+    rc = idem_call_phase_begin(call);
+    if (rc < 0)
+        goto out;
+    rc = db_exec(cx->app, idem_call_tx(call), "SELECT " ORDER_COLS " FROM orders WHERE id = $1", 1,
+                 params, &rows);
+    if (rc < 0)
+        goto out;
+    if (idem_rows_count(rows) == 0) {
+        log_msg(&cx->app->log, "error", "orders.create: order %s of the record is missing",
+                order_id);
+        rc = IDEM_ESTATE;
+        goto out;
+    }
+    doc = order_json(rows, 0);
+    order_location(order_id, location, sizeof location);
+    rc = idemcall_complete_json(call, 201, doc, location);
+out:
+    json_decref(doc);
+    idem_rows_free(rows);
+    return rc;
+}
+
+static int create_run(const struct call_ctx *cx, struct idem_call *call, enum idem_outcome outcome,
+                      void *arg, struct response *resp)
+{
+    const struct create_input *in = arg;
+    const char *point = "";
+    char *order_id = NULL;
+    int done = 0;
+    int rc = 0;
+
+    if (outcome == IDEM_OUTCOME_RESUME)
+        point = idem_call_recovery_point(call);
+    if (point == NULL || point[0] == '\0') {
+        if (outcome == IDEM_OUTCOME_RESUME) {
+            rc = idem_call_phase_begin(call);
+            if (rc < 0)
+                goto out;
+        }
+        rc = create_phase_reserve(cx, call, in, resp, &order_id, &done);
+        if (rc < 0 || done)
+            goto out;
+        after_order_created(cx);
+    } else if (strcmp(point, POINT_ORDER_CREATED) == 0 && idem_call_recovery_data(call) != NULL) {
+        order_id = xstrdup(idem_call_recovery_data(call));
+    } else {
+        log_msg(&cx->app->log, "error", "orders.create: unknown recovery point '%s'", point);
+        rc = IDEM_ESTATE;
+        goto out;
+    }
+    rc = create_phase_confirm(cx, call, order_id);
+out:
+    free(order_id);
+    return rc;
+}
+
+void orders_create(const struct call_ctx *cx, struct response *resp)
+{
+    struct create_input in;
+    const json_t *product, *quantity;
+
+    memset(&in, 0, sizeof in);
+    if (!json_is_object(cx->body)) {
+        validation_failed(resp, "The body must be a JSON object {\"productId\": string, "
+                                "\"quantity\": integer}.");
+        goto out;
+    }
+    product = json_object_get(cx->body, "productId");
+    quantity = json_object_get(cx->body, "quantity");
+    if (!json_is_string(product) || json_string_length(product) == 0 ||
+        json_string_length(product) > PRODUCT_ID_MAX ||
+        strlen(json_string_value(product)) != json_string_length(product)) {
+        validation_failed(resp, "productId must be a non-empty string.");
+        goto out;
+    }
+    if (whole_number(quantity, 1, QUANTITY_MAX, &in.qty) != 0) {
+        validation_failed(resp, "quantity must be an integer from 1 to 1000.");
+        goto out;
+    }
+    in.product = json_string_value(product);
+    snprintf(in.quantity, sizeof in.quantity, "%lld", (long long)in.qty);
+    idem_fingerprint_hex(cx->fp, in.fp_hex);
+    idemcall_handle(cx, &cx->app->op_orders_create, create_run, &in, resp);
+out:
+    return;
+}
+
+/* ---- POST /api/orders/{id}/cancel ------------------------------------------------------------ */
+
+static int cancel_run(const struct call_ctx *cx, struct idem_call *call, enum idem_outcome outcome,
+                      void *arg, struct response *resp)
+{
+    struct app *app = cx->app;
+    struct idem_rows *rows = NULL;
+    const char *params[2] = {cx->params[0], cx->principal};
+    char detail[320];
+    json_t *doc = NULL;
+    int64_t changed;
+    int rc = 0;
+
+    (void)arg;
+    (void)resp;
+    /* One phase: a resumed record has not committed anything of its own yet. */
+    if (outcome == IDEM_OUTCOME_RESUME) {
+        rc = idem_call_phase_begin(call);
+        if (rc < 0)
+            goto out;
+    }
+    rc = db_exec(app, idem_call_tx(call),
+                 "UPDATE orders SET status = 'cancelled' WHERE id = $1 AND user_id = $2 AND "
+                 "status IN ('created', 'cancelled')",
+                 2, params, &rows);
+    if (rc < 0)
+        goto out;
+    changed = idem_rows_changed(rows);
+    idem_rows_free(rows);
+    rows = NULL;
+    rc = db_exec(app, idem_call_tx(call),
+                 "SELECT " ORDER_COLS " FROM orders WHERE id = $1 AND user_id = $2", 2, params,
+                 &rows);
+    if (rc < 0)
+        goto out;
+    if (idem_rows_count(rows) == 0) {
+        rc = idemcall_complete_problem(call, 404, "order-not-found",
+                                       "You have no order with this id.");
+        goto out;
+    }
+    if (changed == 0) {
+        snprintf(detail, sizeof detail, "The order is %s and cannot be cancelled.",
+                 db_text(rows, 0, 1));
+        rc = idemcall_complete_problem(call, 409, "order-not-cancellable", detail);
+        goto out;
+    }
+    doc = order_json(rows, 0);
+    rc = idemcall_complete_json(call, 200, doc, NULL);
+out:
+    json_decref(doc);
+    idem_rows_free(rows);
+    return rc;
+}
+
+void orders_cancel(const struct call_ctx *cx, struct response *resp)
+{
+    idemcall_handle(cx, &cx->app->op_orders_cancel, cancel_run, NULL, resp);
+}
+
+/* ---- GET /api/orders/{id} -------------------------------------------------------------------- */
+
+void orders_get(const struct call_ctx *cx, struct response *resp)
+{
+    struct idem_tx *tx = NULL;
+    struct idem_rows *rows = NULL;
+    const char *params[2] = {cx->params[0], cx->principal};
+    json_t *doc = NULL;
+    int rc;
+
+    rc = idem_tx_begin(cx->app->store, 0, &tx);
+    if (rc == 0)
+        rc =
+            db_exec(cx->app, tx, "SELECT " ORDER_COLS " FROM orders WHERE id = $1 AND user_id = $2",
+                    2, params, &rows);
+    if (rc < 0) {
+        idemcall_fail(resp, rc);
+        goto out;
+    }
+    if (idem_rows_count(rows) == 0) {
+        response_problem(resp, 404, "order-not-found", "You have no order with this id.");
+        goto out;
+    }
+    doc = order_json(rows, 0);
+    response_json(resp, 200, doc);
+out:
+    json_decref(doc);
+    idem_rows_free(rows);
+    idem_tx_rollback(tx);
+}
+
+/* ---- GET /api/orders ------------------------------------------------------------------------- */
+
+/* The cursor is the hex of "created_at|id" of the last order of the previous page. */
+static int cursor_decode(const char *text, char *created, size_t created_cap, char *id,
+                         size_t id_cap)
+{
+    unsigned char raw[128];
+    const char *bar = NULL;
+    size_t len = 0;
+    size_t clen;
+    int rc = -1;
+
+    if (hex_decode(text, raw, sizeof raw - 1, &len) != 0 || len == 0)
+        goto out;
+    raw[len] = '\0';
+    if (memchr(raw, '\0', len) == NULL)
+        bar = strchr((const char *)raw, '|');
+    if (bar == NULL)
+        goto out;
+    clen = (size_t)(bar - (const char *)raw);
+    if (clen != ISO8601_LEN || clen >= created_cap || bar[1] == '\0' || strlen(bar + 1) >= id_cap)
+        goto out;
+    memcpy(created, raw, clen);
+    created[clen] = '\0';
+    snprintf(id, id_cap, "%s", bar + 1);
+    rc = 0;
+out:
+    return rc;
+}
+
+static char *cursor_encode(const char *created, const char *id)
+{
+    char raw[128];
+    char *hex = NULL;
+    int n;
+
+    n = snprintf(raw, sizeof raw, "%s|%s", created, id);
+    if (n > 0 && (size_t)n < sizeof raw) {
+        hex = xmalloc(2 * (size_t)n + 1);
+        hex_encode((const unsigned char *)raw, (size_t)n, hex);
+    }
+    return hex;
+}
+
+void orders_list(const struct call_ctx *cx, struct response *resp)
+{
+    struct idem_tx *tx = NULL;
+    struct idem_rows *rows = NULL;
+    const char *limit_text = request_query(cx->rq, "limit");
+    const char *cursor = request_query(cx->rq, "cursor");
+    const char *params[4];
+    char created[ISO8601_LEN + 1];
+    char after_id[96];
+    char fetch[24];
+    char *next = NULL;
+    json_t *doc = NULL, *list = NULL;
+    int64_t limit = LIST_DEFAULT;
+    int i, n, rc;
+
+    if (limit_text != NULL && parse_int64(limit_text, 1, LIST_MAX, &limit) != 0) {
+        validation_failed(resp, "limit must be an integer from 1 to 100.");
+        goto out;
+    }
+    if (cursor != NULL &&
+        cursor_decode(cursor, created, sizeof created, after_id, sizeof after_id) != 0) {
+        validation_failed(resp, "cursor is not a value this server handed out as nextCursor.");
+        goto out;
+    }
+    /* One more than asked for says whether there is a next page. */
+    snprintf(fetch, sizeof fetch, "%lld", (long long)limit + 1);
+    rc = idem_tx_begin(cx->app->store, 0, &tx);
+    if (rc < 0) {
+        idemcall_fail(resp, rc);
+        goto out;
+    }
+    params[0] = cx->principal;
+    if (cursor == NULL) {
+        params[1] = fetch;
+        rc = db_exec(cx->app, tx,
+                     "SELECT " ORDER_COLS " FROM orders WHERE user_id = $1 ORDER BY created_at "
+                     "DESC, id DESC LIMIT CAST($2 AS INTEGER)",
+                     2, params, &rows);
+    } else {
+        params[1] = created;
+        params[2] = after_id;
+        params[3] = fetch;
+        rc = db_exec(cx->app, tx,
+                     "SELECT " ORDER_COLS " FROM orders WHERE user_id = $1 AND (created_at < $2 "
+                     "OR (created_at = $2 AND id < $3)) ORDER BY created_at DESC, id DESC LIMIT "
+                     "CAST($4 AS INTEGER)",
+                     4, params, &rows);
+    }
+    if (rc < 0) {
+        idemcall_fail(resp, rc);
+        goto out;
+    }
+    n = idem_rows_count(rows);
+    list = xcheck(json_array());
+    for (i = 0; i < n && i < limit; i++)
+        json_array_append_new(list, order_json(rows, i));
+    if (n > limit)
+        next = cursor_encode(db_text(rows, (int)limit - 1, 7), db_text(rows, (int)limit - 1, 0));
+    doc = xcheck(json_object());
+    json_object_set(doc, "orders", list);
+    json_object_set_new(doc, "nextCursor", next ? xcheck(json_string(next)) : json_null());
+    response_json(resp, 200, doc);
+out:
+    free(next);
+    json_decref(list);
+    json_decref(doc);
+    idem_rows_free(rows);
+    idem_tx_rollback(tx);
+}

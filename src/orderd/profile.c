@@ -1,0 +1,170 @@
+/*
+ * profile.c - PUT /api/me/profile.  Set semantics make the operation naturally idempotent: the
+ * same body twice leaves the same state.  What a key adds is the same *answer*: "changed" is
+ * true only for the request that changed something, and a retry of that request must still say
+ * true (it is replayed), where a fresh identical PUT says false.  Without a key the update runs
+ * in a plain write transaction.
+ */
+#include "profile.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "idem/idem.h"
+
+#include "app.h"
+#include "db.h"
+#include "idemcall.h"
+#include "response.h"
+#include "router.h"
+#include "util.h"
+#include "banned.h"
+
+#define NAME_MAX_CHARS 200
+#define EMAIL_MIN_CHARS 3
+#define EMAIL_MAX_CHARS 254
+
+struct profile_input {
+    const char *name;
+    const char *email;
+};
+
+/*
+ * Upserts the profile in `tx` and builds the answer.  "changed" compares with the stored row
+ * inside the same write transaction, so two concurrent PUTs cannot both claim the change.
+ */
+static int profile_apply(const struct app *app, struct idem_tx *tx, const char *user,
+                         const struct profile_input *in, json_t **doc)
+{
+    struct idem_rows *rows = NULL;
+    const char *params[4];
+    char now[ISO8601_LEN + 1];
+    char updated[ISO8601_LEN + 1];
+    int changed = 1;
+    int rc;
+
+    *doc = NULL;
+    params[0] = user;
+    rc = db_exec(app, tx, "SELECT name, email, updated_at FROM profiles WHERE user_id = $1", 1,
+                 params, &rows);
+    if (rc < 0)
+        goto out;
+    if (idem_rows_count(rows) > 0 && strcmp(db_text(rows, 0, 0), in->name) == 0 &&
+        strcmp(db_text(rows, 0, 1), in->email) == 0) {
+        changed = 0;
+        snprintf(updated, sizeof updated, "%s", db_text(rows, 0, 2));
+    }
+    if (changed) {
+        iso8601_ms(wall_ms(), now);
+        params[1] = in->name;
+        params[2] = in->email;
+        params[3] = now;
+        rc = db_exec(app, tx,
+                     "INSERT INTO profiles (user_id, name, email, updated_at) VALUES ($1, $2, "
+                     "$3, $4) ON CONFLICT (user_id) DO UPDATE SET name = excluded.name, email = "
+                     "excluded.email, updated_at = excluded.updated_at",
+                     4, params, NULL);
+        if (rc < 0)
+            goto out;
+        snprintf(updated, sizeof updated, "%s", now);
+    }
+    *doc = xcheck(json_pack("{s:s, s:s, s:b, s:s}", "name", in->name, "email", in->email, "changed",
+                            changed, "updatedAt", updated));
+out:
+    idem_rows_free(rows);
+    return rc;
+}
+
+static int profile_run(const struct call_ctx *cx, struct idem_call *call, enum idem_outcome outcome,
+                       void *arg, struct response *resp)
+{
+    const struct profile_input *in = arg;
+    json_t *doc = NULL;
+    int rc = 0;
+
+    (void)resp;
+    if (outcome == IDEM_OUTCOME_RESUME) {
+        rc = idem_call_phase_begin(call);
+        if (rc < 0)
+            goto out;
+    }
+    rc = profile_apply(cx->app, idem_call_tx(call), cx->principal, in, &doc);
+    if (rc < 0)
+        goto out;
+    rc = idemcall_complete_json(call, 200, doc, NULL);
+out:
+    json_decref(doc);
+    return rc;
+}
+
+static void profile_without_key(const struct call_ctx *cx, const struct profile_input *in,
+                                struct response *resp)
+{
+    struct idem_tx *tx = NULL;
+    json_t *doc = NULL;
+    int rc;
+
+    rc = idem_tx_begin(cx->app->store, 1, &tx);
+    if (rc < 0)
+        goto out;
+    rc = profile_apply(cx->app, tx, cx->principal, in, &doc);
+    if (rc < 0)
+        goto out;
+    rc = idem_tx_commit(tx);
+    tx = NULL;
+    if (rc < 0)
+        goto out;
+    response_json(resp, 200, doc);
+out:
+    if (rc < 0)
+        idemcall_fail(resp, rc);
+    json_decref(doc);
+    idem_tx_rollback(tx);
+}
+
+static int valid_string(const json_t *v, size_t min_chars, size_t max_chars)
+{
+    size_t n;
+
+    /* An embedded NUL ("\u0000") would make the stored text differ from what was sent. */
+    if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v))
+        n = 0;
+    else
+        n = utf8_length(json_string_value(v));
+    return n >= min_chars && n <= max_chars && n > 0;
+}
+
+void profile_update(const struct call_ctx *cx, struct response *resp)
+{
+    struct profile_input in;
+    const json_t *name, *email;
+
+    if (!json_is_object(cx->body)) {
+        response_problem(resp, 400, "validation-failed",
+                         "The body must be a JSON object {\"name\": string, \"email\": string}.");
+        goto out;
+    }
+    name = json_object_get(cx->body, "name");
+    email = json_object_get(cx->body, "email");
+    if (!valid_string(name, 1, NAME_MAX_CHARS)) {
+        response_problem(resp, 400, "validation-failed",
+                         "name must be a string of 1 to 200 characters.");
+        goto out;
+    }
+    if (!valid_string(email, EMAIL_MIN_CHARS, EMAIL_MAX_CHARS) ||
+        strchr(json_string_value(email), '@') == NULL) {
+        response_problem(resp, 400, "validation-failed",
+                         "email must be a string of 3 to 254 characters containing '@'.");
+        goto out;
+    }
+    in.name = json_string_value(name);
+    in.email = json_string_value(email);
+    if (cx->key != NULL)
+        idemcall_handle(cx, &cx->app->op_profile_update, profile_run, &in, resp);
+    else
+        profile_without_key(cx, &in, resp);
+out:
+    return;
+}

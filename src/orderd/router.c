@@ -1,0 +1,318 @@
+/*
+ * router.c - the route table and the checks every request passes before its handler runs, in
+ * the order docs/http-api.md fixes: route -> auth -> content type -> body size -> key -> JSON.
+ * Doing them here, once, keeps every endpoint answering the same problem for the same mistake,
+ * and keeps the handlers about business rules only.  Nothing here is stored: a request refused
+ * at this stage never reached the engine, so its retry (fixed or not) runs afresh.
+ */
+#include "router.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "app.h"
+#include "auth.h"
+#include "health.h"
+#include "http.h"
+#include "idemcall.h"
+#include "orders.h"
+#include "profile.h"
+#include "response.h"
+#include "util.h"
+#include "banned.h"
+
+enum key_policy { KEY_IGNORED, KEY_OPTIONAL, KEY_REQUIRED };
+enum body_policy { BODY_NONE, BODY_OPTIONAL, BODY_REQUIRED };
+
+struct route {
+    const char *method;
+    const char *tmpl;      /* also the route of the fingerprint */
+    const char *operation; /* metrics label */
+    int auth;
+    enum key_policy key;
+    enum body_policy body;
+    void (*handler)(const struct call_ctx *cx, struct response *resp);
+};
+
+static const struct route routes[] = {
+    {"POST", "/api/orders", "orders.create", 1, KEY_REQUIRED, BODY_REQUIRED, orders_create},
+    {"GET", "/api/orders", "orders.list", 1, KEY_IGNORED, BODY_NONE, orders_list},
+    {"GET", "/api/orders/{id}", "orders.get", 1, KEY_IGNORED, BODY_NONE, orders_get},
+    {"POST", "/api/orders/{id}/cancel", "orders.cancel", 1, KEY_REQUIRED, BODY_OPTIONAL,
+     orders_cancel},
+    {"PUT", "/api/me/profile", "profile.update", 1, KEY_OPTIONAL, BODY_REQUIRED, profile_update},
+    {"GET", "/healthz", "healthz", 0, KEY_IGNORED, BODY_NONE, health_check},
+    {"GET", "/metrics", "metrics", 0, KEY_IGNORED, BODY_NONE, health_metrics},
+};
+#define NROUTES (sizeof routes / sizeof routes[0])
+
+static void free_params(char **params, size_t n)
+{
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        free(params[i]);
+        params[i] = NULL;
+    }
+}
+
+/*
+ * Whether `path` fits template `tmpl`, where "{name}" matches one non-empty segment.  With
+ * `params` not NULL, the segments are copied out (new) in order.
+ */
+static int match_template(const char *tmpl, const char *path, char **params, size_t *nparams)
+{
+    const char *t = tmpl;
+    const char *p = path;
+    const char *seg_end;
+    size_t n = 0;
+    int ok = 0;
+
+    while (*t != '\0' && *p != '\0') {
+        if (*t == '{') {
+            seg_end = p;
+            while (*seg_end != '\0' && *seg_end != '/')
+                seg_end++;
+            if (seg_end == p || n == ROUTE_MAX_PARAMS)
+                goto out;
+            if (params != NULL)
+                params[n] = xstrndup(p, (size_t)(seg_end - p));
+            n++;
+            t = strchr(t, '}');
+            if (t == NULL)
+                goto out;
+            t++;
+            p = seg_end;
+        } else if (*t == *p) {
+            t++;
+            p++;
+        } else {
+            goto out;
+        }
+    }
+    ok = *t == '\0' && *p == '\0';
+out:
+    if (!ok && params != NULL)
+        free_params(params, n);
+    if (ok && nparams != NULL)
+        *nparams = n;
+    return ok;
+}
+
+/* HEAD is served by the GET route (MHD drops the body). */
+static int method_matches(const char *route_method, const char *method)
+{
+    if (strcmp(route_method, method) == 0)
+        return 1;
+    return strcmp(route_method, "GET") == 0 && strcmp(method, "HEAD") == 0;
+}
+
+/* "application/json", in any case, optionally followed by parameters. */
+static int is_json_media_type(const char *ct)
+{
+    static const char want[] = "application/json";
+    const char *p = ct;
+    int ok = 0;
+
+    while (*p == ' ' || *p == '\t')
+        p++;
+    if (strlen(p) >= sizeof want - 1 && ascii_ncaseeq(p, want, sizeof want - 1)) {
+        p += sizeof want - 1;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        ok = *p == '\0' || *p == ';';
+    }
+    return ok;
+}
+
+static void not_allowed(const struct request *rq, struct response *resp)
+{
+    char allow[64] = "";
+    size_t i, used = 0;
+    int n;
+
+    for (i = 0; i < NROUTES; i++) {
+        if (!match_template(routes[i].tmpl, rq->path, NULL, NULL))
+            continue;
+        n = snprintf(allow + used, sizeof allow - used, "%s%s%s", used ? ", " : "",
+                     routes[i].method, strcmp(routes[i].method, "GET") == 0 ? ", HEAD" : "");
+        if (n > 0 && (size_t)n < sizeof allow - used)
+            used += (size_t)n;
+    }
+    response_set_header(resp, "Allow", allow);
+    response_problem(resp, 405, "method-not-allowed",
+                     "This method is not allowed on this path; see the Allow header.");
+}
+
+/* Route -> handler, or a 404/405 answer (then NULL). */
+static const struct route *find_route(const struct request *rq, char **params, size_t *nparams,
+                                      struct response *resp)
+{
+    const struct route *found = NULL;
+    size_t i;
+    int path_known = 0;
+
+    for (i = 0; i < NROUTES && found == NULL; i++) {
+        if (!match_template(routes[i].tmpl, rq->path, NULL, NULL))
+            continue;
+        path_known = 1;
+        if (method_matches(routes[i].method, rq->method)) {
+            match_template(routes[i].tmpl, rq->path, params, nparams);
+            found = &routes[i];
+        }
+    }
+    if (found == NULL && path_known)
+        not_allowed(rq, resp);
+    else if (found == NULL)
+        response_problem(resp, 404, "not-found", "There is nothing at this path.");
+    return found;
+}
+
+static int check_auth(struct call_ctx *cx, struct response *resp)
+{
+    char *user = NULL;
+    int rc;
+
+    rc = auth_principal(cx->app->store, request_header(cx->rq, "Authorization"), &user);
+    if (rc < 0) {
+        log_msg(&cx->app->log, "error", "token lookup failed: %s", idem_err_name(rc));
+        idemcall_unavailable(resp, "The store cannot be reached; nothing was done. Retry.");
+        goto out;
+    }
+    if (rc > 0) {
+        response_set_header(resp, "WWW-Authenticate", "Bearer");
+        response_problem(resp, 401, "unauthorized",
+                         "Send Authorization: Bearer <token>, a token made by `orderd token "
+                         "create`.");
+        goto out;
+    }
+    /* The response owns the user id: the log line names the principal. */
+    resp->principal = user;
+    cx->principal = user;
+out:
+    return rc == 0 ? 0 : -1;
+}
+
+static int check_key(struct call_ctx *cx, enum key_policy policy, char *key, struct response *resp)
+{
+    const char *value = NULL;
+    const char *why = NULL;
+    char detail[256];
+    size_t len = 0;
+    int count;
+    int rc = -1;
+
+    if (policy == KEY_IGNORED) {
+        rc = 0;
+        goto out;
+    }
+    count = request_header_count(cx->rq, "Idempotency-Key", &value, &len);
+    if (count > 1) {
+        response_problem(resp, 400, "idempotency-key-invalid",
+                         "Idempotency-Key was sent more than once; send exactly one.");
+        goto out;
+    }
+    if (count == 0 && policy == KEY_REQUIRED) {
+        response_problem(resp, 400, "idempotency-key-missing",
+                         "This operation needs an Idempotency-Key header: one new key per "
+                         "intent, reused for every retry of it.");
+        goto out;
+    }
+    if (count == 1 && idem_key_parse(value, len, key, &why) != 0) {
+        snprintf(detail, sizeof detail,
+                 "Idempotency-Key must be 1 to 255 visible ASCII characters, as a token or a "
+                 "quoted string: %s.",
+                 why ? why : "invalid");
+        response_problem(resp, 400, "idempotency-key-invalid", detail);
+        goto out;
+    }
+    if (count == 1)
+        cx->key = key;
+    rc = 0;
+out:
+    return rc;
+}
+
+static int check_json(struct call_ctx *cx, const struct route *rt, struct response *resp)
+{
+    const struct request *rq = cx->rq;
+    json_error_t jerr;
+    const char *why = NULL;
+    char detail[320];
+    int rc = -1;
+    int fprc;
+
+    if (rq->body_len == 0 && rt->body == BODY_REQUIRED) {
+        response_problem(resp, 400, "invalid-json", "A JSON body is required.");
+        goto out;
+    }
+    fprc = idem_fingerprint(rq->method, rt->tmpl, cx->params, cx->nparams, rq->body, rq->body_len,
+                            cx->fp, &why);
+    if (fprc == IDEM_ENOMEM)
+        die("out of memory");
+    if (fprc < 0) {
+        snprintf(detail, sizeof detail, "The body must be JSON: %s.",
+                 why ? why : idem_strerror(fprc));
+        response_problem(resp, 400, "invalid-json", detail);
+        goto out;
+    }
+    if (rq->body_len > 0) {
+        /* Numbers as doubles, as JCS reads them: 2 and 2.0 are the same quantity. */
+        cx->body =
+            json_loadb(rq->body, rq->body_len,
+                       JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &jerr);
+        if (cx->body == NULL) {
+            snprintf(detail, sizeof detail, "The body must be JSON: %s.", jerr.text);
+            response_problem(resp, 400, "invalid-json", detail);
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    return rc;
+}
+
+void router_dispatch(struct app *app, const struct request *rq, struct response *resp)
+{
+    const struct route *rt;
+    struct call_ctx cx;
+    char *params[ROUTE_MAX_PARAMS] = {NULL};
+    char key[IDEM_KEY_MAX + 1];
+    const char *ct;
+    size_t i;
+
+    memset(&cx, 0, sizeof cx);
+    cx.app = app;
+    cx.rq = rq;
+
+    rt = find_route(rq, params, &cx.nparams, resp);
+    if (rt == NULL)
+        goto out;
+    resp->operation = rt->operation;
+    for (i = 0; i < cx.nparams; i++)
+        cx.params[i] = params[i];
+
+    if (rt->auth && check_auth(&cx, resp) != 0)
+        goto out;
+    if (rt->body != BODY_NONE && rq->has_body) {
+        ct = request_header(rq, "Content-Type");
+        if (ct == NULL || !is_json_media_type(ct)) {
+            response_problem(resp, 415, "unsupported-media-type",
+                             "Send the body as Content-Type: application/json.");
+            goto out;
+        }
+    }
+    if (rq->body_too_big) {
+        response_problem(resp, 413, "body-too-large", "Request bodies are limited to 1 MiB.");
+        goto out;
+    }
+    if (check_key(&cx, rt->key, key, resp) != 0)
+        goto out;
+    if (rt->body != BODY_NONE && check_json(&cx, rt, resp) != 0)
+        goto out;
+    rt->handler(&cx, resp);
+out:
+    json_decref(cx.body);
+    free_params(params, ROUTE_MAX_PARAMS);
+}

@@ -1,0 +1,37 @@
+/*
+ * router.h - from a request to a handler: the route table of docs/http-api.md and the checks
+ * every request passes, in the contract's order, before any business code runs: route (404,
+ * 405) -> auth (401) -> content type (415) -> body size (413) -> Idempotency-Key (400) -> JSON
+ * and fingerprint (400) -> then the handler validates its body (400) and calls the engine.
+ */
+#ifndef ORDERD_ROUTER_H
+#define ORDERD_ROUTER_H
+
+#include <stddef.h>
+
+#include <jansson.h>
+
+#include "idem/idem.h"
+
+struct app;
+struct request;
+struct response;
+
+#define ROUTE_MAX_PARAMS 2
+
+/* What a handler receives once the common checks passed. */
+struct call_ctx {
+    struct app *app;
+    const struct request *rq;
+    const char *principal;                /* user id; NULL on routes without auth */
+    const char *params[ROUTE_MAX_PARAMS]; /* path parameters, in template order */
+    size_t nparams;
+    const char *key;               /* parsed Idempotency-Key; NULL if none */
+    unsigned char fp[IDEM_FP_LEN]; /* request fingerprint (routes with a body) */
+    json_t *body;                  /* parsed body; NULL when there was none */
+};
+
+/* Answers one request into `resp` (always: every path ends in a response). */
+void router_dispatch(struct app *app, const struct request *rq, struct response *resp);
+
+#endif /* ORDERD_ROUTER_H */

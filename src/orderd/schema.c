@@ -1,0 +1,78 @@
+/*
+ * schema.c - the tables orderd's business logic writes, next to libidem's records in the same
+ * store, so one transaction covers both.  Each step is given in both dialects (SQLite today,
+ * PostgreSQL next); the SQL the handlers run is written once for both: $n parameters, no
+ * AUTOINCREMENT (ids are made by orderd), ON CONFLICT upserts.
+ *
+ * orders keeps UNIQUE (user_id, idem_key) for good: once an idempotency record has been swept
+ * after its retention, the order row is still the long-term dedupe record for a late retry.
+ * Steps are append-only: a released step is never edited, a change is a new version.
+ */
+#include "schema.h"
+
+#include <stddef.h>
+
+#include "idem/idem.h"
+
+#include "banned.h"
+
+/* One text for both dialects; only the integer type differs (PostgreSQL's INTEGER is 32 bits). */
+#define BUSINESS_TABLES(INT)                                                                       \
+    "CREATE TABLE users ("                                                                         \
+    "  id TEXT PRIMARY KEY,"                                                                       \
+    "  name TEXT NOT NULL UNIQUE"                                                                  \
+    ");"                                                                                           \
+    "CREATE TABLE tokens ("                                                                        \
+    "  hash TEXT PRIMARY KEY,"                                                                     \
+    "  user_id TEXT NOT NULL REFERENCES users (id),"                                               \
+    "  created_at TEXT NOT NULL"                                                                   \
+    ");"                                                                                           \
+    "CREATE INDEX tokens_user ON tokens (user_id);"                                                \
+    "CREATE TABLE profiles ("                                                                      \
+    "  user_id TEXT PRIMARY KEY REFERENCES users (id),"                                            \
+    "  name TEXT NOT NULL,"                                                                        \
+    "  email TEXT NOT NULL,"                                                                       \
+    "  updated_at TEXT NOT NULL"                                                                   \
+    ");"                                                                                           \
+    "CREATE TABLE products ("                                                                      \
+    "  id TEXT PRIMARY KEY,"                                                                       \
+    "  name TEXT NOT NULL,"                                                                        \
+    "  unit_price " INT " NOT NULL,"                                                               \
+    "  currency TEXT NOT NULL,"                                                                    \
+    "  stock " INT " NOT NULL CHECK (stock >= 0)"                                                  \
+    ");"                                                                                           \
+    "CREATE TABLE orders ("                                                                        \
+    "  id TEXT PRIMARY KEY,"                                                                       \
+    "  user_id TEXT NOT NULL REFERENCES users (id),"                                               \
+    "  product_id TEXT NOT NULL REFERENCES products (id),"                                         \
+    "  quantity " INT " NOT NULL,"                                                                 \
+    "  unit_price " INT " NOT NULL,"                                                               \
+    "  amount " INT " NOT NULL,"                                                                   \
+    "  currency TEXT NOT NULL,"                                                                    \
+    "  status TEXT NOT NULL,"                                                                      \
+    "  idem_key TEXT NOT NULL,"                                                                    \
+    "  request_fp TEXT NOT NULL,"                                                                  \
+    "  created_at TEXT NOT NULL,"                                                                  \
+    "  UNIQUE (user_id, idem_key)"                                                                 \
+    ");"                                                                                           \
+    "CREATE INDEX orders_user_created ON orders (user_id, created_at DESC, id DESC)"
+
+static const char tables_sqlite[] = BUSINESS_TABLES("INTEGER");
+static const char tables_postgres[] = BUSINESS_TABLES("BIGINT");
+
+/* The catalog of docs/http-api.md; p-limited exists to run out. */
+static const char seed_products[] =
+    "INSERT INTO products (id, name, unit_price, currency, stock) VALUES"
+    " ('p-1024', 'Product 1024', 1999, 'EUR', 1000000000),"
+    " ('p-2048', 'Product 2048', 4999, 'EUR', 1000000000),"
+    " ('p-limited', 'Limited edition', 999, 'EUR', 3)";
+
+static const struct idem_migration steps[] = {
+    {1, "business tables", tables_sqlite, tables_postgres},
+    {2, "seed products", seed_products, seed_products},
+};
+
+int schema_migrate(struct idem_store *st, int *applied, char **errmsg)
+{
+    return idem_store_migrate(st, "orderd", steps, sizeof steps / sizeof steps[0], applied, errmsg);
+}

@@ -1,0 +1,15 @@
+/*
+ * schema.h - orderd's business tables, as versioned libidem migrations of component "orderd".
+ */
+#ifndef ORDERD_SCHEMA_H
+#define ORDERD_SCHEMA_H
+
+struct idem_store;
+
+/*
+ * Applies every orderd migration newer than the store's.  Returns 0 and *applied (may be NULL),
+ * or a negative IDEM_E* with detail in *errmsg (new, free with idem_free).
+ */
+int schema_migrate(struct idem_store *st, int *applied, char **errmsg);
+
+#endif /* ORDERD_SCHEMA_H */

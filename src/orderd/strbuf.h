@@ -1,0 +1,31 @@
+/*
+ * strbuf.h - a growable byte buffer (git's strbuf), for text whose size is not known up front:
+ * the Prometheus page, log lines, request bodies.  Growth dies on allocation failure; callers
+ * that take bytes from strangers enforce their own cap before appending.
+ */
+#ifndef ORDERD_STRBUF_H
+#define ORDERD_STRBUF_H
+
+#include <stddef.h>
+
+struct strbuf {
+    char *buf; /* always NUL-terminated once anything was added; NULL before */
+    size_t len;
+    size_t cap;
+};
+
+#define STRBUF_INIT                                                                                \
+    {                                                                                              \
+        NULL, 0, 0                                                                                 \
+    }
+
+void strbuf_add(struct strbuf *sb, const void *data, size_t len);
+void strbuf_adds(struct strbuf *sb, const char *s);
+void strbuf_addch(struct strbuf *sb, char c);
+void strbuf_addf(struct strbuf *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Hands the bytes out (new, free with free(); never NULL) and empties `sb`. */
+char *strbuf_detach(struct strbuf *sb, size_t *len);
+/* Frees the bytes; `sb` may be reused. */
+void strbuf_release(struct strbuf *sb);
+
+#endif /* ORDERD_STRBUF_H */

@@ -1,0 +1,58 @@
+/*
+ * util.h - the small helpers every part of orderd leans on: allocation that dies with a message
+ * instead of returning NULL (a service that cannot allocate a few bytes cannot answer anyone
+ * truthfully), hex, random bytes, UTC timestamps and strict number parsing of untrusted text.
+ */
+#ifndef ORDERD_UTIL_H
+#define ORDERD_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Prints "orderd: fatal: <message>" on stderr and exits with status 1. */
+void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+/* Allocators that never return NULL: they die on failure. */
+void *xmalloc(size_t n);
+void *xcalloc(size_t n, size_t size);
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+char *xstrndup(const char *s, size_t n);
+/* Dies with "out of memory" when `p` is NULL; returns `p` (for jansson's constructors). */
+void *xcheck(void *p);
+
+/* Writes 2*n lowercase hex digits of `in` and a NUL into `out` (2*n+1 bytes). */
+void hex_encode(const unsigned char *in, size_t n, char *out);
+/*
+ * Decodes the hex text `in` (an even number of hex digits) into `out`, at most `cap` bytes.
+ * Returns 0 and *out_len, or -1 for bad digits, an odd length or too much data.
+ */
+int hex_decode(const char *in, unsigned char *out, size_t cap, size_t *out_len);
+
+/* Fills `buf` with `n` bytes from OpenSSL's CSPRNG; dies if it cannot (no entropy: no tokens). */
+void random_bytes(unsigned char *buf, size_t n);
+
+/* Milliseconds since the epoch (CLOCK_REALTIME). */
+int64_t wall_ms(void);
+/* Nanoseconds of CLOCK_MONOTONIC, for durations. */
+int64_t mono_ns(void);
+/* Sleeps `ms` milliseconds, restarting after signals. */
+void sleep_ms(int64_t ms);
+
+#define ISO8601_LEN 24 /* "2026-12-02T13:00:00.000Z" */
+/* Formats `ms` since the epoch as ISO-8601 UTC with milliseconds into `out` (ISO8601_LEN + 1). */
+void iso8601_ms(int64_t ms, char out[ISO8601_LEN + 1]);
+
+/*
+ * Parses the whole of `s` as a decimal integer in [min, max]: digits with an optional leading
+ * '-', no spaces, no '+', no trailing bytes.  Returns 0 and *out, or -1.
+ */
+int parse_int64(const char *s, int64_t min, int64_t max, int64_t *out);
+
+/* Number of code points of the UTF-8 string `s` (continuation bytes are not counted). */
+size_t utf8_length(const char *s);
+
+/* ASCII case-insensitive comparison of the first `n` bytes (locale-free). */
+int ascii_ncaseeq(const char *a, const char *b, size_t n);
+
+#endif /* ORDERD_UTIL_H */
