@@ -55,6 +55,7 @@ struct idem_call {
     int record_durable;  /* the record exists beyond the open phase (committed) */
     int completed;
     int waited;
+    int recovering; /* IN_PROGRESS: the lease holder is a recovery worker */
     int retry_after_s;
 
     struct idem_record rec; /* last state read, or what this call stored */
@@ -133,12 +134,17 @@ static void notify_changed(struct idem_engine *eng)
     pthread_mutex_unlock(&eng->mu);
 }
 
-/* Sleeps up to `ms`, or less if a record changes in this process meanwhile. */
-static void wait_for_change(struct idem_engine *eng, int64_t ms)
+/*
+ * Sleeps up to `ms`, or less if the record may have changed: woken by the store when it can tell
+ * (PostgreSQL's LISTEN/NOTIFY reaches every process), else by a change in this process.
+ */
+static void wait_for_change(struct idem_engine *eng, const struct idem_scope *s, int64_t ms)
 {
     struct timespec ts;
     uint64_t seen;
 
+    if (eng->st->vt->wait_change && eng->st->vt->wait_change(eng->st, s, ms) == 0)
+        return;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_sec += (time_t)(ms / 1000);
     ts.tv_nsec += (long)(ms % 1000) * 1000000L;
@@ -252,12 +258,24 @@ static int retry_after_from_lease(const struct idem_record *rec)
     return (int)s;
 }
 
-int idem_call_begin(struct idem_engine *eng, const struct idem_operation *op,
-                    const char *principal, const char *key, const unsigned char fp[IDEM_FP_LEN],
-                    struct idem_call **out, enum idem_outcome *outcome)
+/* Whether a lease owner name is a recovery worker's ("<engine owner>/r<n>"). */
+static int owner_is_recovery(const char *owner)
+{
+    const char *slash = owner ? strrchr(owner, '/') : NULL;
+    return slash && slash[1] == 'r';
+}
+
+/*
+ * The state machine shared by requests (fp given: claim, replay, mismatch, wait) and recovery
+ * workers (fp NULL: never claim, never wait, take the fingerprint from the record).
+ */
+static int call_start(struct idem_engine *eng, const struct idem_operation *op,
+                      const char *principal, const char *key, const unsigned char *fp,
+                      struct idem_call **out, enum idem_outcome *outcome)
 {
     int rc = 0;
     struct idem_call *call = NULL;
+    const int recover = fp == NULL;
     int64_t deadline;
     int64_t pause = POLL_FIRST_MS;
 
@@ -265,7 +283,7 @@ int idem_call_begin(struct idem_engine *eng, const struct idem_operation *op,
         *out = NULL;
     if (outcome)
         *outcome = IDEM_OUTCOME_NONE;
-    if (!eng || !op || !op->name || !principal || !key || !fp || !out || !outcome)
+    if (!eng || !op || !op->name || !principal || !key || !out || !outcome)
         return IDEM_EINVAL;
 
     call = calloc(1, sizeof(*call));
@@ -286,10 +304,11 @@ int idem_call_begin(struct idem_engine *eng, const struct idem_operation *op,
     call->lease_ms = op->lease_ms > 0 ? op->lease_ms : DEFAULT_LEASE_MS;
     call->wait_ms = op->wait_ms > 0 ? op->wait_ms : DEFAULT_WAIT_MS;
     call->retry_after_s = 1;
-    memcpy(call->fp, fp, IDEM_FP_LEN);
-    idem__fmt(call->owner, sizeof(call->owner), "%s/%llu", eng->owner,
+    if (fp)
+        memcpy(call->fp, fp, IDEM_FP_LEN);
+    idem__fmt(call->owner, sizeof(call->owner), "%s/%s%llu", eng->owner, recover ? "r" : "",
               (unsigned long long)atomic_fetch_add(&eng->next_call, 1));
-    deadline = idem__mono_ms() + call->wait_ms;
+    deadline = recover ? idem__mono_ms() : idem__mono_ms() + call->wait_ms;
 
     for (int round = 0;; round++) {
         if (round >= CLAIM_ROUNDS_MAX) {
@@ -300,6 +319,8 @@ int idem_call_begin(struct idem_engine *eng, const struct idem_operation *op,
         if (rc < 0)
             goto out;
 
+        if (!call->rec.found && recover)
+            break; /* nothing to recover: outcome NONE */
         if (!call->rec.found) {
             int claimed = 0;
             rc = try_claim(call, &claimed);
@@ -318,6 +339,8 @@ int idem_call_begin(struct idem_engine *eng, const struct idem_operation *op,
             }
             continue; /* someone else's insert won: read what they made */
         }
+        if (recover)
+            memcpy(call->fp, call->rec.fp, IDEM_FP_LEN);
         if (memcmp(call->rec.fp, call->fp, IDEM_FP_LEN) != 0) {
             *outcome = IDEM_OUTCOME_MISMATCH;
             break;
@@ -346,11 +369,12 @@ int idem_call_begin(struct idem_engine *eng, const struct idem_operation *op,
         int64_t left = deadline - idem__mono_ms();
         if (left <= 0) {
             call->retry_after_s = retry_after_from_lease(&call->rec);
+            call->recovering = owner_is_recovery(call->rec.lease_owner);
             *outcome = IDEM_OUTCOME_IN_PROGRESS;
             break;
         }
         call->waited = 1;
-        wait_for_change(eng, pause < left ? pause : left);
+        wait_for_change(eng, &call->scope, pause < left ? pause : left);
         pause = pause * 2 > POLL_MAX_MS ? POLL_MAX_MS : pause * 2;
     }
     *out = call;
@@ -358,6 +382,68 @@ int idem_call_begin(struct idem_engine *eng, const struct idem_operation *op,
 out:
     idem_call_end(call);
     return rc;
+}
+
+int idem_call_begin(struct idem_engine *eng, const struct idem_operation *op,
+                    const char *principal, const char *key, const unsigned char fp[IDEM_FP_LEN],
+                    struct idem_call **out, enum idem_outcome *outcome)
+{
+    if (!fp) {
+        if (out)
+            *out = NULL;
+        return IDEM_EINVAL;
+    }
+    return call_start(eng, op, principal, key, fp, out, outcome);
+}
+
+int idem_call_recover(struct idem_engine *eng, const struct idem_operation *op,
+                      const char *principal, const char *key, struct idem_call **out,
+                      enum idem_outcome *outcome)
+{
+    return call_start(eng, op, principal, key, NULL, out, outcome);
+}
+
+int idem_call_recovering(const struct idem_call *call)
+{
+    return call ? call->recovering : 0;
+}
+
+int idem_engine_stalled(struct idem_engine *eng, const char *operation, int limit,
+                        struct idem_stalled **out, size_t *n)
+{
+    struct idem_store *st;
+    struct idem_conn *conn = NULL;
+    char err[IDEM_ERRMSG_MAX];
+    int rc;
+
+    if (out)
+        *out = NULL;
+    if (n)
+        *n = 0;
+    if (!eng || !out || !n || limit < 0)
+        return IDEM_EINVAL;
+    st = eng->st;
+    if (!st->vt->record_stalled)
+        return IDEM_ESTATE;
+    rc = idem__store_acquire(st, &conn, err, sizeof(err));
+    if (rc < 0)
+        return rc;
+    rc = st->vt->record_stalled(conn, operation, limit, out, n);
+    idem__store_release(st, conn);
+    return rc;
+}
+
+void idem_stalled_free(struct idem_stalled *list, size_t n)
+{
+    if (!list)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        free(list[i].principal);
+        free(list[i].operation);
+        free(list[i].key);
+        free(list[i].recovery_point);
+    }
+    free(list);
 }
 
 int idem_call_phase_begin(struct idem_call *call)

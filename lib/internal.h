@@ -108,6 +108,9 @@ struct idem_store_vtab {
                            int *ok);
     /* Fenced on owner: expires the lease now, so the next request may resume at once. */
     int (*record_release)(struct idem_conn *c, const struct idem_scope *s, const char *owner);
+    /* Lists up to `limit` processing records whose lease expired (operation NULL: all). */
+    int (*record_stalled)(struct idem_conn *c, const char *operation, int limit,
+                          struct idem_stalled **out, size_t *n);
     /* Deletes up to `limit` records past retention that no live lease protects. */
     int (*record_sweep)(struct idem_conn *c, int limit, int *deleted);
 

@@ -567,6 +567,59 @@ static int sq_record_sweep(struct idem_conn *c, int limit, int *deleted)
     return step_done(c, e->stmt, "sweep", deleted);
 }
 
+static int sq_record_stalled(struct idem_conn *c, const char *operation, int limit,
+                             struct idem_stalled **out, size_t *n)
+{
+    static const char sql[] =
+        "SELECT principal, operation, idem_key, recovery_point FROM idem_records"
+        " WHERE status = 0 AND lease_expires_ms <= ?1 AND (?2 IS NULL OR operation = ?2)"
+        " ORDER BY lease_expires_ms LIMIT ?3";
+    struct cached_stmt *e = NULL;
+    struct idem_stalled *list = NULL;
+    size_t count = 0;
+    int step;
+    int rc = prepare(c, sql, &e);
+
+    *out = NULL;
+    *n = 0;
+    if (rc < 0)
+        return rc;
+    if (limit <= 0)
+        return 0;
+    list = calloc((size_t)limit, sizeof(*list));
+    if (!list)
+        return IDEM_ENOMEM;
+    if (sqlite3_bind_int64(e->stmt, 1, idem__now_ms()) != SQLITE_OK ||
+        (operation ? sqlite3_bind_text(e->stmt, 2, operation, -1, SQLITE_STATIC)
+                   : sqlite3_bind_null(e->stmt, 2)) != SQLITE_OK ||
+        sqlite3_bind_int(e->stmt, 3, limit) != SQLITE_OK) {
+        rc = fail(c, IDEM_ESTORE, "bind");
+        goto out;
+    }
+    while ((step = sqlite3_step(e->stmt)) == SQLITE_ROW && count < (size_t)limit) {
+        struct idem_stalled *it = &list[count++];
+        it->principal = column_dup(e->stmt, 0);
+        it->operation = column_dup(e->stmt, 1);
+        it->key = column_dup(e->stmt, 2);
+        it->recovery_point = column_dup(e->stmt, 3);
+        if (!it->principal || !it->operation || !it->key || !it->recovery_point) {
+            rc = IDEM_ENOMEM;
+            goto out;
+        }
+    }
+    if (step != SQLITE_DONE && step != SQLITE_ROW)
+        rc = fail(c, IDEM_ESTORE, "list stalled records");
+out:
+    sqlite3_reset(e->stmt);
+    if (rc < 0) {
+        idem_stalled_free(list, count);
+        return rc;
+    }
+    *out = list;
+    *n = count;
+    return 0;
+}
+
 /* ---- migrations --------------------------------------------------------------------------- */
 
 static int schema_version(struct idem_conn *c, const char *component, int *version)
@@ -677,5 +730,6 @@ const struct idem_store_vtab idem__sqlite_vtab = {
     .record_complete = sq_record_complete,
     .record_release = sq_record_release,
     .record_sweep = sq_record_sweep,
+    .record_stalled = sq_record_stalled,
     .migrate = sq_migrate,
 };

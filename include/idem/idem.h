@@ -352,6 +352,40 @@ IDEM_API const struct idem_header *idem_call_response_header(const struct idem_c
 /* Detail of the last failure on `call`, borrowed until the next call on it. */
 IDEM_API const char *idem_call_errmsg(const struct idem_call *call);
 
+/* ---------------------------------------------------------------------------------------------
+ * Recovery by background workers (a completer, a reconciler)
+ * ------------------------------------------------------------------------------------------- */
+
+/* A processing record whose lease has expired: nobody is working on it. */
+struct idem_stalled {
+    char *principal;
+    char *operation;
+    char *key;
+    char *recovery_point;
+};
+
+/*
+ * Lists up to `limit` stalled records of `operation` (NULL: of every operation), oldest first.
+ * Returns 0 with *out (new, free with idem_stalled_free) and *n.
+ */
+IDEM_API int idem_engine_stalled(struct idem_engine *eng, const char *operation, int limit,
+                                 struct idem_stalled **out, size_t *n);
+IDEM_API void idem_stalled_free(struct idem_stalled *list, size_t n);
+
+/*
+ * Takes over a stalled record as a recovery worker, without the request's fingerprint: the
+ * worker finishes what the request started.  Outcomes: RESUME (the lease is this worker's now; go
+ * on from the recovery point), REPLAY (it completed meanwhile), IN_PROGRESS (someone holds a live
+ * lease; no waiting), NONE (there is no such record).  While a worker holds the lease, a client's
+ * duplicate that gets IN_PROGRESS sees idem_call_recovering() true.
+ */
+IDEM_API int idem_call_recover(struct idem_engine *eng, const struct idem_operation *op,
+                               const char *principal, const char *key, struct idem_call **call,
+                               enum idem_outcome *outcome);
+
+/* For an IN_PROGRESS outcome: whether the lease holder is a recovery worker (idem_call_recover). */
+IDEM_API int idem_call_recovering(const struct idem_call *call);
+
 /*
  * Retention: deletes at most `limit` records whose retention has ended (and that no live lease
  * protects), in one short transaction.  *deleted (may be NULL) receives the count.  A sweeper

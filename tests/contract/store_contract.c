@@ -319,6 +319,71 @@ static void test_release_on_abort(struct idem_engine *eng, struct idem_store *st
     idem_call_end(b);
 }
 
+/* A recovery worker finds a stalled record, takes it over without the fingerprint, finishes it. */
+static void test_recover(struct idem_engine *eng)
+{
+    static const struct idem_operation op = {"contract.recover", 0, 300, 50};
+    struct idem_call *a = NULL, *w = NULL, *dup = NULL, *none = NULL;
+    struct idem_stalled *list = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+    size_t n = 0;
+    int found;
+
+    fp_of("{\"recover\":1}", fp);
+    CHECK_INT(idem_call_begin(eng, &op, "carol", "rec", fp, &a, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_advance(a, "charged", "ch_1"), 0);
+
+    /* Live lease: not stalled, and a worker does not take it. */
+    CHECK_INT(idem_engine_stalled(eng, op.name, 10, &list, &n), 0);
+    CHECK_INT(n, 0);
+    idem_stalled_free(list, n);
+    CHECK_INT(idem_call_recover(eng, &op, "carol", "rec", &w, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_IN_PROGRESS);
+    CHECK(!idem_call_recovering(w));
+    idem_call_end(w);
+
+    sleep_ms(400); /* the owner died (it never comes back: its call is just freed later) */
+    CHECK_INT(idem_engine_stalled(eng, op.name, 10, &list, &n), 0);
+    found = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(list[i].key, "rec") == 0 && strcmp(list[i].principal, "carol") == 0) {
+            found = 1;
+            CHECK_STR(list[i].recovery_point, "charged");
+            CHECK_STR(list[i].operation, op.name);
+        }
+    CHECK(found);
+    idem_stalled_free(list, n);
+
+    CHECK_INT(idem_call_recover(eng, &op, "carol", "rec", &w, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_RESUME);
+    CHECK_STR(idem_call_recovery_point(w), "charged");
+    CHECK_STR(idem_call_recovery_data(w), "ch_1");
+
+    /* A client retry meanwhile is told the record is being recovered. */
+    CHECK_INT(idem_call_begin(eng, &op, "carol", "rec", fp, &dup, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_IN_PROGRESS);
+    CHECK(idem_call_recovering(dup));
+    idem_call_end(dup);
+
+    CHECK_INT(idem_call_complete(w, 201, NULL, 0, "recovered", 9), 0);
+    idem_call_end(w);
+    CHECK_INT(idem_call_complete(a, 500, NULL, 0, "x", 1), IDEM_ELEASE);
+    idem_call_end(a);
+
+    CHECK_INT(idem_call_begin(eng, &op, "carol", "rec", fp, &dup, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
+    CHECK_INT(idem_call_response_status(dup), 201);
+    idem_call_end(dup);
+    CHECK_INT(idem_call_recover(eng, &op, "carol", "rec", &w, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
+    idem_call_end(w);
+    CHECK_INT(idem_call_recover(eng, &op, "carol", "no-such-key", &none, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_NONE);
+    idem_call_end(none);
+}
+
 /* ---- 5. a waiting duplicate is woken by the completion -------------------------------------- */
 
 struct waiter {
@@ -529,6 +594,7 @@ int main(int argc, char **argv)
     test_rollback(eng, st);
     test_takeover(eng, st);
     test_release_on_abort(eng, st);
+    test_recover(eng);
     test_wake(eng);
     test_retention(eng);
     test_sql_and_migrations(st);
