@@ -25,6 +25,27 @@ static void set_errmsg(char **errmsg, const char *msg)
         *errmsg = idem__strdup(msg);
 }
 
+/*
+ * A PostgreSQL target: a postgresql:// or postgres:// URI, or a libpq key=value string, which
+ * starts with a keyword and '=' ("host=db port=5432 dbname=x").  SQLite URIs were tried first.
+ */
+static int is_pg_target(const char *uri)
+{
+    const char *p = uri;
+
+    if (strncmp(uri, "postgresql://", 13) == 0 || strncmp(uri, "postgres://", 11) == 0)
+        return 1;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    if (!((*p >= 'a' && *p <= 'z') || *p == '_'))
+        return 0;
+    while ((*p >= 'a' && *p <= 'z') || *p == '_')
+        p++;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    return *p == '=';
+}
+
 int idem_store_open(const char *uri, const struct idem_store_options *opts,
                     struct idem_store **out, char **errmsg)
 {
@@ -70,13 +91,13 @@ int idem_store_open(const char *uri, const struct idem_store_options *opts,
         }
         st->vt = &idem__sqlite_vtab;
         st->target = idem__strdup(path);
-    } else if (strncmp(uri, "postgresql://", 13) == 0 || strncmp(uri, "postgres://", 11) == 0) {
-        idem__fmt(err, sizeof(err), "the PostgreSQL store is not built into this libidem yet");
-        rc = IDEM_EURI;
-        goto out;
+    } else if (is_pg_target(uri)) {
+        st->vt = &idem__pg_vtab;
+        st->target = idem__strdup(uri);
     } else {
         idem__fmt(err, sizeof(err),
-                  "store URI must start with \"sqlite:\" (e.g. sqlite:./var/orderd.db)");
+                  "store URI must be \"sqlite:PATH\", \"postgresql://...\" or libpq"
+                  " \"key=value ...\" (e.g. sqlite:./var/orderd.db)");
         rc = IDEM_EURI;
         goto out;
     }
@@ -109,6 +130,8 @@ void idem_store_close(struct idem_store *st)
 {
     if (!st)
         return;
+    if (st->vt && st->vt->store_close)
+        st->vt->store_close(st);
     for (int i = 0; i < st->nidle; i++)
         st->vt->conn_close(st->idle[i]);
     free(st->idle);

@@ -12,9 +12,10 @@ pc=$(find "$tmp/prefix" -name idem.pc -print -quit)
 export PKG_CONFIG_PATH="$(dirname "$pc")"
 test -f "$tmp/prefix/include/idem/idem.h" || { echo "idem.h was not installed"; exit 1; }
 # shellcheck disable=SC2046
-cc -std=c11 -Wall -Werror "$src/examples/embed.c" $(pkg-config --cflags idem) \
-   $(pkg-config --libs --static idem) -o "$tmp/embed-static" -Wl,-Bstatic -lidem -Wl,-Bdynamic \
-   $(pkg-config --libs --static idem | sed 's/-lidem//')
+libdir=$(pkg-config --variable=libdir idem)
+# The static archive, with the private dependencies pkg-config names for it.
+cc -std=c11 -Wall -Werror "$src/examples/embed.c" $(pkg-config --cflags idem) "$libdir/libidem.a" \
+   $(pkg-config --libs --static idem | sed 's/-lidem//') -o "$tmp/embed-static"
 cc -std=c11 -Wall -Werror "$src/examples/embed.c" $(pkg-config --cflags --libs idem) \
    -o "$tmp/embed" -Wl,-rpath,"$(pkg-config --variable=libdir idem)"
 out=$("$tmp/embed" "sqlite:$tmp/demo.db")

@@ -1,0 +1,1713 @@
+/*
+ * store_pg.c - the PostgreSQL store: many service instances, one truth.
+ *
+ * SQLite serves one machine; a PostgreSQL store lets any number of service instances share the
+ * records, so a retry that lands on another instance still finds the first request's record.  It
+ * must behave exactly as store_sqlite.c does for the contract suite, and these choices make it so:
+ *
+ * - The primary key decides who owns a key: a claim is one INSERT ... ON CONFLICT DO UPDATE that
+ *   only revives a record past retention and unprotected, never a read followed by an insert.
+ * - Time is the database's clock (clock_timestamp()), read inside the statements that set or
+ *   compare leases and retention, so instances with skewed clocks still agree on who holds a lease.
+ * - A statement that fails inside a transaction does not doom the transaction, as on SQLite: the
+ *   application's statements run under a savepoint, sent in one pipelined round trip.
+ * - Connection failures are IDEM_EUNAVAIL and mark the connection broken, so the pool drops it; a
+ *   statement that is safe to repeat (the first of a transaction, or a read outside one) is retried
+ *   after a reconnect, a serialization failure or a deadlock.
+ * - Duplicates waiting for an owner are woken across processes by LISTEN/NOTIFY: one listener
+ *   connection and thread per store, started by the first wait; a commit that completes or
+ *   releases a record is followed by a notification naming (the hash of) its scope.
+ *
+ * Each pooled connection is used by one thread at a time (libpq allows that) and keeps its
+ * prepared statements.  Passwords never reach a message: messages name the server by host, port,
+ * database and user, and any password the connection string holds is scrubbed from libpq's text.
+ */
+#include "internal.h"
+
+#include <libpq-fe.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define STMT_CACHE 48
+#define RETRIES_MAX 3
+#define WAIT_BUCKETS 256
+#define CONNECT_TIMEOUT_S "5"
+#define LISTEN_BACKOFF_MAX_MS 5000
+
+/* The channel that carries "a record changed"; the payload is the hash of its scope. */
+#define NOTIFY_CHANNEL "idem_records"
+
+/* The database's clock in milliseconds: leases and retention are measured with it, never ours. */
+#define DB_NOW_MS "(extract(epoch from clock_timestamp()) * 1000)::bigint"
+
+/* Serialises migrations of every process sharing the database ("idem_mig" as a bigint). */
+#define MIGRATION_LOCK_KEY "7594306392080345447"
+
+/* OIDs of the built-in types the store's own statements declare (catalog/pg_type.dat). */
+#define OID_BYTEA 17
+#define OID_INT8 20
+#define OID_INT4 23
+#define OID_TEXT 25
+
+/* ---- per-store state: how to connect, and the listener that wakes waiting duplicates --------- */
+
+struct pg_shared {
+    /* libpq keywords: our defaults come before the user's string, so the user's settings win. */
+    const char *keys[5];
+    const char *vals[5];
+    char *conninfo;
+    char *secret;  /* the password the connection string names, scrubbed from every message */
+    char *display; /* "host=... port=... dbname=... user=...": how messages name the server */
+    int lock_timeout_ms;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* CLOCK_MONOTONIC */
+    int started;       /* the listener thread exists */
+    int listening;     /* its LISTEN is in force: a wait will be woken */
+    int stop;
+    int wake[2]; /* self-pipe that interrupts the listener's poll() at close */
+    pthread_t thread;
+    uint64_t epoch; /* bumped when the listener (re)connects or loses its connection */
+    uint64_t bucket[WAIT_BUCKETS]; /* notifications seen, by scope hash */
+};
+
+/* ---- connections ----------------------------------------------------------------------------- */
+
+struct app_stmt {
+    char *sql;
+    char name[32];
+    int nparams;  /* the highest $k the statement uses */
+    int prepared; /* the server knows it under `name` */
+    uint64_t used;
+};
+
+struct idem_conn {
+    PGconn *pg;
+    struct pg_shared *sh;
+    char errmsg[IDEM_ERRMSG_MAX];
+    char sqlstate[6]; /* of the last failure; "" for a client-side one */
+    int broken;
+    int in_tx;
+    int tx_stmts;       /* statements run since BEGIN: a failure in the first may be retried */
+    unsigned prepared;  /* bit k: record statement k is prepared in this session */
+    char notify[4][17]; /* scopes (hashes) to announce once the transaction commits */
+    int nnotify;
+    uint64_t clock;
+    uint64_t serial;
+    struct app_stmt cache[STMT_CACHE];
+};
+
+/* libidem's own schema, versioned like an application's (the SQLite one, in PostgreSQL types). */
+static const struct idem_migration idem_schema[] = {
+    {1, "records", NULL,
+     "CREATE TABLE IF NOT EXISTS idem_records ("
+     " principal text NOT NULL, operation text NOT NULL, idem_key text NOT NULL,"
+     " fingerprint bytea NOT NULL,"
+     " status smallint NOT NULL," /* 0 processing, 1 completed */
+     " recovery_point text NOT NULL DEFAULT '', recovery_data text,"
+     " lease_owner text, lease_expires_ms bigint NOT NULL DEFAULT 0,"
+     " response_status integer, response_headers text, response_body bytea,"
+     " created_ms bigint NOT NULL, expires_ms bigint NOT NULL,"
+     " PRIMARY KEY (principal, operation, idem_key));"
+     "CREATE INDEX IF NOT EXISTS idem_records_expires ON idem_records (expires_ms);"},
+    /* Recovery workers list stalled records often; only processing ones are in this index. */
+    {2, "stalled index", NULL,
+     "CREATE INDEX IF NOT EXISTS idem_records_stalled ON idem_records (lease_expires_ms)"
+     " WHERE status = 0"},
+};
+
+/* ---- the store's own statements -------------------------------------------------------------- */
+
+enum rec_stmt {
+    RS_CLAIM,
+    RS_GET,
+    RS_TAKEOVER,
+    RS_ADVANCE,
+    RS_COMPLETE,
+    RS_RELEASE,
+    RS_SWEEP,
+    RS_STALLED,
+    RS_NOTIFY,
+    RS_VERSION,
+    RS_SET_VERSION,
+    RS_COUNT
+};
+
+struct rec_sql {
+    const char *name;
+    const char *sql;
+    int nparams;
+    Oid types[8];
+};
+
+#define SCOPE_WHERE "r.principal = $1 AND r.operation = $2 AND r.idem_key = $3"
+
+static const struct rec_sql rec_sql[RS_COUNT] = {
+    /*
+     * The primary key decides: a new key is inserted, an existing one is left alone -- unless its
+     * retention ended and no live lease protects it, in which case the key is new again.  Under
+     * READ COMMITTED, a concurrent claimer of the same key waits here for the first one's
+     * transaction, then sees its row (committed) and changes nothing, or inserts (rolled back).
+     */
+    [RS_CLAIM] = {"idem_claim",
+                  "WITH t AS (SELECT " DB_NOW_MS " AS now)"
+                  " INSERT INTO idem_records AS r (principal, operation, idem_key, fingerprint,"
+                  " status, recovery_point, lease_owner, lease_expires_ms, created_ms, expires_ms)"
+                  " SELECT $1, $2, $3, $4, 0, '', $5, t.now + $6, t.now, t.now + $7 FROM t"
+                  " ON CONFLICT (principal, operation, idem_key) DO UPDATE SET"
+                  " fingerprint = excluded.fingerprint, status = 0, recovery_point = '',"
+                  " recovery_data = NULL, lease_owner = excluded.lease_owner,"
+                  " lease_expires_ms = excluded.lease_expires_ms, response_status = NULL,"
+                  " response_headers = NULL, response_body = NULL,"
+                  " created_ms = excluded.created_ms, expires_ms = excluded.expires_ms"
+                  " WHERE r.expires_ms <= excluded.created_ms"
+                  " AND (r.status = 1 OR r.lease_expires_ms <= excluded.created_ms)",
+                  7,
+                  {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_TEXT, OID_INT8, OID_INT8}},
+    /* One row always: the database's time, and the record's columns (NULL when there is none). */
+    [RS_GET] = {"idem_get",
+                "SELECT t.now, r.status::int4, r.fingerprint, r.recovery_point, r.recovery_data,"
+                " r.lease_owner, r.lease_expires_ms, r.response_status, r.response_headers,"
+                " r.response_body, r.expires_ms"
+                " FROM (SELECT " DB_NOW_MS " AS now) t LEFT JOIN idem_records r ON " SCOPE_WHERE,
+                3,
+                {OID_TEXT, OID_TEXT, OID_TEXT}},
+    [RS_TAKEOVER] = {"idem_takeover",
+                     "UPDATE idem_records r SET lease_owner = $4, lease_expires_ms = t.now + $5"
+                     " FROM (SELECT " DB_NOW_MS " AS now) t"
+                     " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_expires_ms <= t.now",
+                     5,
+                     {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_INT8}},
+    [RS_ADVANCE] = {"idem_advance",
+                    "UPDATE idem_records r SET recovery_point = $4, recovery_data = $5,"
+                    " lease_expires_ms = t.now + $6 FROM (SELECT " DB_NOW_MS " AS now) t"
+                    " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $7",
+                    7,
+                    {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_INT8, OID_TEXT}},
+    [RS_COMPLETE] = {"idem_complete",
+                     "UPDATE idem_records r SET status = 1, response_status = $4,"
+                     " response_headers = $5, response_body = $6, lease_owner = NULL,"
+                     " lease_expires_ms = 0"
+                     " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $7",
+                     7,
+                     {OID_TEXT, OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_BYTEA, OID_TEXT}},
+    [RS_RELEASE] = {"idem_release",
+                    "UPDATE idem_records r SET lease_expires_ms = 0"
+                    " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $4",
+                    4,
+                    {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT}},
+    /*
+     * "This record may have changed", sent once the phase committed (pg_commit), as a
+     * transaction of its own.  Not inside the phase: PostgreSQL serialises every notifying commit
+     * of the cluster on one lock that it holds until the commit record is flushed (async.c,
+     * PreCommit_Notify), which would queue every phase's fsync behind every other's.  A
+     * transaction that wrote nothing but a notification commits without waiting for a flush
+     * (xact.c, RecordTransactionCommit), so it holds that lock only for a moment.
+     */
+    [RS_NOTIFY] = {"idem_notify", "SELECT pg_notify('" NOTIFY_CHANNEL "', $1)", 1, {OID_TEXT}},
+    /* SKIP LOCKED: sweepers of several instances, and claims reviving a key, never queue here. */
+    [RS_SWEEP] = {"idem_sweep",
+                  "DELETE FROM idem_records WHERE (principal, operation, idem_key) IN"
+                  " (SELECT principal, operation, idem_key"
+                  "  FROM idem_records, (SELECT " DB_NOW_MS " AS now) t"
+                  "  WHERE expires_ms <= t.now AND (status = 1 OR lease_expires_ms <= t.now)"
+                  "  LIMIT $1 FOR UPDATE OF idem_records SKIP LOCKED)",
+                  1,
+                  {OID_INT4}},
+    [RS_STALLED] = {"idem_stalled",
+                    "SELECT principal, operation, idem_key, recovery_point"
+                    " FROM idem_records, (SELECT " DB_NOW_MS " AS now) t"
+                    " WHERE status = 0 AND lease_expires_ms <= t.now"
+                    " AND ($1::text IS NULL OR operation = $1)"
+                    " ORDER BY lease_expires_ms LIMIT $2",
+                    2,
+                    {OID_TEXT, OID_INT4}},
+    [RS_VERSION] = {"idem_schema_version",
+                    "SELECT version FROM idem_schema WHERE component = $1",
+                    1,
+                    {OID_TEXT}},
+    [RS_SET_VERSION] = {"idem_schema_set",
+                        "INSERT INTO idem_schema (component, version, applied_ms)"
+                        " VALUES ($1, $2, " DB_NOW_MS ")"
+                        " ON CONFLICT (component) DO UPDATE SET version = excluded.version,"
+                        " applied_ms = excluded.applied_ms",
+                        2,
+                        {OID_TEXT, OID_INT4}},
+};
+
+/* ---- messages -------------------------------------------------------------------------------- */
+
+/*
+ * Replaces every occurrence of `secret` in `buf` by asterisks ("***", or as many as the secret has
+ * characters when it is shorter, so the text never grows), and line breaks by spaces.
+ */
+static void scrub(char *buf, const char *secret)
+{
+    size_t n = secret ? strlen(secret) : 0;
+    size_t stars = n < 3 ? n : 3;
+    char *p;
+
+    for (p = buf; *p; p++)
+        if (*p == '\n' || *p == '\r' || *p == '\t')
+            *p = ' ';
+    while (p > buf && p[-1] == ' ')
+        *--p = '\0';
+    if (n == 0)
+        return;
+    p = buf;
+    while ((p = strstr(p, secret)) != NULL) {
+        memmove(p + stars, p + n, strlen(p + n) + 1);
+        memset(p, '*', stars);
+        p += stars;
+    }
+}
+
+/* Leaves "postgresql: <what>: <libpq's words>" in c->errmsg, without the password. */
+static void set_msg(struct idem_conn *c, const char *what, const char *detail, const char *state)
+{
+    if (state && state[0])
+        idem__fmt(c->errmsg, sizeof(c->errmsg), "postgresql: %s: %s (SQLSTATE %s)", what,
+                  detail && detail[0] ? detail : "failed", state);
+    else
+        idem__fmt(c->errmsg, sizeof(c->errmsg), "postgresql: %s: %s", what,
+                  detail && detail[0] ? detail : "failed");
+    scrub(c->errmsg, c->sh ? c->sh->secret : NULL);
+}
+
+static int state_is(const char *state, const char *code)
+{
+    return strcmp(state, code) == 0;
+}
+
+static int state_class(const char *state, const char *cls)
+{
+    return strncmp(state, cls, 2) == 0;
+}
+
+/*
+ * Turns a failed result into an IDEM_E* code and a message.  Connection failures (no SQLSTATE,
+ * class 08, administrator or crash shutdown) mark the connection broken so the pool drops it.
+ */
+static int fail_res(struct idem_conn *c, const PGresult *res, const char *what)
+{
+    const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+    const char *primary = res ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
+
+    idem__fmt(c->sqlstate, sizeof(c->sqlstate), "%s", state ? state : "");
+    if (!primary && res)
+        primary = PQresultErrorMessage(res);
+    set_msg(c, what, primary && primary[0] ? primary : PQerrorMessage(c->pg), state);
+    if (!state || PQstatus(c->pg) != CONNECTION_OK || state_class(state, "08") ||
+        state_is(state, "57P01") || state_is(state, "57P02") || state_is(state, "57P03")) {
+        c->broken = 1;
+        return IDEM_EUNAVAIL;
+    }
+    if (state_is(state, "23505"))
+        return IDEM_ECONFLICT;
+    /* Transient: serialization failure, deadlock, lock or statement timeout, resources. */
+    if (state_is(state, "40001") || state_is(state, "40P01") || state_is(state, "55P03") ||
+        state_is(state, "57014") || state_class(state, "53") || state_class(state, "58"))
+        return IDEM_EUNAVAIL;
+    return IDEM_ESTORE;
+}
+
+/* 0 if `res` is a success, else fail_res().  Never frees `res`. */
+static int check(struct idem_conn *c, const PGresult *res, const char *what)
+{
+    ExecStatusType s = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+
+    if (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK)
+        return 0;
+    return fail_res(c, res, what);
+}
+
+/* Runs one parameterless statement of the store's own (no input in it). */
+static int run_simple(struct idem_conn *c, const char *sql, const char *what)
+{
+    PGresult *res = PQexec(c->pg, sql);
+    int rc = check(c, res, what);
+    PQclear(res);
+    if (c->in_tx)
+        c->tx_stmts++;
+    return rc;
+}
+
+static int retryable(const struct idem_conn *c)
+{
+    return c->broken || state_is(c->sqlstate, "40001") || state_is(c->sqlstate, "40P01");
+}
+
+/* ---- connecting ------------------------------------------------------------------------------ */
+
+static void notice_ignore(void *arg, const char *message)
+{
+    (void)arg;
+    (void)message; /* "relation already exists, skipping" and friends must not reach stderr */
+}
+
+/*
+ * Parses the connection string once, to refuse a malformed one early, to learn the password that
+ * messages must never show and the names they may show.  libpq's parse error is not repeated:
+ * it may quote a fragment of the string, which may be the password.
+ */
+static int shared_new(const char *conninfo, int lock_timeout_ms, struct pg_shared **out, char *err,
+                      size_t errlen)
+{
+    struct pg_shared *sh = NULL;
+    PQconninfoOption *opts = NULL;
+    char *perr = NULL;
+    char display[256] = "";
+    size_t used = 0;
+    int n = 0;
+    int rc = IDEM_ENOMEM;
+
+    *out = NULL;
+    opts = PQconninfoParse(conninfo, &perr);
+    if (!opts) {
+        idem__fmt(err, errlen,
+                  "postgresql: the connection string is malformed (expected postgresql://... or "
+                  "key=value pairs)");
+        rc = perr ? IDEM_EURI : IDEM_ENOMEM;
+        goto out;
+    }
+    sh = calloc(1, sizeof(*sh));
+    if (!sh)
+        goto out;
+    sh->wake[0] = sh->wake[1] = -1;
+    for (PQconninfoOption *o = opts; o->keyword; o++) {
+        static const char *const shown[] = {"host", "hostaddr", "port", "dbname", "user"};
+        if (!o->val || !o->val[0])
+            continue;
+        if (strcmp(o->keyword, "password") == 0) {
+            sh->secret = idem__strdup(o->val);
+            if (!sh->secret)
+                goto out;
+            continue;
+        }
+        for (size_t i = 0; i < sizeof(shown) / sizeof(shown[0]); i++) {
+            if (strcmp(o->keyword, shown[i]) == 0 && used < sizeof(display)) {
+                int w = snprintf(display + used, sizeof(display) - used, "%s%s=%s", used ? " " : "",
+                                 o->keyword, o->val);
+                used += w > 0 ? (size_t)w : 0;
+            }
+        }
+    }
+    sh->conninfo = idem__strdup(conninfo);
+    sh->display = idem__strdup(display[0] ? display : "the default server");
+    if (!sh->conninfo || !sh->display)
+        goto out;
+    if (sh->secret)
+        scrub(sh->display, sh->secret);
+    /* Before "dbname" (the expanded user string), so any of them the user sets wins. */
+    sh->keys[n] = "client_encoding";
+    sh->vals[n++] = "UTF8";
+    sh->keys[n] = "fallback_application_name";
+    sh->vals[n++] = "libidem";
+    if (!getenv("PGCONNECT_TIMEOUT")) {
+        sh->keys[n] = "connect_timeout";
+        sh->vals[n++] = CONNECT_TIMEOUT_S;
+    }
+    sh->keys[n] = "dbname";
+    sh->vals[n++] = sh->conninfo;
+    sh->keys[n] = NULL;
+    sh->vals[n] = NULL;
+    sh->lock_timeout_ms = lock_timeout_ms;
+
+    if (pthread_mutex_init(&sh->mu, NULL) != 0)
+        goto out;
+    pthread_condattr_t ca;
+    if (pthread_condattr_init(&ca) != 0) {
+        pthread_mutex_destroy(&sh->mu);
+        goto out;
+    }
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    if (pthread_cond_init(&sh->cv, &ca) != 0) {
+        pthread_condattr_destroy(&ca);
+        pthread_mutex_destroy(&sh->mu);
+        goto out;
+    }
+    pthread_condattr_destroy(&ca);
+    /* Without the pipe there is no listener; waits then poll, which is slower but correct. */
+    if (pipe(sh->wake) == 0) {
+        fcntl(sh->wake[0], F_SETFD, FD_CLOEXEC);
+        fcntl(sh->wake[1], F_SETFD, FD_CLOEXEC);
+    } else {
+        sh->wake[0] = sh->wake[1] = -1;
+    }
+    *out = sh;
+    sh = NULL;
+    rc = 0;
+out:
+    if (sh) {
+        free(sh->conninfo);
+        free(sh->secret);
+        free(sh->display);
+        free(sh);
+    }
+    PQconninfoFree(opts);
+    PQfreemem(perr);
+    return rc;
+}
+
+/* The store's shared state, made by the first connection (idem_store_open, before anyone else). */
+static int shared_get(struct idem_store *st, struct pg_shared **out, char *err, size_t errlen)
+{
+    int rc = 0;
+
+    pthread_mutex_lock(&st->mu);
+    if (!st->backend) {
+        struct pg_shared *sh = NULL;
+        rc = shared_new(st->target, st->opts.busy_timeout_ms, &sh, err, errlen);
+        if (rc == 0)
+            st->backend = sh;
+    }
+    *out = st->backend;
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+static void cache_reset(struct idem_conn *c)
+{
+    c->prepared = 0;
+    for (int i = 0; i < STMT_CACHE; i++)
+        c->cache[i].prepared = 0;
+}
+
+/*
+ * Settings of the session, applied after every (re)connect.  A lock wait is bounded by the
+ * store's busy timeout, as sqlite3_busy_timeout bounds SQLite's: a claim stuck behind a hung
+ * transaction gives up (IDEM_EUNAVAIL, a 503) instead of holding a request forever.  A
+ * lock_timeout the user configured for the role or in `options` is left alone.
+ */
+static int session_setup(struct idem_conn *c)
+{
+    char ms[32];
+    const char *params[1] = {ms};
+    PGresult *res = NULL;
+    int rc;
+
+    PQsetNoticeProcessor(c->pg, notice_ignore, NULL);
+    idem__fmt(ms, sizeof(ms), "%d", c->sh->lock_timeout_ms);
+    res = PQexecParams(c->pg,
+                       "SELECT set_config('lock_timeout', $1, false)"
+                       " WHERE current_setting('lock_timeout') = '0'",
+                       1, NULL, params, NULL, NULL, 0);
+    rc = check(c, res, "configure session");
+    PQclear(res);
+    return rc;
+}
+
+/* Reconnects a broken connection with the same parameters; the session starts afresh. */
+static int reconnect(struct idem_conn *c)
+{
+    PQreset(c->pg);
+    if (PQstatus(c->pg) != CONNECTION_OK) {
+        c->broken = 1;
+        set_msg(c, "reconnect", PQerrorMessage(c->pg), NULL);
+        return IDEM_EUNAVAIL;
+    }
+    c->broken = 0;
+    c->in_tx = 0;
+    cache_reset(c);
+    return session_setup(c);
+}
+
+static int pg_migrate(struct idem_conn *c, const char *component,
+                      const struct idem_migration *steps, size_t n, int *applied);
+
+static void pg_close(struct idem_conn *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < STMT_CACHE; i++)
+        free(c->cache[i].sql);
+    PQfinish(c->pg);
+    free(c);
+}
+
+static int pg_open(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
+{
+    int rc = 0;
+    struct idem_conn *c = NULL;
+    struct pg_shared *sh = NULL;
+
+    *out = NULL;
+    rc = shared_get(st, &sh, err, errlen);
+    if (rc < 0)
+        return rc;
+    c = calloc(1, sizeof(*c));
+    if (!c)
+        return IDEM_ENOMEM;
+    c->sh = sh;
+    c->pg = PQconnectdbParams(sh->keys, sh->vals, 1);
+    if (!c->pg) {
+        rc = IDEM_ENOMEM;
+        goto out;
+    }
+    if (PQstatus(c->pg) != CONNECTION_OK) {
+        set_msg(c, "cannot connect", PQerrorMessage(c->pg), NULL);
+        rc = IDEM_EUNAVAIL;
+        goto fail_msg;
+    }
+    rc = session_setup(c);
+    if (rc < 0)
+        goto fail_msg;
+    rc = pg_migrate(c, "libidem", idem_schema, sizeof(idem_schema) / sizeof(idem_schema[0]), NULL);
+    if (rc < 0)
+        goto fail_msg;
+    *out = c;
+    c = NULL;
+    goto out;
+fail_msg:
+    idem__fmt(err, errlen, "%s (%s)", c->errmsg, sh->display);
+    if (rc != IDEM_ENOMEM)
+        rc = IDEM_EUNAVAIL;
+out:
+    pg_close(c);
+    return rc;
+}
+
+static const char *pg_errmsg(const struct idem_conn *c)
+{
+    return c->errmsg;
+}
+
+static int pg_conn_ok(struct idem_conn *c)
+{
+    /* A connection left inside a transaction (a failed rollback) must not be lent again. */
+    return !c->broken && PQstatus(c->pg) == CONNECTION_OK &&
+           PQtransactionStatus(c->pg) == PQTRANS_IDLE;
+}
+
+/* ---- transactions ---------------------------------------------------------------------------- */
+
+/*
+ * Every transaction is READ COMMITTED, whatever the server's default, and that is what claims
+ * need.  INSERT ... ON CONFLICT under READ COMMITTED waits for a concurrent inserter of the same
+ * key to finish, then acts on the row it committed even though that row is newer than the
+ * statement's snapshot: the loser sees a conflict and changes nothing.  Under REPEATABLE READ or
+ * SERIALIZABLE the same race ends in a serialization failure (40001) instead, which would turn an
+ * ordinary duplicate into an error.  The fenced updates (advance, complete) likewise re-check
+ * their WHERE against the latest row version after waiting for a lock.  `write` needs no
+ * counterpart to SQLite's BEGIN IMMEDIATE: rows are locked by the statements that write them.
+ */
+static int pg_begin(struct idem_conn *c, int write)
+{
+    int rc = 0;
+
+    (void)write;
+    if (c->broken || PQtransactionStatus(c->pg) != PQTRANS_IDLE) {
+        /* An idle pooled connection the server dropped (a restart) is reopened below. */
+        if (!c->broken && PQstatus(c->pg) == CONNECTION_OK) {
+            set_msg(c, "begin", "a transaction is already open on this connection", NULL);
+            return IDEM_ESTORE;
+        }
+        c->broken = 1;
+    }
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (c->broken) {
+            rc = reconnect(c);
+            if (rc < 0)
+                return rc;
+        }
+        rc = run_simple(c, "BEGIN ISOLATION LEVEL READ COMMITTED", "begin");
+        if (rc == 0) {
+            c->in_tx = 1;
+            c->tx_stmts = 0;
+            c->nnotify = 0;
+            return 0;
+        }
+        if (!c->broken)
+            break;
+    }
+    return rc;
+}
+
+static int rec_prepare(struct idem_conn *c, enum rec_stmt k);
+
+/*
+ * Tells every listening process that the records this transaction changed may be read again.
+ * Best effort: the commit stands whatever happens here, and a lost notification only makes a
+ * waiter find the change at its next poll.
+ */
+static void send_notifications(struct idem_conn *c)
+{
+    for (int i = 0; i < c->nnotify && !c->broken; i++) {
+        const char *vals[1] = {c->notify[i]};
+        PGresult *res = NULL;
+        if (rec_prepare(c, RS_NOTIFY) < 0)
+            break;
+        res = PQexecPrepared(c->pg, rec_sql[RS_NOTIFY].name, 1, vals, NULL, NULL, 0);
+        if (check(c, res, "notify") < 0)
+            c->errmsg[0] = '\0'; /* not the caller's failure: the commit succeeded */
+        PQclear(res);
+    }
+    c->nnotify = 0;
+}
+
+static int pg_commit(struct idem_conn *c)
+{
+    PGresult *res = NULL;
+    int rc;
+
+    if (c->broken) {
+        set_msg(c, "commit", "the connection was lost; the transaction did not commit", NULL);
+        return IDEM_EUNAVAIL;
+    }
+    res = PQexec(c->pg, "COMMIT");
+    rc = check(c, res, "commit");
+    /* COMMIT of a transaction an error had aborted "succeeds" as a ROLLBACK. */
+    if (rc == 0 && strcmp(PQcmdStatus(res), "COMMIT") != 0) {
+        set_msg(c, "commit", "an earlier statement failed, so the transaction was rolled back",
+                NULL);
+        rc = IDEM_ESTORE;
+    }
+    if (rc < 0 && c->broken)
+        set_msg(c, "commit", "the connection was lost during COMMIT; the outcome is unknown", NULL);
+    PQclear(res);
+    c->in_tx = 0;
+    if (rc == 0)
+        send_notifications(c);
+    c->nnotify = 0;
+    return rc;
+}
+
+static int pg_rollback(struct idem_conn *c)
+{
+    PGTransactionStatusType ts = PQtransactionStatus(c->pg);
+
+    c->in_tx = 0;
+    c->nnotify = 0;
+    if (c->broken || ts == PQTRANS_UNKNOWN || ts == PQTRANS_ACTIVE) {
+        /* Closing the connection rolls the server's side back. */
+        c->broken = 1;
+        return IDEM_EUNAVAIL;
+    }
+    if (ts == PQTRANS_IDLE)
+        return 0;
+    return run_simple(c, "ROLLBACK", "rollback");
+}
+
+/* ---- application SQL ------------------------------------------------------------------------- */
+
+static int ident_char(char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           ch == '_' || ch == '$' || (unsigned char)ch >= 0x80;
+}
+
+/*
+ * The highest $k a statement uses, so a call that gives too few parameters is refused as on
+ * SQLite (IDEM_EINVAL) instead of failing on the server.  Skips string literals (with E'' escapes),
+ * quoted identifiers, comments and dollar-quoted bodies, where "$1" is just text.
+ */
+static int max_param(const char *sql)
+{
+    int max = 0;
+    const char *p = sql;
+
+    while (*p) {
+        if (*p == '\'') {
+            int esc =
+                p > sql && (p[-1] == 'E' || p[-1] == 'e') && (p - 1 == sql || !ident_char(p[-2]));
+            for (p++; *p; p++) {
+                if (esc && *p == '\\' && p[1]) {
+                    p++;
+                } else if (*p == '\'') {
+                    if (p[1] != '\'')
+                        break;
+                    p++;
+                }
+            }
+            if (*p)
+                p++;
+        } else if (*p == '"') {
+            for (p++; *p && !(*p == '"' && p[1] != '"'); p++)
+                if (*p == '"')
+                    p++;
+            if (*p)
+                p++;
+        } else if (p[0] == '-' && p[1] == '-') {
+            while (*p && *p != '\n')
+                p++;
+        } else if (p[0] == '/' && p[1] == '*') {
+            int depth = 1;
+            for (p += 2; *p && depth > 0; p++) {
+                if (p[0] == '/' && p[1] == '*') {
+                    depth++;
+                    p++;
+                } else if (p[0] == '*' && p[1] == '/') {
+                    depth--;
+                    p++;
+                }
+            }
+        } else if (*p == '$' && (p == sql || !ident_char(p[-1]))) {
+            if (p[1] >= '0' && p[1] <= '9') {
+                long k = 0;
+                for (p++; *p >= '0' && *p <= '9'; p++)
+                    if (k < 100000)
+                        k = k * 10 + (*p - '0');
+                if (k > max)
+                    max = (int)k;
+                continue;
+            }
+            /* A dollar quote: $$...$$ or $tag$...$tag$. */
+            const char *tag = p;
+            const char *q = p + 1;
+            while (*q && *q != '$' && ident_char(*q))
+                q++;
+            if (*q != '$') {
+                p++;
+                continue;
+            }
+            size_t taglen = (size_t)(q - tag) + 1;
+            const char *end = q + 1;
+            while (*end && strncmp(end, tag, taglen) != 0)
+                end++;
+            p = *end ? end + taglen : end;
+        } else if (ident_char(*p)) {
+            while (*p && ident_char(*p))
+                p++;
+        } else {
+            p++;
+        }
+    }
+    return max;
+}
+
+/*
+ * Finds `sql` in the connection's statement cache or makes an entry for it (not yet prepared).
+ * When the least recently used entry is evicted while the server knows it, its name is left in
+ * `evict` so the caller deallocates it.
+ */
+static int app_lookup(struct idem_conn *c, const char *sql, struct app_stmt **out, char *evict,
+                      size_t evictlen)
+{
+    struct app_stmt *victim = &c->cache[0];
+    char *copy = NULL;
+
+    evict[0] = '\0';
+    for (int i = 0; i < STMT_CACHE; i++) {
+        struct app_stmt *e = &c->cache[i];
+        if (e->sql && strcmp(e->sql, sql) == 0) {
+            e->used = ++c->clock;
+            *out = e;
+            return 0;
+        }
+        if (e->used < victim->used)
+            victim = e;
+    }
+    copy = idem__strdup(sql);
+    if (!copy)
+        return IDEM_ENOMEM;
+    if (victim->prepared)
+        idem__fmt(evict, evictlen, "%s", victim->name);
+    free(victim->sql);
+    memset(victim, 0, sizeof(*victim));
+    victim->sql = copy;
+    victim->nparams = max_param(sql);
+    victim->used = ++c->clock;
+    idem__fmt(victim->name, sizeof(victim->name), "idem_q%llu", (unsigned long long)++c->serial);
+    *out = victim;
+    return 0;
+}
+
+enum pipe_kind { PK_OTHER, PK_PREPARE, PK_EXEC };
+
+/* Copies a result's rows, as text, into the shape both stores share. */
+static int rows_from(const PGresult *res, struct idem_rows **out)
+{
+    int rc = 0;
+    int ncols = PQnfields(res);
+    const char **names = calloc((size_t)ncols + 1, sizeof(char *));
+    const char **vals = calloc((size_t)ncols + 1, sizeof(char *));
+    size_t *lens = calloc((size_t)ncols + 1, sizeof(size_t));
+    struct idem_rows *r = NULL;
+    const char *tag = PQcmdStatus((PGresult *)res);
+
+    *out = NULL;
+    if (!names || !vals || !lens) {
+        rc = IDEM_ENOMEM;
+        goto out;
+    }
+    for (int i = 0; i < ncols; i++)
+        names[i] = PQfname(res, i);
+    rc = idem__rows_new(ncols, names, &r);
+    if (rc < 0)
+        goto out;
+    for (int row = 0; row < PQntuples(res); row++) {
+        for (int i = 0; i < ncols; i++) {
+            int null = PQgetisnull(res, row, i);
+            vals[i] = null ? NULL : PQgetvalue(res, row, i);
+            lens[i] = null ? 0 : (size_t)PQgetlength(res, row, i);
+        }
+        rc = idem__rows_append(r, vals, lens);
+        if (rc < 0)
+            goto out;
+    }
+    /* A SELECT changes nothing, though libpq counts its rows too. */
+    if (tag && strncmp(tag, "SELECT", 6) != 0) {
+        const char *n = PQcmdTuples((PGresult *)res);
+        r->changed = n && n[0] ? strtoll(n, NULL, 10) : 0;
+    }
+    *out = r;
+    r = NULL;
+out:
+    idem_rows_free(r);
+    free(names);
+    free(vals);
+    free(lens);
+    return rc;
+}
+
+/*
+ * Runs one application statement.  Inside a transaction it runs under a savepoint, so that a
+ * failure (a unique violation above all) leaves the transaction usable, as SQLite does: SAVEPOINT,
+ * [DEALLOCATE an evicted statement], [PREPARE], EXECUTE and RELEASE go out in one pipeline, one
+ * round trip; only a failure costs a second one (ROLLBACK TO SAVEPOINT).  The savepoint is a
+ * subtransaction: cheap, but a phase that writes in more than 64 statements overflows the
+ * server's per-backend subtransaction cache (docs/postgres.md).
+ */
+static int pg_exec(struct idem_conn *c, const char *sql, int nparams, const char *const *params,
+                   struct idem_rows **rows)
+{
+    int rc = 0;
+    struct app_stmt *e = NULL;
+    char evict[64];
+    char dealloc[96];
+    enum pipe_kind kinds[5];
+    int nq = 0;
+    int savepoint;
+    int synced = 0;
+    PGresult *exec_res = NULL;
+    PGresult *err_res = NULL;
+    PGresult *res = NULL;
+
+    if (rows)
+        *rows = NULL;
+    if (c->broken) {
+        set_msg(c, "exec", "the connection was lost", NULL);
+        return IDEM_EUNAVAIL;
+    }
+    rc = app_lookup(c, sql, &e, evict, sizeof(evict));
+    if (rc < 0)
+        return rc;
+    if (e->nparams > nparams) {
+        idem__fmt(c->errmsg, sizeof(c->errmsg), "postgresql: statement uses $%d but %d given",
+                  e->nparams, nparams);
+        return IDEM_EINVAL;
+    }
+    savepoint = c->in_tx && PQtransactionStatus(c->pg) == PQTRANS_INTRANS;
+    if (c->in_tx)
+        c->tx_stmts++;
+
+    if (!PQenterPipelineMode(c->pg)) {
+        set_msg(c, "exec", PQerrorMessage(c->pg), NULL);
+        c->broken = 1;
+        return IDEM_EUNAVAIL;
+    }
+    if (savepoint) {
+        if (!PQsendQueryParams(c->pg, "SAVEPOINT idem_stmt", 0, NULL, NULL, NULL, NULL, 0))
+            goto send_failed;
+        kinds[nq++] = PK_OTHER;
+    }
+    if (evict[0]) {
+        idem__fmt(dealloc, sizeof(dealloc), "DEALLOCATE %s", evict);
+        if (!PQsendQueryParams(c->pg, dealloc, 0, NULL, NULL, NULL, NULL, 0))
+            goto send_failed;
+        kinds[nq++] = PK_OTHER;
+    }
+    if (!e->prepared) {
+        if (!PQsendPrepare(c->pg, e->name, sql, e->nparams, NULL))
+            goto send_failed;
+        kinds[nq++] = PK_PREPARE;
+    }
+    if (!PQsendQueryPrepared(c->pg, e->name, e->nparams, e->nparams ? params : NULL, NULL, NULL, 0))
+        goto send_failed;
+    kinds[nq++] = PK_EXEC;
+    if (savepoint) {
+        if (!PQsendQueryParams(c->pg, "RELEASE SAVEPOINT idem_stmt", 0, NULL, NULL, NULL, NULL, 0))
+            goto send_failed;
+        kinds[nq++] = PK_OTHER;
+    }
+    if (!PQpipelineSync(c->pg))
+        goto send_failed;
+
+    /* Each query's results end with a NULL; the Sync's result ends the pipeline. */
+    for (int q = 0; q <= nq && !synced;) {
+        res = PQgetResult(c->pg);
+        if (!res) {
+            if (PQstatus(c->pg) != CONNECTION_OK)
+                break;
+            q++;
+            continue;
+        }
+        switch (PQresultStatus(res)) {
+        case PGRES_PIPELINE_SYNC:
+            synced = 1;
+            break;
+        case PGRES_PIPELINE_ABORTED:
+            break;
+        case PGRES_COMMAND_OK:
+        case PGRES_TUPLES_OK:
+            if (q < nq && kinds[q] == PK_PREPARE)
+                e->prepared = 1;
+            if (q < nq && kinds[q] == PK_EXEC && !exec_res) {
+                exec_res = res;
+                res = NULL;
+            }
+            break;
+        default:
+            if (!err_res) {
+                err_res = res;
+                res = NULL;
+            }
+            break;
+        }
+        PQclear(res);
+        res = NULL;
+    }
+    if (!synced || !PQexitPipelineMode(c->pg)) {
+        if (err_res)
+            fail_res(c, err_res, "exec");
+        else
+            set_msg(c, "exec", PQerrorMessage(c->pg), NULL);
+        c->broken = 1;
+        rc = IDEM_EUNAVAIL;
+        goto out;
+    }
+    if (err_res) {
+        rc = fail_res(c, err_res, "exec");
+        if (savepoint && !c->broken &&
+            run_simple(c, "ROLLBACK TO SAVEPOINT idem_stmt; RELEASE SAVEPOINT idem_stmt", "exec") <
+                0) {
+            /* The transaction stays aborted; keep the first, more useful, message. */
+            fail_res(c, err_res, "exec");
+        }
+        goto out;
+    }
+    if (!exec_res) {
+        set_msg(c, "exec", "the server sent no result", NULL);
+        c->broken = 1;
+        rc = IDEM_EUNAVAIL;
+        goto out;
+    }
+    if (rows)
+        rc = rows_from(exec_res, rows);
+    goto out;
+
+send_failed:
+    /* A message could not be sent: the connection is gone or unusable. */
+    set_msg(c, "exec", PQerrorMessage(c->pg), NULL);
+    c->broken = 1;
+    rc = IDEM_EUNAVAIL;
+out:
+    PQclear(exec_res);
+    PQclear(err_res);
+    return rc;
+}
+
+/* ---- records --------------------------------------------------------------------------------- */
+
+static int rec_prepare(struct idem_conn *c, enum rec_stmt k)
+{
+    PGresult *res = NULL;
+    int rc;
+
+    if (c->prepared & (1u << k))
+        return 0;
+    res = PQprepare(c->pg, rec_sql[k].name, rec_sql[k].sql, rec_sql[k].nparams, rec_sql[k].types);
+    rc = check(c, res, "prepare");
+    PQclear(res);
+    if (rc == 0)
+        c->prepared |= 1u << k;
+    return rc;
+}
+
+/*
+ * Runs one of the store's own statements and hands its result out in *out (new, PQclear).
+ * Retried, a bounded number of times, after a serialization failure, a deadlock or a lost
+ * connection -- but only where a retry cannot repeat or lose anything: outside a transaction,
+ * or when the failed statement was the first of its transaction, which is then begun again.
+ */
+static int rec_run(struct idem_conn *c, enum rec_stmt k, const char *const *vals, const int *lens,
+                   const int *fmts, int binary, const char *what, PGresult **out)
+{
+    int rc = 0;
+    int reconnected = 0;
+
+    *out = NULL;
+    for (int attempt = 1;; attempt++) {
+        int in_tx = c->in_tx;
+        int first = c->tx_stmts == 0;
+        PGresult *res = NULL;
+
+        if (c->broken) {
+            set_msg(c, what, "the connection was lost", NULL);
+            rc = IDEM_EUNAVAIL;
+        } else {
+            rc = rec_prepare(c, k);
+        }
+        if (rc == 0) {
+            res = PQexecPrepared(c->pg, rec_sql[k].name, rec_sql[k].nparams, vals, lens, fmts,
+                                 binary);
+            rc = check(c, res, what);
+        }
+        if (in_tx)
+            c->tx_stmts++;
+        if (rc == 0) {
+            *out = res;
+            return 0;
+        }
+        PQclear(res);
+        if (attempt >= RETRIES_MAX || !retryable(c) || (in_tx && !first) ||
+            (c->broken && reconnected))
+            return rc;
+        if (c->broken) {
+            if (reconnect(c) < 0)
+                return rc;
+            reconnected = 1;
+        } else if (in_tx && run_simple(c, "ROLLBACK", "rollback") < 0) {
+            return rc;
+        }
+        if (in_tx) {
+            if (run_simple(c, "BEGIN ISOLATION LEVEL READ COMMITTED", "begin") < 0)
+                return rc;
+            c->in_tx = 1;
+            c->tx_stmts = 0;
+        }
+        idem__sleep_ms(attempt * 3);
+    }
+}
+
+/* Rows an INSERT, UPDATE or DELETE changed (rows returned, for a SELECT). */
+static int changed_of(const PGresult *res)
+{
+    const char *tag = PQcmdStatus((PGresult *)res);
+    const char *n;
+
+    if (tag && strncmp(tag, "SELECT", 6) == 0)
+        return PQntuples(res);
+    n = PQcmdTuples((PGresult *)res);
+    return n && n[0] ? atoi(n) : 0;
+}
+
+/* FNV-1a over the scope: the notification payload, and the wait bucket. */
+static uint64_t scope_hash(const struct idem_scope *s)
+{
+    const char *parts[3] = {s->principal, s->operation, s->key};
+    uint64_t h = 1469598103934665603ULL;
+
+    for (int i = 0; i < 3; i++) {
+        for (const unsigned char *p = (const unsigned char *)parts[i]; *p; p++) {
+            h ^= *p;
+            h *= 1099511628211ULL;
+        }
+        h ^= 0xff; /* a separator no text contains */
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+/* Remembers that the record of `s` changed; pg_commit tells the listeners once it committed. */
+static void notify_after_commit(struct idem_conn *c, const struct idem_scope *s)
+{
+    char payload[17];
+
+    idem__fmt(payload, sizeof(payload), "%016llx", (unsigned long long)scope_hash(s));
+    for (int i = 0; i < c->nnotify; i++)
+        if (strcmp(c->notify[i], payload) == 0)
+            return;
+    /* A phase ends one call's record; more are only a wake-up lost, which polling covers. */
+    if (c->nnotify < (int)(sizeof(c->notify) / sizeof(c->notify[0])))
+        memcpy(c->notify[c->nnotify++], payload, sizeof(payload));
+}
+
+static int pg_record_insert(struct idem_conn *c, const struct idem_scope *s,
+                            const unsigned char fp[IDEM_FP_LEN], const char *owner,
+                            int64_t lease_ms, int64_t ttl_ms, int *inserted)
+{
+    char lease[24], ttl[24];
+    const char *vals[7] = {s->principal, s->operation, s->key, (const char *)fp, owner, lease, ttl};
+    const int lens[7] = {0, 0, 0, IDEM_FP_LEN, 0, 0, 0};
+    const int fmts[7] = {0, 0, 0, 1, 0, 0, 0};
+    PGresult *res = NULL;
+    int rc;
+
+    *inserted = 0;
+    idem__fmt(lease, sizeof(lease), "%lld", (long long)lease_ms);
+    idem__fmt(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
+    rc = rec_run(c, RS_CLAIM, vals, lens, fmts, 0, "claim", &res);
+    if (rc == 0)
+        *inserted = changed_of(res) == 1;
+    PQclear(res);
+    return rc;
+}
+
+/* Binary result columns: network byte order integers, raw bytes for text and bytea. */
+static int64_t col_int(const PGresult *res, int col)
+{
+    const unsigned char *p = (const unsigned char *)PQgetvalue(res, 0, col);
+    int len = PQgetlength(res, 0, col);
+    uint64_t v = 0;
+
+    if (PQgetisnull(res, 0, col) || (len != 2 && len != 4 && len != 8))
+        return 0;
+    for (int i = 0; i < len; i++)
+        v = (v << 8) | p[i];
+    if (len < 8 && (p[0] & 0x80))
+        v |= ~0ULL << (8 * len); /* sign-extend */
+    return (int64_t)v;
+}
+
+static int col_bytes(const PGresult *res, int col, char **out, size_t *outlen)
+{
+    size_t len = (size_t)PQgetlength(res, 0, col);
+
+    *out = NULL;
+    if (outlen)
+        *outlen = 0;
+    if (PQgetisnull(res, 0, col))
+        return 0;
+    *out = malloc(len + 1);
+    if (!*out)
+        return IDEM_ENOMEM;
+    memcpy(*out, PQgetvalue(res, 0, col), len);
+    (*out)[len] = '\0';
+    if (outlen)
+        *outlen = len;
+    return 0;
+}
+
+static int pg_record_get(struct idem_conn *c, const struct idem_scope *s, struct idem_record *rec)
+{
+    const char *vals[3] = {s->principal, s->operation, s->key};
+    PGresult *res = NULL;
+    char *body = NULL;
+    int64_t expires;
+    int rc;
+
+    memset(rec, 0, sizeof(*rec));
+    rc = rec_run(c, RS_GET, vals, NULL, NULL, 1, "read record", &res);
+    if (rc < 0)
+        return rc;
+    if (PQntuples(res) != 1 || PQnfields(res) != 11) {
+        set_msg(c, "read record", "unexpected result shape", NULL);
+        rc = IDEM_ESTORE;
+        goto out;
+    }
+    rec->store_now_ms = col_int(res, 0);
+    if (PQgetisnull(res, 0, 1))
+        goto out; /* no record */
+    rec->status = col_int(res, 1) == 1 ? IDEM_REC_COMPLETED : IDEM_REC_PROCESSING;
+    rec->lease_expires_ms = col_int(res, 6);
+    expires = col_int(res, 10);
+    /* Past retention and unprotected, a record is as good as swept: the key is new. */
+    rec->found = !(expires <= rec->store_now_ms && (rec->status == IDEM_REC_COMPLETED ||
+                                                    rec->lease_expires_ms <= rec->store_now_ms));
+    if (PQgetlength(res, 0, 2) == IDEM_FP_LEN)
+        memcpy(rec->fp, PQgetvalue(res, 0, 2), IDEM_FP_LEN);
+    rec->response_status = (int)col_int(res, 7);
+    if (col_bytes(res, 3, &rec->recovery_point, NULL) < 0 ||
+        col_bytes(res, 4, &rec->recovery_data, NULL) < 0 ||
+        col_bytes(res, 5, &rec->lease_owner, NULL) < 0 ||
+        col_bytes(res, 8, &rec->response_headers, NULL) < 0 ||
+        col_bytes(res, 9, &body, &rec->response_body_len) < 0) {
+        rc = IDEM_ENOMEM;
+        goto out;
+    }
+    if (!body) {
+        body = malloc(1);
+        if (body)
+            body[0] = '\0';
+    }
+    rec->response_body = body;
+    body = NULL;
+    if (!rec->recovery_point || !rec->response_body)
+        rc = IDEM_ENOMEM;
+out:
+    free(body);
+    PQclear(res);
+    if (rc < 0)
+        idem__record_clear(rec);
+    return rc;
+}
+
+static int pg_record_takeover(struct idem_conn *c, const struct idem_scope *s, const char *owner,
+                              int64_t lease_ms, int *won)
+{
+    char lease[24];
+    const char *vals[5] = {s->principal, s->operation, s->key, owner, lease};
+    PGresult *res = NULL;
+    int rc;
+
+    *won = 0;
+    idem__fmt(lease, sizeof(lease), "%lld", (long long)lease_ms);
+    rc = rec_run(c, RS_TAKEOVER, vals, NULL, NULL, 0, "take over lease", &res);
+    if (rc == 0)
+        *won = changed_of(res) == 1;
+    PQclear(res);
+    return rc;
+}
+
+static int pg_record_advance(struct idem_conn *c, const struct idem_scope *s, const char *owner,
+                             const char *point, const char *data, int64_t lease_ms, int *ok)
+{
+    char lease[24];
+    const char *vals[7] = {s->principal, s->operation, s->key, point, data, lease, owner};
+    PGresult *res = NULL;
+    int rc;
+
+    /* Waiters need not hear of it: the record is still processing, under a live lease. */
+    *ok = 0;
+    idem__fmt(lease, sizeof(lease), "%lld", (long long)lease_ms);
+    rc = rec_run(c, RS_ADVANCE, vals, NULL, NULL, 0, "advance record", &res);
+    if (rc == 0)
+        *ok = changed_of(res) == 1;
+    PQclear(res);
+    return rc;
+}
+
+static int pg_record_complete(struct idem_conn *c, const struct idem_scope *s, const char *owner,
+                              int status, const char *headers, const void *body, size_t body_len,
+                              int *ok)
+{
+    char code[16];
+    const char *vals[7] = {
+        s->principal, s->operation, s->key, code, headers, body ? (const char *)body : "", owner};
+    int lens[7] = {0};
+    const int fmts[7] = {0, 0, 0, 0, 0, 1, 0};
+    PGresult *res = NULL;
+    int rc;
+
+    *ok = 0;
+    if (body_len > (size_t)INT_MAX) {
+        set_msg(c, "complete record", "response body too large", NULL);
+        return IDEM_ETOOBIG;
+    }
+    lens[5] = (int)body_len;
+    idem__fmt(code, sizeof(code), "%d", status);
+    rc = rec_run(c, RS_COMPLETE, vals, lens, fmts, 0, "complete record", &res);
+    if (rc == 0)
+        *ok = changed_of(res) == 1;
+    if (*ok)
+        notify_after_commit(c, s);
+    PQclear(res);
+    return rc;
+}
+
+static int pg_record_release(struct idem_conn *c, const struct idem_scope *s, const char *owner)
+{
+    const char *vals[4] = {s->principal, s->operation, s->key, owner};
+    PGresult *res = NULL;
+    int rc;
+
+    rc = rec_run(c, RS_RELEASE, vals, NULL, NULL, 0, "release lease", &res);
+    if (rc == 0 && changed_of(res) == 1)
+        notify_after_commit(c, s);
+    PQclear(res);
+    return rc;
+}
+
+static int pg_record_sweep(struct idem_conn *c, int limit, int *deleted)
+{
+    char n[16];
+    const char *vals[1] = {n};
+    PGresult *res = NULL;
+    int rc;
+
+    *deleted = 0;
+    idem__fmt(n, sizeof(n), "%d", limit);
+    rc = rec_run(c, RS_SWEEP, vals, NULL, NULL, 0, "sweep", &res);
+    if (rc == 0)
+        *deleted = changed_of(res);
+    PQclear(res);
+    return rc;
+}
+
+static int pg_record_stalled(struct idem_conn *c, const char *operation, int limit,
+                             struct idem_stalled **out, size_t *n)
+{
+    char lim[16];
+    const char *vals[2] = {operation, lim};
+    struct idem_stalled *list = NULL;
+    PGresult *res = NULL;
+    size_t count = 0;
+    int rc;
+
+    *out = NULL;
+    *n = 0;
+    if (limit <= 0)
+        return 0;
+    idem__fmt(lim, sizeof(lim), "%d", limit);
+    rc = rec_run(c, RS_STALLED, vals, NULL, NULL, 0, "list stalled records", &res);
+    if (rc < 0)
+        return rc;
+    if (PQntuples(res) > 0) {
+        list = calloc((size_t)PQntuples(res), sizeof(*list));
+        if (!list) {
+            rc = IDEM_ENOMEM;
+            goto out;
+        }
+    }
+    for (int row = 0; row < PQntuples(res) && count < (size_t)limit; row++) {
+        struct idem_stalled *it = &list[count++];
+        it->principal = idem__strdup(PQgetvalue(res, row, 0));
+        it->operation = idem__strdup(PQgetvalue(res, row, 1));
+        it->key = idem__strdup(PQgetvalue(res, row, 2));
+        it->recovery_point = idem__strdup(PQgetvalue(res, row, 3));
+        if (!it->principal || !it->operation || !it->key || !it->recovery_point) {
+            rc = IDEM_ENOMEM;
+            goto out;
+        }
+    }
+    *out = list;
+    *n = count;
+    list = NULL;
+out:
+    if (list)
+        idem_stalled_free(list, count);
+    PQclear(res);
+    return rc;
+}
+
+/* ---- migrations ------------------------------------------------------------------------------ */
+
+/* The recorded version of `component`; 0 when none, or when there is no schema table yet. */
+static int schema_version(struct idem_conn *c, const char *component, int *version)
+{
+    const char *vals[1] = {component};
+    PGresult *res = NULL;
+    int rc;
+
+    *version = 0;
+    if (!c->in_tx) {
+        /* Outside a transaction a missing table costs nothing; there is no plan to prepare. */
+        res = PQexecParams(c->pg, rec_sql[RS_VERSION].sql, 1, rec_sql[RS_VERSION].types, vals, NULL,
+                           NULL, 0);
+        rc = check(c, res, "read schema version");
+        if (rc < 0 && state_is(c->sqlstate, "42P01"))
+            rc = 0; /* undefined_table: nothing was ever migrated */
+    } else {
+        rc = rec_run(c, RS_VERSION, vals, NULL, NULL, 0, "read schema version", &res);
+    }
+    if (rc == 0 && PQntuples(res) == 1)
+        *version = atoi(PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return rc;
+}
+
+/*
+ * Same semantics as the SQLite store: one transaction per step, the version re-read inside it.
+ * Processes starting at once are serialised by a transaction-scoped advisory lock taken first in
+ * each step's transaction (before even the schema table is created, which two sessions could
+ * otherwise race on); it is released by COMMIT or ROLLBACK, never held by an idle connection.
+ */
+static int pg_migrate(struct idem_conn *c, const char *component,
+                      const struct idem_migration *steps, size_t n, int *applied)
+{
+    int rc = 0;
+    int count = 0;
+    int version = 0;
+
+    if (c->broken || c->in_tx) {
+        set_msg(c, "migrate", "the connection is not idle", NULL);
+        rc = IDEM_EMIGRATE;
+        goto out;
+    }
+    rc = schema_version(c, component, &version);
+    if (rc < 0 || n == 0 || version >= steps[n - 1].version)
+        goto out;
+
+    for (size_t i = 0; i < n; i++) {
+        char vtext[16];
+        const char *vals[2] = {component, vtext};
+        PGresult *res = NULL;
+
+        rc = pg_begin(c, 1);
+        if (rc == 0)
+            rc = run_simple(c,
+                            "SELECT pg_advisory_xact_lock(" MIGRATION_LOCK_KEY ");"
+                            "CREATE TABLE IF NOT EXISTS idem_schema (component text PRIMARY KEY,"
+                            " version integer NOT NULL, applied_ms bigint NOT NULL)",
+                            "lock schema");
+        if (rc == 0)
+            rc = schema_version(c, component, &version);
+        if (rc == 0 && version >= steps[i].version) {
+            pg_rollback(c);
+            continue;
+        }
+        if (rc == 0 && !steps[i].postgres_sql) {
+            idem__fmt(c->errmsg, sizeof(c->errmsg), "migration %s %d has no PostgreSQL form",
+                      component, steps[i].version);
+            rc = IDEM_EMIGRATE;
+        }
+        /* The simple query protocol: a step may hold several statements separated by ';'. */
+        if (rc == 0)
+            rc = run_simple(c, steps[i].postgres_sql, "migration");
+        if (rc == 0) {
+            idem__fmt(vtext, sizeof(vtext), "%d", steps[i].version);
+            rc = rec_run(c, RS_SET_VERSION, vals, NULL, NULL, 0, "record migration", &res);
+            PQclear(res);
+        }
+        if (rc == 0)
+            rc = pg_commit(c);
+        if (rc < 0) {
+            char msg[IDEM_ERRMSG_MAX];
+            idem__fmt(msg, sizeof(msg), "%s %d (%s): %s", component, steps[i].version,
+                      steps[i].name ? steps[i].name : "", c->errmsg);
+            idem__fmt(c->errmsg, sizeof(c->errmsg), "%s", msg);
+            pg_rollback(c);
+            rc = IDEM_EMIGRATE;
+            goto out;
+        }
+        count++;
+    }
+out:
+    if (applied)
+        *applied = count;
+    return rc;
+}
+
+/* ---- waiting for a change: LISTEN/NOTIFY ----------------------------------------------------- */
+
+static int listener_stopping(struct pg_shared *sh)
+{
+    int stop;
+    pthread_mutex_lock(&sh->mu);
+    stop = sh->stop;
+    pthread_mutex_unlock(&sh->mu);
+    return stop;
+}
+
+/* Sleeps `ms`, or less if the store is closing. */
+static void listener_pause(struct pg_shared *sh, int ms)
+{
+    struct pollfd p = {.fd = sh->wake[0], .events = POLLIN};
+    if (poll(&p, 1, ms) < 0 && errno != EINTR)
+        idem__sleep_ms(ms);
+}
+
+/* Waits until `fd` is ready for `events`, the store closes, or `deadline` (monotonic ms). */
+static int listener_wait_fd(struct pg_shared *sh, int fd, short events, int64_t deadline)
+{
+    for (;;) {
+        struct pollfd p[2] = {{.fd = fd, .events = events}, {.fd = sh->wake[0], .events = POLLIN}};
+        int64_t left = deadline - idem__mono_ms();
+        int n;
+
+        if (left <= 0)
+            return -1;
+        n = poll(p, 2, left > INT_MAX ? INT_MAX : (int)left);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 || p[1].revents)
+            return -1;
+        if (n > 0)
+            return 0;
+    }
+}
+
+/* Connects without blocking the store's close, and LISTENs. NULL on failure. */
+static PGconn *listener_connect(struct pg_shared *sh)
+{
+    PGconn *pg = PQconnectStartParams(sh->keys, sh->vals, 1);
+    int64_t deadline = idem__mono_ms() + 1000 * (int64_t)atoi(CONNECT_TIMEOUT_S);
+    PostgresPollingStatusType ps = PGRES_POLLING_WRITING;
+    PGresult *res = NULL;
+
+    if (!pg || PQstatus(pg) == CONNECTION_BAD)
+        goto fail;
+    while (ps != PGRES_POLLING_OK) {
+        if (ps == PGRES_POLLING_FAILED)
+            goto fail;
+        if (listener_wait_fd(sh, PQsocket(pg), ps == PGRES_POLLING_READING ? POLLIN : POLLOUT,
+                             deadline) < 0)
+            goto fail;
+        ps = PQconnectPoll(pg);
+    }
+    PQsetNoticeProcessor(pg, notice_ignore, NULL);
+    res = PQexec(pg, "LISTEN " NOTIFY_CHANNEL);
+    if (PQresultStatus(res) != PGRES_COMMAND_OK)
+        goto fail;
+    PQclear(res);
+    return pg;
+fail:
+    PQclear(res);
+    PQfinish(pg);
+    return NULL;
+}
+
+/* Wakes waiters whose scope was notified; the payload is the scope hash in hex. */
+static void listener_drain(struct pg_shared *sh, PGconn *pg)
+{
+    PGnotify *nt;
+    int any = 0;
+
+    pthread_mutex_lock(&sh->mu);
+    while ((nt = PQnotifies(pg)) != NULL) {
+        char *end = NULL;
+        unsigned long long h = strtoull(nt->extra, &end, 16);
+        if (end && end != nt->extra && *end == '\0')
+            sh->bucket[h % WAIT_BUCKETS]++;
+        else
+            sh->epoch++; /* not ours to parse: wake everyone, a spurious wake costs one read */
+        PQfreemem(nt);
+        any = 1;
+    }
+    if (any)
+        pthread_cond_broadcast(&sh->cv);
+    pthread_mutex_unlock(&sh->mu);
+}
+
+static void listener_set(struct pg_shared *sh, int listening)
+{
+    pthread_mutex_lock(&sh->mu);
+    sh->listening = listening;
+    /* Waiters re-read: a change may have slipped by while nobody was listening. */
+    sh->epoch++;
+    pthread_cond_broadcast(&sh->cv);
+    pthread_mutex_unlock(&sh->mu);
+}
+
+/*
+ * The listener thread: one connection per store that LISTENs on the channel and turns each
+ * notification into a wake-up.  When the connection drops it reconnects with growing pauses;
+ * meanwhile waits report that they cannot wait and the engine polls.
+ */
+static void *listener_main(void *arg)
+{
+    struct pg_shared *sh = arg;
+    int backoff = 50;
+
+    while (!listener_stopping(sh)) {
+        PGconn *pg = listener_connect(sh);
+        if (pg) {
+            listener_set(sh, 1);
+            backoff = 50;
+            for (;;) {
+                struct pollfd p[2] = {{.fd = PQsocket(pg), .events = POLLIN},
+                                      {.fd = sh->wake[0], .events = POLLIN}};
+                int n = poll(p, 2, -1);
+                if (n < 0 && errno == EINTR)
+                    continue;
+                if (n < 0 || p[1].revents)
+                    break;
+                if (!PQconsumeInput(pg))
+                    break; /* the connection is gone */
+                listener_drain(sh, pg);
+            }
+            PQfinish(pg);
+            listener_set(sh, 0);
+        }
+        if (listener_stopping(sh))
+            break;
+        listener_pause(sh, backoff);
+        backoff = backoff * 2 > LISTEN_BACKOFF_MAX_MS ? LISTEN_BACKOFF_MAX_MS : backoff * 2;
+    }
+    return NULL;
+}
+
+/*
+ * Blocks until a notification for the scope's bucket arrives, the listener (re)connects or
+ * drops, or `timeout_ms` passes.  The first wait of a store starts its listener; until that
+ * listens, IDEM_EUNAVAIL tells the engine to poll.
+ */
+static int pg_wait_change(struct idem_store *st, const struct idem_scope *s, int64_t timeout_ms)
+{
+    struct pg_shared *sh = st->backend;
+    size_t b;
+    uint64_t seen, epoch;
+    struct timespec ts;
+
+    if (!sh || sh->wake[0] < 0)
+        return IDEM_EINVAL;
+    b = (size_t)(scope_hash(s) % WAIT_BUCKETS);
+    pthread_mutex_lock(&sh->mu);
+    if (!sh->started && !sh->stop) {
+        if (pthread_create(&sh->thread, NULL, listener_main, sh) == 0)
+            sh->started = 1;
+    }
+    if (!sh->listening || sh->stop) {
+        pthread_mutex_unlock(&sh->mu);
+        return IDEM_EUNAVAIL;
+    }
+    seen = sh->bucket[b];
+    epoch = sh->epoch;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += (time_t)(timeout_ms / 1000);
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    while (sh->bucket[b] == seen && sh->epoch == epoch && !sh->stop)
+        if (pthread_cond_timedwait(&sh->cv, &sh->mu, &ts) == ETIMEDOUT)
+            break;
+    pthread_mutex_unlock(&sh->mu);
+    return 0;
+}
+
+static void shared_free(struct pg_shared *sh)
+{
+    if (!sh)
+        return;
+    pthread_mutex_lock(&sh->mu);
+    sh->stop = 1;
+    pthread_cond_broadcast(&sh->cv);
+    pthread_mutex_unlock(&sh->mu);
+    if (sh->started) {
+        ssize_t w;
+        do
+            w = write(sh->wake[1], "x", 1);
+        while (w < 0 && errno == EINTR);
+        pthread_join(sh->thread, NULL);
+    }
+    if (sh->wake[0] >= 0)
+        close(sh->wake[0]);
+    if (sh->wake[1] >= 0)
+        close(sh->wake[1]);
+    pthread_cond_destroy(&sh->cv);
+    pthread_mutex_destroy(&sh->mu);
+    free(sh->conninfo);
+    free(sh->secret);
+    free(sh->display);
+    free(sh);
+}
+
+static void pg_store_close(struct idem_store *st)
+{
+    shared_free(st->backend);
+    st->backend = NULL;
+}
+
+const struct idem_store_vtab idem__pg_vtab = {
+    .kind = "postgresql",
+    .conn_open = pg_open,
+    .conn_close = pg_close,
+    .errmsg = pg_errmsg,
+    .conn_ok = pg_conn_ok,
+    .begin = pg_begin,
+    .commit = pg_commit,
+    .rollback = pg_rollback,
+    .exec = pg_exec,
+    .record_insert = pg_record_insert,
+    .record_get = pg_record_get,
+    .record_takeover = pg_record_takeover,
+    .record_advance = pg_record_advance,
+    .record_complete = pg_record_complete,
+    .record_release = pg_record_release,
+    .record_stalled = pg_record_stalled,
+    .record_sweep = pg_record_sweep,
+    .migrate = pg_migrate,
+    .wait_change = pg_wait_change,
+    .store_close = pg_store_close,
+};

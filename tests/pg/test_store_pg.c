@@ -1,0 +1,497 @@
+/*
+ * test_store_pg.c - what only the PostgreSQL store has, against a real server (run it through
+ * tests/pg/with_pg.sh, which exports IDEM_TEST_PG_*).  The behaviour both stores share is proven
+ * by tests/contract/store_contract.c; this file walks the rest: the connection string forms, that
+ * no message shows a password, several store handles (as several service instances) racing one
+ * key, a waiting duplicate woken by another instance's commit through LISTEN/NOTIFY, SQLSTATEs
+ * mapped to IDEM_E* codes, and a server restart that the pool and the listener survive.
+ */
+#include "idem/idem.h"
+#include "t.h"
+
+#include <libpq-fe.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *pg_uri;
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static struct idem_store *open_uri(const char *uri, int pool)
+{
+    struct idem_store_options o = {.pool_size = pool, .busy_timeout_ms = 10000};
+    struct idem_store *st = NULL;
+    char *err = NULL;
+    int rc = idem_store_open(uri, &o, &st, &err);
+    if (rc < 0) {
+        fprintf(stderr, "cannot open the store: %s\n", err ? err : idem_strerror(rc));
+        exit(1);
+    }
+    return st;
+}
+
+static void fp_of(const char *body, unsigned char fp[IDEM_FP_LEN])
+{
+    if (idem_fingerprint("POST", "/pg", NULL, 0, body, strlen(body), fp, NULL) < 0)
+        exit(1);
+}
+
+/* Runs one statement in its own transaction; returns the first cell as an int, or -1. */
+static int query_int(struct idem_store *st, const char *sql)
+{
+    struct idem_tx *tx = NULL;
+    struct idem_rows *r = NULL;
+    int n = -1;
+    if (idem_tx_begin(st, 0, &tx) < 0)
+        return -1;
+    if (idem_tx_exec(tx, sql, 0, NULL, &r) == 0 && idem_rows_get(r, 0, 0))
+        n = atoi(idem_rows_get(r, 0, 0));
+    idem_rows_free(r);
+    idem_tx_rollback(tx);
+    return n;
+}
+
+/* ---- connection strings and messages --------------------------------------------------------- */
+
+static void test_dsn_forms(void)
+{
+    const char *port = getenv("IDEM_TEST_PG_PORT");
+    char kv[256], uri2[256];
+    struct idem_store *st = NULL;
+    char *err = NULL;
+
+    snprintf(kv, sizeof(kv), "host=127.0.0.1 port=%s dbname=idemtest user=postgres", port);
+    CHECK_INT(idem_store_open(kv, NULL, &st, &err), 0);
+    CHECK_STR(idem_store_kind(st), "postgresql");
+    /* The session is named after the library unless the user names it. */
+    CHECK_INT(query_int(st, "SELECT count(*) FROM pg_stat_activity"
+                            " WHERE pid = pg_backend_pid() AND application_name = 'libidem'"),
+              1);
+    idem_store_close(st);
+    st = NULL;
+
+    snprintf(kv, sizeof(kv),
+             "host=127.0.0.1 port=%s dbname=idemtest user=postgres application_name=mine", port);
+    CHECK_INT(idem_store_open(kv, NULL, &st, &err), 0);
+    CHECK_INT(query_int(st, "SELECT count(*) FROM pg_stat_activity"
+                            " WHERE pid = pg_backend_pid() AND application_name = 'mine'"),
+              1);
+    idem_store_close(st);
+    st = NULL;
+
+    snprintf(uri2, sizeof(uri2), "postgres://postgres@127.0.0.1:%s/idemtest", port);
+    CHECK_INT(idem_store_open(uri2, NULL, &st, &err), 0);
+    idem_store_close(st);
+    st = NULL;
+}
+
+static void test_no_password_in_messages(void)
+{
+    static const char *const bad[] = {
+        "postgresql://postgres:S3cretPw@127.0.0.1:1/idemtest",
+        "postgresql://postgres@127.0.0.1:1/idemtest?password=S3cretPw",
+        "host=127.0.0.1 port=1 dbname=idemtest password=S3cretPw",
+        "host=127.0.0.1 password=S3cretPw bogus",
+        "host=127.0.0.1 password='S3cretPw",
+        "postgresql://postgres:S3cretPw@127.0.0.1:1/idemtest?nonsense=1",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct idem_store *st = NULL;
+        char *err = NULL;
+        int rc = idem_store_open(bad[i], NULL, &st, &err);
+        CHECK(rc == IDEM_EUNAVAIL || rc == IDEM_EURI);
+        CHECK(st == NULL);
+        CHECK(err && err[0]);
+        CHECK(err && !strstr(err, "S3cretPw"));
+        fprintf(stderr, "refused (%s): %s\n", idem_err_name(rc), err ? err : "");
+        idem_free(err);
+    }
+}
+
+/* ---- many instances, one truth --------------------------------------------------------------- */
+
+struct racer {
+    struct idem_engine *eng;
+    pthread_barrier_t *start;
+    enum idem_outcome outcome;
+    int rc;
+    int status;
+};
+
+static const struct idem_operation race_op = {"pg.race", 0, 5000, 5000};
+
+static void *race_one(void *arg)
+{
+    struct racer *r = arg;
+    struct idem_call *call = NULL;
+    unsigned char fp[IDEM_FP_LEN];
+    fp_of("{\"race\":1}", fp);
+    pthread_barrier_wait(r->start);
+    r->rc = idem_call_begin(r->eng, &race_op, "alice", "multi", fp, &call, &r->outcome);
+    if (r->rc == 0 && r->outcome == IDEM_OUTCOME_EXECUTE) {
+        const char *p[] = {"multi-1"};
+        r->rc = idem_tx_exec(idem_call_tx(call), "INSERT INTO pg_biz (id) VALUES ($1)", 1, p, NULL);
+        sleep_ms(30);
+        if (r->rc == 0)
+            r->rc = idem_call_complete(call, 201, NULL, 0, "made", 4);
+    }
+    if (r->rc == 0)
+        r->status = idem_call_response_status(call);
+    idem_call_end(call);
+    return NULL;
+}
+
+static void test_instances_race(struct idem_store *main_st)
+{
+    enum { STORES = 4, PER = 6, N = STORES * PER };
+    struct idem_store *st[STORES];
+    struct idem_engine *eng[STORES];
+    pthread_t th[N];
+    struct racer r[N];
+    pthread_barrier_t start;
+    int executed = 0;
+
+    for (int i = 0; i < STORES; i++) {
+        st[i] = open_uri(pg_uri, 3);
+        if (idem_engine_new(st[i], NULL, &eng[i]) < 0)
+            exit(1);
+    }
+    pthread_barrier_init(&start, NULL, N);
+    for (int i = 0; i < N; i++) {
+        r[i] = (struct racer){.eng = eng[i % STORES], .start = &start};
+        pthread_create(&th[i], NULL, race_one, &r[i]);
+    }
+    for (int i = 0; i < N; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&start);
+    for (int i = 0; i < N; i++) {
+        CHECK_INT(r[i].rc, 0);
+        CHECK_INT(r[i].status, 201);
+        executed += r[i].outcome == IDEM_OUTCOME_EXECUTE;
+    }
+    CHECK_INT(executed, 1);
+    CHECK_INT(query_int(main_st, "SELECT count(*) FROM pg_biz WHERE id = 'multi-1'"), 1);
+    for (int i = 0; i < STORES; i++) {
+        idem_engine_free(eng[i]);
+        idem_store_close(st[i]);
+    }
+}
+
+/* ---- waits woken by another instance's commit ------------------------------------------------ */
+
+struct waiter {
+    struct idem_engine *eng;
+    const char *key;
+    enum idem_outcome outcome;
+    int64_t done_ms;
+};
+
+static const struct idem_operation wake_op = {"pg.wake", 0, 10000, 5000};
+
+static void *wait_one(void *arg)
+{
+    struct waiter *w = arg;
+    struct idem_call *call = NULL;
+    unsigned char fp[IDEM_FP_LEN];
+    fp_of("{\"wake\":1}", fp);
+    if (idem_call_begin(w->eng, &wake_op, "alice", w->key, fp, &call, &w->outcome) < 0)
+        w->outcome = IDEM_OUTCOME_NONE;
+    w->done_ms = mono_ms();
+    idem_call_end(call);
+    return NULL;
+}
+
+/* Instance A owns the key; instance B's duplicate waits; returns how late B saw A's commit. */
+static int64_t wake_round(struct idem_engine *a, struct idem_engine *b, const char *key)
+{
+    struct idem_call *call = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+    struct waiter w = {.eng = b, .key = key};
+    pthread_t th;
+    int64_t t_done;
+
+    fp_of("{\"wake\":1}", fp);
+    CHECK_INT(idem_call_begin(a, &wake_op, "alice", key, fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_advance(call, "started", NULL), 0);
+    pthread_create(&th, NULL, wait_one, &w);
+    sleep_ms(250); /* long enough for the waiter's polling pauses to reach their cap */
+    CHECK_INT(idem_call_complete(call, 200, NULL, 0, "ok", 2), 0);
+    t_done = mono_ms();
+    idem_call_end(call);
+    pthread_join(th, NULL);
+    CHECK_INT(w.outcome, IDEM_OUTCOME_REPLAY);
+    return w.done_ms - t_done;
+}
+
+/* Whether the store's listener session is connected and LISTENing. */
+static int listener_count(struct idem_store *st)
+{
+    return query_int(st, "SELECT count(*) FROM pg_stat_activity WHERE application_name ="
+                         " 'libidem' AND query = 'LISTEN idem_records'");
+}
+
+static void test_cross_instance_wake(struct idem_store *main_st, const char *tag)
+{
+    struct idem_store *sa = open_uri(pg_uri, 2), *sb = open_uri(pg_uri, 2);
+    struct idem_engine *a = NULL, *b = NULL;
+    int fast = 0;
+    char key[64];
+    enum { ROUNDS = 6 };
+
+    if (idem_engine_new(sa, NULL, &a) < 0 || idem_engine_new(sb, NULL, &b) < 0)
+        exit(1);
+    for (int i = 0; i < ROUNDS; i++) {
+        snprintf(key, sizeof(key), "wake-%s-%d", tag, i);
+        int64_t late = wake_round(a, b, key);
+        fprintf(stderr, "wake (%s): the waiter saw the commit after %lld ms\n", tag,
+                (long long)late);
+        /* Polling alone finds it up to 100 ms late, on average 50; a notification in a few. */
+        fast += late < 50;
+    }
+    CHECK(fast >= ROUNDS - 1);
+    CHECK(listener_count(main_st) >= 1);
+    idem_engine_free(a);
+    idem_engine_free(b);
+    idem_store_close(sa);
+    idem_store_close(sb);
+}
+
+/* The notification itself: channel idem_records, sent at commit, once per phase end. */
+static void test_notify_payload(struct idem_engine *eng)
+{
+    PGconn *pg = PQconnectdb(pg_uri);
+    PGresult *res = NULL;
+    struct idem_call *call = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+    PGnotify *nt = NULL;
+    int got = 0;
+
+    CHECK(PQstatus(pg) == CONNECTION_OK);
+    res = PQexec(pg, "LISTEN idem_records");
+    CHECK(PQresultStatus(res) == PGRES_COMMAND_OK);
+    PQclear(res);
+
+    fp_of("{}", fp);
+    CHECK_INT(idem_call_begin(eng, &wake_op, "alice", "notify-1", fp, &call, &oc), 0);
+    /* A phase that rolls back notifies nobody. */
+    idem_call_abort(call);
+    idem_call_end(call);
+    CHECK_INT(idem_call_begin(eng, &wake_op, "alice", "notify-1", fp, &call, &oc), 0);
+    CHECK_INT(idem_call_complete(call, 200, NULL, 0, "n", 1), 0);
+    idem_call_end(call);
+
+    int64_t deadline = mono_ms() + 2000;
+    while (mono_ms() < deadline) {
+        struct pollfd p = {.fd = PQsocket(pg), .events = POLLIN};
+        poll(&p, 1, 100);
+        PQconsumeInput(pg);
+        while ((nt = PQnotifies(pg)) != NULL) {
+            CHECK_STR(nt->relname, "idem_records");
+            CHECK_INT(strlen(nt->extra), 16); /* the scope's hash, never the key itself */
+            CHECK(!strstr(nt->extra, "alice"));
+            got++;
+            PQfreemem(nt);
+        }
+        if (got)
+            break;
+    }
+    sleep_ms(100);
+    PQconsumeInput(pg);
+    while ((nt = PQnotifies(pg)) != NULL) {
+        got++;
+        PQfreemem(nt);
+    }
+    CHECK_INT(got, 1);
+    PQfinish(pg);
+}
+
+/* ---- SQLSTATEs ------------------------------------------------------------------------------- */
+
+struct locker {
+    struct idem_store *st;
+    const char *first, *second;
+    pthread_barrier_t *both;
+    int rc;
+};
+
+static void *lock_two(void *arg)
+{
+    struct locker *l = arg;
+    struct idem_tx *tx = NULL;
+    const char *p1[] = {l->first}, *p2[] = {l->second};
+    l->rc = idem_tx_begin(l->st, 1, &tx);
+    if (l->rc == 0)
+        l->rc = idem_tx_exec(tx, "UPDATE pg_biz SET n = n + 1 WHERE id = $1", 1, p1, NULL);
+    pthread_barrier_wait(l->both);
+    if (l->rc == 0)
+        l->rc = idem_tx_exec(tx, "UPDATE pg_biz SET n = n + 1 WHERE id = $1", 1, p2, NULL);
+    if (l->rc == 0)
+        l->rc = idem_tx_commit(tx);
+    else
+        idem_tx_rollback(tx);
+    return NULL;
+}
+
+static void test_sqlstates(struct idem_store *st)
+{
+    struct idem_tx *tx = NULL;
+    struct idem_rows *r = NULL;
+    const char *a[] = {"dup-a"}, *b[] = {"dup-b"}, *nul[] = {NULL};
+
+    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+    CHECK_INT(idem_tx_exec(tx, "INSERT INTO pg_biz (id) VALUES ($1)", 1, a, NULL), 0);
+    CHECK_INT(idem_tx_exec(tx, "INSERT INTO pg_biz (id) VALUES ($1)", 1, a, NULL), IDEM_ECONFLICT);
+    CHECK(strstr(idem_tx_errmsg(tx), "23505") != NULL);
+    /* Any failed statement leaves the transaction usable, as on SQLite. */
+    CHECK_INT(idem_tx_exec(tx, "SELECT 1/0", 0, NULL, NULL), IDEM_ESTORE);
+    CHECK_INT(idem_tx_exec(tx, "INSERT INTO pg_biz (id) VALUES ($1)", 1, b, NULL), 0);
+    CHECK_INT(idem_tx_exec(tx, "UPDATE pg_biz SET n = 7 WHERE id LIKE 'dup-%'", 0, NULL, &r), 0);
+    CHECK_INT(idem_rows_changed(r), 2);
+    idem_rows_free(r);
+    CHECK_INT(
+        idem_tx_exec(tx, "SELECT id FROM pg_biz WHERE id LIKE 'dup-%' ORDER BY id", 0, NULL, &r),
+        0);
+    CHECK_INT(idem_rows_count(r), 2);
+    CHECK_INT(idem_rows_changed(r), 0);
+    idem_rows_free(r);
+    CHECK_INT(idem_tx_exec(tx, "SELECT $1::text IS NULL, '$2' AS \"$3\" -- $4", 1, nul, &r), 0);
+    CHECK_STR(idem_rows_get(r, 0, 0), "t");
+    CHECK_STR(idem_rows_get(r, 0, 1), "$2");
+    idem_rows_free(r);
+    CHECK_INT(idem_tx_commit(tx), 0);
+    CHECK_INT(query_int(st, "SELECT count(*) FROM pg_biz WHERE id LIKE 'dup-%' AND n = 7"), 2);
+
+    /* Many different statements: the per-connection statement cache evicts and still works. */
+    CHECK_INT(idem_tx_begin(st, 0, &tx), 0);
+    for (int i = 0; i < 120; i++) {
+        char sql[64];
+        snprintf(sql, sizeof(sql), "SELECT %d + $1::int", i);
+        const char *one[] = {"1"};
+        CHECK_INT(idem_tx_exec(tx, sql, 1, one, &r), 0);
+        CHECK_INT(atoi(idem_rows_get(r, 0, 0) ? idem_rows_get(r, 0, 0) : "-1"), i + 1);
+        idem_rows_free(r);
+    }
+    idem_tx_rollback(tx);
+
+    /* A deadlock is the server's to break; the victim hears IDEM_EUNAVAIL (retry later). */
+    pthread_barrier_t both;
+    pthread_t t1, t2;
+    struct locker l1 = {st, "dup-a", "dup-b", &both, 0}, l2 = {st, "dup-b", "dup-a", &both, 0};
+    pthread_barrier_init(&both, NULL, 2);
+    pthread_create(&t1, NULL, lock_two, &l1);
+    pthread_create(&t2, NULL, lock_two, &l2);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    pthread_barrier_destroy(&both);
+    CHECK((l1.rc == 0 && l2.rc == IDEM_EUNAVAIL) || (l1.rc == IDEM_EUNAVAIL && l2.rc == 0));
+}
+
+/* ---- a server restart ------------------------------------------------------------------------ */
+
+static int restart_server(void)
+{
+    const char *bin = getenv("IDEM_TEST_PG_BIN");
+    const char *data = getenv("IDEM_TEST_PG_DATA");
+    const char *user = getenv("IDEM_TEST_PG_OS_USER");
+    char cmd[1024];
+
+    if (!bin || !data)
+        return -1;
+    snprintf(cmd, sizeof(cmd), "%s%s%s '%s/pg_ctl' -D '%s' -m fast -w restart >/dev/null 2>&1",
+             user && user[0] ? "runuser -u " : "", user && user[0] ? user : "",
+             user && user[0] ? " --" : "", bin, data);
+    return system(cmd);
+}
+
+static void test_restart(struct idem_store *st, struct idem_engine *eng)
+{
+    static const struct idem_operation op = {"pg.restart", 0, 0, 100};
+    struct idem_call *call = NULL;
+    struct idem_engine *other = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+
+    /* A first wait on this store starts its listener, which must outlive the restart. */
+    if (idem_engine_new(st, NULL, &other) < 0)
+        exit(1);
+    wake_round(eng, other, "pre-restart");
+    idem_engine_free(other);
+    CHECK_INT(listener_count(st), 1);
+
+    fp_of("{\"restart\":1}", fp);
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "before", fp, &call, &oc), 0);
+    CHECK_INT(idem_call_complete(call, 201, NULL, 0, "b", 1), 0);
+    idem_call_end(call);
+
+    CHECK_INT(restart_server(), 0);
+
+    /* Every pooled connection died with the server: each is reopened where that is safe. */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "before", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
+    idem_call_end(call);
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "after", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_complete(call, 201, NULL, 0, "a", 1), 0);
+    idem_call_end(call);
+
+    /* The listener reconnects by itself. */
+    int64_t deadline = mono_ms() + 15000;
+    while (listener_count(st) < 1 && mono_ms() < deadline)
+        sleep_ms(100);
+    CHECK(listener_count(st) >= 1);
+}
+
+static const struct idem_migration schema[] = {
+    {1, "pg test rows", "CREATE TABLE pg_biz (id TEXT PRIMARY KEY, n INTEGER NOT NULL DEFAULT 0)",
+     "CREATE TABLE pg_biz (id TEXT PRIMARY KEY, n INTEGER NOT NULL DEFAULT 0)"},
+};
+
+int main(void)
+{
+    struct idem_store *st = NULL;
+    struct idem_engine *eng = NULL;
+    char *err = NULL;
+
+    pg_uri = getenv("IDEM_TEST_PG_URI");
+    if (!pg_uri || !getenv("IDEM_TEST_PG_PORT")) {
+        fprintf(stderr, "run me through tests/pg/with_pg.sh (IDEM_TEST_PG_URI is not set)\n");
+        return 1;
+    }
+    st = open_uri(pg_uri, 8);
+    if (idem_store_migrate(st, "pg-test", schema, 1, NULL, &err) < 0 ||
+        idem_engine_new(st, NULL, &eng) < 0) {
+        fprintf(stderr, "set-up failed: %s\n", err ? err : "");
+        return 1;
+    }
+    test_dsn_forms();
+    test_no_password_in_messages();
+    test_instances_race(st);
+    test_notify_payload(eng);
+    test_sqlstates(st);
+    test_cross_instance_wake(st, "first");
+    test_restart(st, eng);
+    test_cross_instance_wake(st, "after-restart");
+
+    idem_engine_free(eng);
+    idem_store_close(st);
+    return t_done();
+}
