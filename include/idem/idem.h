@@ -141,9 +141,10 @@ struct idem_store_options {
 };
 
 /*
- * Opens the store named by `uri`: "sqlite:PATH" (PATH may be relative; the file is created) or,
- * once that store exists, "postgresql://..." / "postgres://...".  Applies libidem's own schema
- * migrations.  NULL `opts` means defaults.
+ * Opens the store named by `uri`: "sqlite:PATH" (PATH may be relative; the file is created), or
+ * PostgreSQL as a libpq URI ("postgresql://..." / "postgres://...") or key=value string
+ * ("host=127.0.0.1 dbname=app").  Applies libidem's own schema migrations.  NULL `opts` means
+ * defaults.
  *
  * Returns 0 and *out (new, close with idem_store_close).  On failure returns a negative code;
  * *out is then NULL and, if `errmsg` is not NULL, *errmsg receives a new sentence (free with
@@ -208,8 +209,8 @@ IDEM_API void idem_tx_rollback(struct idem_tx *tx);
  * Runs one statement with `nparams` text parameters.  `rows` may be NULL when no result is
  * wanted; otherwise *rows is new (free with idem_rows_free) and holds every result row.
  * Returns 0, IDEM_ECONFLICT for a unique or primary key violation (the transaction stays usable
- * on SQLite; on PostgreSQL roll it back), IDEM_EUNAVAIL when the store went away, or IDEM_ESTORE
- * with detail in idem_tx_errmsg().
+ * on every store: PostgreSQL runs each statement under a savepoint), IDEM_EUNAVAIL when the
+ * store went away, or IDEM_ESTORE with detail in idem_tx_errmsg().
  */
 IDEM_API int idem_tx_exec(struct idem_tx *tx, const char *sql, int nparams,
                           const char *const *params, struct idem_rows **rows);
