@@ -1,0 +1,768 @@
+/*
+ * journal.c - the intent journal: the client's memory of which key belongs to which business
+ * intent, kept on disk before the first byte goes out.  If the process is killed mid-request and
+ * the command runs again, the same intent finds the same key, and the server answers with the
+ * stored result instead of executing a second time.
+ *
+ * It is an append-only text file, one record per line, each line carrying a CRC-32 and the
+ * length of its payload (client.h shows the format).  Appends are a single write() followed by
+ * fsync(), under an exclusive flock so that processes sharing the file cannot interleave.  A
+ * line that fails its checksum or length, or a last line cut short, is reported with the file
+ * and line number and stops every call: a journal that silently dropped a record could hand out
+ * a fresh key for an intent that already ran, which is the one thing it exists to prevent.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "banned.h"
+
+#define JOURNAL_MAX_BYTES (64u << 20)
+/* The longest line: both fields fully percent-encoded, plus the record's framing. */
+#define LINE_MAX_BYTES (3 * (IDEM_CLIENT_INTENT_MAX + IDEM_CLIENT_KEY_MAX) + 64)
+
+struct idem_client_journal {
+    char *path;
+    int fd;
+    struct idem_client_intent *items; /* name and key are owned (malloc'd) */
+    size_t n;
+    struct idem_client_intent view; /* what begin/lookup hand out: borrowed */
+    int (*fsync_fn)(int fd);
+    char errmsg[IDEM_CLIENT_ERRMSG_MAX];
+};
+
+/* ---- CRC-32 ---------------------------------------------------------------------------------- */
+
+uint32_t idem_client__crc32(uint32_t crc, const void *buf, size_t len)
+{
+    const unsigned char *p = buf;
+    size_t i;
+    int k;
+
+    /* Bitwise, no table: journal lines are short, and there is no table to get wrong. */
+    crc = ~crc;
+    for (i = 0; i < len; i++) {
+        crc ^= p[i];
+        for (k = 0; k < 8; k++)
+            crc = (crc >> 1) ^ (UINT32_C(0xedb88320) & (0u - (crc & 1u)));
+    }
+    return ~crc;
+}
+
+/* ---- field encoding ---------------------------------------------------------------------------
+ */
+
+static int must_escape(unsigned char c)
+{
+    return c < 0x21 || c > 0x7e || c == '%';
+}
+
+/* Appends the percent-encoded `s` to out[*o] (the caller sized `out` for the worst case). */
+static void encode(char *out, size_t *o, const char *s)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    const unsigned char *p = (const unsigned char *)s;
+
+    for (; *p; p++) {
+        if (must_escape(*p)) {
+            out[(*o)++] = '%';
+            out[(*o)++] = hex[*p >> 4];
+            out[(*o)++] = hex[*p & 0x0f];
+        } else {
+            out[(*o)++] = (char)*p;
+        }
+    }
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+/* Decodes `len` bytes into a new string; NULL for a bad escape, a NUL, or no memory. */
+static char *decode(const char *s, size_t len, int *nomem)
+{
+    char *out = malloc(len + 1);
+    size_t i, o = 0;
+    int hi, lo;
+
+    if (!out) {
+        *nomem = 1;
+        return NULL;
+    }
+    for (i = 0; i < len; i++) {
+        if (s[i] != '%') {
+            out[o++] = s[i];
+            continue;
+        }
+        if (i + 2 >= len) {
+            free(out);
+            return NULL;
+        }
+        hi = hexval(s[i + 1]);
+        lo = hexval(s[i + 2]);
+        if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) {
+            free(out);
+            return NULL;
+        }
+        out[o++] = (char)(hi * 16 + lo);
+        i += 2;
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* ---- the in-memory table ----------------------------------------------------------------------
+ */
+
+static void items_free(struct idem_client_intent *items, size_t n)
+{
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        free((void *)items[i].name);
+        free((void *)items[i].key);
+    }
+    free(items);
+}
+
+static struct idem_client_intent *find(struct idem_client_intent *items, size_t n, const char *name)
+{
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        if (strcmp(items[i].name, name) == 0)
+            return &items[i];
+    }
+    return NULL;
+}
+
+/* Room for one more item; returns 0 or IDEM_CLIENT_ENOMEM. */
+static int items_grow(struct idem_client_intent **items, size_t n, size_t *cap)
+{
+    struct idem_client_intent *p;
+    size_t ncap;
+
+    if (n < *cap)
+        return 0;
+    ncap = *cap ? *cap * 2 : 16;
+    p = realloc(*items, ncap * sizeof *p);
+    if (!p)
+        return IDEM_CLIENT_ENOMEM;
+    *items = p;
+    *cap = ncap;
+    return 0;
+}
+
+/*
+ * An intent that once got a 2xx succeeded, whatever a later run with an edited body (422) says;
+ * any other final status is replaced by the next one (a 401 fixed with the right token).
+ */
+static int is_2xx(int status)
+{
+    return status >= 200 && status <= 299;
+}
+
+/* ---- reading ----------------------------------------------------------------------------------
+ */
+
+struct parse {
+    struct idem_client_intent *items;
+    size_t n, cap;
+};
+
+/* Splits off the next space-separated field of payload[*i, len). */
+static int next_field(const char *p, size_t len, size_t *i, const char **f, size_t *flen)
+{
+    size_t b = *i;
+
+    while (*i < len && p[*i] != ' ')
+        (*i)++;
+    if (*i == b)
+        return -1;
+    *f = p + b;
+    *flen = *i - b;
+    if (*i < len)
+        (*i)++; /* the separating space */
+    return 0;
+}
+
+static int parse_decimal(const char *f, size_t flen, int64_t max, int64_t *out)
+{
+    int64_t v = 0;
+    size_t i;
+
+    if (flen == 0 || flen > 19)
+        return -1;
+    for (i = 0; i < flen; i++) {
+        if (f[i] < '0' || f[i] > '9')
+            return -1;
+        v = v * 10 + (f[i] - '0');
+    }
+    if (v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/*
+ * Applies one payload to the table.  Returns 0, IDEM_CLIENT_ECORRUPT with *why set, or
+ * IDEM_CLIENT_ENOMEM.
+ */
+static int apply(struct parse *ps, const char *p, size_t len, const char **why)
+{
+    int rc = IDEM_CLIENT_ECORRUPT;
+    const char *type, *ms, *name_f, *last;
+    size_t type_len, ms_len, name_len, last_len, i = 0;
+    char *name = NULL, *key = NULL;
+    int64_t when, status;
+    struct idem_client_intent *it;
+    int nomem = 0;
+
+    if (next_field(p, len, &i, &type, &type_len) < 0 || next_field(p, len, &i, &ms, &ms_len) < 0 ||
+        next_field(p, len, &i, &name_f, &name_len) < 0 ||
+        next_field(p, len, &i, &last, &last_len) < 0 || i != len) {
+        *why = "malformed record (expected 4 fields)";
+        goto out;
+    }
+    if (type_len != 1 || (type[0] != 'K' && type[0] != 'S')) {
+        *why = "unknown record type (written by a newer idem?)";
+        goto out;
+    }
+    if (parse_decimal(ms, ms_len, INT64_MAX, &when) < 0) {
+        *why = "malformed timestamp";
+        goto out;
+    }
+    name = decode(name_f, name_len, &nomem);
+    if (!name || name[0] == '\0' || strlen(name) > IDEM_CLIENT_INTENT_MAX) {
+        *why = "malformed intent name";
+        goto out;
+    }
+    it = find(ps->items, ps->n, name);
+    if (type[0] == 'K') {
+        key = decode(last, last_len, &nomem);
+        if (!key || idem_client_key_check(key, NULL) < 0) {
+            *why = "malformed key";
+            goto out;
+        }
+        if (it) {
+            /* The same record twice is harmless; two keys for one intent are not. */
+            if (strcmp(it->key, key) != 0) {
+                *why = "intent journaled a second time with another key";
+                goto out;
+            }
+            rc = 0;
+            goto out;
+        }
+        rc = items_grow(&ps->items, ps->n, &ps->cap);
+        if (rc < 0)
+            goto out;
+        it = &ps->items[ps->n++];
+        memset(it, 0, sizeof *it);
+        it->name = name;
+        it->key = key;
+        it->created_ms = when;
+        name = NULL;
+        key = NULL;
+    } else {
+        if (parse_decimal(last, last_len, 999, &status) < 0 || status < 100) {
+            *why = "malformed status";
+            goto out;
+        }
+        if (!it) {
+            *why = "status recorded for an intent without a key";
+            goto out;
+        }
+        if (!is_2xx(it->final_status))
+            it->final_status = (int)status;
+    }
+    rc = 0;
+out:
+    if (nomem)
+        rc = IDEM_CLIENT_ENOMEM;
+    free(name);
+    free(key);
+    return rc;
+}
+
+/*
+ * Checks one line (without its newline) and applies it.  Returns 0, IDEM_CLIENT_ECORRUPT with
+ * *why set, or IDEM_CLIENT_ENOMEM.
+ */
+static int parse_line(struct parse *ps, const char *line, size_t len, const char **why)
+{
+    int64_t declared;
+    uint32_t crc = 0;
+    size_t i, digits;
+    int h;
+
+    if (len > LINE_MAX_BYTES) {
+        *why = "record too long";
+        return IDEM_CLIENT_ECORRUPT;
+    }
+    if (len < 11 || line[8] != ' ') {
+        *why = "malformed record (no checksum)";
+        return IDEM_CLIENT_ECORRUPT;
+    }
+    for (i = 0; i < 8; i++) {
+        h = hexval(line[i]);
+        if (h < 0 || (line[i] >= 'A' && line[i] <= 'F')) {
+            *why = "malformed record (no checksum)";
+            return IDEM_CLIENT_ECORRUPT;
+        }
+        crc = (crc << 4) | (uint32_t)h;
+    }
+    for (digits = 0; 9 + digits < len && line[9 + digits] != ' '; digits++)
+        ;
+    if (9 + digits >= len || parse_decimal(line + 9, digits, LINE_MAX_BYTES, &declared) < 0) {
+        *why = "malformed record (no length)";
+        return IDEM_CLIENT_ECORRUPT;
+    }
+    i = 9 + digits + 1; /* start of the payload */
+    if ((size_t)declared != len - i) {
+        *why = (size_t)declared > len - i ? "record shorter than its length says (cut short?)"
+                                          : "record longer than its length says";
+        return IDEM_CLIENT_ECORRUPT;
+    }
+    if (idem_client__crc32(0, line + i, len - i) != crc) {
+        *why = "checksum mismatch (the record was damaged)";
+        return IDEM_CLIENT_ECORRUPT;
+    }
+    return apply(ps, line + i, len - i, why);
+}
+
+/* Reads the whole file into a new table; the caller holds the lock. */
+static int reload(struct idem_client_journal *j)
+{
+    int rc = IDEM_CLIENT_EJOURNAL;
+    struct parse ps = {NULL, 0, 0};
+    char *data = NULL;
+    struct stat st;
+    size_t size, off = 0, lineno = 0, b, e;
+    ssize_t got;
+    const char *why = NULL;
+
+    if (fstat(j->fd, &st) != 0) {
+        idem_client__fmt(j->errmsg, sizeof j->errmsg, "%s: cannot stat: %s", j->path,
+                         strerror(errno));
+        goto out;
+    }
+    if (st.st_size < 0 || (uint64_t)st.st_size > JOURNAL_MAX_BYTES) {
+        idem_client__fmt(j->errmsg, sizeof j->errmsg, "%s: journal larger than %u MiB", j->path,
+                         JOURNAL_MAX_BYTES >> 20);
+        rc = IDEM_CLIENT_ETOOBIG;
+        goto out;
+    }
+    size = (size_t)st.st_size;
+    data = malloc(size + 1);
+    if (!data) {
+        rc = IDEM_CLIENT_ENOMEM;
+        goto out;
+    }
+    while (off < size) {
+        got = pread(j->fd, data + off, size - off, (off_t)off);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            idem_client__fmt(j->errmsg, sizeof j->errmsg, "%s: cannot read: %s", j->path,
+                             strerror(errno));
+            goto out;
+        }
+        if (got == 0)
+            break; /* shrank under us: read what is there */
+        off += (size_t)got;
+    }
+    size = off;
+    for (b = 0; b < size; b = e + 1) {
+        lineno++;
+        for (e = b; e < size && data[e] != '\n'; e++)
+            ;
+        if (e == size) {
+            /* Every append ends with its newline: a last line without one was cut short. */
+            why = "truncated record at the end of the file (an append was cut short)";
+            rc = IDEM_CLIENT_ECORRUPT;
+            goto bad;
+        }
+        rc = parse_line(&ps, data + b, e - b, &why);
+        if (rc == IDEM_CLIENT_ECORRUPT)
+            goto bad;
+        if (rc < 0)
+            goto out;
+    }
+    items_free(j->items, j->n);
+    j->items = ps.items;
+    j->n = ps.n;
+    ps.items = NULL;
+    ps.n = 0;
+    rc = 0;
+    goto out;
+bad:
+    idem_client__fmt(j->errmsg, sizeof j->errmsg,
+                     "%s:%zu: %s; the journal is not used until this line is repaired or removed",
+                     j->path, lineno, why);
+out:
+    items_free(ps.items, ps.n);
+    free(data);
+    return rc;
+}
+
+/* ---- locking and appending --------------------------------------------------------------------
+ */
+
+static int lock(struct idem_client_journal *j, int how)
+{
+    while (flock(j->fd, how) != 0) {
+        if (errno == EINTR)
+            continue;
+        idem_client__fmt(j->errmsg, sizeof j->errmsg, "%s: cannot lock: %s", j->path,
+                         strerror(errno));
+        return IDEM_CLIENT_EJOURNAL;
+    }
+    return 0;
+}
+
+static void unlock(struct idem_client_journal *j)
+{
+    (void)flock(j->fd, LOCK_UN);
+}
+
+/* Locks, then reads what other processes appended since. */
+static int lock_and_reload(struct idem_client_journal *j, int how)
+{
+    int rc = lock(j, how);
+
+    if (rc < 0)
+        return rc;
+    rc = reload(j);
+    if (rc < 0)
+        unlock(j);
+    return rc;
+}
+
+/* Appends one record: a single write of the whole line, then fsync. */
+static int append(struct idem_client_journal *j, char type, const char *name, const char *last)
+{
+    char payload[LINE_MAX_BYTES], line[LINE_MAX_BYTES + 32];
+    size_t p = 0, off = 0, len;
+    ssize_t put;
+    int n;
+
+    n = snprintf(payload, sizeof payload, "%c %lld ", type, (long long)idem_client__now_ms());
+    if (n < 0)
+        return IDEM_CLIENT_EINVAL;
+    p = (size_t)n;
+    encode(payload, &p, name);
+    payload[p++] = ' ';
+    encode(payload, &p, last);
+    n = snprintf(line, sizeof line, "%08x %zu ", (unsigned)idem_client__crc32(0, payload, p), p);
+    if (n < 0)
+        return IDEM_CLIENT_EINVAL;
+    len = (size_t)n;
+    memcpy(line + len, payload, p);
+    len += p;
+    line[len++] = '\n';
+    while (off < len) {
+        put = write(j->fd, line + off, len - off);
+        if (put < 0 && errno == EINTR)
+            continue;
+        if (put < 0) {
+            idem_client__fmt(j->errmsg, sizeof j->errmsg, "%s: cannot append: %s", j->path,
+                             strerror(errno));
+            return IDEM_CLIENT_EJOURNAL;
+        }
+        off += (size_t)put;
+    }
+    if (j->fsync_fn(j->fd) != 0) {
+        idem_client__fmt(j->errmsg, sizeof j->errmsg, "%s: fsync failed: %s", j->path,
+                         strerror(errno));
+        return IDEM_CLIENT_EJOURNAL;
+    }
+    return 0;
+}
+
+/* fsyncs the directory holding `path`, so that a new file's name survives a crash too. */
+static void sync_parent_dir(const char *path)
+{
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    size_t n;
+    int fd;
+
+    if (!slash) {
+        dir[0] = '.';
+        dir[1] = '\0';
+    } else {
+        n = (size_t)(slash - path);
+        if (n == 0)
+            n = 1; /* "/journal" lives in "/" */
+        if (n >= sizeof dir)
+            return;
+        memcpy(dir, path, n);
+        dir[n] = '\0';
+    }
+    fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    (void)fsync(fd);
+    close(fd);
+}
+
+/* ---- the API ----------------------------------------------------------------------------------
+ */
+
+int idem_client_journal_open(const char *path, struct idem_client_journal **out, char **errmsg)
+{
+    int rc = IDEM_CLIENT_ENOMEM;
+    struct idem_client_journal *j = NULL;
+    int created = 0;
+
+    if (out)
+        *out = NULL;
+    if (errmsg)
+        *errmsg = NULL;
+    if (!path || !out || path[0] == '\0') {
+        rc = IDEM_CLIENT_EINVAL;
+        if (errmsg)
+            *errmsg = idem_client__strdup("no journal path");
+        goto out;
+    }
+    j = calloc(1, sizeof *j);
+    if (!j)
+        goto out;
+    j->fd = -1;
+    j->fsync_fn = fsync;
+    j->path = idem_client__strdup(path);
+    if (!j->path)
+        goto out;
+    j->fd = open(path, O_RDWR | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (j->fd >= 0)
+        created = 1;
+    else if (errno == EEXIST)
+        j->fd = open(path, O_RDWR | O_APPEND | O_CLOEXEC);
+    if (j->fd < 0) {
+        rc = IDEM_CLIENT_EJOURNAL;
+        idem_client__fmt(j->errmsg, sizeof j->errmsg, "%s: cannot open: %s", path, strerror(errno));
+        goto out;
+    }
+    if (created)
+        sync_parent_dir(path);
+    rc = lock_and_reload(j, LOCK_SH);
+    if (rc < 0)
+        goto out;
+    unlock(j);
+    *out = j;
+    j = NULL;
+out:
+    if (j && errmsg)
+        *errmsg = idem_client__strdup(j->errmsg[0] ? j->errmsg : idem_client_strerror(rc));
+    idem_client_journal_close(j);
+    return rc;
+}
+
+void idem_client_journal_close(struct idem_client_journal *j)
+{
+    if (!j)
+        return;
+    if (j->fd >= 0)
+        close(j->fd);
+    items_free(j->items, j->n);
+    free(j->path);
+    free(j);
+}
+
+const char *idem_client_journal_path(const struct idem_client_journal *j)
+{
+    return j ? j->path : NULL;
+}
+
+const char *idem_client_journal_errmsg(const struct idem_client_journal *j)
+{
+    return j ? j->errmsg : "";
+}
+
+static int check_intent(struct idem_client_journal *j, const char *intent)
+{
+    size_t n = intent ? strlen(intent) : 0;
+
+    if (n == 0 || n > IDEM_CLIENT_INTENT_MAX) {
+        idem_client__fmt(j->errmsg, sizeof j->errmsg, "intent name must be 1 to %d bytes",
+                         IDEM_CLIENT_INTENT_MAX);
+        return IDEM_CLIENT_EINVAL;
+    }
+    return 0;
+}
+
+int idem_client_journal_lookup(struct idem_client_journal *j, const char *intent,
+                               const struct idem_client_intent **out)
+{
+    int rc = IDEM_CLIENT_EINVAL;
+    struct idem_client_intent *it;
+
+    if (!j || !out)
+        goto out;
+    *out = NULL;
+    j->errmsg[0] = '\0';
+    rc = check_intent(j, intent);
+    if (rc < 0)
+        goto out;
+    rc = lock_and_reload(j, LOCK_SH);
+    if (rc < 0)
+        goto out;
+    unlock(j);
+    it = find(j->items, j->n, intent);
+    if (it) {
+        j->view = *it;
+        j->view.created = 0;
+        *out = &j->view;
+    }
+out:
+    return rc;
+}
+
+int idem_client_journal_begin(struct idem_client_journal *j, const char *intent, const char *key,
+                              const struct idem_client_intent **out)
+{
+    int rc = IDEM_CLIENT_EINVAL;
+    int locked = 0;
+    struct idem_client_intent *it;
+    char uuid[IDEM_CLIENT_UUID_LEN + 1];
+    const char *why = NULL;
+    char *name_copy = NULL, *key_copy = NULL;
+    size_t cap;
+
+    if (!j || !out)
+        goto out;
+    *out = NULL;
+    j->errmsg[0] = '\0';
+    rc = check_intent(j, intent);
+    if (rc < 0)
+        goto out;
+    if (key && idem_client_key_check(key, &why) < 0) {
+        idem_client__fmt(j->errmsg, sizeof j->errmsg, "%s", why);
+        rc = IDEM_CLIENT_EKEY;
+        goto out;
+    }
+    rc = lock_and_reload(j, LOCK_EX);
+    if (rc < 0)
+        goto out;
+    locked = 1;
+    it = find(j->items, j->n, intent);
+    if (it) {
+        if (key && strcmp(key, it->key) != 0) {
+            idem_client__fmt(j->errmsg, sizeof j->errmsg,
+                             "%s: intent is journaled with key %s, not %s", j->path, it->key, key);
+            rc = IDEM_CLIENT_EINTENT;
+            goto out;
+        }
+        j->view = *it;
+        j->view.created = 0;
+        *out = &j->view;
+        rc = 0;
+        goto out;
+    }
+    if (!key) {
+        rc = idem_client_key_new(uuid);
+        if (rc < 0)
+            goto out;
+        key = uuid;
+    }
+    rc = IDEM_CLIENT_ENOMEM;
+    name_copy = idem_client__strdup(intent);
+    key_copy = idem_client__strdup(key);
+    cap = j->n; /* the table is exactly full after reload; grow by one step */
+    if (!name_copy || !key_copy || items_grow(&j->items, j->n, &cap) < 0)
+        goto out;
+    rc = append(j, 'K', intent, key);
+    if (rc < 0)
+        goto out;
+    it = &j->items[j->n++];
+    memset(it, 0, sizeof *it);
+    it->name = name_copy;
+    it->key = key_copy;
+    it->created_ms = idem_client__now_ms();
+    name_copy = NULL;
+    key_copy = NULL;
+    j->view = *it;
+    j->view.created = 1;
+    *out = &j->view;
+    rc = 0;
+out:
+    if (locked)
+        unlock(j);
+    free(name_copy);
+    free(key_copy);
+    return rc;
+}
+
+int idem_client_journal_finish(struct idem_client_journal *j, const char *intent, int status)
+{
+    int rc = IDEM_CLIENT_EINVAL;
+    int locked = 0;
+    struct idem_client_intent *it;
+    char text[16];
+
+    if (!j)
+        goto out;
+    j->errmsg[0] = '\0';
+    rc = check_intent(j, intent);
+    if (rc < 0)
+        goto out;
+    if (status < 100 || status > 999) {
+        idem_client__fmt(j->errmsg, sizeof j->errmsg, "status %d is not an HTTP status", status);
+        rc = IDEM_CLIENT_EINVAL;
+        goto out;
+    }
+    rc = lock_and_reload(j, LOCK_EX);
+    if (rc < 0)
+        goto out;
+    locked = 1;
+    it = find(j->items, j->n, intent);
+    if (!it) {
+        idem_client__fmt(j->errmsg, sizeof j->errmsg, "%s: intent is not journaled", j->path);
+        rc = IDEM_CLIENT_EINVAL;
+        goto out;
+    }
+    rc = 0;
+    if (it->final_status == status || is_2xx(it->final_status))
+        goto out;
+    idem_client__fmt(text, sizeof text, "%d", status);
+    rc = append(j, 'S', intent, text);
+    if (rc < 0)
+        goto out;
+    it->final_status = status;
+out:
+    if (locked)
+        unlock(j);
+    return rc;
+}
+
+size_t idem_client_journal_count(const struct idem_client_journal *j)
+{
+    return j ? j->n : 0;
+}
+
+const struct idem_client_intent *idem_client_journal_at(const struct idem_client_journal *j,
+                                                        size_t i)
+{
+    return j && i < j->n ? &j->items[i] : NULL;
+}
+
+void idem_client__journal_set_fsync(struct idem_client_journal *j, int (*fsync_fn)(int fd))
+{
+    if (j)
+        j->fsync_fn = fsync_fn ? fsync_fn : fsync;
+}
