@@ -1,35 +1,82 @@
 #!/bin/sh
-# run.sh - what `make run` starts once the build is done: orderd on SQLite (./var/orderd.db) with
-# a demo user, and a few lines that show a first order and its safe retry.  orderd replaces this
-# shell (exec), so Ctrl-C reaches it directly and it stops cleanly.
-#   ORDERD_PORT  port to listen on (default 8080)
-#   BUILD        build directory relative to the repository (default build, as in the Makefile)
+# run.sh - what `make run` starts once the build is done: provider-sim (the payment + email
+# provider simulator, ./var/provider-sim.db) and orderd on SQLite (./var/orderd.db) charging
+# through it, with a demo user.  It then places one order and shows the whole flow: the order
+# (paid), the charge at the provider, and the confirmation email the outbox relay sent - and how
+# to see a retry change nothing.  Ctrl-C stops both.
+#   ORDERD_PORT    port of orderd (default 8080)
+#   PROVIDER_PORT  port of provider-sim (default 8090)
+#   BUILD          build directory relative to the repository (default build, as in the Makefile)
 set -eu
 
 root=$(CDPATH='' cd -- "$(dirname -- "$0")/.." && pwd)
 cd "$root"
 
 port=${ORDERD_PORT:-8080}
+pport=${PROVIDER_PORT:-8090}
 orderd="$root/${BUILD:-build}/bin/orderd"
+sim="$root/${BUILD:-build}/bin/provider-sim"
 db="sqlite:./var/orderd.db"
 url="http://127.0.0.1:$port"
+purl="http://127.0.0.1:$pport"
 
-if [ ! -x "$orderd" ]; then
-    echo "run: $orderd not found; build first with: make build" >&2
-    exit 1
-fi
+for bin in "$orderd" "$sim"; do
+    if [ ! -x "$bin" ]; then
+        echo "run: $bin not found; build first with: make build" >&2
+        exit 1
+    fi
+done
 
 mkdir -p var
+# One secret per run, shared by the two: provider-sim signs its webhooks, orderd verifies them.
+secret="whsec_$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
+export ORDERD_WEBHOOK_SECRET="$secret"
+export PROVIDER_SIM_WEBHOOK_SECRET="$secret"
+
 "$orderd" migrate --db "$db" >/dev/null
 token=$("$orderd" token create --db "$db" --user demo)
-key="order-$(date +%Y%m%d-%H%M%S)"
 
+sim_pid=""
+orderd_pid=""
+stop() {
+    trap - EXIT INT TERM
+    [ -n "$orderd_pid" ] && kill "$orderd_pid" 2>/dev/null || true
+    [ -n "$sim_pid" ] && kill "$sim_pid" 2>/dev/null || true
+    wait 2>/dev/null || true
+}
+trap stop EXIT
+trap 'stop; exit 0' INT TERM
+
+# Waits (up to 10 s) until $1 answers GET /healthz.
+wait_healthy() {
+    i=0
+    while ! curl -fs "$1/healthz" >/dev/null 2>&1; do
+        i=$((i + 1))
+        if [ "$i" -gt 100 ]; then
+            echo "run: $2 did not come up on $1; see var/$2.log" >&2
+            exit 1
+        fi
+        sleep 0.1
+    done
+}
+
+"$sim" --listen "127.0.0.1:$pport" --db sqlite:./var/provider-sim.db \
+    --webhook-url "$url/webhooks/provider" >var/provider-sim.log 2>&1 &
+sim_pid=$!
+wait_healthy "$purl" provider-sim
+
+"$orderd" serve --listen "127.0.0.1:$port" --db "$db" --provider "$purl" &
+orderd_pid=$!
+wait_healthy "$url" orderd
+
+key="order-$(date +%Y%m%d-%H%M%S)"
 cat <<EOF
 
   orderd (idem's reference service) on $url, store $db
+  provider-sim (payments + emails) on $purl, log in var/provider-sim.log
   demo user: demo    token: $token
 
-  Create an order; the Idempotency-Key makes the request safe to retry:
+  1. An order; the Idempotency-Key makes it safe to retry:
 
     curl -i -X POST $url/api/orders \\
       -H 'Authorization: Bearer $token' \\
@@ -37,15 +84,40 @@ cat <<EOF
       -H 'Idempotency-Key: $key' \\
       -d '{"productId":"p-1024","quantity":2}'
 
-  Run the very same command again: same order, same body, no second order,
-  and the answer says "Idempotent-Replayed: true".
+EOF
+curl -s -i -X POST "$url/api/orders" -H "Authorization: Bearer $token" \
+    -H 'Content-Type: application/json' -H "Idempotency-Key: $key" \
+    -d '{"productId":"p-1024","quantity":2}' | sed 's/^/    /'
+sleep 1
+echo
+echo
+echo "  2. The charge at the provider (its key is derived from the order):"
+echo
+curl -s "$purl/v1/charges" | python3 -c '
+import json, sys
+for c in json.load(sys.stdin)["data"][:1]:
+    print("    %s  %s %s %s  key %s" % (c["id"], c["status"], c["amount"], c["currency"],
+                                        c["idempotency_key"]))'
+echo
+echo "  3. The confirmation email, sent by the outbox relay (key = the outbox row id):"
+echo
+curl -s "$purl/v1/emails" | python3 -c '
+import json, sys
+for e in json.load(sys.stdin)["data"][:1]:
+    print("    %s  to %s: \"%s\"  key %s" % (e["id"], e["to"], e["subject"], e["idempotency_key"]))'
+cat <<EOF
 
-  List your orders:
+  Run the curl of step 1 again: same order, same body, "Idempotent-Replayed: true",
+  and no second charge or email.  The provider's audit of every effect, per key:
 
-    curl -s $url/api/orders -H 'Authorization: Bearer $token'
+    curl -s $purl/v1/ledger
 
-  Ctrl-C stops the server.
+  Make the provider lose answers, then order again and watch orderd settle it:
+
+    curl -s -X POST $purl/v1/faults -d '{"lost_rate":0.5}'
+
+  Outbox: $orderd outbox list --db $db
+  Ctrl-C stops both.
 
 EOF
-
-exec "$orderd" serve --listen "127.0.0.1:$port" --db "$db"
+wait "$orderd_pid" || true

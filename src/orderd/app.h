@@ -13,8 +13,11 @@
 #include "log.h"
 #include "metrics.h"
 
+struct provider;
+
 struct app {
     const struct orderd_config *cfg;
+    struct provider *provider; /* NULL without --provider: orders are not charged */
     struct logger log;
     struct idem_store *store;
     struct idem_engine *engine;

@@ -18,6 +18,13 @@
 #define ORDERD_DEFAULT_LEASE_MS 10000
 #define ORDERD_DEFAULT_WAIT_MS 2000
 #define ORDERD_DEFAULT_SWEEP_S 60
+#define ORDERD_DEFAULT_PROVIDER_TIMEOUT_MS 5000
+#define ORDERD_DEFAULT_WEBHOOK_TOLERANCE_S 300
+#define ORDERD_DEFAULT_COMPLETER_MS 1000
+#define ORDERD_DEFAULT_RECONCILER_MS 1000
+#define ORDERD_DEFAULT_RECONCILE_AFTER_MS 2000
+#define ORDERD_DEFAULT_OUTBOX_MS 250
+#define ORDERD_DEFAULT_OUTBOX_ATTEMPTS 10
 
 struct orderd_config {
     const char *listen;  /* "HOST:PORT", "[V6]:PORT"; port 0 picks a free one */
@@ -29,6 +36,17 @@ struct orderd_config {
     int64_t wait_ms;      /* how long a duplicate waits for the first request */
     int sweep_interval_s; /* pause between retention sweeps; 0 disables the sweeper */
     int test_hooks;       /* ORDERD_TEST_HOOKS=1 at start: X-Test-* headers are honoured */
+
+    /* Payments (docs/orderd.md): without a provider, orders are not charged ("created"). */
+    const char *provider;          /* base URL of the provider; NULL: no payments */
+    int64_t provider_timeout_ms;   /* one provider call, connect included */
+    const char *webhook_secret;    /* HMAC key of provider webhooks; NULL: all refused (401) */
+    int64_t webhook_tolerance_s;   /* accepted age of a webhook's signature timestamp */
+    int64_t completer_interval_ms; /* background workers: pause between runs, 0 disables */
+    int64_t reconciler_interval_ms;
+    int64_t reconcile_after_ms; /* an unknown outcome waits this long for the client's retry */
+    int64_t outbox_interval_ms;
+    int outbox_max_attempts; /* a message is parked after this many failed deliveries */
 };
 
 #endif /* ORDERD_CONFIG_H */

@@ -84,6 +84,72 @@ int db_exec(const struct app *app, struct idem_tx *tx, const char *sql, int npar
     return rc;
 }
 
+/* Replaces text[from, to) by at most three asterisks. */
+static void mask_span(char *text, size_t from, size_t to)
+{
+    size_t stars = to - from < 3 ? to - from : 3;
+
+    memset(text + from, '*', stars);
+    memmove(text + from + stars, text + to, strlen(text + to) + 1);
+}
+
+static int is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+static int is_word(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+void db_redact_secrets(char *text)
+{
+    char *p = text;
+    char *colon, *at, *end, *q;
+
+    /* URIs: the user info ends at the last '@' of the word (a raw '@' may be in the password). */
+    while ((p = strstr(p, "://")) != NULL) {
+        p += 3;
+        for (end = p; *end != '\0' && !is_space(*end); end++)
+            ;
+        at = NULL;
+        for (q = p; q < end; q++)
+            if (*q == '@')
+                at = q;
+        colon = at ? memchr(p, ':', (size_t)(at - p)) : NULL;
+        if (colon != NULL && at > colon + 1)
+            mask_span(text, (size_t)(colon + 1 - text), (size_t)(at - text));
+    }
+    /* password=VALUE, password = 'VALUE', ?password=VALUE&... (over-masking is fine). */
+    for (p = text; *p != '\0'; p++) {
+        if (!ascii_ncaseeq(p, "password", 8) || (p > text && is_word(p[-1])))
+            continue;
+        q = p + 8;
+        while (is_space(*q))
+            q++;
+        if (*q != '=')
+            continue;
+        q++;
+        while (is_space(*q))
+            q++;
+        end = q;
+        if (*end == '\'') {
+            for (end++; *end != '\0' && *end != '\''; end++)
+                if (*end == '\\' && end[1] != '\0')
+                    end++;
+            if (*end == '\'')
+                end++;
+        } else {
+            while (*end != '\0' && !is_space(*end))
+                end++;
+        }
+        if (end > q)
+            mask_span(text, (size_t)(q - text), (size_t)(end - text));
+        p = q;
+    }
+}
+
 const char *db_text(const struct idem_rows *rows, int row, int col)
 {
     const char *v = idem_rows_get(rows, row, col);

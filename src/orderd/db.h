@@ -25,6 +25,14 @@ int db_open(const char *uri, int pool, enum idem_sync sync, struct idem_store **
 int db_exec(const struct app *app, struct idem_tx *tx, const char *sql, int nparams,
             const char *const *params, struct idem_rows **rows);
 
+/*
+ * Masks, in place, whatever in `text` may be a password: the password of every URI's user info
+ * ("scheme://user:PASSWORD@host") and the value of every "password=" (libpq key=value strings and
+ * URI query parameters; quoted or not).  For messages that echo a command-line argument, which
+ * may be a connection string.  The text never grows.
+ */
+void db_redact_secrets(char *text);
+
 /* Value of (row, col) as text; "" for SQL NULL (borrowed until idem_rows_free). */
 const char *db_text(const struct idem_rows *rows, int row, int col);
 

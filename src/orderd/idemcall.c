@@ -26,7 +26,10 @@ void idemcall_unavailable(struct response *resp, const char *detail)
 void idemcall_fail(struct response *resp, int rc)
 {
     if (rc == IDEM_EUNAVAIL) {
-        idemcall_unavailable(resp, "The store did not answer in time; nothing was done. Retry.");
+        /* Not "nothing was done": a COMMIT whose answer was lost may have committed. */
+        idemcall_unavailable(resp, "The store did not answer in time, so the request did not "
+                                   "finish. Retry with the same Idempotency-Key: it runs once, "
+                                   "or returns its stored result.");
     } else {
         response_problem(resp, 500, "internal-error",
                          "The request failed and was rolled back; nothing was stored. Retry.");
@@ -50,9 +53,23 @@ int idemcall_complete_json(struct idem_call *call, int status, const json_t *doc
 int idemcall_complete_problem(struct idem_call *call, int status, const char *code,
                               const char *detail)
 {
+    return idemcall_complete_problem_ext(call, status, code, detail, NULL);
+}
+
+int idemcall_outcome_unknown(struct response *resp, const char *detail)
+{
+    response_set_header(resp, "Retry-After", "1");
+    response_problem(resp, 503, "outcome-unknown", detail);
+    resp->outcome = "unknown";
+    return IDEMCALL_ANSWERED;
+}
+
+int idemcall_complete_problem_ext(struct idem_call *call, int status, const char *code,
+                                  const char *detail, const json_t *extra)
+{
     struct idem_header hdrs[1] = {{"Content-Type", CONTENT_TYPE_PROBLEM}};
     size_t len = 0;
-    char *body = problem_body(status, code, detail, &len);
+    char *body = problem_body_ext(status, code, detail, extra, &len);
     int rc;
 
     rc = idem_call_complete(call, status, hdrs, 1, body, len);
@@ -79,15 +96,31 @@ static void send_stored(const struct idem_call *call, struct response *resp)
     }
 }
 
-static void in_progress(struct response *resp, int retry_after_s)
+/*
+ * 409 while another owner holds the lease.  When that owner is a recovery worker (the completer
+ * or the reconciler finishing what an earlier attempt started), the problem says
+ * "state": "recovering": the client's retry is not racing another client.
+ */
+static void in_progress(struct response *resp, int retry_after_s, int recovering)
 {
+    json_t *ext = NULL;
     char ra[16];
 
     snprintf(ra, sizeof ra, "%d", retry_after_s < 1 ? 1 : retry_after_s);
     response_set_header(resp, "Retry-After", ra);
-    response_problem(resp, 409, "idempotency-request-in-progress",
-                     "A request with this Idempotency-Key is still being processed. Retry after "
-                     "the number of seconds in Retry-After to get its result.");
+    if (recovering) {
+        ext = xcheck(json_pack("{s:s}", "state", "recovering"));
+        response_problem_ext(resp, 409, "idempotency-request-in-progress",
+                             "An earlier attempt with this Idempotency-Key is being recovered in "
+                             "the background. Retry after the number of seconds in Retry-After "
+                             "to get its result.",
+                             ext);
+        json_decref(ext);
+    } else {
+        response_problem(resp, 409, "idempotency-request-in-progress",
+                         "A request with this Idempotency-Key is still being processed. Retry "
+                         "after the number of seconds in Retry-After to get its result.");
+    }
     resp->outcome = "in_progress";
 }
 
@@ -125,7 +158,7 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
             resp->outcome = "mismatch";
             goto out;
         case IDEM_OUTCOME_IN_PROGRESS:
-            in_progress(resp, idem_call_retry_after_s(call));
+            in_progress(resp, idem_call_retry_after_s(call), idem_call_recovering(call));
             goto out;
         case IDEM_OUTCOME_EXECUTE:
         case IDEM_OUTCOME_RESUME:
@@ -133,6 +166,10 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
             rc = run(cx, call, outcome, arg, resp);
             if (rc == 0) {
                 send_stored(call, resp);
+                goto out;
+            }
+            if (rc == IDEMCALL_ANSWERED) {
+                idem_call_abort(call);
                 goto out;
             }
             log_msg(&app->log, rc == IDEM_ELEASE ? "warn" : "error", "%s: %s: %s", op->name,
@@ -153,7 +190,7 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
         }
     }
     /* Lost the lease twice: someone else is working on it. */
-    in_progress(resp, 1);
+    in_progress(resp, 1, 0);
 out:
     idem_call_end(call);
 }

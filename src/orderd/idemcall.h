@@ -22,7 +22,13 @@ struct response;
  * once it completed the call (idemcall_complete_*), or a negative IDEM_E* after which the open
  * phase is aborted and nothing is stored.  It may set resp->outcome or response headers that
  * are sent but not stored (Idempotent-Replayed for a late retry).
+ *
+ * IDEMCALL_ANSWERED means: the answer is already in `resp` and must not be stored (an unknown
+ * outcome, 503 outcome-unknown; a transient refusal); the call is aborted, so its lease is
+ * released and a retry goes on from the recovery point (or, before any commit, runs afresh).
  */
+#define IDEMCALL_ANSWERED 1
+
 typedef int (*idemcall_run_fn)(const struct call_ctx *cx, struct idem_call *call,
                                enum idem_outcome outcome, void *arg, struct response *resp);
 
@@ -37,6 +43,17 @@ int idemcall_complete_json(struct idem_call *call, int status, const json_t *doc
 /* Completes the call with a stored business problem (422 unknown-product, 409 out-of-stock...). */
 int idemcall_complete_problem(struct idem_call *call, int status, const char *code,
                               const char *detail);
+
+/* The same with extension members (borrowed, may be NULL): "orderId" of a declined payment. */
+int idemcall_complete_problem_ext(struct idem_call *call, int status, const char *code,
+                                  const char *detail, const json_t *extra);
+
+/*
+ * 503 outcome-unknown with Retry-After: an external step (the provider) gave no answer; nothing
+ * is stored, the record keeps its recovery point, and a retry, the completer or the reconciler
+ * settles it.  Returns IDEMCALL_ANSWERED for the run function to return.
+ */
+int idemcall_outcome_unknown(struct response *resp, const char *detail);
 
 /* 503 idempotency-store-unavailable with Retry-After: 1 (nothing ran, nothing is stored). */
 void idemcall_unavailable(struct response *resp, const char *detail);

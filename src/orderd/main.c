@@ -1,5 +1,6 @@
 /*
- * main.c - orderd's command line: `serve`, `token create`, `migrate`, `--help`, `--version`.
+ * main.c - orderd's command line: `serve`, `token create`, `migrate`, `outbox list|retry`,
+ * `--help`, `--version`.
  * Every subcommand has its own --help; a wrong flag or value is named on stderr and exits with
  * status 2, a failure at run time exits with 1, so scripts can tell "you called me wrong" from
  * "it did not work".  Flags are parsed into a struct orderd_config that is passed down.
@@ -17,6 +18,7 @@
 #include "config.h"
 #include "db.h"
 #include "http.h"
+#include "outbox.h"
 #include "schema.h"
 #include "serve.h"
 #include "util.h"
@@ -33,6 +35,8 @@ static const char usage_main[] =
     "  serve          run the HTTP server\n"
     "  token create   create a user (if needed) and print a new bearer token for it\n"
     "  migrate        apply the database migrations and print how many ran\n"
+    "  outbox list    show the outbox of emails (pending, sent, parked)\n"
+    "  outbox retry   queue a parked email again\n"
     "\n"
     "Options:\n"
     "  -h, --help     show this help\n"
@@ -56,9 +60,21 @@ static const char usage_serve[] =
     "  --lease-ms N             lease of a request on its idempotency record (default 10000)\n"
     "  --wait-ms N              how long a duplicate waits for the first request (default 2000)\n"
     "  --sweep-interval-s N     seconds between retention sweeps, 0 to disable (default 60)\n"
+    "Payments (without --provider, orders are not charged and stay \"created\"):\n"
+    "  --provider URL           payment + email provider, e.g. http://127.0.0.1:8090\n"
+    "  --provider-timeout-ms N  timeout of one provider call (default 5000)\n"
+    "  --webhook-secret S       HMAC key of POST /webhooks/provider (or ORDERD_WEBHOOK_SECRET)\n"
+    "  --webhook-tolerance-s N  accepted age of a webhook signature (default 300)\n"
+    "  --completer-interval-ms N    pause between completer runs, 0 disables (default 1000)\n"
+    "  --reconciler-interval-ms N   pause between reconciler runs, 0 disables (default 1000)\n"
+    "  --reconcile-after-ms N   an unknown outcome waits this long for the client's retry\n"
+    "                           before the reconciler asks the provider (default 2000)\n"
+    "  --outbox-interval-ms N   pause between outbox relay runs, 0 disables (default 250)\n"
+    "  --outbox-max-attempts N  failed deliveries before an email is parked (default 10)\n"
     "  -h, --help               show this help\n"
     "\n"
-    "Environment: ORDERD_TEST_HOOKS=1 enables the X-Test-* request headers (tests only).\n";
+    "Environment: ORDERD_TEST_HOOKS=1 enables the X-Test-* request headers (tests only);\n"
+    "ORDERD_WEBHOOK_SECRET is the webhook secret when --webhook-secret is not given.\n";
 
 static const char usage_token[] =
     "Usage: orderd token create --db URI --user NAME\n"
@@ -81,6 +97,20 @@ static const char usage_migrate[] =
     "  --db URI       store (default " ORDERD_DEFAULT_DB ")\n"
     "  -h, --help     show this help\n";
 
+static const char usage_outbox[] =
+    "Usage: orderd outbox list [--db URI] [--status pending|sent|parked] [--limit N]\n"
+    "       orderd outbox retry [--db URI] ID\n"
+    "\n"
+    "The outbox holds the emails orderd queued in the same transaction as their cause (an order\n"
+    "paid, a profile changed); `orderd serve --provider` delivers them.  A message that failed\n"
+    "--outbox-max-attempts times is parked; `retry` queues it again with its attempts reset.\n"
+    "\n"
+    "Options:\n"
+    "  --db URI       store (default " ORDERD_DEFAULT_DB ")\n"
+    "  --status S     list only messages in state S\n"
+    "  --limit N      list at most N messages, newest first (default 100)\n"
+    "  -h, --help     show this help\n";
+
 enum {
     OPT_HELP = 'h',
     OPT_LISTEN = 256,
@@ -92,6 +122,17 @@ enum {
     OPT_WAIT_MS,
     OPT_SWEEP,
     OPT_USER,
+    OPT_PROVIDER,
+    OPT_PROVIDER_TIMEOUT,
+    OPT_WEBHOOK_SECRET,
+    OPT_WEBHOOK_TOLERANCE,
+    OPT_COMPLETER,
+    OPT_RECONCILER,
+    OPT_RECONCILE_AFTER,
+    OPT_OUTBOX_INTERVAL,
+    OPT_OUTBOX_ATTEMPTS,
+    OPT_STATUS,
+    OPT_LIMIT,
 };
 
 static const struct option serve_options[] = {
@@ -103,6 +144,23 @@ static const struct option serve_options[] = {
     {"lease-ms", required_argument, NULL, OPT_LEASE_MS},
     {"wait-ms", required_argument, NULL, OPT_WAIT_MS},
     {"sweep-interval-s", required_argument, NULL, OPT_SWEEP},
+    {"provider", required_argument, NULL, OPT_PROVIDER},
+    {"provider-timeout-ms", required_argument, NULL, OPT_PROVIDER_TIMEOUT},
+    {"webhook-secret", required_argument, NULL, OPT_WEBHOOK_SECRET},
+    {"webhook-tolerance-s", required_argument, NULL, OPT_WEBHOOK_TOLERANCE},
+    {"completer-interval-ms", required_argument, NULL, OPT_COMPLETER},
+    {"reconciler-interval-ms", required_argument, NULL, OPT_RECONCILER},
+    {"reconcile-after-ms", required_argument, NULL, OPT_RECONCILE_AFTER},
+    {"outbox-interval-ms", required_argument, NULL, OPT_OUTBOX_INTERVAL},
+    {"outbox-max-attempts", required_argument, NULL, OPT_OUTBOX_ATTEMPTS},
+    {"help", no_argument, NULL, OPT_HELP},
+    {NULL, 0, NULL, 0},
+};
+
+static const struct option outbox_options[] = {
+    {"db", required_argument, NULL, OPT_DB},
+    {"status", required_argument, NULL, OPT_STATUS},
+    {"limit", required_argument, NULL, OPT_LIMIT},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -125,21 +183,38 @@ struct cli {
     const char *command; /* "serve", "token create", "migrate": for messages */
     struct orderd_config cfg;
     const char *user;
+    const char *status; /* outbox list --status */
+    int64_t limit;      /* outbox list --limit */
+    const char *arg;    /* the one positional argument of commands that take one */
+    int allow_arg;
 };
 
-/* Says what is wrong with the command line and returns EXIT_USAGE. */
+/*
+ * Says what is wrong with the command line and returns EXIT_USAGE.  The message may quote an
+ * argument, which may be a connection string: any password in it is masked (never truncated
+ * first, so no half a URI escapes the masking).
+ */
 static int usage_error(const struct cli *cli, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 static int usage_error(const struct cli *cli, const char *fmt, ...)
 {
-    char msg[512];
-    va_list ap;
+    char *msg;
+    va_list ap, ap2;
+    int n;
 
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_copy(ap2, ap);
+    n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
+    msg = xmalloc(n > 0 ? (size_t)n + 1 : 1);
+    msg[0] = '\0';
+    if (n > 0)
+        vsnprintf(msg, (size_t)n + 1, fmt, ap2);
+    va_end(ap2);
+    db_redact_secrets(msg);
     fprintf(stderr, "orderd %s: %s\nTry 'orderd %s --help'.\n", cli->command, msg, cli->command);
+    free(msg);
     return EXIT_USAGE;
 }
 
@@ -221,6 +296,58 @@ static int apply_option(struct cli *cli, int c, const char *arg)
             status = EXIT_USAGE;
         cfg->sweep_interval_s = (int)v;
         break;
+    case OPT_PROVIDER:
+        if (strncmp(arg, "http://", 7) != 0 && strncmp(arg, "https://", 8) != 0)
+            status =
+                usage_error(cli, "--provider must be an http:// or https:// URL, not '%s'", arg);
+        cfg->provider = arg;
+        break;
+    case OPT_PROVIDER_TIMEOUT:
+        if (number_flag(cli, "provider-timeout-ms", arg, 10, 600000, &cfg->provider_timeout_ms) !=
+            0)
+            status = EXIT_USAGE;
+        break;
+    case OPT_WEBHOOK_SECRET:
+        if (arg[0] == '\0')
+            status = usage_error(cli, "--webhook-secret must not be empty");
+        cfg->webhook_secret = arg;
+        break;
+    case OPT_WEBHOOK_TOLERANCE:
+        if (number_flag(cli, "webhook-tolerance-s", arg, 1, 86400, &cfg->webhook_tolerance_s) != 0)
+            status = EXIT_USAGE;
+        break;
+    case OPT_COMPLETER:
+        if (number_flag(cli, "completer-interval-ms", arg, 0, 3600000,
+                        &cfg->completer_interval_ms) != 0)
+            status = EXIT_USAGE;
+        break;
+    case OPT_RECONCILER:
+        if (number_flag(cli, "reconciler-interval-ms", arg, 0, 3600000,
+                        &cfg->reconciler_interval_ms) != 0)
+            status = EXIT_USAGE;
+        break;
+    case OPT_RECONCILE_AFTER:
+        if (number_flag(cli, "reconcile-after-ms", arg, 1, 3600000, &cfg->reconcile_after_ms) != 0)
+            status = EXIT_USAGE;
+        break;
+    case OPT_OUTBOX_INTERVAL:
+        if (number_flag(cli, "outbox-interval-ms", arg, 0, 3600000, &cfg->outbox_interval_ms) != 0)
+            status = EXIT_USAGE;
+        break;
+    case OPT_OUTBOX_ATTEMPTS:
+        if (number_flag(cli, "outbox-max-attempts", arg, 1, 1000, &v) != 0)
+            status = EXIT_USAGE;
+        cfg->outbox_max_attempts = (int)v;
+        break;
+    case OPT_STATUS:
+        if (strcmp(arg, "pending") != 0 && strcmp(arg, "sent") != 0 && strcmp(arg, "parked") != 0)
+            status = usage_error(cli, "--status must be pending, sent or parked, not '%s'", arg);
+        cli->status = arg;
+        break;
+    case OPT_LIMIT:
+        if (number_flag(cli, "limit", arg, 1, 100000, &cli->limit) != 0)
+            status = EXIT_USAGE;
+        break;
     default:
         status = usage_error(cli, "internal error: option %d", c);
         break;
@@ -261,6 +388,8 @@ static int parse_options(struct cli *cli, int argc, char **argv, const struct op
             status = apply_option(cli, c, optarg);
         }
     }
+    if (status < 0 && cli->allow_arg && optind < argc)
+        cli->arg = argv[optind++];
     if (status < 0 && optind < argc)
         status = usage_error(cli, "unexpected argument '%s'", argv[optind]);
     return status;
@@ -331,6 +460,7 @@ out:
 static void config_defaults(struct orderd_config *cfg)
 {
     const char *hooks = getenv("ORDERD_TEST_HOOKS");
+    const char *secret = getenv("ORDERD_WEBHOOK_SECRET");
 
     memset(cfg, 0, sizeof *cfg);
     cfg->listen = ORDERD_DEFAULT_LISTEN;
@@ -342,6 +472,14 @@ static void config_defaults(struct orderd_config *cfg)
     cfg->wait_ms = ORDERD_DEFAULT_WAIT_MS;
     cfg->sweep_interval_s = ORDERD_DEFAULT_SWEEP_S;
     cfg->test_hooks = hooks != NULL && strcmp(hooks, "1") == 0;
+    cfg->provider_timeout_ms = ORDERD_DEFAULT_PROVIDER_TIMEOUT_MS;
+    cfg->webhook_secret = secret != NULL && secret[0] != '\0' ? secret : NULL;
+    cfg->webhook_tolerance_s = ORDERD_DEFAULT_WEBHOOK_TOLERANCE_S;
+    cfg->completer_interval_ms = ORDERD_DEFAULT_COMPLETER_MS;
+    cfg->reconciler_interval_ms = ORDERD_DEFAULT_RECONCILER_MS;
+    cfg->reconcile_after_ms = ORDERD_DEFAULT_RECONCILE_AFTER_MS;
+    cfg->outbox_interval_ms = ORDERD_DEFAULT_OUTBOX_MS;
+    cfg->outbox_max_attempts = ORDERD_DEFAULT_OUTBOX_ATTEMPTS;
 }
 
 /* `orderd token ...`: only `create` exists. */
@@ -376,6 +514,74 @@ out:
     return status;
 }
 
+static int run_outbox(const struct cli *cli, int retry)
+{
+    struct idem_store *st = NULL;
+    char err[512];
+    char *errmsg = NULL;
+    int status = 1;
+    int rc;
+
+    rc = db_open(cli->cfg.db, 1, cli->cfg.sync, &st, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "orderd %s: %s\n", cli->command, err);
+        goto out;
+    }
+    rc = schema_migrate(st, NULL, &errmsg);
+    if (rc < 0) {
+        fprintf(stderr, "orderd %s: migrations failed: %s\n", cli->command,
+                errmsg ? errmsg : idem_strerror(rc));
+        goto out;
+    }
+    if (!retry) {
+        rc = outbox_list(st, cli->status, cli->limit > 0 ? (int)cli->limit : 100, stdout, err,
+                         sizeof err);
+    } else {
+        rc = outbox_retry(st, cli->arg, err, sizeof err);
+        if (rc == 1)
+            fprintf(stderr, "orderd outbox retry: there is no message %s\n", cli->arg);
+        else if (rc == 2)
+            fprintf(stderr, "orderd outbox retry: message %s was sent already\n", cli->arg);
+        else if (rc == 0)
+            printf("orderd: message %s queued again\n", cli->arg);
+    }
+    if (rc < 0)
+        fprintf(stderr, "orderd %s: %s\n", cli->command, err);
+    status = rc == 0 ? 0 : 1;
+out:
+    idem_free(errmsg);
+    idem_store_close(st);
+    return status;
+}
+
+/* `orderd outbox list|retry ...`. */
+static int command_outbox(struct cli *cli, int argc, char **argv)
+{
+    const char *sub = argc >= 3 ? argv[2] : "";
+    int retry = strcmp(sub, "retry") == 0;
+    int status;
+
+    cli->command = "outbox";
+    if (strcmp(sub, "--help") == 0 || strcmp(sub, "-h") == 0) {
+        fputs(usage_outbox, stdout);
+        return 0;
+    }
+    if (argc < 3)
+        return usage_error(cli, "a subcommand is needed: 'list' or 'retry'");
+    if (!retry && strcmp(sub, "list") != 0)
+        return usage_error(cli, "unknown subcommand '%s' (expected 'list' or 'retry')", sub);
+    cli->command = retry ? "outbox retry" : "outbox list";
+    cli->allow_arg = retry;
+    status = parse_options(cli, argc - 2, argv + 2, outbox_options, usage_outbox);
+    if (status >= 0)
+        return status;
+    if (retry && (cli->arg == NULL || cli->arg[0] == '\0'))
+        return usage_error(cli, "the id of the message is needed: orderd outbox retry ID");
+    if (retry && (cli->status != NULL || cli->limit > 0))
+        return usage_error(cli, "--status and --limit are options of 'outbox list'");
+    return run_outbox(cli, retry);
+}
+
 int main(int argc, char **argv)
 {
     struct cli cli;
@@ -405,8 +611,13 @@ int main(int argc, char **argv)
             status = run_migrate(&cli);
     } else if (strcmp(cmd, "token") == 0) {
         status = command_token(&cli, argc, argv);
+    } else if (strcmp(cmd, "outbox") == 0) {
+        status = command_outbox(&cli, argc, argv);
     } else {
-        fprintf(stderr, "orderd: unknown command '%s'\nTry 'orderd --help'.\n", cmd);
+        char *what = xstrdup(cmd); /* a connection string given without a command, maybe */
+        db_redact_secrets(what);
+        fprintf(stderr, "orderd: unknown command '%s'\nTry 'orderd --help'.\n", what);
+        free(what);
         status = EXIT_USAGE;
     }
     return status;

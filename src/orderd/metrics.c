@@ -17,14 +17,15 @@
 #include "banned.h"
 
 static const char *const operations[] = {
-    "orders.create", "orders.cancel", "profile.update", "orders.list",
-    "orders.get",    "healthz",       "metrics",        "other",
+    "orders.create", "orders.cancel",     "profile.update", "orders.list", "orders.get",
+    "healthz",       "webhooks.provider", "metrics",        "other",
 };
 #define NOPS (sizeof operations / sizeof operations[0])
 #define OP_OTHER (NOPS - 1)
 
 static const char *const outcomes[] = {
-    "executed", "replayed", "mismatch", "waited", "in_progress", "none", "rejected", "error",
+    "executed", "replayed", "mismatch", "waited", "in_progress",
+    "unknown",  "none",     "rejected", "error",
 };
 #define NOUTCOMES (sizeof outcomes / sizeof outcomes[0])
 #define OUTCOME_ERROR (NOUTCOMES - 1)
@@ -42,7 +43,23 @@ struct metrics {
     uint64_t bucket_counts[NOPS][NBUCKETS]; /* not cumulative; summed when rendered */
     uint64_t count[NOPS];
     double sum[NOPS];
+
+    int worker_up[WORKER_COUNT];
+    int64_t worker_interval_ms[WORKER_COUNT];
+    uint64_t worker_runs[WORKER_COUNT];
+    uint64_t worker_items[WORKER_COUNT];
+    uint64_t worker_failures[WORKER_COUNT];
+    int64_t worker_last_ms[WORKER_COUNT];
+    uint64_t provider_calls[PCALL_COUNT][3];
+    uint64_t webhooks[WEBHOOK_COUNT];
 };
+
+static const char *const worker_names[WORKER_COUNT] = {"completer", "reconciler", "outbox",
+                                                       "sweeper"};
+static const char *const pcall_names[PCALL_COUNT] = {"charge", "refund", "email", "lookup"};
+static const char *const presult_names[3] = {"ok", "refused", "unknown"};
+static const char *const webhook_names[WEBHOOK_COUNT] = {"applied", "ignored", "duplicate",
+                                                         "rejected"};
 
 struct metrics *metrics_new(void)
 {
@@ -91,6 +108,102 @@ void metrics_observe(struct metrics *m, const char *operation, const char *outco
     pthread_mutex_unlock(&m->mu);
 }
 
+const char *worker_name(enum worker_id w)
+{
+    return (unsigned)w < WORKER_COUNT ? worker_names[w] : "other";
+}
+
+void metrics_worker_up(struct metrics *m, enum worker_id w, int up, int64_t interval_ms)
+{
+    if ((unsigned)w >= WORKER_COUNT)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->worker_up[w] = up;
+    m->worker_interval_ms[w] = interval_ms;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_worker_run(struct metrics *m, enum worker_id w, uint64_t items, int failed)
+{
+    if ((unsigned)w >= WORKER_COUNT)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->worker_runs[w]++;
+    m->worker_items[w] += items;
+    if (failed)
+        m->worker_failures[w]++;
+    m->worker_last_ms[w] = wall_ms();
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_provider(struct metrics *m, enum provider_call c, int outcome)
+{
+    if ((unsigned)c >= PCALL_COUNT || outcome < 0 || outcome > 2)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->provider_calls[c][outcome]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_webhook(struct metrics *m, enum webhook_result r)
+{
+    if ((unsigned)r >= WEBHOOK_COUNT)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->webhooks[r]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* The worker, provider and webhook series of a snapshot. */
+static void render_background(struct strbuf *sb, const struct metrics *snap)
+{
+    size_t w, c, r;
+
+    strbuf_adds(sb, "# HELP orderd_worker_up Whether the background worker runs (1) or is "
+                    "disabled (0).\n# TYPE orderd_worker_up gauge\n");
+    for (w = 0; w < WORKER_COUNT; w++)
+        strbuf_addf(sb, "orderd_worker_up{worker=\"%s\"} %d\n", worker_names[w],
+                    snap->worker_up[w]);
+    strbuf_adds(sb, "# HELP orderd_worker_interval_seconds Pause between runs of the worker.\n"
+                    "# TYPE orderd_worker_interval_seconds gauge\n");
+    for (w = 0; w < WORKER_COUNT; w++)
+        strbuf_addf(sb, "orderd_worker_interval_seconds{worker=\"%s\"} %.3f\n", worker_names[w],
+                    (double)snap->worker_interval_ms[w] / 1000.0);
+    strbuf_adds(sb, "# HELP orderd_worker_runs_total Runs of the worker (one bounded batch "
+                    "each).\n# TYPE orderd_worker_runs_total counter\n");
+    for (w = 0; w < WORKER_COUNT; w++)
+        strbuf_addf(sb, "orderd_worker_runs_total{worker=\"%s\"} %llu\n", worker_names[w],
+                    (unsigned long long)snap->worker_runs[w]);
+    strbuf_adds(sb, "# HELP orderd_worker_items_total Records settled (completer, reconciler), "
+                    "messages sent (outbox), records deleted (sweeper).\n"
+                    "# TYPE orderd_worker_items_total counter\n");
+    for (w = 0; w < WORKER_COUNT; w++)
+        strbuf_addf(sb, "orderd_worker_items_total{worker=\"%s\"} %llu\n", worker_names[w],
+                    (unsigned long long)snap->worker_items[w]);
+    strbuf_adds(sb, "# HELP orderd_worker_failures_total Runs that stopped on an error.\n"
+                    "# TYPE orderd_worker_failures_total counter\n");
+    for (w = 0; w < WORKER_COUNT; w++)
+        strbuf_addf(sb, "orderd_worker_failures_total{worker=\"%s\"} %llu\n", worker_names[w],
+                    (unsigned long long)snap->worker_failures[w]);
+    strbuf_adds(sb, "# HELP orderd_worker_last_run_timestamp_seconds When the worker last ran "
+                    "(0: never).\n# TYPE orderd_worker_last_run_timestamp_seconds gauge\n");
+    for (w = 0; w < WORKER_COUNT; w++)
+        strbuf_addf(sb, "orderd_worker_last_run_timestamp_seconds{worker=\"%s\"} %.3f\n",
+                    worker_names[w], (double)snap->worker_last_ms[w] / 1000.0);
+    strbuf_adds(sb, "# HELP orderd_provider_calls_total Calls to the payment and email provider "
+                    "by outcome.\n# TYPE orderd_provider_calls_total counter\n");
+    for (c = 0; c < PCALL_COUNT; c++)
+        for (r = 0; r < 3; r++)
+            strbuf_addf(sb, "orderd_provider_calls_total{call=\"%s\",outcome=\"%s\"} %llu\n",
+                        pcall_names[c], presult_names[r],
+                        (unsigned long long)snap->provider_calls[c][r]);
+    strbuf_adds(sb, "# HELP orderd_webhooks_total Provider webhooks by what became of them.\n"
+                    "# TYPE orderd_webhooks_total counter\n");
+    for (r = 0; r < WEBHOOK_COUNT; r++)
+        strbuf_addf(sb, "orderd_webhooks_total{result=\"%s\"} %llu\n", webhook_names[r],
+                    (unsigned long long)snap->webhooks[r]);
+}
+
 char *metrics_render(struct metrics *m, size_t *len)
 {
     struct strbuf sb = STRBUF_INIT;
@@ -104,6 +217,14 @@ char *metrics_render(struct metrics *m, size_t *len)
     memcpy(snap.bucket_counts, m->bucket_counts, sizeof snap.bucket_counts);
     memcpy(snap.count, m->count, sizeof snap.count);
     memcpy(snap.sum, m->sum, sizeof snap.sum);
+    memcpy(snap.worker_up, m->worker_up, sizeof snap.worker_up);
+    memcpy(snap.worker_interval_ms, m->worker_interval_ms, sizeof snap.worker_interval_ms);
+    memcpy(snap.worker_runs, m->worker_runs, sizeof snap.worker_runs);
+    memcpy(snap.worker_items, m->worker_items, sizeof snap.worker_items);
+    memcpy(snap.worker_failures, m->worker_failures, sizeof snap.worker_failures);
+    memcpy(snap.worker_last_ms, m->worker_last_ms, sizeof snap.worker_last_ms);
+    memcpy(snap.provider_calls, m->provider_calls, sizeof snap.provider_calls);
+    memcpy(snap.webhooks, m->webhooks, sizeof snap.webhooks);
     pthread_mutex_unlock(&m->mu);
 
     strbuf_adds(&sb, "# HELP orderd_requests_total HTTP requests by operation and idempotency "
@@ -134,5 +255,6 @@ char *metrics_render(struct metrics *m, size_t *len)
         strbuf_addf(&sb, "orderd_request_duration_seconds_count{operation=\"%s\"} %llu\n",
                     operations[op], (unsigned long long)snap.count[op]);
     }
+    render_background(&sb, &snap);
     return strbuf_detach(&sb, len);
 }

@@ -1,12 +1,14 @@
 /*
  * metrics.h - what orderd counts for Prometheus: requests by (operation, outcome) and request
- * durations by operation.  One instance lives in the server context; every connection thread
- * records into it, so it is guarded by a mutex.
+ * durations by operation; the background workers (runs, items, failures, last run); calls to the
+ * provider by outcome; webhooks by what became of them.  One instance lives in the server
+ * context; every connection and worker thread records into it, so it is guarded by a mutex.
  */
 #ifndef ORDERD_METRICS_H
 #define ORDERD_METRICS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct metrics;
 
@@ -20,6 +22,33 @@ void metrics_free(struct metrics *m);
  * replayed, mismatch, waited, in_progress, none, rejected, error.
  */
 void metrics_observe(struct metrics *m, const char *operation, const char *outcome, double seconds);
+
+/* The background workers, each a bounded thread (worker.h). */
+enum worker_id { WORKER_COMPLETER, WORKER_RECONCILER, WORKER_OUTBOX, WORKER_SWEEPER, WORKER_COUNT };
+
+/* "completer", "reconciler", "outbox", "sweeper" (static). */
+const char *worker_name(enum worker_id w);
+
+/* Whether worker `w` runs, and every how many milliseconds. */
+void metrics_worker_up(struct metrics *m, enum worker_id w, int up, int64_t interval_ms);
+
+/* One run of worker `w`: `items` settled / sent / deleted, `failed` if it stopped on an error. */
+void metrics_worker_run(struct metrics *m, enum worker_id w, uint64_t items, int failed);
+
+enum provider_call { PCALL_CHARGE, PCALL_REFUND, PCALL_EMAIL, PCALL_LOOKUP, PCALL_COUNT };
+
+/* One call to the provider; `outcome` is an enum provider_outcome (ok, refused, unknown). */
+void metrics_provider(struct metrics *m, enum provider_call c, int outcome);
+
+enum webhook_result {
+    WEBHOOK_APPLIED,   /* changed something */
+    WEBHOOK_IGNORED,   /* recorded, nothing to change (already applied another way) */
+    WEBHOOK_DUPLICATE, /* its event id was seen before */
+    WEBHOOK_REJECTED,  /* bad signature, stale timestamp or bad body: 401 / 400 */
+    WEBHOOK_COUNT
+};
+
+void metrics_webhook(struct metrics *m, enum webhook_result r);
 
 /* The Prometheus text exposition (version 0.0.4): new, free with free(). */
 char *metrics_render(struct metrics *m, size_t *len);

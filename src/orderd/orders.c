@@ -3,13 +3,15 @@
  * database transaction that also moves the idempotency record's recovery point:
  *
  *   phase 1 (""):              check the product, reserve stock with a conditional UPDATE,
- *                              insert the order; advance to "order_created" with the order id.
- *   phase 2 ("order_created"): read the order back and complete with 201.
+ *                              insert the order (pending_payment with a provider, else
+ *                              created); advance to "order_created" with the order id.
+ *   then (checkout.c):         the charge through the provider, between phases, and the phase
+ *                              that settles the order and stores the response.
  *
  * A request that takes over an expired lease resumes at the recorded point, so a finished phase
- * is never run twice; a payment phase slots in between later without touching the others.
- * The order row keeps (user, Idempotency-Key) unique for good: once the record has been swept,
- * a late retry still finds its order (200, replayed) or is refused (422) if the body differs.
+ * is never run twice.  The order row keeps (user, Idempotency-Key) unique for good: once the
+ * record has been swept, a late retry still finds its order (200, replayed) or is refused (422)
+ * if the body differs.  Cancel is in cancel.c.
  */
 #include "orders.h"
 
@@ -24,48 +26,33 @@
 #include "idem/idem.h"
 
 #include "app.h"
+#include "checkout.h"
 #include "db.h"
 #include "http.h"
 #include "idemcall.h"
+#include "order_doc.h"
 #include "response.h"
 #include "router.h"
 #include "util.h"
 #include "banned.h"
 
-#define ORDER_COLS "id, status, product_id, quantity, unit_price, amount, currency, created_at"
 #define QUANTITY_MAX 1000
 #define PRODUCT_ID_MAX 200
 #define LIST_DEFAULT 20
 #define LIST_MAX 100
 #define TEST_DELAY_MAX_MS 600000
-
-#define POINT_ORDER_CREATED "order_created"
+#define SOURCE_MAX 32
 
 /* The validated body of POST /api/orders. */
 struct create_input {
     const char *product;
+    const char *source; /* paymentSource, "tok_ok" when absent */
     char quantity[24];
     int64_t qty;
     char fp_hex[2 * IDEM_FP_LEN + 1];
 };
 
 /* ---- shared ---------------------------------------------------------------------------------- */
-
-/* The public shape of the order in row `row` of a result selected with ORDER_COLS (new). */
-static json_t *order_json(const struct idem_rows *rows, int row)
-{
-    return xcheck(json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:s, s:s}", "orderId",
-                            db_text(rows, row, 0), "status", db_text(rows, row, 1), "productId",
-                            db_text(rows, row, 2), "quantity", (json_int_t)db_int(rows, row, 3),
-                            "unitPrice", (json_int_t)db_int(rows, row, 4), "amount",
-                            (json_int_t)db_int(rows, row, 5), "currency", db_text(rows, row, 6),
-                            "createdAt", db_text(rows, row, 7)));
-}
-
-static void order_location(const char *id, char *buf, size_t cap)
-{
-    snprintf(buf, cap, "/api/orders/%s", id);
-}
 
 static void validation_failed(struct response *resp, const char *detail)
 {
@@ -125,7 +112,7 @@ static int complete_from_existing(const struct call_ctx *cx, struct idem_call *c
     if (*rc < 0 || idem_rows_count(rows) == 0)
         goto out;
     found = 1;
-    if (strcmp(db_text(rows, 0, 8), in->fp_hex) != 0) {
+    if (strcmp(db_text(rows, 0, ORDER_NCOLS), in->fp_hex) != 0) {
         *rc = idemcall_complete_problem(
             call, 422, "idempotency-key-reused",
             "This Idempotency-Key already created an order with a different request. Use a new "
@@ -157,7 +144,7 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
     struct app *app = cx->app;
     struct idem_tx *tx = idem_call_tx(call);
     struct idem_rows *rows = NULL;
-    const char *params[11];
+    const char *params[12];
     char detail[320];
     char id[ORDER_ID_LEN + 1];
     char created[ISO8601_LEN + 1];
@@ -226,16 +213,18 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
     params[4] = unit_price;
     params[5] = amount;
     params[6] = currency;
-    params[7] = "created";
+    /* With a provider the order waits for its charge; without one there is nothing to pay. */
+    params[7] = app->provider != NULL ? "pending_payment" : "created";
     params[8] = cx->key;
     params[9] = in->fp_hex;
     params[10] = created;
+    params[11] = in->source;
     rc = db_exec(app, tx,
                  "INSERT INTO orders (id, user_id, product_id, quantity, unit_price, amount, "
-                 "currency, status, idem_key, request_fp, created_at) VALUES ($1, $2, $3, "
-                 "CAST($4 AS INTEGER), CAST($5 AS INTEGER), CAST($6 AS INTEGER), $7, $8, $9, "
-                 "$10, $11)",
-                 11, params, NULL);
+                 "currency, status, idem_key, request_fp, created_at, payment_source) VALUES ($1, "
+                 "$2, $3, CAST($4 AS BIGINT), CAST($5 AS BIGINT), CAST($6 AS BIGINT), $7, $8, $9, "
+                 "$10, $11, $12)",
+                 12, params, NULL);
     if (rc == IDEM_ECONFLICT) {
         /* (user, key) was checked in this transaction; only an id collision gets here. */
         log_msg(&app->log, "error", "orders.create: order insert conflicted for %s", id);
@@ -252,45 +241,14 @@ out:
     return rc;
 }
 
-/* Phase 2: the order as the response, stored with its Location. */
-static int create_phase_confirm(const struct call_ctx *cx, struct idem_call *call,
-                                const char *order_id)
-{
-    struct idem_rows *rows = NULL;
-    const char *params[1] = {order_id};
-    char location[128];
-    json_t *doc = NULL;
-    int rc;
-
-    rc = idem_call_phase_begin(call);
-    if (rc < 0)
-        goto out;
-    rc = db_exec(cx->app, idem_call_tx(call), "SELECT " ORDER_COLS " FROM orders WHERE id = $1", 1,
-                 params, &rows);
-    if (rc < 0)
-        goto out;
-    if (idem_rows_count(rows) == 0) {
-        log_msg(&cx->app->log, "error", "orders.create: order %s of the record is missing",
-                order_id);
-        rc = IDEM_ESTATE;
-        goto out;
-    }
-    doc = order_json(rows, 0);
-    order_location(order_id, location, sizeof location);
-    rc = idemcall_complete_json(call, 201, doc, location);
-out:
-    json_decref(doc);
-    idem_rows_free(rows);
-    return rc;
-}
-
 static int create_run(const struct call_ctx *cx, struct idem_call *call, enum idem_outcome outcome,
                       void *arg, struct response *resp)
 {
     const struct create_input *in = arg;
+    struct checkout_opts opts = {0, cx};
     const char *point = "";
     char *order_id = NULL;
-    int done = 0;
+    int done = 0, unknown = 0;
     int rc = 0;
 
     if (outcome == IDEM_OUTCOME_RESUME)
@@ -312,7 +270,11 @@ static int create_run(const struct call_ctx *cx, struct idem_call *call, enum id
         rc = IDEM_ESTATE;
         goto out;
     }
-    rc = create_phase_confirm(cx, call, order_id);
+    rc = checkout_settle(cx->app, call, order_id, &opts, &unknown);
+    if (rc == 0 && unknown)
+        rc = idemcall_outcome_unknown(resp, "The order exists, but the payment provider did not "
+                                            "confirm its charge. Nothing was stored: retry with "
+                                            "the same Idempotency-Key; the charge is made once.");
 out:
     free(order_id);
     return rc;
@@ -321,7 +283,7 @@ out:
 void orders_create(const struct call_ctx *cx, struct response *resp)
 {
     struct create_input in;
-    const json_t *product, *quantity;
+    const json_t *product, *quantity, *source;
 
     memset(&in, 0, sizeof in);
     if (!json_is_object(cx->body)) {
@@ -341,71 +303,21 @@ void orders_create(const struct call_ctx *cx, struct response *resp)
         validation_failed(resp, "quantity must be an integer from 1 to 1000.");
         goto out;
     }
+    source = json_object_get(cx->body, "paymentSource");
+    if (source != NULL && (!json_is_string(source) || json_string_length(source) == 0 ||
+                           json_string_length(source) > SOURCE_MAX ||
+                           strlen(json_string_value(source)) != json_string_length(source))) {
+        validation_failed(resp, "paymentSource, if given, must be a string of 1 to 32 "
+                                "characters (e.g. \"tok_ok\").");
+        goto out;
+    }
+    in.source = source != NULL ? json_string_value(source) : "tok_ok";
     in.product = json_string_value(product);
     snprintf(in.quantity, sizeof in.quantity, "%lld", (long long)in.qty);
     idem_fingerprint_hex(cx->fp, in.fp_hex);
     idemcall_handle(cx, &cx->app->op_orders_create, create_run, &in, resp);
 out:
     return;
-}
-
-/* ---- POST /api/orders/{id}/cancel ------------------------------------------------------------ */
-
-static int cancel_run(const struct call_ctx *cx, struct idem_call *call, enum idem_outcome outcome,
-                      void *arg, struct response *resp)
-{
-    struct app *app = cx->app;
-    struct idem_rows *rows = NULL;
-    const char *params[2] = {cx->params[0], cx->principal};
-    char detail[320];
-    json_t *doc = NULL;
-    int64_t changed;
-    int rc = 0;
-
-    (void)arg;
-    (void)resp;
-    /* One phase: a resumed record has not committed anything of its own yet. */
-    if (outcome == IDEM_OUTCOME_RESUME) {
-        rc = idem_call_phase_begin(call);
-        if (rc < 0)
-            goto out;
-    }
-    rc = db_exec(app, idem_call_tx(call),
-                 "UPDATE orders SET status = 'cancelled' WHERE id = $1 AND user_id = $2 AND "
-                 "status IN ('created', 'cancelled')",
-                 2, params, &rows);
-    if (rc < 0)
-        goto out;
-    changed = idem_rows_changed(rows);
-    idem_rows_free(rows);
-    rows = NULL;
-    rc = db_exec(app, idem_call_tx(call),
-                 "SELECT " ORDER_COLS " FROM orders WHERE id = $1 AND user_id = $2", 2, params,
-                 &rows);
-    if (rc < 0)
-        goto out;
-    if (idem_rows_count(rows) == 0) {
-        rc = idemcall_complete_problem(call, 404, "order-not-found",
-                                       "You have no order with this id.");
-        goto out;
-    }
-    if (changed == 0) {
-        snprintf(detail, sizeof detail, "The order is %s and cannot be cancelled.",
-                 db_text(rows, 0, 1));
-        rc = idemcall_complete_problem(call, 409, "order-not-cancellable", detail);
-        goto out;
-    }
-    doc = order_json(rows, 0);
-    rc = idemcall_complete_json(call, 200, doc, NULL);
-out:
-    json_decref(doc);
-    idem_rows_free(rows);
-    return rc;
-}
-
-void orders_cancel(const struct call_ctx *cx, struct response *resp)
-{
-    idemcall_handle(cx, &cx->app->op_orders_cancel, cancel_run, NULL, resp);
 }
 
 /* ---- GET /api/orders/{id} -------------------------------------------------------------------- */

@@ -3,7 +3,8 @@
  * same body twice leaves the same state.  What a key adds is the same *answer*: "changed" is
  * true only for the request that changed something, and a retry of that request must still say
  * true (it is replayed), where a fresh identical PUT says false.  Without a key the update runs
- * in a plain write transaction.
+ * in a plain write transaction.  A change queues one "profile changed" email in the outbox, in
+ * the transaction of the change: no change, no email; a replay sends nothing again.
  */
 #include "profile.h"
 
@@ -17,6 +18,7 @@
 #include "app.h"
 #include "db.h"
 #include "idemcall.h"
+#include "outbox.h"
 #include "response.h"
 #include "router.h"
 #include "util.h"
@@ -30,6 +32,21 @@ struct profile_input {
     const char *name;
     const char *email;
 };
+
+/* The "profile changed" email, to the (new) address, in the transaction of the change. */
+static int queue_email(const struct app *app, struct idem_tx *tx, const char *user,
+                       const struct profile_input *in)
+{
+    json_t *email = xcheck(
+        json_pack("{s:s, s:s, s:s, s:s, s:{s:s}}", "to", in->email, "subject",
+                  "Your profile was changed", "template", "profile_changed", "text",
+                  "Your name and email address were updated. If this was not you, contact us.",
+                  "metadata", "userId", user));
+    int rc = outbox_enqueue(app, tx, NULL, email);
+
+    json_decref(email);
+    return rc;
+}
 
 /*
  * Upserts the profile in `tx` and builds the answer.  "changed" compares with the stored row
@@ -69,6 +86,9 @@ static int profile_apply(const struct app *app, struct idem_tx *tx, const char *
         if (rc < 0)
             goto out;
         snprintf(updated, sizeof updated, "%s", now);
+        rc = queue_email(app, tx, user, in);
+        if (rc < 0)
+            goto out;
     }
     *doc = xcheck(json_pack("{s:s, s:s, s:b, s:s}", "name", in->name, "email", in->email, "changed",
                             changed, "updatedAt", updated));

@@ -34,6 +34,11 @@ static const struct {
     {"order-not-found", "Order not found"},
     {"order-not-cancellable", "Order cannot be cancelled"},
     {"internal-error", "Internal server error"},
+    {"outcome-unknown", "Outcome of the payment step unknown"},
+    {"payment-declined", "Payment declined"},
+    {"order-payment-pending", "The order's payment is not settled yet"},
+    {"webhook-signature-invalid", "Webhook signature invalid"},
+    {"webhook-invalid", "Webhook body invalid"},
 };
 
 static const char *title_of(const char *code)
@@ -127,7 +132,15 @@ void response_json(struct response *r, int status, const json_t *doc)
 
 char *problem_body(int status, const char *code, const char *detail, size_t *len)
 {
+    return problem_body_ext(status, code, detail, NULL, len);
+}
+
+char *problem_body_ext(int status, const char *code, const char *detail, const json_t *extra,
+                       size_t *len)
+{
     json_t *doc = xcheck(json_object());
+    const char *name;
+    json_t *value;
     char type[128];
     char *text;
 
@@ -139,6 +152,8 @@ char *problem_body(int status, const char *code, const char *detail, size_t *len
     if (json_object_set_new(doc, "detail", json_string(detail)) != 0)
         json_object_set_new(doc, "detail", xcheck(json_string(title_of(code))));
     json_object_set_new(doc, "code", xcheck(json_string(code)));
+    if (extra != NULL)
+        json_object_foreach((json_t *)extra, name, value) json_object_set(doc, name, value);
     text = json_text(doc, len);
     json_decref(doc);
     return text;
@@ -146,8 +161,14 @@ char *problem_body(int status, const char *code, const char *detail, size_t *len
 
 void response_problem(struct response *r, int status, const char *code, const char *detail)
 {
+    response_problem_ext(r, status, code, detail, NULL);
+}
+
+void response_problem_ext(struct response *r, int status, const char *code, const char *detail,
+                          const json_t *extra)
+{
     free(r->body);
     r->status = status;
-    r->body = problem_body(status, code, detail, &r->body_len);
+    r->body = problem_body_ext(status, code, detail, extra, &r->body_len);
     response_set_header(r, "Content-Type", CONTENT_TYPE_PROBLEM);
 }

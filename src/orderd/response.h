@@ -54,8 +54,15 @@ void response_json(struct response *r, int status, const json_t *doc);
  */
 void response_problem(struct response *r, int status, const char *code, const char *detail);
 
+/* The same with the members of `extra` (borrowed, may be NULL) added: "state", "orderId"... */
+void response_problem_ext(struct response *r, int status, const char *code, const char *detail,
+                          const json_t *extra);
+
 /* The compact bytes of a problem document (new, free with free()). */
 char *problem_body(int status, const char *code, const char *detail, size_t *len);
+/* The same with the members of `extra` (borrowed, may be NULL) added after "code". */
+char *problem_body_ext(int status, const char *code, const char *detail, const json_t *extra,
+                       size_t *len);
 
 /* Compact JSON text of `doc` in insertion order (new, free with free()). */
 char *json_text(const json_t *doc, size_t *len);

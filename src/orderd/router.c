@@ -20,10 +20,12 @@
 #include "profile.h"
 #include "response.h"
 #include "util.h"
+#include "webhooks.h"
 #include "banned.h"
 
 enum key_policy { KEY_IGNORED, KEY_OPTIONAL, KEY_REQUIRED };
-enum body_policy { BODY_NONE, BODY_OPTIONAL, BODY_REQUIRED };
+/* BODY_RAW: the handler reads the bytes itself (a signed webhook is verified before parsing). */
+enum body_policy { BODY_NONE, BODY_OPTIONAL, BODY_REQUIRED, BODY_RAW };
 
 struct route {
     const char *method;
@@ -42,6 +44,8 @@ static const struct route routes[] = {
     {"POST", "/api/orders/{id}/cancel", "orders.cancel", 1, KEY_REQUIRED, BODY_OPTIONAL,
      orders_cancel},
     {"PUT", "/api/me/profile", "profile.update", 1, KEY_OPTIONAL, BODY_REQUIRED, profile_update},
+    {"POST", "/webhooks/provider", "webhooks.provider", 0, KEY_IGNORED, BODY_RAW,
+     webhooks_provider},
     {"GET", "/healthz", "healthz", 0, KEY_IGNORED, BODY_NONE, health_check},
     {"GET", "/metrics", "metrics", 0, KEY_IGNORED, BODY_NONE, health_metrics},
 };
@@ -295,7 +299,7 @@ void router_dispatch(struct app *app, const struct request *rq, struct response 
 
     if (rt->auth && check_auth(&cx, resp) != 0)
         goto out;
-    if (rt->body != BODY_NONE && rq->has_body) {
+    if (rt->body != BODY_NONE && rt->body != BODY_RAW && rq->has_body) {
         ct = request_header(rq, "Content-Type");
         if (ct == NULL || !is_json_media_type(ct)) {
             response_problem(resp, 415, "unsupported-media-type",
@@ -309,7 +313,7 @@ void router_dispatch(struct app *app, const struct request *rq, struct response 
     }
     if (check_key(&cx, rt->key, key, resp) != 0)
         goto out;
-    if (rt->body != BODY_NONE && check_json(&cx, rt, resp) != 0)
+    if (rt->body != BODY_NONE && rt->body != BODY_RAW && check_json(&cx, rt, resp) != 0)
         goto out;
     rt->handler(&cx, resp);
 out:

@@ -60,6 +60,70 @@
 static const char tables_sqlite[] = BUSINESS_TABLES("INTEGER");
 static const char tables_postgres[] = BUSINESS_TABLES("BIGINT");
 
+/*
+ * Payments (docs/orderd.md): the order's payment columns, the payment and refund rows, the
+ * outbox of emails and the inbox of provider webhooks.  *_ms columns are milliseconds since the
+ * epoch (BIGINT in both dialects).  payment_check_ms / check_ms are set while an outcome is
+ * unknown: when the reconciler should ask the provider next.
+ */
+#define PAYMENT_TABLES(INT)                                                                        \
+    "ALTER TABLE orders ADD COLUMN payment_source TEXT;"                                           \
+    "ALTER TABLE orders ADD COLUMN charge_id TEXT;"                                                \
+    "ALTER TABLE orders ADD COLUMN refund_status TEXT;"                                            \
+    "ALTER TABLE orders ADD COLUMN payment_check_ms BIGINT;"                                       \
+    "ALTER TABLE orders ADD COLUMN payment_checks " INT " NOT NULL DEFAULT 0;"                     \
+    "CREATE INDEX orders_payment_check ON orders (payment_check_ms);"                              \
+    "CREATE TABLE payments ("                                                                      \
+    "  order_id TEXT PRIMARY KEY REFERENCES orders (id),"                                          \
+    "  charge_id TEXT NOT NULL,"                                                                   \
+    "  provider_key TEXT NOT NULL UNIQUE,"                                                         \
+    "  amount " INT " NOT NULL,"                                                                   \
+    "  currency TEXT NOT NULL,"                                                                    \
+    "  status TEXT NOT NULL,"                                                                      \
+    "  created_at TEXT NOT NULL"                                                                   \
+    ");"                                                                                           \
+    "CREATE TABLE refunds ("                                                                       \
+    "  order_id TEXT PRIMARY KEY REFERENCES orders (id),"                                          \
+    "  provider_key TEXT NOT NULL UNIQUE,"                                                         \
+    "  charge_id TEXT NOT NULL,"                                                                   \
+    "  amount " INT " NOT NULL,"                                                                   \
+    "  currency TEXT NOT NULL,"                                                                    \
+    "  status TEXT NOT NULL,"                                                                      \
+    "  refund_id TEXT,"                                                                            \
+    "  detail TEXT,"                                                                               \
+    "  check_ms BIGINT,"                                                                           \
+    "  checks " INT " NOT NULL DEFAULT 0,"                                                         \
+    "  flag_principal TEXT,"                                                                       \
+    "  flag_key TEXT,"                                                                             \
+    "  requested_at TEXT NOT NULL,"                                                                \
+    "  updated_at TEXT NOT NULL"                                                                   \
+    ");"                                                                                           \
+    "CREATE INDEX refunds_check ON refunds (check_ms);"                                            \
+    "CREATE TABLE outbox ("                                                                        \
+    "  id TEXT PRIMARY KEY,"                                                                       \
+    "  kind TEXT NOT NULL,"                                                                        \
+    "  dedupe_key TEXT NOT NULL UNIQUE,"                                                           \
+    "  recipient TEXT NOT NULL,"                                                                   \
+    "  payload TEXT NOT NULL,"                                                                     \
+    "  status TEXT NOT NULL,"                                                                      \
+    "  attempts " INT " NOT NULL DEFAULT 0,"                                                       \
+    "  next_attempt_ms BIGINT NOT NULL,"                                                           \
+    "  last_error TEXT,"                                                                           \
+    "  provider_id TEXT,"                                                                          \
+    "  created_at TEXT NOT NULL,"                                                                  \
+    "  sent_at TEXT"                                                                               \
+    ");"                                                                                           \
+    "CREATE INDEX outbox_due ON outbox (status, next_attempt_ms);"                                 \
+    "CREATE TABLE inbox ("                                                                         \
+    "  event_id TEXT PRIMARY KEY,"                                                                 \
+    "  type TEXT NOT NULL,"                                                                        \
+    "  result TEXT NOT NULL,"                                                                      \
+    "  received_at TEXT NOT NULL"                                                                  \
+    ")"
+
+static const char payments_sqlite[] = PAYMENT_TABLES("INTEGER");
+static const char payments_postgres[] = PAYMENT_TABLES("BIGINT");
+
 /* The catalog of docs/http-api.md; p-limited exists to run out. */
 static const char seed_products[] =
     "INSERT INTO products (id, name, unit_price, currency, stock) VALUES"
@@ -70,6 +134,7 @@ static const char seed_products[] =
 static const struct idem_migration steps[] = {
     {1, "business tables", tables_sqlite, tables_postgres},
     {2, "seed products", seed_products, seed_products},
+    {3, "payments, refunds, outbox, inbox", payments_sqlite, payments_postgres},
 };
 
 int schema_migrate(struct idem_store *st, int *applied, char **errmsg)

@@ -13,6 +13,8 @@
 
 #include <pthread.h>
 
+#include <curl/curl.h>
+
 #include "idem/idem.h"
 
 #include "app.h"
@@ -21,9 +23,13 @@
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
+#include "outbox.h"
+#include "provider.h"
+#include "recovery.h"
 #include "schema.h"
 #include "sweeper.h"
 #include "util.h"
+#include "worker.h"
 #include "banned.h"
 
 static void operation_init(struct idem_operation *op, const char *name,
@@ -37,10 +43,28 @@ static void operation_init(struct idem_operation *op, const char *name,
     op->wait_ms = cfg->wait_ms > 0 ? cfg->wait_ms : 1;
 }
 
+/* Starts the background workers (each may be off: interval 0). */
+static int start_workers(struct app *app, struct worker w[WORKER_COUNT])
+{
+    const struct orderd_config *cfg = app->cfg;
+    int rc = 0;
+
+    rc |= worker_start(&w[WORKER_COMPLETER], app, WORKER_COMPLETER, cfg->completer_interval_ms,
+                       RECOVERY_BATCH, completer_run);
+    rc |= worker_start(&w[WORKER_RECONCILER], app, WORKER_RECONCILER,
+                       app->provider ? cfg->reconciler_interval_ms : 0, RECOVERY_BATCH,
+                       reconciler_run);
+    rc |= worker_start(&w[WORKER_OUTBOX], app, WORKER_OUTBOX,
+                       app->provider ? cfg->outbox_interval_ms : 0, 32, outbox_relay_run);
+    rc |= worker_start(&w[WORKER_SWEEPER], app, WORKER_SWEEPER,
+                       (int64_t)cfg->sweep_interval_s * 1000, SWEEP_BATCH * 20, sweeper_run);
+    return rc;
+}
+
 int serve_run(const struct orderd_config *cfg)
 {
     struct app app;
-    struct sweeper sw;
+    struct worker workers[WORKER_COUNT];
     struct http_server *srv = NULL;
     sigset_t stop_signals;
     char err[512];
@@ -51,7 +75,7 @@ int serve_run(const struct orderd_config *cfg)
     int rc;
 
     memset(&app, 0, sizeof app);
-    memset(&sw, 0, sizeof sw);
+    memset(workers, 0, sizeof workers);
 
     /* Before any thread exists, so every thread inherits the mask. */
     sigemptyset(&stop_signals);
@@ -59,6 +83,11 @@ int serve_run(const struct orderd_config *cfg)
     sigaddset(&stop_signals, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* Before any thread: libcurl's global set-up is not thread-safe. */
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        log_msg(&app.log, "error", "curl_global_init failed");
+        return 1;
+    }
 
     app.cfg = cfg;
     app.log.format = cfg->log_format;
@@ -69,6 +98,18 @@ int serve_run(const struct orderd_config *cfg)
     operation_init(&app.op_profile_update, "profile.update", cfg);
     if (cfg->test_hooks)
         log_msg(&app.log, "warn", "ORDERD_TEST_HOOKS=1: X-Test-* request headers are honoured");
+    if (cfg->provider != NULL) {
+        provider_open(cfg->provider, cfg->provider_timeout_ms, &app.provider);
+        if (cfg->provider_timeout_ms >= cfg->lease_ms)
+            log_msg(&app.log, "warn",
+                    "--provider-timeout-ms %lld is not below --lease-ms %lld: a slow provider "
+                    "call may outlive its lease (safe, but the work is then done twice)",
+                    (long long)cfg->provider_timeout_ms, (long long)cfg->lease_ms);
+    }
+    if (cfg->webhook_secret == NULL && cfg->provider != NULL)
+        log_msg(&app.log, "warn",
+                "no --webhook-secret: POST /webhooks/provider refuses every "
+                "webhook (401)");
 
     rc = db_open(cfg->db, cfg->db_pool, cfg->sync, &app.store, err, sizeof err);
     if (rc < 0) {
@@ -91,29 +132,34 @@ int serve_run(const struct orderd_config *cfg)
         log_msg(&app.log, "error", "%s", err);
         goto out;
     }
-    if (sweeper_start(&sw, app.engine, cfg->sweep_interval_s, &app.log) != 0) {
-        log_msg(&app.log, "error", "cannot start the retention sweeper");
+    if (start_workers(&app, workers) != 0) {
+        log_msg(&app.log, "error", "cannot start the background workers");
         goto out;
     }
 
     printf("orderd: listening on %s\n", http_server_url(srv));
     fflush(stdout);
-    log_msg(&app.log, "info", "serving %s on %s (store %s, pool %d, lease %lld ms, wait %lld ms)",
+    log_msg(&app.log, "info",
+            "serving %s on %s (store %s, pool %d, lease %lld ms, wait %lld ms, provider %s)",
             IDEM_VERSION_STRING, http_server_url(srv), idem_store_kind(app.store), cfg->db_pool,
-            (long long)cfg->lease_ms, (long long)cfg->wait_ms);
+            (long long)cfg->lease_ms, (long long)cfg->wait_ms,
+            cfg->provider ? cfg->provider : "none: orders are not charged");
 
     while (sigwait(&stop_signals, &sig) != 0)
         ;
     log_msg(&app.log, "info", "stopping on %s", sig == SIGINT ? "SIGINT" : "SIGTERM");
     status = 0;
 out:
-    sweeper_stop(&sw);
     http_server_stop(srv);
+    for (int i = 0; i < WORKER_COUNT; i++)
+        worker_stop(&workers[i]);
+    provider_close(app.provider);
     idem_engine_free(app.engine);
     idem_store_close(app.store);
     idgen_destroy(&app.ids);
     metrics_free(app.metrics);
     idem_free(errmsg);
+    curl_global_cleanup();
     if (status == 0)
         log_msg(&app.log, "info", "stopped");
     return status;

@@ -13,6 +13,11 @@ Environment:
                     test works with its own freshly named users, so a shared database is fine;
                     the few tests that need an untouched catalog (p-limited's stock of 3) or the
                     SQLite file itself say "skipped" when the URI has no "{tmp}" / is not SQLite.
+  IDEM_TEST_PG_URI  set by tests/pg/with_pg.sh (with IDEM_TEST_PG_BIN): when IDEM_TEST_DB_URI is
+                    not set, every Server gets a FRESH PostgreSQL database of its own on that
+                    cluster (CREATE DATABASE via psql), so each test sees an untouched catalog
+                    exactly as with a fresh SQLite file.  CTest runs every service test this way
+                    too, as service-pg.<name>.
   IDEM_TEST_KEEP    set to 1 to keep the temp directory (server logs, database) for a post-mortem.
 """
 
@@ -53,6 +58,11 @@ def _db_template():
     return os.environ.get("IDEM_TEST_DB_URI") or "sqlite:{tmp}/orderd.db"
 
 
+def pg_fresh_mode():
+    """Under with_pg.sh without IDEM_TEST_DB_URI: a fresh PostgreSQL database per Server."""
+    return bool(os.environ.get("IDEM_TEST_PG_URI")) and not os.environ.get("IDEM_TEST_DB_URI")
+
+
 def db_uri_for(tmpdir):
     """The store URI for a server whose scratch space is `tmpdir` (see IDEM_TEST_DB_URI)."""
     return _db_template().replace("{tmp}", tmpdir)
@@ -60,7 +70,152 @@ def db_uri_for(tmpdir):
 
 def fresh_db_per_server():
     """Whether every Server gets a database of its own (seeded catalog untouched)."""
-    return "{tmp}" in _db_template()
+    return pg_fresh_mode() or "{tmp}" in _db_template()
+
+
+def store_kind(uri=None):
+    """The kind of store the servers of this run use (or `uri` names): sqlite or postgresql."""
+    if uri is None:
+        uri = os.environ.get("IDEM_TEST_PG_URI") if pg_fresh_mode() else _db_template()
+    return "sqlite" if uri.startswith("sqlite:") else "postgresql"
+
+
+# ---- PostgreSQL helpers (a cluster from tests/pg/with_pg.sh) -----------------------------------
+
+def pg_bin(program):
+    """A program of the cluster's bin directory (IDEM_TEST_PG_BIN), e.g. "psql"."""
+    d = os.environ.get("IDEM_TEST_PG_BIN") or "/usr/lib/postgresql/15/bin"
+    return os.path.join(d, program)
+
+
+def pg_uri_with_db(uri, dbname):
+    """`uri` (postgresql://user@host:port/db?opts) naming database `dbname` instead."""
+    import urllib.parse
+    u = urllib.parse.urlsplit(uri)
+    return urllib.parse.urlunsplit((u.scheme, u.netloc, "/" + dbname, u.query, u.fragment))
+
+
+def psql(uri, script, variables=None, timeout=30, check=True):
+    """
+    Runs `script` (stdin, so psql interpolates :'name' variables) against `uri`; returns the rows
+    as lists of strings (unaligned, tuples only, fields split on the unit separator).
+    ON_ERROR_STOP is on.
+    """
+    cmd = [pg_bin("psql"), "-X", "-q", "-A", "-t", "-F", "\x1f", "-v", "ON_ERROR_STOP=1",
+           "-d", uri]
+    for k, v in (variables or {}).items():
+        cmd += ["-v", "%s=%s" % (k, v)]
+    try:
+        p = subprocess.run(cmd, input=script.encode("utf-8"), capture_output=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise TestFailure("psql did not finish in %d s: %s" % (timeout, script[:200]))
+    if check and p.returncode != 0:
+        raise TestFailure("psql exited %d on %r: %s" % (p.returncode, script[:300],
+                                                         p.stderr.decode("utf-8", "replace")))
+    out = p.stdout.decode("utf-8", "replace")
+    return [line.split("\x1f") for line in out.splitlines() if line != ""]
+
+
+def pg_create_database(prefix="svc"):
+    """A new, empty database on the with_pg.sh cluster; returns (its URI, its name)."""
+    admin = os.environ.get("IDEM_TEST_PG_URI")
+    if not admin:
+        raise TestFailure("IDEM_TEST_PG_URI is not set: run under tests/pg/with_pg.sh")
+    name = "%s_%s" % (prefix, uuid.uuid4().hex[:16])
+    psql(admin, 'CREATE DATABASE "%s";\n' % name)
+    return pg_uri_with_db(admin, name), name
+
+
+def pg_drop_database(name):
+    admin = os.environ.get("IDEM_TEST_PG_URI")
+    if admin:
+        psql(admin, 'DROP DATABASE IF EXISTS "%s" WITH (FORCE);\n' % name, check=False)
+
+
+def db_query(uri, sql, params=()):
+    """
+    Runs one statement on a server's store, SQLite or PostgreSQL, as a test's back door: `?`
+    placeholders, rows back as lists of strings (use RETURNING to see what an UPDATE changed).
+    """
+    if uri.startswith("sqlite:"):
+        import sqlite3
+        db = sqlite3.connect(uri[len("sqlite:"):], timeout=10)
+        try:
+            with db:
+                rows = db.execute(sql, tuple(params)).fetchall()
+        finally:
+            db.close()
+        return [[None if v is None else str(v) for v in row] for row in rows]
+    parts = sql.split("?")
+    if len(parts) - 1 != len(params):
+        raise ValueError("db_query: %d placeholders, %d params" % (len(parts) - 1, len(params)))
+    text = parts[0]
+    variables = {}
+    for i, part in enumerate(parts[1:]):
+        variables["p%d" % i] = params[i]
+        text += ":'p%d'" % i + part
+    return psql(uri, text + ";\n", variables)
+
+
+class store_locked:
+    """
+    A context manager that makes the server's store refuse writers while it is held, as another
+    process holding a lock would: SQLite, BEGIN EXCLUSIVE on the file (everything waits);
+    PostgreSQL, a psql session holding ACCESS EXCLUSIVE on idem_records (every claim and record
+    read waits, for the store's lock_timeout).  Released (rolled back) on exit.
+    """
+
+    def __init__(self, uri):
+        self.uri = uri
+        self._sqlite = None
+        self._psql = None
+
+    def __enter__(self):
+        if self.uri.startswith("sqlite:"):
+            import sqlite3
+            self._sqlite = sqlite3.connect(self.uri[len("sqlite:"):], timeout=10,
+                                           isolation_level=None)
+            self._sqlite.execute("BEGIN EXCLUSIVE")
+            return self
+        self._psql = subprocess.Popen(
+            [pg_bin("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", self.uri],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._psql.stdin.write(b"BEGIN;\nLOCK TABLE idem_records IN ACCESS EXCLUSIVE MODE;\n")
+        self._psql.stdin.flush()
+        deadline = time.monotonic() + 15
+        while True:
+            rows = psql(self.uri, "SELECT count(*) FROM pg_locks l JOIN pg_class c ON "
+                        "c.oid = l.relation WHERE c.relname = 'idem_records' AND "
+                        "l.mode = 'AccessExclusiveLock' AND l.granted AND l.database = "
+                        "(SELECT oid FROM pg_database WHERE datname = current_database());\n")
+            if rows and rows[0][0] != "0":
+                return self
+            if self._psql.poll() is not None or time.monotonic() > deadline:
+                err = self._psql.stderr.read().decode("utf-8", "replace") \
+                    if self._psql.poll() is not None else "(still running)"
+                self.__exit__(None, None, None)
+                raise TestFailure("could not lock idem_records with psql: %s" % err)
+            time.sleep(0.05)
+
+    def __exit__(self, *exc):
+        if self._sqlite is not None:
+            self._sqlite.execute("ROLLBACK")
+            self._sqlite.close()
+            self._sqlite = None
+        if self._psql is not None:
+            try:
+                self._psql.stdin.write(b"ROLLBACK;\n")
+                self._psql.stdin.close()
+            except OSError:
+                pass
+            try:
+                self._psql.wait(15)
+            except subprocess.TimeoutExpired:
+                self._psql.kill()
+                self._psql.wait()
+            self._psql = None
+        return False
 
 
 def _tail(path, limit=4000):
@@ -84,6 +239,9 @@ class Server:
     def __init__(self, extra_args=(), env=None, db_uri=None, name="orderd"):
         self.name = name
         self.tmpdir = tempfile.mkdtemp(prefix="idem-svc-")
+        self.pg_database = None  # the database this Server made (pg_fresh_mode), dropped at close
+        if db_uri is None and pg_fresh_mode():
+            db_uri, self.pg_database = pg_create_database()
         self.db_uri = db_uri or db_uri_for(self.tmpdir)
         self.extra_args = list(extra_args)
         self.env = dict(os.environ)
@@ -202,6 +360,9 @@ class Server:
             sys.stderr.write("harness: kept %s\n" % self.tmpdir)
         else:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+            if self.pg_database is not None:
+                pg_drop_database(self.pg_database)
+                self.pg_database = None
 
     def logs(self):
         return "stderr of %s:\n%s" % (self.name, _tail(self.stderr_path or "", 3000))

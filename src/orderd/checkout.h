@@ -1,0 +1,32 @@
+/*
+ * checkout.h - what happens to an order after phase 1 ("order_created") committed: the charge
+ * through the provider, between phases, with the key derived from the order; then the last
+ * phase, which settles the order (paid, or payment_failed with its stock released) and stores the
+ * response in the same transaction.  The request, a client's retry, the completer and the
+ * reconciler all come through here, so a resumed order is finished exactly as a fresh one.
+ */
+#ifndef ORDERD_CHECKOUT_H
+#define ORDERD_CHECKOUT_H
+
+#include "idem/idem.h"
+
+struct app;
+struct call_ctx;
+
+/* The recovery point phase 1 of orders.create leaves, with the order id as its data. */
+#define POINT_ORDER_CREATED "order_created"
+
+struct checkout_opts {
+    int ask_first;             /* reconciler: look the charge up by key before charging */
+    const struct call_ctx *cx; /* the HTTP request (test hooks), NULL for a worker */
+};
+
+/*
+ * Finishes order `order_id` on `call` (resumed or fresh, no phase open).  Returns 0 with the call
+ * completed; or 0 with *unknown = 1 when the provider's answer is unknown (the order is flagged
+ * for the reconciler, nothing is stored, the caller aborts the call); or a negative IDEM_E*.
+ */
+int checkout_settle(struct app *app, struct idem_call *call, const char *order_id,
+                    const struct checkout_opts *opts, int *unknown);
+
+#endif /* ORDERD_CHECKOUT_H */

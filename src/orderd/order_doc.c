@@ -1,0 +1,49 @@
+/*
+ * order_doc.c - the order's public JSON shape (see order_doc.h).  Payment fields appear only once
+ * they have a value, so an order of a server without a provider looks exactly as it always did.
+ */
+#include "order_doc.h"
+
+#include <stdio.h>
+
+#include "app.h"
+#include "db.h"
+#include "util.h"
+#include "banned.h"
+
+json_t *order_json(const struct idem_rows *rows, int row)
+{
+    const char *charge = idem_rows_get(rows, row, 8);
+    const char *refund = idem_rows_get(rows, row, 9);
+    json_t *doc = xcheck(
+        json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:s, s:s}", "orderId", db_text(rows, row, 0),
+                  "status", db_text(rows, row, 1), "productId", db_text(rows, row, 2), "quantity",
+                  (json_int_t)db_int(rows, row, 3), "unitPrice", (json_int_t)db_int(rows, row, 4),
+                  "amount", (json_int_t)db_int(rows, row, 5), "currency", db_text(rows, row, 6),
+                  "createdAt", db_text(rows, row, 7)));
+
+    if (charge != NULL)
+        json_object_set_new(doc, "chargeId", xcheck(json_string(charge)));
+    if (refund != NULL)
+        json_object_set_new(doc, "refundStatus", xcheck(json_string(refund)));
+    return doc;
+}
+
+void order_location(const char *id, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "/api/orders/%s", id);
+}
+
+int order_read(const struct app *app, struct idem_tx *tx, const char *id, json_t **doc)
+{
+    struct idem_rows *rows = NULL;
+    const char *params[1] = {id};
+    int rc;
+
+    *doc = NULL;
+    rc = db_exec(app, tx, "SELECT " ORDER_COLS " FROM orders WHERE id = $1", 1, params, &rows);
+    if (rc == 0 && idem_rows_count(rows) > 0)
+        *doc = order_json(rows, 0);
+    idem_rows_free(rows);
+    return rc;
+}

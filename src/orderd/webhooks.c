@@ -1,0 +1,260 @@
+/*
+ * webhooks.c - the provider's webhooks (see webhooks.h).  The signature is checked on the raw
+ * bytes before the body is even parsed, and compared in constant time (CRYPTO_memcmp), so a forger
+ * learns nothing from how long a refusal took.  An event only moves an order along transitions
+ * that are conditional on its current state (payments.h), and only for the charge or refund whose
+ * Idempotency-Key is the one orderd derived for that order: an event about anything else is
+ * recorded and ignored.
+ */
+#include "webhooks.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
+#include "app.h"
+#include "db.h"
+#include "http.h"
+#include "idemcall.h"
+#include "metrics.h"
+#include "payments.h"
+#include "response.h"
+#include "router.h"
+#include "util.h"
+#include "banned.h"
+
+#define SIGNATURE_HEADER "Provider-Signature"
+#define MAC_LEN 32
+#define MAX_V1 4
+#define EVENT_ID_MAX 128
+
+struct signature {
+    int64_t t;
+    int nv1;
+    unsigned char v1[MAX_V1][MAC_LEN];
+};
+
+/* "t=<digits>,v1=<64 hex>[,v1=...]" in any order; unknown members are ignored. */
+static int parse_signature(const char *value, struct signature *sig)
+{
+    char buf[512];
+    char *item, *save = NULL;
+    size_t len = 0;
+    int have_t = 0;
+
+    memset(sig, 0, sizeof *sig);
+    if (value == NULL || strlen(value) >= sizeof buf)
+        return -1;
+    snprintf(buf, sizeof buf, "%s", value);
+    for (item = strtok_r(buf, ",", &save); item != NULL; item = strtok_r(NULL, ",", &save)) {
+        while (*item == ' ')
+            item++;
+        if (strncmp(item, "t=", 2) == 0) {
+            if (parse_int64(item + 2, 0, INT64_MAX / 1000, &sig->t) != 0)
+                return -1;
+            have_t = 1;
+        } else if (strncmp(item, "v1=", 3) == 0 && sig->nv1 < MAX_V1) {
+            if (hex_decode(item + 3, sig->v1[sig->nv1], MAC_LEN, &len) != 0 || len != MAC_LEN)
+                return -1;
+            sig->nv1++;
+        }
+    }
+    return have_t && sig->nv1 > 0 ? 0 : -1;
+}
+
+/* Returns NULL when the request is authentic, else why not (a static sentence). */
+static const char *verify(const struct app *app, const struct request *rq)
+{
+    const char *secret = app->cfg->webhook_secret;
+    struct signature sig;
+    unsigned char mac[EVP_MAX_MD_SIZE];
+    unsigned int mac_len = 0;
+    unsigned char *msg = NULL;
+    char prefix[32];
+    int64_t now_s = wall_ms() / 1000;
+    int64_t age;
+    const char *why = "no signature matches";
+    int plen, i;
+
+    if (secret == NULL)
+        return "orderd has no --webhook-secret, so no webhook can be verified";
+    if (request_header_count(rq, SIGNATURE_HEADER, NULL, NULL) != 1 ||
+        parse_signature(request_header(rq, SIGNATURE_HEADER), &sig) != 0)
+        return "send one Provider-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256>";
+    age = now_s - sig.t;
+    if (age > app->cfg->webhook_tolerance_s || -age > app->cfg->webhook_tolerance_s)
+        return "the signature's timestamp is outside the accepted window";
+    plen = snprintf(prefix, sizeof prefix, "%" PRId64 ".", sig.t);
+    msg = xmalloc((size_t)plen + rq->body_len);
+    memcpy(msg, prefix, (size_t)plen);
+    if (rq->body_len > 0)
+        memcpy(msg + plen, rq->body, rq->body_len);
+    if (HMAC(EVP_sha256(), secret, (int)strlen(secret), msg, (size_t)plen + rq->body_len, mac,
+             &mac_len) == NULL ||
+        mac_len != MAC_LEN) {
+        why = "cannot compute HMAC-SHA256";
+        goto out;
+    }
+    for (i = 0; i < sig.nv1; i++)
+        if (CRYPTO_memcmp(mac, sig.v1[i], MAC_LEN) == 0)
+            why = NULL;
+out:
+    free(msg);
+    return why;
+}
+
+static const char *string_at(const json_t *obj, const char *a, const char *b)
+{
+    const json_t *v = json_object_get(obj, a);
+
+    if (b != NULL)
+        v = json_object_get(v, b);
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+/* charge.succeeded: the order of this charge is paid, if it still waited for it. */
+static int apply_charge(const struct app *app, struct idem_tx *tx, const json_t *charge,
+                        int *applied)
+{
+    const char *order_id = string_at(charge, "metadata", "orderId");
+    const char *key = string_at(charge, "idempotency_key", NULL);
+    const char *charge_id = string_at(charge, "id", NULL);
+    const char *status = string_at(charge, "status", NULL);
+    char want[PAYMENT_KEY_MAX];
+    struct order_pay o;
+    int rc;
+
+    *applied = 0;
+    if (order_id == NULL || key == NULL || charge_id == NULL || status == NULL ||
+        strcmp(status, "succeeded") != 0)
+        return 0;
+    payments_charge_key(order_id, want);
+    if (strcmp(key, want) != 0)
+        return 0;
+    rc = payments_load(app, tx, order_id, &o);
+    if (rc == 0 && o.found)
+        rc = payments_mark_paid(app, tx, &o, charge_id, applied);
+    return rc;
+}
+
+/* refund.succeeded: the refund of this order is done, if it was still requested. */
+static int apply_refund(const struct app *app, struct idem_tx *tx, const json_t *refund,
+                        int *applied)
+{
+    const char *order_id = string_at(refund, "metadata", "orderId");
+    const char *key = string_at(refund, "idempotency_key", NULL);
+    const char *refund_id = string_at(refund, "id", NULL);
+    char want[PAYMENT_KEY_MAX];
+
+    *applied = 0;
+    if (order_id == NULL || key == NULL || refund_id == NULL)
+        return 0;
+    payments_refund_key(order_id, want);
+    if (strcmp(key, want) != 0)
+        return 0;
+    return refunds_mark_done(app, tx, order_id, 1, refund_id, NULL, applied);
+}
+
+static void answer(struct response *resp, const char *event_id, int duplicate, const char *result)
+{
+    json_t *doc = xcheck(json_pack("{s:b, s:s, s:b, s:s}", "received", 1, "eventId", event_id,
+                                   "duplicate", duplicate, "result", result));
+
+    response_json(resp, 200, doc);
+    json_decref(doc);
+}
+
+void webhooks_provider(const struct call_ctx *cx, struct response *resp)
+{
+    struct app *app = cx->app;
+    const struct request *rq = cx->rq;
+    struct idem_tx *tx = NULL;
+    struct idem_rows *rows = NULL;
+    const char *params[4];
+    const char *why, *event_id, *type;
+    const json_t *object;
+    char now[ISO8601_LEN + 1];
+    json_error_t jerr;
+    json_t *event = NULL;
+    enum webhook_result result = WEBHOOK_IGNORED;
+    int applied = 0;
+    int rc;
+
+    resp->outcome = "none";
+    why = verify(app, rq);
+    if (why != NULL) {
+        metrics_webhook(app->metrics, WEBHOOK_REJECTED);
+        log_msg(&app->log, "warn", "webhook refused: %s", why);
+        response_problem(resp, 401, "webhook-signature-invalid", why);
+        resp->outcome = "rejected";
+        goto out;
+    }
+    event = rq->body_len ? json_loadb(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+    event_id = string_at(event, "id", NULL);
+    type = string_at(event, "type", NULL);
+    object = json_object_get(json_object_get(event, "data"), "object");
+    if (event_id == NULL || type == NULL || strlen(event_id) > EVENT_ID_MAX ||
+        !json_is_object(object)) {
+        metrics_webhook(app->metrics, WEBHOOK_REJECTED);
+        response_problem(resp, 400, "webhook-invalid",
+                         "The event must be {\"id\": string, \"type\": string, \"data\": "
+                         "{\"object\": {...}}}.");
+        resp->outcome = "rejected";
+        goto out;
+    }
+
+    iso8601_ms(wall_ms(), now);
+    params[0] = event_id;
+    params[1] = type;
+    params[2] = now;
+    rc = idem_tx_begin(app->store, 1, &tx);
+    if (rc == 0)
+        rc = db_exec(app, tx,
+                     "INSERT INTO inbox (event_id, type, result, received_at) VALUES ($1, $2, "
+                     "'received', $3) ON CONFLICT (event_id) DO NOTHING",
+                     3, params, &rows);
+    if (rc < 0)
+        goto fail;
+    if (idem_rows_changed(rows) == 0) {
+        /* Seen before (maybe at this very moment by another delivery): nothing to do again. */
+        rc = idem_tx_commit(tx);
+        tx = NULL;
+        if (rc < 0)
+            goto fail;
+        metrics_webhook(app->metrics, WEBHOOK_DUPLICATE);
+        answer(resp, event_id, 1, "duplicate");
+        goto out;
+    }
+    if (strcmp(type, "charge.succeeded") == 0)
+        rc = apply_charge(app, tx, object, &applied);
+    else if (strcmp(type, "refund.succeeded") == 0)
+        rc = apply_refund(app, tx, object, &applied);
+    if (rc < 0)
+        goto fail;
+    result = applied ? WEBHOOK_APPLIED : WEBHOOK_IGNORED;
+    params[1] = applied ? "applied" : "ignored";
+    rc = db_exec(app, tx, "UPDATE inbox SET result = $2 WHERE event_id = $1", 2, params, NULL);
+    if (rc == 0) {
+        rc = idem_tx_commit(tx);
+        tx = NULL;
+    }
+    if (rc < 0)
+        goto fail;
+    metrics_webhook(app->metrics, result);
+    log_msg(&app->log, "info", "webhook %s %s: %s", type, event_id, params[1]);
+    answer(resp, event_id, 0, params[1]);
+    goto out;
+fail:
+    /* Nothing committed: the provider retries, and the retry is not a duplicate. */
+    idemcall_fail(resp, rc);
+out:
+    idem_rows_free(rows);
+    idem_tx_rollback(tx);
+    json_decref(event);
+}

@@ -1,0 +1,308 @@
+/*
+ * api.c - provider-sim's routes, and the glue of every idempotent POST (handlers.h).  The order of
+ * the checks is the one DESIGN.md gives orderd: key, JSON, validation (400s, never stored), then
+ * the record.  The faults sit where a real provider's failures sit: a 5xx fault answers before
+ * anything runs (nothing is stored, a retry runs afresh), the latency fault delays the request,
+ * and the lost-response fault strikes after the effect committed, so the client cannot tell
+ * whether it happened - exactly the case its reconciler must settle by asking.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "idem/idem.h"
+
+#include "faults.h"
+#include "handlers.h"
+#include "http.h"
+#include "sim.h"
+#include "util.h"
+#include "webhooks.h"
+#include "banned.h"
+
+void exec_json(struct exec_result *out, int status, const json_t *doc)
+{
+    free(out->body);
+    out->status = status;
+    out->body = json_text(doc, &out->body_len);
+    out->content_type = "application/json";
+}
+
+void exec_problem(struct exec_result *out, int status, const char *code, const char *detail,
+                  const json_t *extra)
+{
+    free(out->body);
+    out->status = status;
+    out->body = problem_text(status, code, detail, extra, &out->body_len);
+    out->content_type = "application/problem+json";
+}
+
+json_t *body_metadata(const json_t *body)
+{
+    json_t *m = json_object_get(body, "metadata");
+
+    return json_is_object(m) ? json_incref(m) : xcheck(json_object());
+}
+
+/* The stored response, byte for byte, with its Content-Type. */
+static void send_stored(const struct idem_call *call, struct sim_response *resp)
+{
+    const struct idem_header *h;
+    const char *ct = "application/json";
+    const void *body;
+    size_t len = 0, i, n;
+
+    body = idem_call_response_body(call, &len);
+    n = idem_call_response_header_count(call);
+    for (i = 0; i < n; i++) {
+        h = idem_call_response_header(call, i);
+        if (h != NULL && h->name != NULL && strcmp(h->name, "Content-Type") == 0 &&
+            strcmp(h->value, "application/problem+json") == 0)
+            ct = "application/problem+json";
+    }
+    response_bytes(resp, idem_call_response_status(call), ct, body, body ? len : 0);
+}
+
+static int read_key(const struct sim_request *rq, struct sim_response *resp,
+                    char key[IDEM_KEY_MAX + 1])
+{
+    const char *value = NULL, *why = NULL;
+    char detail[256];
+    size_t len = 0;
+    int count = request_header_count(rq, "Idempotency-Key", &value, &len);
+
+    if (count == 0) {
+        response_problem(resp, 400, "idempotency-key-missing",
+                         "This endpoint needs an Idempotency-Key header.");
+        return -1;
+    }
+    if (count > 1) {
+        response_problem(resp, 400, "idempotency-key-invalid",
+                         "Idempotency-Key was sent more than once.");
+        return -1;
+    }
+    if (idem_key_parse(value, len, key, &why) != 0) {
+        snprintf(detail, sizeof detail, "Idempotency-Key is invalid: %s.", why ? why : "invalid");
+        response_problem(resp, 400, "idempotency-key-invalid", detail);
+        return -1;
+    }
+    return 0;
+}
+
+void idempotent_post(struct sim *sim, const struct sim_request *rq, struct sim_response *resp,
+                     const struct idem_operation *op, const char *route, validate_fn validate,
+                     exec_fn exec)
+{
+    struct sim_counters *c = &sim->counters;
+    struct fault_settings fs;
+    struct idem_call *call = NULL;
+    struct exec_result res;
+    enum idem_outcome outcome = IDEM_OUTCOME_NONE;
+    unsigned char fp[IDEM_FP_LEN];
+    char key[IDEM_KEY_MAX + 1];
+    char detail[320];
+    json_error_t jerr;
+    json_t *body = NULL;
+    const char *why = NULL;
+    struct idem_header hdr;
+    char ra[16];
+    int rc;
+
+    memset(&res, 0, sizeof res);
+    atomic_fetch_add(&c->posts, 1);
+    if (read_key(rq, resp, key) != 0)
+        goto out;
+    if (rq->body_len == 0) {
+        response_problem(resp, 400, "invalid-json", "A JSON body is required.");
+        goto out;
+    }
+    body = json_loadb(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, &jerr);
+    if (body == NULL || !json_is_object(body)) {
+        snprintf(detail, sizeof detail, "The body must be a JSON object: %s.",
+                 body ? "not an object" : jerr.text);
+        response_problem(resp, 400, "invalid-json", detail);
+        goto out;
+    }
+    if (validate(body, detail, sizeof detail) != 0) {
+        response_problem(resp, 400, "validation-failed", detail);
+        goto out;
+    }
+    rc = idem_fingerprint("POST", route, NULL, 0, rq->body, rq->body_len, fp, &why);
+    if (rc < 0) {
+        snprintf(detail, sizeof detail, "The body must be JSON: %s.", why ? why : "invalid");
+        response_problem(resp, 400, "invalid-json", detail);
+        goto out;
+    }
+
+    faults_get(&sim->faults, &fs);
+    sleep_ms(faults_latency(&fs));
+    if (faults_roll(fs.fail_rate)) {
+        atomic_fetch_add(&c->failed, 1);
+        response_set_header(resp, "Retry-After", "1");
+        response_problem(resp, 503, "provider-unavailable",
+                         "Injected fault (fail_rate): nothing was done. Retry with the same key.");
+        goto out;
+    }
+
+    rc = idem_call_begin(sim->engine, op, SIM_PRINCIPAL, key, fp, &call, &outcome);
+    if (rc < 0) {
+        log_msg("error", "%s: cannot begin: %s", op->name, idem_err_name(rc));
+        response_set_header(resp, "Retry-After", "1");
+        response_problem(resp, 503, "provider-unavailable",
+                         "The provider's store is busy; nothing was done. Retry.");
+        goto out;
+    }
+    switch (outcome) {
+    case IDEM_OUTCOME_REPLAY:
+        atomic_fetch_add(&c->replayed, 1);
+        send_stored(call, resp);
+        response_set_header(resp, "Idempotent-Replayed", "true");
+        break;
+    case IDEM_OUTCOME_MISMATCH:
+        atomic_fetch_add(&c->conflicts, 1);
+        response_problem(resp, 422, "idempotency-key-reused",
+                         "This Idempotency-Key was used for a different request.");
+        goto out;
+    case IDEM_OUTCOME_IN_PROGRESS:
+        atomic_fetch_add(&c->conflicts, 1);
+        snprintf(ra, sizeof ra, "%d", idem_call_retry_after_s(call));
+        response_set_header(resp, "Retry-After", ra);
+        response_problem(resp, 409, "idempotency-request-in-progress",
+                         "A request with this Idempotency-Key is still being processed.");
+        goto out;
+    case IDEM_OUTCOME_EXECUTE:
+    case IDEM_OUTCOME_RESUME:
+        rc = exec(sim, call, outcome, body, key, &res);
+        if (rc == 0 && idem_call_tx(call) == NULL)
+            rc = idem_call_phase_begin(call);
+        if (rc == 0) {
+            hdr.name = "Content-Type";
+            hdr.value = res.content_type;
+            rc = idem_call_complete(call, res.status, &hdr, 1, res.body, res.body_len);
+        }
+        if (rc < 0) {
+            log_msg("error", "%s: %s: %s", op->name, idem_err_name(rc), idem_call_errmsg(call));
+            idem_call_abort(call);
+            response_problem(resp, 500, "internal-error",
+                             "The request failed and was rolled back. Retry.");
+            goto out;
+        }
+        atomic_fetch_add(&c->executed, 1);
+        webhooks_notify(sim->webhooks);
+        send_stored(call, resp);
+        break;
+    case IDEM_OUTCOME_NONE:
+    default:
+        response_problem(resp, 500, "internal-error", "Unexpected engine outcome.");
+        goto out;
+    }
+    /* Only an answer that carries an outcome can be lost: the effect (or replay) stands. */
+    if (faults_roll(fs.lost_rate)) {
+        atomic_fetch_add(&c->lost, 1);
+        resp->drop = 1;
+    }
+out:
+    free(res.body);
+    json_decref(body);
+    idem_call_end(call);
+}
+
+/* ---- faults and health ------------------------------------------------------------------- */
+
+static void faults_endpoint(struct sim *sim, const struct sim_request *rq,
+                            struct sim_response *resp)
+{
+    struct fault_settings fs;
+    json_error_t jerr;
+    json_t *doc = NULL, *out = NULL;
+    char err[256];
+
+    if (strcmp(rq->method, "POST") == 0) {
+        doc =
+            rq->body_len ? json_loadb(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+        if (doc == NULL) {
+            response_problem(resp, 400, "invalid-json", "Send a JSON object of settings.");
+            goto out;
+        }
+        if (faults_update(&sim->faults, doc, err, sizeof err) != 0) {
+            response_problem(resp, 400, "validation-failed", err);
+            goto out;
+        }
+        log_msg("info", "faults changed: %.*s", (int)(rq->body_len > 300 ? 300 : rq->body_len),
+                rq->body);
+    }
+    faults_get(&sim->faults, &fs);
+    out = faults_json(&fs);
+    response_json(resp, 200, out);
+out:
+    json_decref(doc);
+    json_decref(out);
+}
+
+static void healthz(struct sim *sim, struct sim_response *resp)
+{
+    json_t *doc =
+        xcheck(json_pack("{s:s, s:s}", "status", "ok", "store", idem_store_kind(sim->store)));
+
+    response_json(resp, 200, doc);
+    json_decref(doc);
+}
+
+/* ---- routing ------------------------------------------------------------------------------- */
+
+/* The id of "/v1/<collection>/<id>" (one non-empty segment), or NULL. */
+static const char *item_id(const char *path, const char *collection)
+{
+    size_t n = strlen(collection);
+    const char *id;
+
+    if (strncmp(path, collection, n) != 0 || path[n] != '/')
+        return NULL;
+    id = path + n + 1;
+    return (*id != '\0' && strchr(id, '/') == NULL) ? id : NULL;
+}
+
+void api_dispatch(struct sim *sim, const struct sim_request *rq, struct sim_response *resp)
+{
+    const char *m = rq->method;
+    const char *p = rq->path;
+    const char *id;
+    int get = strcmp(m, "GET") == 0 || strcmp(m, "HEAD") == 0;
+    int post = strcmp(m, "POST") == 0;
+
+    if (rq->body_too_big) {
+        response_problem(resp, 413, "body-too-large", "Request bodies are limited to 1 MiB.");
+    } else if (strcmp(p, "/v1/charges") == 0 && (get || post)) {
+        if (post)
+            charges_create(sim, rq, resp);
+        else
+            charges_list(sim, rq, resp);
+    } else if ((id = item_id(p, "/v1/charges")) != NULL && get) {
+        charges_get(sim, rq, resp, id);
+    } else if (strcmp(p, "/v1/refunds") == 0 && (get || post)) {
+        if (post)
+            refunds_create(sim, rq, resp);
+        else
+            refunds_list(sim, rq, resp);
+    } else if ((id = item_id(p, "/v1/refunds")) != NULL && get) {
+        refunds_get(sim, rq, resp, id);
+    } else if (strcmp(p, "/v1/emails") == 0 && (get || post)) {
+        if (post)
+            emails_create(sim, rq, resp);
+        else
+            emails_list(sim, rq, resp);
+    } else if (strcmp(p, "/v1/ledger") == 0 && get) {
+        ledger_get(sim, rq, resp);
+    } else if (strcmp(p, "/v1/faults") == 0 && (get || post)) {
+        faults_endpoint(sim, rq, resp);
+    } else if (strcmp(p, "/healthz") == 0 && get) {
+        healthz(sim, resp);
+    } else if (strcmp(p, "/v1/charges") == 0 || strcmp(p, "/v1/refunds") == 0 ||
+               strcmp(p, "/v1/emails") == 0 || strcmp(p, "/v1/faults") == 0 ||
+               strcmp(p, "/v1/ledger") == 0 || item_id(p, "/v1/charges") != NULL ||
+               item_id(p, "/v1/refunds") != NULL) {
+        response_problem(resp, 405, "method-not-allowed", "This method is not allowed here.");
+    } else {
+        response_problem(resp, 404, "not-found", "There is nothing at this path.");
+    }
+}
