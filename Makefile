@@ -6,7 +6,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 CTEST_FLAGS ?= --output-on-failure -j $(JOBS)
 
-.PHONY: all deps build run test test-fast test-asan fuzz clean
+.PHONY: all deps build run test test-fast test-asan fuzz bench clean
 
 all: build
 
@@ -43,5 +43,19 @@ fuzz: deps
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@cd $(ASAN_BUILD) && ctest --output-on-failure -R '^fuzz\.'
 
+# The benchmarks of issue 7 (docs/bench.md): an optimised build of its own, bounded load on
+# 127.0.0.1 against SQLite and a throw-away PostgreSQL cluster, a report + chart in bench/results/.
+BENCH_BUILD ?= build-bench
+BENCH_SECONDS ?= 5
+BENCH_TARGETS = orderd commit_rate static_http storm \
+	$(if $(wildcard src/provider-sim/CMakeLists.txt),provider-sim)
+bench:
+	@scripts/deps.sh bench
+	@cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=Release -DIDEM_BENCH=ON \
+		"-DCMAKE_C_FLAGS=-g -fno-omit-frame-pointer" >/dev/null
+	@cmake --build $(BENCH_BUILD) -j $(JOBS) --target $(BENCH_TARGETS)
+	@sh tests/pg/with_pg.sh python3 bench/bench.py --bin $(BENCH_BUILD)/bin --out bench/results \
+		--seconds $(BENCH_SECONDS)
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(BENCH_BUILD)

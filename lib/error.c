@@ -6,11 +6,11 @@
  */
 #include "internal.h"
 
-#include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "clock.h"
+#include "fmt.h"
 
 const char *idem_strerror(int err)
 {
@@ -57,49 +57,28 @@ void idem_free(void *p)
     free(p);
 }
 
-/* Both clocks are read the same way; only the clock differs. */
-static int64_t clock_ms(clockid_t id)
-{
-    struct timespec ts = {0, 0};
-
-    /* clock_gettime cannot fail for these two clocks on POSIX; a zeroed ts is the fallback. */
-    (void)clock_gettime(id, &ts);
-    return (int64_t)ts.tv_sec * 1000 + (int64_t)(ts.tv_nsec / 1000000);
-}
-
+/* The clocks, the sleep and the formatting are common/clock.h's and common/fmt.h's. */
 int64_t idem__now_ms(void)
 {
-    return clock_ms(CLOCK_REALTIME);
+    return clock_now_ms(CLOCK_REALTIME);
 }
 
 int64_t idem__mono_ms(void)
 {
-    return clock_ms(CLOCK_MONOTONIC);
+    return clock_now_ms(CLOCK_MONOTONIC);
 }
 
 void idem__sleep_ms(int64_t ms)
 {
-    struct timespec req, rem;
-
-    if (ms <= 0)
-        return;
-    req.tv_sec = (time_t)(ms / 1000);
-    req.tv_nsec = (long)(ms % 1000) * 1000000L;
-    /* A signal cuts nanosleep short; sleep the rest, so callers get the pause they asked for. */
-    while (nanosleep(&req, &rem) != 0 && errno == EINTR)
-        req = rem;
+    clock_sleep_ms(ms);
 }
 
 void idem__fmt(char *buf, size_t cap, const char *fmt, ...)
 {
     va_list ap;
 
-    if (!buf || cap == 0)
-        return;
     va_start(ap, fmt);
-    /* vsnprintf truncates and terminates; a negative return leaves an encoding error, so clear. */
-    if (vsnprintf(buf, cap, fmt, ap) < 0)
-        buf[0] = '\0';
+    fmt_message_v(buf, cap, fmt, ap);
     va_end(ap);
 }
 

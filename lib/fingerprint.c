@@ -15,6 +15,8 @@
 
 #include <string.h>
 
+#include "ascii.h"
+
 /* Names this encoding; change it if the encoding below ever changes. */
 #define FP_DOMAIN "idem-fp-v1"
 
@@ -104,14 +106,7 @@ out:
 
 void idem_fingerprint_hex(const unsigned char fp[IDEM_FP_LEN], char hex[2 * IDEM_FP_LEN + 1])
 {
-    static const char digits[] = "0123456789abcdef";
-    size_t i;
-
     if (!fp || !hex)
         return;
-    for (i = 0; i < IDEM_FP_LEN; i++) {
-        hex[2 * i] = digits[fp[i] >> 4];
-        hex[2 * i + 1] = digits[fp[i] & 0xf];
-    }
-    hex[2 * IDEM_FP_LEN] = '\0';
+    hex_encode(fp, IDEM_FP_LEN, hex);
 }

@@ -7,10 +7,19 @@
 #define IDEM_INTERNAL_H
 
 #include "idem/idem.h"
-#include "banned.h"
 
 #include <pthread.h>
 #include <stdarg.h>
+/*
+ * The headers that declare what banned.h bans come before it, so that a file including this one
+ * first may still include them (their guards make the later includes no-ops).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "banned.h" /* common/banned.h, the one list every part of idem compiles with */
 
 #define IDEM_ERRMSG_MAX 512
 

@@ -1,11 +1,23 @@
 #!/bin/sh
 # Installs the Debian packages idem needs to build, run and test, when any is missing.
-# Used by `make run` and `make test`, so a fresh Debian 12 machine needs nothing by hand.
+# Used by `make run` and `make test` (and by `make bench`, with the group `bench`), so a fresh
+# Debian 12 machine needs nothing by hand.
 set -eu
 
 PKGS="build-essential cmake pkg-config clang libclang-rt-14-dev python3 sqlite3 curl procps
       libmicrohttpd-dev libjansson-dev libsqlite3-dev libssl-dev libcurl4-openssl-dev
       libpq-dev postgresql"
+
+# Optional groups on top of the default list: `scripts/deps.sh bench` (used by `make bench`) adds
+# the load generator, the chart maker and the profiler of docs/bench.md.
+case "${1:-}" in
+"") ;;
+bench) PKGS="$PKGS wrk gnuplot-nox linux-perf" ;;
+*)
+    echo "usage: scripts/deps.sh [bench]" >&2
+    exit 2
+    ;;
+esac
 
 missing=""
 for p in $PKGS; do

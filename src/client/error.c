@@ -6,12 +6,13 @@
  */
 #include "internal.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "ascii.h"
+#include "clock.h"
+#include "fmt.h"
 #include "banned.h"
 
 const char *idem_client_strerror(int err)
@@ -59,47 +60,28 @@ void idem_client_free(void *p)
     free(p);
 }
 
-static int64_t clock_ms(clockid_t id)
-{
-    struct timespec ts = {0, 0};
-
-    /* clock_gettime cannot fail for these two clocks on POSIX; a zeroed ts is the fallback. */
-    (void)clock_gettime(id, &ts);
-    return (int64_t)ts.tv_sec * 1000 + (int64_t)(ts.tv_nsec / 1000000);
-}
-
+/* The clocks, the sleep and the formatting are common/clock.h's and common/fmt.h's. */
 int64_t idem_client__mono_ms(void)
 {
-    return clock_ms(CLOCK_MONOTONIC);
+    return clock_now_ms(CLOCK_MONOTONIC);
 }
 
 int64_t idem_client__now_ms(void)
 {
-    return clock_ms(CLOCK_REALTIME);
+    return clock_now_ms(CLOCK_REALTIME);
 }
 
 void idem_client__sleep_ms(int64_t ms)
 {
-    struct timespec req, rem;
-
-    if (ms <= 0)
-        return;
-    req.tv_sec = (time_t)(ms / 1000);
-    req.tv_nsec = (long)(ms % 1000) * 1000000L;
-    /* A signal cuts nanosleep short; sleep the rest, so the pause is the one the policy chose. */
-    while (nanosleep(&req, &rem) != 0 && errno == EINTR)
-        req = rem;
+    clock_sleep_ms(ms);
 }
 
 void idem_client__fmt(char *buf, size_t cap, const char *fmt, ...)
 {
     va_list ap;
 
-    if (!buf || cap == 0)
-        return;
     va_start(ap, fmt);
-    if (vsnprintf(buf, cap, fmt, ap) < 0)
-        buf[0] = '\0';
+    fmt_message_v(buf, cap, fmt, ap);
     va_end(ap);
 }
 
@@ -125,22 +107,7 @@ char *idem_client__strdup(const char *s)
 
 int idem_client__strncaseeq(const char *a, const char *b, size_t n)
 {
-    size_t i;
-    unsigned char x, y;
-
-    for (i = 0; i < n; i++) {
-        x = (unsigned char)a[i];
-        y = (unsigned char)b[i];
-        if (x >= 'A' && x <= 'Z')
-            x = (unsigned char)(x - 'A' + 'a');
-        if (y >= 'A' && y <= 'Z')
-            y = (unsigned char)(y - 'A' + 'a');
-        if (x != y)
-            return 0;
-        if (x == '\0')
-            return 1;
-    }
-    return 1;
+    return ascii_ncaseeq(a, b, n);
 }
 
 void idem_client__set_text(char **slot, const char *fmt, ...)

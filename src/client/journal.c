@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ascii.h"
 #include "banned.h"
 
 #define JOURNAL_MAX_BYTES (64u << 20)
@@ -82,17 +83,6 @@ static void encode(char *out, size_t *o, const char *s)
     }
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
 /* Decodes `len` bytes into a new string; NULL for a bad escape, a NUL, or no memory. */
 static char *decode(const char *s, size_t len, int *nomem)
 {
@@ -113,8 +103,8 @@ static char *decode(const char *s, size_t len, int *nomem)
             free(out);
             return NULL;
         }
-        hi = hexval(s[i + 1]);
-        lo = hexval(s[i + 2]);
+        hi = hex_value(s[i + 1]);
+        lo = hex_value(s[i + 2]);
         if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) {
             free(out);
             return NULL;
@@ -319,7 +309,7 @@ static int parse_line(struct parse *ps, const char *line, size_t len, const char
         return IDEM_CLIENT_ECORRUPT;
     }
     for (i = 0; i < 8; i++) {
-        h = hexval(line[i]);
+        h = hex_value(line[i]);
         if (h < 0 || (line[i] >= 'A' && line[i] <= 'F')) {
             *why = "malformed record (no checksum)";
             return IDEM_CLIENT_ECORRUPT;

@@ -36,6 +36,9 @@ struct orderd_config {
     int64_t wait_ms;      /* how long a duplicate waits for the first request */
     int sweep_interval_s; /* pause between retention sweeps; 0 disables the sweeper */
     int test_hooks;       /* ORDERD_TEST_HOOKS=1 at start: X-Test-* headers are honoured */
+    /* --idempotency off: POST /api/orders without libidem's record, the baseline of
+     * docs/bench.md.  A benchmark knob only: retries are then NOT safe. */
+    int idempotency_off;
 
     /* Payments (docs/orderd.md): without a provider, orders are not charged ("created"). */
     const char *provider;          /* base URL of the provider; NULL: no payments */

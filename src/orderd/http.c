@@ -1,120 +1,26 @@
 /*
- * http.c - libmicrohttpd glue.  MHD runs one thread per connection, so a handler may block in
- * the engine while a duplicate request waits for the first one; that is the simplest model
- * that is correct here, and the thread stack is kept small so a thousand waiting connections
- * stay cheap.  This file owns everything MHD-specific: binding the listen address, collecting
- * the body under a 1 MiB cap (a larger Content-Length is refused before its bytes are read),
- * turning a struct response into an MHD response, and recording each request in the metrics
- * and the log once its response is queued.
+ * http.c - what orderd adds to the shared HTTP server (src/common/http_server.c): requests go
+ * to the router; a body over 1 MiB announced by its Content-Length is refused before its bytes
+ * are read, and a chunked one is drained only up to DRAIN_MAX; every answered request is
+ * recorded in the metrics and the log once its response is queued.
  */
 #include "http.h"
-
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <strings.h>
-#include <sys/socket.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <pthread.h>
-
-#include <microhttpd.h>
 
 #include "app.h"
 #include "log.h"
 #include "metrics.h"
-#include "response.h"
 #include "router.h"
-#include "util.h"
 #include "banned.h"
 
-#define CONNECTION_LIMIT 1024
-#define THREAD_STACK_SIZE ((size_t)256 * 1024)
-#define CONNECTION_TIMEOUT_S 60
 /* A chunked body past the cap is read and dropped so a 413 can be sent, up to this much. */
 #define DRAIN_MAX ((size_t)64 << 20)
 /* On stop, requests in flight get this long to finish before their connections are cut. */
 #define STOP_GRACE_S 15
 
-struct http_server {
-    struct MHD_Daemon *daemon;
-    struct app *app;
-    char url[128];
-
-    /* Requests between their first byte and the end of their response, for a graceful stop. */
-    pthread_mutex_t mu;
-    pthread_cond_t idle;
-    int active;
-    int stopping;
-};
-
-/* One request in flight: MHD's per-request pointer. */
-struct pending {
-    int64_t start_ns;
-    char *body;
-    size_t len;
-    size_t cap;
-    size_t drained;
-    int has_body;
-    int too_big;
-    int answered;
-};
-
-/* ---- request accessors ---------------------------------------------------------------------- */
-
-const char *request_header(const struct request *rq, const char *name)
+static void handle(void *ctx, const struct request *rq, struct response *resp)
 {
-    return MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, name);
+    router_dispatch(ctx, rq, resp);
 }
-
-struct header_count {
-    const char *name;
-    int count;
-    const char *first;
-    size_t first_len;
-};
-
-static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
-                                    size_t key_size, const char *value, size_t value_size)
-{
-    struct header_count *hc = cls;
-
-    (void)kind;
-    (void)key_size;
-    if (key != NULL && strcasecmp(key, hc->name) == 0) {
-        if (hc->count == 0) {
-            hc->first = value ? value : "";
-            hc->first_len = value ? value_size : 0;
-        }
-        hc->count++;
-    }
-    return MHD_YES;
-}
-
-int request_header_count(const struct request *rq, const char *name, const char **first,
-                         size_t *first_len)
-{
-    struct header_count hc = {name, 0, NULL, 0};
-
-    MHD_get_connection_values_n(rq->conn, MHD_HEADER_KIND, count_header, &hc);
-    if (first != NULL)
-        *first = hc.first;
-    if (first_len != NULL)
-        *first_len = hc.first_len;
-    return hc.count;
-}
-
-const char *request_query(const struct request *rq, const char *name)
-{
-    return MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, name);
-}
-
-/* ---- answering ------------------------------------------------------------------------------ */
 
 static const char *outcome_of(const struct response *resp)
 {
@@ -127,365 +33,36 @@ static const char *outcome_of(const struct response *resp)
     return "none";
 }
 
-static enum MHD_Result answer(struct http_server *srv, struct MHD_Connection *conn,
-                              const char *method, const char *url, struct pending *p)
+static void answered(void *ctx, const struct request *rq, const struct response *resp,
+                     double seconds)
 {
-    struct app *app = srv->app;
-    struct request rq;
-    struct response resp;
-    struct MHD_Response *mr = NULL;
-    enum MHD_Result ret = MHD_NO;
-    double seconds;
-    size_t i;
-    int stopping;
+    struct app *app = ctx;
 
-    memset(&rq, 0, sizeof rq);
-    rq.conn = conn;
-    rq.method = method;
-    rq.path = url;
-    rq.body = p->too_big ? NULL : p->body;
-    rq.body_len = p->too_big ? 0 : p->len;
-    rq.has_body = p->has_body;
-    rq.body_too_big = p->too_big;
-
-    response_init(&resp);
-    router_dispatch(app, &rq, &resp);
-
-    /* MHD frees the body with free() once sent: hand it over. */
-    mr = xcheck(MHD_create_response_from_buffer(resp.body_len, resp.body, MHD_RESPMEM_MUST_FREE));
-    resp.body = NULL;
-    for (i = 0; i < resp.nheaders; i++) {
-        if (MHD_add_response_header(mr, resp.headers[i].name, resp.headers[i].value) != MHD_YES)
-            log_msg(&app->log, "warn", "cannot add response header %s", resp.headers[i].name);
-    }
-    pthread_mutex_lock(&srv->mu);
-    stopping = srv->stopping;
-    pthread_mutex_unlock(&srv->mu);
-    /* A stopping server answers, then lets the client reconnect elsewhere. */
-    if (stopping)
-        MHD_add_response_header(mr, MHD_HTTP_HEADER_CONNECTION, "close");
-    ret = MHD_queue_response(conn, (unsigned)resp.status, mr);
-    MHD_destroy_response(mr);
-    p->answered = 1;
-
-    seconds = (double)(mono_ns() - p->start_ns) / 1e9;
-    metrics_observe(app->metrics, resp.operation, outcome_of(&resp), seconds);
-    log_request(&app->log, method, url, resp.status, outcome_of(&resp), seconds * 1000.0,
-                resp.principal);
-    response_clear(&resp);
-    return ret;
+    metrics_observe(app->metrics, resp->operation, outcome_of(resp), seconds);
+    log_request(&app->log, rq->method, rq->path, resp->status, outcome_of(resp), seconds * 1000.0,
+                resp->principal);
 }
 
-static void keep_body(struct pending *p, const char *data, size_t n)
+static void server_line(void *ctx, const char *line)
 {
-    size_t cap;
+    const struct app *app = ctx;
 
-    p->has_body = 1;
-    if (p->too_big || p->len + n > HTTP_BODY_MAX) {
-        /* Drop what was kept: the request will be refused, its bytes are only drained. */
-        p->too_big = 1;
-        p->drained += n;
-        free(p->body);
-        p->body = NULL;
-        p->len = 0;
-        p->cap = 0;
-    } else {
-        if (p->len + n + 1 > p->cap) {
-            cap = p->cap ? p->cap : 1024;
-            while (cap < p->len + n + 1)
-                cap *= 2;
-            p->body = xrealloc(p->body, cap);
-            p->cap = cap;
-        }
-        memcpy(p->body + p->len, data, n);
-        p->len += n;
-        p->body[p->len] = '\0';
-    }
+    log_msg(&app->log, "warn", "%s", line);
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version, const char *upload_data,
-                                  size_t *upload_data_size, void **req_cls)
-{
-    struct http_server *srv = cls;
-    struct pending *p = *req_cls;
-    enum MHD_Result ret = MHD_YES;
-    const char *cl;
-    const char *te;
-    int64_t announced = 0;
-
-    (void)version;
-    if (p == NULL) {
-        /* The first call: headers only. */
-        p = xcalloc(1, sizeof *p);
-        p->start_ns = mono_ns();
-        *req_cls = p;
-        pthread_mutex_lock(&srv->mu);
-        srv->active++;
-        pthread_mutex_unlock(&srv->mu);
-        cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        te = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
-        if (cl != NULL && parse_int64(cl, 0, INT64_MAX, &announced) == 0 && announced > 0)
-            p->has_body = 1;
-        if (te != NULL)
-            p->has_body = 1;
-        if ((uint64_t)announced > HTTP_BODY_MAX) {
-            /* Answer before the body is read: MHD then closes the connection. */
-            p->too_big = 1;
-            ret = answer(srv, conn, method, url, p);
-        }
-    } else if (p->answered) {
-        *upload_data_size = 0;
-    } else if (*upload_data_size > 0) {
-        keep_body(p, upload_data, *upload_data_size);
-        *upload_data_size = 0;
-        if (p->drained > DRAIN_MAX)
-            ret = MHD_NO;
-    } else {
-        ret = answer(srv, conn, method, url, p);
-    }
-    return ret;
-}
-
-static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
-                         enum MHD_RequestTerminationCode toe)
-{
-    struct http_server *srv = cls;
-    struct pending *p = *req_cls;
-
-    (void)conn;
-    (void)toe;
-    if (p != NULL) {
-        free(p->body);
-        free(p);
-        *req_cls = NULL;
-        pthread_mutex_lock(&srv->mu);
-        srv->active--;
-        pthread_cond_broadcast(&srv->idle);
-        pthread_mutex_unlock(&srv->mu);
-    }
-}
-
-static void on_mhd_log(void *cls, const char *fmt, va_list ap)
-{
-    const struct logger *lg = cls;
-    char msg[512];
-    size_t n;
-
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    n = strlen(msg);
-    while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
-        msg[--n] = '\0';
-    log_msg(lg, "warn", "libmicrohttpd: %s", msg);
-}
-
-/* ---- listening ------------------------------------------------------------------------------ */
-
-int http_listen_split(const char *listen, char *host, size_t host_cap, uint16_t *port, char *err,
+int orderd_http_start(struct app *app, const char *listen, struct http_server **out, char *err,
                       size_t errlen)
 {
-    const char *host_start = listen;
-    const char *port_text;
-    const char *end;
-    size_t hlen;
-    int64_t p = 0;
-    int rc = -1;
+    struct http_server_options opts = {
+        .handle = handle,
+        .answered = answered,
+        .log = server_line,
+        .ctx = app,
+        .ipv6 = 1,
+        .refuse_early = 1,
+        .drain_max = DRAIN_MAX,
+        .stop_grace_s = STOP_GRACE_S,
+    };
 
-    if (listen[0] == '[') {
-        end = strchr(listen, ']');
-        if (end == NULL || end[1] != ':') {
-            snprintf(err, errlen, "bad listen address '%s': expected [IPV6]:PORT", listen);
-            goto out;
-        }
-        hlen = (size_t)(end - listen - 1);
-        port_text = end + 2;
-        host_start = listen + 1;
-    } else {
-        end = strrchr(listen, ':');
-        if (end == NULL) {
-            snprintf(err, errlen, "bad listen address '%s': expected HOST:PORT", listen);
-            goto out;
-        }
-        if (strchr(listen, ':') != end) {
-            snprintf(err, errlen, "bad listen address '%s': write IPv6 as [ADDR]:PORT", listen);
-            goto out;
-        }
-        hlen = (size_t)(end - listen);
-        port_text = end + 1;
-    }
-    if (hlen == 0) {
-        snprintf(err, errlen, "bad listen address '%s': give the address, e.g. 127.0.0.1:8080",
-                 listen);
-        goto out;
-    }
-    if (hlen >= host_cap) {
-        snprintf(err, errlen, "bad listen address '%s': host too long", listen);
-        goto out;
-    }
-    if (parse_int64(port_text, 0, 65535, &p) != 0) {
-        snprintf(err, errlen, "bad listen address '%s': the port must be 0..65535", listen);
-        goto out;
-    }
-    memcpy(host, host_start, hlen);
-    host[hlen] = '\0';
-    *port = (uint16_t)p;
-    rc = 0;
-out:
-    return rc;
-}
-
-/*
- * Resolves "HOST:PORT" / "[V6]:PORT" into a socket address.  Only the address given is bound:
- * there is no "all interfaces" default, a wildcard must be spelled out (0.0.0.0, [::]).
- */
-static int resolve_listen(const char *listen, struct sockaddr_storage *ss, int *v6, uint16_t *port,
-                          char *err, size_t errlen)
-{
-    char host[256];
-    struct addrinfo hints, *res = NULL, *ai, *pick = NULL;
-    int rc = -1;
-    int gai;
-
-    if (http_listen_split(listen, host, sizeof host, port, err, errlen) != 0)
-        goto out;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    gai = getaddrinfo(host, NULL, &hints, &res);
-    if (gai != 0) {
-        snprintf(err, errlen, "cannot resolve '%s': %s", host, gai_strerror(gai));
-        goto out;
-    }
-    /* "localhost" may give both families: prefer IPv4, which every client tries. */
-    for (ai = res; ai != NULL; ai = ai->ai_next) {
-        if (ai->ai_family == AF_INET) {
-            pick = ai;
-            break;
-        }
-        if (ai->ai_family == AF_INET6 && pick == NULL)
-            pick = ai;
-    }
-    if (pick == NULL) {
-        snprintf(err, errlen, "'%s' has no IPv4 or IPv6 address", host);
-        goto out;
-    }
-    memset(ss, 0, sizeof *ss);
-    memcpy(ss, pick->ai_addr, pick->ai_addrlen);
-    if (pick->ai_family == AF_INET6) {
-        ((struct sockaddr_in6 *)ss)->sin6_port = htons(*port);
-        *v6 = 1;
-    } else {
-        ((struct sockaddr_in *)ss)->sin_port = htons(*port);
-        *v6 = 0;
-    }
-    rc = 0;
-out:
-    if (res != NULL)
-        freeaddrinfo(res);
-    return rc;
-}
-
-int http_server_start(struct app *app, const char *listen, struct http_server **out, char *err,
-                      size_t errlen)
-{
-    struct http_server *srv = NULL;
-    struct sockaddr_storage ss;
-    const union MHD_DaemonInfo *info;
-    char host[INET6_ADDRSTRLEN];
-    pthread_condattr_t attr;
-    uint16_t port = 0;
-    unsigned int flags;
-    int v6 = 0;
-    int rc = -1;
-
-    *out = NULL;
-    if (resolve_listen(listen, &ss, &v6, &port, err, errlen) != 0)
-        goto out;
-    srv = xcalloc(1, sizeof *srv);
-    srv->app = app;
-    if (pthread_mutex_init(&srv->mu, NULL) != 0 || pthread_condattr_init(&attr) != 0)
-        die("cannot initialise a mutex");
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    if (pthread_cond_init(&srv->idle, &attr) != 0)
-        die("cannot initialise a condition variable");
-    pthread_condattr_destroy(&attr);
-
-    /* MHD_USE_ITC lets http_server_stop() quiesce the listening socket first. */
-    flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
-            MHD_USE_ITC;
-    /* poll(), not select(): a thousand connections and the store pass FD_SETSIZE. */
-    if (MHD_is_feature_supported(MHD_FEATURE_POLL) == MHD_YES)
-        flags |= MHD_USE_POLL;
-    if (v6)
-        flags |= MHD_USE_IPv6;
-    /* The logger comes first so that MHD's own start-up messages go through it too. */
-    srv->daemon = MHD_start_daemon(
-        flags, port, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, &app->log,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned int)CONNECTION_LIMIT, MHD_OPTION_THREAD_STACK_SIZE, THREAD_STACK_SIZE,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)CONNECTION_TIMEOUT_S,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_END);
-    if (srv->daemon == NULL) {
-        snprintf(err, errlen, "cannot listen on %s (address in use, or not a local address?)",
-                 listen);
-        goto out;
-    }
-    info = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    if (info == NULL || info->port == 0) {
-        snprintf(err, errlen, "cannot learn the port bound for %s", listen);
-        goto out;
-    }
-    if (v6) {
-        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, host, sizeof host);
-        snprintf(srv->url, sizeof srv->url, "http://[%s]:%u", host, (unsigned)info->port);
-    } else {
-        inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, host, sizeof host);
-        snprintf(srv->url, sizeof srv->url, "http://%s:%u", host, (unsigned)info->port);
-    }
-    *out = srv;
-    srv = NULL;
-    rc = 0;
-out:
-    http_server_stop(srv);
-    return rc;
-}
-
-const char *http_server_url(const struct http_server *srv)
-{
-    return srv->url;
-}
-
-/*
- * A graceful stop: no new connections, the requests in flight finish (a request in its
- * handler is answered and its result stored) within STOP_GRACE_S, then everything closes.
- */
-void http_server_stop(struct http_server *srv)
-{
-    struct timespec deadline;
-    MHD_socket listen_fd;
-
-    if (srv == NULL)
-        return;
-    if (srv->daemon != NULL) {
-        pthread_mutex_lock(&srv->mu);
-        srv->stopping = 1;
-        pthread_mutex_unlock(&srv->mu);
-        listen_fd = MHD_quiesce_daemon(srv->daemon);
-        if (listen_fd != MHD_INVALID_SOCKET)
-            close(listen_fd);
-        clock_gettime(CLOCK_MONOTONIC, &deadline);
-        deadline.tv_sec += STOP_GRACE_S;
-        pthread_mutex_lock(&srv->mu);
-        while (srv->active > 0) {
-            if (pthread_cond_timedwait(&srv->idle, &srv->mu, &deadline) != 0)
-                break;
-        }
-        if (srv->active > 0)
-            log_msg(&srv->app->log, "warn", "stopping with %d requests unfinished", srv->active);
-        pthread_mutex_unlock(&srv->mu);
-        MHD_stop_daemon(srv->daemon);
-    }
-    pthread_cond_destroy(&srv->idle);
-    pthread_mutex_destroy(&srv->mu);
-    free(srv);
+    return http_server_start(&opts, listen, out, err, errlen);
 }

@@ -19,6 +19,9 @@
 #include "util.h"
 #include "banned.h"
 
+/* The word die() and the text log lines begin with (src/common/util.h). */
+const char program_name[] = "orderd";
+
 static void write_line(struct strbuf *sb)
 {
     strbuf_addch(sb, '\n');
@@ -112,7 +115,7 @@ void log_msg(const struct logger *lg, const char *level, const char *fmt, ...)
         add_json_line(&sb, obj);
         json_decref(obj);
     } else {
-        strbuf_addf(&sb, "orderd: %s: %s", level, msg);
+        strbuf_addf(&sb, "%s: %s: %s", program_name, level, msg);
     }
     write_line(&sb);
     strbuf_release(&sb);

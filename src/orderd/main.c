@@ -60,6 +60,8 @@ static const char usage_serve[] =
     "  --lease-ms N             lease of a request on its idempotency record (default 10000)\n"
     "  --wait-ms N              how long a duplicate waits for the first request (default 2000)\n"
     "  --sweep-interval-s N     seconds between retention sweeps, 0 to disable (default 60)\n"
+    "  --idempotency on|off     off: POST /api/orders runs without an idempotency record;\n"
+    "                           a benchmark baseline only, retries are NOT safe (default on)\n"
     "Payments (without --provider, orders are not charged and stay \"created\"):\n"
     "  --provider URL           payment + email provider, e.g. http://127.0.0.1:8090\n"
     "  --provider-timeout-ms N  timeout of one provider call (default 5000)\n"
@@ -133,6 +135,7 @@ enum {
     OPT_OUTBOX_ATTEMPTS,
     OPT_STATUS,
     OPT_LIMIT,
+    OPT_IDEMPOTENCY,
 };
 
 static const struct option serve_options[] = {
@@ -153,6 +156,7 @@ static const struct option serve_options[] = {
     {"reconcile-after-ms", required_argument, NULL, OPT_RECONCILE_AFTER},
     {"outbox-interval-ms", required_argument, NULL, OPT_OUTBOX_INTERVAL},
     {"outbox-max-attempts", required_argument, NULL, OPT_OUTBOX_ATTEMPTS},
+    {"idempotency", required_argument, NULL, OPT_IDEMPOTENCY},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -347,6 +351,14 @@ static int apply_option(struct cli *cli, int c, const char *arg)
     case OPT_LIMIT:
         if (number_flag(cli, "limit", arg, 1, 100000, &cli->limit) != 0)
             status = EXIT_USAGE;
+        break;
+    case OPT_IDEMPOTENCY:
+        if (strcmp(arg, "on") == 0)
+            cfg->idempotency_off = 0;
+        else if (strcmp(arg, "off") == 0)
+            cfg->idempotency_off = 1;
+        else
+            status = usage_error(cli, "--idempotency must be 'on' or 'off', not '%s'", arg);
         break;
     default:
         status = usage_error(cli, "internal error: option %d", c);
@@ -602,6 +614,12 @@ int main(int argc, char **argv)
     } else if (strcmp(cmd, "serve") == 0) {
         cli.command = "serve";
         status = parse_options(&cli, argc - 1, argv + 1, serve_options, usage_serve);
+        /* The baseline measures records against none, not payments: it never charges. */
+        if (status < 0 && cli.cfg.idempotency_off && cli.cfg.provider != NULL)
+            status = usage_error(&cli, "--idempotency off cannot be used with --provider");
+        if (status < 0 && cli.cfg.idempotency_off)
+            fprintf(stderr, "orderd: warn: --idempotency off: POST /api/orders keeps no "
+                            "idempotency record, retries are NOT safe (benchmark baseline)\n");
         if (status < 0)
             status = serve_run(&cli.cfg);
     } else if (strcmp(cmd, "migrate") == 0) {

@@ -11,8 +11,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <pthread.h>
-
 #include <curl/curl.h>
 
 #include "idem/idem.h"
@@ -27,6 +25,7 @@
 #include "provider.h"
 #include "recovery.h"
 #include "schema.h"
+#include "signals.h"
 #include "sweeper.h"
 #include "util.h"
 #include "worker.h"
@@ -71,18 +70,13 @@ int serve_run(const struct orderd_config *cfg)
     char *errmsg = NULL;
     int applied = 0;
     int status = 1;
-    int sig = 0;
     int rc;
 
     memset(&app, 0, sizeof app);
     memset(workers, 0, sizeof workers);
 
     /* Before any thread exists, so every thread inherits the mask. */
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGINT);
-    sigaddset(&stop_signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    stop_signals_block(&stop_signals);
     /* Before any thread: libcurl's global set-up is not thread-safe. */
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         log_msg(&app.log, "error", "curl_global_init failed");
@@ -128,7 +122,7 @@ int serve_run(const struct orderd_config *cfg)
         log_msg(&app.log, "error", "cannot make the engine: %s", idem_strerror(rc));
         goto out;
     }
-    if (http_server_start(&app, cfg->listen, &srv, err, sizeof err) != 0) {
+    if (orderd_http_start(&app, cfg->listen, &srv, err, sizeof err) != 0) {
         log_msg(&app.log, "error", "%s", err);
         goto out;
     }
@@ -145,9 +139,7 @@ int serve_run(const struct orderd_config *cfg)
             (long long)cfg->lease_ms, (long long)cfg->wait_ms,
             cfg->provider ? cfg->provider : "none: orders are not charged");
 
-    while (sigwait(&stop_signals, &sig) != 0)
-        ;
-    log_msg(&app.log, "info", "stopping on %s", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    log_msg(&app.log, "info", "stopping on %s", stop_signals_wait(&stop_signals));
     status = 0;
 out:
     http_server_stop(srv);

@@ -16,7 +16,7 @@
 #include "handlers.h"
 #include "http.h"
 #include "sim.h"
-#include "util.h"
+#include "sim_util.h"
 #include "webhooks.h"
 #include "banned.h"
 
@@ -33,7 +33,7 @@ void exec_problem(struct exec_result *out, int status, const char *code, const c
 {
     free(out->body);
     out->status = status;
-    out->body = problem_text(status, code, detail, extra, &out->body_len);
+    out->body = problem_body_ext(status, code, detail, extra, &out->body_len);
     out->content_type = "application/problem+json";
 }
 
@@ -45,7 +45,7 @@ json_t *body_metadata(const json_t *body)
 }
 
 /* The stored response, byte for byte, with its Content-Type. */
-static void send_stored(const struct idem_call *call, struct sim_response *resp)
+static void send_stored(const struct idem_call *call, struct response *resp)
 {
     const struct idem_header *h;
     const char *ct = "application/json";
@@ -60,11 +60,12 @@ static void send_stored(const struct idem_call *call, struct sim_response *resp)
             strcmp(h->value, "application/problem+json") == 0)
             ct = "application/problem+json";
     }
-    response_bytes(resp, idem_call_response_status(call), ct, body, body ? len : 0);
+    response_set_body(resp, body, body ? len : 0);
+    resp->status = idem_call_response_status(call);
+    response_set_header(resp, "Content-Type", ct);
 }
 
-static int read_key(const struct sim_request *rq, struct sim_response *resp,
-                    char key[IDEM_KEY_MAX + 1])
+static int read_key(const struct request *rq, struct response *resp, char key[IDEM_KEY_MAX + 1])
 {
     const char *value = NULL, *why = NULL;
     char detail[256];
@@ -89,7 +90,7 @@ static int read_key(const struct sim_request *rq, struct sim_response *resp,
     return 0;
 }
 
-void idempotent_post(struct sim *sim, const struct sim_request *rq, struct sim_response *resp,
+void idempotent_post(struct sim *sim, const struct request *rq, struct response *resp,
                      const struct idem_operation *op, const char *route, validate_fn validate,
                      exec_fn exec)
 {
@@ -209,8 +210,7 @@ out:
 
 /* ---- faults and health ------------------------------------------------------------------- */
 
-static void faults_endpoint(struct sim *sim, const struct sim_request *rq,
-                            struct sim_response *resp)
+static void faults_endpoint(struct sim *sim, const struct request *rq, struct response *resp)
 {
     struct fault_settings fs;
     json_error_t jerr;
@@ -239,7 +239,7 @@ out:
     json_decref(out);
 }
 
-static void healthz(struct sim *sim, struct sim_response *resp)
+static void healthz(struct sim *sim, struct response *resp)
 {
     json_t *doc =
         xcheck(json_pack("{s:s, s:s}", "status", "ok", "store", idem_store_kind(sim->store)));
@@ -262,7 +262,7 @@ static const char *item_id(const char *path, const char *collection)
     return (*id != '\0' && strchr(id, '/') == NULL) ? id : NULL;
 }
 
-void api_dispatch(struct sim *sim, const struct sim_request *rq, struct sim_response *resp)
+void api_dispatch(struct sim *sim, const struct request *rq, struct response *resp)
 {
     const char *m = rq->method;
     const char *p = rq->path;

@@ -17,7 +17,7 @@
 #include "idem/idem.h"
 
 #include "handlers.h"
-#include "util.h"
+#include "sim_util.h"
 #include "webhooks.h"
 #include "banned.h"
 
@@ -100,7 +100,7 @@ static json_t *refund_row(const struct idem_rows *rows, int r)
 }
 
 /* A read-only query answered as one object (get) or as {"object":"list","data":[...]}. */
-static void query(struct sim *sim, struct sim_response *resp, const char *sql, int nparams,
+static void query(struct sim *sim, struct response *resp, const char *sql, int nparams,
                   const char *const *params, json_t *(*row_fn)(const struct idem_rows *, int),
                   int single, const char *missing_code)
 {
@@ -258,13 +258,12 @@ out:
     return rc;
 }
 
-void charges_create(struct sim *sim, const struct sim_request *rq, struct sim_response *resp)
+void charges_create(struct sim *sim, const struct request *rq, struct response *resp)
 {
     idempotent_post(sim, rq, resp, &sim->op_charges, "/v1/charges", validate_charge, exec_charge);
 }
 
-void charges_get(struct sim *sim, const struct sim_request *rq, struct sim_response *resp,
-                 const char *id)
+void charges_get(struct sim *sim, const struct request *rq, struct response *resp, const char *id)
 {
     const char *params[1] = {id};
 
@@ -273,7 +272,7 @@ void charges_get(struct sim *sim, const struct sim_request *rq, struct sim_respo
           "charge-not-found");
 }
 
-void charges_list(struct sim *sim, const struct sim_request *rq, struct sim_response *resp)
+void charges_list(struct sim *sim, const struct request *rq, struct response *resp)
 {
     const char *key = request_query(rq, "idempotency_key");
     const char *params[1] = {key};
@@ -391,13 +390,12 @@ out:
     return rc;
 }
 
-void refunds_create(struct sim *sim, const struct sim_request *rq, struct sim_response *resp)
+void refunds_create(struct sim *sim, const struct request *rq, struct response *resp)
 {
     idempotent_post(sim, rq, resp, &sim->op_refunds, "/v1/refunds", validate_refund, exec_refund);
 }
 
-void refunds_get(struct sim *sim, const struct sim_request *rq, struct sim_response *resp,
-                 const char *id)
+void refunds_get(struct sim *sim, const struct request *rq, struct response *resp, const char *id)
 {
     const char *params[1] = {id};
 
@@ -406,7 +404,7 @@ void refunds_get(struct sim *sim, const struct sim_request *rq, struct sim_respo
           "not-found");
 }
 
-void refunds_list(struct sim *sim, const struct sim_request *rq, struct sim_response *resp)
+void refunds_list(struct sim *sim, const struct request *rq, struct response *resp)
 {
     const char *key = request_query(rq, "idempotency_key");
     const char *charge = request_query(rq, "charge");

@@ -12,7 +12,7 @@
 #include "idem/idem.h"
 
 #include "handlers.h"
-#include "util.h"
+#include "sim_util.h"
 #include "banned.h"
 
 #define EMAIL_COLS "id, idem_key, recipient, subject, template, body_text, metadata, created_ms"
@@ -115,12 +115,12 @@ out:
     return rc;
 }
 
-void emails_create(struct sim *sim, const struct sim_request *rq, struct sim_response *resp)
+void emails_create(struct sim *sim, const struct request *rq, struct response *resp)
 {
     idempotent_post(sim, rq, resp, &sim->op_emails, "/v1/emails", validate_email, exec_email);
 }
 
-void emails_list(struct sim *sim, const struct sim_request *rq, struct sim_response *resp)
+void emails_list(struct sim *sim, const struct request *rq, struct response *resp)
 {
     const char *key = request_query(rq, "idempotency_key");
     const char *params[1] = {key};

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "util.h"
+#include "sim_util.h"
 #include "banned.h"
 
 void fault_settings_default(struct fault_settings *s)

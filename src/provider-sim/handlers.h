@@ -34,7 +34,7 @@ typedef int (*validate_fn)(const json_t *body, char *detail, size_t cap);
 typedef int (*exec_fn)(struct sim *sim, struct idem_call *call, enum idem_outcome outcome,
                        const json_t *body, const char *key, struct exec_result *out);
 
-void idempotent_post(struct sim *sim, const struct sim_request *rq, struct sim_response *resp,
+void idempotent_post(struct sim *sim, const struct request *rq, struct response *resp,
                      const struct idem_operation *op, const char *route, validate_fn validate,
                      exec_fn exec);
 
@@ -48,20 +48,18 @@ void exec_problem(struct exec_result *out, int status, const char *code, const c
 json_t *body_metadata(const json_t *body);
 
 /* charges.c */
-void charges_create(struct sim *sim, const struct sim_request *rq, struct sim_response *resp);
-void charges_get(struct sim *sim, const struct sim_request *rq, struct sim_response *resp,
-                 const char *id);
-void charges_list(struct sim *sim, const struct sim_request *rq, struct sim_response *resp);
-void refunds_create(struct sim *sim, const struct sim_request *rq, struct sim_response *resp);
-void refunds_get(struct sim *sim, const struct sim_request *rq, struct sim_response *resp,
-                 const char *id);
-void refunds_list(struct sim *sim, const struct sim_request *rq, struct sim_response *resp);
+void charges_create(struct sim *sim, const struct request *rq, struct response *resp);
+void charges_get(struct sim *sim, const struct request *rq, struct response *resp, const char *id);
+void charges_list(struct sim *sim, const struct request *rq, struct response *resp);
+void refunds_create(struct sim *sim, const struct request *rq, struct response *resp);
+void refunds_get(struct sim *sim, const struct request *rq, struct response *resp, const char *id);
+void refunds_list(struct sim *sim, const struct request *rq, struct response *resp);
 
 /* emails.c */
-void emails_create(struct sim *sim, const struct sim_request *rq, struct sim_response *resp);
-void emails_list(struct sim *sim, const struct sim_request *rq, struct sim_response *resp);
+void emails_create(struct sim *sim, const struct request *rq, struct response *resp);
+void emails_list(struct sim *sim, const struct request *rq, struct response *resp);
 
 /* ledger.c */
-void ledger_get(struct sim *sim, const struct sim_request *rq, struct sim_response *resp);
+void ledger_get(struct sim *sim, const struct request *rq, struct response *resp);
 
 #endif /* SIM_HANDLERS_H */

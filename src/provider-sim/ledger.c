@@ -14,7 +14,7 @@
 #include "idem/idem.h"
 
 #include "handlers.h"
-#include "util.h"
+#include "sim_util.h"
 #include "banned.h"
 
 static int64_t cell_int(const struct idem_rows *rows, int r, int c)
@@ -54,7 +54,29 @@ static json_t *count_map(const struct idem_rows *rows, const char *kind, const c
     return map;
 }
 
-void ledger_get(struct sim *sim, const struct sim_request *rq, struct sim_response *resp)
+/*
+ * Runs `sql` (rows of "value, count") and flags the values counted more than once as duplicate
+ * `kind`s by `by`.  With `into` (may be NULL), the counts also go into it as "byKey".
+ */
+static int count_dups(struct idem_tx *tx, const char *sql, const char *kind, const char *by,
+                      json_t *into, json_t *dups)
+{
+    struct idem_rows *rows = NULL;
+    json_t *map;
+    int rc = run(tx, sql, &rows);
+
+    if (rc == 0) {
+        map = count_map(rows, kind, by, dups);
+        if (into != NULL)
+            json_object_set_new(into, "byKey", map);
+        else
+            json_decref(map);
+    }
+    idem_rows_free(rows);
+    return rc;
+}
+
+void ledger_get(struct sim *sim, const struct request *rq, struct response *resp)
 {
     struct sim_counters *c = &sim->counters;
     const char *keys_q = request_query(rq, "keys");
@@ -83,23 +105,16 @@ void ledger_get(struct sim *sim, const struct sim_request *rq, struct sim_respon
                                (json_int_t)(cell_int(r, 0, 0) - cell_int(r, 0, 1)), "amount",
                                (json_int_t)cell_int(r, 0, 2)));
     idem_rows_free(r);
-    rc = run(tx, "SELECT idem_key, COUNT(*) FROM charges GROUP BY idem_key", &r);
+    r = NULL;
+    rc = count_dups(tx, "SELECT idem_key, COUNT(*) FROM charges GROUP BY idem_key", "charge", "key",
+                    with_keys ? charges : NULL, dups);
+    if (rc == 0)
+        rc = count_dups(tx,
+                        "SELECT reference, COUNT(*) FROM charges WHERE status = 'succeeded' AND "
+                        "reference IS NOT NULL GROUP BY reference HAVING COUNT(*) > 1",
+                        "charge", "reference", NULL, dups);
     if (rc < 0)
         goto fail;
-    map = count_map(r, "charge", "key", dups);
-    if (with_keys)
-        json_object_set_new(charges, "byKey", map);
-    else
-        json_decref(map);
-    idem_rows_free(r);
-    rc = run(tx,
-             "SELECT reference, COUNT(*) FROM charges WHERE status = 'succeeded' AND reference IS "
-             "NOT NULL GROUP BY reference HAVING COUNT(*) > 1",
-             &r);
-    if (rc < 0)
-        goto fail;
-    json_decref(count_map(r, "charge", "reference", dups));
-    idem_rows_free(r);
 
     /* refunds */
     rc = run(tx, "SELECT COUNT(*), COALESCE(SUM(amount), 0) FROM refunds", &r);
@@ -108,15 +123,11 @@ void ledger_get(struct sim *sim, const struct sim_request *rq, struct sim_respon
     refunds = xcheck(json_pack("{s:I, s:I}", "total", (json_int_t)cell_int(r, 0, 0), "amount",
                                (json_int_t)cell_int(r, 0, 1)));
     idem_rows_free(r);
-    rc = run(tx, "SELECT idem_key, COUNT(*) FROM refunds GROUP BY idem_key", &r);
+    r = NULL;
+    rc = count_dups(tx, "SELECT idem_key, COUNT(*) FROM refunds GROUP BY idem_key", "refund", "key",
+                    with_keys ? refunds : NULL, dups);
     if (rc < 0)
         goto fail;
-    map = count_map(r, "refund", "key", dups);
-    if (with_keys)
-        json_object_set_new(refunds, "byKey", map);
-    else
-        json_decref(map);
-    idem_rows_free(r);
     rc = run(tx,
              "SELECT r.charge_id, COUNT(*), SUM(r.amount), MAX(c.amount) FROM refunds r JOIN "
              "charges c ON c.id = r.charge_id GROUP BY r.charge_id",
@@ -147,23 +158,16 @@ void ledger_get(struct sim *sim, const struct sim_request *rq, struct sim_respon
         json_object_set_new(map, idem_rows_get(r, i, 0), xcheck(json_integer(cell_int(r, i, 1))));
     json_object_set_new(emails, "byTemplate", map);
     idem_rows_free(r);
-    rc = run(tx, "SELECT idem_key, COUNT(*) FROM emails GROUP BY idem_key", &r);
+    r = NULL;
+    rc = count_dups(tx, "SELECT idem_key, COUNT(*) FROM emails GROUP BY idem_key", "email", "key",
+                    with_keys ? emails : NULL, dups);
+    if (rc == 0)
+        rc = count_dups(tx,
+                        "SELECT reference, COUNT(*) FROM emails WHERE reference IS NOT NULL "
+                        "GROUP BY reference HAVING COUNT(*) > 1",
+                        "email", "reference", NULL, dups);
     if (rc < 0)
         goto fail;
-    map = count_map(r, "email", "key", dups);
-    if (with_keys)
-        json_object_set_new(emails, "byKey", map);
-    else
-        json_decref(map);
-    idem_rows_free(r);
-    rc = run(tx,
-             "SELECT reference, COUNT(*) FROM emails WHERE reference IS NOT NULL GROUP BY "
-             "reference HAVING COUNT(*) > 1",
-             &r);
-    if (rc < 0)
-        goto fail;
-    json_decref(count_map(r, "email", "reference", dups));
-    idem_rows_free(r);
 
     /* webhooks */
     rc = run(tx, "SELECT COUNT(*) FROM events", &r);

@@ -13,8 +13,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include <pthread.h>
-
 #include <curl/curl.h>
 
 #include "idem/idem.h"
@@ -22,8 +20,9 @@
 #include "faults.h"
 #include "http.h"
 #include "schema.h"
+#include "signals.h"
 #include "sim.h"
-#include "util.h"
+#include "sim_util.h"
 #include "webhooks.h"
 #include "banned.h"
 
@@ -275,20 +274,15 @@ static int run(const struct sim_config *cfg)
 {
     struct sim sim;
     struct idem_store_options so;
-    struct sim_server *srv = NULL;
+    struct http_server *srv = NULL;
     sigset_t stop_signals;
     char err[512];
     char *errmsg = NULL;
     int status = 1;
-    int sig = 0;
     int rc;
 
     memset(&sim, 0, sizeof sim);
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGINT);
-    sigaddset(&stop_signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    stop_signals_block(&stop_signals);
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         log_msg("error", "curl_global_init failed");
         return 1;
@@ -324,25 +318,23 @@ static int run(const struct sim_config *cfg)
         log_msg("error", "cannot start the webhook senders");
         goto out;
     }
-    if (sim_server_start(&sim, cfg->listen, &srv, err, sizeof err) != 0) {
+    if (sim_http_start(&sim, cfg->listen, &srv, err, sizeof err) != 0) {
         log_msg("error", "%s", err);
         goto out;
     }
-    printf("provider-sim: listening on %s\n", sim_server_url(srv));
+    printf("provider-sim: listening on %s\n", http_server_url(srv));
     fflush(stdout);
     log_msg("info",
             "serving on %s (store %s; webhooks %s; faults: latency %lld+%lld ms, fail %.2f, "
             "lost %.2f, dup %d, delay %lld ms)",
-            sim_server_url(srv), cfg->db, cfg->webhook_url ? cfg->webhook_url : "off",
+            http_server_url(srv), cfg->db, cfg->webhook_url ? cfg->webhook_url : "off",
             (long long)cfg->faults.latency_ms, (long long)cfg->faults.latency_jitter_ms,
             cfg->faults.fail_rate, cfg->faults.lost_rate, cfg->faults.webhook_dup,
             (long long)cfg->faults.webhook_delay_ms);
-    while (sigwait(&stop_signals, &sig) != 0)
-        ;
-    log_msg("info", "stopping on %s", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    log_msg("info", "stopping on %s", stop_signals_wait(&stop_signals));
     status = 0;
 out:
-    sim_server_stop(srv);
+    http_server_stop(srv);
     webhooks_stop(sim.webhooks);
     idem_engine_free(sim.engine);
     idem_store_close(sim.store);

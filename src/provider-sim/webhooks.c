@@ -22,7 +22,7 @@
 #include <openssl/hmac.h>
 
 #include "sim.h"
-#include "util.h"
+#include "sim_util.h"
 #include "banned.h"
 
 #define WEBHOOK_SHARDS 4

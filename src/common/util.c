@@ -1,11 +1,11 @@
 /*
- * util.c - small helpers shared by orderd's files.  They live apart so that each concept file
- * (orders, auth, metrics...) reads as that concept only.  Allocation failure ends the program:
- * the library must return IDEM_ENOMEM, but a program may die with a message (STYLE.md).
+ * util.c - the small helpers of util.h, shared by orderd's and provider-sim's files.  They live
+ * apart so that each concept file (orders, auth, charges...) reads as that concept only.
+ * Allocation failure ends the program: the library must return IDEM_ENOMEM, but a program may die
+ * with a message (STYLE.md).
  */
 #include "util.h"
 
-#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +14,7 @@
 
 #include <openssl/rand.h>
 
+#include "clock.h"
 #include "banned.h"
 
 void die(const char *fmt, ...)
@@ -24,7 +25,7 @@ void die(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "orderd: fatal: %s\n", msg);
+    fprintf(stderr, "%s: fatal: %s\n", program_name, msg);
     exit(1);
 }
 
@@ -60,29 +61,6 @@ char *xstrndup(const char *s, size_t n)
     return xcheck(strndup(s, n));
 }
 
-void hex_encode(const unsigned char *in, size_t n, char *out)
-{
-    static const char digits[] = "0123456789abcdef";
-    size_t i;
-
-    for (i = 0; i < n; i++) {
-        out[2 * i] = digits[in[i] >> 4];
-        out[2 * i + 1] = digits[in[i] & 0x0f];
-    }
-    out[2 * n] = '\0';
-}
-
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 int hex_decode(const char *in, unsigned char *out, size_t cap, size_t *out_len)
 {
     size_t n = strlen(in);
@@ -113,30 +91,17 @@ void random_bytes(unsigned char *buf, size_t n)
 
 int64_t wall_ms(void)
 {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return clock_now_ms(CLOCK_REALTIME);
 }
 
 int64_t mono_ns(void)
 {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    return clock_now_ns(CLOCK_MONOTONIC);
 }
 
 void sleep_ms(int64_t ms)
 {
-    struct timespec req, rem;
-
-    if (ms <= 0)
-        return;
-    req.tv_sec = (time_t)(ms / 1000);
-    req.tv_nsec = (long)(ms % 1000) * 1000000L;
-    while (nanosleep(&req, &rem) != 0 && errno == EINTR)
-        req = rem;
+    clock_sleep_ms(ms);
 }
 
 void iso8601_ms(int64_t ms, char out[ISO8601_LEN + 1])
@@ -202,20 +167,11 @@ size_t utf8_length(const char *s)
     return n;
 }
 
-static char ascii_lower(char c)
+char *json_text(const json_t *doc, size_t *len)
 {
-    return (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c;
-}
+    char *text = xcheck(json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER));
 
-int ascii_ncaseeq(const char *a, const char *b, size_t n)
-{
-    size_t i;
-
-    for (i = 0; i < n; i++) {
-        if (ascii_lower(a[i]) != ascii_lower(b[i]))
-            return 0;
-        if (a[i] == '\0')
-            return 1;
-    }
-    return 1;
+    if (len != NULL)
+        *len = strlen(text);
+    return text;
 }

@@ -1,15 +1,26 @@
 /*
- * util.h - the small helpers every part of orderd leans on: allocation that dies with a message
- * instead of returning NULL (a service that cannot allocate a few bytes cannot answer anyone
- * truthfully), hex, random bytes, UTC timestamps and strict number parsing of untrusted text.
+ * util.h - the small helpers orderd and provider-sim both lean on: allocation that dies with a
+ * message instead of returning NULL (a service that cannot allocate a few bytes cannot answer
+ * anyone truthfully), hex, random bytes, clocks, UTC timestamps, strict number parsing of
+ * untrusted text and compact JSON text.  Part of idem_common, the programs' static library.
  */
-#ifndef ORDERD_UTIL_H
-#define ORDERD_UTIL_H
+#ifndef IDEM_COMMON_UTIL_H
+#define IDEM_COMMON_UTIL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-/* Prints "orderd: fatal: <message>" on stderr and exits with status 1. */
+#include <jansson.h>
+
+#include "ascii.h" /* hex_encode, hex_value, ascii_ncaseeq */
+
+/*
+ * The name die() and the log lines start with ("orderd", "provider-sim").  Each program defines
+ * it once; it is a constant, not state.
+ */
+extern const char program_name[];
+
+/* Prints "<program_name>: fatal: <message>" on stderr and exits with status 1. */
 void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
 /* Allocators that never return NULL: they die on failure. */
@@ -21,8 +32,6 @@ char *xstrndup(const char *s, size_t n);
 /* Dies with "out of memory" when `p` is NULL; returns `p` (for jansson's constructors). */
 void *xcheck(void *p);
 
-/* Writes 2*n lowercase hex digits of `in` and a NUL into `out` (2*n+1 bytes). */
-void hex_encode(const unsigned char *in, size_t n, char *out);
 /*
  * Decodes the hex text `in` (an even number of hex digits) into `out`, at most `cap` bytes.
  * Returns 0 and *out_len, or -1 for bad digits, an odd length or too much data.
@@ -52,7 +61,7 @@ int parse_int64(const char *s, int64_t min, int64_t max, int64_t *out);
 /* Number of code points of the UTF-8 string `s` (continuation bytes are not counted). */
 size_t utf8_length(const char *s);
 
-/* ASCII case-insensitive comparison of the first `n` bytes (locale-free). */
-int ascii_ncaseeq(const char *a, const char *b, size_t n);
+/* Compact JSON text of `doc`, members in insertion order (new, free()); `len` may be NULL. */
+char *json_text(const json_t *doc, size_t *len);
 
-#endif /* ORDERD_UTIL_H */
+#endif /* IDEM_COMMON_UTIL_H */

@@ -1,10 +1,11 @@
 /*
  * strbuf.h - a growable byte buffer (git's strbuf), for text whose size is not known up front:
  * the Prometheus page, log lines, request bodies.  Growth dies on allocation failure; callers
- * that take bytes from strangers enforce their own cap before appending.
+ * that take bytes from strangers enforce their own cap before appending (http_server.c does, at
+ * HTTP_BODY_MAX).  Part of idem_common, the programs' static library.
  */
-#ifndef ORDERD_STRBUF_H
-#define ORDERD_STRBUF_H
+#ifndef IDEM_COMMON_STRBUF_H
+#define IDEM_COMMON_STRBUF_H
 
 #include <stddef.h>
 
@@ -28,4 +29,4 @@ char *strbuf_detach(struct strbuf *sb, size_t *len);
 /* Frees the bytes; `sb` may be reused. */
 void strbuf_release(struct strbuf *sb);
 
-#endif /* ORDERD_STRBUF_H */
+#endif /* IDEM_COMMON_STRBUF_H */

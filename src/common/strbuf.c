@@ -1,5 +1,5 @@
 /*
- * strbuf.c - the growable buffer of strbuf.h.  Every string orderd assembles piecewise goes
+ * strbuf.c - the growable buffer of strbuf.h.  Every string the programs assemble piecewise goes
  * through here, so that no caller writes into a fixed array with an unchecked length.
  */
 #include "strbuf.h"

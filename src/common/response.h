@@ -1,18 +1,20 @@
 /*
- * response.h - an HTTP response as orderd's handlers build it, before it meets libmicrohttpd:
- * status, a few headers, the body bytes, plus what the request log and the metrics want to know
- * (operation, idempotency outcome, principal).  Keeping it a plain struct lets the engine glue
- * copy a stored response into it byte for byte, and keeps MHD out of the business code.
+ * response.h - an HTTP response as the programs' handlers build it, before it meets
+ * libmicrohttpd (http_server.c): status, a few headers, the body bytes, plus what orderd's
+ * request log and metrics want to know (operation, idempotency outcome, principal) and
+ * provider-sim's lost-response fault (drop).  Keeping it a plain struct lets the engine glue copy
+ * a stored response into it byte for byte, and keeps MHD out of the business code.
  *
- * Every error is an RFC 9457 problem: {"type":"/problems/<code>","title","status","detail",
- * "code"} with Content-Type application/problem+json.
+ * Every error is an RFC 9457 problem (problem.h).
  */
-#ifndef ORDERD_RESPONSE_H
-#define ORDERD_RESPONSE_H
+#ifndef IDEM_COMMON_RESPONSE_H
+#define IDEM_COMMON_RESPONSE_H
 
 #include <stddef.h>
 
 #include <jansson.h>
+
+#include "problem.h"
 
 #define RESPONSE_MAX_HEADERS 8
 
@@ -27,13 +29,16 @@ struct response {
     size_t body_len;
     struct response_header headers[RESPONSE_MAX_HEADERS];
     size_t nheaders;
+    /* Close the connection instead of answering: provider-sim's lost response. */
+    int drop;
 
-    /* For the log and the metrics, not sent. */
+    /* For orderd's log and metrics, not sent. */
     const char *operation; /* static: "orders.create", "other"... */
     const char *outcome;   /* static; NULL: derived from the status when sent */
     char *principal;       /* the user id once authenticated; NULL before */
 };
 
+/* An empty response: status 500, operation "other", until a handler says otherwise. */
 void response_init(struct response *r);
 /* Frees the body, the headers and the principal; `r` may be initialised again. */
 void response_clear(struct response *r);
@@ -49,8 +54,9 @@ void response_set_body(struct response *r, const void *body, size_t len);
 void response_json(struct response *r, int status, const json_t *doc);
 
 /*
- * Status and a problem+json body for `code` (a stable code from docs/http-api.md; its title
- * comes from a table), with a sentence of `detail`.  Headers already set stay.
+ * Status and a problem+json body for `code` (a stable code from docs/http-api.md or
+ * docs/provider-sim.md; its title comes from problem.c's table), with a sentence of `detail`.
+ * Headers already set stay.
  */
 void response_problem(struct response *r, int status, const char *code, const char *detail);
 
@@ -58,16 +64,6 @@ void response_problem(struct response *r, int status, const char *code, const ch
 void response_problem_ext(struct response *r, int status, const char *code, const char *detail,
                           const json_t *extra);
 
-/* The compact bytes of a problem document (new, free with free()). */
-char *problem_body(int status, const char *code, const char *detail, size_t *len);
-/* The same with the members of `extra` (borrowed, may be NULL) added after "code". */
-char *problem_body_ext(int status, const char *code, const char *detail, const json_t *extra,
-                       size_t *len);
-
-/* Compact JSON text of `doc` in insertion order (new, free with free()). */
-char *json_text(const json_t *doc, size_t *len);
-
 #define CONTENT_TYPE_JSON "application/json"
-#define CONTENT_TYPE_PROBLEM "application/problem+json"
 
-#endif /* ORDERD_RESPONSE_H */
+#endif /* IDEM_COMMON_RESPONSE_H */

@@ -1,12 +1,12 @@
 /*
- * banned.h - functions libidem-client must not call: the list of lib/banned.h (after git's).
- * They either write past a buffer without a bound, or keep hidden global state (rand() among
- * them: jitter comes from the generator in the client handle); each has a bounded or re-entrant
- * sibling.  The client library does not include libidem's private headers, so it keeps its own
- * copy.  Include it last, after the system headers.
+ * banned.h - functions no part of idem may call (after git's banned.h): libidem, libidem-client,
+ * orderd, provider-sim and the idem CLI all compile against this one list.  Each entry either
+ * writes past a buffer without a bound or keeps hidden global state (rand() among them: jitter
+ * and ids come from a generator held in a handle, or from the CSPRNG); each has a bounded or
+ * re-entrant sibling.  Include it last, after the system headers.
  */
-#ifndef IDEM_CLIENT_BANNED_H
-#define IDEM_CLIENT_BANNED_H
+#ifndef IDEM_BANNED_H
+#define IDEM_BANNED_H
 
 #define BANNED(func) sorry_##func##_is_a_banned_function
 
@@ -28,10 +28,9 @@
 #define gmtime(t) BANNED(gmtime)
 #undef localtime
 #define localtime(t) BANNED(localtime)
-
 #undef rand
 #define rand() BANNED(rand)
 #undef srand
 #define srand(s) BANNED(srand)
 
-#endif /* IDEM_CLIENT_BANNED_H */
+#endif /* IDEM_BANNED_H */

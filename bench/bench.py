@@ -1,0 +1,1616 @@
+#!/usr/bin/env python3
+"""
+bench.py - issue 7's benchmark: what idempotency costs orderd today, measured against baselines
+taken in the same run, with a profile of whatever keeps a target out of reach.
+
+`make bench` runs it under tests/pg/with_pg.sh (so a throw-away PostgreSQL cluster is there and
+always removed) after an optimised build into build-bench/.  Everything it starts listens on
+127.0.0.1, every load is bounded in time, and every process it starts is stopped by its PID.
+Python's standard library only; load comes from wrk (bench/lua/*.lua) and, for the same-key
+storm, from threads here.  docs/bench.md says what each number means.
+
+  python3 bench/bench.py --bin build-bench/bin [--out bench/results] [--seconds 5]
+                         [--connections 16] [--no-profile]
+
+Environment: IDEM_TEST_PG_URI / IDEM_TEST_PG_BIN (set by with_pg.sh): without them the
+PostgreSQL columns say "not measured".  BENCH_KEEP=1 keeps the temp directory (logs, databases).
+"""
+
+import argparse
+import datetime
+import http.client
+import json
+import os
+import platform
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+LUA_FRESH = os.path.join(HERE, "lua", "fresh.lua")
+LUA_REPLAY = os.path.join(HERE, "lua", "replay.lua")
+ORDER_BODY = '{"productId":"p-1024","quantity":1}'
+
+WRK_THREADS = 2
+STORM_REQUESTS = 200
+LONE_REQUESTS = 21
+WARM_KEYS = 1000
+RSS_CONNECTIONS = 1000
+RSS_WARM_KEYS = 200
+DEADLINE_S = 1500  # a hard stop for the whole run, far above its expected ~5 minutes
+MIB = 1024 * 1024
+
+# Issue 7's targets.
+T_GROUP_COMMIT = 6.0
+T_REPLAY_SHARE = 0.7
+T_ON_OFF_P50 = 1.10
+T_STORM_P99 = 3.0
+T_RSS_MIB = 64
+
+LISTEN_RE = re.compile(r"listening on (http://[0-9.]+:\d+)")
+
+
+class BenchError(Exception):
+    """A step that could not run; the message says which and why."""
+
+
+def say(msg):
+    print("bench: " + msg, flush=True)
+
+
+# ---- processes --------------------------------------------------------------------------------
+
+class Proc:
+    """A server this run started: stopped by its PID, and only that PID."""
+
+    def __init__(self, name, cmd, logpath, env=None):
+        self.name = name
+        self.cmd = cmd
+        self.logpath = logpath
+        self.log = open(logpath, "wb")
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, env=env,
+                                  stdin=subprocess.DEVNULL)
+        self.url = None
+
+    @property
+    def pid(self):
+        return self.p.pid
+
+    def wait_listening(self, timeout=20.0):
+        """Reads the one "listening on URL" line the servers print on stdout."""
+        deadline = time.monotonic() + timeout
+        buf = b""
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([self.p.stdout], [], [], 0.2)
+            if r:
+                chunk = os.read(self.p.stdout.fileno(), 4096)
+                if not chunk:
+                    break
+                buf += chunk
+                m = LISTEN_RE.search(buf.decode("utf-8", "replace"))
+                if m:
+                    self.url = m.group(1)
+                    return self.url
+            elif self.p.poll() is not None:
+                break
+        self.stop()
+        raise BenchError("%s did not start: %s" % (self.name, self.tail()))
+
+    def tail(self, n=5):
+        try:
+            with open(self.logpath, "rb") as f:
+                lines = f.read().decode("utf-8", "replace").splitlines()
+            return " | ".join(lines[-n:]) or "(no log)"
+        except OSError:
+            return "(no log)"
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(20)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(5)
+        if self.p.stdout:
+            self.p.stdout.close()
+        self.log.close()
+
+
+# ---- HTTP -------------------------------------------------------------------------------------
+
+def split_url(url):
+    u = urllib.parse.urlsplit(url)
+    return u.hostname, u.port
+
+
+def http_call(url, method, path, body=None, headers=None, conn=None, timeout=30):
+    """One request; returns (status, headers dict lower-cased, body bytes)."""
+    own = conn is None
+    if own:
+        host, port = split_url(url)
+        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        data = r.read()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
+    finally:
+        if own:
+            conn.close()
+
+
+def order_headers(token, key):
+    return {"Authorization": "Bearer " + token, "Content-Type": "application/json",
+            "Idempotency-Key": key}
+
+
+def metrics(url):
+    """orderd's /metrics as {(name, frozenset(labels)): value}."""
+    status, _, body = http_call(url, "GET", "/metrics")
+    if status != 200:
+        raise BenchError("GET /metrics answered %d" % status)
+    out = {}
+    for line in body.decode("utf-8", "replace").splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$', line)
+        if not m:
+            continue
+        labels = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+        try:
+            out[(m.group(1), labels)] = float(m.group(3))
+        except ValueError:
+            pass
+    return out
+
+
+def metric(samples, name, **labels):
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
+
+
+def created(samples, outcome):
+    return metric(samples, "orderd_requests_total", operation="orders.create", outcome=outcome)
+
+
+# ---- PostgreSQL -------------------------------------------------------------------------------
+
+def pg_bin(program):
+    return os.path.join(os.environ.get("IDEM_TEST_PG_BIN") or "/usr/lib/postgresql/15/bin",
+                        program)
+
+
+def psql(uri, sql, timeout=60):
+    p = subprocess.run([pg_bin("psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d",
+                        uri, "-c", sql], capture_output=True, timeout=timeout)
+    if p.returncode != 0:
+        raise BenchError("psql %r: %s" % (sql[:80], p.stderr.decode("utf-8", "replace")))
+    return p.stdout.decode("utf-8", "replace").strip()
+
+
+def pg_uri_with_db(uri, dbname):
+    u = urllib.parse.urlsplit(uri)
+    return urllib.parse.urlunsplit((u.scheme, u.netloc, "/" + dbname, u.query, u.fragment))
+
+
+def pg_wal_stats(admin_uri):
+    """Cluster-wide WAL syncs and commits so far (pg_stat_wal, pg_stat_database)."""
+    row = psql(admin_uri, "SELECT (SELECT wal_sync FROM pg_stat_wal), "
+                          "(SELECT sum(xact_commit) FROM pg_stat_database)")
+    sync, commits = row.split("|")
+    return int(sync), int(commits)
+
+
+# ---- the run ----------------------------------------------------------------------------------
+
+def fmt_rate(v):
+    return "—" if v is None else ("%.0f" % v)
+
+
+def fmt_ms(v):
+    if v is None:
+        return "—"
+    return "%.2f" % v if v < 10 else "%.1f" % v if v < 100 else "%.0f" % v
+
+
+def fmt_ratio(v):
+    return "—" if v is None else "%.2f×" % v
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.bin = os.path.abspath(args.bin)
+        self.orderd = os.path.join(self.bin, "orderd")
+        self.psim = os.path.join(self.bin, "provider-sim")
+        self.commit_rate = os.path.join(self.bin, "commit_rate")
+        self.static_http = os.path.join(self.bin, "static_http")
+        self.storm = os.path.join(self.bin, "storm")
+        self.seconds = args.seconds
+        self.conns = args.connections
+        self.tmp = tempfile.mkdtemp(prefix="idem-bench.")
+        self.procs = []
+        self.pg_admin = os.environ.get("IDEM_TEST_PG_URI")
+        self.pg_dbs = []
+        self.r = {"stores": {}, "commit": {}, "notes": [], "profiles": {}}
+        self.started = time.monotonic()
+        self.ts = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+    # -- helpers --
+
+    def note(self, text):
+        say("note: " + text)
+        self.r["notes"].append(text)
+
+    def start(self, name, cmd, env=None):
+        p = Proc(name, cmd, os.path.join(self.tmp, name + ".log"), env=env)
+        self.procs.append(p)
+        p.wait_listening()
+        return p
+
+    def stop(self, p):
+        if p is not None:
+            p.stop()
+            if p in self.procs:
+                self.procs.remove(p)
+
+    def cleanup(self):
+        for p in list(self.procs):
+            try:
+                p.stop()
+            except Exception as e:  # noqa: BLE001 - clean-up goes on whatever failed
+                say("could not stop %s (pid %d): %s" % (p.name, p.pid, e))
+        self.procs = []
+        for name in self.pg_dbs:
+            try:
+                psql(self.pg_admin, 'DROP DATABASE IF EXISTS "%s" WITH (FORCE)' % name)
+            except Exception:  # noqa: BLE001
+                pass
+        self.pg_dbs = []
+        if os.environ.get("BENCH_KEEP") == "1":
+            say("kept %s" % self.tmp)
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def db_uri(self, store, name):
+        if store == "sqlite":
+            return "sqlite:" + os.path.join(self.tmp, name + ".db")
+        dbname = "bench_%s_%s" % (name.replace("-", "_"), uuid.uuid4().hex[:8])
+        psql(self.pg_admin, 'CREATE DATABASE "%s"' % dbname)
+        self.pg_dbs.append(dbname)
+        return pg_uri_with_db(self.pg_admin, dbname)
+
+    def token(self, db, user):
+        p = subprocess.run([self.orderd, "token", "create", "--db", db, "--user", user],
+                           capture_output=True, timeout=60)
+        if p.returncode != 0:
+            raise BenchError("token create: %s" % p.stderr.decode("utf-8", "replace"))
+        return p.stdout.decode().strip()
+
+    def orderd_supports(self, flag):
+        p = subprocess.run([self.orderd, "serve", "--help"], capture_output=True, timeout=10)
+        return flag in p.stdout.decode("utf-8", "replace")
+
+    def start_orderd(self, name, db, extra=None):
+        return self.start(name, [self.orderd, "serve", "--listen", "127.0.0.1:0", "--db", db] +
+                          (extra or []))
+
+    def wrk(self, url, script, wrk_args, conns=None, seconds=None):
+        conns = conns or self.conns
+        seconds = seconds or self.seconds
+        cmd = ["wrk", "-t", str(min(WRK_THREADS, conns)), "-c", str(conns), "-d",
+               "%gs" % seconds, "--timeout", "10s", "-s", script, url, "--"] + wrk_args
+        p = subprocess.run(cmd, capture_output=True, timeout=seconds + 90)
+        out = p.stdout.decode("utf-8", "replace")
+        m = re.search(r"^BENCH_JSON (\{.*\})$", out, re.M)
+        if p.returncode != 0 or not m:
+            raise BenchError("wrk failed (%d): %s %s" % (p.returncode, out[-400:],
+                                                         p.stderr.decode()[-400:]))
+        j = json.loads(m.group(1))
+        errors = j["err_connect"] + j["err_read"] + j["err_write"] + j["err_timeout"]
+        return {"rps": j["requests"] / (j["duration_us"] / 1e6), "p50_ms": j["p50_us"] / 1000,
+                "p90_ms": j["p90_us"] / 1000, "p99_ms": j["p99_us"] / 1000,
+                "max_ms": j["max_us"] / 1000, "requests": j["requests"],
+                "non2xx": j["err_status"], "socket_errors": errors, "connections": conns,
+                "seconds": seconds}
+
+    def run_commit_rate(self, uri, threads, seconds):
+        p = subprocess.run([self.commit_rate, uri, "--threads", str(threads), "--seconds",
+                            str(seconds)], capture_output=True, timeout=seconds + 60)
+        if p.returncode != 0:
+            raise BenchError("commit_rate %s: %s" % (uri.split(":")[0],
+                                                     p.stderr.decode("utf-8", "replace")))
+        return json.loads(p.stdout.decode())
+
+    def warm(self, url, token, tag, n, threads=4):
+        """Creates keys TAG-0 .. TAG-(n-1) with the order body, each completed once."""
+        failures = []
+
+        def worker(start):
+            host, port = split_url(url)
+            conn = http.client.HTTPConnection(host, port, timeout=30)
+            try:
+                for i in range(start, n, threads):
+                    st, _, body = http_call(url, "POST", "/api/orders", ORDER_BODY,
+                                            order_headers(token, "%s-%d" % (tag, i)), conn=conn)
+                    if st != 201:
+                        failures.append((i, st, body[:200]))
+            finally:
+                conn.close()
+
+        ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(300)
+        if failures:
+            raise BenchError("warming %s: %d failed, first %r" % (tag, len(failures), failures[0]))
+
+    # -- baselines --
+
+    def baseline_commit(self):
+        out = self.r["commit"]
+        uri = "sqlite:" + os.path.join(self.tmp, "commit-rate.db")
+        # One second first, discarded: a WAL that is still growing commits slower than one that
+        # is being recycled, and orderd's run reaches that steady state too.
+        self.run_commit_rate(uri, 1, 1)
+        for threads in (1, 2, 8):
+            out["sqlite-%d" % threads] = self.run_commit_rate(uri, threads, 2)
+            say("commit rate sqlite %d thread(s): %.0f/s" % (threads,
+                                                             out["sqlite-%d" % threads]["rate"]))
+        if self.pg_admin:
+            pg = self.db_uri("postgresql", "commit")
+            self.run_commit_rate(pg, 1, 1)
+            for threads in (1, 2, 8):
+                out["postgresql-%d" % threads] = self.run_commit_rate(pg, threads, 2)
+                say("commit rate postgresql %d thread(s): %.0f/s" % (
+                    threads, out["postgresql-%d" % threads]["rate"]))
+
+    def baseline_static(self):
+        """The static HTTP ceiling, with the CPU its server used per request."""
+        p = self.start("static_http", [self.static_http, "--listen", "127.0.0.1:0"])
+        try:
+            t0 = cpu_seconds(p.pid)
+            # The very request bytes of S2 (the token is sent and ignored).
+            res = self.wrk(p.url, LUA_REPLAY, ["idem_" + "0" * 64, "static", "1000"])
+            res["cpu_us_per_req"] = (cpu_seconds(p.pid) - t0) * 1e6 / max(res["requests"], 1)
+        finally:
+            self.stop(p)
+        say("static ceiling: %.0f req/s, p50 %.2f ms" % (res["rps"], res["p50_ms"]))
+        return res
+
+    # -- scenarios --
+
+    def s1(self, url, pid, token, tag):
+        before = metrics(url)
+        t0 = cpu_seconds(pid)
+        res = self.wrk(url, LUA_FRESH, [token, tag])
+        cpu = cpu_seconds(pid) - t0
+        after = metrics(url)
+        res["executed"] = int(sum(created(after, o) - created(before, o)
+                                  for o in ("executed", "none")))
+        res["cpu_ms_per_req"] = cpu * 1000 / max(res["executed"], 1)
+        return res
+
+    def s3(self, url, storm_token):
+        """
+        STORM_REQUESTS same-key requests released together, and LONE_REQUESTS lone ones before
+        them, all sent by bench/storm.c (one epoll thread, so the client never queues).
+        """
+        host, port = split_url(url)
+        key = "storm-" + uuid.uuid4().hex[:12]
+        before = metrics(url)
+        p = subprocess.run([self.storm, host, str(port), storm_token, key, "--requests",
+                            str(STORM_REQUESTS), "--lone", str(LONE_REQUESTS), "--lone-prefix",
+                            "lone-" + uuid.uuid4().hex[:8]],
+                           capture_output=True, timeout=180)
+        after = metrics(url)
+        try:
+            j = json.loads(p.stdout.decode())
+        except ValueError:
+            raise BenchError("storm failed (%d): %s" % (p.returncode, p.stderr.decode()[-300:]))
+        st, _, body = http_call(url, "GET", "/api/orders?limit=100", None,
+                                {"Authorization": "Bearer " + storm_token})
+        # The lone requests are the storm user's too: its orders are the lone ones plus the storm's.
+        orders = len(json.loads(body).get("orders", [])) - j["lone"] if st == 200 else None
+        lone_exec = j["lone"]
+        return {"lone_p50_ms": j["lone_p50_ms"], "lone_max_ms": j["lone_max_ms"],
+                "p50_ms": j["p50_ms"], "p99_ms": j["p99_ms"], "max_ms": j["max_ms"],
+                "requests": j["requests"], "failed": j["failed"],
+                "statuses": {int(k): v for k, v in j["statuses"].items()},
+                "replayed_header": j["replayed_header"], "orders": orders,
+                "executed": int(created(after, "executed") - created(before, "executed")) -
+                lone_exec,
+                "waited": int(created(after, "waited") - created(before, "waited")),
+                "replayed": int(created(after, "replayed") - created(before, "replayed")),
+                "in_progress": int(created(after, "in_progress") - created(before, "in_progress"))}
+
+    def s4(self, store):
+        if not os.path.exists(self.psim) or not self.orderd_supports("--provider"):
+            return {"skipped": "provider-sim or orderd --provider is not in this tree yet"}
+        psim = self.start("provider-sim-" + store, [
+            self.psim, "--listen", "127.0.0.1:0", "--db",
+            "sqlite:" + os.path.join(self.tmp, "provider-sim-%s.db" % store)])
+        srv = None
+        try:
+            db = self.db_uri(store, "s4")
+            tok = self.token(db, "pay")
+            srv = self.start_orderd("orderd-s4-" + store, db, ["--provider", psim.url])
+            before = metrics(srv.url)
+            res = self.wrk(srv.url, LUA_FRESH, [tok, "s4"])
+            after = metrics(srv.url)
+            res["executed"] = int(created(after, "executed") - created(before, "executed"))
+            res["charges_ok"] = int(
+                metric(after, "orderd_provider_calls_total", call="charge", outcome="ok") -
+                metric(before, "orderd_provider_calls_total", call="charge", outcome="ok"))
+            st, _, body = http_call(psim.url, "GET", "/v1/ledger?keys=0")
+            if st == 200:
+                led = json.loads(body)
+                res["ledger_charges"] = led.get("charges", {}).get("total")
+                res["ledger_emails"] = led.get("emails", {}).get("total")
+                res["ledger_clean"] = led.get("clean")
+        finally:
+            self.stop(srv)
+            self.stop(psim)
+        return res
+
+    def rss(self, store):
+        db = self.db_uri(store, "rss")
+        tok = self.token(db, "rss")
+        srv = self.start_orderd("orderd-rss-" + store, db)
+        try:
+            self.warm(srv.url, tok, "rss", RSS_WARM_KEYS)
+            cmd = ["wrk", "-t", str(WRK_THREADS), "-c", str(RSS_CONNECTIONS), "-d",
+                   "%gs" % self.seconds, "--timeout", "10s", "-s", LUA_REPLAY, srv.url, "--",
+                   tok, "rss", str(RSS_WARM_KEYS)]
+            w = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            threads_max = 0
+            peak, breakdown = 0, {}
+            deadline = time.monotonic() + self.seconds + 60
+            while w.poll() is None and time.monotonic() < deadline:
+                st = read_status(srv.pid)
+                threads_max = max(threads_max, st.get("Threads", 0))
+                if st.get("VmRSS", 0) > peak:
+                    # Where the memory is at the highest point seen: stacks, arenas, files.
+                    peak = st["VmRSS"]
+                    breakdown = smaps_breakdown(srv.pid)
+                time.sleep(0.25)
+            if w.poll() is None:
+                w.kill()
+            out, _ = w.communicate(timeout=30)
+            st = read_status(srv.pid)
+            m = re.search(r"^BENCH_JSON (\{.*\})$", out.decode("utf-8", "replace"), re.M)
+            j = json.loads(m.group(1)) if m else {}
+            return {"hwm_mib": st.get("VmHWM", 0) / 1024, "rss_mib": st.get("VmRSS", 0) / 1024,
+                    "threads_max": threads_max, "connections": RSS_CONNECTIONS,
+                    "breakdown_at_mib": peak / 1024, "breakdown": breakdown,
+                    "rps": j.get("requests", 0) / max(j.get("duration_us", 1) / 1e6, 1e-9),
+                    "socket_errors": sum(j.get(k, 0) for k in ("err_connect", "err_read",
+                                                               "err_write", "err_timeout")),
+                    "non2xx": j.get("err_status")}
+        finally:
+            self.stop(srv)
+
+    def store_run(self, store):
+        say("== %s ==" % store)
+        res = self.r["stores"].setdefault(store, {})
+        db = self.db_uri(store, "on")
+        tok = self.token(db, "bench")
+        storm_tok = self.token(db, "storm")
+        srv = self.start_orderd("orderd-" + store, db)
+        try:
+            wal0 = pg_wal_stats(self.pg_admin) if store == "postgresql" else None
+            if store == "sqlite":
+                res["commit_before"] = self.run_commit_rate(
+                    "sqlite:" + os.path.join(self.tmp, "commit-rate.db"), 1, 2)
+            res["S1"] = self.s1(srv.url, srv.pid, tok, "s1")
+            if store == "sqlite":
+                res["commit_after"] = self.run_commit_rate(
+                    "sqlite:" + os.path.join(self.tmp, "commit-rate.db"), 1, 2)
+            if wal0:
+                time.sleep(1.2)  # backends report their statistics at most once a second
+                wal1 = pg_wal_stats(self.pg_admin)
+                res["S1"]["wal_syncs_per_req"] = (wal1[0] - wal0[0]) / max(res["S1"]["requests"], 1)
+            say("S1 %s: %.0f req/s, p50 %.2f ms, p99 %.1f ms" % (
+                store, res["S1"]["rps"], res["S1"]["p50_ms"], res["S1"]["p99_ms"]))
+
+            self.warm(srv.url, tok, "s2", WARM_KEYS)
+            # The ceiling right before the replays, so that both see the same machine.
+            res["static"] = self.baseline_static()
+            before = metrics(srv.url)
+            t0 = cpu_seconds(srv.pid)
+            res["S2"] = self.wrk(srv.url, LUA_REPLAY, [tok, "s2", str(WARM_KEYS)])
+            cpu = cpu_seconds(srv.pid) - t0
+            after = metrics(srv.url)
+            res["S2"]["replayed"] = int(created(after, "replayed") - created(before, "replayed"))
+            res["S2"]["cpu_us_per_req"] = cpu * 1e6 / max(res["S2"]["replayed"], 1)
+            say("S2 %s: %.0f req/s, p50 %.2f ms" % (store, res["S2"]["rps"], res["S2"]["p50_ms"]))
+
+            res["S3"] = self.s3(srv.url, storm_tok)
+            say("S3 %s: executions %d, p99 %.1f ms, lone %.2f ms" % (
+                store, res["S3"]["executed"], res["S3"]["p99_ms"] or -1,
+                res["S3"]["lone_p50_ms"]))
+        finally:
+            self.stop(srv)
+
+        if self.orderd_supports("--idempotency"):
+            db_off = self.db_uri(store, "off")
+            tok_off = self.token(db_off, "bench")
+            off = self.start_orderd("orderd-off-" + store, db_off, ["--idempotency", "off"])
+            try:
+                wal0 = pg_wal_stats(self.pg_admin) if store == "postgresql" else None
+                res["S1off"] = self.s1(off.url, off.pid, tok_off, "s1off")
+                if wal0:
+                    time.sleep(1.2)
+                    wal1 = pg_wal_stats(self.pg_admin)
+                    res["S1off"]["wal_syncs_per_req"] = (wal1[0] - wal0[0]) / max(
+                        res["S1off"]["requests"], 1)
+            finally:
+                self.stop(off)
+            say("S1 off %s: %.0f req/s, p50 %.2f ms" % (store, res["S1off"]["rps"],
+                                                        res["S1off"]["p50_ms"]))
+        else:
+            res["S1off"] = {"skipped": "orderd has no --idempotency flag in this tree"}
+
+        res["S4"] = self.s4(store)
+        if "rps" in res["S4"]:
+            say("S4 %s: %.0f req/s, p50 %.2f ms" % (store, res["S4"]["rps"], res["S4"]["p50_ms"]))
+        res["RSS"] = self.rss(store)
+        say("RSS %s: peak %.1f MiB with %d connections (%d threads)" % (
+            store, res["RSS"]["hwm_mib"], RSS_CONNECTIONS, res["RSS"]["threads_max"]))
+
+    # -- targets --
+
+    def targets(self):
+        t = []
+        st = self.r["stores"]
+        sq = st.get("sqlite", {})
+        if "S1" in sq and "commit_before" in sq:
+            ref = (sq["commit_before"]["rate"] + sq["commit_after"]["rate"]) / 2
+            ratio = sq["S1"]["rps"] / ref
+            t.append({"id": "group-commit", "store": "sqlite",
+                      "target": "S1 ≥ %g× the 1-thread commit rate" % T_GROUP_COMMIT,
+                      "measured": "%.0f req/s ÷ %.0f commits/s" % (sq["S1"]["rps"], ref),
+                      "ratio": ratio, "met": ratio >= T_GROUP_COMMIT})
+        for store, res in st.items():
+            if "S2" in res and "static" in res:
+                ratio = res["S2"]["rps"] / res["static"]["rps"]
+                t.append({"id": "replay", "store": store,
+                          "target": "S2 ≥ %g× the static HTTP ceiling" % T_REPLAY_SHARE,
+                          "measured": "%.0f ÷ %.0f req/s" % (res["S2"]["rps"],
+                                                             res["static"]["rps"]),
+                          "ratio": ratio, "met": ratio >= T_REPLAY_SHARE})
+        for store, res in st.items():
+            if "S1" in res and "rps" in res.get("S1off", {}):
+                ratio = res["S1"]["p50_ms"] / res["S1off"]["p50_ms"]
+                t.append({"id": "on-off", "store": store,
+                          "target": "S1 p50 on ÷ off ≤ %.2f×" % T_ON_OFF_P50,
+                          "measured": "%s ÷ %s ms" % (fmt_ms(res["S1"]["p50_ms"]),
+                                                      fmt_ms(res["S1off"]["p50_ms"])),
+                          "ratio": ratio, "met": ratio <= T_ON_OFF_P50})
+            elif "S1" in res:
+                t.append({"id": "on-off", "store": store,
+                          "target": "S1 p50 on ÷ off ≤ %.2f×" % T_ON_OFF_P50,
+                          "measured": "not measured: " + res.get("S1off", {}).get("skipped", "?"),
+                          "ratio": None, "met": None})
+        for store, res in st.items():
+            if "S3" in res and res["S3"]["p99_ms"] is not None:
+                s3 = res["S3"]
+                ratio = s3["p99_ms"] / s3["lone_p50_ms"]
+                once = s3["executed"] == 1 and s3["orders"] == 1
+                t.append({"id": "storm", "store": store,
+                          "target": "S3 p99 ≤ %g× a lone request, exactly 1 execution" % T_STORM_P99,
+                          "measured": "%s ÷ %s ms; executions %d, orders %s" % (
+                              fmt_ms(s3["p99_ms"]), fmt_ms(s3["lone_p50_ms"]), s3["executed"],
+                              s3["orders"]),
+                          "ratio": ratio, "met": ratio <= T_STORM_P99 and once})
+        for store, res in st.items():
+            if "RSS" in res:
+                hwm = res["RSS"]["hwm_mib"]
+                t.append({"id": "rss", "store": store,
+                          "target": "peak RSS ≤ %d MiB with %d connections" % (T_RSS_MIB,
+                                                                            RSS_CONNECTIONS),
+                          "measured": "%.1f MiB" % hwm, "ratio": hwm / T_RSS_MIB,
+                          "met": hwm <= T_RSS_MIB})
+        self.r["targets"] = t
+
+    # -- profiles of what is not met --
+
+    def perf_works(self):
+        if not shutil.which("perf"):
+            return False
+        p = subprocess.run(["perf", "stat", "-e", "cpu-clock", "true"], capture_output=True,
+                           timeout=30)
+        return p.returncode == 0
+
+    def perf_report(self, data, extra, limit=18):
+        p = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children", "-g",
+                            "none", "--percent-limit", "0.7"] + extra,
+                           capture_output=True, timeout=180)
+        lines = [ln.rstrip() for ln in p.stdout.decode("utf-8", "replace").splitlines()
+                 if re.match(r"^\s+\d+\.\d+%", ln)]
+        return lines[:limit]
+
+    def perf_threads(self, data, tids, keys, limit):
+        """
+        A flat profile of the threads in `tids` only, as shares of their own samples.  (perf's
+        --pid / --tid filters select nothing in machine-wide data here, so this sorts by thread
+        and adds up.)
+        """
+        p = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children", "-g",
+                            "none", "--percent-limit", "0", "-t", "|", "--sort", "pid," + keys],
+                           capture_output=True, timeout=180)
+        sums, total = {}, 0.0
+        for ln in p.stdout.decode("utf-8", "replace").splitlines():
+            f = ln.split("|")
+            if len(f) < 3 or not f[0].strip().endswith("%"):
+                continue
+            try:
+                pct = float(f[0].strip().rstrip("%"))
+                tid = int(f[1].strip().split(":", 1)[0])
+            except ValueError:
+                continue
+            if tid not in tids:
+                continue
+            key = "  ".join(x.strip() for x in f[2:])
+            sums[key] = sums.get(key, 0.0) + pct
+            total += pct
+        top = sorted(sums.items(), key=lambda kv: -kv[1])[:limit]
+        return ["%8.2f%%  %s" % (100 * v / total, k) for k, v in top if total > 0]
+
+    def perf_during(self, kind, name, pid, load, freq=999, pg_uri=None):
+        """
+        Runs load() under perf, machine-wide (threads orderd starts during the load count too):
+        kind "cpu" is `perf record -e cpu-clock -g` (on-CPU samples with call chains), kind
+        "trace" is `perf trace -s` (time inside each system call, per thread).  Also samples
+        what PostgreSQL's backends are doing when pg_uri is given.  Returns a dict.
+        """
+        path = os.path.join(self.tmp, "%s.%s" % (name, kind))
+        if kind == "cpu":
+            cmd = ["perf", "record", "-q", "-a", "-g", "-F", str(freq), "-e", "cpu-clock", "-o",
+                   path]
+        else:
+            cmd = ["perf", "trace", "-a", "-s", "-o", path]
+        watcher = TidWatcher(pid)
+        pg = PgWaitSampler(pg_uri) if pg_uri else None
+        perf = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)  # perf needs a moment to set its events up on every CPU
+        out = {}
+        try:
+            watcher.start()
+            if pg:
+                pg.start()
+            before = metrics_or_none(self.url_of(pid))
+            t0 = cpu_seconds(pid)
+            load()
+            out["cpu_s"] = cpu_seconds(pid) - t0
+            after = metrics_or_none(self.url_of(pid))
+            if before and after:
+                # "none": an order made with --idempotency off.
+                out["requests"] = sum(created(after, o) - created(before, o)
+                                      for o in ("executed", "replayed", "waited", "none"))
+        finally:
+            if pg:
+                out["pg_waits"] = pg.stop()
+            perf.send_signal(signal.SIGINT)
+            try:
+                perf.wait(180)
+            except subprocess.TimeoutExpired:
+                perf.kill()
+                perf.wait(5)
+            watcher.stop()
+        n = max(out.get("requests", 0), 1)
+        out["cpu_ms_per_req"] = out["cpu_s"] * 1000 / n
+        if kind == "cpu":
+            out["by_command"] = self.perf_report(path, ["--sort", "comm"], 8)
+            out["by_dso"] = self.perf_threads(path, watcher.tids, "dso", 8)
+            out["symbols"] = self.perf_threads(path, watcher.tids, "dso,sym", 20)
+        else:
+            calls = parse_trace_summary(path, watcher.tids)
+            out["syscalls_per_req"] = {k: (v[0] / n, v[1] / n) for k, v in calls.items()}
+        return out
+
+    def url_of(self, pid):
+        for p in self.procs:
+            if p.pid == pid:
+                return p.url
+        return None
+
+    def profile_server(self, store, name, extra=None):
+        db = self.db_uri(store, name)
+        tok = self.token(db, "prof")
+        stok = self.token(db, "storm")
+        srv = self.start_orderd("orderd-%s-%s" % (name, store), db, extra)
+        return srv, db, tok, stok
+
+    def profiles(self):
+        unmet = {(t["id"], t["store"]) for t in self.r["targets"] if t["met"] is False}
+        if not unmet:
+            return
+        if not self.perf_works():
+            self.note("perf does not work here: no profiles (docs/bench.md says how to use "
+                      "valgrind --tool=callgrind instead)")
+            return
+        prof = self.r["profiles"]
+        say("profiling what is not met: %s" % ", ".join("%s/%s" % u for u in sorted(unmet)))
+        secs = max(3.0, self.seconds - 1)
+        for store in [s for s in ("sqlite", "postgresql") if s in self.r["stores"]]:
+            pg = store == "postgresql"
+            # S1 is profiled on both stores when group commit is missing: PostgreSQL's numbers
+            # need the same explanation.
+            if any(u[0] == "group-commit" for u in unmet) or ("on-off", store) in unmet:
+                srv, db, tok, _ = self.profile_server(store, "prof-s1")
+                try:
+                    run = lambda tag: (lambda: self.wrk(srv.url, LUA_FRESH, [tok, tag],
+                                                        seconds=secs))
+                    p = {"title": "S1 fresh keys, idempotency on"}
+                    p["cpu"] = self.perf_during("cpu", "s1-" + store, srv.pid, run("pc"))
+                    p["trace"] = self.perf_during("trace", "s1-" + store, srv.pid, run("pt"),
+                                                  pg_uri=db if pg else None)
+                    prof["S1-" + store] = p
+                finally:
+                    self.stop(srv)
+                if self.orderd_supports("--idempotency"):
+                    srv, db, tok, _ = self.profile_server(store, "prof-s1off",
+                                                          ["--idempotency", "off"])
+                    try:
+                        box = {}
+
+                        def run_off():
+                            box["r"] = self.wrk(srv.url, LUA_FRESH, [tok, "po"], seconds=secs)
+                        t = self.perf_during("trace", "s1off-" + store, srv.pid, run_off,
+                                             pg_uri=db if pg else None)
+                        prof["S1off-" + store] = {"title": "S1 fresh keys, --idempotency off",
+                                                  "trace": t}
+                    finally:
+                        self.stop(srv)
+            if ("replay", store) in unmet:
+                srv, db, tok, _ = self.profile_server(store, "prof-s2")
+                try:
+                    self.warm(srv.url, tok, "p2", WARM_KEYS)
+                    run = lambda: self.wrk(srv.url, LUA_REPLAY, [tok, "p2", str(WARM_KEYS)],
+                                           seconds=secs)
+                    prof["S2-" + store] = {
+                        "title": "S2 replays",
+                        "cpu": self.perf_during("cpu", "s2-" + store, srv.pid, run),
+                        "trace": self.perf_during("trace", "s2-" + store, srv.pid, run,
+                                                  pg_uri=db if pg else None)}
+                finally:
+                    self.stop(srv)
+            if ("storm", store) in unmet:
+                srv, db, tok, stok = self.profile_server(store, "prof-s3")
+                try:
+                    box = {}
+                    cpu = self.perf_during("cpu", "s3-" + store, srv.pid,
+                                           lambda: box.update(c=self.s3(srv.url, stok)),
+                                           freq=4999)
+                    trace = self.perf_during("trace", "s3-" + store, srv.pid,
+                                             lambda: box.update(t=self.s3(srv.url, stok)),
+                                             pg_uri=db if pg else None)
+                    prof["S3-" + store] = {"title": "S3 same-key storm (lone requests included)",
+                                           "cpu": cpu, "trace": trace,
+                                           "storm_cpu": box.get("c"), "storm_trace": box.get("t")}
+                finally:
+                    self.stop(srv)
+            if ("rss", store) in unmet:
+                # Is it malloc's per-thread arenas?  The same run with at most 2 of them.
+                os.environ["MALLOC_ARENA_MAX"] = "2"
+                try:
+                    prof["RSS-" + store] = {"title": "peak RSS, 1000 connections",
+                                            "arena2": self.rss(store)}
+                finally:
+                    del os.environ["MALLOC_ARENA_MAX"]
+                # And how much is the HTTP server's own model: the static server, same mode,
+                # with libmicrohttpd's default 32 KiB pool per connection and with 8 KiB.
+                if "static_rss" not in prof:
+                    prof["static_rss"] = {str(m): self.static_rss(m) for m in (32768, 8192)}
+
+    def static_rss(self, conn_memory):
+        p = self.start("static_http-rss", [self.static_http, "--listen", "127.0.0.1:0",
+                                           "--conn-memory", str(conn_memory)])
+        try:
+            self.wrk(p.url, LUA_REPLAY, ["idem_" + "0" * 64, "static", "1000"],
+                     conns=RSS_CONNECTIONS)
+            return read_status(p.pid).get("VmHWM", 0) / 1024
+        finally:
+            self.stop(p)
+
+
+    # -- the report --
+
+    def write(self):
+        out_dir = os.path.abspath(self.args.out)
+        os.makedirs(out_dir, exist_ok=True)
+        base = os.path.join(out_dir, "bench-" + self.ts)
+        self.r["meta"]["wall_s"] = time.monotonic() - self.started
+        self.r["meta"]["loadavg_end"] = read_loadavg()
+        with open(base + ".json", "w") as f:
+            json.dump(self.r, f, indent=1, default=str)
+        chart = self.chart(base)
+        for path, img in ((base + ".md", os.path.basename(chart) if chart else None),
+                          (os.path.join(out_dir, "latest.md"), "latest.svg" if chart else None)):
+            with open(path, "w") as f:
+                f.write(self.markdown(img))
+        if chart:
+            shutil.copyfile(chart, os.path.join(out_dir, "latest.svg"))
+        say("report: %s (and latest.md)" % (base + ".md"))
+
+    def chart(self, base):
+        if not shutil.which("gnuplot"):
+            self.note("gnuplot is not installed: no chart")
+            return None
+        st = self.r["stores"]
+
+        def v(store, sc, field):
+            x = st.get(store, {}).get(sc, {})
+            return x.get(field) if isinstance(x, dict) and x.get(field) is not None else "?"
+        c = self.r["commit"]
+        s3 = [st.get(x, {}).get("S3", {}) for x in ("sqlite", "postgresql")]
+        dat = base + "-rate.dat"
+        with open(dat, "w") as f:
+            f.write("# scenario sqlite postgresql (req/s; commits/s for the commit rows)\n")
+            for label, sc in (("S1 fresh", "S1"), ("S1 idempotency off", "S1off"),
+                              ("S2 replay", "S2"), ("S4 payment", "S4")):
+                f.write('"%s" %s %s\n' % (label, v("sqlite", sc, "rps"),
+                                          v("postgresql", sc, "rps")))
+            f.write('"static HTTP ceiling" %s %s\n' % (v("sqlite", "static", "rps"),
+                                                       v("postgresql", "static", "rps")))
+            for t in (1, 8):
+                f.write('"commits, %d thread%s" %s %s\n' % (
+                    t, "s" if t > 1 else "", c.get("sqlite-%d" % t, {}).get("rate", "?"),
+                    c.get("postgresql-%d" % t, {}).get("rate", "?")))
+        lat = base + "-latency.dat"
+        with open(lat, "w") as f:
+            f.write("# scenario sqlite_p50 sqlite_p99 pg_p50 pg_p99 (ms)\n")
+            for label, sc in (("S1 fresh", "S1"), ("S1 idempotency off", "S1off"),
+                              ("S2 replay", "S2"), ("S4 payment", "S4")):
+                f.write('"%s" %s %s %s %s\n' % (
+                    label, v("sqlite", sc, "p50_ms"), v("sqlite", sc, "p99_ms"),
+                    v("postgresql", sc, "p50_ms"), v("postgresql", sc, "p99_ms")))
+            f.write('"S3 storm (200, one key)" %s %s %s %s\n' % (
+                s3[0].get("p50_ms", "?"), s3[0].get("p99_ms", "?"),
+                s3[1].get("p50_ms", "?"), s3[1].get("p99_ms", "?")))
+            f.write('"S3 lone request" %s ? %s ?\n' % (s3[0].get("lone_p50_ms", "?"),
+                                                       s3[1].get("lone_p50_ms", "?")))
+            f.write('"static HTTP ceiling" %s %s %s %s\n' % (
+                v("sqlite", "static", "p50_ms"), v("sqlite", "static", "p99_ms"),
+                v("postgresql", "static", "p50_ms"), v("postgresql", "static", "p99_ms")))
+        svg = base + ".svg"
+        gp = """
+set terminal svg size 1100,820 dynamic font "sans,11" background "#ffffff"
+set output '%(svg)s'
+set datafile missing '?'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.85 border -1
+set boxwidth 0.9
+set grid ytics
+set logscale y
+set xtics rotate by -25 nomirror
+set key top right
+set multiplot layout 2,1 title "idem bench %(ts)s (orderd, %(conns)d connections, %(secs)g s per run)"
+set title "throughput (req/s, or commits/s for the commit baselines; log scale)"
+set ylabel "per second"
+plot '%(dat)s' using 2:xtic(1) title 'SQLite' lc rgb '#3b75af', '' using 3 title 'PostgreSQL' lc rgb '#ef8536'
+set title "latency (ms, log scale)"
+set ylabel "ms"
+plot '%(lat)s' using 2:xtic(1) title 'SQLite p50' lc rgb '#8fb4d9', '' using 3 title 'SQLite p99' lc rgb '#3b75af', '' using 4 title 'PostgreSQL p50' lc rgb '#f5b98b', '' using 5 title 'PostgreSQL p99' lc rgb '#c4561b'
+unset multiplot
+""" % {"svg": svg, "dat": dat, "lat": lat, "ts": self.ts, "conns": self.conns, "secs": self.seconds}
+        with open(base + ".gp", "w") as f:
+            f.write(gp)
+        p = subprocess.run(["gnuplot", base + ".gp"], capture_output=True, timeout=60)
+        if p.returncode != 0:
+            self.note("gnuplot failed: %s" % p.stderr.decode("utf-8", "replace")[-300:])
+            return None
+        return svg
+
+    def markdown(self, img):
+        r = self.r
+        m = r["meta"]
+        st = r["stores"]
+        L = []
+        self.rss_lines = []
+        L.append("# idem benchmark — %s" % self.ts)
+        L.append("")
+        L.append("`make bench` (docs/bench.md). Machine: %s, %d cores, %s RAM, Linux %s, data on "
+                 "%s. Tools: %s, SQLite %s, %s. Checkout: %s. Whole run: %.0f s. Other work on the machine right before the run: CPUs %.0f%% busy "
+                 "(load average %.2f; %.2f at the end, our own load included)." % (
+                     m["cpu"], m["cores"], m["mem"], m["kernel"], m["fs"], m["wrk"],
+                     m.get("sqlite", "?"), m.get("postgresql", "PostgreSQL not run"),
+                     m["commit"], m["wall_s"], m.get("busy_at_start", 0) * 100,
+                     m["loadavg_start"], m["loadavg_end"]))
+        L.append("")
+        L.append("Load: wrk, %d threads, %d connections, %g s per scenario, on 127.0.0.1; wrk and "
+                 "the server share the %d cores. Latencies are wrk's (from the request's first "
+                 "byte to its response). orderd runs with its defaults (`--db-pool 16`, "
+                 "`--sqlite-sync full`, text log to a file)." % (
+                     WRK_THREADS, self.conns, self.seconds, m["cores"]))
+        L.append("")
+        if img:
+            L.append("![throughput and latency](%s)" % img)
+            L.append("")
+        L.append("## Targets (issue 7)")
+        L.append("")
+        L.append("| target | store | measured | ratio | |")
+        L.append("|---|---|---|---|---|")
+        for t in r.get("targets", []):
+            met = "not measured" if t["met"] is None else ("**met**" if t["met"] else "**not met**")
+            L.append("| %s | %s | %s | %s | %s |" % (t["target"], t["store"], t["measured"],
+                                                     fmt_ratio(t["ratio"]), met))
+        L.append("")
+        L.append("## Scenarios")
+        L.append("")
+        L.append("| scenario | store | req/s | p50 ms | p90 ms | p99 ms | checks |")
+        L.append("|---|---|---|---|---|---|---|")
+        for store in ("sqlite", "postgresql"):
+            res = st.get(store)
+            if res is None:
+                L.append("| all | %s | not measured: no PostgreSQL cluster (run under "
+                         "tests/pg/with_pg.sh) | | | | |" % store)
+                continue
+            for sc, label in (("S1", "S1 fresh keys"), ("S1off", "S1 with `--idempotency off`"),
+                              ("S2", "S2 replays of %d warmed keys" % WARM_KEYS),
+                              ("S4", "S4 payment flow (provider-sim)")):
+                x = res.get(sc, {})
+                if "skipped" in x:
+                    L.append("| %s | %s | not measured: %s | | | | |" % (label, store,
+                                                                       x["skipped"]))
+                    continue
+                if "rps" not in x:
+                    continue
+                checks = ["non-2xx %d" % x["non2xx"], "socket errors %d" % x["socket_errors"]]
+                if "executed" in x:
+                    checks.append("executed by the server %d, answered within the run %d" % (
+                        x["executed"], x["requests"]))
+                if "cpu_ms_per_req" in x:
+                    checks.append("orderd CPU %.2f ms/request" % x["cpu_ms_per_req"])
+                if "cpu_us_per_req" in x:
+                    checks.append("orderd CPU %.0f µs/request" % x["cpu_us_per_req"])
+                if "replayed" in x:
+                    checks.append("replayed by the server %d, answered within the run %d" % (
+                        x["replayed"], x["requests"]))
+                if "wal_syncs_per_req" in x:
+                    checks.append("WAL syncs/request %.2f" % x["wal_syncs_per_req"])
+                if "charges_ok" in x:
+                    checks.append("charges ok %d, ledger charges %s emails %s clean %s" % (
+                        x["charges_ok"], x.get("ledger_charges"), x.get("ledger_emails"),
+                        x.get("ledger_clean")))
+                L.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+                    label, store, fmt_rate(x["rps"]), fmt_ms(x["p50_ms"]), fmt_ms(x["p90_ms"]),
+                    fmt_ms(x["p99_ms"]), "; ".join(checks)))
+            s3 = res.get("S3")
+            if s3:
+                L.append("| S3 storm: %d requests, one key, released together | %s | — | %s | — "
+                         "| %s | executions %d (metrics), orders %s (GET /api/orders); statuses %s; "
+                         "waited %d, replayed %d, 409 %d; lone request p50 %s ms (%d sent one "
+                         "by one) |" % (
+                             STORM_REQUESTS, store, fmt_ms(s3["p50_ms"]), fmt_ms(s3["p99_ms"]),
+                             s3["executed"], s3["orders"],
+                             ", ".join("%s×%d" % (k, v) for k, v in sorted(s3["statuses"].items(),
+                                                                           key=str)),
+                             s3["waited"], s3["replayed"], s3["in_progress"],
+                             fmt_ms(s3["lone_p50_ms"]), LONE_REQUESTS))
+            rss = res.get("RSS")
+            if rss and rss.get("breakdown"):
+                parts = sorted(rss["breakdown"].items(), key=lambda kv: -kv[1][1])
+                self.rss_lines.append(
+                    "- %s, %.1f MiB resident at the highest sample: " % (store,
+                                                                         rss["breakdown_at_mib"]) +
+                    "; ".join("%s %.1f MiB (%d mappings)" % (k, v[1] / 1024, v[0])
+                              for k, v in parts if v[1] >= 256))
+            if rss:
+                L.append("| peak RSS, wrk -c%d replays | %s | %s | | | | VmHWM %.1f MiB, %d "
+                         "threads at most, non-2xx %s, socket errors %d |" % (
+                             RSS_CONNECTIONS, store, fmt_rate(rss["rps"]), rss["hwm_mib"],
+                             rss["threads_max"], rss["non2xx"], rss["socket_errors"]))
+        L.append("")
+        if self.rss_lines:
+            L.append("Where the resident memory of orderd is with %d connections (from "
+                     "/proc/PID/smaps):" % RSS_CONNECTIONS)
+            L.append("")
+            L.extend(self.rss_lines)
+            L.append("")
+        L.append("## Baselines (same run)")
+        L.append("")
+        L.append("| baseline | req/s or commits/s | p50 ms | p99 ms | notes |")
+        L.append("|---|---|---|---|---|")
+        for store in ("sqlite", "postgresql"):
+            s = st.get(store, {}).get("static")
+            if s:
+                L.append("| static HTTP ceiling (bench/static_http.c: orderd's MHD mode, S2's "
+                         "request bytes), right before S2 on %s | %s | %s | %s | non-2xx %d; "
+                         "server CPU %.0f µs per request |" % (
+                             store, fmt_rate(s["rps"]), fmt_ms(s["p50_ms"]), fmt_ms(s["p99_ms"]),
+                             s["non2xx"], s["cpu_us_per_req"]))
+        for key, x in sorted(r["commit"].items()):
+            store, threads = key.rsplit("-", 1)
+            extra = ("WAL, synchronous=%s" % x.get("synchronous") if store == "sqlite" else
+                     "fsync=%s, synchronous_commit=%s" % (x.get("fsync"),
+                                                          x.get("synchronous_commit")))
+            L.append("| commit rate, %s, %s thread(s), one-row transactions | %s | %s | %s | %s, "
+                     "errors %d |" % (store, threads, fmt_rate(x["rate"]), fmt_ms(x["p50_us"] / 1000),
+                                      fmt_ms(x["p99_us"] / 1000), extra, x["errors"]))
+        sq = st.get("sqlite", {})
+        if "commit_before" in sq:
+            L.append("| commit rate, sqlite, 1 thread, right before / after S1 (the reference "
+                     "of the group-commit target is their mean) | %s / %s | | | |" % (
+                         fmt_rate(sq["commit_before"]["rate"]),
+                         fmt_rate(sq["commit_after"]["rate"])))
+        L.append("")
+        if r["profiles"]:
+            L.append("## Profiles of the targets not met")
+            L.append("")
+            L.append("Taken after the measured runs, on fresh servers, machine-wide: `perf record "
+                     "-e cpu-clock -g` for where the CPU goes, `perf trace -s` for the time "
+                     "orderd's threads spend inside each system call (tracing slows the run, so "
+                     "read it per request, not as a rate), and for PostgreSQL what its backends "
+                     "were doing (pg_stat_activity sampled every 20 ms). docs/bench.md explains "
+                     "how to read them.")
+            L.append("")
+            for name, p in r["profiles"].items():
+                L.extend(self.profile_lines(name, p))
+        if r.get("reading"):
+            L.append("## Reading")
+            L.append("")
+            L.extend(r["reading"])
+            L.append("")
+        if r["notes"]:
+            L.append("## Notes")
+            L.append("")
+            for n in r["notes"]:
+                L.append("- " + n)
+            L.append("")
+        return "\n".join(L)
+
+    def readings(self):
+        """What the numbers say about each target not met, in sentences, from this run's data."""
+        r, st, prof = self.r, self.r["stores"], self.r["profiles"]
+        out = []
+
+        def sc(name, call):
+            t = prof.get(name, {}).get("trace", {}).get("syscalls_per_req", {})
+            return t.get(call, (0.0, 0.0))
+
+        for t in r.get("targets", []):
+            if t["met"] is not False:
+                continue
+            store, res = t["store"], st.get(t["store"], {})
+            key = "S1-" + store
+            if t["id"] == "group-commit" and key in prof:
+                ref = (res["commit_before"]["rate"] + res["commit_after"]["rate"]) / 2
+                syncs = max(sc(key, "fdatasync")[0] + sc(key, "fsync")[0], 0.1)
+                sleep = sc(key, "clock_nanosleep")
+                sync_ms = sc(key, "fdatasync")[1] + sc(key, "fsync")[1]
+                bound = ref / syncs
+                rps = res["S1"]["rps"]
+                cpu = res["S1"].get("cpu_ms_per_req", 0)
+                off = prof.get("S1off-" + store, {}).get("trace", {}).get("syscalls_per_req", {})
+                line = ("- **S1 group commit (%s)**: a fresh request made %.1f fdatasync calls "
+                        "(the claim with the first phase, and the completion, are two commits%s), "
+                        "all in turn under SQLite's one write lock. With one durable commit per "
+                        "transaction S1 cannot pass %.0f ÷ %.1f ≈ %.0f req/s, %.2f× the commit "
+                        "rate; 6× needs about %.0f requests to share each fsync. " % (
+                            store, syncs,
+                            "; `--idempotency off`, one commit, made %.1f: WAL checkpoints and "
+                            "restarts add the rest" % off["fdatasync"][0] if "fdatasync" in off
+                            else "", ref, syncs, bound, bound / ref, 6 * syncs))
+                if rps > 1.25 * bound:
+                    line += ("It measured %.0f req/s, above that estimate: the disk's rate moved "
+                             "during the run (%.0f before S1, %.0f after), and the checkpoints' "
+                             "syncs run beside the writer, not under its lock; either way the "
+                             "fsync rate, not orderd's CPU, sets the pace, and only sharing "
+                             "commits moves it. " % (rps, res["commit_before"]["rate"],
+                                                     res["commit_after"]["rate"]))
+                elif rps >= 0.8 * bound:
+                    line += ("It measured %.0f req/s, at that bound: today the disk's fsync rate "
+                             "is the limit, and only sharing commits moves it. " % rps)
+                else:
+                    line += ("It measured %.0f req/s, below even that bound. " % rps)
+                line += ("Waiting for the write lock is SQLite's busy handler, which sleeps "
+                         "(clock_nanosleep %.1f× / %.1f ms per request while traced, against "
+                         "%.1f ms inside fdatasync): the lock can sit free while 15 waiters "
+                         "sleep, and a waiter that loses keeps sleeping longer (up to 100 ms a "
+                         "turn) — that is the p90 of %s ms and the p99 of %s ms. orderd's own "
+                         "CPU: %.2f ms per request, %.0f%% of one core at this rate." % (
+                             sleep[0], sleep[1], sync_ms, fmt_ms(res["S1"]["p90_ms"]),
+                             fmt_ms(res["S1"]["p99_ms"]), cpu, cpu * rps / 10))
+                out.append(line)
+            elif t["id"] == "on-off" and key in prof:
+                pass
+            elif t["id"] == "replay":
+                s2, stc = res["S2"], res["static"]
+                line = ("- **S2 replays (%s)**: orderd used %.0f µs of CPU per replay against %.0f "
+                        "µs for the static server's answer (%.1f×); wrk shares the same 2 cores, "
+                        "so every µs the server spends is taken from the load generator too." % (
+                            store, s2["cpu_us_per_req"], stc["cpu_us_per_req"],
+                            s2["cpu_us_per_req"] / max(stc["cpu_us_per_req"], 1e-9)))
+                k2 = "S2-" + store
+                if k2 in prof:
+                    line += (" The profile splits that work: HTTP and the request log (write "
+                             "%.1f×), the bearer-token lookup and the record read in the store, "
+                             "the fingerprint (JCS + SHA-256), jansson, malloc." % sc(k2, "write")[0])
+                    if store == "postgresql":
+                        line += (" On PostgreSQL each replay is %.1f round trips (sendto) to a "
+                                 "backend: the token lookup and the record read, each a "
+                                 "statement with its transaction, and the backends take a large "
+                                 "share of the CPU (see the profile)." % sc(k2, "sendto")[0])
+                    else:
+                        line += (" fcntl %.1f× per replay is SQLite taking and dropping its "
+                                 "shared locks for the two reads." % sc(k2, "fcntl")[0])
+                out.append(line)
+            elif t["id"] == "storm":
+                s3 = res["S3"]
+                k3 = "S3-" + store
+                line = ("- **S3 storm (%s)**: exactly one execution (%d), but p99 %s ms against "
+                        "a lone %s ms." % (store, s3["executed"], fmt_ms(s3["p99_ms"]),
+                                           fmt_ms(s3["lone_p50_ms"])))
+                line += (" %d duplicates waited for the first to finish, %d found it "
+                         "completed and replayed." % (s3["waited"], s3["replayed"]))
+                if k3 in prof:
+                    cpu = prof[k3]["cpu"].get("cpu_ms_per_req", 0)
+                    line += (" The storm is CPU-bound in orderd: %.2f ms of CPU per storm "
+                             "request, against %.0f µs for a replay on a kept-alive connection "
+                             "in S2, and %.1f futex waits per request. Every storm request "
+                             "comes on a new connection, and libmicrohttpd starts a thread for "
+                             "it (clone3 %.1f× per request: a stack, a 32 KiB "
+                             "memory pool, fresh pages, a malloc arena), then the duplicate "
+                             "looks up its token and reads the record through the 16-connection "
+                             "pool" % (cpu, res.get("S2", {}).get("cpu_us_per_req", 0),
+                                       sc(k3, "futex")[0], sc(k3, "clone3")[0]))
+                    if s3["waited"] > 0:
+                        line += ("; the ones that wait sleep on one condition variable per "
+                                 "engine (per store on PostgreSQL) that every change broadcasts "
+                                 "to, so they wake together and read the record again")
+                    line += (". 200 × %.2f ms over 2 cores ≈ %.0f ms: the order of the p99. "
+                             "To stay within 3× a lone request, a duplicate may cost at most "
+                             "2 cores × 3 × %s ms ÷ 200 ≈ %.0f µs of CPU, accept included." % (
+                                 cpu, 200 * cpu / 2, fmt_ms(s3["lone_p50_ms"]),
+                                 2 * 3 * s3["lone_p50_ms"] * 1000 / STORM_REQUESTS))
+                out.append(line)
+            elif t["id"] == "rss":
+                rss = res["RSS"]
+                b = rss.get("breakdown", {})
+                mib = lambda k: b.get(k, [0, 0])[1] / 1024
+                line = ("- **RSS (%s)**: %.1f MiB with %d threads — one per connection. Thread "
+                        "stacks hold %.1f MiB (about %.0f KiB touched of each 256 KiB), glibc's "
+                        "per-thread malloc arenas %.1f MiB (every connection's libmicrohttpd "
+                        "memory pool and request buffers come from them, and freed memory stays "
+                        "in the arena), code and libraries %.1f MiB." % (
+                            store, rss["hwm_mib"], rss["threads_max"],
+                            mib("connection thread stacks (256 KiB)"),
+                            mib("connection thread stacks (256 KiB)") * 1024 /
+                            max(rss["threads_max"], 1), mib("malloc thread arenas"),
+                            mib("files (code, libraries)")))
+                srss = prof.get("static_rss")
+                if srss:
+                    line += (" The static server in the same mode peaks at %.1f MiB with its 32 KiB "
+                             "per-connection pools (libmicrohttpd's default, orderd's too) and "
+                             "%.1f MiB with 8 KiB ones: the pools, resident once used, "
+                             "are about %.0f MiB of the thousand connections." % (
+                                 srss["32768"], srss["8192"], srss["32768"] - srss["8192"]))
+                a2 = prof.get("RSS-" + store, {}).get("arena2")
+                if a2:
+                    line += (" With MALLOC_ARENA_MAX=2 the peak was %.1f MiB: fewer arenas alone "
+                             "do not fix it." % a2["hwm_mib"] if a2["hwm_mib"] > T_RSS_MIB else
+                             " With MALLOC_ARENA_MAX=2 the peak was %.1f MiB." % a2["hwm_mib"])
+                out.append(line)
+        for store, res in st.items():
+            key = "S1-" + store
+            if key not in prof or "rps" not in res.get("S1off", {}):
+                continue
+            off = prof.get("S1off-" + store, {}).get("trace", {}).get("syscalls_per_req", {})
+            on_off = [t for t in r["targets"] if t["id"] == "on-off" and t["store"] == store]
+            verdict = "not met" if on_off and on_off[0]["met"] is False else "met"
+            line = ("- **on ÷ off (%s)**: p50 %s ÷ %s ms (%s), throughput %.0f ÷ %.0f req/s. " % (
+                store, fmt_ms(res["S1"]["p50_ms"]), fmt_ms(res["S1off"]["p50_ms"]), verdict,
+                res["S1"]["rps"], res["S1off"]["rps"]))
+            if store == "sqlite":
+                line += ("On made %.1f fdatasync and %.1f pwrite64 per order, off %.1f and %.1f: "
+                         "the record adds a second durable commit (the completion) and its rows "
+                         "to the first, and each commit is one more turn at the write lock. The "
+                         "latency distribution is two-humped (p50 of the lucky ones, p90/p99 of "
+                         "those the busy handler put to sleep), so the p50 ratio swings from run "
+                         "to run; the throughput ratio is the steadier price." % (
+                             sc(key, "fdatasync")[0], sc(key, "pwrite64")[0],
+                             off.get("fdatasync", (0, 0))[0], off.get("pwrite64", (0, 0))[0]))
+            else:
+                waits = prof[key]["trace"].get("pg_waits", {})
+                lock = sum(v for k, v in waits.items() if "Lock:" in k)
+                line += ("On made %.1f round trips to PostgreSQL per order (sendto), off %.1f; "
+                         "WAL syncs per request %.2f on, %s off. The product's stock row is "
+                         "updated by every order, so its row lock is held from the first phase's "
+                         "UPDATE to its COMMIT: %.0f%% of the backend samples waited on a lock "
+                         "(Lock:transactionid/tuple), and every extra round trip inside that "
+                         "phase (the existing-order check, the record's advance; each statement also "
+                         "opens a savepoint, pipelined into the same round trip) makes the "
+                         "queue behind the row longer." % (
+                             sc(key, "sendto")[0], off.get("sendto", (0, 0))[0],
+                             res["S1"].get("wal_syncs_per_req", 0),
+                             "%.2f" % res["S1off"]["wal_syncs_per_req"]
+                             if "wal_syncs_per_req" in res["S1off"] else "?", lock * 100))
+            out.append(line)
+        r["reading"] = out
+
+    def profile_lines(self, name, p):
+        if name == "static_rss":
+            return ["### static_http with %d connections" % RSS_CONNECTIONS, "",
+                    "- VmHWM %.1f MiB with libmicrohttpd's default 32 KiB memory pool per "
+                    "connection, %.1f MiB with 8 KiB (`--conn-memory`)" % (p["32768"], p["8192"]),
+                    ""]
+        L = ["### %s — %s" % (name, p.get("title", "")), ""]
+        cpu, trace = p.get("cpu"), p.get("trace")
+        for part in (cpu, trace):
+            if part and part.get("requests"):
+                L.append("- %s run: %d requests answered by orderd; orderd used %.3f ms of CPU "
+                         "per request" % ("CPU-profiled" if part is cpu else "traced",
+                                          part["requests"], part["cpu_ms_per_req"]))
+        if trace and trace.get("syscalls_per_req"):
+            top = sorted(trace["syscalls_per_req"].items(), key=lambda kv: -kv[1][1])[:10]
+            L.append("- inside system calls, per request (calls × / ms): " + ", ".join(
+                "%s %.2f× / %.3f ms" % (k, c, ms) for k, (c, ms) in top))
+        if trace and trace.get("pg_waits"):
+            L.append("- PostgreSQL backends of orderd's database (share of samples): " +
+                     ", ".join("%s %.0f%%" % (k, v * 100) for k, v in
+                               list(trace["pg_waits"].items())[:8]))
+        for key in ("storm_cpu", "storm_trace"):
+            s3 = p.get(key)
+            if s3:
+                L.append("- the storm %s: p50 %s ms, p99 %s ms, lone %s ms, statuses %s, "
+                         "executions %d" % (
+                             "while CPU-profiled" if key == "storm_cpu" else "while traced",
+                             fmt_ms(s3["p50_ms"]), fmt_ms(s3["p99_ms"]),
+                             fmt_ms(s3["lone_p50_ms"]), s3["statuses"], s3["executed"]))
+        a2 = p.get("arena2")
+        if a2:
+            L.append("- the same run with `MALLOC_ARENA_MAX=2`: VmHWM %.1f MiB (%d threads)" % (
+                a2["hwm_mib"], a2["threads_max"]))
+            if a2.get("breakdown"):
+                parts = sorted(a2["breakdown"].items(), key=lambda kv: -kv[1][1])
+                L.append("  (" + "; ".join("%s %.1f MiB" % (k, v[1] / 1024) for k, v in parts
+                                            if v[1] >= 256) + ")")
+        if cpu:
+            for part, title in (("by_command", "CPU by thread name, whole machine "
+                                 "(MHD-connection = orderd's connection threads)"),
+                                ("by_dso", "orderd's CPU by library"),
+                                ("symbols", "orderd's CPU, top symbols (self time)")):
+                if cpu.get(part):
+                    L += ["", "%s:" % title, "", "```"] + cpu[part] + ["```"]
+        L.append("")
+        return L
+
+    def meta(self):
+        m = {"cores": os.cpu_count() or 0, "kernel": platform.release()}
+        m["cpu"] = "?"
+        try:
+            with open("/proc/cpuinfo") as f:
+                for ln in f:
+                    if ln.startswith("model name"):
+                        m["cpu"] = ln.split(":", 1)[1].strip()
+                        break
+            with open("/proc/meminfo") as f:
+                kb = int(f.readline().split()[1])
+                m["mem"] = "%.0f GiB" % (kb / 1024 / 1024)
+        except OSError:
+            m["mem"] = "?"
+        p = subprocess.run(["df", "-T", self.tmp], capture_output=True, timeout=10)
+        lines = p.stdout.decode().splitlines()
+        m["fs"] = (lines[-1].split()[1] + " (" + lines[-1].split()[0] + ")") if len(lines) > 1 else "?"
+        p = subprocess.run(["wrk", "-v"], capture_output=True, timeout=10)
+        m["wrk"] = (p.stdout.decode() + p.stderr.decode()).split("[")[0].strip() or "wrk"
+        m["commit"] = read_head()
+        m["loadavg_start"] = read_loadavg()
+        self.r["meta"] = m
+
+    def wait_idle(self):
+        """Waits (up to --wait-idle seconds) until other work leaves the CPUs mostly idle."""
+        deadline = time.monotonic() + self.args.wait_idle
+        busy = cpu_busy(2.0)
+        while busy > 0.25 and time.monotonic() < deadline:
+            say("the machine is %.0f%% busy with other work; waiting for it to calm down" % (
+                busy * 100))
+            busy = cpu_busy(5.0)
+        self.r["meta"]["busy_at_start"] = busy
+        if busy > 0.25:
+            self.note("other work kept the CPUs %.0f%% busy right before the run: it shares the "
+                      "2 cores and the disk with the benchmark, so the absolute numbers are low "
+                      "and noisy; the ratios compare runs of the same minutes" % (busy * 100))
+
+    def run(self):
+        self.meta()
+        self.wait_idle()
+        self.baseline_commit()
+        c = self.r["commit"]
+        self.r["meta"]["sqlite"] = c.get("sqlite-1", {}).get("sqlite_version", "?")
+        if "postgresql-1" in c:
+            self.r["meta"]["postgresql"] = "PostgreSQL " + c["postgresql-1"].get(
+                "server_version", "?")
+        stores = self.args.stores.split(",")
+        if "sqlite" in stores:
+            self.store_run("sqlite")
+        if self.pg_admin and "postgresql" in stores:
+            self.store_run("postgresql")
+        elif "postgresql" in stores:
+            self.note("PostgreSQL was not measured: IDEM_TEST_PG_URI is not set (make bench "
+                      "runs this under tests/pg/with_pg.sh)")
+        self.targets()
+        if self.args.profile:
+            self.profiles()
+            self.readings()
+        self.write()
+
+
+class TidWatcher(threading.Thread):
+    """Collects the thread ids of a process while it runs (connection threads come and go)."""
+
+    def __init__(self, pid):
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.tids = set()
+        self.halt = threading.Event()
+
+    def run(self):
+        while not self.halt.is_set():
+            try:
+                self.tids.update(int(t) for t in os.listdir("/proc/%d/task" % self.pid))
+            except OSError:
+                pass
+            self.halt.wait(0.02)
+
+    def stop(self):
+        self.halt.set()
+        if self.ident is not None:
+            self.join(5)
+
+
+class PgWaitSampler:
+    """
+    What the backends of one database are doing, sampled every 20 ms from pg_stat_activity by one
+    psql session: running, waiting on a lock, on the WAL, idle in a transaction (orderd is
+    working between two statements) or idle (waiting for orderd's next request).
+    """
+
+    QUERY = ("SELECT state, coalesce(wait_event_type, '-'), coalesce(wait_event, '-'), count(*) "
+             "FROM pg_stat_activity WHERE datname = current_database() AND pid <> "
+             "pg_backend_pid() AND backend_type = 'client backend' GROUP BY 1, 2, 3;\n"
+             "SELECT pg_sleep(0.02);\n")
+
+    def __init__(self, uri, max_samples=1500):
+        self.uri = uri
+        self.max_samples = max_samples
+        self.p = None
+
+    def start(self):
+        self.p = subprocess.Popen([pg_bin("psql"), "-X", "-q", "-A", "-t", "-d", self.uri],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL)
+        self.out = []
+        self.reader = threading.Thread(target=lambda: self.out.append(self.p.stdout.read()),
+                                       daemon=True)
+        self.reader.start()
+        self.writer = threading.Thread(target=self.feed, daemon=True)
+        self.halt = threading.Event()
+        self.writer.start()
+
+    def feed(self):
+        try:
+            for _ in range(self.max_samples):
+                if self.halt.is_set():
+                    break
+                self.p.stdin.write(self.QUERY.encode())
+                self.p.stdin.flush()
+                time.sleep(0.02)
+            self.p.stdin.close()
+        except (BrokenPipeError, ValueError):
+            pass
+
+    def stop(self):
+        """Returns {"state / wait": share of the samples}."""
+        self.halt.set()
+        self.writer.join(10)
+        try:
+            self.p.wait(20)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait(5)
+        self.reader.join(5)
+        counts = {}
+        text = b"".join(x for x in self.out if x).decode("utf-8", "replace")
+        for ln in text.splitlines():
+            parts = ln.split("|")
+            if len(parts) != 4:
+                continue
+            state, wtype, wev, n = parts
+            label = state if wtype == "-" else "%s, waiting on %s:%s" % (state, wtype, wev)
+            counts[label] = counts.get(label, 0) + int(n)
+        total = sum(counts.values()) or 1
+        return {k: v / total for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
+
+
+def parse_trace_summary(path, tids):
+    """`perf trace -s` output, summed over the threads in `tids`: {syscall: [calls, ms]}."""
+    calls = {}
+    keep = False
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for ln in f:
+                m = re.match(r"^\s*(.*) \((\d+)\), (\d+) events", ln)
+                if m:
+                    keep = int(m.group(2)) in tids
+                    continue
+                m = re.match(r"^\s+([a-z_0-9]+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s", ln)
+                if m and keep:
+                    c = calls.setdefault(m.group(1), [0, 0.0])
+                    c[0] += int(m.group(2))
+                    c[1] += float(m.group(4))
+    except OSError:
+        pass
+    return calls
+
+
+def metrics_or_none(url):
+    try:
+        return metrics(url) if url else None
+    except (OSError, BenchError, http.client.HTTPException):
+        return None
+
+
+def read_status(pid):
+    out = {}
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for ln in f:
+                k, _, v = ln.partition(":")
+                if k in ("VmHWM", "VmRSS", "Threads"):
+                    out[k] = int(v.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+def smaps_breakdown(pid):
+    """
+    Resident memory of a process by kind of mapping, in KiB: {kind: [mappings, rss_kib]}.
+    Thread stacks are told by their size (orderd asks libmicrohttpd for 256 KiB; other threads
+    get glibc's 8 MiB default), malloc's per-thread arenas by their 64 MiB alignment.
+    """
+    out = {}
+    cur = None
+    try:
+        with open("/proc/%d/smaps" % pid) as f:
+            for ln in f:
+                first = ln.split(None, 1)[0]
+                if "-" in first and not first.endswith(":"):
+                    parts = ln.split()
+                    lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                    path = parts[5] if len(parts) > 5 else ""
+                    size_kib = (hi - lo) // 1024
+                    if path.startswith("/"):
+                        kind = "files (code, libraries)"
+                    elif path == "[heap]":
+                        kind = "main malloc heap"
+                    elif path.startswith("["):
+                        kind = "other (%s)" % path.strip("[]")
+                    elif 240 <= size_kib <= 264:
+                        kind = "connection thread stacks (256 KiB)"
+                    elif 8000 <= size_kib <= 8200:
+                        kind = "other thread stacks (8 MiB)"
+                    elif lo % (64 * MIB) == 0:
+                        kind = "malloc thread arenas"
+                    else:
+                        kind = "other anonymous"
+                    cur = out.setdefault(kind, [0, 0])
+                    cur[0] += 1
+                elif first == "Rss:" and cur is not None:
+                    cur[1] += int(ln.split()[1])
+    except OSError:
+        pass
+    return out
+
+
+def cpu_seconds(pid):
+    """utime + stime of a process so far, in seconds."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def cpu_busy(seconds):
+    """The share of all CPUs that was busy (not idle or waiting for I/O) over `seconds`."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + v[4]
+    try:
+        t0, i0 = sample()
+        time.sleep(seconds)
+        t1, i1 = sample()
+        return 1.0 - (i1 - i0) / max(t1 - t0, 1)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def read_loadavg():
+    try:
+        with open("/proc/loadavg") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError):
+        return 0.0
+
+
+def read_head():
+    """The checked-out commit, read from .git without running git (best effort)."""
+    try:
+        with open(os.path.join(REPO, ".git", "HEAD")) as f:
+            head = f.read().strip()
+        if not head.startswith("ref: "):
+            return head[:12]
+        ref = head[5:]
+        path = os.path.join(REPO, ".git", ref)
+        if os.path.exists(path):
+            with open(path) as f:
+                return "%s %s" % (ref.rsplit("/", 1)[-1], f.read().strip()[:12])
+        with open(os.path.join(REPO, ".git", "packed-refs")) as f:
+            for ln in f:
+                if ln.strip().endswith(" " + ref):
+                    return "%s %s" % (ref.rsplit("/", 1)[-1], ln.split()[0][:12])
+    except OSError:
+        pass
+    return "unknown"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    ap.add_argument("--bin", default=os.path.join(REPO, "build-bench", "bin"))
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--seconds", type=float, default=5.0, help="length of each load run")
+    ap.add_argument("--connections", type=int, default=16, help="wrk connections (S1, S2, S4)")
+    ap.add_argument("--no-profile", dest="profile", action="store_false",
+                    help="skip the profiles of targets not met")
+    ap.add_argument("--stores", default="sqlite,postgresql",
+                    help="which stores to run (comma-separated), for a partial run by hand")
+    ap.add_argument("--wait-idle", type=float, default=60.0,
+                    help="wait up to this many seconds for the machine to be idle first")
+    args = ap.parse_args()
+    if args.seconds < 2 or args.seconds > 60:
+        ap.error("--seconds must be 2..60")
+    for tool in ("wrk",):
+        if not shutil.which(tool):
+            ap.error("%s is not installed (scripts/deps.sh bench)" % tool)
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt("signal %d" % signum)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGALRM, on_signal)
+    signal.alarm(DEADLINE_S)
+
+    b = Bench(args)
+    try:
+        b.run()
+    except BenchError as e:
+        say("failed: %s" % e)
+        return 1
+    except KeyboardInterrupt as e:
+        say("interrupted (%s)" % e)
+        return 130
+    finally:
+        signal.alarm(0)
+        b.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+/*
+ * ascii.h - locale-free ASCII helpers, written once for every part of idem: hex digits both
+ * ways, and a case-insensitive comparison for header names and keywords (strncasecmp follows the
+ * locale).  Static inline for the reason clock.h gives: the libraries must not share a symbol.
+ */
+#ifndef IDEM_COMMON_ASCII_H
+#define IDEM_COMMON_ASCII_H
+
+#include <stddef.h>
+
+/* Writes 2*n lowercase hex digits of `in` and a NUL into `out` (2*n+1 bytes). */
+static inline void hex_encode(const unsigned char *in, size_t n, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        out[2 * i] = digits[in[i] >> 4];
+        out[2 * i + 1] = digits[in[i] & 0x0f];
+    }
+    out[2 * n] = '\0';
+}
+
+/* The value of the hex digit `c` (either case), or -1. */
+static inline int hex_value(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+static inline char ascii_lower(char c)
+{
+    return (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c;
+}
+
+/* 1 when the first `n` bytes of `a` and `b` match ignoring ASCII case (up to a common NUL). */
+static inline int ascii_ncaseeq(const char *a, const char *b, size_t n)
+{
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        if (ascii_lower(a[i]) != ascii_lower(b[i]))
+            return 0;
+        if (a[i] == '\0')
+            return 1;
+    }
+    return 1;
+}
+
+#endif /* IDEM_COMMON_ASCII_H */

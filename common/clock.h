@@ -1,0 +1,48 @@
+/*
+ * clock.h - reading a clock and sleeping, written once for every part of idem.  libidem
+ * (idem__now_ms...), libidem-client (idem_client__now_ms...) and the programs (wall_ms...) each
+ * keep their own names for these, as thin wrappers: the two libraries must not share a symbol (a
+ * program may link both statically), so the code is shared as static inline functions rather than
+ * as an object file linked twice.
+ */
+#ifndef IDEM_COMMON_CLOCK_H
+#define IDEM_COMMON_CLOCK_H
+
+#include <errno.h>
+#include <stdint.h>
+#include <time.h>
+
+/* Milliseconds of `id` (CLOCK_REALTIME: since the epoch; CLOCK_MONOTONIC: for durations). */
+static inline int64_t clock_now_ms(clockid_t id)
+{
+    struct timespec ts = {0, 0};
+
+    /* clock_gettime cannot fail for these two clocks on POSIX; a zeroed ts is the fallback. */
+    (void)clock_gettime(id, &ts);
+    return (int64_t)ts.tv_sec * 1000 + (int64_t)(ts.tv_nsec / 1000000);
+}
+
+/* Nanoseconds of `id`, for durations measured finer than a millisecond. */
+static inline int64_t clock_now_ns(clockid_t id)
+{
+    struct timespec ts = {0, 0};
+
+    (void)clock_gettime(id, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + (int64_t)ts.tv_nsec;
+}
+
+/* Sleeps `ms` milliseconds (nothing for ms <= 0), the whole pause even when signals cut it. */
+static inline void clock_sleep_ms(int64_t ms)
+{
+    struct timespec req, rem;
+
+    if (ms <= 0)
+        return;
+    req.tv_sec = (time_t)(ms / 1000);
+    req.tv_nsec = (long)(ms % 1000) * 1000000L;
+    /* A signal cuts nanosleep short; sleep the rest, so callers get the pause they asked for. */
+    while (nanosleep(&req, &rem) != 0 && errno == EINTR)
+        req = rem;
+}
+
+#endif /* IDEM_COMMON_CLOCK_H */

@@ -1,0 +1,96 @@
+/*
+ * response.c - building the responses of response.h: headers set once by name, bodies copied,
+ * JSON and problem documents serialised compactly in insertion order.
+ */
+#include "response.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "util.h"
+#include "banned.h"
+
+void response_init(struct response *r)
+{
+    memset(r, 0, sizeof *r);
+    r->status = 500;
+    r->operation = "other";
+}
+
+void response_clear(struct response *r)
+{
+    size_t i;
+
+    free(r->body);
+    for (i = 0; i < r->nheaders; i++) {
+        free(r->headers[i].name);
+        free(r->headers[i].value);
+    }
+    free(r->principal);
+    memset(r, 0, sizeof *r);
+}
+
+void response_set_header(struct response *r, const char *name, const char *value)
+{
+    size_t i;
+
+    for (i = 0; i < r->nheaders; i++) {
+        if (strcasecmp(r->headers[i].name, name) == 0)
+            break;
+    }
+    if (i == r->nheaders) {
+        if (r->nheaders == RESPONSE_MAX_HEADERS)
+            die("too many response headers");
+        r->headers[i].name = xstrdup(name);
+        r->nheaders++;
+    } else {
+        free(r->headers[i].value);
+    }
+    r->headers[i].value = xstrdup(value);
+}
+
+const char *response_header(const struct response *r, const char *name)
+{
+    size_t i;
+
+    for (i = 0; i < r->nheaders; i++) {
+        if (strcasecmp(r->headers[i].name, name) == 0)
+            return r->headers[i].value;
+    }
+    return NULL;
+}
+
+void response_set_body(struct response *r, const void *body, size_t len)
+{
+    free(r->body);
+    r->body = NULL;
+    r->body_len = 0;
+    if (len > 0) {
+        r->body = xmalloc(len);
+        memcpy(r->body, body, len);
+        r->body_len = len;
+    }
+}
+
+void response_json(struct response *r, int status, const json_t *doc)
+{
+    free(r->body);
+    r->status = status;
+    r->body = json_text(doc, &r->body_len);
+    response_set_header(r, "Content-Type", CONTENT_TYPE_JSON);
+}
+
+void response_problem(struct response *r, int status, const char *code, const char *detail)
+{
+    response_problem_ext(r, status, code, detail, NULL);
+}
+
+void response_problem_ext(struct response *r, int status, const char *code, const char *detail,
+                          const json_t *extra)
+{
+    free(r->body);
+    r->status = status;
+    r->body = problem_body_ext(status, code, detail, extra, &r->body_len);
+    response_set_header(r, "Content-Type", CONTENT_TYPE_PROBLEM);
+}

@@ -1,0 +1,31 @@
+/*
+ * sim_util.h - the helpers only provider-sim needs, on top of the ones it shares with orderd
+ * (src/common/util.h, included here): the log on stderr, random ids and rates from OpenSSL, and
+ * the number checks of its command line and JSON bodies.
+ */
+#ifndef SIM_UTIL_H
+#define SIM_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "util.h"
+
+/* One line "provider-sim: LEVEL: message" on stderr, written with one call. */
+void log_msg(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* `prefix` and 24 random hex digits: "ch_3f9c...".  `out` holds at least strlen(prefix) + 25. */
+void new_id(const char *prefix, char *out, size_t cap);
+
+/* A uniform random number in [0, 1) from OpenSSL's CSPRNG. */
+double random_unit(void);
+
+/* The whole of `s` as a number in [0, 1]; 0 and *out, or -1. */
+int parse_rate(const char *s, double *out);
+
+/* A JSON number that is a whole number in [min, max] (jansson integers or reals). */
+int json_whole(const json_t *v, int64_t min, int64_t max, int64_t *out);
+
+#endif /* SIM_UTIL_H */
