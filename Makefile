@@ -1,6 +1,6 @@
 # The README's two commands.  Each installs what is missing, configures, builds, then runs or tests.
-#   make run    orderd on SQLite (./var/orderd.db) with a demo user; Ctrl-C stops it
-#   make test   every test: unit, store contract, service, then the ASan+UBSan build with fuzzers
+#   make run    provider-sim + orderd on SQLite (./var/), a demo user and order; Ctrl-C stops both
+#   make test   every test (SQLite and a throw-away PostgreSQL), then again under ASan+UBSan + fuzzers
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
