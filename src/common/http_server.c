@@ -32,6 +32,12 @@
 
 #define CONNECTION_LIMIT 1024
 #define THREAD_STACK_SIZE ((size_t)256 * 1024)
+/*
+ * libmicrohttpd's per-connection memory pool holds the request line and headers and the response
+ * headers (bodies are kept elsewhere).  Its 32 KiB default is most of the memory of an idle
+ * keep-alive connection; 16 KiB still leaves room for 8 KiB of request headers.
+ */
+#define CONNECTION_MEMORY ((size_t)16 * 1024)
 #define CONNECTION_TIMEOUT_S 60
 
 struct http_server {
@@ -414,7 +420,7 @@ int http_server_start(const struct http_server_options *opts, const char *listen
         flags, port, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, srv,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
         (unsigned int)CONNECTION_LIMIT, MHD_OPTION_THREAD_STACK_SIZE, THREAD_STACK_SIZE,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)CONNECTION_TIMEOUT_S,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, CONNECTION_MEMORY, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)CONNECTION_TIMEOUT_S,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_ARRAY, extra, MHD_OPTION_END);
     if (srv->daemon == NULL) {
         snprintf(err, errlen, "cannot listen on %s (address in use, or not a local address?)",
