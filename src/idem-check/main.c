@@ -1,7 +1,7 @@
 /*
  * main.c - the idem-check command line: parses the options of a mode, runs it and turns its
- * verdicts into a report and an exit code.  Only `conformance` exists so far; `chaos` (issue 6)
- * will sit next to it as another mode with its own options.
+ * verdicts into a report and an exit code.  `conformance` is parsed here; `chaos` (chaos.c) parses
+ * its own options.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chaos.h"
 #include "check.h"
 #include "banned.h"
 
@@ -18,6 +19,8 @@ static void usage(FILE *f)
 {
     fputs(
         "usage: idem-check conformance --url URL --token T --token2 T2 [options]\n"
+        "       idem-check chaos --orderd-bin PATH --provider-bin PATH [options]\n"
+        "         (see: idem-check chaos --help)\n"
         "\n"
         "Checks, from the outside, that a write endpoint honours Idempotency-Key as\n"
         "shared/DESIGN.md says: missing and invalid keys (400), replay of the same request\n"
@@ -200,7 +203,7 @@ out:
 int main(int argc, char **argv)
 {
     if (argc < 2)
-        return bad_usage("%s", "which mode? (conformance)");
+        return bad_usage("%s", "which mode? (conformance, chaos)");
     if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         usage(stdout);
         return CK_EXIT_OK;
@@ -208,6 +211,6 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "conformance") == 0)
         return conformance(argc - 1, argv + 1);
     if (strcmp(argv[1], "chaos") == 0)
-        return bad_usage("%s", "chaos mode is not built yet (issue 6); only conformance exists");
-    return bad_usage("unknown mode '%s' (known: conformance)", argv[1]);
+        return ck_chaos_main(argc - 1, argv + 1);
+    return bad_usage("unknown mode '%s' (known: conformance, chaos)", argv[1]);
 }
