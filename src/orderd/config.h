@@ -25,6 +25,7 @@
 #define ORDERD_DEFAULT_RECONCILE_AFTER_MS 2000
 #define ORDERD_DEFAULT_OUTBOX_MS 250
 #define ORDERD_DEFAULT_OUTBOX_ATTEMPTS 10
+#define ORDERD_DEFAULT_OUTBOX_BACKOFF_MAX_MS 60000
 
 struct orderd_config {
     const char *listen;  /* "HOST:PORT", "[V6]:PORT"; port 0 picks a free one */
@@ -50,6 +51,7 @@ struct orderd_config {
     int64_t reconcile_after_ms; /* an unknown outcome waits this long for the client's retry */
     int64_t outbox_interval_ms;
     int outbox_max_attempts; /* a message is parked after this many failed deliveries */
+    int64_t outbox_backoff_max_ms; /* the cap of the relay's exponential backoff */
 };
 
 #endif /* ORDERD_CONFIG_H */

@@ -73,6 +73,8 @@ static const char usage_serve[] =
     "                           before the reconciler asks the provider (default 2000)\n"
     "  --outbox-interval-ms N   pause between outbox relay runs, 0 disables (default 250)\n"
     "  --outbox-max-attempts N  failed deliveries before an email is parked (default 10)\n"
+    "  --outbox-backoff-max-ms N    cap of the relay's backoff between deliveries of one email\n"
+    "                           (250 ms doubling; default 60000)\n"
     "  -h, --help               show this help\n"
     "\n"
     "Environment: ORDERD_TEST_HOOKS=1 enables the X-Test-* request headers (tests only);\n"
@@ -133,6 +135,7 @@ enum {
     OPT_RECONCILE_AFTER,
     OPT_OUTBOX_INTERVAL,
     OPT_OUTBOX_ATTEMPTS,
+    OPT_OUTBOX_BACKOFF,
     OPT_STATUS,
     OPT_LIMIT,
     OPT_IDEMPOTENCY,
@@ -156,6 +159,7 @@ static const struct option serve_options[] = {
     {"reconcile-after-ms", required_argument, NULL, OPT_RECONCILE_AFTER},
     {"outbox-interval-ms", required_argument, NULL, OPT_OUTBOX_INTERVAL},
     {"outbox-max-attempts", required_argument, NULL, OPT_OUTBOX_ATTEMPTS},
+    {"outbox-backoff-max-ms", required_argument, NULL, OPT_OUTBOX_BACKOFF},
     {"idempotency", required_argument, NULL, OPT_IDEMPOTENCY},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
@@ -343,6 +347,11 @@ static int apply_option(struct cli *cli, int c, const char *arg)
             status = EXIT_USAGE;
         cfg->outbox_max_attempts = (int)v;
         break;
+    case OPT_OUTBOX_BACKOFF:
+        if (number_flag(cli, "outbox-backoff-max-ms", arg, 250, 3600000,
+                        &cfg->outbox_backoff_max_ms) != 0)
+            status = EXIT_USAGE;
+        break;
     case OPT_STATUS:
         if (strcmp(arg, "pending") != 0 && strcmp(arg, "sent") != 0 && strcmp(arg, "parked") != 0)
             status = usage_error(cli, "--status must be pending, sent or parked, not '%s'", arg);
@@ -492,6 +501,7 @@ static void config_defaults(struct orderd_config *cfg)
     cfg->reconcile_after_ms = ORDERD_DEFAULT_RECONCILE_AFTER_MS;
     cfg->outbox_interval_ms = ORDERD_DEFAULT_OUTBOX_MS;
     cfg->outbox_max_attempts = ORDERD_DEFAULT_OUTBOX_ATTEMPTS;
+    cfg->outbox_backoff_max_ms = ORDERD_DEFAULT_OUTBOX_BACKOFF_MAX_MS;
 }
 
 /* `orderd token ...`: only `create` exists. */

@@ -24,7 +24,6 @@
 #define RELAY_BATCH 32
 #define RELAY_THREADS 8
 #define BACKOFF_FIRST_MS 250
-#define BACKOFF_MAX_MS 60000
 
 int outbox_enqueue(const struct app *app, struct idem_tx *tx, const char *dedupe_key,
                    const json_t *email)
@@ -76,15 +75,15 @@ struct slice {
 };
 
 /* Exponential, capped, with "equal jitter": half fixed, half random. */
-static int64_t backoff_ms(int64_t attempts)
+static int64_t backoff_ms(int64_t attempts, int64_t max_ms)
 {
     int64_t ms = BACKOFF_FIRST_MS;
     unsigned char r[2];
 
-    while (attempts-- > 1 && ms < BACKOFF_MAX_MS)
+    while (attempts-- > 1 && ms < max_ms)
         ms *= 2;
-    if (ms > BACKOFF_MAX_MS)
-        ms = BACKOFF_MAX_MS;
+    if (ms > max_ms)
+        ms = max_ms;
     random_bytes(r, sizeof r);
     return ms / 2 + (ms / 2) * ((int64_t)r[0] << 8 | r[1]) / 65535;
 }
@@ -113,7 +112,7 @@ static void record(struct app *app, struct message *m, const struct provider_rep
                      3, params, NULL);
         m->sent = 1;
     } else {
-        snprintf(next, sizeof next, "%" PRId64, wall_ms() + backoff_ms(attempts));
+        snprintf(next, sizeof next, "%" PRId64, wall_ms() + backoff_ms(attempts, app->cfg->outbox_backoff_max_ms));
         snprintf(max, sizeof max, "%d", app->cfg->outbox_max_attempts);
         params[1] = max;
         params[2] = next;
