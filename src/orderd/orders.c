@@ -145,6 +145,58 @@ out:
     return found;
 }
 
+/* A business refusal met while reserving stock: what to answer instead of an order. */
+struct refusal {
+    int status; /* 0: no refusal */
+    const char *code;
+    char detail[320];
+};
+
+/*
+ * Looks the product up and reserves in->qty of its stock in `tx`.  On success *price and
+ * `currency` are set and no->status is 0; an unknown product (422) or too little stock (409) is a
+ * business refusal in *no, not an error.  Shared by the idempotent flow and the benchmark-only
+ * flow without a record, so both sell stock the same way.
+ */
+static int reserve_stock(struct app *app, struct idem_tx *tx, const struct create_input *in,
+                         int64_t *price, char currency[16], struct refusal *no)
+{
+    struct idem_rows *rows = NULL;
+    const char *params[2] = {in->product, in->quantity};
+    int rc;
+
+    no->status = 0;
+    rc = db_exec(app, tx, SQL_PRODUCT, 1, params, &rows);
+    if (rc < 0)
+        goto out;
+    if (idem_rows_count(rows) == 0) {
+        no->status = 422;
+        no->code = "unknown-product";
+        snprintf(no->detail, sizeof no->detail, "There is no product '%.200s'.", in->product);
+        goto out;
+    }
+    *price = db_int(rows, 0, 0);
+    snprintf(currency, 16, "%s", db_text(rows, 0, 1));
+    idem_rows_free(rows);
+    rows = NULL;
+    if (*price < 0 || *price > INT64_MAX / QUANTITY_MAX) {
+        rc = IDEM_ESTORE;
+        goto out;
+    }
+    rc = db_exec(app, tx, SQL_RESERVE, 2, params, &rows);
+    if (rc < 0)
+        goto out;
+    if (idem_rows_changed(rows) == 0) {
+        no->status = 409;
+        no->code = "out-of-stock";
+        snprintf(no->detail, sizeof no->detail, "Not enough stock of '%.200s' for %s.",
+                 in->product, in->quantity);
+    }
+out:
+    idem_rows_free(rows);
+    return rc;
+}
+
 /*
  * Phase 1, in the open phase's transaction.  Either completes the call with a business answer
  * (*done = 1) or advances it to "order_created" with the new id in *order_id (new).
@@ -157,11 +209,11 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
     struct idem_tx *tx = idem_call_tx(call);
     struct idem_rows *rows = NULL;
     const char *params[12];
-    char detail[320];
     char id[ORDER_ID_LEN + 1];
     char created[ISO8601_LEN + 1];
     char unit_price[24], amount[24];
     char currency[16];
+    struct refusal no;
     int64_t price, ms = 0;
     int rc = 0;
 
@@ -175,38 +227,12 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
         goto out;
     }
 
-    params[0] = in->product;
-    rc = db_exec(app, tx, SQL_PRODUCT, 1, params, &rows);
+    rc = reserve_stock(app, tx, in, &price, currency, &no);
     if (rc < 0)
         goto out;
-    if (idem_rows_count(rows) == 0) {
-        snprintf(detail, sizeof detail, "There is no product '%.200s'.", in->product);
-        rc = idemcall_complete_problem(call, 422, "unknown-product", detail);
+    if (no.status != 0) {
+        rc = idemcall_complete_problem(call, no.status, no.code, no.detail);
         *done = 1;
-        goto out;
-    }
-    price = db_int(rows, 0, 0);
-    snprintf(currency, sizeof currency, "%s", db_text(rows, 0, 1));
-    idem_rows_free(rows);
-    rows = NULL;
-
-    params[0] = in->product;
-    params[1] = in->quantity;
-    rc = db_exec(app, tx, SQL_RESERVE, 2, params, &rows);
-    if (rc < 0)
-        goto out;
-    if (idem_rows_changed(rows) == 0) {
-        snprintf(detail, sizeof detail, "Not enough stock of '%.200s' for %s.", in->product,
-                 in->quantity);
-        rc = idemcall_complete_problem(call, 409, "out-of-stock", detail);
-        *done = 1;
-        goto out;
-    }
-    idem_rows_free(rows);
-    rows = NULL;
-
-    if (price < 0 || price > INT64_MAX / QUANTITY_MAX) {
-        rc = IDEM_ESTORE;
         goto out;
     }
     idgen_next(&app->ids, id, &ms);
@@ -295,13 +321,13 @@ static void create_without_record(const struct call_ctx *cx, const struct create
     struct idem_tx *tx = NULL;
     struct idem_rows *rows = NULL;
     const char *params[12];
-    char detail[320];
     char id[ORDER_ID_LEN + 1];
     char created[ISO8601_LEN + 1];
     char unit_price[24], amount[24];
     char currency[16];
     char location[128];
     json_t *doc = NULL;
+    struct refusal no;
     int64_t price, ms = 0;
     int rc;
 
@@ -309,31 +335,11 @@ static void create_without_record(const struct call_ctx *cx, const struct create
     rc = idem_tx_begin(app->store, 1, &tx);
     if (rc < 0)
         goto out;
-    params[0] = in->product;
-    rc = db_exec(app, tx, SQL_PRODUCT, 1, params, &rows);
+    rc = reserve_stock(app, tx, in, &price, currency, &no);
     if (rc < 0)
         goto out;
-    if (idem_rows_count(rows) == 0) {
-        snprintf(detail, sizeof detail, "There is no product '%.200s'.", in->product);
-        response_problem(resp, 422, "unknown-product", detail);
-        goto out;
-    }
-    price = db_int(rows, 0, 0);
-    snprintf(currency, sizeof currency, "%s", db_text(rows, 0, 1));
-    idem_rows_free(rows);
-    rows = NULL;
-    params[1] = in->quantity;
-    rc = db_exec(app, tx, SQL_RESERVE, 2, params, &rows);
-    if (rc < 0)
-        goto out;
-    if (idem_rows_changed(rows) == 0) {
-        snprintf(detail, sizeof detail, "Not enough stock of '%.200s' for %s.", in->product,
-                 in->quantity);
-        response_problem(resp, 409, "out-of-stock", detail);
-        goto out;
-    }
-    if (price < 0 || price > INT64_MAX / QUANTITY_MAX) {
-        rc = IDEM_ESTORE;
+    if (no.status != 0) {
+        response_problem(resp, no.status, no.code, no.detail);
         goto out;
     }
     idgen_next(&app->ids, id, &ms);
