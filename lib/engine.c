@@ -278,6 +278,7 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
     const int recover = fp == NULL;
     int64_t deadline;
     int64_t pause = POLL_FIRST_MS;
+    int claim_lost = 0;
 
     if (out)
         *out = NULL;
@@ -323,6 +324,15 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
             break; /* nothing to recover: outcome NONE */
         if (!call->rec.found) {
             int claimed = 0;
+            if (claim_lost) {
+                /*
+                 * Our last claim met a record this read cannot see yet: another caller's claim
+                 * whose commit has not landed (a group commit still on its way to disk).  Wait
+                 * for that commit's wake-up instead of hammering the store with claims.
+                 */
+                wait_for_change(eng, &call->scope, pause);
+                pause = pause * 2 > POLL_MAX_MS ? POLL_MAX_MS : pause * 2;
+            }
             rc = try_claim(call, &claimed);
             if (rc < 0)
                 goto out;
@@ -337,6 +347,7 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
                 *outcome = IDEM_OUTCOME_EXECUTE;
                 break;
             }
+            claim_lost = 1;
             continue; /* someone else's insert won: read what they made */
         }
         if (recover)
