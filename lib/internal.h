@@ -134,6 +134,17 @@ struct idem_store_vtab {
      * wait right now (the engine then falls back to polling).
      */
     int (*wait_change)(struct idem_store *st, const struct idem_scope *s, int64_t timeout_ms);
+    /*
+     * Optional group commit (SQLite).  When set, every write transaction runs through these
+     * instead of a pooled connection: `write_begin` lends the store's one writer connection with
+     * the caller's work isolated in a savepoint; `write_commit` releases the savepoint into the
+     * current batch and returns only once that batch is durable (or failed: every member then
+     * fails); `write_rollback` undoes the caller's savepoint alone.  Errors go to `err`, since
+     * the writer's own message buffer belongs to whoever holds it next.
+     */
+    int (*write_begin)(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
+    int (*write_commit)(struct idem_store *st, struct idem_conn *c, char *err, size_t errlen);
+    void (*write_rollback)(struct idem_store *st, struct idem_conn *c);
     /* Optional: frees the backend's per-store state (st->backend) in idem_store_close. */
     void (*store_close)(struct idem_store *st);
 };

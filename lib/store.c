@@ -16,6 +16,7 @@
 struct idem_tx {
     struct idem_store *st;
     struct idem_conn *conn;
+    int grouped; /* a savepoint on the store's writer (group commit), not a pooled connection */
     char errmsg[IDEM_ERRMSG_MAX];
 };
 
@@ -260,6 +261,16 @@ int idem_tx_begin(struct idem_store *st, int write, struct idem_tx **out)
     if (!tx)
         return IDEM_ENOMEM;
     tx->st = st;
+    if (write && st->vt->write_begin) {
+        rc = st->vt->write_begin(st, &tx->conn, tx->errmsg, sizeof(tx->errmsg));
+        if (rc < 0) {
+            free(tx);
+            return rc;
+        }
+        tx->grouped = 1;
+        *out = tx;
+        return 0;
+    }
     rc = idem__store_acquire(st, &tx->conn, tx->errmsg, sizeof(tx->errmsg));
     if (rc < 0)
         goto out;
@@ -282,6 +293,11 @@ int idem_tx_commit(struct idem_tx *tx)
 
     if (!tx)
         return IDEM_EINVAL;
+    if (tx->grouped) {
+        rc = tx->st->vt->write_commit(tx->st, tx->conn, tx->errmsg, sizeof(tx->errmsg));
+        free(tx);
+        return rc;
+    }
     rc = tx->st->vt->commit(tx->conn);
     if (rc < 0)
         tx->st->vt->rollback(tx->conn);
@@ -294,8 +310,12 @@ void idem_tx_rollback(struct idem_tx *tx)
 {
     if (!tx)
         return;
-    tx->st->vt->rollback(tx->conn);
-    idem__store_release(tx->st, tx->conn);
+    if (tx->grouped)
+        tx->st->vt->write_rollback(tx->st, tx->conn);
+    else {
+        tx->st->vt->rollback(tx->conn);
+        idem__store_release(tx->st, tx->conn);
+    }
     free(tx);
 }
 

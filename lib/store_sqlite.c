@@ -2,14 +2,18 @@
  * store_sqlite.c - the SQLite store: one file, zero set-up, the embedded default.
  *
  * Durability is the point: WAL with synchronous=FULL, so a commit is on disk before anyone is told
- * it happened, and kill -9 at any moment leaves a consistent file.  Claims run under BEGIN
- * IMMEDIATE: the writer lock is taken before the insert, so two claimers never both read "absent"
- * and the primary key, not a read, decides who owns a key.  Each pooled connection is used by one
- * thread at a time and keeps its prepared statements.  Leases are measured with this machine's
- * wall clock, which every process sharing the file shares too.
+ * it happened, and kill -9 at any moment leaves a consistent file.  Every write transaction of a
+ * process runs on its one writer connection, as a savepoint inside a shared batch transaction
+ * (group commit, below): concurrent requests share one fsync, and nobody is answered before the
+ * batch holding their work is durable.  Claims run under the batch's write lock (BEGIN IMMEDIATE),
+ * so two claimers never both read "absent" and the primary key, not a read, decides who owns a
+ * key.  Reads run on pooled connections, each used by one thread at a time, and see committed
+ * batches only.  Every connection keeps its prepared statements.  Leases are measured with this
+ * machine's wall clock, which every process sharing the file shares too.
  */
 #include "internal.h"
 
+#include <errno.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,6 +168,7 @@ static int run_simple(struct idem_conn *c, const char *sql, const char *what)
 
 static int sq_migrate(struct idem_conn *c, const char *component,
                       const struct idem_migration *steps, size_t n, int *applied);
+static int group_get(struct idem_store *st);
 
 static void sq_close(struct idem_conn *c)
 {
@@ -182,6 +187,8 @@ static int sq_open(struct idem_store *st, struct idem_conn **out, char *err, siz
     char pragma[128];
 
     *out = NULL;
+    if (group_get(st) < 0)
+        return IDEM_ENOMEM;
     c = calloc(1, sizeof(*c));
     if (!c)
         return IDEM_ENOMEM;
@@ -620,6 +627,284 @@ out:
     return 0;
 }
 
+/* ---- group commit ------------------------------------------------------------------------- */
+
+/*
+ * One fsync per transaction caps a durable store at the disk's fsync rate.  So every write
+ * transaction of this process runs on one writer connection, as a savepoint inside a batch
+ * transaction that many callers share: a caller's work is isolated by its savepoint (a failure
+ * rolls back that savepoint only, never its neighbours'), and its commit releases the savepoint
+ * into the batch and then waits until the batch is durable -- nobody is answered before the
+ * COMMIT that holds their work has returned.  SQLite allows one writer per file at a time anyway,
+ * so queueing the writers here costs no concurrency; it only replaces SQLite's sleeping busy
+ * handler with a condition variable.
+ *
+ * Who commits: whoever ends a transaction while nobody waits for the writer (the queue drained),
+ * or when the batch reached GROUP_MEMBERS_MAX members or GROUP_AGE_MAX_MS of age.  While one batch
+ * is being fsync'd the next callers queue, and they form the next batch.  A member that finds the
+ * writer free and its batch still open commits it itself, so a batch is never left waiting.
+ */
+#define GROUP_MEMBERS_MAX 256
+#define GROUP_AGE_MAX_MS 20
+
+struct sq_batch {
+    int refs; /* members that have not read the outcome yet */
+    int done;
+    int rc;
+    char errmsg[IDEM_ERRMSG_MAX];
+};
+
+struct sq_group {
+    pthread_mutex_t mu;
+    pthread_cond_t writer_cv; /* signalled (one waiter) when the writer comes free */
+    pthread_cond_t batch_cv;  /* broadcast when a batch finished or may need its members */
+    struct idem_conn *writer; /* opened on first use, reopened after it broke */
+    int busy;                 /* a caller (or a batch commit) holds the writer */
+    int waiting;              /* callers queued for the writer */
+    int members;              /* savepoints released into the open batch */
+    int64_t opened_ms;        /* when the open batch began */
+    struct sq_batch *batch;   /* the open batch, NULL when no batch transaction is open */
+};
+
+static void group_free(struct idem_store *st)
+{
+    struct sq_group *g = st->backend;
+
+    if (!g)
+        return;
+    if (g->writer) {
+        if (!sqlite3_get_autocommit(g->writer->db))
+            run_simple(g->writer, "COMMIT", "group commit at close");
+        sq_close(g->writer);
+    }
+    free(g->batch);
+    pthread_cond_destroy(&g->writer_cv);
+    pthread_cond_destroy(&g->batch_cv);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+    st->backend = NULL;
+}
+
+/* Made by the first connection (idem_store_open opens one before anyone else may write). */
+static int group_get(struct idem_store *st)
+{
+    int rc = 0;
+
+    pthread_mutex_lock(&st->mu);
+    if (!st->backend) {
+        struct sq_group *g = calloc(1, sizeof(*g));
+        if (!g || pthread_mutex_init(&g->mu, NULL) != 0) {
+            free(g);
+            rc = IDEM_ENOMEM;
+        } else if (pthread_cond_init(&g->writer_cv, NULL) != 0) {
+            pthread_mutex_destroy(&g->mu);
+            free(g);
+            rc = IDEM_ENOMEM;
+        } else if (pthread_cond_init(&g->batch_cv, NULL) != 0) {
+            pthread_cond_destroy(&g->writer_cv);
+            pthread_mutex_destroy(&g->mu);
+            free(g);
+            rc = IDEM_ENOMEM;
+        } else {
+            st->backend = g;
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+/* Ends the open batch with `rc` and wakes its members (g->mu held). */
+static void batch_finish_locked(struct sq_group *g, int rc, const char *msg)
+{
+    struct sq_batch *b = g->batch;
+
+    g->batch = NULL;
+    g->members = 0;
+    b->done = 1;
+    b->rc = rc;
+    if (rc < 0)
+        idem__fmt(b->errmsg, sizeof(b->errmsg), "%s", msg);
+    if (b->refs == 0)
+        free(b);
+    pthread_cond_broadcast(&g->batch_cv);
+}
+
+/* Commits the open batch: the caller holds the writer (busy) and g->mu, dropped during COMMIT. */
+static void batch_commit_locked(struct sq_group *g)
+{
+    struct idem_conn *w = g->writer;
+    char msg[IDEM_ERRMSG_MAX] = "";
+    int rc;
+
+    pthread_mutex_unlock(&g->mu);
+    rc = run_simple(w, "COMMIT", "group commit");
+    if (rc < 0) {
+        idem__fmt(msg, sizeof(msg), "%s", w->errmsg);
+        if (!sqlite3_get_autocommit(w->db))
+            run_simple(w, "ROLLBACK", "rollback failed group commit");
+    }
+    pthread_mutex_lock(&g->mu);
+    batch_finish_locked(g, rc, msg);
+}
+
+/*
+ * Gives the writer up (g->mu held): a batch that SQLite rolled back by itself fails as a whole;
+ * otherwise the batch is committed if the queue drained or it grew full or old.
+ */
+static void writer_release_locked(struct sq_group *g)
+{
+    struct idem_conn *w = g->writer;
+
+    if (g->batch && sqlite3_get_autocommit(w->db)) {
+        char msg[IDEM_ERRMSG_MAX];
+        idem__fmt(msg, sizeof(msg), "sqlite: the shared write transaction was rolled back: %s",
+                  w->errmsg);
+        batch_finish_locked(g, IDEM_EUNAVAIL, msg);
+    } else if (g->batch && (g->waiting == 0 || g->members >= GROUP_MEMBERS_MAX ||
+                            idem__mono_ms() - g->opened_ms >= GROUP_AGE_MAX_MS)) {
+        batch_commit_locked(g);
+    }
+    if (w->broken) {
+        if (g->batch)
+            batch_finish_locked(g, IDEM_EUNAVAIL, "sqlite: the writer connection broke");
+        if (!sqlite3_get_autocommit(w->db))
+            run_simple(w, "ROLLBACK", "rollback");
+        sq_close(w);
+        g->writer = NULL;
+    }
+    g->busy = 0;
+    if (g->waiting > 0)
+        pthread_cond_signal(&g->writer_cv);
+    else if (g->batch)
+        pthread_cond_broadcast(&g->batch_cv); /* nobody queues: a member commits the batch */
+}
+
+static void deadline_in(struct timespec *ts, int ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+static int sq_write_begin(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
+{
+    struct sq_group *g = st->backend;
+    struct timespec deadline;
+    int rc = 0;
+
+    *out = NULL;
+    deadline_in(&deadline, st->opts.busy_timeout_ms);
+    pthread_mutex_lock(&g->mu);
+    g->waiting++;
+    while (g->busy) {
+        if (pthread_cond_timedwait(&g->writer_cv, &g->mu, &deadline) == ETIMEDOUT && g->busy) {
+            g->waiting--;
+            pthread_cond_broadcast(&g->batch_cv); /* a member may have to commit its batch */
+            pthread_mutex_unlock(&g->mu);
+            idem__fmt(err, errlen, "sqlite: the writer was not free within %d ms",
+                      st->opts.busy_timeout_ms);
+            return IDEM_EUNAVAIL;
+        }
+    }
+    g->waiting--;
+    g->busy = 1;
+    pthread_mutex_unlock(&g->mu);
+
+    /* The writer is ours: nobody else touches g->writer until we release it. */
+    if (!g->writer)
+        rc = sq_open(st, &g->writer, err, errlen);
+    if (rc == 0 && !g->batch) {
+        struct sq_batch *b = calloc(1, sizeof(*b));
+        if (!b)
+            rc = IDEM_ENOMEM;
+        else if ((rc = run_simple(g->writer, "BEGIN IMMEDIATE", "begin group")) < 0)
+            free(b);
+        else {
+            pthread_mutex_lock(&g->mu);
+            g->batch = b;
+            g->members = 0;
+            g->opened_ms = idem__mono_ms();
+            pthread_mutex_unlock(&g->mu);
+        }
+    }
+    if (rc == 0)
+        rc = run_simple(g->writer, "SAVEPOINT idem_tx", "begin");
+    if (rc < 0) {
+        if (g->writer && err[0] == '\0')
+            idem__fmt(err, errlen, "%s", g->writer->errmsg);
+        pthread_mutex_lock(&g->mu);
+        if (g->writer)
+            writer_release_locked(g);
+        else {
+            g->busy = 0;
+            pthread_cond_signal(&g->writer_cv);
+        }
+        pthread_mutex_unlock(&g->mu);
+        return rc;
+    }
+    *out = g->writer;
+    return 0;
+}
+
+static void sq_write_rollback(struct idem_store *st, struct idem_conn *c)
+{
+    struct sq_group *g = st->backend;
+
+    if (!sqlite3_get_autocommit(c->db))
+        run_simple(c, "ROLLBACK TO idem_tx; RELEASE idem_tx", "rollback");
+    pthread_mutex_lock(&g->mu);
+    writer_release_locked(g);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static int sq_write_commit(struct idem_store *st, struct idem_conn *c, char *err, size_t errlen)
+{
+    struct sq_group *g = st->backend;
+    struct sq_batch *b;
+    int rc;
+
+    if (sqlite3_get_autocommit(c->db)) {
+        idem__fmt(err, errlen, "sqlite: the shared write transaction was rolled back: %s",
+                  c->errmsg);
+        sq_write_rollback(st, c);
+        return IDEM_EUNAVAIL;
+    }
+    rc = run_simple(c, "RELEASE idem_tx", "commit");
+    if (rc < 0) {
+        idem__fmt(err, errlen, "%s", c->errmsg);
+        sq_write_rollback(st, c);
+        return rc;
+    }
+    pthread_mutex_lock(&g->mu);
+    b = g->batch;
+    b->refs++;
+    g->members++;
+    writer_release_locked(g);
+    while (!b->done) {
+        if (!g->busy && g->waiting == 0 && g->batch == b) {
+            /* The writer is free and nobody queues for it: commit our batch ourselves. */
+            g->busy = 1;
+            batch_commit_locked(g);
+            g->busy = 0;
+            if (g->waiting > 0)
+                pthread_cond_signal(&g->writer_cv);
+            continue;
+        }
+        pthread_cond_wait(&g->batch_cv, &g->mu);
+    }
+    rc = b->rc;
+    if (rc < 0)
+        idem__fmt(err, errlen, "%s", b->errmsg);
+    if (--b->refs == 0)
+        free(b);
+    pthread_mutex_unlock(&g->mu);
+    return rc;
+}
+
 /* ---- migrations --------------------------------------------------------------------------- */
 
 static int schema_version(struct idem_conn *c, const char *component, int *version)
@@ -732,4 +1017,8 @@ const struct idem_store_vtab idem__sqlite_vtab = {
     .record_sweep = sq_record_sweep,
     .record_stalled = sq_record_stalled,
     .migrate = sq_migrate,
+    .write_begin = sq_write_begin,
+    .write_commit = sq_write_commit,
+    .write_rollback = sq_write_rollback,
+    .store_close = group_free,
 };

@@ -84,6 +84,13 @@ static int whole_number(const json_t *v, int64_t min, int64_t max, int64_t *out)
 
 /* ---- POST /api/orders ------------------------------------------------------------------------ */
 
+/* Whether the request asks a test hook (ORDERD_TEST_HOOKS=1) to act after phase 1 committed. */
+static int wants_phase_hook(const struct call_ctx *cx)
+{
+    return cx->app->cfg->test_hooks && (request_header(cx->rq, "X-Test-Crash") != NULL ||
+                                        request_header(cx->rq, "X-Test-Delay-Ms") != NULL);
+}
+
 /* The test hooks (ORDERD_TEST_HOOKS=1): crash or stall right after phase 1 committed. */
 static void after_order_created(const struct call_ctx *cx)
 {
@@ -260,9 +267,16 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
     }
     if (rc < 0)
         goto out;
-    rc = idem_call_advance(call, POINT_ORDER_CREATED, id);
-    if (rc < 0)
-        goto out;
+    /*
+     * The recovery point must be durable before an external call (the charge).  Without a
+     * provider nothing external follows: the phase stays open and the order, its stock and the
+     * stored 201 commit together, one durable commit per order.
+     */
+    if (app->provider != NULL || wants_phase_hook(cx)) {
+        rc = idem_call_advance(call, POINT_ORDER_CREATED, id);
+        if (rc < 0)
+            goto out;
+    }
     *order_id = xstrdup(id);
 out:
     idem_rows_free(rows);

@@ -521,6 +521,92 @@ static void test_sql_and_migrations(struct idem_store *st)
     idem_free(err);
 }
 
+/*
+ * Many writers at once (SQLite commits them in shared batches): every acknowledged commit is
+ * visible to the very next read on another connection, a writer whose statement fails rolls
+ * back alone, and its neighbours in the same batch keep their rows.
+ */
+struct writer {
+    struct idem_store *st;
+    int id;
+    int committed, failed_as_meant, visible, errors;
+};
+
+enum { WRITERS = 12, WRITES_EACH = 40 };
+
+static void *writer_run(void *arg)
+{
+    struct writer *w = arg;
+    for (int i = 0; i < WRITES_EACH; i++) {
+        struct idem_tx *tx = NULL;
+        char id[64];
+        const char *p[] = {id, "w"};
+        const char *dup[] = {"gc-shared", "w"};
+        int rc;
+
+        snprintf(id, sizeof(id), "gc-%d-%d.", w->id, i);
+        if (idem_tx_begin(w->st, 1, &tx) < 0) {
+            w->errors++;
+            continue;
+        }
+        rc = idem_tx_exec(tx, "INSERT INTO biz (id, note) VALUES ($1, $2)", 2, p, NULL);
+        if (rc == 0 && i % 5 == 4) {
+            /* "gc-shared" exists: this statement fails and the whole transaction must go. */
+            rc = idem_tx_exec(tx, "INSERT INTO biz (id, note) VALUES ($1, $2)", 2, dup, NULL);
+            if (rc == IDEM_ECONFLICT)
+                w->failed_as_meant++;
+            else
+                w->errors++;
+            idem_tx_rollback(tx);
+            continue;
+        }
+        if (rc < 0 || idem_tx_commit(tx) < 0) {
+            if (rc < 0)
+                idem_tx_rollback(tx);
+            w->errors++;
+            continue;
+        }
+        w->committed++;
+        if (biz_count(w->st, id) == 1)
+            w->visible++;
+    }
+    return NULL;
+}
+
+static void test_concurrent_writers(struct idem_store *st)
+{
+    pthread_t th[WRITERS];
+    struct writer w[WRITERS];
+    struct idem_tx *tx = NULL;
+    const char *seed[] = {"gc-shared", "seed"};
+    int committed = 0, failed = 0, visible = 0, errors = 0;
+    int64_t t0;
+
+    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+    CHECK_INT(idem_tx_exec(tx, "INSERT INTO biz (id, note) VALUES ($1, $2)", 2, seed, NULL), 0);
+    CHECK_INT(idem_tx_commit(tx), 0);
+    t0 = mono_ms();
+    for (int i = 0; i < WRITERS; i++) {
+        w[i] = (struct writer){.st = st, .id = i};
+        pthread_create(&th[i], NULL, writer_run, &w[i]);
+    }
+    for (int i = 0; i < WRITERS; i++) {
+        pthread_join(th[i], NULL);
+        committed += w[i].committed;
+        failed += w[i].failed_as_meant;
+        visible += w[i].visible;
+        errors += w[i].errors;
+    }
+    CHECK_INT(errors, 0);
+    CHECK_INT(failed, WRITERS * WRITES_EACH / 5);
+    CHECK_INT(committed, WRITERS * WRITES_EACH - failed);
+    CHECK_INT(visible, committed);
+    /* The rows of the failed transactions are gone, their neighbours' rows all there. */
+    CHECK_INT(biz_count(st, "gc-"), committed + 1);
+    fprintf(stderr, "concurrent writers: %d threads, %d commits, %d rolled back, %lld ms\n",
+            WRITERS, committed, failed, (long long)(mono_ms() - t0));
+}
+
 /* Several handles migrating at once (as several processes starting together) all succeed. */
 static void *migrate_one(void *arg)
 {
@@ -598,6 +684,7 @@ int main(int argc, char **argv)
     test_wake(eng);
     test_retention(eng);
     test_sql_and_migrations(st);
+    test_concurrent_writers(st);
     test_migrate_race();
 
     idem_engine_free(eng);
