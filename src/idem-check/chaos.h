@@ -1,16 +1,26 @@
 /*
  * chaos.h - what the parts of `idem-check chaos` share: a small random generator (rand() is
- * banned; this one is seeded from the OpenSSL CSPRNG), the fault-injecting TCP proxy (proxy.c)
- * and the mode's entry point (chaos.c).
+ * banned; this one is seeded from the OpenSSL CSPRNG), the fault-injecting TCP proxy (proxy.c),
+ * the state of one run, and the entry points of its parts: the command line and the drive
+ * (chaos.c), the processes it starts and kills (chaos_procs.c), the exactly-once audit
+ * (chaos_audit.c) and the verdict (chaos_report.c).  docs/chaos.md is the user's side of it.
  */
 #ifndef IDEM_CHECK_CHAOS_H
 #define IDEM_CHECK_CHAOS_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "check.h"
+
+#define CK_MAX_INSTANCES 8
+#define CK_EXIT_SETUP 3 /* the services could not be started (or reached, with --attach) */
+
+/* ---- random numbers (chaos.c) ----------------------------------------------------------------
+ */
 
 /* xorshift64*: not for secrets, only for deciding which fault hits what. */
 struct ck_rng {
@@ -20,23 +30,167 @@ void ck_rng_seed(struct ck_rng *r);
 /* Uniform in [0, 1). */
 double ck_rng_double(struct ck_rng *r);
 
+/* ---- the proxy (proxy.c) ---------------------------------------------------------------------
+ */
+
+enum ck_balance { CK_BALANCE_RR, CK_BALANCE_RANDOM };
+
+/* One server the proxy forwards to; its port may change (0: not listening yet). */
+struct ck_upstream {
+    uint32_t addr; /* IPv4, network byte order */
+    atomic_int port;
+    atomic_long connections; /* connections given to it */
+    atomic_long down;        /* of those, the ones it did not accept (refused: killed, starting) */
+};
+
 struct ck_proxy {
     int listen_fd;
     int port; /* where clients connect (127.0.0.1) */
-    atomic_int upstream_port;
+    struct ck_upstream up[CK_MAX_INSTANCES];
+    int n_up;
+    enum ck_balance balance;
+    atomic_uint next_up; /* round robin */
     atomic_int stopping;
-    double drop_rate, reset_rate; /* under rng_lock */
+    atomic_int active; /* connection threads not finished yet */
     pthread_mutex_t rng_lock;
-    struct ck_rng rng;
+    struct ck_rng rng;                      /* under rng_lock */
+    double drop_rate, reset_rate, cut_rate; /* under rng_lock */
     pthread_t thread;
-    atomic_long connections, resets, drops, upstream_down;
+    atomic_long connections, requests, resets, drops, cuts, upstream_down;
 };
 
-/* Listens on 127.0.0.1:0 and forwards to 127.0.0.1:upstream_port; 0 or -1 (errno). */
-int ck_proxy_start(struct ck_proxy *p, int upstream_port, double drop_rate, double reset_rate);
-void ck_proxy_set_faults(struct ck_proxy *p, double drop_rate, double reset_rate);
-/* Stops accepting; connections in flight end on their own. */
+/*
+ * Prepares `p` to forward to `n` upstreams (addr[i] in network byte order, port[i], 0 when not
+ * known yet), listens on 127.0.0.1:0 and starts accepting.  0, or -1 with errno.
+ */
+int ck_proxy_start(struct ck_proxy *p, int n, const uint32_t *addr, const int *port,
+                   enum ck_balance balance);
+void ck_proxy_set_upstream_port(struct ck_proxy *p, int i, int port);
+void ck_proxy_set_faults(struct ck_proxy *p, double drop_rate, double reset_rate, double cut_rate);
+/* Stops accepting and waits (at most a few seconds) for the connections in flight to end. */
 void ck_proxy_stop(struct ck_proxy *p);
+
+/* ---- one run ---------------------------------------------------------------------------------
+ */
+
+struct chaos_opts {
+    const char *orderd_bin, *provider_bin, *db;
+    const char *orderd_urls, *provider_url, *token; /* --attach */
+    long intents, clients, max_time_s, kill_every_s, instances, webhook_dup, grace_s;
+    double drop_rate, reset_rate, cut_rate, dup_rate, lost_rate, fail_rate;
+    int attach, json, no_webhooks, balance;
+    int instances_set, webhook_dup_set, lost_set, fail_set; /* given on the command line */
+};
+
+struct ck_seen {
+    int status; /* final status this sender saw, 0 if none */
+    char *body; /* its body when 2xx */
+    size_t len;
+};
+
+struct ck_intent {
+    char *key;
+    int started, dup;
+    struct ck_seen a, b; /* the sender, and the duplicate sender */
+    char order_id[64];   /* from the audit's replay */
+    int replay_status;
+};
+
+/* One orderd: started (and killed) by the run, or attached to. */
+struct ck_instance {
+    char url[96]; /* http://HOST:PORT, for the audit's direct requests */
+    uint32_t addr;
+    int port;
+    pid_t pid; /* under chaos.lock; -1 while down, or when attached */
+    int gen;   /* processes started for this slot (names the stdout files) */
+    atomic_long kills;
+};
+
+/* What the provider's ledger and the user's orders said (before the run, and after it). */
+struct ck_ledger {
+    long charges, emails, dups, failed5xx, lost_responses;
+    long events, delivered, pending, abandoned;
+    int webhooks_configured;
+};
+
+struct ck_audit {
+    long started, finished_2xx, finished_in_audit, seen_2xx;
+    long orders, paid, pending, preexisting;
+    long paid_delta; /* paid orders of the user now, minus before the run */
+    long dup_orders, dup_mismatch, lost, not_durable, unsettled;
+    struct ck_ledger now;   /* the ledger after the grace */
+    struct ck_ledger delta; /* now - before */
+    long charges, emails;   /* of this run's orders, from the ledger's per-reference counts */
+    long ledger_dups, extra_charges, extra_emails, missing_charges, missing_emails, charged_unpaid;
+    long hook_copies, hooks_expected, hooks_problems;
+    long hook_results[4]; /* orderd_webhooks_total: applied, ignored, duplicate, rejected */
+    int hook_results_ok;
+    int ledger_ok, refs_ok, list_ok;
+    char note[512];
+};
+
+struct ck_chaos_verdict {
+    long duplicates, lost, unsettled, webhooks;
+};
+
+struct chaos {
+    struct chaos_opts o;
+    char workdir[PATH_MAX];
+    char db[PATH_MAX + 64];
+    char provider_url[128], proxy_url[96], hook_proxy_url[160];
+    char token[256], auth[300];
+    char **envp;  /* the children's environment: ours plus the webhook secret */
+    int webhooks; /* provider-sim delivers webhooks during the run (and the audit checks them) */
+    struct ck_instance inst[CK_MAX_INSTANCES];
+    int n_inst;
+    pid_t provider_pid;
+    pthread_mutex_t lock;
+    struct ck_proxy proxy, hook_proxy;
+    int proxy_on, hook_proxy_on;
+    struct ck_intent *in;
+    atomic_long next, done, alive, retries, kills, dup_sends, restart_failures;
+    atomic_int stop_drive, stop_kill, killer_idle, killer_release;
+    long long deadline_ms;
+    /* before the run: the user's orders (sorted ids), the ledger, the provider's faults */
+    char (*before_ids)[64];
+    size_t n_before;
+    long paid_before;
+    struct ck_ledger ledger_before;
+    int ledger_before_ok;
+    double saved_fail, saved_lost;
+    long saved_dup;
+    int saved_ok;
+};
+
+long long ck_now_ms(void);
+
+/* chaos_procs.c: the children.  Each returns 0, or -1 (see the logs in the work directory). */
+int ck_start_provider(struct chaos *cx);
+int ck_create_token(struct chaos *cx);
+/* Starts instance `i` on its port (0 the first time: the kernel picks, and it is kept). */
+int ck_start_orderd(struct chaos *cx, int i);
+/* kill -9 of instance `i` and a restart on the same port and store. */
+int ck_kill_restart(struct chaos *cx, int i);
+void ck_stop_children(struct chaos *cx);
+
+/* chaos_audit.c */
+/* One POST of the intent `key` to `base` with libidem-client; fills `s`. */
+struct idem_client;
+void ck_send_intent(struct idem_client *c, const char *base, const char *auth, const char *key,
+                    struct ck_seen *s);
+struct idem_client *ck_open_client(struct chaos *cx, int64_t max_time_ms, int count);
+/* Reads what is there before the run: the user's orders, the ledger, the provider's faults. */
+int ck_audit_before(struct chaos *cx, char *why, size_t cap);
+/* POST /v1/faults with the given members (negative: leave it as it is).  0 or -1. */
+int ck_provider_faults(struct chaos *cx, double fail_rate, double lost_rate, long webhook_dup);
+void ck_audit(struct chaos *cx, struct ck_audit *au);
+void ck_verdict_of(const struct chaos *cx, const struct ck_audit *au, struct ck_chaos_verdict *v);
+
+/* chaos_report.c */
+void ck_print_table(struct chaos *cx, const struct ck_audit *au, const struct ck_chaos_verdict *v,
+                    double secs, int rc);
+void ck_print_json(struct chaos *cx, const struct ck_audit *au, const struct ck_chaos_verdict *v,
+                   double secs, int rc);
 
 /* `idem-check chaos ...` (argv[0] is "chaos"); returns the exit code. */
 int ck_chaos_main(int argc, char **argv);

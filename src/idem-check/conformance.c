@@ -411,7 +411,7 @@ static void check_storm(struct run *run)
         after = fetch_count(run, why, sizeof(why));
         effects = after ? effects_between(before, after) : 0;
         if (!after)
-            snprintf(counted, sizeof(counted), "%s", why);
+            snprintf(counted, sizeof(counted), "%.190s", why);
         else
             snprintf(counted, sizeof(counted),
                      "%ld new effect(s) counted for the %zu same-key requests (expected 1)",

@@ -20,6 +20,7 @@ static void usage(FILE *f)
     fputs(
         "usage: idem-check conformance --url URL --token T --token2 T2 [options]\n"
         "       idem-check chaos --orderd-bin PATH --provider-bin PATH [options]\n"
+        "       idem-check chaos --attach --orderd-url URL[,URL...] --token T [options]\n"
         "         (see: idem-check chaos --help)\n"
         "\n"
         "Checks, from the outside, that a write endpoint honours Idempotency-Key as\n"

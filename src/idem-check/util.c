@@ -4,15 +4,14 @@
  * server sends back, random keys from the CSPRNG so that every run uses keys no earlier run has
  * used, and a sleep.
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <openssl/rand.h>
 
 #include "check.h"
+#include "clock.h"
 #include "banned.h"
 
 static void die_oom(void)
@@ -68,9 +67,7 @@ char *ck_random_key(void)
 
 void ck_sleep_ms(long ms)
 {
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        continue;
+    clock_sleep_ms(ms);
 }
 
 void ck_buf_add(struct ck_buf *b, const void *p, size_t n)

@@ -1,12 +1,20 @@
 """
-test_chaos.py - `idem-check chaos` (src/idem-check/chaos.c, docs/chaos.md): a short run against
-orderd + provider-sim with every fault kind on (dropped responses, resets, duplicated sends,
-provider 5xx and lost responses, kill -9 of orderd) must end with a clean verdict: every intent one
-order, one charge, one confirmation email; nothing duplicated, lost or unsettled.  And bad command
-lines exit 2.
+test_chaos.py - `idem-check chaos` (src/idem-check/chaos*.c, proxy.c, docs/chaos.md).  Short runs
+with every fault kind on must end with a clean verdict: every intent one order, one charge, one
+confirmation email, every webhook event accepted by orderd; nothing duplicated, lost or unsettled:
+
+  - one orderd, every fault (dropped responses, resets, cuts mid-request, duplicated sends,
+    provider 5xx and lost responses, duplicated webhooks, kill -9);
+  - three orderd instances on one store, connections spread at random, a random one killed every
+    second, webhooks through the fault proxy;
+  - --attach: orderd (two instances) and provider-sim started by this test, idem-check only puts
+    its proxy in front and audits; nothing is killed, the provider's settings are put back.
+
+The audit must not be vacuous (an extra order fails the run), and bad command lines exit 2, an
+unreachable attached service 3.
 
 Store: on SQLite idem-check makes orderd's file in its own temp directory; under with_pg.sh
-(service-pg.test_chaos) the clean run gets a fresh PostgreSQL database and passes it with --db.
+(service-pg.test_chaos) each run gets a fresh PostgreSQL database (--db, or the attached orderd's).
 """
 
 import atexit
@@ -20,8 +28,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (BIN, expect, expect_eq, fail, pg_create_database,  # noqa: E402
-                     pg_drop_database, pg_fresh_mode, run, test)
+from harness import (BIN, Server, expect, expect_eq, expect_status, fail,  # noqa: E402
+                     new_key, pg_create_database, pg_drop_database, pg_fresh_mode, run, test)
+from provider import WEBHOOK_SECRET, paid_pair  # noqa: E402
 
 IDEM_CHECK = os.path.join(BIN, "idem-check")
 ORDERD = os.path.join(BIN, "orderd")
@@ -48,55 +57,190 @@ def idem_check(args, timeout=120):
 
 
 BASE = ["chaos", "--orderd-bin", ORDERD, "--provider-bin", PROVIDER_SIM]
+ALL_FAULTS = ["--drop-rate", "0.1", "--reset-rate", "0.05", "--cut-rate", "0.05",
+              "--dup-rate", "0.1", "--provider-lost-rate", "0.05", "--provider-5xx-rate", "0.05"]
 
 
-@test
-def test_short_chaos_run_is_clean(ctx):
-    args = BASE + ["--intents", "300", "--clients", "8", "--max-time", "30",
-                   "--drop-rate", "0.1", "--reset-rate", "0.05", "--dup-rate", "0.1",
-                   "--provider-lost-rate", "0.05", "--provider-5xx-rate", "0.05",
-                   "--kill-every", "1", "--json"]
+def parse_json(rc, out, err):
+    try:
+        return json.loads(out)
+    except ValueError as e:
+        fail("--json output is not JSON (%s), rc %d:\n%s\nstderr: %s" % (e, rc, out, err[-2000:]))
+
+
+def chaos_on_fresh_store(args, timeout=200):
+    """Runs idem-check with `args`, plus --db of a fresh PostgreSQL database under with_pg.sh."""
     dbname = None
     if pg_fresh_mode():
         uri, dbname = pg_create_database("chaos")
-        args += ["--db", uri]
+        args = args + ["--db", uri]
     try:
-        rc, out, err, took = idem_check(args)
+        return idem_check(args, timeout)
     finally:
         if dbname:
             pg_drop_database(dbname)
-    try:
-        doc = json.loads(out)
-    except ValueError as e:
-        fail("--json output is not JSON (%s), rc %d:\n%s\nstderr: %s" % (e, rc, out, err[-2000:]))
-    print("measured: chaos run took %.1f s: %s" % (took, out.strip()), flush=True)
+
+
+def expect_clean(doc, rc, out, err, intents):
+    """
+    A clean verdict over every intent that started: all of `intents` on an idle machine; under a
+    sanitizer on a loaded one --max-time may stop the drive early, and at least half must start.
+    """
+    started = doc["intents"]["started"]
     expect_eq(doc.get("exitCode"), rc, "exitCode member vs the process's exit code")
     expect_eq(rc, 0, "exit code of a clean run:\n%s\nstderr: %s" % (out, err[-2000:]))
     expect_eq(doc["verdict"], "clean", "verdict")
     expect_eq(doc["duplicates"], 0, "duplicates found")
     expect_eq(doc["lost"], 0, "lost found")
     expect_eq(doc["unsettled"], 0, "unsettled orders")
-    expect_eq(doc["intents"]["started"], 300, "intents started")
-    expect_eq(doc["orders"]["total"], 300, "orders made")
-    expect_eq(doc["ledger"]["charges"], 300, "charges in the provider's ledger")
-    expect_eq(doc["ledger"]["emails"], 300, "confirmation emails in the provider's ledger")
+    expect_eq(doc["webhookProblems"], 0, "webhook problems")
+    expect(intents // 2 <= started <= intents, "intents started: %d of %d" % (started, intents))
+    if started < intents:
+        print("note: only %d of %d intents started before --max-time" % (started, intents))
+    expect_eq(doc["intents"]["answered2xx"] + doc["intents"]["finishedByAudit"], started,
+              "every started intent finished")
+    expect_eq(doc["orders"]["total"], started, "orders made")
+    expect_eq(doc["ledger"]["charges"], started, "charges of the run's orders in the ledger")
+    expect_eq(doc["ledger"]["emails"], started, "confirmation emails of the run's orders")
     expect(doc["ledger"]["clean"], "the ledger flags no duplicate")
+
+
+def expect_webhooks_clean(doc, copies):
+    w = doc["webhooks"]
+    started = doc["intents"]["started"]
+    expect(w["enabled"], "webhooks are on: %r" % w)
+    expect_eq(w["copies"], copies, "copies of each webhook event")
+    expect_eq(w["events"], started, "one charge.succeeded event per charge")
+    expect_eq(w["expectedDeliveries"], started * copies, "deliveries owed")
+    expect(w["delivered"] >= started * copies, "every delivery accepted by orderd: %r" % w)
+    expect_eq(w["pending"], 0, "webhook deliveries still pending")
+    expect_eq(w["abandoned"], 0, "webhook deliveries abandoned")
+
+
+@test
+def test_short_chaos_run_is_clean(ctx):
+    # One orderd, webhooks off: the run CI has always made, plus requests cut mid-body.
+    args = BASE + ["--intents", "300", "--clients", "8", "--max-time", "60",
+                   "--kill-every", "1", "--no-webhooks", "--json"] + ALL_FAULTS
+    rc, out, err, took = chaos_on_fresh_store(args)
+    doc = parse_json(rc, out, err)
+    print("measured: chaos run took %.1f s: %s" % (took, out.strip()), flush=True)
+    expect_clean(doc, rc, out, err, 300)
+    expect(not doc["webhooks"]["enabled"], "--no-webhooks: %r" % doc["webhooks"])
+    expect_eq(doc["instanceCount"], 1, "one orderd by default")
     f = doc["faults"]
     expect(f["kills"] >= 1, "at least one kill -9: %r" % f)
-    expect(f["proxyDrops"] + f["proxyResets"] > 0, "the proxy injected faults: %r" % f)
+    expect(f["proxyDrops"] > 0 and f["proxyResets"] > 0 and f["proxyCuts"] > 0,
+           "the proxy injected every kind of fault: %r" % f)
     expect(f["provider5xx"] + f["providerLost"] > 0, "the provider injected faults: %r" % f)
     expect(doc["duplicatedSends"] > 0, "some intents were sent twice: %r" % doc)
     expect(doc["retries"] > 0, "clients retried: %r" % doc)
     expect("intents," in err and "kills" in err, "a progress line on stderr: %r" % err[-300:])
-    expect(took <= 60, "a short run stays short (%.1f s)" % took)
+    expect(took <= 120, "a short run stays short (%.1f s)" % took)
+
+
+@test
+def test_instances_kills_webhooks_cuts(ctx):
+    # Three orderd processes on one store (SQLite WAL file or PostgreSQL database), a random one
+    # killed every second; provider-sim's webhooks (each event twice) go through a second fault
+    # proxy; the audit must stay exact.
+    args = BASE + ["--instances", "3", "--balance", "random", "--intents", "300", "--clients",
+                   "8", "--max-time", "60", "--kill-every", "1", "--webhook-dup", "2",
+                   "--json"] + ALL_FAULTS
+    rc, out, err, took = chaos_on_fresh_store(args)
+    doc = parse_json(rc, out, err)
+    print("measured: 3 instances took %.1f s: %s" % (took, out.strip()), flush=True)
+    expect_clean(doc, rc, out, err, 300)
+    expect_webhooks_clean(doc, 2)
+    expect_eq(doc["instanceCount"], 3, "instances")
+    inst = doc["instances"]
+    expect_eq(len(inst), 3, "one verdict row per instance")
+    expect(all(i["connections"] > 0 for i in inst), "every instance got connections: %r" % inst)
+    expect_eq(sum(i["kills"] for i in inst), doc["faults"]["kills"], "kills per instance add up")
+    expect(doc["faults"]["kills"] >= 2, "several kills: %r" % doc["faults"])
+    expect(doc["faults"]["proxyCuts"] > 0, "requests cut mid-body: %r" % doc["faults"])
+    hp = doc["webhooks"]["proxy"]
+    expect(hp["requests"] >= 2 * doc["intents"]["started"],
+           "every delivery went through the webhook proxy: %r" % hp)
+    expect(hp["resets"] + hp["cuts"] + hp["drops"] > 0, "webhook deliveries were hit: %r" % hp)
+    expect(took <= 120, "a short run stays short (%.1f s)" % took)
+
+
+# orderd's settings in the attach test: the ones idem-check gives the instances it starts, so that
+# the workers settle what the faults leave open within the audit's grace.
+FAST_WORKERS = ["--lease-ms", "1500", "--wait-ms", "1000", "--provider-timeout-ms", "1000",
+                "--completer-interval-ms", "200", "--reconciler-interval-ms", "200",
+                "--reconcile-after-ms", "500", "--outbox-interval-ms", "100",
+                "--outbox-max-attempts", "1000"]
+
+
+def wait_paid(client, order_id, timeout_s=20.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = client.get("/api/orders/" + order_id)
+        if r.status == 200 and r.json().get("status") == "paid":
+            return
+        if time.monotonic() > deadline:
+            fail("order %s not paid after %.0f s: %s" % (order_id, timeout_s, r.describe()))
+        time.sleep(0.1)
+
+
+@test
+def test_attach_to_running_services(ctx):
+    # This test starts provider-sim (webhooks to the first orderd, directly) and two orderd
+    # instances on one store; idem-check only puts its proxy in front, injects provider faults
+    # through /v1/faults, and audits against what was there before the run.
+    prov, s1 = paid_pair(order_args=FAST_WORKERS, name="attach")
+    s2 = None
+    try:
+        s1.start()
+        s2 = Server(name="attach-orderd-2", db_uri=s1.db_uri,
+                    extra_args=["--provider", prov.url, "--webhook-secret", WEBHOOK_SECRET] +
+                    FAST_WORKERS)
+        s2.start()
+        user = s1.new_user("chaos-attach")
+        # An order from before the run: the audit must neither count it nor call it a duplicate.
+        r = expect_status(user.create_order(new_key("before"), quantity=1), 201, "order before")
+        wait_paid(user, r.json()["orderId"])
+        _, faults_before = prov.call("GET", "/v1/faults")
+        args = ["chaos", "--attach", "--orderd-url", "%s,%s/" % (s1.base_url, s2.base_url),
+                "--provider-url", prov.url, "--token", user.token, "--intents", "200",
+                "--clients", "8", "--max-time", "60", "--webhook-dup", "2",
+                "--json"] + ALL_FAULTS
+        rc, out, err, took = idem_check(args, timeout=200)
+        doc = parse_json(rc, out, err)
+        print("measured: attached run took %.1f s: %s" % (took, out.strip()), flush=True)
+        expect_clean(doc, rc, out, err, 200)
+        expect_webhooks_clean(doc, 2)
+        expect(doc["attach"], "the verdict says it attached: %r" % doc)
+        expect_eq([i["url"] for i in doc["instances"]], [s1.base_url, s2.base_url], "instances")
+        expect(all(i["connections"] > 0 for i in doc["instances"]),
+               "the proxy spread connections over both: %r" % doc["instances"])
+        expect_eq(doc["orders"]["preexisting"], 1, "the order from before the run")
+        expect_eq(doc["faults"]["kills"], 0, "nothing is killed when attached")
+        f = doc["faults"]
+        expect(f["proxyDrops"] > 0 and f["proxyResets"] > 0 and f["proxyCuts"] > 0,
+               "the proxy injected every kind of fault: %r" % f)
+        expect(f["provider5xx"] + f["providerLost"] > 0, "provider faults via /v1/faults: %r" % f)
+        expect(s1.alive() and s2.alive() and prov.proc.poll() is None,
+               "the attached services still run")
+        _, faults_after = prov.call("GET", "/v1/faults")
+        expect_eq(faults_after, faults_before, "provider-sim's settings are put back")
+        expect(took <= 120, "a short run stays short (%.1f s)" % took)
+    finally:
+        for proc in (s2, s1, prov):
+            if proc is not None:
+                proc.close()
 
 
 @test
 def test_table_output(ctx):
     rc, out, err, _ = idem_check(BASE + ["--intents", "20", "--max-time", "10"])
     expect_eq(rc, 0, "exit code:\n%s\n%s" % (out, err[-2000:]))
-    for row in ("intents started", "client retries", "faults: proxy resets", "DUPLICATES found",
-                "LOST found", "UNSETTLED", "verdict: CLEAN"):
+    for row in ("intents started", "client retries", "faults: proxy resets",
+                "faults: proxy cut mid-request", "orderd 1 http://127.0.0.1:", "webhooks",
+                "DUPLICATES found", "LOST found", "UNSETTLED", "WEBHOOK problems",
+                "verdict: CLEAN"):
         expect(row in out, "table has %r:\n%s" % (row, out))
 
 
@@ -141,7 +285,6 @@ print(c.getresponse().status)
 @test
 def test_audit_catches_an_order_no_intent_made(ctx):
     # The audit must not be vacuous: one order too many is a duplicate, and the run fails.
-    import tempfile
     d = tempfile.mkdtemp(prefix="idem-chaos-wrap-")
     wrapper = os.path.join(d, "orderd")
     with open(wrapper, "w") as f:
@@ -154,12 +297,8 @@ def test_audit_catches_an_order_no_intent_made(ctx):
                                       PROVIDER_SIM, "--intents", "50", "--max-time", "10",
                                       "--json"])
     finally:
-        import shutil
         shutil.rmtree(d, ignore_errors=True)
-    try:
-        doc = json.loads(out)
-    except ValueError:
-        fail("--json output is not JSON, rc %d:\n%s\nstderr: %s" % (rc, out, err[-2000:]))
+    doc = parse_json(rc, out, err)
     print("measured: with one extra order: %s" % out.strip(), flush=True)
     expect_eq(rc, 1, "exit code when an order belongs to no intent")
     expect_eq(doc["verdict"], "failed", "verdict")
@@ -167,24 +306,94 @@ def test_audit_catches_an_order_no_intent_made(ctx):
     expect("belongs to no intent" in doc["firstProblem"], "and named: %r" % doc["firstProblem"])
 
 
+# A stand-in for orderd that has lost its webhook secret: it refuses (401) every delivery.
+NO_SECRET = """#!/bin/sh
+unset ORDERD_WEBHOOK_SECRET
+exec "%(real)s" "$@"
+"""
+
+
+@test
+def test_audit_catches_webhooks_orderd_refuses(ctx):
+    # The webhook audit must not be vacuous either: orders still get paid (the checkout hears the
+    # provider's answer), but every delivery stays pending, and the run fails on that alone.
+    d = tempfile.mkdtemp(prefix="idem-chaos-wrap-")
+    wrapper = os.path.join(d, "orderd")
+    with open(wrapper, "w") as f:
+        f.write(NO_SECRET % {"real": ORDERD})
+    os.chmod(wrapper, 0o755)
+    try:
+        rc, out, err, _ = idem_check(["chaos", "--orderd-bin", wrapper, "--provider-bin",
+                                      PROVIDER_SIM, "--intents", "20", "--max-time", "10",
+                                      "--grace", "2", "--json"])
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    doc = parse_json(rc, out, err)
+    print("measured: webhooks refused: %s" % out.strip(), flush=True)
+    expect_eq(rc, 1, "exit code when orderd accepts no webhook")
+    expect_eq(doc["verdict"], "failed", "verdict")
+    expect(doc["webhookProblems"] > 0, "the webhook problems are counted: %r" % doc)
+    expect_eq(doc["duplicates"] + doc["lost"], 0, "nothing duplicated or lost")
+    expect(doc["webhooks"]["pending"] > 0, "deliveries left pending: %r" % doc["webhooks"])
+    expect(doc["webhooks"]["orderdResults"].get("rejected", 0) > 0,
+           "orderd's metrics show the refusals: %r" % doc["webhooks"])
+    expect(doc["firstProblem"].startswith("webhooks:"), "and named: %r" % doc["firstProblem"])
+
+
 @test
 def test_usage_errors(ctx):
+    attach = ["chaos", "--attach", "--orderd-url", "http://127.0.0.1:9", "--token", "t"]
     for args, what in [
         (["chaos"], "no binaries"),
         (["chaos", "--orderd-bin", ORDERD], "no --provider-bin"),
         (BASE + ["--drop-rate", "1.5"], "a rate above 1"),
+        (BASE + ["--cut-rate", "x"], "a bad --cut-rate"),
+        (BASE + ["--drop-rate", "0.4", "--reset-rate", "0.3", "--cut-rate", "0.3"],
+         "proxy rates above 0.9 together"),
         (BASE + ["--intents", "0"], "zero intents"),
         (BASE + ["--kill-every", "x"], "a bad --kill-every"),
+        (BASE + ["--grace", "0"], "a zero --grace"),
+        (BASE + ["--instances", "9"], "too many instances"),
+        (BASE + ["--instances", "0"], "zero instances"),
+        (BASE + ["--balance", "fair"], "an unknown --balance"),
+        (BASE + ["--webhook-dup", "11"], "too many webhook copies"),
+        (BASE + ["--no-webhooks", "--webhook-dup", "2"], "webhooks off and duplicated"),
+        (BASE + ["--db", "mysql://x"], "an unknown store"),
+        (BASE + ["--token", "t"], "--token without --attach"),
+        (BASE + ["--orderd-url", "http://127.0.0.1:9"], "--orderd-url without --attach"),
         (BASE + ["--bogus"], "an unknown option"),
         (["chaos", "--orderd-bin", "/nonexistent/orderd", "--provider-bin", PROVIDER_SIM],
          "a missing program"),
+        (attach + ["--kill-every", "1"], "--attach with --kill-every"),
+        (attach + ["--instances", "2"], "--attach with --instances"),
+        (attach + ["--orderd-bin", ORDERD], "--attach with --orderd-bin"),
+        (attach + ["--db", "sqlite:/tmp/x.db"], "--attach with --db"),
+        (attach + ["--no-webhooks"], "--attach with --no-webhooks"),
+        (attach + ["--provider-5xx-rate", "0.1"], "provider faults without --provider-url"),
+        (attach + ["--webhook-dup", "2"], "--webhook-dup without --provider-url"),
+        (["chaos", "--attach", "--token", "t"], "--attach without --orderd-url"),
+        (["chaos", "--attach", "--orderd-url", "http://127.0.0.1:9"], "--attach without --token"),
+        (["chaos", "--attach", "--orderd-url", "https://example.com", "--token", "t"],
+         "an orderd URL that is not http://IPv4:PORT"),
+        (attach + ["--provider-url", "127.0.0.1:8090"], "a provider URL without http://"),
     ]:
         rc, out, err, _ = idem_check(args, timeout=20)
         expect_eq(rc, 2, "exit code for %s (stderr %r)" % (what, err))
         expect("idem-check chaos:" in err, "%s is explained on stderr: %r" % (what, err))
     rc, out, err, _ = idem_check(["chaos", "--help"], timeout=20)
     expect_eq(rc, 0, "--help exit code")
-    expect("--kill-every" in out, "--help lists the options")
+    for flag in ("--kill-every", "--grace", "--instances", "--balance", "--cut-rate", "--attach",
+                 "--orderd-url", "--provider-url", "--token", "--no-webhooks", "--webhook-dup"):
+        expect(flag in out, "--help lists %s" % flag)
+
+
+@test
+def test_attach_to_nothing_exits_3(ctx):
+    # Port 9 (discard) on loopback: nothing listens, the connection is refused.
+    rc, out, err, _ = idem_check(["chaos", "--attach", "--orderd-url", "http://127.0.0.1:9",
+                                  "--token", "t", "--intents", "5"], timeout=30)
+    expect_eq(rc, 3, "exit code when the attached orderd cannot be reached (stderr %r)" % err)
+    expect("api/orders" in err, "the failed request is named: %r" % err)
 
 
 if __name__ == "__main__":

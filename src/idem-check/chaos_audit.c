@@ -1,0 +1,600 @@
+/*
+ * chaos_audit.c - the exactly-once audit of a chaos run, from the outside: orderd's HTTP API (the
+ * user's orders, a replay of every intent's key) and provider-sim's ledger (charges, confirmation
+ * emails, webhook events and deliveries).  Everything is measured against what was there before
+ * the run, so the audit also holds for services that were running already (--attach), as long as
+ * nothing else uses the run's user or the provider meanwhile.  docs/chaos.md says why each check
+ * is sound.  Also here: the intents' POST through libidem-client, shared with the drive.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <idem/client.h>
+#include <jansson.h>
+
+#include "chaos.h"
+#include "banned.h"
+
+#define CHAOS_BODY "{\"productId\":\"p-1024\",\"quantity\":1}"
+
+/* ---- the intents' requests ------------------------------------------------------------------ */
+
+static void on_attempt(const struct idem_client_attempt *a, void *arg)
+{
+    struct chaos *cx = arg;
+    if (a->outcome == IDEM_CLIENT_OUTCOME_NONE)
+        atomic_fetch_add(&cx->retries, 1);
+}
+
+struct idem_client *ck_open_client(struct chaos *cx, int64_t max_time_ms, int count)
+{
+    struct idem_client_options co;
+    struct idem_client *c = NULL;
+    memset(&co, 0, sizeof(co));
+    co.max_attempts = 1000;
+    co.max_time_ms = max_time_ms;
+    co.base_delay_ms = 50;
+    co.max_delay_ms = 1000;
+    co.connect_timeout_ms = 2000;
+    co.attempt_timeout_ms = 10000;
+    co.user_agent = "idem-check-chaos";
+    if (count) {
+        co.on_attempt = on_attempt;
+        co.on_attempt_arg = cx;
+    }
+    if (idem_client_open(&co, &c) != 0)
+        return NULL;
+    return c;
+}
+
+void ck_send_intent(struct idem_client *c, const char *base, const char *auth, const char *key,
+                    struct ck_seen *s)
+{
+    char url[160];
+    /* One connection per attempt, so that the proxy's per-connection fate is per attempt. */
+    const char *headers[2] = {auth, "Connection: close"};
+    struct idem_client_request req;
+    struct idem_client_response *resp = NULL;
+    enum idem_client_outcome outcome;
+
+    snprintf(url, sizeof(url), "%s/api/orders", base);
+    memset(&req, 0, sizeof(req));
+    req.method = "POST";
+    req.url = url;
+    req.headers = headers;
+    req.nheaders = 2;
+    req.body = CHAOS_BODY;
+    req.body_len = strlen(CHAOS_BODY);
+    req.key = key;
+    s->status = 0;
+    if (idem_client_send(c, &req, &resp, &outcome) != 0 || !resp)
+        return;
+    s->status = idem_client_response_status(resp);
+    if (s->status >= 200 && s->status < 300) {
+        size_t len = 0;
+        const void *b = idem_client_response_body(resp, &len);
+        s->body = ck_xmalloc(len + 1);
+        memcpy(s->body, b, len);
+        s->body[len] = '\0';
+        s->len = len;
+    }
+    idem_client_response_free(resp);
+}
+
+/* ---- reading orderd and provider-sim -------------------------------------------------------- */
+
+static json_t *get_json(const char *url, const char *token)
+{
+    struct ck_request rq;
+    struct ck_response rs;
+    json_t *doc = NULL;
+    memset(&rq, 0, sizeof(rq));
+    memset(&rs, 0, sizeof(rs));
+    rq.method = "GET";
+    rq.url = url;
+    rq.token = token;
+    ck_http_perform(&rq, &rs, 1, 10000);
+    if (rs.status == 200 && rs.body.data)
+        doc = json_loadb(rs.body.data, rs.body.len, 0, NULL);
+    ck_response_release(&rs);
+    return doc;
+}
+
+static void order_id_of(const char *body, size_t len, char *out, size_t cap)
+{
+    json_t *doc = json_loadb(body, len, 0, NULL);
+    const char *id = doc ? json_string_value(json_object_get(doc, "orderId")) : NULL;
+    snprintf(out, cap, "%s", id ? id : "");
+    json_decref(doc);
+}
+
+struct order_row {
+    char id[64];
+    int pending, paid, failed, matched, before;
+};
+
+static int cmp_row(const void *a, const void *b)
+{
+    return strcmp(((const struct order_row *)a)->id, ((const struct order_row *)b)->id);
+}
+
+static int cmp_id(const void *a, const void *b)
+{
+    return strcmp((const char *)a, (const char *)b);
+}
+
+/* Every order of the run's user (all pages, from the first instance), sorted by id; NULL on
+ * failure. */
+static struct order_row *list_orders(struct chaos *cx, size_t *n_out)
+{
+    struct order_row *rows = NULL;
+    size_t n = 0, cap = 0;
+    char cursor[256] = "";
+    long pages = 0;
+    size_t i;
+    for (;;) {
+        char url[512];
+        json_t *doc, *arr, *o;
+        const char *next;
+        snprintf(url, sizeof(url), "%s/api/orders?limit=100%s%s", cx->inst[0].url,
+                 cursor[0] ? "&cursor=" : "", cursor);
+        doc = get_json(url, cx->token);
+        arr = doc ? json_object_get(doc, "orders") : NULL;
+        if (!json_is_array(arr)) {
+            json_decref(doc);
+            free(rows);
+            return NULL;
+        }
+        json_array_foreach(arr, i, o)
+        {
+            const char *id = json_string_value(json_object_get(o, "orderId"));
+            const char *status = json_string_value(json_object_get(o, "status"));
+            if (n == cap) {
+                cap = cap ? cap * 2 : 256;
+                rows = ck_xrealloc(rows, cap * sizeof(*rows));
+            }
+            memset(&rows[n], 0, sizeof(rows[n]));
+            snprintf(rows[n].id, sizeof(rows[n].id), "%s", id ? id : "");
+            rows[n].pending = status && strcmp(status, "pending_payment") == 0;
+            rows[n].paid = status && strcmp(status, "paid") == 0;
+            rows[n].failed = status && strcmp(status, "payment_failed") == 0;
+            n++;
+        }
+        next = json_string_value(json_object_get(doc, "nextCursor"));
+        if (!next || json_array_size(arr) == 0 || ++pages > 1000000) {
+            json_decref(doc);
+            break;
+        }
+        snprintf(cursor, sizeof(cursor), "%s", next);
+        json_decref(doc);
+    }
+    if (n)
+        qsort(rows, n, sizeof(*rows), cmp_row);
+    for (i = 0; i < n; i++) /* the orders that were there before the run */
+        rows[i].before = cx->n_before > 0 && bsearch(rows[i].id, cx->before_ids, cx->n_before,
+                                                     sizeof(*cx->before_ids), cmp_id) != NULL;
+    *n_out = n;
+    return rows ? rows : ck_xmalloc(1);
+}
+
+static long int_at(json_t *doc, const char *a, const char *b)
+{
+    json_t *x = json_object_get(doc, a);
+    return x ? (long)json_integer_value(json_object_get(x, b)) : 0;
+}
+
+/* GET /v1/ledger?keys=0 into `l`; 0 or -1. */
+static int read_ledger(struct chaos *cx, struct ck_ledger *l)
+{
+    char url[192];
+    json_t *doc, *bt, *hooks, *deliv;
+    snprintf(url, sizeof(url), "%s/v1/ledger?keys=0", cx->provider_url);
+    doc = get_json(url, NULL);
+    if (!doc)
+        return -1;
+    memset(l, 0, sizeof(*l));
+    l->charges = int_at(doc, "charges", "succeeded");
+    bt = json_object_get(json_object_get(doc, "emails"), "byTemplate");
+    l->emails = bt ? (long)json_integer_value(json_object_get(bt, "order_confirmation")) : 0;
+    l->dups = (long)json_array_size(json_object_get(doc, "duplicates"));
+    l->failed5xx = int_at(doc, "requests", "failed5xx");
+    l->lost_responses = int_at(doc, "requests", "lostResponses");
+    hooks = json_object_get(doc, "webhooks");
+    deliv = json_object_get(hooks, "deliveries");
+    l->webhooks_configured = json_is_true(json_object_get(hooks, "configured"));
+    l->events = (long)json_integer_value(json_object_get(hooks, "events"));
+    l->delivered = (long)json_integer_value(json_object_get(deliv, "delivered"));
+    l->pending = (long)json_integer_value(json_object_get(deliv, "pending"));
+    l->abandoned = (long)json_integer_value(json_object_get(deliv, "abandoned"));
+    json_decref(doc);
+    return 0;
+}
+
+int ck_provider_faults(struct chaos *cx, double fail_rate, double lost_rate, long webhook_dup)
+{
+    char url[192], body[160];
+    struct ck_request rq;
+    struct ck_response rs;
+    json_t *doc = json_object();
+    char *text;
+    int ok;
+
+    if (fail_rate >= 0)
+        json_object_set_new(doc, "fail_rate", json_real(fail_rate));
+    if (lost_rate >= 0)
+        json_object_set_new(doc, "lost_rate", json_real(lost_rate));
+    if (webhook_dup > 0)
+        json_object_set_new(doc, "webhook_dup", json_integer(webhook_dup));
+    text = json_dumps(doc, JSON_COMPACT | JSON_REAL_PRECISION(6));
+    json_decref(doc);
+    if (!text)
+        return -1;
+    snprintf(body, sizeof(body), "%s", text);
+    free(text);
+    snprintf(url, sizeof(url), "%s/v1/faults", cx->provider_url);
+    memset(&rq, 0, sizeof(rq));
+    memset(&rs, 0, sizeof(rs));
+    rq.method = "POST";
+    rq.url = url;
+    rq.body = body;
+    rq.body_len = strlen(body);
+    ck_http_perform(&rq, &rs, 1, 10000);
+    ok = rs.status == 200;
+    ck_response_release(&rs);
+    return ok ? 0 : -1;
+}
+
+/* GET /v1/faults: the settings a run changes, so that --attach can put them back. */
+static int read_faults(struct chaos *cx)
+{
+    char url[192];
+    json_t *doc;
+    snprintf(url, sizeof(url), "%s/v1/faults", cx->provider_url);
+    doc = get_json(url, NULL);
+    if (!doc)
+        return -1;
+    cx->saved_fail = json_number_value(json_object_get(doc, "fail_rate"));
+    cx->saved_lost = json_number_value(json_object_get(doc, "lost_rate"));
+    cx->saved_dup = (long)json_integer_value(json_object_get(doc, "webhook_dup"));
+    json_decref(doc);
+    cx->saved_ok = 1;
+    return 0;
+}
+
+/* orderd_webhooks_total{result=...} of every instance, summed into `out` (applied, ignored,
+ * duplicate, rejected); 0 if every instance answered. */
+static int read_webhook_metrics(struct chaos *cx, long out[4])
+{
+    static const char *const names[4] = {"applied", "ignored", "duplicate", "rejected"};
+    int i, k, rc = 0;
+
+    memset(out, 0, 4 * sizeof(long));
+    for (i = 0; i < cx->n_inst; i++) {
+        char url[160];
+        struct ck_request rq;
+        struct ck_response rs;
+        memset(&rq, 0, sizeof(rq));
+        memset(&rs, 0, sizeof(rs));
+        snprintf(url, sizeof(url), "%s/metrics", cx->inst[i].url);
+        rq.method = "GET";
+        rq.url = url;
+        ck_http_perform(&rq, &rs, 1, 10000);
+        if (rs.status != 200 || !rs.body.data) {
+            rc = -1;
+            ck_response_release(&rs);
+            continue;
+        }
+        for (k = 0; k < 4; k++) {
+            char needle[96];
+            const char *p;
+            snprintf(needle, sizeof(needle), "orderd_webhooks_total{result=\"%s\"} ", names[k]);
+            p = strstr(rs.body.data, needle);
+            if (p)
+                out[k] += strtol(p + strlen(needle), NULL, 10);
+        }
+        ck_response_release(&rs);
+    }
+    return rc;
+}
+
+int ck_audit_before(struct chaos *cx, char *why, size_t cap)
+{
+    struct order_row *rows;
+    size_t n = 0, i;
+
+    rows = list_orders(cx, &n);
+    if (!rows) {
+        snprintf(why, cap, "GET %s/api/orders as the run's user failed", cx->inst[0].url);
+        return -1;
+    }
+    cx->before_ids = ck_xmalloc((n ? n : 1) * sizeof(*cx->before_ids));
+    cx->n_before = n;
+    cx->paid_before = 0;
+    for (i = 0; i < n; i++) {
+        memcpy(cx->before_ids[i], rows[i].id, sizeof(cx->before_ids[i]));
+        cx->paid_before += rows[i].paid;
+    }
+    free(rows);
+    if (!cx->provider_url[0])
+        return 0;
+    if (read_ledger(cx, &cx->ledger_before) < 0) {
+        snprintf(why, cap, "GET %s/v1/ledger failed", cx->provider_url);
+        return -1;
+    }
+    cx->ledger_before_ok = 1;
+    if (cx->o.attach) {
+        if (read_faults(cx) < 0) {
+            snprintf(why, cap, "GET %s/v1/faults failed", cx->provider_url);
+            return -1;
+        }
+        /* Attached: webhooks are whatever provider-sim was started with. */
+        cx->webhooks = cx->ledger_before.webhooks_configured;
+    }
+    return 0;
+}
+
+static int same_seen(const struct ck_seen *s, int status, const char *body, size_t len)
+{
+    return s->status == status && s->len == len && memcmp(s->body, body, len) == 0;
+}
+
+static void ledger_delta(const struct ck_ledger *now, const struct ck_ledger *before,
+                         struct ck_ledger *d)
+{
+    d->charges = now->charges - before->charges;
+    d->emails = now->emails - before->emails;
+    d->dups = now->dups - before->dups;
+    d->failed5xx = now->failed5xx - before->failed5xx;
+    d->lost_responses = now->lost_responses - before->lost_responses;
+    d->events = now->events - before->events;
+    d->delivered = now->delivered - before->delivered;
+    d->pending = now->pending;
+    d->abandoned = now->abandoned - before->abandoned;
+    d->webhooks_configured = now->webhooks_configured;
+}
+
+/* Webhook deliveries every delivered event must have had: the provider's webhook_dup. */
+static long hook_copies(const struct chaos *cx)
+{
+    if (cx->o.attach && !cx->o.webhook_dup_set)
+        return cx->saved_dup > 0 ? cx->saved_dup : 1;
+    return cx->o.webhook_dup;
+}
+
+/* 1. Replay every started intent straight to orderd (the instances in turn). */
+static void replay_intents(struct chaos *cx, struct ck_audit *au)
+{
+    struct idem_client *c = ck_open_client(cx, 60000, 0);
+    long k;
+
+    for (k = 0; k < cx->o.intents; k++) {
+        struct ck_intent *it = &cx->in[k];
+        struct ck_seen r = {0, NULL, 0};
+        int a2 = it->a.status >= 200 && it->a.status < 300;
+        int b2 = it->b.status >= 200 && it->b.status < 300;
+        if (!it->started)
+            continue;
+        au->started++;
+        au->seen_2xx += a2 + b2;
+        if (a2 || b2)
+            au->finished_2xx++;
+        if (c)
+            ck_send_intent(c, cx->inst[k % cx->n_inst].url, cx->auth, it->key, &r);
+        it->replay_status = r.status;
+        if (r.status < 200 || r.status >= 300) {
+            au->lost++;
+            if (!au->note[0])
+                snprintf(au->note, sizeof(au->note), "intent %s: replay answered %d", it->key,
+                         r.status);
+            free(r.body);
+            continue;
+        }
+        if (!a2 && !b2)
+            au->finished_in_audit++;
+        order_id_of(r.body, r.len, it->order_id, sizeof(it->order_id));
+        if ((a2 && !same_seen(&it->a, r.status, r.body, r.len)) ||
+            (b2 && !same_seen(&it->b, r.status, r.body, r.len))) {
+            au->not_durable++;
+            if (!au->note[0])
+                snprintf(au->note, sizeof(au->note),
+                         "intent %s: a client saw a 2xx the replay does not repeat", it->key);
+        }
+        if (a2 && b2 && !same_seen(&it->a, it->b.status, it->b.body, it->b.len))
+            au->dup_mismatch++;
+        free(r.body);
+    }
+    idem_client_close(c);
+}
+
+/*
+ * The provider's effects for each order of this run, from GET /v1/ledger?refs=1: a paid order
+ * must have exactly one successful charge and one order_confirmation email; more is a duplicate,
+ * fewer is unsettled, and so is a charge for an order that says its payment failed.  Fills the
+ * per-run sums and the extra / missing counts of `au`; 0, or -1 if the ledger cannot be read.
+ */
+static int per_order(struct chaos *cx, const struct order_row *rows, size_t n, struct ck_audit *au)
+{
+    char url[192];
+    json_t *doc, *ch, *em;
+    size_t i;
+
+    snprintf(url, sizeof(url), "%s/v1/ledger?keys=0&refs=1", cx->provider_url);
+    doc = get_json(url, NULL);
+    ch = json_object_get(json_object_get(doc, "charges"), "byReference");
+    em = json_object_get(json_object_get(doc, "emails"), "byReference");
+    if (!json_is_object(ch) || !json_is_object(em)) {
+        json_decref(doc);
+        return -1;
+    }
+    au->charges = au->emails = 0;
+    au->extra_charges = au->missing_charges = au->extra_emails = au->missing_emails = 0;
+    au->charged_unpaid = 0;
+    for (i = 0; i < n; i++) {
+        char ref[96];
+        long c, e;
+        if (rows[i].before)
+            continue;
+        snprintf(ref, sizeof(ref), "order_confirmation:%s", rows[i].id);
+        c = (long)json_integer_value(json_object_get(ch, rows[i].id));
+        e = (long)json_integer_value(json_object_get(em, ref));
+        au->charges += c;
+        au->emails += e;
+        if (rows[i].paid) {
+            au->extra_charges += c > 1 ? c - 1 : 0;
+            au->missing_charges += c < 1;
+            au->extra_emails += e > 1 ? e - 1 : 0;
+            au->missing_emails += e < 1;
+        } else if (rows[i].failed && c > 0) {
+            au->charged_unpaid++;
+        }
+        if (!au->note[0] && rows[i].paid && (c != 1 || e != 1))
+            snprintf(au->note, sizeof(au->note),
+                     "paid order %s: %ld charges, %ld confirmation emails in the ledger",
+                     rows[i].id, c, e);
+        if (!au->note[0] && rows[i].failed && c > 0)
+            snprintf(au->note, sizeof(au->note), "order %s says payment_failed, but was charged",
+                     rows[i].id);
+    }
+    json_decref(doc);
+    return 0;
+}
+
+/* Whether the workers are done: nothing pending, every paid order has its charge and its email,
+ * every webhook delivery made.  The cheap global counts first, the per-order check last. */
+static int settled(struct chaos *cx, const struct order_row *rows, size_t n, struct ck_audit *au)
+{
+    if (!rows || au->pending > 0)
+        return 0;
+    if (!cx->provider_url[0])
+        return 1;
+    if (!au->ledger_ok || au->delta.charges < au->paid_delta || au->delta.emails < au->paid_delta)
+        return 0;
+    if (cx->webhooks &&
+        (au->now.pending > 0 || au->delta.delivered < au->delta.events * hook_copies(cx)))
+        return 0;
+    if (per_order(cx, rows, n, au) < 0)
+        return 0;
+    au->refs_ok = 1;
+    return au->missing_charges == 0 && au->missing_emails == 0;
+}
+
+void ck_audit(struct chaos *cx, struct ck_audit *au)
+{
+    struct order_row *rows = NULL;
+    size_t n_rows = 0, i;
+    long long grace_end;
+    long k;
+
+    replay_intents(cx, au);
+
+    /* 2. The grace period: until no order is pending, every newly paid order has its charge and
+     *    its confirmation email, and every webhook delivery was made (or time is up). */
+    grace_end = ck_now_ms() + cx->o.grace_s * 1000;
+    for (;;) {
+        free(rows);
+        rows = list_orders(cx, &n_rows);
+        au->list_ok = rows != NULL;
+        au->paid = au->pending = 0;
+        for (i = 0; rows && i < n_rows; i++) {
+            au->paid += rows[i].paid;
+            au->pending += rows[i].pending;
+        }
+        au->paid_delta = au->paid - cx->paid_before;
+        if (cx->provider_url[0]) {
+            au->ledger_ok = cx->ledger_before_ok && read_ledger(cx, &au->now) == 0;
+            if (au->ledger_ok)
+                ledger_delta(&au->now, &cx->ledger_before, &au->delta);
+        }
+        if (settled(cx, rows, n_rows, au) || ck_now_ms() > grace_end)
+            break;
+        ck_sleep_ms(n_rows > 2000 ? 1000 : 250);
+    }
+    if (cx->webhooks)
+        au->hook_results_ok = read_webhook_metrics(cx, au->hook_results) == 0;
+    if (!rows) {
+        au->lost = au->started;
+        snprintf(au->note, sizeof(au->note), "GET /api/orders failed");
+        return;
+    }
+
+    /* 3. Match: each started intent's order must be listed, once; every listed order that was
+     *    not there before the run must belong to exactly one intent, else it is a second
+     *    execution of some intent. */
+    for (k = 0; k < cx->o.intents; k++) {
+        struct ck_intent *it = &cx->in[k];
+        struct order_row key, *hit;
+        if (!it->started || !it->order_id[0])
+            continue;
+        memset(&key, 0, sizeof(key));
+        snprintf(key.id, sizeof(key.id), "%s", it->order_id);
+        hit = bsearch(&key, rows, n_rows, sizeof(*rows), cmp_row);
+        if (!hit || hit->before) {
+            au->lost++;
+            if (!au->note[0])
+                snprintf(au->note, sizeof(au->note), "order %s is not listed%s", it->order_id,
+                         hit ? " as new" : "");
+        } else if (hit->matched++) {
+            au->dup_orders++; /* two intents, one order: cannot happen with fresh keys */
+            if (!au->note[0])
+                snprintf(au->note, sizeof(au->note), "order %s is named by two intents",
+                         it->order_id);
+        }
+    }
+    for (i = 0; i < n_rows; i++) {
+        if (rows[i].before) {
+            au->preexisting++;
+            continue;
+        }
+        if (!rows[i].matched) {
+            au->dup_orders++;
+            if (!au->note[0])
+                snprintf(au->note, sizeof(au->note), "order %s belongs to no intent", rows[i].id);
+        }
+    }
+    au->orders = (long)n_rows - au->preexisting;
+    au->unsettled = au->pending;
+
+    /* 4. The provider: one charge and one confirmation email per paid order of this run, no new
+     *    duplicate flagged, and (webhooks on) one event per charge, every copy of it accepted. */
+    if (!cx->provider_url[0])
+        goto out;
+    if (!au->ledger_ok || (!au->refs_ok && per_order(cx, rows, n_rows, au) < 0)) {
+        au->ledger_ok = 0;
+        au->unsettled += au->paid_delta;
+        if (!au->note[0])
+            snprintf(au->note, sizeof(au->note), "GET %s/v1/ledger failed", cx->provider_url);
+        goto out;
+    }
+    au->ledger_dups = au->delta.dups > 0 ? au->delta.dups : 0;
+    au->unsettled += au->missing_charges + au->missing_emails + au->charged_unpaid;
+    if (!au->note[0] && au->ledger_dups)
+        snprintf(au->note, sizeof(au->note), "the provider's ledger flags %ld new duplicates",
+                 au->ledger_dups);
+    if (cx->webhooks) {
+        long want = au->delta.events * hook_copies(cx);
+        long diff = au->delta.events - au->delta.charges;
+        au->hook_copies = hook_copies(cx);
+        au->hooks_expected = want;
+        au->hooks_problems = (diff < 0 ? -diff : diff) + au->now.pending + au->delta.abandoned +
+                             (au->delta.delivered < want ? want - au->delta.delivered : 0);
+        if (!au->note[0] && au->hooks_problems)
+            snprintf(au->note, sizeof(au->note),
+                     "webhooks: %ld events for %ld charges, %ld of %ld deliveries made, %ld "
+                     "pending, %ld abandoned",
+                     au->delta.events, au->delta.charges, au->delta.delivered, want,
+                     au->now.pending, au->delta.abandoned);
+    }
+out:
+    free(rows);
+}
+
+void ck_verdict_of(const struct chaos *cx, const struct ck_audit *au, struct ck_chaos_verdict *v)
+{
+    (void)cx;
+    v->duplicates =
+        au->dup_orders + au->dup_mismatch + au->ledger_dups + au->extra_charges + au->extra_emails;
+    v->lost = au->lost + au->not_durable;
+    v->unsettled = au->unsettled;
+    v->webhooks = au->hooks_problems;
+}

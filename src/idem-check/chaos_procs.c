@@ -1,0 +1,272 @@
+/*
+ * chaos_procs.c - the processes of a chaos run: provider-sim, `orderd token create`, and the
+ * orderd instances on one store, each started on 127.0.0.1 (port 0 the first time, read from its
+ * "listening on" line, then kept, so a restart after kill -9 comes back where the proxy and the
+ * provider's webhooks expect it).  Every child dies with the thread that forked it
+ * (PR_SET_PDEATHSIG), so a checker killed mid-run leaves nothing behind; every wait is bounded.
+ * With --attach nothing here runs.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+
+#include "chaos.h"
+#include "banned.h"
+
+#define START_TIMEOUT_MS 15000
+
+/* fork + execve with stdin from /dev/null and stdout/stderr to files; the pid, or -1. */
+static pid_t spawn(char **envp, char *const argv[], const char *out_path, const char *err_path)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        int in = open("/dev/null", O_RDONLY);
+        int out = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int err = open(err_path, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        if (in < 0 || out < 0 || err < 0)
+            _exit(127);
+        dup2(in, 0);
+        dup2(out, 1);
+        dup2(err, 2);
+        (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execve(argv[0], argv, envp);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Waits for "<prog>: listening on http://127.0.0.1:PORT" in the file; the port, or -1. */
+static int wait_listening(pid_t pid, const char *path, long timeout_ms)
+{
+    long long end = ck_now_ms() + timeout_ms;
+    while (ck_now_ms() < end) {
+        char buf[512];
+        FILE *f = fopen(path, "r");
+        int status;
+        if (f) {
+            size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+            const char *p;
+            fclose(f);
+            buf[n] = '\0';
+            p = strstr(buf, "listening on http://");
+            if (p && strchr(p, '\n')) {
+                const char *colon = strrchr(p, ':');
+                long port = colon ? strtol(colon + 1, NULL, 10) : 0;
+                if (port > 0 && port < 65536)
+                    return (int)port;
+            }
+        }
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return -1;
+        ck_sleep_ms(20);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+/* SIGTERM to all of `pids` (those > 0) at once, then up to 5 s for them, then SIGKILL. */
+static void stop_all(pid_t *pids, int n)
+{
+    long long end = ck_now_ms() + 5000;
+    int i, left = 0;
+
+    for (i = 0; i < n; i++)
+        if (pids[i] > 0 && kill(pids[i], SIGTERM) == 0)
+            left++;
+    while (left > 0 && ck_now_ms() < end) {
+        ck_sleep_ms(50);
+        for (i = 0; i < n; i++)
+            if (pids[i] > 0 && waitpid(pids[i], NULL, WNOHANG) == pids[i]) {
+                pids[i] = -1;
+                left--;
+            }
+    }
+    for (i = 0; i < n; i++)
+        if (pids[i] > 0) {
+            kill(pids[i], SIGKILL);
+            waitpid(pids[i], NULL, 0);
+        }
+}
+
+int ck_start_provider(struct chaos *cx)
+{
+    char db[PATH_MAX + 32], out[PATH_MAX + 32], err[PATH_MAX + 32], dup[16], hook_url[200];
+    char *argv[20];
+    int argc = 0, port;
+
+    snprintf(db, sizeof(db), "sqlite:%s/provider.db", cx->workdir);
+    snprintf(out, sizeof(out), "%s/provider-sim.stdout", cx->workdir);
+    snprintf(err, sizeof(err), "%s/provider-sim.stderr", cx->workdir);
+    argv[argc++] = (char *)cx->o.provider_bin;
+    argv[argc++] = (char *)"--listen";
+    argv[argc++] = (char *)"127.0.0.1:0";
+    argv[argc++] = (char *)"--db";
+    argv[argc++] = db;
+    if (cx->webhooks) {
+        /* The secret is in the environment (PROVIDER_SIM_WEBHOOK_SECRET), not in `ps`. */
+        snprintf(hook_url, sizeof(hook_url), "%s/webhooks/provider", cx->hook_proxy_url);
+        snprintf(dup, sizeof(dup), "%ld", cx->o.webhook_dup);
+        argv[argc++] = (char *)"--webhook-url";
+        argv[argc++] = hook_url;
+        argv[argc++] = (char *)"--webhook-dup";
+        argv[argc++] = dup;
+        argv[argc++] = (char *)"--webhook-backoff-max-ms=500";
+        argv[argc++] = (char *)"--webhook-timeout-ms=3000";
+    }
+    argv[argc] = NULL;
+    cx->provider_pid = spawn(cx->envp, argv, out, err);
+    if (cx->provider_pid < 0)
+        return -1;
+    port = wait_listening(cx->provider_pid, out, START_TIMEOUT_MS);
+    if (port < 0)
+        return -1;
+    snprintf(cx->provider_url, sizeof(cx->provider_url), "http://127.0.0.1:%d", port);
+    return 0;
+}
+
+/* `orderd token create`: the token alone on stdout. */
+int ck_create_token(struct chaos *cx)
+{
+    char user[64], out[PATH_MAX + 32], err[PATH_MAX + 32];
+    char *key = ck_random_key();
+    char *argv[] = {(char *)cx->o.orderd_bin,
+                    (char *)"token",
+                    (char *)"create",
+                    (char *)"--db",
+                    cx->db,
+                    (char *)"--user",
+                    user,
+                    NULL};
+    pid_t pid;
+    int status = 0;
+    FILE *f;
+    size_t n;
+
+    snprintf(user, sizeof(user), "chaos-%.12s", key + strlen("idem-check-"));
+    free(key);
+    snprintf(out, sizeof(out), "%s/token.stdout", cx->workdir);
+    snprintf(err, sizeof(err), "%s/token.stderr", cx->workdir);
+    pid = spawn(cx->envp, argv, out, err);
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+        WEXITSTATUS(status) != 0)
+        return -1;
+    f = fopen(out, "r");
+    if (!f)
+        return -1;
+    n = fread(cx->token, 1, sizeof(cx->token) - 1, f);
+    fclose(f);
+    cx->token[n] = '\0';
+    while (n > 0 && (cx->token[n - 1] == '\n' || cx->token[n - 1] == '\r'))
+        cx->token[--n] = '\0';
+    if (n == 0 || strchr(cx->token, '\n'))
+        return -1;
+    return 0;
+}
+
+int ck_start_orderd(struct chaos *cx, int i)
+{
+    struct ck_instance *in = &cx->inst[i];
+    char listen[32], out[PATH_MAX + 48], err[PATH_MAX + 48];
+    char *argv[40];
+    int argc = 0;
+    long long end = ck_now_ms() + START_TIMEOUT_MS;
+    int port = in->port;
+
+    snprintf(listen, sizeof(listen), "127.0.0.1:%d", port);
+    argv[argc++] = (char *)cx->o.orderd_bin;
+    argv[argc++] = (char *)"serve";
+    argv[argc++] = (char *)"--listen";
+    argv[argc++] = listen;
+    argv[argc++] = (char *)"--db";
+    argv[argc++] = cx->db;
+    argv[argc++] = (char *)"--provider";
+    argv[argc++] = cx->provider_url;
+    argv[argc++] = (char *)"--lease-ms=1500";
+    argv[argc++] = (char *)"--wait-ms=1000";
+    argv[argc++] = (char *)"--provider-timeout-ms=1000";
+    argv[argc++] = (char *)"--completer-interval-ms=200";
+    argv[argc++] = (char *)"--reconciler-interval-ms=200";
+    argv[argc++] = (char *)"--reconcile-after-ms=500";
+    argv[argc++] = (char *)"--outbox-interval-ms=100";
+    argv[argc++] = (char *)"--outbox-max-attempts=1000";
+    /* Several instances on one store: fewer connections each (a PostgreSQL has 100 by default). */
+    argv[argc++] = cx->n_inst > 2 ? (char *)"--db-pool=8" : (char *)"--db-pool=16";
+    if (strncmp(cx->db, "sqlite:", 7) == 0)
+        argv[argc++] = (char *)"--sqlite-sync=normal";
+    argv[argc] = NULL;
+    for (;;) {
+        pid_t pid;
+        int got;
+        pthread_mutex_lock(&cx->lock);
+        in->gen++;
+        snprintf(out, sizeof(out), "%s/orderd.%d.%d.stdout", cx->workdir, i + 1, in->gen);
+        pthread_mutex_unlock(&cx->lock);
+        snprintf(err, sizeof(err), "%s/orderd.%d.stderr", cx->workdir, i + 1);
+        pid = spawn(cx->envp, argv, out, err);
+        if (pid < 0)
+            return -1;
+        got = wait_listening(pid, out, START_TIMEOUT_MS);
+        if (got > 0) {
+            pthread_mutex_lock(&cx->lock);
+            in->pid = pid;
+            in->port = got;
+            in->addr = htonl(0x7f000001u);
+            snprintf(in->url, sizeof(in->url), "http://127.0.0.1:%d", got);
+            pthread_mutex_unlock(&cx->lock);
+            if (cx->proxy_on)
+                ck_proxy_set_upstream_port(&cx->proxy, i, got);
+            if (cx->hook_proxy_on)
+                ck_proxy_set_upstream_port(&cx->hook_proxy, i, got);
+            return 0;
+        }
+        /* A fixed port may still be held for a moment by the process just killed. */
+        if (port == 0 || ck_now_ms() > end)
+            return -1;
+        ck_sleep_ms(100);
+    }
+}
+
+int ck_kill_restart(struct chaos *cx, int i)
+{
+    pid_t pid;
+
+    pthread_mutex_lock(&cx->lock);
+    pid = cx->inst[i].pid;
+    cx->inst[i].pid = -1;
+    pthread_mutex_unlock(&cx->lock);
+    if (pid <= 0)
+        return -1;
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    atomic_fetch_add(&cx->inst[i].kills, 1);
+    atomic_fetch_add(&cx->kills, 1);
+    return ck_start_orderd(cx, i);
+}
+
+void ck_stop_children(struct chaos *cx)
+{
+    pid_t pids[CK_MAX_INSTANCES + 1];
+    int i, n = 0;
+
+    pthread_mutex_lock(&cx->lock);
+    for (i = 0; i < cx->n_inst; i++) {
+        pids[n++] = cx->inst[i].pid;
+        cx->inst[i].pid = -1;
+    }
+    pthread_mutex_unlock(&cx->lock);
+    pids[n++] = cx->provider_pid;
+    cx->provider_pid = -1;
+    stop_all(pids, n);
+}

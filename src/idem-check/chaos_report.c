@@ -1,0 +1,153 @@
+/*
+ * chaos_report.c - the verdict of a chaos run: a table for people, or one JSON object for
+ * machines (--json).  Both carry the same numbers: what was driven, which faults were injected
+ * (by kind, per orderd instance), what the audit found.  docs/chaos.md shows both.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "chaos.h"
+#include "banned.h"
+
+static const char *const hook_names[4] = {"applied", "ignored", "duplicate", "rejected"};
+
+void ck_print_table(struct chaos *cx, const struct ck_audit *au, const struct ck_chaos_verdict *v,
+                    double secs, int rc)
+{
+    const struct ck_proxy *p = &cx->proxy;
+    const struct ck_proxy *h = &cx->hook_proxy;
+    int i;
+
+    if (cx->o.attach)
+        printf("idem-check chaos: attached to %d orderd instance%s, provider-sim %s, proxy %s\n",
+               cx->n_inst, cx->n_inst == 1 ? "" : "s",
+               cx->provider_url[0] ? cx->provider_url : "not given", cx->proxy_url);
+    else
+        printf("idem-check chaos: %d orderd instance%s (store %s), provider-sim %s, proxy %s\n",
+               cx->n_inst, cx->n_inst == 1 ? "" : "s", cx->db, cx->provider_url, cx->proxy_url);
+    for (i = 0; i < cx->n_inst; i++)
+        printf("  orderd %d %-26s kill -9: %ld, connections: %ld (refused %ld)\n", i + 1,
+               cx->inst[i].url, atomic_load(&cx->inst[i].kills), atomic_load(&p->up[i].connections),
+               atomic_load(&p->up[i].down));
+    printf("%-34s %ld of %ld (%ld answered 2xx to a client, %ld finished by the audit)\n",
+           "intents started", au->started, cx->o.intents, au->finished_2xx, au->finished_in_audit);
+    printf("%-34s %ld\n", "client retries", atomic_load(&cx->retries));
+    printf("%-34s %ld\n", "duplicated sends", atomic_load(&cx->dup_sends));
+    printf("%-34s %ld\n", "faults: proxy resets", atomic_load(&p->resets));
+    printf("%-34s %ld\n", "faults: proxy cut mid-request", atomic_load(&p->cuts));
+    printf("%-34s %ld\n", "faults: proxy dropped responses", atomic_load(&p->drops));
+    printf("%-34s %ld\n", "faults: orderd down (refused)", atomic_load(&p->upstream_down));
+    if (cx->provider_url[0]) {
+        printf("%-34s %ld\n", "faults: provider 5xx", au->delta.failed5xx);
+        printf("%-34s %ld\n", "faults: provider lost responses", au->delta.lost_responses);
+    }
+    printf("%-34s %ld\n", "faults: orderd kill -9", atomic_load(&cx->kills));
+    printf("%-34s %ld (%ld paid, %ld pending, over all the user's orders)", "orders", au->orders,
+           au->paid, au->pending);
+    if (au->preexisting)
+        printf(", plus %ld from before the run", au->preexisting);
+    putchar('\n');
+    if (cx->provider_url[0])
+        printf("%-34s %ld charges, %ld confirmation emails for the paid orders, %s\n",
+               "provider ledger", au->charges, au->emails,
+               au->ledger_dups ? "DUPLICATES flagged" : "no duplicate flagged");
+    if (cx->webhooks) {
+        printf("%-34s %ld events x %ld copies: %ld of %ld deliveries made, %ld pending, %ld "
+               "abandoned\n",
+               "webhooks", au->delta.events, au->hook_copies, au->delta.delivered,
+               au->hooks_expected, au->now.pending, au->delta.abandoned);
+        if (cx->hook_proxy_on)
+            printf("%-34s %ld deliveries: %ld reset, %ld cut, %ld dropped; %ld orderd down\n",
+                   "faults: webhook proxy", atomic_load(&h->requests), atomic_load(&h->resets),
+                   atomic_load(&h->cuts), atomic_load(&h->drops), atomic_load(&h->upstream_down));
+        if (au->hook_results_ok)
+            printf("%-34s %ld applied, %ld ignored, %ld duplicate, %ld rejected (since each "
+                   "instance's last start)\n",
+                   "orderd webhook results", au->hook_results[0], au->hook_results[1],
+                   au->hook_results[2], au->hook_results[3]);
+    } else {
+        printf("%-34s off\n", "webhooks");
+    }
+    printf("%-34s %ld\n", "DUPLICATES found", v->duplicates);
+    printf("%-34s %ld\n", "LOST found", v->lost);
+    printf("%-34s %ld\n", "UNSETTLED", v->unsettled);
+    if (cx->webhooks)
+        printf("%-34s %ld\n", "WEBHOOK problems", v->webhooks);
+    if (au->note[0])
+        printf("%-34s %s\n", "first problem", au->note);
+    if (cx->workdir[0])
+        printf("%-34s %.1f s, logs in %s\n", "took", secs, cx->workdir);
+    else
+        printf("%-34s %.1f s\n", "took", secs);
+    printf("verdict: %s\n", rc == 0 ? "CLEAN (every intent took effect exactly once)" : "FAILED");
+}
+
+static json_t *proxy_json(const struct ck_proxy *p)
+{
+    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "connections",
+                     (json_int_t)atomic_load(&p->connections), "requests",
+                     (json_int_t)atomic_load(&p->requests), "resets",
+                     (json_int_t)atomic_load(&p->resets), "cuts", (json_int_t)atomic_load(&p->cuts),
+                     "drops", (json_int_t)atomic_load(&p->drops), "orderdDown",
+                     (json_int_t)atomic_load(&p->upstream_down));
+}
+
+void ck_print_json(struct chaos *cx, const struct ck_audit *au, const struct ck_chaos_verdict *v,
+                   double secs, int rc)
+{
+    const struct ck_proxy *p = &cx->proxy;
+    json_t *doc, *inst = json_array(), *hooks;
+    char *s;
+    int i, k;
+
+    for (i = 0; i < cx->n_inst; i++)
+        json_array_append_new(inst,
+                              json_pack("{s:s, s:I, s:I, s:I}", "url", cx->inst[i].url, "kills",
+                                        (json_int_t)atomic_load(&cx->inst[i].kills), "connections",
+                                        (json_int_t)atomic_load(&p->up[i].connections), "refused",
+                                        (json_int_t)atomic_load(&p->up[i].down)));
+    if (cx->webhooks) {
+        json_t *res = json_object();
+        for (k = 0; k < 4 && au->hook_results_ok; k++)
+            json_object_set_new(res, hook_names[k], json_integer(au->hook_results[k]));
+        hooks = json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:o}", "enabled", 1, "copies",
+                          (json_int_t)au->hook_copies, "events", (json_int_t)au->delta.events,
+                          "expectedDeliveries", (json_int_t)au->hooks_expected, "delivered",
+                          (json_int_t)au->delta.delivered, "pending", (json_int_t)au->now.pending,
+                          "abandoned", (json_int_t)au->delta.abandoned, "orderdResults", res);
+        if (cx->hook_proxy_on)
+            json_object_set_new(hooks, "proxy", proxy_json(&cx->hook_proxy));
+    } else {
+        hooks = json_pack("{s:b}", "enabled", 0);
+    }
+    doc = json_pack(
+        "{s:s, s:i, s:s, s:b, s:s, s:i, s:o, s:{s:I, s:I, s:I, s:I}, s:I, s:I,"
+        " s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:o, s:{s:I, s:I, s:I, s:I},"
+        " s:{s:b, s:I, s:I, s:I, s:b}, s:o, s:I, s:I, s:I, s:I, s:s, s:f, s:s}",
+        "mode", "chaos", "exitCode", rc, "verdict", rc == 0 ? "clean" : "failed", "attach",
+        cx->o.attach, "store", cx->o.attach ? "" : cx->db, "instanceCount", cx->n_inst, "instances",
+        inst, "intents", "requested", (json_int_t)cx->o.intents, "started", (json_int_t)au->started,
+        "answered2xx", (json_int_t)au->finished_2xx, "finishedByAudit",
+        (json_int_t)au->finished_in_audit, "retries", (json_int_t)atomic_load(&cx->retries),
+        "duplicatedSends", (json_int_t)atomic_load(&cx->dup_sends), "faults", "proxyResets",
+        (json_int_t)atomic_load(&p->resets), "proxyCuts", (json_int_t)atomic_load(&p->cuts),
+        "proxyDrops", (json_int_t)atomic_load(&p->drops), "orderdDown",
+        (json_int_t)atomic_load(&p->upstream_down), "provider5xx", (json_int_t)au->delta.failed5xx,
+        "providerLost", (json_int_t)au->delta.lost_responses, "kills",
+        (json_int_t)atomic_load(&cx->kills), "proxy", proxy_json(p), "orders", "total",
+        (json_int_t)au->orders, "paid", (json_int_t)au->paid, "pending", (json_int_t)au->pending,
+        "preexisting", (json_int_t)au->preexisting, "ledger", "audited", cx->provider_url[0] != 0,
+        "charges", (json_int_t)au->charges, "emails", (json_int_t)au->emails, "duplicatesFlagged",
+        (json_int_t)au->ledger_dups, "clean",
+        cx->provider_url[0] && au->ledger_ok && au->ledger_dups == 0, "webhooks", hooks,
+        "duplicates", (json_int_t)v->duplicates, "lost", (json_int_t)v->lost, "unsettled",
+        (json_int_t)v->unsettled, "webhookProblems", (json_int_t)v->webhooks, "firstProblem",
+        au->note, "seconds", secs, "workdir", cx->workdir);
+    s = doc ? json_dumps(doc, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
+    puts(s ? s : "{\"mode\":\"chaos\",\"error\":\"cannot build the report\"}");
+    free(s);
+    json_decref(doc);
+}
