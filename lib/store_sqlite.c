@@ -184,7 +184,7 @@ static int sq_open(struct idem_store *st, struct idem_conn **out, char *err, siz
 {
     int rc = IDEM_EUNAVAIL;
     struct idem_conn *c = NULL;
-    char pragma[128];
+    char pragma[192];
 
     *out = NULL;
     if (group_get(st) < 0)
@@ -201,8 +201,14 @@ static int sq_open(struct idem_store *st, struct idem_conn **out, char *err, siz
     }
     sqlite3_extended_result_codes(c->db, 1);
     sqlite3_busy_timeout(c->db, st->opts.busy_timeout_ms);
+    /*
+     * temp_store=MEMORY keeps the savepoint journals of group commit (the pages a savepoint
+     * changed, kept so that it alone can roll back) in memory instead of a temporary file:
+     * without it every page a transaction touches is written out once more.
+     */
     idem__fmt(pragma, sizeof(pragma),
-              "PRAGMA journal_mode=WAL; PRAGMA synchronous=%s; PRAGMA foreign_keys=ON;",
+              "PRAGMA journal_mode=WAL; PRAGMA synchronous=%s; PRAGMA foreign_keys=ON;"
+              " PRAGMA temp_store=MEMORY;",
               st->opts.sync == IDEM_SYNC_NORMAL ? "NORMAL" : "FULL");
     rc = run_simple(c, pragma, "configure");
     if (rc < 0)
