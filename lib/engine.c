@@ -13,8 +13,14 @@
  * fence each other just as two processes do.  Duplicates that find a live lease wait on a
  * condition variable that every phase end in this process signals, and otherwise poll the store
  * with growing pauses, so a storm of retries does not hammer it.
+ *
+ * A completed record never changes until retention deletes it, so its response is also kept in
+ * the engine's replay cache (replay_cache.c): a replay, or a refusal of the same key with another
+ * request, is then answered from memory with no store access at all.  What makes that safe is the
+ * entry's lifetime, which must end before the record's retention does; see cache_lifetime().
  */
 #include "internal.h"
+#include "replay_cache.h"
 
 #include <errno.h>
 #include <openssl/rand.h>
@@ -31,11 +37,24 @@
 #define POLL_FIRST_MS 2
 #define POLL_MAX_MS 100
 #define CLAIM_ROUNDS_MAX 64
+#define DEFAULT_REPLAY_CACHE_BYTES ((int64_t)8 << 20)
+/* A cache entry dies this much before its record would, at most (clock steps, rate drift). */
+#define CACHE_SLACK_MS 1000
+
+/*
+ * Reads a completed record's retention window, for a cache entry made from a read.  The store
+ * backend table has no field for it, so this is the one statement the engine writes itself, in
+ * the dialect both stores share; it names the columns of libidem's own records table.
+ */
+static const char expiry_sql[] = "SELECT created_ms, expires_ms FROM idem_records"
+                                 " WHERE principal = $1 AND operation = $2 AND idem_key = $3"
+                                 " AND status = 1";
 
 struct idem_engine {
     struct idem_store *st;
     char *owner;
     atomic_ullong next_call;
+    struct idem__rcache *cache; /* NULL: off */
 
     /* Wakes waiting duplicates when any record changes in this process. */
     pthread_mutex_t mu;
@@ -57,6 +76,11 @@ struct idem_call {
     int waited;
     int recovering; /* IN_PROGRESS: the lease holder is a recovery worker */
     int retry_after_s;
+    /* Taken before our claim's insert, so the record is no older; 0: resumed, age unknown. */
+    int64_t claimed_mono_ms;
+
+    /* A REPLAY answered from the replay cache: the response is this entry's (a reference). */
+    const struct idem__rentry *cached;
 
     struct idem_record rec; /* last state read, or what this call stored */
     struct idem_header *headers;
@@ -70,6 +94,8 @@ int idem_engine_new(struct idem_store *st, const struct idem_engine_options *opt
     int rc = IDEM_ENOMEM;
     struct idem_engine *eng = NULL;
     char owner[256];
+    int64_t cache_bytes =
+        opts && opts->replay_cache_bytes ? opts->replay_cache_bytes : DEFAULT_REPLAY_CACHE_BYTES;
 
     if (!st || !out)
         return IDEM_EINVAL;
@@ -77,6 +103,14 @@ int idem_engine_new(struct idem_store *st, const struct idem_engine_options *opt
     eng = calloc(1, sizeof(*eng));
     if (!eng)
         goto out;
+    if (cache_bytes > 0) {
+        rc = (int64_t)(size_t)cache_bytes != cache_bytes
+                 ? IDEM_EINVAL
+                 : idem__rcache_new((size_t)cache_bytes, &eng->cache);
+        if (rc < 0)
+            goto out;
+        rc = IDEM_ENOMEM;
+    }
     if (opts && opts->owner) {
         idem__fmt(owner, sizeof(owner), "%s", opts->owner);
     } else {
@@ -105,6 +139,7 @@ int idem_engine_new(struct idem_store *st, const struct idem_engine_options *opt
     rc = 0;
 out:
     if (eng) {
+        idem__rcache_free(eng->cache);
         free(eng->owner);
         free(eng);
     }
@@ -117,6 +152,7 @@ void idem_engine_free(struct idem_engine *eng)
         return;
     pthread_cond_destroy(&eng->changed);
     pthread_mutex_destroy(&eng->mu);
+    idem__rcache_free(eng->cache);
     free(eng->owner);
     free(eng);
 }
@@ -167,11 +203,69 @@ static int call_fail(struct idem_call *call, int rc, const char *what, const cha
     return rc;
 }
 
+/*
+ * How long a cache entry may answer for a record that expires `left_ms` after a moment the caller
+ * measured `since_mono_ms` (the monotonic clock, taken before that moment was read in the store's
+ * clock), with `ttl_ms` the record's whole retention.  The entry must die before the record does:
+ * after that another instance may sweep it and run the key afresh, and a replay from memory
+ * would then answer with the old result.  So the lifetime counts from the earliest local moment
+ * that can correspond to the store's reading, and keeps a slack for clocks that step or drift
+ * (the store's clock may be another machine's).
+ */
+static int64_t cache_lifetime(int64_t since_mono_ms, int64_t left_ms, int64_t ttl_ms)
+{
+    int64_t slack = ttl_ms / 10 < CACHE_SLACK_MS ? ttl_ms / 10 : CACHE_SLACK_MS;
+    return since_mono_ms + left_ms - slack - idem__mono_ms();
+}
+
+/* Whether `text` is a whole decimal int64; its value in *v. */
+static int parse_ms(const char *text, int64_t *v)
+{
+    char *end = NULL;
+    long long x;
+
+    if (!text || !*text)
+        return -1;
+    x = strtoll(text, &end, 10);
+    if (*end != '\0')
+        return -1;
+    *v = (int64_t)x;
+    return 0;
+}
+
+/*
+ * Caches the completed record just read on `conn` (at local time `read_mono_ms`, taken before the
+ * read).  Its retention window comes from a second statement, which might see a newer record if
+ * this one expired and a new claim replaced it in between; such a record was created after our
+ * read, i.e. at or after rec.store_now_ms in the store's clock, so only an older creation time
+ * proves it is the record we read.  Best effort: any failure just leaves the scope uncached.
+ */
+static void cache_fill_from_read(struct idem_call *call, struct idem_conn *conn,
+                                 int64_t read_mono_ms)
+{
+    struct idem_store *st = call->eng->st;
+    const char *params[3] = {call->principal, call->operation, call->key};
+    struct idem_rows *rows = NULL;
+    int64_t created = 0, expires = 0;
+
+    if (st->vt->exec(conn, expiry_sql, 3, params, &rows) < 0 || idem_rows_count(rows) != 1 ||
+        parse_ms(idem_rows_get(rows, 0, 0), &created) < 0 ||
+        parse_ms(idem_rows_get(rows, 0, 1), &expires) < 0 || created >= call->rec.store_now_ms)
+        goto out;
+    (void)idem__rcache_put(
+        call->eng->cache, &call->scope, call->rec.fp, call->rec.response_status,
+        call->rec.response_headers, call->rec.response_body, call->rec.response_body_len,
+        cache_lifetime(read_mono_ms, expires - call->rec.store_now_ms, expires - created));
+out:
+    idem_rows_free(rows);
+}
+
 /* Reads the record outside any transaction (a plain read; WAL readers never block writers). */
 static int read_record(struct idem_call *call)
 {
     struct idem_store *st = call->eng->st;
     struct idem_conn *conn = NULL;
+    int64_t t0 = idem__mono_ms();
     int rc;
 
     idem__record_clear(&call->rec);
@@ -181,8 +275,33 @@ static int read_record(struct idem_call *call)
     rc = st->vt->record_get(conn, &call->scope, &call->rec);
     if (rc < 0)
         call_fail(call, rc, "read record", st->vt->errmsg(conn));
+    else if (call->eng->cache && call->rec.found && call->rec.status == IDEM_REC_COMPLETED &&
+             call->rec.response_body_len < idem__rcache_max_entry(call->eng->cache))
+        cache_fill_from_read(call, conn, t0); /* (a response too big to keep costs no query) */
     idem__store_release(st, conn);
     return rc;
+}
+
+/*
+ * Answers from the replay cache if it holds the scope's completed record: REPLAY (*hit is then a
+ * reference for the call) or MISMATCH.  Returns whether it answered.
+ */
+static int cache_answer(struct idem_engine *eng, const struct idem_scope *s,
+                        const unsigned char fp[IDEM_FP_LEN], const struct idem__rentry **hit,
+                        enum idem_outcome *outcome)
+{
+    const struct idem__rentry *e = eng->cache ? idem__rcache_get(eng->cache, s) : NULL;
+
+    if (!e)
+        return 0;
+    if (memcmp(e->fp, fp, IDEM_FP_LEN) == 0) {
+        *hit = e;
+        *outcome = IDEM_OUTCOME_REPLAY;
+    } else {
+        idem__rcache_release(e);
+        *outcome = IDEM_OUTCOME_MISMATCH;
+    }
+    return 1;
 }
 
 /* Tries to insert the record; on success the claim's transaction stays open as the first phase. */
@@ -279,6 +398,7 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
     int64_t deadline;
     int64_t pause = POLL_FIRST_MS;
     int claim_lost = 0;
+    int64_t claim_mono;
 
     if (out)
         *out = NULL;
@@ -286,6 +406,27 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
         *outcome = IDEM_OUTCOME_NONE;
     if (!eng || !op || !op->name || !principal || !key || !out || !outcome)
         return IDEM_EINVAL;
+
+    if (!recover) {
+        /* The hot path of a replay: no copies, no lease owner name, no store. */
+        const struct idem_scope s = {principal, op->name, key};
+        const struct idem__rentry *hit = NULL;
+        enum idem_outcome oc = IDEM_OUTCOME_NONE;
+        if (cache_answer(eng, &s, fp, &hit, &oc)) {
+            call = calloc(1, sizeof(*call));
+            if (!call) {
+                idem__rcache_release(hit);
+                return IDEM_ENOMEM;
+            }
+            call->eng = eng;
+            call->retry_after_s = 1;
+            call->cached = hit;
+            call->completed = hit != NULL;
+            *outcome = oc;
+            *out = call;
+            return 0;
+        }
+    }
 
     call = calloc(1, sizeof(*call));
     if (!call)
@@ -316,6 +457,12 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
             rc = call_fail(call, IDEM_EUNAVAIL, "claim", "the record kept changing under us");
             goto out;
         }
+        /* A duplicate woken by the first request's completion finds its answer in memory. */
+        if (round > 0 && !recover &&
+            cache_answer(eng, &call->scope, call->fp, &call->cached, outcome)) {
+            call->completed = call->cached != NULL;
+            break;
+        }
         rc = read_record(call);
         if (rc < 0)
             goto out;
@@ -333,10 +480,12 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
                 wait_for_change(eng, &call->scope, pause);
                 pause = pause * 2 > POLL_MAX_MS ? POLL_MAX_MS : pause * 2;
             }
+            claim_mono = idem__mono_ms();
             rc = try_claim(call, &claimed);
             if (rc < 0)
                 goto out;
             if (claimed) {
+                call->claimed_mono_ms = claim_mono;
                 idem__record_clear(&call->rec);
                 call->rec.found = 1;
                 call->rec.recovery_point = idem__strdup("");
@@ -465,6 +614,8 @@ int idem_call_phase_begin(struct idem_call *call)
     if (call->tx || call->completed)
         return call_fail(call, IDEM_ESTATE, "phase begin",
                          call->tx ? "a phase is already open" : "the call is completed");
+    if (!call->principal) /* answered from the replay cache: it owns no record */
+        return call_fail(call, IDEM_ESTATE, "phase begin", "the call owns no record");
     rc = idem_tx_begin(call->eng->st, 1, &call->tx);
     if (rc < 0)
         return call_fail(call, rc, "phase begin", NULL);
@@ -575,9 +726,21 @@ int idem_call_complete(struct idem_call *call, int status, const struct idem_hea
         call->tx = NULL;
         goto out;
     }
-    rc = commit_phase(call, "commit response");
-    if (rc < 0)
+    /* Committed, the response goes into the cache before duplicates are woken to look for it. */
+    rc = idem_tx_commit(call->tx);
+    call->tx = NULL;
+    if (rc == 0) {
+        call->record_durable = 1;
+        if (call->eng->cache && call->claimed_mono_ms)
+            (void)idem__rcache_put(
+                call->eng->cache, &call->scope, call->fp, status, text, body, body_len,
+                cache_lifetime(call->claimed_mono_ms, call->ttl_ms, call->ttl_ms));
+    }
+    notify_changed(call->eng);
+    if (rc < 0) {
+        call_fail(call, rc, "commit response", NULL);
         goto out;
+    }
     call->completed = 1;
     call->rec.status = IDEM_REC_COMPLETED;
     call->rec.response_status = status;
@@ -624,6 +787,7 @@ void idem_call_end(struct idem_call *call)
         return;
     if (call->tx || (call->record_durable && !call->completed))
         idem_call_abort(call);
+    idem__rcache_release(call->cached);
     idem__record_clear(&call->rec);
     free(call->headers);
     free(call->principal);
@@ -654,26 +818,40 @@ int idem_call_retry_after_s(const struct idem_call *call)
 
 int idem_call_response_status(const struct idem_call *call)
 {
-    return call && call->completed ? call->rec.response_status : 0;
+    if (!call || !call->completed)
+        return 0;
+    return call->cached ? call->cached->status : call->rec.response_status;
 }
 
 const void *idem_call_response_body(const struct idem_call *call, size_t *len)
 {
+    const void *body = NULL;
+    size_t n = 0;
+
+    if (call && call->completed && call->cached) {
+        body = call->cached->body;
+        n = call->cached->body_len;
+    } else if (call && call->completed) {
+        body = call->rec.response_body;
+        n = call->rec.response_body_len;
+    }
     if (len)
-        *len = call && call->completed ? call->rec.response_body_len : 0;
-    return call && call->completed ? call->rec.response_body : NULL;
+        *len = n;
+    return body;
 }
 
 size_t idem_call_response_header_count(const struct idem_call *call)
 {
-    return call && call->completed ? call->nheaders : 0;
+    if (!call || !call->completed)
+        return 0;
+    return call->cached ? call->cached->nheaders : call->nheaders;
 }
 
 const struct idem_header *idem_call_response_header(const struct idem_call *call, size_t i)
 {
-    if (!call || !call->completed || i >= call->nheaders)
+    if (i >= idem_call_response_header_count(call))
         return NULL;
-    return &call->headers[i];
+    return call->cached ? &call->cached->headers[i] : &call->headers[i];
 }
 
 const char *idem_call_errmsg(const struct idem_call *call)

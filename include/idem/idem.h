@@ -243,13 +243,31 @@ struct idem_operation {
     int64_t wait_ms;  /* how long a duplicate waits for the first to finish [2 s] */
 };
 
+/* Zero fields take the defaults in brackets; a zeroed struct is the same as NULL options. */
 struct idem_engine_options {
     const char *owner; /* lease owner name of this process; NULL: "host:pid:random" */
+    /*
+     * Memory for the replay cache, in bytes [8 MiB]; IDEM_REPLAY_CACHE_OFF (any negative value):
+     * no cache; at least 4096 otherwise.  The cache keeps the responses of completed records
+     * (scope, fingerprint, status, stored headers, body) so that idem_call_begin() answers REPLAY
+     * and MISMATCH for them without touching the store.  An entry is made when this engine
+     * completes a call it claimed, or reads a completed record; least recently used entries make
+     * room; a response over an eighth of a cache shard (64 KiB with the default) is not kept.
+     * An entry never outlives its record: it dies a little (up to a second) before the record's
+     * retention ends, measured from the record's creation in the store's clock, so a record that
+     * another process sweeps and runs afresh is never answered from a stale copy.  The store must
+     * therefore be changed only through libidem: an edit made behind its back (a record's expiry
+     * moved by hand) is seen once the entry dies or is evicted.
+     */
+    int64_t replay_cache_bytes;
 };
 
+#define IDEM_REPLAY_CACHE_OFF ((int64_t)-1)
+
 /*
- * Makes an engine over an open store (borrowed: it must outlive the engine).  Returns 0 and *out
- * (new, free with idem_engine_free).
+ * Makes an engine over an open store (borrowed: it must outlive the engine).  NULL `opts` means
+ * defaults.  Returns 0 and *out (new, free with idem_engine_free), IDEM_EINVAL for a replay cache
+ * of 1 to 4095 bytes, or IDEM_ENOMEM.
  */
 IDEM_API int idem_engine_new(struct idem_store *st, const struct idem_engine_options *opts,
                              struct idem_engine **out);
@@ -284,6 +302,9 @@ struct idem_header {
  *   open.  idem_call_recovery_point() says where to go on.
  * - REPLAY: idem_call_response*() give the stored response.
  * - MISMATCH / IN_PROGRESS: nothing was run.  idem_call_retry_after_s() suggests a Retry-After.
+ *
+ * REPLAY and MISMATCH of a completed record are answered from the engine's replay cache when it
+ * holds the record (see struct idem_engine_options), without any store access.
  *
  * A duplicate that finds a live lease waits up to op->wait_ms, woken when the record changes in
  * this process and otherwise polling the store with growing pauses, and idem_call_waited() is

@@ -13,6 +13,7 @@
 #include "log.h"
 #include "metrics.h"
 
+struct auth_cache;
 struct provider;
 
 struct app {
@@ -21,6 +22,7 @@ struct app {
     struct logger log;
     struct idem_store *store;
     struct idem_engine *engine;
+    struct auth_cache *tokens; /* bearer token -> user, trusted for AUTH_CACHE_TTL_MS */
     struct metrics *metrics;
     struct idgen ids;
 

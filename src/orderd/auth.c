@@ -5,9 +5,11 @@
  */
 #include "auth.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <openssl/evp.h>
 
@@ -18,15 +20,118 @@
 
 #define TOKEN_RANDOM_BYTES 32
 #define TOKEN_MAX_LEN 512
+#define DIGEST_LEN 32
+#define CACHE_STRIPES 16
+#define CACHE_USER_MAX 63 /* user ids are "usr_" and 32 hex digits; longer ones are not cached */
+
+static void token_digest(const char *token, size_t len, unsigned char md[DIGEST_LEN])
+{
+    unsigned char buf[EVP_MAX_MD_SIZE];
+    unsigned int mdlen = 0;
+
+    if (EVP_Digest(token, len, buf, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != DIGEST_LEN)
+        die("OpenSSL SHA-256 failed");
+    memcpy(md, buf, DIGEST_LEN);
+}
 
 static void token_hash(const char *token, size_t len, char hex[AUTH_HASH_HEX_LEN + 1])
 {
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int mdlen = 0;
+    unsigned char md[DIGEST_LEN];
 
-    if (EVP_Digest(token, len, md, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != 32)
-        die("OpenSSL SHA-256 failed");
-    hex_encode(md, mdlen, hex);
+    token_digest(token, len, md);
+    hex_encode(md, DIGEST_LEN, hex);
+}
+
+/* ---- the token cache ------------------------------------------------------------------------- */
+
+struct auth_slot {
+    unsigned char digest[DIGEST_LEN];
+    char user[CACHE_USER_MAX + 1];
+    int64_t until_ms; /* CLOCK_MONOTONIC; 0: empty */
+};
+
+struct auth_cache {
+    int64_t ttl_ms;
+    size_t nslots;
+    struct auth_slot *slots;
+    pthread_mutex_t stripes[CACHE_STRIPES];
+};
+
+static int64_t mono_ms(void)
+{
+    return mono_ns() / 1000000;
+}
+
+struct auth_cache *auth_cache_new(int64_t ttl_ms, size_t slots)
+{
+    struct auth_cache *c = NULL;
+    size_t i;
+
+    if (ttl_ms <= 0 || slots == 0)
+        return NULL;
+    c = xcalloc(1, sizeof *c);
+    c->ttl_ms = ttl_ms;
+    c->nslots = slots;
+    c->slots = xcalloc(slots, sizeof *c->slots);
+    for (i = 0; i < CACHE_STRIPES; i++) {
+        if (pthread_mutex_init(&c->stripes[i], NULL) != 0)
+            die("cannot initialise a mutex");
+    }
+    return c;
+}
+
+void auth_cache_free(struct auth_cache *c)
+{
+    size_t i;
+
+    if (c == NULL)
+        return;
+    for (i = 0; i < CACHE_STRIPES; i++)
+        pthread_mutex_destroy(&c->stripes[i]);
+    free(c->slots);
+    free(c);
+}
+
+/* A SHA-256 is uniformly spread: its first bytes pick the slot, no other hash is needed. */
+static size_t slot_of(const struct auth_cache *c, const unsigned char md[DIGEST_LEN])
+{
+    uint64_t v;
+
+    memcpy(&v, md, sizeof v);
+    return (size_t)(v % c->nslots);
+}
+
+/* The cached user of digest `md` (new), or NULL. */
+static char *cache_get(struct auth_cache *c, const unsigned char md[DIGEST_LEN])
+{
+    size_t i = slot_of(c, md);
+    struct auth_slot *s = &c->slots[i];
+    pthread_mutex_t *mu = &c->stripes[i % CACHE_STRIPES];
+    int64_t now = mono_ms();
+    char *user = NULL;
+
+    pthread_mutex_lock(mu);
+    if (s->until_ms > now && memcmp(s->digest, md, DIGEST_LEN) == 0)
+        user = xstrdup(s->user);
+    pthread_mutex_unlock(mu);
+    return user;
+}
+
+static void cache_put(struct auth_cache *c, const unsigned char md[DIGEST_LEN], const char *user)
+{
+    size_t i = slot_of(c, md);
+    struct auth_slot *s = &c->slots[i];
+    pthread_mutex_t *mu = &c->stripes[i % CACHE_STRIPES];
+    size_t len = strlen(user);
+
+    if (len > CACHE_USER_MAX)
+        return;
+    pthread_mutex_lock(mu);
+    memcpy(s->digest, md, DIGEST_LEN);
+    memcpy(s->user, user, len + 1);
+    /* Counted from after the store answered: the row was there at least until then. */
+    s->until_ms = mono_ms() + c->ttl_ms;
+    pthread_mutex_unlock(mu);
 }
 
 /* Finds the token in "Bearer <token>": the scheme is case-insensitive, spaces around are ok. */
@@ -55,10 +160,12 @@ out:
     return rc;
 }
 
-int auth_principal(struct idem_store *st, const char *authorization, char **user_id)
+int auth_principal(struct auth_cache *cache, struct idem_store *st, const char *authorization,
+                   char **user_id)
 {
     struct idem_tx *tx = NULL;
     struct idem_rows *rows = NULL;
+    unsigned char md[DIGEST_LEN];
     char hex[AUTH_HASH_HEX_LEN + 1];
     const char *params[1];
     const char *tok = NULL;
@@ -71,7 +178,15 @@ int auth_principal(struct idem_store *st, const char *authorization, char **user
         rc = 1;
         goto out;
     }
-    token_hash(tok, len, hex);
+    token_digest(tok, len, md);
+    if (cache != NULL) {
+        *user_id = cache_get(cache, md);
+        if (*user_id != NULL) {
+            rc = 0;
+            goto out;
+        }
+    }
+    hex_encode(md, DIGEST_LEN, hex);
     rc = idem_tx_begin(st, 0, &tx);
     if (rc < 0)
         goto out;
@@ -84,6 +199,8 @@ int auth_principal(struct idem_store *st, const char *authorization, char **user
         rc = 1;
         goto out;
     }
+    if (cache != NULL)
+        cache_put(cache, md, uid);
     *user_id = xstrdup(uid);
     rc = 0;
 out:

@@ -7,6 +7,7 @@
 #define ORDERD_AUTH_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct idem_store;
 
@@ -14,11 +15,33 @@ struct idem_store;
 #define AUTH_HASH_HEX_LEN 64
 
 /*
- * Finds the user of the Authorization header value `authorization` ("Bearer <token>"; may be
- * NULL).  Returns 0 and *user_id (new, free with free()) for a known token; 1 when the header
- * is missing, malformed or the token unknown; a negative IDEM_E* when the store failed.
+ * How long a token found in the store is trusted without asking it again.  A token whose row is
+ * deleted or moved to another user keeps working for at most this long in each orderd process
+ * (docs/orderd.md).  Unknown tokens are never remembered: a new token works at once.
  */
-int auth_principal(struct idem_store *st, const char *authorization, char **user_id);
+#define AUTH_CACHE_TTL_MS 5000
+#define AUTH_CACHE_SLOTS 4096
+
+/*
+ * A bounded memory of token hash -> user id, shared by every connection thread: direct-mapped
+ * (a token's hash picks its slot, a newer token takes a slot over), each slot under one of a few
+ * striped locks.  Only hashes are kept, as in the store.
+ */
+struct auth_cache;
+
+/* A cache of `slots` entries trusted for `ttl_ms` (new, free with auth_cache_free). */
+struct auth_cache *auth_cache_new(int64_t ttl_ms, size_t slots);
+/* NULL is a no-op. */
+void auth_cache_free(struct auth_cache *c);
+
+/*
+ * Finds the user of the Authorization header value `authorization` ("Bearer <token>"; may be
+ * NULL), in `cache` (may be NULL: always the store) and else in the store.  Returns 0 and
+ * *user_id (new, free with free()) for a known token; 1 when the header is missing, malformed or
+ * the token unknown; a negative IDEM_E* when the store failed.
+ */
+int auth_principal(struct auth_cache *cache, struct idem_store *st, const char *authorization,
+                   char **user_id);
 
 /*
  * Makes sure user `name` exists and gives it a new token.  Returns 0 and *token (new, free with

@@ -18,6 +18,7 @@
 #define ORDERD_DEFAULT_LEASE_MS 10000
 #define ORDERD_DEFAULT_WAIT_MS 2000
 #define ORDERD_DEFAULT_SWEEP_S 60
+#define ORDERD_DEFAULT_REPLAY_CACHE_MB 8
 #define ORDERD_DEFAULT_PROVIDER_TIMEOUT_MS 5000
 #define ORDERD_DEFAULT_WEBHOOK_TOLERANCE_S 300
 #define ORDERD_DEFAULT_COMPLETER_MS 1000
@@ -36,6 +37,7 @@ struct orderd_config {
     int64_t lease_ms;     /* lease of every operation */
     int64_t wait_ms;      /* how long a duplicate waits for the first request */
     int sweep_interval_s; /* pause between retention sweeps; 0 disables the sweeper */
+    int replay_cache_mb;  /* libidem's replay cache (MiB); 0 disables it */
     int test_hooks;       /* ORDERD_TEST_HOOKS=1 at start: X-Test-* headers are honoured */
     /* --idempotency off: POST /api/orders without libidem's record, the baseline of
      * docs/bench.md.  A benchmark knob only: retries are then NOT safe. */

@@ -7,11 +7,13 @@
  */
 #include "log.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -22,11 +24,26 @@
 /* The word die() and the text log lines begin with (src/common/util.h). */
 const char program_name[] = "orderd";
 
+/*
+ * One write(2) per line, not stdio: stderr's FILE lock would be held across the system call, so
+ * concurrent requests queued on it (a futex sleep and wake-up each) while one line reached the
+ * disk's page cache.  The kernel keeps one write's bytes together (a regular file's offset is
+ * taken and advanced under the file's lock; a pipe keeps writes of up to PIPE_BUF whole).
+ */
 static void write_line(struct strbuf *sb)
 {
+    size_t off = 0;
+    ssize_t n;
+
     strbuf_addch(sb, '\n');
-    fwrite(sb->buf, 1, sb->len, stderr);
-    fflush(stderr);
+    while (off < sb->len) {
+        n = write(STDERR_FILENO, sb->buf + off, sb->len - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break; /* nowhere to log to: the request still gets its answer */
+        off += (size_t)n;
+    }
 }
 
 static void add_escaped(struct strbuf *sb, const char *s)

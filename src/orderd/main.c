@@ -60,6 +60,8 @@ static const char usage_serve[] =
     "  --lease-ms N             lease of a request on its idempotency record (default 10000)\n"
     "  --wait-ms N              how long a duplicate waits for the first request (default 2000)\n"
     "  --sweep-interval-s N     seconds between retention sweeps, 0 to disable (default 60)\n"
+    "  --replay-cache-mb N      memory for completed responses replayed without the store,\n"
+    "                           0 to disable (default 8)\n"
     "  --idempotency on|off     off: POST /api/orders runs without an idempotency record;\n"
     "                           a benchmark baseline only, retries are NOT safe (default on)\n"
     "Payments (without --provider, orders are not charged and stay \"created\"):\n"
@@ -139,6 +141,7 @@ enum {
     OPT_STATUS,
     OPT_LIMIT,
     OPT_IDEMPOTENCY,
+    OPT_REPLAY_CACHE,
 };
 
 static const struct option serve_options[] = {
@@ -161,6 +164,7 @@ static const struct option serve_options[] = {
     {"outbox-max-attempts", required_argument, NULL, OPT_OUTBOX_ATTEMPTS},
     {"outbox-backoff-max-ms", required_argument, NULL, OPT_OUTBOX_BACKOFF},
     {"idempotency", required_argument, NULL, OPT_IDEMPOTENCY},
+    {"replay-cache-mb", required_argument, NULL, OPT_REPLAY_CACHE},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -303,6 +307,11 @@ static int apply_option(struct cli *cli, int c, const char *arg)
         if (number_flag(cli, "sweep-interval-s", arg, 0, 86400, &v) != 0)
             status = EXIT_USAGE;
         cfg->sweep_interval_s = (int)v;
+        break;
+    case OPT_REPLAY_CACHE:
+        if (number_flag(cli, "replay-cache-mb", arg, 0, 4096, &v) != 0)
+            status = EXIT_USAGE;
+        cfg->replay_cache_mb = (int)v;
         break;
     case OPT_PROVIDER:
         if (strncmp(arg, "http://", 7) != 0 && strncmp(arg, "https://", 8) != 0)
@@ -492,6 +501,7 @@ static void config_defaults(struct orderd_config *cfg)
     cfg->lease_ms = ORDERD_DEFAULT_LEASE_MS;
     cfg->wait_ms = ORDERD_DEFAULT_WAIT_MS;
     cfg->sweep_interval_s = ORDERD_DEFAULT_SWEEP_S;
+    cfg->replay_cache_mb = ORDERD_DEFAULT_REPLAY_CACHE_MB;
     cfg->test_hooks = hooks != NULL && strcmp(hooks, "1") == 0;
     cfg->provider_timeout_ms = ORDERD_DEFAULT_PROVIDER_TIMEOUT_MS;
     cfg->webhook_secret = secret != NULL && secret[0] != '\0' ? secret : NULL;

@@ -178,7 +178,8 @@ static int check_auth(struct call_ctx *cx, struct response *resp)
     char *user = NULL;
     int rc;
 
-    rc = auth_principal(cx->app->store, request_header(cx->rq, "Authorization"), &user);
+    rc = auth_principal(cx->app->tokens, cx->app->store, request_header(cx->rq, "Authorization"),
+                        &user);
     if (rc < 0) {
         log_msg(&cx->app->log, "error", "token lookup failed: %s", idem_err_name(rc));
         idemcall_unavailable(resp, "The store cannot be reached; nothing was done. Retry.");

@@ -16,6 +16,7 @@
 #include "idem/idem.h"
 
 #include "app.h"
+#include "auth.h"
 #include "config.h"
 #include "db.h"
 #include "http.h"
@@ -63,6 +64,7 @@ static int start_workers(struct app *app, struct worker w[WORKER_COUNT])
 int serve_run(const struct orderd_config *cfg)
 {
     struct app app;
+    struct idem_engine_options eng_opts;
     struct worker workers[WORKER_COUNT];
     struct http_server *srv = NULL;
     sigset_t stop_signals;
@@ -87,6 +89,7 @@ int serve_run(const struct orderd_config *cfg)
     app.log.format = cfg->log_format;
     app.metrics = metrics_new();
     idgen_init(&app.ids);
+    app.tokens = auth_cache_new(AUTH_CACHE_TTL_MS, AUTH_CACHE_SLOTS);
     operation_init(&app.op_orders_create, "orders.create", cfg);
     operation_init(&app.op_orders_cancel, "orders.cancel", cfg);
     operation_init(&app.op_profile_update, "profile.update", cfg);
@@ -117,7 +120,10 @@ int serve_run(const struct orderd_config *cfg)
     }
     if (applied > 0)
         log_msg(&app.log, "info", "applied %d migrations", applied);
-    rc = idem_engine_new(app.store, NULL, &app.engine);
+    memset(&eng_opts, 0, sizeof eng_opts);
+    eng_opts.replay_cache_bytes =
+        cfg->replay_cache_mb > 0 ? (int64_t)cfg->replay_cache_mb << 20 : IDEM_REPLAY_CACHE_OFF;
+    rc = idem_engine_new(app.store, &eng_opts, &app.engine);
     if (rc < 0) {
         log_msg(&app.log, "error", "cannot make the engine: %s", idem_strerror(rc));
         goto out;
@@ -147,6 +153,7 @@ out:
         worker_stop(&workers[i]);
     provider_close(app.provider);
     idem_engine_free(app.engine);
+    auth_cache_free(app.tokens);
     idem_store_close(app.store);
     idgen_destroy(&app.ids);
     metrics_free(app.metrics);

@@ -1,0 +1,138 @@
+"""
+test_replay_cache.py - replays answered from memory: libidem's replay cache and orderd's bearer
+token cache (docs/libidem.md, docs/orderd.md).
+
+A completed record is immutable until retention deletes it, so orderd answers its replays, and
+the refusal of the same key with another body, without touching the store.  These tests show it
+from outside: the answer is the stored one byte for byte, with Idempotent-Replayed, even when the
+record has been removed behind the server's back (only memory can have answered) or while the
+store is locked; and a record read after a restart is cached too.  Runs on both stores.
+"""
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import (Server, db_query, expect, expect_eq, expect_fresh,  # noqa: E402
+                     expect_problem, expect_replay, expect_status, new_key, run, store_locked,
+                     test)
+
+TOKEN_CACHE_TTL_S = 5.0  # AUTH_CACHE_TTL_MS in src/orderd/auth.h
+
+
+class Ctx:
+    def __init__(self):
+        self.server = Server(name="orderd-cache").start()
+
+    def close(self):
+        self.server.close()
+
+
+def forget_record(server, key):
+    """Deletes the idempotency record of `key` from the store, as if retention had run."""
+    rows = db_query(server.db_uri, "DELETE FROM idem_records WHERE idem_key = ? RETURNING idem_key",
+                    (key,))
+    expect_eq(len(rows), 1, "records deleted for %s" % key)
+
+
+@test
+def test_cached_replay_is_byte_identical_with_the_marker(ctx):
+    u = ctx.server.new_user()
+    k = new_key("cache")
+    first = expect_fresh(u.create_order(k, quantity=3), 201, "first request")
+    for i in range(3):
+        expect_replay(u.create_order(k, quantity=3), first, "replay %d" % (i + 1))
+    # The record is gone from the store: only the cache can still give the stored 201 (without
+    # it the order row would answer, with 200).
+    forget_record(ctx.server, k)
+    r = expect_replay(u.create_order(k, quantity=3), first, "replay after the record was deleted")
+    expect_eq(r.header("Location"), first.header("Location"), "Location of the cached replay")
+    expect_eq(len(u.all_orders()), 1, "orders of the user")
+
+
+@test
+def test_different_body_under_a_cached_key_is_422(ctx):
+    u = ctx.server.new_user()
+    k = new_key("cache-mismatch")
+    first = expect_fresh(u.create_order(k, quantity=2), 201, "first request")
+    expect_replay(u.create_order(k, quantity=2), first, "replay")
+    expect_problem(u.create_order(k, quantity=5), 422, "idempotency-key-reused",
+                   "another body under the cached key")
+    expect_problem(u.post("/api/orders", {"productId": "p-1024", "quantity": 2, "x": 1}, key=k),
+                   422, "idempotency-key-reused", "an extra member under the cached key")
+    # Key order and white space do not change the fingerprint: still the replay.
+    r = u.request("POST", "/api/orders", body='{ "quantity": 2, "productId": "p-1024" }', key=k)
+    expect_replay(r, first, "the same body written differently")
+    expect_eq(len(u.all_orders()), 1, "orders of the user")
+
+
+@test
+def test_cached_answers_need_no_store(ctx):
+    # While another process holds the store's lock (PostgreSQL: idem_records, so every record read
+    # would wait and end in 503), a cached key is still answered at once: replay and refusal.
+    u = ctx.server.new_user()
+    k = new_key("cache-locked")
+    first = expect_fresh(u.create_order(k), 201, "first request")
+    with store_locked(ctx.server.db_uri):
+        t0 = time.monotonic()
+        expect_replay(u.create_order(k), first, "replay while the store is locked")
+        expect_problem(u.create_order(k, quantity=9), 422, "idempotency-key-reused",
+                       "another body while the store is locked")
+        took = time.monotonic() - t0
+    expect(took < 2.0, "cached answers took %.2f s with the store locked: they waited for it"
+           % took)
+
+
+@test
+def test_a_record_read_after_a_restart_is_cached(ctx):
+    # A fresh process has an empty cache: its first replay reads the record from the store and
+    # keeps it, so the next one needs the store no more.
+    with Server(name="orderd-cache-restart") as s:
+        u = s.new_user()
+        k = new_key("cache-restart")
+        first = expect_fresh(u.create_order(k, quantity=4), 201, "first request")
+        s.restart()
+        expect_replay(u.create_order(k, quantity=4), first, "replay read from the store")
+        forget_record(s, k)
+        expect_replay(u.create_order(k, quantity=4), first, "replay once the record was deleted")
+        expect_problem(u.create_order(k, quantity=1), 422, "idempotency-key-reused",
+                       "another body once the record was deleted")
+
+
+@test
+def test_cache_off_asks_the_store(ctx):
+    # --replay-cache-mb 0: every replay reads the record, so a record deleted behind the server's
+    # back is a new request, which the order row answers (200, the existing order).
+    with Server(name="orderd-cache-off", extra_args=["--replay-cache-mb", "0"]) as s:
+        u = s.new_user()
+        k = new_key("cache-off")
+        first = expect_fresh(u.create_order(k), 201, "first request")
+        expect_replay(u.create_order(k), first, "replay")
+        forget_record(s, k)
+        late = expect_status(u.create_order(k), 200, "retry after the record was deleted")
+        expect_eq(late.json(), first.json(), "the order of the retry")
+
+
+@test
+def test_a_revoked_token_is_honoured_for_at_most_the_token_cache_ttl(ctx):
+    u = ctx.server.new_user()
+    expect_fresh(u.create_order(new_key("tok")), 201, "an order (the token is now cached)")
+    db_query(ctx.server.db_uri, "DELETE FROM tokens WHERE user_id = "
+             "(SELECT id FROM users WHERE name = ?)", (u.user,))
+    t0 = time.monotonic()
+    while True:
+        r = u.get("/api/orders")
+        if r.status == 401:
+            break
+        expect_status(r, 200, "GET /api/orders with a revoked token")
+        if time.monotonic() - t0 > TOKEN_CACHE_TTL_S + 3:
+            expect_status(r, 401, "GET /api/orders %.1f s after the token was revoked"
+                          % (time.monotonic() - t0))
+        time.sleep(0.25)
+    expect_problem(r, 401, "unauthorized", "the revoked token")
+
+
+if __name__ == "__main__":
+    run("test_replay_cache", setup=Ctx, teardown=lambda ctx: ctx and ctx.close())
