@@ -1089,42 +1089,25 @@ unset multiplot
             key = "S1-" + store
             if t["id"] == "group-commit" and key in prof:
                 ref = (res["commit_before"]["rate"] + res["commit_after"]["rate"]) / 2
-                syncs = max(sc(key, "fdatasync")[0] + sc(key, "fsync")[0], 0.1)
-                sleep = sc(key, "clock_nanosleep")
-                sync_ms = sc(key, "fdatasync")[1] + sc(key, "fsync")[1]
-                bound = ref / syncs
+                syncs = sc(key, "fdatasync")[0] + sc(key, "fsync")[0]
                 rps = res["S1"]["rps"]
                 cpu = res["S1"].get("cpu_ms_per_req", 0)
-                off = prof.get("S1off-" + store, {}).get("trace", {}).get("syscalls_per_req", {})
-                line = ("- **S1 group commit (%s)**: a fresh request made %.1f fdatasync calls "
-                        "(the claim with the first phase, and the completion, are two commits%s), "
-                        "all in turn under SQLite's one write lock. With one durable commit per "
-                        "transaction S1 cannot pass %.0f ÷ %.1f ≈ %.0f req/s, %.2f× the commit "
-                        "rate; 6× needs about %.0f requests to share each fsync. " % (
-                            store, syncs,
-                            "; `--idempotency off`, one commit, made %.1f: WAL checkpoints and "
-                            "restarts add the rest" % off["fdatasync"][0] if "fdatasync" in off
-                            else "", ref, syncs, bound, bound / ref, 6 * syncs))
-                if rps > 1.25 * bound:
-                    line += ("It measured %.0f req/s, above that estimate: the disk's rate moved "
-                             "during the run (%.0f before S1, %.0f after), and the checkpoints' "
-                             "syncs run beside the writer, not under its lock; either way the "
-                             "fsync rate, not orderd's CPU, sets the pace, and only sharing "
-                             "commits moves it. " % (rps, res["commit_before"]["rate"],
-                                                     res["commit_after"]["rate"]))
-                elif rps >= 0.8 * bound:
-                    line += ("It measured %.0f req/s, at that bound: today the disk's fsync rate "
-                             "is the limit, and only sharing commits moves it. " % rps)
-                else:
-                    line += ("It measured %.0f req/s, below even that bound. " % rps)
-                line += ("Waiting for the write lock is SQLite's busy handler, which sleeps "
-                         "(clock_nanosleep %.1f× / %.1f ms per request while traced, against "
-                         "%.1f ms inside fdatasync): the lock can sit free while 15 waiters "
-                         "sleep, and a waiter that loses keeps sleeping longer (up to 100 ms a "
-                         "turn) — that is the p90 of %s ms and the p99 of %s ms. orderd's own "
-                         "CPU: %.2f ms per request, %.0f%% of one core at this rate." % (
-                             sleep[0], sleep[1], sync_ms, fmt_ms(res["S1"]["p90_ms"]),
-                             fmt_ms(res["S1"]["p99_ms"]), cpu, cpu * rps / 10))
+                need = 6 * ref
+                line = ("- **S1 group commit (%s)**: %.0f req/s = %.2f× the commit rate of %.0f/s. "
+                        "A fresh request made %.2f fdatasync calls" % (store, rps, rps / ref, ref,
+                                                                      syncs))
+                if syncs > 0 and syncs < 0.5:
+                    line += (" — about %.0f requests share each durable commit, so the disk's "
+                             "fsync rate no longer sets the pace" % (1 / syncs))
+                line += (". orderd used %.2f ms of CPU per request; with wrk on the same 2 cores "
+                         "it cannot pass 2000 ÷ %.2f ≈ %.0f req/s however commits are shared, "
+                         "and 6× (%.0f req/s) would need at most %.0f µs of CPU per request, "
+                         "wrk's own share not counted." % (cpu, cpu, 2000 / max(cpu, 1e-9),
+                                                           need, 2e6 / need))
+                line += (" Per request while traced: futex %.1f×, pwrite64 %.1f×, pread64 "
+                         "%.1f× (see the profile below for where the CPU goes)." % (
+                             sc(key, "futex")[0], sc(key, "pwrite64")[0],
+                             sc(key, "pread64")[0]))
                 out.append(line)
             elif t["id"] == "on-off" and key in prof:
                 pass

@@ -41,15 +41,6 @@
 /* A cache entry dies this much before its record would, at most (clock steps, rate drift). */
 #define CACHE_SLACK_MS 1000
 
-/*
- * Reads a completed record's retention window, for a cache entry made from a read.  The store
- * backend table has no field for it, so this is the one statement the engine writes itself, in
- * the dialect both stores share; it names the columns of libidem's own records table.
- */
-static const char expiry_sql[] = "SELECT created_ms, expires_ms FROM idem_records"
-                                 " WHERE principal = $1 AND operation = $2 AND idem_key = $3"
-                                 " AND status = 1";
-
 struct idem_engine {
     struct idem_store *st;
     char *owner;
@@ -218,46 +209,18 @@ static int64_t cache_lifetime(int64_t since_mono_ms, int64_t left_ms, int64_t tt
     return since_mono_ms + left_ms - slack - idem__mono_ms();
 }
 
-/* Whether `text` is a whole decimal int64; its value in *v. */
-static int parse_ms(const char *text, int64_t *v)
-{
-    char *end = NULL;
-    long long x;
-
-    if (!text || !*text)
-        return -1;
-    x = strtoll(text, &end, 10);
-    if (*end != '\0')
-        return -1;
-    *v = (int64_t)x;
-    return 0;
-}
-
 /*
- * Caches the completed record just read on `conn` (at local time `read_mono_ms`, taken before the
- * read).  Its retention window comes from a second statement, which might see a newer record if
- * this one expired and a new claim replaced it in between; such a record was created after our
- * read, i.e. at or after rec.store_now_ms in the store's clock, so only an older creation time
- * proves it is the record we read.  Best effort: any failure just leaves the scope uncached.
+ * Caches the completed record just read (at local time `read_mono_ms`, taken before the read),
+ * for what is left of its retention window: it dies before the record could be swept or replaced.
  */
-static void cache_fill_from_read(struct idem_call *call, struct idem_conn *conn,
-                                 int64_t read_mono_ms)
+static void cache_fill_from_read(struct idem_call *call, int64_t read_mono_ms)
 {
-    struct idem_store *st = call->eng->st;
-    const char *params[3] = {call->principal, call->operation, call->key};
-    struct idem_rows *rows = NULL;
-    int64_t created = 0, expires = 0;
+    const struct idem_record *rec = &call->rec;
 
-    if (st->vt->exec(conn, expiry_sql, 3, params, &rows) < 0 || idem_rows_count(rows) != 1 ||
-        parse_ms(idem_rows_get(rows, 0, 0), &created) < 0 ||
-        parse_ms(idem_rows_get(rows, 0, 1), &expires) < 0 || created >= call->rec.store_now_ms)
-        goto out;
-    (void)idem__rcache_put(
-        call->eng->cache, &call->scope, call->rec.fp, call->rec.response_status,
-        call->rec.response_headers, call->rec.response_body, call->rec.response_body_len,
-        cache_lifetime(read_mono_ms, expires - call->rec.store_now_ms, expires - created));
-out:
-    idem_rows_free(rows);
+    (void)idem__rcache_put(call->eng->cache, &call->scope, rec->fp, rec->response_status,
+                           rec->response_headers, rec->response_body, rec->response_body_len,
+                           cache_lifetime(read_mono_ms, rec->expires_ms - rec->store_now_ms,
+                                          rec->expires_ms - rec->created_ms));
 }
 
 /* Reads the record outside any transaction (a plain read; WAL readers never block writers). */
@@ -277,7 +240,7 @@ static int read_record(struct idem_call *call)
         call_fail(call, rc, "read record", st->vt->errmsg(conn));
     else if (call->eng->cache && call->rec.found && call->rec.status == IDEM_REC_COMPLETED &&
              call->rec.response_body_len < idem__rcache_max_entry(call->eng->cache))
-        cache_fill_from_read(call, conn, t0); /* (a response too big to keep costs no query) */
+        cache_fill_from_read(call, t0);
     idem__store_release(st, conn);
     return rc;
 }

@@ -59,6 +59,8 @@ struct idem_record {
     char *lease_owner;    /* NULL once completed or released */
     int64_t lease_expires_ms; /* in the store's clock */
     int64_t store_now_ms;     /* the store's clock when the record was read */
+    int64_t created_ms;       /* when the record was claimed (store's clock) */
+    int64_t expires_ms;       /* when its retention ends (store's clock) */
     int response_status;
     char *response_headers;
     void *response_body;

@@ -176,7 +176,7 @@ static const struct rec_sql rec_sql[RS_COUNT] = {
     [RS_GET] = {"idem_get",
                 "SELECT t.now, r.status::int4, r.fingerprint, r.recovery_point, r.recovery_data,"
                 " r.lease_owner, r.lease_expires_ms, r.response_status, r.response_headers,"
-                " r.response_body, r.expires_ms"
+                " r.response_body, r.expires_ms, r.created_ms"
                 " FROM (SELECT " DB_NOW_MS " AS now) t LEFT JOIN idem_records r ON " SCOPE_WHERE,
                 3,
                 {OID_TEXT, OID_TEXT, OID_TEXT}},
@@ -1199,7 +1199,7 @@ static int pg_record_get(struct idem_conn *c, const struct idem_scope *s, struct
     rc = rec_run(c, RS_GET, vals, NULL, NULL, 1, "read record", &res);
     if (rc < 0)
         return rc;
-    if (PQntuples(res) != 1 || PQnfields(res) != 11) {
+    if (PQntuples(res) != 1 || PQnfields(res) != 12) {
         set_msg(c, "read record", "unexpected result shape", NULL);
         rc = IDEM_ESTORE;
         goto out;
@@ -1210,6 +1210,8 @@ static int pg_record_get(struct idem_conn *c, const struct idem_scope *s, struct
     rec->status = col_int(res, 1) == 1 ? IDEM_REC_COMPLETED : IDEM_REC_PROCESSING;
     rec->lease_expires_ms = col_int(res, 6);
     expires = col_int(res, 10);
+    rec->expires_ms = expires;
+    rec->created_ms = col_int(res, 11);
     /* Past retention and unprotected, a record is as good as swept: the key is new. */
     rec->found = !(expires <= rec->store_now_ms && (rec->status == IDEM_REC_COMPLETED ||
                                                     rec->lease_expires_ms <= rec->store_now_ms));

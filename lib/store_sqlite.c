@@ -431,8 +431,8 @@ static int sq_record_get(struct idem_conn *c, const struct idem_scope *s, struct
 {
     static const char sql[] =
         "SELECT status, fingerprint, recovery_point, recovery_data, lease_owner,"
-        " lease_expires_ms, response_status, response_headers, response_body, expires_ms"
-        " FROM idem_records WHERE " SCOPE_WHERE;
+        " lease_expires_ms, response_status, response_headers, response_body, expires_ms,"
+        " created_ms FROM idem_records WHERE " SCOPE_WHERE;
     sqlite3_stmt *stmt = NULL;
     int rc = record_stmt(c, sql, s, &stmt);
     int step;
@@ -447,6 +447,8 @@ static int sq_record_get(struct idem_conn *c, const struct idem_scope *s, struct
         int64_t expires = sqlite3_column_int64(stmt, 9);
         rec->status = sqlite3_column_int(stmt, 0) == 1 ? IDEM_REC_COMPLETED : IDEM_REC_PROCESSING;
         rec->lease_expires_ms = sqlite3_column_int64(stmt, 5);
+        rec->expires_ms = expires;
+        rec->created_ms = sqlite3_column_int64(stmt, 10);
         /* Past retention and unprotected, a record is as good as swept: the key is new. */
         rec->found = !(expires <= rec->store_now_ms &&
                        (rec->status == IDEM_REC_COMPLETED ||
