@@ -40,6 +40,8 @@
 #define DEFAULT_REPLAY_CACHE_BYTES ((int64_t)8 << 20)
 /* A cache entry dies this much before its record would, at most (clock steps, rate drift). */
 #define CACHE_SLACK_MS 1000
+/* Buckets of the in-flight table (scopes being claimed or executed in this process). */
+#define INFLIGHT_BUCKETS 256
 
 struct idem_engine {
     struct idem_store *st;
@@ -51,6 +53,8 @@ struct idem_engine {
     pthread_mutex_t mu;
     pthread_cond_t changed;
     uint64_t epoch;
+    /* Calls of this engine that claim or execute a scope, chained by hash of the scope (mu). */
+    struct idem_call *inflight[INFLIGHT_BUCKETS];
 };
 
 struct idem_call {
@@ -69,6 +73,11 @@ struct idem_call {
     int retry_after_s;
     /* Taken before our claim's insert, so the record is no older; 0: resumed, age unknown. */
     int64_t claimed_mono_ms;
+
+    /* In the engine's in-flight table: same-process duplicates wait for this call in memory. */
+    int inflight;
+    unsigned inflight_bucket;
+    struct idem_call *inflight_next;
 
     /* A REPLAY answered from the replay cache: the response is this entry's (a reference). */
     const struct idem__rentry *cached;
@@ -184,6 +193,103 @@ static void wait_for_change(struct idem_engine *eng, const struct idem_scope *s,
     while (eng->epoch == seen)
         if (pthread_cond_timedwait(&eng->changed, &eng->mu, &ts) == ETIMEDOUT)
             break;
+    pthread_mutex_unlock(&eng->mu);
+}
+
+/* ---- in-flight scopes ---------------------------------------------------------------------
+ *
+ * A storm of duplicates in one process would otherwise all read the store, all try to claim and
+ * lose, and all poll.  Instead the first call of a scope enters it in the engine's in-flight
+ * table; later calls of the same scope wait on the engine's condition variable until it leaves
+ * (completed, released, or found it had nothing to execute), then find the response in the
+ * replay cache -- or, if it is not there, go the normal way through the store.  The wait is
+ * bounded by the operation's wait_ms, after which they too go the normal way (and get 409 if
+ * the first is still running).
+ */
+
+static unsigned scope_bucket(const struct idem_scope *s)
+{
+    uint32_t h = 2166136261u; /* FNV-1a over the three parts, each with its NUL */
+    const char *parts[3] = {s->principal, s->operation, s->key};
+
+    for (int i = 0; i < 3; i++) {
+        const unsigned char *p = (const unsigned char *)parts[i];
+        do {
+            h = (h ^ *p) * 16777619u;
+        } while (*p++);
+    }
+    return h % INFLIGHT_BUCKETS;
+}
+
+static int same_scope(const struct idem_scope *a, const struct idem_scope *b)
+{
+    return strcmp(a->key, b->key) == 0 && strcmp(a->principal, b->principal) == 0 &&
+           strcmp(a->operation, b->operation) == 0;
+}
+
+/* Whether another call of this engine has the scope in flight (eng->mu held). */
+static int inflight_busy(const struct idem_engine *eng, const struct idem_scope *s, unsigned b)
+{
+    for (const struct idem_call *c = eng->inflight[b]; c; c = c->inflight_next)
+        if (same_scope(&c->scope, s))
+            return 1;
+    return 0;
+}
+
+/*
+ * Enters the call's scope in flight, first waiting (until `deadline`, monotonic) while another
+ * call of this engine has it.  *waited says whether it waited; after the deadline the call goes
+ * on without entering.
+ */
+static void inflight_enter(struct idem_call *call, int64_t deadline, int *waited)
+{
+    struct idem_engine *eng = call->eng;
+    unsigned b = scope_bucket(&call->scope);
+
+    *waited = 0;
+    pthread_mutex_lock(&eng->mu);
+    while (inflight_busy(eng, &call->scope, b)) {
+        int64_t left = deadline - idem__mono_ms();
+        struct timespec ts;
+        if (left <= 0)
+            break;
+        *waited = 1;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += (time_t)(left / 1000);
+        ts.tv_nsec += (long)(left % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&eng->changed, &eng->mu, &ts);
+    }
+    if (!inflight_busy(eng, &call->scope, b)) {
+        call->inflight = 1;
+        call->inflight_bucket = b;
+        call->inflight_next = eng->inflight[b];
+        eng->inflight[b] = call;
+    }
+    pthread_mutex_unlock(&eng->mu);
+}
+
+/* Takes the call's scope out of flight and wakes its waiters (and every other waiter). */
+static void inflight_leave(struct idem_call *call)
+{
+    struct idem_engine *eng = call->eng;
+
+    if (!call->inflight)
+        return;
+    pthread_mutex_lock(&eng->mu);
+    for (struct idem_call **pp = &eng->inflight[call->inflight_bucket]; *pp;
+         pp = &(*pp)->inflight_next) {
+        if (*pp == call) {
+            *pp = call->inflight_next;
+            break;
+        }
+    }
+    call->inflight = 0;
+    eng->epoch++;
+    pthread_cond_broadcast(&eng->changed);
     pthread_mutex_unlock(&eng->mu);
 }
 
@@ -414,6 +520,18 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
     idem__fmt(call->owner, sizeof(call->owner), "%s/%s%llu", eng->owner, recover ? "r" : "",
               (unsigned long long)atomic_fetch_add(&eng->next_call, 1));
     deadline = recover ? idem__mono_ms() : idem__mono_ms() + call->wait_ms;
+    if (!recover) {
+        int waited = 0;
+        inflight_enter(call, deadline, &waited);
+        if (waited) {
+            call->waited = 1;
+            /* The first of this scope in this process finished: its answer is in memory. */
+            if (cache_answer(eng, &call->scope, call->fp, &call->cached, outcome)) {
+                call->completed = call->cached != NULL;
+                goto done;
+            }
+        }
+    }
 
     for (int round = 0;; round++) {
         if (round >= CLAIM_ROUNDS_MAX) {
@@ -500,6 +618,10 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
         wait_for_change(eng, &call->scope, pause < left ? pause : left);
         pause = pause * 2 > POLL_MAX_MS ? POLL_MAX_MS : pause * 2;
     }
+done:
+    /* Only a call that executes keeps its scope in flight; the others let their waiters go. */
+    if (*outcome != IDEM_OUTCOME_EXECUTE && *outcome != IDEM_OUTCOME_RESUME)
+        inflight_leave(call);
     *out = call;
     call = NULL;
 out:
@@ -699,6 +821,7 @@ int idem_call_complete(struct idem_call *call, int status, const struct idem_hea
                 call->eng->cache, &call->scope, call->fp, status, text, body, body_len,
                 cache_lifetime(call->claimed_mono_ms, call->ttl_ms, call->ttl_ms));
     }
+    inflight_leave(call);
     notify_changed(call->eng);
     if (rc < 0) {
         call_fail(call, rc, "commit response", NULL);
@@ -741,6 +864,7 @@ void idem_call_abort(struct idem_call *call)
             idem_tx_rollback(tx);
         call->record_durable = 0;
     }
+    inflight_leave(call);
     notify_changed(call->eng);
 }
 
@@ -750,6 +874,7 @@ void idem_call_end(struct idem_call *call)
         return;
     if (call->tx || (call->record_durable && !call->completed))
         idem_call_abort(call);
+    inflight_leave(call);
     idem__rcache_release(call->cached);
     idem__record_clear(&call->rec);
     free(call->headers);
