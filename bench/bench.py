@@ -1146,15 +1146,15 @@ unset multiplot
                              "request, against %.0f µs for a replay on a kept-alive connection "
                              "in S2, and %.1f futex waits per request. Every storm request "
                              "comes on a new connection, and libmicrohttpd starts a thread for "
-                             "it (clone3 %.1f× per request: a stack, a 32 KiB "
-                             "memory pool, fresh pages, a malloc arena), then the duplicate "
-                             "looks up its token and reads the record through the 16-connection "
-                             "pool" % (cpu, res.get("S2", {}).get("cpu_us_per_req", 0),
-                                       sc(k3, "futex")[0], sc(k3, "clone3")[0]))
+                             "it (clone3 %.1f× per request: a stack, a 16 KiB "
+                             "memory pool, fresh pages), then the duplicate parses and "
+                             "fingerprints its body, waits in memory for the first request of "
+                             "its key (the engine's in-flight table) and replays from the "
+                             "replay cache" % (cpu, res.get("S2", {}).get("cpu_us_per_req", 0),
+                                               sc(k3, "futex")[0], sc(k3, "clone3")[0]))
                     if s3["waited"] > 0:
-                        line += ("; the ones that wait sleep on one condition variable per "
-                                 "engine (per store on PostgreSQL) that every change broadcasts "
-                                 "to, so they wake together and read the record again")
+                        line += ("; the waiters sleep on the engine's one condition variable, "
+                                 "which every change in the process broadcasts to")
                     line += (". 200 × %.2f ms over 2 cores ≈ %.0f ms: the order of the p99. "
                              "To stay within 3× a lone request, a duplicate may cost at most "
                              "2 cores × 3 × %s ms ÷ 200 ≈ %.0f µs of CPU, accept included." % (
