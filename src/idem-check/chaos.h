@@ -113,6 +113,18 @@ struct ck_ledger {
     int webhooks_configured;
 };
 
+/*
+ * orderd's orderd_webhook_inbox_events gauge (one scrape): the inbox rows by type
+ * (charge.succeeded, refund.succeeded, other) and result (applied, ignored, other).  Read from
+ * orderd's store, so it survives kills and is the same on every instance of one store.
+ */
+#define CK_INBOX_TYPES 3
+#define CK_INBOX_RESULTS 3
+struct ck_inbox {
+    int ok; /* the gauge was on the page */
+    long n[CK_INBOX_TYPES][CK_INBOX_RESULTS];
+};
+
 struct ck_audit {
     long started, finished_2xx, finished_in_audit, seen_2xx;
     long orders, paid, pending, preexisting;
@@ -125,6 +137,12 @@ struct ck_audit {
     long hook_copies, hooks_expected, hooks_problems;
     long hook_results[4]; /* orderd_webhooks_total: applied, ignored, duplicate, rejected */
     int hook_results_ok;
+    /* The direct webhook audit: the inbox gauge's growth over the run (after - before). */
+    int inbox_direct;    /* read before and after the run; else only the indirect checks ran */
+    char inbox_why[160]; /* why not, when !inbox_direct */
+    long inbox_entries, inbox_charge_events, inbox_applied, inbox_ignored, inbox_undecided;
+    long inbox_charge_applied;
+    long inbox_problems;
     int ledger_ok, refs_ok, list_ok;
     char note[512];
 };
@@ -157,6 +175,11 @@ struct chaos {
     long paid_before;
     struct ck_ledger ledger_before;
     int ledger_before_ok;
+    /* orderd's inbox before the run, and how far it may be off the ledger read with it: events
+     * made while it was read (may be in it already), deliveries pending then (may add to it) */
+    struct ck_inbox inbox_before;
+    char inbox_before_why[160];
+    long inbox_slack_low, inbox_slack_high;
     double saved_fail, saved_lost;
     long saved_dup;
     int saved_ok;

@@ -3,8 +3,10 @@
  * user's orders, a replay of every intent's key) and provider-sim's ledger (charges, confirmation
  * emails, webhook events and deliveries).  Everything is measured against what was there before
  * the run, so the audit also holds for services that were running already (--attach), as long as
- * nothing else uses the run's user or the provider meanwhile.  docs/chaos.md says why each check
- * is sound.  Also here: the intents' POST through libidem-client, shared with the drive.
+ * nothing else uses the run's user or the provider meanwhile.  orderd's webhook inbox, where it
+ * exposes it (the orderd_webhook_inbox_events gauge, read from its store), is audited against the
+ * ledger's events directly.  docs/chaos.md says why each check is sound.  Also here: the intents'
+ * POST through libidem-client, shared with the drive.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -262,40 +264,166 @@ static int read_faults(struct chaos *cx)
     return 0;
 }
 
+/* GET <instance i>/metrics: the page (new, free()), or NULL with the reason in `why`. */
+static char *get_metrics(const struct chaos *cx, int i, char *why, size_t cap)
+{
+    char url[160];
+    struct ck_request rq;
+    struct ck_response rs;
+    char *page = NULL;
+
+    memset(&rq, 0, sizeof(rq));
+    memset(&rs, 0, sizeof(rs));
+    snprintf(url, sizeof(url), "%s/metrics", cx->inst[i].url);
+    rq.method = "GET";
+    rq.url = url;
+    ck_http_perform(&rq, &rs, 1, 10000);
+    if (rs.status == 200 && rs.body.data) {
+        page = rs.body.data; /* NUL-terminated; taken over from the response */
+        rs.body.data = NULL;
+    } else {
+        snprintf(why, cap, "GET %s answered %ld", url, rs.status);
+    }
+    ck_response_release(&rs);
+    return page;
+}
+
 /* orderd_webhooks_total{result=...} of every instance, summed into `out` (applied, ignored,
  * duplicate, rejected); 0 if every instance answered. */
 static int read_webhook_metrics(struct chaos *cx, long out[4])
 {
     static const char *const names[4] = {"applied", "ignored", "duplicate", "rejected"};
+    char why[256];
     int i, k, rc = 0;
 
     memset(out, 0, 4 * sizeof(long));
     for (i = 0; i < cx->n_inst; i++) {
-        char url[160];
-        struct ck_request rq;
-        struct ck_response rs;
-        memset(&rq, 0, sizeof(rq));
-        memset(&rs, 0, sizeof(rs));
-        snprintf(url, sizeof(url), "%s/metrics", cx->inst[i].url);
-        rq.method = "GET";
-        rq.url = url;
-        ck_http_perform(&rq, &rs, 1, 10000);
-        if (rs.status != 200 || !rs.body.data) {
+        char *page = get_metrics(cx, i, why, sizeof(why));
+        if (!page) {
             rc = -1;
-            ck_response_release(&rs);
             continue;
         }
         for (k = 0; k < 4; k++) {
             char needle[96];
             const char *p;
             snprintf(needle, sizeof(needle), "orderd_webhooks_total{result=\"%s\"} ", names[k]);
-            p = strstr(rs.body.data, needle);
+            p = strstr(page, needle);
             if (p)
                 out[k] += strtol(p + strlen(needle), NULL, 10);
         }
-        ck_response_release(&rs);
+        free(page);
     }
     return rc;
+}
+
+#define INBOX_METRIC "orderd_webhook_inbox_events{"
+
+/* Index of the value of label `name` (in the braces of one sample) in `names`; the last entry
+ * ("other") when the label is absent or its value unknown. */
+static int inbox_label(const char *labels, size_t len, const char *name, const char *const *names,
+                       int n)
+{
+    char needle[32];
+    const char *p, *end = labels + len;
+    int i;
+
+    snprintf(needle, sizeof(needle), "%s=\"", name);
+    for (p = labels; p < end; p++) {
+        size_t nl = strlen(needle);
+        if ((p == labels || p[-1] == ',' || p[-1] == '{') && (size_t)(end - p) > nl &&
+            memcmp(p, needle, nl) == 0) {
+            p += nl;
+            for (i = 0; i < n - 1; i++) {
+                size_t vl = strlen(names[i]);
+                if ((size_t)(end - p) > vl && memcmp(p, names[i], vl) == 0 && p[vl] == '"')
+                    return i;
+            }
+            return n - 1;
+        }
+    }
+    return n - 1;
+}
+
+/*
+ * The samples of orderd_webhook_inbox_events on a /metrics page into `out` (out->ok: at least
+ * one was there).  Types and results orderd may add later fall into "other", as orderd does.
+ */
+static void parse_inbox(const char *page, struct ck_inbox *out)
+{
+    static const char *const types[CK_INBOX_TYPES] = {"charge.succeeded", "refund.succeeded",
+                                                      "other"};
+    static const char *const results[CK_INBOX_RESULTS] = {"applied", "ignored", "other"};
+    const char *line = page;
+
+    memset(out, 0, sizeof(*out));
+    while (line && *line) {
+        const char *eol = strchr(line, '\n');
+        const char *close;
+        size_t n = eol ? (size_t)(eol - line) : strlen(line);
+        if (n > strlen(INBOX_METRIC) && memcmp(line, INBOX_METRIC, strlen(INBOX_METRIC)) == 0 &&
+            (close = memchr(line, '}', n)) != NULL && close[1] == ' ') {
+            int t = inbox_label(line, (size_t)(close - line), "type", types, CK_INBOX_TYPES);
+            int r = inbox_label(line, (size_t)(close - line), "result", results, CK_INBOX_RESULTS);
+            out->n[t][r] += strtol(close + 2, NULL, 10);
+            out->ok = 1;
+        }
+        line = eol ? eol + 1 : NULL;
+    }
+}
+
+/*
+ * orderd's inbox gauge into `out`: from the first instance when attached (the one the user
+ * named first), else from the first instance that shows it (they all read the same store).
+ * 0, or -1 with the reason in `why`.
+ */
+static int read_inbox(struct chaos *cx, struct ck_inbox *out, char *why, size_t cap)
+{
+    int i, n = cx->o.attach ? 1 : cx->n_inst;
+
+    memset(out, 0, sizeof(*out));
+    snprintf(why, cap, "no orderd instance");
+    for (i = 0; i < n; i++) {
+        char *page = get_metrics(cx, i, why, cap);
+        if (!page)
+            continue;
+        parse_inbox(page, out);
+        free(page);
+        if (out->ok)
+            return 0;
+        snprintf(why, cap, "%s/metrics has no orderd_webhook_inbox_events", cx->inst[i].url);
+    }
+    return -1;
+}
+
+/*
+ * The ledger before the run and, when webhooks are on and orderd shows its inbox, the inbox with
+ * it.  They are read as ledger, inbox, ledger again, until no event was made in between and no
+ * delivery was pending (at most 5 s; a quiet provider passes at once): then every event of the
+ * ledger was in the inbox when it was read, and the run's growth of one must equal the other's.
+ * Otherwise the audit allows for the difference: events made while the inbox was read (they may
+ * be in it already) and deliveries pending (they may add to it during the run).
+ */
+static int read_baseline(struct chaos *cx)
+{
+    long long give_up = ck_now_ms() + 5000;
+    struct ck_ledger again;
+    int hooks;
+
+    for (;;) {
+        if (read_ledger(cx, &cx->ledger_before) < 0)
+            return -1;
+        hooks = cx->o.attach ? cx->ledger_before.webhooks_configured : cx->webhooks;
+        if (!hooks || read_inbox(cx, &cx->inbox_before, cx->inbox_before_why,
+                                 sizeof(cx->inbox_before_why)) < 0)
+            return 0;
+        if (read_ledger(cx, &again) < 0)
+            return -1;
+        cx->inbox_slack_low = again.events - cx->ledger_before.events;
+        cx->inbox_slack_high = cx->ledger_before.pending;
+        if ((cx->inbox_slack_low == 0 && cx->inbox_slack_high == 0) || ck_now_ms() > give_up)
+            return 0;
+        ck_sleep_ms(100);
+    }
 }
 
 int ck_audit_before(struct chaos *cx, char *why, size_t cap)
@@ -318,7 +446,7 @@ int ck_audit_before(struct chaos *cx, char *why, size_t cap)
     free(rows);
     if (!cx->provider_url[0])
         return 0;
-    if (read_ledger(cx, &cx->ledger_before) < 0) {
+    if (read_baseline(cx) < 0) {
         snprintf(why, cap, "GET %s/v1/ledger failed", cx->provider_url);
         return -1;
     }
@@ -479,6 +607,60 @@ static int settled(struct chaos *cx, const struct order_row *rows, size_t n, str
     return au->missing_charges == 0 && au->missing_emails == 0;
 }
 
+/* The inbox's growth over the run into `au` (sets inbox_direct). */
+static void inbox_growth(const struct ck_inbox *before, const struct ck_inbox *after,
+                         struct ck_audit *au)
+{
+    int t, r;
+
+    au->inbox_direct = 1;
+    for (t = 0; t < CK_INBOX_TYPES; t++)
+        for (r = 0; r < CK_INBOX_RESULTS; r++) {
+            long d = after->n[t][r] - before->n[t][r];
+            if (d < 0) /* rows are never deleted, nor their result changed once committed */
+                au->inbox_problems -= d;
+            au->inbox_entries += d;
+            au->inbox_charge_events += t == 0 ? d : 0;
+            au->inbox_charge_applied += t == 0 && r == 0 ? d : 0;
+            au->inbox_applied += r == 0 ? d : 0;
+            au->inbox_ignored += r == 1 ? d : 0;
+            au->inbox_undecided += r == 2 ? d : 0;
+        }
+}
+
+/* How far `n` lies outside [lo, hi]. */
+static long outside(long n, long lo, long hi)
+{
+    return n < lo ? lo - n : n > hi ? n - hi : 0;
+}
+
+/*
+ * The direct webhook audit, on orderd's own inbox (one row per event id, its primary key): the
+ * run's new rows must be exactly the provider's new events — one per new charge, never more, so
+ * no event id was recorded twice or made up, and none answered 2xx without being recorded — each
+ * with its result decided (applied or ignored) in the transaction that recorded it, and no more
+ * charge events applied than orders of the user became paid (applying one moves one order from
+ * pending_payment to paid).  Slack only for a provider that was not quiet before the run.
+ */
+static void audit_inbox(const struct chaos *cx, struct ck_audit *au)
+{
+    long lo = cx->inbox_slack_low, hi = cx->inbox_slack_high;
+    long bad = outside(au->inbox_entries, au->delta.events - lo, au->delta.events + hi) +
+               outside(au->inbox_charge_events, au->delta.charges - lo, au->delta.charges + hi) +
+               au->inbox_undecided +
+               (au->inbox_charge_applied > au->paid_delta + hi
+                    ? au->inbox_charge_applied - au->paid_delta - hi
+                    : 0);
+
+    au->inbox_problems += bad;
+    if (!au->note[0] && au->inbox_problems)
+        snprintf(au->note, sizeof(au->note),
+                 "webhook inbox: %ld new entries (%ld charge.succeeded, %ld applied, %ld "
+                 "undecided) for %ld new events, %ld new charges, %ld newly paid orders",
+                 au->inbox_entries, au->inbox_charge_events, au->inbox_charge_applied,
+                 au->inbox_undecided, au->delta.events, au->delta.charges, au->paid_delta);
+}
+
 void ck_audit(struct chaos *cx, struct ck_audit *au)
 {
     struct order_row *rows = NULL;
@@ -510,8 +692,17 @@ void ck_audit(struct chaos *cx, struct ck_audit *au)
             break;
         ck_sleep_ms(n_rows > 2000 ? 1000 : 250);
     }
-    if (cx->webhooks)
+    if (cx->webhooks) {
+        struct ck_inbox after;
+        char why[sizeof(au->inbox_why)];
         au->hook_results_ok = read_webhook_metrics(cx, au->hook_results) == 0;
+        if (!cx->inbox_before.ok)
+            snprintf(au->inbox_why, sizeof(au->inbox_why), "%s", cx->inbox_before_why);
+        else if (read_inbox(cx, &after, why, sizeof(why)) == 0)
+            inbox_growth(&cx->inbox_before, &after, au);
+        else
+            snprintf(au->inbox_why, sizeof(au->inbox_why), "after the run: %.140s", why);
+    }
     if (!rows) {
         au->lost = au->started;
         snprintf(au->note, sizeof(au->note), "GET /api/orders failed");
@@ -584,6 +775,8 @@ void ck_audit(struct chaos *cx, struct ck_audit *au)
                      "pending, %ld abandoned",
                      au->delta.events, au->delta.charges, au->delta.delivered, want,
                      au->now.pending, au->delta.abandoned);
+        if (au->inbox_direct)
+            audit_inbox(cx, au);
     }
 out:
     free(rows);
@@ -596,5 +789,5 @@ void ck_verdict_of(const struct chaos *cx, const struct ck_audit *au, struct ck_
         au->dup_orders + au->dup_mismatch + au->ledger_dups + au->extra_charges + au->extra_emails;
     v->lost = au->lost + au->not_durable;
     v->unsettled = au->unsettled;
-    v->webhooks = au->hooks_problems;
+    v->webhooks = au->hooks_problems + au->inbox_problems;
 }

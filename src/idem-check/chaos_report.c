@@ -14,6 +14,26 @@
 
 static const char *const hook_names[4] = {"applied", "ignored", "duplicate", "rejected"};
 
+/* The direct webhook audit's row: orderd's inbox over the run, or why only the indirect ran. */
+static void print_inbox(const struct chaos *cx, const struct ck_audit *au)
+{
+    if (!au->inbox_direct) {
+        printf("%-34s not audited directly (%s): checked indirectly only (deliveries "
+               "accepted, one email per order)\n",
+               "webhook inbox", au->inbox_why);
+        return;
+    }
+    printf("%-34s %ld new entries for %ld events, %ld charge.succeeded for %ld charges: %ld "
+           "applied, %ld ignored, %ld undecided",
+           "webhook inbox (orderd's store)", au->inbox_entries, au->delta.events,
+           au->inbox_charge_events, au->delta.charges, au->inbox_applied, au->inbox_ignored,
+           au->inbox_undecided);
+    if (cx->inbox_slack_low || cx->inbox_slack_high)
+        printf(" (before the run: %ld deliveries pending, %ld events made while it was read)",
+               cx->inbox_slack_high, cx->inbox_slack_low);
+    putchar('\n');
+}
+
 void ck_print_table(struct chaos *cx, const struct ck_audit *au, const struct ck_chaos_verdict *v,
                     double secs, int rc)
 {
@@ -63,6 +83,7 @@ void ck_print_table(struct chaos *cx, const struct ck_audit *au, const struct ck
             printf("%-34s %ld deliveries: %ld reset, %ld cut, %ld dropped; %ld orderd down\n",
                    "faults: webhook proxy", atomic_load(&h->requests), atomic_load(&h->resets),
                    atomic_load(&h->cuts), atomic_load(&h->drops), atomic_load(&h->upstream_down));
+        print_inbox(cx, au);
         if (au->hook_results_ok)
             printf("%-34s %ld applied, %ld ignored, %ld duplicate, %ld rejected (since each "
                    "instance's last start)\n",
@@ -95,6 +116,21 @@ static json_t *proxy_json(const struct ck_proxy *p)
                      (json_int_t)atomic_load(&p->upstream_down));
 }
 
+/* The direct webhook audit: {"direct":false,"reason"} or the inbox's growth over the run. */
+static json_t *inbox_json(const struct chaos *cx, const struct ck_audit *au)
+{
+    if (!au->inbox_direct)
+        return json_pack("{s:b, s:s}", "direct", 0, "reason", au->inbox_why);
+    return json_pack(
+        "{s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "direct", 1, "entries",
+        (json_int_t)au->inbox_entries, "expectedEntries", (json_int_t)au->delta.events,
+        "chargeEvents", (json_int_t)au->inbox_charge_events, "expectedChargeEvents",
+        (json_int_t)au->delta.charges, "applied", (json_int_t)au->inbox_applied, "ignored",
+        (json_int_t)au->inbox_ignored, "undecided", (json_int_t)au->inbox_undecided,
+        "baselinePending", (json_int_t)cx->inbox_slack_high, "baselineNewEvents",
+        (json_int_t)cx->inbox_slack_low, "problems", (json_int_t)au->inbox_problems);
+}
+
 void ck_print_json(struct chaos *cx, const struct ck_audit *au, const struct ck_chaos_verdict *v,
                    double secs, int rc)
 {
@@ -120,6 +156,7 @@ void ck_print_json(struct chaos *cx, const struct ck_audit *au, const struct ck_
                           "abandoned", (json_int_t)au->delta.abandoned, "orderdResults", res);
         if (cx->hook_proxy_on)
             json_object_set_new(hooks, "proxy", proxy_json(&cx->hook_proxy));
+        json_object_set_new(hooks, "inbox", inbox_json(cx, au));
     } else {
         hooks = json_pack("{s:b}", "enabled", 0);
     }

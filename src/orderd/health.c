@@ -1,6 +1,8 @@
 /*
  * health.c - GET /healthz asks the store a trivial question, so "ok" means requests can be
- * served, not merely that the process is alive; GET /metrics renders the counters.
+ * served, not merely that the process is alive; GET /metrics renders the counters, and the
+ * gauges that are read from the store at scrape time (outbox, webhook inbox).  Those survive a
+ * restart and are the same on every instance sharing the store.
  */
 #include "health.h"
 
@@ -20,6 +22,9 @@
 #include "strbuf.h"
 #include "util.h"
 #include "banned.h"
+
+#define NTYPES 3   /* inbox event types: charge.succeeded, refund.succeeded, other */
+#define NRESULTS 3 /* inbox results: applied, ignored, other */
 
 void health_check(const struct call_ctx *cx, struct response *resp)
 {
@@ -45,21 +50,19 @@ out:
 }
 
 /*
- * The outbox by state, read at scrape time: a growing "pending" or any "parked" is what an
- * operator watches.  A store that does not answer leaves the gauge out rather than fail the page.
+ * The outbox by state: a growing "pending" or any "parked" is what an operator watches; writes
+ * nothing when the store does not answer: the gauge is left out, the page stays.
  */
-static void render_outbox(const struct app *app, struct strbuf *sb)
+static void render_outbox(struct idem_tx *tx, struct strbuf *sb)
 {
     static const char *const states[] = {"pending", "sent", "parked"};
-    struct idem_tx *tx = NULL;
     struct idem_rows *rows = NULL;
     long long n;
     size_t i;
     int r;
 
-    if (idem_tx_begin(app->store, 0, &tx) != 0 ||
-        idem_tx_exec(tx, "SELECT status, COUNT(*) FROM outbox GROUP BY status", 0, NULL, &rows) !=
-            0)
+    if (idem_tx_exec(tx, "SELECT status, COUNT(*) FROM outbox GROUP BY status", 0, NULL, &rows) !=
+        0)
         goto out;
     strbuf_adds(sb, "# HELP orderd_outbox_messages Messages in the outbox by state.\n"
                     "# TYPE orderd_outbox_messages gauge\n");
@@ -72,6 +75,70 @@ static void render_outbox(const struct app *app, struct strbuf *sb)
     }
 out:
     idem_rows_free(rows);
+}
+
+/* Index of `name` in `names`, or of the last entry ("other") when it is not there. */
+static size_t label_of(const char *const *names, size_t n, const char *name)
+{
+    size_t i;
+
+    for (i = 0; i + 1 < n; i++)
+        if (strcmp(names[i], name) == 0)
+            return i;
+    return n - 1;
+}
+
+/*
+ * The webhook inbox: one row per provider event id ever accepted, with what became of it
+ * (webhooks.c writes "applied" or "ignored" in the transaction that records the id).  Unlike
+ * orderd_webhooks_total it is durable, so a checker can take a difference across kills and
+ * instances.  The event type comes from the provider: types orderd does not handle are summed
+ * into "other", as are results it never writes, so the label set stays fixed and every series is
+ * exposed, zeros included.  A full count per scrape: the inbox is never swept.
+ */
+static void render_inbox(struct idem_tx *tx, struct strbuf *sb)
+{
+    static const char *const types[] = {"charge.succeeded", "refund.succeeded", "other"};
+    static const char *const results[] = {"applied", "ignored", "other"};
+    struct idem_rows *rows = NULL;
+    long long n[NTYPES][NRESULTS];
+    size_t t, x;
+    int r;
+
+    memset(n, 0, sizeof n);
+    if (idem_tx_exec(tx, "SELECT type, result, COUNT(*) FROM inbox GROUP BY type, result", 0, NULL,
+                     &rows) != 0)
+        goto out;
+    for (r = 0; r < idem_rows_count(rows); r++) {
+        t = label_of(types, NTYPES, db_text(rows, r, 0));
+        x = label_of(results, NRESULTS, db_text(rows, r, 1));
+        n[t][x] += (long long)db_int(rows, r, 2);
+    }
+    strbuf_adds(sb, "# HELP orderd_webhook_inbox_events Provider events in the webhook inbox "
+                    "(each event id once) by type and result, read from the store.\n"
+                    "# TYPE orderd_webhook_inbox_events gauge\n");
+    for (t = 0; t < NTYPES; t++)
+        for (x = 0; x < NRESULTS; x++)
+            strbuf_addf(sb, "orderd_webhook_inbox_events{type=\"%s\",result=\"%s\"} %lld\n",
+                        types[t], results[x], n[t][x]);
+out:
+    idem_rows_free(rows);
+}
+
+/*
+ * The gauges read from the store, in one read transaction per scrape.  A store that does not
+ * answer leaves them out rather than fail the page (the counters are still worth having); a
+ * failed statement leaves the transaction usable on every store (idem_tx_exec), so one gauge
+ * missing does not take the other with it.
+ */
+static void render_store(const struct app *app, struct strbuf *sb)
+{
+    struct idem_tx *tx = NULL;
+
+    if (idem_tx_begin(app->store, 0, &tx) != 0)
+        return;
+    render_outbox(tx, sb);
+    render_inbox(tx, sb);
     idem_tx_rollback(tx);
 }
 
@@ -84,7 +151,7 @@ void health_metrics(const struct call_ctx *cx, struct response *resp)
     text = metrics_render(cx->app->metrics, &len);
     strbuf_add(&sb, text, len);
     free(text);
-    render_outbox(cx->app, &sb);
+    render_store(cx->app, &sb);
     free(resp->body);
     resp->body = strbuf_detach(&sb, &len);
     resp->body_len = len;

@@ -10,20 +10,26 @@ confirmation email, every webhook event accepted by orderd; nothing duplicated, 
   - --attach: orderd (two instances) and provider-sim started by this test, idem-check only puts
     its proxy in front and audits; nothing is killed, the provider's settings are put back.
 
-The audit must not be vacuous (an extra order fails the run), and bad command lines exit 2, an
-unreachable attached service 3.
+With webhooks on, the audit reads orderd's webhook inbox (orderd_webhook_inbox_events on /metrics)
+before and after the run: one new entry per new event, each decided once; where the gauge is
+missing (attached to something that is not this orderd) it says so and checks indirectly.
+
+The audit must not be vacuous (an extra order fails the run, and so does an orderd that refuses
+every webhook), and bad command lines exit 2, an unreachable attached service 3.
 
 Store: on SQLite idem-check makes orderd's file in its own temp directory; under with_pg.sh
 (service-pg.test_chaos) each run gets a fresh PostgreSQL database (--db, or the attached orderd's).
 """
 
 import atexit
+import http.client
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -115,6 +121,16 @@ def expect_webhooks_clean(doc, copies):
     expect(w["delivered"] >= started * copies, "every delivery accepted by orderd: %r" % w)
     expect_eq(w["pending"], 0, "webhook deliveries still pending")
     expect_eq(w["abandoned"], 0, "webhook deliveries abandoned")
+    # The direct audit of orderd's inbox: one new entry per event id, each decided once.
+    i = w["inbox"]
+    expect(i["direct"], "orderd's inbox was audited directly: %r" % i)
+    expect_eq((i["baselinePending"], i["baselineNewEvents"]), (0, 0),
+              "the provider was quiet when the inbox was first read: %r" % i)
+    expect_eq((i["entries"], i["expectedEntries"]), (started, started), "new inbox entries")
+    expect_eq((i["chargeEvents"], i["expectedChargeEvents"]), (started, started),
+              "new charge.succeeded entries: %r" % i)
+    expect_eq(i["applied"] + i["ignored"], started, "every entry applied or ignored: %r" % i)
+    expect_eq((i["undecided"], i["problems"]), (0, 0), "inbox problems: %r" % i)
 
 
 @test
@@ -233,12 +249,96 @@ def test_attach_to_running_services(ctx):
                 proc.close()
 
 
+class InboxGaugeStripper:
+    """
+    An HTTP front for one orderd that hides orderd_webhook_inbox_events from its /metrics, as an
+    orderd of an older version would (everything else is passed on as it is), on 127.0.0.1:0.
+    """
+
+    def __init__(self, port):
+        import http.server
+        upstream = port
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def forward(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else None
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in ("host", "connection", "content-length")}
+                c = http.client.HTTPConnection("127.0.0.1", upstream, timeout=30)
+                try:
+                    c.request(self.command, self.path, body=body, headers=headers)
+                    r = c.getresponse()
+                    data = r.read()
+                    if self.path.split("?")[0] == "/metrics":
+                        data = b"".join(line for line in data.splitlines(True)
+                                        if b"orderd_webhook_inbox_events" not in line)
+                    self.send_response(r.status)
+                    for k, v in r.getheaders():
+                        if k.lower() not in ("content-length", "connection", "transfer-encoding",
+                                             "date", "server"):
+                            self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                finally:
+                    c.close()
+
+            do_GET = do_POST = do_PUT = do_DELETE = forward
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = "http://127.0.0.1:%d" % self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@test
+def test_attach_without_the_inbox_gauge_falls_back(ctx):
+    # Attached to something whose /metrics has no inbox gauge: the run is still audited (through
+    # the ledger's deliveries and the confirmation emails), and the table says the inbox was not.
+    prov, s = paid_pair(order_args=FAST_WORKERS, name="noinbox")
+    front = None
+    try:
+        s.start()
+        user = s.new_user("chaos-noinbox")
+        front = InboxGaugeStripper(s.port)
+        rc, out, err, took = idem_check(["chaos", "--attach", "--orderd-url", front.url,
+                                         "--provider-url", prov.url, "--token", user.token,
+                                         "--intents", "20", "--clients", "4", "--max-time", "30"],
+                                        timeout=120)
+        print("measured: attached without the inbox gauge took %.1f s:\n%s" % (took, out),
+              flush=True)
+        expect_eq(rc, 0, "exit code:\n%s\n%s" % (out, err[-2000:]))
+        expect("verdict: CLEAN" in out, "a clean verdict:\n%s" % out)
+        row = [line for line in out.splitlines() if line.startswith("webhook inbox")]
+        expect(len(row) == 1 and "not audited directly" in row[0] and
+               "has no orderd_webhook_inbox_events" in row[0] and "indirectly" in row[0],
+               "the table says the inbox was checked indirectly only:\n%s" % out)
+        expect("WEBHOOK problems                   0" in out, "no webhook problem:\n%s" % out)
+    finally:
+        if front is not None:
+            front.close()
+        s.close()
+        prov.close()
+
+
 @test
 def test_table_output(ctx):
     rc, out, err, _ = idem_check(BASE + ["--intents", "20", "--max-time", "10"])
     expect_eq(rc, 0, "exit code:\n%s\n%s" % (out, err[-2000:]))
     for row in ("intents started", "client retries", "faults: proxy resets",
                 "faults: proxy cut mid-request", "orderd 1 http://127.0.0.1:", "webhooks",
+                "webhook inbox (orderd's store)     20 new entries for 20 events",
                 "DUPLICATES found", "LOST found", "UNSETTLED", "WEBHOOK problems",
                 "verdict: CLEAN"):
         expect(row in out, "table has %r:\n%s" % (row, out))
@@ -338,6 +438,9 @@ def test_audit_catches_webhooks_orderd_refuses(ctx):
     expect(doc["webhooks"]["orderdResults"].get("rejected", 0) > 0,
            "orderd's metrics show the refusals: %r" % doc["webhooks"])
     expect(doc["firstProblem"].startswith("webhooks:"), "and named: %r" % doc["firstProblem"])
+    inbox = doc["webhooks"]["inbox"]
+    expect(inbox["direct"] and inbox["entries"] == 0 and inbox["expectedEntries"] > 0 and
+           inbox["problems"] > 0, "the inbox audit sees no event recorded: %r" % inbox)
 
 
 @test
