@@ -53,7 +53,7 @@
     "INSERT INTO orders (id, user_id, product_id, quantity, unit_price, amount, "                  \
     "currency, status, idem_key, request_fp, created_at, payment_source) VALUES ($1, "             \
     "$2, $3, CAST($4 AS BIGINT), CAST($5 AS BIGINT), CAST($6 AS BIGINT), $7, $8, $9, "             \
-    "$10, $11, $12)"
+    "$10, $11, $12) RETURNING " ORDER_COLS
 
 /* The validated body of POST /api/orders. */
 struct create_input {
@@ -259,7 +259,7 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
     params[9] = in->fp_hex;
     params[10] = created;
     params[11] = in->source;
-    rc = db_exec(app, tx, SQL_INSERT_ORDER, 12, params, NULL);
+    rc = db_exec(app, tx, SQL_INSERT_ORDER, 12, params, &rows);
     if (rc == IDEM_ECONFLICT) {
         /* (user, key) was checked in this transaction; only an id collision gets here. */
         log_msg(&app->log, "error", "orders.create: order insert conflicted for %s", id);
@@ -276,6 +276,15 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
         rc = idem_call_advance(call, POINT_ORDER_CREATED, id);
         if (rc < 0)
             goto out;
+    } else if (idem_rows_count(rows) == 1) {
+        /* The order as the insert returned it is the 201's body: no second read of it. */
+        char location[128];
+        json_t *doc = order_json(rows, 0);
+        order_location(id, location, sizeof location);
+        rc = idemcall_complete_json(call, 201, doc, location);
+        json_decref(doc);
+        *done = 1;
+        goto out;
     }
     *order_id = xstrdup(id);
 out:
@@ -372,7 +381,7 @@ static void create_without_record(const struct call_ctx *cx, const struct create
     params[9] = in->fp_hex;
     params[10] = created;
     params[11] = in->source;
-    rc = db_exec(app, tx, SQL_INSERT_ORDER, 12, params, NULL);
+    rc = db_exec(app, tx, SQL_INSERT_ORDER, 12, params, &rows);
     if (rc == IDEM_ECONFLICT) {
         rc = 0;
         response_problem(resp, 409, "order-exists",
@@ -380,8 +389,8 @@ static void create_without_record(const struct call_ctx *cx, const struct create
                          "--idempotency off: nothing is replayed.");
         goto out;
     }
-    if (rc == 0)
-        rc = order_read(app, tx, id, &doc);
+    if (rc == 0 && idem_rows_count(rows) == 1)
+        doc = order_json(rows, 0);
     if (rc == 0 && doc == NULL)
         rc = IDEM_ESTATE;
     if (rc < 0)
