@@ -45,4 +45,21 @@ static inline void clock_sleep_ms(int64_t ms)
         req = rem;
 }
 
+/* The absolute time `ms` milliseconds from now on clock `id`: a deadline for a timed wait. */
+static inline struct timespec clock_deadline(clockid_t id, int64_t ms)
+{
+    struct timespec ts = {0, 0};
+
+    (void)clock_gettime(id, &ts);
+    if (ms < 0)
+        ms = 0;
+    ts.tv_sec += (time_t)(ms / 1000);
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
 #endif /* IDEM_COMMON_CLOCK_H */

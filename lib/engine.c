@@ -181,13 +181,7 @@ static void wait_for_change(struct idem_engine *eng, const struct idem_scope *s,
 
     if (eng->st->vt->wait_change && eng->st->vt->wait_change(eng->st, s, ms) == 0)
         return;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += (time_t)(ms / 1000);
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    ts = idem__deadline_ms(ms);
     pthread_mutex_lock(&eng->mu);
     seen = eng->epoch;
     while (eng->epoch == seen)
@@ -254,13 +248,7 @@ static void inflight_enter(struct idem_call *call, int64_t deadline, int *waited
         if (left <= 0)
             break;
         *waited = 1;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += (time_t)(left / 1000);
-        ts.tv_nsec += (long)(left % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        ts = idem__deadline_ms(left);
         pthread_cond_timedwait(&eng->changed, &eng->mu, &ts);
     }
     if (!inflight_busy(eng, &call->scope, b)) {

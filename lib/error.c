@@ -73,6 +73,11 @@ void idem__sleep_ms(int64_t ms)
     clock_sleep_ms(ms);
 }
 
+struct timespec idem__deadline_ms(int64_t ms)
+{
+    return clock_deadline(CLOCK_REALTIME, ms);
+}
+
 void idem__fmt(char *buf, size_t cap, const char *fmt, ...)
 {
     va_list ap;

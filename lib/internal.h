@@ -29,6 +29,8 @@ int64_t idem__now_ms(void);
 int64_t idem__mono_ms(void);
 /* Sleeps `ms` milliseconds (restarting on EINTR). */
 void idem__sleep_ms(int64_t ms);
+/* CLOCK_REALTIME `ms` from now: the deadline of a pthread_cond_timedwait on a default condvar. */
+struct timespec idem__deadline_ms(int64_t ms);
 
 /* snprintf into a fixed message buffer; never overflows, always NUL-terminates. */
 void idem__fmt(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

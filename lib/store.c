@@ -147,24 +147,13 @@ const char *idem_store_kind(const struct idem_store *st)
     return st && st->vt ? st->vt->kind : "none";
 }
 
-static void deadline_after(struct timespec *ts, int ms)
-{
-    clock_gettime(CLOCK_REALTIME, ts);
-    ts->tv_sec += ms / 1000;
-    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
 int idem__store_acquire(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
 {
     struct timespec deadline;
     int rc = 0;
 
     *out = NULL;
-    deadline_after(&deadline, st->opts.busy_timeout_ms);
+    deadline = idem__deadline_ms(st->opts.busy_timeout_ms);
     pthread_mutex_lock(&st->mu);
     while (st->nidle == 0 && st->nopen >= st->opts.pool_size) {
         if (pthread_cond_timedwait(&st->cv, &st->mu, &deadline) == ETIMEDOUT &&

@@ -23,6 +23,7 @@
  * database and user, and any password the connection string holds is scrubbed from libpq's text.
  */
 #include "internal.h"
+#include "clock.h" /* common/clock.h: clock_deadline for the listener's monotonic condvar */
 
 #include <libpq-fe.h>
 
@@ -1644,13 +1645,7 @@ static int pg_wait_change(struct idem_store *st, const struct idem_scope *s, int
     }
     seen = sh->bucket[b];
     epoch = sh->epoch;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += (time_t)(timeout_ms / 1000);
-    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    ts = clock_deadline(CLOCK_MONOTONIC, timeout_ms); /* sh->cv waits on CLOCK_MONOTONIC */
     while (sh->bucket[b] == seen && sh->epoch == epoch && !sh->stop)
         if (pthread_cond_timedwait(&sh->cv, &sh->mu, &ts) == ETIMEDOUT)
             break;

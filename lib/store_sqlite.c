@@ -787,17 +787,6 @@ static void writer_release_locked(struct sq_group *g)
         pthread_cond_broadcast(&g->batch_cv); /* nobody queues: a member commits the batch */
 }
 
-static void deadline_in(struct timespec *ts, int ms)
-{
-    clock_gettime(CLOCK_REALTIME, ts);
-    ts->tv_sec += ms / 1000;
-    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
 static int sq_write_begin(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
 {
     struct sq_group *g = st->backend;
@@ -805,7 +794,7 @@ static int sq_write_begin(struct idem_store *st, struct idem_conn **out, char *e
     int rc = 0;
 
     *out = NULL;
-    deadline_in(&deadline, st->opts.busy_timeout_ms);
+    deadline = idem__deadline_ms(st->opts.busy_timeout_ms);
     pthread_mutex_lock(&g->mu);
     g->waiting++;
     while (g->busy) {

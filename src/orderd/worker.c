@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "app.h"
+#include "clock.h"
 #include "log.h"
 #include "metrics.h"
 #include "banned.h"
@@ -21,13 +22,7 @@ static int wait_or_stop(struct worker *w, int64_t ms)
     struct timespec deadline;
     int stop;
 
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
-    deadline.tv_sec += (time_t)(ms / 1000);
-    deadline.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
+    deadline = clock_deadline(CLOCK_MONOTONIC, ms);
     pthread_mutex_lock(&w->mu);
     while (!w->stop)
         if (pthread_cond_timedwait(&w->cv, &w->mu, &deadline) == ETIMEDOUT)

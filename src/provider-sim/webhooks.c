@@ -22,6 +22,7 @@
 #include <openssl/hmac.h>
 
 #include "sim.h"
+#include "clock.h"
 #include "sim_util.h"
 #include "banned.h"
 
@@ -322,12 +323,7 @@ static void *sender_loop(void *arg)
     while (!stopping(wh)) {
         if (deliver_due(s, curl) > 0)
             continue;
-        clock_gettime(CLOCK_MONOTONIC, &deadline);
-        deadline.tv_nsec += (long)WEBHOOK_IDLE_MS * 1000000L;
-        if (deadline.tv_nsec >= 1000000000L) {
-            deadline.tv_sec++;
-            deadline.tv_nsec -= 1000000000L;
-        }
+        deadline = clock_deadline(CLOCK_MONOTONIC, WEBHOOK_IDLE_MS);
         pthread_mutex_lock(&wh->mu);
         seen = wh->wakeups;
         while (!wh->stop && wh->wakeups == seen)
