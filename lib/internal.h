@@ -75,6 +75,8 @@ void idem__record_clear(struct idem_record *rec);
 int idem__headers_encode(const struct idem_header *h, size_t n, char **out);
 /* Splits `text` in place into headers; *out (new, free()) points into `text`. */
 int idem__headers_decode(char *text, struct idem_header **out, size_t *n);
+/* Splits `text` in place into `h` (room for one header per line); returns how many. */
+size_t idem__headers_split(char *text, struct idem_header *h);
 
 /* ---- the store backend table ---------------------------------------------------------------- */
 

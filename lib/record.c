@@ -70,6 +70,27 @@ int idem__headers_encode(const struct idem_header *h, size_t n, char **out)
     return 0;
 }
 
+size_t idem__headers_split(char *text, struct idem_header *h)
+{
+    size_t count = 0;
+
+    for (char *line = text; *line;) {
+        char *nl = strchr(line, '\n');
+        char *colon = strstr(line, ": ");
+        if (!nl)
+            break;
+        *nl = '\0';
+        if (colon && colon < nl) {
+            *colon = '\0';
+            h[count].name = line;
+            h[count].value = colon + 2;
+            count++;
+        }
+        line = nl + 1;
+    }
+    return count;
+}
+
 int idem__headers_decode(char *text, struct idem_header **out, size_t *n)
 {
     size_t count = 0;
@@ -87,22 +108,7 @@ int idem__headers_decode(char *text, struct idem_header **out, size_t *n)
     h = calloc(count, sizeof(*h));
     if (!h)
         return IDEM_ENOMEM;
-    count = 0;
-    for (char *line = text; *line;) {
-        char *nl = strchr(line, '\n');
-        char *colon = strstr(line, ": ");
-        if (!nl)
-            break;
-        *nl = '\0';
-        if (colon && colon < nl) {
-            *colon = '\0';
-            h[count].name = line;
-            h[count].value = colon + 2;
-            count++;
-        }
-        line = nl + 1;
-    }
     *out = h;
-    *n = count;
+    *n = idem__headers_split(text, h);
     return 0;
 }

@@ -203,28 +203,6 @@ static struct node *shard_find(struct shard *sh, uint64_t h, const struct idem_s
     return n;
 }
 
-/* Splits the stored "Name: value\n" text (copied into the entry) into the entry's header array. */
-static size_t split_headers(char *text, struct idem_header *h)
-{
-    size_t count = 0;
-
-    for (char *line = text; *line;) {
-        char *nl = strchr(line, '\n');
-        char *colon = strstr(line, ": ");
-        if (!nl)
-            break;
-        *nl = '\0';
-        if (colon && colon < nl) {
-            *colon = '\0';
-            h[count].name = line;
-            h[count].value = colon + 2;
-            count++;
-        }
-        line = nl + 1;
-    }
-    return count;
-}
-
 /* ---- the cache ------------------------------------------------------------------------------- */
 
 int idem__rcache_new(size_t max_bytes, struct idem__rcache **out)
@@ -380,7 +358,7 @@ int idem__rcache_put(struct idem__rcache *c, const struct idem_scope *s,
     p += klen + 1;
     memcpy(p, headers ? headers : "", hlen + 1);
     n->pub.headers = harr;
-    n->pub.nheaders = split_headers(p, harr);
+    n->pub.nheaders = idem__headers_split(p, harr);
     p += hlen + 1;
     if (body_len)
         memcpy(p, body, body_len);
