@@ -162,6 +162,9 @@ struct idem_store {
     struct idem_store_options opts;
     void *backend; /* per-store state of the backend (PostgreSQL: its listener), or NULL */
 
+    _Atomic uint64_t write_commits;   /* idem_store_stats() */
+    _Atomic uint64_t durable_commits; /* counted by the backend when it groups commits */
+
     pthread_mutex_t mu;
     pthread_cond_t cv;
     struct idem_conn **idle; /* connections ready for use */

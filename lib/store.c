@@ -9,6 +9,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -17,6 +18,7 @@ struct idem_tx {
     struct idem_store *st;
     struct idem_conn *conn;
     int grouped; /* a savepoint on the store's writer (group commit), not a pooled connection */
+    int write;
     char errmsg[IDEM_ERRMSG_MAX];
 };
 
@@ -147,6 +149,14 @@ const char *idem_store_kind(const struct idem_store *st)
     return st && st->vt ? st->vt->kind : "none";
 }
 
+void idem_store_stats(const struct idem_store *st, struct idem_store_stats *out)
+{
+    if (!out)
+        return;
+    out->write_commits = st ? atomic_load(&st->write_commits) : 0;
+    out->durable_commits = st ? atomic_load(&st->durable_commits) : 0;
+}
+
 int idem__store_acquire(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
 {
     struct timespec deadline;
@@ -250,6 +260,7 @@ int idem_tx_begin(struct idem_store *st, int write, struct idem_tx **out)
     if (!tx)
         return IDEM_ENOMEM;
     tx->st = st;
+    tx->write = write;
     if (write && st->vt->write_begin) {
         rc = st->vt->write_begin(st, &tx->conn, tx->errmsg, sizeof(tx->errmsg));
         if (rc < 0) {
@@ -284,10 +295,17 @@ int idem_tx_commit(struct idem_tx *tx)
         return IDEM_EINVAL;
     if (tx->grouped) {
         rc = tx->st->vt->write_commit(tx->st, tx->conn, tx->errmsg, sizeof(tx->errmsg));
+        if (rc == 0)
+            atomic_fetch_add(&tx->st->write_commits, 1);
         free(tx);
         return rc;
     }
     rc = tx->st->vt->commit(tx->conn);
+    if (rc == 0 && tx->write) {
+        /* A transaction of its own: its commit is its durable commit. */
+        atomic_fetch_add(&tx->st->write_commits, 1);
+        atomic_fetch_add(&tx->st->durable_commits, 1);
+    }
     if (rc < 0)
         tx->st->vt->rollback(tx->conn);
     idem__store_release(tx->st, tx->conn);

@@ -14,6 +14,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -663,6 +664,7 @@ struct sq_batch {
 };
 
 struct sq_group {
+    struct idem_store *st;    /* the store it belongs to (its stats) */
     pthread_mutex_t mu;
     pthread_cond_t writer_cv; /* signalled (one waiter) when the writer comes free */
     pthread_cond_t batch_cv;  /* broadcast when a batch finished or may need its members */
@@ -714,6 +716,7 @@ static int group_get(struct idem_store *st)
             free(g);
             rc = IDEM_ENOMEM;
         } else {
+            g->st = st;
             st->backend = g;
         }
     }
@@ -752,6 +755,8 @@ static void batch_commit_locked(struct sq_group *g)
             run_simple(w, "ROLLBACK", "rollback failed group commit");
     }
     pthread_mutex_lock(&g->mu);
+    if (rc == 0 && g->members > 0) /* (a batch of rolled-back savepoints carried nothing) */
+        atomic_fetch_add(&g->st->durable_commits, 1);
     batch_finish_locked(g, rc, msg);
 }
 

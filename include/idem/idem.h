@@ -160,6 +160,19 @@ IDEM_API void idem_store_close(struct idem_store *st);
 IDEM_API const char *idem_store_kind(const struct idem_store *st);
 
 /*
+ * Counters of a store handle since it was opened, for monitoring.  On SQLite many write
+ * transactions share one durable commit (group commit), so `write_commits` / `durable_commits`
+ * is the mean batch; on PostgreSQL every transaction is its own commit and the two are equal.
+ */
+struct idem_store_stats {
+    uint64_t write_commits;   /* write transactions committed (each acknowledged durable) */
+    uint64_t durable_commits; /* commits made durable on disk that carried them */
+};
+
+/* Fills *out (zeros for NULL st). */
+IDEM_API void idem_store_stats(const struct idem_store *st, struct idem_store_stats *out);
+
+/*
  * A versioned schema step of the application.  Each store runs its own dialect: `sqlite_sql` or
  * `postgres_sql` (several statements separated by ';' are allowed).  Versions of one component
  * must be given in ascending order.

@@ -134,6 +134,20 @@ out:
 static void render_store(const struct app *app, struct strbuf *sb)
 {
     struct idem_tx *tx = NULL;
+    struct idem_store_stats stats;
+
+    idem_store_stats(app->store, &stats);
+    strbuf_addf(sb,
+                "# HELP orderd_store_write_commits_total Write transactions committed, each"
+                " acknowledged once durable.\n"
+                "# TYPE orderd_store_write_commits_total counter\n"
+                "orderd_store_write_commits_total %llu\n"
+                "# HELP orderd_store_durable_commits_total Durable commits that carried them"
+                " (SQLite group commit: one per batch).\n"
+                "# TYPE orderd_store_durable_commits_total counter\n"
+                "orderd_store_durable_commits_total %llu\n",
+                (unsigned long long)stats.write_commits,
+                (unsigned long long)stats.durable_commits);
 
     if (idem_tx_begin(app->store, 0, &tx) != 0)
         return;

@@ -580,11 +580,13 @@ static void test_concurrent_writers(struct idem_store *st)
     struct idem_tx *tx = NULL;
     const char *seed[] = {"gc-shared", "seed"};
     int committed = 0, failed = 0, visible = 0, errors = 0;
+    struct idem_store_stats before, after;
     int64_t t0;
 
     CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
     CHECK_INT(idem_tx_exec(tx, "INSERT INTO biz (id, note) VALUES ($1, $2)", 2, seed, NULL), 0);
     CHECK_INT(idem_tx_commit(tx), 0);
+    idem_store_stats(st, &before);
     t0 = mono_ms();
     for (int i = 0; i < WRITERS; i++) {
         w[i] = (struct writer){.st = st, .id = i};
@@ -603,8 +605,19 @@ static void test_concurrent_writers(struct idem_store *st)
     CHECK_INT(visible, committed);
     /* The rows of the failed transactions are gone, their neighbours' rows all there. */
     CHECK_INT(biz_count(st, "gc-"), committed + 1);
-    fprintf(stderr, "concurrent writers: %d threads, %d commits, %d rolled back, %lld ms\n",
-            WRITERS, committed, failed, (long long)(mono_ms() - t0));
+    idem_store_stats(st, &after);
+    CHECK_INT((int)(after.write_commits - before.write_commits), committed);
+    if (strcmp(store_kind, "sqlite") == 0)
+        CHECK(after.durable_commits - before.durable_commits <
+              after.write_commits - before.write_commits); /* shared fsyncs */
+    else
+        CHECK(after.durable_commits - before.durable_commits ==
+              after.write_commits - before.write_commits);
+    fprintf(stderr,
+            "concurrent writers: %d threads, %d commits in %llu durable commits, %d rolled back,"
+            " %lld ms\n",
+            WRITERS, committed, (unsigned long long)(after.durable_commits - before.durable_commits),
+            failed, (long long)(mono_ms() - t0));
 }
 
 /* Several handles migrating at once (as several processes starting together) all succeed. */

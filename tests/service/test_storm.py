@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness import (Server, expect, expect_eq, expect_problem, fail,  # noqa: E402
                      fresh_db_per_server, metric_value, new_key, parse_metrics,
-                     retry_after_seconds, run, test)
+                     retry_after_seconds, run, store_kind, test)
 
 SAME_KEY_REQUESTS = 120
 DISTINCT_KEYS = 100
@@ -67,6 +67,16 @@ def create_counters(server):
     return {o: metric_value(samples, "orderd_requests_total", operation="orders.create",
                             outcome=o)
             for o in ("executed", "replayed", "waited", "in_progress", "mismatch", "error")}
+
+
+def store_commits(server):
+    """(write transactions committed, durable commits that carried them) from /metrics."""
+    r = server.client().get("/metrics")
+    if r.status != 200:
+        fail("GET /metrics: %s" % r.describe())
+    samples = parse_metrics(r.body.decode("utf-8", "replace"))
+    return (metric_value(samples, "orderd_store_write_commits_total"),
+            metric_value(samples, "orderd_store_durable_commits_total"))
 
 
 def counters_moved(before, after):
@@ -136,9 +146,19 @@ def test_distinct_key_storm_makes_one_order_each(server):
     u = server.new_user("storm")
     work = [(new_key("d%03d" % i), {"productId": "p-2048", "quantity": 1 + i % 7})
             for i in range(DISTINCT_KEYS)]
+    commits_before = store_commits(server)
     t0 = time.monotonic()
     results = storm(u, work)
     took = time.monotonic() - t0
+    writes, durable = (a - b for a, b in zip(store_commits(server), commits_before))
+    print("     store: %d write transactions committed in %d durable commits" % (writes, durable))
+    expect(writes >= DISTINCT_KEYS, "each created order committed a write transaction (%d)" % writes)
+    if store_kind() == "sqlite":
+        # Group commit: concurrent orders share fsyncs.
+        expect(0 < durable < writes, "SQLite shares durable commits among %d concurrent orders "
+               "(%d transactions in %d commits)" % (DISTINCT_KEYS, writes, durable))
+    else:
+        expect_eq(durable, writes, "PostgreSQL: every transaction is its own commit")
     by_key, busy, bad = {}, [], []
     for key, body, r in results:
         if isinstance(r, Exception) or r is None:
