@@ -162,9 +162,17 @@ const char *idem_engine_owner(const struct idem_engine *eng)
     return eng ? eng->owner : NULL;
 }
 
-static void notify_changed(struct idem_engine *eng)
+static void inflight_unlink(struct idem_call *call);
+
+/*
+ * A record changed in this process: wakes every waiter.  `leaving`, if not NULL, is a call whose
+ * scope leaves flight at the same moment (it completed, was released, or executes nothing).
+ */
+static void notify_changed(struct idem_engine *eng, struct idem_call *leaving)
 {
     pthread_mutex_lock(&eng->mu);
+    if (leaving)
+        inflight_unlink(leaving);
     eng->epoch++;
     pthread_cond_broadcast(&eng->changed);
     pthread_mutex_unlock(&eng->mu);
@@ -260,15 +268,12 @@ static void inflight_enter(struct idem_call *call, int64_t deadline, int *waited
     pthread_mutex_unlock(&eng->mu);
 }
 
-/* Takes the call's scope out of flight and wakes its waiters (and every other waiter). */
-static void inflight_leave(struct idem_call *call)
+/* Takes the call's scope out of flight, if it is in (eng->mu held). */
+static void inflight_unlink(struct idem_call *call)
 {
-    struct idem_engine *eng = call->eng;
-
     if (!call->inflight)
         return;
-    pthread_mutex_lock(&eng->mu);
-    for (struct idem_call **pp = &eng->inflight[call->inflight_bucket]; *pp;
+    for (struct idem_call **pp = &call->eng->inflight[call->inflight_bucket]; *pp;
          pp = &(*pp)->inflight_next) {
         if (*pp == call) {
             *pp = call->inflight_next;
@@ -276,9 +281,6 @@ static void inflight_leave(struct idem_call *call)
         }
     }
     call->inflight = 0;
-    eng->epoch++;
-    pthread_cond_broadcast(&eng->changed);
-    pthread_mutex_unlock(&eng->mu);
 }
 
 static int call_fail(struct idem_call *call, int rc, const char *what, const char *detail)
@@ -508,26 +510,16 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
     idem__fmt(call->owner, sizeof(call->owner), "%s/%s%llu", eng->owner, recover ? "r" : "",
               (unsigned long long)atomic_fetch_add(&eng->next_call, 1));
     deadline = recover ? idem__mono_ms() : idem__mono_ms() + call->wait_ms;
-    if (!recover) {
-        int waited = 0;
-        inflight_enter(call, deadline, &waited);
-        if (waited) {
-            call->waited = 1;
-            /* The first of this scope in this process finished: its answer is in memory. */
-            if (cache_answer(eng, &call->scope, call->fp, &call->cached, outcome)) {
-                call->completed = call->cached != NULL;
-                goto done;
-            }
-        }
-    }
+    if (!recover)
+        inflight_enter(call, deadline, &call->waited);
 
     for (int round = 0;; round++) {
         if (round >= CLAIM_ROUNDS_MAX) {
             rc = call_fail(call, IDEM_EUNAVAIL, "claim", "the record kept changing under us");
             goto out;
         }
-        /* A duplicate woken by the first request's completion finds its answer in memory. */
-        if (round > 0 && !recover &&
+        /* A duplicate that waited for the first request of its scope finds its answer in memory. */
+        if ((round > 0 || call->waited) && !recover &&
             cache_answer(eng, &call->scope, call->fp, &call->cached, outcome)) {
             call->completed = call->cached != NULL;
             break;
@@ -606,10 +598,9 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
         wait_for_change(eng, &call->scope, pause < left ? pause : left);
         pause = pause * 2 > POLL_MAX_MS ? POLL_MAX_MS : pause * 2;
     }
-done:
     /* Only a call that executes keeps its scope in flight; the others let their waiters go. */
-    if (*outcome != IDEM_OUTCOME_EXECUTE && *outcome != IDEM_OUTCOME_RESUME)
-        inflight_leave(call);
+    if (call->inflight && *outcome != IDEM_OUTCOME_EXECUTE && *outcome != IDEM_OUTCOME_RESUME)
+        notify_changed(eng, call);
     *out = call;
     call = NULL;
 out:
@@ -705,7 +696,7 @@ static int commit_phase(struct idem_call *call, const char *what)
 {
     int rc = idem_tx_commit(call->tx);
     call->tx = NULL;
-    notify_changed(call->eng);
+    notify_changed(call->eng, NULL);
     if (rc < 0)
         return call_fail(call, rc, what, NULL);
     call->record_durable = 1;
@@ -809,8 +800,7 @@ int idem_call_complete(struct idem_call *call, int status, const struct idem_hea
                 call->eng->cache, &call->scope, call->fp, status, text, body, body_len,
                 cache_lifetime(call->claimed_mono_ms, call->ttl_ms, call->ttl_ms));
     }
-    inflight_leave(call);
-    notify_changed(call->eng);
+    notify_changed(call->eng, call);
     if (rc < 0) {
         call_fail(call, rc, "commit response", NULL);
         goto out;
@@ -852,8 +842,7 @@ void idem_call_abort(struct idem_call *call)
             idem_tx_rollback(tx);
         call->record_durable = 0;
     }
-    inflight_leave(call);
-    notify_changed(call->eng);
+    notify_changed(call->eng, call);
 }
 
 void idem_call_end(struct idem_call *call)
@@ -862,7 +851,8 @@ void idem_call_end(struct idem_call *call)
         return;
     if (call->tx || (call->record_durable && !call->completed))
         idem_call_abort(call);
-    inflight_leave(call);
+    if (call->inflight)
+        notify_changed(call->eng, call);
     idem__rcache_release(call->cached);
     idem__record_clear(&call->rec);
     free(call->headers);
