@@ -34,7 +34,6 @@ struct idem_conn {
     sqlite3 *db;
     char errmsg[IDEM_ERRMSG_MAX];
     int broken;
-    int in_tx;
     uint64_t clock;
     struct cached_stmt cache[STMT_CACHE];
 };
@@ -242,20 +241,16 @@ static int sq_conn_ok(struct idem_conn *c)
     return !c->broken && sqlite3_get_autocommit(c->db);
 }
 
+/* Pooled connections only read: every write transaction goes through the writer (group commit). */
 static int sq_begin(struct idem_conn *c, int write)
 {
-    int rc = run_simple(c, write ? "BEGIN IMMEDIATE" : "BEGIN", "begin");
-    if (rc == 0)
-        c->in_tx = 1;
-    return rc;
+    (void)write;
+    return run_simple(c, "BEGIN", "begin");
 }
 
 static int sq_commit(struct idem_conn *c)
 {
-    int rc = run_simple(c, "COMMIT", "commit");
-    if (rc == 0)
-        c->in_tx = 0;
-    return rc;
+    return run_simple(c, "COMMIT", "commit");
 }
 
 static int sq_rollback(struct idem_conn *c)
@@ -263,7 +258,6 @@ static int sq_rollback(struct idem_conn *c)
     int rc = 0;
     if (!sqlite3_get_autocommit(c->db))
         rc = run_simple(c, "ROLLBACK", "rollback");
-    c->in_tx = 0;
     return rc;
 }
 
