@@ -165,8 +165,7 @@ int checkout_settle(struct app *app, struct idem_call *call, const char *order_i
     int rc;
 
     *unknown = 0;
-    /* Phase 1 may still be open (no provider: one commit per order): read through it. */
-    rc = payments_load(app, idem_call_tx(call), order_id, &o);
+    rc = payments_load(app, NULL, order_id, &o);
     if (rc < 0)
         goto out;
     if (!o.found) {

@@ -276,10 +276,16 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
         rc = idem_call_advance(call, POINT_ORDER_CREATED, id);
         if (rc < 0)
             goto out;
-    } else if (idem_rows_count(rows) == 1) {
+    } else {
         /* The order as the insert returned it is the 201's body: no second read of it. */
         char location[128];
-        json_t *doc = order_json(rows, 0);
+        json_t *doc = NULL;
+        if (idem_rows_count(rows) != 1) {
+            log_msg(&app->log, "error", "orders.create: the insert of %s returned no row", id);
+            rc = IDEM_ESTATE;
+            goto out;
+        }
+        doc = order_json(rows, 0);
         order_location(id, location, sizeof location);
         rc = idemcall_complete_json(call, 201, doc, location);
         json_decref(doc);
