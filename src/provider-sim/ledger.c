@@ -118,13 +118,8 @@ void ledger_get(struct sim *sim, const struct request *rq, struct response *resp
     if (rc == 0)
         rc = count_dups(tx,
                         "SELECT reference, COUNT(*) FROM charges WHERE status = 'succeeded' AND "
-                        "reference IS NOT NULL GROUP BY reference HAVING COUNT(*) > 1",
-                        "charge", "reference", NULL, NULL, dups);
-    if (rc == 0 && with_refs)
-        rc = count_dups(tx,
-                        "SELECT reference, COUNT(*) FROM charges WHERE status = 'succeeded' AND "
                         "reference IS NOT NULL GROUP BY reference",
-                        "charge", "reference", charges, "byReference", NULL);
+                        "charge", "reference", with_refs ? charges : NULL, "byReference", dups);
     if (rc < 0)
         goto fail;
 
@@ -176,13 +171,8 @@ void ledger_get(struct sim *sim, const struct request *rq, struct response *resp
     if (rc == 0)
         rc = count_dups(tx,
                         "SELECT reference, COUNT(*) FROM emails WHERE reference IS NOT NULL "
-                        "GROUP BY reference HAVING COUNT(*) > 1",
-                        "email", "reference", NULL, NULL, dups);
-    if (rc == 0 && with_refs)
-        rc = count_dups(tx,
-                        "SELECT reference, COUNT(*) FROM emails WHERE reference IS NOT NULL "
                         "GROUP BY reference",
-                        "email", "reference", emails, "byReference", NULL);
+                        "email", "reference", with_refs ? emails : NULL, "byReference", dups);
     if (rc < 0)
         goto fail;
 
