@@ -334,10 +334,11 @@ static int read_record(struct idem_call *call)
     rc = st->vt->record_get(conn, &call->scope, &call->rec);
     if (rc < 0)
         call_fail(call, rc, "read record", st->vt->errmsg(conn));
-    else if (call->eng->cache && call->rec.found && call->rec.status == IDEM_REC_COMPLETED &&
-             call->rec.response_body_len < idem__rcache_max_entry(call->eng->cache))
+    idem__store_release(st, conn); /* before copying into the cache: the copy needs no store */
+    if (rc == 0 && call->eng->cache && call->rec.found &&
+        call->rec.status == IDEM_REC_COMPLETED &&
+        call->rec.response_body_len < idem__rcache_max_entry(call->eng->cache))
         cache_fill_from_read(call, t0);
-    idem__store_release(st, conn);
     return rc;
 }
 
