@@ -82,6 +82,16 @@ struct idem_call {
     /* A REPLAY answered from the replay cache: the response is this entry's (a reference). */
     const struct idem__rentry *cached;
 
+    /*
+     * A response written into the open phase by idem_call_stage(), not yet committed: copies for
+     * the replay cache and the response accessors once idem_call_commit() made it durable.
+     */
+    int staged;
+    int staged_status;
+    char *staged_headers; /* the allow-listed headers, encoded */
+    void *staged_body;    /* NUL-terminated */
+    size_t staged_body_len;
+
     struct idem_record rec; /* last state read, or what this call stored */
     struct idem_header *headers;
     size_t nheaders;
@@ -692,11 +702,48 @@ struct idem_tx *idem_call_tx(struct idem_call *call)
     return call ? call->tx : NULL;
 }
 
+/* Drops the staged response, if any: the phase that held it ended without storing it. */
+static void unstage(struct idem_call *call)
+{
+    free(call->staged_headers);
+    free(call->staged_body);
+    call->staged_headers = NULL;
+    call->staged_body = NULL;
+    call->staged_body_len = 0;
+    call->staged_status = 0;
+    call->staged = 0;
+}
+
+/* Rolls the open phase back: its writes, the claim it holds and a staged response are gone. */
+static void rollback_phase(struct idem_call *call)
+{
+    idem_tx_rollback(call->tx);
+    call->tx = NULL;
+    unstage(call);
+}
+
+/*
+ * A fenced update of the record changed nothing: the phase is rolled back and IDEM_ELEASE
+ * returned.  After a stage in this phase that can also be the stage itself, still in place.
+ */
+static int fence_failed(struct idem_call *call, const char *what)
+{
+    int rc = call_fail(call, IDEM_ELEASE, what,
+                       call->staged ? "the record is not processing under this call's lease: "
+                                      "another owner took it over, or the response staged in "
+                                      "this phase is still in place (roll back to a savepoint "
+                                      "taken before it first)"
+                                    : "another owner took the lease over");
+    rollback_phase(call);
+    return rc;
+}
+
 /* Commits the open phase; the record has changed, so waiting duplicates are woken. */
 static int commit_phase(struct idem_call *call, const char *what)
 {
     int rc = idem_tx_commit(call->tx);
     call->tx = NULL;
+    unstage(call);
     notify_changed(call->eng, NULL);
     if (rc < 0)
         return call_fail(call, rc, what, NULL);
@@ -729,9 +776,7 @@ int idem_call_advance(struct idem_call *call, const char *point, const char *dat
         goto out;
     }
     if (!ok) {
-        rc = call_fail(call, IDEM_ELEASE, "advance", "another owner took the lease over");
-        idem_tx_rollback(call->tx);
-        call->tx = NULL;
+        rc = fence_failed(call, "advance");
         goto out;
     }
     rc = commit_phase(call, "commit phase");
@@ -748,21 +793,29 @@ out:
     return rc;
 }
 
-int idem_call_complete(struct idem_call *call, int status, const struct idem_header *headers,
-                       size_t nheaders, const void *body, size_t body_len)
+/* The arguments of a response to store: a status of 100..599, headers and body as announced. */
+static int response_args_ok(int status, const struct idem_header *headers, size_t nheaders,
+                            const void *body, size_t body_len)
 {
-    struct idem_store *st;
+    return !(nheaders > 0 && !headers) && !(body_len > 0 && !body) && status >= 100 &&
+           status <= 599;
+}
+
+/*
+ * Writes the response into the open phase (status completed, no lease), fenced on the lease, and
+ * keeps copies of what it wrote for commit_response().  A response staged before in this phase
+ * is replaced by the copies (its row was rolled back to a savepoint by the caller, or the fence
+ * fails).
+ */
+static int stage_response(struct idem_call *call, int status, const struct idem_header *headers,
+                          size_t nheaders, const void *body, size_t body_len)
+{
+    struct idem_store *st = call->eng->st;
     char *text = NULL;
     void *copy = NULL;
     int ok = 0;
     int rc;
 
-    if (!call || (nheaders > 0 && !headers) || (body_len > 0 && !body) || status < 100 ||
-        status > 599)
-        return IDEM_EINVAL;
-    if (call->completed)
-        return call_fail(call, IDEM_ESTATE, "complete", "the call is completed");
-    st = call->eng->st;
     rc = idem__headers_encode(headers, nheaders, &text);
     if (rc < 0)
         goto out;
@@ -774,52 +827,108 @@ int idem_call_complete(struct idem_call *call, int status, const struct idem_hea
     if (body_len)
         memcpy(copy, body, body_len);
     ((char *)copy)[body_len] = '\0';
-    if (!call->tx) {
-        rc = idem_call_phase_begin(call);
-        if (rc < 0)
-            goto out;
-    }
     rc = st->vt->record_complete(idem__tx_conn(call->tx), &call->scope, call->owner, status, text,
                                  body, body_len, &ok);
     if (rc < 0) {
-        call_fail(call, rc, "complete", st->vt->errmsg(idem__tx_conn(call->tx)));
+        call_fail(call, rc, "stage response", st->vt->errmsg(idem__tx_conn(call->tx)));
+        unstage(call);
         goto out;
     }
     if (!ok) {
-        rc = call_fail(call, IDEM_ELEASE, "complete", "another owner took the lease over");
-        idem_tx_rollback(call->tx);
-        call->tx = NULL;
+        rc = fence_failed(call, "stage response");
         goto out;
     }
-    /* Committed, the response goes into the cache before duplicates are woken to look for it. */
-    rc = idem_tx_commit(call->tx);
+    unstage(call);
+    call->staged = 1;
+    call->staged_status = status;
+    call->staged_headers = text;
+    call->staged_body = copy;
+    call->staged_body_len = body_len;
+    text = NULL;
+    copy = NULL;
+out:
+    free(text);
+    free(copy);
+    return rc;
+}
+
+/*
+ * Commits the phase that holds the staged response.  Once committed, the response goes into the
+ * cache before duplicates are woken to look for it, and becomes the call's response.
+ */
+static int commit_response(struct idem_call *call)
+{
+    int rc = idem_tx_commit(call->tx);
+
     call->tx = NULL;
     if (rc == 0) {
         call->record_durable = 1;
         if (call->eng->cache && call->claimed_mono_ms)
             (void)idem__rcache_put(
-                call->eng->cache, &call->scope, call->fp, status, text, body, body_len,
+                call->eng->cache, &call->scope, call->fp, call->staged_status, call->staged_headers,
+                call->staged_body, call->staged_body_len,
                 cache_lifetime(call->claimed_mono_ms, call->ttl_ms, call->ttl_ms));
     }
     notify_changed(call->eng, call);
     if (rc < 0) {
-        call_fail(call, rc, "commit response", NULL);
-        goto out;
+        unstage(call);
+        return call_fail(call, rc, "commit response", NULL);
     }
     call->completed = 1;
     call->rec.status = IDEM_REC_COMPLETED;
-    call->rec.response_status = status;
+    call->rec.response_status = call->staged_status;
     free(call->rec.response_headers);
     free(call->rec.response_body);
-    call->rec.response_headers = text;
-    call->rec.response_body = copy;
-    call->rec.response_body_len = body_len;
-    text = NULL;
-    copy = NULL;
-    rc = load_response(call);
-out:
-    free(text);
-    free(copy);
+    call->rec.response_headers = call->staged_headers;
+    call->rec.response_body = call->staged_body;
+    call->rec.response_body_len = call->staged_body_len;
+    call->staged_headers = NULL;
+    call->staged_body = NULL;
+    unstage(call);
+    return load_response(call);
+}
+
+int idem_call_stage(struct idem_call *call, int status, const struct idem_header *headers,
+                    size_t nheaders, const void *body, size_t body_len)
+{
+    if (!call || !response_args_ok(status, headers, nheaders, body, body_len))
+        return IDEM_EINVAL;
+    if (call->completed)
+        return call_fail(call, IDEM_ESTATE, "stage response", "the call is completed");
+    if (!call->tx)
+        return call_fail(call, IDEM_ESTATE, "stage response", "no phase is open");
+    return stage_response(call, status, headers, nheaders, body, body_len);
+}
+
+int idem_call_commit(struct idem_call *call)
+{
+    if (!call)
+        return IDEM_EINVAL;
+    if (call->completed)
+        return call_fail(call, IDEM_ESTATE, "commit response", "the call is completed");
+    if (!call->tx || !call->staged)
+        return call_fail(call, IDEM_ESTATE, "commit response",
+                         call->tx ? "no response is staged" : "no phase is open");
+    return commit_response(call);
+}
+
+int idem_call_complete(struct idem_call *call, int status, const struct idem_header *headers,
+                       size_t nheaders, const void *body, size_t body_len)
+{
+    int rc;
+
+    if (!call || !response_args_ok(status, headers, nheaders, body, body_len))
+        return IDEM_EINVAL;
+    if (call->completed)
+        return call_fail(call, IDEM_ESTATE, "complete", "the call is completed");
+    if (!call->tx) {
+        rc = idem_call_phase_begin(call);
+        if (rc < 0)
+            return rc;
+    }
+    rc = stage_response(call, status, headers, nheaders, body, body_len);
+    if (rc == 0)
+        rc = commit_response(call);
     return rc;
 }
 
@@ -831,10 +940,8 @@ void idem_call_abort(struct idem_call *call)
     if (!call)
         return;
     st = call->eng->st;
-    if (call->tx) {
-        idem_tx_rollback(call->tx);
-        call->tx = NULL;
-    }
+    if (call->tx)
+        rollback_phase(call);
     /* A claim that never committed vanished with the rollback; a durable one is released. */
     if (call->record_durable && !call->completed && idem_tx_begin(st, 1, &tx) == 0) {
         if (st->vt->record_release(idem__tx_conn(tx), &call->scope, call->owner) == 0)
@@ -856,6 +963,7 @@ void idem_call_end(struct idem_call *call)
         notify_changed(call->eng, call);
     idem__rcache_release(call->cached);
     idem__record_clear(&call->rec);
+    unstage(call);
     free(call->headers);
     free(call->principal);
     free(call->operation);

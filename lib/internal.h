@@ -117,7 +117,10 @@ struct idem_store_vtab {
     /* Fenced on (owner, status processing): moves the recovery point and renews the lease. */
     int (*record_advance)(struct idem_conn *c, const struct idem_scope *s, const char *owner,
                           const char *point, const char *data, int64_t lease_ms, int *ok);
-    /* Fenced on (owner, status processing): stores the response, status completed, no lease. */
+    /*
+     * Fenced on (owner, status processing): stores the response, status completed, no lease.
+     * Commits with the transaction it runs in (idem_call_stage may run more statements after it).
+     */
     int (*record_complete)(struct idem_conn *c, const struct idem_scope *s, const char *owner,
                            int status, const char *headers, const void *body, size_t body_len,
                            int *ok);

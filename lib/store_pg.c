@@ -23,6 +23,7 @@
  * database and user, and any password the connection string holds is scrubbed from libpq's text.
  */
 #include "internal.h"
+#include "ascii.h" /* common/ascii.h: ascii_ncaseeq for the savepoint keywords */
 #include "clock.h" /* common/clock.h: clock_deadline for the listener's monotonic condvar */
 
 #include <libpq-fe.h>
@@ -632,26 +633,70 @@ static int pg_begin(struct idem_conn *c, int write)
     return rc;
 }
 
-static int rec_prepare(struct idem_conn *c, enum rec_stmt k);
-
 /*
- * Tells every listening process that the records this transaction changed may be read again.
- * Best effort: the commit stands whatever happens here, and a lost notification only makes a
- * waiter find the change at its next poll.
+ * COMMIT, followed in the same round trip (one pipeline) by the notifications that tell every
+ * listening process the records this transaction changed may be read again, each a transaction
+ * of its own after the COMMIT.  Returns the COMMIT's result (new, PQclear), or NULL when the
+ * connection failed before it came (c->broken is then set: the outcome is unknown).
+ *
+ * Notifying is best effort: a COMMIT that fails aborts the rest of the pipeline, so nothing is
+ * announced; one that rolled back (an earlier statement failed) announces a change that did not
+ * happen, which a waiter takes as a spurious wake-up; a lost notification only makes a waiter
+ * find the change at its next poll.
  */
-static void send_notifications(struct idem_conn *c)
+static PGresult *commit_and_notify(struct idem_conn *c)
 {
-    for (int i = 0; i < c->nnotify && !c->broken; i++) {
+    const int prepare = !(c->prepared & (1u << RS_NOTIFY));
+    PGresult *commit = NULL;
+    int nq = 0;
+    int synced = 0;
+
+    if (!PQenterPipelineMode(c->pg)) {
+        c->broken = 1;
+        return NULL;
+    }
+    if (!PQsendQueryParams(c->pg, "COMMIT", 0, NULL, NULL, NULL, NULL, 0))
+        goto failed;
+    nq++;
+    if (prepare) {
+        if (!PQsendPrepare(c->pg, rec_sql[RS_NOTIFY].name, rec_sql[RS_NOTIFY].sql,
+                           rec_sql[RS_NOTIFY].nparams, rec_sql[RS_NOTIFY].types))
+            goto failed;
+        nq++;
+    }
+    for (int i = 0; i < c->nnotify; i++) {
         const char *vals[1] = {c->notify[i]};
-        PGresult *res = NULL;
-        if (rec_prepare(c, RS_NOTIFY) < 0)
-            break;
-        res = PQexecPrepared(c->pg, rec_sql[RS_NOTIFY].name, 1, vals, NULL, NULL, 0);
-        if (check(c, res, "notify") < 0)
-            c->errmsg[0] = '\0'; /* not the caller's failure: the commit succeeded */
+        if (!PQsendQueryPrepared(c->pg, rec_sql[RS_NOTIFY].name, 1, vals, NULL, NULL, 0))
+            goto failed;
+        nq++;
+    }
+    if (!PQpipelineSync(c->pg))
+        goto failed;
+    /* Each query's results end with a NULL; the Sync's result ends the pipeline. */
+    for (int q = 0; q <= nq && !synced;) {
+        PGresult *res = PQgetResult(c->pg);
+        if (!res) {
+            if (PQstatus(c->pg) != CONNECTION_OK)
+                break;
+            q++;
+            continue;
+        }
+        if (PQresultStatus(res) == PGRES_PIPELINE_SYNC) {
+            synced = 1;
+        } else if (q == 0 && !commit) {
+            commit = res;
+            res = NULL;
+        } else if (prepare && q == 1 && PQresultStatus(res) == PGRES_COMMAND_OK) {
+            c->prepared |= 1u << RS_NOTIFY;
+        }
         PQclear(res);
     }
-    c->nnotify = 0;
+    if (synced && PQexitPipelineMode(c->pg))
+        return commit;
+failed:
+    /* The COMMIT's answer, if it came, stands; the connection is not trusted any more. */
+    c->broken = 1;
+    return commit;
 }
 
 static int pg_commit(struct idem_conn *c)
@@ -663,7 +708,7 @@ static int pg_commit(struct idem_conn *c)
         set_msg(c, "commit", "the connection was lost; the transaction did not commit", NULL);
         return IDEM_EUNAVAIL;
     }
-    res = PQexec(c->pg, "COMMIT");
+    res = c->nnotify > 0 ? commit_and_notify(c) : PQexec(c->pg, "COMMIT");
     rc = check(c, res, "commit");
     /* COMMIT of a transaction an error had aborted "succeeds" as a ROLLBACK. */
     if (rc == 0 && strcmp(PQcmdStatus(res), "COMMIT") != 0) {
@@ -675,8 +720,6 @@ static int pg_commit(struct idem_conn *c)
         set_msg(c, "commit", "the connection was lost during COMMIT; the outcome is unknown", NULL);
     PQclear(res);
     c->in_tx = 0;
-    if (rc == 0)
-        send_notifications(c);
     c->nnotify = 0;
     return rc;
 }
@@ -869,6 +912,59 @@ out:
     return rc;
 }
 
+/* Whether `p` starts with the keyword `kw` (upper case), followed by no identifier character. */
+static int keyword_at(const char *p, const char *kw)
+{
+    size_t n = strlen(kw);
+    return ascii_ncaseeq(p, kw, n) && !ident_char(p[n]);
+}
+
+static const char *skip_space(const char *p)
+{
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    return p;
+}
+
+/*
+ * Whether `sql` is a savepoint statement of the application's: SAVEPOINT, RELEASE [SAVEPOINT],
+ * ROLLBACK [WORK | TRANSACTION] TO [SAVEPOINT].  These cannot run under pg_exec's own savepoint:
+ * releasing that one would release the application's with it, and a ROLLBACK TO destroys it.
+ */
+static int is_savepoint_stmt(const char *sql)
+{
+    const char *p = skip_space(sql);
+
+    if (keyword_at(p, "SAVEPOINT") || keyword_at(p, "RELEASE"))
+        return 1;
+    if (!keyword_at(p, "ROLLBACK"))
+        return 0;
+    p = skip_space(p + strlen("ROLLBACK"));
+    if (keyword_at(p, "WORK"))
+        p = skip_space(p + strlen("WORK"));
+    else if (keyword_at(p, "TRANSACTION"))
+        p = skip_space(p + strlen("TRANSACTION"));
+    return keyword_at(p, "TO");
+}
+
+/*
+ * Runs an application's savepoint statement as it is, one round trip.  Unlike other statements,
+ * one that fails (a name that does not exist) leaves the transaction aborted, as PostgreSQL does;
+ * a later ROLLBACK TO an existing savepoint repairs it.
+ */
+static int exec_savepoint_stmt(struct idem_conn *c, const char *sql, struct idem_rows **rows)
+{
+    PGresult *res = PQexecParams(c->pg, sql, 0, NULL, NULL, NULL, NULL, 0);
+    int rc = check(c, res, "exec");
+
+    if (c->in_tx)
+        c->tx_stmts++;
+    if (rc == 0 && rows)
+        rc = rows_from(res, rows);
+    PQclear(res);
+    return rc;
+}
+
 /*
  * Runs one application statement.  Inside a transaction it runs under a savepoint, so that a
  * failure (a unique violation above all) leaves the transaction usable, as SQLite does: SAVEPOINT,
@@ -897,6 +993,13 @@ static int pg_exec(struct idem_conn *c, const char *sql, int nparams, const char
     if (c->broken) {
         set_msg(c, "exec", "the connection was lost", NULL);
         return IDEM_EUNAVAIL;
+    }
+    if (is_savepoint_stmt(sql)) {
+        if (max_param(sql) > 0) {
+            set_msg(c, "exec", "a savepoint statement takes no parameters", NULL);
+            return IDEM_EINVAL;
+        }
+        return exec_savepoint_stmt(c, sql, rows);
     }
     rc = app_lookup(c, sql, &e, evict, sizeof(evict));
     if (rc < 0)

@@ -224,6 +224,11 @@ IDEM_API void idem_tx_rollback(struct idem_tx *tx);
  * Returns 0, IDEM_ECONFLICT for a unique or primary key violation (the transaction stays usable
  * on every store: PostgreSQL runs each statement under a savepoint), IDEM_EUNAVAIL when the
  * store went away, or IDEM_ESTORE with detail in idem_tx_errmsg().
+ *
+ * The application's own savepoints work on every store, inside a transaction:
+ * "SAVEPOINT name", "ROLLBACK TO [SAVEPOINT] name", "RELEASE [SAVEPOINT] name", no parameters.
+ * On PostgreSQL one of these that fails (a name that does not exist) leaves the transaction
+ * aborted until a ROLLBACK TO an existing savepoint.
  */
 IDEM_API int idem_tx_exec(struct idem_tx *tx, const char *sql, int nparams,
                           const char *const *params, struct idem_rows **rows);
@@ -350,12 +355,43 @@ IDEM_API int idem_call_advance(struct idem_call *call, const char *point, const 
 
 /*
  * Stores the final response and marks the record completed, in the open phase's transaction
- * (one is opened if none is), then commits.  Headers not on the allow list are not stored.
- * Afterwards idem_call_response*() return what was stored.  Fenced like idem_call_advance().
+ * (one is opened if none is), then commits: idem_call_stage() and idem_call_commit() in one.
+ * Headers not on the allow list are not stored.  Afterwards idem_call_response*() return what
+ * was stored.  Fenced like idem_call_advance().
  */
 IDEM_API int idem_call_complete(struct idem_call *call, int status,
                                 const struct idem_header *headers, size_t nheaders,
                                 const void *body, size_t body_len);
+
+/*
+ * Writes the final response into the open phase's transaction and marks the record completed
+ * there, without committing, so the application can run its last statements after it (e.g. the
+ * update of a contended row, whose lock is then held only until the commit), then call
+ * idem_call_commit().  Fenced like idem_call_advance(): if another owner took the lease over, the
+ * phase is rolled back and IDEM_ELEASE returned.  Nothing is visible outside the transaction
+ * until the commit; idem_call_response*() answer only after it.
+ *
+ * To take the stage back, roll back to a savepoint taken before it (idem_tx_exec() of
+ * "SAVEPOINT name", then "ROLLBACK TO SAVEPOINT name", on idem_call_tx()): the record is then
+ * processing again in the transaction, and idem_call_stage() or idem_call_complete() stores
+ * another response.  Staging twice without that rollback fails the fence: IDEM_ELEASE, and the
+ * phase is rolled back.  After such a rollback, stage again before idem_call_commit(), which
+ * commits what the transaction holds.
+ *
+ * Returns 0, IDEM_EINVAL (bad arguments, as idem_call_complete), IDEM_ESTATE when no phase is
+ * open or the call is completed, IDEM_ELEASE, or a store error (the phase stays open: abort it).
+ */
+IDEM_API int idem_call_stage(struct idem_call *call, int status, const struct idem_header *headers,
+                             size_t nheaders, const void *body, size_t body_len);
+
+/*
+ * Commits the phase holding the response idem_call_stage() wrote.  On success the call is
+ * completed exactly as by idem_call_complete(): the record is durable, the replay cache holds the
+ * response, duplicates waiting in this process are woken, and idem_call_response*() return what
+ * was stored.  Returns 0, IDEM_ESTATE when no response is staged in an open phase (or the call is
+ * completed), or the commit's error (nothing was stored; end or abort the call).
+ */
+IDEM_API int idem_call_commit(struct idem_call *call);
 
 /*
  * Gives up the open phase: rolls back its transaction.  A claim made in that transaction

@@ -485,6 +485,156 @@ static void test_retention(struct idem_engine *eng)
     idem_call_end(call);
 }
 
+/* ---- 6b. a response staged inside the phase, then the last statements, then the commit ------ */
+
+/* Replays `key` from `eng` and checks the stored status and body. */
+static void expect_replay(struct idem_engine *eng, const struct idem_operation *op, const char *key,
+                          const unsigned char fp[IDEM_FP_LEN], int status, const char *body)
+{
+    struct idem_call *call = NULL;
+    enum idem_outcome oc;
+    size_t len = 0;
+    const void *b;
+
+    CHECK_INT(idem_call_begin(eng, op, "alice", key, fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
+    CHECK_INT(idem_call_response_status(call), status);
+    b = idem_call_response_body(call, &len);
+    CHECK_INT(len, strlen(body));
+    CHECK(b && memcmp(b, body, strlen(body)) == 0);
+    idem_call_end(call);
+}
+
+static void test_stage(struct idem_engine *eng, struct idem_store *st)
+{
+    static const struct idem_operation op = {"contract.stage", 0, 0, 100};
+    struct idem_header h[] = {{"Content-Type", "application/json"}, {"Location", "/t/2"}};
+    struct idem_engine *nocache = NULL;
+    struct idem_engine_options o = {.replay_cache_bytes = IDEM_REPLAY_CACHE_OFF};
+    struct idem_call *call = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+    size_t len = 0;
+
+    fp_of("{\"stage\":1}", fp);
+    /* A second engine without a replay cache reads what the store holds. */
+    CHECK_INT(idem_engine_new(st, &o, &nocache), 0);
+
+    /* Staged, then a business write, then committed: the staged response is the stored one. */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "stage-1", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(biz_insert(call, "stage-1a"), 0);
+    CHECK_INT(idem_call_stage(call, 201, h, 2, "staged", 6), 0);
+    CHECK_INT(biz_insert(call, "stage-1b"), 0);    /* the last statement, after the stage */
+    CHECK_INT(idem_call_response_status(call), 0); /* nothing is stored before the commit */
+    CHECK_INT(idem_call_commit(call), 0);
+    CHECK(idem_call_tx(call) == NULL);
+    CHECK_INT(idem_call_response_status(call), 201);
+    CHECK(memcmp(idem_call_response_body(call, &len), "staged", 6) == 0);
+    CHECK_INT(len, 6);
+    CHECK_INT(idem_call_response_header_count(call), 2);
+    CHECK_INT(idem_call_commit(call), IDEM_ESTATE); /* completed */
+    idem_call_end(call);
+    CHECK_INT(biz_count(st, "stage-1"), 2);
+    expect_replay(eng, &op, "stage-1", fp, 201, "staged");
+    expect_replay(nocache, &op, "stage-1", fp, 201, "staged");
+
+    /*
+     * Staged, then rolled back to a savepoint taken before the stage: the record is processing
+     * again in the transaction, and another response completes it.
+     */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "stage-2", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_tx_exec(idem_call_tx(call), "SAVEPOINT before_stage", 0, NULL, NULL), 0);
+    CHECK_INT(biz_insert(call, "stage-2a"), 0);
+    CHECK_INT(idem_call_stage(call, 201, h, 2, "first", 5), 0);
+    CHECK_INT(biz_insert(call, "stage-2b"), 0);
+    CHECK_INT(idem_tx_exec(idem_call_tx(call), "ROLLBACK TO SAVEPOINT before_stage", 0, NULL, NULL),
+              0);
+    CHECK_INT(idem_call_complete(call, 409, NULL, 0, "second", 6), 0);
+    CHECK_INT(idem_call_response_status(call), 409);
+    CHECK_INT(idem_call_response_header_count(call), 0);
+    idem_call_end(call);
+    CHECK_INT(biz_count(st, "stage-2"), 0);
+    expect_replay(eng, &op, "stage-2", fp, 409, "second");
+    expect_replay(nocache, &op, "stage-2", fp, 409, "second");
+
+    /* The same with a second stage and a commit: the last staged response is stored. */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "stage-3", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_tx_exec(idem_call_tx(call), "SAVEPOINT before_stage", 0, NULL, NULL), 0);
+    CHECK_INT(idem_call_stage(call, 201, NULL, 0, "first", 5), 0);
+    CHECK_INT(idem_tx_exec(idem_call_tx(call), "ROLLBACK TO SAVEPOINT before_stage", 0, NULL, NULL),
+              0);
+    CHECK_INT(biz_insert(call, "stage-3a"), 0);
+    CHECK_INT(idem_call_stage(call, 202, NULL, 0, "again", 5), 0);
+    CHECK_INT(idem_call_commit(call), 0);
+    idem_call_end(call);
+    CHECK_INT(biz_count(st, "stage-3"), 1);
+    expect_replay(nocache, &op, "stage-3", fp, 202, "again");
+
+    /* A staged response that is never committed is gone with its phase, claim and all. */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "stage-4", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(biz_insert(call, "stage-4a"), 0);
+    CHECK_INT(idem_call_stage(call, 201, NULL, 0, "lost", 4), 0);
+    idem_call_end(call);
+    CHECK_INT(biz_count(st, "stage-4"), 0);
+    CHECK_INT(idem_call_begin(nocache, &op, "alice", "stage-4", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    idem_call_end(call);
+
+    /*
+     * A later phase (after a takeover-free advance) stages too, and an owner whose lease was
+     * taken over meanwhile is fenced off at the stage: its phase rolls back.
+     */
+    static const struct idem_operation lease_op = {"contract.stage-lease", 0, 300, 50};
+    struct idem_call *a = NULL, *b = NULL;
+    CHECK_INT(idem_call_begin(eng, &lease_op, "alice", "stage-5", fp, &a, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_advance(a, "created", NULL), 0);
+    sleep_ms(400);
+    CHECK_INT(idem_call_begin(eng, &lease_op, "alice", "stage-5", fp, &b, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_RESUME);
+    CHECK_INT(idem_call_phase_begin(a), 0);
+    CHECK_INT(biz_insert(a, "stage-5-stale"), 0);
+    CHECK_INT(idem_call_stage(a, 500, NULL, 0, "stale", 5), IDEM_ELEASE);
+    CHECK(idem_call_tx(a) == NULL);
+    CHECK_INT(idem_call_commit(a), IDEM_ESTATE);
+    idem_call_end(a);
+    CHECK_INT(idem_call_phase_begin(b), 0);
+    CHECK_INT(idem_call_stage(b, 201, NULL, 0, "resumed", 7), 0);
+    CHECK_INT(biz_insert(b, "stage-5-new"), 0);
+    CHECK_INT(idem_call_commit(b), 0);
+    idem_call_end(b);
+    CHECK_INT(biz_count(st, "stage-5-stale"), 0);
+    CHECK_INT(biz_count(st, "stage-5-new"), 1);
+    expect_replay(nocache, &lease_op, "stage-5", fp, 201, "resumed");
+
+    idem_engine_free(nocache);
+}
+
+/* Savepoints of the application's own, in a plain write transaction, on every store. */
+static void test_savepoints(struct idem_store *st)
+{
+    struct idem_tx *tx = NULL;
+    const char *p[] = {"sp-1", "x"};
+    const char *q[] = {"sp-2", "x"};
+
+    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+    CHECK_INT(idem_tx_exec(tx, "INSERT INTO biz (id, note) VALUES ($1, $2)", 2, p, NULL), 0);
+    CHECK_INT(idem_tx_exec(tx, "savepoint a", 0, NULL, NULL), 0);
+    CHECK_INT(idem_tx_exec(tx, "INSERT INTO biz (id, note) VALUES ($1, $2)", 2, q, NULL), 0);
+    /* A failing statement after the savepoint leaves the transaction and the savepoint usable. */
+    CHECK_INT(idem_tx_exec(tx, "INSERT INTO biz (id, note) VALUES ($1, $2)", 2, q, NULL),
+              IDEM_ECONFLICT);
+    CHECK_INT(idem_tx_exec(tx, "ROLLBACK TO a", 0, NULL, NULL), 0);
+    CHECK_INT(idem_tx_exec(tx, "RELEASE SAVEPOINT a", 0, NULL, NULL), 0);
+    CHECK_INT(idem_tx_commit(tx), 0);
+    CHECK_INT(biz_count(st, "sp-1"), 1);
+    CHECK_INT(biz_count(st, "sp-2"), 0);
+}
+
 /* ---- 7. SQL through the store, migrations ----------------------------------------------------- */
 
 static void test_sql_and_migrations(struct idem_store *st)
@@ -696,6 +846,8 @@ int main(int argc, char **argv)
     test_recover(eng);
     test_wake(eng);
     test_retention(eng);
+    test_stage(eng, st);
+    test_savepoints(st);
     test_sql_and_migrations(st);
     test_concurrent_writers(st);
     test_migrate_race();

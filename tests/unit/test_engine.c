@@ -67,6 +67,39 @@ int main(void)
     idem_call_end(call);
     call = NULL;
 
+    /*
+     * Staging needs an open phase, committing needs a staged response; both say so.  A second
+     * stage with the first still in place fails the fence, and its phase (the claim) is gone.
+     */
+    CHECK_INT(idem_call_begin(eng, &op, "p", "stage", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_commit(call), IDEM_ESTATE);
+    CHECK(strstr(idem_call_errmsg(call), "no response is staged") != NULL);
+    CHECK_INT(idem_call_stage(call, 42, NULL, 0, NULL, 0), IDEM_EINVAL);
+    CHECK_INT(idem_call_stage(call, 200, NULL, 0, NULL, 3), IDEM_EINVAL);
+    CHECK_INT(idem_call_advance(call, "one", NULL), 0);
+    CHECK_INT(idem_call_stage(call, 200, NULL, 0, NULL, 0), IDEM_ESTATE);
+    CHECK(strstr(idem_call_errmsg(call), "no phase is open") != NULL);
+    CHECK_INT(idem_call_commit(call), IDEM_ESTATE);
+    CHECK(strstr(idem_call_errmsg(call), "no phase is open") != NULL);
+    CHECK_INT(idem_call_phase_begin(call), 0);
+    CHECK_INT(idem_call_stage(call, 200, NULL, 0, "a", 1), 0);
+    CHECK_INT(idem_call_stage(call, 200, NULL, 0, "b", 1), IDEM_ELEASE);
+    CHECK(strstr(idem_call_errmsg(call), "staged") != NULL);
+    CHECK(idem_call_tx(call) == NULL);
+    CHECK_INT(idem_call_commit(call), IDEM_ESTATE);
+    CHECK_INT(idem_call_phase_begin(call), 0);
+    CHECK_INT(idem_call_stage(call, 200, NULL, 0, "c", 1), 0);
+    CHECK_INT(idem_call_commit(call), 0);
+    CHECK_INT(idem_call_stage(call, 200, NULL, 0, "d", 1), IDEM_ESTATE);
+    CHECK(strstr(idem_call_errmsg(call), "completed") != NULL);
+    CHECK_INT(idem_call_complete(call, 200, NULL, 0, "d", 1), IDEM_ESTATE);
+    CHECK_INT(idem_call_response_status(call), 200);
+    idem_call_end(call);
+    call = NULL;
+    CHECK_INT(idem_call_stage(NULL, 200, NULL, 0, NULL, 0), IDEM_EINVAL);
+    CHECK_INT(idem_call_commit(NULL), IDEM_EINVAL);
+
     /* An empty body is stored and replayed as empty. */
     CHECK_INT(idem_call_begin(eng, &op, "p", "k", fp, &call, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
