@@ -37,17 +37,32 @@ void idemcall_fail(struct response *resp, int rc)
     }
 }
 
-int idemcall_complete_json(struct idem_call *call, int status, const json_t *doc,
-                           const char *location)
+/* `doc` as the stored response: staged in the open phase, or completed (staged and committed). */
+static int store_json(struct idem_call *call, int status, const json_t *doc, const char *location,
+                      int commit)
 {
     struct idem_header hdrs[2] = {{"Content-Type", CONTENT_TYPE_JSON}, {"Location", location}};
     size_t len = 0;
     char *body = json_text(doc, &len);
     int rc;
 
-    rc = idem_call_complete(call, status, hdrs, location ? 2 : 1, body, len);
+    if (commit)
+        rc = idem_call_complete(call, status, hdrs, location ? 2 : 1, body, len);
+    else
+        rc = idem_call_stage(call, status, hdrs, location ? 2 : 1, body, len);
     free(body);
     return rc;
+}
+
+int idemcall_complete_json(struct idem_call *call, int status, const json_t *doc,
+                           const char *location)
+{
+    return store_json(call, status, doc, location, 1);
+}
+
+int idemcall_stage_json(struct idem_call *call, int status, const json_t *doc, const char *location)
+{
+    return store_json(call, status, doc, location, 0);
 }
 
 int idemcall_complete_problem(struct idem_call *call, int status, const char *code,

@@ -40,6 +40,13 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
 int idemcall_complete_json(struct idem_call *call, int status, const json_t *doc,
                            const char *location);
 
+/*
+ * Stages the same response in the open phase without committing (idem_call_stage): the handler
+ * runs its last statements, then commits with idem_call_commit().
+ */
+int idemcall_stage_json(struct idem_call *call, int status, const json_t *doc,
+                        const char *location);
+
 /* Completes the call with a stored business problem (422 unknown-product, 409 out-of-stock...). */
 int idemcall_complete_problem(struct idem_call *call, int status, const char *code,
                               const char *detail);

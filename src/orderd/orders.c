@@ -2,9 +2,10 @@
  * orders.c - the orders endpoints.  Creating an order is a list of atomic phases, each one
  * database transaction that also moves the idempotency record's recovery point:
  *
- *   phase 1 (""):              check the product, reserve stock with a conditional UPDATE,
- *                              insert the order (pending_payment with a provider, else
- *                              created); advance to "order_created" with the order id.
+ *   phase 1 (""):              read the product, insert the order (pending_payment with a
+ *                              provider, else created), reserve stock with a conditional
+ *                              UPDATE -- last, so the contended stock row is locked only until
+ *                              the commit; advance to "order_created" with the order id.
  *   then (checkout.c):         the charge through the provider, between phases, and the phase
  *                              that settles the order and stores the response.
  *
@@ -43,17 +44,28 @@
 #define TEST_DELAY_MAX_MS 600000
 #define SOURCE_MAX 32
 
-/* Phase 1's business statements, shared with the --idempotency off baseline. */
-#define SQL_PRODUCT "SELECT unit_price, currency FROM products WHERE id = $1"
-/* The condition in the UPDATE, not a read before it, decides whether stock is left. */
-#define SQL_RESERVE                                                                                \
-    "UPDATE products SET stock = stock - CAST($2 AS INTEGER) WHERE id = $1 AND "                   \
-    "stock >= CAST($2 AS INTEGER)"
+/*
+ * Phase 1's business statements, shared with the --idempotency off baseline (place_order).  The
+ * product is read without a lock; the stock UPDATE is the last statement before the commit.
+ */
+#define SQL_PRODUCT "SELECT unit_price, currency, stock FROM products WHERE id = $1"
 #define SQL_INSERT_ORDER                                                                           \
     "INSERT INTO orders (id, user_id, product_id, quantity, unit_price, amount, "                  \
     "currency, status, idem_key, request_fp, created_at, payment_source) VALUES ($1, "             \
     "$2, $3, CAST($4 AS BIGINT), CAST($5 AS BIGINT), CAST($6 AS BIGINT), $7, $8, $9, "             \
     "$10, $11, $12) RETURNING " ORDER_COLS
+/*
+ * The condition in the UPDATE, not a read before it, decides whether stock is left; it also
+ * checks that the product still has the price and currency the order was written with.
+ */
+#define SQL_RESERVE                                                                                \
+    "UPDATE products SET stock = stock - CAST($2 AS INTEGER) WHERE id = $1 AND "                   \
+    "stock >= CAST($2 AS INTEGER) AND unit_price = CAST($3 AS BIGINT) AND currency = $4"
+/* Taken before the order insert: a reservation that fails takes the order back with it. */
+#define SQL_SAVEPOINT "SAVEPOINT order_placed"
+#define SQL_ROLLBACK_TO "ROLLBACK TO SAVEPOINT order_placed"
+/* Rounds of place_order when the product's price changes under it (it never does in orderd). */
+#define PLACE_ROUNDS_MAX 3
 
 /* The validated body of POST /api/orders. */
 struct create_input {
@@ -111,8 +123,9 @@ static void after_order_created(const struct call_ctx *cx)
 }
 
 /*
- * A late retry whose record was swept: the order row answers.  Returns 1 (with the call
- * completed, or rc < 0 in *rc) when an order with this key exists, 0 when not.
+ * A late retry whose record was swept: the order row answers (200 with the order, or 422 if the
+ * body differs).  Returns 1 (with the call completed, or rc < 0 in *rc) when an order with this
+ * key exists, 0 when not.
  */
 static int complete_from_existing(const struct call_ctx *cx, struct idem_call *call,
                                   const struct create_input *in, struct response *resp, int *rc)
@@ -152,24 +165,37 @@ out:
     return found;
 }
 
-/* A business refusal met while reserving stock: what to answer instead of an order. */
+/* A business refusal met while placing an order: what to answer instead of an order. */
 struct refusal {
     int status; /* 0: no refusal */
     const char *code;
     char detail[320];
 };
 
+/* The order row place_order() writes; the price, currency and amount are filled in there. */
+struct order_row {
+    char id[ORDER_ID_LEN + 1];
+    char created[ISO8601_LEN + 1];
+    const char *principal;
+    const char *key;
+    const char *status; /* "created", or "pending_payment" with a provider */
+};
+
 /*
- * Looks the product up and reserves in->qty of its stock in `tx`.  On success *price and
- * `currency` are set and no->status is 0; an unknown product (422) or too little stock (409) is a
- * business refusal in *no, not an error.  Shared by the idempotent flow and the benchmark-only
- * flow without a record, so both sell stock the same way.
+ * Runs just before the stock is reserved, with the order as the insert returned it: the
+ * idempotent flow stages its 201 there.  Returns 0 or a negative IDEM_E* (the order fails).
  */
-static int reserve_stock(struct app *app, struct idem_tx *tx, const struct create_input *in,
-                         int64_t *price, char currency[16], struct refusal *no)
+typedef int (*before_reserve_fn)(void *arg, const struct idem_rows *order);
+
+/*
+ * Reads the product: its price, currency and stock into *price, `currency` and *stock, or the
+ * refusal of an unknown product (422) in *no.
+ */
+static int read_product(struct app *app, struct idem_tx *tx, const struct create_input *in,
+                        int64_t *price, char currency[16], int64_t *stock, struct refusal *no)
 {
     struct idem_rows *rows = NULL;
-    const char *params[2] = {in->product, in->quantity};
+    const char *params[1] = {in->product};
     int rc;
 
     no->status = 0;
@@ -184,24 +210,149 @@ static int reserve_stock(struct app *app, struct idem_tx *tx, const struct creat
     }
     *price = db_int(rows, 0, 0);
     snprintf(currency, 16, "%s", db_text(rows, 0, 1));
-    idem_rows_free(rows);
-    rows = NULL;
-    if (*price < 0 || *price > INT64_MAX / QUANTITY_MAX) {
+    *stock = db_int(rows, 0, 2);
+    if (*price < 0 || *price > INT64_MAX / QUANTITY_MAX)
         rc = IDEM_ESTORE;
-        goto out;
-    }
-    rc = db_exec(app, tx, SQL_RESERVE, 2, params, &rows);
-    if (rc < 0)
-        goto out;
-    if (idem_rows_changed(rows) == 0) {
-        no->status = 409;
-        no->code = "out-of-stock";
-        snprintf(no->detail, sizeof no->detail, "Not enough stock of '%.200s' for %s.",
-                 in->product, in->quantity);
-    }
 out:
     idem_rows_free(rows);
     return rc;
+}
+
+/*
+ * Places an order in `tx`, for the idempotent flow and the benchmark-only flow without a record
+ * alike, so both sell stock the same way: reads the product (no lock), takes a savepoint, inserts
+ * the order with the product's price, runs `before` (may be NULL), and reserves the stock last.
+ * Every order of a product updates its one stock row, so that row's lock is held only from the
+ * reservation to the caller's commit, which must follow at once.
+ *
+ * On success *order (new) is the inserted order and no->status is 0.  When the reservation finds
+ * too little stock, everything since the savepoint is rolled back (the order, and what `before`
+ * wrote) and *no says 409 out-of-stock; 422 unknown-product comes from the read.  If the
+ * product's price or currency changed between the read and the reservation, the order is written
+ * again with the new ones.  IDEM_ECONFLICT is an order that exists already (its id, or UNIQUE
+ * (user, key)).
+ */
+static int place_order(struct app *app, struct idem_tx *tx, const struct create_input *in,
+                       const struct order_row *o, before_reserve_fn before, void *arg,
+                       struct idem_rows **order, struct refusal *no)
+{
+    struct idem_rows *rows = NULL;
+    struct idem_rows *reserved = NULL;
+    const char *params[12];
+    char unit_price[24], amount[24];
+    char currency[16];
+    int64_t price = 0, stock = 0;
+    int rc = 0;
+
+    *order = NULL;
+    for (int round = 0;; round++) {
+        rc = read_product(app, tx, in, &price, currency, &stock, no);
+        if (rc < 0 || no->status != 0)
+            goto out;
+        if (round > 0 && stock < in->qty) {
+            /* The reservation said no, and it was the stock (not a price that moved). */
+            no->status = 409;
+            no->code = "out-of-stock";
+            snprintf(no->detail, sizeof no->detail, "Not enough stock of '%.200s' for %s.",
+                     in->product, in->quantity);
+            goto out;
+        }
+        if (round == PLACE_ROUNDS_MAX) {
+            log_msg(&app->log, "error", "orders.create: product %s changed %d times while ordering",
+                    in->product, PLACE_ROUNDS_MAX);
+            rc = IDEM_EUNAVAIL;
+            goto out;
+        }
+        snprintf(unit_price, sizeof unit_price, "%lld", (long long)price);
+        snprintf(amount, sizeof amount, "%lld", (long long)(price * in->qty));
+        if (round == 0) {
+            rc = db_exec(app, tx, SQL_SAVEPOINT, 0, NULL, NULL);
+            if (rc < 0)
+                goto out;
+        }
+        params[0] = o->id;
+        params[1] = o->principal;
+        params[2] = in->product;
+        params[3] = in->quantity;
+        params[4] = unit_price;
+        params[5] = amount;
+        params[6] = currency;
+        params[7] = o->status;
+        params[8] = o->key;
+        params[9] = in->fp_hex;
+        params[10] = o->created;
+        params[11] = in->source;
+        rc = db_exec(app, tx, SQL_INSERT_ORDER, 12, params, &rows);
+        if (rc < 0)
+            goto out;
+        if (before != NULL) {
+            rc = before(arg, rows);
+            if (rc < 0)
+                goto out;
+        }
+        params[0] = in->product;
+        params[1] = in->quantity;
+        params[2] = unit_price;
+        params[3] = currency;
+        rc = db_exec(app, tx, SQL_RESERVE, 4, params, &reserved);
+        if (rc < 0)
+            goto out;
+        if (idem_rows_changed(reserved) == 1) {
+            *order = rows;
+            rows = NULL;
+            goto out;
+        }
+        /* Too little stock, or the product changed since it was read: take the order back. */
+        idem_rows_free(rows);
+        idem_rows_free(reserved);
+        rows = reserved = NULL;
+        rc = db_exec(app, tx, SQL_ROLLBACK_TO, 0, NULL, NULL);
+        if (rc < 0)
+            goto out;
+    }
+out:
+    idem_rows_free(rows);
+    idem_rows_free(reserved);
+    return rc;
+}
+
+/* The idempotent flow's `before` of place_order: the 201 with the order, staged in the phase. */
+struct stage_created {
+    struct app *app;
+    struct idem_call *call;
+    const char *id;
+};
+
+static int stage_created(void *arg, const struct idem_rows *order)
+{
+    struct stage_created *sc = arg;
+    char location[128];
+    json_t *doc = NULL;
+    int rc;
+
+    /* The order as the insert returned it is the 201's body: no second read of it. */
+    if (idem_rows_count(order) != 1) {
+        log_msg(&sc->app->log, "error", "orders.create: the insert of %s returned no row", sc->id);
+        return IDEM_ESTATE;
+    }
+    doc = order_json(order, 0);
+    order_location(sc->id, location, sizeof location);
+    rc = idemcall_stage_json(sc->call, 201, doc, location);
+    json_decref(doc);
+    return rc;
+}
+
+/* A new order row of this request: its id, creation time and owner. */
+static void order_row_init(struct app *app, const struct call_ctx *cx, const char *status,
+                           struct order_row *o)
+{
+    int64_t ms = 0;
+
+    idgen_next(&app->ids, o->id, &ms);
+    iso8601_ms(ms, o->created);
+    o->principal = cx->principal;
+    o->key = cx->key;
+    o->status = status;
 }
 
 /*
@@ -214,14 +365,11 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
 {
     struct app *app = cx->app;
     struct idem_tx *tx = idem_call_tx(call);
-    struct idem_rows *rows = NULL;
-    const char *params[12];
-    char id[ORDER_ID_LEN + 1];
-    char created[ISO8601_LEN + 1];
-    char unit_price[24], amount[24];
-    char currency[16];
+    struct idem_rows *order = NULL;
+    struct order_row o;
+    struct stage_created sc;
     struct refusal no;
-    int64_t price, ms = 0;
+    int one_commit;
     int rc = 0;
 
     *done = 0;
@@ -229,72 +377,56 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
         rc = IDEM_ESTATE;
         goto out;
     }
-    if (complete_from_existing(cx, call, in, resp, &rc) || rc < 0) {
-        *done = 1;
+    /*
+     * The recovery point must be durable before an external call (the charge).  Without a
+     * provider nothing external follows: the phase stays open and the order, its stock and the
+     * stored 201 commit together, one durable commit per order -- the 201 staged before the stock
+     * is reserved, so that the stock row stays locked only for the commit.
+     */
+    one_commit = app->provider == NULL && !wants_phase_hook(cx);
+    /* With a provider the order waits for its charge; without one there is nothing to pay. */
+    order_row_init(app, cx, app->provider != NULL ? "pending_payment" : "created", &o);
+    sc.app = app;
+    sc.call = call;
+    sc.id = o.id;
+    rc = place_order(app, tx, in, &o, one_commit ? stage_created : NULL, &sc, &order, &no);
+    /*
+     * A late retry whose record was swept finds its order: the insert meets UNIQUE (user, key)
+     * before any stock is taken, and a refusal of the product is checked against it too (the
+     * retry's body may differ).  The order row, not the refusal, answers.
+     */
+    if (rc == IDEM_ECONFLICT || (rc == 0 && no.status == 422)) {
+        int found_rc = 0;
+        if (complete_from_existing(cx, call, in, resp, &found_rc) || found_rc < 0) {
+            rc = found_rc;
+            *done = 1;
+            goto out;
+        }
+    }
+    if (rc == IDEM_ECONFLICT) {
+        /* No order has this (user, key): only an id collision gets here. */
+        log_msg(&app->log, "error", "orders.create: order insert conflicted for %s", o.id);
         goto out;
     }
-
-    rc = reserve_stock(app, tx, in, &price, currency, &no);
     if (rc < 0)
         goto out;
     if (no.status != 0) {
+        /* Stored; a 201 staged before is replaced (place_order rolled it back). */
         rc = idemcall_complete_problem(call, no.status, no.code, no.detail);
         *done = 1;
         goto out;
     }
-    idgen_next(&app->ids, id, &ms);
-    iso8601_ms(ms, created);
-    snprintf(unit_price, sizeof unit_price, "%lld", (long long)price);
-    snprintf(amount, sizeof amount, "%lld", (long long)(price * in->qty));
-    params[0] = id;
-    params[1] = cx->principal;
-    params[2] = in->product;
-    params[3] = in->quantity;
-    params[4] = unit_price;
-    params[5] = amount;
-    params[6] = currency;
-    /* With a provider the order waits for its charge; without one there is nothing to pay. */
-    params[7] = app->provider != NULL ? "pending_payment" : "created";
-    params[8] = cx->key;
-    params[9] = in->fp_hex;
-    params[10] = created;
-    params[11] = in->source;
-    rc = db_exec(app, tx, SQL_INSERT_ORDER, 12, params, &rows);
-    if (rc == IDEM_ECONFLICT) {
-        /* (user, key) was checked in this transaction; only an id collision gets here. */
-        log_msg(&app->log, "error", "orders.create: order insert conflicted for %s", id);
-        goto out;
-    }
-    if (rc < 0)
-        goto out;
-    /*
-     * The recovery point must be durable before an external call (the charge).  Without a
-     * provider nothing external follows: the phase stays open and the order, its stock and the
-     * stored 201 commit together, one durable commit per order.
-     */
-    if (app->provider != NULL || wants_phase_hook(cx)) {
-        rc = idem_call_advance(call, POINT_ORDER_CREATED, id);
-        if (rc < 0)
-            goto out;
-    } else {
-        /* The order as the insert returned it is the 201's body: no second read of it. */
-        char location[128];
-        json_t *doc = NULL;
-        if (idem_rows_count(rows) != 1) {
-            log_msg(&app->log, "error", "orders.create: the insert of %s returned no row", id);
-            rc = IDEM_ESTATE;
-            goto out;
-        }
-        doc = order_json(rows, 0);
-        order_location(id, location, sizeof location);
-        rc = idemcall_complete_json(call, 201, doc, location);
-        json_decref(doc);
+    if (one_commit) {
+        rc = idem_call_commit(call);
         *done = 1;
         goto out;
     }
-    *order_id = xstrdup(id);
+    rc = idem_call_advance(call, POINT_ORDER_CREATED, o.id);
+    if (rc < 0)
+        goto out;
+    *order_id = xstrdup(o.id);
 out:
-    idem_rows_free(rows);
+    idem_rows_free(order);
     return rc;
 }
 
@@ -338,56 +470,30 @@ out:
 }
 
 /*
- * --idempotency off, the baseline of docs/bench.md: phase 1's business writes and the order
- * document of the stored 201, in one transaction and without libidem's record, so that the
- * benchmark prices the record and nothing else.  The order row keeps its key, so a retry hits
- * UNIQUE (user, key) and gets 409 instead of a second order; nothing is ever replayed.
+ * --idempotency off, the baseline of docs/bench.md: phase 1's business writes (place_order, as
+ * the idempotent flow) and the order document of the stored 201, in one transaction and without
+ * libidem's record, so that the benchmark prices the record and nothing else.  The order row
+ * keeps its key, so a retry hits UNIQUE (user, key) and gets 409 instead of a second order;
+ * nothing is ever replayed.
  */
 static void create_without_record(const struct call_ctx *cx, const struct create_input *in,
                                   struct response *resp)
 {
     struct app *app = cx->app;
     struct idem_tx *tx = NULL;
-    struct idem_rows *rows = NULL;
-    const char *params[12];
-    char id[ORDER_ID_LEN + 1];
-    char created[ISO8601_LEN + 1];
-    char unit_price[24], amount[24];
-    char currency[16];
+    struct idem_rows *order = NULL;
+    struct order_row o;
     char location[128];
     json_t *doc = NULL;
     struct refusal no;
-    int64_t price, ms = 0;
     int rc;
 
     resp->outcome = "none";
     rc = idem_tx_begin(app->store, 1, &tx);
     if (rc < 0)
         goto out;
-    rc = reserve_stock(app, tx, in, &price, currency, &no);
-    if (rc < 0)
-        goto out;
-    if (no.status != 0) {
-        response_problem(resp, no.status, no.code, no.detail);
-        goto out;
-    }
-    idgen_next(&app->ids, id, &ms);
-    iso8601_ms(ms, created);
-    snprintf(unit_price, sizeof unit_price, "%lld", (long long)price);
-    snprintf(amount, sizeof amount, "%lld", (long long)(price * in->qty));
-    params[0] = id;
-    params[1] = cx->principal;
-    params[2] = in->product;
-    params[3] = in->quantity;
-    params[4] = unit_price;
-    params[5] = amount;
-    params[6] = currency;
-    params[7] = "created";
-    params[8] = cx->key;
-    params[9] = in->fp_hex;
-    params[10] = created;
-    params[11] = in->source;
-    rc = db_exec(app, tx, SQL_INSERT_ORDER, 12, params, &rows);
+    order_row_init(app, cx, "created", &o);
+    rc = place_order(app, tx, in, &o, NULL, NULL, &order, &no);
     if (rc == IDEM_ECONFLICT) {
         rc = 0;
         response_problem(resp, 409, "order-exists",
@@ -395,24 +501,30 @@ static void create_without_record(const struct call_ctx *cx, const struct create
                          "--idempotency off: nothing is replayed.");
         goto out;
     }
-    if (rc == 0 && idem_rows_count(rows) == 1)
-        doc = order_json(rows, 0);
-    if (rc == 0 && doc == NULL)
-        rc = IDEM_ESTATE;
     if (rc < 0)
         goto out;
+    if (no.status != 0) {
+        response_problem(resp, no.status, no.code, no.detail);
+        goto out;
+    }
+    if (idem_rows_count(order) == 1)
+        doc = order_json(order, 0);
+    if (doc == NULL) {
+        rc = IDEM_ESTATE;
+        goto out;
+    }
     rc = idem_tx_commit(tx);
     tx = NULL;
     if (rc < 0)
         goto out;
-    order_location(id, location, sizeof location);
+    order_location(o.id, location, sizeof location);
     response_json(resp, 201, doc);
     response_set_header(resp, "Location", location);
 out:
     if (rc < 0)
         idemcall_fail(resp, rc);
     json_decref(doc);
-    idem_rows_free(rows);
+    idem_rows_free(order);
     idem_tx_rollback(tx);
 }
 

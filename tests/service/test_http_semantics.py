@@ -581,6 +581,74 @@ def test_limited_stock_runs_out_and_the_refusal_is_stored(ctx):
         expect_eq(order_count(u), 2, "orders of p-limited")
 
 
+def _stock(uri, product):
+    return int(db_query(uri, "SELECT stock FROM products WHERE id = ?", (product,))[0][0])
+
+
+def _orders_with_key(uri, key):
+    return int(db_query(uri, "SELECT count(*) FROM orders WHERE idem_key = ?", (key,))[0][0])
+
+
+@test
+def test_out_of_stock_takes_the_order_back_and_stores_the_409(ctx):
+    # The order row and its 201 are written before the stock is reserved (the reservation is
+    # the last statement before the commit); a reservation that finds too little stock must take
+    # both back: no order, the stock untouched, and the stored answer is the 409, not the 201.
+    if not fresh_db_per_server():
+        print("     (skipped: needs a fresh database per server, IDEM_TEST_DB_URI with {tmp})")
+        return
+    with Server(name="orderd-stock-back", extra_args=["--replay-cache-mb", "0"]) as s:
+        u = s.new_user()
+        expect_eq(_stock(s.db_uri, "p-limited"), 3, "seeded stock of p-limited")
+        k = new_key("short")
+        first = u.create_order(k, product="p-limited", quantity=4)
+        expect_problem(first, 409, "out-of-stock", "4 x p-limited")
+        expect_eq(_stock(s.db_uri, "p-limited"), 3, "stock of p-limited after the refusal")
+        expect_eq(_orders_with_key(s.db_uri, k), 0, "order rows of the refused key")
+        rec = db_query(s.db_uri, "SELECT status, response_status FROM idem_records "
+                                 "WHERE idem_key = ?", (k,))
+        expect_eq(rec, [["1", "409"]], "record of the refused key (status, response status)")
+        # Replayed from the store (no replay cache), byte for byte.
+        expect_replay(u.create_order(k, product="p-limited", quantity=4), first,
+                      "retry of 4 x p-limited")
+        expect_no_orders(u, "after out-of-stock")
+        # The whole stock is still there to buy, and then it is gone.
+        expect_created(u.create_order(new_key(), product="p-limited", quantity=3),
+                       product="p-limited", quantity=3, unit_price=999)
+        expect_eq(_stock(s.db_uri, "p-limited"), 0, "stock of p-limited after buying 3")
+        expect_problem(u.create_order(new_key(), product="p-limited", quantity=1), 409,
+                       "out-of-stock", "1 x p-limited with none left")
+        expect_eq(order_count(u), 1, "orders of p-limited")
+
+
+@test
+def test_idempotency_off_baseline_sells_stock_the_same_way(ctx):
+    # --idempotency off (a benchmark baseline) runs the same business writes without a record:
+    # a 201, the same key again is 409 order-exists, and too little stock is the same 409
+    # out-of-stock with no order and no stock taken.
+    if not fresh_db_per_server():
+        print("     (skipped: needs a fresh database per server, IDEM_TEST_DB_URI with {tmp})")
+        return
+    with Server(name="orderd-off", extra_args=["--idempotency", "off"]) as s:
+        u = s.new_user()
+        k = new_key("off")
+        expect_created(u.create_order(k, product="p-limited", quantity=2),
+                       product="p-limited", quantity=2, unit_price=999)
+        expect_problem(u.create_order(k, product="p-limited", quantity=2), 409, "order-exists",
+                       "the same key again, without idempotency")
+        expect_eq(_stock(s.db_uri, "p-limited"), 1, "stock of p-limited after buying 2")
+        k2 = new_key("off-short")
+        expect_problem(u.create_order(k2, product="p-limited", quantity=2), 409, "out-of-stock",
+                       "2 x p-limited with 1 left")
+        expect_eq(_stock(s.db_uri, "p-limited"), 1, "stock of p-limited after the refusal")
+        expect_eq(_orders_with_key(s.db_uri, k2), 0, "order rows of the refused key")
+        expect_problem(u.create_order(new_key(), product="p-nope"), 422, "unknown-product",
+                       "unknown product, without idempotency")
+        expect_eq(order_count(u), 1, "orders without idempotency")
+        expect_eq(int(db_query(s.db_uri, "SELECT count(*) FROM idem_records")[0][0]), 0,
+                  "idempotency records without idempotency")
+
+
 @test
 def test_every_error_is_problem_json(ctx):
     u = ctx.server.new_user()
@@ -858,15 +926,24 @@ def test_late_retry_after_retention_gets_the_existing_order(ctx):
         doc = expect_created(first, quantity=6)
         _expire_record(s.db_uri, k)
         _wait_record_swept(s.db_uri, k)
+        stock = _stock(s.db_uri, "p-1024")
         late = u.create_order(k, quantity=6)
         expect_status(late, 200, "late retry with the same body")
         expect(late.replayed, "late retry should say Idempotent-Replayed: true: %s"
                % late.describe())
         expect_eq(late.json(), doc, "late retry body vs the original order")
+        expect_eq(_stock(s.db_uri, "p-1024"), stock, "stock after the late retry")
         expect_problem(u.create_order(k, quantity=7), 422, "idempotency-key-reused",
                        "late retry with another body")
-        expect_eq([o["orderId"] for o in u.all_orders()], [doc["orderId"]],
-                  "orders after the late retries")
+        # Another body that names no product: the order row answers, not the refusal.
+        k2 = new_key("late-other")
+        doc2 = expect_created(u.create_order(k2))
+        _expire_record(s.db_uri, k2)
+        _wait_record_swept(s.db_uri, k2)
+        expect_problem(u.create_order(k2, product="p-nope"), 422, "idempotency-key-reused",
+                       "late retry naming an unknown product")
+        expect_eq(sorted(o["orderId"] for o in u.all_orders()),
+                  sorted([doc["orderId"], doc2["orderId"]]), "orders after the late retries")
 
 
 @test
