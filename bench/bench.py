@@ -384,9 +384,13 @@ class Bench:
             # The very request bytes of S2 (the token is sent and ignored).
             res = self.wrk(p.url, LUA_REPLAY, ["idem_" + "0" * 64, "static", "1000"])
             res["cpu_us_per_req"] = (cpu_seconds(p.pid) - t0) * 1e6 / max(res["requests"], 1)
+            # S3's storm with no work behind it: the floor the HTTP layer alone sets for S3.
+            j = self.run_storm(p.url, "static")
+            res["storm"] = {k: j[k] for k in ("p50_ms", "p99_ms", "lone_p50_ms", "failed")}
         finally:
             self.stop(p)
-        say("static ceiling: %.0f req/s, p50 %.2f ms" % (res["rps"], res["p50_ms"]))
+        say("static ceiling: %.0f req/s, p50 %.2f ms; storm p99 %.1f ms, lone %.2f ms" % (
+            res["rps"], res["p50_ms"], res["storm"]["p99_ms"], res["storm"]["lone_p50_ms"]))
         return res
 
     # -- scenarios --
@@ -402,23 +406,27 @@ class Bench:
         res["cpu_ms_per_req"] = cpu * 1000 / max(res["executed"], 1)
         return res
 
+    def run_storm(self, url, token):
+        """bench/storm.c against `url`: its JSON (latencies of the storm and of the lone requests)."""
+        host, port = split_url(url)
+        key = "storm-" + uuid.uuid4().hex[:12]
+        p = subprocess.run([self.storm, host, str(port), token, key, "--requests",
+                            str(STORM_REQUESTS), "--lone", str(LONE_REQUESTS), "--lone-prefix",
+                            "lone-" + uuid.uuid4().hex[:8]],
+                           capture_output=True, timeout=180)
+        try:
+            return json.loads(p.stdout.decode())
+        except ValueError:
+            raise BenchError("storm failed (%d): %s" % (p.returncode, p.stderr.decode()[-300:]))
+
     def s3(self, url, storm_token):
         """
         STORM_REQUESTS same-key requests released together, and LONE_REQUESTS lone ones before
         them, all sent by bench/storm.c (one epoll thread, so the client never queues).
         """
-        host, port = split_url(url)
-        key = "storm-" + uuid.uuid4().hex[:12]
         before = metrics(url)
-        p = subprocess.run([self.storm, host, str(port), storm_token, key, "--requests",
-                            str(STORM_REQUESTS), "--lone", str(LONE_REQUESTS), "--lone-prefix",
-                            "lone-" + uuid.uuid4().hex[:8]],
-                           capture_output=True, timeout=180)
+        j = self.run_storm(url, storm_token)
         after = metrics(url)
-        try:
-            j = json.loads(p.stdout.decode())
-        except ValueError:
-            raise BenchError("storm failed (%d): %s" % (p.returncode, p.stderr.decode()[-300:]))
         st, _, body = http_call(url, "GET", "/api/orders?limit=100", None,
                                 {"Authorization": "Bearer " + storm_token})
         # The lone requests are the storm user's too: its orders are the lone ones plus the storm's.
@@ -1033,6 +1041,13 @@ unset multiplot
                          "server CPU %.0f µs per request |" % (
                              store, fmt_rate(s["rps"]), fmt_ms(s["p50_ms"]), fmt_ms(s["p99_ms"]),
                              s["non2xx"], s["cpu_us_per_req"]))
+                sst = s.get("storm")
+                if sst:
+                    L.append("| S3's storm against the static HTTP server (no work behind it), "
+                             "right before S2 on %s | | %s | %s | %d same requests released "
+                             "together on new connections; lone request p50 %s ms; failed %d |" % (
+                                 store, fmt_ms(sst["p50_ms"]), fmt_ms(sst["p99_ms"]),
+                                 STORM_REQUESTS, fmt_ms(sst["lone_p50_ms"]), sst["failed"]))
         for key, x in sorted(r["commit"].items()):
             store, threads = key.rsplit("-", 1)
             extra = ("WAL, synchronous=%s" % x.get("synchronous") if store == "sqlite" else
@@ -1134,6 +1149,18 @@ unset multiplot
                                            fmt_ms(s3["lone_p50_ms"])))
                 line += (" %d duplicates waited for the first to finish, %d found it "
                          "completed and replayed." % (s3["waited"], s3["replayed"]))
+                sst = res.get("static", {}).get("storm")
+                if sst:
+                    floor = sst["p99_ms"] / s3["lone_p50_ms"]
+                    line += (" The same storm against the static HTTP server, which does no "
+                             "work at all, took p99 %s ms (lone %s ms): the HTTP layer alone, "
+                             "%d new connections each served by its own thread on 2 cores, "
+                             "spends %.1f× the lone order's latency" % (
+                                 fmt_ms(sst["p99_ms"]), fmt_ms(sst["lone_p50_ms"]),
+                                 STORM_REQUESTS, floor))
+                    line += (", so the target cannot be met while connections are served "
+                             "this way." if floor > T_STORM_P99 else
+                             "; orderd's own work is the rest.")
                 if k3 in prof:
                     cpu = prof[k3]["cpu"].get("cpu_ms_per_req", 0)
                     line += (" The storm is CPU-bound in orderd: %.2f ms of CPU per storm "

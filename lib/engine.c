@@ -535,9 +535,18 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
             call->completed = call->cached != NULL;
             break;
         }
-        rc = read_record(call);
-        if (rc < 0)
-            goto out;
+        /*
+         * A fresh request claims first where the store wants it and the replay cache already
+         * said the key is not a completed one of this process (claim_before_read): the claim
+         * usually wins, and a read before it was work for nothing.  Otherwise, and on every
+         * later round, the record is read first; an empty call->rec (round 0) claims.
+         */
+        if (round > 0 || recover || call->waited || !eng->cache ||
+            !eng->st->vt->claim_before_read) {
+            rc = read_record(call);
+            if (rc < 0)
+                goto out;
+        }
 
         if (!call->rec.found && recover)
             break; /* nothing to recover: outcome NONE */

@@ -91,6 +91,17 @@ struct idem_conn; /* one connection of a backend; defined by each backend */
  */
 struct idem_store_vtab {
     const char *kind;
+    /*
+     * 1: a request whose key the replay cache does not know tries its claim before reading the
+     * record.  Right for a store that one process owns (SQLite): the cache sees every response
+     * that process completes, so such a key is new nearly always, and a read costs a read
+     * transaction on a pooled connection that re-reads from the WAL the pages the writer changed,
+     * while the claim joins the writer's batch that runs anyway.  0: read first (PostgreSQL:
+     * another instance completes keys this one's cache never saw, and a claim that cannot win
+     * costs a transaction and round trips before the read).  A claim that is not won is always
+     * followed by a read; without a replay cache every store reads first.
+     */
+    int claim_before_read;
 
     /* Opens a connection and applies libidem's schema (idempotent; safe to race). */
     int (*conn_open)(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);

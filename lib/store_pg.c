@@ -1791,6 +1791,7 @@ static void pg_store_close(struct idem_store *st)
 
 const struct idem_store_vtab idem__pg_vtab = {
     .kind = "postgresql",
+    .claim_before_read = 0,
     .conn_open = pg_open,
     .conn_close = pg_close,
     .errmsg = pg_errmsg,

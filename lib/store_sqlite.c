@@ -996,6 +996,7 @@ out:
 
 const struct idem_store_vtab idem__sqlite_vtab = {
     .kind = "sqlite",
+    .claim_before_read = 1,
     .conn_open = sq_open,
     .conn_close = sq_close,
     .errmsg = sq_errmsg,

@@ -311,7 +311,9 @@ struct idem_header {
 /*
  * Looks up or claims the record of scope (principal, op->name, key) for a request with
  * fingerprint `fp`.  The store's unique key decides who owns a new record: the claim is an
- * insert that does nothing on conflict, never a read followed by an insert.
+ * insert that does nothing on conflict, never a read followed by an insert.  (Whether a key the
+ * replay cache does not know is read before its claim is the store's choice, docs/libidem.md; a
+ * claim that is not won is always followed by a read.)
  *
  * - EXECUTE: the record was inserted as `processing` with this engine's lease, inside an open
  *   transaction (the first phase).  Run the first phase's writes with idem_call_tx(), then

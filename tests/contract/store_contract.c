@@ -211,6 +211,61 @@ static void test_replay_mismatch_scope(struct idem_engine *eng)
     idem_call_end(call);
 }
 
+/*
+ * A key this engine's replay cache never saw, but the store holds: another engine (another
+ * process, or this one before a restart) completed it, or still runs it.  Where the store claims
+ * before it reads (SQLite), the claim cannot win and the read that follows decides; the answers
+ * must be those of a read-first store.
+ */
+static void test_unseen_key(struct idem_engine *eng, struct idem_store *st)
+{
+    static const struct idem_operation op = {"contract.unseen", 0, 0, 150};
+    struct idem_engine *other = NULL;
+    struct idem_call *call = NULL, *held = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN], fp2[IDEM_FP_LEN];
+    size_t len = 0;
+    const char *b;
+
+    fp_of("{\"unseen\":1}", fp);
+    fp_of("{\"unseen\":2}", fp2);
+    CHECK_INT(idem_engine_new(st, NULL, &other), 0);
+    if (!other)
+        return;
+
+    /* Completed by `eng`: `other` replays it, or refuses another body. */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "u-done", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_complete(call, 201, NULL, 0, "{\"n\":1}", 7), 0);
+    idem_call_end(call);
+    CHECK_INT(idem_call_begin(other, &op, "alice", "u-done", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
+    CHECK_INT(idem_call_response_status(call), 201);
+    b = idem_call_response_body(call, &len);
+    CHECK(b && len == 7 && memcmp(b, "{\"n\":1}", 7) == 0);
+    CHECK(idem_call_tx(call) == NULL);
+    idem_call_end(call);
+    CHECK_INT(idem_call_begin(other, &op, "alice", "u-done", fp2, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_MISMATCH);
+    idem_call_end(call);
+
+    /* Still running in `eng` (a live lease): `other` waits wait_ms, then hears in progress. */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "u-busy", fp, &held, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_advance(held, "half", NULL), 0);
+    CHECK_INT(idem_call_begin(other, &op, "alice", "u-busy", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_IN_PROGRESS);
+    CHECK(idem_call_waited(call));
+    idem_call_end(call);
+    CHECK_INT(idem_call_complete(held, 200, NULL, 0, "{}", 2), 0);
+    idem_call_end(held);
+    CHECK_INT(idem_call_begin(other, &op, "alice", "u-busy", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
+    CHECK_INT(idem_call_response_status(call), 200);
+    idem_call_end(call);
+    idem_engine_free(other);
+}
+
 /* ---- 3. a rolled-back phase leaves no record and no business row ---------------------------- */
 
 static void test_rollback(struct idem_engine *eng, struct idem_store *st)
@@ -840,6 +895,7 @@ int main(int argc, char **argv)
     }
     test_race(eng, st);
     test_replay_mismatch_scope(eng);
+    test_unseen_key(eng, st);
     test_rollback(eng, st);
     test_takeover(eng, st);
     test_release_on_abort(eng, st);
