@@ -668,7 +668,30 @@ struct sq_group {
     int members;              /* savepoints released into the open batch */
     int64_t opened_ms;        /* when the open batch began */
     struct sq_batch *batch;   /* the open batch, NULL when no batch transaction is open */
+    /* Wake-ups decided under mu, sent by group_unlock() once mu is dropped. */
+    int wake_writer;
+    int wake_batch;
 };
+
+/*
+ * Drops g->mu, then sends the wake-ups decided while it was held.  A thread woken while the
+ * waker still holds the mutex only blocks on it again: two context switches instead of one per
+ * hand-over, and on a virtual machine a context switch is the dearest thing here.  Signalling
+ * after the unlock loses nothing: every waiter re-checks its condition under the mutex.
+ */
+static void group_unlock(struct sq_group *g)
+{
+    const int writer = g->wake_writer;
+    const int batch = g->wake_batch;
+
+    g->wake_writer = 0;
+    g->wake_batch = 0;
+    pthread_mutex_unlock(&g->mu);
+    if (batch)
+        pthread_cond_broadcast(&g->batch_cv);
+    if (writer)
+        pthread_cond_signal(&g->writer_cv);
+}
 
 static void group_free(struct idem_store *st)
 {
@@ -731,7 +754,7 @@ static void batch_finish_locked(struct sq_group *g, int rc, const char *msg)
         idem__fmt(b->errmsg, sizeof(b->errmsg), "%s", msg);
     if (b->refs == 0)
         free(b);
-    pthread_cond_broadcast(&g->batch_cv);
+    g->wake_batch = 1;
 }
 
 /* Commits the open batch: the caller holds the writer (busy) and g->mu, dropped during COMMIT. */
@@ -741,7 +764,7 @@ static void batch_commit_locked(struct sq_group *g)
     char msg[IDEM_ERRMSG_MAX] = "";
     int rc;
 
-    pthread_mutex_unlock(&g->mu);
+    group_unlock(g);
     rc = run_simple(w, "COMMIT", "group commit");
     if (rc < 0) {
         idem__fmt(msg, sizeof(msg), "%s", w->errmsg);
@@ -781,9 +804,9 @@ static void writer_release_locked(struct sq_group *g)
     }
     g->busy = 0;
     if (g->waiting > 0)
-        pthread_cond_signal(&g->writer_cv);
+        g->wake_writer = 1;
     else if (g->batch)
-        pthread_cond_broadcast(&g->batch_cv); /* nobody queues: a member commits the batch */
+        g->wake_batch = 1; /* nobody queues: a member commits the batch */
 }
 
 static int sq_write_begin(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
@@ -799,8 +822,8 @@ static int sq_write_begin(struct idem_store *st, struct idem_conn **out, char *e
     while (g->busy) {
         if (pthread_cond_timedwait(&g->writer_cv, &g->mu, &deadline) == ETIMEDOUT && g->busy) {
             g->waiting--;
-            pthread_cond_broadcast(&g->batch_cv); /* a member may have to commit its batch */
-            pthread_mutex_unlock(&g->mu);
+            g->wake_batch = 1; /* a member may have to commit its batch */
+            group_unlock(g);
             idem__fmt(err, errlen, "sqlite: the writer was not free within %d ms",
                       st->opts.busy_timeout_ms);
             return IDEM_EUNAVAIL;
@@ -837,9 +860,9 @@ static int sq_write_begin(struct idem_store *st, struct idem_conn **out, char *e
             writer_release_locked(g);
         else {
             g->busy = 0;
-            pthread_cond_signal(&g->writer_cv);
+            g->wake_writer = 1;
         }
-        pthread_mutex_unlock(&g->mu);
+        group_unlock(g);
         return rc;
     }
     *out = g->writer;
@@ -854,7 +877,7 @@ static void sq_write_rollback(struct idem_store *st, struct idem_conn *c)
         run_simple(c, "ROLLBACK TO idem_tx; RELEASE idem_tx", "rollback");
     pthread_mutex_lock(&g->mu);
     writer_release_locked(g);
-    pthread_mutex_unlock(&g->mu);
+    group_unlock(g);
 }
 
 static int sq_write_commit(struct idem_store *st, struct idem_conn *c, char *err, size_t errlen)
@@ -887,7 +910,13 @@ static int sq_write_commit(struct idem_store *st, struct idem_conn *c, char *err
             batch_commit_locked(g);
             g->busy = 0;
             if (g->waiting > 0)
-                pthread_cond_signal(&g->writer_cv);
+                g->wake_writer = 1;
+            continue;
+        }
+        if (g->wake_writer || g->wake_batch) {
+            /* Send them before sleeping: the woken may be the ones we wait for. */
+            group_unlock(g);
+            pthread_mutex_lock(&g->mu);
             continue;
         }
         pthread_cond_wait(&g->batch_cv, &g->mu);
@@ -897,7 +926,7 @@ static int sq_write_commit(struct idem_store *st, struct idem_conn *c, char *err
         idem__fmt(err, errlen, "%s", b->errmsg);
     if (--b->refs == 0)
         free(b);
-    pthread_mutex_unlock(&g->mu);
+    group_unlock(g);
     return rc;
 }
 
