@@ -184,8 +184,9 @@ static void notify_changed(struct idem_engine *eng, struct idem_call *leaving)
     if (leaving)
         inflight_unlink(leaving);
     eng->epoch++;
-    pthread_cond_broadcast(&eng->changed);
     pthread_mutex_unlock(&eng->mu);
+    /* After the unlock: waiters woken under the mutex would only block on it again. */
+    pthread_cond_broadcast(&eng->changed);
 }
 
 /*

@@ -187,8 +187,8 @@ int idem__store_acquire(struct idem_store *st, struct idem_conn **out, char *err
     if (rc < 0) {
         pthread_mutex_lock(&st->mu);
         st->nopen--;
-        pthread_cond_signal(&st->cv);
         pthread_mutex_unlock(&st->mu);
+        pthread_cond_signal(&st->cv);
         if (rc != IDEM_ENOMEM)
             rc = IDEM_EUNAVAIL;
     }
@@ -207,8 +207,9 @@ void idem__store_release(struct idem_store *st, struct idem_conn *c)
         pthread_mutex_lock(&st->mu);
         st->idle[st->nidle++] = c;
     }
-    pthread_cond_signal(&st->cv);
     pthread_mutex_unlock(&st->mu);
+    /* After the unlock: a waiter woken under the mutex would only block on it again. */
+    pthread_cond_signal(&st->cv);
 }
 
 int idem_store_migrate(struct idem_store *st, const char *component,
