@@ -1243,10 +1243,14 @@ unset multiplot
                          "WAL syncs per request %.2f on, %s off; orderd CPU %.2f ms per order "
                          "on, %.2f off. The product's stock row is updated by every order, so "
                          "its row lock is held from the UPDATE to the COMMIT: %.0f%% of the "
-                         "backend samples waited on a lock (Lock:transactionid/tuple), and every "
-                         "round trip inside that window (the order's insert, the record's "
-                         "stored response; each statement also opens a savepoint, pipelined "
-                         "into the same round trip) makes the queue behind the row longer." % (
+                         "backend samples waited on a lock (Lock:transactionid/tuple), and the "
+                         "backends' waiting and waking on that one row takes most of the "
+                         "machine's CPU (see postgres in the profile below). The UPDATE is the "
+                         "order's last statement on and off alike, so the window itself is the "
+                         "same; what on adds comes before it -- the record's read, its claim "
+                         "and its stored response, three more round trips with their CPU in "
+                         "orderd and in a backend -- on 2 cores the backends already fill, so "
+                         "every order reaches the row later and holds it longer." % (
                              sc(key, "sendto")[0], off.get("sendto", (0, 0))[0],
                              res["S1"].get("wal_syncs_per_req", 0),
                              "%.2f" % res["S1off"]["wal_syncs_per_req"]
