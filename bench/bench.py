@@ -1250,7 +1250,8 @@ unset multiplot
                          "same; what on adds comes before it -- the record's read, its claim "
                          "and its stored response, three more round trips with their CPU in "
                          "orderd and in a backend -- on 2 cores the backends already fill, so "
-                         "each order reaches the row later, and its window passes more slowly on busier cores." % (
+                         "each order reaches the row later, and its window passes more "
+                         "slowly on busier cores." % (
                              sc(key, "sendto")[0], off.get("sendto", (0, 0))[0],
                              res["S1"].get("wal_syncs_per_req", 0),
                              "%.2f" % res["S1off"]["wal_syncs_per_req"]
