@@ -86,10 +86,9 @@ struct idem_call {
      * A response written into the open phase by idem_call_stage(), not yet committed: copies for
      * the replay cache and the response accessors once idem_call_commit() made it durable.
      */
-    int staged;
     int staged_status;
     char *staged_headers; /* the allow-listed headers, encoded */
-    void *staged_body;    /* NUL-terminated */
+    void *staged_body;    /* NUL-terminated; not NULL exactly while a response is staged */
     size_t staged_body_len;
 
     struct idem_record rec; /* last state read, or what this call stored */
@@ -721,7 +720,6 @@ static void unstage(struct idem_call *call)
     call->staged_body = NULL;
     call->staged_body_len = 0;
     call->staged_status = 0;
-    call->staged = 0;
 }
 
 /* Rolls the open phase back: its writes, the claim it holds and a staged response are gone. */
@@ -739,7 +737,7 @@ static void rollback_phase(struct idem_call *call)
 static int fence_failed(struct idem_call *call, const char *what)
 {
     int rc = call_fail(call, IDEM_ELEASE, what,
-                       call->staged ? "the record is not processing under this call's lease: "
+                       call->staged_body ? "the record is not processing under this call's lease: "
                                       "another owner took it over, or the response staged in "
                                       "this phase is still in place (roll back to a savepoint "
                                       "taken before it first)"
@@ -849,7 +847,6 @@ static int stage_response(struct idem_call *call, int status, const struct idem_
         goto out;
     }
     unstage(call);
-    call->staged = 1;
     call->staged_status = status;
     call->staged_headers = text;
     call->staged_body = copy;
@@ -916,7 +913,7 @@ int idem_call_commit(struct idem_call *call)
         return IDEM_EINVAL;
     if (call->completed)
         return call_fail(call, IDEM_ESTATE, "commit response", "the call is completed");
-    if (!call->tx || !call->staged)
+    if (!call->tx || !call->staged_body)
         return call_fail(call, IDEM_ESTATE, "commit response",
                          call->tx ? "no response is staged" : "no phase is open");
     return commit_response(call);
