@@ -912,18 +912,21 @@ out:
     return rc;
 }
 
-/* Whether `p` starts with the keyword `kw` (upper case), followed by no identifier character. */
-static int keyword_at(const char *p, const char *kw)
-{
-    size_t n = strlen(kw);
-    return ascii_ncaseeq(p, kw, n) && !ident_char(p[n]);
-}
-
 static const char *skip_space(const char *p)
 {
     while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
         p++;
     return p;
+}
+
+/*
+ * When `p` starts with the keyword `kw` (upper case; any case matches) followed by no identifier
+ * character: where the next word begins.  Otherwise NULL.
+ */
+static const char *after_keyword(const char *p, const char *kw)
+{
+    size_t n = strlen(kw);
+    return ascii_ncaseeq(p, kw, n) && !ident_char(p[n]) ? skip_space(p + n) : NULL;
 }
 
 /*
@@ -934,17 +937,17 @@ static const char *skip_space(const char *p)
 static int is_savepoint_stmt(const char *sql)
 {
     const char *p = skip_space(sql);
+    const char *q;
 
-    if (keyword_at(p, "SAVEPOINT") || keyword_at(p, "RELEASE"))
+    if (after_keyword(p, "SAVEPOINT") || after_keyword(p, "RELEASE"))
         return 1;
-    if (!keyword_at(p, "ROLLBACK"))
+    p = after_keyword(p, "ROLLBACK");
+    if (p == NULL)
         return 0;
-    p = skip_space(p + strlen("ROLLBACK"));
-    if (keyword_at(p, "WORK"))
-        p = skip_space(p + strlen("WORK"));
-    else if (keyword_at(p, "TRANSACTION"))
-        p = skip_space(p + strlen("TRANSACTION"));
-    return keyword_at(p, "TO");
+    q = after_keyword(p, "WORK");
+    if (q == NULL)
+        q = after_keyword(p, "TRANSACTION");
+    return after_keyword(q ? q : p, "TO") != NULL;
 }
 
 /*
