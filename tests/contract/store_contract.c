@@ -211,6 +211,25 @@ static void test_replay_mismatch_scope(struct idem_engine *eng)
     idem_call_end(call);
 }
 
+/* Replays `key` from `eng` and checks the stored status and body. */
+static void expect_replay(struct idem_engine *eng, const struct idem_operation *op, const char *key,
+                          const unsigned char fp[IDEM_FP_LEN], int status, const char *body)
+{
+    struct idem_call *call = NULL;
+    enum idem_outcome oc;
+    size_t len = 0;
+    const void *b;
+
+    CHECK_INT(idem_call_begin(eng, op, "alice", key, fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
+    CHECK_INT(idem_call_response_status(call), status);
+    b = idem_call_response_body(call, &len);
+    CHECK_INT(len, strlen(body));
+    CHECK(b && memcmp(b, body, strlen(body)) == 0);
+    CHECK(idem_call_tx(call) == NULL); /* a replay opens no phase */
+    idem_call_end(call);
+}
+
 /*
  * A key this engine's replay cache never saw, but the store holds: another engine (another
  * process, or this one before a restart) completed it, or still runs it.  Where the store claims
@@ -224,8 +243,6 @@ static void test_unseen_key(struct idem_engine *eng, struct idem_store *st)
     struct idem_call *call = NULL, *held = NULL;
     enum idem_outcome oc;
     unsigned char fp[IDEM_FP_LEN], fp2[IDEM_FP_LEN];
-    size_t len = 0;
-    const char *b;
 
     fp_of("{\"unseen\":1}", fp);
     fp_of("{\"unseen\":2}", fp2);
@@ -238,13 +255,7 @@ static void test_unseen_key(struct idem_engine *eng, struct idem_store *st)
     CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
     CHECK_INT(idem_call_complete(call, 201, NULL, 0, "{\"n\":1}", 7), 0);
     idem_call_end(call);
-    CHECK_INT(idem_call_begin(other, &op, "alice", "u-done", fp, &call, &oc), 0);
-    CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
-    CHECK_INT(idem_call_response_status(call), 201);
-    b = idem_call_response_body(call, &len);
-    CHECK(b && len == 7 && memcmp(b, "{\"n\":1}", 7) == 0);
-    CHECK(idem_call_tx(call) == NULL);
-    idem_call_end(call);
+    expect_replay(other, &op, "u-done", fp, 201, "{\"n\":1}");
     CHECK_INT(idem_call_begin(other, &op, "alice", "u-done", fp2, &call, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_MISMATCH);
     idem_call_end(call);
@@ -259,10 +270,7 @@ static void test_unseen_key(struct idem_engine *eng, struct idem_store *st)
     idem_call_end(call);
     CHECK_INT(idem_call_complete(held, 200, NULL, 0, "{}", 2), 0);
     idem_call_end(held);
-    CHECK_INT(idem_call_begin(other, &op, "alice", "u-busy", fp, &call, &oc), 0);
-    CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
-    CHECK_INT(idem_call_response_status(call), 200);
-    idem_call_end(call);
+    expect_replay(other, &op, "u-busy", fp, 200, "{}");
     idem_engine_free(other);
 }
 
@@ -541,24 +549,6 @@ static void test_retention(struct idem_engine *eng)
 }
 
 /* ---- 6b. a response staged inside the phase, then the last statements, then the commit ------ */
-
-/* Replays `key` from `eng` and checks the stored status and body. */
-static void expect_replay(struct idem_engine *eng, const struct idem_operation *op, const char *key,
-                          const unsigned char fp[IDEM_FP_LEN], int status, const char *body)
-{
-    struct idem_call *call = NULL;
-    enum idem_outcome oc;
-    size_t len = 0;
-    const void *b;
-
-    CHECK_INT(idem_call_begin(eng, op, "alice", key, fp, &call, &oc), 0);
-    CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
-    CHECK_INT(idem_call_response_status(call), status);
-    b = idem_call_response_body(call, &len);
-    CHECK_INT(len, strlen(body));
-    CHECK(b && memcmp(b, body, strlen(body)) == 0);
-    idem_call_end(call);
-}
 
 static void test_stage(struct idem_engine *eng, struct idem_store *st)
 {
