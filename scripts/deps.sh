@@ -5,14 +5,14 @@
 set -eu
 
 PKGS="build-essential cmake pkg-config clang libclang-rt-14-dev python3 sqlite3 curl procps
-      libmicrohttpd-dev libjansson-dev libsqlite3-dev libssl-dev libcurl4-openssl-dev
+      libuv1-dev libhttp-parser-dev libjansson-dev libsqlite3-dev libssl-dev libcurl4-openssl-dev
       libpq-dev postgresql"
 
 # Optional groups on top of the default list: `scripts/deps.sh bench` (used by `make bench`) adds
 # the load generator, the chart maker and the profiler of docs/bench.md.
 case "${1:-}" in
 "") ;;
-bench) PKGS="$PKGS wrk gnuplot-nox linux-perf" ;;
+bench) PKGS="$PKGS wrk gnuplot-nox linux-perf nginx-light" ;;
 *)
     echo "usage: scripts/deps.sh [bench]" >&2
     exit 2

@@ -186,6 +186,10 @@ int auth_principal(struct auth_cache *cache, struct idem_store *st, const char *
             goto out;
         }
     }
+    if (st == NULL) {
+        rc = AUTH_ASK_STORE;
+        goto out;
+    }
     hex_encode(md, DIGEST_LEN, hex);
     rc = idem_tx_begin(st, 0, &tx);
     if (rc < 0)

@@ -38,8 +38,11 @@ void auth_cache_free(struct auth_cache *c);
  * Finds the user of the Authorization header value `authorization` ("Bearer <token>"; may be
  * NULL), in `cache` (may be NULL: always the store) and else in the store.  Returns 0 and
  * *user_id (new, free with free()) for a known token; 1 when the header is missing, malformed or
- * the token unknown; a negative IDEM_E* when the store failed.
+ * the token unknown; a negative IDEM_E* when the store failed.  With `st` NULL the store is not
+ * asked: a well-formed token the cache does not know gives AUTH_ASK_STORE (an event-loop thread,
+ * which must not block, asks again from a worker).
  */
+#define AUTH_ASK_STORE 2
 int auth_principal(struct auth_cache *cache, struct idem_store *st, const char *authorization,
                    char **user_id);
 

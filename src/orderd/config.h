@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "idem/idem.h"
+#include "http_server.h"
 #include "log.h"
 
 #define ORDERD_DEFAULT_LISTEN "127.0.0.1:8080"
@@ -54,6 +55,8 @@ struct orderd_config {
     int64_t outbox_interval_ms;
     int outbox_max_attempts; /* a message is parked after this many failed deliveries */
     int64_t outbox_backoff_max_ms; /* the cap of the relay's exponential backoff */
+
+    struct http_limits http; /* --max-connections, --head-timeout-ms...; 0: the default */
 };
 
 #endif /* ORDERD_CONFIG_H */

@@ -1,25 +1,30 @@
 /*
- * http.c - what orderd adds to the shared HTTP server (src/common/http_server.c): requests go
- * to the router; a body over 1 MiB announced by its Content-Length is refused before its bytes
- * are read, and a chunked one is drained only up to DRAIN_MAX; every answered request is
- * recorded in the metrics and the log once its response is queued.
+ * http.c - what orderd adds to the shared HTTP server (src/http/http_server.c): the head of a
+ * request is checked (route, bearer token, content type) before any body byte is read, from
+ * the token cache on the event loop or from the store on a worker; complete requests go to the
+ * router on a worker; every answered request is recorded in the metrics and the log.
  */
 #include "http.h"
 
 #include "app.h"
+#include "config.h"
 #include "log.h"
 #include "metrics.h"
 #include "router.h"
 #include "banned.h"
 
-/* A chunked body past the cap is read and dropped so a 413 can be sent, up to this much. */
-#define DRAIN_MAX ((size_t)64 << 20)
 /* On stop, requests in flight get this long to finish before their connections are cut. */
 #define STOP_GRACE_S 15
 
 static void handle(void *ctx, const struct request *rq, struct response *resp)
 {
     router_dispatch(ctx, rq, resp);
+}
+
+static enum http_head_verdict on_head(void *ctx, const struct request *rq, struct response *resp,
+                                      int may_block)
+{
+    return router_check_head(ctx, rq, resp, may_block);
 }
 
 static const char *outcome_of(const struct response *resp)
@@ -55,13 +60,13 @@ int orderd_http_start(struct app *app, const char *listen, struct http_server **
 {
     struct http_server_options opts = {
         .handle = handle,
+        .on_head = on_head,
         .answered = answered,
         .log = server_line,
         .ctx = app,
         .ipv6 = 1,
-        .refuse_early = 1,
-        .drain_max = DRAIN_MAX,
         .stop_grace_s = STOP_GRACE_S,
+        .limits = app->cfg->http,
     };
 
     return http_server_start(&opts, listen, out, err, errlen);

@@ -1,5 +1,5 @@
 /*
- * http.h - orderd's face to HTTP: the request and server of src/common/http_server.h, served
+ * http.h - orderd's face to HTTP: the request and server of src/http/http_server.h, served
  * through router_dispatch(), with each answered request recorded in the metrics and the log.
  */
 #ifndef ORDERD_HTTP_H

@@ -21,7 +21,7 @@
 #include "util.h"
 #include "banned.h"
 
-/* The word die() and the text log lines begin with (src/common/util.h). */
+/* The word die() and the text log lines begin with (src/util/util.h). */
 const char program_name[] = "orderd";
 
 /*

@@ -165,6 +165,7 @@ static const struct option serve_options[] = {
     {"outbox-backoff-max-ms", required_argument, NULL, OPT_OUTBOX_BACKOFF},
     {"idempotency", required_argument, NULL, OPT_IDEMPOTENCY},
     {"replay-cache-mb", required_argument, NULL, OPT_REPLAY_CACHE},
+    HTTP_LIMITS_OPTIONS
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -393,17 +394,21 @@ static int parse_options(struct cli *cli, int argc, char **argv, const struct op
                          const char *usage)
 {
     char shortopt[3] = {'-', '?', '\0'};
+    char err[320];
     int status = -1;
+    int longindex = 0;
     int c;
 
     opterr = 0;
     optind = 1;
     while (status < 0) {
-        c = getopt_long(argc, argv, ":h", opts, NULL);
+        c = getopt_long(argc, argv, ":h", opts, &longindex);
         if (c == -1)
             break;
         if (c == OPT_HELP) {
             fputs(usage, stdout);
+            if (opts == serve_options)
+                printf("\n%s", http_limits_help);
             status = 0;
         } else if (c == ':' && optopt >= OPT_LISTEN) {
             status = usage_error(cli, "option '--%s' needs a value", option_name(opts, optopt));
@@ -414,6 +419,10 @@ static int parse_options(struct cli *cli, int argc, char **argv, const struct op
             status = usage_error(cli, "unknown option '%s'", shortopt);
         } else if (c == '?') {
             status = usage_error(cli, "unknown option '%s'", argv[optind - 1]);
+        } else if (c == HTTP_LIMITS_OPT) {
+            if (http_limits_flag(&cli->cfg.http, opts[longindex].name, optarg, err, sizeof err) <
+                0)
+                status = usage_error(cli, "%s", err);
         } else {
             status = apply_option(cli, c, optarg);
         }

@@ -104,7 +104,7 @@ out:
     return ok;
 }
 
-/* HEAD is served by the GET route (MHD drops the body). */
+/* HEAD is served by the GET route (the server drops the body). */
 static int method_matches(const char *route_method, const char *method)
 {
     if (strcmp(route_method, method) == 0)
@@ -173,13 +173,19 @@ static const struct route *find_route(const struct request *rq, char **params, s
     return found;
 }
 
-static int check_auth(struct call_ctx *cx, struct response *resp)
+/*
+ * The principal of the request, or a 401/503 answer (then -1).  With may_block 0 only the token
+ * cache is asked: a token it does not know gives 1 (ask again where blocking is allowed).
+ */
+static int check_auth(struct call_ctx *cx, struct response *resp, int may_block)
 {
     char *user = NULL;
     int rc;
 
-    rc = auth_principal(cx->app->tokens, cx->app->store, request_header(cx->rq, "Authorization"),
-                        &user);
+    rc = auth_principal(cx->app->tokens, may_block ? cx->app->store : NULL,
+                        request_header(cx->rq, "Authorization"), &user);
+    if (rc == AUTH_ASK_STORE)
+        return 1;
     if (rc < 0) {
         log_msg(&cx->app->log, "error", "token lookup failed: %s", idem_err_name(rc));
         idemcall_unavailable(resp, "The store cannot be reached; nothing was done. Retry.");
@@ -197,6 +203,32 @@ static int check_auth(struct call_ctx *cx, struct response *resp)
     cx->principal = user;
 out:
     return rc == 0 ? 0 : -1;
+}
+
+/*
+ * What can be checked from the head alone, in the contract's order after the route: auth (401),
+ * then the content type of a body (415).  0 to go on, -1 answered, 1 needs the store.
+ */
+static int check_head(struct call_ctx *cx, const struct route *rt, struct response *resp,
+                      int may_block)
+{
+    const char *ct;
+    int rc = 0;
+
+    if (rt->auth) {
+        rc = check_auth(cx, resp, may_block);
+        if (rc != 0)
+            return rc;
+    }
+    if (rt->body != BODY_NONE && rt->body != BODY_RAW && cx->rq->has_body) {
+        ct = request_header(cx->rq, "Content-Type");
+        if (ct == NULL || !is_json_media_type(ct)) {
+            response_problem(resp, 415, "unsupported-media-type",
+                             "Send the body as Content-Type: application/json.");
+            return -1;
+        }
+    }
+    return 0;
 }
 
 static int check_key(struct call_ctx *cx, enum key_policy policy, char *key, struct response *resp)
@@ -284,7 +316,6 @@ void router_dispatch(struct app *app, const struct request *rq, struct response 
     struct call_ctx cx;
     char *params[ROUTE_MAX_PARAMS] = {NULL};
     char key[IDEM_KEY_MAX + 1];
-    const char *ct;
     size_t i;
 
     memset(&cx, 0, sizeof cx);
@@ -298,20 +329,8 @@ void router_dispatch(struct app *app, const struct request *rq, struct response 
     for (i = 0; i < cx.nparams; i++)
         cx.params[i] = params[i];
 
-    if (rt->auth && check_auth(&cx, resp) != 0)
+    if (check_head(&cx, rt, resp, 1) != 0)
         goto out;
-    if (rt->body != BODY_NONE && rt->body != BODY_RAW && rq->has_body) {
-        ct = request_header(rq, "Content-Type");
-        if (ct == NULL || !is_json_media_type(ct)) {
-            response_problem(resp, 415, "unsupported-media-type",
-                             "Send the body as Content-Type: application/json.");
-            goto out;
-        }
-    }
-    if (rq->body_too_big) {
-        response_problem(resp, 413, "body-too-large", "Request bodies are limited to 1 MiB.");
-        goto out;
-    }
     if (check_key(&cx, rt->key, key, resp) != 0)
         goto out;
     if (rt->body != BODY_NONE && rt->body != BODY_RAW && check_json(&cx, rt, resp) != 0)
@@ -320,4 +339,24 @@ void router_dispatch(struct app *app, const struct request *rq, struct response 
 out:
     json_decref(cx.body);
     free_params(params, ROUTE_MAX_PARAMS);
+}
+
+enum http_head_verdict router_check_head(struct app *app, const struct request *rq,
+                                         struct response *resp, int may_block)
+{
+    const struct route *rt;
+    struct call_ctx cx;
+    char *params[ROUTE_MAX_PARAMS] = {NULL};
+    int rc;
+
+    memset(&cx, 0, sizeof cx);
+    cx.app = app;
+    cx.rq = rq;
+    rt = find_route(rq, params, &cx.nparams, resp);
+    free_params(params, ROUTE_MAX_PARAMS);
+    if (rt == NULL)
+        return HTTP_HEAD_ANSWER;
+    resp->operation = rt->operation;
+    rc = check_head(&cx, rt, resp, may_block);
+    return rc == 0 ? HTTP_HEAD_CONTINUE : rc > 0 ? HTTP_HEAD_BLOCKS : HTTP_HEAD_ANSWER;
 }

@@ -13,9 +13,9 @@
 
 #include "idem/idem.h"
 
+#include "http_server.h"
+
 struct app;
-struct request;
-struct response;
 
 #define ROUTE_MAX_PARAMS 2
 
@@ -33,5 +33,13 @@ struct call_ctx {
 
 /* Answers one request into `resp` (always: every path ends in a response). */
 void router_dispatch(struct app *app, const struct request *rq, struct response *resp);
+
+/*
+ * The checks a request's head allows (route, auth, content type), before any body byte is read:
+ * the server's on_head (http_server.h).  With may_block 0 it asks only the token cache, and
+ * answers HTTP_HEAD_BLOCKS for a token the store must confirm.
+ */
+enum http_head_verdict router_check_head(struct app *app, const struct request *rq,
+                                         struct response *resp, int may_block);
 
 #endif /* ORDERD_ROUTER_H */

@@ -270,9 +270,7 @@ void api_dispatch(struct sim *sim, const struct request *rq, struct response *re
     int get = strcmp(m, "GET") == 0 || strcmp(m, "HEAD") == 0;
     int post = strcmp(m, "POST") == 0;
 
-    if (rq->body_too_big) {
-        response_problem(resp, 413, "body-too-large", "Request bodies are limited to 1 MiB.");
-    } else if (strcmp(p, "/v1/charges") == 0 && (get || post)) {
+    if (strcmp(p, "/v1/charges") == 0 && (get || post)) {
         if (post)
             charges_create(sim, rq, resp);
         else

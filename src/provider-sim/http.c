@@ -1,13 +1,12 @@
 /*
- * http.c - what provider-sim adds to the shared HTTP server (src/common/http_server.c):
+ * http.c - what provider-sim adds to the shared HTTP server (src/http/http_server.c):
  * requests go to api_dispatch(), IPv4 only, the address reusable at once, a short stop; and the
  * one thing orderd's server never does on purpose, a response dropped after the handler ran
  * (api.c sets `drop`), so the client gets no answer although the effect is committed.
  */
 #include "http.h"
 
-#include <string.h>
-
+#include "sim.h"
 #include "sim_util.h"
 #include "banned.h"
 
@@ -21,9 +20,6 @@ static void handle(void *ctx, const struct request *rq, struct response *resp)
 static void server_line(void *ctx, const char *line)
 {
     (void)ctx;
-    /* The lost-response fault closes connections on purpose; MHD calls that an error. */
-    if (strstr(line, "Application reported internal error") != NULL)
-        return;
     log_msg("warn", "%s", line);
 }
 
@@ -36,6 +32,7 @@ int sim_http_start(struct sim *sim, const char *listen, struct http_server **out
         .ctx = sim,
         .reuse_address = 1,
         .stop_grace_s = STOP_GRACE_S,
+        .limits = sim->cfg->http,
     };
 
     return http_server_start(&opts, listen, out, err, errlen);

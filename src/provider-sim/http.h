@@ -1,5 +1,5 @@
 /*
- * http.h - provider-sim's face to HTTP: the request, response and server of src/common/
+ * http.h - provider-sim's face to HTTP: the request, response and server of src/http/
  * (http_server.h, response.h), served through api_dispatch().  A handler may set `drop` on its
  * response to close the connection without answering, which is how the "lost response" fault
  * looks to a client: the effect happened, no answer came.

@@ -88,6 +88,7 @@ static const struct option options[] = {
     {"slow-ms", required_argument, NULL, OPT_SLOW},
     {"webhook-dup", required_argument, NULL, OPT_DUP},
     {"webhook-delay-ms", required_argument, NULL, OPT_DELAY},
+    HTTP_LIMITS_OPTIONS
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -203,16 +204,19 @@ static int apply_option(struct sim_config *cfg, int c, const char *arg)
 
 static int parse_args(struct sim_config *cfg, int argc, char **argv)
 {
+    char err[320];
     int status = -1;
+    int longindex = 0;
     int c;
 
     opterr = 0;
     while (status < 0) {
-        c = getopt_long(argc, argv, ":h", options, NULL);
+        c = getopt_long(argc, argv, ":h", options, &longindex);
         if (c == -1)
             break;
         if (c == OPT_HELP) {
             fputs(usage, stdout);
+            printf("\n%s", http_limits_help);
             status = 0;
         } else if (c == OPT_VERSION) {
             printf("provider-sim %s (libidem %s)\n", IDEM_VERSION_STRING, IDEM_VERSION_STRING);
@@ -223,6 +227,9 @@ static int parse_args(struct sim_config *cfg, int argc, char **argv)
                          : usage_error("option '%s' needs a value", argv[optind - 1]);
         } else if (c == '?') {
             status = usage_error("unknown option '%s'", argv[optind - 1]);
+        } else if (c == HTTP_LIMITS_OPT) {
+            if (http_limits_flag(&cfg->http, options[longindex].name, optarg, err, sizeof err) < 0)
+                status = usage_error("%s", err);
         } else {
             status = apply_option(cfg, c, optarg);
         }

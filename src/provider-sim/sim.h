@@ -12,6 +12,7 @@
 #include "idem/idem.h"
 
 #include "faults.h"
+#include "http_server.h"
 
 #define SIM_DEFAULT_LISTEN "127.0.0.1:8090"
 #define SIM_DEFAULT_DB "sqlite:./var/provider-sim.db"
@@ -26,6 +27,7 @@ struct sim_config {
     int64_t webhook_backoff_max_ms;
     int64_t webhook_timeout_ms;
     struct fault_settings faults;
+    struct http_limits http; /* --max-connections, --head-timeout-ms...; 0: the default */
 };
 
 /* What the ledger reports about requests since start (the effects are in the database). */

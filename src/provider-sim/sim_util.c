@@ -13,7 +13,7 @@
 
 #include "banned.h"
 
-/* The word die() and the log lines begin with (src/common/util.h). */
+/* The word die() and the log lines begin with (src/util/util.h). */
 const char program_name[] = "provider-sim";
 
 void log_msg(const char *level, const char *fmt, ...)

@@ -1,6 +1,6 @@
 /*
  * sim_util.h - the helpers only provider-sim needs, on top of the ones it shares with orderd
- * (src/common/util.h, included here): the log on stderr, random ids and rates from OpenSSL, and
+ * (src/util/util.h, included here): the log on stderr, random ids and rates from OpenSSL, and
  * the number checks of its command line and JSON bodies.
  */
 #ifndef SIM_UTIL_H

@@ -4,8 +4,8 @@
  * application/problem+json.  The title comes from one table keyed by the stable code, so the same
  * code carries the same title wherever it is raised and a client can switch on `code` alone.
  */
-#ifndef IDEM_COMMON_PROBLEM_H
-#define IDEM_COMMON_PROBLEM_H
+#ifndef IDEM_HTTP_PROBLEM_H
+#define IDEM_HTTP_PROBLEM_H
 
 #include <stddef.h>
 
@@ -19,4 +19,4 @@ char *problem_body(int status, const char *code, const char *detail, size_t *len
 char *problem_body_ext(int status, const char *code, const char *detail, const json_t *extra,
                        size_t *len);
 
-#endif /* IDEM_COMMON_PROBLEM_H */
+#endif /* IDEM_HTTP_PROBLEM_H */

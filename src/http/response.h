@@ -1,14 +1,14 @@
 /*
  * response.h - an HTTP response as the programs' handlers build it, before it meets
- * libmicrohttpd (http_server.c): status, a few headers, the body bytes, plus what orderd's
+ * the HTTP server (http_server.c): status, a few headers, the body bytes, plus what orderd's
  * request log and metrics want to know (operation, idempotency outcome, principal) and
  * provider-sim's lost-response fault (drop).  Keeping it a plain struct lets the engine glue copy
- * a stored response into it byte for byte, and keeps MHD out of the business code.
+ * a stored response into it byte for byte, and keeps the server out of the business code.
  *
  * Every error is an RFC 9457 problem (problem.h).
  */
-#ifndef IDEM_COMMON_RESPONSE_H
-#define IDEM_COMMON_RESPONSE_H
+#ifndef IDEM_HTTP_RESPONSE_H
+#define IDEM_HTTP_RESPONSE_H
 
 #include <stddef.h>
 
@@ -66,4 +66,4 @@ void response_problem_ext(struct response *r, int status, const char *code, cons
 
 #define CONTENT_TYPE_JSON "application/json"
 
-#endif /* IDEM_COMMON_RESPONSE_H */
+#endif /* IDEM_HTTP_RESPONSE_H */

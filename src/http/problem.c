@@ -26,6 +26,13 @@ static const struct {
     {"invalid-json", "Body is not valid JSON"},
     {"validation-failed", "Validation failed"},
     {"internal-error", "Internal server error"},
+    /* The HTTP layer (http_server.c, request_parser.c), for every program on it. */
+    {"bad-request", "Malformed HTTP request"},
+    {"method-not-implemented", "Method not implemented"},
+    {"request-header-too-large", "Request header fields too large"},
+    {"request-timeout", "Request not received in time"},
+    {"too-many-connections", "Too many connections"},
+    {"server-busy", "Server busy"},
     /* orderd. */
     {"unauthorized", "Unauthorized"},
     {"unsupported-media-type", "Unsupported media type"},

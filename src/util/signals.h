@@ -4,8 +4,8 @@
  * needed, and the stop unwinds in the main thread's own order.  SIGPIPE is ignored: a peer that
  * hangs up must cost a write error, not the process.
  */
-#ifndef IDEM_COMMON_SIGNALS_H
-#define IDEM_COMMON_SIGNALS_H
+#ifndef IDEM_UTIL_SIGNALS_H
+#define IDEM_UTIL_SIGNALS_H
 
 #include <signal.h>
 
@@ -18,4 +18,4 @@ void stop_signals_block(sigset_t *set);
 /* Waits for one of the stop signals in `set`; returns its name ("SIGINT", "SIGTERM"), static. */
 const char *stop_signals_wait(const sigset_t *set);
 
-#endif /* IDEM_COMMON_SIGNALS_H */
+#endif /* IDEM_UTIL_SIGNALS_H */

@@ -2,10 +2,10 @@
  * strbuf.h - a growable byte buffer (git's strbuf), for text whose size is not known up front:
  * the Prometheus page, log lines, request bodies.  Growth dies on allocation failure; callers
  * that take bytes from strangers enforce their own cap before appending (http_server.c does, at
- * HTTP_BODY_MAX).  Part of idem_common, the programs' static library.
+ * HTTP_BODY_MAX).  Part of idem_util (src/util/), the programs' static library.
  */
-#ifndef IDEM_COMMON_STRBUF_H
-#define IDEM_COMMON_STRBUF_H
+#ifndef IDEM_UTIL_STRBUF_H
+#define IDEM_UTIL_STRBUF_H
 
 #include <stddef.h>
 
@@ -20,6 +20,8 @@ struct strbuf {
         NULL, 0, 0                                                                                 \
     }
 
+/* Makes room for `extra` more bytes (and the NUL): the buffer does not move while they come. */
+void strbuf_grow(struct strbuf *sb, size_t extra);
 void strbuf_add(struct strbuf *sb, const void *data, size_t len);
 void strbuf_adds(struct strbuf *sb, const char *s);
 void strbuf_addch(struct strbuf *sb, char c);
@@ -29,4 +31,4 @@ char *strbuf_detach(struct strbuf *sb, size_t *len);
 /* Frees the bytes; `sb` may be reused. */
 void strbuf_release(struct strbuf *sb);
 
-#endif /* IDEM_COMMON_STRBUF_H */
+#endif /* IDEM_UTIL_STRBUF_H */

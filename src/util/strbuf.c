@@ -12,7 +12,7 @@
 #include "util.h"
 #include "banned.h"
 
-static void grow(struct strbuf *sb, size_t extra)
+void strbuf_grow(struct strbuf *sb, size_t extra)
 {
     size_t need = sb->len + extra + 1;
     size_t cap = sb->cap ? sb->cap : 64;
@@ -30,7 +30,7 @@ static void grow(struct strbuf *sb, size_t extra)
 
 void strbuf_add(struct strbuf *sb, const void *data, size_t len)
 {
-    grow(sb, len);
+    strbuf_grow(sb, len);
     if (len > 0)
         memcpy(sb->buf + sb->len, data, len);
     sb->len += len;
@@ -57,7 +57,7 @@ void strbuf_addf(struct strbuf *sb, const char *fmt, ...)
     va_end(ap);
     if (n < 0)
         die("bad format string");
-    grow(sb, (size_t)n);
+    strbuf_grow(sb, (size_t)n);
     va_start(ap, fmt);
     vsnprintf(sb->buf + sb->len, (size_t)n + 1, fmt, ap);
     va_end(ap);
@@ -69,7 +69,7 @@ char *strbuf_detach(struct strbuf *sb, size_t *len)
     char *out;
 
     if (sb->buf == NULL) {
-        grow(sb, 0);
+        strbuf_grow(sb, 0);
         sb->buf[0] = '\0';
     }
     out = sb->buf;

@@ -2,10 +2,10 @@
  * util.h - the small helpers orderd and provider-sim both lean on: allocation that dies with a
  * message instead of returning NULL (a service that cannot allocate a few bytes cannot answer
  * anyone truthfully), hex, random bytes, clocks, UTC timestamps, strict number parsing of
- * untrusted text and compact JSON text.  Part of idem_common, the programs' static library.
+ * untrusted text and compact JSON text.  Part of idem_util (src/util/), the programs' static library.
  */
-#ifndef IDEM_COMMON_UTIL_H
-#define IDEM_COMMON_UTIL_H
+#ifndef IDEM_UTIL_UTIL_H
+#define IDEM_UTIL_UTIL_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -64,4 +64,4 @@ size_t utf8_length(const char *s);
 /* Compact JSON text of `doc`, members in insertion order (new, free()); `len` may be NULL. */
 char *json_text(const json_t *doc, size_t *len);
 
-#endif /* IDEM_COMMON_UTIL_H */
+#endif /* IDEM_UTIL_UTIL_H */

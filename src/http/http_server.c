@@ -1,0 +1,1430 @@
+/*
+ * http_server.c - the event-driven server of http_server.h.  Each loop thread runs a libuv loop
+ * with its own listening socket (SO_REUSEPORT: the kernel spreads new connections over the
+ * loops), reads its connections into request_parser.c, and writes their responses.  A request
+ * whose handler may block goes to the worker pool (one queue for the server, bounded); the worker
+ * hands the connection back through its loop's `done` list and an async wake-up, and only the
+ * loop ever touches the socket.
+ *
+ * Time limits are kept without a timer per connection: a connection sits in at most one list per
+ * kind of deadline (idle, head, body, write, linger), appended when it enters that state, so each
+ * list is in deadline order and a tick of the loop only looks at the heads.
+ *
+ * A refused request is answered with a problem+json and, when its body was not read, closed
+ * "lingering": the write side is shut and the rest of the body is read and dropped for a bounded
+ * time, so that the client reads the answer instead of a reset.
+ */
+#include "http_server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <uv.h>
+
+#include "problem.h"
+#include "strbuf.h"
+#include "util.h"
+#include "banned.h"
+
+#define LOOPS_MAX 8 /* as HTTP_LIMITS_FLAGS' http-threads */
+#define READ_CHUNK ((size_t)64 * 1024)
+#define TICK_MS 100
+#define LISTEN_BACKLOG 4096
+/* A refused request's unread body is dropped for at most this long, and this many bytes. */
+#define LINGER_MS 5000
+#define LINGER_MAX_BYTES ((size_t)64 << 20)
+#define IP_BUCKETS 1024
+
+enum conn_state {
+    CONN_IDLE,    /* waiting for the first byte of a request */
+    CONN_HEAD,    /* request line and header fields arriving */
+    CONN_BODY,    /* body arriving */
+    CONN_WORKING, /* on a worker (or queued for one): the loop does not read */
+    CONN_WRITING, /* the response is being written */
+    CONN_LINGER,  /* answered, write side shut, dropping what the client still sends */
+    CONN_CLOSING, /* uv_close() called */
+    CONN_NEW,     /* accepted, not placed yet */
+    CONN_NSTATES
+};
+
+/* The deadline list a state puts a connection in; -1: none. */
+static const int state_list[CONN_NSTATES] = {0, 1, 2, -1, 3, 4, -1, -1};
+#define NLISTS 5
+
+enum job { JOB_HEAD, JOB_HANDLE };
+
+struct http_loop;
+
+struct conn {
+    uv_tcp_t tcp; /* first: a uv_handle_t * of it is the conn */
+    struct http_loop *lp;
+    enum conn_state state;
+    struct conn *prev, *next; /* in the deadline list of `state` */
+    uint64_t since;           /* loop time the state began */
+    struct conn *qnext;       /* in the worker queue, then in the loop's done list */
+    enum job job;
+    enum http_head_verdict verdict;
+
+    struct request_parser rp;
+    struct request rq_stub; /* for a request refused before its head was read */
+    char *in;               /* bytes read, not parsed yet (a pipelined request) */
+    size_t in_len;
+
+    struct response resp;
+    int64_t start_ns;
+    int keep_alive;   /* after this response */
+    int report;       /* call `answered` for this response */
+    int reading;
+    int parsing; /* inside parse(): it goes on by itself after a response written at once */
+    uv_write_t wr;
+    uv_shutdown_t sd;
+    char *out;
+    size_t drained;
+
+    char peer[INET6_ADDRSTRLEN];
+    unsigned char ip[16];
+    int counted; /* holds a slot in the per-address table */
+};
+
+struct http_loop {
+    struct http_server *srv;
+    uv_loop_t uv;
+    uv_tcp_t listener;
+    uv_async_t wake;
+    uv_timer_t tick;
+    pthread_t thread;
+    int started;
+
+    pthread_mutex_t mu; /* guards `done` */
+    struct conn *done;
+
+    struct conn *head[NLISTS], *tail[NLISTS];
+    _Atomic int in_state[CONN_NSTATES]; /* read by the stopping thread */
+    int closing_listener;
+    int halted;
+    char date[48];
+    time_t date_at;
+    char buf[READ_CHUNK];
+};
+
+struct ip_slot {
+    struct ip_slot *next;
+    unsigned char ip[16];
+    int count;
+};
+
+struct http_server {
+    struct http_server_options opts;
+    char url[128];
+    int nloops;
+    struct http_loop *loops;
+
+    pthread_t *workers;
+    int nworkers;
+    pthread_mutex_t qmu;
+    pthread_cond_t qcond;
+    struct conn *qhead, *qtail;
+    int qlen;
+    int qstop;
+
+    pthread_mutex_t ipmu;
+    struct ip_slot *ips[IP_BUCKETS];
+    _Atomic int nconns;
+
+    _Atomic int stopping;
+    _Atomic uint64_t st_open, st_refused, st_timeouts, st_heads, st_queue_full;
+};
+
+static void server_log(const struct http_server *srv, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void server_log(const struct http_server *srv, const char *fmt, ...)
+{
+    char line[640];
+    va_list ap;
+
+    if (srv->opts.log == NULL)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    srv->opts.log(srv->opts.ctx, line);
+}
+
+/* ---- limits ---------------------------------------------------------------------------------- */
+
+void http_limits_resolve(struct http_limits *l)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+    if (l->max_connections <= 0)
+        l->max_connections = HTTP_DEFAULT_MAX_CONNECTIONS;
+    if (l->max_connections_per_ip == 0)
+        l->max_connections_per_ip = HTTP_DEFAULT_MAX_CONNECTIONS_PER_IP;
+    if (l->head_timeout_ms <= 0)
+        l->head_timeout_ms = HTTP_DEFAULT_HEAD_TIMEOUT_MS;
+    if (l->body_timeout_ms <= 0)
+        l->body_timeout_ms = HTTP_DEFAULT_BODY_TIMEOUT_MS;
+    if (l->idle_timeout_ms <= 0)
+        l->idle_timeout_ms = HTTP_DEFAULT_IDLE_TIMEOUT_MS;
+    if (l->write_timeout_ms <= 0)
+        l->write_timeout_ms = HTTP_DEFAULT_WRITE_TIMEOUT_MS;
+    if (l->max_header_bytes <= 0)
+        l->max_header_bytes = HTTP_DEFAULT_MAX_HEADER_BYTES;
+    if (l->loops <= 0)
+        l->loops = cpus < 1 ? 1 : cpus > LOOPS_MAX ? LOOPS_MAX : (int)cpus;
+    if (l->workers <= 0)
+        l->workers = HTTP_DEFAULT_WORKERS;
+    if (l->queue <= 0)
+        l->queue = HTTP_DEFAULT_QUEUE;
+}
+
+const char http_limits_help[] =
+    "HTTP limits (per server; a client over them gets a problem+json, then the connection closes):\n"
+    "  --max-connections N      open connections in all (default 10000)\n"
+    "  --max-connections-per-ip N   open connections from one client address, -1 for no cap\n"
+    "                           (default 256)\n"
+    "  --head-timeout-ms N      first byte of a request to the end of its headers (default 10000)\n"
+    "  --body-timeout-ms N      end of the headers to the end of the body (default 30000)\n"
+    "  --idle-timeout-ms N      a keep-alive connection with no request (default 60000)\n"
+    "  --write-timeout-ms N     a response the client does not read (default 30000)\n"
+    "  --max-header-bytes N     request line + headers, over it 431 (default 8192)\n"
+    "  --http-threads N         event-loop threads (default: the number of CPUs, at most 8)\n"
+    "  --http-workers N         threads that run handlers which may block (default 64)\n"
+    "  --http-queue N           requests waiting for a worker before 503 (default 4096)\n";
+
+int http_limits_flag(struct http_limits *l, const char *name, const char *value, char *err,
+                     size_t errlen)
+{
+#define HTTP_LIMIT_ROW(n, field, lo, hi) {n, offsetof(struct http_limits, field), lo, hi},
+    static const struct {
+        const char *name;
+        size_t offset;
+        int64_t min, max;
+    } flags[] = {HTTP_LIMITS_FLAGS(HTTP_LIMIT_ROW)};
+#undef HTTP_LIMIT_ROW
+    size_t i;
+    int64_t v = 0;
+
+    if (strncmp(name, "--", 2) == 0)
+        name += 2;
+    for (i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        if (strcmp(name, flags[i].name) != 0)
+            continue;
+        if (value == NULL || parse_int64(value, flags[i].min, flags[i].max, &v) != 0 ||
+            (v == 0 && flags[i].min < 0)) {
+            snprintf(err, errlen, "--%s must be an integer from %lld to %lld%s, not '%s'",
+                     flags[i].name, (long long)flags[i].min, (long long)flags[i].max,
+                     flags[i].min < 0 ? " other than 0" : "", value ? value : "");
+            return -1;
+        }
+        *(int *)(void *)((char *)l + flags[i].offset) = (int)v;
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- request accessors ------------------------------------------------------------------------ */
+
+int request_header_count(const struct request *rq, const char *name, const char **first,
+                         size_t *first_len)
+{
+    size_t i;
+    int count = 0;
+
+    for (i = 0; i < rq->nfields; i++) {
+        if (strcasecmp(rq->fields[i].name, name) != 0)
+            continue;
+        if (count == 0 && first != NULL)
+            *first = rq->fields[i].value;
+        if (count == 0 && first_len != NULL)
+            *first_len = rq->fields[i].value_len;
+        count++;
+    }
+    if (count == 0 && first != NULL)
+        *first = NULL;
+    if (count == 0 && first_len != NULL)
+        *first_len = 0;
+    return count;
+}
+
+const char *request_header(const struct request *rq, const char *name)
+{
+    const char *v = NULL;
+
+    request_header_count(rq, name, &v, NULL);
+    return v;
+}
+
+const char *request_query(const struct request *rq, const char *name)
+{
+    size_t i;
+
+    for (i = 0; i < rq->nargs; i++) {
+        if (strcmp(rq->args[i].name, name) == 0)
+            return rq->args[i].value;
+    }
+    return NULL;
+}
+
+/* ---- per-address counts ------------------------------------------------------------------------ */
+
+static struct ip_slot **ip_find(struct http_server *srv, const unsigned char ip[16])
+{
+    uint32_t h = 2166136261u;
+    struct ip_slot **pp;
+    int i;
+
+    for (i = 0; i < 16; i++)
+        h = (h ^ ip[i]) * 16777619u;
+    for (pp = &srv->ips[h % IP_BUCKETS]; *pp != NULL; pp = &(*pp)->next) {
+        if (memcmp((*pp)->ip, ip, 16) == 0)
+            break;
+    }
+    return pp;
+}
+
+/* Takes a slot for `ip`; 0, or -1 when the address holds its cap already. */
+static int ip_acquire(struct http_server *srv, const unsigned char ip[16])
+{
+    struct ip_slot **pp;
+    int rc = 0;
+
+    pthread_mutex_lock(&srv->ipmu);
+    pp = ip_find(srv, ip);
+    if (*pp == NULL) {
+        *pp = xcalloc(1, sizeof **pp);
+        memcpy((*pp)->ip, ip, 16);
+    }
+    if (srv->opts.limits.max_connections_per_ip > 0 &&
+        (*pp)->count >= srv->opts.limits.max_connections_per_ip)
+        rc = -1;
+    else
+        (*pp)->count++;
+    pthread_mutex_unlock(&srv->ipmu);
+    return rc;
+}
+
+static void ip_release(struct http_server *srv, const unsigned char ip[16])
+{
+    struct ip_slot **pp, *gone = NULL;
+
+    pthread_mutex_lock(&srv->ipmu);
+    pp = ip_find(srv, ip);
+    if (*pp != NULL && --(*pp)->count <= 0) {
+        gone = *pp;
+        *pp = gone->next;
+    }
+    pthread_mutex_unlock(&srv->ipmu);
+    free(gone);
+}
+
+/* ---- states and deadlines ------------------------------------------------------------------------ */
+
+static void list_unlink(struct http_loop *lp, struct conn *c)
+{
+    int l = state_list[c->state];
+
+    if (l < 0)
+        return;
+    if (c->prev != NULL)
+        c->prev->next = c->next;
+    else
+        lp->head[l] = c->next;
+    if (c->next != NULL)
+        c->next->prev = c->prev;
+    else
+        lp->tail[l] = c->prev;
+    c->prev = c->next = NULL;
+}
+
+static void set_state(struct conn *c, enum conn_state st)
+{
+    struct http_loop *lp = c->lp;
+    int l = state_list[st];
+
+    list_unlink(lp, c);
+    atomic_fetch_sub(&lp->in_state[c->state], 1);
+    c->state = st;
+    atomic_fetch_add(&lp->in_state[st], 1);
+    c->since = uv_now(&lp->uv);
+    if (l >= 0) {
+        c->prev = lp->tail[l];
+        c->next = NULL;
+        if (lp->tail[l] != NULL)
+            lp->tail[l]->next = c;
+        else
+            lp->head[l] = c;
+        lp->tail[l] = c;
+    }
+}
+
+static uint64_t state_timeout(const struct http_server *srv, enum conn_state st)
+{
+    const struct http_limits *l = &srv->opts.limits;
+
+    switch (st) {
+    case CONN_IDLE:
+        return (uint64_t)l->idle_timeout_ms;
+    case CONN_HEAD:
+        return (uint64_t)l->head_timeout_ms;
+    case CONN_BODY:
+        return (uint64_t)l->body_timeout_ms;
+    case CONN_WRITING:
+        return (uint64_t)l->write_timeout_ms;
+    case CONN_LINGER:
+        return LINGER_MS;
+    default:
+        return UINT64_MAX;
+    }
+}
+
+/* ---- closing --------------------------------------------------------------------------------- */
+
+static void on_closed(uv_handle_t *h)
+{
+    struct conn *c = (struct conn *)h;
+    struct http_server *srv = c->lp->srv;
+
+    atomic_fetch_sub(&c->lp->in_state[c->state], 1);
+    if (c->counted)
+        ip_release(srv, c->ip);
+    atomic_fetch_sub(&srv->nconns, 1);
+    request_parser_release(&c->rp);
+    response_clear(&c->resp);
+    free(c->in);
+    free(c->out);
+    free(c);
+}
+
+static void conn_close(struct conn *c)
+{
+    if (c->state == CONN_CLOSING || uv_is_closing((uv_handle_t *)&c->tcp))
+        return;
+    set_state(c, CONN_CLOSING);
+    uv_close((uv_handle_t *)&c->tcp, on_closed);
+}
+
+/* ---- writing ---------------------------------------------------------------------------------- */
+
+static const char *reason_phrase(int status)
+{
+    switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 201: return "Created";
+    case 202: return "Accepted";
+    case 204: return "No Content";
+    case 304: return "Not Modified";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 402: return "Payment Required";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 410: return "Gone";
+    case 412: return "Precondition Failed";
+    case 413: return "Content Too Large";
+    case 415: return "Unsupported Media Type";
+    case 422: return "Unprocessable Content";
+    case 425: return "Too Early";
+    case 428: return "Precondition Required";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return "Unknown";
+    }
+}
+
+static const char *http_date(struct http_loop *lp)
+{
+    time_t now = time(NULL);
+    struct tm tm;
+
+    if (now != lp->date_at) {
+        gmtime_r(&now, &tm);
+        strftime(lp->date, sizeof lp->date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+        lp->date_at = now;
+    }
+    return lp->date;
+}
+
+static void process_input(struct conn *c);
+static void start_reading(struct conn *c);
+static void stop_reading(struct conn *c);
+
+static void on_shutdown(uv_shutdown_t *sd, int status)
+{
+    (void)sd;
+    (void)status;
+}
+
+/* The response is out: close, linger, or wait for the next request. */
+static void written(struct conn *c, int status)
+{
+    free(c->out);
+    c->out = NULL;
+    if (status < 0) {
+        conn_close(c);
+        return;
+    }
+    if (!c->keep_alive) {
+        /* Shut the write side, and read what the client still sends until it closes. */
+        set_state(c, CONN_LINGER);
+        if (uv_shutdown(&c->sd, (uv_stream_t *)&c->tcp, on_shutdown) != 0) {
+            conn_close(c);
+            return;
+        }
+        start_reading(c);
+        return;
+    }
+    response_clear(&c->resp);
+    response_init(&c->resp);
+    set_state(c, CONN_IDLE);
+    if (c->parsing)
+        return; /* parse() goes on with the bytes it holds */
+    if (c->in_len > 0)
+        process_input(c);
+    else
+        start_reading(c);
+}
+
+static void on_write(uv_write_t *wr, int status)
+{
+    struct conn *c = wr->data;
+
+    if (c->state == CONN_CLOSING)
+        return;
+    written(c, status);
+}
+
+/*
+ * Writes `c->resp` as the answer to the current request (rq may be the stub of a request refused
+ * early), then keeps the connection or closes it.
+ */
+static void send_response(struct conn *c, const struct request *rq, int keep_alive)
+{
+    struct http_loop *lp = c->lp;
+    const struct response *r = &c->resp;
+    struct strbuf out = STRBUF_INIT;
+    uv_buf_t buf;
+    size_t i, len;
+    int head_only = rq->method != NULL && strcmp(rq->method, "HEAD") == 0;
+    int no_body = r->status == 204 || r->status == 304 || (r->status >= 100 && r->status < 200);
+    int n;
+
+    if (atomic_load(&lp->srv->stopping))
+        keep_alive = 0;
+    c->keep_alive = keep_alive;
+    strbuf_addf(&out, "HTTP/1.1 %d %s\r\n", r->status, reason_phrase(r->status));
+    for (i = 0; i < r->nheaders; i++)
+        strbuf_addf(&out, "%s: %s\r\n", r->headers[i].name, r->headers[i].value);
+    if (!no_body)
+        strbuf_addf(&out, "Content-Length: %zu\r\n", r->body_len);
+    strbuf_addf(&out, "Date: %s\r\n", http_date(lp));
+    if (!keep_alive)
+        strbuf_adds(&out, "Connection: close\r\n");
+    else if (c->rp.hp.http_major == 1 && c->rp.hp.http_minor == 0)
+        strbuf_adds(&out, "Connection: keep-alive\r\n");
+    strbuf_add(&out, "\r\n", 2);
+    if (!head_only && !no_body && r->body_len > 0)
+        strbuf_add(&out, r->body, r->body_len);
+
+    if (c->report && lp->srv->opts.answered != NULL)
+        lp->srv->opts.answered(lp->srv->opts.ctx, rq, r,
+                               (double)(mono_ns() - c->start_ns) / 1e9);
+
+    stop_reading(c);
+    set_state(c, CONN_WRITING);
+    c->out = strbuf_detach(&out, &len);
+    buf = uv_buf_init(c->out, (unsigned int)len);
+    n = uv_try_write((uv_stream_t *)&c->tcp, &buf, 1);
+    if (n == (int)len) {
+        written(c, 0);
+        return;
+    }
+    if (n < 0 && n != UV_EAGAIN) {
+        written(c, n);
+        return;
+    }
+    if (n < 0)
+        n = 0;
+    buf = uv_buf_init(c->out + n, (unsigned int)(len - (size_t)n));
+    c->wr.data = c;
+    if (uv_write(&c->wr, (uv_stream_t *)&c->tcp, &buf, 1, on_write) != 0)
+        written(c, -1);
+}
+
+/* A problem of the server's own, for a request (or a connection) it refuses. */
+static void send_problem(struct conn *c, const struct request *rq, int status, const char *code,
+                         const char *detail, int keep_alive)
+{
+    response_clear(&c->resp);
+    response_init(&c->resp);
+    response_problem(&c->resp, status, code, detail);
+    send_response(c, rq, keep_alive);
+}
+
+/* The request as far as it was read, or a stub when not even its head was. */
+static const struct request *current_request(struct conn *c)
+{
+    const struct request *rq = request_parser_request(&c->rp);
+
+    if (rq->method != NULL && rq->path != NULL)
+        return rq;
+    memset(&c->rq_stub, 0, sizeof c->rq_stub);
+    c->rq_stub.method = "-";
+    c->rq_stub.path = "-";
+    c->rq_stub.peer = c->peer;
+    return &c->rq_stub;
+}
+
+/* ---- the worker pool ---------------------------------------------------------------------------- */
+
+static void *worker_main(void *arg)
+{
+    struct http_server *srv = arg;
+    const struct http_server_options *o = &srv->opts;
+    struct http_loop *lp;
+    struct conn *c;
+
+    for (;;) {
+        pthread_mutex_lock(&srv->qmu);
+        while (srv->qhead == NULL && !srv->qstop)
+            pthread_cond_wait(&srv->qcond, &srv->qmu);
+        c = srv->qhead;
+        if (c != NULL) {
+            srv->qhead = c->qnext;
+            if (srv->qhead == NULL)
+                srv->qtail = NULL;
+            srv->qlen--;
+        }
+        pthread_mutex_unlock(&srv->qmu);
+        if (c == NULL)
+            break;
+
+        if (c->job == JOB_HEAD)
+            c->verdict = o->on_head(o->ctx, request_parser_request(&c->rp), &c->resp, 1);
+        else
+            o->handle(o->ctx, request_parser_request(&c->rp), &c->resp);
+
+        lp = c->lp;
+        pthread_mutex_lock(&lp->mu);
+        c->qnext = lp->done;
+        lp->done = c;
+        pthread_mutex_unlock(&lp->mu);
+        uv_async_send(&lp->wake);
+    }
+    return NULL;
+}
+
+/* Hands `c` to a worker; 0, or -1 when the queue is full (nothing changed). */
+static int submit(struct conn *c, enum job job)
+{
+    struct http_server *srv = c->lp->srv;
+    int rc = -1;
+
+    pthread_mutex_lock(&srv->qmu);
+    if (srv->qlen < srv->opts.limits.queue) {
+        c->job = job;
+        c->qnext = NULL;
+        if (srv->qtail != NULL)
+            srv->qtail->qnext = c;
+        else
+            srv->qhead = c;
+        srv->qtail = c;
+        srv->qlen++;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&srv->qmu);
+    if (rc == 0) {
+        stop_reading(c);
+        set_state(c, CONN_WORKING);
+        pthread_cond_signal(&srv->qcond);
+    } else {
+        atomic_fetch_add(&srv->st_queue_full, 1);
+    }
+    return rc;
+}
+
+/* ---- reading ------------------------------------------------------------------------------------ */
+
+/* Keeps the bytes the parser did not take, for when the connection reads on. */
+static void keep_rest(struct conn *c, const char *data, size_t len)
+{
+    char *in;
+
+    if (len == 0)
+        return;
+    in = xmalloc(c->in_len + len);
+    if (c->in_len > 0)
+        memcpy(in, c->in, c->in_len);
+    memcpy(in + c->in_len, data, len);
+    free(c->in);
+    c->in = in;
+    c->in_len += len;
+}
+
+static void refuse_head(struct conn *c, int status, const char *code, const char *detail)
+{
+    atomic_fetch_add(&c->lp->srv->st_heads, 1);
+    c->report = 1;
+    send_problem(c, current_request(c), status, code, detail, 0);
+}
+
+static const char continue_line[] = "HTTP/1.1 100 Continue\r\n\r\n";
+
+/* The head passed the program's check: the body may come (or the request is complete). */
+static int head_accepted(struct conn *c)
+{
+    const struct request *rq = request_parser_request(&c->rp);
+    uv_buf_t buf;
+
+    if (rq->content_length > HTTP_BODY_MAX) {
+        refuse_head(c, 413, "body-too-large", "Request bodies are limited to 1 MiB.");
+        return -1;
+    }
+    if (rq->expects_continue && rq->has_body) {
+        /* Best effort: a client that does not hear it sends the body after its own pause. */
+        buf = uv_buf_init((char *)continue_line, sizeof continue_line - 1);
+        uv_try_write((uv_stream_t *)&c->tcp, &buf, 1);
+    }
+    set_state(c, CONN_BODY);
+    return 0;
+}
+
+/* The head is in: the program may refuse the request before a byte of its body is kept. */
+static int head_arrived(struct conn *c)
+{
+    const struct http_server_options *o = &c->lp->srv->opts;
+    const struct request *rq = request_parser_request(&c->rp);
+    enum http_head_verdict v = HTTP_HEAD_CONTINUE;
+
+    c->rp.rq.peer = c->peer;
+    response_clear(&c->resp);
+    response_init(&c->resp);
+    if (o->on_head != NULL)
+        v = o->on_head(o->ctx, rq, &c->resp, 0);
+    if (v == HTTP_HEAD_BLOCKS) {
+        if (submit(c, JOB_HEAD) != 0) {
+            refuse_head(c, 503, "server-busy", "Every worker is busy; retry shortly.");
+        }
+        return -1;
+    }
+    if (v == HTTP_HEAD_ANSWER) {
+        atomic_fetch_add(&c->lp->srv->st_heads, 1);
+        c->report = 1;
+        send_response(c, rq, 0);
+        return -1;
+    }
+    return head_accepted(c);
+}
+
+/* The whole request is in: answer it on the loop, or give it to a worker. */
+static void request_complete(struct conn *c)
+{
+    const struct http_server_options *o = &c->lp->srv->opts;
+    const struct request *rq = request_parser_request(&c->rp);
+    int keep = request_parser_keep_alive(&c->rp);
+
+    c->report = 1;
+    /* What on_head may have left (a principal, headers) is not the answer's. */
+    response_clear(&c->resp);
+    response_init(&c->resp);
+    if (o->on_loop != NULL && o->on_loop(o->ctx, rq, &c->resp)) {
+        send_response(c, rq, keep);
+        return;
+    }
+    if (submit(c, JOB_HANDLE) != 0)
+        send_problem(c, rq, 503, "server-busy", "Every worker is busy; retry shortly.", keep);
+}
+
+/*
+ * Parses `data` (what a read gave, or the bytes kept from before) until the parser wants more or
+ * the connection has something to do first.  A request answered at once (on the loop) lets the
+ * next pipelined one be parsed in the same pass, without recursion; bytes that must wait for a
+ * worker are kept in c->in.
+ */
+static void parse(struct conn *c, const char *data, size_t len)
+{
+    enum request_parse_result r;
+    size_t used = 0;
+
+    c->parsing = 1;
+    for (;;) {
+        r = request_parser_feed(&c->rp, data, len, &used);
+        data += used;
+        len -= used;
+        if (c->state == CONN_IDLE && request_parser_started(&c->rp)) {
+            set_state(c, CONN_HEAD);
+            c->start_ns = mono_ns();
+        }
+        if (r == REQUEST_PARSE_MORE)
+            break;
+        if (r == REQUEST_PARSE_ERROR) {
+            refuse_head(c, c->rp.error_status, c->rp.error_code, c->rp.error_detail);
+            break;
+        }
+        if (r == REQUEST_PARSE_HEADERS && head_arrived(c) == 0)
+            continue;
+        if (r == REQUEST_PARSE_COMPLETE)
+            request_complete(c);
+        if (c->state == CONN_IDLE && len > 0)
+            continue; /* answered at once: the next pipelined request */
+        if (c->state == CONN_WORKING || c->state == CONN_WRITING)
+            keep_rest(c, data, len);
+        break;
+    }
+    c->parsing = 0;
+    if (c->state == CONN_IDLE || c->state == CONN_HEAD || c->state == CONN_BODY)
+        start_reading(c);
+}
+
+/* Parses the bytes kept from before (after a response, or after the head went to a worker). */
+static void process_input(struct conn *c)
+{
+    char *in = c->in;
+    size_t len = c->in_len;
+
+    c->in = NULL;
+    c->in_len = 0;
+    parse(c, in, len);
+    free(in);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    struct conn *c = (struct conn *)h;
+
+    (void)suggested;
+    *buf = uv_buf_init(c->lp->buf, (unsigned int)sizeof c->lp->buf);
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    struct conn *c = (struct conn *)s;
+
+    if (nread == 0)
+        return;
+    if (c->state == CONN_LINGER) {
+        c->drained += nread > 0 ? (size_t)nread : 0;
+        if (nread < 0 || c->drained > LINGER_MAX_BYTES)
+            conn_close(c);
+        return;
+    }
+    if (nread < 0) {
+        /* The client went away; a request cut short has nobody to answer. */
+        conn_close(c);
+        return;
+    }
+    parse(c, buf->base, (size_t)nread);
+}
+
+static void start_reading(struct conn *c)
+{
+    if (!c->reading && c->state != CONN_CLOSING) {
+        if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
+            c->reading = 1;
+        else
+            conn_close(c);
+    }
+}
+
+static void stop_reading(struct conn *c)
+{
+    if (c->reading) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = 0;
+    }
+}
+
+/* ---- a worker's result, back on the loop ------------------------------------------------------- */
+
+static void job_done(struct conn *c)
+{
+    const struct request *rq = request_parser_request(&c->rp);
+
+    if (c->job == JOB_HEAD) {
+        if (c->verdict == HTTP_HEAD_BLOCKS) {
+            /* A program that cannot decide even when it may block: refuse, safely. */
+            response_clear(&c->resp);
+            response_init(&c->resp);
+            response_problem(&c->resp, 500, "internal-error", "The request could not be checked.");
+            c->verdict = HTTP_HEAD_ANSWER;
+        }
+        if (c->verdict == HTTP_HEAD_ANSWER) {
+            atomic_fetch_add(&c->lp->srv->st_heads, 1);
+            c->report = 1;
+            send_response(c, rq, 0);
+            return;
+        }
+        if (head_accepted(c) == 0)
+            process_input(c);
+        return;
+    }
+    if (c->resp.drop) {
+        /* The lost response: whatever the handler did stays done, the client hears nothing. */
+        conn_close(c);
+        return;
+    }
+    send_response(c, rq, request_parser_keep_alive(&c->rp));
+}
+
+static void begin_stop(struct http_loop *lp);
+
+static void on_wake(uv_async_t *a)
+{
+    struct http_loop *lp = a->data;
+    struct conn *c, *next;
+
+    if (lp->halted) {
+        uv_stop(&lp->uv);
+        return;
+    }
+    pthread_mutex_lock(&lp->mu);
+    c = lp->done;
+    lp->done = NULL;
+    pthread_mutex_unlock(&lp->mu);
+    for (; c != NULL; c = next) {
+        next = c->qnext;
+        c->qnext = NULL;
+        job_done(c);
+    }
+    if (atomic_load(&lp->srv->stopping))
+        begin_stop(lp);
+}
+
+/* ---- deadlines --------------------------------------------------------------------------------- */
+
+static void expire(struct http_loop *lp, struct conn *c)
+{
+    struct http_server *srv = lp->srv;
+
+    switch (c->state) {
+    case CONN_HEAD:
+    case CONN_BODY:
+        atomic_fetch_add(&srv->st_timeouts, 1);
+        c->report = 1;
+        send_problem(c, current_request(c), 408, "request-timeout",
+                     c->state == CONN_HEAD
+                         ? "The request headers did not arrive in time."
+                         : "The request body did not arrive in time.",
+                     0);
+        break;
+    case CONN_WRITING:
+        atomic_fetch_add(&srv->st_timeouts, 1);
+        conn_close(c);
+        break;
+    default:
+        conn_close(c);
+        break;
+    }
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    struct http_loop *lp = t->data;
+    uint64_t now = uv_now(&lp->uv);
+    struct conn *c;
+    int l;
+    enum conn_state st;
+
+    for (st = CONN_IDLE; st < CONN_NSTATES; st++) {
+        l = state_list[st];
+        if (l < 0)
+            continue;
+        /* Each expiry leaves the list (a new state, or closing), so the loop advances. */
+        while ((c = lp->head[l]) != NULL && c->since + state_timeout(lp->srv, st) <= now)
+            expire(lp, c);
+    }
+    if (atomic_load(&lp->srv->stopping))
+        begin_stop(lp);
+}
+
+/* ---- accepting -------------------------------------------------------------------------------- */
+
+static void peer_of(struct conn *c)
+{
+    struct sockaddr_storage ss;
+    int len = (int)sizeof ss;
+
+    memset(c->ip, 0, sizeof c->ip);
+    c->peer[0] = '\0';
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) != 0)
+        return;
+    if (ss.ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)&ss;
+
+        /* IPv4 as ::ffff:a.b.c.d, so that one table holds both families. */
+        c->ip[10] = 0xff;
+        c->ip[11] = 0xff;
+        memcpy(c->ip + 12, &in->sin_addr, 4);
+        inet_ntop(AF_INET, &in->sin_addr, c->peer, sizeof c->peer);
+    } else if (ss.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&ss;
+
+        memcpy(c->ip, &in6->sin6_addr, 16);
+        inet_ntop(AF_INET6, &in6->sin6_addr, c->peer, sizeof c->peer);
+    }
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    struct http_loop *lp = server->data;
+    struct http_server *srv = lp->srv;
+    struct conn *c;
+    int total;
+
+    if (status < 0)
+        return;
+    c = xcalloc(1, sizeof *c);
+    c->lp = lp;
+    c->state = CONN_NEW;
+    atomic_fetch_add(&lp->in_state[CONN_NEW], 1);
+    atomic_fetch_add(&srv->nconns, 1);
+    request_parser_init(&c->rp, &(struct request_parser_limits){
+                                    .max_header_bytes = (size_t)srv->opts.limits.max_header_bytes,
+                                    .max_body = HTTP_BODY_MAX});
+    response_init(&c->resp);
+    uv_tcp_init(&lp->uv, &c->tcp);
+    c->tcp.data = c;
+    set_state(c, CONN_IDLE);
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
+        conn_close(c);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    peer_of(c);
+    c->start_ns = mono_ns();
+    total = atomic_load(&srv->nconns);
+    if (total > srv->opts.limits.max_connections) {
+        atomic_fetch_add(&srv->st_refused, 1);
+        send_problem(c, current_request(c), 503, "too-many-connections",
+                     "This server holds as many connections as it may; retry shortly.", 0);
+        return;
+    }
+    if (ip_acquire(srv, c->ip) != 0) {
+        atomic_fetch_add(&srv->st_refused, 1);
+        send_problem(c, current_request(c), 503, "too-many-connections",
+                     "Your address holds as many connections as it may; close some, or retry "
+                     "shortly.",
+                     0);
+        return;
+    }
+    c->counted = 1;
+    atomic_fetch_add(&srv->st_open, 1);
+    start_reading(c);
+}
+
+/* ---- the loops --------------------------------------------------------------------------------- */
+
+/* No new connections; idle ones close; the others finish their request and close. */
+static void begin_stop(struct http_loop *lp)
+{
+    struct conn *c;
+
+    if (!lp->closing_listener) {
+        lp->closing_listener = 1;
+        uv_close((uv_handle_t *)&lp->listener, NULL);
+    }
+    while ((c = lp->head[state_list[CONN_IDLE]]) != NULL)
+        conn_close(c);
+}
+
+static void *loop_main(void *arg)
+{
+    struct http_loop *lp = arg;
+
+    uv_run(&lp->uv, UV_RUN_DEFAULT);
+    return NULL;
+}
+
+static void close_any(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (uv_is_closing(h))
+        return;
+    /* A connection's handle points at itself (the listener's at its loop): its close frees it. */
+    if (h->type == UV_TCP && h->data == (void *)h)
+        conn_close((struct conn *)h);
+    else
+        uv_close(h, NULL);
+}
+
+/*
+ * Opens one listening socket on `sa` with SO_REUSEPORT, so that each loop has its own.  Returns
+ * the descriptor or -errno.
+ */
+static int listen_socket(const struct sockaddr *sa, socklen_t salen)
+{
+    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    int err;
+
+    if (fd < 0)
+        return -errno;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+    if (sa->sa_family == AF_INET6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    if (bind(fd, sa, salen) != 0 || listen(fd, LISTEN_BACKLOG) != 0) {
+        err = errno;
+        close(fd);
+        return -err;
+    }
+    return fd;
+}
+
+/*
+ * Whether another socket (another server, or this one started twice) holds the address: a plain
+ * bind, without SO_REUSEPORT, fails then.  Without this check a second orderd would quietly share
+ * the port with the first.
+ */
+static int address_taken(const struct sockaddr *sa, socklen_t salen)
+{
+    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    int taken = 0;
+
+    if (fd < 0)
+        return 0;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (sa->sa_family == AF_INET6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    taken = bind(fd, sa, salen) != 0 && errno == EADDRINUSE;
+    close(fd);
+    return taken;
+}
+
+/* ---- listening ------------------------------------------------------------------------------ */
+
+int http_listen_split(const char *listen, char *host, size_t host_cap, uint16_t *port, char *err,
+                      size_t errlen)
+{
+    const char *host_start = listen;
+    const char *port_text;
+    const char *end;
+    size_t hlen;
+    int64_t p = 0;
+    int rc = -1;
+
+    if (listen[0] == '[') {
+        end = strchr(listen, ']');
+        if (end == NULL || end[1] != ':') {
+            snprintf(err, errlen, "bad listen address '%s': expected [IPV6]:PORT", listen);
+            goto out;
+        }
+        hlen = (size_t)(end - listen - 1);
+        port_text = end + 2;
+        host_start = listen + 1;
+    } else {
+        end = strrchr(listen, ':');
+        if (end == NULL) {
+            snprintf(err, errlen, "bad listen address '%s': expected HOST:PORT", listen);
+            goto out;
+        }
+        if (strchr(listen, ':') != end) {
+            snprintf(err, errlen, "bad listen address '%s': write IPv6 as [ADDR]:PORT", listen);
+            goto out;
+        }
+        hlen = (size_t)(end - listen);
+        port_text = end + 1;
+    }
+    if (hlen == 0) {
+        snprintf(err, errlen, "bad listen address '%s': give the address, e.g. 127.0.0.1:8080",
+                 listen);
+        goto out;
+    }
+    if (hlen >= host_cap) {
+        snprintf(err, errlen, "bad listen address '%s': host too long", listen);
+        goto out;
+    }
+    if (parse_int64(port_text, 0, 65535, &p) != 0) {
+        snprintf(err, errlen, "bad listen address '%s': the port must be 0..65535", listen);
+        goto out;
+    }
+    memcpy(host, host_start, hlen);
+    host[hlen] = '\0';
+    *port = (uint16_t)p;
+    rc = 0;
+out:
+    return rc;
+}
+
+/*
+ * Resolves "HOST:PORT" / "[V6]:PORT" into a socket address (IPv4 only unless `ipv6`).  Only the
+ * address given is bound: there is no "all interfaces" default, a wildcard must be spelled out
+ * (0.0.0.0, [::]).
+ */
+static int resolve_listen(const char *listen, int ipv6, struct sockaddr_storage *ss,
+                          socklen_t *sslen, char *err, size_t errlen)
+{
+    char host[256];
+    struct addrinfo hints, *res = NULL, *ai, *pick = NULL;
+    uint16_t port = 0;
+    int rc = -1;
+    int gai;
+
+    if (http_listen_split(listen, host, sizeof host, &port, err, errlen) != 0)
+        goto out;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = ipv6 ? AF_UNSPEC : AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    gai = getaddrinfo(host, NULL, &hints, &res);
+    if (gai != 0) {
+        snprintf(err, errlen, "cannot resolve '%s': %s", host, gai_strerror(gai));
+        goto out;
+    }
+    /* "localhost" may give both families: prefer IPv4, which every client tries. */
+    for (ai = res; ai != NULL; ai = ai->ai_next) {
+        if (ai->ai_family == AF_INET) {
+            pick = ai;
+            break;
+        }
+        if (ai->ai_family == AF_INET6 && pick == NULL)
+            pick = ai;
+    }
+    if (pick == NULL) {
+        snprintf(err, errlen, "'%s' has no IPv4 or IPv6 address", host);
+        goto out;
+    }
+    memset(ss, 0, sizeof *ss);
+    memcpy(ss, pick->ai_addr, pick->ai_addrlen);
+    *sslen = pick->ai_addrlen;
+    if (pick->ai_family == AF_INET6)
+        ((struct sockaddr_in6 *)ss)->sin6_port = htons(port);
+    else
+        ((struct sockaddr_in *)ss)->sin_port = htons(port);
+    rc = 0;
+out:
+    if (res != NULL)
+        freeaddrinfo(res);
+    return rc;
+}
+
+/* Enough descriptors for every connection the limits allow, as far as the hard limit goes. */
+static void raise_fd_limit(const struct http_server *srv)
+{
+    struct rlimit rl;
+    rlim_t want = (rlim_t)srv->opts.limits.max_connections + 1024;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want)
+        return;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+        server_log(srv, "cannot raise the open-file limit to %llu", (unsigned long long)want);
+}
+
+static int loop_init(struct http_server *srv, struct http_loop *lp, int fd)
+{
+    lp->srv = srv;
+    if (uv_loop_init(&lp->uv) != 0)
+        die("cannot initialise an event loop");
+    if (pthread_mutex_init(&lp->mu, NULL) != 0)
+        die("cannot initialise a mutex");
+    uv_async_init(&lp->uv, &lp->wake, on_wake);
+    lp->wake.data = lp;
+    uv_timer_init(&lp->uv, &lp->tick);
+    lp->tick.data = lp;
+    uv_timer_start(&lp->tick, on_tick, TICK_MS, TICK_MS);
+    uv_tcp_init(&lp->uv, &lp->listener);
+    lp->listener.data = lp;
+    if (uv_tcp_open(&lp->listener, fd) != 0) {
+        close(fd);
+        return -1;
+    }
+    return uv_listen((uv_stream_t *)&lp->listener, LISTEN_BACKLOG, on_connection) == 0 ? 0 : -1;
+}
+
+int http_server_start(const struct http_server_options *opts, const char *listen,
+                      struct http_server **out, char *err, size_t errlen)
+{
+    struct http_server *srv = NULL;
+    struct sockaddr_storage ss;
+    socklen_t sslen = 0;
+    char host[INET6_ADDRSTRLEN];
+    uint16_t port;
+    int fd, i;
+    int rc = -1;
+
+    *out = NULL;
+    if (resolve_listen(listen, opts->ipv6, &ss, &sslen, err, errlen) != 0)
+        goto out;
+    srv = xcalloc(1, sizeof *srv);
+    srv->opts = *opts;
+    http_limits_resolve(&srv->opts.limits);
+    if (pthread_mutex_init(&srv->qmu, NULL) != 0 || pthread_cond_init(&srv->qcond, NULL) != 0 ||
+        pthread_mutex_init(&srv->ipmu, NULL) != 0)
+        die("cannot initialise a mutex");
+    raise_fd_limit(srv);
+
+    port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                    : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    if (port != 0 && !opts->reuse_address && address_taken((struct sockaddr *)&ss, sslen)) {
+        snprintf(err, errlen, "cannot listen on %s: the address is in use", listen);
+        goto out;
+    }
+    srv->nloops = srv->opts.limits.loops;
+    srv->loops = xcalloc((size_t)srv->nloops, sizeof *srv->loops);
+    for (i = 0; i < srv->nloops; i++) {
+        fd = listen_socket((struct sockaddr *)&ss, sslen);
+        if (fd < 0) {
+            snprintf(err, errlen, "cannot listen on %s: %s", listen, strerror(-fd));
+            goto out;
+        }
+        if (i == 0 && port == 0) {
+            /* The kernel picked a port: the other loops join that one. */
+            struct sockaddr_storage bound;
+            socklen_t blen = sizeof bound;
+
+            getsockname(fd, (struct sockaddr *)&bound, &blen);
+            port = bound.ss_family == AF_INET6
+                       ? ntohs(((struct sockaddr_in6 *)&bound)->sin6_port)
+                       : ntohs(((struct sockaddr_in *)&bound)->sin_port);
+            if (ss.ss_family == AF_INET6)
+                ((struct sockaddr_in6 *)&ss)->sin6_port = htons(port);
+            else
+                ((struct sockaddr_in *)&ss)->sin_port = htons(port);
+        }
+        if (loop_init(srv, &srv->loops[i], fd) != 0) {
+            snprintf(err, errlen, "cannot listen on %s", listen);
+            goto out;
+        }
+    }
+    if (ss.ss_family == AF_INET6) {
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, host, sizeof host);
+        snprintf(srv->url, sizeof srv->url, "http://[%s]:%u", host, (unsigned)port);
+    } else {
+        inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, host, sizeof host);
+        snprintf(srv->url, sizeof srv->url, "http://%s:%u", host, (unsigned)port);
+    }
+
+    srv->nworkers = srv->opts.limits.workers;
+    srv->workers = xcalloc((size_t)srv->nworkers, sizeof *srv->workers);
+    for (i = 0; i < srv->nworkers; i++) {
+        if (pthread_create(&srv->workers[i], NULL, worker_main, srv) != 0)
+            die("cannot start a worker thread");
+    }
+    for (i = 0; i < srv->nloops; i++) {
+        if (pthread_create(&srv->loops[i].thread, NULL, loop_main, &srv->loops[i]) != 0)
+            die("cannot start an event-loop thread");
+        srv->loops[i].started = 1;
+    }
+    *out = srv;
+    srv = NULL;
+    rc = 0;
+out:
+    http_server_stop(srv);
+    return rc;
+}
+
+const char *http_server_url(const struct http_server *srv)
+{
+    return srv->url;
+}
+
+void http_server_stats(const struct http_server *srv, struct http_server_stats *out)
+{
+    out->connections_open = (uint64_t)atomic_load(&srv->nconns);
+    out->connections_refused = atomic_load(&srv->st_refused);
+    out->timeouts = atomic_load(&srv->st_timeouts);
+    out->rejected_heads = atomic_load(&srv->st_heads);
+    out->queue_full = atomic_load(&srv->st_queue_full);
+}
+
+/* Requests between their first byte and their answer, on every loop. */
+static int requests_in_flight(const struct http_server *srv)
+{
+    int i, n = 0;
+
+    for (i = 0; i < srv->nloops; i++) {
+        const struct http_loop *lp = &srv->loops[i];
+
+        n += atomic_load(&lp->in_state[CONN_HEAD]) + atomic_load(&lp->in_state[CONN_BODY]) +
+             atomic_load(&lp->in_state[CONN_WORKING]) + atomic_load(&lp->in_state[CONN_WRITING]);
+    }
+    return n;
+}
+
+/*
+ * A graceful stop: no new connections, the requests in flight finish (a request in its handler
+ * is answered and its result stored) within stop_grace_s, then everything closes.
+ */
+void http_server_stop(struct http_server *srv)
+{
+    int64_t deadline;
+    int i, left;
+
+    if (srv == NULL)
+        return;
+    atomic_store(&srv->stopping, 1);
+    if (srv->loops != NULL) {
+        for (i = 0; i < srv->nloops; i++) {
+            if (srv->loops[i].started)
+                uv_async_send(&srv->loops[i].wake);
+        }
+        deadline = mono_ns() + (int64_t)srv->opts.stop_grace_s * 1000000000;
+        while ((left = requests_in_flight(srv)) > 0 && mono_ns() < deadline)
+            sleep_ms(10);
+        if (left > 0)
+            server_log(srv, "stopping with %d requests unfinished", left);
+        for (i = 0; i < srv->nloops; i++) {
+            srv->loops[i].halted = 1;
+            if (srv->loops[i].started) {
+                uv_async_send(&srv->loops[i].wake);
+                pthread_join(srv->loops[i].thread, NULL);
+            }
+        }
+    }
+    /* Workers finish what they hold (their loops are still allocated), then leave. */
+    pthread_mutex_lock(&srv->qmu);
+    srv->qstop = 1;
+    pthread_cond_broadcast(&srv->qcond);
+    pthread_mutex_unlock(&srv->qmu);
+    for (i = 0; i < srv->nworkers; i++)
+        pthread_join(srv->workers[i], NULL);
+    for (i = 0; srv->loops != NULL && i < srv->nloops; i++) {
+        struct http_loop *lp = &srv->loops[i];
+
+        if (lp->srv == NULL)
+            continue;
+        lp->halted = 2;
+        uv_walk(&lp->uv, close_any, NULL);
+        uv_run(&lp->uv, UV_RUN_DEFAULT);
+        uv_loop_close(&lp->uv);
+        pthread_mutex_destroy(&lp->mu);
+    }
+    for (i = 0; i < IP_BUCKETS; i++) {
+        while (srv->ips[i] != NULL) {
+            struct ip_slot *s = srv->ips[i];
+
+            srv->ips[i] = s->next;
+            free(s);
+        }
+    }
+    free(srv->loops);
+    free(srv->workers);
+    pthread_cond_destroy(&srv->qcond);
+    pthread_mutex_destroy(&srv->qmu);
+    pthread_mutex_destroy(&srv->ipmu);
+    free(srv);
+}

@@ -1,0 +1,179 @@
+/*
+ * http_server.h - the programs' HTTP server: a few event-loop threads (libuv) own every socket
+ * and parse requests (request_parser.h); handlers that block (store statements, provider calls)
+ * run on a bounded worker pool and hand their response back to the loop.  No thread is tied to a
+ * connection, so ten thousand idle keep-alive connections cost memory, not threads.
+ *
+ * Hostile clients get a bounded share (struct http_limits): connections in all and per client
+ * address, a deadline for the request head and one for the body, an idle timeout between
+ * requests, a cap on the head and on the body.  Every refusal is an RFC 9457 problem+json.
+ * A program can look at the head before any body byte is kept (on_head: orderd checks the bearer
+ * token there), and can answer on the loop without a hand-off (on_loop: replays from memory).
+ *
+ * Handlers never see libuv or http-parser; they read the request through the accessors below and
+ * fill a struct response (response.h).
+ */
+#ifndef IDEM_HTTP_HTTP_SERVER_H
+#define IDEM_HTTP_HTTP_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "request_parser.h"
+#include "response.h"
+
+/* Request bodies above this many bytes are refused with 413 (docs/http-api.md). */
+#define HTTP_BODY_MAX ((size_t)1 << 20)
+
+/* The first value of header `name` (case-insensitive), or NULL; borrowed for the request. */
+const char *request_header(const struct request *rq, const char *name);
+
+/*
+ * How many times header `name` was sent.  *first / *first_len (may be NULL) receive the first
+ * value, borrowed for the request.
+ */
+int request_header_count(const struct request *rq, const char *name, const char **first,
+                         size_t *first_len);
+
+/* The value of query argument `name` ("" for "?name"), or NULL when absent; borrowed. */
+const char *request_query(const struct request *rq, const char *name);
+
+/*
+ * Checks the syntax of a listen address and splits it: "HOST:PORT" or "[V6]:PORT", a non-empty
+ * host and a port 0..65535.  Returns 0 with `host` (NUL-terminated) and *port, or -1 with a
+ * sentence in `err`.  Nothing is resolved.
+ */
+int http_listen_split(const char *listen, char *host, size_t host_cap, uint16_t *port, char *err,
+                      size_t errlen);
+
+/*
+ * What a client may hold.  Zero in any field means its default (HTTP_LIMITS_DEFAULTS, the
+ * figures docs/http-server.md gives); a program's `serve --help` lists the flags that set them.
+ */
+struct http_limits {
+    int max_connections;        /* open connections in all (10000) */
+    int max_connections_per_ip; /* open connections from one client address (256; -1: no cap) */
+    int head_timeout_ms;        /* first byte of a request to the end of its head (10000) */
+    int body_timeout_ms;        /* end of the head to the end of the body (30000) */
+    int idle_timeout_ms;        /* a keep-alive connection with no request in it (60000) */
+    int write_timeout_ms;       /* a response the client does not read (30000) */
+    int max_header_bytes;       /* request line + header fields (8192) */
+    int loops;                  /* event-loop threads (the number of CPUs, at most 8) */
+    int workers;                /* threads that run blocking handlers (64) */
+    int queue;                  /* requests waiting for a worker before 503 (4096) */
+};
+
+#define HTTP_DEFAULT_MAX_CONNECTIONS 10000
+#define HTTP_DEFAULT_MAX_CONNECTIONS_PER_IP 256
+#define HTTP_DEFAULT_HEAD_TIMEOUT_MS 10000
+#define HTTP_DEFAULT_BODY_TIMEOUT_MS 30000
+#define HTTP_DEFAULT_IDLE_TIMEOUT_MS 60000
+#define HTTP_DEFAULT_WRITE_TIMEOUT_MS 30000
+#define HTTP_DEFAULT_MAX_HEADER_BYTES 8192
+#define HTTP_DEFAULT_WORKERS 64
+#define HTTP_DEFAULT_QUEUE 4096
+
+/* What on_head decided. */
+enum http_head_verdict {
+    HTTP_HEAD_CONTINUE, /* read the body, then answer */
+    HTTP_HEAD_ANSWER,   /* `resp` is the answer; the body is not read, the connection closes */
+    HTTP_HEAD_BLOCKS,   /* cannot tell without blocking: call again on a worker (may_block 1) */
+};
+
+/* What a program serves, and the few ways orderd and provider-sim listen differently. */
+struct http_server_options {
+    /*
+     * Answers one request into `resp` (response_init()ed; freed by the server).  Runs on a worker
+     * thread once the body is in: it may block.
+     */
+    void (*handle)(void *ctx, const struct request *rq, struct response *resp);
+    /*
+     * May be NULL.  Called when the head is in, before any body byte is kept.  On a loop thread
+     * with may_block 0 (it must not block: answer HTTP_HEAD_BLOCKS instead), then, if asked, on a
+     * worker with may_block 1.
+     */
+    enum http_head_verdict (*on_head)(void *ctx, const struct request *rq, struct response *resp,
+                                      int may_block);
+    /*
+     * May be NULL.  Called on the loop thread once the body is in: returns 1 when it answered into
+     * `resp` without blocking (a replay from memory), 0 to hand the request to `handle`.
+     */
+    int (*on_loop)(void *ctx, const struct request *rq, struct response *resp);
+    /*
+     * May be NULL.  Told of each response once it is queued, with the time since the request
+     * began: the request log and the metrics.  Called on a loop thread; not called for a dropped
+     * response nor for the server's own refusals of a connection.
+     */
+    void (*answered)(void *ctx, const struct request *rq, const struct response *resp,
+                     double seconds);
+    /* May be NULL.  One line of the server's own, without a newline. */
+    void (*log)(void *ctx, const char *line);
+    void *ctx; /* borrowed: it must outlive the server */
+
+    int ipv6;          /* 1: IPv6 hosts and "[V6]:PORT" too; 0: IPv4 only */
+    int reuse_address; /* 1: another process may listen on the same address (SO_REUSEPORT) */
+    int stop_grace_s;  /* how long a stop waits for the requests in flight */
+    struct http_limits limits;
+};
+
+struct http_server;
+
+/* `limits` with every 0 replaced by its default. */
+void http_limits_resolve(struct http_limits *limits);
+
+/*
+ * The flags that set struct http_limits, for a program's getopt_long table and for
+ * http_limits_flag(): X(name, field, min, max).
+ */
+#define HTTP_LIMITS_FLAGS(X)                                                                       \
+    X("max-connections", max_connections, 1, 1000000)                                              \
+    X("max-connections-per-ip", max_connections_per_ip, -1, 1000000)                               \
+    X("head-timeout-ms", head_timeout_ms, 100, 3600000)                                            \
+    X("body-timeout-ms", body_timeout_ms, 100, 3600000)                                            \
+    X("idle-timeout-ms", idle_timeout_ms, 100, 3600000)                                            \
+    X("write-timeout-ms", write_timeout_ms, 100, 3600000)                                          \
+    X("max-header-bytes", max_header_bytes, 1024, 1048576)                                         \
+    X("http-threads", loops, 1, 8)                                                                 \
+    X("http-workers", workers, 1, 4096)                                                            \
+    X("http-queue", queue, 1, 1000000)
+
+/* getopt_long entries for those flags, all returning `val` (the name tells them apart). */
+#define HTTP_LIMITS_OPTION(name, field, min, max) {name, required_argument, NULL, HTTP_LIMITS_OPT},
+#define HTTP_LIMITS_OPTIONS HTTP_LIMITS_FLAGS(HTTP_LIMITS_OPTION)
+#define HTTP_LIMITS_OPT 0x4854 /* a getopt value no program uses for anything else */
+
+/*
+ * Parses one limit flag of `serve` ("--max-connections", "--head-timeout-ms"...) into `limits`:
+ * returns 1 when `name` is such a flag (value taken), 0 when it is not, -1 with a sentence in
+ * `err` for a bad value.
+ */
+int http_limits_flag(struct http_limits *limits, const char *name, const char *value, char *err,
+                     size_t errlen);
+
+/* The lines of `--help` for those flags, with their defaults. */
+extern const char http_limits_help[];
+
+/*
+ * Starts listening on `listen` ("127.0.0.1:8080", "[::1]:0", "localhost:0"; port 0: a free one).
+ * `opts` is copied.  Returns 0 and *out, or -1 with a sentence in `err`.
+ */
+int http_server_start(const struct http_server_options *opts, const char *listen,
+                      struct http_server **out, char *err, size_t errlen);
+
+/* The URL the server is reachable at, "http://127.0.0.1:PORT" (borrowed). */
+const char *http_server_url(const struct http_server *srv);
+
+/* Counters since the start, for a program's /metrics. */
+struct http_server_stats {
+    uint64_t connections_open;
+    uint64_t connections_refused; /* over the total or per-address cap */
+    uint64_t timeouts;            /* head, body, idle-with-a-partial-request, write */
+    uint64_t rejected_heads;      /* answered at the head: 401s, 413s, 431s, 400s */
+    uint64_t queue_full;          /* 503: no worker free and the queue full */
+};
+void http_server_stats(const struct http_server *srv, struct http_server_stats *out);
+
+/* Stops accepting, waits for the running requests to finish, frees. NULL is a no-op. */
+void http_server_stop(struct http_server *srv);
+
+#endif /* IDEM_HTTP_HTTP_SERVER_H */

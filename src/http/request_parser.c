@@ -1,0 +1,433 @@
+/*
+ * request_parser.c - http-parser's callbacks, and the caps and decoding around them
+ * (request_parser.h says why the layer exists).  http-parser hands over the URL and each header
+ * field in pieces that may span reads; they are appended to one buffer, `head`, whose size is the
+ * header cap, and turned into the request view once the head is complete.  The parser is paused
+ * at the two stops the server needs: end of head, end of message.
+ */
+#include "request_parser.h"
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ascii.h"
+#include "util.h"
+#include "banned.h"
+
+enum phase {
+    PHASE_IDLE,      /* between requests: no byte of the next one yet */
+    PHASE_HEAD,      /* request line and header fields arriving */
+    PHASE_HEAD_DONE, /* paused at the end of the head */
+    PHASE_BODY,      /* resumed: body arriving */
+    PHASE_COMPLETE,  /* paused at the end of the message */
+};
+
+/* Why a callback stopped the parser, beyond http-parser's own errors. */
+enum stop_reason { STOP_NONE, STOP_HEAD_TOO_LARGE, STOP_BODY_TOO_LARGE, STOP_BAD_TARGET };
+
+static struct request_parser *parser_of(http_parser *hp)
+{
+    return hp->data;
+}
+
+static void fail(struct request_parser *p, int status, const char *code, const char *detail)
+{
+    p->error_status = status;
+    p->error_code = code;
+    p->error_detail = detail;
+}
+
+/* Appends a piece of the head, or stops the parser when the head would pass its cap. */
+static int head_add(struct request_parser *p, const char *at, size_t len)
+{
+    if (p->head.len + len + 1 > p->limits.max_header_bytes) {
+        p->stop = STOP_HEAD_TOO_LARGE;
+        return 1;
+    }
+    strbuf_add(&p->head, at, len);
+    return 0;
+}
+
+static void reset_request(struct request_parser *p)
+{
+    strbuf_release(&p->head);
+    strbuf_release(&p->body);
+    free(p->args);
+    p->args = NULL;
+    p->url_len = 0;
+    p->nfields = 0;
+    p->in_value = 0;
+    memset(&p->rq, 0, sizeof p->rq);
+    p->stop = STOP_NONE;
+    p->error_status = 0;
+    p->error_code = NULL;
+    p->error_detail = NULL;
+}
+
+static int on_message_begin(http_parser *hp)
+{
+    struct request_parser *p = parser_of(hp);
+
+    reset_request(p);
+    p->phase = PHASE_HEAD;
+    return 0;
+}
+
+static int on_url(http_parser *hp, const char *at, size_t len)
+{
+    struct request_parser *p = parser_of(hp);
+
+    if (head_add(p, at, len) != 0)
+        return 1;
+    p->url_len += len;
+    return 0;
+}
+
+static int on_header_field(http_parser *hp, const char *at, size_t len)
+{
+    struct request_parser *p = parser_of(hp);
+
+    if (p->nfields == 0 || p->in_value) {
+        /* A new field: the previous value (or the URL) ends with a NUL. */
+        if (p->nfields == REQUEST_MAX_HEADERS) {
+            p->stop = STOP_HEAD_TOO_LARGE;
+            return 1;
+        }
+        if (head_add(p, "", 1) != 0)
+            return 1;
+        p->field_off[p->nfields][0] = p->head.len;
+        p->field_len[p->nfields][0] = 0;
+        p->field_off[p->nfields][1] = 0;
+        p->field_len[p->nfields][1] = 0;
+        p->nfields++;
+        p->in_value = 0;
+    }
+    if (head_add(p, at, len) != 0)
+        return 1;
+    p->field_len[p->nfields - 1][0] += len;
+    return 0;
+}
+
+static int on_header_value(http_parser *hp, const char *at, size_t len)
+{
+    struct request_parser *p = parser_of(hp);
+
+    if (!p->in_value) {
+        if (head_add(p, "", 1) != 0)
+            return 1;
+        p->field_off[p->nfields - 1][1] = p->head.len;
+        p->in_value = 1;
+    }
+    if (head_add(p, at, len) != 0)
+        return 1;
+    p->field_len[p->nfields - 1][1] += len;
+    return 0;
+}
+
+/*
+ * Decodes %XX in place over [s, s+len) ('+' too when `plus`), writing the result at `out` (which
+ * may be `s`).  Returns the decoded length, or -1 when a NUL would come out.  A '%' that starts
+ * no valid escape is kept as it is.
+ */
+static long percent_decode(const char *s, size_t len, char *out, int plus)
+{
+    size_t i, o = 0;
+    int hi, lo;
+
+    for (i = 0; i < len; i++) {
+        if (s[i] == '%' && i + 2 < len && (hi = hex_value(s[i + 1])) >= 0 && (lo = hex_value(s[i + 2])) >= 0) {
+            if (hi == 0 && lo == 0)
+                return -1;
+            out[o++] = (char)(hi * 16 + lo);
+            i += 2;
+        } else if (plus && s[i] == '+') {
+            out[o++] = ' ';
+        } else {
+            out[o++] = s[i];
+        }
+    }
+    return (long)o;
+}
+
+/*
+ * The head is in: appends the decoded path and query arguments after the fields, then points the
+ * request view into the buffer (which no longer moves until the next request).
+ */
+static int build_view(struct request_parser *p)
+{
+    struct http_parser_url u;
+    const char *url;
+    size_t path_off = 0, path_len = 0, query_off = 0, query_len = 0;
+    size_t path_start, i, n, nargs = 0, cap_args = 0;
+    size_t arg_off[2];
+    long dl;
+    char *q;
+    int rc = -1;
+
+    /*
+     * The decoded path and arguments are copied from the URL within the same buffer, so it must
+     * not move meanwhile: they never take more than four times the URL (a NUL per piece).
+     */
+    strbuf_add(&p->head, "", 1);
+    strbuf_grow(&p->head, p->url_len * 4 + 16);
+    url = p->head.buf;
+    http_parser_url_init(&u);
+    if (p->url_len == 0 ||
+        http_parser_parse_url(url, p->url_len, p->hp.method == HTTP_CONNECT, &u) != 0) {
+        p->stop = STOP_BAD_TARGET;
+        goto out;
+    }
+    if (u.field_set & (1 << UF_PATH)) {
+        path_off = u.field_data[UF_PATH].off;
+        path_len = u.field_data[UF_PATH].len;
+    }
+    if (u.field_set & (1 << UF_QUERY)) {
+        query_off = u.field_data[UF_QUERY].off;
+        query_len = u.field_data[UF_QUERY].len;
+    }
+
+    /* The path, decoded, NUL-terminated. */
+    path_start = p->head.len;
+    if (path_len == 0) {
+        strbuf_add(&p->head, "/", 1);
+    } else {
+        strbuf_add(&p->head, p->head.buf + path_off, path_len);
+        dl = percent_decode(p->head.buf + path_start, path_len, p->head.buf + path_start, 0);
+        if (dl < 0) {
+            p->stop = STOP_BAD_TARGET;
+            goto out;
+        }
+        p->head.len = path_start + (size_t)dl;
+    }
+    strbuf_add(&p->head, "", 1);
+
+    /* The query arguments: "name\0value\0" each, decoded. */
+    for (i = 0; i < query_len; i++)
+        cap_args += p->head.buf[query_off + i] == '&';
+    cap_args += 1;
+    if (query_len > 0)
+        p->args = xcalloc(cap_args, sizeof *p->args);
+    i = 0;
+    while (i < query_len) {
+        size_t end = i, eq;
+
+        while (end < query_len && p->head.buf[query_off + end] != '&')
+            end++;
+        if (end > i) {
+            eq = i;
+            while (eq < end && p->head.buf[query_off + eq] != '=')
+                eq++;
+            arg_off[0] = p->head.len;
+            strbuf_add(&p->head, p->head.buf + query_off + i, eq - i);
+            dl = percent_decode(p->head.buf + arg_off[0], eq - i, p->head.buf + arg_off[0], 1);
+            if (dl < 0) {
+                p->stop = STOP_BAD_TARGET;
+                goto out;
+            }
+            p->head.len = arg_off[0] + (size_t)dl;
+            strbuf_add(&p->head, "", 1);
+            arg_off[1] = p->head.len;
+            n = eq < end ? end - eq - 1 : 0;
+            strbuf_add(&p->head, p->head.buf + query_off + end - n, n);
+            dl = percent_decode(p->head.buf + arg_off[1], n, p->head.buf + arg_off[1], 1);
+            if (dl < 0) {
+                p->stop = STOP_BAD_TARGET;
+                goto out;
+            }
+            p->head.len = arg_off[1] + (size_t)dl;
+            strbuf_add(&p->head, "", 1);
+            /* Offsets for now: the buffer may still move. */
+            p->args[nargs].name = (const char *)(uintptr_t)arg_off[0];
+            p->args[nargs].value = (const char *)(uintptr_t)arg_off[1];
+            p->args[nargs].value_len = (size_t)dl;
+            nargs++;
+        }
+        i = end + 1;
+    }
+
+    /* The buffer stays put from here on: point into it. */
+    q = p->head.buf;
+    for (i = 0; i < nargs; i++) {
+        p->args[i].name = q + (uintptr_t)p->args[i].name;
+        p->args[i].value = q + (uintptr_t)p->args[i].value;
+    }
+    for (i = 0; i < p->nfields; i++) {
+        p->fields[i].name = q + p->field_off[i][0];
+        p->fields[i].value = p->field_off[i][1] ? q + p->field_off[i][1] : "";
+        p->fields[i].value_len = p->field_len[i][1];
+        q[p->field_off[i][0] + p->field_len[i][0]] = '\0';
+        if (p->field_off[i][1])
+            q[p->field_off[i][1] + p->field_len[i][1]] = '\0';
+    }
+    q[p->url_len] = '\0';
+
+    p->rq.method = http_method_str((enum http_method)p->hp.method);
+    p->rq.path = q + path_start;
+    p->rq.fields = p->fields;
+    p->rq.nfields = p->nfields;
+    p->rq.args = p->args;
+    p->rq.nargs = nargs;
+    p->rq.has_body = (p->hp.flags & F_CHUNKED) != 0 ||
+                     (p->hp.content_length > 0 && p->hp.content_length != ULLONG_MAX);
+    p->rq.content_length =
+        (p->hp.flags & F_CHUNKED) || p->hp.content_length == ULLONG_MAX ? 0 : p->hp.content_length;
+    rc = 0;
+out:
+    return rc;
+}
+
+static int expects_continue(const struct request_parser *p)
+{
+    static const char want[] = "100-continue";
+    size_t i;
+
+    if (p->hp.http_major != 1 || p->hp.http_minor < 1)
+        return 0;
+    for (i = 0; i < p->rq.nfields; i++) {
+        if (ascii_ncaseeq(p->rq.fields[i].name, "Expect", sizeof "Expect") &&
+            p->rq.fields[i].value_len == sizeof want - 1 &&
+            ascii_ncaseeq(p->rq.fields[i].value, want, sizeof want - 1))
+            return 1;
+    }
+    return 0;
+}
+
+static int on_headers_complete(http_parser *hp)
+{
+    struct request_parser *p = parser_of(hp);
+
+    if (build_view(p) != 0)
+        return -1;
+    p->rq.expects_continue = expects_continue(p);
+    p->phase = PHASE_HEAD_DONE;
+    http_parser_pause(hp, 1);
+    return 0;
+}
+
+static int on_body(http_parser *hp, const char *at, size_t len)
+{
+    struct request_parser *p = parser_of(hp);
+
+    if (p->body.len + len > p->limits.max_body) {
+        p->stop = STOP_BODY_TOO_LARGE;
+        return 1;
+    }
+    strbuf_add(&p->body, at, len);
+    return 0;
+}
+
+static int on_message_complete(http_parser *hp)
+{
+    struct request_parser *p = parser_of(hp);
+
+    p->rq.body = p->body.len > 0 ? p->body.buf : NULL;
+    p->rq.body_len = p->body.len;
+    p->keep_alive = http_should_keep_alive(hp);
+    p->phase = PHASE_COMPLETE;
+    http_parser_pause(hp, 1);
+    return 0;
+}
+
+static const http_parser_settings settings = {
+    .on_message_begin = on_message_begin,
+    .on_url = on_url,
+    .on_header_field = on_header_field,
+    .on_header_value = on_header_value,
+    .on_headers_complete = on_headers_complete,
+    .on_body = on_body,
+    .on_message_complete = on_message_complete,
+};
+
+void request_parser_init(struct request_parser *p, const struct request_parser_limits *limits)
+{
+    memset(p, 0, sizeof *p);
+    p->limits = *limits;
+    http_parser_init(&p->hp, HTTP_REQUEST);
+    p->hp.data = p;
+}
+
+void request_parser_release(struct request_parser *p)
+{
+    reset_request(p);
+}
+
+/* Turns a stopped parser into the problem to answer. */
+static enum request_parse_result parse_error(struct request_parser *p)
+{
+    enum http_errno e = HTTP_PARSER_ERRNO(&p->hp);
+    int reason = p->stop;
+
+    if (reason == STOP_HEAD_TOO_LARGE || e == HPE_HEADER_OVERFLOW)
+        fail(p, 431, "request-header-too-large",
+             "The request line and header fields are over this server's limit.");
+    else if (reason == STOP_BODY_TOO_LARGE)
+        fail(p, 413, "body-too-large", "Request bodies are limited to 1 MiB.");
+    else if (reason == STOP_BAD_TARGET)
+        fail(p, 400, "bad-request", "The request target is not a valid path.");
+    else if (e == HPE_INVALID_METHOD)
+        fail(p, 501, "method-not-implemented", "This server does not know the request method.");
+    else if (e == HPE_UNEXPECTED_CONTENT_LENGTH)
+        fail(p, 400, "bad-request", "Send either Content-Length or Transfer-Encoding, not both.");
+    else if (e == HPE_INVALID_VERSION)
+        fail(p, 400, "bad-request", "Only HTTP/1.0 and HTTP/1.1 are spoken here.");
+    else
+        fail(p, 400, "bad-request", http_errno_description(e));
+    p->keep_alive = 0;
+    return REQUEST_PARSE_ERROR;
+}
+
+enum request_parse_result request_parser_feed(struct request_parser *p, const char *data,
+                                              size_t len, size_t *used)
+{
+    enum http_errno e;
+    size_t n;
+
+    *used = 0;
+    if (p->error_code != NULL)
+        return REQUEST_PARSE_ERROR;
+    if (p->phase == PHASE_COMPLETE) {
+        reset_request(p);
+        p->phase = PHASE_IDLE;
+        http_parser_pause(&p->hp, 0);
+    } else if (p->phase == PHASE_HEAD_DONE) {
+        p->phase = PHASE_BODY;
+        http_parser_pause(&p->hp, 0);
+    }
+    if (len == 0)
+        return REQUEST_PARSE_MORE;
+    n = http_parser_execute(&p->hp, &settings, data, len);
+    *used = n;
+    e = HTTP_PARSER_ERRNO(&p->hp);
+    if (e == HPE_PAUSED && p->phase == PHASE_HEAD_DONE)
+        return REQUEST_PARSE_HEADERS;
+    if (e == HPE_PAUSED && p->phase == PHASE_COMPLETE)
+        return REQUEST_PARSE_COMPLETE;
+    if (e != HPE_OK)
+        return parse_error(p);
+    return REQUEST_PARSE_MORE;
+}
+
+enum request_parse_result request_parser_finish(struct request_parser *p)
+{
+    if (p->phase == PHASE_IDLE || p->phase == PHASE_COMPLETE)
+        return REQUEST_PARSE_MORE;
+    fail(p, 400, "bad-request", "The connection ended in the middle of a request.");
+    return REQUEST_PARSE_ERROR;
+}
+
+const struct request *request_parser_request(const struct request_parser *p)
+{
+    return &p->rq;
+}
+
+int request_parser_started(const struct request_parser *p)
+{
+    return p->phase == PHASE_HEAD || p->phase == PHASE_HEAD_DONE || p->phase == PHASE_BODY;
+}
+
+int request_parser_keep_alive(const struct request_parser *p)
+{
+    return p->keep_alive;
+}
