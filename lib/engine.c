@@ -455,6 +455,36 @@ static int owner_is_recovery(const char *owner)
 }
 
 /*
+ * The hot path of a replay: the replay cache's answer for the scope, with no copies, no lease
+ * owner name and no store.  Returns 1 with *out and *outcome (REPLAY or MISMATCH) when the cache
+ * knows the record, 0 when it does not, or IDEM_ENOMEM.
+ */
+static int cached_call(struct idem_engine *eng, const struct idem_operation *op,
+                       const char *principal, const char *key, const unsigned char *fp,
+                       struct idem_call **out, enum idem_outcome *outcome)
+{
+    const struct idem_scope s = {principal, op->name, key};
+    const struct idem__rentry *hit = NULL;
+    enum idem_outcome oc = IDEM_OUTCOME_NONE;
+    struct idem_call *call;
+
+    if (!cache_answer(eng, &s, fp, &hit, &oc))
+        return 0;
+    call = calloc(1, sizeof(*call));
+    if (!call) {
+        idem__rcache_release(hit);
+        return IDEM_ENOMEM;
+    }
+    call->eng = eng;
+    call->retry_after_s = 1;
+    call->cached = hit;
+    call->completed = hit != NULL;
+    *outcome = oc;
+    *out = call;
+    return 1;
+}
+
+/*
  * The state machine shared by requests (fp given: claim, replay, mismatch, wait) and recovery
  * workers (fp NULL: never claim, never wait, take the fingerprint from the record).
  */
@@ -478,24 +508,9 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
         return IDEM_EINVAL;
 
     if (!recover) {
-        /* The hot path of a replay: no copies, no lease owner name, no store. */
-        const struct idem_scope s = {principal, op->name, key};
-        const struct idem__rentry *hit = NULL;
-        enum idem_outcome oc = IDEM_OUTCOME_NONE;
-        if (cache_answer(eng, &s, fp, &hit, &oc)) {
-            call = calloc(1, sizeof(*call));
-            if (!call) {
-                idem__rcache_release(hit);
-                return IDEM_ENOMEM;
-            }
-            call->eng = eng;
-            call->retry_after_s = 1;
-            call->cached = hit;
-            call->completed = hit != NULL;
-            *outcome = oc;
-            *out = call;
-            return 0;
-        }
+        rc = cached_call(eng, op, principal, key, fp, out, outcome);
+        if (rc != 0)
+            return rc < 0 ? rc : 0;
     }
 
     call = calloc(1, sizeof(*call));
@@ -638,6 +653,22 @@ int idem_call_begin(struct idem_engine *eng, const struct idem_operation *op,
         return IDEM_EINVAL;
     }
     return call_start(eng, op, principal, key, fp, out, outcome);
+}
+
+int idem_call_lookup(struct idem_engine *eng, const struct idem_operation *op,
+                     const char *principal, const char *key, const unsigned char fp[IDEM_FP_LEN],
+                     struct idem_call **out, enum idem_outcome *outcome)
+{
+    int rc;
+
+    if (out)
+        *out = NULL;
+    if (outcome)
+        *outcome = IDEM_OUTCOME_NONE;
+    if (!eng || !op || !op->name || !principal || !key || !fp || !out || !outcome)
+        return IDEM_EINVAL;
+    rc = cached_call(eng, op, principal, key, fp, out, outcome);
+    return rc < 0 ? rc : 0;
 }
 
 int idem_call_recover(struct idem_engine *eng, const struct idem_operation *op,

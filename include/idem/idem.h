@@ -339,6 +339,19 @@ IDEM_API int idem_call_begin(struct idem_engine *eng, const struct idem_operatio
                              enum idem_outcome *outcome);
 
 /*
+ * What the replay cache alone says of scope (principal, op->name, key) with fingerprint `fp`,
+ * without the store and without waiting: for an event-loop thread, which must not block.
+ * Returns 0 with *call (new, end with idem_call_end) and *outcome REPLAY or MISMATCH when the
+ * cache holds the completed record (as idem_call_begin() would answer), or 0 with *call NULL and
+ * *outcome NONE when it does not: then idem_call_begin(), which may block, decides.  IDEM_ENOMEM,
+ * IDEM_EINVAL otherwise.
+ */
+IDEM_API int idem_call_lookup(struct idem_engine *eng, const struct idem_operation *op,
+                              const char *principal, const char *key,
+                              const unsigned char fp[IDEM_FP_LEN], struct idem_call **call,
+                              enum idem_outcome *outcome);
+
+/*
  * Opens the next phase: a write transaction on the store.  Not needed after EXECUTE (the first
  * phase is open).  Returns 0, IDEM_ESTATE if a phase is already open, or IDEM_EUNAVAIL.
  */

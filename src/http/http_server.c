@@ -754,6 +754,10 @@ static void request_complete(struct conn *c)
         send_response(c, rq, keep);
         return;
     }
+    if (o->on_loop != NULL) {
+        response_clear(&c->resp);
+        response_init(&c->resp);
+    }
     if (submit(c, JOB_HANDLE) != 0)
         send_problem(c, rq, 503, "server-busy", "Every worker is busy; retry shortly.", keep);
 }

@@ -27,6 +27,11 @@ static enum http_head_verdict on_head(void *ctx, const struct request *rq, struc
     return router_check_head(ctx, rq, resp, may_block);
 }
 
+static int on_loop(void *ctx, const struct request *rq, struct response *resp)
+{
+    return router_answer_on_loop(ctx, rq, resp);
+}
+
 static const char *outcome_of(const struct response *resp)
 {
     if (resp->outcome != NULL)
@@ -61,6 +66,7 @@ int orderd_http_start(struct app *app, const char *listen, struct http_server **
     struct http_server_options opts = {
         .handle = handle,
         .on_head = on_head,
+        .on_loop = on_loop,
         .answered = answered,
         .log = server_line,
         .ctx = app,

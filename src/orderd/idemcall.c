@@ -139,13 +139,58 @@ static void in_progress(struct response *resp, int retry_after_s, int recovering
     resp->outcome = "in_progress";
 }
 
+/*
+ * The answers that run nothing: a replay, a reused key, a request in progress.  Returns 1 when
+ * `outcome` is one of them (answered into `resp`), 0 otherwise.
+ */
+static int answer_settled(const struct idem_call *call, enum idem_outcome outcome,
+                          const struct idem_operation *op, struct response *resp)
+{
+    char detail[256];
+
+    switch (outcome) {
+    case IDEM_OUTCOME_REPLAY:
+        send_stored(call, resp);
+        response_set_header(resp, "Idempotent-Replayed", "true");
+        resp->outcome = idem_call_waited(call) ? "waited" : "replayed";
+        return 1;
+    case IDEM_OUTCOME_MISMATCH:
+        snprintf(detail, sizeof detail,
+                 "This Idempotency-Key was already used for a different request to %s. Use "
+                 "a new key for a new request (keys are kept 24 hours).",
+                 op->name);
+        response_problem(resp, 422, "idempotency-key-reused", detail);
+        resp->outcome = "mismatch";
+        return 1;
+    case IDEM_OUTCOME_IN_PROGRESS:
+        in_progress(resp, idem_call_retry_after_s(call), idem_call_recovering(call));
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+int idemcall_lookup(const struct call_ctx *cx, const struct idem_operation *op,
+                    struct response *resp)
+{
+    struct idem_call *call = NULL;
+    enum idem_outcome outcome = IDEM_OUTCOME_NONE;
+    int answered = 0;
+
+    if (idem_call_lookup(cx->app->engine, op, cx->principal, cx->key, cx->fp, &call, &outcome) ==
+            0 &&
+        call != NULL)
+        answered = answer_settled(call, outcome, op, resp);
+    idem_call_end(call);
+    return answered;
+}
+
 void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
                      idemcall_run_fn run, void *arg, struct response *resp)
 {
     struct app *app = cx->app;
     struct idem_call *call = NULL;
     enum idem_outcome outcome = IDEM_OUTCOME_NONE;
-    char detail[256];
     int attempt;
     int rc;
 
@@ -158,23 +203,9 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
                                        "done. Retry.");
             goto out;
         }
+        if (answer_settled(call, outcome, op, resp))
+            goto out;
         switch (outcome) {
-        case IDEM_OUTCOME_REPLAY:
-            send_stored(call, resp);
-            response_set_header(resp, "Idempotent-Replayed", "true");
-            resp->outcome = idem_call_waited(call) ? "waited" : "replayed";
-            goto out;
-        case IDEM_OUTCOME_MISMATCH:
-            snprintf(detail, sizeof detail,
-                     "This Idempotency-Key was already used for a different request to %s. Use "
-                     "a new key for a new request (keys are kept 24 hours).",
-                     op->name);
-            response_problem(resp, 422, "idempotency-key-reused", detail);
-            resp->outcome = "mismatch";
-            goto out;
-        case IDEM_OUTCOME_IN_PROGRESS:
-            in_progress(resp, idem_call_retry_after_s(call), idem_call_recovering(call));
-            goto out;
         case IDEM_OUTCOME_EXECUTE:
         case IDEM_OUTCOME_RESUME:
             resp->outcome = "executed";

@@ -32,6 +32,14 @@ struct response;
 typedef int (*idemcall_run_fn)(const struct call_ctx *cx, struct idem_call *call,
                                enum idem_outcome outcome, void *arg, struct response *resp);
 
+/*
+ * The replay cache's answer for (cx->principal, op, cx->key, cx->fp), without the store and
+ * without waiting (an event-loop thread may call it): 1 when it answered into `resp` (a replay or
+ * a reused key), 0 when only idemcall_handle() can tell.
+ */
+int idemcall_lookup(const struct call_ctx *cx, const struct idem_operation *op,
+                    struct response *resp);
+
 /* Begins the call for (cx->principal, op, cx->key, cx->fp) and answers it into `resp`. */
 void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
                      idemcall_run_fn run, void *arg, struct response *resp);

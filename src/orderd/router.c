@@ -360,3 +360,49 @@ enum http_head_verdict router_check_head(struct app *app, const struct request *
     rc = check_head(&cx, rt, resp, may_block);
     return rc == 0 ? HTTP_HEAD_CONTINUE : rc > 0 ? HTTP_HEAD_BLOCKS : HTTP_HEAD_ANSWER;
 }
+
+/* The idempotent operation behind a route, or NULL for a route that stores nothing. */
+static const struct idem_operation *operation_of(const struct app *app, const struct route *rt)
+{
+    const struct idem_operation *ops[] = {&app->op_orders_create, &app->op_orders_cancel,
+                                          &app->op_profile_update};
+    size_t i;
+
+    for (i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        if (strcmp(ops[i]->name, rt->operation) == 0)
+            return ops[i];
+    }
+    return NULL;
+}
+
+int router_answer_on_loop(struct app *app, const struct request *rq, struct response *resp)
+{
+    const struct route *rt;
+    const struct idem_operation *op;
+    struct call_ctx cx;
+    char *params[ROUTE_MAX_PARAMS] = {NULL};
+    char key[IDEM_KEY_MAX + 1];
+    size_t i;
+    int answered = 0;
+
+    memset(&cx, 0, sizeof cx);
+    cx.app = app;
+    cx.rq = rq;
+    rt = find_route(rq, params, &cx.nparams, resp);
+    if (rt == NULL || rt->key == KEY_IGNORED || rt->body == BODY_RAW ||
+        (op = operation_of(app, rt)) == NULL ||
+        (op == &app->op_orders_create && app->cfg->idempotency_off))
+        goto out;
+    resp->operation = rt->operation;
+    for (i = 0; i < cx.nparams; i++)
+        cx.params[i] = params[i];
+    /* Every check of the worker's path, in its order; any refusal is left to the worker. */
+    if (check_head(&cx, rt, resp, 0) != 0 || check_key(&cx, rt->key, key, resp) != 0 ||
+        cx.key == NULL || (rt->body != BODY_NONE && check_json(&cx, rt, resp) != 0))
+        goto out;
+    answered = idemcall_lookup(&cx, op, resp);
+out:
+    json_decref(cx.body);
+    free_params(params, ROUTE_MAX_PARAMS);
+    return answered;
+}

@@ -42,4 +42,11 @@ void router_dispatch(struct app *app, const struct request *rq, struct response 
 enum http_head_verdict router_check_head(struct app *app, const struct request *rq,
                                          struct response *resp, int may_block);
 
+/*
+ * The server's on_loop: answers a retry whose response the replay cache holds (or a key reused
+ * with another body) on the event loop, with no hand-off and no store; returns 1 then.  0 for
+ * everything else, which router_dispatch() answers on a worker.
+ */
+int router_answer_on_loop(struct app *app, const struct request *rq, struct response *resp);
+
 #endif /* ORDERD_ROUTER_H */

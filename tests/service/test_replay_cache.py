@@ -11,6 +11,7 @@ store is locked; and a record read after a restart is cached too.  Runs on both 
 
 import os
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -132,6 +133,35 @@ def test_a_revoked_token_is_honoured_for_at_most_the_token_cache_ttl(ctx):
                           % (time.monotonic() - t0))
         time.sleep(0.25)
     expect_problem(r, 401, "unauthorized", "the revoked token")
+
+
+
+@test
+def test_cached_replays_need_no_worker(ctx):
+    # One worker thread, held by a slow order: a retry whose answer is in memory is still
+    # answered at once, on the event loop, while a fresh order waits for the worker.
+    s = Server(name="orderd-one-worker", extra_args=["--http-workers", "1"],
+               env={"ORDERD_TEST_HOOKS": "1"}).start()
+    try:
+        u = s.new_user()
+        k = new_key("loop")
+        first = expect_fresh(u.create_order(k), 201, "first request")
+        slow = {}
+
+        def hold_the_worker():
+            slow["r"] = u.create_order(new_key("slow"), headers={"X-Test-Delay-Ms": "3000"})
+
+        t = threading.Thread(target=hold_the_worker, daemon=True)
+        t.start()
+        time.sleep(0.5)
+        r = expect_replay(u.create_order(k), first, "replay while the only worker is busy")
+        expect(r.elapsed < 1.5, "the replay waited %.2f s for the busy worker" % r.elapsed)
+        expect_problem(u.create_order(k, quantity=9), 422, "idempotency-key-reused",
+                       "other body while the only worker is busy")
+        t.join(10)
+        expect_status(slow.get("r"), 201, "the slow order")
+    finally:
+        s.close()
 
 
 if __name__ == "__main__":
