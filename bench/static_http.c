@@ -29,20 +29,29 @@ static const char body[] =
     "\"productId\":\"p-1024\",\"quantity\":1,\"unitPrice\":1999,\"amount\":1999,"
     "\"currency\":\"EUR\",\"createdAt\":\"2026-12-02T13:00:00.000Z\"}";
 
-static int answer(void *ctx, const struct request *rq, struct response *resp)
+static void answer(struct response *resp)
 {
-    (void)ctx;
-    (void)rq;
     resp->status = 201;
     response_set_header(resp, "Content-Type", CONTENT_TYPE_JSON);
     response_set_body(resp, body, sizeof body - 1);
-    return 1;
+}
+
+static enum http_loop_verdict on_loop(void *ctx, const struct request *rq, struct response *resp,
+                                      struct http_park *park)
+{
+    (void)ctx;
+    (void)rq;
+    (void)park;
+    answer(resp);
+    return HTTP_LOOP_ANSWERED;
 }
 
 /* Never reached (every request is answered on the loop); the server needs a handler. */
 static void handle(void *ctx, const struct request *rq, struct response *resp)
 {
-    answer(ctx, rq, resp);
+    (void)ctx;
+    (void)rq;
+    answer(resp);
 }
 
 static const struct option options[] = {
@@ -54,7 +63,7 @@ static const struct option options[] = {
 
 int main(int argc, char **argv)
 {
-    struct http_server_options opts = {.handle = handle, .on_loop = answer, .stop_grace_s = 1};
+    struct http_server_options opts = {.handle = handle, .on_loop = on_loop, .stop_grace_s = 1};
     struct http_server *srv = NULL;
     const char *listen = "127.0.0.1:0";
     sigset_t set;

@@ -55,6 +55,22 @@ struct idem_engine {
     uint64_t epoch;
     /* Calls of this engine that claim or execute a scope, chained by hash of the scope (mu). */
     struct idem_call *inflight[INFLIGHT_BUCKETS];
+    /* Watches of scopes in flight (idem_watch_inflight), chained by the same hash (mu). */
+    struct idem_watch *watches[INFLIGHT_BUCKETS];
+};
+
+/* A waiter that holds no thread: told by callback when its scope leaves flight. */
+enum watch_state { WATCH_WAITING, WATCH_FIRING, WATCH_DONE };
+
+struct idem_watch {
+    struct idem_engine *eng;
+    struct idem_watch *next;
+    char *principal, *operation, *key;
+    struct idem_scope scope;
+    unsigned bucket;
+    enum watch_state state;
+    void (*changed)(void *arg);
+    void *arg;
 };
 
 struct idem_call {
@@ -172,20 +188,58 @@ const char *idem_engine_owner(const struct idem_engine *eng)
 }
 
 static void inflight_unlink(struct idem_call *call);
+static int same_scope(const struct idem_scope *a, const struct idem_scope *b);
+
+/*
+ * Takes the watches of `leaving`'s scope out of the table, as a list to fire (eng->mu held).  A
+ * watch taken here is FIRING: idem_watch_end() waits for its callback to return.
+ */
+static struct idem_watch *watches_take(struct idem_call *leaving)
+{
+    struct idem_engine *eng = leaving->eng;
+    struct idem_watch **pp = &eng->watches[leaving->inflight_bucket];
+    struct idem_watch *fire = NULL, *w;
+
+    while ((w = *pp) != NULL) {
+        if (same_scope(&w->scope, &leaving->scope)) {
+            *pp = w->next;
+            w->state = WATCH_FIRING;
+            w->next = fire;
+            fire = w;
+        } else {
+            pp = &w->next;
+        }
+    }
+    return fire;
+}
 
 /*
  * A record changed in this process: wakes every waiter.  `leaving`, if not NULL, is a call whose
- * scope leaves flight at the same moment (it completed, was released, or executes nothing).
+ * scope leaves flight at the same moment (it completed, was released, or executes nothing); its
+ * watches are called, outside the mutex.
  */
 static void notify_changed(struct idem_engine *eng, struct idem_call *leaving)
 {
+    struct idem_watch *fire = NULL, *w, *next;
+
     pthread_mutex_lock(&eng->mu);
+    if (leaving && leaving->inflight)
+        fire = watches_take(leaving);
     if (leaving)
         inflight_unlink(leaving);
     eng->epoch++;
     pthread_mutex_unlock(&eng->mu);
     /* After the unlock: waiters woken under the mutex would only block on it again. */
     pthread_cond_broadcast(&eng->changed);
+    for (w = fire; w; w = next) {
+        next = w->next;
+        w->changed(w->arg);
+        pthread_mutex_lock(&eng->mu);
+        w->state = WATCH_DONE;
+        pthread_mutex_unlock(&eng->mu);
+    }
+    if (fire)
+        pthread_cond_broadcast(&eng->changed); /* an idem_watch_end() may wait for a callback */
 }
 
 /*
@@ -669,6 +723,79 @@ int idem_call_lookup(struct idem_engine *eng, const struct idem_operation *op,
         return IDEM_EINVAL;
     rc = cached_call(eng, op, principal, key, fp, out, outcome);
     return rc < 0 ? rc : 0;
+}
+
+int idem_watch_inflight(struct idem_engine *eng, const struct idem_operation *op,
+                        const char *principal, const char *key, void (*changed)(void *arg),
+                        void *arg, struct idem_watch **out)
+{
+    struct idem_watch *w;
+    int busy;
+
+    if (out)
+        *out = NULL;
+    if (!eng || !op || !op->name || !principal || !key || !changed || !out)
+        return IDEM_EINVAL;
+    w = calloc(1, sizeof(*w));
+    if (!w)
+        return IDEM_ENOMEM;
+    w->principal = idem__strdup(principal);
+    w->operation = idem__strdup(op->name);
+    w->key = idem__strdup(key);
+    if (!w->principal || !w->operation || !w->key) {
+        w->eng = NULL;
+        idem_watch_end(w);
+        return IDEM_ENOMEM;
+    }
+    w->eng = eng;
+    w->scope.principal = w->principal;
+    w->scope.operation = w->operation;
+    w->scope.key = w->key;
+    w->bucket = scope_bucket(&w->scope);
+    w->changed = changed;
+    w->arg = arg;
+    pthread_mutex_lock(&eng->mu);
+    busy = inflight_busy(eng, &w->scope, w->bucket);
+    if (busy) {
+        w->next = eng->watches[w->bucket];
+        eng->watches[w->bucket] = w;
+    }
+    pthread_mutex_unlock(&eng->mu);
+    if (!busy) {
+        w->eng = NULL; /* never entered: nothing to unlink */
+        idem_watch_end(w);
+        return 0;
+    }
+    *out = w;
+    return 1;
+}
+
+void idem_watch_end(struct idem_watch *w)
+{
+    struct idem_engine *eng;
+
+    if (!w)
+        return;
+    eng = w->eng;
+    if (eng) {
+        pthread_mutex_lock(&eng->mu);
+        if (w->state == WATCH_WAITING) {
+            for (struct idem_watch **pp = &eng->watches[w->bucket]; *pp; pp = &(*pp)->next) {
+                if (*pp == w) {
+                    *pp = w->next;
+                    break;
+                }
+            }
+            w->state = WATCH_DONE;
+        }
+        while (w->state == WATCH_FIRING)
+            pthread_cond_wait(&eng->changed, &eng->mu);
+        pthread_mutex_unlock(&eng->mu);
+    }
+    free(w->principal);
+    free(w->operation);
+    free(w->key);
+    free(w);
 }
 
 int idem_call_recover(struct idem_engine *eng, const struct idem_operation *op,

@@ -352,6 +352,26 @@ IDEM_API int idem_call_lookup(struct idem_engine *eng, const struct idem_operati
                               enum idem_outcome *outcome);
 
 /*
+ * A wait for a duplicate that holds no thread (an event loop parks the request instead).  When
+ * a call of this engine has scope (principal, op->name, key) in flight (claimed and executing in
+ * this process), registers `changed(arg)` to be called once, from the thread where the scope
+ * leaves flight (its call completed, failed or was released), and returns 1 with *watch (new,
+ * end with idem_watch_end).  The replay cache holds a completed response before `changed` runs.
+ * Returns 0 with *watch NULL when the scope is not in flight here (it may be in another process:
+ * then idem_call_begin() waits as usual), or IDEM_EINVAL / IDEM_ENOMEM.  `changed` must not block.
+ */
+struct idem_watch;
+IDEM_API int idem_watch_inflight(struct idem_engine *eng, const struct idem_operation *op,
+                                 const char *principal, const char *key,
+                                 void (*changed)(void *arg), void *arg, struct idem_watch **watch);
+
+/*
+ * Ends a watch, fired or not: once it returns, `changed` is not running and will not be called
+ * for it.  NULL is a no-op.
+ */
+IDEM_API void idem_watch_end(struct idem_watch *watch);
+
+/*
  * Opens the next phase: a write transaction on the store.  Not needed after EXECUTE (the first
  * phase is open).  Returns 0, IDEM_ESTATE if a phase is already open, or IDEM_EUNAVAIL.
  */

@@ -57,12 +57,18 @@ enum conn_state {
     CONN_LINGER,  /* answered, write side shut, dropping what the client still sends */
     CONN_CLOSING, /* uv_close() called */
     CONN_NEW,     /* accepted, not placed yet */
+    CONN_PARKED,  /* the program parked the request on the loop (on_loop): no thread held */
     CONN_NSTATES
 };
 
 /* The deadline list a state puts a connection in; -1: none. */
-static const int state_list[CONN_NSTATES] = {0, 1, 2, -1, 3, 4, -1, -1};
-#define NLISTS 5
+static const int state_list[CONN_NSTATES] = {0, 1, 2, -1, 3, 4, -1, -1, 5};
+#define NLISTS 6
+#define LIST_PARKED 5 /* its deadlines differ per request: the tick looks at every entry */
+
+/* Why a connection is on its loop's `done` list (several may be true at once). */
+#define DONE_JOB 1  /* a worker finished its job */
+#define DONE_WAKE 2 /* http_server_unpark() */
 
 enum job { JOB_HEAD, JOB_HANDLE };
 
@@ -75,7 +81,12 @@ struct conn {
     struct conn *prev, *next; /* in the deadline list of `state` */
     uint64_t since;           /* loop time the state began */
     struct conn *qnext;       /* in the worker queue, then in the loop's done list */
+    int done_flags;           /* DONE_*: why it is on the done list (lp->mu) */
+    int queued;               /* on the done list (lp->mu) */
+    int free_later;           /* closed while on the done list: freed when taken off it */
     enum job job;
+    void *park_data;          /* the program's, while parked */
+    uint64_t park_deadline;   /* loop time */
     enum http_head_verdict verdict;
 
     struct request_parser rp;
@@ -394,20 +405,51 @@ static uint64_t state_timeout(const struct http_server *srv, enum conn_state st)
 
 /* ---- closing --------------------------------------------------------------------------------- */
 
-static void on_closed(uv_handle_t *h)
+static void conn_free(struct conn *c)
 {
-    struct conn *c = (struct conn *)h;
-    struct http_server *srv = c->lp->srv;
-
-    atomic_fetch_sub(&c->lp->in_state[c->state], 1);
-    if (c->counted)
-        ip_release(srv, c->ip);
-    atomic_fetch_sub(&srv->nconns, 1);
     request_parser_release(&c->rp);
     response_clear(&c->resp);
     free(c->in);
     free(c->out);
     free(c);
+}
+
+static void on_closed(uv_handle_t *h)
+{
+    struct conn *c = (struct conn *)h;
+    struct http_loop *lp = c->lp;
+    struct http_server *srv = lp->srv;
+    int queued;
+
+    atomic_fetch_sub(&lp->in_state[c->state], 1);
+    if (c->counted)
+        ip_release(srv, c->ip);
+    atomic_fetch_sub(&srv->nconns, 1);
+    /* A late wake-up may still hold it on the done list: on_wake frees it then. */
+    pthread_mutex_lock(&lp->mu);
+    queued = c->queued;
+    c->free_later = queued;
+    pthread_mutex_unlock(&lp->mu);
+    if (!queued)
+        conn_free(c);
+}
+
+/* Puts `c` on its loop's done list for `why` (DONE_*) and wakes the loop.  Any thread. */
+static void loop_push(struct conn *c, int why)
+{
+    struct http_loop *lp = c->lp;
+    int push;
+
+    pthread_mutex_lock(&lp->mu);
+    c->done_flags |= why;
+    push = !c->queued;
+    if (push) {
+        c->queued = 1;
+        c->qnext = lp->done;
+        lp->done = c;
+    }
+    pthread_mutex_unlock(&lp->mu);
+    uv_async_send(&lp->wake);
 }
 
 static void conn_close(struct conn *c)
@@ -469,6 +511,7 @@ static const char *http_date(struct http_loop *lp)
 }
 
 static void process_input(struct conn *c);
+static void dispatch(struct conn *c, enum http_loop_verdict v, int keep);
 static void start_reading(struct conn *c);
 static void stop_reading(struct conn *c);
 
@@ -604,7 +647,6 @@ static void *worker_main(void *arg)
 {
     struct http_server *srv = arg;
     const struct http_server_options *o = &srv->opts;
-    struct http_loop *lp;
     struct conn *c;
 
     for (;;) {
@@ -627,12 +669,7 @@ static void *worker_main(void *arg)
         else
             o->handle(o->ctx, request_parser_request(&c->rp), &c->resp);
 
-        lp = c->lp;
-        pthread_mutex_lock(&lp->mu);
-        c->qnext = lp->done;
-        lp->done = c;
-        pthread_mutex_unlock(&lp->mu);
-        uv_async_send(&lp->wake);
+        loop_push(c, DONE_JOB);
     }
     return NULL;
 }
@@ -745,21 +782,59 @@ static void request_complete(struct conn *c)
     const struct http_server_options *o = &c->lp->srv->opts;
     const struct request *rq = request_parser_request(&c->rp);
     int keep = request_parser_keep_alive(&c->rp);
+    struct http_park park = {.token = c};
+    enum http_loop_verdict v = HTTP_LOOP_WORKER;
 
     c->report = 1;
     /* What on_head may have left (a principal, headers) is not the answer's. */
     response_clear(&c->resp);
     response_init(&c->resp);
-    if (o->on_loop != NULL && o->on_loop(o->ctx, rq, &c->resp)) {
+    if (o->on_loop != NULL)
+        v = o->on_loop(o->ctx, rq, &c->resp, &park);
+    if (v == HTTP_LOOP_PARKED && o->on_unpark != NULL) {
+        stop_reading(c);
+        c->park_data = park.data;
+        set_state(c, CONN_PARKED);
+        c->park_deadline = c->since + (uint64_t)(park.timeout_ms > 0 ? park.timeout_ms : 0);
+        return;
+    }
+    dispatch(c, v, keep);
+}
+
+/* Answers what the program answered on the loop, or hands the request to a worker. */
+static void dispatch(struct conn *c, enum http_loop_verdict v, int keep)
+{
+    const struct request *rq = request_parser_request(&c->rp);
+
+    if (v == HTTP_LOOP_ANSWERED) {
         send_response(c, rq, keep);
         return;
     }
-    if (o->on_loop != NULL) {
-        response_clear(&c->resp);
-        response_init(&c->resp);
-    }
+    response_clear(&c->resp);
+    response_init(&c->resp);
     if (submit(c, JOB_HANDLE) != 0)
         send_problem(c, rq, 503, "server-busy", "Every worker is busy; retry shortly.", keep);
+}
+
+/* A parked request was woken, or timed out: the program decides again, on the loop. */
+static void unpark(struct conn *c, int timed_out)
+{
+    const struct http_server_options *o = &c->lp->srv->opts;
+    const struct request *rq = request_parser_request(&c->rp);
+    void *data = c->park_data;
+    enum http_loop_verdict v;
+
+    c->park_data = NULL;
+    c->rp.rq.parked_ms += (long)(uv_now(&c->lp->uv) - c->since);
+    response_clear(&c->resp);
+    response_init(&c->resp);
+    v = o->on_unpark(o->ctx, rq, &c->resp, data, timed_out);
+    dispatch(c, v == HTTP_LOOP_ANSWERED ? v : HTTP_LOOP_WORKER, request_parser_keep_alive(&c->rp));
+}
+
+void http_server_unpark(void *token)
+{
+    loop_push(token, DONE_WAKE);
 }
 
 /*
@@ -794,7 +869,7 @@ static void parse(struct conn *c, const char *data, size_t len)
             request_complete(c);
         if (c->state == CONN_IDLE && len > 0)
             continue; /* answered at once: the next pipelined request */
-        if (c->state == CONN_WORKING || c->state == CONN_WRITING)
+        if (c->state == CONN_WORKING || c->state == CONN_WRITING || c->state == CONN_PARKED)
             keep_rest(c, data, len);
         break;
     }
@@ -907,11 +982,21 @@ static void on_wake(uv_async_t *a)
     pthread_mutex_lock(&lp->mu);
     c = lp->done;
     lp->done = NULL;
+    for (struct conn *q = c; q != NULL; q = q->qnext)
+        q->queued = 0;
     pthread_mutex_unlock(&lp->mu);
     for (; c != NULL; c = next) {
+        int why = c->done_flags;
+
         next = c->qnext;
         c->qnext = NULL;
-        job_done(c);
+        c->done_flags = 0;
+        if (c->free_later)
+            conn_free(c);
+        else if (why & DONE_JOB)
+            job_done(c);
+        else if (c->state == CONN_PARKED)
+            unpark(c, 0); /* a wake that lost the race with its timeout finds it moved on */
     }
     if (atomic_load(&lp->srv->stopping))
         begin_stop(lp);
@@ -948,13 +1033,18 @@ static void on_tick(uv_timer_t *t)
 {
     struct http_loop *lp = t->data;
     uint64_t now = uv_now(&lp->uv);
-    struct conn *c;
+    struct conn *c, *next;
     int l;
     enum conn_state st;
 
+    for (c = lp->head[LIST_PARKED]; c != NULL; c = next) {
+        next = c->next;
+        if (c->park_deadline <= now)
+            unpark(c, 1);
+    }
     for (st = CONN_IDLE; st < CONN_NSTATES; st++) {
         l = state_list[st];
-        if (l < 0)
+        if (l < 0 || l == LIST_PARKED)
             continue;
         /* Each expiry leaves the list (a new state, or closing), so the loop advances. */
         while ((c = lp->head[l]) != NULL && c->since + state_timeout(lp->srv, st) <= now)
@@ -1052,6 +1142,8 @@ static void begin_stop(struct http_loop *lp)
     }
     while ((c = lp->head[state_list[CONN_IDLE]]) != NULL)
         conn_close(c);
+    while ((c = lp->head[LIST_PARKED]) != NULL)
+        unpark(c, 1);
 }
 
 static void *loop_main(void *arg)
@@ -1364,7 +1456,8 @@ static int requests_in_flight(const struct http_server *srv)
         const struct http_loop *lp = &srv->loops[i];
 
         n += atomic_load(&lp->in_state[CONN_HEAD]) + atomic_load(&lp->in_state[CONN_BODY]) +
-             atomic_load(&lp->in_state[CONN_WORKING]) + atomic_load(&lp->in_state[CONN_WRITING]);
+             atomic_load(&lp->in_state[CONN_WORKING]) + atomic_load(&lp->in_state[CONN_WRITING]) +
+             atomic_load(&lp->in_state[CONN_PARKED]);
     }
     return n;
 }
@@ -1412,6 +1505,15 @@ void http_server_stop(struct http_server *srv)
         if (lp->srv == NULL)
             continue;
         lp->halted = 2;
+        /* A request still parked lets the program end its wait, so no wake-up comes later. */
+        while (lp->head[LIST_PARKED] != NULL) {
+            struct conn *c = lp->head[LIST_PARKED];
+
+            srv->opts.on_unpark(srv->opts.ctx, request_parser_request(&c->rp), &c->resp,
+                                c->park_data, 1);
+            c->park_data = NULL;
+            set_state(c, CONN_WORKING);
+        }
         uv_walk(&lp->uv, close_any, NULL);
         uv_run(&lp->uv, UV_RUN_DEFAULT);
         uv_loop_close(&lp->uv);

@@ -8,7 +8,9 @@
  * address, a deadline for the request head and one for the body, an idle timeout between
  * requests, a cap on the head and on the body.  Every refusal is an RFC 9457 problem+json.
  * A program can look at the head before any body byte is kept (on_head: orderd checks the bearer
- * token there), and can answer on the loop without a hand-off (on_loop: replays from memory).
+ * token there), can answer on the loop without a hand-off (on_loop: replays from memory), and can
+ * park a request on the loop, holding no thread, until another thread wakes it (a duplicate waits
+ * for the first request of its key: http_server_unpark).
  *
  * Handlers never see libuv or http-parser; they read the request through the accessors below and
  * fill a struct response (response.h).
@@ -80,6 +82,27 @@ enum http_head_verdict {
     HTTP_HEAD_BLOCKS,   /* cannot tell without blocking: call again on a worker (may_block 1) */
 };
 
+/* What on_loop and on_unpark decided. */
+enum http_loop_verdict {
+    HTTP_LOOP_WORKER,   /* hand the request to `handle` on a worker */
+    HTTP_LOOP_ANSWERED, /* `resp` is the answer */
+    HTTP_LOOP_PARKED,   /* wait, holding no thread: on_unpark runs when woken or timed out */
+};
+
+/* How on_loop parks a request. */
+struct http_park {
+    void *token;    /* in: pass to http_server_unpark() (any thread) to wake the request */
+    void *data;     /* out: the program's, handed back to on_unpark */
+    int timeout_ms; /* out: on_unpark runs with timed_out 1 after this long */
+};
+
+/*
+ * Wakes a parked request: its loop calls on_unpark soon after.  Thread-safe and non-blocking.
+ * Only valid while the request is parked and its on_unpark has not run; a wake that races its
+ * timeout is ignored (on_unpark must make sure no later wake comes, e.g. idem_watch_end()).
+ */
+void http_server_unpark(void *token);
+
 /* What a program serves, and the few ways orderd and provider-sim listen differently. */
 struct http_server_options {
     /*
@@ -95,10 +118,18 @@ struct http_server_options {
     enum http_head_verdict (*on_head)(void *ctx, const struct request *rq, struct response *resp,
                                       int may_block);
     /*
-     * May be NULL.  Called on the loop thread once the body is in: returns 1 when it answered into
-     * `resp` without blocking (a replay from memory), 0 to hand the request to `handle`.
+     * May be NULL.  Called on the loop thread once the body is in, without blocking: answers into
+     * `resp` (a replay from memory), parks the request (fills `park`), or hands it to `handle`.
      */
-    int (*on_loop)(void *ctx, const struct request *rq, struct response *resp);
+    enum http_loop_verdict (*on_loop)(void *ctx, const struct request *rq, struct response *resp,
+                                      struct http_park *park);
+    /*
+     * Needed when on_loop parks.  On the loop thread, when the parked request was woken or (with
+     * timed_out 1) its timeout passed, or the server stops: answers, or hands it to `handle`
+     * (HTTP_LOOP_PARKED is taken as HTTP_LOOP_WORKER).  `data` is what on_loop left in the park.
+     */
+    enum http_loop_verdict (*on_unpark)(void *ctx, const struct request *rq,
+                                        struct response *resp, void *data, int timed_out);
     /*
      * May be NULL.  Told of each response once it is queued, with the time since the request
      * began: the request log and the metrics.  Called on a loop thread; not called for a dropped

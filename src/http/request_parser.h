@@ -41,6 +41,7 @@ struct request {
     unsigned long long content_length; /* announced, 0 when absent or chunked */
     int expects_continue; /* "Expect: 100-continue" on HTTP/1.1 */
     const char *peer;   /* the client's address, "127.0.0.1" (set by the server) */
+    long parked_ms;     /* how long the request was parked on the loop (http_server.h) */
 
     const struct request_field *fields;
     size_t nfields;

@@ -27,9 +27,16 @@ static enum http_head_verdict on_head(void *ctx, const struct request *rq, struc
     return router_check_head(ctx, rq, resp, may_block);
 }
 
-static int on_loop(void *ctx, const struct request *rq, struct response *resp)
+static enum http_loop_verdict on_loop(void *ctx, const struct request *rq, struct response *resp,
+                                      struct http_park *park)
 {
-    return router_answer_on_loop(ctx, rq, resp);
+    return router_answer_on_loop(ctx, rq, resp, park);
+}
+
+static enum http_loop_verdict on_unpark(void *ctx, const struct request *rq, struct response *resp,
+                                        void *data, int timed_out)
+{
+    return router_unpark(ctx, rq, resp, data, timed_out);
 }
 
 static const char *outcome_of(const struct response *resp)
@@ -67,6 +74,7 @@ int orderd_http_start(struct app *app, const char *listen, struct http_server **
         .handle = handle,
         .on_head = on_head,
         .on_loop = on_loop,
+        .on_unpark = on_unpark,
         .answered = answered,
         .log = server_line,
         .ctx = app,

@@ -116,7 +116,7 @@ static void send_stored(const struct idem_call *call, struct response *resp)
  * or the reconciler finishing what an earlier attempt started), the problem says
  * "state": "recovering": the client's retry is not racing another client.
  */
-static void in_progress(struct response *resp, int retry_after_s, int recovering)
+void idemcall_in_progress(struct response *resp, int retry_after_s, int recovering)
 {
     json_t *ext = NULL;
     char ra[16];
@@ -163,7 +163,7 @@ static int answer_settled(const struct idem_call *call, enum idem_outcome outcom
         resp->outcome = "mismatch";
         return 1;
     case IDEM_OUTCOME_IN_PROGRESS:
-        in_progress(resp, idem_call_retry_after_s(call), idem_call_recovering(call));
+        idemcall_in_progress(resp, idem_call_retry_after_s(call), idem_call_recovering(call));
         return 1;
     default:
         return 0;
@@ -190,9 +190,17 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
 {
     struct app *app = cx->app;
     struct idem_call *call = NULL;
+    struct idem_operation parked;
     enum idem_outcome outcome = IDEM_OUTCOME_NONE;
     int attempt;
     int rc;
+
+    if (cx->rq->parked_ms > 0) {
+        /* A duplicate that already waited on the event loop waits only what is left. */
+        parked = *op;
+        parked.wait_ms = op->wait_ms > cx->rq->parked_ms ? op->wait_ms - cx->rq->parked_ms : 1;
+        op = &parked;
+    }
 
     /* A second attempt only follows a lost lease: another owner finished or holds the record. */
     for (attempt = 0; attempt < 2; attempt++) {
@@ -236,7 +244,7 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
         }
     }
     /* Lost the lease twice: someone else is working on it. */
-    in_progress(resp, 1, 0);
+    idemcall_in_progress(resp, 1, 0);
 out:
     idem_call_end(call);
 }

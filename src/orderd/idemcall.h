@@ -40,6 +40,12 @@ typedef int (*idemcall_run_fn)(const struct call_ctx *cx, struct idem_call *call
 int idemcall_lookup(const struct call_ctx *cx, const struct idem_operation *op,
                     struct response *resp);
 
+/*
+ * 409 idempotency-request-in-progress with Retry-After, while another owner holds the lease; with
+ * `recovering`, the owner is a background worker finishing an earlier attempt.
+ */
+void idemcall_in_progress(struct response *resp, int retry_after_s, int recovering);
+
 /* Begins the call for (cx->principal, op, cx->key, cx->fp) and answers it into `resp`. */
 void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
                      idemcall_run_fn run, void *arg, struct response *resp);

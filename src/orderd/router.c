@@ -375,15 +375,17 @@ static const struct idem_operation *operation_of(const struct app *app, const st
     return NULL;
 }
 
-int router_answer_on_loop(struct app *app, const struct request *rq, struct response *resp)
+enum http_loop_verdict router_answer_on_loop(struct app *app, const struct request *rq,
+                                             struct response *resp, struct http_park *park)
 {
     const struct route *rt;
     const struct idem_operation *op;
+    struct idem_watch *watch = NULL;
     struct call_ctx cx;
     char *params[ROUTE_MAX_PARAMS] = {NULL};
     char key[IDEM_KEY_MAX + 1];
     size_t i;
-    int answered = 0;
+    enum http_loop_verdict v = HTTP_LOOP_WORKER;
 
     memset(&cx, 0, sizeof cx);
     cx.app = app;
@@ -400,9 +402,32 @@ int router_answer_on_loop(struct app *app, const struct request *rq, struct resp
     if (check_head(&cx, rt, resp, 0) != 0 || check_key(&cx, rt->key, key, resp) != 0 ||
         cx.key == NULL || (rt->body != BODY_NONE && check_json(&cx, rt, resp) != 0))
         goto out;
-    answered = idemcall_lookup(&cx, op, resp);
+    if (idemcall_lookup(&cx, op, resp)) {
+        v = HTTP_LOOP_ANSWERED;
+        goto out;
+    }
+    /* The first request of this key runs here now: wait for it without holding a thread. */
+    if (park != NULL && idem_watch_inflight(app->engine, op, cx.principal, cx.key,
+                                            http_server_unpark, park->token, &watch) == 1) {
+        park->data = watch;
+        park->timeout_ms = (int)op->wait_ms;
+        v = HTTP_LOOP_PARKED;
+    }
 out:
     json_decref(cx.body);
     free_params(params, ROUTE_MAX_PARAMS);
-    return answered;
+    return v;
+}
+
+enum http_loop_verdict router_unpark(struct app *app, const struct request *rq,
+                                     struct response *resp, void *data, int timed_out)
+{
+    enum http_loop_verdict v;
+
+    idem_watch_end(data);
+    (void)timed_out; /* either way: the cache, else a worker, which waits only what is left */
+    v = router_answer_on_loop(app, rq, resp, NULL);
+    if (v == HTTP_LOOP_ANSWERED && resp->outcome != NULL && strcmp(resp->outcome, "replayed") == 0)
+        resp->outcome = "waited";
+    return v;
 }

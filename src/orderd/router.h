@@ -44,9 +44,18 @@ enum http_head_verdict router_check_head(struct app *app, const struct request *
 
 /*
  * The server's on_loop: answers a retry whose response the replay cache holds (or a key reused
- * with another body) on the event loop, with no hand-off and no store; returns 1 then.  0 for
- * everything else, which router_dispatch() answers on a worker.
+ * with another body) on the event loop, with no hand-off and no store.  A duplicate of a request
+ * that runs in this process now is parked (libidem's watch, no thread held) until that one
+ * completes.  Everything else goes to a worker (router_dispatch).  `park` NULL: never parks.
  */
-int router_answer_on_loop(struct app *app, const struct request *rq, struct response *resp);
+enum http_loop_verdict router_answer_on_loop(struct app *app, const struct request *rq,
+                                             struct response *resp, struct http_park *park);
+
+/*
+ * The server's on_unpark: ends the watch, then answers from the replay cache, or hands the
+ * request to a worker, whose engine call waits only what is left of wait_ms (rq->parked_ms).
+ */
+enum http_loop_verdict router_unpark(struct app *app, const struct request *rq,
+                                     struct response *resp, void *data, int timed_out);
 
 #endif /* ORDERD_ROUTER_H */

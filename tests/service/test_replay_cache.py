@@ -164,5 +164,42 @@ def test_cached_replays_need_no_worker(ctx):
         s.close()
 
 
+@test
+def test_duplicates_of_a_running_request_hold_no_worker(ctx):
+    # Two worker threads; the first request of a key holds one of them for 1.8 s.  Its ten
+    # duplicates wait on the event loop (libidem's watch), not on workers, so an unrelated request
+    # still gets the other worker at once; when the first completes, all ten get its response.
+    s = Server(name="orderd-parked", extra_args=["--http-workers", "2"],
+               env={"ORDERD_TEST_HOOKS": "1"}).start()
+    try:
+        u = s.new_user()
+        k = new_key("parked")
+        out = {}
+
+        def first():
+            out["first"] = u.create_order(k, headers={"X-Test-Delay-Ms": "1800"})
+
+        def dup(i):
+            out[i] = u.create_order(k)
+
+        threads = [threading.Thread(target=first, daemon=True)]
+        threads[0].start()
+        time.sleep(0.3)
+        for i in range(10):
+            threads.append(threading.Thread(target=dup, args=(i,), daemon=True))
+            threads[-1].start()
+        time.sleep(0.3)
+        r = expect_status(u.get("/api/orders"), 200, "a list while ten duplicates wait")
+        expect(r.elapsed < 0.6, "the list waited %.2f s for a worker" % r.elapsed)
+        for t in threads:
+            t.join(15)
+        first_r = expect_fresh(out.get("first"), 201, "the slow first request")
+        for i in range(10):
+            expect_replay(out.get(i), first_r, "duplicate %d" % i)
+        expect_eq(len(u.all_orders()), 1, "orders of the key")
+    finally:
+        s.close()
+
+
 if __name__ == "__main__":
     run("test_replay_cache", setup=Ctx, teardown=lambda ctx: ctx and ctx.close())

@@ -11,6 +11,11 @@
 #include <string.h>
 #include <unistd.h>
 
+static void count_wake(void *arg)
+{
+    (*(int *)arg)++;
+}
+
 int main(void)
 {
     char dir[] = "/tmp/idem-engine-XXXXXX";
@@ -108,6 +113,40 @@ int main(void)
     CHECK_INT(len, 0);
     CHECK_INT(idem_call_retry_after_s(call), 1);
     idem_call_end(call);
+
+    /*
+     * Watches: none on a scope not in flight; one on a scope in flight fires once when its call
+     * completes, after which the cache answers; a watch ended before that never fires.
+     */
+    struct idem_watch *w = NULL, *w2 = NULL;
+    int woken = 0, woken2 = 0;
+    CHECK_INT(idem_watch_inflight(eng, &op, "p", "watched", count_wake, &woken, &w), 0);
+    CHECK(w == NULL);
+    CHECK_INT(idem_watch_inflight(eng, &op, "p", "k", NULL, &woken, &w), IDEM_EINVAL);
+    CHECK_INT(idem_call_begin(eng, &op, "p", "watched", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_watch_inflight(eng, &op, "p", "watched", count_wake, &woken, &w), 1);
+    CHECK_INT(idem_watch_inflight(eng, &op, "q", "watched", count_wake, &woken, &w2), 0);
+    CHECK(w2 == NULL);
+    CHECK_INT(idem_watch_inflight(eng, &op, "p", "watched", count_wake, &woken2, &w2), 1);
+    idem_watch_end(w2); /* ended before the call completes: never called */
+    CHECK_INT(woken, 0);
+    CHECK_INT(idem_call_complete(call, 201, NULL, 0, "w", 1), 0);
+    CHECK_INT(woken, 1);
+    CHECK_INT(woken2, 0);
+    struct idem_call *cached = NULL;
+    CHECK_INT(idem_call_lookup(eng, &op, "p", "watched", fp, &cached, &oc), 0);
+    CHECK(cached != NULL);
+    CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
+    idem_call_end(cached);
+    idem_call_end(call);
+    call = NULL;
+    CHECK_INT(woken, 1); /* fired once */
+    idem_watch_end(w);
+    idem_watch_end(NULL);
+    CHECK_INT(idem_call_lookup(eng, &op, "p", "never", fp, &cached, &oc), 0);
+    CHECK(cached == NULL);
+    CHECK_INT(oc, IDEM_OUTCOME_NONE);
 
     idem_call_end(NULL);
     idem_call_abort(NULL);
