@@ -6,8 +6,8 @@
  * Every stop is handled as http_server.c does: HEADERS resumes with the bytes not taken, COMPLETE
  * starts the next (pipelined) request, ERROR ends the connection.
  *
- * Besides memory errors it checks what handlers rely on: the method is a known one; the path is
- * non-empty, starts with '/' (or is the asterisk-form "*") and holds no NUL; at most
+ * Besides memory errors it checks what handlers rely on: the method is one http-parser knows; the
+ * path is non-empty and starts with '/' (or is the asterisk-form "*"); at most
  * REQUEST_MAX_HEADERS fields, every name non-empty, every value NUL-terminated at its length and
  * holding no NUL; the head within its cap; a body NUL-terminated, within its cap, and exactly the
  * announced Content-Length; the accessors of http_server.h agree with the fields and arguments;
