@@ -153,9 +153,27 @@ out:
     return rc;
 }
 
+/*
+ * Runs `sql` without parameters or rows.  One statement (BEGIN, SAVEPOINT, RELEASE, COMMIT: the
+ * ones every write runs) goes through the connection's statement cache, so it is not parsed
+ * again each time; a script of several runs through sqlite3_exec().
+ */
 static int run_simple(struct idem_conn *c, const char *sql, const char *what)
 {
     char *err = NULL;
+    if (!strchr(sql, ';')) {
+        struct cached_stmt *e = NULL;
+        int rc = prepare(c, sql, &e);
+        if (rc < 0)
+            return rc;
+        int step = sqlite3_step(e->stmt);
+        while (step == SQLITE_ROW) /* a PRAGMA or a migration may answer rows nobody reads */
+            step = sqlite3_step(e->stmt);
+        if (step != SQLITE_DONE)
+            rc = fail(c, IDEM_ESTORE, what);
+        sqlite3_reset(e->stmt);
+        return rc;
+    }
     if (sqlite3_exec(c->db, sql, NULL, NULL, &err) != SQLITE_OK) {
         int rc = fail(c, IDEM_ESTORE, what);
         if (err)
