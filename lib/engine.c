@@ -82,6 +82,9 @@ struct idem_call {
     unsigned char fp[IDEM_FP_LEN];
 
     struct idem_tx *tx;  /* the open phase, if any */
+    /* idem_call_commit_async(): told once the commit is durable or failed. */
+    idem_call_done async_done;
+    void *async_arg;
     int record_durable;  /* the record exists beyond the open phase (committed) */
     int completed;
     int waited;
@@ -1018,14 +1021,11 @@ out:
 }
 
 /*
- * Commits the phase that holds the staged response.  Once committed, the response goes into the
- * cache before duplicates are woken to look for it, and becomes the call's response.
+ * The staged response's phase ended with `rc`: once committed, the response goes into the cache
+ * before duplicates are woken to look for it, and becomes the call's response.
  */
-static int commit_response(struct idem_call *call)
+static int response_committed(struct idem_call *call, int rc, const char *errmsg)
 {
-    int rc = idem_tx_commit(call->tx);
-
-    call->tx = NULL;
     if (rc == 0) {
         call->record_durable = 1;
         if (call->eng->cache && call->claimed_mono_ms)
@@ -1037,7 +1037,7 @@ static int commit_response(struct idem_call *call)
     notify_changed(call->eng, call);
     if (rc < 0) {
         unstage(call);
-        return call_fail(call, rc, "commit response", NULL);
+        return call_fail(call, rc, "commit response", errmsg);
     }
     call->completed = 1;
     call->rec.status = IDEM_REC_COMPLETED;
@@ -1051,6 +1051,15 @@ static int commit_response(struct idem_call *call)
     call->staged_body = NULL;
     unstage(call);
     return load_response(call);
+}
+
+/* Commits the phase that holds the staged response. */
+static int commit_response(struct idem_call *call)
+{
+    int rc = idem_tx_commit(call->tx);
+
+    call->tx = NULL;
+    return response_committed(call, rc, NULL);
 }
 
 int idem_call_stage(struct idem_call *call, int status, const struct idem_header *headers,
@@ -1075,6 +1084,45 @@ int idem_call_commit(struct idem_call *call)
         return call_fail(call, IDEM_ESTATE, "commit response",
                          call->tx ? "no response is staged" : "no phase is open");
     return commit_response(call);
+}
+
+/* The store's word on an asynchronous commit: finish the call, then tell its owner. */
+static void response_committed_async(void *arg, int rc, const char *errmsg)
+{
+    struct idem_call *call = arg;
+    idem_call_done done = call->async_done;
+    void *done_arg = call->async_arg;
+
+    rc = response_committed(call, rc, errmsg);
+    call->async_done = NULL;
+    call->async_arg = NULL;
+    done(call, rc, done_arg);
+}
+
+int idem_call_commit_async(struct idem_call *call, idem_call_done done, void *arg)
+{
+    char err[IDEM_ERRMSG_MAX];
+    struct idem_tx *tx;
+    int rc;
+
+    if (!call || !done)
+        return IDEM_EINVAL;
+    if (call->completed)
+        return call_fail(call, IDEM_ESTATE, "commit response", "the call is completed");
+    if (!call->tx || !call->staged_body)
+        return call_fail(call, IDEM_ESTATE, "commit response",
+                         call->tx ? "no response is staged" : "no phase is open");
+    call->async_done = done;
+    call->async_arg = arg;
+    tx = call->tx;
+    call->tx = NULL;
+    rc = idem__tx_commit_async(tx, response_committed_async, call, err, sizeof(err));
+    if (rc < 0) {
+        call->async_done = NULL;
+        call->async_arg = NULL;
+        return response_committed(call, rc, err[0] ? err : NULL);
+    }
+    return 0;
 }
 
 int idem_call_complete(struct idem_call *call, int status, const struct idem_header *headers,

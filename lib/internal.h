@@ -89,6 +89,9 @@ struct idem_conn; /* one connection of a backend; defined by each backend */
  * sentence in the connection's message buffer (`errmsg`).  Time is the store's own clock: a lease
  * expiry is computed and compared by the store, never by the caller.
  */
+/* Told when an asynchronous commit is durable (rc 0) or failed (errmsg says why). */
+typedef void (*idem__commit_done)(void *arg, int rc, const char *errmsg);
+
 struct idem_store_vtab {
     const char *kind;
     /*
@@ -165,6 +168,15 @@ struct idem_store_vtab {
     int (*write_begin)(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
     int (*write_commit)(struct idem_store *st, struct idem_conn *c, char *err, size_t errlen);
     void (*write_rollback)(struct idem_store *st, struct idem_conn *c);
+    /*
+     * Optional, with the three above: `write_commit` without the wait.  The savepoint is released
+     * into the current batch and the call returns; `done(arg, rc, errmsg)` runs once the batch is
+     * durable (rc 0) or failed, on whichever thread committed it (possibly this one, before the
+     * call returns), outside the store's locks.  A negative return means the release itself
+     * failed: the savepoint was rolled back and `done` is never called.
+     */
+    int (*write_commit_async)(struct idem_store *st, struct idem_conn *c, idem__commit_done done,
+                              void *arg, char *err, size_t errlen);
     /* Optional: frees the backend's per-store state (st->backend) in idem_store_close. */
     void (*store_close)(struct idem_store *st);
 };
@@ -193,6 +205,15 @@ void idem__store_release(struct idem_store *st, struct idem_conn *c);
 
 /* The connection a transaction holds (record functions run on it inside the phase). */
 struct idem_conn *idem__tx_conn(struct idem_tx *tx);
+
+/*
+ * Commits `tx` (freed) without waiting for durability where the store can (group commit):
+ * `done(arg, 0, NULL)` once durable, `done(arg, rc, msg)` if the batch failed.  Elsewhere it
+ * commits as idem_tx_commit() and calls `done` before returning.  A negative return means the
+ * commit failed at once (`done` is not called; the message is in `err`).
+ */
+int idem__tx_commit_async(struct idem_tx *tx, idem__commit_done done, void *arg, char *err,
+                          size_t errlen);
 
 extern const struct idem_store_vtab idem__sqlite_vtab;
 extern const struct idem_store_vtab idem__pg_vtab;

@@ -314,6 +314,31 @@ int idem_tx_commit(struct idem_tx *tx)
     return rc;
 }
 
+int idem__tx_commit_async(struct idem_tx *tx, idem__commit_done done, void *arg, char *err,
+                          size_t errlen)
+{
+    int rc;
+
+    if (!tx || !done)
+        return IDEM_EINVAL;
+    if (tx->grouped && tx->st->vt->write_commit_async) {
+        struct idem_store *st = tx->st;
+        rc = st->vt->write_commit_async(st, tx->conn, done, arg, err, errlen);
+        if (rc == 0)
+            atomic_fetch_add(&st->write_commits, 1);
+        free(tx);
+        return rc;
+    }
+    idem__fmt(err, errlen, "%s", "");
+    rc = idem_tx_commit(tx);
+    if (rc < 0) {
+        idem__fmt(err, errlen, "%s", idem_strerror(rc));
+        return rc;
+    }
+    done(arg, 0, NULL);
+    return 0;
+}
+
 void idem_tx_rollback(struct idem_tx *tx)
 {
     if (!tx)

@@ -668,11 +668,21 @@ out:
 #define GROUP_MEMBERS_MAX 256
 #define GROUP_AGE_MAX_MS 20
 
+/* A member that did not wait (write_commit_async): told when its batch ends. */
+struct sq_notice {
+    struct sq_notice *next;
+    idem__commit_done done;
+    void *arg;
+    int rc;
+    char errmsg[IDEM_ERRMSG_MAX];
+};
+
 struct sq_batch {
     int refs; /* members that have not read the outcome yet */
     int done;
     int rc;
     char errmsg[IDEM_ERRMSG_MAX];
+    struct sq_notice *notices; /* members that did not wait */
 };
 
 struct sq_group {
@@ -689,6 +699,7 @@ struct sq_group {
     /* Wake-ups decided under mu, sent by group_unlock() once mu is dropped. */
     int wake_writer;
     int wake_batch;
+    struct sq_notice *notices; /* of finished batches, sent by group_unlock() likewise */
 };
 
 /*
@@ -701,15 +712,24 @@ static void group_unlock(struct sq_group *g)
 {
     const int writer = g->wake_writer;
     const int batch = g->wake_batch;
+    struct sq_notice *n = g->notices, *next;
 
     g->wake_writer = 0;
     g->wake_batch = 0;
+    g->notices = NULL;
     pthread_mutex_unlock(&g->mu);
     if (batch)
         pthread_cond_broadcast(&g->batch_cv);
     if (writer)
         pthread_cond_signal(&g->writer_cv);
+    for (; n; n = next) {
+        next = n->next;
+        n->done(n->arg, n->rc, n->rc < 0 ? n->errmsg : NULL);
+        free(n);
+    }
 }
+
+static void batch_commit_locked(struct sq_group *g);
 
 static void group_free(struct idem_store *st)
 {
@@ -717,6 +737,12 @@ static void group_free(struct idem_store *st)
 
     if (!g)
         return;
+    pthread_mutex_lock(&g->mu);
+    if (g->writer && g->batch) {
+        g->busy = 1;
+        batch_commit_locked(g); /* its members that did not wait are told */
+    }
+    group_unlock(g);
     if (g->writer) {
         if (!sqlite3_get_autocommit(g->writer->db))
             run_simple(g->writer, "COMMIT", "group commit at close");
@@ -770,6 +796,16 @@ static void batch_finish_locked(struct sq_group *g, int rc, const char *msg)
     b->rc = rc;
     if (rc < 0)
         idem__fmt(b->errmsg, sizeof(b->errmsg), "%s", msg);
+    /* Members that did not wait are told once g->mu is dropped (group_unlock). */
+    while (b->notices) {
+        struct sq_notice *n = b->notices;
+        b->notices = n->next;
+        n->rc = rc;
+        if (rc < 0)
+            idem__fmt(n->errmsg, sizeof(n->errmsg), "%s", msg);
+        n->next = g->notices;
+        g->notices = n;
+    }
     if (b->refs == 0)
         free(b);
     g->wake_batch = 1;
@@ -948,6 +984,48 @@ static int sq_write_commit(struct idem_store *st, struct idem_conn *c, char *err
     return rc;
 }
 
+/*
+ * write_commit without the wait: the savepoint goes into the batch, and `done` is told when the
+ * batch ends -- by this thread if the batch commits now (nobody queues for the writer), else by
+ * whoever commits it.  The caller is then free to take other work into the next batch.
+ */
+static int sq_write_commit_async(struct idem_store *st, struct idem_conn *c, idem__commit_done done,
+                                 void *arg, char *err, size_t errlen)
+{
+    struct sq_group *g = st->backend;
+    struct sq_notice *n;
+    int rc;
+
+    n = calloc(1, sizeof(*n));
+    if (!n) {
+        sq_write_rollback(st, c);
+        return IDEM_ENOMEM;
+    }
+    n->done = done;
+    n->arg = arg;
+    if (sqlite3_get_autocommit(c->db)) {
+        idem__fmt(err, errlen, "sqlite: the shared write transaction was rolled back: %s",
+                  c->errmsg);
+        free(n);
+        sq_write_rollback(st, c);
+        return IDEM_EUNAVAIL;
+    }
+    rc = run_simple(c, "RELEASE idem_tx", "commit");
+    if (rc < 0) {
+        idem__fmt(err, errlen, "%s", c->errmsg);
+        free(n);
+        sq_write_rollback(st, c);
+        return rc;
+    }
+    pthread_mutex_lock(&g->mu);
+    n->next = g->batch->notices;
+    g->batch->notices = n;
+    g->members++;
+    writer_release_locked(g);
+    group_unlock(g);
+    return 0;
+}
+
 /* ---- migrations --------------------------------------------------------------------------- */
 
 static int schema_version(struct idem_conn *c, const char *component, int *version)
@@ -1064,5 +1142,6 @@ const struct idem_store_vtab idem__sqlite_vtab = {
     .write_begin = sq_write_begin,
     .write_commit = sq_write_commit,
     .write_rollback = sq_write_rollback,
+    .write_commit_async = sq_write_commit_async,
     .store_close = group_free,
 };

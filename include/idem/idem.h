@@ -388,6 +388,23 @@ IDEM_API struct idem_tx *idem_call_tx(struct idem_call *call);
  */
 IDEM_API int idem_call_advance(struct idem_call *call, const char *point, const char *data);
 
+/* Told by idem_call_commit_async() how the commit ended: `rc` as idem_call_commit() returns. */
+typedef void (*idem_call_done)(struct idem_call *call, int rc, void *arg);
+
+/*
+ * idem_call_commit() without waiting for durability where the store can (SQLite's group commit:
+ * the phase joins the current batch and the call returns).  `done(call, rc, arg)` runs once the
+ * batch is durable (rc 0: the call is completed and its response readable, exactly as after
+ * idem_call_commit()) or failed (rc < 0), on whichever thread committed the batch -- possibly
+ * this one, before idem_call_commit_async() returns -- and must not block for long.  Until
+ * `done` runs the call belongs to the engine: do not use or end it.  Duplicates stay waiting
+ * and nothing is answered from the replay cache before the commit is durable.  Returns 0 when
+ * `done` will run (or ran), or a negative code when the commit failed at once (then `done` is not
+ * called and the call is as after a failed idem_call_commit()).  Stores without group commit
+ * commit synchronously and call `done` before returning.
+ */
+IDEM_API int idem_call_commit_async(struct idem_call *call, idem_call_done done, void *arg);
+
 /*
  * Stores the final response and marks the record completed, in the open phase's transaction
  * (one is opened if none is), then commits: idem_call_stage() and idem_call_commit() in one.

@@ -82,6 +82,7 @@ struct conn {
     uint64_t since;           /* loop time the state began */
     struct conn *qnext;       /* in the worker queue, then in the loop's done list */
     int done_flags;           /* DONE_*: why it is on the done list (lp->mu) */
+    _Atomic int job_refs;     /* the worker and a deferred answer: the last one hands it back */
     int queued;               /* on the done list (lp->mu) */
     int free_later;           /* closed while on the done list: freed when taken off it */
     enum job job;
@@ -664,12 +665,17 @@ static void *worker_main(void *arg)
         if (c == NULL)
             break;
 
-        if (c->job == JOB_HEAD)
+        if (c->job == JOB_HEAD) {
             c->verdict = o->on_head(o->ctx, request_parser_request(&c->rp), &c->resp, 1);
-        else
-            o->handle(o->ctx, request_parser_request(&c->rp), &c->resp);
-
-        loop_push(c, DONE_JOB);
+            loop_push(c, DONE_JOB);
+            continue;
+        }
+        /* Two references: this worker's, and a deferred answer's (http_server_complete). */
+        atomic_store(&c->job_refs, 2);
+        c->rp.rq.completion = c;
+        o->handle(o->ctx, request_parser_request(&c->rp), &c->resp);
+        if (atomic_fetch_sub(&c->job_refs, c->resp.deferred ? 1 : 2) == (c->resp.deferred ? 1 : 2))
+            loop_push(c, DONE_JOB);
     }
     return NULL;
 }
@@ -830,6 +836,14 @@ static void unpark(struct conn *c, int timed_out)
     response_init(&c->resp);
     v = o->on_unpark(o->ctx, rq, &c->resp, data, timed_out);
     dispatch(c, v == HTTP_LOOP_ANSWERED ? v : HTTP_LOOP_WORKER, request_parser_keep_alive(&c->rp));
+}
+
+void http_server_complete(void *completion)
+{
+    struct conn *c = completion;
+
+    if (atomic_fetch_sub(&c->job_refs, 1) == 1)
+        loop_push(c, DONE_JOB);
 }
 
 void http_server_unpark(void *token)

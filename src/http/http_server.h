@@ -103,11 +103,19 @@ struct http_park {
  */
 void http_server_unpark(void *token);
 
+/*
+ * Hands in the response of a request whose handler set resp->deferred (it answers from another
+ * thread, e.g. once a group commit is durable): `completion` is rq->completion.  Any thread;
+ * call it once, after `resp` is filled, and touch neither the request nor the response after.
+ */
+void http_server_complete(void *completion);
+
 /* What a program serves, and the few ways orderd and provider-sim listen differently. */
 struct http_server_options {
     /*
      * Answers one request into `resp` (response_init()ed; freed by the server).  Runs on a worker
-     * thread once the body is in: it may block.
+     * thread once the body is in: it may block.  It may also set resp->deferred and answer later
+     * through http_server_complete(rq->completion).
      */
     void (*handle)(void *ctx, const struct request *rq, struct response *resp);
     /*

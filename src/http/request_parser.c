@@ -25,7 +25,32 @@ enum phase {
 };
 
 /* Why a callback stopped the parser, beyond http-parser's own errors. */
-enum stop_reason { STOP_NONE, STOP_HEAD_TOO_LARGE, STOP_BODY_TOO_LARGE, STOP_BAD_TARGET };
+enum stop_reason {
+    STOP_NONE,
+    STOP_HEAD_TOO_LARGE,
+    STOP_BODY_TOO_LARGE,
+    STOP_BAD_TARGET,
+    STOP_BAD_FIELD_NAME,
+    STOP_BAD_FIELD_VALUE,
+};
+
+/* RFC 9110 5.1: a field name is a token. */
+static int is_tchar(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           (c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL);
+}
+
+/* RFC 9110 5.5: a field value has no control character but HTAB. */
+static int valid_value(const char *at, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)at[i];
+        if ((c < 0x20 && c != '\t') || c == 0x7f)
+            return 0;
+    }
+    return 1;
+}
 
 static struct request_parser *parser_of(http_parser *hp)
 {
@@ -89,6 +114,16 @@ static int on_header_field(http_parser *hp, const char *at, size_t len)
 {
     struct request_parser *p = parser_of(hp);
 
+    /* Trailer fields of a chunked body: read and dropped (the head is built and must not move). */
+    if (p->phase != PHASE_HEAD)
+        return 0;
+    for (size_t i = 0; i < len; i++) {
+        if (!is_tchar((unsigned char)at[i])) {
+            p->stop = STOP_BAD_FIELD_NAME;
+            return 1;
+        }
+    }
+
     if (p->nfields == 0 || p->in_value) {
         /* A new field: the previous value (or the URL) ends with a NUL. */
         if (p->nfields == REQUEST_MAX_HEADERS) {
@@ -113,6 +148,13 @@ static int on_header_field(http_parser *hp, const char *at, size_t len)
 static int on_header_value(http_parser *hp, const char *at, size_t len)
 {
     struct request_parser *p = parser_of(hp);
+
+    if (p->phase != PHASE_HEAD)
+        return 0; /* a trailer field's */
+    if (!valid_value(at, len)) {
+        p->stop = STOP_BAD_FIELD_VALUE;
+        return 1;
+    }
 
     if (!p->in_value) {
         if (head_add(p, "", 1) != 0)
@@ -366,6 +408,11 @@ static enum request_parse_result parse_error(struct request_parser *p)
         fail(p, 413, "body-too-large", "Request bodies are limited to 1 MiB.");
     else if (reason == STOP_BAD_TARGET)
         fail(p, 400, "bad-request", "The request target is not a valid path.");
+    else if (reason == STOP_BAD_FIELD_NAME)
+        fail(p, 400, "bad-request",
+             "A header field name is not a token (no white space before the colon).");
+    else if (reason == STOP_BAD_FIELD_VALUE)
+        fail(p, 400, "bad-request", "A header field value holds a control character.");
     else if (e == HPE_INVALID_METHOD)
         fail(p, 501, "method-not-implemented", "This server does not know the request method.");
     else if (e == HPE_UNEXPECTED_CONTENT_LENGTH)

@@ -42,6 +42,7 @@ struct request {
     int expects_continue; /* "Expect: 100-continue" on HTTP/1.1 */
     const char *peer;   /* the client's address, "127.0.0.1" (set by the server) */
     long parked_ms;     /* how long the request was parked on the loop (http_server.h) */
+    void *completion;   /* for http_server_complete(), while `handle` runs (http_server.h) */
 
     const struct request_field *fields;
     size_t nfields;

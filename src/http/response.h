@@ -31,6 +31,8 @@ struct response {
     size_t nheaders;
     /* Close the connection instead of answering: provider-sim's lost response. */
     int drop;
+    /* Set by a handler that answers later, from another thread: http_server_complete(). */
+    int deferred;
 
     /* For orderd's log and metrics, not sent. */
     const char *operation; /* static: "orders.create", "other"... */

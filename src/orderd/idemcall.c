@@ -185,6 +185,54 @@ int idemcall_lookup(const struct call_ctx *cx, const struct idem_operation *op,
     return answered;
 }
 
+/* Where a deferred commit's answer goes. */
+struct deferred_answer {
+    struct app *app;
+    struct response *resp;
+    void *completion;
+    const char *operation;
+};
+
+static void deferred_committed(struct idem_call *call, int rc, void *arg)
+{
+    struct deferred_answer *d = arg;
+
+    if (rc == 0) {
+        send_stored(call, d->resp);
+    } else {
+        log_msg(&d->app->log, "error", "%s: %s: %s", d->operation, idem_err_name(rc),
+                idem_call_errmsg(call) ? idem_call_errmsg(call) : "");
+        idemcall_fail(d->resp, rc);
+    }
+    idem_call_end(call);
+    http_server_complete(d->completion);
+    free(d);
+}
+
+int idemcall_commit_deferred(const struct call_ctx *cx, struct idem_call *call,
+                             struct response *resp)
+{
+    struct deferred_answer *d;
+    int rc;
+
+    if (cx->rq == NULL || cx->rq->completion == NULL)
+        return idem_call_commit(call);
+    d = xcalloc(1, sizeof *d);
+    d->app = cx->app;
+    d->resp = resp;
+    d->completion = cx->rq->completion;
+    d->operation = resp->operation;
+    /* Before the commit: its answer may come from another thread before this call returns. */
+    resp->deferred = 1;
+    rc = idem_call_commit_async(call, deferred_committed, d);
+    if (rc < 0) {
+        resp->deferred = 0;
+        free(d);
+        return rc;
+    }
+    return IDEMCALL_DEFERRED;
+}
+
 void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
                      idemcall_run_fn run, void *arg, struct response *resp)
 {
@@ -224,6 +272,10 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
             }
             if (rc == IDEMCALL_ANSWERED) {
                 idem_call_abort(call);
+                goto out;
+            }
+            if (rc == IDEMCALL_DEFERRED) {
+                call = NULL; /* the commit's thread answers and ends it */
                 goto out;
             }
             log_msg(&app->log, rc == IDEM_ELEASE ? "warn" : "error", "%s: %s: %s", op->name,

@@ -28,6 +28,11 @@ struct response;
  * released and a retry goes on from the recovery point (or, before any commit, runs afresh).
  */
 #define IDEMCALL_ANSWERED 1
+/*
+ * IDEMCALL_DEFERRED means: idemcall_commit_deferred() took the call; its answer is sent from the
+ * thread that makes the commit durable.  Touch neither the call nor `resp` after it.
+ */
+#define IDEMCALL_DEFERRED 2
 
 typedef int (*idemcall_run_fn)(const struct call_ctx *cx, struct idem_call *call,
                                enum idem_outcome outcome, void *arg, struct response *resp);
@@ -45,6 +50,17 @@ int idemcall_lookup(const struct call_ctx *cx, const struct idem_operation *op,
  * `recovering`, the owner is a background worker finishing an earlier attempt.
  */
 void idemcall_in_progress(struct response *resp, int retry_after_s, int recovering);
+
+/*
+ * Commits the staged response of the open phase, as idem_call_commit(), without waiting for the
+ * commit to be durable where the server and the store allow it: the stored response (or the
+ * failure) is written into `resp` and handed to the HTTP layer (http_server_complete) by the
+ * thread that makes the batch durable, and this worker is free at once.  Returns
+ * IDEMCALL_DEFERRED then; otherwise it commits synchronously and returns idem_call_commit()'s
+ * code.
+ */
+int idemcall_commit_deferred(const struct call_ctx *cx, struct idem_call *call,
+                             struct response *resp);
 
 /* Begins the call for (cx->principal, op, cx->key, cx->fp) and answers it into `resp`. */
 void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,

@@ -417,7 +417,8 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
         goto out;
     }
     if (one_commit) {
-        rc = idem_call_commit(call);
+        /* The 201 is sent by whichever thread makes the batch durable; this one moves on. */
+        rc = idemcall_commit_deferred(cx, call, resp);
         *done = 1;
         goto out;
     }

@@ -815,6 +815,104 @@ static void test_concurrent_writers(struct idem_store *st)
             failed, (long long)(mono_ms() - t0));
 }
 
+/* ---- 9b. commits that do not wait: idem_call_commit_async ------------------------------------- */
+
+#define ASYNC_THREADS 8
+#define ASYNC_EACH 25
+
+static const struct idem_operation async_op = {"contract.async", 0, 0, 100};
+static atomic_int async_done_ok, async_done_failed, async_bad_state;
+
+static void async_committed(struct idem_call *call, int rc, void *arg)
+{
+    size_t len = 0;
+    const void *body;
+
+    (void)arg;
+    if (rc == 0) {
+        body = idem_call_response_body(call, &len);
+        /* Done means completed: the stored response is the call's, and it is durable. */
+        if (idem_call_response_status(call) != 201 || len != 5 || memcmp(body, "async", 5) != 0)
+            atomic_fetch_add(&async_bad_state, 1);
+        atomic_fetch_add(&async_done_ok, 1);
+    } else {
+        atomic_fetch_add(&async_done_failed, 1);
+    }
+    idem_call_end(call);
+}
+
+struct async_writer {
+    struct idem_engine *eng;
+    int id;
+    int errors;
+};
+
+static void *async_run(void *arg)
+{
+    struct async_writer *w = arg;
+    unsigned char fp[IDEM_FP_LEN];
+    struct idem_call *call = NULL;
+    enum idem_outcome oc;
+    char key[64];
+
+    fp_of("{\"async\":1}", fp);
+    for (int i = 0; i < ASYNC_EACH; i++) {
+        snprintf(key, sizeof(key), "async-%d-%d", w->id, i);
+        if (idem_call_begin(w->eng, &async_op, "alice", key, fp, &call, &oc) != 0 ||
+            oc != IDEM_OUTCOME_EXECUTE || biz_insert(call, key) != 0 ||
+            idem_call_stage(call, 201, NULL, 0, "async", 5) != 0 ||
+            idem_call_commit_async(call, async_committed, NULL) != 0) {
+            w->errors++;
+            idem_call_end(call);
+        }
+        call = NULL;
+    }
+    return NULL;
+}
+
+static void test_commit_async(struct idem_engine *eng, struct idem_store *st)
+{
+    pthread_t th[ASYNC_THREADS];
+    struct async_writer w[ASYNC_THREADS];
+    struct idem_store_stats before, after;
+    unsigned char fp[IDEM_FP_LEN];
+    struct idem_call *call = NULL;
+    enum idem_outcome oc;
+    int errors = 0;
+
+    /* Nothing staged: refused at once, and `done` is never called. */
+    fp_of("{\"async\":1}", fp);
+    CHECK_INT(idem_call_begin(eng, &async_op, "alice", "async-unstaged", fp, &call, &oc), 0);
+    CHECK_INT(idem_call_commit_async(call, async_committed, NULL), IDEM_ESTATE);
+    CHECK_INT(idem_call_commit_async(call, NULL, NULL), IDEM_EINVAL);
+    idem_call_end(call);
+    CHECK_INT(atomic_load(&async_done_ok) + atomic_load(&async_done_failed), 0);
+
+    idem_store_stats(st, &before);
+    for (int i = 0; i < ASYNC_THREADS; i++) {
+        w[i] = (struct async_writer){.eng = eng, .id = i};
+        pthread_create(&th[i], NULL, async_run, &w[i]);
+    }
+    for (int i = 0; i < ASYNC_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        errors += w[i].errors;
+    }
+    /* The last writer to let go of the writer commits the last batch before it returns. */
+    CHECK_INT(errors, 0);
+    CHECK_INT(atomic_load(&async_done_ok), ASYNC_THREADS * ASYNC_EACH);
+    CHECK_INT(atomic_load(&async_done_failed), 0);
+    CHECK_INT(atomic_load(&async_bad_state), 0);
+    CHECK_INT(biz_count(st, "async-"), ASYNC_THREADS * ASYNC_EACH);
+    expect_replay(eng, &async_op, "async-3-7", fp, 201, "async");
+    idem_store_stats(st, &after);
+    if (strcmp(store_kind, "sqlite") == 0)
+        CHECK(after.durable_commits - before.durable_commits <
+              after.write_commits - before.write_commits); /* shared fsyncs */
+    fprintf(stderr, "commit_async: %d calls in %llu durable commits\n",
+            ASYNC_THREADS * ASYNC_EACH,
+            (unsigned long long)(after.durable_commits - before.durable_commits));
+}
+
 /* Several handles migrating at once (as several processes starting together) all succeed. */
 static void *migrate_one(void *arg)
 {
@@ -896,6 +994,7 @@ int main(int argc, char **argv)
     test_savepoints(st);
     test_sql_and_migrations(st);
     test_concurrent_writers(st);
+    test_commit_async(eng, st);
     test_migrate_race();
 
     idem_engine_free(eng);
