@@ -58,12 +58,13 @@ enum conn_state {
     CONN_CLOSING, /* uv_close() called */
     CONN_NEW,     /* accepted, not placed yet */
     CONN_PARKED,  /* the program parked the request on the loop (on_loop): no thread held */
+    CONN_FRESH,   /* accepted, no byte yet: the head deadline, not the idle one, applies */
     CONN_NSTATES
 };
 
 /* The deadline list a state puts a connection in; -1: none. */
-static const int state_list[CONN_NSTATES] = {0, 1, 2, -1, 3, 4, -1, -1, 5};
-#define NLISTS 6
+static const int state_list[CONN_NSTATES] = {0, 1, 2, -1, 3, 4, -1, -1, 5, 6};
+#define NLISTS 7
 #define LIST_PARKED 5 /* its deadlines differ per request: the tick looks at every entry */
 
 /* Why a connection is on its loop's `done` list (several may be true at once). */
@@ -209,7 +210,8 @@ const char http_limits_help[] =
     "  --max-connections N      open connections in all (default 10000)\n"
     "  --max-connections-per-ip N   open connections from one client address, -1 for no cap\n"
     "                           (default 256)\n"
-    "  --head-timeout-ms N      first byte of a request to the end of its headers (default 10000)\n"
+    "  --head-timeout-ms N      first byte of a request to the end of its headers, and a new\n"
+    "                           connection's wait for its first byte (default 10000)\n"
     "  --body-timeout-ms N      end of the headers to the end of the body (default 30000)\n"
     "  --idle-timeout-ms N      a keep-alive connection with no request (default 60000)\n"
     "  --write-timeout-ms N     a response the client does not read (default 30000)\n"
@@ -391,6 +393,7 @@ static uint64_t state_timeout(const struct http_server *srv, enum conn_state st)
     switch (st) {
     case CONN_IDLE:
         return (uint64_t)l->idle_timeout_ms;
+    case CONN_FRESH:
     case CONN_HEAD:
         return (uint64_t)l->head_timeout_ms;
     case CONN_BODY:
@@ -494,6 +497,7 @@ static const char *reason_phrase(int status)
     case 502: return "Bad Gateway";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
     default: return "Unknown";
     }
 }
@@ -867,7 +871,8 @@ static void parse(struct conn *c, const char *data, size_t len)
         r = request_parser_feed(&c->rp, data, len, &used);
         data += used;
         len -= used;
-        if (c->state == CONN_IDLE && request_parser_started(&c->rp)) {
+        if ((c->state == CONN_IDLE || c->state == CONN_FRESH) &&
+            request_parser_started(&c->rp)) {
             set_state(c, CONN_HEAD);
             c->start_ns = mono_ns();
         }
@@ -888,7 +893,8 @@ static void parse(struct conn *c, const char *data, size_t len)
         break;
     }
     c->parsing = 0;
-    if (c->state == CONN_IDLE || c->state == CONN_HEAD || c->state == CONN_BODY)
+    if (c->state == CONN_IDLE || c->state == CONN_FRESH || c->state == CONN_HEAD ||
+        c->state == CONN_BODY)
         start_reading(c);
 }
 
@@ -1115,7 +1121,7 @@ static void on_connection(uv_stream_t *server, int status)
     response_init(&c->resp);
     uv_tcp_init(&lp->uv, &c->tcp);
     c->tcp.data = c;
-    set_state(c, CONN_IDLE);
+    set_state(c, CONN_FRESH);
     if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
         conn_close(c);
         return;
@@ -1155,6 +1161,8 @@ static void begin_stop(struct http_loop *lp)
         uv_close((uv_handle_t *)&lp->listener, NULL);
     }
     while ((c = lp->head[state_list[CONN_IDLE]]) != NULL)
+        conn_close(c);
+    while ((c = lp->head[state_list[CONN_FRESH]]) != NULL)
         conn_close(c);
     while ((c = lp->head[LIST_PARKED]) != NULL)
         unpark(c, 1);

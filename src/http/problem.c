@@ -29,6 +29,7 @@ static const struct {
     /* The HTTP layer (http_server.c, request_parser.c), for every program on it. */
     {"bad-request", "Malformed HTTP request"},
     {"method-not-implemented", "Method not implemented"},
+    {"http-version-not-supported", "HTTP version not supported"},
     {"request-header-too-large", "Request header fields too large"},
     {"request-timeout", "Request not received in time"},
     {"too-many-connections", "Too many connections"},

@@ -32,6 +32,7 @@ enum stop_reason {
     STOP_BAD_TARGET,
     STOP_BAD_FIELD_NAME,
     STOP_BAD_FIELD_VALUE,
+    STOP_BAD_VERSION,
 };
 
 /* RFC 9110 5.1: a field name is a token. */
@@ -244,6 +245,11 @@ static int build_view(struct request_parser *p)
         p->head.len = path_start + (size_t)dl;
     }
     strbuf_add(&p->head, "", 1);
+    /* Only the origin form (or the path of the absolute form) names a resource here. */
+    if (p->head.buf[path_start] != '/') {
+        p->stop = STOP_BAD_TARGET;
+        goto out;
+    }
 
     /* The query arguments: "name\0value\0" each, decoded. */
     for (i = 0; i < query_len; i++)
@@ -340,6 +346,10 @@ static int on_headers_complete(http_parser *hp)
 {
     struct request_parser *p = parser_of(hp);
 
+    if (hp->http_major != 1 || hp->http_minor > 1) {
+        p->stop = STOP_BAD_VERSION;
+        return -1;
+    }
     if (build_view(p) != 0)
         return -1;
     p->rq.expects_continue = expects_continue(p);
@@ -413,10 +423,13 @@ static enum request_parse_result parse_error(struct request_parser *p)
              "A header field name is not a token (no white space before the colon).");
     else if (reason == STOP_BAD_FIELD_VALUE)
         fail(p, 400, "bad-request", "A header field value holds a control character.");
+    else if (reason == STOP_BAD_VERSION)
+        fail(p, 505, "http-version-not-supported", "Only HTTP/1.0 and HTTP/1.1 are spoken here.");
     else if (e == HPE_INVALID_METHOD)
         fail(p, 501, "method-not-implemented", "This server does not know the request method.");
     else if (e == HPE_UNEXPECTED_CONTENT_LENGTH)
-        fail(p, 400, "bad-request", "Send either Content-Length or Transfer-Encoding, not both.");
+        fail(p, 400, "bad-request",
+             "Send one Content-Length, or Transfer-Encoding: chunked, not both.");
     else if (e == HPE_INVALID_VERSION)
         fail(p, 400, "bad-request", "Only HTTP/1.0 and HTTP/1.1 are spoken here.");
     else
@@ -461,6 +474,7 @@ enum request_parse_result request_parser_finish(struct request_parser *p)
     if (p->phase == PHASE_IDLE || p->phase == PHASE_COMPLETE)
         return REQUEST_PARSE_MORE;
     fail(p, 400, "bad-request", "The connection ended in the middle of a request.");
+    p->keep_alive = 0;
     return REQUEST_PARSE_ERROR;
 }
 

@@ -6,6 +6,8 @@
 #ifndef ORDERD_APP_H
 #define ORDERD_APP_H
 
+#include <stdatomic.h>
+
 #include "idem/idem.h"
 
 #include "config.h"
@@ -14,6 +16,7 @@
 #include "metrics.h"
 
 struct auth_cache;
+struct http_server;
 struct provider;
 
 struct app {
@@ -25,6 +28,8 @@ struct app {
     struct auth_cache *tokens; /* bearer token -> user, trusted for AUTH_CACHE_TTL_MS */
     struct metrics *metrics;
     struct idgen ids;
+    /* The HTTP server, once started (its counters on /metrics); requests may come before. */
+    struct http_server *_Atomic http;
 
     /* The published policies of the idempotent operations. */
     struct idem_operation op_orders_create;

@@ -6,6 +6,7 @@
  */
 #include "health.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,7 @@
 
 #include "app.h"
 #include "db.h"
+#include "http_server.h"
 #include "idemcall.h"
 #include "metrics.h"
 #include "response.h"
@@ -156,6 +158,40 @@ static void render_store(const struct app *app, struct strbuf *sb)
     idem_tx_rollback(tx);
 }
 
+/* The HTTP layer's own counters: what it refused, and why (docs/http-server.md). */
+static void render_http(const struct app *app, struct strbuf *sb)
+{
+    const struct http_server *srv = atomic_load(&app->http);
+    struct http_server_stats st;
+
+    if (srv == NULL)
+        return;
+    http_server_stats(srv, &st);
+    strbuf_addf(sb,
+                "# HELP orderd_http_connections Connections open now.\n"
+                "# TYPE orderd_http_connections gauge\n"
+                "orderd_http_connections %llu\n"
+                "# HELP orderd_http_connections_refused_total Connections refused at the total or"
+                " per-address cap (503 too-many-connections).\n"
+                "# TYPE orderd_http_connections_refused_total counter\n"
+                "orderd_http_connections_refused_total %llu\n"
+                "# HELP orderd_http_timeouts_total Requests whose head or body did not arrive in"
+                " time (408), and responses the client did not read.\n"
+                "# TYPE orderd_http_timeouts_total counter\n"
+                "orderd_http_timeouts_total %llu\n"
+                "# HELP orderd_http_refused_heads_total Requests answered from their head alone"
+                " (400, 401, 404, 405, 413, 415, 431, 501, 505), the body unread.\n"
+                "# TYPE orderd_http_refused_heads_total counter\n"
+                "orderd_http_refused_heads_total %llu\n"
+                "# HELP orderd_http_queue_full_total Requests refused because every worker was"
+                " busy and the queue full (503 server-busy).\n"
+                "# TYPE orderd_http_queue_full_total counter\n"
+                "orderd_http_queue_full_total %llu\n",
+                (unsigned long long)st.connections_open,
+                (unsigned long long)st.connections_refused, (unsigned long long)st.timeouts,
+                (unsigned long long)st.rejected_heads, (unsigned long long)st.queue_full);
+}
+
 void health_metrics(const struct call_ctx *cx, struct response *resp)
 {
     struct strbuf sb = STRBUF_INIT;
@@ -166,6 +202,7 @@ void health_metrics(const struct call_ctx *cx, struct response *resp)
     strbuf_add(&sb, text, len);
     free(text);
     render_store(cx->app, &sb);
+    render_http(cx->app, &sb);
     free(resp->body);
     resp->body = strbuf_detach(&sb, &len);
     resp->body_len = len;

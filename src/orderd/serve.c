@@ -8,6 +8,7 @@
 #include "serve.h"
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -132,6 +133,7 @@ int serve_run(const struct orderd_config *cfg)
         log_msg(&app.log, "error", "%s", err);
         goto out;
     }
+    atomic_store(&app.http, srv);
     if (start_workers(&app, workers) != 0) {
         log_msg(&app.log, "error", "cannot start the background workers");
         goto out;

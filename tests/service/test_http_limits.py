@@ -278,6 +278,43 @@ def test_malformed_request_lines_are_400(ctx):
         expect_refused_and_closed(ctx.server, line, 400, "bad-request", "request %r" % line)
 
 
+def http_counter(server, name):
+    c, r = exchange(server, healthz().replace(b"/healthz", b"/metrics"), "GET /metrics")
+    c.close()
+    expect_status(r, 200, "GET /metrics")
+    for line in r.body.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    fail("/metrics has no %s" % name)
+
+
+@test
+def test_refusals_are_counted_on_metrics(ctx):
+    before = http_counter(ctx.server, "orderd_http_refused_heads_total")
+    expect_refused_and_closed(ctx.server, healthz(extra=[("X-Big", "b" * 9000)]), 431,
+                              "request-header-too-large", "a 9 KB header")
+    expect_refused_and_closed(ctx.server, b"BREW /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 501,
+                              "method-not-implemented", "BREW /healthz")
+    expect_eq(http_counter(ctx.server, "orderd_http_refused_heads_total") - before, 2,
+              "orderd_http_refused_heads_total increase after a 431 and a 501")
+    expect(http_counter(ctx.server, "orderd_http_connections") >= 1,
+           "orderd_http_connections counts the scrape's own connection")
+
+
+@test
+def test_http_versions_other_than_1_0_and_1_1_are_505(ctx):
+    for version in ("HTTP/2.0", "HTTP/1.9", "HTTP/3.7"):
+        expect_refused_and_closed(ctx.server, healthz(version=version), 505,
+                                  "http-version-not-supported", "GET /healthz " + version)
+
+
+@test
+def test_targets_not_starting_with_a_slash_are_400(ctx):
+    for line in (b"GET *healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+                 b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n"):
+        expect_refused_and_closed(ctx.server, line, 400, "bad-request", "request %r" % line)
+
+
 @test
 def test_unknown_method_is_501(ctx):
     expect_refused_and_closed(ctx.server, b"BREW /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 501,
@@ -355,6 +392,26 @@ def test_idle_keep_alive_connection_is_closed_silently(ctx):
         expect(not c.reset, "the idle connection was reset instead of closed")
     finally:
         c.close()
+
+
+@test
+def test_new_connection_that_sends_nothing_is_closed_after_the_head_timeout(ctx):
+    # A long idle timeout: only the head deadline can close a connection that never spoke.
+    s = Server(name="orderd-fresh", extra_args=["--head-timeout-ms", str(HEAD_TIMEOUT_MS),
+                                                "--idle-timeout-ms", "60000"]).start()
+    c = RawConn(s)
+    try:
+        t0 = time.monotonic()
+        closed = c.closed_within(HEAD_TIMEOUT_MS / 1000.0 + LATE_S)
+        waited = time.monotonic() - t0
+        expect(closed, "a connection that sent nothing was still open after %.1f s "
+               "(--head-timeout-ms %d)" % (waited, HEAD_TIMEOUT_MS))
+        expect(waited >= HEAD_TIMEOUT_MS / 1000.0 - 0.15,
+               "closed %.2f s after it opened, before the head timeout" % waited)
+        expect_eq(c.buf, b"", "what the server sent before closing a silent connection")
+    finally:
+        c.close()
+        s.close()
 
 
 @test
