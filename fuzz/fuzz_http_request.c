@@ -12,7 +12,7 @@
  * holding no NUL; the head within its cap; a body NUL-terminated, within its cap, and exactly the
  * announced Content-Length; the accessors of http_server.h agree with the fields and arguments;
  * the view of the head does not change while the body arrives; every refusal is one of the
- * problems the server answers (400, 413, 431, 501) with a code and a detail.
+ * problems the server answers (400, 413, 431, 501, 505) with a code and a detail.
  *
  * Input layout: byte 0 picks the limits (header cap 1024 or 8192, body cap 1 MiB or 64 bytes) and
  * how the pieces are cut; bytes 1-4 seed the cuts; the rest is the stream.
@@ -188,8 +188,12 @@ static void check_error(const struct request_parser *p)
         CHECK(strcmp(p->error_code, "method-not-implemented") == 0,
               "501 is method-not-implemented");
         break;
+    case 505:
+        CHECK(strcmp(p->error_code, "http-version-not-supported") == 0,
+              "505 is http-version-not-supported");
+        break;
     default:
-        CHECK(0, "an error is 400, 413, 431 or 501");
+        CHECK(0, "an error is 400, 413, 431, 501 or 505");
     }
 }
 
