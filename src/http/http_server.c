@@ -127,7 +127,7 @@ struct http_loop {
     struct conn *head[NLISTS], *tail[NLISTS];
     _Atomic int in_state[CONN_NSTATES]; /* read by the stopping thread */
     int closing_listener;
-    int halted;
+    _Atomic int halted; /* set by http_server_stop(), read by the loop */
     char date[48];
     time_t date_at;
     char buf[READ_CHUNK];
@@ -653,6 +653,7 @@ static void *worker_main(void *arg)
     struct http_server *srv = arg;
     const struct http_server_options *o = &srv->opts;
     struct conn *c;
+    int drop;
 
     for (;;) {
         pthread_mutex_lock(&srv->qmu);
@@ -678,7 +679,9 @@ static void *worker_main(void *arg)
         atomic_store(&c->job_refs, 2);
         c->rp.rq.completion = c;
         o->handle(o->ctx, request_parser_request(&c->rp), &c->resp);
-        if (atomic_fetch_sub(&c->job_refs, c->resp.deferred ? 1 : 2) == (c->resp.deferred ? 1 : 2))
+        /* Read once, before letting go: past the decrement the connection may be reused. */
+        drop = c->resp.deferred ? 1 : 2;
+        if (atomic_fetch_sub(&c->job_refs, drop) == drop)
             loop_push(c, DONE_JOB);
     }
     return NULL;
