@@ -1,6 +1,6 @@
 /*
  * log.c - writes orderd's log lines to stderr.  Each line is assembled in memory first and
- * written with one call, so lines of concurrent requests (one thread per connection) never
+ * written with one call, so lines written at once (event loops, workers, background threads) never
  * interleave.  Paths come from strangers: the text form escapes anything that is not visible
  * ASCII (a path with a space or a newline must not forge a second log line); the JSON form lets
  * jansson escape.
