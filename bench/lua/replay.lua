@@ -1,6 +1,8 @@
--- replay.lua - S2 and the static ceiling: POST /api/orders cycling over NKEYS keys TAG-0 ..
--- TAG-<NKEYS-1> that bench.py created before with the same body, so every request is a replay
--- of a completed record.  The threads start at different offsets and all walk every key.
+-- replay.lua - S2, the RSS run, the static ceiling and nginx: POST /api/orders cycling over NKEYS
+-- keys TAG-0 .. TAG-<NKEYS-1> that bench.py created before with the same body, so every request
+-- to orderd is a replay of a completed record; the static server and nginx get the very same
+-- bytes and answer them with a fixed 201.  The threads start at different offsets and all walk
+-- every key.
 --   wrk -s bench/lua/replay.lua URL -- TOKEN TAG NKEYS
 package.path = debug.getinfo(1, "S").source:match("^@(.*/)") .. "?.lua;" .. package.path
 local common = require("common")
