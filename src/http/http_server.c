@@ -515,6 +515,19 @@ static const char *http_date(struct http_loop *lp)
     return lp->date;
 }
 
+/* Appends `v` in decimal. */
+static void add_decimal(struct strbuf *sb, size_t v)
+{
+    char digits[24];
+    size_t n = sizeof digits;
+
+    do {
+        digits[--n] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v > 0);
+    strbuf_add(sb, digits + n, sizeof digits - n);
+}
+
 static void process_input(struct conn *c);
 static void dispatch(struct conn *c, enum http_loop_verdict v, int keep);
 static void start_reading(struct conn *c);
@@ -583,12 +596,27 @@ static void send_response(struct conn *c, const struct request *rq, int keep_ali
     if (atomic_load(&lp->srv->stopping))
         keep_alive = 0;
     c->keep_alive = keep_alive;
-    strbuf_addf(&out, "HTTP/1.1 %d %s\r\n", r->status, reason_phrase(r->status));
-    for (i = 0; i < r->nheaders; i++)
-        strbuf_addf(&out, "%s: %s\r\n", r->headers[i].name, r->headers[i].value);
-    if (!no_body)
-        strbuf_addf(&out, "Content-Length: %zu\r\n", r->body_len);
-    strbuf_addf(&out, "Date: %s\r\n", http_date(lp));
+    /* Piece by piece, no printf: this runs once per response on the loop. */
+    strbuf_grow(&out, 160 + r->body_len);
+    strbuf_add(&out, "HTTP/1.1 ", 9);
+    add_decimal(&out, (size_t)r->status);
+    strbuf_addch(&out, ' ');
+    strbuf_adds(&out, reason_phrase(r->status));
+    strbuf_add(&out, "\r\n", 2);
+    for (i = 0; i < r->nheaders; i++) {
+        strbuf_adds(&out, r->headers[i].name);
+        strbuf_add(&out, ": ", 2);
+        strbuf_adds(&out, r->headers[i].value);
+        strbuf_add(&out, "\r\n", 2);
+    }
+    if (!no_body) {
+        strbuf_add(&out, "Content-Length: ", 16);
+        add_decimal(&out, r->body_len);
+        strbuf_add(&out, "\r\n", 2);
+    }
+    strbuf_add(&out, "Date: ", 6);
+    strbuf_adds(&out, http_date(lp));
+    strbuf_add(&out, "\r\n", 2);
     if (!keep_alive)
         strbuf_adds(&out, "Connection: close\r\n");
     else if (c->rp.hp.http_major == 1 && c->rp.hp.http_minor == 0)
@@ -601,7 +629,7 @@ static void send_response(struct conn *c, const struct request *rq, int keep_ali
         lp->srv->opts.answered(lp->srv->opts.ctx, rq, r,
                                (double)(mono_ns() - c->start_ns) / 1e9);
 
-    stop_reading(c);
+    /* Reading goes on: bytes that come meanwhile wait in c->in (on_read). */
     set_state(c, CONN_WRITING);
     c->out = strbuf_detach(&out, &len);
     buf = uv_buf_init(c->out, (unsigned int)len);
@@ -671,7 +699,7 @@ static void *worker_main(void *arg)
             break;
 
         if (c->job == JOB_HEAD) {
-            c->verdict = o->on_head(o->ctx, request_parser_request(&c->rp), &c->resp, 1);
+            c->verdict = o->on_head(o->ctx, &c->rp.rq, &c->resp, 1);
             loop_push(c, DONE_JOB);
             continue;
         }
@@ -766,7 +794,7 @@ static int head_accepted(struct conn *c)
 static int head_arrived(struct conn *c)
 {
     const struct http_server_options *o = &c->lp->srv->opts;
-    const struct request *rq = request_parser_request(&c->rp);
+    struct request *rq = &c->rp.rq;
     enum http_head_verdict v = HTTP_HEAD_CONTINUE;
 
     c->rp.rq.peer = c->peer;
@@ -936,6 +964,13 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     if (nread < 0) {
         /* The client went away; a request cut short has nobody to answer. */
         conn_close(c);
+        return;
+    }
+    if (c->state == CONN_WRITING) {
+        /* The next pipelined request waits for this response to be out; not without bound. */
+        keep_rest(c, buf->base, (size_t)nread);
+        if (c->in_len > READ_CHUNK)
+            stop_reading(c);
         return;
     }
     parse(c, buf->base, (size_t)nread);

@@ -121,9 +121,9 @@ struct http_server_options {
     /*
      * May be NULL.  Called when the head is in, before any body byte is kept.  On a loop thread
      * with may_block 0 (it must not block: answer HTTP_HEAD_BLOCKS instead), then, if asked, on a
-     * worker with may_block 1.
+     * worker with may_block 1.  It may leave rq->note (and rq->note_free) for the later steps.
      */
-    enum http_head_verdict (*on_head)(void *ctx, const struct request *rq, struct response *resp,
+    enum http_head_verdict (*on_head)(void *ctx, struct request *rq, struct response *resp,
                                       int may_block);
     /*
      * May be NULL.  Called on the loop thread once the body is in, without blocking: answers into

@@ -78,10 +78,17 @@ static int head_add(struct request_parser *p, const char *at, size_t len)
 
 static void reset_request(struct request_parser *p)
 {
+    if (p->rq.note_free != NULL)
+        p->rq.note_free(p->rq.note);
     strbuf_release(&p->head);
     strbuf_release(&p->body);
     free(p->args);
     p->args = NULL;
+    free(p->spans);
+    p->spans = NULL;
+    p->spans_cap = 0;
+    free(p->fields);
+    p->fields = NULL;
     p->url_len = 0;
     p->nfields = 0;
     p->in_value = 0;
@@ -133,16 +140,22 @@ static int on_header_field(http_parser *hp, const char *at, size_t len)
         }
         if (head_add(p, "", 1) != 0)
             return 1;
-        p->field_off[p->nfields][0] = p->head.len;
-        p->field_len[p->nfields][0] = 0;
-        p->field_off[p->nfields][1] = 0;
-        p->field_len[p->nfields][1] = 0;
+        if (p->nfields == p->spans_cap) {
+            p->spans_cap = p->spans_cap ? p->spans_cap * 2 : 16;
+            if (p->spans_cap > REQUEST_MAX_HEADERS)
+                p->spans_cap = REQUEST_MAX_HEADERS;
+            p->spans = xrealloc(p->spans, p->spans_cap * sizeof *p->spans);
+        }
+        p->spans[p->nfields].name_off = p->head.len;
+        p->spans[p->nfields].name_len = 0;
+        p->spans[p->nfields].value_off = 0;
+        p->spans[p->nfields].value_len = 0;
         p->nfields++;
         p->in_value = 0;
     }
     if (head_add(p, at, len) != 0)
         return 1;
-    p->field_len[p->nfields - 1][0] += len;
+    p->spans[p->nfields - 1].name_len += len;
     return 0;
 }
 
@@ -160,12 +173,12 @@ static int on_header_value(http_parser *hp, const char *at, size_t len)
     if (!p->in_value) {
         if (head_add(p, "", 1) != 0)
             return 1;
-        p->field_off[p->nfields - 1][1] = p->head.len;
+        p->spans[p->nfields - 1].value_off = p->head.len;
         p->in_value = 1;
     }
     if (head_add(p, at, len) != 0)
         return 1;
-    p->field_len[p->nfields - 1][1] += len;
+    p->spans[p->nfields - 1].value_len += len;
     return 0;
 }
 
@@ -297,17 +310,21 @@ static int build_view(struct request_parser *p)
 
     /* The buffer stays put from here on: point into it. */
     q = p->head.buf;
+    if (p->nfields > 0)
+        p->fields = xcalloc(p->nfields, sizeof *p->fields);
     for (i = 0; i < nargs; i++) {
         p->args[i].name = q + (uintptr_t)p->args[i].name;
         p->args[i].value = q + (uintptr_t)p->args[i].value;
     }
     for (i = 0; i < p->nfields; i++) {
-        p->fields[i].name = q + p->field_off[i][0];
-        p->fields[i].value = p->field_off[i][1] ? q + p->field_off[i][1] : "";
-        p->fields[i].value_len = p->field_len[i][1];
-        q[p->field_off[i][0] + p->field_len[i][0]] = '\0';
-        if (p->field_off[i][1])
-            q[p->field_off[i][1] + p->field_len[i][1]] = '\0';
+        const struct request_field_span *sp = &p->spans[i];
+
+        p->fields[i].name = q + sp->name_off;
+        p->fields[i].value = sp->value_off ? q + sp->value_off : "";
+        p->fields[i].value_len = sp->value_len;
+        q[sp->name_off + sp->name_len] = '\0';
+        if (sp->value_off)
+            q[sp->value_off + sp->value_len] = '\0';
     }
     q[p->url_len] = '\0';
 

@@ -43,6 +43,9 @@ struct request {
     const char *peer;   /* the client's address, "127.0.0.1" (set by the server) */
     long parked_ms;     /* how long the request was parked on the loop (http_server.h) */
     void *completion;   /* for http_server_complete(), while `handle` runs (http_server.h) */
+    /* What the program's on_head learnt (orderd: the principal), freed with the request. */
+    void *note;
+    void (*note_free)(void *note);
 
     const struct request_field *fields;
     size_t nfields;
@@ -69,13 +72,19 @@ struct request_parser {
     /* The head as it arrives: the URL, then "name\0value\0" per field, then the decoded view. */
     struct strbuf head;
     size_t url_len;
-    size_t field_off[REQUEST_MAX_HEADERS][2]; /* offsets of name and value in `head` */
-    size_t field_len[REQUEST_MAX_HEADERS][2];
+    /*
+     * Where each field's name and value are in `head`, while the head arrives; allocated per
+     * request (growing up to REQUEST_MAX_HEADERS), so an idle connection holds none of it.
+     */
+    struct request_field_span {
+        size_t name_off, name_len, value_off, value_len;
+    } *spans;
+    size_t spans_cap;
     size_t nfields;
     int in_value; /* the last piece was a value: the next field piece starts a new field */
 
     struct strbuf body;
-    struct request_field fields[REQUEST_MAX_HEADERS];
+    struct request_field *fields; /* the view of the spans, built when the head is in */
     struct request_field *args;
     struct request rq;
 

@@ -21,7 +21,7 @@ static void handle(void *ctx, const struct request *rq, struct response *resp)
     router_dispatch(ctx, rq, resp);
 }
 
-static enum http_head_verdict on_head(void *ctx, const struct request *rq, struct response *resp,
+static enum http_head_verdict on_head(void *ctx, struct request *rq, struct response *resp,
                                       int may_block)
 {
     return router_check_head(ctx, rq, resp, may_block);

@@ -182,8 +182,14 @@ static int check_auth(struct call_ctx *cx, struct response *resp, int may_block)
     char *user = NULL;
     int rc;
 
-    rc = auth_principal(cx->app->tokens, may_block ? cx->app->store : NULL,
-                        request_header(cx->rq, "Authorization"), &user);
+    if (cx->rq->note != NULL) {
+        /* Checked when the head arrived (router_check_head). */
+        user = xstrdup(cx->rq->note);
+        rc = 0;
+    } else {
+        rc = auth_principal(cx->app->tokens, may_block ? cx->app->store : NULL,
+                            request_header(cx->rq, "Authorization"), &user);
+    }
     if (rc == AUTH_ASK_STORE)
         return 1;
     if (rc < 0) {
@@ -341,7 +347,7 @@ out:
     free_params(params, ROUTE_MAX_PARAMS);
 }
 
-enum http_head_verdict router_check_head(struct app *app, const struct request *rq,
+enum http_head_verdict router_check_head(struct app *app, struct request *rq,
                                          struct response *resp, int may_block)
 {
     const struct route *rt;
@@ -358,6 +364,11 @@ enum http_head_verdict router_check_head(struct app *app, const struct request *
         return HTTP_HEAD_ANSWER;
     resp->operation = rt->operation;
     rc = check_head(&cx, rt, resp, may_block);
+    if (rc == 0 && cx.principal != NULL && rq->note == NULL) {
+        /* The token is checked: the later steps of this request take its user from here. */
+        rq->note = xstrdup(cx.principal);
+        rq->note_free = free;
+    }
     return rc == 0 ? HTTP_HEAD_CONTINUE : rc > 0 ? HTTP_HEAD_BLOCKS : HTTP_HEAD_ANSWER;
 }
 
