@@ -277,7 +277,11 @@ out:
     return rc;
 }
 
-static int check_json(struct call_ctx *cx, const struct route *rt, struct response *resp)
+/*
+ * The body is JSON and its fingerprint is cx->fp; with `keep`, the parsed body is cx->body for
+ * the handler (a replay on the loop needs only the fingerprint: one parse fewer).
+ */
+static int check_json(struct call_ctx *cx, const struct route *rt, struct response *resp, int keep)
 {
     const struct request *rq = cx->rq;
     json_error_t jerr;
@@ -300,7 +304,7 @@ static int check_json(struct call_ctx *cx, const struct route *rt, struct respon
         response_problem(resp, 400, "invalid-json", detail);
         goto out;
     }
-    if (rq->body_len > 0) {
+    if (keep && rq->body_len > 0) {
         /* Numbers as doubles, as JCS reads them: 2 and 2.0 are the same quantity. */
         cx->body =
             json_loadb(rq->body, rq->body_len,
@@ -339,7 +343,7 @@ void router_dispatch(struct app *app, const struct request *rq, struct response 
         goto out;
     if (check_key(&cx, rt->key, key, resp) != 0)
         goto out;
-    if (rt->body != BODY_NONE && rt->body != BODY_RAW && check_json(&cx, rt, resp) != 0)
+    if (rt->body != BODY_NONE && rt->body != BODY_RAW && check_json(&cx, rt, resp, 1) != 0)
         goto out;
     rt->handler(&cx, resp);
 out:
@@ -411,7 +415,7 @@ enum http_loop_verdict router_answer_on_loop(struct app *app, const struct reque
         cx.params[i] = params[i];
     /* Every check of the worker's path, in its order; any refusal is left to the worker. */
     if (check_head(&cx, rt, resp, 0) != 0 || check_key(&cx, rt->key, key, resp) != 0 ||
-        cx.key == NULL || (rt->body != BODY_NONE && check_json(&cx, rt, resp) != 0))
+        cx.key == NULL || (rt->body != BODY_NONE && check_json(&cx, rt, resp, 0) != 0))
         goto out;
     if (idemcall_lookup(&cx, op, resp)) {
         v = HTTP_LOOP_ANSWERED;
