@@ -390,9 +390,20 @@ static const struct idem_operation *operation_of(const struct app *app, const st
     return NULL;
 }
 
+/* A duplicate parked on the loop: its watch, and what its checks found, for the wake-up. */
+struct parked_call {
+    struct idem_watch *watch;
+    const struct idem_operation *op;
+    const char *operation;
+    char *principal;
+    char key[IDEM_KEY_MAX + 1];
+    unsigned char fp[IDEM_FP_LEN];
+};
+
 enum http_loop_verdict router_answer_on_loop(struct app *app, const struct request *rq,
                                              struct response *resp, struct http_park *park)
 {
+    struct parked_call *pc = NULL;
     const struct route *rt;
     const struct idem_operation *op;
     struct idem_watch *watch = NULL;
@@ -424,7 +435,15 @@ enum http_loop_verdict router_answer_on_loop(struct app *app, const struct reque
     /* The first request of this key runs here now: wait for it without holding a thread. */
     if (park != NULL && idem_watch_inflight(app->engine, op, cx.principal, cx.key,
                                             http_server_unpark, park->token, &watch) == 1) {
-        park->data = watch;
+        /* What the checks found goes along, so the wake-up only asks the cache. */
+        pc = xcalloc(1, sizeof *pc);
+        pc->watch = watch;
+        pc->op = op;
+        pc->operation = rt->operation;
+        pc->principal = xstrdup(cx.principal);
+        memcpy(pc->key, cx.key, strlen(cx.key) + 1);
+        memcpy(pc->fp, cx.fp, IDEM_FP_LEN);
+        park->data = pc;
         park->timeout_ms = (int)op->wait_ms;
         v = HTTP_LOOP_PARKED;
     }
@@ -437,12 +456,28 @@ out:
 enum http_loop_verdict router_unpark(struct app *app, const struct request *rq,
                                      struct response *resp, void *data, int timed_out)
 {
-    enum http_loop_verdict v;
+    struct parked_call *pc = data;
+    struct call_ctx cx;
+    enum http_loop_verdict v = HTTP_LOOP_WORKER;
 
-    idem_watch_end(data);
-    (void)timed_out; /* either way: the cache, else a worker, which waits only what is left */
-    v = router_answer_on_loop(app, rq, resp, NULL);
-    if (v == HTTP_LOOP_ANSWERED && resp->outcome != NULL && strcmp(resp->outcome, "replayed") == 0)
-        resp->outcome = "waited";
+    /* Either way (woken or timed out): the cache, else a worker, which waits what is left. */
+    (void)timed_out;
+    idem_watch_end(pc->watch);
+    memset(&cx, 0, sizeof cx);
+    cx.app = app;
+    cx.rq = rq;
+    cx.principal = pc->principal;
+    cx.key = pc->key;
+    memcpy(cx.fp, pc->fp, IDEM_FP_LEN);
+    resp->operation = pc->operation;
+    if (idemcall_lookup(&cx, pc->op, resp)) {
+        if (resp->outcome != NULL && strcmp(resp->outcome, "replayed") == 0)
+            resp->outcome = "waited";
+        resp->principal = pc->principal; /* the log line names it; the response frees it */
+        pc->principal = NULL;
+        v = HTTP_LOOP_ANSWERED;
+    }
+    free(pc->principal);
+    free(pc);
     return v;
 }
