@@ -43,8 +43,8 @@ fuzz: deps
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@cd $(ASAN_BUILD) && ctest --output-on-failure -R '^fuzz\.'
 
-# The benchmarks of issue 7 (docs/bench.md): an optimised build of its own, bounded load on
-# 127.0.0.1 against SQLite and a throw-away PostgreSQL cluster, a report + chart in bench/results/.
+# The benchmarks (docs/bench.md): an optimised build of its own, bounded load on 127.0.0.1
+# against SQLite, a throw-away PostgreSQL cluster and nginx, a report + chart in bench/results/.
 BENCH_BUILD ?= build-bench
 BENCH_SECONDS ?= 5
 BENCH_TARGETS = orderd commit_rate static_http storm \
