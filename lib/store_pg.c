@@ -498,9 +498,18 @@ static int session_setup(struct idem_conn *c)
 
     PQsetNoticeProcessor(c->pg, notice_ignore, NULL);
     idem__fmt(ms, sizeof(ms), "%d", c->sh->lock_timeout_ms);
+    /*
+     * A commit must be on disk before it is acknowledged: orderd charges a card after phase 1's
+     * commit, and a phase 1 lost in a crash would be run again with a new order id, so a new
+     * charge.  A server, database or role set to synchronous_commit=off would break that, so
+     * this session turns it back on (the stronger remote_* settings of a replicated cluster are
+     * kept).  A missing lock_timeout gets the store's.
+     */
     res = PQexecParams(c->pg,
-                       "SELECT set_config('lock_timeout', $1, false)"
-                       " WHERE current_setting('lock_timeout') = '0'",
+                       "SELECT CASE WHEN current_setting('synchronous_commit') = 'off'"
+                       " THEN set_config('synchronous_commit', 'on', false) END,"
+                       " CASE WHEN current_setting('lock_timeout') = '0'"
+                       " THEN set_config('lock_timeout', $1, false) END",
                        1, NULL, params, NULL, NULL, 0);
     rc = check(c, res, "configure session");
     PQclear(res);

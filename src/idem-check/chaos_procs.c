@@ -203,8 +203,6 @@ int ck_start_orderd(struct chaos *cx, int i)
     argv[argc++] = (char *)"--outbox-max-attempts=1000";
     /* Several instances on one store: fewer connections each (a PostgreSQL has 100 by default). */
     argv[argc++] = cx->n_inst > 2 ? (char *)"--db-pool=8" : (char *)"--db-pool=16";
-    if (strncmp(cx->db, "sqlite:", 7) == 0)
-        argv[argc++] = (char *)"--sqlite-sync=normal";
     argv[argc] = NULL;
     for (;;) {
         pid_t pid;

@@ -55,7 +55,8 @@ static const char usage_serve[] =
     "                           IPv6 as [::1]:8080; port 0 picks a free port\n"
     "  --db URI                 store (default " ORDERD_DEFAULT_DB ")\n"
     "  --db-pool N              store connections, 1..1024 (default 16)\n"
-    "  --sqlite-sync MODE       full|normal: SQLite durability (default full)\n"
+    "  --sqlite-sync MODE       full|normal: SQLite durability (default full); normal does\n"
+    "                           not fsync every commit and is refused with --provider\n"
     "  --log-format FORMAT      text|json (default text)\n"
     "  --lease-ms N             lease of a request on its idempotency record (default 10000)\n"
     "  --wait-ms N              how long a duplicate waits for the first request (default 2000)\n"
@@ -646,6 +647,13 @@ int main(int argc, char **argv)
         /* The baseline measures records against none, not payments: it never charges. */
         if (status < 0 && cli.cfg.idempotency_off && cli.cfg.provider != NULL)
             status = usage_error(&cli, "--idempotency off cannot be used with --provider");
+        /*
+         * A charge follows phase 1's commit: were that commit lost in a crash (normal does not
+         * fsync every commit), the retry would make a new order, so a second charge.
+         */
+        if (status < 0 && cli.cfg.sync == IDEM_SYNC_NORMAL && cli.cfg.provider != NULL)
+            status = usage_error(&cli, "--sqlite-sync normal cannot be used with --provider: an "
+                                       "order must be on disk before its card is charged");
         if (status < 0 && cli.cfg.idempotency_off)
             fprintf(stderr, "orderd: warn: --idempotency off: POST /api/orders keeps no "
                             "idempotency record, retries are NOT safe (benchmark baseline)\n");

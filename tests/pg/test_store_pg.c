@@ -465,6 +465,49 @@ static const struct idem_migration schema[] = {
      "CREATE TABLE pg_biz (id TEXT PRIMARY KEY, n INTEGER NOT NULL DEFAULT 0)"},
 };
 
+/*
+ * A role (or database, or server) set to synchronous_commit=off must not make the store
+ * acknowledge commits before they are on disk: every session of the store turns it back on.
+ */
+static void test_synchronous_commit(void)
+{
+    struct idem_store *st = open_uri(pg_uri, 2), *st2 = NULL;
+    struct idem_tx *tx = NULL;
+    struct idem_rows *r = NULL;
+
+    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+    CHECK_INT(idem_tx_exec(tx, "ALTER ROLE CURRENT_USER SET synchronous_commit = off", 0, NULL,
+                           NULL),
+              0);
+    CHECK_INT(idem_tx_commit(tx), 0);
+    st2 = open_uri(pg_uri, 2); /* new sessions: the role's setting applies to them */
+    for (int write = 0; write < 2; write++) {
+        CHECK_INT(idem_tx_begin(st2, write, &tx), 0);
+        CHECK_INT(idem_tx_exec(tx, "SHOW synchronous_commit", 0, NULL, &r), 0);
+        CHECK_STR(idem_rows_get(r, 0, 0), "on");
+        idem_rows_free(r);
+        r = NULL;
+        /* The role really says off: a session of its own sees it. */
+        CHECK_INT(idem_tx_exec(tx,
+                               "SELECT setting FROM pg_db_role_setting s, unnest(s.setconfig) "
+                               "setting WHERE s.setrole = (SELECT oid FROM pg_roles WHERE "
+                               "rolname = current_user)",
+                               0, NULL, &r),
+                  0);
+        CHECK_INT(idem_rows_count(r), 1);
+        CHECK_STR(idem_rows_get(r, 0, 0), "synchronous_commit=off");
+        idem_rows_free(r);
+        r = NULL;
+        idem_tx_rollback(tx);
+    }
+    idem_store_close(st2);
+    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+    CHECK_INT(idem_tx_exec(tx, "ALTER ROLE CURRENT_USER RESET synchronous_commit", 0, NULL, NULL),
+              0);
+    CHECK_INT(idem_tx_commit(tx), 0);
+    idem_store_close(st);
+}
+
 int main(void)
 {
     struct idem_store *st = NULL;
@@ -487,6 +530,7 @@ int main(void)
     test_instances_race(st);
     test_notify_payload(eng);
     test_sqlstates(st);
+    test_synchronous_commit();
     test_cross_instance_wake(st, "first");
     test_restart(st, eng);
     test_cross_instance_wake(st, "after-restart");

@@ -486,5 +486,16 @@ def test_outbox_parks_a_failing_email_and_retry_sends_it_once(_):
         expect_eq(emails_of(prov, "profile_changed"), 1, "emails in the end")
 
 
+@test
+def test_sqlite_sync_normal_is_refused_with_a_provider(_):
+    # Phase 1 must be on disk before the charge: normal does not fsync every commit, and a lost
+    # phase 1 would be run again with a new order id, so a second charge.
+    p = subprocess.run([ORDERD, "serve", "--listen", "127.0.0.1:0", "--sqlite-sync", "normal",
+                        "--provider", "http://127.0.0.1:1"], capture_output=True, timeout=10)
+    expect_eq(p.returncode, 2, "exit status of serve --sqlite-sync normal --provider")
+    expect(b"--sqlite-sync normal cannot be used with --provider" in p.stderr,
+           "the refusal says why: %r" % p.stderr)
+
+
 if __name__ == "__main__":
     run("test_payments")
