@@ -15,7 +15,7 @@ deps:
 
 build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-	@cmake --build $(BUILD) -j $(JOBS)
+	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
 run: build
 	@scripts/run.sh
@@ -31,7 +31,7 @@ test-fast: build
 test-asan: deps
 	@CC=clang cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=ON \
 		-DIDEM_FUZZ=ON >/dev/null
-	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+	@cmake --build $(ASAN_BUILD) -j $(JOBS) -- --no-print-directory
 	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 		ctest $(CTEST_FLAGS)
 
@@ -40,7 +40,7 @@ FUZZ_SECONDS ?= 300
 fuzz: deps
 	@CC=clang cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=ON \
 		-DIDEM_FUZZ=ON -DIDEM_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
-	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+	@cmake --build $(ASAN_BUILD) -j $(JOBS) -- --no-print-directory
 	@cd $(ASAN_BUILD) && ctest --output-on-failure -R '^fuzz\.'
 
 # The benchmarks (docs/bench.md): an optimised build of its own, bounded load on 127.0.0.1
@@ -53,7 +53,7 @@ bench:
 	@scripts/deps.sh bench
 	@cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=Release -DIDEM_BENCH=ON \
 		"-DCMAKE_C_FLAGS=-g -fno-omit-frame-pointer" >/dev/null
-	@cmake --build $(BENCH_BUILD) -j $(JOBS) --target $(BENCH_TARGETS)
+	@cmake --build $(BENCH_BUILD) -j $(JOBS) --target $(BENCH_TARGETS) -- --no-print-directory
 	@sh tests/pg/with_pg.sh python3 bench/bench.py --bin $(BENCH_BUILD)/bin --out bench/results \
 		--seconds $(BENCH_SECONDS)
 

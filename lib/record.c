@@ -1,7 +1,7 @@
 /*
  * record.c - the stored response's headers, and freeing a record.
  *
- * Only allow-listed headers are kept with a response (DESIGN.md: Content-Type and Location): a
+ * Only allow-listed headers are kept with a response (docs/http-api.md: Content-Type and Location): a
  * replay must say the same thing as the first answer, but per-request headers (dates, request
  * ids, cookies) must not be frozen into every retry.  They are stored as "Name: value\n" lines.
  */

@@ -9,7 +9,7 @@
  * dies and runs again retries the same intent instead of starting a new one.
  *
  * The library stands alone: it needs libcurl, not libidem.  Conventions follow include/idem/idem.h
- * (shared/STYLE.md): 0 is success and a negative IDEM_CLIENT_E* code is a failure; business
+ * (docs/client.md): 0 is success and a negative IDEM_CLIENT_E* code is a failure; business
  * outcomes (a final answer, retries exhausted) come back through an enum out-parameter; every
  * result says whether it is new (the caller frees it with the named function) or borrowed (valid
  * until the named event).  The library never aborts and keeps no global mutable state of its own

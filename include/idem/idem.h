@@ -6,7 +6,7 @@
  * the RFC 8785 canonical form of the body, and durable records with leases and recovery points,
  * kept in a store (SQLite or PostgreSQL) inside the same transaction as the service's own writes.
  *
- * Conventions (see shared/STYLE.md): 0 is success and a negative IDEM_E* code is a failure;
+ * Conventions (docs/libidem.md): 0 is success and a negative IDEM_E* code is a failure;
  * business outcomes (execute, replay, mismatch, in progress) come back through an
  * enum idem_outcome out-parameter.  Every result says whether it is new (caller frees it with the
  * named function), or borrowed (valid until the named event).  The library never aborts.

@@ -1,6 +1,6 @@
 /*
  * conformance.c - the checklist of `idem-check conformance`: the HTTP semantics of
- * shared/DESIGN.md, checked from the outside against any API that takes an Idempotency-Key.
+ * docs/http-api.md, checked from the outside against any API that takes an Idempotency-Key.
  * It assumes nothing beyond the endpoint, one valid body and two bearer tokens; every key is
  * fresh and random, so a run can be repeated against the same server.  Each check records what
  * it expected and the response it rests on.

@@ -1,6 +1,6 @@
 /*
- * recovery.h - the two workers that finish what requests started (DESIGN.md, "Records,
- * transactions, phases"):
+ * recovery.h - the two workers that finish what requests started (docs/orderd.md, and
+ * docs/libidem.md on phases and recovery points):
  *
  * - the completer takes over records left `processing` with an expired lease (the process that
  *   owned them died, or nobody retried) and runs their remaining phases exactly as a retry would;

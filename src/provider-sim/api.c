@@ -1,6 +1,6 @@
 /*
  * api.c - provider-sim's routes, and the glue of every idempotent POST (handlers.h).  The order of
- * the checks is the one DESIGN.md gives orderd: key, JSON, validation (400s, never stored), then
+ * the checks is the one docs/http-api.md gives orderd: key, JSON, validation (400s, never stored), then
  * the record.  The faults sit where a real provider's failures sit: a 5xx fault answers before
  * anything runs (nothing is stored, a retry runs afresh), the latency fault delays the request,
  * and the lost-response fault strikes after the effect committed, so the client cannot tell

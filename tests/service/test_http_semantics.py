@@ -1,6 +1,6 @@
 """
-test_http_semantics.py - every rule of DESIGN.md's "HTTP semantics" and of docs/http-api.md, one
-test each, against a real orderd over real HTTP.
+test_http_semantics.py - every rule of docs/http-api.md, one test each, against a real orderd
+over real HTTP.
 
 Each test works as freshly created users, so the tests do not depend on one another and the same
 file runs against SQLite (service.*) and PostgreSQL (service-pg.*, a fresh database per server on
