@@ -14,11 +14,13 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define STMT_CACHE 48
 
@@ -198,6 +200,22 @@ static void sq_close(struct idem_conn *c)
     free(c);
 }
 
+/*
+ * A new database file is created readable by its owner only: it holds token hashes, emails and
+ * stored responses.  SQLite gives its -wal and -shm files the database file's mode.  An existing
+ * file keeps the mode it has.
+ */
+static void create_private(const char *path)
+{
+    int fd;
+
+    if (path[0] == ':' || strncmp(path, "file:", 5) == 0)
+        return;
+    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0)
+        close(fd);
+}
+
 static int sq_open(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
 {
     int rc = IDEM_EUNAVAIL;
@@ -205,6 +223,7 @@ static int sq_open(struct idem_store *st, struct idem_conn **out, char *err, siz
     char pragma[192];
 
     *out = NULL;
+    create_private(st->target);
     if (group_get(st) < 0)
         return IDEM_ENOMEM;
     c = calloc(1, sizeof(*c));

@@ -27,7 +27,7 @@ for bin in "$orderd" "$sim"; do
     fi
 done
 
-mkdir -p var
+mkdir -p -m 700 var  # the databases in it hold token hashes and emails
 # One secret per run, shared by the two: provider-sim signs its webhooks, orderd verifies them.
 secret="whsec_$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
 export ORDERD_WEBHOOK_SECRET="$secret"

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void count_wake(void *arg)
@@ -45,6 +46,17 @@ int main(void)
 
     snprintf(uri, sizeof(uri), "sqlite:%s/e.db", dir);
     CHECK_INT(idem_store_open(uri, NULL, &st, NULL), 0);
+    {
+        /* Token hashes, emails, stored responses: the files are the owner's alone. */
+        char path[160];
+        struct stat sb;
+        snprintf(path, sizeof(path), "%s/e.db", dir);
+        CHECK_INT(stat(path, &sb), 0);
+        CHECK_INT((int)(sb.st_mode & 0777), 0600);
+        snprintf(path, sizeof(path), "%s/e.db-wal", dir);
+        CHECK_INT(stat(path, &sb), 0);
+        CHECK_INT((int)(sb.st_mode & 0777), 0600);
+    }
     CHECK_STR(idem_store_kind(st), "sqlite");
     CHECK_INT(idem_engine_new(st, NULL, &eng), 0);
     CHECK(strchr(idem_engine_owner(eng), ':') != NULL);
