@@ -144,12 +144,31 @@ out:
     idem_tx_rollback(tx);
 }
 
+/* Whether `s` holds a control character (C0, DEL, C1): in a name or an email it is never meant. */
+static int has_control(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+
+    for (; *p; p++) {
+        if (*p < 0x20 || *p == 0x7f)
+            return 1;
+        /* C1 controls are U+0080..U+009F: 0xC2 0x80..0x9F in UTF-8. */
+        if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
+            return 1;
+    }
+    return 0;
+}
+
 static int valid_string(const json_t *v, size_t min_chars, size_t max_chars)
 {
     size_t n;
 
-    /* An embedded NUL ("\u0000") would make the stored text differ from what was sent. */
-    if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v))
+    /*
+     * An embedded NUL ("\u0000") would make the stored text differ from what was sent; CR, LF
+     * or ESC would let a profile forge a log line or an email header, or drive a terminal.
+     */
+    if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v) ||
+        has_control(json_string_value(v)))
         n = 0;
     else
         n = utf8_length(json_string_value(v));
@@ -170,13 +189,15 @@ void profile_update(const struct call_ctx *cx, struct response *resp)
     email = json_object_get(cx->body, "email");
     if (!valid_string(name, 1, NAME_MAX_CHARS)) {
         response_problem(resp, 400, "validation-failed",
-                         "name must be a string of 1 to 200 characters.");
+                         "name must be a string of 1 to 200 characters, without control "
+                         "characters.");
         goto out;
     }
     if (!valid_string(email, EMAIL_MIN_CHARS, EMAIL_MAX_CHARS) ||
         strchr(json_string_value(email), '@') == NULL) {
         response_problem(resp, 400, "validation-failed",
-                         "email must be a string of 3 to 254 characters containing '@'.");
+                         "email must be a string of 3 to 254 characters containing '@', "
+                         "without control characters.");
         goto out;
     }
     in.name = json_string_value(name);

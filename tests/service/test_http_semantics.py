@@ -849,7 +849,13 @@ def test_profile_validation_is_400(ctx):
     k = new_key()
     for body in ({"name": "", "email": "a@b.c"}, {"name": "A", "email": "no-at-sign"},
                  {"name": "A"}, {"name": "x" * 201, "email": "a@b.c"},
-                 {"name": "A", "email": "@"}, {"name": 5, "email": "a@b.c"}):
+                 {"name": "A", "email": "@"}, {"name": 5, "email": "a@b.c"},
+                 # Control characters could forge a log line or an email header, or drive a
+                 # terminal that shows the profile.
+                 {"name": "Mallory\r\nX-Admin: yes", "email": "a@b.c"},
+                 {"name": "A\x1b[2J", "email": "a@b.c"},
+                 {"name": "A", "email": "a@b.c\nBcc: all@example.com"},
+                 {"name": "A\u0085B", "email": "a@b.c"}):
         r = u.put("/api/me/profile", body, key=k)
         expect_problem(r, 400, "validation-failed", "PUT %r" % (body,))
     r = u.put("/api/me/profile", {"name": "Grace", "email": "grace@example.com"}, key=k)
