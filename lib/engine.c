@@ -1074,16 +1074,25 @@ int idem_call_stage(struct idem_call *call, int status, const struct idem_header
     return stage_response(call, status, headers, nheaders, body, body_len);
 }
 
-int idem_call_commit(struct idem_call *call)
+/* What idem_call_commit() and idem_call_commit_async() need: an open phase holding a stage. */
+static int commit_ready(struct idem_call *call)
 {
-    if (!call)
-        return IDEM_EINVAL;
     if (call->completed)
         return call_fail(call, IDEM_ESTATE, "commit response", "the call is completed");
     if (!call->tx || !call->staged_body)
         return call_fail(call, IDEM_ESTATE, "commit response",
                          call->tx ? "no response is staged" : "no phase is open");
-    return commit_response(call);
+    return 0;
+}
+
+int idem_call_commit(struct idem_call *call)
+{
+    int rc;
+
+    if (!call)
+        return IDEM_EINVAL;
+    rc = commit_ready(call);
+    return rc < 0 ? rc : commit_response(call);
 }
 
 /* The store's word on an asynchronous commit: finish the call, then tell its owner. */
@@ -1101,17 +1110,15 @@ static void response_committed_async(void *arg, int rc, const char *errmsg)
 
 int idem_call_commit_async(struct idem_call *call, idem_call_done done, void *arg)
 {
-    char err[IDEM_ERRMSG_MAX];
+    char err[IDEM_ERRMSG_MAX] = "";
     struct idem_tx *tx;
     int rc;
 
     if (!call || !done)
         return IDEM_EINVAL;
-    if (call->completed)
-        return call_fail(call, IDEM_ESTATE, "commit response", "the call is completed");
-    if (!call->tx || !call->staged_body)
-        return call_fail(call, IDEM_ESTATE, "commit response",
-                         call->tx ? "no response is staged" : "no phase is open");
+    rc = commit_ready(call);
+    if (rc < 0)
+        return rc;
     call->async_done = done;
     call->async_arg = arg;
     tx = call->tx;

@@ -329,7 +329,6 @@ int idem__tx_commit_async(struct idem_tx *tx, idem__commit_done done, void *arg,
         free(tx);
         return rc;
     }
-    idem__fmt(err, errlen, "%s", "");
     rc = idem_tx_commit(tx);
     if (rc < 0) {
         idem__fmt(err, errlen, "%s", idem_strerror(rc));

@@ -953,10 +953,13 @@ static void sq_write_rollback(struct idem_store *st, struct idem_conn *c)
     group_unlock(g);
 }
 
-static int sq_write_commit(struct idem_store *st, struct idem_conn *c, char *err, size_t errlen)
+/*
+ * Releases the caller's savepoint into the open batch (both commits begin so).  On failure the
+ * savepoint is rolled back, the writer given up, and the reason is in `err`.
+ */
+static int release_into_batch(struct idem_store *st, struct idem_conn *c, char *err,
+                              size_t errlen)
 {
-    struct sq_group *g = st->backend;
-    struct sq_batch *b;
     int rc;
 
     if (sqlite3_get_autocommit(c->db)) {
@@ -969,8 +972,19 @@ static int sq_write_commit(struct idem_store *st, struct idem_conn *c, char *err
     if (rc < 0) {
         idem__fmt(err, errlen, "%s", c->errmsg);
         sq_write_rollback(st, c);
-        return rc;
     }
+    return rc;
+}
+
+static int sq_write_commit(struct idem_store *st, struct idem_conn *c, char *err, size_t errlen)
+{
+    struct sq_group *g = st->backend;
+    struct sq_batch *b;
+    int rc;
+
+    rc = release_into_batch(st, c, err, errlen);
+    if (rc < 0)
+        return rc;
     pthread_mutex_lock(&g->mu);
     b = g->batch;
     b->refs++;
@@ -1017,23 +1031,15 @@ static int sq_write_commit_async(struct idem_store *st, struct idem_conn *c, ide
 
     n = calloc(1, sizeof(*n));
     if (!n) {
+        idem__fmt(err, errlen, "%s", idem_strerror(IDEM_ENOMEM));
         sq_write_rollback(st, c);
         return IDEM_ENOMEM;
     }
     n->done = done;
     n->arg = arg;
-    if (sqlite3_get_autocommit(c->db)) {
-        idem__fmt(err, errlen, "sqlite: the shared write transaction was rolled back: %s",
-                  c->errmsg);
-        free(n);
-        sq_write_rollback(st, c);
-        return IDEM_EUNAVAIL;
-    }
-    rc = run_simple(c, "RELEASE idem_tx", "commit");
+    rc = release_into_batch(st, c, err, errlen);
     if (rc < 0) {
-        idem__fmt(err, errlen, "%s", c->errmsg);
         free(n);
-        sq_write_rollback(st, c);
         return rc;
     }
     pthread_mutex_lock(&g->mu);
