@@ -99,7 +99,7 @@ struct conn {
     struct response resp;
     int64_t start_ns;
     int keep_alive;   /* after this response */
-    int report;       /* call `answered` for this response */
+    int report;       /* a request came (even a malformed one): tell `answered` */
     int reading;
     int parsing; /* inside parse(): it goes on by itself after a response written at once */
     uv_write_t wr;
@@ -764,8 +764,8 @@ static void keep_rest(struct conn *c, const char *data, size_t len)
 
 static void refuse_head(struct conn *c, int status, const char *code, const char *detail)
 {
+    c->report = 1; /* a malformed request may not have started in the parser's eyes */
     atomic_fetch_add(&c->lp->srv->st_heads, 1);
-    c->report = 1;
     send_problem(c, current_request(c), status, code, detail, 0);
 }
 
@@ -778,7 +778,7 @@ static int head_accepted(struct conn *c)
     uv_buf_t buf;
 
     if (rq->content_length > HTTP_BODY_MAX) {
-        refuse_head(c, 413, "body-too-large", "Request bodies are limited to 1 MiB.");
+        refuse_head(c, 413, "body-too-large", REQUEST_BODY_TOO_LARGE);
         return -1;
     }
     if (rq->expects_continue && rq->has_body) {
@@ -788,6 +788,32 @@ static int head_accepted(struct conn *c)
     }
     set_state(c, CONN_BODY);
     return 0;
+}
+
+/*
+ * Does what the program decided of a head, on the loop or (`on_worker`) back from a worker:
+ * 0 when the body may come, -1 when the request was answered or handed to a worker.
+ */
+static int act_on_head(struct conn *c, enum http_head_verdict v, int on_worker)
+{
+    if (v == HTTP_HEAD_BLOCKS && !on_worker) {
+        if (submit(c, JOB_HEAD) != 0)
+            refuse_head(c, 503, "server-busy", "Every worker is busy; retry shortly.");
+        return -1;
+    }
+    if (v == HTTP_HEAD_BLOCKS) {
+        /* A program that cannot decide even when it may block: refuse, safely. */
+        response_clear(&c->resp);
+        response_init(&c->resp);
+        response_problem(&c->resp, 500, "internal-error", "The request could not be checked.");
+        v = HTTP_HEAD_ANSWER;
+    }
+    if (v == HTTP_HEAD_ANSWER) {
+        atomic_fetch_add(&c->lp->srv->st_heads, 1);
+        send_response(c, request_parser_request(&c->rp), 0);
+        return -1;
+    }
+    return head_accepted(c);
 }
 
 /* The head is in: the program may refuse the request before a byte of its body is kept. */
@@ -802,19 +828,7 @@ static int head_arrived(struct conn *c)
     response_init(&c->resp);
     if (o->on_head != NULL)
         v = o->on_head(o->ctx, rq, &c->resp, 0);
-    if (v == HTTP_HEAD_BLOCKS) {
-        if (submit(c, JOB_HEAD) != 0) {
-            refuse_head(c, 503, "server-busy", "Every worker is busy; retry shortly.");
-        }
-        return -1;
-    }
-    if (v == HTTP_HEAD_ANSWER) {
-        atomic_fetch_add(&c->lp->srv->st_heads, 1);
-        c->report = 1;
-        send_response(c, rq, 0);
-        return -1;
-    }
-    return head_accepted(c);
+    return act_on_head(c, v, 0);
 }
 
 /* The whole request is in: answer it on the loop, or give it to a worker. */
@@ -826,7 +840,6 @@ static void request_complete(struct conn *c)
     struct http_park park = {.token = c};
     enum http_loop_verdict v = HTTP_LOOP_WORKER;
 
-    c->report = 1;
     /* What on_head may have left (a principal, headers) is not the answer's. */
     response_clear(&c->resp);
     response_init(&c->resp);
@@ -904,6 +917,7 @@ static void parse(struct conn *c, const char *data, size_t len)
         len -= used;
         if ((c->state == CONN_IDLE || c->state == CONN_FRESH) &&
             request_parser_started(&c->rp)) {
+            c->report = 1;
             set_state(c, CONN_HEAD);
             c->start_ns = mono_ns();
         }
@@ -1001,20 +1015,7 @@ static void job_done(struct conn *c)
     const struct request *rq = request_parser_request(&c->rp);
 
     if (c->job == JOB_HEAD) {
-        if (c->verdict == HTTP_HEAD_BLOCKS) {
-            /* A program that cannot decide even when it may block: refuse, safely. */
-            response_clear(&c->resp);
-            response_init(&c->resp);
-            response_problem(&c->resp, 500, "internal-error", "The request could not be checked.");
-            c->verdict = HTTP_HEAD_ANSWER;
-        }
-        if (c->verdict == HTTP_HEAD_ANSWER) {
-            atomic_fetch_add(&c->lp->srv->st_heads, 1);
-            c->report = 1;
-            send_response(c, rq, 0);
-            return;
-        }
-        if (head_accepted(c) == 0)
+        if (act_on_head(c, c->verdict, 1) == 0)
             process_input(c);
         return;
     }
@@ -1070,7 +1071,6 @@ static void expire(struct http_loop *lp, struct conn *c)
     case CONN_HEAD:
     case CONN_BODY:
         atomic_fetch_add(&srv->st_timeouts, 1);
-        c->report = 1;
         send_problem(c, current_request(c), 408, "request-timeout",
                      c->state == CONN_HEAD
                          ? "The request headers did not arrive in time."

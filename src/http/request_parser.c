@@ -8,7 +8,6 @@
 #include "request_parser.h"
 
 #include <limits.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -208,33 +207,49 @@ static long percent_decode(const char *s, size_t len, char *out, int plus)
 }
 
 /*
+ * Appends a decoded copy of the `len` URL bytes at `off` in the head, with its NUL, and points
+ * *out at it.  Returns its decoded length, or -1 when a NUL would come out.  build_view() has
+ * reserved the room, so the head does not move.
+ */
+static long add_decoded(struct request_parser *p, size_t off, size_t len, int plus,
+                        const char **out)
+{
+    size_t start = p->head.len;
+    long dl;
+
+    strbuf_add(&p->head, p->head.buf + off, len);
+    dl = percent_decode(p->head.buf + start, len, p->head.buf + start, plus);
+    if (dl < 0)
+        return -1;
+    p->head.len = start + (size_t)dl;
+    strbuf_add(&p->head, "", 1);
+    *out = p->head.buf + start;
+    return dl;
+}
+
+/*
  * The head is in: appends the decoded path and query arguments after the fields, then points the
  * request view into the buffer (which no longer moves until the next request).
  */
 static int build_view(struct request_parser *p)
 {
     struct http_parser_url u;
-    const char *url;
     size_t path_off = 0, path_len = 0, query_off = 0, query_len = 0;
-    size_t path_start, i, n, nargs = 0, cap_args = 0;
-    size_t arg_off[2];
+    size_t i, nargs = 0, cap_args = 0;
+    const char *path = "/";
     long dl;
     char *q;
-    int rc = -1;
 
     /*
      * The decoded path and arguments are copied from the URL within the same buffer, so it must
-     * not move meanwhile: they never take more than four times the URL (a NUL per piece).
+     * not move from here on: they never take more than four times the URL (a NUL per piece).
      */
     strbuf_add(&p->head, "", 1);
     strbuf_grow(&p->head, p->url_len * 4 + 16);
-    url = p->head.buf;
     http_parser_url_init(&u);
     if (p->url_len == 0 ||
-        http_parser_parse_url(url, p->url_len, p->hp.method == HTTP_CONNECT, &u) != 0) {
-        p->stop = STOP_BAD_TARGET;
-        goto out;
-    }
+        http_parser_parse_url(p->head.buf, p->url_len, p->hp.method == HTTP_CONNECT, &u) != 0)
+        goto bad_target;
     if (u.field_set & (1 << UF_PATH)) {
         path_off = u.field_data[UF_PATH].off;
         path_len = u.field_data[UF_PATH].len;
@@ -243,33 +258,15 @@ static int build_view(struct request_parser *p)
         query_off = u.field_data[UF_QUERY].off;
         query_len = u.field_data[UF_QUERY].len;
     }
-
-    /* The path, decoded, NUL-terminated. */
-    path_start = p->head.len;
-    if (path_len == 0) {
-        strbuf_add(&p->head, "/", 1);
-    } else {
-        strbuf_add(&p->head, p->head.buf + path_off, path_len);
-        dl = percent_decode(p->head.buf + path_start, path_len, p->head.buf + path_start, 0);
-        if (dl < 0) {
-            p->stop = STOP_BAD_TARGET;
-            goto out;
-        }
-        p->head.len = path_start + (size_t)dl;
-    }
-    strbuf_add(&p->head, "", 1);
     /* Only the origin form (or the path of the absolute form) names a resource here. */
-    if (p->head.buf[path_start] != '/') {
-        p->stop = STOP_BAD_TARGET;
-        goto out;
-    }
+    if (path_len > 0 && (add_decoded(p, path_off, path_len, 0, &path) < 0 || path[0] != '/'))
+        goto bad_target;
 
-    /* The query arguments: "name\0value\0" each, decoded. */
+    /* The query arguments, decoded ('+' is a space); "?name" has the value "". */
     for (i = 0; i < query_len; i++)
         cap_args += p->head.buf[query_off + i] == '&';
-    cap_args += 1;
     if (query_len > 0)
-        p->args = xcalloc(cap_args, sizeof *p->args);
+        p->args = xcalloc(cap_args + 1, sizeof *p->args);
     i = 0;
     while (i < query_len) {
         size_t end = i, eq;
@@ -280,42 +277,22 @@ static int build_view(struct request_parser *p)
             eq = i;
             while (eq < end && p->head.buf[query_off + eq] != '=')
                 eq++;
-            arg_off[0] = p->head.len;
-            strbuf_add(&p->head, p->head.buf + query_off + i, eq - i);
-            dl = percent_decode(p->head.buf + arg_off[0], eq - i, p->head.buf + arg_off[0], 1);
-            if (dl < 0) {
-                p->stop = STOP_BAD_TARGET;
-                goto out;
-            }
-            p->head.len = arg_off[0] + (size_t)dl;
-            strbuf_add(&p->head, "", 1);
-            arg_off[1] = p->head.len;
-            n = eq < end ? end - eq - 1 : 0;
-            strbuf_add(&p->head, p->head.buf + query_off + end - n, n);
-            dl = percent_decode(p->head.buf + arg_off[1], n, p->head.buf + arg_off[1], 1);
-            if (dl < 0) {
-                p->stop = STOP_BAD_TARGET;
-                goto out;
-            }
-            p->head.len = arg_off[1] + (size_t)dl;
-            strbuf_add(&p->head, "", 1);
-            /* Offsets for now: the buffer may still move. */
-            p->args[nargs].name = (const char *)(uintptr_t)arg_off[0];
-            p->args[nargs].value = (const char *)(uintptr_t)arg_off[1];
+            if (add_decoded(p, query_off + i, eq - i, 1, &p->args[nargs].name) < 0)
+                goto bad_target;
+            dl = add_decoded(p, eq < end ? query_off + eq + 1 : query_off + end,
+                             eq < end ? end - eq - 1 : 0, 1, &p->args[nargs].value);
+            if (dl < 0)
+                goto bad_target;
             p->args[nargs].value_len = (size_t)dl;
             nargs++;
         }
         i = end + 1;
     }
 
-    /* The buffer stays put from here on: point into it. */
+    /* The fields, NUL-terminated in place. */
     q = p->head.buf;
     if (p->nfields > 0)
         p->fields = xcalloc(p->nfields, sizeof *p->fields);
-    for (i = 0; i < nargs; i++) {
-        p->args[i].name = q + (uintptr_t)p->args[i].name;
-        p->args[i].value = q + (uintptr_t)p->args[i].value;
-    }
     for (i = 0; i < p->nfields; i++) {
         const struct request_field_span *sp = &p->spans[i];
 
@@ -329,7 +306,7 @@ static int build_view(struct request_parser *p)
     q[p->url_len] = '\0';
 
     p->rq.method = http_method_str((enum http_method)p->hp.method);
-    p->rq.path = q + path_start;
+    p->rq.path = path;
     p->rq.fields = p->fields;
     p->rq.nfields = p->nfields;
     p->rq.args = p->args;
@@ -338,9 +315,10 @@ static int build_view(struct request_parser *p)
                      (p->hp.content_length > 0 && p->hp.content_length != ULLONG_MAX);
     p->rq.content_length =
         (p->hp.flags & F_CHUNKED) || p->hp.content_length == ULLONG_MAX ? 0 : p->hp.content_length;
-    rc = 0;
-out:
-    return rc;
+    return 0;
+bad_target:
+    p->stop = STOP_BAD_TARGET;
+    return -1;
 }
 
 static int expects_continue(const struct request_parser *p)
@@ -432,7 +410,7 @@ static enum request_parse_result parse_error(struct request_parser *p)
         fail(p, 431, "request-header-too-large",
              "The request line and header fields are over this server's limit.");
     else if (reason == STOP_BODY_TOO_LARGE)
-        fail(p, 413, "body-too-large", "Request bodies are limited to 1 MiB.");
+        fail(p, 413, "body-too-large", REQUEST_BODY_TOO_LARGE);
     else if (reason == STOP_BAD_TARGET)
         fail(p, 400, "bad-request", "The request target is not a valid path.");
     else if (reason == STOP_BAD_FIELD_NAME)

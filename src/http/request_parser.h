@@ -19,6 +19,9 @@
 
 #include "strbuf.h"
 
+/* The detail of the 413 for a body over the cap, announced or sent (docs/http-api.md). */
+#define REQUEST_BODY_TOO_LARGE "Request bodies are limited to 1 MiB."
+
 /* At most this many header fields per request; more is a 431 like an oversized block. */
 #define REQUEST_MAX_HEADERS 100
 
