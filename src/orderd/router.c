@@ -320,6 +320,26 @@ out:
     return rc;
 }
 
+/*
+ * Every check of the contract after the route, in its order: auth, content type, key, JSON and
+ * fingerprint.  0 when all pass, -1 when one answered into `resp`, 1 when the token needs the
+ * store.  A worker (`worker` 1) may ask the store and gets the body parsed for its handler; the
+ * event loop asks the token cache only and needs only the fingerprint.
+ */
+static int run_checks(struct call_ctx *cx, const struct route *rt, char *key,
+                      struct response *resp, int worker)
+{
+    int rc = check_head(cx, rt, resp, worker);
+
+    if (rc != 0)
+        return rc;
+    if (check_key(cx, rt->key, key, resp) != 0)
+        return -1;
+    if (rt->body != BODY_NONE && rt->body != BODY_RAW && check_json(cx, rt, resp, worker) != 0)
+        return -1;
+    return 0;
+}
+
 void router_dispatch(struct app *app, const struct request *rq, struct response *resp)
 {
     const struct route *rt;
@@ -339,11 +359,7 @@ void router_dispatch(struct app *app, const struct request *rq, struct response 
     for (i = 0; i < cx.nparams; i++)
         cx.params[i] = params[i];
 
-    if (check_head(&cx, rt, resp, 1) != 0)
-        goto out;
-    if (check_key(&cx, rt->key, key, resp) != 0)
-        goto out;
-    if (rt->body != BODY_NONE && rt->body != BODY_RAW && check_json(&cx, rt, resp, 1) != 0)
+    if (run_checks(&cx, rt, key, resp, 1) != 0)
         goto out;
     rt->handler(&cx, resp);
 out:
@@ -356,14 +372,12 @@ enum http_head_verdict router_check_head(struct app *app, struct request *rq,
 {
     const struct route *rt;
     struct call_ctx cx;
-    char *params[ROUTE_MAX_PARAMS] = {NULL};
     int rc;
 
     memset(&cx, 0, sizeof cx);
     cx.app = app;
     cx.rq = rq;
-    rt = find_route(rq, params, &cx.nparams, resp);
-    free_params(params, ROUTE_MAX_PARAMS);
+    rt = find_route(rq, NULL, NULL, resp); /* the head's checks need no path parameter */
     if (rt == NULL)
         return HTTP_HEAD_ANSWER;
     resp->operation = rt->operation;
@@ -424,9 +438,8 @@ enum http_loop_verdict router_answer_on_loop(struct app *app, const struct reque
     resp->operation = rt->operation;
     for (i = 0; i < cx.nparams; i++)
         cx.params[i] = params[i];
-    /* Every check of the worker's path, in its order; any refusal is left to the worker. */
-    if (check_head(&cx, rt, resp, 0) != 0 || check_key(&cx, rt->key, key, resp) != 0 ||
-        cx.key == NULL || (rt->body != BODY_NONE && check_json(&cx, rt, resp, 0) != 0))
+    /* Any refusal is left to the worker, which answers it the same way. */
+    if (run_checks(&cx, rt, key, resp, 0) != 0 || cx.key == NULL)
         goto out;
     if (idemcall_lookup(&cx, op, resp)) {
         v = HTTP_LOOP_ANSWERED;
