@@ -47,6 +47,16 @@ def raise_nofile(want):
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
+def read_some(sock):
+    """What a readable socket gives: bytes, b"" once it is closed or reset, None if nothing yet."""
+    try:
+        return sock.recv(65536)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+
+
 def attack(a):
     raise_nofile(a.connections + 256)
     sources = a.sources.split(",")
@@ -145,12 +155,9 @@ def attack(a):
                 continue
             if not st["open"]:
                 continue
-            try:
-                data = st["sock"].recv(65536)
-            except BlockingIOError:
+            data = read_some(st["sock"])
+            if data is None:
                 continue
-            except OSError:
-                data = b""
             if data:
                 st["got"] += data
                 continue
@@ -261,12 +268,9 @@ def legit(a):
             continue
         for key, _ in sel.select(timeout=0.2):
             st = key.data
-            try:
-                data = st["sock"].recv(65536)
-            except BlockingIOError:
+            data = read_some(st["sock"])
+            if data is None:
                 continue
-            except OSError:
-                data = b""
             if not data:
                 drop(st, "read")
                 if time.monotonic() < end and connect(st) and not send(st):

@@ -108,17 +108,17 @@ INVALID_KEYS = [
 ]
 
 
-def _invalid_key_test(key):
+def _invalid_key_test(key, code):
     def t(ctx):
         u = ctx.server.new_user()
         r = u.create_order(key)
-        expect_problem(r, 400, "idempotency-key-invalid", "Idempotency-Key %r" % key)
+        expect_problem(r, 400, code, "Idempotency-Key %r" % key)
         expect_no_orders(u, "after an invalid key")
     return t
 
 
 for _name, _key in INVALID_KEYS:
-    test(_invalid_key_test(_key), "test_invalid_key_%s_is_400" % _name)
+    test(_invalid_key_test(_key, "idempotency-key-invalid"), "test_invalid_key_%s_is_400" % _name)
 
 # A control character other than HTAB is not allowed in any header field (RFC 9110 5.5): the
 # HTTP layer refuses the request before the key is looked at, with the same 400 and nothing done.
@@ -127,18 +127,8 @@ INVALID_FIELD_KEYS = [
     ("control_char_del", "ab\x7fcd"),
 ]
 
-
-def _invalid_field_test(key):
-    def t(ctx):
-        u = ctx.server.new_user()
-        r = u.create_order(key)
-        expect_problem(r, 400, "bad-request", "Idempotency-Key %r" % key)
-        expect_no_orders(u, "after a header field with a control character")
-    return t
-
-
 for _name, _key in INVALID_FIELD_KEYS:
-    test(_invalid_field_test(_key), "test_invalid_key_%s_is_400" % _name)
+    test(_invalid_key_test(_key, "bad-request"), "test_invalid_key_%s_is_400" % _name)
 
 
 @test
