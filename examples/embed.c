@@ -12,7 +12,7 @@ static const struct idem_migration schema[] = {
     {1, "payments", "CREATE TABLE payments (id TEXT PRIMARY KEY, amount TEXT)",
      "CREATE TABLE payments (id TEXT PRIMARY KEY, amount TEXT)"},
 };
-static const struct idem_operation create_payment = {"payments.create", 0, 0, 0};
+static const struct idem_operation create_payment = {.name = "payments.create"};
 
 /* Handles one request; prints what the client would receive. */
 static int handle(struct idem_engine *eng, const char *user, const char *key, const char *body)

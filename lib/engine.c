@@ -79,6 +79,8 @@ struct idem_call {
     char *principal, *operation, *key;
     char owner[320];
     int64_t ttl_ms, lease_ms, wait_ms;
+    const char *const *stored_headers; /* the operation's allow-list (borrowed), NULL: default */
+    size_t nstored_headers;
     unsigned char fp[IDEM_FP_LEN];
 
     struct idem_tx *tx;  /* the open phase, if any */
@@ -587,6 +589,8 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
     call->ttl_ms = op->ttl_ms > 0 ? op->ttl_ms : DEFAULT_TTL_MS;
     call->lease_ms = op->lease_ms > 0 ? op->lease_ms : DEFAULT_LEASE_MS;
     call->wait_ms = op->wait_ms > 0 ? op->wait_ms : DEFAULT_WAIT_MS;
+    call->stored_headers = op->stored_headers;
+    call->nstored_headers = op->stored_headers ? op->nstored_headers : 0;
     call->retry_after_s = 1;
     if (fp)
         memcpy(call->fp, fp, IDEM_FP_LEN);
@@ -985,7 +989,8 @@ static int stage_response(struct idem_call *call, int status, const struct idem_
     int ok = 0;
     int rc;
 
-    rc = idem__headers_encode(headers, nheaders, &text);
+    rc = idem__headers_encode(headers, nheaders, call->stored_headers, call->nstored_headers,
+                              &text);
     if (rc < 0)
         goto out;
     copy = malloc(body_len + 1);
@@ -1171,6 +1176,45 @@ void idem_call_abort(struct idem_call *call)
         call->record_durable = 0;
     }
     notify_changed(call->eng, call);
+}
+
+int idem_call_forget(struct idem_call *call)
+{
+    struct idem_store *st;
+    struct idem_tx *tx = NULL;
+    int ok = 0;
+    int rc;
+
+    if (!call)
+        return IDEM_EINVAL;
+    if (call->completed || (!call->tx && !call->record_durable))
+        return call_fail(call, IDEM_ESTATE, "forget", "the call holds no record's lease");
+    st = call->eng->st;
+    if (call->tx)
+        rollback_phase(call);
+    if (!call->record_durable) {
+        notify_changed(call->eng, call);
+        return 0; /* the claim never committed: it is gone with the rollback */
+    }
+    rc = idem_tx_begin(st, 1, &tx);
+    if (rc < 0)
+        return call_fail(call, rc, "forget", "no store connection");
+    rc = st->vt->record_forget(idem__tx_conn(tx), &call->scope, call->owner, &ok);
+    if (rc < 0) {
+        call_fail(call, rc, "forget", st->vt->errmsg(idem__tx_conn(tx)));
+        idem_tx_rollback(tx);
+        return rc;
+    }
+    if (!ok) {
+        idem_tx_rollback(tx);
+        return call_fail(call, IDEM_ELEASE, "forget", "another owner holds the record");
+    }
+    rc = idem_tx_commit(tx);
+    if (rc < 0)
+        return call_fail(call, rc, "forget", "commit failed");
+    call->record_durable = 0;
+    notify_changed(call->eng, call);
+    return 0;
 }
 
 void idem_call_end(struct idem_call *call)

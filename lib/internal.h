@@ -71,8 +71,12 @@ struct idem_record {
 
 void idem__record_clear(struct idem_record *rec);
 
-/* Encodes the allow-listed headers of `h` as "Name: value\n" lines (new, free()). */
-int idem__headers_encode(const struct idem_header *h, size_t n, char **out);
+/*
+ * Encodes the headers of `h` named in `allow` (`nallow` names, case-insensitive; NULL: the default
+ * list, Content-Type and Location) as "Name: value\n" lines (new, free()).
+ */
+int idem__headers_encode(const struct idem_header *h, size_t n, const char *const *allow,
+                         size_t nallow, char **out);
 /* Splits `text` in place into headers; *out (new, free()) points into `text`. */
 int idem__headers_decode(char *text, struct idem_header **out, size_t *n);
 /* Splits `text` in place into `h` (room for one header per line); returns how many. */
@@ -140,6 +144,9 @@ struct idem_store_vtab {
                            int *ok);
     /* Fenced on owner: expires the lease now, so the next request may resume at once. */
     int (*record_release)(struct idem_conn *c, const struct idem_scope *s, const char *owner);
+    /* Fenced on (owner, status processing): deletes the record; *ok = 1 if it was deleted. */
+    int (*record_forget)(struct idem_conn *c, const struct idem_scope *s, const char *owner,
+                         int *ok);
     /* Lists up to `limit` processing records whose lease expired (operation NULL: all). */
     int (*record_stalled)(struct idem_conn *c, const char *operation, int limit,
                           struct idem_stalled **out, size_t *n);

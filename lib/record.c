@@ -1,9 +1,10 @@
 /*
  * record.c - the stored response's headers, and freeing a record.
  *
- * Only allow-listed headers are kept with a response (docs/http-api.md: Content-Type and Location): a
- * replay must say the same thing as the first answer, but per-request headers (dates, request
- * ids, cookies) must not be frozen into every retry.  They are stored as "Name: value\n" lines.
+ * Only allow-listed headers are kept with a response (by default Content-Type and Location; an
+ * operation may name its own list, struct idem_operation): a replay must say the same thing as the
+ * first answer, but per-request headers (dates, request ids, cookies) must not be frozen into every
+ * retry.  They are stored as "Name: value\n" lines.
  */
 #include "internal.h"
 
@@ -11,7 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
-static const char *const stored_headers[] = {"Content-Type", "Location"};
+static const char *const default_stored_headers[] = {"Content-Type", "Location"};
 
 void idem__record_clear(struct idem_record *rec)
 {
@@ -23,11 +24,16 @@ void idem__record_clear(struct idem_record *rec)
     memset(rec, 0, sizeof(*rec));
 }
 
-static const char *allowed_name(const char *name)
+/* The allow-listed spelling of `name`, or NULL when `allow` (NULL: the default list) lacks it. */
+static const char *allowed_name(const char *name, const char *const *allow, size_t nallow)
 {
-    for (size_t i = 0; i < sizeof(stored_headers) / sizeof(stored_headers[0]); i++)
-        if (strcasecmp(name, stored_headers[i]) == 0)
-            return stored_headers[i];
+    if (!allow) {
+        allow = default_stored_headers;
+        nallow = sizeof(default_stored_headers) / sizeof(default_stored_headers[0]);
+    }
+    for (size_t i = 0; i < nallow; i++)
+        if (allow[i] && strcasecmp(name, allow[i]) == 0)
+            return allow[i];
     return NULL;
 }
 
@@ -37,7 +43,8 @@ static int value_ok(const char *v)
     return v && !strpbrk(v, "\r\n");
 }
 
-int idem__headers_encode(const struct idem_header *h, size_t n, char **out)
+int idem__headers_encode(const struct idem_header *h, size_t n, const char *const *allow,
+                         size_t nallow, char **out)
 {
     size_t cap = 1;
     char *buf = NULL;
@@ -45,13 +52,13 @@ int idem__headers_encode(const struct idem_header *h, size_t n, char **out)
 
     *out = NULL;
     for (size_t i = 0; i < n; i++)
-        if (h[i].name && allowed_name(h[i].name) && value_ok(h[i].value))
+        if (h[i].name && allowed_name(h[i].name, allow, nallow) && value_ok(h[i].value))
             cap += strlen(h[i].name) + strlen(h[i].value) + 3;
     buf = malloc(cap);
     if (!buf)
         return IDEM_ENOMEM;
     for (size_t i = 0; i < n; i++) {
-        const char *name = h[i].name ? allowed_name(h[i].name) : NULL;
+        const char *name = h[i].name ? allowed_name(h[i].name, allow, nallow) : NULL;
         size_t nl, vl;
         if (!name || !value_ok(h[i].value))
             continue;

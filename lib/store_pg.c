@@ -135,6 +135,7 @@ enum rec_stmt {
     RS_ADVANCE,
     RS_COMPLETE,
     RS_RELEASE,
+    RS_FORGET,
     RS_SWEEP,
     RS_STALLED,
     RS_NOTIFY,
@@ -206,6 +207,11 @@ static const struct rec_sql rec_sql[RS_COUNT] = {
                     " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $4",
                     4,
                     {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT}},
+    [RS_FORGET] = {"idem_forget",
+                   "DELETE FROM idem_records r"
+                   " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $4",
+                   4,
+                   {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT}},
     /*
      * "This record may have changed", sent once the phase committed (pg_commit), as a
      * transaction of its own.  Not inside the phase: PostgreSQL serialises every notifying commit
@@ -1435,6 +1441,23 @@ static int pg_record_release(struct idem_conn *c, const struct idem_scope *s, co
     return rc;
 }
 
+static int pg_record_forget(struct idem_conn *c, const struct idem_scope *s, const char *owner,
+                            int *ok)
+{
+    const char *vals[4] = {s->principal, s->operation, s->key, owner};
+    PGresult *res = NULL;
+    int rc;
+
+    *ok = 0;
+    rc = rec_run(c, RS_FORGET, vals, NULL, NULL, 0, "forget record", &res);
+    if (rc == 0)
+        *ok = changed_of(res) == 1;
+    if (*ok)
+        notify_after_commit(c, s);
+    PQclear(res);
+    return rc;
+}
+
 static int pg_record_sweep(struct idem_conn *c, int limit, int *deleted)
 {
     char n[16];
@@ -1818,6 +1841,7 @@ const struct idem_store_vtab idem__pg_vtab = {
     .record_advance = pg_record_advance,
     .record_complete = pg_record_complete,
     .record_release = pg_record_release,
+    .record_forget = pg_record_forget,
     .record_stalled = pg_record_stalled,
     .record_sweep = pg_record_sweep,
     .migrate = pg_migrate,

@@ -596,6 +596,25 @@ static int sq_record_release(struct idem_conn *c, const struct idem_scope *s, co
     return step_done(c, stmt, "release lease", NULL);
 }
 
+static int sq_record_forget(struct idem_conn *c, const struct idem_scope *s, const char *owner,
+                            int *ok)
+{
+    static const char sql[] = "DELETE FROM idem_records"
+                              " WHERE " SCOPE_WHERE " AND status = 0 AND lease_owner = ?4";
+    sqlite3_stmt *stmt = NULL;
+    int changes = 0;
+    int rc = record_stmt(c, sql, s, &stmt);
+
+    *ok = 0;
+    if (rc < 0)
+        return rc;
+    if (sqlite3_bind_text(stmt, 4, owner, -1, SQLITE_STATIC) != SQLITE_OK)
+        return fail(c, IDEM_ESTORE, "bind");
+    rc = step_done(c, stmt, "forget record", &changes);
+    *ok = rc == 0 && changes == 1;
+    return rc;
+}
+
 static int sq_record_sweep(struct idem_conn *c, int limit, int *deleted)
 {
     static const char sql[] =
@@ -1161,6 +1180,7 @@ const struct idem_store_vtab idem__sqlite_vtab = {
     .record_advance = sq_record_advance,
     .record_complete = sq_record_complete,
     .record_release = sq_record_release,
+    .record_forget = sq_record_forget,
     .record_sweep = sq_record_sweep,
     .record_stalled = sq_record_stalled,
     .migrate = sq_migrate,

@@ -259,6 +259,13 @@ struct idem_operation {
     int64_t ttl_ms;   /* retention of its records [24 h] */
     int64_t lease_ms; /* how long an owner may hold a processing record unrenewed [10 s] */
     int64_t wait_ms;  /* how long a duplicate waits for the first to finish [2 s] */
+    /*
+     * The response headers kept with a stored response, by name (case-insensitive; stored with
+     * this spelling) [NULL: Content-Type and Location].  Borrowed: the list must outlive every
+     * call made with the operation.
+     */
+    const char *const *stored_headers;
+    size_t nstored_headers;
 };
 
 /* Zero fields take the defaults in brackets; a zeroed struct is the same as NULL options. */
@@ -302,7 +309,7 @@ enum idem_outcome {
     IDEM_OUTCOME_IN_PROGRESS, /* another owner holds a live lease past wait_ms: 409 */
 };
 
-/* A stored response header.  Only allow-listed names are kept: Content-Type and Location. */
+/* A stored response header.  Only the operation's allow-listed names are kept (stored_headers). */
 struct idem_header {
     const char *name;
     const char *value;
@@ -451,6 +458,16 @@ IDEM_API int idem_call_commit(struct idem_call *call);
  * point and its lease is released at once, so a retry may resume it without waiting.
  */
 IDEM_API void idem_call_abort(struct idem_call *call);
+
+/*
+ * Deletes the call's record because the request is known not to have run (a proxy could not reach
+ * its upstream, or an operator decided so): a retry then executes afresh, like a new key.  For a
+ * call that holds the record's lease (EXECUTE, RESUME); an open phase is rolled back first (a claim
+ * that never committed simply vanishes), then the delete commits in a transaction of its own,
+ * fenced like idem_call_advance().  Returns 0, IDEM_ESTATE for a completed call or one that holds
+ * no lease, IDEM_ELEASE when another owner took the record over, or a store error.
+ */
+IDEM_API int idem_call_forget(struct idem_call *call);
 
 /* Ends the call: aborts an open phase (see idem_call_abort) and frees it.  NULL is a no-op. */
 IDEM_API void idem_call_end(struct idem_call *call);

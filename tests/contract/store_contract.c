@@ -95,7 +95,8 @@ struct racer {
     char body[64];
 };
 
-static const struct idem_operation race_op = {"contract.race", 0, 5000, 5000};
+static const struct idem_operation race_op = {
+    .name = "contract.race", .lease_ms = 5000, .wait_ms = 5000};
 
 static void *race_one(void *arg)
 {
@@ -159,12 +160,11 @@ static void test_race(struct idem_engine *eng, struct idem_store *st)
 
 static void test_replay_mismatch_scope(struct idem_engine *eng)
 {
-    static const struct idem_operation op = {"contract.replay", 0, 0, 100};
+    static const struct idem_operation op = {.name = "contract.replay", .wait_ms = 100};
     static const char body[] = "{\"ok\":true}\0binary\xff";
     const size_t body_len = sizeof(body) - 1;
-    struct idem_header h[] = {{"content-type", "application/json"},
-                              {"Location", "/t/1"},
-                              {"Set-Cookie", "secret=1"}};
+    struct idem_header h[] = {
+        {"content-type", "application/json"}, {"Location", "/t/1"}, {"Set-Cookie", "secret=1"}};
     struct idem_call *call = NULL;
     enum idem_outcome oc;
     unsigned char fp[IDEM_FP_LEN], fp2[IDEM_FP_LEN];
@@ -205,7 +205,7 @@ static void test_replay_mismatch_scope(struct idem_engine *eng)
     CHECK_INT(idem_call_begin(eng, &op, "bob", "k1", fp2, &call, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
     idem_call_end(call);
-    static const struct idem_operation other_op = {"contract.other", 0, 0, 100};
+    static const struct idem_operation other_op = {.name = "contract.other", .wait_ms = 100};
     CHECK_INT(idem_call_begin(eng, &other_op, "alice", "k1", fp2, &call, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
     idem_call_end(call);
@@ -238,7 +238,7 @@ static void expect_replay(struct idem_engine *eng, const struct idem_operation *
  */
 static void test_unseen_key(struct idem_engine *eng, struct idem_store *st)
 {
-    static const struct idem_operation op = {"contract.unseen", 0, 0, 150};
+    static const struct idem_operation op = {.name = "contract.unseen", .wait_ms = 150};
     struct idem_engine *other = NULL;
     struct idem_call *call = NULL, *held = NULL;
     enum idem_outcome oc;
@@ -278,7 +278,7 @@ static void test_unseen_key(struct idem_engine *eng, struct idem_store *st)
 
 static void test_rollback(struct idem_engine *eng, struct idem_store *st)
 {
-    static const struct idem_operation op = {"contract.rollback", 0, 0, 100};
+    static const struct idem_operation op = {.name = "contract.rollback", .wait_ms = 100};
     struct idem_call *call = NULL;
     enum idem_outcome oc;
     unsigned char fp[IDEM_FP_LEN];
@@ -305,7 +305,8 @@ static void test_rollback(struct idem_engine *eng, struct idem_store *st)
 
 static void test_takeover(struct idem_engine *eng, struct idem_store *st)
 {
-    static const struct idem_operation op = {"contract.lease", 0, 300, 50};
+    static const struct idem_operation op = {
+        .name = "contract.lease", .lease_ms = 300, .wait_ms = 50};
     struct idem_call *a = NULL, *b = NULL, *c = NULL, *d = NULL;
     enum idem_outcome oc;
     unsigned char fp[IDEM_FP_LEN];
@@ -358,7 +359,8 @@ static void test_takeover(struct idem_engine *eng, struct idem_store *st)
 /* A call that ends without completing releases its lease: the retry resumes at once. */
 static void test_release_on_abort(struct idem_engine *eng, struct idem_store *st)
 {
-    static const struct idem_operation op = {"contract.release", 0, 60000, 2000};
+    static const struct idem_operation op = {
+        .name = "contract.release", .lease_ms = 60000, .wait_ms = 2000};
     struct idem_call *a = NULL, *b = NULL;
     enum idem_outcome oc;
     unsigned char fp[IDEM_FP_LEN];
@@ -382,10 +384,73 @@ static void test_release_on_abort(struct idem_engine *eng, struct idem_store *st
     idem_call_end(b);
 }
 
+/*
+ * idem_call_forget: a durable record the lease holder knows never ran is deleted, so the same key
+ * with another body executes afresh (no 422); a claim still in its first phase just vanishes; a
+ * completed call or a call whose record was taken over cannot forget it.  And an operation's own
+ * stored-header list decides what a replay carries.
+ */
+static void test_forget(struct idem_engine *eng)
+{
+    static const char *const keep[] = {"ETag"};
+    static const struct idem_operation op = {.name = "contract.forget",
+                                             .lease_ms = 60000,
+                                             .wait_ms = 200,
+                                             .stored_headers = keep,
+                                             .nstored_headers = 1};
+    struct idem_call *a = NULL, *b = NULL;
+    enum idem_outcome oc;
+    unsigned char fp1[IDEM_FP_LEN], fp2[IDEM_FP_LEN];
+    const struct idem_header hs[] = {{"Content-Type", "text/plain"}, {"etag", "\"7\""}};
+
+    fp_of("{\"forget\":1}", fp1);
+    fp_of("{\"forget\":2}", fp2);
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "fg", fp1, &a, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_advance(a, "forwarded", NULL), 0);
+    CHECK_INT(idem_call_forget(a), 0);
+    CHECK_INT(idem_call_forget(a), IDEM_ESTATE); /* nothing left to forget */
+    idem_call_end(a);
+
+    /* Another body under the same key is a new request now, not a mismatch. */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "fg", fp2, &b, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_forget(b), 0); /* the uncommitted claim is rolled back */
+    idem_call_end(b);
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "fg", fp1, &b, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_complete(b, 200, hs, 2, "done", 4), 0);
+    CHECK_INT(idem_call_forget(b), IDEM_ESTATE);
+    idem_call_end(b);
+
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "fg", fp1, &b, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
+    CHECK_INT(idem_call_response_header_count(b), 1);
+    if (idem_call_response_header_count(b) == 1) {
+        CHECK_STR(idem_call_response_header(b, 0)->name, "ETag");
+        CHECK_STR(idem_call_response_header(b, 0)->value, "\"7\"");
+    }
+    idem_call_end(b);
+
+    /* A lease lost to a takeover: the old owner's forget is fenced out. */
+    static const struct idem_operation short_op = {
+        .name = "contract.forget-fence", .lease_ms = 100, .wait_ms = 50};
+    CHECK_INT(idem_call_begin(eng, &short_op, "alice", "ff", fp1, &a, &oc), 0);
+    CHECK_INT(idem_call_advance(a, "forwarded", NULL), 0);
+    sleep_ms(250);
+    CHECK_INT(idem_call_begin(eng, &short_op, "alice", "ff", fp1, &b, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_RESUME);
+    CHECK_INT(idem_call_forget(a), IDEM_ELEASE);
+    CHECK_INT(idem_call_forget(b), 0);
+    idem_call_end(a);
+    idem_call_end(b);
+}
+
 /* A recovery worker finds a stalled record, takes it over without the fingerprint, finishes it. */
 static void test_recover(struct idem_engine *eng)
 {
-    static const struct idem_operation op = {"contract.recover", 0, 300, 50};
+    static const struct idem_operation op = {
+        .name = "contract.recover", .lease_ms = 300, .wait_ms = 50};
     struct idem_call *a = NULL, *w = NULL, *dup = NULL, *none = NULL;
     struct idem_stalled *list = NULL;
     enum idem_outcome oc;
@@ -456,7 +521,8 @@ struct waiter {
     int64_t took_ms;
 };
 
-static const struct idem_operation wake_op = {"contract.wake", 0, 10000, 3000};
+static const struct idem_operation wake_op = {
+    .name = "contract.wake", .lease_ms = 10000, .wait_ms = 3000};
 
 static void *wait_one(void *arg)
 {
@@ -498,8 +564,9 @@ static void test_wake(struct idem_engine *eng)
 
 static void test_retention(struct idem_engine *eng)
 {
-    static const struct idem_operation short_op = {"contract.short", 200, 0, 100};
-    static const struct idem_operation long_op = {"contract.long", 0, 0, 100};
+    static const struct idem_operation short_op = {
+        .name = "contract.short", .ttl_ms = 200, .wait_ms = 100};
+    static const struct idem_operation long_op = {.name = "contract.long", .wait_ms = 100};
     struct idem_call *call = NULL;
     enum idem_outcome oc;
     unsigned char fp[IDEM_FP_LEN], fp2[IDEM_FP_LEN];
@@ -552,7 +619,7 @@ static void test_retention(struct idem_engine *eng)
 
 static void test_stage(struct idem_engine *eng, struct idem_store *st)
 {
-    static const struct idem_operation op = {"contract.stage", 0, 0, 100};
+    static const struct idem_operation op = {.name = "contract.stage", .wait_ms = 100};
     struct idem_header h[] = {{"Content-Type", "application/json"}, {"Location", "/t/2"}};
     struct idem_engine *nocache = NULL;
     struct idem_engine_options o = {.replay_cache_bytes = IDEM_REPLAY_CACHE_OFF};
@@ -633,7 +700,8 @@ static void test_stage(struct idem_engine *eng, struct idem_store *st)
      * A later phase (after a takeover-free advance) stages too, and an owner whose lease was
      * taken over meanwhile is fenced off at the stage: its phase rolls back.
      */
-    static const struct idem_operation lease_op = {"contract.stage-lease", 0, 300, 50};
+    static const struct idem_operation lease_op = {
+        .name = "contract.stage-lease", .lease_ms = 300, .wait_ms = 50};
     struct idem_call *a = NULL, *b = NULL;
     CHECK_INT(idem_call_begin(eng, &lease_op, "alice", "stage-5", fp, &a, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
@@ -680,7 +748,8 @@ static void test_savepoints(struct idem_store *st)
     CHECK_INT(biz_count(st, "sp-2"), 0);
 }
 
-/* ---- 7. SQL through the store, migrations ----------------------------------------------------- */
+/* ---- 7. SQL through the store, migrations -----------------------------------------------------
+ */
 
 static void test_sql_and_migrations(struct idem_store *st)
 {
@@ -811,16 +880,18 @@ static void test_concurrent_writers(struct idem_store *st)
     fprintf(stderr,
             "concurrent writers: %d threads, %d commits in %llu durable commits, %d rolled back,"
             " %lld ms\n",
-            WRITERS, committed, (unsigned long long)(after.durable_commits - before.durable_commits),
-            failed, (long long)(mono_ms() - t0));
+            WRITERS, committed,
+            (unsigned long long)(after.durable_commits - before.durable_commits), failed,
+            (long long)(mono_ms() - t0));
 }
 
-/* ---- 9b. commits that do not wait: idem_call_commit_async ------------------------------------- */
+/* ---- 9b. commits that do not wait: idem_call_commit_async -------------------------------------
+ */
 
 #define ASYNC_THREADS 8
 #define ASYNC_EACH 25
 
-static const struct idem_operation async_op = {"contract.async", 0, 0, 100};
+static const struct idem_operation async_op = {.name = "contract.async", .wait_ms = 100};
 static atomic_int async_done_ok, async_done_failed, async_bad_state;
 
 static void async_committed(struct idem_call *call, int rc, void *arg)
@@ -908,8 +979,7 @@ static void test_commit_async(struct idem_engine *eng, struct idem_store *st)
     if (strcmp(store_kind, "sqlite") == 0)
         CHECK(after.durable_commits - before.durable_commits <
               after.write_commits - before.write_commits); /* shared fsyncs */
-    fprintf(stderr, "commit_async: %d calls in %llu durable commits\n",
-            ASYNC_THREADS * ASYNC_EACH,
+    fprintf(stderr, "commit_async: %d calls in %llu durable commits\n", ASYNC_THREADS * ASYNC_EACH,
             (unsigned long long)(after.durable_commits - before.durable_commits));
 }
 
@@ -987,6 +1057,7 @@ int main(int argc, char **argv)
     test_rollback(eng, st);
     test_takeover(eng, st);
     test_release_on_abort(eng, st);
+    test_forget(eng);
     test_recover(eng);
     test_wake(eng);
     test_retention(eng);

@@ -134,7 +134,7 @@ struct racer {
     int status;
 };
 
-static const struct idem_operation race_op = {"pg.race", 0, 5000, 5000};
+static const struct idem_operation race_op = {.name = "pg.race", .lease_ms = 5000, .wait_ms = 5000};
 
 static void *race_one(void *arg)
 {
@@ -202,7 +202,8 @@ struct waiter {
     int64_t done_ms;
 };
 
-static const struct idem_operation wake_op = {"pg.wake", 0, 10000, 5000};
+static const struct idem_operation wake_op = {
+    .name = "pg.wake", .lease_ms = 10000, .wait_ms = 5000};
 
 static void *wait_one(void *arg)
 {
@@ -424,7 +425,7 @@ static int restart_server(void)
 
 static void test_restart(struct idem_store *st, struct idem_engine *eng)
 {
-    static const struct idem_operation op = {"pg.restart", 0, 0, 100};
+    static const struct idem_operation op = {.name = "pg.restart", .wait_ms = 100};
     struct idem_call *call = NULL;
     struct idem_engine *other = NULL;
     enum idem_outcome oc;
@@ -476,9 +477,8 @@ static void test_synchronous_commit(void)
     struct idem_rows *r = NULL;
 
     CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
-    CHECK_INT(idem_tx_exec(tx, "ALTER ROLE CURRENT_USER SET synchronous_commit = off", 0, NULL,
-                           NULL),
-              0);
+    CHECK_INT(
+        idem_tx_exec(tx, "ALTER ROLE CURRENT_USER SET synchronous_commit = off", 0, NULL, NULL), 0);
     CHECK_INT(idem_tx_commit(tx), 0);
     st2 = open_uri(pg_uri, 2); /* new sessions: the role's setting applies to them */
     for (int write = 0; write < 2; write++) {

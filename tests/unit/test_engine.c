@@ -26,8 +26,8 @@ int main(void)
     struct idem_call *call = NULL;
     enum idem_outcome oc = IDEM_OUTCOME_NONE;
     unsigned char fp[IDEM_FP_LEN] = {1};
-    const struct idem_operation op = {"unit.op", 0, 0, 0};
-    const struct idem_operation nameless = {NULL, 0, 0, 0};
+    const struct idem_operation op = {.name = "unit.op"};
+    const struct idem_operation nameless = {.name = NULL};
     char *err = NULL;
 
     if (!mkdtemp(dir))
@@ -76,8 +76,8 @@ int main(void)
     CHECK(strstr(idem_call_errmsg(call), "already open") != NULL);
     CHECK_INT(idem_call_complete(call, 42, NULL, 0, NULL, 0), IDEM_EINVAL);
     CHECK_INT(idem_call_advance(call, "one", NULL), 0);
-    CHECK_INT(idem_call_advance(call, "two", NULL), IDEM_ESTATE); /* no phase open */
-    CHECK_INT(idem_call_complete(call, 204, NULL, 0, NULL, 0), 0);  /* opens its own phase */
+    CHECK_INT(idem_call_advance(call, "two", NULL), IDEM_ESTATE);  /* no phase open */
+    CHECK_INT(idem_call_complete(call, 204, NULL, 0, NULL, 0), 0); /* opens its own phase */
     CHECK_INT(idem_call_complete(call, 204, NULL, 0, NULL, 0), IDEM_ESTATE);
     CHECK_INT(idem_call_phase_begin(call), IDEM_ESTATE);
     CHECK_INT(idem_call_response_status(call), 204);

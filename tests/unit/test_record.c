@@ -1,5 +1,6 @@
 /*
- * test_record.c - the stored response headers: only the allow list is kept, values that could
+ * test_record.c - the stored response headers: only the allow list (the default one or an
+ * operation's own) is kept, values that could
  * split a header line are refused, and what is stored decodes back to the same pairs.
  */
 #include "internal.h"
@@ -21,7 +22,7 @@ int main(void)
     size_t n = 0;
     char *text = NULL;
 
-    CHECK_INT(idem__headers_encode(in, 6, &text), 0);
+    CHECK_INT(idem__headers_encode(in, 6, NULL, 0, &text), 0);
     CHECK_STR(text, "Content-Type: application/json\nLocation: /api/orders/ord_1\n");
     CHECK_INT(idem__headers_decode(text, &out, &n), 0);
     CHECK_INT(n, 2);
@@ -35,7 +36,7 @@ int main(void)
     free(text);
 
     /* Nothing allowed: an empty text, and no headers back. */
-    CHECK_INT(idem__headers_encode(in + 1, 1, &text), 0);
+    CHECK_INT(idem__headers_encode(in + 1, 1, NULL, 0, &text), 0);
     CHECK_STR(text, "");
     CHECK_INT(idem__headers_decode(text, &out, &n), 0);
     CHECK_INT(n, 0);
@@ -43,5 +44,15 @@ int main(void)
     free(text);
     CHECK_INT(idem__headers_decode(NULL, &out, &n), 0);
     CHECK_INT(n, 0);
+
+    /* An operation's own list (idem-gateway's store_headers) replaces the default one. */
+    {
+        static const char *const allow[] = {"ETag", "Content-Type"};
+        struct idem_header etag[] = {
+            {"etag", "\"v1\""}, {"Location", "/x"}, {"Content-Type", "text/plain"}};
+        CHECK_INT(idem__headers_encode(etag, 3, allow, 2, &text), 0);
+        CHECK_STR(text, "ETag: \"v1\"\nContent-Type: text/plain\n");
+        free(text);
+    }
     return t_done();
 }

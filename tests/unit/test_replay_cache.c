@@ -282,8 +282,9 @@ static enum idem_outcome outcome_of(struct idem_engine *eng, const struct idem_o
 
 static void test_engine(const char *dir)
 {
-    static const struct idem_operation op = {"cache.op", 0, 0, 100};
-    static const struct idem_operation short_op = {"cache.short", 300, 0, 100};
+    static const struct idem_operation op = {.name = "cache.op", .wait_ms = 100};
+    static const struct idem_operation short_op = {
+        .name = "cache.short", .ttl_ms = 300, .wait_ms = 100};
     struct idem_engine_options off = {NULL, IDEM_REPLAY_CACHE_OFF};
     struct idem_engine_options tiny = {NULL, 100};
     struct idem_store *st = NULL;
