@@ -142,6 +142,7 @@ struct ip_slot {
 struct http_server {
     struct http_server_options opts;
     char url[128];
+    char body_too_large[96]; /* the 413's detail for opts.max_body */
     int nloops;
     struct http_loop *loops;
 
@@ -777,8 +778,8 @@ static int head_accepted(struct conn *c)
     const struct request *rq = request_parser_request(&c->rp);
     uv_buf_t buf;
 
-    if (rq->content_length > HTTP_BODY_MAX) {
-        refuse_head(c, 413, "body-too-large", REQUEST_BODY_TOO_LARGE);
+    if (rq->content_length > c->lp->srv->opts.max_body) {
+        refuse_head(c, 413, "body-too-large", c->lp->srv->body_too_large);
         return -1;
     }
     if (rq->expects_continue && rq->has_body) {
@@ -1155,7 +1156,8 @@ static void on_connection(uv_stream_t *server, int status)
     atomic_fetch_add(&srv->nconns, 1);
     request_parser_init(&c->rp, &(struct request_parser_limits){
                                     .max_header_bytes = (size_t)srv->opts.limits.max_header_bytes,
-                                    .max_body = HTTP_BODY_MAX});
+                                    .max_body = srv->opts.max_body,
+                                    .body_too_large = srv->body_too_large});
     response_init(&c->resp);
     uv_tcp_init(&lp->uv, &c->tcp);
     c->tcp.data = c;
@@ -1428,6 +1430,16 @@ int http_server_start(const struct http_server_options *opts, const char *listen
     srv = xcalloc(1, sizeof *srv);
     srv->opts = *opts;
     http_limits_resolve(&srv->opts.limits);
+    if (srv->opts.max_body == 0)
+        srv->opts.max_body = HTTP_BODY_MAX;
+    if (srv->opts.max_body == HTTP_BODY_MAX)
+        snprintf(srv->body_too_large, sizeof srv->body_too_large, "%s", REQUEST_BODY_TOO_LARGE);
+    else if (srv->opts.max_body % ((size_t)1 << 20) == 0)
+        snprintf(srv->body_too_large, sizeof srv->body_too_large,
+                 "Request bodies are limited to %zu MiB.", srv->opts.max_body >> 20);
+    else
+        snprintf(srv->body_too_large, sizeof srv->body_too_large,
+                 "Request bodies are limited to %zu bytes.", srv->opts.max_body);
     if (pthread_mutex_init(&srv->qmu, NULL) != 0 || pthread_cond_init(&srv->qcond, NULL) != 0 ||
         pthread_mutex_init(&srv->ipmu, NULL) != 0)
         die("cannot initialise a mutex");

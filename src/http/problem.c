@@ -43,7 +43,7 @@ static const struct {
     {"order-exists", "Order already exists"},
     {"order-not-found", "Order not found"},
     {"order-not-cancellable", "Order cannot be cancelled"},
-    {"outcome-unknown", "Outcome of the payment step unknown"},
+    {"outcome-unknown", "Outcome of an earlier attempt unknown"},
     {"payment-declined", "Payment declined"},
     {"order-payment-pending", "The order's payment is not settled yet"},
     {"webhook-signature-invalid", "Webhook signature invalid"},
@@ -54,6 +54,12 @@ static const struct {
     {"charge-not-found", "Charge not found"},
     {"charge-not-refundable", "Charge cannot be refunded"},
     {"charge-already-refunded", "Charge already refunded"},
+    /* idem-gateway (docs/gateway.md). */
+    {"upstream-unavailable", "Upstream unavailable"},
+    {"upstream-timeout", "Upstream did not answer in time"},
+    {"upstream-bad-reply", "Upstream gave no valid answer"},
+    {"upstream-response-too-large", "Upstream answer too large"},
+    {"response-not-stored", "Response was not stored"},
 };
 
 static const char *title_of(const char *code)

@@ -241,11 +241,12 @@ static int build_view(struct request_parser *p)
     char *q;
 
     /*
-     * The decoded path and arguments are copied from the URL within the same buffer, so it must
-     * not move from here on: they never take more than four times the URL (a NUL per piece).
+     * The raw target, the decoded path and the arguments are copied from the URL within the same
+     * buffer, so it must not move from here on: they never take more than five times the URL (a
+     * NUL per piece).
      */
     strbuf_add(&p->head, "", 1);
-    strbuf_grow(&p->head, p->url_len * 4 + 16);
+    strbuf_grow(&p->head, p->url_len * 5 + 16);
     http_parser_url_init(&u);
     if (p->url_len == 0 ||
         http_parser_parse_url(p->head.buf, p->url_len, p->hp.method == HTTP_CONNECT, &u) != 0)
@@ -261,6 +262,16 @@ static int build_view(struct request_parser *p)
     /* Only the origin form (or the path of the absolute form) names a resource here. */
     if (path_len > 0 && (add_decoded(p, path_off, path_len, 0, &path) < 0 || path[0] != '/'))
         goto bad_target;
+    /* The target as sent, path and query (a proxy forwards it undecoded). */
+    if (path_len > 0) {
+        size_t start = p->head.len;
+        size_t end = query_len > 0 ? query_off + query_len : path_off + path_len;
+        strbuf_add(&p->head, p->head.buf + path_off, end - path_off);
+        strbuf_add(&p->head, "", 1);
+        p->rq.target = p->head.buf + start;
+    } else {
+        p->rq.target = "/";
+    }
 
     /* The query arguments, decoded ('+' is a space); "?name" has the value "". */
     for (i = 0; i < query_len; i++)
@@ -410,7 +421,8 @@ static enum request_parse_result parse_error(struct request_parser *p)
         fail(p, 431, "request-header-too-large",
              "The request line and header fields are over this server's limit.");
     else if (reason == STOP_BODY_TOO_LARGE)
-        fail(p, 413, "body-too-large", REQUEST_BODY_TOO_LARGE);
+        fail(p, 413, "body-too-large",
+             p->limits.body_too_large ? p->limits.body_too_large : REQUEST_BODY_TOO_LARGE);
     else if (reason == STOP_BAD_TARGET)
         fail(p, 400, "bad-request", "The request target is not a valid path.");
     else if (reason == STOP_BAD_FIELD_NAME)

@@ -38,6 +38,7 @@ struct request_field {
 struct request {
     const char *method; /* "GET", "POST"... */
     const char *path;   /* without the query string, percent-decoded */
+    const char *target; /* path and query as sent, not decoded ("/a%20b?x=1") */
     const char *body;   /* NUL-terminated copy; NULL when empty */
     size_t body_len;
     int has_body;       /* a body was announced (Content-Length > 0 or chunked) */
@@ -66,6 +67,7 @@ enum request_parse_result {
 struct request_parser_limits {
     size_t max_header_bytes; /* request line + header fields, as stored */
     size_t max_body;         /* bytes of body kept; more is a 413 */
+    const char *body_too_large; /* the 413's detail (borrowed); NULL: REQUEST_BODY_TOO_LARGE */
 };
 
 struct request_parser {

@@ -26,16 +26,39 @@ void response_clear(struct response *r)
     free(r->body);
     for (i = 0; i < r->nheaders; i++)
         free(r->headers[i].name); /* the value lives in the same block */
+    free(r->headers);
     free(r->principal);
     memset(r, 0, sizeof *r);
 }
 
 /* A header is one allocation, "name\0value\0": half the allocations of two copies. */
+static void header_store(struct response_header *h, const char *name, const char *value)
+{
+    size_t nlen = strlen(name);
+    size_t vlen = strlen(value);
+    char *block = xmalloc(nlen + vlen + 2);
+
+    memcpy(block, name, nlen + 1);
+    memcpy(block + nlen + 1, value, vlen + 1);
+    h->name = block;
+    h->value = block + nlen + 1;
+}
+
+/* Room for one more header; -1 at the cap. */
+static int header_slot(struct response *r)
+{
+    if (r->nheaders == RESPONSE_MAX_HEADERS)
+        return -1;
+    if (r->nheaders == r->headers_cap) {
+        r->headers_cap = r->headers_cap ? 2 * r->headers_cap : 8;
+        r->headers = xrealloc(r->headers, r->headers_cap * sizeof(*r->headers));
+    }
+    return 0;
+}
+
 void response_set_header(struct response *r, const char *name, const char *value)
 {
-    char *old = NULL;
-    char *block;
-    size_t nlen, vlen;
+    char *old;
     size_t i;
 
     for (i = 0; i < r->nheaders; i++) {
@@ -43,21 +66,22 @@ void response_set_header(struct response *r, const char *name, const char *value
             break;
     }
     if (i == r->nheaders) {
-        if (r->nheaders == RESPONSE_MAX_HEADERS)
+        if (header_slot(r) < 0)
             die("too many response headers");
-        r->nheaders++;
-    } else {
-        old = r->headers[i].name;
-        name = old; /* a replaced value keeps the name as first set */
+        header_store(&r->headers[r->nheaders++], name, value);
+        return;
     }
-    nlen = strlen(name);
-    vlen = strlen(value);
-    block = xmalloc(nlen + vlen + 2);
-    memcpy(block, name, nlen + 1);
-    memcpy(block + nlen + 1, value, vlen + 1);
+    old = r->headers[i].name;
+    header_store(&r->headers[i], old, value); /* a replaced value keeps the name as first set */
     free(old);
-    r->headers[i].name = block;
-    r->headers[i].value = block + nlen + 1;
+}
+
+int response_add_header(struct response *r, const char *name, const char *value)
+{
+    if (header_slot(r) < 0)
+        return -1;
+    header_store(&r->headers[r->nheaders++], name, value);
+    return 0;
 }
 
 const char *response_header(const struct response *r, const char *name)

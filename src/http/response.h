@@ -16,7 +16,8 @@
 
 #include "problem.h"
 
-#define RESPONSE_MAX_HEADERS 8
+/* At most this many header fields per response (a proxied answer brings the upstream's). */
+#define RESPONSE_MAX_HEADERS 100
 
 struct response_header {
     char *name;
@@ -27,8 +28,8 @@ struct response {
     int status;
     char *body; /* malloc'd, may be NULL when body_len is 0 */
     size_t body_len;
-    struct response_header headers[RESPONSE_MAX_HEADERS];
-    size_t nheaders;
+    struct response_header *headers; /* grown as headers are set; NULL while there are none */
+    size_t nheaders, headers_cap;
     /* Close the connection instead of answering: provider-sim's lost response. */
     int drop;
     /* Set by a handler that answers later, from another thread: http_server_complete(). */
@@ -45,8 +46,13 @@ void response_init(struct response *r);
 /* Frees the body, the headers and the principal; `r` may be initialised again. */
 void response_clear(struct response *r);
 
-/* Sets (replaces) a header; both strings are copied. */
+/* Sets (replaces) a header; both strings are copied.  Dies past RESPONSE_MAX_HEADERS. */
 void response_set_header(struct response *r, const char *name, const char *value);
+/*
+ * Adds a header even when one of that name is set (a proxy passes Set-Cookie, Link, Vary as
+ * sent).  Returns 0, or -1 when the response already has RESPONSE_MAX_HEADERS headers.
+ */
+int response_add_header(struct response *r, const char *name, const char *value);
 /* The value of a header set on `r`, or NULL (borrowed). */
 const char *response_header(const struct response *r, const char *name);
 /* Replaces the body with a copy of `len` bytes. */

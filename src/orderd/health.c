@@ -40,7 +40,7 @@ void health_check(const struct call_ctx *cx, struct response *resp)
     if (rc == 0)
         rc = idem_tx_exec(tx, "SELECT 1", 0, NULL, &rows);
     if (rc < 0) {
-        idemcall_unavailable(resp, "The store does not answer.");
+        idem_answer_unavailable(resp, "The store does not answer.");
         goto out;
     }
     doc = xcheck(json_pack("{s:s, s:s}", "status", "ok", "store", idem_store_kind(app->store)));
@@ -148,8 +148,7 @@ static void render_store(const struct app *app, struct strbuf *sb)
                 " (SQLite group commit: one per batch).\n"
                 "# TYPE orderd_store_durable_commits_total counter\n"
                 "orderd_store_durable_commits_total %llu\n",
-                (unsigned long long)stats.write_commits,
-                (unsigned long long)stats.durable_commits);
+                (unsigned long long)stats.write_commits, (unsigned long long)stats.durable_commits);
 
     if (idem_tx_begin(app->store, 0, &tx) != 0)
         return;
@@ -187,9 +186,9 @@ static void render_http(const struct app *app, struct strbuf *sb)
                 " busy and the queue full (503 server-busy).\n"
                 "# TYPE orderd_http_queue_full_total counter\n"
                 "orderd_http_queue_full_total %llu\n",
-                (unsigned long long)st.connections_open,
-                (unsigned long long)st.connections_refused, (unsigned long long)st.timeouts,
-                (unsigned long long)st.rejected_heads, (unsigned long long)st.queue_full);
+                (unsigned long long)st.connections_open, (unsigned long long)st.connections_refused,
+                (unsigned long long)st.timeouts, (unsigned long long)st.rejected_heads,
+                (unsigned long long)st.queue_full);
 }
 
 void health_metrics(const struct call_ctx *cx, struct response *resp)

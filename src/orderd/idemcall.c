@@ -11,31 +11,11 @@
 #include <strings.h>
 
 #include "app.h"
+#include "idem_answer.h"
 #include "response.h"
 #include "router.h"
 #include "util.h"
 #include "banned.h"
-
-void idemcall_unavailable(struct response *resp, const char *detail)
-{
-    response_set_header(resp, "Retry-After", "1");
-    response_problem(resp, 503, "idempotency-store-unavailable", detail);
-    resp->outcome = "error";
-}
-
-void idemcall_fail(struct response *resp, int rc)
-{
-    if (rc == IDEM_EUNAVAIL) {
-        /* Not "nothing was done": a COMMIT whose answer was lost may have committed. */
-        idemcall_unavailable(resp, "The store did not answer in time, so the request did not "
-                                   "finish. Retry with the same Idempotency-Key: it runs once, "
-                                   "or returns its stored result.");
-    } else {
-        response_problem(resp, 500, "internal-error",
-                         "The request failed and was rolled back; nothing was stored. Retry.");
-        resp->outcome = "error";
-    }
-}
 
 /* `doc` as the stored response: staged in the open phase, or completed (staged and committed). */
 static int store_json(struct idem_call *call, int status, const json_t *doc, const char *location,
@@ -73,9 +53,7 @@ int idemcall_complete_problem(struct idem_call *call, int status, const char *co
 
 int idemcall_outcome_unknown(struct response *resp, const char *detail)
 {
-    response_set_header(resp, "Retry-After", "1");
-    response_problem(resp, 503, "outcome-unknown", detail);
-    resp->outcome = "unknown";
+    idem_answer_outcome_unknown(resp, 503, detail);
     return IDEMCALL_ANSWERED;
 }
 
@@ -92,84 +70,6 @@ int idemcall_complete_problem_ext(struct idem_call *call, int status, const char
     return rc;
 }
 
-/* The stored response, byte for byte, with its allow-listed headers. */
-static void send_stored(const struct idem_call *call, struct response *resp)
-{
-    const struct idem_header *h;
-    const void *body;
-    size_t len = 0;
-    size_t i, n;
-
-    resp->status = idem_call_response_status(call);
-    body = idem_call_response_body(call, &len);
-    response_set_body(resp, body, body ? len : 0);
-    n = idem_call_response_header_count(call);
-    for (i = 0; i < n; i++) {
-        h = idem_call_response_header(call, i);
-        if (h != NULL && h->name != NULL && h->value != NULL)
-            response_set_header(resp, h->name, h->value);
-    }
-}
-
-/*
- * 409 while another owner holds the lease.  When that owner is a recovery worker (the completer
- * or the reconciler finishing what an earlier attempt started), the problem says
- * "state": "recovering": the client's retry is not racing another client.
- */
-void idemcall_in_progress(struct response *resp, int retry_after_s, int recovering)
-{
-    json_t *ext = NULL;
-    char ra[16];
-
-    snprintf(ra, sizeof ra, "%d", retry_after_s < 1 ? 1 : retry_after_s);
-    response_set_header(resp, "Retry-After", ra);
-    if (recovering) {
-        ext = xcheck(json_pack("{s:s}", "state", "recovering"));
-        response_problem_ext(resp, 409, "idempotency-request-in-progress",
-                             "An earlier attempt with this Idempotency-Key is being recovered in "
-                             "the background. Retry after the number of seconds in Retry-After "
-                             "to get its result.",
-                             ext);
-        json_decref(ext);
-    } else {
-        response_problem(resp, 409, "idempotency-request-in-progress",
-                         "A request with this Idempotency-Key is still being processed. Retry "
-                         "after the number of seconds in Retry-After to get its result.");
-    }
-    resp->outcome = "in_progress";
-}
-
-/*
- * The answers that run nothing: a replay, a reused key, a request in progress.  Returns 1 when
- * `outcome` is one of them (answered into `resp`), 0 otherwise.
- */
-static int answer_settled(const struct idem_call *call, enum idem_outcome outcome,
-                          const struct idem_operation *op, struct response *resp)
-{
-    char detail[256];
-
-    switch (outcome) {
-    case IDEM_OUTCOME_REPLAY:
-        send_stored(call, resp);
-        response_set_header(resp, "Idempotent-Replayed", "true");
-        resp->outcome = idem_call_waited(call) ? "waited" : "replayed";
-        return 1;
-    case IDEM_OUTCOME_MISMATCH:
-        snprintf(detail, sizeof detail,
-                 "This Idempotency-Key was already used for a different request to %s. Use "
-                 "a new key for a new request (keys are kept 24 hours).",
-                 op->name);
-        response_problem(resp, 422, "idempotency-key-reused", detail);
-        resp->outcome = "mismatch";
-        return 1;
-    case IDEM_OUTCOME_IN_PROGRESS:
-        idemcall_in_progress(resp, idem_call_retry_after_s(call), idem_call_recovering(call));
-        return 1;
-    default:
-        return 0;
-    }
-}
-
 int idemcall_lookup(const struct call_ctx *cx, const struct idem_operation *op,
                     struct response *resp)
 {
@@ -180,7 +80,7 @@ int idemcall_lookup(const struct call_ctx *cx, const struct idem_operation *op,
     if (idem_call_lookup(cx->app->engine, op, cx->principal, cx->key, cx->fp, &call, &outcome) ==
             0 &&
         call != NULL)
-        answered = answer_settled(call, outcome, op, resp);
+        answered = idem_answer_settled(call, outcome, op, resp);
     idem_call_end(call);
     return answered;
 }
@@ -198,11 +98,11 @@ static void deferred_committed(struct idem_call *call, int rc, void *arg)
     struct deferred_answer *d = arg;
 
     if (rc == 0) {
-        send_stored(call, d->resp);
+        idem_answer_stored(call, d->resp);
     } else {
         log_msg(&d->app->log, "error", "%s: %s: %s", d->operation, idem_err_name(rc),
                 idem_call_errmsg(call) ? idem_call_errmsg(call) : "");
-        idemcall_fail(d->resp, rc);
+        idem_answer_fail(d->resp, rc);
     }
     idem_call_end(call);
     http_server_complete(d->completion);
@@ -255,11 +155,11 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
         rc = idem_call_begin(app->engine, op, cx->principal, cx->key, cx->fp, &call, &outcome);
         if (rc < 0) {
             log_msg(&app->log, "error", "%s: cannot begin: %s", op->name, idem_err_name(rc));
-            idemcall_unavailable(resp, "The idempotency store cannot be reached; nothing was "
-                                       "done. Retry.");
+            idem_answer_unavailable(resp, "The idempotency store cannot be reached; nothing was "
+                                          "done. Retry.");
             goto out;
         }
-        if (answer_settled(call, outcome, op, resp))
+        if (idem_answer_settled(call, outcome, op, resp))
             goto out;
         switch (outcome) {
         case IDEM_OUTCOME_EXECUTE:
@@ -267,7 +167,7 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
             resp->outcome = "executed";
             rc = run(cx, call, outcome, arg, resp);
             if (rc == 0) {
-                send_stored(call, resp);
+                idem_answer_stored(call, resp);
                 goto out;
             }
             if (rc == IDEMCALL_ANSWERED) {
@@ -282,7 +182,7 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
                     idem_err_name(rc), idem_call_errmsg(call) ? idem_call_errmsg(call) : "");
             idem_call_abort(call);
             if (rc != IDEM_ELEASE) {
-                idemcall_fail(resp, rc);
+                idem_answer_fail(resp, rc);
                 goto out;
             }
             idem_call_end(call);
@@ -291,12 +191,12 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
         case IDEM_OUTCOME_NONE:
         default:
             log_msg(&app->log, "error", "%s: unexpected engine outcome %d", op->name, (int)outcome);
-            idemcall_fail(resp, IDEM_ESTATE);
+            idem_answer_fail(resp, IDEM_ESTATE);
             goto out;
         }
     }
     /* Lost the lease twice: someone else is working on it. */
-    idemcall_in_progress(resp, 1, 0);
+    idem_answer_in_progress(resp, 1, 0);
 out:
     idem_call_end(call);
 }

@@ -13,6 +13,8 @@
 
 #include "idem/idem.h"
 
+#include "idem_answer.h" /* idem_answer_unavailable(), _in_progress(), _fail() */
+
 struct call_ctx;
 struct response;
 
@@ -44,12 +46,6 @@ typedef int (*idemcall_run_fn)(const struct call_ctx *cx, struct idem_call *call
  */
 int idemcall_lookup(const struct call_ctx *cx, const struct idem_operation *op,
                     struct response *resp);
-
-/*
- * 409 idempotency-request-in-progress with Retry-After, while another owner holds the lease; with
- * `recovering`, the owner is a background worker finishing an earlier attempt.
- */
-void idemcall_in_progress(struct response *resp, int retry_after_s, int recovering);
 
 /*
  * Commits the staged response of the open phase, as idem_call_commit(), without waiting for the
@@ -91,11 +87,5 @@ int idemcall_complete_problem_ext(struct idem_call *call, int status, const char
  * settles it.  Returns IDEMCALL_ANSWERED for the run function to return.
  */
 int idemcall_outcome_unknown(struct response *resp, const char *detail);
-
-/* 503 idempotency-store-unavailable with Retry-After: 1 (nothing ran, nothing is stored). */
-void idemcall_unavailable(struct response *resp, const char *detail);
-
-/* Answers a failure `rc` of a non-stored path: 503 for an unreachable store, else 500. */
-void idemcall_fail(struct response *resp, int rc);
 
 #endif /* ORDERD_IDEMCALL_H */

@@ -24,6 +24,9 @@
 #include "util.h"
 #include "banned.h"
 
+/* The word die() and the text log lines begin with (src/util/util.h). */
+const char program_name[] = "orderd";
+
 #define EXIT_USAGE 2
 
 static const char usage_main[] =
@@ -166,8 +169,7 @@ static const struct option serve_options[] = {
     {"outbox-backoff-max-ms", required_argument, NULL, OPT_OUTBOX_BACKOFF},
     {"idempotency", required_argument, NULL, OPT_IDEMPOTENCY},
     {"replay-cache-mb", required_argument, NULL, OPT_REPLAY_CACHE},
-    HTTP_LIMITS_OPTIONS
-    {"help", no_argument, NULL, OPT_HELP},
+    HTTP_LIMITS_OPTIONS{"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
 
@@ -421,8 +423,7 @@ static int parse_options(struct cli *cli, int argc, char **argv, const struct op
         } else if (c == '?') {
             status = usage_error(cli, "unknown option '%s'", argv[optind - 1]);
         } else if (c == HTTP_LIMITS_OPT) {
-            if (http_limits_flag(&cli->cfg.http, opts[longindex].name, optarg, err, sizeof err) <
-                0)
+            if (http_limits_flag(&cli->cfg.http, opts[longindex].name, optarg, err, sizeof err) < 0)
                 status = usage_error(cli, "%s", err);
         } else {
             status = apply_option(cli, c, optarg);

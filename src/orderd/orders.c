@@ -523,7 +523,7 @@ static void create_without_record(const struct call_ctx *cx, const struct create
     response_set_header(resp, "Location", location);
 out:
     if (rc < 0)
-        idemcall_fail(resp, rc);
+        idem_answer_fail(resp, rc);
     json_decref(doc);
     idem_rows_free(order);
     idem_tx_rollback(tx);
@@ -588,7 +588,7 @@ void orders_get(const struct call_ctx *cx, struct response *resp)
             db_exec(cx->app, tx, "SELECT " ORDER_COLS " FROM orders WHERE id = $1 AND user_id = $2",
                     2, params, &rows);
     if (rc < 0) {
-        idemcall_fail(resp, rc);
+        idem_answer_fail(resp, rc);
         goto out;
     }
     if (idem_rows_count(rows) == 0) {
@@ -675,7 +675,7 @@ void orders_list(const struct call_ctx *cx, struct response *resp)
     snprintf(fetch, sizeof fetch, "%lld", (long long)limit + 1);
     rc = idem_tx_begin(cx->app->store, 0, &tx);
     if (rc < 0) {
-        idemcall_fail(resp, rc);
+        idem_answer_fail(resp, rc);
         goto out;
     }
     params[0] = cx->principal;
@@ -696,7 +696,7 @@ void orders_list(const struct call_ctx *cx, struct response *resp)
                      4, params, &rows);
     }
     if (rc < 0) {
-        idemcall_fail(resp, rc);
+        idem_answer_fail(resp, rc);
         goto out;
     }
     n = idem_rows_count(rows);

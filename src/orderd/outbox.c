@@ -112,7 +112,8 @@ static void record(struct app *app, struct message *m, const struct provider_rep
                      3, params, NULL);
         m->sent = 1;
     } else {
-        snprintf(next, sizeof next, "%" PRId64, wall_ms() + backoff_ms(attempts, app->cfg->outbox_backoff_max_ms));
+        snprintf(next, sizeof next, "%" PRId64,
+                 wall_ms() + backoff_ms(attempts, app->cfg->outbox_backoff_max_ms));
         snprintf(max, sizeof max, "%d", app->cfg->outbox_max_attempts);
         params[1] = max;
         params[2] = next;

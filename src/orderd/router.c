@@ -194,7 +194,7 @@ static int check_auth(struct call_ctx *cx, struct response *resp, int may_block)
         return 1;
     if (rc < 0) {
         log_msg(&cx->app->log, "error", "token lookup failed: %s", idem_err_name(rc));
-        idemcall_unavailable(resp, "The store cannot be reached; nothing was done. Retry.");
+        idem_answer_unavailable(resp, "The store cannot be reached; nothing was done. Retry.");
         goto out;
     }
     if (rc > 0) {
@@ -326,8 +326,8 @@ out:
  * store.  A worker (`worker` 1) may ask the store and gets the body parsed for its handler; the
  * event loop asks the token cache only and needs only the fingerprint.
  */
-static int run_checks(struct call_ctx *cx, const struct route *rt, char *key,
-                      struct response *resp, int worker)
+static int run_checks(struct call_ctx *cx, const struct route *rt, char *key, struct response *resp,
+                      int worker)
 {
     int rc = check_head(cx, rt, resp, worker);
 
@@ -367,8 +367,8 @@ out:
     free_params(params, ROUTE_MAX_PARAMS);
 }
 
-enum http_head_verdict router_check_head(struct app *app, struct request *rq,
-                                         struct response *resp, int may_block)
+enum http_head_verdict router_check_head(struct app *app, struct request *rq, struct response *resp,
+                                         int may_block)
 {
     const struct route *rt;
     struct call_ctx cx;

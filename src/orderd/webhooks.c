@@ -252,7 +252,7 @@ void webhooks_provider(const struct call_ctx *cx, struct response *resp)
     goto out;
 fail:
     /* Nothing committed: the provider retries, and the retry is not a duplicate. */
-    idemcall_fail(resp, rc);
+    idem_answer_fail(resp, rc);
 out:
     idem_rows_free(rows);
     idem_tx_rollback(tx);

@@ -1,7 +1,7 @@
 /*
  * api.c - provider-sim's routes, and the glue of every idempotent POST (handlers.h).  The order of
- * the checks is the one docs/http-api.md gives orderd: key, JSON, validation (400s, never stored), then
- * the record.  The faults sit where a real provider's failures sit: a 5xx fault answers before
+ * the checks is the one docs/http-api.md gives orderd: key, JSON, validation (400s, never stored),
+ * then the record.  The faults sit where a real provider's failures sit: a 5xx fault answers before
  * anything runs (nothing is stored, a retry runs afresh), the latency fault delays the request,
  * and the lost-response fault strikes after the effect committed, so the client cannot tell
  * whether it happened - exactly the case its reconciler must settle by asking.
@@ -147,7 +147,7 @@ void idempotent_post(struct sim *sim, const struct request *rq, struct response 
 
     rc = idem_call_begin(sim->engine, op, SIM_PRINCIPAL, key, fp, &call, &outcome);
     if (rc < 0) {
-        log_msg("error", "%s: cannot begin: %s", op->name, idem_err_name(rc));
+        log_msg(&sim_log, "error", "%s: cannot begin: %s", op->name, idem_err_name(rc));
         response_set_header(resp, "Retry-After", "1");
         response_problem(resp, 503, "provider-unavailable",
                          "The provider's store is busy; nothing was done. Retry.");
@@ -182,7 +182,8 @@ void idempotent_post(struct sim *sim, const struct request *rq, struct response 
             rc = idem_call_complete(call, res.status, &hdr, 1, res.body, res.body_len);
         }
         if (rc < 0) {
-            log_msg("error", "%s: %s: %s", op->name, idem_err_name(rc), idem_call_errmsg(call));
+            log_msg(&sim_log, "error", "%s: %s: %s", op->name, idem_err_name(rc),
+                    idem_call_errmsg(call));
             idem_call_abort(call);
             response_problem(resp, 500, "internal-error",
                              "The request failed and was rolled back. Retry.");
@@ -228,8 +229,8 @@ static void faults_endpoint(struct sim *sim, const struct request *rq, struct re
             response_problem(resp, 400, "validation-failed", err);
             goto out;
         }
-        log_msg("info", "faults changed: %.*s", (int)(rq->body_len > 300 ? 300 : rq->body_len),
-                rq->body);
+        log_msg(&sim_log, "info", "faults changed: %.*s",
+                (int)(rq->body_len > 300 ? 300 : rq->body_len), rq->body);
     }
     faults_get(&sim->faults, &fs);
     out = faults_json(&fs);

@@ -20,7 +20,7 @@ static void handle(void *ctx, const struct request *rq, struct response *resp)
 static void server_line(void *ctx, const char *line)
 {
     (void)ctx;
-    log_msg("warn", "%s", line);
+    log_msg(&sim_log, "warn", "%s", line);
 }
 
 int sim_http_start(struct sim *sim, const char *listen, struct http_server **out, char *err,

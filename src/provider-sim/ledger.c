@@ -217,7 +217,7 @@ void ledger_get(struct sim *sim, const struct request *rq, struct response *resp
     response_json(resp, 200, doc);
     goto out;
 fail:
-    log_msg("error", "ledger: %s", tx ? idem_tx_errmsg(tx) : idem_strerror(rc));
+    log_msg(&sim_log, "error", "ledger: %s", tx ? idem_tx_errmsg(tx) : idem_strerror(rc));
     response_set_header(resp, "Retry-After", "1");
     response_problem(resp, 503, "provider-unavailable", "The store did not answer. Retry.");
 out:

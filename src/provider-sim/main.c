@@ -88,8 +88,7 @@ static const struct option options[] = {
     {"slow-ms", required_argument, NULL, OPT_SLOW},
     {"webhook-dup", required_argument, NULL, OPT_DUP},
     {"webhook-delay-ms", required_argument, NULL, OPT_DELAY},
-    HTTP_LIMITS_OPTIONS
-    {"help", no_argument, NULL, OPT_HELP},
+    HTTP_LIMITS_OPTIONS{"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
 };
@@ -291,7 +290,7 @@ static int run(const struct sim_config *cfg)
     memset(&sim, 0, sizeof sim);
     stop_signals_block(&stop_signals);
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
-        log_msg("error", "curl_global_init failed");
+        log_msg(&sim_log, "error", "curl_global_init failed");
         return 1;
     }
     sim.cfg = cfg;
@@ -305,40 +304,41 @@ static int run(const struct sim_config *cfg)
     so.pool_size = 16;
     rc = idem_store_open(cfg->db, &so, &sim.store, &errmsg);
     if (rc < 0) {
-        log_msg("error", "cannot open the store: %s", errmsg ? errmsg : idem_strerror(rc));
+        log_msg(&sim_log, "error", "cannot open the store: %s",
+                errmsg ? errmsg : idem_strerror(rc));
         goto out;
     }
     idem_free(errmsg);
     errmsg = NULL;
     rc = schema_migrate(sim.store, NULL, &errmsg);
     if (rc < 0) {
-        log_msg("error", "migrations failed: %s", errmsg ? errmsg : idem_strerror(rc));
+        log_msg(&sim_log, "error", "migrations failed: %s", errmsg ? errmsg : idem_strerror(rc));
         goto out;
     }
     rc = idem_engine_new(sim.store, NULL, &sim.engine);
     if (rc < 0) {
-        log_msg("error", "cannot make the engine: %s", idem_strerror(rc));
+        log_msg(&sim_log, "error", "cannot make the engine: %s", idem_strerror(rc));
         goto out;
     }
     if (cfg->webhook_url != NULL &&
         webhooks_start(&sim, cfg->webhook_url, cfg->webhook_secret, &sim.webhooks) != 0) {
-        log_msg("error", "cannot start the webhook senders");
+        log_msg(&sim_log, "error", "cannot start the webhook senders");
         goto out;
     }
     if (sim_http_start(&sim, cfg->listen, &srv, err, sizeof err) != 0) {
-        log_msg("error", "%s", err);
+        log_msg(&sim_log, "error", "%s", err);
         goto out;
     }
     printf("provider-sim: listening on %s\n", http_server_url(srv));
     fflush(stdout);
-    log_msg("info",
+    log_msg(&sim_log, "info",
             "serving on %s (store %s; webhooks %s; faults: latency %lld+%lld ms, fail %.2f, "
             "lost %.2f, dup %d, delay %lld ms)",
             http_server_url(srv), cfg->db, cfg->webhook_url ? cfg->webhook_url : "off",
             (long long)cfg->faults.latency_ms, (long long)cfg->faults.latency_jitter_ms,
             cfg->faults.fail_rate, cfg->faults.lost_rate, cfg->faults.webhook_dup,
             (long long)cfg->faults.webhook_delay_ms);
-    log_msg("info", "stopping on %s", stop_signals_wait(&stop_signals));
+    log_msg(&sim_log, "info", "stopping on %s", stop_signals_wait(&stop_signals));
     status = 0;
 out:
     http_server_stop(srv);

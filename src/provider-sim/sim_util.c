@@ -16,24 +16,8 @@
 /* The word die() and the log lines begin with (src/util/util.h). */
 const char program_name[] = "provider-sim";
 
-void log_msg(const char *level, const char *fmt, ...)
-{
-    char msg[1024];
-    char line[1100];
-    va_list ap;
-    int n;
-
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    n = snprintf(line, sizeof line, "%s: %s: %s\n", program_name, level, msg);
-    if (n < 0)
-        return;
-    if ((size_t)n >= sizeof line)
-        n = (int)sizeof line - 1;
-    fwrite(line, 1, (size_t)n, stderr);
-    fflush(stderr);
-}
+/* provider-sim's log lines: the text form of log.h, escaped like every program's. */
+const struct logger sim_log = {LOG_TEXT};
 
 void new_id(const char *prefix, char *out, size_t cap)
 {

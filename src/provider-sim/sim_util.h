@@ -11,10 +11,11 @@
 
 #include <jansson.h>
 
+#include "log.h"
 #include "util.h"
 
-/* One line "provider-sim: LEVEL: message" on stderr, written with one call. */
-void log_msg(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Its log (log.h): "provider-sim: LEVEL: message" lines on stderr, escaped. */
+extern const struct logger sim_log;
 
 /* `prefix` and 24 random hex digits: "ch_3f9c...".  `out` holds at least strlen(prefix) + 25. */
 void new_id(const char *prefix, char *out, size_t cap);

@@ -123,7 +123,7 @@ int webhooks_enqueue(struct sim *sim, struct idem_tx *tx, const char *type, cons
     }
 out:
     if (rc < 0)
-        log_msg("error", "cannot record event %s: %s", type, idem_tx_errmsg(tx));
+        log_msg(&sim_log, "error", "cannot record event %s: %s", type, idem_tx_errmsg(tx));
     free(payload);
     json_decref(event);
     return rc;
@@ -240,7 +240,8 @@ static void record_attempt(struct webhooks *wh, const char *id, int64_t attempts
         tx = NULL;
     }
     if (rc < 0)
-        log_msg("warn", "cannot record the delivery attempt of %s: %s", id, idem_strerror(rc));
+        log_msg(&sim_log, "warn", "cannot record the delivery attempt of %s: %s", id,
+                idem_strerror(rc));
     idem_tx_rollback(tx);
 }
 
@@ -270,7 +271,7 @@ static int deliver_due(struct sender *s, CURL *curl)
                          2, params, &rows);
     idem_tx_rollback(tx);
     if (rc < 0) {
-        log_msg("warn", "cannot read due deliveries: %s", idem_strerror(rc));
+        log_msg(&sim_log, "warn", "cannot read due deliveries: %s", idem_strerror(rc));
         goto out;
     }
     n = idem_rows_count(rows);
@@ -288,7 +289,7 @@ static int deliver_due(struct sender *s, CURL *curl)
         if (status < 200 || status >= 300) {
             if (status != 0)
                 snprintf(err, sizeof err, "HTTP %ld", status);
-            log_msg("info", "webhook %s (event %s) attempt %" PRId64 " failed: %s", id,
+            log_msg(&sim_log, "info", "webhook %s (event %s) attempt %" PRId64 " failed: %s", id,
                     idem_rows_get(rows, i, 3), attempts + 1, err);
         }
         record_attempt(wh, id, attempts + 1, status, err);
@@ -317,7 +318,7 @@ static void *sender_loop(void *arg)
     uint64_t seen;
 
     if (curl == NULL) {
-        log_msg("error", "webhook sender %d: curl_easy_init failed", s->shard);
+        log_msg(&sim_log, "error", "webhook sender %d: curl_easy_init failed", s->shard);
         return NULL;
     }
     while (!stopping(wh)) {

@@ -234,7 +234,13 @@ class Server:
 
     start() may be called again after stop() or kill9(): the new process uses the same database
     (and gets a new port; clients always ask the server for its current address).
+
+    A subclass serves another program (gateway_harness.Gateway): it overrides serve_command(),
+    `program`, `listen_re` and migrate().
     """
+
+    program = ORDERD
+    listen_re = LISTEN_RE
 
     def __init__(self, extra_args=(), env=None, db_uri=None, name="orderd"):
         self.name = name
@@ -279,6 +285,15 @@ class Server:
         self._run_tool(["migrate", "--db", self.db_uri], "migrate")
         self._migrated = True
 
+    def serve_command(self):
+        """The command line of one run of the server."""
+        return [ORDERD, "serve", "--listen", "127.0.0.1:0", "--db", self.db_uri] + self.extra_args
+
+    def listening(self, match):
+        """Takes what the "listening" line said (a subclass may read more of it)."""
+        self.host = match.group(1).strip("[]")
+        self.port = int(match.group(2))
+
     def start(self):
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError("server already running")
@@ -287,19 +302,18 @@ class Server:
         self.generation += 1
         self.stdout_path = os.path.join(self.tmpdir, "%s.%d.stdout" % (self.name, self.generation))
         self.stderr_path = os.path.join(self.tmpdir, "%s.%d.stderr" % (self.name, self.generation))
-        cmd = [ORDERD, "serve", "--listen", "127.0.0.1:0", "--db", self.db_uri] + self.extra_args
+        cmd = self.serve_command()
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             try:
                 self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                              env=self.env)
             except FileNotFoundError:
-                raise TestFailure("cannot start %s (IDEM_BIN=%s)" % (ORDERD, BIN))
+                raise TestFailure("cannot start %s (IDEM_BIN=%s)" % (self.program, BIN))
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
-            m = LISTEN_RE.search(_tail(self.stdout_path, 1 << 20))
+            m = self.listen_re.search(_tail(self.stdout_path, 1 << 20))
             if m:
-                self.host = m.group(1).strip("[]")
-                self.port = int(m.group(2))
+                self.listening(m)
                 return self
             rc = self.proc.poll()
             if rc is not None:
@@ -308,7 +322,7 @@ class Server:
             if time.monotonic() > deadline:
                 self._kill()
                 raise TestFailure(
-                    "`%s` did not print 'orderd: listening on http://HOST:PORT' within %.0f s\n"
+                    "`%s` did not print its 'listening on http://HOST:PORT' line within %.0f s\n"
                     "stdout: %s\nstderr: %s" % (" ".join(cmd), START_TIMEOUT_S,
                                                 _tail(self.stdout_path), _tail(self.stderr_path)))
             time.sleep(0.02)

@@ -1,10 +1,10 @@
 /*
- * log.h - orderd's log on stderr: one line per request (what a person tails, or a collector
+ * log.h - a program's log on stderr (orderd's, idem-gateway's): one line per request (what a person tails, or a collector
  * parses in the JSON form), and a few lines about the process itself (start, stop, sweeps,
  * failures).  stdout is kept for the one "listening on" line and for command output.
  */
-#ifndef ORDERD_LOG_H
-#define ORDERD_LOG_H
+#ifndef IDEM_UTIL_LOG_H
+#define IDEM_UTIL_LOG_H
 
 enum log_format { LOG_TEXT = 0, LOG_JSON = 1 };
 
@@ -19,8 +19,8 @@ struct logger {
 void log_request(const struct logger *lg, const char *method, const char *path, int status,
                  const char *outcome, double duration_ms, const char *principal);
 
-/* A line about the process: "orderd: LEVEL: message" or {"ts","level","msg"}. */
+/* A line about the process: "<program_name>: LEVEL: message" or {"ts","level","msg"}. */
 void log_msg(const struct logger *lg, const char *level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-#endif /* ORDERD_LOG_H */
+#endif /* IDEM_UTIL_LOG_H */

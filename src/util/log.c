@@ -1,9 +1,9 @@
 /*
- * log.c - writes orderd's log lines to stderr.  Each line is assembled in memory first and
- * written with one call, so lines written at once (event loops, workers, background threads) never
- * interleave.  Paths come from strangers: the text form escapes anything that is not visible
- * ASCII (a path with a space or a newline must not forge a second log line); the JSON form lets
- * jansson escape.
+ * log.c - writes a program's log lines (orderd, idem-gateway) to stderr.  Each line is assembled in
+ * memory first and written with one call, so lines written at once (event loops, workers,
+ * background threads) never interleave.  Paths come from strangers: the text form escapes anything
+ * that is not visible ASCII (a path with a space or a newline must not forge a second log line);
+ * the JSON form lets jansson escape.
  */
 #include "log.h"
 
@@ -20,9 +20,6 @@
 #include "strbuf.h"
 #include "util.h"
 #include "banned.h"
-
-/* The word die() and the text log lines begin with (src/util/util.h). */
-const char program_name[] = "orderd";
 
 /*
  * One write(2) per line, not stdio: stderr's FILE lock would be held across the system call, so
@@ -56,6 +53,26 @@ static void add_escaped(struct strbuf *sb, const char *s)
             strbuf_addch(sb, (char)*p);
         } else {
             strbuf_addch(sb, '%');
+            strbuf_addch(sb, digits[*p >> 4]);
+            strbuf_addch(sb, digits[*p & 0x0f]);
+        }
+    }
+}
+
+/*
+ * A message for a person's terminal: it may quote a provider's error text or a client's string,
+ * so control bytes (a newline forging a second line, ESC driving the terminal) and every byte
+ * outside ASCII (C1 controls among them) are written as \xNN; spaces stay.
+ */
+static void add_escaped_text(struct strbuf *sb, const char *s)
+{
+    static const char digits[] = "0123456789ABCDEF";
+
+    for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
+        if (*p >= 0x20 && *p < 0x7f && *p != '\\') {
+            strbuf_addch(sb, (char)*p);
+        } else {
+            strbuf_add(sb, "\\x", 2);
             strbuf_addch(sb, digits[*p >> 4]);
             strbuf_addch(sb, digits[*p & 0x0f]);
         }
@@ -132,7 +149,8 @@ void log_msg(const struct logger *lg, const char *level, const char *fmt, ...)
         add_json_line(&sb, obj);
         json_decref(obj);
     } else {
-        strbuf_addf(&sb, "%s: %s: %s", program_name, level, msg);
+        strbuf_addf(&sb, "%s: %s: ", program_name, level);
+        add_escaped_text(&sb, msg);
     }
     write_line(&sb);
     strbuf_release(&sb);

@@ -1,0 +1,16 @@
+/*
+ * admin.h - idem-gateway's admin listener (loopback by default, `admin_listen`): GET /healthz
+ * (the process answers), GET /readyz (the store answers too), GET /metrics (Prometheus text).
+ * Kept off the public listener so that a scrape or a probe never competes with, or is reachable
+ * by, the callers of the API.
+ */
+#ifndef IDEM_GATEWAY_ADMIN_H
+#define IDEM_GATEWAY_ADMIN_H
+
+#include "gateway.h"
+#include "http_server.h"
+
+/* The admin hooks, with `ctx` the struct gateway (gw->public_server set before it starts). */
+void admin_server_options(struct gateway *gw, struct http_server_options *opts);
+
+#endif /* IDEM_GATEWAY_ADMIN_H */

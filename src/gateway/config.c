@@ -1,0 +1,1726 @@
+/*
+ * config.c - idem-gateway's configuration reader (config.h): YAML text through libyaml's document
+ * API into struct gw_config, every value checked against what the gateway can honour before the
+ * program opens a socket or the store.
+ *
+ * The text is parsed twice.  A first pass over libyaml's events refuses what the document API
+ * would silently accept: aliases (yaml_parser_load resolves them into shared nodes, which would
+ * make the tree a graph and lets a few bytes stand for a large config), a second document, and
+ * nesting deeper than any config needs (so nothing below ever walks a hostile depth).  The second
+ * pass loads the document, and the walk below reads each mapping through collect(): unknown and
+ * duplicate keys are refused there, in document order, so every later step sees one value per key.
+ *
+ * Every message is one line, "<file>:<line>: <path>: <what is wrong, what is expected>", with the
+ * line of the node at fault (libyaml's start_mark.line + 1).
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <yaml.h>
+
+#include "util.h"
+#include "banned.h"
+
+#define CONFIG_MAX_BYTES ((size_t)1 << 20)    /* a real config is a few KiB */
+#define KEY_FILE_MAX_BYTES ((size_t)64 << 10) /* a JWT secret or a PEM public key */
+#define MAX_ROUTES 1000
+#define MAX_DEPTH 16 /* the deepest config is 5 levels: routes[i].key.body */
+#define MAX_KEYS 16  /* keys of the widest mapping (a route has 11) */
+#define MAX_POINTERS 16
+#define MAX_STORE_HEADERS 32
+#define MAX_MATCH_LEN 512 /* also bounds the route-against-route comparisons */
+#define MAX_NAME_LEN 256  /* header names, operation names are shorter still */
+#define MAX_OPERATION_LEN 64
+#define EXCERPT 48 /* bytes of a value quoted in a message */
+
+#define KIB ((int64_t)1 << 10)
+#define MIB ((int64_t)1 << 20)
+#define GIB ((int64_t)1 << 30)
+#define SECOND_MS ((int64_t)1000)
+#define MINUTE_MS (60 * SECOND_MS)
+#define HOUR_MS (60 * MINUTE_MS)
+#define DAY_MS (24 * HOUR_MS)
+
+#define DEFAULT_LISTEN "127.0.0.1:8080"
+#define DEFAULT_ADMIN_LISTEN "127.0.0.1:8081"
+#define DEFAULT_STORE "sqlite:gateway.db"
+#define DEFAULT_CONNECT_TIMEOUT_MS (2 * SECOND_MS)
+#define DEFAULT_TIMEOUT_MS (30 * SECOND_MS)
+#define DEFAULT_UPSTREAM_CONNECTIONS 64
+#define DEFAULT_MAX_RESPONSE (16 * MIB)
+#define DEFAULT_MAX_BODY MIB
+#define DEFAULT_RETENTION_MS DAY_MS
+#define DEFAULT_LEASE_MARGIN_MS (10 * SECOND_MS) /* over the upstream timeout */
+#define DEFAULT_WAIT_MS (2 * SECOND_MS)
+#define DEFAULT_MAX_STORED_BODY MIB
+#define DEFAULT_KEY_HEADER "Idempotency-Key"
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+static const char *const default_store_headers[] = {"Content-Type", "Location", "ETag", "Link"};
+
+/* Statuses of 2xx and 4xx that are not stored by default: each says nothing about the write. */
+static const int default_unstored[] = {400, 401, 403, 408, 413, 415, 429};
+
+/* What later routes are compared with. */
+struct seen_route {
+    char *shape;        /* "POST /v1/orders/{}/refunds": the match with its parameters blanked */
+    int match_line;     /* where that match is written */
+    int operation_line; /* and that operation */
+};
+
+struct loader {
+    const char *name; /* the file, for messages and for the key files' directory */
+    yaml_document_t *doc;
+    char *err;
+    size_t errlen;
+    struct seen_route *seen; /* per route read so far, for the duplicate checks */
+    size_t nseen;
+};
+
+/* ---- messages -------------------------------------------------------------------------------- */
+
+/*
+ * Messages are one line: a control byte that came from the file (a "\n" escape in a quoted value)
+ * becomes '?', and a UTF-8 sequence cut short by the truncation is dropped.
+ */
+static void one_line(char *s)
+{
+    size_t n = strlen(s), i, start, need;
+    unsigned char lead;
+
+    for (i = 0; i < n; i++) {
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+            s[i] = '?';
+    }
+    if (n == 0)
+        return;
+    start = n - 1;
+    while (start > 0 && n - start < 4 && ((unsigned char)s[start] & 0xc0) == 0x80)
+        start--;
+    lead = (unsigned char)s[start];
+    need = lead < 0x80 ? 1 : (lead & 0xe0) == 0xc0 ? 2 : (lead & 0xf0) == 0xe0 ? 3 : 4;
+    if (lead >= 0x80 && n - start < need)
+        s[start] = '\0';
+}
+
+static int fail(struct loader *ld, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Writes "<file>:<line>: <message>" into the caller's buffer; returns -1 for `return fail(...)`. */
+static int fail(struct loader *ld, int line, const char *fmt, ...)
+{
+    va_list ap;
+    size_t n;
+
+    if (ld->err == NULL || ld->errlen == 0)
+        return -1;
+    snprintf(ld->err, ld->errlen, "%s:%d: ", ld->name, line);
+    n = strlen(ld->err);
+    if (n + 1 < ld->errlen) {
+        va_start(ap, fmt);
+        vsnprintf(ld->err + n, ld->errlen - n, fmt, ap);
+        va_end(ap);
+    }
+    one_line(ld->err);
+    return -1;
+}
+
+/* At most EXCERPT bytes of `s` for a message, cut at a character boundary, "..." when cut. */
+static const char *excerpt(const char *s, char out[EXCERPT + 4])
+{
+    size_t n = strlen(s);
+
+    if (n <= EXCERPT) {
+        memcpy(out, s, n + 1);
+        return out;
+    }
+    n = EXCERPT;
+    while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80)
+        n--;
+    memcpy(out, s, n);
+    memcpy(out + n, "...", 4);
+    return out;
+}
+
+static void fmt_duration(int64_t ms, char *out, size_t cap)
+{
+    static const struct {
+        int64_t ms;
+        const char *unit;
+    } units[] = {{DAY_MS, "d"}, {HOUR_MS, "h"}, {MINUTE_MS, "m"}, {SECOND_MS, "s"}};
+    size_t i;
+
+    for (i = 0; i < COUNT(units); i++) {
+        if (ms != 0 && ms % units[i].ms == 0) {
+            snprintf(out, cap, "%lld%s", (long long)(ms / units[i].ms), units[i].unit);
+            return;
+        }
+    }
+    snprintf(out, cap, "%lldms", (long long)ms);
+}
+
+static void fmt_size(int64_t bytes, char *out, size_t cap)
+{
+    if (bytes != 0 && bytes % GIB == 0)
+        snprintf(out, cap, "%lldGiB", (long long)(bytes / GIB));
+    else if (bytes != 0 && bytes % MIB == 0)
+        snprintf(out, cap, "%lldMiB", (long long)(bytes / MIB));
+    else if (bytes != 0 && bytes % KIB == 0)
+        snprintf(out, cap, "%lldKiB", (long long)(bytes / KIB));
+    else if (bytes == 1)
+        snprintf(out, cap, "1 byte");
+    else
+        snprintf(out, cap, "%lld bytes", (long long)bytes);
+}
+
+/* libyaml's own sentence for text it cannot parse, at the line it stopped. */
+static int syntax_error(struct loader *ld, const yaml_parser_t *p, const char *text, size_t len)
+{
+    size_t line = p->problem_mark.line, i;
+
+    if (p->error == YAML_MEMORY_ERROR)
+        die("out of memory");
+    if (p->error == YAML_READER_ERROR) {
+        /* The reader reports a byte offset (bad UTF-8, a control character), not a mark. */
+        line = 0;
+        for (i = 0; i < p->problem_offset && i < len; i++)
+            line += text[i] == '\n';
+    }
+    if (p->context != NULL)
+        return fail(ld, (int)line + 1, "invalid YAML: %s %s", p->problem ? p->problem : "error",
+                    p->context);
+    return fail(ld, (int)line + 1, "invalid YAML: %s", p->problem ? p->problem : "error");
+}
+
+/* ---- nodes ----------------------------------------------------------------------------------- */
+
+static int line_of(const yaml_node_t *n)
+{
+    return (int)n->start_mark.line + 1;
+}
+
+static const char *scalar(const yaml_node_t *n)
+{
+    return (const char *)n->data.scalar.value;
+}
+
+/* YAML's null: an empty or ~ / null plain scalar ("key:" with nothing after it). */
+static int is_null(const yaml_node_t *n)
+{
+    static const char *const nulls[] = {"", "~", "null", "Null", "NULL"};
+    size_t i;
+
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+        return 0;
+    for (i = 0; i < COUNT(nulls); i++) {
+        if (strcmp(scalar(n), nulls[i]) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* What a node is, for "expected X, not Y". */
+static const char *describe(const yaml_node_t *n, char out[EXCERPT + 8])
+{
+    char shown[EXCERPT + 4];
+
+    if (n->type == YAML_MAPPING_NODE)
+        return "a mapping";
+    if (n->type == YAML_SEQUENCE_NODE)
+        return "a list";
+    if (is_null(n))
+        return "an empty value";
+    snprintf(out, EXCERPT + 8, "\"%s\"", excerpt(scalar(n), shown));
+    return out;
+}
+
+static int ascii_caseeq(const char *a, const char *b)
+{
+    size_t n = strlen(a);
+
+    return n == strlen(b) && ascii_ncaseeq(a, b, n);
+}
+
+static yaml_node_t *node_at(struct loader *ld, int index)
+{
+    return yaml_document_get_node(ld->doc, index);
+}
+
+/* The number of items of a sequence node. */
+static size_t nitems(const yaml_node_t *n)
+{
+    return (size_t)(n->data.sequence.items.top - n->data.sequence.items.start);
+}
+
+static yaml_node_t *item_at(struct loader *ld, const yaml_node_t *n, size_t i)
+{
+    return node_at(ld, n->data.sequence.items.start[i]);
+}
+
+/*
+ * Reads mapping `map` whose keys may be `keys`: values[i] is the value of keys[i], or NULL.  An
+ * unknown key, a repeated key or a key that is not a name is an error.  `where` names the mapping
+ * in messages ("routes[2]"; "" for the top level).
+ */
+static int collect(struct loader *ld, const yaml_node_t *map, const char *where,
+                   const char *const *keys, size_t nkeys, yaml_node_t **values)
+{
+    yaml_node_t *key_nodes[MAX_KEYS];
+    const yaml_node_pair_t *pair;
+    char place[96], expected[256], what[EXCERPT + 8], shown[EXCERPT + 4];
+    size_t i, used;
+
+    if (where[0] != '\0')
+        snprintf(place, sizeof place, "in %s", where);
+    else
+        snprintf(place, sizeof place, "at the top level");
+    if (map->type != YAML_MAPPING_NODE) {
+        if (where[0] != '\0')
+            return fail(ld, line_of(map), "%s: expected a mapping, not %s", where,
+                        describe(map, what));
+        return fail(ld, line_of(map), "expected a mapping at the top level, not %s",
+                    describe(map, what));
+    }
+    for (i = 0; i < nkeys && i < MAX_KEYS; i++) {
+        key_nodes[i] = NULL;
+        values[i] = NULL;
+    }
+    for (pair = map->data.mapping.pairs.start; pair < map->data.mapping.pairs.top; pair++) {
+        yaml_node_t *k = node_at(ld, pair->key), *v = node_at(ld, pair->value);
+
+        if (k == NULL || v == NULL)
+            return fail(ld, line_of(map), "malformed YAML document");
+        if (k->type != YAML_SCALAR_NODE || is_null(k))
+            return fail(ld, line_of(k), "expected a key name %s, not %s", place, describe(k, what));
+        for (i = 0; i < nkeys && i < MAX_KEYS; i++) {
+            if (k->data.scalar.length == strlen(keys[i]) && strcmp(scalar(k), keys[i]) == 0)
+                break;
+        }
+        if (i == nkeys || i == MAX_KEYS) {
+            expected[0] = '\0';
+            used = 0;
+            for (i = 0; i < nkeys && used < sizeof expected; i++) {
+                snprintf(expected + used, sizeof expected - used, "%s%s", i ? ", " : "", keys[i]);
+                used += strlen(expected + used);
+            }
+            return fail(ld, line_of(k), "unknown key \"%s\" %s; expected one of: %s",
+                        excerpt(scalar(k), shown), place, expected);
+        }
+        if (key_nodes[i] != NULL)
+            return fail(ld, line_of(k), "duplicate key \"%s\" %s (first at line %d)", keys[i],
+                        place, line_of(key_nodes[i]));
+        key_nodes[i] = k;
+        values[i] = v;
+    }
+    return 0;
+}
+
+static int missing(struct loader *ld, const yaml_node_t *map, const char *where, const char *key,
+                   const char *example)
+{
+    if (where[0] == '\0')
+        return fail(ld, line_of(map), "missing required key \"%s\" at the top level (%s)", key,
+                    example);
+    return fail(ld, line_of(map), "%s: missing required key \"%s\" (%s)", where, key, example);
+}
+
+/* A scalar that is not null and holds no NUL byte; `what` says what was expected. */
+static int want_text(struct loader *ld, const yaml_node_t *n, const char *path, const char *what,
+                     const char **out)
+{
+    char shown[EXCERPT + 8];
+
+    if (n->type != YAML_SCALAR_NODE || is_null(n))
+        return fail(ld, line_of(n), "%s: expected %s, not %s", path, what, describe(n, shown));
+    if (strlen(scalar(n)) != n->data.scalar.length)
+        return fail(ld, line_of(n), "%s: expected %s; the value holds a NUL byte", path, what);
+    *out = scalar(n);
+    return 0;
+}
+
+static int want_bool(struct loader *ld, const yaml_node_t *n, const char *path, int *out)
+{
+    static const char *const truths[] = {"true", "True", "TRUE"};
+    static const char *const lies[] = {"false", "False", "FALSE"};
+    const char *s;
+    char shown[EXCERPT + 8];
+    size_t i;
+
+    if (want_text(ld, n, path, "true or false", &s) != 0)
+        return -1;
+    for (i = 0; i < COUNT(truths); i++) {
+        if (strcmp(s, truths[i]) == 0) {
+            *out = 1;
+            return 0;
+        }
+        if (strcmp(s, lies[i]) == 0) {
+            *out = 0;
+            return 0;
+        }
+    }
+    return fail(ld, line_of(n), "%s: expected true or false, not %s", path, describe(n, shown));
+}
+
+static int want_int(struct loader *ld, const yaml_node_t *n, const char *path, int64_t min,
+                    int64_t max, int64_t *out)
+{
+    char what[96], shown[EXCERPT + 8];
+    const char *s;
+
+    snprintf(what, sizeof what, "an integer from %lld to %lld", (long long)min, (long long)max);
+    if (want_text(ld, n, path, what, &s) != 0)
+        return -1;
+    if (parse_int64(s, min, max, out) != 0)
+        return fail(ld, line_of(n), "%s: expected %s, not %s", path, what, describe(n, shown));
+    return 0;
+}
+
+struct unit {
+    const char *suffix;
+    int64_t scale;
+};
+
+/* "<digits><suffix>" with one of `units`; the digits times the unit's scale, without overflow. */
+static int parse_scaled(const char *s, const struct unit *units, size_t nunits, int64_t *out)
+{
+    char digits[20];
+    size_t n = strspn(s, "0123456789"), i;
+    int64_t v;
+
+    if (n == 0 || n >= sizeof digits)
+        return -1;
+    memcpy(digits, s, n);
+    digits[n] = '\0';
+    for (i = 0; i < nunits; i++) {
+        if (strcmp(s + n, units[i].suffix) != 0)
+            continue;
+        if (parse_int64(digits, 0, INT64_MAX / units[i].scale, &v) != 0)
+            return -1;
+        *out = v * units[i].scale;
+        return 0;
+    }
+    return -1;
+}
+
+/* A duration ("500ms", "30s", "15m", "24h", "7d"; a bare number is milliseconds) in [min, max]. */
+static int want_duration(struct loader *ld, const yaml_node_t *n, const char *path, int64_t min,
+                         int64_t max, int64_t *out)
+{
+    static const struct unit units[] = {{"", 1},          {"ms", 1},      {"s", SECOND_MS},
+                                        {"m", MINUTE_MS}, {"h", HOUR_MS}, {"d", DAY_MS}};
+    static const char what[] = "a duration such as 30s, 15m or 24h (units ms, s, m, h, d; a bare "
+                               "number is milliseconds)";
+    char lo[32], hi[32], shown[EXCERPT + 8];
+    const char *s;
+
+    if (want_text(ld, n, path, what, &s) != 0)
+        return -1;
+    if (parse_scaled(s, units, COUNT(units), out) != 0)
+        return fail(ld, line_of(n), "%s: expected %s, not %s", path, what, describe(n, shown));
+    if (*out < min || *out > max) {
+        fmt_duration(min, lo, sizeof lo);
+        fmt_duration(max, hi, sizeof hi);
+        return fail(ld, line_of(n), "%s: expected a duration from %s to %s, not %s", path, lo, hi,
+                    describe(n, shown));
+    }
+    return 0;
+}
+
+/* A size (bytes, or "512KiB", "1MiB", "1GiB") in [min, max]. */
+static int want_size(struct loader *ld, const yaml_node_t *n, const char *path, int64_t min,
+                     int64_t max, int64_t *out)
+{
+    static const struct unit units[] = {{"", 1}, {"KiB", KIB}, {"MiB", MIB}, {"GiB", GIB}};
+    static const char what[] = "a size such as 512KiB, 1MiB or 1GiB (a bare number is bytes)";
+    char lo[32], hi[32], shown[EXCERPT + 8];
+    const char *s;
+
+    if (want_text(ld, n, path, what, &s) != 0)
+        return -1;
+    if (parse_scaled(s, units, COUNT(units), out) != 0)
+        return fail(ld, line_of(n), "%s: expected %s, not %s", path, what, describe(n, shown));
+    if (*out < min || *out > max) {
+        fmt_size(min, lo, sizeof lo);
+        fmt_size(max, hi, sizeof hi);
+        return fail(ld, line_of(n), "%s: expected a size from %s to %s, not %s", path, lo, hi,
+                    describe(n, shown));
+    }
+    return 0;
+}
+
+/* RFC 9110 token: a header name. */
+static int is_token(const char *s)
+{
+    size_t n = strlen(s);
+
+    return n > 0 && n <= MAX_NAME_LEN &&
+           strspn(s, "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
+                     "ABCDEFGHIJKLMNOPQRSTUVWXYZ") == n;
+}
+
+static int want_header_name(struct loader *ld, const yaml_node_t *n, const char *path,
+                            const char **out)
+{
+    static const char what[] = "a header name such as Idempotency-Key";
+    char shown[EXCERPT + 8];
+
+    if (want_text(ld, n, path, what, out) != 0)
+        return -1;
+    if (!is_token(*out))
+        return fail(ld, line_of(n), "%s: expected %s (an HTTP token), not %s", path, what,
+                    describe(n, shown));
+    return 0;
+}
+
+/* RFC 6901: "" (the whole document) or "/"-separated tokens where '~' is only ~0 or ~1. */
+static int is_json_pointer(const char *s)
+{
+    if (s[0] != '\0' && s[0] != '/')
+        return 0;
+    for (; *s != '\0'; s++) {
+        if (*s == '~' && s[1] != '0' && s[1] != '1')
+            return 0;
+    }
+    return 1;
+}
+
+/* A non-empty list of JSON pointers, copied into *out. */
+static int want_pointers(struct loader *ld, const yaml_node_t *n, const char *path, char ***out,
+                         size_t *count)
+{
+    static const char what[] = "a JSON pointer such as /requestId (RFC 6901: \"\" or "
+                               "/-separated, ~0 for ~ and ~1 for /)";
+    char item_path[96], shown[EXCERPT + 8];
+    const char *s;
+    size_t i;
+
+    if (n->type != YAML_SEQUENCE_NODE || nitems(n) == 0 || nitems(n) > MAX_POINTERS)
+        return fail(ld, line_of(n),
+                    "%s: expected a list of 1 to %d JSON pointers such as "
+                    "[/requestId], not %s",
+                    path, MAX_POINTERS,
+                    n->type == YAML_SEQUENCE_NODE ? (nitems(n) ? "a longer list" : "an empty list")
+                                                  : describe(n, shown));
+    *out = xcalloc(nitems(n), sizeof **out);
+    for (i = 0; i < nitems(n); i++) {
+        yaml_node_t *item = item_at(ld, n, i);
+
+        snprintf(item_path, sizeof item_path, "%s[%zu]", path, i);
+        if (item == NULL)
+            return fail(ld, line_of(n), "malformed YAML document");
+        /* A pointer may be "": a quoted empty string, which is not YAML's null. */
+        if (want_text(ld, item, item_path, what, &s) != 0)
+            return -1;
+        if (!is_json_pointer(s))
+            return fail(ld, line_of(item), "%s: expected %s, not %s", item_path, what,
+                        describe(item, shown));
+        (*out)[i] = xstrdup(s);
+        *count = i + 1;
+    }
+    return 0;
+}
+
+/* ---- files ----------------------------------------------------------------------------------- */
+
+/*
+ * Reads all of `path`, at most `cap` bytes, into a new NUL-terminated buffer (the bytes may hold
+ * NULs).  `regular_only` refuses FIFOs and devices, which could block or never end.  Returns 0, or
+ * -1 with the reason in `why`.
+ */
+static int read_file(const char *path, size_t cap, int regular_only, char **out, size_t *out_len,
+                     char *why, size_t whylen)
+{
+    struct stat st;
+    char *buf = NULL;
+    char limit[32];
+    size_t len = 0;
+    ssize_t r;
+    int fd, rc = -1;
+
+    fd = open(path, O_RDONLY | O_CLOEXEC | (regular_only ? O_NONBLOCK : 0));
+    if (fd < 0) {
+        snprintf(why, whylen, "%s", strerror(errno));
+        goto out;
+    }
+    if (regular_only && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+        snprintf(why, whylen, "not a regular file");
+        goto out;
+    }
+    buf = xmalloc(cap + 2);
+    for (;;) {
+        r = read(fd, buf + len, cap + 1 - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            snprintf(why, whylen, "%s", strerror(errno));
+            goto out;
+        }
+        if (r == 0)
+            break;
+        len += (size_t)r;
+        if (len > cap) {
+            fmt_size((int64_t)cap, limit, sizeof limit);
+            snprintf(why, whylen, "larger than %s", limit);
+            goto out;
+        }
+    }
+    buf[len] = '\0';
+    *out = buf;
+    *out_len = len;
+    buf = NULL;
+    rc = 0;
+out:
+    if (buf != NULL) {
+        explicit_bzero(buf, len); /* it may be a secret */
+        free(buf);
+    }
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+/* `path` as written, or, when relative, relative to the config file's directory (new). */
+static char *beside_config(const char *config, const char *path)
+{
+    const char *slash = strrchr(config, '/');
+    size_t dirlen, plen = strlen(path);
+    char *joined;
+
+    if (path[0] == '/' || slash == NULL)
+        return xstrdup(path);
+    dirlen = (size_t)(slash - config) + 1; /* with the '/' */
+    joined = xmalloc(dirlen + plen + 1);
+    memcpy(joined, config, dirlen);
+    memcpy(joined + dirlen, path, plen + 1);
+    return joined;
+}
+
+/* ---- upstream and listeners ------------------------------------------------------------------ */
+
+static int load_listen(struct loader *ld, const yaml_node_t *n, const char *path,
+                       const char *fallback, char **out)
+{
+    char host[256], why[256];
+    const char *s = fallback;
+    uint16_t port;
+
+    if (n != NULL) {
+        if (want_text(ld, n, path, "an address such as 127.0.0.1:8080", &s) != 0)
+            return -1;
+        if (http_listen_split(s, host, sizeof host, &port, why, sizeof why) != 0)
+            return fail(ld, line_of(n), "%s: %s", path, why);
+    }
+    *out = xstrdup(s);
+    return 0;
+}
+
+static int load_store(struct loader *ld, const yaml_node_t *n, struct gw_config *cfg)
+{
+    static const char what[] = "sqlite:PATH, a postgresql:// URI or a libpq key=value string";
+    char shown[EXCERPT + 8];
+    const char *s = DEFAULT_STORE;
+
+    if (n != NULL) {
+        if (want_text(ld, n, "store", what, &s) != 0)
+            return -1;
+        /* The store opens the rest: only the kind is told apart here. */
+        if (strncmp(s, "sqlite:", 7) != 0 && strncmp(s, "postgres://", 11) != 0 &&
+            strncmp(s, "postgresql://", 13) != 0 && strchr(s, '=') == NULL)
+            return fail(ld, line_of(n), "store: expected %s, not %s", what, describe(n, shown));
+    }
+    cfg->store = xstrdup(s);
+    return 0;
+}
+
+/* "http://HOST:PORT" or "http://[V6]:PORT", an optional trailing '/', nothing else. */
+static int load_upstream_url(struct loader *ld, const yaml_node_t *n, struct gw_config *cfg)
+{
+    static const char what[] = "http://HOST:PORT or http://[V6]:PORT";
+    char hostport[300], host[256], why[256], shown[EXCERPT + 8];
+    const char *url, *authority, *rest;
+    size_t alen;
+    uint16_t port = 0;
+
+    if (want_text(ld, n, "upstream.url", what, &url) != 0)
+        return -1;
+    if (ascii_ncaseeq(url, "https://", 8))
+        return fail(ld, line_of(n),
+                    "upstream.url: https upstreams are not supported; put the "
+                    "gateway next to the service");
+    if (!ascii_ncaseeq(url, "http://", 7))
+        return fail(ld, line_of(n), "upstream.url: expected %s, not %s", what, describe(n, shown));
+    authority = url + 7;
+    alen = strcspn(authority, "/?#");
+    rest = authority + alen;
+    if (memchr(authority, '@', alen) != NULL)
+        return fail(ld, line_of(n),
+                    "upstream.url: no user information (user@) is allowed; "
+                    "expected %s",
+                    what);
+    if (rest[0] != '\0' && strcmp(rest, "/") != 0)
+        return fail(ld, line_of(n),
+                    "upstream.url: expected %s without a path, query or "
+                    "fragment (requests keep their own path), not %s",
+                    what, describe(n, shown));
+    if (alen >= sizeof hostport)
+        return fail(ld, line_of(n), "upstream.url: the host is too long");
+    memcpy(hostport, authority, alen);
+    hostport[alen] = '\0';
+    if (http_listen_split(hostport, host, sizeof host, &port, why, sizeof why) != 0 || port == 0)
+        return fail(ld, line_of(n), "upstream.url: expected %s with a port from 1 to 65535, not %s",
+                    what, describe(n, shown));
+    /* Nothing is resolved here, but a host no resolver accepts is a typo worth saying now. */
+    if (hostport[0] == '['
+            ? strspn(host, "0123456789abcdefABCDEF:.") != strlen(host) || strchr(host, ':') == NULL
+            : strspn(host, "0123456789abcdefghijklmnopqrstuvwxyz"
+                           "ABCDEFGHIJKLMNOPQRSTUVWXYZ.-_") != strlen(host))
+        return fail(ld, line_of(n), "upstream.url: \"%s\" is not a host name or an IP address",
+                    excerpt(host, shown));
+    cfg->upstream_url = xstrndup(url, 7 + alen); /* without the trailing '/' */
+    cfg->upstream_host = xstrdup(host);
+    cfg->upstream_port = port;
+    return 0;
+}
+
+static int load_upstream(struct loader *ld, const yaml_node_t *map, struct gw_config *cfg)
+{
+    static const char *const keys[] = {"url", "connect_timeout", "timeout", "max_connections",
+                                       "max_response_size"};
+    enum { URL, CONNECT_TIMEOUT, TIMEOUT, MAX_CONNECTIONS, MAX_RESPONSE_SIZE };
+    yaml_node_t *v[COUNT(keys)];
+    int64_t x;
+
+    cfg->upstream_connect_timeout_ms = (int)DEFAULT_CONNECT_TIMEOUT_MS;
+    cfg->upstream_timeout_ms = (int)DEFAULT_TIMEOUT_MS;
+    cfg->upstream_max_connections = DEFAULT_UPSTREAM_CONNECTIONS;
+    cfg->max_response_bytes = (size_t)DEFAULT_MAX_RESPONSE;
+    if (collect(ld, map, "upstream", keys, COUNT(keys), v) != 0)
+        return -1;
+    if (v[URL] == NULL)
+        return missing(ld, map, "upstream", "url", "url: http://HOST:PORT");
+    if (load_upstream_url(ld, v[URL], cfg) != 0)
+        return -1;
+    if (v[CONNECT_TIMEOUT] != NULL) {
+        if (want_duration(ld, v[CONNECT_TIMEOUT], "upstream.connect_timeout", 1, HOUR_MS, &x) != 0)
+            return -1;
+        cfg->upstream_connect_timeout_ms = (int)x;
+    }
+    if (v[TIMEOUT] != NULL) {
+        if (want_duration(ld, v[TIMEOUT], "upstream.timeout", 1, DAY_MS, &x) != 0)
+            return -1;
+        cfg->upstream_timeout_ms = (int)x;
+    }
+    if (v[MAX_CONNECTIONS] != NULL) {
+        if (want_int(ld, v[MAX_CONNECTIONS], "upstream.max_connections", 1, 10000, &x) != 0)
+            return -1;
+        cfg->upstream_max_connections = (int)x;
+    }
+    if (v[MAX_RESPONSE_SIZE] != NULL) {
+        if (want_size(ld, v[MAX_RESPONSE_SIZE], "upstream.max_response_size", 1, GIB, &x) != 0)
+            return -1;
+        cfg->max_response_bytes = (size_t)x;
+    }
+    return 0;
+}
+
+/* ---- principal ------------------------------------------------------------------------------- */
+
+static int load_jwt_key(struct loader *ld, const yaml_node_t *n, const char *path, int hs256,
+                        struct gw_config *cfg)
+{
+    char why[128], shown[EXCERPT + 4];
+    const char *written;
+    char *file = NULL, *key = NULL;
+    size_t len = 0;
+    int rc = -1;
+
+    if (want_text(ld, n, path, "a file name", &written) != 0)
+        goto out;
+    file = beside_config(ld->name, written);
+    if (read_file(file, KEY_FILE_MAX_BYTES, 1, &key, &len, why, sizeof why) != 0) {
+        fail(ld, line_of(n), "%s: cannot read %s: %s", path, excerpt(file, shown), why);
+        goto out;
+    }
+    if (hs256) {
+        /* The bytes are the secret; `echo secret > file` adds a newline that is not part of it. */
+        if (len > 0 && key[len - 1] == '\n')
+            len--;
+        if (len > 0 && key[len - 1] == '\r')
+            len--;
+        key[len] = '\0';
+        if (len < 32) {
+            fail(ld, line_of(n),
+                 "%s: %s holds %zu bytes; an HS256 secret needs at least 32 "
+                 "(e.g. openssl rand -base64 48)",
+                 path, excerpt(file, shown), len);
+            goto out;
+        }
+    } else {
+        if (strlen(key) != len || strstr(key, "-----BEGIN PUBLIC KEY-----") == NULL) {
+            fail(ld, line_of(n), "%s: %s is not a PEM public key (-----BEGIN PUBLIC KEY-----)",
+                 path, excerpt(file, shown));
+            goto out;
+        }
+    }
+    cfg->jwt_key = key;
+    cfg->jwt_key_len = len;
+    key = NULL;
+    rc = 0;
+out:
+    if (key != NULL) {
+        explicit_bzero(key, len);
+        free(key);
+    }
+    free(file);
+    return rc;
+}
+
+static int load_jwt(struct loader *ld, const yaml_node_t *map, struct gw_config *cfg)
+{
+    static const char *const keys[] = {"alg", "secret_file", "public_key_file", "issuer",
+                                       "audience"};
+    enum { ALG, SECRET_FILE, PUBLIC_KEY_FILE, ISSUER, AUDIENCE };
+    yaml_node_t *v[COUNT(keys)];
+    char shown[EXCERPT + 8];
+    const char *s;
+    int hs256;
+
+    if (collect(ld, map, "principal.jwt", keys, COUNT(keys), v) != 0)
+        return -1;
+    if (v[ALG] == NULL)
+        return missing(ld, map, "principal.jwt", "alg", "HS256 or RS256");
+    if (want_text(ld, v[ALG], "principal.jwt.alg", "HS256 or RS256", &s) != 0)
+        return -1;
+    if (strcmp(s, "HS256") != 0 && strcmp(s, "RS256") != 0)
+        return fail(ld, line_of(v[ALG]), "principal.jwt.alg: expected HS256 or RS256, not %s",
+                    describe(v[ALG], shown));
+    hs256 = strcmp(s, "HS256") == 0;
+    cfg->jwt_alg = hs256 ? GW_JWT_HS256 : GW_JWT_RS256;
+    if (hs256 && v[PUBLIC_KEY_FILE] != NULL)
+        return fail(ld, line_of(v[PUBLIC_KEY_FILE]),
+                    "principal.jwt.public_key_file: only for "
+                    "alg RS256; HS256 takes secret_file");
+    if (!hs256 && v[SECRET_FILE] != NULL)
+        return fail(ld, line_of(v[SECRET_FILE]),
+                    "principal.jwt.secret_file: only for alg HS256; "
+                    "RS256 takes public_key_file");
+    if (hs256 && v[SECRET_FILE] == NULL)
+        return missing(ld, map, "principal.jwt", "secret_file", "alg HS256 needs the secret");
+    if (!hs256 && v[PUBLIC_KEY_FILE] == NULL)
+        return missing(ld, map, "principal.jwt", "public_key_file",
+                       "alg RS256 needs the PEM public key");
+    if (hs256 && load_jwt_key(ld, v[SECRET_FILE], "principal.jwt.secret_file", 1, cfg) != 0)
+        return -1;
+    if (!hs256 &&
+        load_jwt_key(ld, v[PUBLIC_KEY_FILE], "principal.jwt.public_key_file", 0, cfg) != 0)
+        return -1;
+    if (v[ISSUER] != NULL) {
+        if (want_text(ld, v[ISSUER], "principal.jwt.issuer", "the issuer (iss) expected", &s) != 0)
+            return -1;
+        cfg->jwt_issuer = xstrdup(s);
+    }
+    if (v[AUDIENCE] != NULL) {
+        if (want_text(ld, v[AUDIENCE], "principal.jwt.audience", "the audience (aud) expected",
+                      &s) != 0)
+            return -1;
+        cfg->jwt_audience = xstrdup(s);
+    }
+    return 0;
+}
+
+static int load_principal(struct loader *ld, const yaml_node_t *n, struct gw_config *cfg)
+{
+    static const char *const keys[] = {"header", "authorization", "jwt"};
+    enum { HEADER, AUTHORIZATION, JWT };
+    yaml_node_t *v[COUNT(keys)];
+    char shown[EXCERPT + 8];
+    const char *s;
+    size_t i, given = 0;
+    int last_line = 0;
+
+    /* config.h's shorthand: `principal: authorization`. */
+    if (n->type == YAML_SCALAR_NODE && strcmp(scalar(n), "authorization") == 0) {
+        cfg->principal = GW_PRINCIPAL_AUTHORIZATION;
+        return 0;
+    }
+    if (n->type != YAML_MAPPING_NODE)
+        return fail(ld, line_of(n),
+                    "principal: expected a mapping with one of header, "
+                    "authorization or jwt, not %s",
+                    describe(n, shown));
+    if (collect(ld, n, "principal", keys, COUNT(keys), v) != 0)
+        return -1;
+    /* Two given: point at the later one. */
+    for (i = 0; i < COUNT(keys); i++) {
+        if (v[i] != NULL) {
+            given++;
+            if (line_of(v[i]) > last_line)
+                last_line = line_of(v[i]);
+        }
+    }
+    if (given == 0)
+        return fail(ld, line_of(n), "principal: expected one of header, authorization or jwt");
+    if (given > 1)
+        return fail(ld, last_line, "principal: give only one of header, authorization and jwt");
+    if (v[HEADER] != NULL) {
+        if (want_header_name(ld, v[HEADER], "principal.header", &s) != 0)
+            return -1;
+        /* A raw credential must not become a scope, stored in clear in every record. */
+        if (ascii_caseeq(s, "Authorization"))
+            return fail(ld, line_of(v[HEADER]),
+                        "principal.header: Authorization holds a "
+                        "credential; use principal.authorization: sha256, "
+                        "which keys on its SHA-256");
+        cfg->principal = GW_PRINCIPAL_HEADER;
+        cfg->principal_header = xstrdup(s);
+    } else if (v[AUTHORIZATION] != NULL) {
+        if (want_text(ld, v[AUTHORIZATION], "principal.authorization", "sha256", &s) != 0)
+            return -1;
+        if (strcmp(s, "sha256") != 0)
+            return fail(ld, line_of(v[AUTHORIZATION]),
+                        "principal.authorization: expected sha256 "
+                        "(the only digest offered), not %s",
+                        describe(v[AUTHORIZATION], shown));
+        cfg->principal = GW_PRINCIPAL_AUTHORIZATION;
+    } else {
+        cfg->principal = GW_PRINCIPAL_JWT;
+        if (load_jwt(ld, v[JWT], cfg) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ---- limits ---------------------------------------------------------------------------------- */
+
+#define LIMIT_FLAG_NAME(name, field, min, max) name,
+static const char *const limit_flags[] = {HTTP_LIMITS_FLAGS(LIMIT_FLAG_NAME)};
+#undef LIMIT_FLAG_NAME
+
+/* `limits:` takes the serve flags' names with '_' for '-'; http_limits_flag() checks the values. */
+static int load_limits(struct loader *ld, const yaml_node_t *map, struct gw_config *cfg)
+{
+    char names[COUNT(limit_flags)][40];
+    const char *keys[COUNT(limit_flags)];
+    yaml_node_t *v[COUNT(limit_flags)];
+    char path[64], why[256];
+    const char *s, *sentence;
+    size_t i, j, flag_len;
+
+    for (i = 0; i < COUNT(limit_flags); i++) {
+        snprintf(names[i], sizeof names[i], "%s", limit_flags[i]);
+        for (j = 0; names[i][j] != '\0'; j++) {
+            if (names[i][j] == '-')
+                names[i][j] = '_';
+        }
+        keys[i] = names[i];
+    }
+    if (collect(ld, map, "limits", keys, COUNT(keys), v) != 0)
+        return -1;
+    for (i = 0; i < COUNT(limit_flags); i++) {
+        if (v[i] == NULL)
+            continue;
+        snprintf(path, sizeof path, "limits.%s", keys[i]);
+        if (want_text(ld, v[i], path, "an integer", &s) != 0)
+            return -1;
+        why[0] = '\0';
+        if (http_limits_flag(&cfg->limits, limit_flags[i], s, why, sizeof why) != 1) {
+            /* Its sentence names the flag ("--max-connections must be..."): name the key. */
+            sentence = why;
+            flag_len = strlen(limit_flags[i]);
+            if (strncmp(why, "--", 2) == 0 && strncmp(why + 2, limit_flags[i], flag_len) == 0 &&
+                why[2 + flag_len] == ' ')
+                sentence = why + 3 + flag_len;
+            return fail(ld, line_of(v[i]), "%s: %s", path, sentence);
+        }
+    }
+    return 0;
+}
+
+/* ---- routes ---------------------------------------------------------------------------------- */
+
+static int is_param_name(const char *s, size_t n)
+{
+    size_t i;
+
+    if (n == 0 || !((s[0] >= 'A' && s[0] <= 'Z') || (s[0] >= 'a' && s[0] <= 'z') || s[0] == '_'))
+        return 0;
+    for (i = 1; i < n; i++) {
+        if (!((s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= 'a' && s[i] <= 'z') ||
+              (s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+            return 0;
+    }
+    return 1;
+}
+
+/* RFC 3986 pchar, one byte of a literal path segment ('%' is checked with its digits). */
+static int is_pchar(char c)
+{
+    return c != '\0' && strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                               "-._~!$&'()*+,;=:@%",
+                               c) != NULL;
+}
+
+/* 1 when the template `path` has the parameter {name} (name of `n` bytes). */
+static int has_param(const char *path, const char *name, size_t n)
+{
+    const char *seg = path;
+    size_t len;
+
+    while (*seg == '/') {
+        seg++;
+        len = strcspn(seg, "/");
+        if (len == n + 2 && seg[0] == '{' && memcmp(seg + 1, name, n) == 0)
+            return 1;
+        seg += len;
+    }
+    return 0;
+}
+
+/*
+ * Checks the path template of a route's match and appends its shape to `shape`: the path with
+ * every parameter blanked to "{}".  Two routes of one method are the same route exactly when their
+ * shapes are equal, since a literal segment cannot hold braces.
+ */
+static int check_template(struct loader *ld, const yaml_node_t *n, const char *where,
+                          const char *path, char *shape)
+{
+    const char *seg = path, *p, *prev;
+    char *w = shape + strlen(shape);
+    size_t len, prev_len;
+
+    if (path[0] != '/')
+        return fail(ld, line_of(n), "%s: the path must start with '/'", where);
+    while (*seg == '/') {
+        seg++;
+        *w++ = '/';
+        len = strcspn(seg, "/");
+        if (memchr(seg, '{', len) != NULL || memchr(seg, '}', len) != NULL) {
+            if (len < 3 || seg[0] != '{' || seg[len - 1] != '}' || !is_param_name(seg + 1, len - 2))
+                return fail(ld, line_of(n),
+                            "%s: a path parameter is a whole segment {name} with "
+                            "name [A-Za-z_][A-Za-z0-9_]*, not \"%.*s\"",
+                            where, (int)(len > EXCERPT ? EXCERPT : len), seg);
+            /* The segments before this one, each after its '/'. */
+            for (prev = path; prev < seg - 1; prev += 1 + prev_len) {
+                prev_len = strcspn(prev + 1, "/");
+                if (prev_len == len && memcmp(prev + 1, seg, len) == 0)
+                    return fail(ld, line_of(n), "%s: the parameter %.*s appears twice", where,
+                                (int)len, seg);
+            }
+            memcpy(w, "{}", 2);
+            w += 2;
+        } else {
+            for (p = seg; p < seg + len; p++) {
+                if (*p == '?')
+                    return fail(ld, line_of(n), "%s: no query string ('?') in a route's path",
+                                where);
+                if (!is_pchar(*p) || (*p == '%' && (hex_value(p[1]) < 0 || hex_value(p[2]) < 0)))
+                    return fail(ld, line_of(n),
+                                "%s: byte 0x%02x is not allowed in a path "
+                                "(RFC 3986: letters, digits, -._~!$&'()*+,;=:@ "
+                                "and %%XX)",
+                                where, (unsigned)(unsigned char)*p);
+            }
+            memcpy(w, seg, len);
+            w += len;
+        }
+        seg += len;
+    }
+    *w = '\0';
+    return 0;
+}
+
+/* "METHOD /path/template": an upper-case method, one space, a path; unique among the routes. */
+static int load_match(struct loader *ld, const yaml_node_t *n, const char *path,
+                      struct gw_config *cfg, size_t index)
+{
+    static const char what[] = "\"METHOD /path\" such as \"POST /v1/orders/{id}/refunds\"";
+    struct gw_route *r = &cfg->routes[index];
+    char shape[MAX_MATCH_LEN + 8], shown[EXCERPT + 8];
+    const char *s, *sp;
+    size_t mlen, i;
+
+    if (want_text(ld, n, path, what, &s) != 0)
+        return -1;
+    if (strlen(s) > MAX_MATCH_LEN)
+        return fail(ld, line_of(n), "%s: longer than %d bytes", path, MAX_MATCH_LEN);
+    sp = strchr(s, ' ');
+    mlen = sp != NULL ? (size_t)(sp - s) : 0;
+    if (sp == NULL || mlen == 0 || strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZ") != mlen)
+        return fail(ld, line_of(n),
+                    "%s: expected %s (an upper-case method, a space, the path), "
+                    "not %s",
+                    path, what, describe(n, shown));
+    r->method = xstrndup(s, mlen);
+    r->path = xstrdup(sp + 1);
+    memcpy(shape, s, mlen + 1); /* "POST " */
+    shape[mlen + 1] = '\0';
+    if (check_template(ld, n, path, r->path, shape) != 0)
+        return -1;
+    for (i = 0; i < index; i++) {
+        if (strcmp(ld->seen[i].shape, shape) == 0)
+            return fail(ld, line_of(n),
+                        "%s: \"%s\" is the same route as routes[%zu] at line %d "
+                        "(parameters match any segment)",
+                        path, excerpt(s, shown), i, ld->seen[i].match_line);
+    }
+    ld->seen[index].shape = xstrdup(shape);
+    ld->seen[index].match_line = line_of(n);
+    return 0;
+}
+
+static int load_operation(struct loader *ld, const yaml_node_t *n, const char *path,
+                          struct gw_config *cfg, size_t index)
+{
+    static const char what[] = "an operation name such as payments.create ([A-Za-z0-9._-], at "
+                               "most 64)";
+    char shown[EXCERPT + 8];
+    const char *s;
+    size_t i, len;
+
+    if (want_text(ld, n, path, what, &s) != 0)
+        return -1;
+    len = strlen(s);
+    if (len == 0 || len > MAX_OPERATION_LEN ||
+        strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != len)
+        return fail(ld, line_of(n), "%s: expected %s, not %s", path, what, describe(n, shown));
+    /* The operation is the scope's middle part: two routes sharing it would share records. */
+    for (i = 0; i < index; i++) {
+        if (strcmp(cfg->routes[i].operation, s) == 0)
+            return fail(ld, line_of(n),
+                        "%s: \"%s\" is already the operation of routes[%zu] at "
+                        "line %d; each route needs its own",
+                        path, s, i, ld->seen[i].operation_line);
+    }
+    cfg->routes[index].operation = xstrdup(s);
+    ld->seen[index].operation_line = line_of(n);
+    return 0;
+}
+
+static int load_key(struct loader *ld, const yaml_node_t *map, const char *path, struct gw_route *r)
+{
+    static const char *const keys[] = {"required", "header", "body"};
+    enum { REQUIRED, HEADER, BODY };
+    yaml_node_t *v[COUNT(keys)];
+    char sub[96];
+    const char *s;
+
+    if (collect(ld, map, path, keys, COUNT(keys), v) != 0)
+        return -1;
+    if (v[REQUIRED] != NULL) {
+        snprintf(sub, sizeof sub, "%s.required", path);
+        if (want_bool(ld, v[REQUIRED], sub, &r->key_required) != 0)
+            return -1;
+    }
+    if (v[HEADER] != NULL && v[BODY] != NULL)
+        return fail(
+            ld, line_of(v[BODY]) > line_of(v[HEADER]) ? line_of(v[BODY]) : line_of(v[HEADER]),
+            "%s: header and body are mutually exclusive; the key comes from one place", path);
+    if (v[BODY] != NULL) {
+        snprintf(sub, sizeof sub, "%s.body", path);
+        r->key_source = GW_KEY_BODY;
+        return want_pointers(ld, v[BODY], sub, &r->key_pointers, &r->nkey_pointers);
+    }
+    if (v[HEADER] != NULL) {
+        snprintf(sub, sizeof sub, "%s.header", path);
+        if (want_header_name(ld, v[HEADER], sub, &s) != 0)
+            return -1;
+        r->key_header = xstrdup(s);
+    }
+    return 0;
+}
+
+static int load_fingerprint(struct loader *ld, const yaml_node_t *n, const char *path,
+                            struct gw_route *r)
+{
+    char shown[EXCERPT + 8];
+
+    if (n->type == YAML_SEQUENCE_NODE) {
+        r->fp_body = GW_FP_BODY_POINTERS;
+        return want_pointers(ld, n, path, &r->fp_pointers, &r->nfp_pointers);
+    }
+    if (n->type == YAML_SCALAR_NODE && strcmp(scalar(n), "body") == 0) {
+        r->fp_body = GW_FP_BODY_ALL;
+        return 0;
+    }
+    if (n->type == YAML_SCALAR_NODE && strcmp(scalar(n), "none") == 0) {
+        r->fp_body = GW_FP_BODY_NONE;
+        return 0;
+    }
+    return fail(ld, line_of(n),
+                "%s: expected body, none or a list of JSON pointers such as "
+                "[/amount, /currency], not %s",
+                path, describe(n, shown));
+}
+
+static void default_statuses(struct gw_route *r)
+{
+    size_t i;
+    int s;
+
+    memset(r->store_status, 0, sizeof r->store_status);
+    for (s = 200; s < 300; s++)
+        r->store_status[s] = 1;
+    for (s = 400; s < 500; s++)
+        r->store_status[s] = 1;
+    for (i = 0; i < COUNT(default_unstored); i++)
+        r->store_status[default_unstored[i]] = 0;
+}
+
+/* A list of classes ("2xx") and statuses (404): exactly the statuses stored; never a 5xx. */
+static int load_statuses(struct loader *ld, const yaml_node_t *n, const char *path,
+                         struct gw_route *r)
+{
+    static const char what[] = "a status class such as 2xx or a status from 100 to 499";
+    char item_path[96], shown[EXCERPT + 8];
+    const char *s;
+    int64_t status;
+    size_t i;
+    int cls, k;
+
+    if (n->type != YAML_SEQUENCE_NODE || nitems(n) == 0)
+        return fail(ld, line_of(n),
+                    "%s: expected a non-empty list of statuses such as [2xx, "
+                    "404], not %s",
+                    path, n->type == YAML_SEQUENCE_NODE ? "an empty list" : describe(n, shown));
+    memset(r->store_status, 0, sizeof r->store_status);
+    for (i = 0; i < nitems(n); i++) {
+        yaml_node_t *item = item_at(ld, n, i);
+
+        snprintf(item_path, sizeof item_path, "%s[%zu]", path, i);
+        if (item == NULL)
+            return fail(ld, line_of(n), "malformed YAML document");
+        if (want_text(ld, item, item_path, what, &s) != 0)
+            return -1;
+        if (strlen(s) == 3 && s[0] >= '1' && s[0] <= '9' && (s[1] == 'x' || s[1] == 'X') &&
+            s[2] == s[1]) {
+            cls = s[0] - '0';
+            if (cls == 5)
+                goto no_5xx;
+            if (cls > 5)
+                return fail(ld, line_of(item), "%s: expected %s, not %s", item_path, what,
+                            describe(item, shown));
+            for (k = cls * 100; k < cls * 100 + 100; k++)
+                r->store_status[k] = 1;
+            continue;
+        }
+        if (parse_int64(s, 100, GW_STATUS_LIMIT - 1, &status) != 0)
+            return fail(ld, line_of(item), "%s: expected %s, not %s", item_path, what,
+                        describe(item, shown));
+        if (status >= 500)
+            goto no_5xx;
+        r->store_status[status] = 1;
+        continue;
+    no_5xx:
+        return fail(ld, line_of(item),
+                    "%s: 5xx answers are never stored: a retry must be able "
+                    "to run again",
+                    item_path);
+    }
+    return 0;
+}
+
+/* Response headers a replay repeats: names only, none that belongs to one connection. */
+static int load_store_headers(struct loader *ld, const yaml_node_t *n, const char *path,
+                              struct gw_route *r)
+{
+    static const char *const hop_by_hop[] = {
+        "Connection", "Keep-Alive", "Transfer-Encoding",  "TE",
+        "Trailer",    "Upgrade",    "Proxy-Authenticate", "Proxy-Authorization"};
+    char item_path[96], shown[EXCERPT + 8];
+    const char *s;
+    size_t i, j;
+
+    if (n->type != YAML_SEQUENCE_NODE || nitems(n) > MAX_STORE_HEADERS)
+        return fail(ld, line_of(n),
+                    "%s: expected a list of at most %d header names such as "
+                    "[Content-Type, Location], not %s",
+                    path, MAX_STORE_HEADERS,
+                    n->type == YAML_SEQUENCE_NODE ? "a longer list" : describe(n, shown));
+    r->store_headers = xcalloc(nitems(n), sizeof *r->store_headers);
+    for (i = 0; i < nitems(n); i++) {
+        yaml_node_t *item = item_at(ld, n, i);
+
+        snprintf(item_path, sizeof item_path, "%s[%zu]", path, i);
+        if (item == NULL)
+            return fail(ld, line_of(n), "malformed YAML document");
+        if (want_header_name(ld, item, item_path, &s) != 0)
+            return -1;
+        if (ascii_caseeq(s, "Set-Cookie"))
+            return fail(ld, line_of(item),
+                        "%s: Set-Cookie is never stored: a replayed answer "
+                        "must not hand out a session cookie again",
+                        item_path);
+        if (ascii_caseeq(s, "Content-Length"))
+            return fail(ld, line_of(item),
+                        "%s: Content-Length is not stored: a replay sends the "
+                        "length of the stored body",
+                        item_path);
+        for (j = 0; j < COUNT(hop_by_hop); j++) {
+            if (ascii_caseeq(s, hop_by_hop[j]))
+                return fail(ld, line_of(item),
+                            "%s: %s is a hop-by-hop header: it describes one "
+                            "connection, not the answer, so it is not replayed",
+                            item_path, hop_by_hop[j]);
+        }
+        for (j = 0; j < i; j++) {
+            if (ascii_caseeq(s, r->store_headers[j]))
+                return fail(ld, line_of(item), "%s: %s is listed twice", item_path, s);
+        }
+        r->store_headers[i] = xstrdup(s);
+        r->nstore_headers = i + 1;
+    }
+    return 0;
+}
+
+/*
+ * "GET /path?query" with placeholders {key} and the route's own {params} only: the gateway fills
+ * them in, and any other name in braces would be sent as written.
+ */
+static int load_reconcile(struct loader *ld, const yaml_node_t *n, const char *path,
+                          struct gw_route *r)
+{
+    static const char what[] = "\"GET /path\" such as \"GET /v1/orders?requestId={key}\"";
+    char shown[EXCERPT + 8];
+    const char *s, *p, *close;
+    size_t len;
+
+    if (want_text(ld, n, path, what, &s) != 0)
+        return -1;
+    if (strncmp(s, "GET /", 5) != 0)
+        return fail(ld, line_of(n),
+                    "%s: expected %s (the upstream answers it 2xx when the request "
+                    "was done, 404 when not), not %s",
+                    path, what, describe(n, shown));
+    for (p = s + 4; *p != '\0'; p++) {
+        if (*p == '{') {
+            close = p + 1 + strcspn(p + 1, "{}");
+            if (*close != '}')
+                return fail(ld, line_of(n), "%s: a '{' without its '}'", path);
+            len = (size_t)(close - p - 1);
+            if (!(len == 3 && memcmp(p + 1, "key", 3) == 0) &&
+                !(is_param_name(p + 1, len) && has_param(r->path, p + 1, len)))
+                return fail(ld, line_of(n), "%s: {%.*s} is neither {key} nor a parameter of %s",
+                            path, (int)(len > EXCERPT ? EXCERPT : len), p + 1,
+                            excerpt(r->path, shown));
+            p = close;
+            continue;
+        }
+        if (*p == '}')
+            return fail(ld, line_of(n), "%s: a '}' without its '{'", path);
+        if ((unsigned char)*p <= 0x20 || (unsigned char)*p >= 0x7f || *p == '#')
+            return fail(ld, line_of(n), "%s: byte 0x%02x is not allowed; percent-encode it", path,
+                        (unsigned)(unsigned char)*p);
+    }
+    r->unknown = GW_UNKNOWN_RECONCILE;
+    r->reconcile_path = xstrdup(s + 4);
+    return 0;
+}
+
+static int load_on_unknown(struct loader *ld, const yaml_node_t *n, const char *path,
+                           struct gw_route *r)
+{
+    static const char *const keys[] = {"reconcile"};
+    yaml_node_t *v[COUNT(keys)];
+    char sub[96], shown[EXCERPT + 8];
+
+    if (n->type == YAML_MAPPING_NODE) {
+        if (collect(ld, n, path, keys, COUNT(keys), v) != 0)
+            return -1;
+        if (v[0] == NULL)
+            return missing(ld, n, path, "reconcile", "reconcile: \"GET /path?id={key}\"");
+        snprintf(sub, sizeof sub, "%s.reconcile", path);
+        return load_reconcile(ld, v[0], sub, r);
+    }
+    if (n->type == YAML_SCALAR_NODE && strcmp(scalar(n), "hold") == 0) {
+        r->unknown = GW_UNKNOWN_HOLD;
+        return 0;
+    }
+    if (n->type == YAML_SCALAR_NODE && strcmp(scalar(n), "resend") == 0) {
+        r->unknown = GW_UNKNOWN_RESEND;
+        return 0;
+    }
+    return fail(ld, line_of(n), "%s: expected hold, resend or {reconcile: \"GET /path\"}, not %s",
+                path, describe(n, shown));
+}
+
+static int load_route(struct loader *ld, const yaml_node_t *map, struct gw_config *cfg,
+                      size_t index)
+{
+    static const char *const keys[] = {
+        "match", "operation",      "key",           "fingerprint",     "retention", "lease",
+        "wait",  "store_statuses", "store_headers", "max_stored_body", "on_unknown"};
+    enum {
+        MATCH,
+        OPERATION,
+        KEY,
+        FINGERPRINT,
+        RETENTION,
+        LEASE,
+        WAIT,
+        STORE_STATUSES,
+        STORE_HEADERS,
+        MAX_STORED_BODY,
+        ON_UNKNOWN
+    };
+    struct gw_route *r = &cfg->routes[index];
+    yaml_node_t *v[COUNT(keys)];
+    char where[32], path[64], a[32], b[32];
+    int64_t x;
+    size_t i;
+
+    snprintf(where, sizeof where, "routes[%zu]", index);
+    r->line = line_of(map);
+    r->key_required = 1;
+    r->key_source = GW_KEY_HEADER;
+    r->fp_body = GW_FP_BODY_ALL;
+    r->retention_ms = DEFAULT_RETENTION_MS;
+    r->lease_ms = cfg->upstream_timeout_ms + DEFAULT_LEASE_MARGIN_MS;
+    r->wait_ms = DEFAULT_WAIT_MS;
+    r->max_stored_body = cfg->max_response_bytes < (size_t)DEFAULT_MAX_STORED_BODY
+                             ? cfg->max_response_bytes
+                             : (size_t)DEFAULT_MAX_STORED_BODY;
+    r->unknown = GW_UNKNOWN_HOLD;
+    if (collect(ld, map, where, keys, COUNT(keys), v) != 0)
+        return -1;
+
+    if (v[MATCH] == NULL)
+        return missing(ld, map, where, "match", "match: POST /v1/payments");
+    snprintf(path, sizeof path, "%s.match", where);
+    if (load_match(ld, v[MATCH], path, cfg, index) != 0)
+        return -1;
+    if (v[OPERATION] == NULL)
+        return missing(ld, map, where, "operation", "operation: payments.create");
+    snprintf(path, sizeof path, "%s.operation", where);
+    if (load_operation(ld, v[OPERATION], path, cfg, index) != 0)
+        return -1;
+
+    snprintf(path, sizeof path, "%s.key", where);
+    if (v[KEY] != NULL && load_key(ld, v[KEY], path, r) != 0)
+        return -1;
+    if (r->key_source == GW_KEY_HEADER && r->key_header == NULL)
+        r->key_header = xstrdup(DEFAULT_KEY_HEADER);
+
+    snprintf(path, sizeof path, "%s.fingerprint", where);
+    if (v[FINGERPRINT] != NULL && load_fingerprint(ld, v[FINGERPRINT], path, r) != 0)
+        return -1;
+
+    snprintf(path, sizeof path, "%s.retention", where);
+    if (v[RETENTION] != NULL &&
+        want_duration(ld, v[RETENTION], path, SECOND_MS, 366 * DAY_MS, &r->retention_ms) != 0)
+        return -1;
+
+    snprintf(path, sizeof path, "%s.lease", where);
+    if (v[LEASE] != NULL) {
+        if (want_duration(ld, v[LEASE], path, 1, 7 * DAY_MS, &r->lease_ms) != 0)
+            return -1;
+        /* A lease that ends while the upstream may still answer lets a retry forward again. */
+        if (r->lease_ms <= cfg->upstream_timeout_ms) {
+            fmt_duration(r->lease_ms, a, sizeof a);
+            fmt_duration(cfg->upstream_timeout_ms, b, sizeof b);
+            return fail(ld, line_of(v[LEASE]),
+                        "%s: %s is not longer than upstream.timeout (%s): "
+                        "the lease must outlive the upstream timeout",
+                        path, a, b);
+        }
+    }
+
+    snprintf(path, sizeof path, "%s.wait", where);
+    if (v[WAIT] != NULL && want_duration(ld, v[WAIT], path, 1, 60 * SECOND_MS, &r->wait_ms) != 0)
+        return -1;
+
+    snprintf(path, sizeof path, "%s.store_statuses", where);
+    if (v[STORE_STATUSES] != NULL) {
+        if (load_statuses(ld, v[STORE_STATUSES], path, r) != 0)
+            return -1;
+    } else {
+        default_statuses(r);
+    }
+
+    snprintf(path, sizeof path, "%s.store_headers", where);
+    if (v[STORE_HEADERS] != NULL) {
+        if (load_store_headers(ld, v[STORE_HEADERS], path, r) != 0)
+            return -1;
+    } else {
+        r->store_headers = xcalloc(COUNT(default_store_headers), sizeof *r->store_headers);
+        for (i = 0; i < COUNT(default_store_headers); i++)
+            r->store_headers[i] = xstrdup(default_store_headers[i]);
+        r->nstore_headers = COUNT(default_store_headers);
+    }
+
+    snprintf(path, sizeof path, "%s.max_stored_body", where);
+    if (v[MAX_STORED_BODY] != NULL) {
+        if (want_size(ld, v[MAX_STORED_BODY], path, 1, GIB, &x) != 0)
+            return -1;
+        if ((size_t)x > cfg->max_response_bytes) {
+            fmt_size(x, a, sizeof a);
+            fmt_size((int64_t)cfg->max_response_bytes, b, sizeof b);
+            return fail(ld, line_of(v[MAX_STORED_BODY]),
+                        "%s: %s is more than "
+                        "upstream.max_response_size (%s)",
+                        path, a, b);
+        }
+        r->max_stored_body = (size_t)x;
+    }
+
+    snprintf(path, sizeof path, "%s.on_unknown", where);
+    if (v[ON_UNKNOWN] != NULL && load_on_unknown(ld, v[ON_UNKNOWN], path, r) != 0)
+        return -1;
+    return 0;
+}
+
+static int load_routes(struct loader *ld, const yaml_node_t *n, int have_principal,
+                       struct gw_config *cfg)
+{
+    char shown[EXCERPT + 8];
+    size_t i, count;
+
+    if (n->type != YAML_SEQUENCE_NODE)
+        return fail(ld, line_of(n), "routes: expected a list of routes (- match: ...), not %s",
+                    describe(n, shown));
+    count = nitems(n);
+    if (count > MAX_ROUTES)
+        return fail(ld, line_of(n), "routes: %zu routes; at most %d", count, MAX_ROUTES);
+    if (count > 0 && !have_principal)
+        return fail(ld, line_of(n),
+                    "routes need a principal (the first part of every scope): "
+                    "add principal.header, principal.authorization or "
+                    "principal.jwt");
+    cfg->routes = xcalloc(count, sizeof *cfg->routes);
+    cfg->nroutes = count;
+    ld->seen = xcalloc(count, sizeof *ld->seen);
+    ld->nseen = count;
+    for (i = 0; i < count; i++) {
+        yaml_node_t *item = item_at(ld, n, i);
+
+        if (item == NULL)
+            return fail(ld, line_of(n), "malformed YAML document");
+        if (load_route(ld, item, cfg, i) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ---- the document ---------------------------------------------------------------------------- */
+
+static int load_document(struct loader *ld, struct gw_config *cfg)
+{
+    static const char *const keys[] = {"listen",        "admin_listen", "store",  "upstream",
+                                       "max_body_size", "principal",    "limits", "routes"};
+    enum { LISTEN, ADMIN_LISTEN, STORE, UPSTREAM, MAX_BODY_SIZE, PRINCIPAL, LIMITS, ROUTES };
+    yaml_node_t *root = yaml_document_get_root_node(ld->doc);
+    yaml_node_t *v[COUNT(keys)];
+    int64_t x;
+
+    if (root == NULL || is_null(root))
+        return fail(ld, 1, "empty config; expected a mapping with at least upstream");
+    if (collect(ld, root, "", keys, COUNT(keys), v) != 0)
+        return -1;
+    /* The upstream first: routes' defaults and bounds (lease, max_stored_body) depend on it. */
+    if (v[UPSTREAM] == NULL)
+        return missing(ld, root, "", "upstream", "upstream: url: http://HOST:PORT");
+    if (load_upstream(ld, v[UPSTREAM], cfg) != 0)
+        return -1;
+    if (load_listen(ld, v[LISTEN], "listen", DEFAULT_LISTEN, &cfg->listen) != 0 ||
+        load_listen(ld, v[ADMIN_LISTEN], "admin_listen", DEFAULT_ADMIN_LISTEN,
+                    &cfg->admin_listen) != 0 ||
+        load_store(ld, v[STORE], cfg) != 0)
+        return -1;
+    cfg->max_body = (size_t)DEFAULT_MAX_BODY;
+    if (v[MAX_BODY_SIZE] != NULL) {
+        if (want_size(ld, v[MAX_BODY_SIZE], "max_body_size", 1, 64 * MIB, &x) != 0)
+            return -1;
+        cfg->max_body = (size_t)x;
+    }
+    if (v[PRINCIPAL] != NULL && load_principal(ld, v[PRINCIPAL], cfg) != 0)
+        return -1;
+    if (v[LIMITS] != NULL && load_limits(ld, v[LIMITS], cfg) != 0)
+        return -1;
+    if (v[ROUTES] != NULL && load_routes(ld, v[ROUTES], v[PRINCIPAL] != NULL, cfg) != 0)
+        return -1;
+    return 0;
+}
+
+/*
+ * The pass over libyaml's events that refuses what its document loader would accept: aliases, a
+ * second document, hostile nesting.  Syntax errors surface here first.
+ */
+static int prescan(struct loader *ld, const char *text, size_t len)
+{
+    yaml_parser_t parser;
+    yaml_event_t ev;
+    int depth = 0, documents = 0, rc = -1, bad, done = 0;
+    char shown[EXCERPT + 4];
+
+    if (!yaml_parser_initialize(&parser))
+        die("out of memory");
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    while (!done) {
+        if (!yaml_parser_parse(&parser, &ev)) {
+            syntax_error(ld, &parser, text, len);
+            goto out;
+        }
+        bad = 0;
+        switch (ev.type) {
+        case YAML_ALIAS_EVENT:
+            bad = fail(ld, (int)ev.start_mark.line + 1,
+                       "aliases (*%s) are not supported; write the value out",
+                       excerpt((const char *)ev.data.alias.anchor, shown));
+            break;
+        case YAML_DOCUMENT_START_EVENT:
+            if (++documents > 1)
+                bad = fail(ld, (int)ev.start_mark.line + 1,
+                           "a second YAML document; the config is one document");
+            break;
+        case YAML_SEQUENCE_START_EVENT:
+        case YAML_MAPPING_START_EVENT:
+            if (++depth > MAX_DEPTH)
+                bad = fail(ld, (int)ev.start_mark.line + 1,
+                           "nested deeper than %d levels; a config needs 5", MAX_DEPTH);
+            break;
+        case YAML_SEQUENCE_END_EVENT:
+        case YAML_MAPPING_END_EVENT:
+            depth--;
+            break;
+        case YAML_STREAM_END_EVENT:
+            done = 1;
+            break;
+        default:
+            break;
+        }
+        yaml_event_delete(&ev);
+        if (bad)
+            goto out;
+    }
+    rc = 0;
+out:
+    yaml_parser_delete(&parser);
+    return rc;
+}
+
+int gw_config_parse(const char *name, const char *text, size_t len, struct gw_config **out,
+                    char *err, size_t errlen)
+{
+    struct loader ld;
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    struct gw_config *cfg = NULL;
+    int parser_ready = 0, doc_ready = 0, rc = -1;
+    size_t i;
+
+    memset(&ld, 0, sizeof ld);
+    ld.name = name != NULL ? name : "config";
+    ld.err = err;
+    ld.errlen = errlen;
+    if (err != NULL && errlen > 0)
+        err[0] = '\0';
+    *out = NULL;
+    if (text == NULL)
+        text = "";
+    if (len > CONFIG_MAX_BYTES) {
+        fail(&ld, 0, "larger than 1MiB; a gateway config is a few KiB");
+        goto out;
+    }
+    if (prescan(&ld, text, len) != 0)
+        goto out;
+    if (!yaml_parser_initialize(&parser))
+        die("out of memory");
+    parser_ready = 1;
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    if (!yaml_parser_load(&parser, &doc)) {
+        syntax_error(&ld, &parser, text, len);
+        goto out;
+    }
+    doc_ready = 1;
+    ld.doc = &doc;
+    cfg = xcalloc(1, sizeof *cfg);
+    cfg->file = xstrdup(ld.name);
+    if (load_document(&ld, cfg) != 0)
+        goto out;
+    *out = cfg;
+    cfg = NULL;
+    rc = 0;
+out:
+    gw_config_free(cfg);
+    for (i = 0; i < ld.nseen; i++)
+        free(ld.seen[i].shape);
+    free(ld.seen);
+    if (doc_ready)
+        yaml_document_delete(&doc);
+    if (parser_ready)
+        yaml_parser_delete(&parser);
+    return rc;
+}
+
+int gw_config_load(const char *path, struct gw_config **out, char *err, size_t errlen)
+{
+    struct loader ld;
+    char why[128];
+    char *text = NULL;
+    size_t len = 0;
+    int rc;
+
+    *out = NULL;
+    if (read_file(path, CONFIG_MAX_BYTES, 0, &text, &len, why, sizeof why) != 0) {
+        memset(&ld, 0, sizeof ld);
+        ld.name = path;
+        ld.err = err;
+        ld.errlen = errlen;
+        return fail(&ld, 0, "cannot read: %s", why);
+    }
+    rc = gw_config_parse(path, text, len, out, err, errlen);
+    free(text);
+    return rc;
+}
+
+static void free_strings(char **v, size_t n)
+{
+    size_t i;
+
+    for (i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+void gw_config_free(struct gw_config *cfg)
+{
+    struct gw_route *r;
+    size_t i;
+
+    if (cfg == NULL)
+        return;
+    for (i = 0; i < cfg->nroutes; i++) {
+        r = &cfg->routes[i];
+        free(r->method);
+        free(r->path);
+        free(r->operation);
+        free(r->key_header);
+        free_strings(r->key_pointers, r->nkey_pointers);
+        free_strings(r->fp_pointers, r->nfp_pointers);
+        free_strings(r->store_headers, r->nstore_headers);
+        free(r->reconcile_path);
+    }
+    free(cfg->routes);
+    free(cfg->file);
+    free(cfg->listen);
+    free(cfg->admin_listen);
+    free(cfg->store);
+    free(cfg->upstream_url);
+    free(cfg->upstream_host);
+    free(cfg->principal_header);
+    if (cfg->jwt_key != NULL)
+        explicit_bzero(cfg->jwt_key, cfg->jwt_key_len);
+    free(cfg->jwt_key);
+    free(cfg->jwt_issuer);
+    free(cfg->jwt_audience);
+    free(cfg);
+}

@@ -1,0 +1,134 @@
+/*
+ * config.h - idem-gateway's configuration: a YAML file (read with libyaml, Debian's libyaml-0-2)
+ * that names the listeners, the store, the upstream, where the principal comes from, and the
+ * routes whose writes are made idempotent, each with its policy.  docs/gateway.md is the reference
+ * of every key; examples/gateway.yaml is a complete file.
+ *
+ * Loading is strict: an unknown key, a value of the wrong type or out of range, a duplicate route
+ * or a route that can never be keyed is an error naming the file, the line and what was expected,
+ * e.g. "gateway.yaml:12: routes[1].retention: expected a duration such as 30s, 15m or 24h".
+ * Nothing here touches the network or the store: the program opens those once the file is good.
+ */
+#ifndef IDEM_GATEWAY_CONFIG_H
+#define IDEM_GATEWAY_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "http_server.h" /* struct http_limits */
+
+/* Where a route's idempotency key comes from. */
+enum gw_key_source {
+    GW_KEY_HEADER, /* a request header, "Idempotency-Key" unless `key.header` names another */
+    GW_KEY_BODY,   /* JSON pointers into the body (`key.body`), first present one wins */
+};
+
+/* What of the body goes into the fingerprint (method, route template and path values always do). */
+enum gw_fp_body {
+    GW_FP_BODY_ALL,      /* the RFC 8785 form of the whole body (default) */
+    GW_FP_BODY_POINTERS, /* the values at `fingerprint: [/a, /b]` only */
+    GW_FP_BODY_NONE,     /* not the body at all */
+};
+
+/* What the gateway does when it cannot know whether the upstream acted. */
+enum gw_unknown_mode {
+    GW_UNKNOWN_HOLD,      /* default: 503 outcome-unknown to every retry until resolved */
+    GW_UNKNOWN_RESEND,    /* forward again with the same key (upstreams that dedupe on it) */
+    GW_UNKNOWN_RECONCILE, /* ask the upstream: GET reconcile_path; 2xx settles, 404 releases */
+};
+
+/* Where the principal (the scope's first part) comes from. */
+enum gw_principal_source {
+    GW_PRINCIPAL_HEADER,        /* a header set by an auth layer in front (`principal.header`) */
+    GW_PRINCIPAL_AUTHORIZATION, /* SHA-256 of the Authorization header (`principal: authorization`)
+                                 */
+    GW_PRINCIPAL_JWT,           /* `sub` of a JWT in "Authorization: Bearer" (`principal.jwt`) */
+};
+
+enum gw_jwt_alg { GW_JWT_HS256, GW_JWT_RS256 };
+
+/* Highest HTTP status + 1, for the per-status tables. */
+#define GW_STATUS_LIMIT 600
+
+struct gw_route {
+    int line; /* where the route starts in the file, for messages */
+
+    char *method;    /* upper-case, "POST" */
+    char *path;      /* template as written, "/v1/orders/{id}/refunds" */
+    char *operation; /* the scope's operation name, "refunds.create" */
+
+    int key_required; /* 1 (default): a request without a key is 400 */
+    enum gw_key_source key_source;
+    char *key_header;    /* GW_KEY_HEADER: the header's name ("Idempotency-Key") */
+    char **key_pointers; /* GW_KEY_BODY: RFC 6901 pointers, "/requestId" */
+    size_t nkey_pointers;
+
+    enum gw_fp_body fp_body;
+    char **fp_pointers; /* GW_FP_BODY_POINTERS */
+    size_t nfp_pointers;
+
+    int64_t retention_ms; /* record retention (24 h) */
+    int64_t lease_ms;     /* lease of the gateway forwarding a request (upstream timeout + 10 s) */
+    int64_t wait_ms;      /* how long a duplicate waits for the first before 409 (2 s) */
+
+    /*
+     * store_status[s] is 1 when an upstream answer with status s is stored and replayed.  Default:
+     * 2xx and 4xx except 400, 401, 403, 408, 413, 415, 429.  1xx, 3xx... as listed; 5xx never
+     * (a config that asks for one is an error).
+     */
+    unsigned char store_status[GW_STATUS_LIMIT];
+    /* Response headers stored with the answer (default Content-Type, Location, ETag, Link);
+     * Set-Cookie and hop-by-hop headers are refused at load. */
+    char **store_headers;
+    size_t nstore_headers;
+    size_t max_stored_body; /* larger answers are passed through and not stored (1 MiB) */
+
+    enum gw_unknown_mode unknown;
+    char *reconcile_path; /* GW_UNKNOWN_RECONCILE: "/v1/orders?requestId={key}" ({key} and the
+                             route's {params} are substituted, percent-encoded) */
+};
+
+struct gw_config {
+    char *file; /* as given to gw_config_load, for messages */
+
+    char *listen;       /* "127.0.0.1:8080" (default) */
+    char *admin_listen; /* "127.0.0.1:8081" (default); loopback unless written otherwise */
+    char *store;        /* "sqlite:gateway.db" (default) or a PostgreSQL URI */
+
+    char *upstream_url;  /* "http://HOST:PORT" (required), no path, no https */
+    char *upstream_host; /* split from upstream_url */
+    uint16_t upstream_port;
+    int upstream_connect_timeout_ms; /* 2000 */
+    int upstream_timeout_ms;         /* request sent to the end of the answer (30000) */
+    int upstream_max_connections;    /* kept open to the upstream (64) */
+    size_t max_response_bytes;       /* largest answer passed through (16 MiB) */
+    size_t max_body;                 /* largest request body, 413 above (1 MiB) */
+
+    enum gw_principal_source principal;
+    char *principal_header;  /* GW_PRINCIPAL_HEADER, "X-Consumer-Id" */
+    enum gw_jwt_alg jwt_alg; /* GW_PRINCIPAL_JWT */
+    char *jwt_key;           /* HS256: the secret's bytes; RS256: the PEM public key's text */
+    size_t jwt_key_len;
+    char *jwt_issuer;   /* NULL: not checked */
+    char *jwt_audience; /* NULL: not checked */
+
+    struct http_limits limits; /* `limits:` mapping, same names as the serve flags with '_' */
+
+    struct gw_route *routes;
+    size_t nroutes;
+};
+
+/*
+ * Reads and checks `path`.  Returns 0 with *out (new, free with gw_config_free), or -1 with one
+ * line in `err`: "<file>:<line>: <what is wrong and what is expected>" (line 0 when the file
+ * cannot be read).
+ */
+int gw_config_load(const char *path, struct gw_config **out, char *err, size_t errlen);
+
+/* The same from `len` bytes of YAML text; `name` stands for the file in messages. */
+int gw_config_parse(const char *name, const char *text, size_t len, struct gw_config **out,
+                    char *err, size_t errlen);
+
+void gw_config_free(struct gw_config *cfg);
+
+#endif /* IDEM_GATEWAY_CONFIG_H */

@@ -1,0 +1,34 @@
+/*
+ * gateway.h - what one idem-gateway process holds while it serves: the config, the store and the
+ * engine over it, the upstream client, the principal verifier, one libidem operation per route,
+ * the log and the metrics.  Made by serve.c, read by every request (proxy.c) and by the admin
+ * listener (admin.c); nothing in it changes while requests run.
+ */
+#ifndef IDEM_GATEWAY_GATEWAY_H
+#define IDEM_GATEWAY_GATEWAY_H
+
+#include "idem/idem.h"
+
+#include "config.h"
+#include "http_server.h"
+#include "log.h"
+#include "metrics.h"
+#include "principal.h"
+#include "upstream.h"
+
+struct gateway {
+    const struct gw_config *cfg;
+    struct idem_store *store;
+    struct idem_engine *engine;
+    struct upstream *upstream;
+    struct principal_verifier *principals;
+    struct idem_operation *ops; /* ops[i] is cfg->routes[i]'s operation */
+    struct logger log;
+    struct gw_metrics *metrics;
+    struct http_server *public_server; /* the proxy's listener, for its counters in /metrics */
+};
+
+/* The operation of `route` (one of gw->cfg->routes). */
+const struct idem_operation *gateway_op(const struct gateway *gw, const struct gw_route *route);
+
+#endif /* IDEM_GATEWAY_GATEWAY_H */

@@ -1,0 +1,753 @@
+/*
+ * proxy.c - idem-gateway's request path (proxy.h).
+ *
+ * The life of a keyed request: its route, principal and key are read from the head (refusals
+ * before the body); once the body is in, the fingerprint; a replay is answered from memory on
+ * the loop; otherwise a worker claims the record, commits the claim with the recovery point
+ * "forwarded" -- durable before a byte goes upstream, so a gateway killed mid-request leaves a
+ * record that says "the upstream may have acted" -- forwards, and settles the record by what came
+ * back:
+ *
+ *   a whole answer, storable status   completed with it (stored headers per the route)
+ *   a whole answer, other status      deleted (idem_call_forget): a retry runs again
+ *   nothing could be sent             deleted: a retry runs
+ *   sent, no whole answer             recovery point "unknown": the route's unknown mode decides
+ *                                     what every retry gets (run_unknown)
+ *
+ * A retry that finds a record at "forwarded" or "unknown" whose lease is free takes it over
+ * (RESUME) and lands in run_unknown too: that is the gateway killed mid-request.
+ */
+#include "proxy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "idem_answer.h"
+#include "request_key.h"
+#include "route.h"
+#include "strbuf.h"
+#include "util.h"
+#include "banned.h"
+
+/* Recovery points of a gateway record (docs/gateway.md, "Records"). */
+#define POINT_FORWARDED "forwarded"
+#define POINT_UNKNOWN "unknown"
+
+/* Seconds a client is asked to wait before retrying a held request. */
+#define HOLD_RETRY_AFTER "5"
+
+/* What on_head and on_loop learnt of a request, kept with it (rq->note). */
+struct note {
+    struct route_match m;
+    size_t route_index; /* cfg->nroutes when there is no route */
+    int keyed;          /* a record is kept: a route, and a key */
+    int key_in_body;    /* the key is read once the body is in */
+    int prepared;       /* key and fingerprint are known */
+    char principal[PRINCIPAL_MAX + 1];
+    char key[IDEM_KEY_MAX + 1];
+    unsigned char fp[IDEM_FP_LEN];
+};
+
+static void note_free(void *p)
+{
+    struct note *n = p;
+    route_match_clear(&n->m);
+    free(n);
+}
+
+const struct idem_operation *gateway_op(const struct gateway *gw, const struct gw_route *route)
+{
+    return &gw->ops[route - gw->cfg->routes];
+}
+
+/* ---- headers ------------------------------------------------------------------------------ */
+
+/* Whether `list` (a Connection header's value) names `name` as one of its tokens. */
+static int token_listed(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+
+    while (list && *list) {
+        size_t len;
+        list += strspn(list, " \t,");
+        len = strcspn(list, " \t,");
+        if (len == n && strncasecmp(list, name, n) == 0)
+            return 1;
+        list += len;
+    }
+    return 0;
+}
+
+/*
+ * Headers that belong to one connection, not to the message (RFC 9110, section 7.6.1), plus the
+ * ones the gateway writes itself: never passed on in either direction.
+ */
+static int hop_by_hop(const char *name, const char *connection)
+{
+    static const char *const names[] = {"Connection",
+                                        "Keep-Alive",
+                                        "Proxy-Connection",
+                                        "TE",
+                                        "Trailer",
+                                        "Transfer-Encoding",
+                                        "Upgrade",
+                                        "Proxy-Authenticate",
+                                        "Proxy-Authorization",
+                                        "Content-Length",
+                                        "Expect",
+                                        "Date"};
+
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcasecmp(name, names[i]) == 0)
+            return 1;
+    return connection && token_listed(connection, name);
+}
+
+/* `key` as an RFC 8941 sf-string, the form libidem parses back. */
+static void sf_string(const char *key, struct strbuf *out)
+{
+    strbuf_addch(out, '"');
+    for (const char *p = key; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            strbuf_addch(out, '\\');
+        strbuf_addch(out, *p);
+    }
+    strbuf_addch(out, '"');
+}
+
+/* The request as the upstream gets it: its own headers minus hop-by-hop ones, plus ours. */
+struct forwarded {
+    struct upstream_header *h;
+    size_t n;
+    struct strbuf xff, key;
+};
+
+static void forwarded_build(const struct request *rq, const struct note *n, struct forwarded *f)
+{
+    const char *connection = request_header(rq, "Connection");
+    const char *xff = NULL;
+    int has_key_header = 0;
+
+    memset(f, 0, sizeof *f);
+    f->h = xcalloc(rq->nfields + 2, sizeof *f->h);
+    for (size_t i = 0; i < rq->nfields; i++) {
+        const char *name = rq->fields[i].name;
+        if (hop_by_hop(name, connection))
+            continue;
+        if (strcasecmp(name, "X-Forwarded-For") == 0) {
+            xff = rq->fields[i].value; /* the first one; extended below */
+            continue;
+        }
+        if (strcasecmp(name, "Idempotency-Key") == 0)
+            has_key_header = 1;
+        f->h[f->n].name = name;
+        f->h[f->n].value = rq->fields[i].value;
+        f->n++;
+    }
+    if (xff)
+        strbuf_addf(&f->xff, "%s, %s", xff, rq->peer ? rq->peer : "unknown");
+    else
+        strbuf_adds(&f->xff, rq->peer ? rq->peer : "unknown");
+    f->h[f->n].name = "X-Forwarded-For";
+    f->h[f->n].value = f->xff.buf;
+    f->n++;
+    /* The key goes along, so an upstream that dedupes on it can do so too. */
+    if (n && n->keyed && !has_key_header) {
+        sf_string(n->key, &f->key);
+        f->h[f->n].name = "Idempotency-Key";
+        f->h[f->n].value = f->key.buf;
+        f->n++;
+    }
+}
+
+static void forwarded_release(struct forwarded *f)
+{
+    free(f->h);
+    strbuf_release(&f->xff);
+    strbuf_release(&f->key);
+}
+
+/* ---- answers ------------------------------------------------------------------------------ */
+
+/*
+ * The upstream's answer into `resp`: status, end-to-end headers, body (moved, not copied).
+ * Returns 0, or -1 when it has more headers than a response may carry (`resp` is then a 502).
+ */
+static int relay(struct upstream_response *ur, struct response *resp)
+{
+    const char *connection = upstream_response_header(ur, "Connection");
+
+    resp->status = ur->status;
+    for (size_t i = 0; i < ur->nheaders; i++) {
+        if (hop_by_hop(ur->headers[i].name, connection))
+            continue;
+        if (response_add_header(resp, ur->headers[i].name, ur->headers[i].value) != 0) {
+            response_clear(resp);
+            response_init(resp);
+            response_problem(resp, 502, "upstream-bad-reply",
+                             "The upstream's answer has more header fields than the gateway "
+                             "passes on.");
+            return -1;
+        }
+    }
+    free(resp->body);
+    resp->body = ur->body;
+    resp->body_len = ur->body_len;
+    ur->body = NULL;
+    ur->body_len = 0;
+    return 0;
+}
+
+static void answer_not_sent(struct response *resp, const char *err)
+{
+    char detail[400];
+    snprintf(detail, sizeof detail,
+             "The upstream could not be reached (%s); nothing was sent to it. Retry.", err);
+    response_set_header(resp, "Retry-After", "1");
+    response_problem(resp, 502, "upstream-unavailable", detail);
+}
+
+/* ---- the record's end states -------------------------------------------------------------- */
+
+static int storable(const struct gw_route *r, int status)
+{
+    return status > 0 && status < GW_STATUS_LIMIT && r->store_status[status];
+}
+
+/*
+ * Completes the record with a problem saying the upstream acted but its answer was not kept
+ * (too large to store): a retry learns that, and never runs the request again.
+ */
+static int complete_not_stored(struct idem_call *call, size_t size)
+{
+    struct idem_header h = {"Content-Type", CONTENT_TYPE_PROBLEM};
+    char detail[300];
+    size_t len = 0;
+    char *body;
+    int rc;
+
+    snprintf(detail, sizeof detail,
+             "The request was executed, but its response (%zu bytes) was too large to store, so "
+             "it cannot be replayed. Read the result from the API itself.",
+             size);
+    body = problem_body(410, "response-not-stored", detail, &len);
+    rc = idem_call_complete(call, 410, &h, 1, body, len);
+    free(body);
+    return rc;
+}
+
+/* Moves the record to "unknown" (durably) unless it is there already. */
+static void mark_unknown(struct gateway *gw, struct idem_call *call)
+{
+    int rc;
+
+    if (strcmp(idem_call_recovery_point(call), POINT_UNKNOWN) == 0)
+        return;
+    rc = idem_call_phase_begin(call);
+    if (rc == 0)
+        rc = idem_call_advance(call, POINT_UNKNOWN, NULL);
+    if (rc < 0) /* it stays "forwarded", which every retry treats the same way */
+        log_msg(&gw->log, "warn", "cannot mark a record unknown: %s", idem_call_errmsg(call));
+}
+
+/* What the first attempt's client is told when its answer was lost on the way. */
+static void answer_lost(const struct gw_route *r, int timed_out, const char *err,
+                        struct response *resp)
+{
+    char detail[600];
+    const char *next = r->unknown == GW_UNKNOWN_HOLD
+                           ? "Retries with this key are answered 503 until an operator resolves "
+                             "it (idem-gateway keys resolve)."
+                       : r->unknown == GW_UNKNOWN_RESEND
+                           ? "A retry with the same key sends it again; the upstream dedupes on "
+                             "the key."
+                           : "A retry with the same key asks the upstream what happened.";
+
+    snprintf(detail, sizeof detail,
+             "The request reached the upstream but no whole answer came back (%s), so whether it "
+             "was executed is unknown. %s",
+             err, next);
+    idem_answer_outcome_unknown(resp, timed_out ? 504 : 502, detail);
+}
+
+/*
+ * Settles the record by the exchange's result and answers.  The upstream may have acted in every
+ * case but UPSTREAM_NOT_SENT, so a failure to store is never turned into a deletion: the record
+ * then stays "forwarded" and retries meet the route's unknown mode.
+ */
+static void settle(struct gateway *gw, const struct note *n, struct idem_call *call,
+                   enum upstream_result res, struct upstream_response *ur, const char *err,
+                   struct response *resp)
+{
+    const struct gw_route *r = n->m.route;
+    int rc = 0;
+
+    switch (res) {
+    case UPSTREAM_OK:
+        resp->outcome = "executed";
+        if (!storable(r, ur->status))
+            rc = idem_call_forget(call);
+        else if (ur->body_len > r->max_stored_body)
+            rc = complete_not_stored(call, ur->body_len);
+        else {
+            struct idem_header *h = xcalloc(ur->nheaders + 1, sizeof *h);
+            for (size_t i = 0; i < ur->nheaders; i++) {
+                h[i].name = ur->headers[i].name;
+                h[i].value = ur->headers[i].value;
+            }
+            rc = idem_call_complete(call, ur->status, h, ur->nheaders, ur->body, ur->body_len);
+            free(h);
+        }
+        if (rc < 0)
+            log_msg(&gw->log, "error",
+                    "%s: the upstream answered %d but the record could not be settled (%s); "
+                    "retries will meet the unknown-outcome mode",
+                    r->operation, ur->status, idem_call_errmsg(call));
+        relay(ur, resp);
+        return;
+    case UPSTREAM_TOO_LARGE:
+        rc = complete_not_stored(call, ur->body_len);
+        if (rc < 0)
+            log_msg(&gw->log, "error", "%s: cannot settle a record: %s", r->operation,
+                    idem_call_errmsg(call));
+        response_problem(resp, 502, "upstream-response-too-large", err);
+        resp->outcome = "executed";
+        return;
+    case UPSTREAM_NOT_SENT:
+        rc = idem_call_forget(call);
+        if (rc < 0)
+            log_msg(&gw->log, "error", "%s: cannot release a record: %s", r->operation,
+                    idem_call_errmsg(call));
+        answer_not_sent(resp, err);
+        resp->outcome = "released";
+        return;
+    case UPSTREAM_UNKNOWN:
+    case UPSTREAM_BAD_REPLY:
+        mark_unknown(gw, call);
+        answer_lost(r, ur->timed_out, err, resp);
+        return;
+    }
+}
+
+/* One exchange with the upstream for `rq`, as `method` `target` (the request's own, or a GET). */
+static enum upstream_result exchange(struct gateway *gw, const struct request *rq,
+                                     const struct note *n, const char *method, const char *target,
+                                     int with_body, struct upstream_response *ur, char *err,
+                                     size_t errlen)
+{
+    struct forwarded f;
+    struct upstream_request urq;
+    enum upstream_result res;
+
+    forwarded_build(rq, n, &f);
+    urq.method = method;
+    urq.target = target;
+    urq.headers = f.h;
+    urq.nheaders = f.n;
+    urq.body = with_body ? rq->body : NULL;
+    urq.body_len = with_body ? rq->body_len : 0;
+    res = upstream_exchange(gw->upstream, &urq, ur, err, errlen);
+    if (res == UPSTREAM_OK || res == UPSTREAM_TOO_LARGE)
+        gw_metrics_upstream(gw->metrics, ur->seconds);
+    forwarded_release(&f);
+    return res;
+}
+
+static void forward_and_settle(struct gateway *gw, const struct request *rq, const struct note *n,
+                               struct idem_call *call, struct response *resp)
+{
+    struct upstream_response ur;
+    char err[300];
+    enum upstream_result res;
+
+    res = exchange(gw, rq, n, rq->method, rq->target, 1, &ur, err, sizeof err);
+    settle(gw, n, call, res, &ur, err, resp);
+    upstream_response_clear(&ur);
+}
+
+/* ---- unknown outcomes --------------------------------------------------------------------- */
+
+/* Appends `s` percent-encoded for a path segment or query value (unreserved bytes stay). */
+static void add_pct(struct strbuf *out, const char *s)
+{
+    static const char digits[] = "0123456789ABCDEF";
+
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if ((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
+            *p == '-' || *p == '.' || *p == '_' || *p == '~') {
+            strbuf_addch(out, (char)*p);
+        } else {
+            strbuf_addch(out, '%');
+            strbuf_addch(out, digits[*p >> 4]);
+            strbuf_addch(out, digits[*p & 15]);
+        }
+    }
+}
+
+/*
+ * The reconcile target: the route's template with {key} and its {params} substituted.  The
+ * config checked that every placeholder is one of those.
+ */
+static void reconcile_target(const struct note *n, struct strbuf *out)
+{
+    const struct gw_route *r = n->m.route;
+    const char *t = r->reconcile_path;
+
+    while (*t) {
+        const char *close = *t == '{' ? strchr(t, '}') : NULL;
+        size_t len;
+        if (!close) {
+            strbuf_addch(out, *t++);
+            continue;
+        }
+        len = (size_t)(close - t - 1);
+        if (len == 3 && strncmp(t + 1, "key", 3) == 0) {
+            add_pct(out, n->key);
+        } else {
+            /* The k-th {name} of the route's path is params[k]. */
+            const char *p = r->path;
+            size_t k = 0;
+            while ((p = strchr(p, '{')) != NULL) {
+                const char *e = strchr(p, '}');
+                if (e && (size_t)(e - p - 1) == len && strncmp(p + 1, t + 1, len) == 0)
+                    break;
+                k++;
+                p = e ? e + 1 : p + 1;
+            }
+            if (p && k < n->m.nparams)
+                add_pct(out, n->m.params[k]);
+        }
+        t = close + 1;
+    }
+}
+
+/*
+ * A retry found the record of an earlier attempt whose outcome is unknown (its lease is now this
+ * call's): the route's mode decides.
+ */
+static void run_unknown(struct gateway *gw, const struct request *rq, const struct note *n,
+                        struct idem_call *call, struct response *resp)
+{
+    const struct gw_route *r = n->m.route;
+    struct upstream_response ur;
+    struct strbuf target = STRBUF_INIT;
+    enum upstream_result res;
+    char err[300];
+
+    switch (r->unknown) {
+    case GW_UNKNOWN_RESEND:
+        forward_and_settle(gw, rq, n, call, resp);
+        return;
+    case GW_UNKNOWN_RECONCILE:
+        reconcile_target(n, &target);
+        res = exchange(gw, rq, n, "GET", target.buf, 0, &ur, err, sizeof err);
+        strbuf_release(&target);
+        if (res == UPSTREAM_OK && ur.status == 404) {
+            /* It never happened: this attempt is the first to run. */
+            upstream_response_clear(&ur);
+            forward_and_settle(gw, rq, n, call, resp);
+            return;
+        }
+        if (res == UPSTREAM_OK && ur.status >= 200 && ur.status < 300) {
+            settle(gw, n, call, res, &ur, err, resp);
+            response_set_header(resp, "Idempotent-Replayed", "true");
+            resp->outcome = "reconciled";
+            upstream_response_clear(&ur);
+            return;
+        }
+        if (res == UPSTREAM_OK)
+            snprintf(err, sizeof err, "the upstream answered the reconcile query with %d",
+                     ur.status);
+        upstream_response_clear(&ur);
+        mark_unknown(gw, call);
+        {
+            char detail[500];
+            snprintf(detail, sizeof detail,
+                     "An earlier attempt with this key reached the upstream and its outcome is "
+                     "unknown; asking the upstream did not settle it (%s). Retry later.",
+                     err);
+            idem_answer_outcome_unknown(resp, 503, detail);
+        }
+        return;
+    case GW_UNKNOWN_HOLD:
+        mark_unknown(gw, call);
+        idem_answer_outcome_unknown(
+            resp, 503,
+            "An earlier attempt with this key reached the upstream and its outcome is unknown. "
+            "It is held, and not sent again, until an operator resolves it.");
+        response_set_header(resp, "Retry-After", HOLD_RETRY_AFTER);
+        return;
+    }
+}
+
+/* ---- the hooks ---------------------------------------------------------------------------- */
+
+/* A header for the principal: only when sent exactly once (a second copy is someone's trick). */
+static const char *principal_header(void *arg, const char *name, size_t *len)
+{
+    const char *v = NULL;
+    size_t l = 0;
+
+    if (request_header_count(arg, name, &v, &l) != 1)
+        return NULL;
+    *len = l;
+    return v;
+}
+
+static enum http_head_verdict proxy_on_head(void *ctx, struct request *rq, struct response *resp,
+                                            int may_block)
+{
+    struct gateway *gw = ctx;
+    const struct gw_config *cfg = gw->cfg;
+    const struct gw_route *r;
+    struct note *n = xcalloc(1, sizeof *n);
+    const char *why = NULL;
+    const char *v = NULL;
+    size_t vlen = 0;
+    int count;
+
+    (void)may_block; /* nothing here blocks */
+    rq->note = n;
+    rq->note_free = note_free;
+    n->route_index = cfg->nroutes;
+    if (!route_find(cfg, rq->method, rq->path, &n->m))
+        return HTTP_HEAD_CONTINUE; /* proxied untouched */
+    r = n->m.route;
+    n->route_index = (size_t)(r - cfg->routes);
+    resp->operation = r->operation;
+
+    if (principal_of(gw->principals, principal_header, rq, (int64_t)time(NULL), n->principal,
+                     &why) != 0) {
+        char detail[200];
+        snprintf(detail, sizeof detail,
+                 "This route keeps idempotency records per caller, and the caller is not known: "
+                 "%s.",
+                 why ? why : "no principal");
+        if (cfg->principal == GW_PRINCIPAL_JWT)
+            response_set_header(resp, "WWW-Authenticate", "Bearer");
+        response_problem(resp, 401, "unauthorized", detail);
+        resp->outcome = "refused";
+        return HTTP_HEAD_ANSWER;
+    }
+    if (r->key_source == GW_KEY_BODY) {
+        n->key_in_body = 1;
+        n->keyed = 1; /* decided once the body is in */
+    } else {
+        count = request_header_count(rq, r->key_header, &v, &vlen);
+        if (count > 1) {
+            response_problem(resp, 400, "idempotency-key-invalid",
+                             "Send the idempotency key header once.");
+            resp->outcome = "refused";
+            return HTTP_HEAD_ANSWER;
+        }
+        if (count == 0 && r->key_required) {
+            char detail[200];
+            snprintf(detail, sizeof detail,
+                     "%s %s needs an %s header: a unique value per intended operation, the "
+                     "same on every retry.",
+                     r->method, r->path, r->key_header);
+            response_problem(resp, 400, "idempotency-key-missing", detail);
+            resp->outcome = "refused";
+            return HTTP_HEAD_ANSWER;
+        }
+        if (count == 1) {
+            if (idem_key_parse(v, vlen, n->key, &why) != 0) {
+                response_problem(resp, 400, "idempotency-key-invalid", why);
+                resp->outcome = "refused";
+                return HTTP_HEAD_ANSWER;
+            }
+            n->keyed = 1;
+        }
+    }
+    return HTTP_HEAD_CONTINUE;
+}
+
+/*
+ * Once the body is in: the key of a body-keyed route, and the fingerprint.  Returns 0, or -1 with
+ * `resp` the refusal.
+ */
+static int prepare(struct gateway *gw, const struct request *rq, struct note *n,
+                   struct response *resp)
+{
+    const struct gw_route *r = n->m.route;
+    const char *why = NULL;
+
+    (void)gw;
+    if (n->prepared || !n->keyed)
+        return 0;
+    if (n->key_in_body) {
+        int got = request_key_from_body(r, rq->body, rq->body_len, n->key, &why);
+        if (got < 0) {
+            response_problem(resp, 400, "idempotency-key-invalid", why);
+            resp->outcome = "refused";
+            return -1;
+        }
+        if (got == 0 && r->key_required) {
+            char detail[300];
+            snprintf(detail, sizeof detail,
+                     "%s %s needs an idempotency key in its JSON body at %s: a unique value per "
+                     "intended operation, the same on every retry.",
+                     r->method, r->path, r->key_pointers[0]);
+            response_problem(resp, 400, "idempotency-key-missing", detail);
+            resp->outcome = "refused";
+            return -1;
+        }
+        n->keyed = got == 1;
+        if (!n->keyed)
+            return 0;
+    }
+    if (request_fingerprint(&n->m, rq->method, request_header(rq, "Content-Type"), rq->body,
+                            rq->body_len, n->fp, &why) != 0) {
+        response_problem(resp, 500, "internal-error", why);
+        resp->outcome = "error";
+        return -1;
+    }
+    n->prepared = 1;
+    return 0;
+}
+
+static enum http_loop_verdict proxy_on_loop(void *ctx, const struct request *rq,
+                                            struct response *resp, struct http_park *park)
+{
+    struct gateway *gw = ctx;
+    struct note *n = rq->note;
+    struct idem_call *call = NULL;
+    enum idem_outcome outcome = IDEM_OUTCOME_NONE;
+    const struct idem_operation *op;
+    int answered = 0;
+
+    (void)park;
+    if (!n || !n->m.route)
+        return HTTP_LOOP_WORKER;
+    if (prepare(gw, rq, n, resp) != 0)
+        return HTTP_LOOP_ANSWERED;
+    if (!n->keyed)
+        return HTTP_LOOP_WORKER;
+    op = gateway_op(gw, n->m.route);
+    if (idem_call_lookup(gw->engine, op, n->principal, n->key, n->fp, &call, &outcome) == 0 &&
+        call != NULL)
+        answered = idem_answer_settled(call, outcome, op, resp);
+    idem_call_end(call);
+    return answered ? HTTP_LOOP_ANSWERED : HTTP_LOOP_WORKER;
+}
+
+static void pass_through(struct gateway *gw, const struct request *rq, const struct note *n,
+                         struct response *resp)
+{
+    struct upstream_response ur;
+    char err[300];
+    enum upstream_result res;
+
+    resp->outcome = "passed";
+    res = exchange(gw, rq, n, rq->method, rq->target, 1, &ur, err, sizeof err);
+    switch (res) {
+    case UPSTREAM_OK:
+        relay(&ur, resp);
+        break;
+    case UPSTREAM_NOT_SENT:
+        answer_not_sent(resp, err);
+        break;
+    case UPSTREAM_UNKNOWN:
+        if (ur.timed_out)
+            response_problem(resp, 504, "upstream-timeout", err);
+        else
+            response_problem(resp, 502, "upstream-bad-reply", err);
+        break;
+    case UPSTREAM_BAD_REPLY:
+        response_problem(resp, 502, "upstream-bad-reply", err);
+        break;
+    case UPSTREAM_TOO_LARGE:
+        response_problem(resp, 502, "upstream-response-too-large", err);
+        break;
+    }
+    upstream_response_clear(&ur);
+}
+
+static void proxy_handle(void *ctx, const struct request *rq, struct response *resp)
+{
+    struct gateway *gw = ctx;
+    struct note *n = rq->note;
+    struct idem_call *call = NULL;
+    enum idem_outcome outcome = IDEM_OUTCOME_NONE;
+    const struct idem_operation *op;
+    int64_t t0;
+    int rc;
+
+    if (!n || !n->m.route || !n->keyed) {
+        pass_through(gw, rq, n, resp);
+        return;
+    }
+    if (prepare(gw, rq, n, resp) != 0)
+        return;
+    if (!n->keyed) {
+        pass_through(gw, rq, n, resp);
+        return;
+    }
+    op = gateway_op(gw, n->m.route);
+    t0 = mono_ns();
+    rc = idem_call_begin(gw->engine, op, n->principal, n->key, n->fp, &call, &outcome);
+    gw_metrics_store(gw->metrics, (double)(mono_ns() - t0) / 1e9);
+    if (rc < 0) {
+        log_msg(&gw->log, "error", "%s: cannot begin: %s", op->name, idem_err_name(rc));
+        idem_answer_unavailable(resp, "The idempotency store cannot be reached; nothing was "
+                                      "sent upstream. Retry.");
+        return;
+    }
+    if (idem_answer_settled(call, outcome, op, resp))
+        goto out;
+    if (outcome == IDEM_OUTCOME_EXECUTE) {
+        /* Durable before a byte goes upstream: a crash from here on leaves "forwarded". */
+        rc = idem_call_advance(call, POINT_FORWARDED, NULL);
+        if (rc < 0) {
+            log_msg(&gw->log, "error", "%s: cannot commit the claim: %s", op->name,
+                    idem_call_errmsg(call));
+            idem_answer_fail(resp, rc);
+            goto out;
+        }
+        forward_and_settle(gw, rq, n, call, resp);
+    } else if (outcome == IDEM_OUTCOME_RESUME) {
+        run_unknown(gw, rq, n, call, resp);
+    } else {
+        log_msg(&gw->log, "error", "%s: unexpected engine outcome %d", op->name, (int)outcome);
+        idem_answer_fail(resp, IDEM_ESTATE);
+    }
+out:
+    idem_call_end(call);
+}
+
+static void proxy_answered(void *ctx, const struct request *rq, const struct response *resp,
+                           double seconds)
+{
+    struct gateway *gw = ctx;
+    const struct note *n = rq->note;
+    size_t route = n ? n->route_index : gw->cfg->nroutes;
+    const char *outcome = resp->outcome ? resp->outcome : "passed";
+
+    gw_metrics_count(gw->metrics, route, gw_outcome_of(outcome));
+    log_request(&gw->log, rq->method ? rq->method : "-", rq->path ? rq->path : "-", resp->status,
+                outcome, seconds * 1000.0, n && n->principal[0] ? n->principal : NULL);
+}
+
+static void proxy_log(void *ctx, const char *line)
+{
+    struct gateway *gw = ctx;
+    log_msg(&gw->log, "info", "%s", line);
+}
+
+void proxy_server_options(struct gateway *gw, struct http_server_options *opts)
+{
+    memset(opts, 0, sizeof *opts);
+    opts->handle = proxy_handle;
+    opts->on_head = proxy_on_head;
+    opts->on_loop = proxy_on_loop;
+    opts->answered = proxy_answered;
+    opts->log = proxy_log;
+    opts->ctx = gw;
+    opts->ipv6 = 1;
+    opts->stop_grace_s = 10;
+    opts->max_body = gw->cfg->max_body;
+    opts->limits = gw->cfg->limits;
+}

@@ -1,0 +1,222 @@
+/*
+ * request_key.c - a request's idempotency key from its body, and its fingerprint
+ * (request_key.h).  libidem does the hashing (idem_fingerprint: every field length-prefixed) and
+ * the canonical JSON; this file decides what goes in.
+ */
+#include "request_key.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <openssl/sha.h>
+
+#include "util.h"
+#include "banned.h"
+
+/* Nesting allowed in a body the gateway parses, as libidem's canonicaliser allows. */
+#define BODY_MAX_DEPTH IDEM_JSON_MAX_DEPTH
+
+json_t *json_pointer_get(json_t *doc, const char *ptr)
+{
+    const char *p = ptr;
+
+    if (!doc || !ptr)
+        return NULL;
+    while (*p) {
+        char token[256];
+        size_t n = 0;
+        if (*p != '/')
+            return NULL;
+        p++;
+        /* One reference token, with ~1 for '/' and ~0 for '~' (RFC 6901, section 4). */
+        while (*p && *p != '/') {
+            char c = *p++;
+            if (c == '~') {
+                if (*p != '0' && *p != '1')
+                    return NULL;
+                c = *p++ == '0' ? '~' : '/';
+            }
+            if (n + 1 >= sizeof token)
+                return NULL;
+            token[n++] = c;
+        }
+        token[n] = '\0';
+        if (json_is_object(doc)) {
+            doc = json_object_getn(doc, token, n);
+        } else if (json_is_array(doc)) {
+            int64_t i;
+            /* "0" or digits without a leading zero (RFC 6901); "-" names nothing that exists. */
+            if (n == 0 || (n > 1 && token[0] == '0') || parse_int64(token, 0, 1000000000, &i) != 0)
+                return NULL;
+            doc = json_array_get(doc, (size_t)i);
+        } else {
+            return NULL;
+        }
+        if (!doc)
+            return NULL;
+    }
+    return doc;
+}
+
+/*
+ * The body as JSON, or NULL.  Deeper nesting than libidem accepts is refused before jansson
+ * recurses into it (a hostile body must not spend the stack).
+ */
+static json_t *parse_body(const char *body, size_t len)
+{
+    size_t depth = 0, max = 0;
+    int in_string = 0;
+
+    for (size_t i = 0; i < len; i++) {
+        char c = body[i];
+        if (in_string) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_string = 0;
+        } else if (c == '"') {
+            in_string = 1;
+        } else if (c == '{' || c == '[') {
+            if (++depth > max)
+                max = depth;
+        } else if ((c == '}' || c == ']') && depth > 0) {
+            depth--;
+        }
+    }
+    if (max > BODY_MAX_DEPTH)
+        return NULL;
+    return json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, NULL);
+}
+
+int request_key_from_body(const struct gw_route *route, const char *body, size_t len,
+                          char key[IDEM_KEY_MAX + 1], const char **why)
+{
+    json_t *doc;
+    int rc = 0;
+
+    if (len == 0)
+        return 0;
+    doc = parse_body(body, len);
+    if (!doc) {
+        *why = "the body is not JSON, so the idempotency key in it cannot be read";
+        return -1;
+    }
+    for (size_t i = 0; i < route->nkey_pointers && rc == 0; i++) {
+        json_t *v = json_pointer_get(doc, route->key_pointers[i]);
+        const char *s;
+        size_t n;
+        if (!v || json_is_null(v))
+            continue;
+        if (!json_is_string(v)) {
+            *why = "the idempotency key in the body is not a string";
+            rc = -1;
+            break;
+        }
+        s = json_string_value(v);
+        n = json_string_length(v);
+        if (n == 0 || n > IDEM_KEY_MAX) {
+            *why = "the idempotency key in the body must be 1 to 255 characters";
+            rc = -1;
+            break;
+        }
+        for (size_t k = 0; k < n; k++) {
+            if ((unsigned char)s[k] < 0x20 || (unsigned char)s[k] > 0x7e) {
+                *why = "the idempotency key in the body must be printable ASCII";
+                rc = -1;
+                break;
+            }
+        }
+        if (rc == 0) {
+            memcpy(key, s, n);
+            key[n] = '\0';
+            rc = 1;
+        }
+    }
+    json_decref(doc);
+    return rc;
+}
+
+/* Whether a Content-Type names JSON: application/json or any +json type, parameters aside. */
+static int is_json_type(const char *ct)
+{
+    size_t n;
+
+    if (!ct)
+        return 0;
+    while (*ct == ' ' || *ct == '\t')
+        ct++;
+    n = strcspn(ct, "; \t");
+    if (n == 16 && strncasecmp(ct, "application/json", 16) == 0)
+        return 1;
+    return n > 5 && strncasecmp(ct + n - 5, "+json", 5) == 0;
+}
+
+/*
+ * "sha256:<hex>" of a body that is not fingerprinted as JSON, written into `raw` and returned: it
+ * goes in as one more length-prefixed field after the path parameters.
+ */
+static const char *body_digest(const char *body, size_t len,
+                               char raw[7 + 2 * SHA256_DIGEST_LENGTH + 1])
+{
+    unsigned char d[SHA256_DIGEST_LENGTH];
+
+    SHA256((const unsigned char *)body, len, d);
+    memcpy(raw, "sha256:", 7);
+    hex_encode(d, sizeof d, raw + 7);
+    return raw;
+}
+
+int request_fingerprint(const struct route_match *m, const char *method, const char *content_type,
+                        const char *body, size_t len, unsigned char fp[IDEM_FP_LEN],
+                        const char **why)
+{
+    const struct gw_route *r = m->route;
+    const char *params[ROUTE_MAX_PARAMS + 1];
+    size_t np = m->nparams;
+    char raw[7 + 2 * SHA256_DIGEST_LENGTH + 1];
+    json_t *doc = NULL, *picked = NULL;
+    char *picked_text = NULL;
+    const char *fp_body = NULL;
+    size_t fp_len = 0;
+    int rc;
+
+    memcpy(params, m->params, np * sizeof params[0]);
+    if (r->fp_body == GW_FP_BODY_ALL && len > 0) {
+        doc = is_json_type(content_type) ? parse_body(body, len) : NULL;
+        if (doc) {
+            fp_body = body; /* libidem canonicalises it */
+            fp_len = len;
+        } else {
+            params[np++] = body_digest(body, len, raw); /* not JSON: its bytes */
+        }
+    } else if (r->fp_body == GW_FP_BODY_POINTERS) {
+        /* The chosen values in order, as one JSON array (absent ones are null). */
+        doc = len > 0 ? parse_body(body, len) : NULL;
+        picked = xcheck(json_array());
+        for (size_t i = 0; i < r->nfp_pointers; i++) {
+            json_t *v = doc ? json_pointer_get(doc, r->fp_pointers[i]) : NULL;
+            json_array_append(picked, v ? v : json_null());
+        }
+        picked_text = json_dumps(picked, JSON_COMPACT | JSON_ENCODE_ANY);
+        if (!picked_text) {
+            *why = "out of memory";
+            rc = -1;
+            goto out;
+        }
+        fp_body = picked_text;
+        fp_len = strlen(picked_text);
+    }
+    rc = idem_fingerprint(method, r->path, params, np, fp_body, fp_len, fp, why);
+    if (rc < 0 && fp_body == body) {
+        /* JSON jansson takes but RFC 8785 does not (a number beyond a double): bytes, then. */
+        params[np++] = body_digest(body, len, raw);
+        rc = idem_fingerprint(method, r->path, params, np, NULL, 0, fp, why);
+    }
+    rc = rc < 0 ? -1 : 0;
+out:
+    free(picked_text);
+    json_decref(picked);
+    json_decref(doc);
+    return rc;
+}

@@ -1,0 +1,202 @@
+/*
+ * serve.c - `idem-gateway serve` (serve.h).  As in orderd, nothing is served before it can be
+ * answered truthfully: the store is open and migrated and the engine made before the listeners
+ * start, and the "listening" line comes last.  Stop signals are taken by the main thread with
+ * sigwait(); the stop unwinds in reverse, letting requests in flight finish.
+ */
+#include "serve.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "idem/idem.h"
+
+#include "admin.h"
+#include "gateway.h"
+#include "proxy.h"
+#include "signals.h"
+#include "util.h"
+#include "banned.h"
+
+/* Records deleted per sweep transaction. */
+#define SWEEP_BATCH 500
+
+struct sweeper {
+    struct gateway *gw;
+    int interval_s;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    int stop;
+    int running;
+};
+
+static void *sweeper_main(void *arg)
+{
+    struct sweeper *sw = arg;
+
+    pthread_mutex_lock(&sw->mu);
+    while (!sw->stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += sw->interval_s;
+        while (!sw->stop && pthread_cond_timedwait(&sw->cond, &sw->mu, &until) == 0)
+            ;
+        if (sw->stop)
+            break;
+        pthread_mutex_unlock(&sw->mu);
+        for (int total = 0;;) {
+            int deleted = 0;
+            int rc = idem_engine_sweep(sw->gw->engine, SWEEP_BATCH, &deleted);
+            if (rc < 0) {
+                log_msg(&sw->gw->log, "warn", "sweep: %s", idem_strerror(rc));
+                break;
+            }
+            total += deleted;
+            if (deleted < SWEEP_BATCH) {
+                if (total > 0)
+                    log_msg(&sw->gw->log, "info", "sweep: %d expired records deleted", total);
+                break;
+            }
+        }
+        pthread_mutex_lock(&sw->mu);
+    }
+    pthread_mutex_unlock(&sw->mu);
+    return NULL;
+}
+
+static void sweeper_stop(struct sweeper *sw)
+{
+    if (!sw->running)
+        return;
+    pthread_mutex_lock(&sw->mu);
+    sw->stop = 1;
+    pthread_cond_signal(&sw->cond);
+    pthread_mutex_unlock(&sw->mu);
+    pthread_join(sw->thread, NULL);
+    sw->running = 0;
+}
+
+/* One libidem operation per route, its policy from the config. */
+static struct idem_operation *make_ops(const struct gw_config *cfg)
+{
+    struct idem_operation *ops = xcalloc(cfg->nroutes + 1, sizeof *ops);
+
+    for (size_t i = 0; i < cfg->nroutes; i++) {
+        const struct gw_route *r = &cfg->routes[i];
+        ops[i].name = r->operation;
+        ops[i].ttl_ms = r->retention_ms;
+        ops[i].lease_ms = r->lease_ms;
+        ops[i].wait_ms = r->wait_ms > 0 ? r->wait_ms : 1;
+        ops[i].stored_headers = (const char *const *)r->store_headers;
+        ops[i].nstored_headers = r->nstore_headers;
+    }
+    return ops;
+}
+
+int serve_run(const struct gw_config *cfg, const struct serve_options *so)
+{
+    struct gateway gw;
+    struct sweeper sw;
+    struct http_server_options popts, aopts;
+    struct http_server *pub = NULL, *adm = NULL;
+    struct idem_store_options store_opts = {.pool_size = so->db_pool};
+    struct idem_engine_options eng_opts;
+    struct upstream_options uo;
+    sigset_t stop_signals;
+    char err[512];
+    char *errmsg = NULL;
+    int status = 1;
+    int rc;
+
+    memset(&gw, 0, sizeof gw);
+    memset(&sw, 0, sizeof sw);
+    stop_signals_block(&stop_signals); /* before any thread, so every thread inherits it */
+    gw.cfg = cfg;
+    gw.log.format = so->log_format;
+    gw.metrics = gw_metrics_new(cfg->nroutes);
+    gw.ops = make_ops(cfg);
+
+    if (principal_verifier_new(cfg, &gw.principals, err, sizeof err) != 0) {
+        log_msg(&gw.log, "error", "%s", err);
+        goto out;
+    }
+    memset(&uo, 0, sizeof uo);
+    uo.host = cfg->upstream_host;
+    uo.port = cfg->upstream_port;
+    uo.connect_timeout_ms = cfg->upstream_connect_timeout_ms;
+    uo.timeout_ms = cfg->upstream_timeout_ms;
+    uo.max_idle = cfg->upstream_max_connections;
+    uo.max_response_bytes = cfg->max_response_bytes;
+    if (upstream_new(&uo, &gw.upstream, err, sizeof err) != 0) {
+        log_msg(&gw.log, "error", "%s", err);
+        goto out;
+    }
+    rc = idem_store_open(cfg->store, &store_opts, &gw.store, &errmsg);
+    if (rc < 0) {
+        log_msg(&gw.log, "error", "cannot open the store: %s", errmsg ? errmsg : idem_strerror(rc));
+        goto out;
+    }
+    memset(&eng_opts, 0, sizeof eng_opts);
+    eng_opts.replay_cache_bytes =
+        so->replay_cache_mb > 0 ? (int64_t)so->replay_cache_mb << 20 : IDEM_REPLAY_CACHE_OFF;
+    rc = idem_engine_new(gw.store, &eng_opts, &gw.engine);
+    if (rc < 0) {
+        log_msg(&gw.log, "error", "cannot make the engine: %s", idem_strerror(rc));
+        goto out;
+    }
+
+    proxy_server_options(&gw, &popts);
+    if (http_server_start(&popts, cfg->listen, &pub, err, sizeof err) != 0) {
+        log_msg(&gw.log, "error", "listen %s: %s", cfg->listen, err);
+        goto out;
+    }
+    gw.public_server = pub;
+    admin_server_options(&gw, &aopts);
+    if (http_server_start(&aopts, cfg->admin_listen, &adm, err, sizeof err) != 0) {
+        log_msg(&gw.log, "error", "admin listen %s: %s", cfg->admin_listen, err);
+        goto out;
+    }
+    if (so->sweep_interval_s > 0) {
+        sw.gw = &gw;
+        sw.interval_s = so->sweep_interval_s;
+        pthread_mutex_init(&sw.mu, NULL);
+        pthread_cond_init(&sw.cond, NULL);
+        if (pthread_create(&sw.thread, NULL, sweeper_main, &sw) != 0) {
+            log_msg(&gw.log, "error", "cannot start the sweeper");
+            goto out;
+        }
+        sw.running = 1;
+    }
+
+    printf("idem-gateway: listening on %s (admin %s)\n", http_server_url(pub),
+           http_server_url(adm));
+    fflush(stdout);
+    log_msg(&gw.log, "info", "serving %s on %s to upstream %s (store %s, %zu routes)",
+            IDEM_VERSION_STRING, http_server_url(pub), cfg->upstream_url, idem_store_kind(gw.store),
+            cfg->nroutes);
+    log_msg(&gw.log, "info", "stopping on %s", stop_signals_wait(&stop_signals));
+    status = 0;
+out:
+    http_server_stop(pub);
+    http_server_stop(adm);
+    sweeper_stop(&sw);
+    if (sw.interval_s > 0) {
+        pthread_mutex_destroy(&sw.mu);
+        pthread_cond_destroy(&sw.cond);
+    }
+    idem_engine_free(gw.engine);
+    idem_store_close(gw.store);
+    upstream_free(gw.upstream);
+    principal_verifier_free(gw.principals);
+    gw_metrics_free(gw.metrics);
+    free(gw.ops);
+    idem_free(errmsg);
+    if (status == 0)
+        log_msg(&gw.log, "info", "stopped");
+    return status;
+}

@@ -1,0 +1,272 @@
+"""
+gateway_harness.py - what the idem-gateway service tests share: a real `idem-gateway` on a
+loopback port with its config in a temp dir and its store (SQLite, or a fresh PostgreSQL database
+under with_pg.sh, like orderd's), and a small upstream API that is NOT idempotent and counts
+what it executes.
+
+The upstream runs in the test process (a threaded http.server on 127.0.0.1), so a test reads its
+counters directly.  Every request it takes is an execution; the request's `X-Test-Mode` header
+says how it behaves after executing:
+
+  (none)           200 {"id": "<n>", "key": <Idempotency-Key>, "body": <the body>}, Location
+  slow:MS          sleep MS, then answer as above
+  status:CODE      answer CODE with a JSON body (e.g. 500, 404, 422, 429)
+  reset            execute, then close the connection with a TCP reset, no answer
+  drop             close the connection with a TCP reset WITHOUT executing (the request reached
+                   the upstream, nothing happened: what a reconcile query finds as 404)
+  hang             execute, then never answer (until the test ends)
+  big:N            answer N bytes of body
+
+GET /lookup?key=K answers 200 with the first execution of key K (the reconcile query), or 404.
+"""
+
+import http.client
+import http.server
+import json
+import os
+import socket
+import socketserver
+import struct
+import threading
+import time
+
+import harness
+from harness import BIN, TestFailure, Server
+
+GATEWAY = os.path.join(BIN, "idem-gateway")
+
+import re  # noqa: E402
+
+GATEWAY_LISTEN_RE = re.compile(
+    r"idem-gateway: listening on http://(\[[^\]]+\]|[^:/\s]+):(\d+) "
+    r"\(admin http://(\[[^\]]+\]|[^:/\s]+):(\d+)\)")
+
+
+# ---- the upstream ------------------------------------------------------------------------------
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt, *args):  # quiet
+        pass
+
+    def setup(self):
+        super().setup()
+        # Headers and body go out in two writes: without this, Nagle holds the second one for
+        # the gateway's delayed ACK (40 ms) and every exchange looks slow.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def _reset(self):
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.connection.close()
+        self.close_connection = True
+
+    def _body(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n) if n else b""
+
+    def _send(self, status, doc, extra=()):
+        data = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Set-Cookie", "session=upstream-%s" % doc.get("id", "x"))
+        self.send_header("X-Upstream-Request", doc.get("id", "x"))
+        for k, v in extra:
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        up = self.server.upstream
+        if self.path.startswith("/lookup?key="):
+            key = self.path[len("/lookup?key="):]
+            from urllib.parse import unquote
+            key = unquote(key)
+            with up.lock:
+                up.lookups += 1
+                first = up.first_by_key.get(key)
+            if first is None:
+                self._send(404, {"error": "no such request"})
+            else:
+                self._send(200, first, [("Location", "/v1/things/%s" % first["id"])])
+            return
+        self._execute(b"")
+
+    def do_POST(self):
+        self._execute(self._body())
+
+    do_PUT = do_POST
+    do_PATCH = do_POST
+    do_DELETE = do_POST
+
+    def _execute(self, body):
+        up = self.server.upstream
+        key = self.headers.get("Idempotency-Key")
+        mode = self.headers.get("X-Test-Mode") or ""
+        if mode == "drop":
+            self._reset()
+            return
+        with up.lock:
+            up.count += 1
+            n = up.count
+            up.by_key[key] = up.by_key.get(key, 0) + 1
+            up.requests.append({"method": self.command, "path": self.path, "key": key,
+                                "headers": dict(self.headers.items()), "body": body})
+        try:
+            doc_body = json.loads(body) if body else None
+        except ValueError:
+            doc_body = body.decode("utf-8", "replace")
+        doc = {"id": str(n), "key": key, "path": self.path, "body": doc_body}
+        with up.lock:
+            up.first_by_key.setdefault(key, doc)
+        if mode.startswith("slow:"):
+            time.sleep(int(mode[5:]) / 1000.0)
+        if mode.startswith("status:"):
+            self._send(int(mode[7:]), doc)
+        elif mode == "reset":
+            self._reset()
+        elif mode == "hang":
+            up.release.wait(60)
+            self.close_connection = True
+        elif mode.startswith("big:"):
+            data = b"x" * int(mode[4:])
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        else:
+            self._send(201 if self.command == "POST" else 200, doc,
+                       [("Location", "/v1/things/%s" % n), ("ETag", '"v%s"' % n)])
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 512
+
+
+class Upstream:
+    """The counting upstream on 127.0.0.1:<free port>."""
+
+    def __init__(self, port=0):
+        self.lock = threading.Lock()
+        self.count = 0
+        self.by_key = {}
+        self.first_by_key = {}
+        self.requests = []
+        self.lookups = 0
+        self.release = threading.Event()
+        self.httpd = _ThreadingServer(("127.0.0.1", port), _Handler)
+        self.httpd.upstream = self
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d" % self.port
+
+    def executions(self, key):
+        with self.lock:
+            return self.by_key.get(key, 0)
+
+    def last_request(self):
+        with self.lock:
+            return self.requests[-1] if self.requests else None
+
+    def close(self):
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+# ---- the gateway -------------------------------------------------------------------------------
+
+DEFAULT_ROUTES = """
+  - match: POST /v1/things
+    operation: things.create
+  - match: POST /v1/orders/{id}/refunds
+    operation: refunds.create
+    on_unknown: {reconcile: "GET /lookup?key={key}"}
+  - match: POST /v1/resend
+    operation: resend.create
+    on_unknown: resend
+  - match: POST /v1/bodykey
+    operation: bodykey.create
+    key: {body: [/requestId, /meta/requestId]}
+  - match: POST /v1/optional
+    operation: optional.create
+    key: {required: false}
+"""
+
+
+class Gateway(Server):
+    """
+    One idem-gateway in front of `upstream`, its config written from `routes` (YAML text of the
+    routes list) and `extra` (more top-level YAML).  Lifecycle as harness.Server.
+    """
+
+    program = GATEWAY
+    listen_re = GATEWAY_LISTEN_RE
+
+    def __init__(self, upstream, routes=DEFAULT_ROUTES, extra="", principal="header: X-Consumer-Id",
+                 upstream_timeout="3s", args=(), name="idem-gateway"):
+        super().__init__(extra_args=args, name=name)
+        self.upstream = upstream
+        self.admin_port = None
+        self.config_path = os.path.join(self.tmpdir, "gateway.yaml")
+        with open(self.config_path, "w") as f:
+            f.write("listen: 127.0.0.1:0\n"
+                    "admin_listen: 127.0.0.1:0\n"
+                    "store: %s\n"
+                    "upstream:\n  url: %s\n  timeout: %s\n"
+                    "principal:\n  %s\n"
+                    "%s\n"
+                    "routes:%s\n" % (json.dumps(self.db_uri), upstream.url, upstream_timeout,
+                                     principal, extra, routes))
+
+    def migrate(self):
+        self._migrated = True  # the gateway applies libidem's schema itself
+
+    def serve_command(self):
+        return [GATEWAY, "serve", "--config", self.config_path] + self.extra_args
+
+    def listening(self, match):
+        super().listening(match)
+        self.admin_port = int(match.group(4))
+
+    def request(self, method, path, body=None, headers=None, principal="alice", key=None,
+                timeout=30):
+        """One request on a fresh connection: a harness.Response."""
+        h = {}
+        if principal is not None:
+            h["X-Consumer-Id"] = principal
+        if key is not None:
+            h["Idempotency-Key"] = key
+        if body is not None and not isinstance(body, (bytes, str)):
+            body = json.dumps(body)
+            h["Content-Type"] = "application/json"
+        h.update(headers or {})
+        return http_request(self.host, self.port, method, path, body, h, timeout)
+
+    def admin(self, method, path, body=None, timeout=10):
+        return http_request(self.host, self.admin_port, method, path, body, {}, timeout)
+
+
+def http_request(host, port, method, path, body, headers, timeout):
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    t0 = time.monotonic()
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        r = conn.getresponse()
+        data = r.read()
+        return harness.Response(r.status, r.headers, data, time.monotonic() - t0)
+    finally:
+        conn.close()
+
+
+def expect(cond, msg):
+    if not cond:
+        raise TestFailure(msg)

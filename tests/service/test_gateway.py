@@ -1,0 +1,400 @@
+#!/usr/bin/env python3
+"""
+test_gateway.py - idem-gateway in front of an upstream that is not idempotent (it executes every
+request it gets, and counts): what a user of the gateway relies on.
+
+  - a retry with the same key is answered from the record, byte for byte, and never reaches
+    the upstream; a storm of 200 copies executes once;
+  - the key reused with another body is 422 and runs nothing; two callers with one key are two
+    executions, neither sees the other's answer;
+  - refusals before anything is forwarded: no principal (401), no key (400), a bad key (400),
+    a body over the cap (413);
+  - which answers are stored: 2xx and business 4xx are; 5xx and 429 are not (a retry runs again);
+    an answer too large to store is passed on once and a retry is told so (410), never re-run;
+  - unknown outcomes: a timeout or a reset after the upstream acted never leads to a second
+    execution under `hold` (retries get 503 until resolved), is sent again under `resend`, and
+    is settled by asking the upstream under `reconcile` (2xx: its answer; 404: it runs);
+    nothing sent (connection refused) releases the key: the retry runs;
+  - the gateway killed with SIGKILL mid-request and restarted: the retry is held, not re-run;
+  - requests on no route, and keyless requests on an optional route, are passed through as
+    they came (path and query undecoded, hop-by-hop headers dropped, X-Forwarded-For added);
+  - the admin listener's /healthz, /readyz and /metrics.
+"""
+
+import json
+import os
+import subprocess
+import threading
+import time
+import uuid
+
+import harness
+from harness import TestFailure, expect_eq, expect_problem, test
+from gateway_harness import GATEWAY, Gateway, Upstream, expect
+
+
+def key(prefix="k"):
+    return "%s-%s" % (prefix, uuid.uuid4().hex[:12])
+
+
+def setup():
+    up = Upstream()
+    gw = Gateway(up)
+    gw.start()
+    return {"up": up, "gw": gw}
+
+
+def teardown(ctx):
+    if ctx:
+        ctx["gw"].close()
+        ctx["up"].close()
+
+
+# ---- replay, mismatch, scope -------------------------------------------------------------------
+
+@test
+def replay_is_byte_identical_and_never_reaches_the_upstream(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    k = key()
+    first = gw.request("POST", "/v1/things", {"amount": 5, "currency": "EUR"}, key=k)
+    expect_eq(first.status, 201, "first answer")
+    expect(first.header("Set-Cookie") is not None, "the first answer carries the upstream's "
+           "Set-Cookie: %s" % first.describe())
+    # Same request, members in another order and other white space: the same fingerprint.
+    again = gw.request("POST", "/v1/things", b'{ "currency":"EUR", "amount":5 }', key=k,
+                       headers={"Content-Type": "application/json"})
+    expect_eq(again.status, 201, "replay status")
+    expect_eq(again.body, first.body, "replay body")
+    expect(again.replayed, "the replay says Idempotent-Replayed: true: %s" % again.describe())
+    for h in ("Content-Type", "Location", "ETag"):
+        expect_eq(again.header(h), first.header(h), "replayed %s" % h)
+    expect(again.header("Set-Cookie") is None and again.header("X-Upstream-Request") is None,
+           "a replay carries only the stored headers, never Set-Cookie: %s" % again.describe())
+    expect_eq(up.executions(k), 1, "executions of the key")
+
+
+@test
+def key_reused_with_another_body_is_422_and_runs_nothing(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    k = key()
+    expect_eq(gw.request("POST", "/v1/things", {"n": 1}, key=k).status, 201, "first")
+    r = gw.request("POST", "/v1/things", {"n": 2}, key=k)
+    expect_problem(r, 422, "idempotency-key-reused", "other body")
+    expect_eq(up.executions(k), 1, "executions")
+
+
+@test
+def two_principals_with_one_key_are_two_executions(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    k = key()
+    a = gw.request("POST", "/v1/things", {"n": 1}, key=k, principal="alice")
+    b = gw.request("POST", "/v1/things", {"n": 1}, key=k, principal="bob")
+    expect(a.status == 201 and b.status == 201, "both run: %s / %s" % (a.describe(), b.describe()))
+    expect(not b.replayed and a.json()["id"] != b.json()["id"],
+           "bob never sees alice's answer: %s / %s" % (a.describe(), b.describe()))
+    expect_eq(up.executions(k), 2, "executions")
+    again = gw.request("POST", "/v1/things", {"n": 1}, key=k, principal="bob")
+    expect_eq(again.body, b.body, "bob's replay is bob's answer")
+
+
+@test
+def storm_of_200_copies_executes_once(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    k = key("storm")
+    results = []
+    lock = threading.Lock()
+    start = threading.Barrier(200)
+
+    def one(i):
+        start.wait()
+        # The first few are slow upstream, so the rest arrive while it runs.
+        r = gw.request("POST", "/v1/things", {"storm": True}, key=k,
+                       headers={"X-Test-Mode": "slow:300"})
+        with lock:
+            results.append(r)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(200)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    expect_eq(len(results), 200, "answers")
+    expect_eq(up.executions(k), 1, "executions of 200 concurrent copies")
+    ok = [r for r in results if r.status == 201]
+    busy = [r for r in results if r.status == 409]
+    expect(len(ok) + len(busy) == 200,
+           "every copy is the answer or 409 in progress: %s" %
+           [r.describe(200) for r in results if r.status not in (201, 409)][:3])
+    expect(len(ok) >= 1 and all(r.body == ok[0].body for r in ok), "every 201 is the same answer")
+    for r in busy:
+        expect_problem(r, 409, "idempotency-request-in-progress", "a copy that waited too long")
+
+
+# ---- refusals before anything is forwarded -----------------------------------------------------
+
+@test
+def refusals_at_the_head_forward_nothing(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    before = up.count
+    r = gw.request("POST", "/v1/things", {"n": 1}, key=key(), principal=None)
+    expect_problem(r, 401, "unauthorized", "no principal")
+    r = gw.request("POST", "/v1/things", {"n": 1})
+    expect_problem(r, 400, "idempotency-key-missing", "no key")
+    r = gw.request("POST", "/v1/things", {"n": 1}, key="")
+    expect_problem(r, 400, "idempotency-key-invalid", "empty key")
+    r = gw.request("POST", "/v1/things", {"n": 1}, key='"unterminated')
+    expect_problem(r, 400, "idempotency-key-invalid", "bad sf-string")
+    r = gw.request("POST", "/v1/things", b"x" * (1024 * 1024 + 1), key=key())
+    expect_problem(r, 413, "body-too-large", "a body over 1 MiB")
+    expect_eq(up.count, before, "upstream executions during the refusals")
+
+
+# ---- what is stored ------------------------------------------------------------------------------
+
+@test
+def server_errors_and_429_are_not_stored_business_4xx_is(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    for status, stored in ((500, False), (503, False), (429, False), (404, True), (422, True)):
+        k = key("st%d" % status)
+        first = gw.request("POST", "/v1/things", {"s": status}, key=k,
+                           headers={"X-Test-Mode": "status:%d" % status})
+        expect_eq(first.status, status, "upstream status passed on")
+        again = gw.request("POST", "/v1/things", {"s": status}, key=k)
+        if stored:
+            expect(again.replayed and again.status == status and again.body == first.body,
+                   "%d is stored and replayed: %s" % (status, again.describe()))
+            expect_eq(up.executions(k), 1, "executions after a stored %d" % status)
+        else:
+            expect(not again.replayed and again.status == 201,
+                   "after a %d the retry runs again: %s" % (status, again.describe()))
+            expect_eq(up.executions(k), 2, "executions after an unstored %d" % status)
+
+
+# ---- pass-through ------------------------------------------------------------------------------
+
+@test
+def unrouted_and_keyless_requests_pass_through_as_sent(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    r = gw.request("POST", "/v2/else/a%20b?x=1&y=%2F", {"z": 1},
+                   headers={"Connection": "keep-alive, X-Hop", "X-Hop": "secret",
+                            "X-Forwarded-For": "10.0.0.1"})
+    expect_eq(r.status, 201, "unrouted POST")
+    seen = up.last_request()
+    expect_eq(seen["path"], "/v2/else/a%20b?x=1&y=%2F", "target as sent, not decoded")
+    hdrs = {k.lower(): v for k, v in seen["headers"].items()}
+    expect("x-hop" not in hdrs, "a header named in Connection is not forwarded: %s" % hdrs)
+    expect_eq(hdrs.get("x-forwarded-for"), "10.0.0.1, 127.0.0.1", "X-Forwarded-For")
+    expect_eq(hdrs.get("x-consumer-id"), "alice", "end-to-end headers go along")
+    k = key()
+    # A keyed route: the key goes to the upstream too.
+    gw.request("POST", "/v1/things", {"n": 1}, key=k)
+    expect_eq(up.last_request()["key"], k, "Idempotency-Key forwarded")
+    # An optional-key route without a key: forwarded each time, no record.
+    before = up.count
+    a = gw.request("POST", "/v1/optional", {"n": 1})
+    b = gw.request("POST", "/v1/optional", {"n": 1})
+    expect(a.status == 201 and b.status == 201 and not b.replayed, "keyless: both run")
+    expect_eq(up.count - before, 2, "keyless executions")
+
+
+@test
+def key_from_the_body(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    k = key("body")
+    first = gw.request("POST", "/v1/bodykey", {"requestId": k, "amount": 3})
+    expect_eq(first.status, 201, "first")
+    expect_eq(up.last_request()["key"], '"%s"' % k, "the body's key is forwarded as a header")
+    again = gw.request("POST", "/v1/bodykey", {"amount": 3, "requestId": k})
+    expect(again.replayed and again.body == first.body, "replayed: %s" % again.describe())
+    nested = gw.request("POST", "/v1/bodykey", {"meta": {"requestId": k + "-n"}})
+    expect_eq(nested.status, 201, "the second pointer")
+    r = gw.request("POST", "/v1/bodykey", {"amount": 3})
+    expect_problem(r, 400, "idempotency-key-missing", "no key in the body")
+    r = gw.request("POST", "/v1/bodykey", {"requestId": 12})
+    expect_problem(r, 400, "idempotency-key-invalid", "a number is not a key")
+    expect_eq(up.executions('"%s"' % k), 1, "executions")
+
+
+# ---- unknown outcomes ----------------------------------------------------------------------------
+
+@test
+def hold_after_a_reset_never_runs_twice(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    k = key("reset")
+    r = gw.request("POST", "/v1/things", {"n": 1}, key=k, headers={"X-Test-Mode": "reset"})
+    expect_problem(r, 502, "outcome-unknown", "reset after acting")
+    for _ in range(3):
+        r = gw.request("POST", "/v1/things", {"n": 1}, key=k)
+        expect_problem(r, 503, "outcome-unknown", "a retry of a held key")
+        expect(harness.retry_after_seconds(r) >= 1, "Retry-After on the hold")
+    expect_eq(up.executions(k), 1, "executions under hold")
+
+
+@test
+def hold_after_a_timeout_never_runs_twice(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    k = key("hang")
+    r = gw.request("POST", "/v1/things", {"n": 1}, key=k, headers={"X-Test-Mode": "hang"})
+    expect_problem(r, 504, "outcome-unknown", "no answer within the upstream timeout")
+    r = gw.request("POST", "/v1/things", {"n": 1}, key=k)
+    expect_problem(r, 503, "outcome-unknown", "retry")
+    expect_eq(up.executions(k), 1, "executions")
+
+
+@test
+def resend_forwards_again_with_the_same_key(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    k = key("resend")
+    r = gw.request("POST", "/v1/resend", {"n": 1}, key=k, headers={"X-Test-Mode": "reset"})
+    expect_problem(r, 502, "outcome-unknown", "reset")
+    r = gw.request("POST", "/v1/resend", {"n": 1}, key=k)
+    expect_eq(r.status, 201, "the retry is sent again")
+    expect_eq(up.executions(k), 2, "sent twice with one key (the upstream dedupes on it)")
+    again = gw.request("POST", "/v1/resend", {"n": 1}, key=k)
+    expect(again.replayed and again.body == r.body, "then stored: %s" % again.describe())
+
+
+@test
+def reconcile_settles_with_the_upstreams_answer_or_runs(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    # It happened: the reconcile query finds it and the record is settled with that answer.
+    k = key("rec")
+    r = gw.request("POST", "/v1/orders/7/refunds", {"n": 1}, key=k,
+                   headers={"X-Test-Mode": "reset"})
+    expect_problem(r, 502, "outcome-unknown", "reset")
+    lookups = up.lookups
+    r = gw.request("POST", "/v1/orders/7/refunds", {"n": 1}, key=k)
+    expect(r.status == 200 and r.replayed, "reconciled: %s" % r.describe())
+    expect_eq(r.json()["path"], "/v1/orders/7/refunds", "the upstream's own record")
+    expect_eq(up.lookups - lookups, 1, "reconcile queries")
+    again = gw.request("POST", "/v1/orders/7/refunds", {"n": 1}, key=k)
+    expect(again.replayed and again.body == r.body, "then stored: %s" % again.describe())
+    expect_eq(up.executions(k), 1, "executions")
+    # It did not happen: 404 from the query, and the retry runs.
+    k2 = key("rec404")
+    r = gw.request("POST", "/v1/orders/8/refunds", {"n": 1}, key=k2,
+                   headers={"X-Test-Mode": "drop"})
+    expect_problem(r, 502, "outcome-unknown", "dropped before acting")
+    r = gw.request("POST", "/v1/orders/8/refunds", {"n": 1}, key=k2)
+    expect_eq(r.status, 201, "the retry runs after a 404 from the reconcile query")
+    expect_eq(up.executions(k2), 1, "executions")
+
+
+@test
+def nothing_sent_releases_the_key(ctx):
+    dead = Upstream()
+    port = dead.port
+    dead.close()  # nothing listens there now
+    gw = Gateway(dead)
+    try:
+        gw.start()
+        k = key("refused")
+        r = gw.request("POST", "/v1/things", {"n": 1}, key=k)
+        expect_problem(r, 502, "upstream-unavailable", "connection refused")
+        live = Upstream(port)
+        try:
+            r = gw.request("POST", "/v1/things", {"n": 1}, key=k)
+            expect_eq(r.status, 201, "the retry runs once the upstream is back")
+            expect_eq(live.executions(k), 1, "executions")
+        finally:
+            live.close()
+    finally:
+        gw.close()
+
+
+@test
+def answer_too_large_to_store_is_passed_once_then_410(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    k = key("big")
+    r = gw.request("POST", "/v1/things", {"n": 1}, key=k, headers={"X-Test-Mode": "big:2000000"})
+    expect_eq(r.status, 200, "the first answer is passed on")
+    expect_eq(len(r.body), 2000000, "its body")
+    again = gw.request("POST", "/v1/things", {"n": 1}, key=k)
+    expect_problem(again, 410, "response-not-stored", "a retry of an unstored answer")
+    expect_eq(up.executions(k), 1, "executions")
+
+
+@test
+def kill9_mid_request_then_restart_holds_the_key(ctx):
+    up = ctx["up"]
+    routes = """
+  - match: POST /v1/things
+    operation: things.create
+    lease: 2s
+    wait: 200ms
+"""
+    gw = Gateway(up, routes=routes, upstream_timeout="1s")
+    try:
+        gw.start()
+        k = key("kill")
+        box = {}
+
+        def send():
+            try:
+                box["r"] = gw.request("POST", "/v1/things", {"n": 1}, key=k,
+                                      headers={"X-Test-Mode": "hang"}, timeout=10)
+            except Exception as e:  # noqa: BLE001 - the connection dies with the gateway
+                box["e"] = e
+
+        t = threading.Thread(target=send)
+        t.start()
+        deadline = time.monotonic() + 5
+        while up.executions(k) == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        expect_eq(up.executions(k), 1, "the upstream got the request")
+        gw.kill9()
+        t.join(10)
+        gw.start()
+        # While the dead gateway's lease lasts: 409, then the hold.
+        r = gw.request("POST", "/v1/things", {"n": 1}, key=k)
+        expect(r.status in (409, 503), "retry during the lease: %s" % r.describe())
+        time.sleep(2.2)
+        r = gw.request("POST", "/v1/things", {"n": 1}, key=k)
+        expect_problem(r, 503, "outcome-unknown", "retry after the lease")
+        expect_eq(up.executions(k), 1, "executions after kill -9 and restart")
+    finally:
+        gw.close()
+
+
+# ---- operating it --------------------------------------------------------------------------------
+
+@test
+def admin_listener_health_ready_metrics(ctx):
+    gw = ctx["gw"]
+    expect_eq(gw.admin("GET", "/healthz").status, 200, "/healthz")
+    r = gw.admin("GET", "/readyz")
+    expect_eq(r.status, 200, "/readyz")
+    m = harness.parse_metrics(gw.admin("GET", "/metrics").body.decode())
+    expect(harness.metric_value(m, "idem_gateway_requests_total", operation="things.create",
+                                outcome="replayed") >= 1, "replays counted")
+    expect(harness.metric_value(m, "idem_gateway_requests_total", operation="things.create",
+                                outcome="unknown") >= 1, "unknown outcomes counted")
+    expect(harness.metric_value(m, "idem_gateway_upstream_seconds_count") >= 1,
+           "upstream latency observed")
+    r = gw.admin("GET", "/nope")
+    expect_problem(r, 404, "not-found", "unknown admin path")
+    # The public listener does not serve them: they are the upstream's paths there.
+    expect(gw.request("GET", "/metrics").header("X-Upstream-Request") is not None,
+           "/metrics on the public listener goes upstream")
+
+
+@test
+def check_config_names_file_and_line(ctx):
+    gw = ctx["gw"]
+    bad = os.path.join(gw.tmpdir, "bad.yaml")
+    with open(bad, "w") as f:
+        f.write("upstream:\n  url: http://127.0.0.1:1\nprincipal:\n  header: X\n"
+                "routes:\n  - match: POST /x\n    operation: x\n    retention: forever\n")
+    p = subprocess.run([GATEWAY, "check-config", "--config", bad], capture_output=True,
+                       timeout=10)
+    err = p.stderr.decode()
+    expect_eq(p.returncode, 2, "exit status of a bad config")
+    expect(err.startswith(bad + ":8: ") and "retention" in err and err.count("\n") == 1,
+           "one line naming file, line and key: %r" % err)
+    p = subprocess.run([GATEWAY, "check-config", "--config", gw.config_path],
+                       capture_output=True, timeout=10)
+    expect(p.returncode == 0 and b"ok (" in p.stdout, "a good config: %r" % p.stdout)
+
+
+if __name__ == "__main__":
+    harness.run("gateway", setup=setup, teardown=teardown)
