@@ -1298,6 +1298,44 @@ const char *idem_call_errmsg(const struct idem_call *call)
     return call ? call->errmsg : "no call";
 }
 
+int idem_record_inspect(struct idem_engine *eng, const char *principal, const char *operation,
+                        const char *key, struct idem_record_info *out)
+{
+    struct idem_scope s = {principal, operation, key};
+    struct idem_record rec;
+    struct idem_tx *tx = NULL;
+    int rc;
+
+    if (!eng || !principal || !operation || !key || !out)
+        return IDEM_EINVAL;
+    memset(out, 0, sizeof(*out));
+    memset(&rec, 0, sizeof(rec));
+    rc = idem_tx_begin(eng->st, 0, &tx);
+    if (rc < 0)
+        return rc;
+    rc = eng->st->vt->record_get(idem__tx_conn(tx), &s, &rec);
+    idem_tx_rollback(tx);
+    if (rc < 0 || !rec.found)
+        goto out;
+    out->found = 1;
+    out->completed = rec.status == IDEM_REC_COMPLETED;
+    idem__fmt(out->recovery_point, sizeof(out->recovery_point), "%s",
+              rec.recovery_point ? rec.recovery_point : "");
+    idem_fingerprint_hex(rec.fp, out->fingerprint_hex);
+    out->created_ms = rec.created_ms;
+    out->expires_ms = rec.expires_ms;
+    if (!out->completed) {
+        out->lease_expires_ms = rec.lease_expires_ms;
+        out->lease_live = rec.lease_expires_ms > rec.store_now_ms;
+    } else {
+        out->response_status = rec.response_status;
+        out->response_body_len = rec.response_body_len;
+    }
+out:
+    idem__record_clear(&rec);
+    return rc;
+}
+
 int idem_engine_sweep(struct idem_engine *eng, int limit, int *deleted)
 {
     struct idem_store *st;

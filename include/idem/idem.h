@@ -526,6 +526,28 @@ IDEM_API int idem_call_recover(struct idem_engine *eng, const struct idem_operat
 /* For an IN_PROGRESS outcome: whether the lease holder is a recovery worker (idem_call_recover). */
 IDEM_API int idem_call_recovering(const struct idem_call *call);
 
+/* What a record holds, for operators and tools (idem-gateway keys show). */
+struct idem_record_info {
+    int found;                 /* 0: no record (or one past its retention) */
+    int completed;             /* 1: completed, a response is stored; 0: processing */
+    char recovery_point[128];  /* where a processing record is ("" for a fresh claim) */
+    char fingerprint_hex[2 * IDEM_FP_LEN + 1];
+    int64_t created_ms;        /* Unix milliseconds, in the store's clock */
+    int64_t expires_ms;        /* when its retention ends */
+    int64_t lease_expires_ms;  /* a processing record's lease (0: none) */
+    int lease_live;            /* the lease had not expired when the record was read */
+    int response_status;       /* completed: the stored status */
+    size_t response_body_len;  /* completed: the stored body's size */
+};
+
+/*
+ * Reads the record of scope (principal, operation, key) from the store, not the replay cache.
+ * Returns 0 with *out filled (out->found 0 when there is none), or a store error.
+ */
+IDEM_API int idem_record_inspect(struct idem_engine *eng, const char *principal,
+                                 const char *operation, const char *key,
+                                 struct idem_record_info *out);
+
 /*
  * Retention: deletes at most `limit` records whose retention has ended (and that no live lease
  * protects), in one short transaction.  *deleted (may be NULL) receives the count.  A sweeper

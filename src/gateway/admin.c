@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "idem_answer.h"
+#include "records.h"
 #include "strbuf.h"
 #include "util.h"
 #include "banned.h"
@@ -48,6 +49,123 @@ static void metrics(struct gateway *gw, struct response *resp)
     resp->body_len = len;
 }
 
+/* GET /records?principal=P&operation=O&key=K */
+static void show_record(struct gateway *gw, const struct request *rq, struct response *resp)
+{
+    const char *principal = request_query(rq, "principal");
+    const char *operation = request_query(rq, "operation");
+    const char *key = request_query(rq, "key");
+    json_t *doc = NULL;
+    int rc;
+
+    if (!principal || !operation || !key) {
+        response_problem(resp, 400, "validation-failed",
+                         "Name the record: ?principal=...&operation=...&key=...");
+        return;
+    }
+    rc = records_show(gw->engine, principal, operation, key, &doc);
+    if (rc < 0) {
+        idem_answer_fail(resp, rc);
+    } else if (rc == 0) {
+        response_problem(resp, 404, "not-found", "There is no record of this key.");
+    } else {
+        response_json(resp, 200, doc);
+        json_decref(doc);
+    }
+}
+
+/*
+ * POST /records/resolve {"principal", "operation", "key", "decision": "executed" |
+ * "not-executed", "response": {"status", "headers": {name: value}, "body": text}}
+ */
+static void resolve_record(struct gateway *gw, const struct request *rq, struct response *resp)
+{
+    const char *principal = NULL, *operation = NULL, *key = NULL, *decision = NULL;
+    json_t *doc = NULL, *response = NULL, *headers = NULL;
+    struct records_decision d;
+    struct idem_header h[32];
+    const struct idem_operation *op;
+    const char *name;
+    json_t *value;
+    char err[300];
+    size_t body_len = 0;
+    const char *body = NULL;
+    int status = 0;
+
+    memset(&d, 0, sizeof d);
+    doc = rq->body ? json_loadb(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, NULL) : NULL;
+    if (!doc ||
+        json_unpack(doc, "{s:s,s:s,s:s,s:s,s?o}", "principal", &principal, "operation", &operation,
+                    "key", &key, "decision", &decision, "response", &response) != 0) {
+        response_problem(resp, 400, "validation-failed",
+                         "Send JSON {principal, operation, key, decision, response}.");
+        goto out;
+    }
+    op = records_find_op(gw->cfg, gw->ops, operation);
+    if (!op) {
+        response_problem(resp, 404, "not-found", "No route has this operation.");
+        goto out;
+    }
+    if (strcmp(decision, "executed") == 0) {
+        if (!response ||
+            json_unpack(response, "{s:i,s?o,s?s%}", "status", &status, "headers", &headers, "body",
+                        &body, &body_len) != 0 ||
+            status < 100 || status > 599 || (headers && !json_is_object(headers)) ||
+            (headers && json_object_size(headers) > sizeof h / sizeof h[0])) {
+            response_problem(resp, 400, "validation-failed",
+                             "\"executed\" needs \"response\": {\"status\": 100..599, "
+                             "\"headers\": {name: value}, \"body\": text}.");
+            goto out;
+        }
+        d.executed = 1;
+        d.status = status;
+        json_object_foreach(headers, name, value)
+        {
+            if (!json_is_string(value)) {
+                response_problem(resp, 400, "validation-failed", "Header values are strings.");
+                goto out;
+            }
+            h[d.nheaders].name = name;
+            h[d.nheaders].value = json_string_value(value);
+            d.nheaders++;
+        }
+        d.headers = h;
+        d.body = body;
+        d.body_len = body_len;
+    } else if (strcmp(decision, "not-executed") != 0) {
+        response_problem(resp, 400, "validation-failed",
+                         "\"decision\" is \"executed\" or \"not-executed\".");
+        goto out;
+    }
+    switch (records_resolve(gw->engine, op, principal, key, &d, err, sizeof err)) {
+    case RECORDS_RESOLVED: {
+        json_t *ok = xcheck(json_pack("{s:s,s:s}", "resolved", decision, "key", key));
+        log_msg(&gw->log, "info", "record %s/%s resolved: %s", operation, key, decision);
+        response_json(resp, 200, ok);
+        json_decref(ok);
+        break;
+    }
+    case RECORDS_NOT_FOUND:
+        response_problem(resp, 404, "not-found", "There is no record of this key.");
+        break;
+    case RECORDS_COMPLETED:
+        response_problem(resp, 409, "record-completed",
+                         "This record has an answer already; there is nothing to resolve.");
+        break;
+    case RECORDS_IN_FLIGHT:
+        response_set_header(resp, "Retry-After", "1");
+        response_problem(resp, 409, "idempotency-request-in-progress",
+                         "A gateway is forwarding this request right now; resolve it only "
+                         "once its outcome is unknown.");
+        break;
+    case RECORDS_FAILED:
+        response_problem(resp, 503, "idempotency-store-unavailable", err);
+        break;
+    }
+out:
+    json_decref(doc);
+}
+
 static void admin_handle(void *ctx, const struct request *rq, struct response *resp)
 {
     struct gateway *gw = ctx;
@@ -74,13 +192,18 @@ static void admin_handle(void *ctx, const struct request *rq, struct response *r
         }
     } else if (strcmp(rq->path, "/metrics") == 0 && get) {
         metrics(gw, resp);
+    } else if (strcmp(rq->path, "/records") == 0 && get) {
+        show_record(gw, rq, resp);
+    } else if (strcmp(rq->path, "/records/resolve") == 0 && strcmp(rq->method, "POST") == 0) {
+        resolve_record(gw, rq, resp);
     } else if (strcmp(rq->path, "/healthz") == 0 || strcmp(rq->path, "/readyz") == 0 ||
                strcmp(rq->path, "/metrics") == 0) {
         response_set_header(resp, "Allow", "GET, HEAD");
         response_problem(resp, 405, "method-not-allowed", "Only GET and HEAD are allowed here.");
     } else {
         response_problem(resp, 404, "not-found",
-                         "The admin listener serves /healthz, /readyz and /metrics.");
+                         "The admin listener serves /healthz, /readyz, /metrics, /records and "
+                         "/records/resolve.");
     }
 }
 

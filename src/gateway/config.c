@@ -417,8 +417,7 @@ static int want_duration(struct loader *ld, const yaml_node_t *n, const char *pa
 {
     static const struct unit units[] = {{"", 1},          {"ms", 1},      {"s", SECOND_MS},
                                         {"m", MINUTE_MS}, {"h", HOUR_MS}, {"d", DAY_MS}};
-    static const char what[] = "a duration such as 30s, 15m or 24h (units ms, s, m, h, d; a bare "
-                               "number is milliseconds)";
+    static const char what[] = "a duration such as 30s, 15m or 24h";
     char lo[32], hi[32], shown[EXCERPT + 8];
     const char *s;
 
@@ -440,7 +439,7 @@ static int want_size(struct loader *ld, const yaml_node_t *n, const char *path, 
                      int64_t max, int64_t *out)
 {
     static const struct unit units[] = {{"", 1}, {"KiB", KIB}, {"MiB", MIB}, {"GiB", GIB}};
-    static const char what[] = "a size such as 512KiB, 1MiB or 1GiB (a bare number is bytes)";
+    static const char what[] = "a size such as 512KiB, 1MiB or 1GiB";
     char lo[32], hi[32], shown[EXCERPT + 8];
     const char *s;
 

@@ -28,6 +28,12 @@ struct gateway {
     struct http_server *public_server; /* the proxy's listener, for its counters in /metrics */
 };
 
+/*
+ * One libidem operation per route of `cfg`, its policy (retention, lease, wait, stored headers)
+ * from the config, which must outlive them.  New: free().
+ */
+struct idem_operation *gateway_ops_new(const struct gw_config *cfg);
+
 /* The operation of `route` (one of gw->cfg->routes). */
 const struct idem_operation *gateway_op(const struct gateway *gw, const struct gw_route *route);
 

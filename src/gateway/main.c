@@ -1,9 +1,11 @@
 /*
- * main.c - idem-gateway's command line: `serve`, `check-config`, `--help`, `--version`.
+ * main.c - idem-gateway's command line: `serve`, `check-config`, `keys show|resolve`, `--help`,
+ * `--version`.
  * As in orderd, a wrong flag or value is named on stderr with exit status 2, a failure at run
  * time exits with 1; a config file with a mistake is one line naming the file, the line and what
  * was expected (config.h).
  */
+#include <errno.h>
 #include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,6 +15,8 @@
 #include "idem/idem.h"
 
 #include "config.h"
+#include "gateway.h"
+#include "records.h"
 #include "serve.h"
 #include "util.h"
 #include "banned.h"
@@ -32,6 +36,8 @@ static const char usage_main[] =
     "Commands:\n"
     "  serve          run the gateway\n"
     "  check-config   read a config file and say whether it is valid\n"
+    "  keys show      print the record of one key\n"
+    "  keys resolve   settle a record whose outcome is unknown (held)\n"
     "\n"
     "Options:\n"
     "  -h, --help     show this help\n"
@@ -67,6 +73,34 @@ static const char usage_check[] =
     "  --config FILE  the YAML config\n"
     "  -h, --help     show this help\n";
 
+static const char usage_keys[] =
+    "Usage: idem-gateway keys show --config FILE --principal P --operation OP --key K\n"
+    "       idem-gateway keys resolve --config FILE --principal P --operation OP --key K\n"
+    "                                 --decision executed --status N [--header 'Name: value']...\n"
+    "                                 [--body TEXT | --body-file FILE]\n"
+    "       idem-gateway keys resolve ... --decision not-executed\n"
+    "\n"
+    "Reads the store named in FILE directly (the gateway may be running or not).\n"
+    "show prints the record as JSON: its state (completed, in-flight, unknown), recovery\n"
+    "point, fingerprint, times, and the stored status and size.  Exit status 1 when there is\n"
+    "no record.\n"
+    "resolve settles a record whose outcome is unknown, once you know what happened upstream:\n"
+    "'executed' stores the given answer (every retry gets it), 'not-executed' deletes the\n"
+    "record (the next retry runs).  Exit status 1 when the record is missing, completed, or\n"
+    "being forwarded right now.\n"
+    "\n"
+    "Options:\n"
+    "  --config FILE       the gateway's YAML config (its store and routes)\n"
+    "  --principal P       the caller, as the gateway derives it (a header's value,\n"
+    "                      sha256:<hex>, jwt:<sub>)\n"
+    "  --operation OP      the route's operation name\n"
+    "  --key K             the idempotency key, unquoted\n"
+    "  --decision D        executed | not-executed\n"
+    "  --status N          the answer's status (executed)\n"
+    "  --header 'N: V'     a header stored with it (repeatable; the route's store_headers apply)\n"
+    "  --body TEXT, --body-file FILE   its body\n"
+    "  -h, --help          show this help\n";
+
 enum {
     OPT_CONFIG = 0x100,
     OPT_LOG_FORMAT,
@@ -74,7 +108,17 @@ enum {
     OPT_SWEEP,
     OPT_REPLAY_CACHE,
     OPT_VERSION,
+    OPT_PRINCIPAL,
+    OPT_OPERATION,
+    OPT_KEY,
+    OPT_DECISION,
+    OPT_STATUS,
+    OPT_HEADER,
+    OPT_BODY,
+    OPT_BODY_FILE,
 };
+
+#define KEYS_MAX_HEADERS 32
 
 static int usage_error(const char *command, const char *msg)
 {
@@ -208,6 +252,212 @@ static int cmd_check(int argc, char **argv)
     return 0;
 }
 
+/* The whole of a file, at most 16 MiB; NULL with `err` set. */
+static char *read_body_file(const char *path, size_t *len, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+
+    if (!f) {
+        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    for (;;) {
+        size_t got;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 65536;
+            if (cap > ((size_t)16 << 20) + 1) {
+                snprintf(err, errlen, "%s is over 16 MiB", path);
+                free(buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = xrealloc(buf, cap);
+        }
+        got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0)
+            break;
+    }
+    fclose(f);
+    *len = n;
+    return buf;
+}
+
+static int cmd_keys(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, OPT_CONFIG},
+        {"principal", required_argument, NULL, OPT_PRINCIPAL},
+        {"operation", required_argument, NULL, OPT_OPERATION},
+        {"key", required_argument, NULL, OPT_KEY},
+        {"decision", required_argument, NULL, OPT_DECISION},
+        {"status", required_argument, NULL, OPT_STATUS},
+        {"header", required_argument, NULL, OPT_HEADER},
+        {"body", required_argument, NULL, OPT_BODY},
+        {"body-file", required_argument, NULL, OPT_BODY_FILE},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *file = NULL, *principal = NULL, *operation = NULL, *key = NULL;
+    const char *decision = NULL, *body = NULL, *body_file = NULL;
+    char *header_copy[KEYS_MAX_HEADERS];
+    struct idem_header headers[KEYS_MAX_HEADERS];
+    size_t nheaders = 0;
+    int status_code = 0, show, c, status = 1;
+    struct gw_config *cfg = NULL;
+    struct idem_store *store = NULL;
+    struct idem_engine *eng = NULL;
+    struct idem_operation *ops = NULL;
+    struct idem_store_options so = {.pool_size = 2};
+    struct idem_engine_options eo = {.replay_cache_bytes = IDEM_REPLAY_CACHE_OFF};
+    char *errmsg = NULL, *file_body = NULL;
+    char err[600];
+
+    if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+        fputs(usage_keys, argc < 2 ? stderr : stdout);
+        return argc < 2 ? EXIT_USAGE : 0;
+    }
+    if (strcmp(argv[1], "show") != 0 && strcmp(argv[1], "resolve") != 0)
+        return usage_error("keys", "the subcommand is 'show' or 'resolve'");
+    show = strcmp(argv[1], "show") == 0;
+    argc--;
+    argv++;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'h':
+            fputs(usage_keys, stdout);
+            return 0;
+        case OPT_CONFIG:
+            file = optarg;
+            break;
+        case OPT_PRINCIPAL:
+            principal = optarg;
+            break;
+        case OPT_OPERATION:
+            operation = optarg;
+            break;
+        case OPT_KEY:
+            key = optarg;
+            break;
+        case OPT_DECISION:
+            decision = optarg;
+            break;
+        case OPT_STATUS:
+            if (int_flag("keys", "status", optarg, 100, 599, &status_code) != 0)
+                return EXIT_USAGE;
+            break;
+        case OPT_HEADER: {
+            char *colon = strchr(optarg, ':');
+            if (!colon || colon == optarg || nheaders == KEYS_MAX_HEADERS)
+                return usage_error("keys", "--header takes 'Name: value' (at most 32)");
+            header_copy[nheaders] = xstrdup(optarg);
+            header_copy[nheaders][colon - optarg] = '\0';
+            headers[nheaders].name = header_copy[nheaders];
+            headers[nheaders].value = header_copy[nheaders] + (colon - optarg) + 1;
+            while (*headers[nheaders].value == ' ')
+                headers[nheaders].value++;
+            nheaders++;
+            break;
+        }
+        case OPT_BODY:
+            body = optarg;
+            break;
+        case OPT_BODY_FILE:
+            body_file = optarg;
+            break;
+        default:
+            return usage_error("keys", "unknown option");
+        }
+    }
+    if (!file || !principal || !operation || !key)
+        return usage_error("keys", "--config, --principal, --operation and --key are required");
+    if (!show &&
+        (!decision || (strcmp(decision, "executed") != 0 && strcmp(decision, "not-executed") != 0)))
+        return usage_error("keys", "--decision is 'executed' or 'not-executed'");
+    if (!show && strcmp(decision, "executed") == 0 && status_code == 0)
+        return usage_error("keys", "--decision executed needs --status");
+    if (body && body_file)
+        return usage_error("keys", "--body and --body-file exclude each other");
+    if (gw_config_load(file, &cfg, err, sizeof err) != 0) {
+        fprintf(stderr, "idem-gateway: %s\n", err);
+        status = EXIT_USAGE;
+        goto out;
+    }
+    ops = gateway_ops_new(cfg);
+    if (!records_find_op(cfg, ops, operation)) {
+        fprintf(stderr, "idem-gateway keys: no route of %s has operation '%s'\n", file, operation);
+        status = EXIT_USAGE;
+        goto out;
+    }
+    if (idem_store_open(cfg->store, &so, &store, &errmsg) < 0 ||
+        idem_engine_new(store, &eo, &eng) < 0) {
+        fprintf(stderr, "idem-gateway keys: cannot open the store: %s\n",
+                errmsg ? errmsg : "engine");
+        goto out;
+    }
+    if (show) {
+        json_t *doc = NULL;
+        int rc = records_show(eng, principal, operation, key, &doc);
+        if (rc < 0) {
+            fprintf(stderr, "idem-gateway keys: %s\n", idem_strerror(rc));
+        } else if (rc == 0) {
+            fprintf(stderr, "idem-gateway keys: no record of key '%s'\n", key);
+        } else {
+            char *text = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+            printf("%s\n", text ? text : "{}");
+            free(text);
+            status = 0;
+        }
+        json_decref(doc);
+    } else {
+        struct records_decision d = {0};
+        static const char *const result_text[] = {
+            [RECORDS_RESOLVED] = "resolved",
+            [RECORDS_NOT_FOUND] = "there is no record of this key",
+            [RECORDS_COMPLETED] = "the record has an answer already; nothing to resolve",
+            [RECORDS_IN_FLIGHT] = "a gateway is forwarding this request right now",
+            [RECORDS_FAILED] = "the store failed",
+        };
+        enum records_result r;
+        size_t flen = 0;
+        if (body_file) {
+            file_body = read_body_file(body_file, &flen, err, sizeof err);
+            if (!file_body) {
+                fprintf(stderr, "idem-gateway keys: %s\n", err);
+                goto out;
+            }
+        }
+        d.executed = strcmp(decision, "executed") == 0;
+        d.status = status_code;
+        d.headers = headers;
+        d.nheaders = nheaders;
+        d.body = file_body ? file_body : body;
+        d.body_len = file_body ? flen : body ? strlen(body) : 0;
+        err[0] = '\0';
+        r = records_resolve(eng, records_find_op(cfg, ops, operation), principal, key, &d, err,
+                            sizeof err);
+        if (r == RECORDS_RESOLVED) {
+            printf("%s: %s\n", key, decision);
+            status = 0;
+        } else {
+            fprintf(stderr, "idem-gateway keys: %s%s%s\n", result_text[r], err[0] ? ": " : "", err);
+        }
+    }
+out:
+    for (size_t i = 0; i < nheaders; i++)
+        free(header_copy[i]);
+    free(file_body);
+    idem_engine_free(eng);
+    idem_store_close(store);
+    idem_free(errmsg);
+    free(ops);
+    gw_config_free(cfg);
+    return status;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -226,6 +476,8 @@ int main(int argc, char **argv)
         return cmd_serve(argc - 1, argv + 1);
     if (strcmp(argv[1], "check-config") == 0)
         return cmd_check(argc - 1, argv + 1);
+    if (strcmp(argv[1], "keys") == 0)
+        return cmd_keys(argc - 1, argv + 1);
     fprintf(stderr, "idem-gateway: unknown command '%s'\n%s", argv[1], usage_main);
     return EXIT_USAGE;
 }

@@ -58,11 +58,6 @@ static void note_free(void *p)
     free(n);
 }
 
-const struct idem_operation *gateway_op(const struct gateway *gw, const struct gw_route *route)
-{
-    return &gw->ops[route - gw->cfg->routes];
-}
-
 /* ---- headers ------------------------------------------------------------------------------ */
 
 /* Whether `list` (a Connection header's value) names `name` as one of its tokens. */

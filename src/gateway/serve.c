@@ -81,23 +81,6 @@ static void sweeper_stop(struct sweeper *sw)
     sw->running = 0;
 }
 
-/* One libidem operation per route, its policy from the config. */
-static struct idem_operation *make_ops(const struct gw_config *cfg)
-{
-    struct idem_operation *ops = xcalloc(cfg->nroutes + 1, sizeof *ops);
-
-    for (size_t i = 0; i < cfg->nroutes; i++) {
-        const struct gw_route *r = &cfg->routes[i];
-        ops[i].name = r->operation;
-        ops[i].ttl_ms = r->retention_ms;
-        ops[i].lease_ms = r->lease_ms;
-        ops[i].wait_ms = r->wait_ms > 0 ? r->wait_ms : 1;
-        ops[i].stored_headers = (const char *const *)r->store_headers;
-        ops[i].nstored_headers = r->nstore_headers;
-    }
-    return ops;
-}
-
 int serve_run(const struct gw_config *cfg, const struct serve_options *so)
 {
     struct gateway gw;
@@ -119,7 +102,7 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     gw.cfg = cfg;
     gw.log.format = so->log_format;
     gw.metrics = gw_metrics_new(cfg->nroutes);
-    gw.ops = make_ops(cfg);
+    gw.ops = gateway_ops_new(cfg);
 
     if (principal_verifier_new(cfg, &gw.principals, err, sizeof err) != 0) {
         log_msg(&gw.log, "error", "%s", err);

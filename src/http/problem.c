@@ -60,6 +60,7 @@ static const struct {
     {"upstream-bad-reply", "Upstream gave no valid answer"},
     {"upstream-response-too-large", "Upstream answer too large"},
     {"response-not-stored", "Response was not stored"},
+    {"record-completed", "Record already completed"},
 };
 
 static const char *title_of(const char *code)

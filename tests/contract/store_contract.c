@@ -405,10 +405,25 @@ static void test_forget(struct idem_engine *eng)
 
     fp_of("{\"forget\":1}", fp1);
     fp_of("{\"forget\":2}", fp2);
+    struct idem_record_info info;
     CHECK_INT(idem_call_begin(eng, &op, "alice", "fg", fp1, &a, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
     CHECK_INT(idem_call_advance(a, "forwarded", NULL), 0);
+    /* What an operator sees of it: processing at "forwarded", leased, the request's fingerprint. */
+    CHECK_INT(idem_record_inspect(eng, "alice", "contract.forget", "fg", &info), 0);
+    CHECK_INT(info.found, 1);
+    CHECK_INT(info.completed, 0);
+    CHECK_STR(info.recovery_point, "forwarded");
+    CHECK_INT(info.lease_live, 1);
+    CHECK(info.expires_ms - info.created_ms > 23 * 3600 * 1000LL);
+    {
+        char hex[2 * IDEM_FP_LEN + 1];
+        idem_fingerprint_hex(fp1, hex);
+        CHECK_STR(info.fingerprint_hex, hex);
+    }
     CHECK_INT(idem_call_forget(a), 0);
+    CHECK_INT(idem_record_inspect(eng, "alice", "contract.forget", "fg", &info), 0);
+    CHECK_INT(info.found, 0);
     CHECK_INT(idem_call_forget(a), IDEM_ESTATE); /* nothing left to forget */
     idem_call_end(a);
 
@@ -422,6 +437,11 @@ static void test_forget(struct idem_engine *eng)
     CHECK_INT(idem_call_complete(b, 200, hs, 2, "done", 4), 0);
     CHECK_INT(idem_call_forget(b), IDEM_ESTATE);
     idem_call_end(b);
+    CHECK_INT(idem_record_inspect(eng, "alice", "contract.forget", "fg", &info), 0);
+    CHECK(info.found == 1 && info.completed == 1);
+    CHECK_INT(info.response_status, 200);
+    CHECK_INT(info.response_body_len, 4);
+    CHECK_INT(info.lease_live, 0);
 
     CHECK_INT(idem_call_begin(eng, &op, "alice", "fg", fp1, &b, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_REPLAY);

@@ -26,6 +26,7 @@ import os
 import subprocess
 import threading
 import time
+import urllib.parse
 import uuid
 
 import harness
@@ -357,6 +358,61 @@ def kill9_mid_request_then_restart_holds_the_key(ctx):
 
 
 # ---- operating it --------------------------------------------------------------------------------
+
+def keys_cli(gw, *args):
+    p = subprocess.run([GATEWAY, "keys"] + list(args) + ["--config", gw.config_path],
+                       capture_output=True, timeout=20)
+    return p.returncode, p.stdout.decode(), p.stderr.decode()
+
+
+@test
+def a_held_key_is_shown_and_resolved_by_an_operator(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    k = key("held")
+    expect_problem(gw.request("POST", "/v1/things", {"n": 1}, key=k,
+                              headers={"X-Test-Mode": "reset"}), 502, "outcome-unknown", "reset")
+    q = "/records?principal=alice&operation=things.create&key=" + urllib.parse.quote(k)
+    shown = gw.admin("GET", q)
+    expect_eq(shown.status, 200, "GET /records")
+    doc = shown.json()
+    expect(doc["state"] == "unknown" and doc["recoveryPoint"] == "unknown" and
+           len(doc["fingerprint"]) == 64, "a held record: %s" % doc)
+    # The operator learnt that it ran, and what it answered: every retry gets that answer.
+    decision = {"principal": "alice", "operation": "things.create", "key": k,
+                "decision": "executed",
+                "response": {"status": 201, "headers": {"Content-Type": "application/json",
+                                                        "Set-Cookie": "x=1"},
+                             "body": '{"id":"by-hand"}'}}
+    r = gw.admin("POST", "/records/resolve", json.dumps(decision))
+    expect_eq(r.status, 200, "resolve executed: %s" % r.describe())
+    again = gw.request("POST", "/v1/things", {"n": 1}, key=k)
+    expect(again.status == 201 and again.replayed and again.body == b'{"id":"by-hand"}',
+           "the retry gets the operator's answer: %s" % again.describe())
+    expect(again.header("Set-Cookie") is None, "store_headers apply to a resolution too")
+    expect_eq(up.executions(k), 1, "executions")
+    r = gw.admin("POST", "/records/resolve", json.dumps(decision))
+    expect_problem(r, 409, "record-completed", "resolving a completed record")
+    code, out, err = keys_cli(gw, "show", "--principal", "alice", "--operation", "things.create",
+                              "--key", k)
+    expect(code == 0 and json.loads(out)["state"] == "completed" and
+           json.loads(out)["response"]["status"] == 201, "keys show: %d %r %r" % (code, out, err))
+
+    # It did not run: the CLI releases the key and the retry runs.
+    k2 = key("held2")
+    expect_problem(gw.request("POST", "/v1/things", {"n": 2}, key=k2,
+                              headers={"X-Test-Mode": "reset"}), 502, "outcome-unknown", "reset")
+    code, out, err = keys_cli(gw, "resolve", "--principal", "alice", "--operation",
+                              "things.create", "--key", k2, "--decision", "not-executed")
+    expect_eq((code, out.strip()), (0, "%s: not-executed" % k2), "keys resolve (stderr %r)" % err)
+    r = gw.request("POST", "/v1/things", {"n": 2}, key=k2)
+    expect(r.status == 201 and not r.replayed, "the retry runs: %s" % r.describe())
+    expect_eq(up.executions(k2), 2, "executions: the lost one, and the retry")
+    code, out, err = keys_cli(gw, "show", "--principal", "alice", "--operation", "things.create",
+                              "--key", "never-used")
+    expect(code == 1 and "no record" in err, "keys show of a missing key: %d %r" % (code, err))
+    code, out, err = keys_cli(gw, "resolve", "--principal", "alice", "--operation", "nope",
+                              "--key", k2, "--decision", "not-executed")
+    expect(code == 2 and "no route" in err, "an unknown operation: %d %r" % (code, err))
 
 @test
 def admin_listener_health_ready_metrics(ctx):

@@ -1,0 +1,103 @@
+/*
+ * records.c - showing and resolving gateway records (records.h), through libidem only: the
+ * resolution is a recovery (idem_call_recover) that either completes the record or forgets it,
+ * fenced like any request, so it cannot race a gateway that is forwarding the same key.
+ */
+#include "records.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "util.h"
+#include "banned.h"
+
+static json_t *iso_time(int64_t ms)
+{
+    char ts[ISO8601_LEN + 1];
+    iso8601_ms(ms, ts);
+    return xcheck(json_string(ts));
+}
+
+int records_show(struct idem_engine *eng, const char *principal, const char *operation,
+                 const char *key, json_t **doc)
+{
+    struct idem_record_info info;
+    const char *state;
+    json_t *d;
+    int rc;
+
+    *doc = NULL;
+    rc = idem_record_inspect(eng, principal, operation, key, &info);
+    if (rc < 0)
+        return rc;
+    if (!info.found)
+        return 0;
+    /* A processing record nobody holds is one whose forward ended without an answer. */
+    state = info.completed ? "completed" : info.lease_live ? "in-flight" : "unknown";
+    d = xcheck(json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "principal", principal, "operation",
+                         operation, "key", key, "state", state, "recoveryPoint",
+                         info.recovery_point, "fingerprint", info.fingerprint_hex));
+    json_object_set_new(d, "created", iso_time(info.created_ms));
+    json_object_set_new(d, "expires", iso_time(info.expires_ms));
+    if (info.completed)
+        json_object_set_new(d, "response",
+                            xcheck(json_pack("{s:i,s:I}", "status", info.response_status, "bytes",
+                                             (json_int_t)info.response_body_len)));
+    else
+        json_object_set_new(d, "leaseExpires", iso_time(info.lease_expires_ms));
+    *doc = d;
+    return 1;
+}
+
+enum records_result records_resolve(struct idem_engine *eng, const struct idem_operation *op,
+                                    const char *principal, const char *key,
+                                    const struct records_decision *d, char *err, size_t errlen)
+{
+    struct idem_call *call = NULL;
+    enum idem_outcome outcome = IDEM_OUTCOME_NONE;
+    enum records_result res = RECORDS_FAILED;
+    int rc;
+
+    rc = idem_call_recover(eng, op, principal, key, &call, &outcome);
+    if (rc < 0) {
+        snprintf(err, errlen, "the store: %s", idem_strerror(rc));
+        return RECORDS_FAILED;
+    }
+    switch (outcome) {
+    case IDEM_OUTCOME_NONE:
+        res = RECORDS_NOT_FOUND;
+        break;
+    case IDEM_OUTCOME_REPLAY:
+        res = RECORDS_COMPLETED;
+        break;
+    case IDEM_OUTCOME_IN_PROGRESS:
+        res = RECORDS_IN_FLIGHT;
+        break;
+    case IDEM_OUTCOME_RESUME:
+        if (d->executed)
+            rc = idem_call_complete(call, d->status, d->headers, d->nheaders, d->body, d->body_len);
+        else
+            rc = idem_call_forget(call);
+        if (rc == 0) {
+            res = RECORDS_RESOLVED;
+        } else {
+            snprintf(err, errlen, "%s", idem_call_errmsg(call));
+            res = rc == IDEM_ELEASE ? RECORDS_IN_FLIGHT : RECORDS_FAILED;
+        }
+        break;
+    default:
+        snprintf(err, errlen, "unexpected engine outcome %d", (int)outcome);
+        break;
+    }
+    idem_call_end(call);
+    return res;
+}
+
+const struct idem_operation *records_find_op(const struct gw_config *cfg,
+                                             const struct idem_operation *ops, const char *name)
+{
+    for (size_t i = 0; i < cfg->nroutes; i++)
+        if (strcmp(cfg->routes[i].operation, name) == 0)
+            return &ops[i];
+    return NULL;
+}
