@@ -6,7 +6,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 CTEST_FLAGS ?= --output-on-failure -j $(JOBS)
 
-.PHONY: all deps build run test test-fast test-asan fuzz bench clean
+.PHONY: all deps build run run-gateway test test-fast test-asan fuzz bench clean
 
 all: build
 
@@ -19,6 +19,10 @@ build: deps
 
 run: build
 	@scripts/run.sh
+
+# idem-gateway in front of a small payments API that is not idempotent (docs/gateway.md).
+run-gateway: build
+	@scripts/run_gateway.sh
 
 # The plain build's suite, then the whole suite again under ASan+UBSan (clang) with the fuzzers.
 test: build
