@@ -18,6 +18,9 @@ says how it behaves after executing:
   big:N            answer N bytes of body
 
 GET /lookup?key=K answers 200 with the first execution of key K (the reconcile query), or 404.
+A body of exactly {} is refused with 400 and not executed (a validation error).  GET /count
+answers {"count": N}, the executions made with the request's Authorization header (what
+idem-check conformance's --count-url reads).
 """
 
 import http.client
@@ -79,6 +82,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         up = self.server.upstream
+        if self.path == "/count":
+            auth = self.headers.get("Authorization")
+            with up.lock:
+                n = sum(1 for r in up.requests if r["headers"].get("Authorization") == auth)
+            self._send(200, {"count": n})
+            return
         if self.path.startswith("/lookup?key="):
             key = self.path[len("/lookup?key="):]
             from urllib.parse import unquote
@@ -106,6 +115,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         mode = self.headers.get("X-Test-Mode") or ""
         if mode == "drop":
             self._reset()
+            return
+        if body.strip() == b"{}":
+            self._send(400, {"error": "validation failed: the body is empty"})
             return
         with up.lock:
             up.count += 1

@@ -435,6 +435,31 @@ def admin_listener_health_ready_metrics(ctx):
 
 
 @test
+def idem_check_conformance_passes_through_the_gateway(ctx):
+    up = ctx["up"]
+    gw = Gateway(up, principal="authorization: sha256")
+    try:
+        gw.start()
+        p = subprocess.run(
+            [os.path.join(harness.BIN, "idem-check"), "conformance", "--url", gw.base_url,
+             "--token", "token-one-" + uuid.uuid4().hex, "--token2", "token-two-" + uuid.uuid4().hex,
+             "--path", "/v1/things", "--body", '{"amount":5}', "--invalid-body", "{}",
+             "--count-url", gw.base_url + "/count", "--json"],
+            capture_output=True, timeout=120)
+        out = p.stdout.decode()
+        expect(p.returncode == 0, "idem-check conformance exited %d:\n%s\n%s" % (
+            p.returncode, out, p.stderr.decode()))
+        checks = json.loads(out)["checks"]
+        verdicts = {c["id"]: c["result"] for c in checks}
+        bad = {n: v for n, v in verdicts.items() if v not in ("PASS", "SKIP")}
+        expect(not bad, "every check passes (or cannot be provoked): %s" % bad)
+        expect(sum(1 for v in verdicts.values() if v == "PASS") >= 10,
+               "at least ten checks pass: %s" % verdicts)
+    finally:
+        gw.close()
+
+
+@test
 def check_config_names_file_and_line(ctx):
     gw = ctx["gw"]
     bad = os.path.join(gw.tmpdir, "bad.yaml")
