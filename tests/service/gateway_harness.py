@@ -18,6 +18,8 @@ says how it behaves after executing:
   big:N            answer N bytes of body
 
 GET /lookup?key=K answers 200 with the first execution of key K (the reconcile query), or 404.
+Paths under /v1/dedupe behave like an upstream that dedupes on Idempotency-Key itself (what the
+`resend` mode assumes): a key it has seen gets its first answer again, and is not executed again.
 A body of exactly {} is refused with 400 and not executed (a validation error).  GET /count
 answers {"count": N}, the executions made with the request's Authorization header (what
 idem-check conformance's --count-url reads).
@@ -119,6 +121,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if body.strip() == b"{}":
             self._send(400, {"error": "validation failed: the body is empty"})
             return
+        if self.path.startswith("/v1/dedupe"):
+            with up.lock:
+                first = up.first_by_key.get(key)
+                if first is not None:
+                    up.deduped += 1
+            if first is not None:
+                self._send(201, first, [("Location", "/v1/things/%s" % first["id"])])
+                return
         with up.lock:
             up.count += 1
             n = up.count
@@ -158,6 +168,13 @@ class _ThreadingServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
     allow_reuse_address = True
     request_queue_size = 512
 
+    def handle_error(self, request, client_address):
+        # A gateway killed mid-answer leaves a broken pipe here: expected under chaos, not news.
+        import sys
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
 
 class Upstream:
     """The counting upstream on 127.0.0.1:<free port>."""
@@ -169,6 +186,7 @@ class Upstream:
         self.first_by_key = {}
         self.requests = []
         self.lookups = 0
+        self.deduped = 0
         self.release = threading.Event()
         self.httpd = _ThreadingServer(("127.0.0.1", port), _Handler)
         self.httpd.upstream = self
@@ -224,13 +242,13 @@ class Gateway(Server):
     listen_re = GATEWAY_LISTEN_RE
 
     def __init__(self, upstream, routes=DEFAULT_ROUTES, extra="", principal="header: X-Consumer-Id",
-                 upstream_timeout="3s", args=(), name="idem-gateway"):
+                 upstream_timeout="3s", args=(), name="idem-gateway", listen_port=0):
         super().__init__(extra_args=args, name=name)
         self.upstream = upstream
         self.admin_port = None
         self.config_path = os.path.join(self.tmpdir, "gateway.yaml")
         with open(self.config_path, "w") as f:
-            f.write("listen: 127.0.0.1:0\n"
+            f.write("listen: 127.0.0.1:%d\n" % listen_port +
                     "admin_listen: 127.0.0.1:0\n"
                     "store: %s\n"
                     "upstream:\n  url: %s\n  timeout: %s\n"

@@ -726,7 +726,7 @@ def run(title, setup=None, teardown=None):
     selected = [(n, f) for n, f in _tests if len(sys.argv) < 2 or any(a in n for a in sys.argv[1:])]
     failures = []
     t_start = time.monotonic()
-    print("%s: %d tests (orderd from %s)" % (title, len(selected), BIN), flush=True)
+    print("%s: %d tests (programs from %s)" % (title, len(selected), BIN), flush=True)
     ctx = None
     try:
         if setup is not None:
