@@ -609,12 +609,9 @@ static enum http_loop_verdict proxy_on_loop(void *ctx, const struct request *rq,
 {
     struct gateway *gw = ctx;
     struct note *n = rq->note;
-    struct idem_call *call = NULL;
-    enum idem_outcome outcome = IDEM_OUTCOME_NONE;
     const struct idem_operation *op;
-    int answered = 0;
+    struct idem_watch *watch = NULL;
 
-    (void)park;
     if (!n || !n->m.route)
         return HTTP_LOOP_WORKER;
     if (prepare(gw, rq, n, resp) != 0)
@@ -622,11 +619,34 @@ static enum http_loop_verdict proxy_on_loop(void *ctx, const struct request *rq,
     if (!n->keyed)
         return HTTP_LOOP_WORKER;
     op = gateway_op(gw, n->m.route);
-    if (idem_call_lookup(gw->engine, op, n->principal, n->key, n->fp, &call, &outcome) == 0 &&
-        call != NULL)
-        answered = idem_answer_settled(call, outcome, op, resp);
-    idem_call_end(call);
-    return answered ? HTTP_LOOP_ANSWERED : HTTP_LOOP_WORKER;
+    if (idem_answer_lookup(gw->engine, op, n->principal, n->key, n->fp, resp))
+        return HTTP_LOOP_ANSWERED;
+    /* The first request of this key is being forwarded here: wait for it holding no thread. */
+    if (park && idem_watch_inflight(gw->engine, op, n->principal, n->key, http_server_unpark,
+                                    park->token, &watch) == 1) {
+        park->data = watch;
+        park->timeout_ms = (int)op->wait_ms;
+        return HTTP_LOOP_PARKED;
+    }
+    return HTTP_LOOP_WORKER;
+}
+
+/* A parked duplicate, woken or timed out: the cache, else a worker, which waits what is left. */
+static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *rq,
+                                              struct response *resp, void *data, int timed_out)
+{
+    struct gateway *gw = ctx;
+    struct note *n = rq->note;
+
+    (void)timed_out;
+    idem_watch_end(data);
+    if (idem_answer_lookup(gw->engine, gateway_op(gw, n->m.route), n->principal, n->key, n->fp,
+                           resp)) {
+        if (resp->outcome && strcmp(resp->outcome, "replayed") == 0)
+            resp->outcome = "waited";
+        return HTTP_LOOP_ANSWERED;
+    }
+    return HTTP_LOOP_WORKER;
 }
 
 static void pass_through(struct gateway *gw, const struct request *rq, const struct note *n,
@@ -668,6 +688,7 @@ static void proxy_handle(void *ctx, const struct request *rq, struct response *r
     struct idem_call *call = NULL;
     enum idem_outcome outcome = IDEM_OUTCOME_NONE;
     const struct idem_operation *op;
+    struct idem_operation parked;
     int64_t t0;
     int rc;
 
@@ -682,6 +703,12 @@ static void proxy_handle(void *ctx, const struct request *rq, struct response *r
         return;
     }
     op = gateway_op(gw, n->m.route);
+    if (rq->parked_ms > 0) {
+        /* A duplicate that already waited on the event loop waits only what is left. */
+        parked = *op;
+        parked.wait_ms = op->wait_ms > rq->parked_ms ? op->wait_ms - rq->parked_ms : 1;
+        op = &parked;
+    }
     t0 = mono_ns();
     rc = idem_call_begin(gw->engine, op, n->principal, n->key, n->fp, &call, &outcome);
     gw_metrics_store(gw->metrics, (double)(mono_ns() - t0) / 1e9);
@@ -738,6 +765,7 @@ void proxy_server_options(struct gateway *gw, struct http_server_options *opts)
     opts->handle = proxy_handle;
     opts->on_head = proxy_on_head;
     opts->on_loop = proxy_on_loop;
+    opts->on_unpark = proxy_on_unpark;
     opts->answered = proxy_answered;
     opts->log = proxy_log;
     opts->ctx = gw;

@@ -83,6 +83,20 @@ int idem_answer_settled(const struct idem_call *call, enum idem_outcome outcome,
     }
 }
 
+int idem_answer_lookup(struct idem_engine *eng, const struct idem_operation *op,
+                       const char *principal, const char *key, const unsigned char fp[IDEM_FP_LEN],
+                       struct response *resp)
+{
+    struct idem_call *call = NULL;
+    enum idem_outcome outcome = IDEM_OUTCOME_NONE;
+    int answered = 0;
+
+    if (idem_call_lookup(eng, op, principal, key, fp, &call, &outcome) == 0 && call != NULL)
+        answered = idem_answer_settled(call, outcome, op, resp);
+    idem_call_end(call);
+    return answered;
+}
+
 void idem_answer_unavailable(struct response *resp, const char *detail)
 {
     response_set_header(resp, "Retry-After", "1");

@@ -25,6 +25,15 @@ int idem_answer_settled(const struct idem_call *call, enum idem_outcome outcome,
                         const struct idem_operation *op, struct response *resp);
 
 /*
+ * The replay cache's answer for (principal, op, key, fp), without the store and without waiting
+ * (an event-loop thread may call it): 1 when it answered into `resp` (a replay or a reused key),
+ * 0 when only idem_call_begin() can tell.
+ */
+int idem_answer_lookup(struct idem_engine *eng, const struct idem_operation *op,
+                       const char *principal, const char *key, const unsigned char fp[IDEM_FP_LEN],
+                       struct response *resp);
+
+/*
  * 409 idempotency-request-in-progress with Retry-After, while another owner holds the lease; with
  * `recovering`, the owner is a background worker finishing an earlier attempt.
  */

@@ -73,16 +73,7 @@ int idemcall_complete_problem_ext(struct idem_call *call, int status, const char
 int idemcall_lookup(const struct call_ctx *cx, const struct idem_operation *op,
                     struct response *resp)
 {
-    struct idem_call *call = NULL;
-    enum idem_outcome outcome = IDEM_OUTCOME_NONE;
-    int answered = 0;
-
-    if (idem_call_lookup(cx->app->engine, op, cx->principal, cx->key, cx->fp, &call, &outcome) ==
-            0 &&
-        call != NULL)
-        answered = idem_answer_settled(call, outcome, op, resp);
-    idem_call_end(call);
-    return answered;
+    return idem_answer_lookup(cx->app->engine, op, cx->principal, cx->key, cx->fp, resp);
 }
 
 /* Where a deferred commit's answer goes. */

@@ -131,6 +131,50 @@ def storm_of_200_copies_executes_once(ctx):
         expect_problem(r, 409, "idempotency-request-in-progress", "a copy that waited too long")
 
 
+@test
+def duplicates_wait_on_the_event_loop_not_on_workers(ctx):
+    up = ctx["up"]
+    # Two worker threads: one forwards the first request (slow upstream), and the 120 copies that
+    # arrive meanwhile must wait parked on the loop -- they are all answered "waited" once it
+    # completes, instead of queueing behind the two workers and replaying afterwards.
+    gw = Gateway(up, args=["--http-workers", "2"])
+    try:
+        gw.start()
+        k = key("parked")
+        first = {}
+        t = threading.Thread(target=lambda: first.setdefault(
+            "r", gw.request("POST", "/v1/things", {"p": 1}, key=k,
+                            headers={"X-Test-Mode": "slow:800"})))
+        t.start()
+        deadline = time.monotonic() + 5
+        while up.executions(k) == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        results = []
+        lock = threading.Lock()
+
+        def dup():
+            r = gw.request("POST", "/v1/things", {"p": 1}, key=k)
+            with lock:
+                results.append(r)
+
+        threads = [threading.Thread(target=dup) for _ in range(120)]
+        for d in threads:
+            d.start()
+        for d in threads:
+            d.join(30)
+        t.join(30)
+        expect(all(r.status == 201 and r.body == first["r"].body for r in results),
+               "every copy gets the first answer: %s" %
+               [r.describe(150) for r in results if r.status != 201][:2])
+        expect_eq(up.executions(k), 1, "executions")
+        m = harness.parse_metrics(gw.admin("GET", "/metrics").body.decode())
+        waited = harness.metric_value(m, "idem_gateway_requests_total",
+                                      operation="things.create", outcome="waited")
+        expect(waited >= 100, "copies answered after waiting on the loop: %d of 120" % waited)
+    finally:
+        gw.close()
+
+
 # ---- refusals before anything is forwarded -----------------------------------------------------
 
 @test
