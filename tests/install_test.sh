@@ -24,4 +24,9 @@ echo "$out" | grep -q '^executed: 201 {"payment":"created"}$' || { echo "first r
 echo "$out" | grep -q '^replayed: 201 {"payment":"created"}$' || { echo "retry did not replay"; exit 1; }
 out=$("$tmp/embed-static" "sqlite:$tmp/demo.db")
 echo "$out" | grep -c '^replayed: ' | grep -q '^2$' || { echo "a later process did not replay both: $out"; exit 1; }
-echo "install: headers, shared + static library and idem.pc work from $tmp/prefix"
+# The programs come along: idem-gateway runs from the prefix, with its manual page.
+test -f "$tmp/prefix/share/man/man8/idem-gateway.8" || { echo "idem-gateway.8 was not installed"; exit 1; }
+"$tmp/prefix/bin/idem-gateway" --version | grep -q '^idem-gateway ' || { echo "idem-gateway --version failed"; exit 1; }
+"$tmp/prefix/bin/idem-gateway" check-config --config "$src/examples/gateway.yaml" >/dev/null ||
+    { echo "the installed idem-gateway refuses examples/gateway.yaml"; exit 1; }
+echo "install: headers, shared + static library, idem.pc and idem-gateway work from $tmp/prefix"
