@@ -61,5 +61,17 @@ bench:
 	@sh tests/pg/with_pg.sh python3 bench/bench.py --bin $(BENCH_BUILD)/bin --out bench/results \
 		--seconds $(BENCH_SECONDS)
 
+# idem-gateway's benchmark (docs/bench.md, "idem-gateway (issue 14)"): the gateway against its
+# upstream alone and against nginx proxy_pass, same build tree, about 2 minutes.
+.PHONY: bench-gateway
+bench-gateway:
+	@scripts/deps.sh bench
+	@cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=Release -DIDEM_BENCH=ON \
+		"-DCMAKE_C_FLAGS=-g -fno-omit-frame-pointer" >/dev/null
+	@cmake --build $(BENCH_BUILD) -j $(JOBS) --target idem-gateway static_http \
+		-- --no-print-directory
+	@sh tests/pg/with_pg.sh python3 bench/gateway_bench.py --bin $(BENCH_BUILD)/bin \
+		--out bench/results --seconds $(BENCH_SECONDS)
+
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(BENCH_BUILD)

@@ -1,0 +1,643 @@
+#!/usr/bin/env python3
+"""
+gateway_bench.py - issue 14's benchmark: what idem-gateway costs in front of an upstream that
+answers at once (bench/static_http.c), against that upstream alone and against nginx's
+proxy_pass to it, as ratios of runs taken in the same session, A-B-A.
+
+  R  replays       the same keyed POST through the gateway (one warm-up request, then every
+                   request is a replay) ÷ the same request sent to the upstream directly
+  F  fresh keys    a new Idempotency-Key per request through the gateway (SQLite store, durable)
+                   ÷ nginx proxy_pass (keep-alive upstream connections, 2 workers); p50 of both
+  P  pass-through  GET /static (on no route) through the gateway ÷ nginx proxy_pass
+  F on PostgreSQL  (information) F with the gateway on a fresh PostgreSQL database, when
+                   IDEM_TEST_PG_URI is set (make bench-gateway runs this under with_pg.sh)
+
+Every ratio is gateway ÷ the mean of the reference run before and after it (A-B-A), so a steady
+drift of other work on the machine cancels.  A target not met is profiled afterwards while the
+scenario runs again: `perf record --call-graph dwarf -p <gateway pid>` and `perf trace -s -p`.
+Everything listens on 127.0.0.1, every load is bounded in time, every process is stopped by its
+PID.  Standard library only; the helpers are bench/bench.py's.  docs/bench.md ("idem-gateway
+(issue 14)") says what each number means.
+
+  python3 bench/gateway_bench.py --bin build-bench/bin [--out bench/results] [--seconds 5]
+                                 [--connections 16] [--no-profile] [--wait-idle 30]
+
+BENCH_KEEP=1 keeps the temp directory (configs, logs, the SQLite file, perf data).
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench as B  # noqa: E402  (bench/bench.py: processes, wrk, nginx, PostgreSQL, /proc)
+
+LUA_GATEWAY = os.path.join(HERE, "lua", "gateway.lua")
+ROUTE_PATH = "/v1/things"
+OPERATION = "things.create"
+UNROUTED_PATH = "/static"
+CONSUMER = "bench"
+REPLAY_KEY = "gw-replay-1"
+PERF_FREQ = 499  # samples per second and thread, each with 8 KiB of stack for DWARF unwinding
+DEADLINE_S = 900  # a hard stop for the whole run, far above its expected ~2 minutes
+
+# Issue 14's targets: the gateway's throughput ÷ the reference's, same session.
+T_REPLAY = 1.0   # replays ÷ the upstream answering the same request directly
+T_FRESH = 0.5    # fresh keyed requests (SQLite, durable) ÷ nginx proxy_pass
+T_PASS = 0.8     # unkeyed pass-through ÷ nginx proxy_pass
+
+say = B.say
+fmt_rate, fmt_ms, fmt_ratio = B.fmt_rate, B.fmt_ms, B.fmt_ratio
+
+
+def fmt_us(v):
+    return "—" if v is None else "%.0f" % v
+
+
+def nginx_path():
+    return shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx")
+                                     else None)
+
+
+def mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+class GatewayBench(B.Bench):
+    """bench.py's Bench for its helpers: start/stop by PID, wrk, databases, meta, clean-up."""
+
+    def __init__(self, args):
+        super().__init__(args)
+        self.gateway = os.path.join(self.bin, "idem-gateway")
+        self.r = {"scenarios": {}, "targets": [], "info": [], "notes": [], "profiles": {}}
+        self.upstream = None
+        self.nginx = None
+
+    # -- servers --
+
+    def start_upstream(self):
+        p = self.start("upstream", [self.static_http, "--listen", "127.0.0.1:0",
+                                    "--max-connections-per-ip", "-1"])
+        st, hdrs, body = B.http_call(p.url, "POST", ROUTE_PATH, B.ORDER_BODY, {
+            "Content-Type": "application/json", "X-Consumer-Id": CONSUMER,
+            "Idempotency-Key": "probe"})
+        st2, _, body2 = B.http_call(p.url, "GET", UNROUTED_PATH)
+        if st != 201 or st2 != 201 or body2 != body:
+            raise B.BenchError("static_http does not answer every method and path alike: POST "
+                               "%d, GET %d" % (st, st2))
+        self.upstream_answer = body
+        return p
+
+    def start_gateway(self, name, store_uri):
+        """idem-gateway with one route (POST /v1/things) in front of the upstream."""
+        d = os.path.join(self.tmp, name)
+        os.makedirs(d, exist_ok=True)
+        admin_port = B.free_port()
+        conf = os.path.join(d, "gateway.yaml")
+        with open(conf, "w") as f:
+            f.write("""# written by bench/gateway_bench.py
+listen: 127.0.0.1:0
+admin_listen: 127.0.0.1:%(admin)d
+store: %(store)s
+upstream:
+  url: %(up)s
+principal:
+  header: X-Consumer-Id
+limits:
+  max_connections_per_ip: -1
+routes:
+  - match: POST %(path)s
+    operation: %(op)s
+""" % {"admin": admin_port, "store": json.dumps(store_uri), "up": self.upstream.url,
+                "path": ROUTE_PATH, "op": OPERATION})
+        p = self.start(name, [self.gateway, "serve", "--config", conf])
+        p.admin = "http://127.0.0.1:%d" % admin_port
+        # A keyed POST executes once and replays; an unrouted GET passes through.
+        key = "probe-" + uuid.uuid4().hex[:8]
+        for want in ("executed", "replayed"):
+            st, hdrs, body = B.http_call(p.url, "POST", ROUTE_PATH, B.ORDER_BODY, {
+                "Content-Type": "application/json", "X-Consumer-Id": CONSUMER,
+                "Idempotency-Key": key})
+            replayed = hdrs.get("idempotent-replayed") == "true"
+            if st != 201 or body != self.upstream_answer or replayed != (want == "replayed"):
+                self.stop(p)
+                raise B.BenchError("%s: a keyed POST answered %d (%s expected): %r" % (
+                    name, st, want, body[:200]))
+        st, _, body = B.http_call(p.url, "GET", UNROUTED_PATH)
+        if st != 201 or body != self.upstream_answer:
+            self.stop(p)
+            raise B.BenchError("%s: GET %s answered %d: %r" % (name, UNROUTED_PATH, st,
+                                                               body[:200]))
+        return p
+
+    def start_nginx(self):
+        """nginx, 2 workers, proxy_pass to the upstream over kept-alive connections."""
+        nginx = nginx_path()
+        if nginx is None:
+            raise B.BenchError("nginx is not installed (scripts/deps.sh bench installs "
+                               "nginx-light)")
+        port = B.free_port()
+        d = os.path.join(self.tmp, "nginx")
+        for sub in ("", "logs", "tmp"):
+            os.makedirs(os.path.join(d, sub), exist_ok=True)
+        os.chmod(d, 0o755)  # nginx's workers may run as another user; they need the tmp paths
+        conf = os.path.join(d, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write("""# written by bench/gateway_bench.py: a proxy to the gateway's upstream
+worker_processes %(workers)d;
+pid %(d)s/nginx.pid;
+error_log %(d)s/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    server_tokens off;
+    keepalive_requests 10000000;
+    keepalive_timeout 60s;
+    client_body_temp_path %(d)s/tmp/body;
+    proxy_temp_path %(d)s/tmp/proxy;
+    fastcgi_temp_path %(d)s/tmp/fastcgi;
+    uwsgi_temp_path %(d)s/tmp/uwsgi;
+    scgi_temp_path %(d)s/tmp/scgi;
+    upstream backend {
+        server %(up)s;
+        keepalive 64;
+        keepalive_requests 10000000;
+    }
+    server {
+        listen 127.0.0.1:%(port)d;
+        location / {
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+""" % {"workers": B.NGINX_WORKERS, "d": d, "port": port,
+                "up": "%s:%d" % B.split_url(self.upstream.url)})
+        p = self.start("nginx", [nginx, "-c", conf, "-p", d + "/", "-g", "daemon off;"],
+                       port=port)
+        for method, path, body in (("POST", ROUTE_PATH, B.ORDER_BODY), ("GET", UNROUTED_PATH,
+                                                                        None)):
+            st, _, got = B.http_call(p.url, method, path, body, {
+                "Content-Type": "application/json", "X-Consumer-Id": CONSUMER,
+                "Idempotency-Key": "probe"} if body else {})
+            if st != 201 or got != self.upstream_answer:
+                self.stop(p)
+                raise B.BenchError("nginx: %s %s answered %d: %r" % (method, path, st, got[:200]))
+        return p
+
+    # -- one run --
+
+    def load(self, who, mode, method, path, key, seconds=None):
+        """
+        One wrk run of gateway.lua against `who` (a Proc: the gateway, the upstream or nginx),
+        with the CPU each of our servers used per request meanwhile, and, for a gateway, what its
+        /metrics counted.
+        """
+        servers = {"gateway": None, "upstream": self.upstream, "nginx": self.nginx}
+        if getattr(who, "admin", None):
+            servers["gateway"] = who
+        cpu0 = {k: self.cpu(p) for k, p in servers.items() if p is not None}
+        m0 = B.metrics(who.admin) if servers["gateway"] else None
+        res = self.wrk(who.url, LUA_GATEWAY, [mode, method, path, CONSUMER, key],
+                       seconds=seconds)
+        n = max(res["requests"], 1)
+        res["cpu_us_per_req"] = {k: (self.cpu(servers[k]) - v) * 1e6 / n
+                                 for k, v in cpu0.items()}
+        if m0 is not None:
+            m1 = B.metrics(who.admin)
+            res["outcomes"] = {}
+            for (name, labels), v in m1.items():
+                if name != "idem_gateway_requests_total":
+                    continue
+                d = v - m0.get((name, labels), 0.0)
+                if d:
+                    lab = dict(labels)
+                    res["outcomes"]["%s/%s" % (lab.get("operation") or "-",
+                                               lab.get("outcome"))] = int(d)
+        return res
+
+    def cpu(self, p):
+        return B.tree_cpu_seconds(p.pid) if p is self.nginx else B.cpu_seconds(p.pid)
+
+    def aba(self, sid, title, ref_name, ref, gw, mode, method, path, key_of, check):
+        """Reference, gateway, reference: the ratio is the gateway ÷ the mean of the two."""
+        say("== %s ==" % title)
+        runs = []
+        for label, who in ((ref_name, ref), ("gateway", gw), (ref_name, ref)):
+            res = self.load(who, mode, method, path, key_of())
+            res["label"] = label
+            runs.append(res)
+            say("%-28s %s: %7.0f req/s, p50 %s ms, p99 %s ms, non-2xx %d, socket errors %d" % (
+                title, label, res["rps"], fmt_ms(res["p50_ms"]), fmt_ms(res["p99_ms"]),
+                res["non2xx"], res["socket_errors"]))
+        a1, g, a2 = runs
+        ref_rps = mean([a1["rps"], a2["rps"]])
+        ref_p50 = mean([a1["p50_ms"], a2["p50_ms"]])
+        sc = {"title": title, "reference": ref_name, "runs": runs, "gateway_rps": g["rps"],
+              "reference_rps": ref_rps, "ratio": g["rps"] / ref_rps,
+              "gateway_p50_ms": g["p50_ms"], "reference_p50_ms": ref_p50,
+              "p50_overhead_ms": g["p50_ms"] - ref_p50,
+              "drift": abs(a1["rps"] - a2["rps"]) / ref_rps}
+        sc["problems"] = check(g)
+        for x in (a1, a2):
+            if x["non2xx"] or x["socket_errors"]:
+                sc["problems"].append("the %s run had %d non-2xx and %d socket errors" % (
+                    x["label"], x["non2xx"], x["socket_errors"]))
+        if sc["drift"] > 0.2:
+            self.note("%s: the two %s runs differ by %.0f%% (other work on the machine): the "
+                      "ratio is uncertain by about as much" % (title, ref_name,
+                                                               sc["drift"] * 100))
+        for p in sc["problems"]:
+            self.note("%s: %s" % (title, p))
+        self.r["scenarios"][sid] = sc
+        say("%s: gateway ÷ %s = %.2f×" % (title, ref_name, sc["ratio"]))
+        return sc
+
+    @staticmethod
+    def checker(outcome, operation=OPERATION):
+        """Every request the gateway answered in the run must have ended as `outcome`."""
+        def check(res):
+            out = []
+            if res["non2xx"] or res["socket_errors"]:
+                out.append("the gateway run had %d non-2xx answers and %d socket errors" % (
+                    res["non2xx"], res["socket_errors"]))
+            got = res.get("outcomes", {})
+            want = "%s/%s" % (operation or "-", outcome)
+            others = {k: v for k, v in got.items() if k != want}
+            # wrk does not count requests still in flight when it stops; the gateway may have.
+            if got.get(want, 0) < res["requests"] or others:
+                out.append("the gateway counted %r for %d answers (all %s expected)" % (
+                    got, res["requests"], want))
+            return out
+        return check
+
+    # -- scenarios --
+
+    def scenarios(self):
+        self.upstream = self.start_upstream()
+        gw = self.start_gateway("gateway-sqlite",
+                                "sqlite:" + os.path.join(self.tmp, "gateway-sqlite.db"))
+        self.gw_sqlite = gw
+        self.nginx = self.start_nginx()
+        # R: the warm-up creates the record; from then on every request is a replay.
+        st, hdrs, _ = B.http_call(gw.url, "POST", ROUTE_PATH, B.ORDER_BODY, {
+            "Content-Type": "application/json", "X-Consumer-Id": CONSUMER,
+            "Idempotency-Key": REPLAY_KEY})
+        if st != 201:
+            raise B.BenchError("the replay warm-up answered %d" % st)
+        self.aba("replay", "R replays", "upstream direct", self.upstream, gw, "fixed", "POST",
+                 ROUTE_PATH, lambda: REPLAY_KEY, self.checker("replayed"))
+        self.aba("fresh-sqlite", "F fresh keys, SQLite", "nginx", self.nginx, gw, "fresh",
+                 "POST", ROUTE_PATH, lambda: "f" + uuid.uuid4().hex[:8],
+                 self.checker("executed"))
+        self.aba("pass", "P pass-through", "nginx", self.nginx, gw, "none", "GET",
+                 UNROUTED_PATH, lambda: "-", self.checker("passed", operation=""))
+        if self.pg_admin:
+            db = self.db_uri("postgresql", "gw")
+            pg = self.start_gateway("gateway-postgresql", db)
+            try:
+                self.aba("fresh-postgresql", "F fresh keys, PostgreSQL", "nginx", self.nginx,
+                         pg, "fresh", "POST", ROUTE_PATH, lambda: "p" + uuid.uuid4().hex[:8],
+                         self.checker("executed"))
+            finally:
+                self.stop(pg)
+        else:
+            self.note("PostgreSQL was not measured: IDEM_TEST_PG_URI is not set (make "
+                      "bench-gateway runs this under tests/pg/with_pg.sh)")
+
+    def targets(self):
+        sc = self.r["scenarios"]
+        rows = (("replay", T_REPLAY, "R: replays through the gateway ≥ %.1f× the upstream "
+                 "answering the same request directly" % T_REPLAY),
+                ("fresh-sqlite", T_FRESH, "F: fresh keyed requests, SQLite durable, ≥ %.1f× "
+                 "nginx proxy_pass" % T_FRESH),
+                ("pass", T_PASS, "P: unkeyed pass-through ≥ %.1f× nginx proxy_pass" % T_PASS))
+        for sid, want, text in rows:
+            s = sc.get(sid)
+            if not s:
+                continue
+            ok = s["ratio"] >= want and not s["problems"]
+            self.r["targets"].append({
+                "id": sid, "target": text, "ratio": s["ratio"], "want": want, "met": ok,
+                "measured": "%.0f ÷ %.0f req/s (%s %.0f, %.0f)%s" % (
+                    s["gateway_rps"], s["reference_rps"], s["reference"],
+                    s["runs"][0]["rps"], s["runs"][2]["rps"],
+                    "; " + "; ".join(s["problems"]) if s["problems"] else "")})
+        for sid in ("fresh-sqlite", "fresh-postgresql"):
+            s = sc.get(sid)
+            if s:
+                self.r["info"].append({
+                    "what": "%s: p50 gateway − nginx" % s["title"],
+                    "measured": "%s − %s ms" % (fmt_ms(s["gateway_p50_ms"]),
+                                                fmt_ms(s["reference_p50_ms"])),
+                    "value": "%+.2f ms" % s["p50_overhead_ms"]})
+        s = sc.get("fresh-postgresql")
+        if s:
+            self.r["info"].append({
+                "what": "F fresh keys on PostgreSQL ÷ nginx proxy_pass (no target)",
+                "measured": "%.0f ÷ %.0f req/s" % (s["gateway_rps"], s["reference_rps"]),
+                "value": fmt_ratio(s["ratio"])})
+
+    # -- profiles --
+
+    def profiles(self):
+        unmet = [t["id"] for t in self.r["targets"] if not t["met"]]
+        if not unmet:
+            return
+        if not self.perf_works():
+            self.note("perf does not work here: no profiles")
+            return
+        gw = self.gw_sqlite
+        secs = max(3.0, self.seconds - 1)
+        plan = {"replay": ("fixed", "POST", ROUTE_PATH, lambda: REPLAY_KEY),
+                "fresh-sqlite": ("fresh", "POST", ROUTE_PATH, lambda: "pf" + uuid.uuid4().hex[:8]),
+                "pass": ("none", "GET", UNROUTED_PATH, lambda: "-")}
+        for sid in unmet:
+            mode, method, path, key_of = plan[sid]
+            say("profiling %s: perf record --call-graph dwarf -p %d" % (sid, gw.pid))
+            prof = {"scenario": self.r["scenarios"][sid]["title"], "pid": gw.pid}
+            prof["cpu"] = self.perf_record(sid, gw.pid, lambda: self.load(
+                gw, mode, method, path, key_of(), seconds=secs))
+            prof["trace"] = self.perf_trace(sid, gw.pid, lambda: self.load(
+                gw, mode, method, path, key_of(), seconds=secs))
+            self.r["profiles"][sid] = prof
+
+    def perf_record(self, name, pid, load):
+        """`perf record --call-graph dwarf -p PID` (cpu-clock: no PMU here) while load() runs."""
+        data = os.path.join(self.tmp, "%s.perf" % name)
+        log = open(os.path.join(self.tmp, "%s.perf.log" % name), "wb")
+        # DWARF call chains: libc has no frame pointers, so chains through it (write, poll,
+        # futex) would end in garbage with -g alone.
+        perf = subprocess.Popen(["perf", "record", "-q", "--call-graph", "dwarf,8192", "-F",
+                                 str(PERF_FREQ), "-e", "cpu-clock", "-p", str(pid), "-o", data],
+                                stdout=log, stderr=log)
+        time.sleep(0.5)
+        try:
+            res = load()
+        finally:
+            self.perf_stop(perf)
+            log.close()
+        out = {"requests": res["requests"], "rps": res["rps"],
+               "gateway_cpu_us_per_req": res["cpu_us_per_req"].get("gateway")}
+
+        def report(extra):
+            p = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children"] + extra,
+                               capture_output=True, timeout=300)
+            return p.stdout.decode("utf-8", "replace").splitlines()
+
+        # What the brief asks for (`perf report --stdio --no-children | head -60`), and flat
+        # lists: the top symbols (self time), by library, by thread name.
+        out["head60"] = [ln.rstrip() for ln in report([])[:60]]
+        def flat(lines, n):
+            return [ln.rstrip() for ln in lines if re.match(r"^\s+\d+\.\d+%", ln)][:n]
+        out["symbols"] = flat(report(["-g", "none", "--percent-limit", "0.5",
+                                      "--sort", "dso,sym"]), 30)
+        out["by_dso"] = flat(report(["-g", "none", "--sort", "dso"]), 10)
+        out["by_thread"] = flat(report(["-g", "none", "--sort", "pid"]), 10)
+        return out
+
+    def perf_trace(self, name, pid, load):
+        """`perf trace -s -p PID` while load() runs: system calls per request."""
+        path = os.path.join(self.tmp, "%s.trace" % name)
+        watcher = B.TidWatcher(pid)
+        perf = subprocess.Popen(["perf", "trace", "-s", "-p", str(pid), "-o", path],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)
+        try:
+            watcher.start()
+            res = load()
+        finally:
+            self.perf_stop(perf)
+            watcher.stop()
+        n = max(res["requests"], 1)
+        calls = B.parse_trace_summary(path, watcher.tids)
+        top = sorted(calls.items(), key=lambda kv: -kv[1][0])[:12]
+        return {"requests": res["requests"], "rps": res["rps"],
+                "syscalls_per_req": {k: [c / n, ms / n] for k, (c, ms) in top}}
+
+    @staticmethod
+    def perf_stop(perf):
+        perf.send_signal(signal.SIGINT)
+        try:
+            perf.wait(180)
+        except subprocess.TimeoutExpired:
+            perf.kill()
+            perf.wait(5)
+
+    # -- the report --
+
+    def markdown(self):
+        r, m = self.r, self.r["meta"]
+        L = ["# idem-gateway benchmark (issue 14), %s" % self.ts, "",
+             "%s; %d cores, %s RAM; kernel %s; %s; nginx %s; commit %s. %d connections, wrk %d "
+             "threads, %g s per run; the machine was %.0f%% busy with other work right before "
+             "the run (load average %.2f at the start, %.2f at the end)." % (
+                 m.get("cpu", "?"), m.get("cores", 0), m.get("mem", "?"), m.get("kernel", "?"),
+                 m.get("wrk", "wrk"), m.get("nginx", "?"), m.get("commit", "?"), self.conns,
+                 B.WRK_THREADS, self.seconds, m.get("busy_at_start", 0) * 100,
+                 m.get("loadavg_start", 0), m.get("loadavg_end", 0)), "",
+             "Upstream: `bench/static_http.c` (answers every method and path at once with the same "
+             "190-byte JSON 201). Gateway: `idem-gateway serve` with its defaults (`--db-pool 16`, "
+             "an 8 MiB replay cache, a text request log to a file) and one route, `POST %s`; "
+             "store SQLite (WAL, synchronous=FULL) in a temp dir. nginx: %d workers, "
+             "`proxy_pass` to an upstream block with `keepalive 64`, `proxy_http_version 1.1; "
+             "proxy_set_header Connection \"\";`, access log off. Each ratio is the gateway's "
+             "run ÷ the mean of the reference runs right before and right after it." % (
+                 ROUTE_PATH, B.NGINX_WORKERS), "",
+             "## Targets", "", "| target | measured | ratio | met |", "|---|---|---|---|"]
+        for t in r["targets"]:
+            L.append("| %s | %s | %s | %s |" % (t["target"], t["measured"], fmt_ratio(t["ratio"]),
+                                                "**met**" if t["met"] else "**not met**"))
+        if r["info"]:
+            L += ["", "Information (no target):", "", "| reading | measured | value |",
+                  "|---|---|---|"]
+            for i in r["info"]:
+                L.append("| %s | %s | %s |" % (i["what"], i["measured"], i["value"]))
+        L += ["", "## Runs", "",
+              "CPU is µs per answered request of each of our processes during the run "
+              "(`/proc/PID/stat`; nginx: master + workers); wrk's own CPU and how busy the whole "
+              "machine was meanwhile are beside it.", "",
+              "| scenario | run | req/s | p50 ms | p90 ms | p99 ms | non-2xx | socket err | "
+              "gateway CPU | upstream CPU | nginx CPU | wrk CPU | machine busy | gateway counted |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for sid, s in r["scenarios"].items():
+            for x in s["runs"]:
+                c = x["cpu_us_per_req"]
+                L.append("| %s | %s | %s | %s | %s | %s | %d | %d | %s | %s | %s | %.0f | %.0f%% | "
+                         "%s |" % (
+                             s["title"], x["label"], fmt_rate(x["rps"]), fmt_ms(x["p50_ms"]),
+                             fmt_ms(x["p90_ms"]), fmt_ms(x["p99_ms"]), x["non2xx"],
+                             x["socket_errors"],
+                             fmt_us(c.get("gateway")) if x["label"] == "gateway" else "—",
+                             fmt_us(c.get("upstream")),
+                             fmt_us(c.get("nginx")) if x["label"] == "nginx" else "—",
+                             x["wrk_cpu_us_per_req"], x["machine_busy"] * 100,
+                             ", ".join("%s %d" % kv for kv in sorted(
+                                 x.get("outcomes", {}).items())) or "—"))
+        reading = self.reading()
+        if reading:
+            L += ["", "## Reading", ""] + reading
+        for sid, p in r["profiles"].items():
+            cpu, tr = p["cpu"], p["trace"]
+            L += ["", "## Profile: %s (gateway pid %d)" % (p["scenario"], p["pid"]), "",
+                  "`perf record --call-graph dwarf -F %d -e cpu-clock -p PID` for one run of "
+                  "the scenario "
+                  "(%d requests, %.0f req/s under perf; the gateway used %s µs of CPU per "
+                  "request)." % (PERF_FREQ, cpu["requests"], cpu["rps"],
+                                 fmt_us(cpu["gateway_cpu_us_per_req"])),
+                  "", "By thread (tid:name):", "", "```"] + cpu["by_thread"] + [
+                  "```", "", "By library:", "", "```"] + cpu["by_dso"] + [
+                  "```", "", "Top symbols (self time):", "", "```"] + cpu["symbols"] + [
+                  "```", "", "`perf report --stdio --no-children | head -60`:", "", "```"] + \
+                cpu["head60"] + ["```", ""]
+            if tr.get("syscalls_per_req"):
+                L.append("System calls per request (`perf trace -s -p PID`, another run of %d "
+                         "requests; calls × / ms inside, summed over the gateway's threads, "
+                         "futex and epoll_wait include idle waiting): %s." % (
+                             tr["requests"], ", ".join(
+                                 "%s %.2f× / %.3f ms" % (k, c, ms)
+                                 for k, (c, ms) in tr["syscalls_per_req"].items())))
+        if r["notes"]:
+            L += ["", "## Notes", ""] + ["- " + n for n in r["notes"]]
+        return "\n".join(L) + "\n"
+
+    def reading(self):
+        """Per target not met: where the machine's CPU went per request, gateway vs reference."""
+        out = []
+        cores = self.r["meta"].get("cores") or 2
+        for t in self.r["targets"]:
+            if t["met"]:
+                continue
+            s = self.r["scenarios"][t["id"]]
+            g = s["runs"][1]
+            refs = (s["runs"][0], s["runs"][2])
+            gc = g["cpu_us_per_req"]
+            ref_key = "nginx" if s["reference"] == "nginx" else None
+            ref_own = mean([x["cpu_us_per_req"].get(ref_key) for x in refs]) if ref_key else 0
+            ref_up = mean([x["cpu_us_per_req"].get("upstream") for x in refs])
+            ref_wrk = mean([x["wrk_cpu_us_per_req"] for x in refs])
+            g_all = gc.get("gateway", 0) + gc.get("upstream", 0) + g["wrk_cpu_us_per_req"]
+            r_all = (ref_own or 0) + (ref_up or 0) + ref_wrk
+            g_cap = cores * 1e6 / max(g_all, 1e-9)
+            line = ("- **%s**: %.0f ÷ %.0f req/s. Per request the gateway used %.0f µs of CPU, "
+                    "the upstream %.0f µs and wrk %.0f µs (the machine %.0f%% busy); the "
+                    "reference run: %s%.0f µs in the upstream, %.0f µs in wrk (%.0f%% busy). "
+                    "%d cores ÷ those µs ≈ %.0f req/s with the gateway, %.0f with the "
+                    "reference. " % (
+                        s["title"], s["gateway_rps"], s["reference_rps"], gc.get("gateway", 0),
+                        gc.get("upstream", 0), g["wrk_cpu_us_per_req"], g["machine_busy"] * 100,
+                        ("%.0f µs in nginx, " % ref_own) if ref_key else "", ref_up or 0,
+                        ref_wrk, mean([x["machine_busy"] for x in refs]) * 100, cores, g_cap,
+                        cores * 1e6 / max(r_all, 1e-9)))
+            if s["gateway_rps"] >= 0.75 * g_cap or g["machine_busy"] >= 0.9:
+                line += ("The cores were full: the gateway's CPU per request is what limits "
+                         "it. ")
+            else:
+                line += ("The cores were not full (%.0f req/s measured of %.0f the CPU would "
+                         "allow): requests wait (%d connections ÷ p50 %s ms ≈ %.0f req/s), "
+                         "for the store's commits or for hand-offs between threads. " % (
+                             s["gateway_rps"], g_cap, self.conns, fmt_ms(g["p50_ms"]),
+                             self.conns * 1000 / max(g["p50_ms"], 1e-9)))
+            p = self.r["profiles"].get(t["id"])
+            if p:
+                top = [" ".join(x.split()) for x in p["cpu"]["symbols"][:6]]
+                line += "Top symbols in the gateway: %s." % "; ".join(top)
+            out.append(line)
+        return out
+
+    def write(self):
+        out_dir = os.path.abspath(self.args.out)
+        os.makedirs(out_dir, exist_ok=True)
+        base = os.path.join(out_dir, "gateway-" + self.ts)
+        self.r["meta"]["wall_s"] = time.monotonic() - self.started
+        self.r["meta"]["loadavg_end"] = B.read_loadavg()
+        with open(base + ".json", "w") as f:
+            json.dump(self.r, f, indent=1, default=str)
+        text = self.markdown()
+        with open(base + ".md", "w") as f:
+            f.write(text)
+        return base + ".md", text
+
+    def summary(self):
+        L = ["", "idem-gateway (issue 14), %d connections, %g s per run:" % (self.conns,
+                                                                            self.seconds)]
+        for t in self.r["targets"]:
+            L.append("  %-9s %-72s %6s  %s" % ("MET" if t["met"] else "NOT MET", t["target"],
+                                               fmt_ratio(t["ratio"]), t["measured"]))
+        for i in self.r["info"]:
+            L.append("  %-9s %-72s %6s  %s" % ("info", i["what"], i["value"], i["measured"]))
+        for n in self.r["notes"]:
+            L.append("  note: " + n)
+        return "\n".join(L)
+
+    def run(self):
+        self.meta()
+        if nginx_path():
+            p = subprocess.run([nginx_path(), "-v"], capture_output=True, timeout=10)
+            self.r["meta"]["nginx"] = (p.stderr.decode() + p.stdout.decode()).strip().split(
+                "/")[-1]
+        self.wait_idle()
+        try:
+            self.scenarios()
+            self.targets()
+            if self.args.profile:
+                self.profiles()
+        finally:
+            if self.r["scenarios"]:
+                path, _ = self.write()
+                print(self.summary(), flush=True)
+                say("report: %s (and .json)" % path)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    ap.add_argument("--bin", default=os.path.join(B.REPO, "build-bench", "bin"))
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--seconds", type=float, default=5.0, help="length of each load run")
+    ap.add_argument("--connections", type=int, default=16, help="wrk connections")
+    ap.add_argument("--no-profile", dest="profile", action="store_false",
+                    help="skip the profiles of targets not met")
+    ap.add_argument("--wait-idle", type=float, default=30.0,
+                    help="wait up to this many seconds for the machine to be idle first")
+    args = ap.parse_args()
+    if args.seconds < 2 or args.seconds > 60:
+        ap.error("--seconds must be 2..60")
+    if not shutil.which("wrk"):
+        ap.error("wrk is not installed (scripts/deps.sh bench)")
+    for prog in ("idem-gateway", "static_http"):
+        if not os.access(os.path.join(args.bin, prog), os.X_OK):
+            ap.error("%s is not in %s (cmake --build build-bench --target idem-gateway "
+                     "static_http)" % (prog, args.bin))
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt("signal %d" % signum)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGALRM, on_signal)
+    signal.alarm(DEADLINE_S)
+    b = GatewayBench(args)
+    try:
+        b.run()
+    except B.BenchError as e:
+        say("failed: %s" % e)
+        return 1
+    except KeyboardInterrupt as e:
+        say("interrupted (%s)" % e)
+        return 130
+    finally:
+        signal.alarm(0)
+        b.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
