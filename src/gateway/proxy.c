@@ -171,9 +171,9 @@ static void forwarded_release(struct forwarded *f)
  * The upstream's answer into `resp`: status, end-to-end headers, body (moved, not copied).
  * Returns 0, or -1 when it has more headers than a response may carry (`resp` is then a 502).
  */
-static int relay(struct upstream_response *ur, struct response *resp)
+static int relay(struct http_reply *ur, struct response *resp)
 {
-    const char *connection = upstream_response_header(ur, "Connection");
+    const char *connection = http_reply_header(ur, "Connection");
 
     resp->status = ur->status;
     for (size_t i = 0; i < ur->nheaders; i++) {
@@ -270,18 +270,18 @@ static void answer_lost(const struct gw_route *r, int timed_out, const char *err
 
 /*
  * Settles the record by the exchange's result and answers.  The upstream may have acted in every
- * case but UPSTREAM_NOT_SENT, so a failure to store is never turned into a deletion: the record
+ * case but HTTP_FETCH_NOT_SENT, so a failure to store is never turned into a deletion: the record
  * then stays "forwarded" and retries meet the route's unknown mode.
  */
 static void settle(struct gateway *gw, const struct note *n, struct idem_call *call,
-                   enum upstream_result res, struct upstream_response *ur, const char *err,
+                   enum http_fetch_result res, struct http_reply *ur, const char *err,
                    struct response *resp)
 {
     const struct gw_route *r = n->m.route;
     int rc = 0;
 
     switch (res) {
-    case UPSTREAM_OK:
+    case HTTP_FETCH_OK:
         resp->outcome = "executed";
         if (!storable(r, ur->status))
             rc = idem_call_forget(call);
@@ -303,7 +303,7 @@ static void settle(struct gateway *gw, const struct note *n, struct idem_call *c
                     r->operation, ur->status, idem_call_errmsg(call));
         relay(ur, resp);
         return;
-    case UPSTREAM_TOO_LARGE:
+    case HTTP_FETCH_TOO_LARGE:
         rc = complete_not_stored(call, ur->body_len);
         if (rc < 0)
             log_msg(&gw->log, "error", "%s: cannot settle a record: %s", r->operation,
@@ -311,7 +311,7 @@ static void settle(struct gateway *gw, const struct note *n, struct idem_call *c
         response_problem(resp, 502, "upstream-response-too-large", err);
         resp->outcome = "executed";
         return;
-    case UPSTREAM_NOT_SENT:
+    case HTTP_FETCH_NOT_SENT:
         rc = idem_call_forget(call);
         if (rc < 0)
             log_msg(&gw->log, "error", "%s: cannot release a record: %s", r->operation,
@@ -319,8 +319,8 @@ static void settle(struct gateway *gw, const struct note *n, struct idem_call *c
         answer_not_sent(resp, err);
         resp->outcome = "released";
         return;
-    case UPSTREAM_UNKNOWN:
-    case UPSTREAM_BAD_REPLY:
+    case HTTP_FETCH_UNKNOWN:
+    case HTTP_FETCH_BAD_REPLY:
         mark_unknown(gw, call);
         answer_lost(r, ur->timed_out, err, resp);
         return;
@@ -328,14 +328,14 @@ static void settle(struct gateway *gw, const struct note *n, struct idem_call *c
 }
 
 /* One exchange with the upstream for `rq`, as `method` `target` (the request's own, or a GET). */
-static enum upstream_result exchange(struct gateway *gw, const struct request *rq,
-                                     const struct note *n, const char *method, const char *target,
-                                     int with_body, struct upstream_response *ur, char *err,
-                                     size_t errlen)
+static enum http_fetch_result exchange(struct gateway *gw, const struct request *rq,
+                                       const struct note *n, const char *method, const char *target,
+                                       int with_body, struct http_reply *ur, char *err,
+                                       size_t errlen)
 {
     struct forwarded f;
     struct upstream_request urq;
-    enum upstream_result res;
+    enum http_fetch_result res;
 
     forwarded_build(rq, n, &f);
     urq.method = method;
@@ -345,7 +345,7 @@ static enum upstream_result exchange(struct gateway *gw, const struct request *r
     urq.body = with_body ? rq->body : NULL;
     urq.body_len = with_body ? rq->body_len : 0;
     res = upstream_exchange(gw->upstream, &urq, ur, err, errlen);
-    if (res == UPSTREAM_OK || res == UPSTREAM_TOO_LARGE)
+    if (res == HTTP_FETCH_OK || res == HTTP_FETCH_TOO_LARGE)
         gw_metrics_upstream(gw->metrics, ur->seconds);
     forwarded_release(&f);
     return res;
@@ -354,13 +354,13 @@ static enum upstream_result exchange(struct gateway *gw, const struct request *r
 static void forward_and_settle(struct gateway *gw, const struct request *rq, const struct note *n,
                                struct idem_call *call, struct response *resp)
 {
-    struct upstream_response ur;
+    struct http_reply ur;
     char err[300];
-    enum upstream_result res;
+    enum http_fetch_result res;
 
     res = exchange(gw, rq, n, rq->method, rq->target, 1, &ur, err, sizeof err);
     settle(gw, n, call, res, &ur, err, resp);
-    upstream_response_clear(&ur);
+    http_reply_clear(&ur);
 }
 
 /* ---- unknown outcomes --------------------------------------------------------------------- */
@@ -427,9 +427,9 @@ static void run_unknown(struct gateway *gw, const struct request *rq, const stru
                         struct idem_call *call, struct response *resp)
 {
     const struct gw_route *r = n->m.route;
-    struct upstream_response ur;
+    struct http_reply ur;
     struct strbuf target = STRBUF_INIT;
-    enum upstream_result res;
+    enum http_fetch_result res;
     char err[300];
 
     switch (r->unknown) {
@@ -440,23 +440,23 @@ static void run_unknown(struct gateway *gw, const struct request *rq, const stru
         reconcile_target(n, &target);
         res = exchange(gw, rq, n, "GET", target.buf, 0, &ur, err, sizeof err);
         strbuf_release(&target);
-        if (res == UPSTREAM_OK && ur.status == 404) {
+        if (res == HTTP_FETCH_OK && ur.status == 404) {
             /* It never happened: this attempt is the first to run. */
-            upstream_response_clear(&ur);
+            http_reply_clear(&ur);
             forward_and_settle(gw, rq, n, call, resp);
             return;
         }
-        if (res == UPSTREAM_OK && ur.status >= 200 && ur.status < 300) {
+        if (res == HTTP_FETCH_OK && ur.status >= 200 && ur.status < 300) {
             settle(gw, n, call, res, &ur, err, resp);
             response_set_header(resp, "Idempotent-Replayed", "true");
             resp->outcome = "reconciled";
-            upstream_response_clear(&ur);
+            http_reply_clear(&ur);
             return;
         }
-        if (res == UPSTREAM_OK)
+        if (res == HTTP_FETCH_OK)
             snprintf(err, sizeof err, "the upstream answered the reconcile query with %d",
                      ur.status);
-        upstream_response_clear(&ur);
+        http_reply_clear(&ur);
         mark_unknown(gw, call);
         {
             char detail[500];
@@ -604,6 +604,103 @@ static int prepare(struct gateway *gw, const struct request *rq, struct note *n,
     return 0;
 }
 
+/* The answer to a request passed through, by how its exchange ended. */
+static void answer_passed(enum http_fetch_result res, struct http_reply *ur, const char *err,
+                          struct response *resp)
+{
+    resp->outcome = "passed";
+    switch (res) {
+    case HTTP_FETCH_OK:
+        relay(ur, resp);
+        break;
+    case HTTP_FETCH_NOT_SENT:
+        answer_not_sent(resp, err);
+        break;
+    case HTTP_FETCH_UNKNOWN:
+        if (ur->timed_out)
+            response_problem(resp, 504, "upstream-timeout", err);
+        else
+            response_problem(resp, 502, "upstream-bad-reply", err);
+        break;
+    case HTTP_FETCH_BAD_REPLY:
+        response_problem(resp, 502, "upstream-bad-reply", err);
+        break;
+    case HTTP_FETCH_TOO_LARGE:
+        response_problem(resp, 502, "upstream-response-too-large", err);
+        break;
+    }
+}
+
+/*
+ * What a request parked on the event loop waits for: the first request of its key (a duplicate,
+ * woken by its watch), or its own exchange with the upstream (a request passed through).
+ */
+struct parked {
+    struct gateway *gw;
+    int forwarding;           /* 1: an exchange; 0: a duplicate's watch */
+    struct idem_watch *watch; /* a duplicate's */
+    struct http_fetch *fetch; /* the exchange, until it ends */
+    void *token;
+    int ended;
+    enum http_fetch_result res;
+    struct http_reply reply;
+    char err[300];
+};
+
+/* The exchange of a request passed through ended (on its loop): wake the request. */
+static void forwarded_done(void *arg, enum http_fetch_result res, struct http_reply *reply,
+                           const char *err)
+{
+    struct parked *pk = arg;
+
+    pk->fetch = NULL;
+    pk->ended = 1;
+    pk->res = res;
+    if (res == HTTP_FETCH_OK || res == HTTP_FETCH_TOO_LARGE)
+        gw_metrics_upstream(pk->gw->metrics, reply->seconds);
+    pk->reply = *reply;
+    memset(reply, 0, sizeof *reply); /* moved */
+    snprintf(pk->err, sizeof pk->err, "%s", err);
+    http_server_unpark(pk->token);
+}
+
+/*
+ * Passes a request through from the event loop, without a worker: parked until the upstream
+ * answers.  Returns HTTP_LOOP_WORKER when it cannot (the blocking path then does it).
+ */
+static enum http_loop_verdict pass_on_loop(struct gateway *gw, const struct request *rq,
+                                           const struct note *n, struct http_park *park)
+{
+    struct parked *pk;
+    struct forwarded f;
+    struct upstream_request urq;
+    int rc;
+
+    if (!park)
+        return HTTP_LOOP_WORKER;
+    pk = xcalloc(1, sizeof *pk);
+    pk->gw = gw;
+    pk->forwarding = 1;
+    pk->token = park->token;
+    forwarded_build(rq, n, &f);
+    urq.method = rq->method;
+    urq.target = rq->target;
+    urq.headers = f.h;
+    urq.nheaders = f.n;
+    urq.body = rq->body;
+    urq.body_len = rq->body_len;
+    rc = upstream_start(gw->upstream, &urq, forwarded_done, pk, &pk->fetch);
+    forwarded_release(&f);
+    if (rc != 0) {
+        free(pk);
+        return HTTP_LOOP_WORKER;
+    }
+    park->data = pk;
+    /* The exchange ends by itself within its timeouts; this is only a backstop. */
+    park->timeout_ms = gw->cfg->upstream_connect_timeout_ms + gw->cfg->upstream_timeout_ms + 5000;
+    return HTTP_LOOP_PARKED;
+}
+
 static enum http_loop_verdict proxy_on_loop(void *ctx, const struct request *rq,
                                             struct response *resp, struct http_park *park)
 {
@@ -613,72 +710,73 @@ static enum http_loop_verdict proxy_on_loop(void *ctx, const struct request *rq,
     struct idem_watch *watch = NULL;
 
     if (!n || !n->m.route)
-        return HTTP_LOOP_WORKER;
+        return pass_on_loop(gw, rq, n, park);
     if (prepare(gw, rq, n, resp) != 0)
         return HTTP_LOOP_ANSWERED;
     if (!n->keyed)
-        return HTTP_LOOP_WORKER;
+        return pass_on_loop(gw, rq, n, park);
     op = gateway_op(gw, n->m.route);
     if (idem_answer_lookup(gw->engine, op, n->principal, n->key, n->fp, resp))
         return HTTP_LOOP_ANSWERED;
     /* The first request of this key is being forwarded here: wait for it holding no thread. */
     if (park && idem_watch_inflight(gw->engine, op, n->principal, n->key, http_server_unpark,
                                     park->token, &watch) == 1) {
-        park->data = watch;
+        struct parked *pk = xcalloc(1, sizeof *pk);
+        pk->watch = watch;
+        park->data = pk;
         park->timeout_ms = (int)op->wait_ms;
         return HTTP_LOOP_PARKED;
     }
     return HTTP_LOOP_WORKER;
 }
 
-/* A parked duplicate, woken or timed out: the cache, else a worker, which waits what is left. */
+/*
+ * A parked request, woken or timed out (or the server stops).  A request passed through gets its
+ * upstream's answer; a duplicate asks the cache, else goes to a worker, which waits what is left.
+ */
 static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *rq,
                                               struct response *resp, void *data, int timed_out)
 {
     struct gateway *gw = ctx;
     struct note *n = rq->note;
+    struct parked *pk = data;
+    enum http_loop_verdict v = HTTP_LOOP_WORKER;
 
     (void)timed_out;
-    idem_watch_end(data);
-    if (idem_answer_lookup(gw->engine, gateway_op(gw, n->m.route), n->principal, n->key, n->fp,
-                           resp)) {
-        if (resp->outcome && strcmp(resp->outcome, "replayed") == 0)
-            resp->outcome = "waited";
-        return HTTP_LOOP_ANSWERED;
+    if (pk->forwarding) {
+        if (!pk->ended) {
+            http_fetch_cancel(pk->fetch); /* no wake-up can come after this */
+            resp->outcome = "passed";
+            response_problem(resp, 504, "upstream-timeout", "The upstream did not answer in time.");
+        } else {
+            answer_passed(pk->res, &pk->reply, pk->err, resp);
+        }
+        http_reply_clear(&pk->reply);
+        v = HTTP_LOOP_ANSWERED;
+    } else {
+        idem_watch_end(pk->watch);
+        if (idem_answer_lookup(gw->engine, gateway_op(gw, n->m.route), n->principal, n->key, n->fp,
+                               resp)) {
+            if (resp->outcome && strcmp(resp->outcome, "replayed") == 0)
+                resp->outcome = "waited";
+            v = HTTP_LOOP_ANSWERED;
+        }
     }
-    return HTTP_LOOP_WORKER;
+    free(pk);
+    return v;
 }
 
+/* A request passed through from a worker (when the event loop could not start it). */
 static void pass_through(struct gateway *gw, const struct request *rq, const struct note *n,
                          struct response *resp)
 {
-    struct upstream_response ur;
+    struct http_reply ur;
     char err[300];
-    enum upstream_result res;
+    enum http_fetch_result res;
 
-    resp->outcome = "passed";
     res = exchange(gw, rq, n, rq->method, rq->target, 1, &ur, err, sizeof err);
-    switch (res) {
-    case UPSTREAM_OK:
-        relay(&ur, resp);
-        break;
-    case UPSTREAM_NOT_SENT:
-        answer_not_sent(resp, err);
-        break;
-    case UPSTREAM_UNKNOWN:
-        if (ur.timed_out)
-            response_problem(resp, 504, "upstream-timeout", err);
-        else
-            response_problem(resp, 502, "upstream-bad-reply", err);
-        break;
-    case UPSTREAM_BAD_REPLY:
-        response_problem(resp, 502, "upstream-bad-reply", err);
-        break;
-    case UPSTREAM_TOO_LARGE:
-        response_problem(resp, 502, "upstream-response-too-large", err);
-        break;
-    }
-    upstream_response_clear(&ur);
+    answer_passed(res, &ur, err, resp);
+    http_reply_clear(&ur);
 }
 
 static void proxy_handle(void *ctx, const struct request *rq, struct response *resp)

@@ -23,8 +23,6 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <http_parser.h>
-
 #include "strbuf.h"
 #include "util.h"
 #include "banned.h"
@@ -32,13 +30,9 @@
 /*
  * A pooled connection older than this is closed rather than reused: upstreams close idle
  * keep-alive connections after a few seconds (Node.js after 5), and a request written into a
- * connection the upstream is closing at that moment ends as UPSTREAM_UNKNOWN for no good reason.
+ * connection the upstream is closing at that moment ends as HTTP_FETCH_UNKNOWN for no good reason.
  */
-#define IDLE_REUSE_MS 2000
-
-/* The answer's status line and header fields, as stored; more is a bad reply. */
-#define MAX_REPLY_HEAD 65536
-#define MAX_REPLY_HEADERS 100
+#define IDLE_REUSE_MS HTTP_CLIENT_IDLE_REUSE_MS
 
 struct idle_conn {
     int fd;
@@ -54,24 +48,9 @@ struct upstream {
     pthread_mutex_t lock;
     struct idle_conn *idle; /* a stack: the most recently used is reused first */
     int nidle;
-};
 
-const char *upstream_result_name(enum upstream_result r)
-{
-    switch (r) {
-    case UPSTREAM_OK:
-        return "ok";
-    case UPSTREAM_NOT_SENT:
-        return "not-sent";
-    case UPSTREAM_UNKNOWN:
-        return "unknown";
-    case UPSTREAM_TOO_LARGE:
-        return "too-large";
-    case UPSTREAM_BAD_REPLY:
-        return "bad-reply";
-    }
-    return "unknown";
-}
+    struct http_client *async; /* the same upstream, from the event loops */
+};
 
 static int64_t now_ms(void)
 {
@@ -108,6 +87,20 @@ int upstream_new(const struct upstream_options *opts, struct upstream **out, cha
                  (unsigned)opts->port);
     up->idle = xcalloc((size_t)(opts->max_idle > 0 ? opts->max_idle : 1), sizeof *up->idle);
     pthread_mutex_init(&up->lock, NULL);
+    {
+        struct http_client_options co = {
+            .host = opts->host,
+            .port = opts->port,
+            .connect_timeout_ms = opts->connect_timeout_ms,
+            .timeout_ms = opts->timeout_ms,
+            .max_idle = opts->max_idle,
+            .max_response_bytes = opts->max_response_bytes,
+        };
+        if (http_client_new(&co, &up->async, err, errlen) != 0) {
+            upstream_free(up);
+            return -1;
+        }
+    }
     *out = up;
     return 0;
 }
@@ -120,6 +113,7 @@ void upstream_free(struct upstream *up)
         close(up->idle[i].fd);
     free(up->idle);
     pthread_mutex_destroy(&up->lock);
+    http_client_free(up->async);
     free(up);
 }
 
@@ -276,221 +270,81 @@ static int write_all(int fd, struct iovec *iov, int n, int64_t deadline, size_t 
     return 0;
 }
 
-/* ---- reading the answer ------------------------------------------------------------------ */
-
-struct reader {
-    http_parser hp;
-    struct upstream_response *resp;
-    struct strbuf head; /* "name\0value\0" per field */
-    size_t offs[MAX_REPLY_HEADERS][2];
-    size_t nfields;
-    int in_value;
-    struct strbuf body;
-    size_t max_body;
-    int head_request; /* HEAD: the answer has no body whatever it announces */
-    int too_large;
-    int too_many;
-    int done;
-};
-
-static int on_field(http_parser *hp, const char *at, size_t len)
-{
-    struct reader *r = hp->data;
-    if (r->in_value || r->nfields == 0) {
-        if (r->nfields > 0)
-            strbuf_add(&r->head, "", 1); /* ends the last value */
-        if (r->nfields == MAX_REPLY_HEADERS) {
-            r->too_many = 1;
-            return -1;
-        }
-        r->offs[r->nfields][0] = r->head.len;
-        r->nfields++;
-        r->in_value = 0;
-    }
-    if (r->head.len + len > MAX_REPLY_HEAD) {
-        r->too_many = 1;
-        return -1;
-    }
-    strbuf_add(&r->head, at, len);
-    return 0;
-}
-
-static int on_value(http_parser *hp, const char *at, size_t len)
-{
-    struct reader *r = hp->data;
-    if (r->nfields == 0)
-        return -1;
-    if (!r->in_value) {
-        strbuf_add(&r->head, "", 1); /* ends the name */
-        r->offs[r->nfields - 1][1] = r->head.len;
-        r->in_value = 1;
-    }
-    if (r->head.len + len > MAX_REPLY_HEAD) {
-        r->too_many = 1;
-        return -1;
-    }
-    strbuf_add(&r->head, at, len);
-    return 0;
-}
-
-static int on_headers_complete(http_parser *hp)
-{
-    struct reader *r = hp->data;
-    if (r->nfields > 0 && !r->in_value)
-        return -1; /* a name without a value */
-    if (r->nfields > 0)
-        strbuf_add(&r->head, "", 1);
-    if (hp->content_length != ULLONG_MAX && hp->content_length > r->max_body) {
-        r->too_large = 1;
-        return -1;
-    }
-    /* 1 tells http-parser there is no body (HEAD; 1xx, 204 and 304 it knows itself). */
-    return r->head_request ? 1 : 0;
-}
-
-static int on_body(http_parser *hp, const char *at, size_t len)
-{
-    struct reader *r = hp->data;
-    if (r->body.len + len > r->max_body) {
-        r->too_large = 1;
-        return -1;
-    }
-    strbuf_add(&r->body, at, len);
-    return 0;
-}
-
-static int on_message_complete(http_parser *hp)
-{
-    struct reader *r = hp->data;
-    /* An interim answer (100 Continue, 103 Early Hints) is skipped: the real one follows. */
-    if (hp->status_code >= 100 && hp->status_code < 200 && hp->status_code != 101) {
-        strbuf_release(&r->head);
-        r->nfields = 0;
-        r->in_value = 0;
-        return 0;
-    }
-    r->done = 1;
-    http_parser_pause(hp, 1);
-    return 0;
-}
-
-static const http_parser_settings reader_settings = {
-    .on_header_field = on_field,
-    .on_header_value = on_value,
-    .on_headers_complete = on_headers_complete,
-    .on_body = on_body,
-    .on_message_complete = on_message_complete,
-};
-
-/* Moves what the reader gathered into `resp`. */
-static void reader_finish(struct reader *r, struct upstream_response *resp)
-{
-    resp->status = (int)r->hp.status_code;
-    resp->headers_cap_ = r->nfields;
-    resp->headers = r->nfields ? xcalloc(r->nfields, sizeof *resp->headers) : NULL;
-    resp->store_ = strbuf_detach(&r->head, &resp->store_len_);
-    for (size_t i = 0; i < r->nfields; i++) {
-        resp->headers[i].name = resp->store_ + r->offs[i][0];
-        resp->headers[i].value = resp->store_ + r->offs[i][1];
-    }
-    resp->nheaders = r->nfields;
-    if (r->body.len > 0) {
-        resp->body = strbuf_detach(&r->body, &resp->body_len);
-    }
-}
-
-void upstream_response_clear(struct upstream_response *resp)
-{
-    free(resp->headers);
-    free(resp->store_);
-    free(resp->body);
-    memset(resp, 0, sizeof *resp);
-}
-
-const char *upstream_response_header(const struct upstream_response *resp, const char *name)
-{
-    for (size_t i = 0; i < resp->nheaders; i++)
-        if (strcasecmp(resp->headers[i].name, name) == 0)
-            return resp->headers[i].value;
-    return NULL;
-}
-
 /*
  * Reads the answer on `fd` until it is whole, the deadline passes or the connection ends.
  * *reusable says whether the connection may carry another exchange.
  */
-static enum upstream_result read_answer(struct reader *r, int fd, int64_t deadline, int *reusable,
-                                        char *err, size_t errlen)
+static enum http_fetch_result read_answer(struct http_reply_reader *r, int fd, int64_t deadline,
+                                          struct http_reply *resp, int *reusable, char *err,
+                                          size_t errlen)
 {
     char buf[16384];
 
     *reusable = 0;
     for (;;) {
         ssize_t n = read(fd, buf, sizeof buf);
-        size_t used;
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && errno == EAGAIN) {
             int w = wait_fd(fd, POLLIN, deadline);
             if (w == 0) {
                 snprintf(err, errlen, "no whole answer within the upstream timeout");
-                r->resp->timed_out = 1;
-                return UPSTREAM_UNKNOWN;
+                resp->timed_out = 1;
+                return HTTP_FETCH_UNKNOWN;
             }
             if (w < 0) {
                 snprintf(err, errlen, "poll: %s", strerror(errno));
-                return UPSTREAM_UNKNOWN;
+                return HTTP_FETCH_UNKNOWN;
             }
             continue;
         }
         if (n < 0) {
             snprintf(err, errlen, "reading the answer: %s", strerror(errno));
-            return UPSTREAM_UNKNOWN;
+            return HTTP_FETCH_UNKNOWN;
         }
-        /* n == 0 tells http-parser the stream ended (a body delimited by close completes). */
-        used = http_parser_execute(&r->hp, &reader_settings, buf, (size_t)n);
-        if (r->done) {
-            *reusable = n > 0 && used == (size_t)n && http_should_keep_alive(&r->hp);
-            return UPSTREAM_OK;
-        }
-        if (r->too_large) {
+        /* n == 0 tells the reader the stream ended (a body delimited by close completes). */
+        switch (http_reply_reader_feed(r, buf, (size_t)n)) {
+        case HTTP_REPLY_DONE:
+            *reusable = n > 0 && http_reply_reader_reusable(r);
+            return HTTP_FETCH_OK;
+        case HTTP_REPLY_TOO_LARGE:
             snprintf(err, errlen, "the answer's body is over %zu bytes", r->max_body);
-            return UPSTREAM_TOO_LARGE;
-        }
-        if (HTTP_PARSER_ERRNO(&r->hp) != HPE_OK) {
-            snprintf(err, errlen, "the upstream's answer is not valid HTTP: %s%s",
-                     http_errno_description(HTTP_PARSER_ERRNO(&r->hp)),
-                     r->too_many ? " (head too large)" : "");
-            return UPSTREAM_BAD_REPLY;
+            return HTTP_FETCH_TOO_LARGE;
+        case HTTP_REPLY_BAD:
+            snprintf(err, errlen, "the upstream's answer is not valid HTTP: %s",
+                     http_reply_reader_error(r));
+            return HTTP_FETCH_BAD_REPLY;
+        case HTTP_REPLY_MORE:
+            break;
         }
         if (n == 0) {
             snprintf(err, errlen, "the upstream closed the connection before a whole answer");
-            return UPSTREAM_UNKNOWN;
+            return HTTP_FETCH_UNKNOWN;
         }
     }
 }
 
-enum upstream_result upstream_exchange(struct upstream *up, const struct upstream_request *rq,
-                                       struct upstream_response *resp, char *err, size_t errlen)
+enum http_fetch_result upstream_exchange(struct upstream *up, const struct upstream_request *rq,
+                                         struct http_reply *resp, char *err, size_t errlen)
 {
     struct strbuf head = STRBUF_INIT;
-    struct reader r;
+    struct http_reply_reader r;
     struct iovec iov[2];
-    enum upstream_result res;
+    enum http_fetch_result res;
     int64_t start_ns, deadline;
     size_t sent = 0;
     int reusable = 0;
     int fd;
 
     memset(resp, 0, sizeof *resp);
-    memset(&r, 0, sizeof r);
     err[0] = '\0';
     fd = take_idle(up);
     if (fd < 0)
         fd = connect_new(up, err, errlen);
     if (fd < 0)
-        return UPSTREAM_NOT_SENT;
+        return HTTP_FETCH_NOT_SENT;
 
+    http_reply_reader_init(&r, up->opts.max_response_bytes, strcmp(rq->method, "HEAD") == 0);
     build_head(up, rq, &head);
     iov[0].iov_base = head.buf;
     iov[0].iov_len = head.len;
@@ -503,26 +357,35 @@ enum upstream_result upstream_exchange(struct upstream *up, const struct upstrea
         snprintf(err, errlen, "sending the request: %s", strerror(e));
         resp->timed_out = e == ETIMEDOUT;
         /* Not a byte left: the upstream cannot have acted on it. */
-        res = sent == 0 ? UPSTREAM_NOT_SENT : UPSTREAM_UNKNOWN;
+        res = sent == 0 ? HTTP_FETCH_NOT_SENT : HTTP_FETCH_UNKNOWN;
         goto out;
     }
-
-    http_parser_init(&r.hp, HTTP_RESPONSE);
-    r.hp.data = &r;
-    r.resp = resp;
-    r.max_body = up->opts.max_response_bytes;
-    r.head_request = strcmp(rq->method, "HEAD") == 0;
-    res = read_answer(&r, fd, deadline, &reusable, err, errlen);
-    if (res == UPSTREAM_OK || res == UPSTREAM_TOO_LARGE)
-        reader_finish(&r, resp);
+    res = read_answer(&r, fd, deadline, resp, &reusable, err, errlen);
+    if (res == HTTP_FETCH_OK || res == HTTP_FETCH_TOO_LARGE) {
+        int timed_out = resp->timed_out;
+        http_reply_reader_take(&r, resp);
+        resp->timed_out = timed_out;
+    }
     resp->seconds = (double)(mono_ns() - start_ns) / 1e9;
 out:
     strbuf_release(&head);
-    strbuf_release(&r.head);
-    strbuf_release(&r.body);
+    http_reply_reader_release(&r);
     if (reusable)
         give_back(up, fd);
     else
         close(fd);
     return res;
+}
+
+int upstream_start(struct upstream *up, const struct upstream_request *rq, http_fetch_done done,
+                   void *arg, struct http_fetch **fetch)
+{
+    struct strbuf head = STRBUF_INIT;
+    int rc;
+
+    build_head(up, rq, &head);
+    rc = http_fetch_start(up->async, head.buf, head.len, rq->body, rq->body_len,
+                          strcmp(rq->method, "HEAD") == 0, done, arg, fetch);
+    strbuf_release(&head);
+    return rc;
 }

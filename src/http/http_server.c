@@ -34,6 +34,7 @@
 
 #include <uv.h>
 
+#include "loop_internal.h"
 #include "problem.h"
 #include "strbuf.h"
 #include "util.h"
@@ -130,8 +131,34 @@ struct http_loop {
     _Atomic int halted; /* set by http_server_stop(), read by the loop */
     char date[48];
     time_t date_at;
+    /* What else lives on this loop (http_client.c's pools), closed before its handles are. */
+    struct {
+        void (*fn)(void *arg);
+        void *arg;
+    } at_stop[4];
+    int nat_stop;
     char buf[READ_CHUNK];
 };
+
+/* The loop the calling thread runs, NULL on any other thread (loop_internal.h). */
+static _Thread_local struct http_loop *current_loop;
+
+uv_loop_t *http_loop_current(void)
+{
+    return current_loop ? &current_loop->uv : NULL;
+}
+
+int http_loop_at_stop(void (*fn)(void *arg), void *arg)
+{
+    struct http_loop *lp = current_loop;
+
+    if (!lp || lp->nat_stop == (int)(sizeof lp->at_stop / sizeof lp->at_stop[0]))
+        return -1;
+    lp->at_stop[lp->nat_stop].fn = fn;
+    lp->at_stop[lp->nat_stop].arg = arg;
+    lp->nat_stop++;
+    return 0;
+}
 
 struct ip_slot {
     struct ip_slot *next;
@@ -1212,7 +1239,9 @@ static void *loop_main(void *arg)
 {
     struct http_loop *lp = arg;
 
+    current_loop = lp;
     uv_run(&lp->uv, UV_RUN_DEFAULT);
+    current_loop = NULL;
     return NULL;
 }
 
@@ -1586,6 +1615,8 @@ void http_server_stop(struct http_server *srv)
             c->park_data = NULL;
             set_state(c, CONN_WORKING);
         }
+        for (int k = 0; k < lp->nat_stop; k++)
+            lp->at_stop[k].fn(lp->at_stop[k].arg);
         uv_walk(&lp->uv, close_any, NULL);
         uv_run(&lp->uv, UV_RUN_DEFAULT);
         uv_loop_close(&lp->uv);

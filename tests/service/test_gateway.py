@@ -243,6 +243,22 @@ def unrouted_and_keyless_requests_pass_through_as_sent(ctx):
 
 
 @test
+def pass_through_failures_are_problems_not_hangs(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    r = gw.request("POST", "/v2/else", {"n": 1}, headers={"X-Test-Mode": "reset"})
+    expect_problem(r, 502, "upstream-bad-reply", "an unrouted request whose upstream resets")
+    r = gw.request("POST", "/v2/else", {"n": 1}, headers={"X-Test-Mode": "hang"})
+    expect_problem(r, 504, "upstream-timeout", "an unrouted request whose upstream hangs")
+    r = gw.request("POST", "/v2/else", {"n": 1}, headers={"X-Test-Mode": "status:503"})
+    expect_eq(r.status, 503, "the upstream's own 503 is passed on")
+    # Many in a row reuse the loop's pooled connections and still answer each one right.
+    for i in range(50):
+        r = gw.request("GET", "/v2/seq/%d" % i)
+        expect(r.status == 200 and r.json()["path"] == "/v2/seq/%d" % i,
+               "answer %d: %s" % (i, r.describe(200)))
+
+
+@test
 def key_from_the_body(ctx):
     gw, up = ctx["gw"], ctx["up"]
     k = key("body")
@@ -336,6 +352,8 @@ def nothing_sent_releases_the_key(ctx):
         k = key("refused")
         r = gw.request("POST", "/v1/things", {"n": 1}, key=k)
         expect_problem(r, 502, "upstream-unavailable", "connection refused")
+        r = gw.request("GET", "/v2/unrouted")
+        expect_problem(r, 502, "upstream-unavailable", "an unrouted request, connection refused")
         live = Upstream(port)
         try:
             r = gw.request("POST", "/v1/things", {"n": 1}, key=k)

@@ -1,0 +1,621 @@
+/*
+ * http_client.c - the HTTP layer's client side (http_client.h): the answer reader every client
+ * shares, and exchanges started from an event loop that never block it.
+ *
+ * A connection of a loop's pool is a libuv TCP handle and a timer, owned by that loop's thread:
+ * the pool needs no lock once found.  While a connection is idle its read stays armed, so an
+ * upstream that closes it (or sends stray bytes) is seen at once and the connection dropped; a
+ * request is only written into a connection that was quiet and young a moment ago.
+ */
+#include "http_client.h"
+
+#include <limits.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <uv.h>
+
+#include "loop_internal.h"
+#include "util.h"
+#include "banned.h"
+
+/* Loops a client keeps pools for (servers run at most 8 loops each; the admin server has one). */
+#define MAX_POOLS 16
+
+const char *http_fetch_result_name(enum http_fetch_result r)
+{
+    switch (r) {
+    case HTTP_FETCH_OK:
+        return "ok";
+    case HTTP_FETCH_NOT_SENT:
+        return "not-sent";
+    case HTTP_FETCH_UNKNOWN:
+        return "unknown";
+    case HTTP_FETCH_TOO_LARGE:
+        return "too-large";
+    case HTTP_FETCH_BAD_REPLY:
+        return "bad-reply";
+    }
+    return "unknown";
+}
+
+/* ---- the reply and its reader ------------------------------------------------------------ */
+
+void http_reply_clear(struct http_reply *reply)
+{
+    free(reply->headers);
+    free(reply->store_);
+    free(reply->body);
+    memset(reply, 0, sizeof *reply);
+}
+
+const char *http_reply_header(const struct http_reply *reply, const char *name)
+{
+    for (size_t i = 0; i < reply->nheaders; i++)
+        if (strcasecmp(reply->headers[i].name, name) == 0)
+            return reply->headers[i].value;
+    return NULL;
+}
+
+static int on_field(http_parser *hp, const char *at, size_t len)
+{
+    struct http_reply_reader *r = hp->data;
+    if (r->in_value || r->nfields == 0) {
+        if (r->nfields > 0)
+            strbuf_add(&r->head, "", 1); /* ends the last value */
+        if (r->nfields == HTTP_REPLY_MAX_HEADERS) {
+            r->too_many = 1;
+            return -1;
+        }
+        r->offs[r->nfields][0] = r->head.len;
+        r->nfields++;
+        r->in_value = 0;
+    }
+    if (r->head.len + len > HTTP_REPLY_MAX_HEAD) {
+        r->too_many = 1;
+        return -1;
+    }
+    strbuf_add(&r->head, at, len);
+    return 0;
+}
+
+static int on_value(http_parser *hp, const char *at, size_t len)
+{
+    struct http_reply_reader *r = hp->data;
+    if (r->nfields == 0)
+        return -1;
+    if (!r->in_value) {
+        strbuf_add(&r->head, "", 1); /* ends the name */
+        r->offs[r->nfields - 1][1] = r->head.len;
+        r->in_value = 1;
+    }
+    if (r->head.len + len > HTTP_REPLY_MAX_HEAD) {
+        r->too_many = 1;
+        return -1;
+    }
+    strbuf_add(&r->head, at, len);
+    return 0;
+}
+
+static int on_headers_complete(http_parser *hp)
+{
+    struct http_reply_reader *r = hp->data;
+    if (r->nfields > 0 && !r->in_value)
+        return -1; /* a name without a value */
+    if (r->nfields > 0)
+        strbuf_add(&r->head, "", 1);
+    if (hp->content_length != ULLONG_MAX && hp->content_length > r->max_body) {
+        r->too_large = 1;
+        return -1;
+    }
+    /* 1 tells http-parser there is no body (HEAD; 1xx, 204 and 304 it knows itself). */
+    return r->head_request ? 1 : 0;
+}
+
+static int on_body(http_parser *hp, const char *at, size_t len)
+{
+    struct http_reply_reader *r = hp->data;
+    if (r->body.len + len > r->max_body) {
+        r->too_large = 1;
+        return -1;
+    }
+    strbuf_add(&r->body, at, len);
+    return 0;
+}
+
+static int on_message_complete(http_parser *hp)
+{
+    struct http_reply_reader *r = hp->data;
+    /* An interim answer (100 Continue, 103 Early Hints) is skipped: the real one follows. */
+    if (hp->status_code >= 100 && hp->status_code < 200 && hp->status_code != 101) {
+        strbuf_release(&r->head);
+        r->nfields = 0;
+        r->in_value = 0;
+        return 0;
+    }
+    r->done = 1;
+    http_parser_pause(hp, 1);
+    return 0;
+}
+
+static const http_parser_settings reader_settings = {
+    .on_header_field = on_field,
+    .on_header_value = on_value,
+    .on_headers_complete = on_headers_complete,
+    .on_body = on_body,
+    .on_message_complete = on_message_complete,
+};
+
+void http_reply_reader_init(struct http_reply_reader *r, size_t max_body, int head_request)
+{
+    memset(r, 0, sizeof *r);
+    http_parser_init(&r->hp, HTTP_RESPONSE);
+    r->hp.data = r;
+    r->max_body = max_body;
+    r->head_request = head_request;
+}
+
+void http_reply_reader_release(struct http_reply_reader *r)
+{
+    strbuf_release(&r->head);
+    strbuf_release(&r->body);
+}
+
+enum http_reply_read http_reply_reader_feed(struct http_reply_reader *r, const char *data,
+                                            size_t len)
+{
+    size_t used = http_parser_execute(&r->hp, &reader_settings, data, len);
+
+    if (r->done)
+        return HTTP_REPLY_DONE;
+    if (r->too_large)
+        return HTTP_REPLY_TOO_LARGE;
+    if (HTTP_PARSER_ERRNO(&r->hp) != HPE_OK || used != len)
+        return HTTP_REPLY_BAD;
+    return HTTP_REPLY_MORE;
+}
+
+int http_reply_reader_reusable(const struct http_reply_reader *r)
+{
+    /* Paused right at the end of the answer: any byte after it would be a protocol error. */
+    return r->done && http_should_keep_alive(&r->hp);
+}
+
+const char *http_reply_reader_error(const struct http_reply_reader *r)
+{
+    if (r->too_many)
+        return "its head is over 64 KiB or 100 fields";
+    return http_errno_description(HTTP_PARSER_ERRNO(&r->hp));
+}
+
+void http_reply_reader_take(struct http_reply_reader *r, struct http_reply *out)
+{
+    size_t len = 0;
+
+    memset(out, 0, sizeof *out);
+    out->status = (int)r->hp.status_code;
+    out->headers = r->nfields ? xcalloc(r->nfields, sizeof *out->headers) : NULL;
+    out->store_ = strbuf_detach(&r->head, &len);
+    for (size_t i = 0; i < r->nfields; i++) {
+        out->headers[i].name = out->store_ + r->offs[i][0];
+        out->headers[i].value = out->store_ + r->offs[i][1];
+    }
+    out->nheaders = r->nfields;
+    if (r->body.len > 0)
+        out->body = strbuf_detach(&r->body, &out->body_len);
+}
+
+/* ---- fetching from an event loop --------------------------------------------------------- */
+
+struct fconn;
+
+struct loop_pool {
+    struct http_client *cl;
+    uv_loop_t *loop;
+    struct fconn *idle; /* a stack: the most recently used first */
+    int nidle;
+    int stopped; /* the loop is stopping: connections are closed, not kept */
+};
+
+struct http_client {
+    struct http_client_options opts;
+    struct sockaddr_storage addr;
+    pthread_mutex_t mu; /* guards pools[] and npools (each pool is its loop's alone) */
+    struct loop_pool pools[MAX_POOLS];
+    int npools;
+};
+
+struct fconn {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    uv_connect_t connect;
+    uv_write_t write;
+    struct loop_pool *pool;
+    struct http_fetch *f; /* the exchange on it; NULL while idle */
+    struct fconn *next;   /* in the pool's idle stack */
+    int64_t idle_since_ms;
+    int closing;
+    int reading;           /* the read is armed (it stays armed while idle) */
+    int nclosed;           /* handles closed: the connection is freed at 2 */
+    char connect_err[120]; /* a connect refused at once, told from the timer */
+    struct http_reply_reader rr;
+};
+
+struct http_fetch {
+    struct http_client *cl;
+    struct fconn *c;
+    http_fetch_done done;
+    void *arg;
+    char *out; /* head and body */
+    size_t out_len;
+    int head_request;
+    int64_t start_ns;
+};
+
+static int64_t now_ms(void)
+{
+    return mono_ns() / 1000000;
+}
+
+int http_client_new(const struct http_client_options *opts, struct http_client **out, char *err,
+                    size_t errlen)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    struct http_client *cl;
+    char port[8];
+    int rc;
+
+    *out = NULL;
+    snprintf(port, sizeof port, "%u", (unsigned)opts->port);
+    rc = getaddrinfo(opts->host, port, &hints, &res);
+    if (rc != 0 || !res) {
+        snprintf(err, errlen, "upstream host %s: %s", opts->host, gai_strerror(rc));
+        return -1;
+    }
+    cl = xcalloc(1, sizeof *cl);
+    cl->opts = *opts;
+    cl->opts.host = NULL; /* not kept: the address is */
+    memcpy(&cl->addr, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    pthread_mutex_init(&cl->mu, NULL);
+    *out = cl;
+    return 0;
+}
+
+void http_client_free(struct http_client *cl)
+{
+    if (!cl)
+        return;
+    pthread_mutex_destroy(&cl->mu);
+    free(cl);
+}
+
+static void fconn_closed(uv_handle_t *h)
+{
+    struct fconn *c = h->data;
+    if (++c->nclosed < 2)
+        return;
+    http_reply_reader_release(&c->rr);
+    free(c);
+}
+
+/* Takes `c` out of its pool's idle stack, if it is there. */
+static void pool_unlink(struct fconn *c)
+{
+    struct fconn **pp = &c->pool->idle;
+
+    while (*pp && *pp != c)
+        pp = &(*pp)->next;
+    if (*pp) {
+        *pp = c->next;
+        c->pool->nidle--;
+    }
+    c->next = NULL;
+}
+
+static void fconn_close(struct fconn *c)
+{
+    if (c->closing)
+        return;
+    c->closing = 1;
+    pool_unlink(c);
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    uv_close((uv_handle_t *)&c->tcp, fconn_closed);
+    uv_close((uv_handle_t *)&c->timer, fconn_closed);
+}
+
+/* Closes every idle connection of a stopping loop (registered with http_loop_at_stop). */
+static void pool_stop(void *arg)
+{
+    struct loop_pool *p = arg;
+
+    p->stopped = 1;
+    while (p->idle)
+        fconn_close(p->idle);
+}
+
+/* The calling loop's pool of `cl`, made on first use. */
+static struct loop_pool *pool_here(struct http_client *cl, uv_loop_t *loop)
+{
+    struct loop_pool *p = NULL;
+
+    pthread_mutex_lock(&cl->mu);
+    for (int i = 0; i < cl->npools && !p; i++)
+        if (cl->pools[i].loop == loop)
+            p = &cl->pools[i];
+    if (!p && cl->npools < MAX_POOLS) {
+        p = &cl->pools[cl->npools++];
+        p->cl = cl;
+        p->loop = loop;
+        if (http_loop_at_stop(pool_stop, p) != 0)
+            p->stopped = 1; /* no hook: keep nothing, so nothing outlives the loop */
+    }
+    pthread_mutex_unlock(&cl->mu);
+    return p;
+}
+
+/* Ends the exchange: the connection is detached from it and `done` told. */
+static void finish(struct http_fetch *f, enum http_fetch_result res, struct http_reply *reply,
+                   const char *err)
+{
+    struct http_reply empty;
+
+    if (f->c)
+        f->c->f = NULL;
+    f->c = NULL;
+    if (!reply) {
+        memset(&empty, 0, sizeof empty);
+        reply = &empty;
+    }
+    reply->seconds = f->start_ns ? (double)(mono_ns() - f->start_ns) / 1e9 : 0;
+    f->done(f->arg, res, reply, err);
+    free(f->out);
+    free(f);
+}
+
+/* Fails the exchange on `c` and closes the connection. */
+static void fail(struct fconn *c, enum http_fetch_result res, int timed_out, const char *err)
+{
+    struct http_fetch *f = c->f;
+    struct http_reply reply;
+
+    fconn_close(c);
+    if (!f)
+        return;
+    memset(&reply, 0, sizeof reply);
+    reply.timed_out = timed_out;
+    finish(f, res, &reply, err);
+    http_reply_clear(&reply);
+}
+
+static void on_timeout(uv_timer_t *t)
+{
+    struct fconn *c = t->data;
+    if (!c->f)
+        return;
+    if (c->f->start_ns == 0)
+        fail(c, HTTP_FETCH_NOT_SENT, 0, c->connect_err[0] ? c->connect_err : "connect: timed out");
+    else
+        fail(c, HTTP_FETCH_UNKNOWN, 1, "no whole answer within the upstream timeout");
+}
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    static _Thread_local char chunk[65536];
+    (void)h;
+    (void)suggested;
+    *buf = uv_buf_init(chunk, sizeof chunk);
+}
+
+/* Back to the pool if the answer left the connection clean, else closed. */
+static void release(struct fconn *c, int reusable)
+{
+    struct loop_pool *p = c->pool;
+
+    uv_timer_stop(&c->timer);
+    if (!reusable || p->stopped ||
+        p->nidle >= (p->cl->opts.max_idle > 0 ? p->cl->opts.max_idle : 1)) {
+        fconn_close(c);
+        return;
+    }
+    c->idle_since_ms = now_ms();
+    c->next = p->idle;
+    p->idle = c;
+    p->nidle++;
+}
+
+static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    struct fconn *c = s->data;
+    struct http_fetch *f = c->f;
+    struct http_reply reply;
+    enum http_reply_read r;
+    char err[200];
+
+    if (nread == 0)
+        return;
+    if (!f) {
+        fconn_close(c); /* idle: the upstream closed it, or spoke out of turn */
+        return;
+    }
+    if (nread < 0 && nread != UV_EOF) {
+        snprintf(err, sizeof err, "reading the answer: %s", uv_strerror((int)nread));
+        fail(c, HTTP_FETCH_UNKNOWN, 0, err);
+        return;
+    }
+    r = http_reply_reader_feed(&c->rr, buf->base, nread < 0 ? 0 : (size_t)nread);
+    switch (r) {
+    case HTTP_REPLY_MORE:
+        if (nread < 0)
+            fail(c, HTTP_FETCH_UNKNOWN, 0,
+                 "the upstream closed the connection before a whole answer");
+        return;
+    case HTTP_REPLY_DONE:
+        http_reply_reader_take(&c->rr, &reply);
+        release(c, nread > 0 && http_reply_reader_reusable(&c->rr));
+        finish(f, HTTP_FETCH_OK, &reply, "");
+        http_reply_clear(&reply);
+        return;
+    case HTTP_REPLY_TOO_LARGE:
+        http_reply_reader_take(&c->rr, &reply);
+        fconn_close(c);
+        snprintf(err, sizeof err, "the answer's body is over %zu bytes", c->rr.max_body);
+        finish(f, HTTP_FETCH_TOO_LARGE, &reply, err);
+        http_reply_clear(&reply);
+        return;
+    case HTTP_REPLY_BAD:
+        snprintf(err, sizeof err, "the upstream's answer is not valid HTTP: %s",
+                 http_reply_reader_error(&c->rr));
+        fail(c, HTTP_FETCH_BAD_REPLY, 0, err);
+        return;
+    }
+}
+
+static void write_cb(uv_write_t *w, int status)
+{
+    struct fconn *c = w->data;
+    char err[200];
+
+    if (c->closing || status == 0)
+        return;
+    snprintf(err, sizeof err, "sending the request: %s", uv_strerror(status));
+    fail(c, HTTP_FETCH_UNKNOWN, 0, err);
+}
+
+/* Writes the request on a connected `c` and waits for the answer. */
+static void send_on(struct fconn *c)
+{
+    struct http_fetch *f = c->f;
+    uv_buf_t buf = uv_buf_init(f->out, (unsigned int)f->out_len);
+    char err[200];
+    int rc;
+
+    http_reply_reader_release(&c->rr);
+    http_reply_reader_init(&c->rr, c->pool->cl->opts.max_response_bytes, f->head_request);
+    f->start_ns = mono_ns();
+    rc = uv_write(&c->write, (uv_stream_t *)&c->tcp, &buf, 1, write_cb);
+    if (rc < 0) {
+        /* Refused before a byte was queued: the upstream saw nothing. */
+        f->start_ns = 0;
+        snprintf(err, sizeof err, "sending the request: %s", uv_strerror(rc));
+        fail(c, HTTP_FETCH_NOT_SENT, 0, err);
+        return;
+    }
+    uv_timer_start(&c->timer, on_timeout, (uint64_t)c->pool->cl->opts.timeout_ms, 0);
+    if (!c->reading) {
+        rc = uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
+        if (rc < 0) {
+            snprintf(err, sizeof err, "reading the answer: %s", uv_strerror(rc));
+            fail(c, HTTP_FETCH_UNKNOWN, 0, err);
+            return;
+        }
+        c->reading = 1;
+    }
+}
+
+static void connect_cb(uv_connect_t *req, int status)
+{
+    struct fconn *c = req->data;
+    char err[200];
+
+    if (c->closing)
+        return;
+    uv_timer_stop(&c->timer);
+    if (status < 0) {
+        snprintf(err, sizeof err, "connect: %s", uv_strerror(status));
+        fail(c, HTTP_FETCH_NOT_SENT, 0, err);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    send_on(c);
+}
+
+/* A pooled connection fit for a request: young (its read is armed, so a close was seen). */
+static struct fconn *take_idle(struct loop_pool *p)
+{
+    int64_t now = now_ms();
+
+    while (p->idle) {
+        struct fconn *c = p->idle;
+        p->idle = c->next;
+        p->nidle--;
+        c->next = NULL;
+        if (now - c->idle_since_ms <= HTTP_CLIENT_IDLE_REUSE_MS)
+            return c;
+        fconn_close(c);
+    }
+    return NULL;
+}
+
+int http_fetch_start(struct http_client *cl, const char *head, size_t head_len, const char *body,
+                     size_t body_len, int head_request, http_fetch_done done, void *arg,
+                     struct http_fetch **fetch)
+{
+    uv_loop_t *loop = http_loop_current();
+    struct loop_pool *p;
+    struct http_fetch *f;
+    struct fconn *c;
+    int rc;
+
+    *fetch = NULL;
+    if (!loop)
+        return -1;
+    p = pool_here(cl, loop);
+    if (!p)
+        return -1;
+    f = xcalloc(1, sizeof *f);
+    f->cl = cl;
+    f->done = done;
+    f->arg = arg;
+    f->head_request = head_request;
+    f->out_len = head_len + body_len;
+    f->out = xmalloc(f->out_len + 1);
+    memcpy(f->out, head, head_len);
+    if (body_len)
+        memcpy(f->out + head_len, body, body_len);
+    *fetch = f;
+
+    c = take_idle(p);
+    if (c) {
+        c->f = f;
+        f->c = c;
+        send_on(c);
+        return 0;
+    }
+    c = xcalloc(1, sizeof *c);
+    c->pool = p;
+    c->f = f;
+    f->c = c;
+    uv_tcp_init(loop, &c->tcp);
+    uv_timer_init(loop, &c->timer);
+    c->tcp.data = c;
+    c->timer.data = c;
+    c->connect.data = c;
+    c->write.data = c;
+    rc = uv_tcp_connect(&c->connect, &c->tcp, (const struct sockaddr *)&cl->addr, connect_cb);
+    if (rc < 0) {
+        /* `done` may not run inside the caller's own call: the timer tells it, at once. */
+        snprintf(c->connect_err, sizeof c->connect_err, "connect: %s", uv_strerror(rc));
+        uv_timer_start(&c->timer, on_timeout, 0, 0);
+        return 0;
+    }
+    uv_timer_start(&c->timer, on_timeout, (uint64_t)cl->opts.connect_timeout_ms, 0);
+    return 0;
+}
+
+void http_fetch_cancel(struct http_fetch *f)
+{
+    if (!f)
+        return;
+    if (f->c) {
+        f->c->f = NULL;
+        fconn_close(f->c);
+    }
+    free(f->out);
+    free(f);
+}

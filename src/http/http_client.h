@@ -1,0 +1,136 @@
+/*
+ * http_client.h - the HTTP layer's client side, for a program that forwards requests (idem-gateway):
+ *
+ *   - struct http_reply and a reader that parses an HTTP/1.1 answer from untrusted bytes
+ *     (http-parser in response mode) under caps: for any client, blocking or not;
+ *   - http_fetch_start(): one exchange with an upstream from an event-loop thread, without
+ *     blocking it, over keep-alive connections pooled per loop.  The loop goes on serving other
+ *     connections while the upstream thinks; `done` runs on the same loop when the answer is in.
+ *
+ * What matters most is what the upstream may have seen, because that decides whether a retry may
+ * run: no connection means nothing was sent (HTTP_FETCH_NOT_SENT); once the request was written,
+ * an exchange that ends without a whole answer is HTTP_FETCH_UNKNOWN.  A pooled connection is
+ * reused only while young, and is watched while idle, so that an upstream closing it is noticed
+ * before a request is written into it.
+ */
+#ifndef IDEM_HTTP_HTTP_CLIENT_H
+#define IDEM_HTTP_HTTP_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <http_parser.h>
+
+#include "strbuf.h"
+
+/* A pooled connection older than this is closed rather than reused (upstreams close idle ones). */
+#define HTTP_CLIENT_IDLE_REUSE_MS 2000
+/* The answer's status line and header fields, as stored; more is a bad reply. */
+#define HTTP_REPLY_MAX_HEAD 65536
+#define HTTP_REPLY_MAX_HEADERS 100
+
+enum http_fetch_result {
+    HTTP_FETCH_OK,        /* a whole answer: status, headers, body */
+    HTTP_FETCH_NOT_SENT,  /* no connection could be made: the upstream saw nothing */
+    HTTP_FETCH_UNKNOWN,   /* sent, then no whole answer: the upstream may or may not have acted */
+    HTTP_FETCH_TOO_LARGE, /* an answer came but its body is over the cap */
+    HTTP_FETCH_BAD_REPLY, /* an answer came that is not HTTP/1.x: it acted or not, unknown too */
+};
+
+/* A static name of a result, for logs: "ok", "not-sent", "unknown"... */
+const char *http_fetch_result_name(enum http_fetch_result r);
+
+struct http_reply_header {
+    const char *name;
+    const char *value;
+};
+
+/* An answer; its strings live until http_reply_clear(). */
+struct http_reply {
+    int status;
+    struct http_reply_header *headers;
+    size_t nheaders;
+    char *body; /* NUL-terminated, NULL when empty */
+    size_t body_len;
+    double seconds; /* first byte sent to the end of the answer */
+    int timed_out;  /* HTTP_FETCH_UNKNOWN because the timeout passed (not a reset or a close) */
+    char *store_;   /* internal: the header bytes */
+};
+
+void http_reply_clear(struct http_reply *reply);
+/* The first value of header `name` (case-insensitive), or NULL. */
+const char *http_reply_header(const struct http_reply *reply, const char *name);
+
+/* ---- the reader ------------------------------------------------------------------------- */
+
+struct http_reply_reader {
+    http_parser hp;
+    struct strbuf head; /* "name\0value\0" per field */
+    size_t offs[HTTP_REPLY_MAX_HEADERS][2];
+    size_t nfields;
+    int in_value;
+    struct strbuf body;
+    size_t max_body;
+    int head_request; /* HEAD: the answer has no body whatever it announces */
+    int too_large;
+    int too_many;
+    int done;
+};
+
+enum http_reply_read {
+    HTTP_REPLY_MORE,      /* every byte was taken; send more */
+    HTTP_REPLY_DONE,      /* the whole answer is in */
+    HTTP_REPLY_TOO_LARGE, /* its body is over max_body */
+    HTTP_REPLY_BAD,       /* not HTTP */
+};
+
+void http_reply_reader_init(struct http_reply_reader *r, size_t max_body, int head_request);
+/* Reads `len` bytes; len 0 is the end of the stream (a body delimited by close completes). */
+enum http_reply_read http_reply_reader_feed(struct http_reply_reader *r, const char *data,
+                                            size_t len);
+/* After DONE: whether the connection may carry another exchange (all bytes were this answer's). */
+int http_reply_reader_reusable(const struct http_reply_reader *r);
+/* After DONE or TOO_LARGE: moves status, headers and body into `out` (initialised here). */
+void http_reply_reader_take(struct http_reply_reader *r, struct http_reply *out);
+/* A sentence for HTTP_REPLY_BAD. */
+const char *http_reply_reader_error(const struct http_reply_reader *r);
+void http_reply_reader_release(struct http_reply_reader *r);
+
+/* ---- fetching from an event loop -------------------------------------------------------- */
+
+struct http_client;
+
+struct http_client_options {
+    const char *host; /* resolved once, at http_client_new() */
+    uint16_t port;
+    int connect_timeout_ms;
+    int timeout_ms;            /* from the request written to the end of the answer */
+    int max_idle;              /* connections kept per loop between exchanges */
+    size_t max_response_bytes; /* a longer body ends the exchange as HTTP_FETCH_TOO_LARGE */
+};
+
+/* Returns 0 with *out, or -1 with a sentence in `err` (the host does not resolve). */
+int http_client_new(const struct http_client_options *opts, struct http_client **out, char *err,
+                    size_t errlen);
+/* Frees the client; every loop that used it must have stopped. */
+void http_client_free(struct http_client *cl);
+
+struct http_fetch;
+
+/* Told once how an exchange ended, on the loop that started it; `reply` is the callee's. */
+typedef void (*http_fetch_done)(void *arg, enum http_fetch_result res, struct http_reply *reply,
+                                const char *err);
+
+/*
+ * Sends `head` (the whole request head, CRLFs included) and `body` (both copied) and calls `done`
+ * when the exchange ends.  Only on an event-loop thread of an HTTP server; never blocks.  Returns
+ * 0 with *fetch (for http_fetch_cancel, valid until `done` runs), or -1 off a loop thread.
+ */
+int http_fetch_start(struct http_client *cl, const char *head, size_t head_len, const char *body,
+                     size_t body_len, int head_request, http_fetch_done done, void *arg,
+                     struct http_fetch **fetch);
+
+/* Ends an exchange that has not called `done` yet; `done` is then never called. */
+void http_fetch_cancel(struct http_fetch *fetch);
+
+#endif /* IDEM_HTTP_HTTP_CLIENT_H */
