@@ -1,7 +1,8 @@
 /*
- * upstream.c - the gateway's blocking HTTP/1.1 client of its one upstream (upstream.h): connect
- * with a deadline, write the request, read the answer with http-parser in response mode, keep the
- * connection for the next exchange when both sides allow it.
+ * upstream.c - the gateway's HTTP/1.1 client of its one upstream (upstream.h).  On a worker:
+ * connect with a deadline, write the request, read the answer with the HTTP layer's reader, keep
+ * the connection for the next exchange when both sides allow it.  From an event loop: the same
+ * request head, handed to the HTTP layer's non-blocking client (http_client.c).
  *
  * Every socket is non-blocking and every wait is a poll() against the exchange's deadline, so a
  * silent upstream costs a worker at most connect_timeout_ms + timeout_ms.
