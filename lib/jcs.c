@@ -528,6 +528,31 @@ out:
 
 _Static_assert(IDEM_JSON_MAX_DEPTH == 64, "update \"nested more than 64 levels deep\"");
 
+size_t idem_json_nesting(const void *json, size_t len)
+{
+    const char *p = json;
+    size_t depth = 0, max = 0;
+    int in_string = 0;
+
+    for (size_t i = 0; p && i < len; i++) {
+        char c = p[i];
+        if (in_string) {
+            if (c == '\\')
+                i++; /* the escaped character cannot end the string */
+            else if (c == '"')
+                in_string = 0;
+        } else if (c == '"') {
+            in_string = 1;
+        } else if (c == '{' || c == '[') {
+            if (++depth > max)
+                max = depth;
+        } else if ((c == '}' || c == ']') && depth > 0) {
+            depth--;
+        }
+    }
+    return max;
+}
+
 /* Turns jansson's refusal into libidem's code and a sentence that does not point into `err`. */
 static int parse_error(const json_error_t *err, const char **why)
 {
@@ -586,6 +611,12 @@ int idem_jcs_canonicalize(const void *json, size_t len, char **out, size_t *out_
     if (len > JCS_MAX_BYTES) {
         rc = IDEM_ETOOBIG;
         reason = "JSON text is larger than 16 MiB";
+        goto out;
+    }
+    /* Refused before jansson recurses into it: a deep body must not spend a worker's stack. */
+    if (idem_json_nesting(json, len) > IDEM_JSON_MAX_DEPTH) {
+        rc = IDEM_EDEPTH;
+        reason = "JSON is nested more than 64 levels deep";
         goto out;
     }
     root = json_loadb(json ? json : "", len, flags, &err);

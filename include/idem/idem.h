@@ -107,6 +107,14 @@ IDEM_API int idem_jcs_canonicalize(const void *json, size_t len, char **out, siz
                                    const char **why);
 
 /*
+ * The deepest nesting of arrays and objects in the JSON text `json` (`len` bytes), found by a scan
+ * that skips strings and parses nothing: for refusing a body nested deeper than
+ * IDEM_JSON_MAX_DEPTH before a recursive parser (jansson goes 2048 levels deep) spends its stack
+ * on it.  Text that is not JSON gives some number; the parser refuses it afterwards.
+ */
+IDEM_API size_t idem_json_nesting(const void *json, size_t len);
+
+/*
  * Computes the request fingerprint: SHA-256 over the method, the route template (e.g.
  * "/api/orders/{id}/cancel"), its `nparams` path parameter values in order, and the JCS form of
  * the body.  Every field is length-prefixed, so no two different requests share an encoding.

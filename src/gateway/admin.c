@@ -93,7 +93,7 @@ static void resolve_record(struct gateway *gw, const struct request *rq, struct 
     int status = 0;
 
     memset(&d, 0, sizeof d);
-    doc = rq->body ? json_loadb(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, NULL) : NULL;
+    doc = rq->body ? json_load_bounded(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, NULL) : NULL;
     if (!doc ||
         json_unpack(doc, "{s:s,s:s,s:s,s:s,s?o}", "principal", &principal, "operation", &operation,
                     "key", &key, "decision", &decision, "response", &response) != 0) {

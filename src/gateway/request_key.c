@@ -14,9 +14,6 @@
 #include "util.h"
 #include "banned.h"
 
-/* Nesting allowed in a body the gateway parses, as libidem's canonicaliser allows. */
-#define BODY_MAX_DEPTH IDEM_JSON_MAX_DEPTH
-
 json_t *json_pointer_get(json_t *doc, const char *ptr)
 {
     const char *p = ptr;
@@ -65,28 +62,7 @@ json_t *json_pointer_get(json_t *doc, const char *ptr)
  */
 static json_t *parse_body(const char *body, size_t len)
 {
-    size_t depth = 0, max = 0;
-    int in_string = 0;
-
-    for (size_t i = 0; i < len; i++) {
-        char c = body[i];
-        if (in_string) {
-            if (c == '\\')
-                i++;
-            else if (c == '"')
-                in_string = 0;
-        } else if (c == '"') {
-            in_string = 1;
-        } else if (c == '{' || c == '[') {
-            if (++depth > max)
-                max = depth;
-        } else if ((c == '}' || c == ']') && depth > 0) {
-            depth--;
-        }
-    }
-    if (max > BODY_MAX_DEPTH)
-        return NULL;
-    return json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, NULL);
+    return json_load_bounded(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, NULL);
 }
 
 int request_key_from_body(const struct gw_route *route, const char *body, size_t len,

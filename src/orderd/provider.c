@@ -167,7 +167,7 @@ static void perform(struct provider *p, const char *url, const char *key, const 
     }
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &r->status);
     if (sink.sb.len > 0)
-        r->doc = json_loadb(sink.sb.buf, sink.sb.len, 0, NULL);
+        r->doc = json_load_bounded(sink.sb.buf, sink.sb.len, 0, NULL);
     r->outcome = classify(r->status, r->doc);
     if (r->outcome != PROVIDER_OK)
         snprintf(r->detail, sizeof r->detail, "HTTP %ld %.180s", r->status,

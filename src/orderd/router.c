@@ -307,7 +307,7 @@ static int check_json(struct call_ctx *cx, const struct route *rt, struct respon
     if (keep && rq->body_len > 0) {
         /* Numbers as doubles, as JCS reads them: 2 and 2.0 are the same quantity. */
         cx->body =
-            json_loadb(rq->body, rq->body_len,
+            json_load_bounded(rq->body, rq->body_len,
                        JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &jerr);
         if (cx->body == NULL) {
             snprintf(detail, sizeof detail, "The body must be JSON: %s.", jerr.text);

@@ -195,7 +195,8 @@ void webhooks_provider(const struct call_ctx *cx, struct response *resp)
         resp->outcome = "rejected";
         goto out;
     }
-    event = rq->body_len ? json_loadb(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+    event = rq->body_len ? json_load_bounded(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, &jerr)
+                         : NULL;
     event_id = string_at(event, "id", NULL);
     type = string_at(event, "type", NULL);
     object = json_object_get(json_object_get(event, "data"), "object");

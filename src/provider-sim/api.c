@@ -117,7 +117,7 @@ void idempotent_post(struct sim *sim, const struct request *rq, struct response 
         response_problem(resp, 400, "invalid-json", "A JSON body is required.");
         goto out;
     }
-    body = json_loadb(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, &jerr);
+    body = json_load_bounded(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, &jerr);
     if (body == NULL || !json_is_object(body)) {
         snprintf(detail, sizeof detail, "The body must be a JSON object: %s.",
                  body ? "not an object" : jerr.text);
@@ -219,8 +219,9 @@ static void faults_endpoint(struct sim *sim, const struct request *rq, struct re
     char err[256];
 
     if (strcmp(rq->method, "POST") == 0) {
-        doc =
-            rq->body_len ? json_loadb(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+        doc = rq->body_len
+                  ? json_load_bounded(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, &jerr)
+                  : NULL;
         if (doc == NULL) {
             response_problem(resp, 400, "invalid-json", "Send a JSON object of settings.");
             goto out;

@@ -6,6 +6,8 @@
  */
 #include "util.h"
 
+#include "idem/idem.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -174,4 +176,17 @@ char *json_text(const json_t *doc, size_t *len)
     if (len != NULL)
         *len = strlen(text);
     return text;
+}
+
+json_t *json_load_bounded(const char *text, size_t len, size_t flags, json_error_t *err)
+{
+    if (idem_json_nesting(text, len) > IDEM_JSON_MAX_DEPTH) {
+        if (err) {
+            memset(err, 0, sizeof *err);
+            snprintf(err->text, sizeof err->text, "JSON is nested more than %d levels deep",
+                     IDEM_JSON_MAX_DEPTH);
+        }
+        return NULL;
+    }
+    return json_loadb(text, len, flags, err);
 }

@@ -64,4 +64,11 @@ size_t utf8_length(const char *s);
 /* Compact JSON text of `doc`, members in insertion order (new, free()); `len` may be NULL. */
 char *json_text(const json_t *doc, size_t *len);
 
+/*
+ * json_loadb() for untrusted text: nesting deeper than IDEM_JSON_MAX_DEPTH (64) is refused before
+ * jansson recurses into it (it would go 2048 levels deep on a worker's stack), with a sentence in
+ * err->text like any parse error.
+ */
+json_t *json_load_bounded(const char *text, size_t len, size_t flags, json_error_t *err);
+
 #endif /* IDEM_UTIL_UTIL_H */

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (ORDERD, expect, expect_eq, expect_problem, expect_replay, fail,  # noqa: E402
                      fresh_db_per_server, metric_value, new_key, parse_metrics, retry_after_seconds,
                      run, test)
-from provider import (WEBHOOK_SECRET, paid_pair, retry_until_final, sign,  # noqa: E402
+from provider import (WEBHOOK_SECRET, Provider, paid_pair, retry_until_final, sign,  # noqa: E402
                       wait_until)
 
 FAST = ["--completer-interval-ms", "100", "--reconciler-interval-ms", "100",
@@ -495,6 +495,32 @@ def test_sqlite_sync_normal_is_refused_with_a_provider(_):
     expect_eq(p.returncode, 2, "exit status of serve --sqlite-sync normal --provider")
     expect(b"--sqlite-sync normal cannot be used with --provider" in p.stderr,
            "the refusal says why: %r" % p.stderr)
+
+
+@test
+def test_provider_refuses_json_nested_too_deep_before_parsing_it(_):
+    # Issue 15, item 12: 65 levels is one too many; 100,000 would cost a recursive parser its
+    # stack.  Both are a plain 400 invalid-json that says why, and the provider stays up.
+    with Provider(name="deep") as prov:
+        for depth in (65, 100000):
+            body = '{"amount":' + "[" * depth + "]" * depth + "}"
+            status, doc = raw_post(prov, "/v1/charges", body, new_key("deep"))
+            expect(status == 400 and doc.get("code") == "invalid-json" and
+                   "nested more than 64" in doc.get("detail", ""),
+                   "depth %d: %s %r" % (depth, status, doc))
+        status, _ = prov.call("GET", "/healthz")
+        expect_eq(status, 200, "provider-sim after the deep bodies")
+
+
+def raw_post(prov, path, body, key):
+    conn = http.client.HTTPConnection("127.0.0.1", prov.port, timeout=30)
+    try:
+        conn.request("POST", path, body=body.encode(),
+                     headers={"Content-Type": "application/json", "Idempotency-Key": key})
+        r = conn.getresponse()
+        return r.status, json.loads(r.read() or b"{}")
+    finally:
+        conn.close()
 
 
 if __name__ == "__main__":

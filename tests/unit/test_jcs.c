@@ -350,8 +350,22 @@ static void test_limits_and_arguments(void)
     }
 }
 
+/* The nesting scan that refuses deep input before jansson parses it. */
+static void test_nesting_scan(void)
+{
+    static const char deep_string[] = "{\"a\":\"[[[[{{{{\\\"]]]\"}";
+    CHECK_INT(idem_json_nesting("", 0), 0);
+    CHECK_INT(idem_json_nesting("1", 1), 0);
+    CHECK_INT(idem_json_nesting("[]", 2), 1);
+    CHECK_INT(idem_json_nesting("{\"a\":[{\"b\":[1]}]}", 19), 4);
+    /* Brackets inside strings, escaped quotes included, do not count. */
+    CHECK_INT(idem_json_nesting(deep_string, sizeof deep_string - 1), 1);
+    CHECK_INT(idem_json_nesting("[[]][[[]]]", 10), 3);
+}
+
 int main(void)
 {
+    test_nesting_scan();
     run_cases();
     run_numbers();
     test_depth();
