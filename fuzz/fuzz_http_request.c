@@ -223,8 +223,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     if (size < 5)
         return 0;
+    memset(&lim, 0, sizeof lim); /* fields added later default to 0 / NULL */
     lim.max_header_bytes = data[0] & 1 ? 1024 : 8192;
     lim.max_body = data[0] & 2 ? 64 : HTTP_BODY_MAX;
+    /* Half the runs with the 413 detail a server with another body cap passes. */
+    lim.body_too_large = data[0] & 0x10 ? "Request bodies are limited to 64 bytes." : NULL;
     seed = (uint32_t)data[1] | (uint32_t)data[2] << 8 | (uint32_t)data[3] << 16 |
            (uint32_t)data[4] << 24;
     piece = max_piece[(data[0] >> 2) & 3];

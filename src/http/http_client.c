@@ -106,6 +106,11 @@ static int on_headers_complete(http_parser *hp)
     struct http_reply_reader *r = hp->data;
     if (r->nfields > 0 && !r->in_value)
         return -1; /* a name without a value */
+    /* http-parser takes any number of digits ("HTTP/1.1 20 OK"); HTTP says three, 1xx..5xx. */
+    if (hp->status_code < 100 || hp->status_code > 599) {
+        r->bad_status = 1;
+        return -1;
+    }
     if (r->nfields > 0)
         strbuf_add(&r->head, "", 1);
     if (hp->content_length != ULLONG_MAX && hp->content_length > r->max_body) {
@@ -187,6 +192,8 @@ int http_reply_reader_reusable(const struct http_reply_reader *r)
 
 const char *http_reply_reader_error(const struct http_reply_reader *r)
 {
+    if (r->bad_status)
+        return "its status is not a three-digit 1xx..5xx";
     if (r->too_many)
         return "its head is over 64 KiB or 100 fields";
     return http_errno_description(HTTP_PARSER_ERRNO(&r->hp));

@@ -74,6 +74,7 @@ struct http_reply_reader {
     int head_request; /* HEAD: the answer has no body whatever it announces */
     int too_large;
     int too_many;
+    int bad_status;
     int done;
 };
 

@@ -18,6 +18,7 @@
 #include "db.h"
 #include "metrics.h"
 #include "provider.h"
+#include "strbuf.h"
 #include "util.h"
 #include "banned.h"
 
@@ -267,9 +268,17 @@ int outbox_list(struct idem_store *st, const char *status, int limit, FILE *out,
             iso8601_ms(db_int(rows, i, 3), next);
         else
             snprintf(next, sizeof next, "-");
+        /* A recipient or a provider's error text may hold anything: escaped, never raw. */
+        struct strbuf kind = STRBUF_INIT, to = STRBUF_INIT, error = STRBUF_INIT;
+        log_escape_text(&kind, db_text(rows, i, 4));
+        log_escape_text(&to, db_text(rows, i, 5));
+        log_escape_text(&error, idem_rows_get(rows, i, 8) ? db_text(rows, i, 8) : "-");
         fprintf(out, "%-28s %-8s %8lld  %-24s %-20s %-30s %s\n", db_text(rows, i, 0), st_text,
-                (long long)db_int(rows, i, 2), next, db_text(rows, i, 4), db_text(rows, i, 5),
-                idem_rows_get(rows, i, 8) ? db_text(rows, i, 8) : "-");
+                (long long)db_int(rows, i, 2), next, kind.buf ? kind.buf : "",
+                to.buf ? to.buf : "", error.buf ? error.buf : "");
+        strbuf_release(&kind);
+        strbuf_release(&to);
+        strbuf_release(&error);
     }
     fprintf(out, "%d message%s\n", n, n == 1 ? "" : "s");
 out:

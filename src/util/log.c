@@ -59,12 +59,8 @@ static void add_escaped(struct strbuf *sb, const char *s)
     }
 }
 
-/*
- * A message for a person's terminal: it may quote a provider's error text or a client's string,
- * so control bytes (a newline forging a second line, ESC driving the terminal) and every byte
- * outside ASCII (C1 controls among them) are written as \xNN; spaces stay.
- */
-static void add_escaped_text(struct strbuf *sb, const char *s)
+/* Spaces stay; a message may quote a provider's error text or a client's string (log.h). */
+void log_escape_text(struct strbuf *sb, const char *s)
 {
     static const char digits[] = "0123456789ABCDEF";
 
@@ -150,7 +146,7 @@ void log_msg(const struct logger *lg, const char *level, const char *fmt, ...)
         json_decref(obj);
     } else {
         strbuf_addf(&sb, "%s: %s: ", program_name, level);
-        add_escaped_text(&sb, msg);
+        log_escape_text(&sb, msg);
     }
     write_line(&sb);
     strbuf_release(&sb);

@@ -19,6 +19,14 @@ struct logger {
 void log_request(const struct logger *lg, const char *method, const char *path, int status,
                  const char *outcome, double duration_ms, const char *principal);
 
+/*
+ * Appends `s` for a person's terminal: control bytes (a newline forging a line, ESC driving the
+ * terminal), backslashes and every byte outside ASCII (C1 controls among them) as \xNN.  The text
+ * log lines use it; so does any command that prints what a user or a provider wrote.
+ */
+struct strbuf;
+void log_escape_text(struct strbuf *sb, const char *s);
+
 /* A line about the process: "<program_name>: LEVEL: message" or {"ts","level","msg"}. */
 void log_msg(const struct logger *lg, const char *level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

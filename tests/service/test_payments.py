@@ -26,9 +26,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (ORDERD, expect, expect_eq, expect_problem, expect_replay, fail,  # noqa: E402
-                     fresh_db_per_server, metric_value, new_key, parse_metrics, retry_after_seconds,
-                     run, test)
+from harness import (ORDERD, Server, db_query, expect, expect_eq, expect_problem,  # noqa: E402
+                     expect_replay, fail, fresh_db_per_server, metric_value, new_key,
+                     parse_metrics, retry_after_seconds, run, test)
 from provider import (WEBHOOK_SECRET, Provider, paid_pair, retry_until_final, sign,  # noqa: E402
                       wait_until)
 
@@ -510,6 +510,24 @@ def test_provider_refuses_json_nested_too_deep_before_parsing_it(_):
                    "depth %d: %s %r" % (depth, status, doc))
         status, _ = prov.call("GET", "/healthz")
         expect_eq(status, 200, "provider-sim after the deep bodies")
+
+
+@test
+def test_outbox_list_escapes_what_users_and_providers_wrote(_):
+    # Issue 15, item 9: a recipient or a provider's error text with ESC or a newline must not
+    # drive the operator's terminal or forge a line of `orderd outbox list`.
+    s = Server(name="outbox-esc")
+    with s:
+        db_query(s.db_uri, "INSERT INTO outbox (id, kind, dedupe_key, recipient, payload, status,"
+                 " attempts, next_attempt_ms, last_error, created_at) VALUES"
+                 " ('ob_esc', 'email', 'esc-1', ?, '{}', 'parked', 5, 0, ?, 'now')",
+                 ("evil\x1b[2J@example.org", "provider said\nob_fake sent 0"))
+        code, out, err = outbox_cli(s, "list")
+        expect_eq(code, 0, "outbox list (stderr %r)" % err)
+        expect("\x1b" not in out and "\x1b" not in err, "no raw ESC in the output: %r" % out)
+        lines = [ln for ln in out.splitlines() if "ob_esc" in ln or "ob_fake" in ln]
+        expect(len(lines) == 1 and "\\x1B[2J" in lines[0] and "\\x0Aob_fake" in lines[0],
+               "one line, escaped: %r" % out)
 
 
 def raw_post(prov, path, body, key):

@@ -357,7 +357,7 @@ static void test_nesting_scan(void)
     CHECK_INT(idem_json_nesting("", 0), 0);
     CHECK_INT(idem_json_nesting("1", 1), 0);
     CHECK_INT(idem_json_nesting("[]", 2), 1);
-    CHECK_INT(idem_json_nesting("{\"a\":[{\"b\":[1]}]}", 19), 4);
+    CHECK_INT(idem_json_nesting("{\"a\":[{\"b\":[1]}]}", strlen("{\"a\":[{\"b\":[1]}]}")), 4);
     /* Brackets inside strings, escaped quotes included, do not count. */
     CHECK_INT(idem_json_nesting(deep_string, sizeof deep_string - 1), 1);
     CHECK_INT(idem_json_nesting("[[]][[[]]]", 10), 3);
