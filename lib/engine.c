@@ -109,6 +109,7 @@ struct idem_call {
      */
     int staged_status;
     char *staged_headers; /* the allow-listed headers, encoded */
+    unsigned staged_rollbacks; /* the tx's ROLLBACK TO count when the response was staged */
     void *staged_body;    /* NUL-terminated; not NULL exactly while a response is staged */
     size_t staged_body_len;
 
@@ -1014,6 +1015,7 @@ static int stage_response(struct idem_call *call, int status, const struct idem_
     }
     unstage(call);
     call->staged_status = status;
+    call->staged_rollbacks = idem__tx_rollbacks(call->tx);
     call->staged_headers = text;
     call->staged_body = copy;
     call->staged_body_len = body_len;
@@ -1079,14 +1081,40 @@ int idem_call_stage(struct idem_call *call, int status, const struct idem_header
     return stage_response(call, status, headers, nheaders, body, body_len);
 }
 
-/* What idem_call_commit() and idem_call_commit_async() need: an open phase holding a stage. */
+/*
+ * What idem_call_commit() and idem_call_commit_async() need: an open phase holding a stage.  When
+ * the application rolled back to a savepoint since the stage, the stage may be gone with it (the
+ * record processing again in the transaction): that is read in the transaction, and a commit then
+ * fails instead of reporting, and caching, a response the store does not hold.
+ */
 static int commit_ready(struct idem_call *call)
 {
+    struct idem_store *st;
+    struct idem_record rec;
+    int rc, still;
+
     if (call->completed)
         return call_fail(call, IDEM_ESTATE, "commit response", "the call is completed");
     if (!call->tx || !call->staged_body)
         return call_fail(call, IDEM_ESTATE, "commit response",
                          call->tx ? "no response is staged" : "no phase is open");
+    if (idem__tx_rollbacks(call->tx) == call->staged_rollbacks)
+        return 0;
+    st = call->eng->st;
+    memset(&rec, 0, sizeof(rec));
+    rc = st->vt->record_get(idem__tx_conn(call->tx), &call->scope, &rec);
+    still = rc == 0 && rec.found && rec.status == IDEM_REC_COMPLETED &&
+            rec.response_status == call->staged_status;
+    idem__record_clear(&rec);
+    if (rc < 0)
+        return call_fail(call, rc, "commit response", st->vt->errmsg(idem__tx_conn(call->tx)));
+    if (!still) {
+        unstage(call);
+        return call_fail(call, IDEM_ESTATE, "commit response",
+                         "the staged response was rolled back (ROLLBACK TO a savepoint taken "
+                         "before idem_call_stage): stage it again, or abort");
+    }
+    call->staged_rollbacks = idem__tx_rollbacks(call->tx);
     return 0;
 }
 

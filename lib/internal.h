@@ -212,6 +212,8 @@ void idem__store_release(struct idem_store *st, struct idem_conn *c);
 
 /* The connection a transaction holds (record functions run on it inside the phase). */
 struct idem_conn *idem__tx_conn(struct idem_tx *tx);
+/* How many ROLLBACK [TO] statements the application ran in `tx` (idem_tx_exec). */
+unsigned idem__tx_rollbacks(const struct idem_tx *tx);
 
 /*
  * Commits `tx` (freed) without waiting for durability where the store can (group commit):

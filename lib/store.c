@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 struct idem_tx {
@@ -19,6 +20,8 @@ struct idem_tx {
     struct idem_conn *conn;
     int grouped; /* a savepoint on the store's writer (group commit), not a pooled connection */
     int write;
+    /* ROLLBACK TO statements the application ran: the engine asks whether a stage survived. */
+    unsigned rollbacks;
     char errmsg[IDEM_ERRMSG_MAX];
 };
 
@@ -351,6 +354,16 @@ void idem_tx_rollback(struct idem_tx *tx)
     free(tx);
 }
 
+/* Whether `sql` begins with the keyword ROLLBACK (inside a transaction: ROLLBACK TO ...). */
+static int is_rollback(const char *sql)
+{
+    while (*sql == ' ' || *sql == '\t' || *sql == '\n' || *sql == '\r')
+        sql++;
+    return strncasecmp(sql, "ROLLBACK", 8) == 0 &&
+           (sql[8] == '\0' || sql[8] == ' ' || sql[8] == '\t' || sql[8] == '\n' ||
+            sql[8] == '\r' || sql[8] == ';');
+}
+
 int idem_tx_exec(struct idem_tx *tx, const char *sql, int nparams, const char *const *params,
                  struct idem_rows **rows)
 {
@@ -363,7 +376,15 @@ int idem_tx_exec(struct idem_tx *tx, const char *sql, int nparams, const char *c
     rc = tx->st->vt->exec(tx->conn, sql, nparams, params, rows);
     if (rc < 0)
         idem__fmt(tx->errmsg, sizeof(tx->errmsg), "%s", tx->st->vt->errmsg(tx->conn));
+    /* Counted whatever it returned: a failed one may still have undone something. */
+    if (is_rollback(sql))
+        tx->rollbacks++;
     return rc;
+}
+
+unsigned idem__tx_rollbacks(const struct idem_tx *tx)
+{
+    return tx->rollbacks;
 }
 
 const char *idem_tx_errmsg(const struct idem_tx *tx)

@@ -456,7 +456,9 @@ IDEM_API int idem_call_stage(struct idem_call *call, int status, const struct id
  * completed exactly as by idem_call_complete(): the record is durable, the replay cache holds the
  * response, duplicates waiting in this process are woken, and idem_call_response*() return what
  * was stored.  Returns 0, IDEM_ESTATE when no response is staged in an open phase (or the call is
- * completed), or the commit's error (nothing was stored; end or abort the call).
+ * completed, or the application rolled the stage back with ROLLBACK TO a savepoint taken before
+ * it: nothing is committed, the phase stays open to stage again or abort), or the commit's error
+ * (nothing was stored; end or abort the call).
  */
 IDEM_API int idem_call_commit(struct idem_call *call);
 

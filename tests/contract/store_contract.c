@@ -637,6 +637,14 @@ static void test_retention(struct idem_engine *eng)
 
 /* ---- 6b. a response staged inside the phase, then the last statements, then the commit ------ */
 
+static void never_done(struct idem_call *call, int rc, void *arg)
+{
+    (void)call;
+    (void)rc;
+    (void)arg;
+    CHECK(!"idem_call_commit_async's done ran for a commit it refused");
+}
+
 static void test_stage(struct idem_engine *eng, struct idem_store *st)
 {
     static const struct idem_operation op = {.name = "contract.stage", .wait_ms = 100};
@@ -704,6 +712,43 @@ static void test_stage(struct idem_engine *eng, struct idem_store *st)
     idem_call_end(call);
     CHECK_INT(biz_count(st, "stage-3"), 1);
     expect_replay(nocache, &op, "stage-3", fp, 202, "again");
+
+    /*
+     * Issue 15, item 3: staged, rolled back past the stage, then committed without staging again:
+     * the commit fails (IDEM_ESTATE) instead of reporting a completed call; nothing is cached, and
+     * the record is still processing in the open phase, which a new stage then completes.  A
+     * rollback to a savepoint taken after the stage leaves the stage, and the commit, alone.
+     */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "stage-5", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_tx_exec(idem_call_tx(call), "SAVEPOINT before_stage", 0, NULL, NULL), 0);
+    CHECK_INT(idem_call_stage(call, 201, NULL, 0, "gone", 4), 0);
+    CHECK_INT(idem_tx_exec(idem_call_tx(call), "ROLLBACK TO SAVEPOINT before_stage", 0, NULL, NULL),
+              0);
+    CHECK_INT(idem_call_commit(call), IDEM_ESTATE);
+    CHECK_INT(idem_call_response_status(call), 0);
+    CHECK(idem_call_tx(call) != NULL); /* still open */
+    CHECK_INT(idem_call_stage(call, 203, NULL, 0, "kept", 4), 0);
+    CHECK_INT(idem_tx_exec(idem_call_tx(call), "SAVEPOINT after_stage", 0, NULL, NULL), 0);
+    CHECK_INT(biz_insert(call, "stage-5a"), 0);
+    CHECK_INT(idem_tx_exec(idem_call_tx(call), "ROLLBACK TO SAVEPOINT after_stage", 0, NULL, NULL),
+              0);
+    CHECK_INT(idem_call_commit(call), 0);
+    idem_call_end(call);
+    CHECK_INT(biz_count(st, "stage-5"), 0);
+    expect_replay(eng, &op, "stage-5", fp, 203, "kept");
+    expect_replay(nocache, &op, "stage-5", fp, 203, "kept");
+
+    /* The same through the asynchronous commit: refused at once, `done` never called. */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "stage-6", fp, &call, &oc), 0);
+    CHECK_INT(idem_tx_exec(idem_call_tx(call), "SAVEPOINT s", 0, NULL, NULL), 0);
+    CHECK_INT(idem_call_stage(call, 201, NULL, 0, "gone", 4), 0);
+    CHECK_INT(idem_tx_exec(idem_call_tx(call), "rollback to s", 0, NULL, NULL), 0);
+    CHECK_INT(idem_call_commit_async(call, never_done, NULL), IDEM_ESTATE);
+    idem_call_end(call);
+    CHECK_INT(idem_call_begin(nocache, &op, "alice", "stage-6", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE); /* nothing was stored: the key is new */
+    idem_call_end(call);
 
     /* A staged response that is never committed is gone with its phase, claim and all. */
     CHECK_INT(idem_call_begin(eng, &op, "alice", "stage-4", fp, &call, &oc), 0);
