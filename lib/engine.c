@@ -457,7 +457,12 @@ static int try_claim(struct idem_call *call, int *claimed)
     return 0;
 }
 
-/* Takes over an expired lease and re-reads the record under the same write lock. */
+/*
+ * Takes over an expired lease and re-reads the record under the same write lock.  The takeover is
+ * fenced on the fingerprint this call compared: between that read and this write the record may
+ * have been swept and claimed afresh by another request, and a retry must never resume a record
+ * of a different request (it reads again instead, and finds the mismatch).
+ */
 static int try_takeover(struct idem_call *call, int *won)
 {
     struct idem_store *st = call->eng->st;
@@ -468,8 +473,8 @@ static int try_takeover(struct idem_call *call, int *won)
     rc = idem_tx_begin(st, 1, &tx);
     if (rc < 0)
         return call_fail(call, rc, "begin takeover", NULL);
-    rc = st->vt->record_takeover(idem__tx_conn(tx), &call->scope, call->owner, call->lease_ms,
-                                 won);
+    rc = st->vt->record_takeover(idem__tx_conn(tx), &call->scope, call->fp, call->owner,
+                                 call->lease_ms, won);
     if (rc == 0 && *won) {
         idem__record_clear(&call->rec);
         rc = st->vt->record_get(idem__tx_conn(tx), &call->scope, &call->rec);

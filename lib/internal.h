@@ -129,8 +129,13 @@ struct idem_store_vtab {
                          int64_t ttl_ms, int *inserted);
     /* Reads the record (rec->found = 0 when there is none), with the store's current time. */
     int (*record_get)(struct idem_conn *c, const struct idem_scope *s, struct idem_record *rec);
-    /* Takes a processing record whose lease has expired; *won = 1 if this owner got it. */
-    int (*record_takeover)(struct idem_conn *c, const struct idem_scope *s, const char *owner,
+    /*
+     * Takes a processing record whose lease has expired and whose fingerprint is still `fp`
+     * (the one the caller read: the record may have been swept and claimed by another request
+     * since); *won = 1 if this owner got it.
+     */
+    int (*record_takeover)(struct idem_conn *c, const struct idem_scope *s,
+                           const unsigned char fp[IDEM_FP_LEN], const char *owner,
                            int64_t lease_ms, int *won);
     /* Fenced on (owner, status processing): moves the recovery point and renews the lease. */
     int (*record_advance)(struct idem_conn *c, const struct idem_scope *s, const char *owner,

@@ -186,9 +186,10 @@ static const struct rec_sql rec_sql[RS_COUNT] = {
     [RS_TAKEOVER] = {"idem_takeover",
                      "UPDATE idem_records r SET lease_owner = $4, lease_expires_ms = t.now + $5"
                      " FROM (SELECT " DB_NOW_MS " AS now) t"
-                     " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_expires_ms <= t.now",
-                     5,
-                     {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_INT8}},
+                     " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_expires_ms <= t.now"
+                     " AND r.fingerprint = $6",
+                     6,
+                     {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_INT8, OID_BYTEA}},
     [RS_ADVANCE] = {"idem_advance",
                     "UPDATE idem_records r SET recovery_point = $4, recovery_data = $5,"
                     " lease_expires_ms = t.now + $6 FROM (SELECT " DB_NOW_MS " AS now) t"
@@ -1365,17 +1366,20 @@ out:
     return rc;
 }
 
-static int pg_record_takeover(struct idem_conn *c, const struct idem_scope *s, const char *owner,
+static int pg_record_takeover(struct idem_conn *c, const struct idem_scope *s,
+                              const unsigned char fp[IDEM_FP_LEN], const char *owner,
                               int64_t lease_ms, int *won)
 {
     char lease[24];
-    const char *vals[5] = {s->principal, s->operation, s->key, owner, lease};
+    const char *vals[6] = {s->principal, s->operation, s->key, owner, lease, (const char *)fp};
+    const int lens[6] = {0, 0, 0, 0, 0, IDEM_FP_LEN};
+    const int fmts[6] = {0, 0, 0, 0, 0, 1};
     PGresult *res = NULL;
     int rc;
 
     *won = 0;
     idem__fmt(lease, sizeof(lease), "%lld", (long long)lease_ms);
-    rc = rec_run(c, RS_TAKEOVER, vals, NULL, NULL, 0, "take over lease", &res);
+    rc = rec_run(c, RS_TAKEOVER, vals, lens, fmts, 0, "take over lease", &res);
     if (rc == 0)
         *won = changed_of(res) == 1;
     PQclear(res);

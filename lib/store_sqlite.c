@@ -511,11 +511,13 @@ static int sq_record_get(struct idem_conn *c, const struct idem_scope *s, struct
     return rc;
 }
 
-static int sq_record_takeover(struct idem_conn *c, const struct idem_scope *s, const char *owner,
+static int sq_record_takeover(struct idem_conn *c, const struct idem_scope *s,
+                              const unsigned char fp[IDEM_FP_LEN], const char *owner,
                               int64_t lease_ms, int *won)
 {
     static const char sql[] = "UPDATE idem_records SET lease_owner = ?4, lease_expires_ms = ?5"
-                              " WHERE " SCOPE_WHERE " AND status = 0 AND lease_expires_ms <= ?6";
+                              " WHERE " SCOPE_WHERE " AND status = 0 AND lease_expires_ms <= ?6"
+                              " AND fingerprint = ?7";
     sqlite3_stmt *stmt = NULL;
     int64_t now = idem__now_ms();
     int changes = 0;
@@ -526,7 +528,8 @@ static int sq_record_takeover(struct idem_conn *c, const struct idem_scope *s, c
         return rc;
     if (sqlite3_bind_text(stmt, 4, owner, -1, SQLITE_STATIC) != SQLITE_OK ||
         sqlite3_bind_int64(stmt, 5, now + lease_ms) != SQLITE_OK ||
-        sqlite3_bind_int64(stmt, 6, now) != SQLITE_OK)
+        sqlite3_bind_int64(stmt, 6, now) != SQLITE_OK ||
+        sqlite3_bind_blob(stmt, 7, fp, IDEM_FP_LEN, SQLITE_STATIC) != SQLITE_OK)
         return fail(c, IDEM_ESTORE, "bind");
     rc = step_done(c, stmt, "take over lease", &changes);
     *won = changes == 1;
