@@ -217,6 +217,12 @@ void idem__store_release(struct idem_store *st, struct idem_conn *c);
 
 /* The connection a transaction holds (record functions run on it inside the phase). */
 struct idem_conn *idem__tx_conn(struct idem_tx *tx);
+/*
+ * Test hook (tests/unit/test_store_sqlite.c): when set, the SQLite store's next rollback of a
+ * write transaction's savepoint fails as if SQLite had refused it, and the flag clears.
+ */
+extern _Atomic int idem__sq_fail_next_rollback;
+
 /* How many ROLLBACK [TO] statements the application ran in `tx` (idem_tx_exec). */
 unsigned idem__tx_rollbacks(const struct idem_tx *tx);
 

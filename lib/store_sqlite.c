@@ -863,8 +863,11 @@ static void batch_commit_locked(struct sq_group *g)
     rc = run_simple(w, "COMMIT", "group commit");
     if (rc < 0) {
         idem__fmt(msg, sizeof(msg), "%s", w->errmsg);
-        if (!sqlite3_get_autocommit(w->db))
-            run_simple(w, "ROLLBACK", "rollback failed group commit");
+        /* A writer left inside a transaction it cannot end is closed, not reused. */
+        if (!sqlite3_get_autocommit(w->db) &&
+            (run_simple(w, "ROLLBACK", "rollback failed group commit") < 0 ||
+             !sqlite3_get_autocommit(w->db)))
+            w->broken = 1;
     }
     pthread_mutex_lock(&g->mu);
     if (rc == 0 && g->members > 0) /* (a batch of rolled-back savepoints carried nothing) */
@@ -880,13 +883,18 @@ static void writer_release_locked(struct sq_group *g)
 {
     struct idem_conn *w = g->writer;
 
-    if (g->batch && sqlite3_get_autocommit(w->db)) {
+    /*
+     * A broken writer's batch is never committed (it may hold writes that were to be undone): it
+     * fails below, before the writer is closed.
+     */
+    if (!w->broken && g->batch && sqlite3_get_autocommit(w->db)) {
         char msg[IDEM_ERRMSG_MAX];
         idem__fmt(msg, sizeof(msg), "sqlite: the shared write transaction was rolled back: %s",
                   w->errmsg);
         batch_finish_locked(g, IDEM_EUNAVAIL, msg);
-    } else if (g->batch && (g->waiting == 0 || g->members >= GROUP_MEMBERS_MAX ||
-                            idem__mono_ms() - g->opened_ms >= GROUP_AGE_MAX_MS)) {
+    } else if (!w->broken && g->batch &&
+               (g->waiting == 0 || g->members >= GROUP_MEMBERS_MAX ||
+                idem__mono_ms() - g->opened_ms >= GROUP_AGE_MAX_MS)) {
         batch_commit_locked(g);
     }
     if (w->broken) {
@@ -964,12 +972,24 @@ static int sq_write_begin(struct idem_store *st, struct idem_conn **out, char *e
     return 0;
 }
 
+_Atomic int idem__sq_fail_next_rollback;
+
 static void sq_write_rollback(struct idem_store *st, struct idem_conn *c)
 {
     struct sq_group *g = st->backend;
+    int rc;
 
-    if (!sqlite3_get_autocommit(c->db))
-        run_simple(c, "ROLLBACK TO idem_tx; RELEASE idem_tx", "rollback");
+    if (!sqlite3_get_autocommit(c->db)) {
+        rc = atomic_exchange(&idem__sq_fail_next_rollback, 0)
+                 ? IDEM_ESTORE
+                 : run_simple(c, "ROLLBACK TO idem_tx; RELEASE idem_tx", "rollback");
+        /*
+         * The caller's writes may still be in the shared batch: it must not commit with the next
+         * member.  A broken writer fails its batch, rolls it back and is closed (below).
+         */
+        if (rc < 0)
+            c->broken = 1;
+    }
     pthread_mutex_lock(&g->mu);
     writer_release_locked(g);
     group_unlock(g);

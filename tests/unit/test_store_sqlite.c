@@ -2,7 +2,9 @@
  * test_store_sqlite.c - what the SQLite store must refuse at its own level, below the engine's
  * public API, where a race would otherwise need luck to show: a takeover is fenced on the
  * fingerprint the caller read (issue 15, item 4), so a record swept and claimed afresh by another
- * request between that read and the takeover is never resumed as if it were the caller's.
+ * request between that read and the takeover is never resumed as if it were the caller's; and a
+ * savepoint rollback that fails breaks the writer, so the aborted transaction's writes are never
+ * committed with the next member of the group commit (issue 15, item 2).
  */
 #include "internal.h"
 #include "t.h"
@@ -17,6 +19,46 @@ static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
+}
+
+static const struct idem_migration biz[] = {
+    {1, "rows", "CREATE TABLE biz (id TEXT PRIMARY KEY)", "CREATE TABLE biz (id TEXT PRIMARY KEY)"},
+};
+
+static int biz_has(struct idem_store *st, const char *id)
+{
+    struct idem_tx *tx = NULL;
+    struct idem_rows *r = NULL;
+    const char *p[] = {id};
+    int n = -1;
+
+    if (idem_tx_begin(st, 0, &tx) < 0)
+        return -1;
+    if (idem_tx_exec(tx, "SELECT count(*) FROM biz WHERE id = $1", 1, p, &r) == 0)
+        n = atoi(idem_rows_get(r, 0, 0));
+    idem_rows_free(r);
+    idem_tx_rollback(tx);
+    return n;
+}
+
+static void failed_rollback_never_commits(struct idem_store *st)
+{
+    struct idem_tx *a = NULL, *b = NULL;
+    const char *pa[] = {"aborted"}, *pb[] = {"next"};
+
+    CHECK_INT(idem_store_migrate(st, "unit", biz, 1, NULL, NULL), 0);
+    CHECK_INT(idem_tx_begin(st, 1, &a), 0);
+    CHECK_INT(idem_tx_exec(a, "INSERT INTO biz (id) VALUES ($1)", 1, pa, NULL), 0);
+    idem__sq_fail_next_rollback = 1;
+    idem_tx_rollback(a); /* its ROLLBACK TO "fails": the row may still be in the batch */
+    CHECK_INT(idem__sq_fail_next_rollback, 0);
+
+    /* The next writer gets a fresh connection and batch; the aborted row is nowhere. */
+    CHECK_INT(idem_tx_begin(st, 1, &b), 0);
+    CHECK_INT(idem_tx_exec(b, "INSERT INTO biz (id) VALUES ($1)", 1, pb, NULL), 0);
+    CHECK_INT(idem_tx_commit(b), 0);
+    CHECK_INT(biz_has(st, "next"), 1);
+    CHECK_INT(biz_has(st, "aborted"), 0);
 }
 
 int main(void)
@@ -62,6 +104,7 @@ int main(void)
     CHECK_INT(idem_tx_commit(tx), 0);
 
     idem_call_end(call); /* its release is fenced out: the heir holds the lease */
+    failed_rollback_never_commits(st);
     idem_engine_free(eng);
     idem_store_close(st);
     {
