@@ -159,12 +159,15 @@ int request_fingerprint(const struct route_match *m, const char *method, const c
 
     memcpy(params, m->params, np * sizeof params[0]);
     if (r->fp_body == GW_FP_BODY_ALL && len > 0) {
-        doc = is_json_type(content_type) ? parse_body(body, len) : NULL;
-        if (doc) {
-            fp_body = body; /* libidem canonicalises it */
+        /*
+         * A JSON body goes to libidem as it is: its canonicaliser is the one parse (a body it
+         * refuses falls back to its bytes below).  Anything else is fingerprinted by its bytes.
+         */
+        if (is_json_type(content_type)) {
+            fp_body = body;
             fp_len = len;
         } else {
-            params[np++] = body_digest(body, len, raw); /* not JSON: its bytes */
+            params[np++] = body_digest(body, len, raw);
         }
     } else if (r->fp_body == GW_FP_BODY_POINTERS) {
         /* The chosen values in order, as one JSON array (absent ones are null). */
@@ -184,8 +187,8 @@ int request_fingerprint(const struct route_match *m, const char *method, const c
         fp_len = strlen(picked_text);
     }
     rc = idem_fingerprint(method, r->path, params, np, fp_body, fp_len, fp, why);
-    if (rc < 0 && fp_body == body) {
-        /* JSON jansson takes but RFC 8785 does not (a number beyond a double): bytes, then. */
+    if (rc < 0 && rc != IDEM_ENOMEM && fp_body == body) {
+        /* Not JSON after all, or JSON RFC 8785 refuses (a number beyond a double): its bytes. */
         params[np++] = body_digest(body, len, raw);
         rc = idem_fingerprint(method, r->path, params, np, NULL, 0, fp, why);
     }
