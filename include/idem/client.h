@@ -183,6 +183,23 @@ IDEM_CLIENT_API size_t idem_client_journal_count(const struct idem_client_journa
 IDEM_CLIENT_API const struct idem_client_intent *
 idem_client_journal_at(const struct idem_client_journal *j, size_t i);
 
+/*
+ * Rewrites the journal without the finished intents (a final status is journaled) journaled more
+ * than `older_than_ms` ago; unfinished intents are always kept, whatever their age, since a retry
+ * may still come.  Keep `older_than_ms` above the server's retention of idempotency records (a
+ * dropped intent run again gets a new key).  The new file replaces the old one atomically (write,
+ * fsync, rename, fsync of the directory); other processes using the journal follow it at their
+ * next call.  *dropped and *kept (may be NULL) receive the counts.  Returns 0 or the errors of
+ * idem_client_journal_open.
+ *
+ * The journal also compacts itself, dropping finished intents older than 7 days, when an append
+ * takes it past 16 MiB; lookups read only what was appended since the last call, so a journal of
+ * many intents stays fast.
+ */
+IDEM_CLIENT_API int idem_client_journal_compact(struct idem_client_journal *j,
+                                                int64_t older_than_ms, size_t *dropped,
+                                                size_t *kept);
+
 /* ---------------------------------------------------------------------------------------------
  * The client: one call sends a request and retries it
  * ------------------------------------------------------------------------------------------- */

@@ -94,6 +94,8 @@ uint32_t idem_client__crc32(uint32_t crc, const void *buf, size_t len);
 
 /* Test hook: replaces fsync() for this journal (counting or failing calls); NULL restores it. */
 void idem_client__journal_set_fsync(struct idem_client_journal *j, int (*fsync_fn)(int fd));
+/* Tests: the size past which an append compacts the journal (0: never). */
+void idem_client__journal_set_compact_bytes(struct idem_client_journal *j, size_t bytes);
 
 /* ---- responses (response.c) -------------------------------------------------------------------
  */

@@ -26,15 +26,39 @@
 #include "ascii.h"
 #include "banned.h"
 
+/* The largest journal read whole (at open, or after another process compacted it). */
 #define JOURNAL_MAX_BYTES (64u << 20)
+/* Past this size the journal compacts itself (idem_client_journal_compact) after an append. */
+#define JOURNAL_COMPACT_BYTES (16u << 20)
+/* What an automatic compaction drops: finished intents older than this. */
+#define JOURNAL_COMPACT_AGE_MS ((int64_t)7 * 24 * 3600 * 1000)
 /* The longest line: both fields fully percent-encoded, plus the record's framing. */
 #define LINE_MAX_BYTES (3 * (IDEM_CLIENT_INTENT_MAX + IDEM_CLIENT_KEY_MAX) + 64)
+
+/*
+ * The intents in journal order, with a hash index by name (open addressing; a slot holds an
+ * item's index + 1, 0 when empty), so a lookup costs the same with one intent or a million.
+ */
+struct table {
+    struct idem_client_intent *items; /* name and key are owned (malloc'd) */
+    size_t n, cap;
+    size_t *slots;
+    size_t nslots; /* a power of two, at least twice n */
+};
 
 struct idem_client_journal {
     char *path;
     int fd;
-    struct idem_client_intent *items; /* name and key are owned (malloc'd) */
-    size_t n;
+    struct table t;
+    /*
+     * What of the file is in `t`: its first `loaded` bytes, of the file (dev, ino).  A call reads
+     * only what other processes appended since; a file replaced by a compaction is read whole.
+     */
+    off_t loaded;
+    dev_t dev;
+    ino_t ino;
+    size_t compact_bytes; /* automatic compaction past this size (0: never) */
+    off_t compacted_size; /* the size the last compaction left, to not redo it for nothing */
     struct idem_client_intent view; /* what begin/lookup hand out: borrowed */
     int (*fsync_fn)(int fd);
     char errmsg[IDEM_CLIENT_ERRMSG_MAX];
@@ -119,43 +143,84 @@ static char *decode(const char *s, size_t len, int *nomem)
 /* ---- the in-memory table ----------------------------------------------------------------------
  */
 
-static void items_free(struct idem_client_intent *items, size_t n)
+static void table_free(struct table *t)
 {
-    size_t i;
-
-    for (i = 0; i < n; i++) {
-        free((void *)items[i].name);
-        free((void *)items[i].key);
+    for (size_t i = 0; i < t->n; i++) {
+        free((void *)t->items[i].name);
+        free((void *)t->items[i].key);
     }
-    free(items);
+    free(t->items);
+    free(t->slots);
+    memset(t, 0, sizeof *t);
 }
 
-static struct idem_client_intent *find(struct idem_client_intent *items, size_t n, const char *name)
+/* FNV-1a: the names are the caller's own, so no adversary picks collisions. */
+static size_t name_hash(const char *s)
 {
-    size_t i;
-
-    for (i = 0; i < n; i++) {
-        if (strcmp(items[i].name, name) == 0)
-            return &items[i];
-    }
-    return NULL;
+    uint64_t h = 1469598103934665603u;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211u;
+    return (size_t)h;
 }
 
-/* Room for one more item; returns 0 or IDEM_CLIENT_ENOMEM. */
-static int items_grow(struct idem_client_intent **items, size_t n, size_t *cap)
+static struct idem_client_intent *find(const struct table *t, const char *name)
 {
-    struct idem_client_intent *p;
-    size_t ncap;
+    if (t->nslots == 0)
+        return NULL;
+    for (size_t i = name_hash(name) & (t->nslots - 1);; i = (i + 1) & (t->nslots - 1)) {
+        size_t s = t->slots[i];
+        if (s == 0)
+            return NULL;
+        if (strcmp(t->items[s - 1].name, name) == 0)
+            return &t->items[s - 1];
+    }
+}
 
-    if (n < *cap)
-        return 0;
-    ncap = *cap ? *cap * 2 : 16;
-    p = realloc(*items, ncap * sizeof *p);
-    if (!p)
-        return IDEM_CLIENT_ENOMEM;
-    *items = p;
-    *cap = ncap;
-    return 0;
+/* Indexes items[k] (its name is not in the table yet). */
+static void slot_put(struct table *t, size_t k)
+{
+    size_t i = name_hash(t->items[k].name) & (t->nslots - 1);
+    while (t->slots[i] != 0)
+        i = (i + 1) & (t->nslots - 1);
+    t->slots[i] = k + 1;
+}
+
+/*
+ * Appends an intent that owns `name` and `key` (on success; on failure the caller still does).
+ * Returns it, or NULL when memory runs out.
+ */
+static struct idem_client_intent *table_add(struct table *t, char *name, char *key,
+                                            int64_t created_ms)
+{
+    struct idem_client_intent *it;
+
+    if (t->n == t->cap) {
+        size_t ncap = t->cap ? t->cap * 2 : 16;
+        struct idem_client_intent *p = realloc(t->items, ncap * sizeof *p);
+        if (!p)
+            return NULL;
+        t->items = p;
+        t->cap = ncap;
+    }
+    if ((t->n + 1) * 2 > t->nslots) {
+        size_t nslots = t->nslots ? t->nslots * 2 : 32;
+        size_t *slots = calloc(nslots, sizeof *slots);
+        if (!slots)
+            return NULL;
+        free(t->slots);
+        t->slots = slots;
+        t->nslots = nslots;
+        for (size_t k = 0; k < t->n; k++)
+            slot_put(t, k);
+    }
+    it = &t->items[t->n];
+    memset(it, 0, sizeof *it);
+    it->name = name;
+    it->key = key;
+    it->created_ms = created_ms;
+    slot_put(t, t->n);
+    t->n++;
+    return it;
 }
 
 /*
@@ -169,11 +234,6 @@ static int is_2xx(int status)
 
 /* ---- reading ----------------------------------------------------------------------------------
  */
-
-struct parse {
-    struct idem_client_intent *items;
-    size_t n, cap;
-};
 
 /* Splits off the next space-separated field of payload[*i, len). */
 static int next_field(const char *p, size_t len, size_t *i, const char **f, size_t *flen)
@@ -213,7 +273,7 @@ static int parse_decimal(const char *f, size_t flen, int64_t max, int64_t *out)
  * Applies one payload to the table.  Returns 0, IDEM_CLIENT_ECORRUPT with *why set, or
  * IDEM_CLIENT_ENOMEM.
  */
-static int apply(struct parse *ps, const char *p, size_t len, const char **why)
+static int apply(struct table *t, const char *p, size_t len, const char **why)
 {
     int rc = IDEM_CLIENT_ECORRUPT;
     const char *type, *ms, *name_f, *last;
@@ -242,7 +302,7 @@ static int apply(struct parse *ps, const char *p, size_t len, const char **why)
         *why = "malformed intent name";
         goto out;
     }
-    it = find(ps->items, ps->n, name);
+    it = find(t, name);
     if (type[0] == 'K') {
         key = decode(last, last_len, &nomem);
         if (!key || idem_client_key_check(key, NULL) < 0) {
@@ -258,14 +318,10 @@ static int apply(struct parse *ps, const char *p, size_t len, const char **why)
             rc = 0;
             goto out;
         }
-        rc = items_grow(&ps->items, ps->n, &ps->cap);
-        if (rc < 0)
+        if (!table_add(t, name, key, when)) {
+            rc = IDEM_CLIENT_ENOMEM;
             goto out;
-        it = &ps->items[ps->n++];
-        memset(it, 0, sizeof *it);
-        it->name = name;
-        it->key = key;
-        it->created_ms = when;
+        }
         name = NULL;
         key = NULL;
     } else {
@@ -293,7 +349,7 @@ out:
  * Checks one line (without its newline) and applies it.  Returns 0, IDEM_CLIENT_ECORRUPT with
  * *why set, or IDEM_CLIENT_ENOMEM.
  */
-static int parse_line(struct parse *ps, const char *line, size_t len, const char **why)
+static int parse_line(struct table *t, const char *line, size_t len, const char **why)
 {
     int64_t declared;
     uint32_t crc = 0;
@@ -332,17 +388,25 @@ static int parse_line(struct parse *ps, const char *line, size_t len, const char
         *why = "checksum mismatch (the record was damaged)";
         return IDEM_CLIENT_ECORRUPT;
     }
-    return apply(ps, line + i, len - i, why);
+    return apply(t, line + i, len - i, why);
 }
 
-/* Reads the whole file into a new table; the caller holds the lock. */
+/*
+ * Brings the table up to date with the file; the caller holds the lock.  Only the bytes appended
+ * since the last call are read, unless the file is another one (compacted by another process) or
+ * shorter than what was read: then it is read whole, into a fresh table.  A damaged record stops
+ * the journal: the table is dropped, so every later call reads the file again and reports it.
+ */
 static int reload(struct idem_client_journal *j)
 {
     int rc = IDEM_CLIENT_EJOURNAL;
-    struct parse ps = {NULL, 0, 0};
+    struct table fresh = {NULL, 0, 0, NULL, 0};
+    struct table *t = &j->t;
     char *data = NULL;
     struct stat st;
-    size_t size, off = 0, lineno = 0, b, e;
+    size_t size = 0, off = 0, b = 0, e;
+    size_t lineno = 0;
+    off_t from;
     ssize_t got;
     const char *why = NULL;
 
@@ -351,20 +415,30 @@ static int reload(struct idem_client_journal *j)
                          strerror(errno));
         goto out;
     }
-    if (st.st_size < 0 || (uint64_t)st.st_size > JOURNAL_MAX_BYTES) {
-        idem_client__fmt(j->errmsg, sizeof j->errmsg, "%s: journal larger than %u MiB", j->path,
-                         JOURNAL_MAX_BYTES >> 20);
-        rc = IDEM_CLIENT_ETOOBIG;
-        goto out;
+    from = j->loaded;
+    if (st.st_dev != j->dev || st.st_ino != j->ino || st.st_size < j->loaded || j->loaded == 0) {
+        from = 0;
+        t = &fresh;
+        if ((uint64_t)st.st_size > JOURNAL_MAX_BYTES) {
+            idem_client__fmt(j->errmsg, sizeof j->errmsg,
+                             "%s: journal larger than %u MiB (compact it: idem journal compact)",
+                             j->path, JOURNAL_MAX_BYTES >> 20);
+            rc = IDEM_CLIENT_ETOOBIG;
+            goto out;
+        }
     }
-    size = (size_t)st.st_size;
+    if (st.st_size == from) {
+        rc = 0;
+        goto swap;
+    }
+    size = (size_t)(st.st_size - from);
     data = malloc(size + 1);
     if (!data) {
         rc = IDEM_CLIENT_ENOMEM;
         goto out;
     }
     while (off < size) {
-        got = pread(j->fd, data + off, size - off, (off_t)off);
+        got = pread(j->fd, data + off, size - off, from + (off_t)off);
         if (got < 0 && errno == EINTR)
             continue;
         if (got < 0) {
@@ -387,25 +461,41 @@ static int reload(struct idem_client_journal *j)
             rc = IDEM_CLIENT_ECORRUPT;
             goto bad;
         }
-        rc = parse_line(&ps, data + b, e - b, &why);
+        rc = parse_line(t, data + b, e - b, &why);
         if (rc == IDEM_CLIENT_ECORRUPT)
             goto bad;
         if (rc < 0)
-            goto out;
+            goto drop;
     }
-    items_free(j->items, j->n);
-    j->items = ps.items;
-    j->n = ps.n;
-    ps.items = NULL;
-    ps.n = 0;
     rc = 0;
+swap:
+    if (t == &fresh) {
+        table_free(&j->t);
+        j->t = fresh;
+        memset(&fresh, 0, sizeof fresh);
+    }
+    j->loaded = from + (off_t)size;
+    j->dev = st.st_dev;
+    j->ino = st.st_ino;
     goto out;
 bad:
+    if (from > 0) {
+        /* Found in an appended tail: read the file whole, for the damaged line's number. */
+        table_free(&j->t);
+        j->loaded = 0;
+        table_free(&fresh);
+        free(data);
+        return reload(j);
+    }
     idem_client__fmt(j->errmsg, sizeof j->errmsg,
                      "%s:%zu: %s; the journal is not used until this line is repaired or removed",
                      j->path, lineno, why);
+drop:
+    /* Part of the tail may be in the table: start again from nothing next time. */
+    table_free(&j->t);
+    j->loaded = 0;
 out:
-    items_free(ps.items, ps.n);
+    table_free(&fresh);
     free(data);
     return rc;
 }
@@ -430,57 +520,108 @@ static void unlock(struct idem_client_journal *j)
     (void)flock(j->fd, LOCK_UN);
 }
 
-/* Locks, then reads what other processes appended since. */
+/*
+ * Locks, then reads what other processes appended since.  When another process compacted the
+ * journal, the path names a new file while `fd` still holds the old one: it is opened again, and
+ * locked again, before anything is read.
+ */
 static int lock_and_reload(struct idem_client_journal *j, int how)
 {
-    int rc = lock(j, how);
+    for (int tries = 0;; tries++) {
+        struct stat by_path, by_fd;
+        int rc = lock(j, how);
+        int fd;
 
-    if (rc < 0)
-        return rc;
-    rc = reload(j);
-    if (rc < 0)
+        if (rc < 0)
+            return rc;
+        if (stat(j->path, &by_path) != 0 || fstat(j->fd, &by_fd) != 0 ||
+            (by_path.st_dev == by_fd.st_dev && by_path.st_ino == by_fd.st_ino) || tries == 8)
+            break;
         unlock(j);
-    return rc;
+        fd = open(j->path, O_RDWR | O_APPEND | O_CLOEXEC);
+        if (fd < 0) {
+            idem_client__fmt(j->errmsg, sizeof j->errmsg, "%s: cannot open: %s", j->path,
+                             strerror(errno));
+            return IDEM_CLIENT_EJOURNAL;
+        }
+        close(j->fd);
+        j->fd = fd;
+    }
+    {
+        int rc = reload(j);
+        if (rc < 0)
+            unlock(j);
+        return rc;
+    }
 }
 
-/* Appends one record: a single write of the whole line, then fsync. */
-static int append(struct idem_client_journal *j, char type, const char *name, const char *last)
+/*
+ * One record as a line: CRC-32 and length of the payload, then the payload (type, time, the
+ * percent-encoded intent and last field), then a newline.  Returns its length, or 0.
+ */
+static size_t format_line(char type, int64_t ms, const char *name, const char *last,
+                          char line[LINE_MAX_BYTES + 32])
 {
-    char payload[LINE_MAX_BYTES], line[LINE_MAX_BYTES + 32];
-    size_t p = 0, off = 0, len;
-    ssize_t put;
+    char payload[LINE_MAX_BYTES];
+    size_t p, len;
     int n;
 
-    n = snprintf(payload, sizeof payload, "%c %lld ", type, (long long)idem_client__now_ms());
+    n = snprintf(payload, sizeof payload, "%c %lld ", type, (long long)ms);
     if (n < 0)
-        return IDEM_CLIENT_EINVAL;
+        return 0;
     p = (size_t)n;
     encode(payload, &p, name);
     payload[p++] = ' ';
     encode(payload, &p, last);
-    n = snprintf(line, sizeof line, "%08x %zu ", (unsigned)idem_client__crc32(0, payload, p), p);
+    n = snprintf(line, LINE_MAX_BYTES + 32, "%08x %zu ",
+                 (unsigned)idem_client__crc32(0, payload, p), p);
     if (n < 0)
-        return IDEM_CLIENT_EINVAL;
+        return 0;
     len = (size_t)n;
     memcpy(line + len, payload, p);
     len += p;
     line[len++] = '\n';
+    return len;
+}
+
+/* Writes all of `buf` to `fd`; 0, or -1 with errno. */
+static int write_all(int fd, const char *buf, size_t len)
+{
+    size_t off = 0;
+
     while (off < len) {
-        put = write(j->fd, line + off, len - off);
+        ssize_t put = write(fd, buf + off, len - off);
         if (put < 0 && errno == EINTR)
             continue;
-        if (put < 0) {
-            idem_client__fmt(j->errmsg, sizeof j->errmsg, "%s: cannot append: %s", j->path,
-                             strerror(errno));
-            return IDEM_CLIENT_EJOURNAL;
-        }
+        if (put < 0)
+            return -1;
         off += (size_t)put;
+    }
+    return 0;
+}
+
+/*
+ * Appends one record: a single write of the whole line, then fsync.  The caller holds the lock
+ * and has just reloaded, so the line lands right after what the table holds.
+ */
+static int append(struct idem_client_journal *j, char type, const char *name, const char *last)
+{
+    char line[LINE_MAX_BYTES + 32];
+    size_t len = format_line(type, idem_client__now_ms(), name, last, line);
+
+    if (len == 0)
+        return IDEM_CLIENT_EINVAL;
+    if (write_all(j->fd, line, len) != 0) {
+        idem_client__fmt(j->errmsg, sizeof j->errmsg, "%s: cannot append: %s", j->path,
+                         strerror(errno));
+        return IDEM_CLIENT_EJOURNAL;
     }
     if (j->fsync_fn(j->fd) != 0) {
         idem_client__fmt(j->errmsg, sizeof j->errmsg, "%s: fsync failed: %s", j->path,
                          strerror(errno));
         return IDEM_CLIENT_EJOURNAL;
     }
+    j->loaded += (off_t)len;
     return 0;
 }
 
@@ -511,6 +652,122 @@ static void sync_parent_dir(const char *path)
     close(fd);
 }
 
+/* ---- compaction ---------------------------------------------------------------------------
+ */
+
+/*
+ * Rewrites the journal without the intents `drop` says (the caller holds LOCK_EX and has just
+ * reloaded): the kept records go to a new file, fsync'd, renamed over the journal and the
+ * directory fsync'd, so a crash at any point leaves the old journal or the new one, whole.
+ * Other processes notice the new file at their next lock (lock_and_reload).
+ */
+static int rewrite(struct idem_client_journal *j, int64_t cutoff_ms, size_t *dropped, size_t *kept)
+{
+    char tmp[PATH_MAX];
+    char line[LINE_MAX_BYTES + 32];
+    char status[16];
+    struct table t = {NULL, 0, 0, NULL, 0};
+    struct stat st;
+    int fd = -1, rc = IDEM_CLIENT_EJOURNAL;
+    off_t size = 0;
+
+    *dropped = *kept = 0;
+    if (strlen(j->path) + 32 > sizeof tmp) {
+        idem_client__fmt(j->errmsg, sizeof j->errmsg, "%s: path too long", j->path);
+        return IDEM_CLIENT_EINVAL;
+    }
+    idem_client__fmt(tmp, sizeof tmp, "%s.compact-%ld", j->path, (long)getpid());
+    fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        idem_client__fmt(j->errmsg, sizeof j->errmsg, "%s: cannot create: %s", tmp,
+                         strerror(errno));
+        return IDEM_CLIENT_EJOURNAL;
+    }
+    for (size_t i = 0; i < j->t.n; i++) {
+        const struct idem_client_intent *it = &j->t.items[i];
+        size_t len;
+        char *name, *key;
+        /* Only a finished intent may go: an unfinished one may still be retried. */
+        if (it->final_status != 0 && it->created_ms < cutoff_ms) {
+            (*dropped)++;
+            continue;
+        }
+        len = format_line('K', it->created_ms, it->name, it->key, line);
+        if (len == 0 || write_all(fd, line, len) != 0)
+            goto io;
+        size += (off_t)len;
+        if (it->final_status != 0) {
+            idem_client__fmt(status, sizeof status, "%d", it->final_status);
+            len = format_line('S', it->created_ms, it->name, status, line);
+            if (len == 0 || write_all(fd, line, len) != 0)
+                goto io;
+            size += (off_t)len;
+        }
+        name = idem_client__strdup(it->name);
+        key = idem_client__strdup(it->key);
+        if (!name || !key || !table_add(&t, name, key, it->created_ms)) {
+            free(name);
+            free(key);
+            rc = IDEM_CLIENT_ENOMEM;
+            goto fail;
+        }
+        t.items[t.n - 1].final_status = it->final_status;
+        (*kept)++;
+    }
+    if (j->fsync_fn(fd) != 0 || fstat(fd, &st) != 0)
+        goto io;
+    if (rename(tmp, j->path) != 0)
+        goto io;
+    sync_parent_dir(j->path);
+    /* The new file is the journal now; the old one's lock goes with its descriptor. */
+    close(j->fd);
+    j->fd = fd;
+    fd = -1;
+    if (lock(j, LOCK_EX) < 0) {
+        j->loaded = 0;
+        rc = IDEM_CLIENT_EJOURNAL;
+        goto fail;
+    }
+    table_free(&j->t);
+    j->t = t;
+    memset(&t, 0, sizeof t);
+    j->loaded = size;
+    j->dev = st.st_dev;
+    j->ino = st.st_ino;
+    j->compacted_size = size;
+    return 0;
+io:
+    idem_client__fmt(j->errmsg, sizeof j->errmsg, "%s: cannot write the compacted journal: %s", tmp,
+                     strerror(errno));
+    rc = IDEM_CLIENT_EJOURNAL;
+fail:
+    if (fd >= 0) {
+        close(fd);
+        unlink(tmp);
+    }
+    table_free(&t);
+    return rc;
+}
+
+/*
+ * After an append, past the size limit: drops finished intents older than a week.  A failure is
+ * not the caller's (its record is written); the next append tries again.  A journal that did not
+ * shrink is not rewritten again until it doubles.
+ */
+static void compact_if_large(struct idem_client_journal *j)
+{
+    size_t dropped, kept;
+    char saved[IDEM_CLIENT_ERRMSG_MAX];
+
+    if (j->compact_bytes == 0 || (size_t)j->loaded < j->compact_bytes ||
+        j->loaded < 2 * j->compacted_size)
+        return;
+    memcpy(saved, j->errmsg, sizeof saved);
+    if (rewrite(j, idem_client__now_ms() - JOURNAL_COMPACT_AGE_MS, &dropped, &kept) < 0)
+        j->compacted_size = j->loaded; /* wait until it doubles before trying again */
+    memcpy(j->errmsg, saved, sizeof saved);
+}
+
 /* ---- the API ----------------------------------------------------------------------------------
  */
 
@@ -535,6 +792,7 @@ int idem_client_journal_open(const char *path, struct idem_client_journal **out,
         goto out;
     j->fd = -1;
     j->fsync_fn = fsync;
+    j->compact_bytes = JOURNAL_COMPACT_BYTES;
     j->path = idem_client__strdup(path);
     if (!j->path)
         goto out;
@@ -569,7 +827,7 @@ void idem_client_journal_close(struct idem_client_journal *j)
         return;
     if (j->fd >= 0)
         close(j->fd);
-    items_free(j->items, j->n);
+    table_free(&j->t);
     free(j->path);
     free(j);
 }
@@ -613,7 +871,7 @@ int idem_client_journal_lookup(struct idem_client_journal *j, const char *intent
     if (rc < 0)
         goto out;
     unlock(j);
-    it = find(j->items, j->n, intent);
+    it = find(&j->t, intent);
     if (it) {
         j->view = *it;
         j->view.created = 0;
@@ -632,7 +890,6 @@ int idem_client_journal_begin(struct idem_client_journal *j, const char *intent,
     char uuid[IDEM_CLIENT_UUID_LEN + 1];
     const char *why = NULL;
     char *name_copy = NULL, *key_copy = NULL;
-    size_t cap;
 
     if (!j || !out)
         goto out;
@@ -650,7 +907,7 @@ int idem_client_journal_begin(struct idem_client_journal *j, const char *intent,
     if (rc < 0)
         goto out;
     locked = 1;
-    it = find(j->items, j->n, intent);
+    it = find(&j->t, intent);
     if (it) {
         if (key && strcmp(key, it->key) != 0) {
             idem_client__fmt(j->errmsg, sizeof j->errmsg,
@@ -673,19 +930,22 @@ int idem_client_journal_begin(struct idem_client_journal *j, const char *intent,
     rc = IDEM_CLIENT_ENOMEM;
     name_copy = idem_client__strdup(intent);
     key_copy = idem_client__strdup(key);
-    cap = j->n; /* the table is exactly full after reload; grow by one step */
-    if (!name_copy || !key_copy || items_grow(&j->items, j->n, &cap) < 0)
+    if (!name_copy || !key_copy)
         goto out;
     rc = append(j, 'K', intent, key);
     if (rc < 0)
         goto out;
-    it = &j->items[j->n++];
-    memset(it, 0, sizeof *it);
-    it->name = name_copy;
-    it->key = key_copy;
-    it->created_ms = idem_client__now_ms();
+    it = table_add(&j->t, name_copy, key_copy, idem_client__now_ms());
+    if (!it) {
+        /* On disk but not in memory: the next call reads the file again. */
+        j->loaded = 0;
+        rc = IDEM_CLIENT_ENOMEM;
+        goto out;
+    }
     name_copy = NULL;
     key_copy = NULL;
+    compact_if_large(j);
+    it = find(&j->t, intent);
     j->view = *it;
     j->view.created = 1;
     *out = &j->view;
@@ -720,7 +980,7 @@ int idem_client_journal_finish(struct idem_client_journal *j, const char *intent
     if (rc < 0)
         goto out;
     locked = 1;
-    it = find(j->items, j->n, intent);
+    it = find(&j->t, intent);
     if (!it) {
         idem_client__fmt(j->errmsg, sizeof j->errmsg, "%s: intent is not journaled", j->path);
         rc = IDEM_CLIENT_EINVAL;
@@ -734,6 +994,7 @@ int idem_client_journal_finish(struct idem_client_journal *j, const char *intent
     if (rc < 0)
         goto out;
     it->final_status = status;
+    compact_if_large(j);
 out:
     if (locked)
         unlock(j);
@@ -742,17 +1003,50 @@ out:
 
 size_t idem_client_journal_count(const struct idem_client_journal *j)
 {
-    return j ? j->n : 0;
+    return j ? j->t.n : 0;
 }
 
 const struct idem_client_intent *idem_client_journal_at(const struct idem_client_journal *j,
                                                         size_t i)
 {
-    return j && i < j->n ? &j->items[i] : NULL;
+    return j && i < j->t.n ? &j->t.items[i] : NULL;
 }
 
 void idem_client__journal_set_fsync(struct idem_client_journal *j, int (*fsync_fn)(int fd))
 {
     if (j)
         j->fsync_fn = fsync_fn ? fsync_fn : fsync;
+}
+
+void idem_client__journal_set_compact_bytes(struct idem_client_journal *j, size_t bytes)
+{
+    if (j)
+        j->compact_bytes = bytes;
+}
+
+int idem_client_journal_compact(struct idem_client_journal *j, int64_t older_than_ms,
+                                size_t *dropped, size_t *kept)
+{
+    size_t d = 0, k = 0;
+    int rc;
+
+    if (dropped)
+        *dropped = 0;
+    if (kept)
+        *kept = 0;
+    if (!j || older_than_ms < 0)
+        return IDEM_CLIENT_EINVAL;
+    j->errmsg[0] = '\0';
+    rc = lock_and_reload(j, LOCK_EX);
+    if (rc < 0)
+        return rc;
+    rc = rewrite(j, idem_client__now_ms() - older_than_ms, &d, &k);
+    unlock(j);
+    if (rc == 0) {
+        if (dropped)
+            *dropped = d;
+        if (kept)
+            *kept = k;
+    }
+    return rc;
 }

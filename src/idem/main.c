@@ -85,18 +85,27 @@ static const char help_key[] =
 
 static const char usage_journal[] =
     "Usage: idem journal [--journal PATH]\n"
+    "       idem journal compact [--journal PATH] [--older-than-days N]\n"
     "\n"
     "Lists the intents of the journal, one per line: name, key, final status ('-' while\n"
     "unknown), and when the key was journaled.  A corrupt or truncated record is reported with\n"
     "its line number (exit 7).\n"
     "\n"
+    "compact rewrites the journal without the finished intents (a final status is known)\n"
+    "journaled more than N days ago, and prints how many were dropped and kept.  Unfinished\n"
+    "intents are always kept: a retry may still come.  Keep N above the server's retention of\n"
+    "idempotency keys (a dropped intent run again gets a new key).  The journal also compacts\n"
+    "itself (N = 7) when an append takes it past 16 MiB.\n"
+    "\n"
     "Options:\n"
-    "  --journal PATH   the journal (default $IDEM_JOURNAL, else\n"
-    "                   ${XDG_STATE_HOME:-~/.local/state}/idem/journal)\n"
-    "  -h, --help       show this help\n";
+    "  --journal PATH         the journal (default $IDEM_JOURNAL, else\n"
+    "                         ${XDG_STATE_HOME:-~/.local/state}/idem/journal)\n"
+    "  --older-than-days N    compact: what 'old' means, 1..36500 (default 7)\n"
+    "  -h, --help             show this help\n";
 
 enum {
     OPT_TOKEN = 256,
+    OPT_OLDER_THAN_DAYS,
     OPT_KEY,
     OPT_INTENT,
     OPT_JOURNAL,
@@ -515,13 +524,22 @@ static int journal_command(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"journal", required_argument, NULL, OPT_JOURNAL},
+        {"older-than-days", required_argument, NULL, OPT_OLDER_THAN_DAYS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *jpath = NULL;
     char *path = NULL;
     int opt, rc;
+    int compact = 0;
+    long long days = 7;
+    char *end = NULL;
 
+    if (argc > 1 && strcmp(argv[1], "compact") == 0) {
+        compact = 1;
+        argc--;
+        argv++;
+    }
     optind = 1;
     opterr = 0;
     for (;;) {
@@ -531,6 +549,13 @@ static int journal_command(int argc, char **argv)
         switch (opt) {
         case OPT_JOURNAL:
             jpath = optarg;
+            break;
+        case OPT_OLDER_THAN_DAYS:
+            errno = 0;
+            days = strtoll(optarg, &end, 10);
+            if (!compact || errno != 0 || end == optarg || *end != '\0' || days < 1 || days > 36500)
+                return usage_error("journal", "%s",
+                                   "--older-than-days takes 1..36500 days, with 'compact'");
             break;
         case 'h':
             fputs(usage_journal, stdout);
@@ -547,7 +572,8 @@ static int journal_command(int argc, char **argv)
     if (!path)
         return usage_error("journal", "%s",
                            "no journal path: set --journal, $IDEM_JOURNAL or $HOME");
-    rc = cli_journal_list(path);
+    rc = compact ? cli_journal_compact(path, (int64_t)days * 24 * 3600 * 1000)
+                 : cli_journal_list(path);
     free(path);
     return rc;
 }

@@ -270,3 +270,35 @@ int cli_journal_list(const char *path)
     idem_client_journal_close(j);
     return CLI_EXIT_OK;
 }
+
+int cli_journal_compact(const char *path, int64_t older_than_ms)
+{
+    struct idem_client_journal *j = NULL;
+    char *errmsg = NULL;
+    size_t dropped = 0, kept = 0;
+    struct stat st;
+    int rc;
+
+    if (stat(path, &st) != 0 && errno == ENOENT) {
+        printf("%s: no journal, nothing to compact\n", path);
+        return CLI_EXIT_OK;
+    }
+    rc = idem_client_journal_open(path, &j, &errmsg);
+    if (rc == 0)
+        rc = idem_client_journal_compact(j, older_than_ms, &dropped, &kept);
+    if (rc < 0) {
+        fprintf(stderr, "idem: journal error: %s\n",
+                errmsg                                  ? errmsg
+                : j && idem_client_journal_errmsg(j)[0] ? idem_client_journal_errmsg(j)
+                                                        : idem_client_strerror(rc));
+        idem_client_free(errmsg);
+        idem_client_journal_close(j);
+        return rc == IDEM_CLIENT_ENOMEM ? CLI_EXIT_LOCAL : CLI_EXIT_JOURNAL;
+    }
+    if (stat(path, &st) != 0)
+        st.st_size = 0;
+    printf("%s: %zu intents dropped, %zu kept (%lld bytes)\n", path, dropped, kept,
+           (long long)st.st_size);
+    idem_client_journal_close(j);
+    return CLI_EXIT_OK;
+}

@@ -253,6 +253,135 @@ static void test_shared_file(void)
     idem_client_journal_close(b);
 }
 
+/* ---- scale and compaction (issue 15, item 10) ------------------------------------------------
+ */
+
+/* 20,000 fsyncs would make the test about the disk, not the journal. */
+static int no_fsync(int fd)
+{
+    (void)fd;
+    return 0;
+}
+
+/* 20,000 intents: every one found again, by this handle and by one that reads them appended. */
+static void test_many_intents(void)
+{
+    char path[300], name[64], keys[3][IDEM_CLIENT_KEY_MAX + 1];
+    struct idem_client_journal *a = NULL, *b = NULL;
+    const struct idem_client_intent *it = NULL;
+    int missing = 0;
+
+    path_in_dir(path, sizeof path, "many");
+    CHECK_INT(idem_client_journal_open(path, &a, NULL), 0);
+    CHECK_INT(idem_client_journal_open(path, &b, NULL), 0);
+    idem_client__journal_set_fsync(a, no_fsync);
+    for (int i = 0; i < 20000; i++) {
+        snprintf(name, sizeof name, "intent-%d", i);
+        if (idem_client_journal_begin(a, name, NULL, &it) != 0 || !it || !it->created)
+            missing++;
+        if (i < 3 && it)
+            snprintf(keys[i], sizeof keys[i], "%s", it->key);
+    }
+    CHECK_INT(missing, 0);
+    CHECK_INT(idem_client_journal_count(a), 20000);
+    for (int i = 0; i < 3; i++) {
+        snprintf(name, sizeof name, "intent-%d", i);
+        CHECK_INT(idem_client_journal_lookup(b, name, &it), 0);
+        CHECK(it != NULL && strcmp(it->key, keys[i]) == 0);
+    }
+    CHECK_INT(idem_client_journal_lookup(b, "intent-19999", &it), 0);
+    CHECK(it != NULL);
+    CHECK_INT(idem_client_journal_lookup(b, "intent-20000", &it), 0);
+    CHECK(it == NULL);
+    CHECK_INT(idem_client_journal_count(b), 20000);
+    idem_client_journal_close(a);
+    idem_client_journal_close(b);
+}
+
+/* One journal line as client.h documents it, with a timestamp of the test's choosing. */
+static void put_line(FILE *f, char type, long long ms, const char *name, const char *last)
+{
+    char payload[512];
+    int n = snprintf(payload, sizeof payload, "%c %lld %s %s", type, ms, name, last);
+    fprintf(f, "%08x %d %s\n", (unsigned)idem_client__crc32(0, payload, (size_t)n), n, payload);
+}
+
+static void test_compact(void)
+{
+    char path[300], key_open[IDEM_CLIENT_KEY_MAX + 1];
+    struct idem_client_journal *a = NULL, *b = NULL;
+    const struct idem_client_intent *it = NULL;
+    size_t dropped = 9, kept = 9, before = 0, after = 0;
+    long long old = (long long)idem_client__now_ms() - 30LL * 24 * 3600 * 1000;
+    char *text;
+    FILE *f;
+
+    /* Old and finished (dropped), old and unfinished (kept: a retry may come), recent (kept). */
+    path_in_dir(path, sizeof path, "compact");
+    f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    put_line(f, 'K', old, "old-done", "11111111-1111-4111-8111-111111111111");
+    put_line(f, 'S', old, "old-done", "201");
+    put_line(f, 'K', old, "old-open", "22222222-2222-4222-8222-222222222222");
+    fclose(f);
+    CHECK_INT(idem_client_journal_open(path, &a, NULL), 0);
+    CHECK_INT(idem_client_journal_open(path, &b, NULL), 0);
+    CHECK_INT(idem_client_journal_begin(a, "new-done", NULL, &it), 0);
+    CHECK_INT(idem_client_journal_finish(a, "new-done", 200), 0);
+    CHECK_INT(idem_client_journal_lookup(a, "old-open", &it), 0);
+    CHECK(it != NULL);
+    snprintf(key_open, sizeof key_open, "%s", it ? it->key : "");
+    free(slurp(path, &before));
+
+    CHECK_INT(idem_client_journal_compact(a, 7LL * 24 * 3600 * 1000, &dropped, &kept), 0);
+    CHECK_INT(dropped, 1);
+    CHECK_INT(kept, 2);
+    text = slurp(path, &after);
+    CHECK(text != NULL && after < before && count_lines(text) == 3);
+    CHECK(text != NULL && strstr(text, "old-done") == NULL);
+    free(text);
+    CHECK_INT(idem_client_journal_lookup(a, "old-done", &it), 0);
+    CHECK(it == NULL);
+
+    /* The other handle follows the new file: same keys, the dropped intent gone, and appends. */
+    CHECK_INT(idem_client_journal_lookup(b, "old-open", &it), 0);
+    CHECK(it != NULL && strcmp(it->key, key_open) == 0);
+    CHECK_INT(idem_client_journal_lookup(b, "old-done", &it), 0);
+    CHECK(it == NULL);
+    CHECK_INT(idem_client_journal_lookup(b, "new-done", &it), 0);
+    CHECK(it != NULL && it->final_status == 200);
+    CHECK_INT(idem_client_journal_begin(b, "after", NULL, &it), 0);
+    CHECK_INT(idem_client_journal_lookup(a, "after", &it), 0);
+    CHECK(it != NULL);
+    idem_client_journal_close(a);
+    idem_client_journal_close(b);
+
+    /* A journal past its size limit compacts itself on the next append. */
+    f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    for (int i = 0; i < 200; i++) {
+        char name[32], key[40];
+        snprintf(name, sizeof name, "stale-%d", i);
+        snprintf(key, sizeof key, "33333333-3333-4333-8333-%012d", i);
+        put_line(f, 'K', old, name, key);
+        put_line(f, 'S', old, name, "201");
+    }
+    fclose(f);
+    CHECK_INT(idem_client_journal_open(path, &a, NULL), 0);
+    idem_client__journal_set_compact_bytes(a, 4096);
+    CHECK_INT(idem_client_journal_count(a), 200);
+    CHECK_INT(idem_client_journal_begin(a, "fresh", NULL, &it), 0);
+    CHECK_INT(idem_client_journal_count(a), 1);
+    text = slurp(path, &after);
+    CHECK(text != NULL && count_lines(text) == 1 && strstr(text, "fresh") != NULL);
+    free(text);
+    idem_client_journal_close(a);
+}
+
 /* ---- damage -----------------------------------------------------------------------------------
  */
 
@@ -474,6 +603,8 @@ int main(void)
     test_round_trip();
     test_fsync_per_append();
     test_shared_file();
+    test_many_intents();
+    test_compact();
     test_truncated_last_line();
     test_corrupted_line();
     test_bad_content();

@@ -365,6 +365,48 @@ def test_truncated_journal_is_reported(ctx):
 
 
 @test
+def test_journal_compact_drops_old_finished_intents_only(ctx):
+    # Issue 15, item 10: `idem journal compact` keeps what a retry may still need.
+    user = ctx.server.new_user("cli-compact")
+    journal = ctx.journal("compact")
+    for intent in ("done-1", "done-2"):
+        res = idem(["post", ctx.url(), "-d", ORDER, "--token", user.token, "--intent", intent,
+                    "--journal", journal])
+        expect_rc(res, EXIT_OK, intent)
+    # An intent whose outcome never arrived (the server was unreachable): no final status.
+    res = idem(["post", "http://127.0.0.1:1/api/orders", "-d", ORDER, "--token", user.token,
+                "--intent", "open", "--journal", journal, "--max-attempts", "1"])
+    expect(res.rc != EXIT_OK, "the unreachable intent fails: %s" % res.describe())
+    before = idem(["journal", "--journal", journal]).out.decode()
+    expect_eq(len(before.splitlines()), 3, "intents before")
+    # Nothing is a day old yet: nothing goes.
+    res = idem(["journal", "compact", "--journal", journal, "--older-than-days", "1"])
+    expect_rc(res, EXIT_OK, "compact")
+    expect("0 intents dropped, 3 kept" in res.out.decode(), res.describe())
+    # Backdate every record by 30 days, then compact with the default (7 days).
+    import zlib
+    lines = []
+    with open(journal, "rb") as f:
+        for line in f.read().split(b"\n"):
+            if not line:
+                continue
+            _crc, _len, payload = line.split(b" ", 2)
+            typ, ms, name, last = payload.split(b" ")
+            payload = b" ".join([typ, str(int(ms) - 30 * 86400 * 1000).encode(), name, last])
+            lines.append(b"%08x %d %s\n" % (zlib.crc32(payload), len(payload), payload))
+    with open(journal, "wb") as f:
+        f.write(b"".join(lines))
+    res = idem(["journal", "compact", "--journal", journal])
+    expect_rc(res, EXIT_OK, "compact")
+    expect("2 intents dropped, 1 kept" in res.out.decode(), res.describe())
+    after = idem(["journal", "--journal", journal]).out.decode()
+    expect(len(after.splitlines()) == 1 and after.startswith("open\t"),
+           "only the unfinished intent stays: %r" % after)
+    res = idem(["journal", "compact", "--journal", journal, "--older-than-days", "0"])
+    expect_rc(res, EXIT_USAGE, "--older-than-days 0")
+
+
+@test
 def test_retries_exhausted_and_unfixable_failures(ctx):
     user = ctx.server.new_user("cli-exhaust")
     with FaultProxy(ctx.server.host, ctx.server.port, default=RESET) as proxy:
