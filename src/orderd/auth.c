@@ -6,6 +6,7 @@
 #include "auth.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,8 @@
 
 #include "idem/idem.h"
 
+#include "log.h"
+#include "strbuf.h"
 #include "util.h"
 #include "banned.h"
 
@@ -46,15 +49,18 @@ static void token_hash(const char *token, size_t len, char hex[AUTH_HASH_HEX_LEN
 
 struct auth_slot {
     unsigned char digest[DIGEST_LEN];
-    char user[CACHE_USER_MAX + 1];
-    int64_t until_ms; /* CLOCK_MONOTONIC; 0: empty */
+    char user[CACHE_USER_MAX + 1]; /* "" in the table of unknown tokens */
+    int64_t until_ms;              /* CLOCK_MONOTONIC; 0: empty */
 };
 
 struct auth_cache {
     int64_t ttl_ms;
     size_t nslots;
-    struct auth_slot *slots;
+    struct auth_slot *slots;   /* known tokens */
+    struct auth_slot *unknown; /* tokens the store did not know, for AUTH_NEGATIVE_TTL_MS */
     pthread_mutex_t stripes[CACHE_STRIPES];
+    _Atomic int lookups; /* store reads in progress for tokens the cache does not know */
+    int max_lookups;
 };
 
 static int64_t mono_ms(void)
@@ -62,7 +68,7 @@ static int64_t mono_ms(void)
     return mono_ns() / 1000000;
 }
 
-struct auth_cache *auth_cache_new(int64_t ttl_ms, size_t slots)
+struct auth_cache *auth_cache_new(int64_t ttl_ms, size_t slots, int max_lookups)
 {
     struct auth_cache *c = NULL;
     size_t i;
@@ -73,6 +79,8 @@ struct auth_cache *auth_cache_new(int64_t ttl_ms, size_t slots)
     c->ttl_ms = ttl_ms;
     c->nslots = slots;
     c->slots = xcalloc(slots, sizeof *c->slots);
+    c->unknown = xcalloc(slots, sizeof *c->unknown);
+    c->max_lookups = max_lookups > 0 ? max_lookups : 1;
     for (i = 0; i < CACHE_STRIPES; i++) {
         if (pthread_mutex_init(&c->stripes[i], NULL) != 0)
             die("cannot initialise a mutex");
@@ -89,6 +97,7 @@ void auth_cache_free(struct auth_cache *c)
     for (i = 0; i < CACHE_STRIPES; i++)
         pthread_mutex_destroy(&c->stripes[i]);
     free(c->slots);
+    free(c->unknown);
     free(c);
 }
 
@@ -99,6 +108,32 @@ static size_t slot_of(const struct auth_cache *c, const unsigned char md[DIGEST_
 
     memcpy(&v, md, sizeof v);
     return (size_t)(v % c->nslots);
+}
+
+/* Whether digest `md` is remembered as unknown to the store. */
+static int cache_unknown(struct auth_cache *c, const unsigned char md[DIGEST_LEN])
+{
+    size_t i = slot_of(c, md);
+    struct auth_slot *s = &c->unknown[i];
+    pthread_mutex_t *mu = &c->stripes[i % CACHE_STRIPES];
+    int hit;
+
+    pthread_mutex_lock(mu);
+    hit = s->until_ms > mono_ms() && memcmp(s->digest, md, DIGEST_LEN) == 0;
+    pthread_mutex_unlock(mu);
+    return hit;
+}
+
+static void cache_put_unknown(struct auth_cache *c, const unsigned char md[DIGEST_LEN])
+{
+    size_t i = slot_of(c, md);
+    struct auth_slot *s = &c->unknown[i];
+    pthread_mutex_t *mu = &c->stripes[i % CACHE_STRIPES];
+
+    pthread_mutex_lock(mu);
+    memcpy(s->digest, md, DIGEST_LEN);
+    s->until_ms = mono_ms() + AUTH_NEGATIVE_TTL_MS;
+    pthread_mutex_unlock(mu);
 }
 
 /* The cached user of digest `md` (new), or NULL. */
@@ -153,6 +188,13 @@ static int bearer_token(const char *value, const char **tok, size_t *len)
         end--;
     if (end == p || (size_t)(end - p) > TOKEN_MAX_LEN)
         goto out;
+    /* Only the shape `token create` makes can be in the store: anything else is not looked up. */
+    if ((size_t)(end - p) != strlen(AUTH_TOKEN_PREFIX) + 2 * TOKEN_RANDOM_BYTES ||
+        memcmp(p, AUTH_TOKEN_PREFIX, strlen(AUTH_TOKEN_PREFIX)) != 0)
+        goto out;
+    for (const char *q = p + strlen(AUTH_TOKEN_PREFIX); q < end; q++)
+        if (!((*q >= '0' && *q <= '9') || (*q >= 'a' && *q <= 'f')))
+            goto out;
     *tok = p;
     *len = (size_t)(end - p);
     rc = 0;
@@ -171,6 +213,7 @@ int auth_principal(struct auth_cache *cache, struct idem_store *st, const char *
     const char *tok = NULL;
     const char *uid;
     size_t len = 0;
+    int counted = 0;
     int rc;
 
     *user_id = NULL;
@@ -186,9 +229,20 @@ int auth_principal(struct auth_cache *cache, struct idem_store *st, const char *
             goto out;
         }
     }
+    if (cache != NULL && cache_unknown(cache, md)) {
+        rc = 1;
+        goto out;
+    }
     if (st == NULL) {
         rc = AUTH_ASK_STORE;
         goto out;
+    }
+    if (cache != NULL) {
+        if (atomic_fetch_add(&cache->lookups, 1) >= cache->max_lookups) {
+            rc = AUTH_BUSY;
+            goto out;
+        }
+        counted = 1;
     }
     hex_encode(md, DIGEST_LEN, hex);
     rc = idem_tx_begin(st, 0, &tx);
@@ -200,6 +254,8 @@ int auth_principal(struct auth_cache *cache, struct idem_store *st, const char *
         goto out;
     uid = idem_rows_count(rows) > 0 ? idem_rows_get(rows, 0, 0) : NULL;
     if (uid == NULL) {
+        if (cache != NULL)
+            cache_put_unknown(cache, md);
         rc = 1;
         goto out;
     }
@@ -208,6 +264,8 @@ int auth_principal(struct auth_cache *cache, struct idem_store *st, const char *
     *user_id = xstrdup(uid);
     rc = 0;
 out:
+    if (counted)
+        atomic_fetch_sub(&cache->lookups, 1);
     idem_rows_free(rows);
     idem_tx_rollback(tx);
     return rc;
@@ -291,5 +349,112 @@ out:
     idem_rows_free(rows);
     idem_tx_rollback(tx);
     free(tok);
+    return rc;
+}
+
+int auth_token_list(struct idem_store *st, const char *user, FILE *out, char *err, size_t errlen)
+{
+    struct idem_tx *tx = NULL;
+    struct idem_rows *rows = NULL;
+    const char *params[1] = {user};
+    struct strbuf name = STRBUF_INIT;
+    int rc, n;
+
+    rc = idem_tx_begin(st, 0, &tx);
+    if (rc == 0)
+        rc = idem_tx_exec(tx,
+                          user ? "SELECT t.hash, u.name, t.created_at FROM tokens t"
+                                 " JOIN users u ON u.id = t.user_id WHERE u.name = $1"
+                                 " ORDER BY t.created_at, t.hash"
+                               : "SELECT t.hash, u.name, t.created_at FROM tokens t"
+                                 " JOIN users u ON u.id = t.user_id ORDER BY u.name, t.created_at,"
+                                 " t.hash",
+                          user ? 1 : 0, user ? params : NULL, &rows);
+    if (rc < 0) {
+        snprintf(err, errlen, "%s", tx ? idem_tx_errmsg(tx) : idem_strerror(rc));
+        goto out;
+    }
+    n = idem_rows_count(rows);
+    fprintf(out, "%-*s  %-24s  %s\n", AUTH_TOKEN_ID_LEN, "TOKEN ID", "CREATED", "USER");
+    for (int i = 0; i < n; i++) {
+        const char *hash = idem_rows_get(rows, i, 0);
+        /* A user name is whatever `token create --user` was given: printed escaped. */
+        strbuf_release(&name);
+        log_escape_text(&name, idem_rows_get(rows, i, 1) ? idem_rows_get(rows, i, 1) : "");
+        fprintf(out, "%.*s  %-24s  %s\n", AUTH_TOKEN_ID_LEN, hash ? hash : "?",
+                idem_rows_get(rows, i, 2) ? idem_rows_get(rows, i, 2) : "-",
+                name.buf ? name.buf : "");
+    }
+    rc = n;
+out:
+    strbuf_release(&name);
+    idem_rows_free(rows);
+    idem_tx_rollback(tx);
+    return rc;
+}
+
+int auth_token_revoke(struct idem_store *st, const char *user, const char *token_id,
+                      const char *token, int *revoked, char *err, size_t errlen)
+{
+    struct idem_tx *tx = NULL;
+    struct idem_rows *rows = NULL;
+    char hex[AUTH_HASH_HEX_LEN + 1];
+    char pattern[AUTH_HASH_HEX_LEN + 2];
+    const char *params[1];
+    const char *sql;
+    const char *tok = NULL;
+    size_t len = 0;
+    int rc;
+
+    *revoked = 0;
+    if ((user != NULL) + (token_id != NULL) + (token != NULL) != 1) {
+        snprintf(err, errlen, "name exactly one of --user, --token-id, --token");
+        return IDEM_EINVAL;
+    }
+    if (user) {
+        params[0] = user;
+        sql = "DELETE FROM tokens WHERE user_id IN (SELECT id FROM users WHERE name = $1)";
+    } else if (token_id) {
+        size_t n = strlen(token_id);
+        if (n < 8 || n > AUTH_HASH_HEX_LEN || strspn(token_id, "0123456789abcdef") != n) {
+            snprintf(err, errlen, "a token id is 8 to 64 lowercase hex digits (orderd token list)");
+            return IDEM_EINVAL;
+        }
+        snprintf(pattern, sizeof pattern, "%s%%", token_id);
+        params[0] = pattern;
+        sql = "DELETE FROM tokens WHERE hash LIKE $1";
+    } else {
+        char header[TOKEN_MAX_LEN + 16];
+        snprintf(header, sizeof header, "Bearer %s", token);
+        if (bearer_token(header, &tok, &len) != 0) {
+            snprintf(err, errlen, "that is not a token made by `orderd token create`");
+            return IDEM_EINVAL;
+        }
+        token_hash(tok, len, hex);
+        params[0] = hex;
+        sql = "DELETE FROM tokens WHERE hash = $1";
+    }
+    rc = idem_tx_begin(st, 1, &tx);
+    if (rc == 0)
+        rc = idem_tx_exec(tx, sql, 1, params, &rows);
+    if (rc < 0) {
+        snprintf(err, errlen, "%s", tx ? idem_tx_errmsg(tx) : idem_strerror(rc));
+        goto out;
+    }
+    *revoked = (int)idem_rows_changed(rows);
+    if (token_id && *revoked > 1) {
+        snprintf(err, errlen, "token id %s names %d tokens: give more of its digits", token_id,
+                 *revoked);
+        *revoked = 0;
+        rc = IDEM_EINVAL;
+        goto out; /* rolled back */
+    }
+    rc = idem_tx_commit(tx);
+    tx = NULL;
+    if (rc < 0)
+        snprintf(err, errlen, "cannot commit: %s", idem_strerror(rc));
+out:
+    idem_rows_free(rows);
+    idem_tx_rollback(tx);
     return rc;
 }

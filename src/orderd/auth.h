@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 struct idem_store;
 
@@ -21,6 +22,11 @@ struct idem_store;
  */
 #define AUTH_CACHE_TTL_MS 5000
 #define AUTH_CACHE_SLOTS 4096
+/*
+ * A token the store does not know is remembered as unknown this long, so a client repeating a
+ * revoked or mistyped token is answered 401 without a store read each time.
+ */
+#define AUTH_NEGATIVE_TTL_MS 1000
 
 /*
  * A bounded memory of token hash -> user id, shared by every connection thread: direct-mapped
@@ -29,8 +35,12 @@ struct idem_store;
  */
 struct auth_cache;
 
-/* A cache of `slots` entries trusted for `ttl_ms` (new, free with auth_cache_free). */
-struct auth_cache *auth_cache_new(int64_t ttl_ms, size_t slots);
+/*
+ * A cache of `slots` entries trusted for `ttl_ms` (new, free with auth_cache_free).  At most
+ * `max_lookups` store reads for tokens it does not know run at once (the rest are AUTH_BUSY): a
+ * flood of made-up tokens cannot take every pooled connection from the requests with real ones.
+ */
+struct auth_cache *auth_cache_new(int64_t ttl_ms, size_t slots, int max_lookups);
 /* NULL is a no-op. */
 void auth_cache_free(struct auth_cache *c);
 
@@ -43,6 +53,7 @@ void auth_cache_free(struct auth_cache *c);
  * which must not block, asks again from a worker).
  */
 #define AUTH_ASK_STORE 2
+#define AUTH_BUSY 3 /* too many unknown tokens are being looked up at once: 503, retry */
 int auth_principal(struct auth_cache *cache, struct idem_store *st, const char *authorization,
                    char **user_id);
 
@@ -52,5 +63,22 @@ int auth_principal(struct auth_cache *cache, struct idem_store *st, const char *
  */
 int auth_token_create(struct idem_store *st, const char *name, char **token, char *err,
                       size_t errlen);
+
+/*
+ * `orderd token list`: one line per token to `out` -- its id (the first 12 hex digits of its
+ * SHA-256, all that is stored), the user's name, when it was made.  `user` (may be NULL) keeps one
+ * user's.  Returns the number listed, or a negative IDEM_E* with a sentence in `err`.
+ */
+#define AUTH_TOKEN_ID_LEN 12
+int auth_token_list(struct idem_store *st, const char *user, FILE *out, char *err, size_t errlen);
+
+/*
+ * `orderd token revoke`: deletes the tokens of user `user`, or the one whose id (a prefix of its
+ * hash, at least 8 hex digits) is `token_id`, or the token `token` itself.  Exactly one of the
+ * three.  *revoked receives how many went.  The store forgets them at once; a running orderd stops
+ * accepting one within AUTH_CACHE_TTL_MS.  Returns 0 or a negative IDEM_E* with `err`.
+ */
+int auth_token_revoke(struct idem_store *st, const char *user, const char *token_id,
+                      const char *token, int *revoked, char *err, size_t errlen);
 
 #endif /* ORDERD_AUTH_H */

@@ -37,6 +37,8 @@ static const char usage_main[] =
     "Commands:\n"
     "  serve          run the HTTP server\n"
     "  token create   create a user (if needed) and print a new bearer token for it\n"
+    "  token list     list the bearer tokens (ids, users, dates)\n"
+    "  token revoke   revoke a user's tokens, or one token\n"
     "  migrate        apply the database migrations and print how many ran\n"
     "  outbox list    show the outbox of emails (pending, sent, parked)\n"
     "  outbox retry   queue a parked email again\n"
@@ -88,14 +90,23 @@ static const char usage_serve[] =
 
 static const char usage_token[] =
     "Usage: orderd token create --db URI --user NAME\n"
+    "       orderd token list --db URI [--user NAME]\n"
+    "       orderd token revoke --db URI (--user NAME | --token-id ID | --token TOKEN)\n"
     "\n"
-    "Creates user NAME if it does not exist, then a new bearer token for it, and prints the\n"
-    "token alone on stdout.  Only its SHA-256 is stored: the token cannot be shown again.\n"
+    "create makes user NAME if it does not exist, then a new bearer token for it, and prints\n"
+    "the token alone on stdout.  Only its SHA-256 is stored: the token cannot be shown again.\n"
+    "list prints every token (or NAME's): its id (the first 12 hex digits of its SHA-256),\n"
+    "when it was made, its user.\n"
+    "revoke deletes NAME's tokens, the token with that id (8 or more of its digits), or the\n"
+    "token itself, and prints how many.  The store forgets them at once; a running orderd\n"
+    "stops accepting a revoked token within 5 seconds (its token cache).\n"
     "\n"
     "Options:\n"
-    "  --db URI       store (default " ORDERD_DEFAULT_DB ")\n"
-    "  --user NAME    user name (required)\n"
-    "  -h, --help     show this help\n";
+    "  --db URI        store (default " ORDERD_DEFAULT_DB ")\n"
+    "  --user NAME     user name (create: required)\n"
+    "  --token-id ID   revoke: a token id from 'orderd token list'\n"
+    "  --token TOKEN   revoke: the token itself\n"
+    "  -h, --help      show this help\n";
 
 static const char usage_migrate[] =
     "Usage: orderd migrate --db URI\n"
@@ -146,6 +157,8 @@ enum {
     OPT_LIMIT,
     OPT_IDEMPOTENCY,
     OPT_REPLAY_CACHE,
+    OPT_TOKEN_ID,
+    OPT_TOKEN,
 };
 
 static const struct option serve_options[] = {
@@ -184,6 +197,8 @@ static const struct option outbox_options[] = {
 static const struct option token_options[] = {
     {"db", required_argument, NULL, OPT_DB},
     {"user", required_argument, NULL, OPT_USER},
+    {"token-id", required_argument, NULL, OPT_TOKEN_ID},
+    {"token", required_argument, NULL, OPT_TOKEN},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -199,9 +214,11 @@ struct cli {
     const char *command; /* "serve", "token create", "migrate": for messages */
     struct orderd_config cfg;
     const char *user;
-    const char *status; /* outbox list --status */
-    int64_t limit;      /* outbox list --limit */
-    const char *arg;    /* the one positional argument of commands that take one */
+    const char *token_id; /* token revoke --token-id */
+    const char *token;    /* token revoke --token */
+    const char *status;   /* outbox list --status */
+    int64_t limit;        /* outbox list --limit */
+    const char *arg;      /* the one positional argument of commands that take one */
     int allow_arg;
 };
 
@@ -275,6 +292,12 @@ static int apply_option(struct cli *cli, int c, const char *arg)
         break;
     case OPT_USER:
         cli->user = arg;
+        break;
+    case OPT_TOKEN_ID:
+        cli->token_id = arg;
+        break;
+    case OPT_TOKEN:
+        cli->token = arg;
         break;
     case OPT_DB_POOL:
         if (number_flag(cli, "db-pool", arg, 1, 1024, &v) != 0)
@@ -525,7 +548,46 @@ static void config_defaults(struct orderd_config *cfg)
     cfg->outbox_backoff_max_ms = ORDERD_DEFAULT_OUTBOX_BACKOFF_MAX_MS;
 }
 
-/* `orderd token ...`: only `create` exists. */
+/* `orderd token list` and `orderd token revoke`. */
+static int run_token_admin(const struct cli *cli, int revoke)
+{
+    struct idem_store *st = NULL;
+    char err[512];
+    char *errmsg = NULL;
+    int status = 1;
+    int rc, n = 0;
+
+    rc = db_open(cli->cfg.db, 1, cli->cfg.sync, &st, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "orderd %s: %s\n", cli->command, err);
+        goto out;
+    }
+    rc = schema_migrate(st, NULL, &errmsg);
+    if (rc < 0) {
+        fprintf(stderr, "orderd %s: migrations failed: %s\n", cli->command,
+                errmsg ? errmsg : idem_strerror(rc));
+        goto out;
+    }
+    if (revoke)
+        rc = auth_token_revoke(st, cli->user, cli->token_id, cli->token, &n, err, sizeof err);
+    else
+        rc = auth_token_list(st, cli->user, stdout, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "orderd %s: %s\n", cli->command, err);
+        status = rc == IDEM_EINVAL ? EXIT_USAGE : 1;
+        goto out;
+    }
+    if (revoke)
+        printf("%d token%s revoked\n", n, n == 1 ? "" : "s");
+    fflush(stdout);
+    status = 0;
+out:
+    idem_free(errmsg);
+    idem_store_close(st);
+    return status;
+}
+
+/* `orderd token create|list|revoke`. */
 static int command_token(struct cli *cli, int argc, char **argv)
 {
     int status;
@@ -537,17 +599,41 @@ static int command_token(struct cli *cli, int argc, char **argv)
         goto out;
     }
     if (argc < 3) {
-        status = usage_error(cli, "a subcommand is needed: 'create'");
+        status = usage_error(cli, "a subcommand is needed: 'create', 'list' or 'revoke'");
+        goto out;
+    }
+    if (strcmp(argv[2], "list") == 0 || strcmp(argv[2], "revoke") == 0) {
+        int revoke = strcmp(argv[2], "revoke") == 0;
+        cli->command = revoke ? "token revoke" : "token list";
+        status = parse_options(cli, argc - 2, argv + 2, token_options, usage_token);
+        if (status >= 0)
+            goto out;
+        if (!revoke && (cli->token_id || cli->token)) {
+            status = usage_error(cli, "list takes --user only");
+            goto out;
+        }
+        if (revoke && (cli->user != NULL) + (cli->token_id != NULL) + (cli->token != NULL) != 1) {
+            status = usage_error(cli, "name exactly one of --user, --token-id, --token");
+            goto out;
+        }
+        status = run_token_admin(cli, revoke);
         goto out;
     }
     if (strcmp(argv[2], "create") != 0) {
-        status = usage_error(cli, "unknown subcommand '%s' (expected 'create')", argv[2]);
+        status = usage_error(cli,
+                             "unknown subcommand '%s' (expected 'create', 'list' or "
+                             "'revoke')",
+                             argv[2]);
         goto out;
     }
     cli->command = "token create";
     status = parse_options(cli, argc - 2, argv + 2, token_options, usage_token);
     if (status >= 0)
         goto out;
+    if (cli->token_id || cli->token) {
+        status = usage_error(cli, "create takes --user only");
+        goto out;
+    }
     if (cli->user == NULL || cli->user[0] == '\0') {
         status = usage_error(cli, "--user NAME is required");
         goto out;
