@@ -3,8 +3,9 @@
  * same body twice leaves the same state.  What a key adds is the same *answer*: "changed" is
  * true only for the request that changed something, and a retry of that request must still say
  * true (it is replayed), where a fresh identical PUT says false.  Without a key the update runs
- * in a plain write transaction.  A change queues one "profile changed" email in the outbox, in
- * the transaction of the change: no change, no email; a replay sends nothing again.
+ * in a plain write transaction.  A change queues a "profile changed" email in the outbox (to the
+ * old address too when the email changed), in the transaction of the change: no change, no
+ * email; a replay sends nothing again.
  */
 #include "profile.h"
 
@@ -33,12 +34,11 @@ struct profile_input {
     const char *email;
 };
 
-/* The "profile changed" email, to the (new) address, in the transaction of the change. */
-static int queue_email(const struct app *app, struct idem_tx *tx, const char *user,
-                       const struct profile_input *in)
+/* The "profile changed" email to `to`, in the transaction of the change. */
+static int queue_email(const struct app *app, struct idem_tx *tx, const char *user, const char *to)
 {
     json_t *email = xcheck(
-        json_pack("{s:s, s:s, s:s, s:s, s:{s:s}}", "to", in->email, "subject",
+        json_pack("{s:s, s:s, s:s, s:s, s:{s:s}}", "to", to, "subject",
                   "Your profile was changed", "template", "profile_changed", "text",
                   "Your name and email address were updated. If this was not you, contact us.",
                   "metadata", "userId", user));
@@ -49,50 +49,74 @@ static int queue_email(const struct app *app, struct idem_tx *tx, const char *us
 }
 
 /*
- * Upserts the profile in `tx` and builds the answer.  "changed" compares with the stored row
- * inside the same write transaction, so two concurrent PUTs cannot both claim the change.
+ * Upserts the profile in `tx` and builds the answer.  The change is decided by the write itself,
+ * not by a read before it: the row is locked first (PostgreSQL runs READ COMMITTED, where two
+ * concurrent PUTs would otherwise both read the old row), and the upsert only updates a row that
+ * differs -- the ON CONFLICT arm waits for a concurrent insert and sees its row -- so of two
+ * identical PUTs exactly one says "changed" and queues the email.  The email goes to the new
+ * address and, when the address changed, to the old one too: a stolen token that changes the
+ * email must not silence the real owner.
  */
 static int profile_apply(const struct app *app, struct idem_tx *tx, const char *user,
                          const struct profile_input *in, json_t **doc)
 {
     struct idem_rows *rows = NULL;
     const char *params[4];
+    struct idem_rows *upserted = NULL;
     char now[ISO8601_LEN + 1];
     char updated[ISO8601_LEN + 1];
+    char old_email[EMAIL_MAX_CHARS * 4 + 1] = "";
     int changed = 1;
     int rc;
 
     *doc = NULL;
     params[0] = user;
+    /* A no-op write takes the row's lock (a no-op on SQLite, whose writer is alone anyway). */
+    rc = db_exec(app, tx, "UPDATE profiles SET updated_at = updated_at WHERE user_id = $1", 1,
+                 params, NULL);
+    if (rc < 0)
+        goto out;
     rc = db_exec(app, tx, "SELECT name, email, updated_at FROM profiles WHERE user_id = $1", 1,
                  params, &rows);
     if (rc < 0)
         goto out;
-    if (idem_rows_count(rows) > 0 && strcmp(db_text(rows, 0, 0), in->name) == 0 &&
-        strcmp(db_text(rows, 0, 1), in->email) == 0) {
-        changed = 0;
-        snprintf(updated, sizeof updated, "%s", db_text(rows, 0, 2));
-    }
+    if (idem_rows_count(rows) > 0)
+        snprintf(old_email, sizeof old_email, "%s", db_text(rows, 0, 1));
+    iso8601_ms(wall_ms(), now);
+    params[1] = in->name;
+    params[2] = in->email;
+    params[3] = now;
+    rc = db_exec(app, tx,
+                 "INSERT INTO profiles (user_id, name, email, updated_at) VALUES ($1, $2, $3, $4)"
+                 " ON CONFLICT (user_id) DO UPDATE SET name = excluded.name,"
+                 " email = excluded.email, updated_at = excluded.updated_at"
+                 " WHERE profiles.name <> excluded.name OR profiles.email <> excluded.email",
+                 4, params, &upserted);
+    if (rc < 0)
+        goto out;
+    changed = idem_rows_changed(upserted) == 1;
     if (changed) {
-        iso8601_ms(wall_ms(), now);
-        params[1] = in->name;
-        params[2] = in->email;
-        params[3] = now;
-        rc = db_exec(app, tx,
-                     "INSERT INTO profiles (user_id, name, email, updated_at) VALUES ($1, $2, "
-                     "$3, $4) ON CONFLICT (user_id) DO UPDATE SET name = excluded.name, email = "
-                     "excluded.email, updated_at = excluded.updated_at",
-                     4, params, NULL);
-        if (rc < 0)
-            goto out;
         snprintf(updated, sizeof updated, "%s", now);
-        rc = queue_email(app, tx, user, in);
+        rc = queue_email(app, tx, user, in->email);
+        if (rc == 0 && old_email[0] != '\0' && strcmp(old_email, in->email) != 0)
+            rc = queue_email(app, tx, user, old_email);
         if (rc < 0)
             goto out;
+    } else {
+        /* Unchanged: the stored row is this one (read again: a concurrent PUT may have made it). */
+        idem_rows_free(rows);
+        rows = NULL;
+        rc = db_exec(app, tx, "SELECT updated_at FROM profiles WHERE user_id = $1", 1, params,
+                     &rows);
+        if (rc < 0)
+            goto out;
+        snprintf(updated, sizeof updated, "%s",
+                 idem_rows_count(rows) > 0 ? db_text(rows, 0, 0) : now);
     }
     *doc = xcheck(json_pack("{s:s, s:s, s:b, s:s}", "name", in->name, "email", in->email, "changed",
                             changed, "updatedAt", updated));
 out:
+    idem_rows_free(upserted);
     idem_rows_free(rows);
     return rc;
 }

@@ -833,6 +833,49 @@ def test_profile_put_set_semantics_with_and_without_key(ctx):
                    "PUT other values with a used key")
 
 
+def profile_emails(server, user):
+    """The recipients of user's "profile changed" emails in orderd's outbox."""
+    uid = db_query(server.db_uri, "SELECT id FROM users WHERE name = ?", (user.user,))[0][0]
+    rows = db_query(server.db_uri, "SELECT recipient, payload FROM outbox")
+    return sorted(r[0] for r in rows if "profile_changed" in r[1] and uid in r[1])
+
+
+@test
+def test_concurrent_identical_profile_puts_change_once_and_email_old_address(ctx):
+    # Issue 15, item 5: 16 identical PUTs at once (no key, so nothing dedupes them but the write
+    # itself) -> one says changed and queues one email; on PostgreSQL they all read the old row at
+    # once unless the write decides.
+    import threading
+    u = ctx.server.new_user("race")
+    body = {"name": "Grace", "email": "grace@example.com"}
+    results = []
+    lock = threading.Lock()
+    start = threading.Barrier(16)
+
+    def put():
+        start.wait()
+        r = u.put("/api/me/profile", body)
+        with lock:
+            results.append(r)
+
+    threads = [threading.Thread(target=put) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    expect(all(r.status == 200 for r in results), "all 200: %s" %
+           [r.describe(150) for r in results if r.status != 200][:2])
+    changed = [r for r in results if r.json().get("changed")]
+    expect_eq(len(changed), 1, "PUTs that say changed")
+    expect_eq(profile_emails(ctx.server, u), ["grace@example.com"], "emails queued")
+    # A new address: both the new and the old one are told.
+    r = u.put("/api/me/profile", {"name": "Grace", "email": "hopper@example.com"})
+    expect_eq(r.json().get("changed"), True, "email changed")
+    expect_eq(profile_emails(ctx.server, u),
+              ["grace@example.com", "grace@example.com", "hopper@example.com"],
+              "emails after the address change (the old address is told too)")
+
+
 @test
 def test_profile_validation_is_400(ctx):
     u = ctx.server.new_user()

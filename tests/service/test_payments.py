@@ -435,9 +435,15 @@ def test_profile_email_only_when_something_changed(_):
         expect_eq(same2.json()["changed"], False, "same profile, no key")
         other = u.put("/api/me/profile", {"name": "Ada", "email": "ada@example.org"})
         expect_eq(other.json()["changed"], True, "new email")
-        wait_until("two profile emails", lambda: emails_of(prov, "profile_changed") == 2)
+        # The new address is told, and the old one too (a stolen token must not silence it).
+        wait_until("three profile emails", lambda: emails_of(prov, "profile_changed") == 3)
         time.sleep(0.3)
-        expect_eq(emails_of(prov, "profile_changed"), 2, "profile emails for 2 changes in 5 PUTs")
+        expect_eq(emails_of(prov, "profile_changed"), 3,
+                  "profile emails for 2 changes in 5 PUTs, the second to both addresses")
+        _, lst = prov.call("GET", "/v1/emails")
+        tos = sorted(e["to"] for e in lst["data"] if e["template"] == "profile_changed")
+        expect_eq(tos, ["ada@example.com", "ada@example.com", "ada@example.org"],
+                  "recipients of the profile emails")
         # The confirmation of an order goes to the profile's address.
         u.create_order(new_key())
         wait_until("the confirmation", lambda: emails_of(prov, "order_confirmation") == 1)
