@@ -5,8 +5,8 @@
  */
 #include "auth.h"
 
+#include <limits.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,9 +59,15 @@ struct auth_cache {
     struct auth_slot *slots;   /* known tokens */
     struct auth_slot *unknown; /* tokens the store did not know, for AUTH_NEGATIVE_TTL_MS */
     pthread_mutex_t stripes[CACHE_STRIPES];
-    _Atomic int lookups; /* store reads in progress for tokens the cache does not know */
+    /* Store reads in progress for tokens the cache does not know, at most max_lookups. */
+    pthread_mutex_t lookup_mu;
+    pthread_cond_t lookup_cv;
+    int lookups;
     int max_lookups;
 };
+
+/* How long a token lookup waits for one of the allowed slots before AUTH_BUSY. */
+#define LOOKUP_WAIT_MS 2000
 
 static int64_t mono_ms(void)
 {
@@ -80,7 +86,9 @@ struct auth_cache *auth_cache_new(int64_t ttl_ms, size_t slots, int max_lookups)
     c->nslots = slots;
     c->slots = xcalloc(slots, sizeof *c->slots);
     c->unknown = xcalloc(slots, sizeof *c->unknown);
-    c->max_lookups = max_lookups > 0 ? max_lookups : 1;
+    c->max_lookups = max_lookups > 0 ? max_lookups : INT_MAX;
+    if (pthread_mutex_init(&c->lookup_mu, NULL) != 0 || pthread_cond_init(&c->lookup_cv, NULL) != 0)
+        die("cannot initialise a mutex");
     for (i = 0; i < CACHE_STRIPES; i++) {
         if (pthread_mutex_init(&c->stripes[i], NULL) != 0)
             die("cannot initialise a mutex");
@@ -96,6 +104,8 @@ void auth_cache_free(struct auth_cache *c)
         return;
     for (i = 0; i < CACHE_STRIPES; i++)
         pthread_mutex_destroy(&c->stripes[i]);
+    pthread_mutex_destroy(&c->lookup_mu);
+    pthread_cond_destroy(&c->lookup_cv);
     free(c->slots);
     free(c->unknown);
     free(c);
@@ -108,6 +118,42 @@ static size_t slot_of(const struct auth_cache *c, const unsigned char md[DIGEST_
 
     memcpy(&v, md, sizeof v);
     return (size_t)(v % c->nslots);
+}
+
+/*
+ * Takes one of the slots for a store lookup, waiting up to LOOKUP_WAIT_MS: a burst of requests
+ * with a real token the cache has not seen yet waits a moment; a flood of made-up tokens waits
+ * behind its own slots and never holds more than max_lookups connections.  0, or -1 (busy).
+ */
+static int lookup_enter(struct auth_cache *c)
+{
+    struct timespec until;
+    int rc = 0;
+
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += LOOKUP_WAIT_MS / 1000;
+    until.tv_nsec += (long)(LOOKUP_WAIT_MS % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&c->lookup_mu);
+    while (c->lookups >= c->max_lookups && rc == 0)
+        rc = pthread_cond_timedwait(&c->lookup_cv, &c->lookup_mu, &until) == 0 ? 0 : -1;
+    if (c->lookups < c->max_lookups) {
+        c->lookups++;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&c->lookup_mu);
+    return rc;
+}
+
+static void lookup_leave(struct auth_cache *c)
+{
+    pthread_mutex_lock(&c->lookup_mu);
+    c->lookups--;
+    pthread_cond_signal(&c->lookup_cv);
+    pthread_mutex_unlock(&c->lookup_mu);
 }
 
 /* Whether digest `md` is remembered as unknown to the store. */
@@ -238,11 +284,17 @@ int auth_principal(struct auth_cache *cache, struct idem_store *st, const char *
         goto out;
     }
     if (cache != NULL) {
-        if (atomic_fetch_add(&cache->lookups, 1) >= cache->max_lookups) {
+        if (lookup_enter(cache) != 0) {
             rc = AUTH_BUSY;
             goto out;
         }
         counted = 1;
+        /* While it waited, another request may have looked this very token up. */
+        *user_id = cache_get(cache, md);
+        if (*user_id != NULL || cache_unknown(cache, md)) {
+            rc = *user_id != NULL ? 0 : 1;
+            goto out;
+        }
     }
     hex_encode(md, DIGEST_LEN, hex);
     rc = idem_tx_begin(st, 0, &tx);
@@ -265,7 +317,7 @@ int auth_principal(struct auth_cache *cache, struct idem_store *st, const char *
     rc = 0;
 out:
     if (counted)
-        atomic_fetch_sub(&cache->lookups, 1);
+        lookup_leave(cache);
     idem_rows_free(rows);
     idem_tx_rollback(tx);
     return rc;

@@ -37,8 +37,9 @@ struct auth_cache;
 
 /*
  * A cache of `slots` entries trusted for `ttl_ms` (new, free with auth_cache_free).  At most
- * `max_lookups` store reads for tokens it does not know run at once (the rest are AUTH_BUSY): a
- * flood of made-up tokens cannot take every pooled connection from the requests with real ones.
+ * `max_lookups` store reads for tokens it does not know run at once; the others wait up to 2 s
+ * for their turn, then are AUTH_BUSY: a flood of made-up tokens cannot take every pooled
+ * connection from the requests with real ones.  `max_lookups` 0: no cap.
  */
 struct auth_cache *auth_cache_new(int64_t ttl_ms, size_t slots, int max_lookups);
 /* NULL is a no-op. */
@@ -53,7 +54,7 @@ void auth_cache_free(struct auth_cache *c);
  * which must not block, asks again from a worker).
  */
 #define AUTH_ASK_STORE 2
-#define AUTH_BUSY 3 /* too many unknown tokens are being looked up at once: 503, retry */
+#define AUTH_BUSY 3 /* no lookup slot freed within 2 s: 503, retry */
 int auth_principal(struct auth_cache *cache, struct idem_store *st, const char *authorization,
                    char **user_id);
 

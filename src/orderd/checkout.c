@@ -223,3 +223,47 @@ out:
     json_decref(ch);
     return rc;
 }
+
+int checkout_settle_orphan(struct app *app, const char *order_id, int *settled)
+{
+    const struct checkout_opts opts = {1, NULL}; /* a charge may exist: ask first */
+    struct idem_tx *tx = NULL;
+    struct order_pay o;
+    json_t *ch = NULL;
+    const json_t *cid;
+    enum verdict v;
+    int rc;
+
+    *settled = 0;
+    rc = payments_load(app, NULL, order_id, &o);
+    if (rc < 0 || !o.found || strcmp(o.status, "pending_payment") != 0) {
+        *settled = rc == 0; /* gone, or settled by another path meanwhile */
+        goto out;
+    }
+    v = charge(app, &o, &opts, &ch);
+    if (v == VERDICT_UNKNOWN) {
+        metrics_orphan_payment(app->metrics, ORPHAN_UNKNOWN);
+        rc = payments_flag_unknown(app, order_id);
+        goto out;
+    }
+    rc = idem_tx_begin(app->store, 1, &tx);
+    if (rc == 0)
+        rc = payments_load(app, tx, order_id, &o); /* again, under the write lock */
+    if (rc == 0 && o.found && v == VERDICT_PAID) {
+        cid = json_object_get(ch, "id");
+        rc = payments_mark_paid(app, tx, &o, json_is_string(cid) ? json_string_value(cid) : "",
+                                settled);
+    } else if (rc == 0 && o.found) {
+        rc = payments_mark_declined(app, tx, &o, settled);
+    }
+    if (rc == 0) {
+        rc = idem_tx_commit(tx);
+        tx = NULL;
+    }
+    if (rc == 0)
+        metrics_orphan_payment(app->metrics, v == VERDICT_PAID ? ORPHAN_PAID : ORPHAN_DECLINED);
+out:
+    idem_tx_rollback(tx);
+    json_decref(ch);
+    return rc;
+}

@@ -29,4 +29,13 @@ struct checkout_opts {
 int checkout_settle(struct app *app, struct idem_call *call, const char *order_id,
                     const struct checkout_opts *opts, int *unknown);
 
+/*
+ * Settles the payment of order `order_id` without its idempotency record (swept while the payment
+ * was unknown): looks the charge up by the order's derived key and, when the provider has none,
+ * charges now with that key -- the roll forward a retry would have made -- then marks the order
+ * paid or declined; an outcome still unknown flags it for a later check.  *settled says whether
+ * the order reached an end state.  Counted in orderd_orphan_payments_total.
+ */
+int checkout_settle_orphan(struct app *app, const char *order_id, int *settled);
+
 #endif /* ORDERD_CHECKOUT_H */

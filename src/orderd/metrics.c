@@ -52,6 +52,7 @@ struct metrics {
     int64_t worker_last_ms[WORKER_COUNT];
     uint64_t provider_calls[PCALL_COUNT][3];
     uint64_t webhooks[WEBHOOK_COUNT];
+    uint64_t orphans[ORPHAN_COUNT];
 };
 
 static const char *const worker_names[WORKER_COUNT] = {"completer", "reconciler", "outbox",
@@ -60,6 +61,7 @@ static const char *const pcall_names[PCALL_COUNT] = {"charge", "refund", "email"
 static const char *const presult_names[3] = {"ok", "refused", "unknown"};
 static const char *const webhook_names[WEBHOOK_COUNT] = {"applied", "ignored", "duplicate",
                                                          "rejected"};
+static const char *const orphan_names[ORPHAN_COUNT] = {"paid", "declined", "unknown"};
 
 struct metrics *metrics_new(void)
 {
@@ -154,6 +156,15 @@ void metrics_webhook(struct metrics *m, enum webhook_result r)
     pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_orphan_payment(struct metrics *m, enum orphan_result r)
+{
+    if ((unsigned)r >= ORPHAN_COUNT)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->orphans[r]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 /* The worker, provider and webhook series of a snapshot. */
 static void render_background(struct strbuf *sb, const struct metrics *snap)
 {
@@ -202,6 +213,12 @@ static void render_background(struct strbuf *sb, const struct metrics *snap)
     for (r = 0; r < WEBHOOK_COUNT; r++)
         strbuf_addf(sb, "orderd_webhooks_total{result=\"%s\"} %llu\n", webhook_names[r],
                     (unsigned long long)snap->webhooks[r]);
+    strbuf_adds(sb, "# HELP orderd_orphan_payments_total Orders whose record was swept while "
+                    "their payment was unknown, settled from the order row by the reconciler.\n"
+                    "# TYPE orderd_orphan_payments_total counter\n");
+    for (r = 0; r < ORPHAN_COUNT; r++)
+        strbuf_addf(sb, "orderd_orphan_payments_total{result=\"%s\"} %llu\n", orphan_names[r],
+                    (unsigned long long)snap->orphans[r]);
 }
 
 char *metrics_render(struct metrics *m, size_t *len)
@@ -225,6 +242,7 @@ char *metrics_render(struct metrics *m, size_t *len)
     memcpy(snap.worker_last_ms, m->worker_last_ms, sizeof snap.worker_last_ms);
     memcpy(snap.provider_calls, m->provider_calls, sizeof snap.provider_calls);
     memcpy(snap.webhooks, m->webhooks, sizeof snap.webhooks);
+    memcpy(snap.orphans, m->orphans, sizeof snap.orphans);
     pthread_mutex_unlock(&m->mu);
 
     strbuf_adds(&sb, "# HELP orderd_requests_total HTTP requests by operation and idempotency "

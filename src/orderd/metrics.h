@@ -50,6 +50,14 @@ enum webhook_result {
 
 void metrics_webhook(struct metrics *m, enum webhook_result r);
 
+/*
+ * Orders whose idempotency record was gone (swept) while their payment was still unknown, settled
+ * by the reconciler from the order row: charged now with the order's derived key (or found
+ * charged), declined, or still unknown (asked again later).
+ */
+enum orphan_result { ORPHAN_PAID, ORPHAN_DECLINED, ORPHAN_UNKNOWN, ORPHAN_COUNT };
+void metrics_orphan_payment(struct metrics *m, enum orphan_result r);
+
 /* The Prometheus text exposition (version 0.0.4): new, free with free(). */
 char *metrics_render(struct metrics *m, size_t *len);
 

@@ -124,11 +124,14 @@ static void after_order_created(const struct call_ctx *cx)
 
 /*
  * A late retry whose record was swept: the order row answers (200 with the order, or 422 if the
- * body differs).  Returns 1 (with the call completed, or rc < 0 in *rc) when an order with this
+ * body differs).  An order whose payment never settled is not answered unpaid: its id goes to
+ * *pending (new) and the caller goes on to settle its charge, as a resumed request would.
+ * Returns 1 (with the call completed, or *pending set, or rc < 0 in *rc) when an order with this
  * key exists, 0 when not.
  */
 static int complete_from_existing(const struct call_ctx *cx, struct idem_call *call,
-                                  const struct create_input *in, struct response *resp, int *rc)
+                                  const struct create_input *in, struct response *resp, int *rc,
+                                  char **pending)
 {
     struct idem_tx *tx = idem_call_tx(call);
     struct idem_rows *rows = NULL;
@@ -150,6 +153,10 @@ static int complete_from_existing(const struct call_ctx *cx, struct idem_call *c
             "This Idempotency-Key already created an order with a different request. Use a new "
             "key for a new order.");
         resp->outcome = "mismatch";
+        goto out;
+    }
+    if (cx->app->provider != NULL && strcmp(db_text(rows, 0, 1), "pending_payment") == 0) {
+        *pending = xstrdup(db_text(rows, 0, 0));
         goto out;
     }
     doc = order_json(rows, 0);
@@ -361,7 +368,7 @@ static void order_row_init(struct app *app, const struct call_ctx *cx, const cha
  */
 static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *call,
                                 const struct create_input *in, struct response *resp,
-                                char **order_id, int *done)
+                                char **order_id, int *done, int *late)
 {
     struct app *app = cx->app;
     struct idem_tx *tx = idem_call_tx(call);
@@ -397,7 +404,20 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
      */
     if (rc == IDEM_ECONFLICT || (rc == 0 && no.status == 422)) {
         int found_rc = 0;
-        if (complete_from_existing(cx, call, in, resp, &found_rc) || found_rc < 0) {
+        char *pending = NULL;
+        if (complete_from_existing(cx, call, in, resp, &found_rc, &pending) || found_rc < 0) {
+            if (pending != NULL && found_rc == 0) {
+                /* Its charge is settled next, as after "order_created" (ask the provider first). */
+                rc = idem_call_advance(call, POINT_ORDER_CREATED, pending);
+                if (rc == 0) {
+                    *order_id = pending;
+                    pending = NULL;
+                    *late = 1;
+                }
+                free(pending);
+                goto out;
+            }
+            free(pending);
             rc = found_rc;
             *done = 1;
             goto out;
@@ -438,7 +458,7 @@ static int create_run(const struct call_ctx *cx, struct idem_call *call, enum id
     struct checkout_opts opts = {0, cx};
     const char *point = "";
     char *order_id = NULL;
-    int done = 0, unknown = 0;
+    int done = 0, unknown = 0, late = 0;
     int rc = 0;
 
     if (outcome == IDEM_OUTCOME_RESUME)
@@ -449,10 +469,13 @@ static int create_run(const struct call_ctx *cx, struct idem_call *call, enum id
             if (rc < 0)
                 goto out;
         }
-        rc = create_phase_reserve(cx, call, in, resp, &order_id, &done);
+        rc = create_phase_reserve(cx, call, in, resp, &order_id, &done, &late);
         if (rc < 0 || done)
             goto out;
-        after_order_created(cx);
+        /* A late retry's order may have been charged before its record went: ask first. */
+        opts.ask_first = late;
+        if (!late)
+            after_order_created(cx);
     } else if (strcmp(point, POINT_ORDER_CREATED) == 0 && idem_call_recovery_data(call) != NULL) {
         order_id = xstrdup(idem_call_recovery_data(call));
     } else {

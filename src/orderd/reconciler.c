@@ -3,7 +3,9 @@
  * refund is flagged when a call about it got no answer; once its check time comes, the reconciler
  * takes the record of the request that met the unknown, looks the charge (refund) up by its
  * derived key, and settles from what the provider says.  When the record cannot be taken (it was
- * completed or swept), the business row alone is settled from the lookup.  Checks back off up to
+ * completed or swept), the business row alone is settled: a refund from the lookup, an order from
+ * the lookup or, when the provider has no charge, a charge made now with the order's derived key
+ * (checkout_settle_orphan), so such an order always reaches an end state.  Checks back off up to
  * a minute while the provider stays silent.
  */
 #include <inttypes.h>
@@ -25,44 +27,6 @@
 #include "recovery.h"
 #include "util.h"
 #include "banned.h"
-
-/* Without a record: the lookup alone, and the order row settled in a transaction of its own. */
-static int settle_order_row(struct app *app, const char *order_id, int *settled)
-{
-    struct provider_reply r;
-    struct idem_tx *tx = NULL;
-    struct order_pay o;
-    char key[PAYMENT_KEY_MAX];
-    const json_t *found, *status, *id;
-    int rc = 0;
-
-    *settled = 0;
-    payments_charge_key(order_id, key);
-    provider_get_by_key(app->provider, "/v1/charges", key, &r);
-    metrics_provider(app->metrics, PCALL_LOOKUP, (int)r.outcome);
-    found = r.outcome == PROVIDER_OK ? provider_first(&r) : NULL;
-    status = json_object_get(found, "status");
-    id = json_object_get(found, "id");
-    if (!json_is_string(status) || !json_is_string(id)) {
-        rc = payments_flag_unknown(app, order_id);
-        goto out;
-    }
-    rc = idem_tx_begin(app->store, 1, &tx);
-    if (rc == 0)
-        rc = payments_load(app, tx, order_id, &o);
-    if (rc == 0 && o.found && strcmp(json_string_value(status), "succeeded") == 0)
-        rc = payments_mark_paid(app, tx, &o, json_string_value(id), settled);
-    else if (rc == 0 && o.found && strcmp(json_string_value(status), "failed") == 0)
-        rc = payments_mark_declined(app, tx, &o, settled);
-    if (rc == 0) {
-        rc = idem_tx_commit(tx);
-        tx = NULL;
-    }
-out:
-    idem_tx_rollback(tx);
-    provider_reply_clear(&r);
-    return rc;
-}
 
 static int settle_refund_row(struct app *app, const char *order_id, int *settled)
 {
@@ -119,7 +83,7 @@ static int reconcile(struct app *app, int create, const char *order_id, const ch
         goto out;
     }
     if (outcome != IDEM_OUTCOME_RESUME) {
-        rc = create ? settle_order_row(app, order_id, settled)
+        rc = create ? checkout_settle_orphan(app, order_id, settled)
                     : settle_refund_row(app, order_id, settled);
         goto out;
     }

@@ -90,8 +90,12 @@ int serve_run(const struct orderd_config *cfg)
     app.log.format = cfg->log_format;
     app.metrics = metrics_new();
     idgen_init(&app.ids);
-    /* Half the pool at most for tokens the cache does not know: real ones keep the rest. */
-    app.tokens = auth_cache_new(AUTH_CACHE_TTL_MS, AUTH_CACHE_SLOTS, cfg->db_pool / 2);
+    /*
+     * Half the pool at most for tokens the cache does not know: real ones keep the rest.  A pool
+     * of one has no half to keep; its lookups queue on the pool itself.
+     */
+    app.tokens = auth_cache_new(AUTH_CACHE_TTL_MS, AUTH_CACHE_SLOTS,
+                                cfg->db_pool >= 2 ? cfg->db_pool / 2 : 0);
     operation_init(&app.op_orders_create, "orders.create", cfg);
     operation_init(&app.op_orders_cancel, "orders.cancel", cfg);
     operation_init(&app.op_profile_update, "profile.update", cfg);

@@ -536,6 +536,63 @@ def test_outbox_list_escapes_what_users_and_providers_wrote(_):
                "one line, escaped: %r" % out)
 
 
+def sweep_record(server, key):
+    """Ages the record of `key` past its retention; the sweeper (1 s) then deletes it."""
+    db_query(server.db_uri, "UPDATE idem_records SET expires_ms = 1, lease_expires_ms = 0"
+             " WHERE idem_key = ?", (key,))
+    wait_until("the record of %s swept" % key, lambda: db_query(
+        server.db_uri, "SELECT count(*) FROM idem_records WHERE idem_key = ?",
+        (key,))[0][0] == "0")
+
+
+@test
+def test_order_whose_record_was_swept_while_unpaid_still_ends_paid(_):
+    # Issue 15, item 6.  The provider refuses every charge (503, nothing done), so the order waits
+    # with its payment unknown; its record is then swept.  Before, the reconciler only looked the
+    # charge up, found none, and flagged the order again for ever, and a late retry was stored
+    # as 200 with the unpaid order.  Now both roll forward: the charge is made with the order's
+    # derived key, once.
+    args = ["--completer-interval-ms", "0", "--reconciler-interval-ms", "100",
+            "--outbox-interval-ms", "50", "--sweep-interval-s", "1"]
+    prov, s = paid_pair(order_args=args + ["--reconcile-after-ms", "300"], name="orphan")
+    with prov, s:
+        u = s.new_user("orphan")
+        prov.faults(fail_rate=1.0)
+        k = new_key("orphan")
+        r = u.create_order(k)
+        expect_problem(r, 503, "outcome-unknown", "the charge refused by a failing provider")
+        oid = db_query(s.db_uri, "SELECT id FROM orders WHERE idem_key = ?", (k,))[0][0]
+        sweep_record(s, k)
+        prov.faults(fail_rate=0.0)
+        wait_until("the reconciler to settle %s" % oid,
+                   lambda: order_of(u, oid)["status"] == "paid")
+        expect_eq(len(prov.charges_by_key(charge_key(oid))), 1, "charges of the order's key")
+        expect_eq(metric_value(metrics(u), "orderd_orphan_payments_total", result="paid"), 1,
+                  "orphan payments settled")
+        # A retry now finds the paid order.
+        late = u.create_order(k)
+        expect(late.status in (200, 201) and late.json()["status"] == "paid",
+               "a late retry: %s" % late.describe())
+    # The same with the client's late retry first: it settles the charge itself, and its answer
+    # (stored) is the paid order, not the unpaid one.
+    prov, s = paid_pair(order_args=args + ["--reconcile-after-ms", "600000"], name="orphan-late")
+    with prov, s:
+        u = s.new_user("orphan-late")
+        prov.faults(fail_rate=1.0)
+        k = new_key("late")
+        expect_problem(u.create_order(k), 503, "outcome-unknown", "the charge refused")
+        oid = db_query(s.db_uri, "SELECT id FROM orders WHERE idem_key = ?", (k,))[0][0]
+        sweep_record(s, k)
+        prov.faults(fail_rate=0.0)
+        late = u.create_order(k)
+        expect(late.status in (200, 201) and late.json().get("status") == "paid" and
+               late.json().get("orderId") == oid, "the late retry pays: %s" % late.describe())
+        again = u.create_order(k)
+        expect(again.replayed and again.body == late.body, "then replayed: %s" % again.describe())
+        expect_eq(len(prov.charges_by_key(charge_key(oid))), 1, "charges of the order's key")
+        expect_clean(prov, "orphan orders")
+
+
 def raw_post(prov, path, body, key):
     conn = http.client.HTTPConnection("127.0.0.1", prov.port, timeout=30)
     try:
