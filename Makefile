@@ -1,12 +1,14 @@
 # The README's two commands.  Each installs what is missing, configures, builds, then runs or tests.
 #   make run    provider-sim + orderd on SQLite (./var/), a demo user and order; Ctrl-C stops both
-#   make test   every test (SQLite and a throw-away PostgreSQL), then again under ASan+UBSan + fuzzers
+#   make test   every test (SQLite and a throw-away PostgreSQL), then again under ASan+UBSan + fuzzers,
+#               then the engine and the stores' contract suites under ThreadSanitizer
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 CTEST_FLAGS ?= --output-on-failure -j $(JOBS)
 
-.PHONY: all deps build run run-gateway test test-fast test-asan fuzz bench clean
+.PHONY: all deps build run run-gateway test test-fast test-asan test-tsan fuzz bench clean
 
 all: build
 
@@ -28,6 +30,7 @@ run-gateway: build
 test: build
 	@cd $(BUILD) && ctest $(CTEST_FLAGS)
 	@$(MAKE) --no-print-directory test-asan
+	@$(MAKE) --no-print-directory test-tsan
 
 test-fast: build
 	@cd $(BUILD) && ctest $(CTEST_FLAGS)
@@ -38,6 +41,15 @@ test-asan: deps
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) -- --no-print-directory
 	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 		ctest $(CTEST_FLAGS)
+
+# The engine, the replay cache and both stores' contract suites (group commit, LISTEN/NOTIFY
+# wake-ups, the async commit) under ThreadSanitizer: the parts where threads share state.
+TSAN_TESTS = store_contract test_store_pg test_engine test_replay_cache test_store_sqlite
+test-tsan: deps
+	@CC=clang cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DIDEM_TSAN=ON >/dev/null
+	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TESTS) -- --no-print-directory
+	@cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest $(CTEST_FLAGS) \
+		-R '^(contract\.|pg\.test_store_pg$$|unit\.test_(engine|replay_cache|store_sqlite)$$)'
 
 # Longer fuzzing by hand: make fuzz FUZZ_SECONDS=600
 FUZZ_SECONDS ?= 300
@@ -74,4 +86,4 @@ bench-gateway:
 		--out bench/results --seconds $(BENCH_SECONDS)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(BENCH_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(BENCH_BUILD)
