@@ -1,7 +1,7 @@
 /*
  * webhooks.c - the provider's webhooks (see webhooks.h).  The signature is checked on the raw
- * bytes before the body is even parsed, and compared in constant time (CRYPTO_memcmp), so a forger
- * learns nothing from how long a refusal took.  An event only moves an order along transitions
+ * bytes before the body is even parsed (signature.c, in constant time), so a forger learns
+ * nothing from how long a refusal took.  An event only moves an order along transitions
  * that are conditional on its current state (payments.h), and only for the charge or refund whose
  * Idempotency-Key is the one orderd derived for that order: an event about anything else is
  * recorded and ignored.
@@ -14,9 +14,6 @@
 #include <string.h>
 
 #include <jansson.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 
 #include "app.h"
 #include "db.h"
@@ -26,87 +23,22 @@
 #include "payments.h"
 #include "response.h"
 #include "router.h"
+#include "signature.h"
 #include "util.h"
 #include "banned.h"
 
-#define SIGNATURE_HEADER "Provider-Signature"
-#define MAC_LEN 32
-#define MAX_V1 4
 #define EVENT_ID_MAX 128
-
-struct signature {
-    int64_t t;
-    int nv1;
-    unsigned char v1[MAX_V1][MAC_LEN];
-};
-
-/* "t=<digits>,v1=<64 hex>[,v1=...]" in any order; unknown members are ignored. */
-static int parse_signature(const char *value, struct signature *sig)
-{
-    char buf[512];
-    char *item, *save = NULL;
-    size_t len = 0;
-    int have_t = 0;
-
-    memset(sig, 0, sizeof *sig);
-    if (value == NULL || strlen(value) >= sizeof buf)
-        return -1;
-    snprintf(buf, sizeof buf, "%s", value);
-    for (item = strtok_r(buf, ",", &save); item != NULL; item = strtok_r(NULL, ",", &save)) {
-        while (*item == ' ')
-            item++;
-        if (strncmp(item, "t=", 2) == 0) {
-            if (parse_int64(item + 2, 0, INT64_MAX / 1000, &sig->t) != 0)
-                return -1;
-            have_t = 1;
-        } else if (strncmp(item, "v1=", 3) == 0 && sig->nv1 < MAX_V1) {
-            if (hex_decode(item + 3, sig->v1[sig->nv1], MAC_LEN, &len) != 0 || len != MAC_LEN)
-                return -1;
-            sig->nv1++;
-        }
-    }
-    return have_t && sig->nv1 > 0 ? 0 : -1;
-}
 
 /* Returns NULL when the request is authentic, else why not (a static sentence). */
 static const char *verify(const struct app *app, const struct request *rq)
 {
-    const char *secret = app->cfg->webhook_secret;
-    struct signature sig;
-    unsigned char mac[EVP_MAX_MD_SIZE];
-    unsigned int mac_len = 0;
-    unsigned char *msg = NULL;
-    char prefix[32];
-    int64_t now_s = wall_ms() / 1000;
-    int64_t age;
-    const char *why = "no signature matches";
-    int plen, i;
-
-    if (secret == NULL)
+    if (app->cfg->webhook_secret == NULL)
         return "orderd has no --webhook-secret, so no webhook can be verified";
-    if (request_header_count(rq, SIGNATURE_HEADER, NULL, NULL) != 1 ||
-        parse_signature(request_header(rq, SIGNATURE_HEADER), &sig) != 0)
+    if (request_header_count(rq, WEBHOOK_SIGNATURE_HEADER, NULL, NULL) != 1)
         return "send one Provider-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256>";
-    age = now_s - sig.t;
-    if (age > app->cfg->webhook_tolerance_s || -age > app->cfg->webhook_tolerance_s)
-        return "the signature's timestamp is outside the accepted window";
-    plen = snprintf(prefix, sizeof prefix, "%" PRId64 ".", sig.t);
-    msg = xmalloc((size_t)plen + rq->body_len);
-    memcpy(msg, prefix, (size_t)plen);
-    if (rq->body_len > 0)
-        memcpy(msg + plen, rq->body, rq->body_len);
-    if (HMAC(EVP_sha256(), secret, (int)strlen(secret), msg, (size_t)plen + rq->body_len, mac,
-             &mac_len) == NULL ||
-        mac_len != MAC_LEN) {
-        why = "cannot compute HMAC-SHA256";
-        goto out;
-    }
-    for (i = 0; i < sig.nv1; i++)
-        if (CRYPTO_memcmp(mac, sig.v1[i], MAC_LEN) == 0)
-            why = NULL;
-out:
-    free(msg);
-    return why;
+    return webhook_signature_check(app->cfg->webhook_secret,
+                                   request_header(rq, WEBHOOK_SIGNATURE_HEADER), rq->body,
+                                   rq->body_len, wall_ms() / 1000, app->cfg->webhook_tolerance_s);
 }
 
 static const char *string_at(const json_t *obj, const char *a, const char *b)
