@@ -57,19 +57,6 @@ const char *provider_url(const struct provider *p)
     return p->base;
 }
 
-void provider_reply_clear(struct provider_reply *r)
-{
-    json_decref(r->doc);
-    memset(r, 0, sizeof *r);
-}
-
-const json_t *provider_first(const struct provider_reply *r)
-{
-    const json_t *data = json_object_get(r->doc, "data");
-
-    return json_is_array(data) && json_array_size(data) > 0 ? json_array_get(data, 0) : NULL;
-}
-
 static size_t on_body(char *ptr, size_t size, size_t nmemb, void *userdata)
 {
     struct sink *s = userdata;
@@ -97,24 +84,6 @@ static size_t on_header(char *buf, size_t size, size_t nitems, void *userdata)
             r->replayed = 1;
     }
     return n;
-}
-
-/* What a status means for the caller: decided, or still unknown. */
-static enum provider_outcome classify(long status, const json_t *doc)
-{
-    const json_t *code = json_object_get(doc, "code");
-    const char *c = json_is_string(code) ? json_string_value(code) : "";
-
-    if (status >= 200 && status < 300)
-        return PROVIDER_OK;
-    if (status >= 500 || status == 408 || status == 429)
-        return PROVIDER_UNKNOWN;
-    /* The provider is still working on this key: its answer is yet to come. */
-    if (status == 409 && strcmp(c, "idempotency-request-in-progress") == 0)
-        return PROVIDER_UNKNOWN;
-    if (status >= 400)
-        return PROVIDER_REFUSED;
-    return PROVIDER_UNKNOWN;
 }
 
 static void perform(struct provider *p, const char *url, const char *key, const char *body,
@@ -166,12 +135,7 @@ static void perform(struct provider *p, const char *url, const char *key, const 
         goto out;
     }
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &r->status);
-    if (sink.sb.len > 0)
-        r->doc = json_load_bounded(sink.sb.buf, sink.sb.len, 0, NULL);
-    r->outcome = classify(r->status, r->doc);
-    if (r->outcome != PROVIDER_OK)
-        snprintf(r->detail, sizeof r->detail, "HTTP %ld %.180s", r->status,
-                 sink.sb.buf ? sink.sb.buf : "");
+    provider_reply_read(r, r->status, sink.sb.buf, sink.sb.len);
 out:
     strbuf_release(&sink.sb);
     curl_slist_free_all(hdrs);

@@ -30,6 +30,13 @@ struct provider_reply {
 };
 
 /*
+ * Reads the provider's answer -- `status` and `len` bytes of body, whatever they hold -- into
+ * `r` (its other fields are left alone): the JSON document (nesting bounded), what the status
+ * means (provider_reply.c), and a detail for the logs when it is not OK.  Fuzzed on its own.
+ */
+void provider_reply_read(struct provider_reply *r, long status, const char *body, size_t len);
+
+/*
  * Makes a client for `base_url` ("http://127.0.0.1:8090"), with `timeout_ms` per call (connect
  * included).  curl_global_init() must have run.  Returns 0 and *out, or -1.
  */
