@@ -61,6 +61,8 @@ static const struct {
     {"upstream-response-too-large", "Upstream answer too large"},
     {"response-not-stored", "Response was not stored"},
     {"record-completed", "Record already completed"},
+    /* provider-sim. */
+    {"forbidden", "Forbidden"},
 };
 
 static const char *title_of(const char *code)

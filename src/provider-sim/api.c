@@ -211,6 +211,32 @@ out:
 
 /* ---- faults and health ------------------------------------------------------------------- */
 
+/*
+ * Whether the client at `peer` may use /v1/faults under `allowed` (struct sim_config's
+ * faults_from): a test harness on the same machine, not whoever can reach the port.
+ */
+static int faults_allowed(const char *allowed, const char *peer)
+{
+    size_t n = peer ? strlen(peer) : 0;
+
+    if (strcmp(allowed, "any") == 0)
+        return 1;
+    if (peer == NULL)
+        return 0;
+    if (strcmp(allowed, "loopback") == 0)
+        return strncmp(peer, "127.", 4) == 0 || strcmp(peer, "::1") == 0 ||
+               strncmp(peer, "::ffff:127.", 11) == 0;
+    for (const char *p = allowed; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == n && strncmp(p, peer, n) == 0)
+            return 1;
+        p += len;
+        if (*p == ',')
+            p++;
+    }
+    return 0;
+}
+
 static void faults_endpoint(struct sim *sim, const struct request *rq, struct response *resp)
 {
     struct fault_settings fs;
@@ -218,6 +244,12 @@ static void faults_endpoint(struct sim *sim, const struct request *rq, struct re
     json_t *doc = NULL, *out = NULL;
     char err[256];
 
+    if (!faults_allowed(sim->cfg->faults_from, rq->peer)) {
+        response_problem(resp, 403, "forbidden",
+                         "The faults of this provider-sim can only be changed from the clients "
+                         "its --faults-from names (loopback by default).");
+        goto out;
+    }
     if (strcmp(rq->method, "POST") == 0) {
         doc = rq->body_len
                   ? json_load_bounded(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, &jerr)

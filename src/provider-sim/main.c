@@ -53,6 +53,8 @@ static const char usage[] =
     "  --slow-ms N                 how long a tok_slow charge takes (default 3000)\n"
     "  --webhook-dup N             deliver every event N times, 1..10 (default 1)\n"
     "  --webhook-delay-ms N        wait before the first delivery (default 0)\n"
+    "  --faults-from WHO           who may use /v1/faults: loopback (default: 127.0.0.0/8 and\n"
+    "                              ::1), any, or a comma-separated list of client addresses\n"
     "  -h, --help                  show this help\n"
     "  --version                   show the version\n";
 
@@ -71,6 +73,7 @@ enum {
     OPT_SLOW,
     OPT_DUP,
     OPT_DELAY,
+    OPT_FAULTS_FROM,
     OPT_VERSION,
 };
 
@@ -88,6 +91,7 @@ static const struct option options[] = {
     {"slow-ms", required_argument, NULL, OPT_SLOW},
     {"webhook-dup", required_argument, NULL, OPT_DUP},
     {"webhook-delay-ms", required_argument, NULL, OPT_DELAY},
+    {"faults-from", required_argument, NULL, OPT_FAULTS_FROM},
     HTTP_LIMITS_OPTIONS{"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -140,6 +144,11 @@ static int apply_option(struct sim_config *cfg, int c, const char *arg)
     int status = -1;
 
     switch (c) {
+    case OPT_FAULTS_FROM:
+        if (arg[0] == '\0')
+            status = usage_error("%s", "--faults-from needs loopback, any or addresses");
+        cfg->faults_from = arg;
+        break;
     case OPT_LISTEN: {
         const char *colon = strrchr(arg, ':');
         if (colon == NULL || colon == arg || strchr(arg, ':') != colon ||
@@ -365,6 +374,7 @@ int main(int argc, char **argv)
     if (secret != NULL && secret[0] != '\0')
         cfg.webhook_secret = secret;
     fault_settings_default(&cfg.faults);
+    cfg.faults_from = "loopback";
     status = parse_args(&cfg, argc, argv);
     if (status >= 0)
         return status;

@@ -27,6 +27,11 @@ struct sim_config {
     int64_t webhook_backoff_max_ms;
     int64_t webhook_timeout_ms;
     struct fault_settings faults;
+    /*
+     * Who may read or change the faults at run time (/v1/faults): "loopback" (the default: any
+     * 127.0.0.0/8 or ::1 client), "any", or a comma-separated list of client addresses.
+     */
+    const char *faults_from;
     struct http_limits http; /* --max-connections, --head-timeout-ms...; 0: the default */
 };
 

@@ -593,6 +593,38 @@ def test_order_whose_record_was_swept_while_unpaid_still_ends_paid(_):
         expect_clean(prov, "orphan orders")
 
 
+def faults_from(prov, source, body=None):
+    """GET (or POST `body` to) /v1/faults from the client address `source`: (status, doc)."""
+    conn = http.client.HTTPConnection("127.0.0.1", prov.port, timeout=30,
+                                      source_address=(source, 0))
+    try:
+        if body is None:
+            conn.request("GET", "/v1/faults")
+        else:
+            conn.request("POST", "/v1/faults", body=json.dumps(body),
+                         headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        return r.status, json.loads(r.read() or b"{}")
+    finally:
+        conn.close()
+
+
+@test
+def test_provider_faults_only_from_the_clients_it_names(_):
+    # Issue 15, item 13: /v1/faults is a test harness's switch, not anyone's.  Loopback (any
+    # 127.x) by default; --faults-from narrows it (here to 127.0.0.1, so 127.0.0.2 is refused).
+    with Provider(name="faults-default") as prov:
+        expect_eq(faults_from(prov, "127.0.0.2")[0], 200, "127.0.0.2, loopback by default")
+    with Provider(args=["--faults-from", "127.0.0.1"], name="faults-narrow") as prov:
+        status, doc = faults_from(prov, "127.0.0.2", {"fail_rate": 1.0})
+        expect(status == 403 and doc.get("code") == "forbidden", "POST from 127.0.0.2: %s %r"
+               % (status, doc))
+        expect_eq(faults_from(prov, "127.0.0.2")[0], 403, "GET from 127.0.0.2")
+        status, doc = faults_from(prov, "127.0.0.1")
+        expect(status == 200 and doc.get("fail_rate") == 0, "127.0.0.1 may, and nothing "
+               "changed: %s %r" % (status, doc))
+
+
 def raw_post(prov, path, body, key):
     conn = http.client.HTTPConnection("127.0.0.1", prov.port, timeout=30)
     try:
