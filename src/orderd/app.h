@@ -37,4 +37,19 @@ struct app {
     struct idem_operation op_profile_update;
 };
 
+/*
+ * Fills `app` for `cfg` (borrowed): log, metrics, ids, the token cache and the operations'
+ * policies; nothing that can fail.
+ */
+void app_init(struct app *app, const struct orderd_config *cfg);
+
+/*
+ * Opens the store of app->cfg, applies the migrations (*applied receives how many ran) and makes
+ * the engine.  Returns 0, or a negative IDEM_E* with a sentence in `err`.
+ */
+int app_open_store(struct app *app, int *applied, char *err, size_t errlen);
+
+/* Frees what app_init and app_open_store made (not the provider, not the HTTP server). */
+void app_close(struct app *app);
+
 #endif /* ORDERD_APP_H */

@@ -33,17 +33,6 @@
 #include "worker.h"
 #include "banned.h"
 
-static void operation_init(struct idem_operation *op, const char *name,
-                           const struct orderd_config *cfg)
-{
-    memset(op, 0, sizeof *op);
-    op->name = name;
-    op->ttl_ms = ORDERD_DEFAULT_TTL_MS;
-    op->lease_ms = cfg->lease_ms;
-    /* 0 would mean "the default" to the engine; a configured 0 means "do not wait". */
-    op->wait_ms = cfg->wait_ms > 0 ? cfg->wait_ms : 1;
-}
-
 /* Starts the background workers (each may be off: interval 0). */
 static int start_workers(struct app *app, struct worker w[WORKER_COUNT])
 {
@@ -65,12 +54,10 @@ static int start_workers(struct app *app, struct worker w[WORKER_COUNT])
 int serve_run(const struct orderd_config *cfg)
 {
     struct app app;
-    struct idem_engine_options eng_opts;
     struct worker workers[WORKER_COUNT];
     struct http_server *srv = NULL;
     sigset_t stop_signals;
     char err[512];
-    char *errmsg = NULL;
     int applied = 0;
     int status = 1;
     int rc;
@@ -86,19 +73,7 @@ int serve_run(const struct orderd_config *cfg)
         return 1;
     }
 
-    app.cfg = cfg;
-    app.log.format = cfg->log_format;
-    app.metrics = metrics_new();
-    idgen_init(&app.ids);
-    /*
-     * Half the pool at most for tokens the cache does not know: real ones keep the rest.  A pool
-     * of one has no half to keep; its lookups queue on the pool itself.
-     */
-    app.tokens = auth_cache_new(AUTH_CACHE_TTL_MS, AUTH_CACHE_SLOTS,
-                                cfg->db_pool >= 2 ? cfg->db_pool / 2 : 0);
-    operation_init(&app.op_orders_create, "orders.create", cfg);
-    operation_init(&app.op_orders_cancel, "orders.cancel", cfg);
-    operation_init(&app.op_profile_update, "profile.update", cfg);
+    app_init(&app, cfg);
     if (cfg->test_hooks)
         log_msg(&app.log, "warn", "ORDERD_TEST_HOOKS=1: X-Test-* request headers are honoured");
     if (cfg->provider != NULL) {
@@ -114,26 +89,13 @@ int serve_run(const struct orderd_config *cfg)
                 "no --webhook-secret: POST /webhooks/provider refuses every "
                 "webhook (401)");
 
-    rc = db_open(cfg->db, cfg->db_pool, cfg->sync, &app.store, err, sizeof err);
+    rc = app_open_store(&app, &applied, err, sizeof err);
     if (rc < 0) {
         log_msg(&app.log, "error", "%s", err);
         goto out;
     }
-    rc = schema_migrate(app.store, &applied, &errmsg);
-    if (rc < 0) {
-        log_msg(&app.log, "error", "migrations failed: %s", errmsg ? errmsg : idem_strerror(rc));
-        goto out;
-    }
     if (applied > 0)
         log_msg(&app.log, "info", "applied %d migrations", applied);
-    memset(&eng_opts, 0, sizeof eng_opts);
-    eng_opts.replay_cache_bytes =
-        cfg->replay_cache_mb > 0 ? (int64_t)cfg->replay_cache_mb << 20 : IDEM_REPLAY_CACHE_OFF;
-    rc = idem_engine_new(app.store, &eng_opts, &app.engine);
-    if (rc < 0) {
-        log_msg(&app.log, "error", "cannot make the engine: %s", idem_strerror(rc));
-        goto out;
-    }
     if (orderd_http_start(&app, cfg->listen, &srv, err, sizeof err) != 0) {
         log_msg(&app.log, "error", "%s", err);
         goto out;
@@ -159,12 +121,7 @@ out:
     for (int i = 0; i < WORKER_COUNT; i++)
         worker_stop(&workers[i]);
     provider_close(app.provider);
-    idem_engine_free(app.engine);
-    auth_cache_free(app.tokens);
-    idem_store_close(app.store);
-    idgen_destroy(&app.ids);
-    metrics_free(app.metrics);
-    idem_free(errmsg);
+    app_close(&app);
     curl_global_cleanup();
     if (status == 0)
         log_msg(&app.log, "info", "stopped");
