@@ -31,6 +31,7 @@
 
 struct orderd_config {
     const char *listen;  /* "HOST:PORT", "[V6]:PORT"; port 0 picks a free one */
+    const char *metrics_listen; /* GET /metrics on its own listener; NULL: on `listen` */
     const char *db;      /* store URI: "sqlite:PATH" or "postgresql://..." */
     int db_pool;         /* store connections */
     enum idem_sync sync; /* SQLite durability */

@@ -6,8 +6,11 @@
  */
 #include "http.h"
 
+#include <string.h>
+
 #include "app.h"
 #include "config.h"
+#include "health.h"
 #include "log.h"
 #include "metrics.h"
 #include "router.h"
@@ -65,6 +68,42 @@ static void server_line(void *ctx, const char *line)
     const struct app *app = ctx;
 
     log_msg(&app->log, "warn", "%s", line);
+}
+
+/* The metrics listener's one route (--metrics-listen). */
+static void metrics_handle(void *ctx, const struct request *rq, struct response *resp)
+{
+    struct call_ctx cx;
+
+    memset(&cx, 0, sizeof cx);
+    cx.app = ctx;
+    cx.rq = rq;
+    resp->operation = "metrics";
+    if (strcmp(rq->path, "/metrics") != 0) {
+        response_problem(resp, 404, "not-found", "The metrics listener serves /metrics only.");
+    } else if (strcmp(rq->method, "GET") != 0 && strcmp(rq->method, "HEAD") != 0) {
+        response_set_header(resp, "Allow", "GET, HEAD");
+        response_problem(resp, 405, "method-not-allowed", "GET /metrics.");
+    } else {
+        health_metrics(&cx, resp);
+    }
+}
+
+int orderd_metrics_start(struct app *app, const char *listen, struct http_server **out, char *err,
+                         size_t errlen)
+{
+    /* A scraper or two, never the public: small limits, one loop, two workers. */
+    struct http_server_options opts = {
+        .handle = metrics_handle,
+        .log = server_line,
+        .ctx = app,
+        .ipv6 = 1,
+        .stop_grace_s = 2,
+        .limits = {.max_connections = 64, .max_connections_per_ip = 64, .loops = 1, .workers = 2,
+                   .queue = 64},
+    };
+
+    return http_server_start(&opts, listen, out, err, errlen);
 }
 
 int orderd_http_start(struct app *app, const char *listen, struct http_server **out, char *err,

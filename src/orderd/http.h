@@ -19,4 +19,11 @@ struct app;
 int orderd_http_start(struct app *app, const char *listen, struct http_server **out, char *err,
                       size_t errlen);
 
+/*
+ * Starts the metrics listener of --metrics-listen: GET /metrics only (what the main listener then
+ * no longer serves), with small limits.  Same returns as orderd_http_start.
+ */
+int orderd_metrics_start(struct app *app, const char *listen, struct http_server **out, char *err,
+                         size_t errlen);
+
 #endif /* ORDERD_HTTP_H */

@@ -58,6 +58,8 @@ static const char usage_serve[] =
     "Options:\n"
     "  --listen HOST:PORT       address to listen on (default " ORDERD_DEFAULT_LISTEN ");\n"
     "                           IPv6 as [::1]:8080; port 0 picks a free port\n"
+    "  --metrics-listen HOST:PORT  serve GET /metrics there (e.g. 127.0.0.1:9101) instead of\n"
+    "                           on --listen, so a scraper needs no access to the API\n"
     "  --db URI                 store (default " ORDERD_DEFAULT_DB ")\n"
     "  --db-pool N              store connections, 1..1024 (default 16)\n"
     "  --sqlite-sync MODE       full|normal: SQLite durability (default full); normal does\n"
@@ -159,10 +161,12 @@ enum {
     OPT_REPLAY_CACHE,
     OPT_TOKEN_ID,
     OPT_TOKEN,
+    OPT_METRICS_LISTEN,
 };
 
 static const struct option serve_options[] = {
     {"listen", required_argument, NULL, OPT_LISTEN},
+    {"metrics-listen", required_argument, NULL, OPT_METRICS_LISTEN},
     {"db", required_argument, NULL, OPT_DB},
     {"db-pool", required_argument, NULL, OPT_DB_POOL},
     {"sqlite-sync", required_argument, NULL, OPT_SQLITE_SYNC},
@@ -286,6 +290,11 @@ static int apply_option(struct cli *cli, int c, const char *arg)
         if (http_listen_split(arg, host, sizeof host, &port, err, sizeof err) != 0)
             status = usage_error(cli, "%s", err);
         cfg->listen = arg;
+        break;
+    case OPT_METRICS_LISTEN:
+        if (http_listen_split(arg, host, sizeof host, &port, err, sizeof err) != 0)
+            status = usage_error(cli, "--metrics-listen: %s", err);
+        cfg->metrics_listen = arg;
         break;
     case OPT_DB:
         cfg->db = arg;

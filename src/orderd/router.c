@@ -149,9 +149,12 @@ static void not_allowed(const struct request *rq, struct response *resp)
                      "This method is not allowed on this path; see the Allow header.");
 }
 
-/* Route -> handler, or a 404/405 answer (then NULL). */
-static const struct route *find_route(const struct request *rq, char **params, size_t *nparams,
-                                      struct response *resp)
+/*
+ * Route -> handler, or a 404/405 answer (then NULL).  With --metrics-listen, /metrics is served
+ * there and not here.
+ */
+static const struct route *find_route(const struct app *app, const struct request *rq,
+                                      char **params, size_t *nparams, struct response *resp)
 {
     const struct route *found = NULL;
     size_t i;
@@ -165,6 +168,11 @@ static const struct route *find_route(const struct request *rq, char **params, s
             match_template(routes[i].tmpl, rq->path, params, nparams);
             found = &routes[i];
         }
+    }
+    if (found != NULL && found->handler == health_metrics && app->cfg->metrics_listen != NULL) {
+        response_problem(resp, 404, "not-found",
+                         "The metrics are served on the metrics listener (--metrics-listen).");
+        return NULL;
     }
     if (found == NULL && path_known)
         not_allowed(rq, resp);
@@ -358,7 +366,7 @@ void router_dispatch(struct app *app, const struct request *rq, struct response 
     cx.app = app;
     cx.rq = rq;
 
-    rt = find_route(rq, params, &cx.nparams, resp);
+    rt = find_route(app, rq, params, &cx.nparams, resp);
     if (rt == NULL)
         goto out;
     resp->operation = rt->operation;
@@ -383,7 +391,7 @@ enum http_head_verdict router_check_head(struct app *app, struct request *rq, st
     memset(&cx, 0, sizeof cx);
     cx.app = app;
     cx.rq = rq;
-    rt = find_route(rq, NULL, NULL, resp); /* the head's checks need no path parameter */
+    rt = find_route(app, rq, NULL, NULL, resp); /* the head's checks need no path parameter */
     if (rt == NULL)
         return HTTP_HEAD_ANSWER;
     resp->operation = rt->operation;
@@ -436,7 +444,7 @@ enum http_loop_verdict router_answer_on_loop(struct app *app, const struct reque
     memset(&cx, 0, sizeof cx);
     cx.app = app;
     cx.rq = rq;
-    rt = find_route(rq, params, &cx.nparams, resp);
+    rt = find_route(app, rq, params, &cx.nparams, resp);
     if (rt == NULL || rt->key == KEY_IGNORED || rt->body == BODY_RAW ||
         (op = operation_of(app, rt)) == NULL ||
         (op == &app->op_orders_create && app->cfg->idempotency_off))

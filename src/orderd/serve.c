@@ -56,6 +56,7 @@ int serve_run(const struct orderd_config *cfg)
     struct app app;
     struct worker workers[WORKER_COUNT];
     struct http_server *srv = NULL;
+    struct http_server *metrics_srv = NULL;
     sigset_t stop_signals;
     char err[512];
     int applied = 0;
@@ -101,12 +102,21 @@ int serve_run(const struct orderd_config *cfg)
         goto out;
     }
     atomic_store(&app.http, srv);
+    if (cfg->metrics_listen != NULL &&
+        orderd_metrics_start(&app, cfg->metrics_listen, &metrics_srv, err, sizeof err) != 0) {
+        log_msg(&app.log, "error", "--metrics-listen %s: %s", cfg->metrics_listen, err);
+        goto out;
+    }
     if (start_workers(&app, workers) != 0) {
         log_msg(&app.log, "error", "cannot start the background workers");
         goto out;
     }
 
-    printf("orderd: listening on %s\n", http_server_url(srv));
+    if (metrics_srv != NULL)
+        printf("orderd: listening on %s (metrics %s)\n", http_server_url(srv),
+               http_server_url(metrics_srv));
+    else
+        printf("orderd: listening on %s\n", http_server_url(srv));
     fflush(stdout);
     log_msg(&app.log, "info",
             "serving %s on %s (store %s, pool %d, lease %lld ms, wait %lld ms, provider %s)",
@@ -118,6 +128,7 @@ int serve_run(const struct orderd_config *cfg)
     status = 0;
 out:
     http_server_stop(srv);
+    http_server_stop(metrics_srv);
     for (int i = 0; i < WORKER_COUNT; i++)
         worker_stop(&workers[i]);
     provider_close(app.provider);

@@ -10,13 +10,14 @@ the store (rewinding a record's expiry, holding its lock) do it on either store.
 
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (Server, db_query, expect, expect_eq, expect_fresh,  # noqa: E402
+from harness import (ORDERD, Server, db_query, expect, expect_eq, expect_fresh,  # noqa: E402
                      expect_problem, expect_replay, expect_status, fail, fresh_db_per_server,
                      metric_value, new_key, parse_metrics, retry_after_seconds, run,
                      store_kind, store_locked, test)
@@ -874,6 +875,41 @@ def test_concurrent_identical_profile_puts_change_once_and_email_old_address(ctx
     expect_eq(profile_emails(ctx.server, u),
               ["grace@example.com", "grace@example.com", "hopper@example.com"],
               "emails after the address change (the old address is told too)")
+
+
+@test
+def test_metrics_on_their_own_listener(ctx):
+    # Issue 15, item 7 (the listener part): with --metrics-listen, a scraper reads /metrics on a
+    # loopback listener of its own, and the API's listener no longer serves it.
+    import re as _re
+    import http.client as _hc
+    with Server(name="orderd-metrics", extra_args=["--metrics-listen", "127.0.0.1:0"]) as s:
+        with open(s.stdout_path) as f:
+            m = _re.search(r"\(metrics http://127\.0\.0\.1:(\d+)\)", f.read())
+        expect(m is not None, "the listening line names the metrics listener")
+        port = int(m.group(1))
+        u = s.new_user("metrics")
+        expect_eq(u.get("/api/orders").status, 200, "the API works")
+        expect_problem(s.client().get("/metrics"), 404, "not-found", "/metrics on the API listener")
+        conn = _hc.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            conn.request("GET", "/metrics")
+            r = conn.getresponse()
+            text = r.read().decode()
+            expect(r.status == 200 and "orderd_requests_total" in text,
+                   "/metrics on the metrics listener: %d" % r.status)
+            samples = parse_metrics(text)
+            expect(metric_value(samples, "orderd_requests_total", operation="orders.list",
+                                outcome="none") >= 1, "it counts the API's requests")
+            conn.request("GET", "/api/orders")
+            r = conn.getresponse()
+            r.read()
+            expect_eq(r.status, 404, "the metrics listener serves nothing else")
+        finally:
+            conn.close()
+    code = subprocess.run([ORDERD, "serve", "--metrics-listen", "nope"],
+                          capture_output=True, timeout=10).returncode
+    expect_eq(code, 2, "a bad --metrics-listen is a usage error")
 
 
 @test
