@@ -161,6 +161,37 @@ class Proc:
 
 # ---- HTTP -------------------------------------------------------------------------------------
 
+def write_nginx_conf(d, comment, http_rest):
+    """
+    Writes d/nginx.conf for a bench run: NGINX_WORKERS workers, logs and temp paths under `d`
+    (made, readable by nginx's workers), access log off, long keep-alive, then `http_rest` inside
+    the http block (the servers).  Returns (conf, d).
+    """
+    for sub in ("", "logs", "tmp"):
+        os.makedirs(os.path.join(d, sub), exist_ok=True)
+    os.chmod(d, 0o755)  # nginx's workers may run as another user; they need the tmp paths
+    conf = os.path.join(d, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write("""# written by %(comment)s
+worker_processes %(workers)d;
+pid %(d)s/nginx.pid;
+error_log %(d)s/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    server_tokens off;
+    keepalive_requests 10000000;
+    keepalive_timeout 60s;
+    client_body_temp_path %(d)s/tmp/body;
+    proxy_temp_path %(d)s/tmp/proxy;
+    fastcgi_temp_path %(d)s/tmp/fastcgi;
+    uwsgi_temp_path %(d)s/tmp/uwsgi;
+    scgi_temp_path %(d)s/tmp/scgi;
+%(rest)s}
+""" % {"comment": comment, "workers": NGINX_WORKERS, "d": d, "rest": http_rest})
+    return conf, d
+
+
 def split_url(url):
     u = urllib.parse.urlsplit(url)
     return u.hostname, u.port
@@ -476,33 +507,14 @@ class Bench:
 
     def nginx_conf(self, port):
         """An nginx config in the temp dir answering every request with static_http's response."""
-        d = os.path.join(self.tmp, "nginx")
-        for sub in ("", "logs", "tmp"):
-            os.makedirs(os.path.join(d, sub), exist_ok=True)
-        os.chmod(d, 0o755)  # nginx's workers may run as another user; they need the tmp paths
         body = self.fixed["body"].decode("utf-8")
         if "$" in body:
             raise BenchError("the static body has a '$', which nginx's return would expand")
         quoted = "'" + body.replace("\\", "\\\\").replace("'", "\\'") + "'"
         ctype = self.fixed["content_type"] or "application/json"
-        conf = os.path.join(d, "nginx.conf")
-        with open(conf, "w") as f:
-            f.write("""# written by bench/bench.py: the static ceiling's response, served by nginx
-worker_processes %(workers)d;
-pid %(d)s/nginx.pid;
-error_log %(d)s/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    server_tokens off;
-    keepalive_requests 10000000;
-    keepalive_timeout 60s;
-    client_body_temp_path %(d)s/tmp/body;
-    proxy_temp_path %(d)s/tmp/proxy;
-    fastcgi_temp_path %(d)s/tmp/fastcgi;
-    uwsgi_temp_path %(d)s/tmp/uwsgi;
-    scgi_temp_path %(d)s/tmp/scgi;
-    types { }
+        return write_nginx_conf(os.path.join(self.tmp, "nginx"),
+                                "bench/bench.py: the static ceiling's response, served by nginx",
+                                """    types { }
     default_type %(ctype)s;
     server {
         listen 127.0.0.1:%(port)d;
@@ -510,9 +522,7 @@ http {
             return 201 %(body)s;
         }
     }
-}
-""" % {"workers": NGINX_WORKERS, "d": d, "port": port, "ctype": ctype, "body": quoted})
-        return conf, d
+""" % {"port": port, "ctype": ctype, "body": quoted})
 
     def baseline_nginx(self):
         """

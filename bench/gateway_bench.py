@@ -146,28 +146,9 @@ routes:
             raise B.BenchError("nginx is not installed (scripts/deps.sh bench installs "
                                "nginx-light)")
         port = B.free_port()
-        d = os.path.join(self.tmp, "nginx")
-        for sub in ("", "logs", "tmp"):
-            os.makedirs(os.path.join(d, sub), exist_ok=True)
-        os.chmod(d, 0o755)  # nginx's workers may run as another user; they need the tmp paths
-        conf = os.path.join(d, "nginx.conf")
-        with open(conf, "w") as f:
-            f.write("""# written by bench/gateway_bench.py: a proxy to the gateway's upstream
-worker_processes %(workers)d;
-pid %(d)s/nginx.pid;
-error_log %(d)s/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    server_tokens off;
-    keepalive_requests 10000000;
-    keepalive_timeout 60s;
-    client_body_temp_path %(d)s/tmp/body;
-    proxy_temp_path %(d)s/tmp/proxy;
-    fastcgi_temp_path %(d)s/tmp/fastcgi;
-    uwsgi_temp_path %(d)s/tmp/uwsgi;
-    scgi_temp_path %(d)s/tmp/scgi;
-    upstream backend {
+        conf, d = B.write_nginx_conf(
+            os.path.join(self.tmp, "nginx"), "bench/gateway_bench.py: a proxy to the gateway's "
+            "upstream", """    upstream backend {
         server %(up)s;
         keepalive 64;
         keepalive_requests 10000000;
@@ -180,9 +161,7 @@ http {
             proxy_set_header Connection "";
         }
     }
-}
-""" % {"workers": B.NGINX_WORKERS, "d": d, "port": port,
-                "up": "%s:%d" % B.split_url(self.upstream.url)})
+""" % {"port": port, "up": "%s:%d" % B.split_url(self.upstream.url)})
         p = self.start("nginx", [nginx, "-c", conf, "-p", d + "/", "-g", "daemon off;"],
                        port=port)
         for method, path, body in (("POST", ROUTE_PATH, B.ORDER_BODY), ("GET", UNROUTED_PATH,
