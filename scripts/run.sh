@@ -47,27 +47,16 @@ stop() {
 trap stop EXIT
 trap 'stop; exit 0' INT TERM
 
-# Waits (up to 10 s) until $1 answers GET /healthz.
-wait_healthy() {
-    i=0
-    while ! curl -fs "$1/healthz" >/dev/null 2>&1; do
-        i=$((i + 1))
-        if [ "$i" -gt 100 ]; then
-            echo "run: $2 did not come up on $1; see var/$2.log" >&2
-            exit 1
-        fi
-        sleep 0.1
-    done
-}
+. "$root/scripts/wait_up.sh"
 
 "$sim" --listen "127.0.0.1:$pport" --db sqlite:./var/provider-sim.db \
     --webhook-url "$url/webhooks/provider" >var/provider-sim.log 2>&1 &
 sim_pid=$!
-wait_healthy "$purl" provider-sim
+wait_up "$purl/healthz" provider-sim
 
 "$orderd" serve --listen "127.0.0.1:$port" --db "$db" --provider "$purl" &
 orderd_pid=$!
-wait_healthy "$url" orderd
+wait_up "$url/healthz" orderd
 
 key="order-$(date +%Y%m%d-%H%M%S)"
 cat <<EOF

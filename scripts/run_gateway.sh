@@ -52,18 +52,7 @@ stop() {
 trap stop EXIT
 trap 'stop; exit 0' INT TERM
 
-# Waits (up to 10 s) until $1 answers.
-wait_up() {
-    i=0
-    while ! curl -s -o /dev/null "$1" 2>/dev/null; do
-        i=$((i + 1))
-        if [ "$i" -gt 100 ]; then
-            echo "run-gateway: $2 did not come up on $1; see var/$2.log" >&2
-            exit 1
-        fi
-        sleep 0.1
-    done
-}
+. "$root/scripts/wait_up.sh"
 
 python3 examples/payments_upstream.py --port "$uport" >var/upstream.log 2>&1 &
 up_pid=$!

@@ -411,27 +411,44 @@ static int parse_scaled(const char *s, const struct unit *units, size_t nunits, 
     return -1;
 }
 
+/* A kind of scaled number: its units, how to say what is expected, how to show a bound. */
+struct scale {
+    const struct unit *units;
+    size_t nunits;
+    const char *what; /* "a duration such as 30s, 15m or 24h" */
+    const char *kind; /* "duration" */
+    void (*show)(int64_t v, char *out, size_t cap);
+};
+
+/* A number with a unit of `sc` in [min, max]. */
+static int want_scaled(struct loader *ld, const yaml_node_t *n, const char *path,
+                       const struct scale *sc, int64_t min, int64_t max, int64_t *out)
+{
+    char lo[32], hi[32], shown[EXCERPT + 8];
+    const char *s;
+
+    if (want_text(ld, n, path, sc->what, &s) != 0)
+        return -1;
+    if (parse_scaled(s, sc->units, sc->nunits, out) != 0)
+        return fail(ld, line_of(n), "%s: expected %s, not %s", path, sc->what, describe(n, shown));
+    if (*out < min || *out > max) {
+        sc->show(min, lo, sizeof lo);
+        sc->show(max, hi, sizeof hi);
+        return fail(ld, line_of(n), "%s: expected a %s from %s to %s, not %s", path, sc->kind, lo,
+                    hi, describe(n, shown));
+    }
+    return 0;
+}
+
 /* A duration ("500ms", "30s", "15m", "24h", "7d"; a bare number is milliseconds) in [min, max]. */
 static int want_duration(struct loader *ld, const yaml_node_t *n, const char *path, int64_t min,
                          int64_t max, int64_t *out)
 {
     static const struct unit units[] = {{"", 1},          {"ms", 1},      {"s", SECOND_MS},
                                         {"m", MINUTE_MS}, {"h", HOUR_MS}, {"d", DAY_MS}};
-    static const char what[] = "a duration such as 30s, 15m or 24h";
-    char lo[32], hi[32], shown[EXCERPT + 8];
-    const char *s;
-
-    if (want_text(ld, n, path, what, &s) != 0)
-        return -1;
-    if (parse_scaled(s, units, COUNT(units), out) != 0)
-        return fail(ld, line_of(n), "%s: expected %s, not %s", path, what, describe(n, shown));
-    if (*out < min || *out > max) {
-        fmt_duration(min, lo, sizeof lo);
-        fmt_duration(max, hi, sizeof hi);
-        return fail(ld, line_of(n), "%s: expected a duration from %s to %s, not %s", path, lo, hi,
-                    describe(n, shown));
-    }
-    return 0;
+    static const struct scale sc = {units, COUNT(units), "a duration such as 30s, 15m or 24h",
+                                    "duration", fmt_duration};
+    return want_scaled(ld, n, path, &sc, min, max, out);
 }
 
 /* A size (bytes, or "512KiB", "1MiB", "1GiB") in [min, max]. */
@@ -439,21 +456,9 @@ static int want_size(struct loader *ld, const yaml_node_t *n, const char *path, 
                      int64_t max, int64_t *out)
 {
     static const struct unit units[] = {{"", 1}, {"KiB", KIB}, {"MiB", MIB}, {"GiB", GIB}};
-    static const char what[] = "a size such as 512KiB, 1MiB or 1GiB";
-    char lo[32], hi[32], shown[EXCERPT + 8];
-    const char *s;
-
-    if (want_text(ld, n, path, what, &s) != 0)
-        return -1;
-    if (parse_scaled(s, units, COUNT(units), out) != 0)
-        return fail(ld, line_of(n), "%s: expected %s, not %s", path, what, describe(n, shown));
-    if (*out < min || *out > max) {
-        fmt_size(min, lo, sizeof lo);
-        fmt_size(max, hi, sizeof hi);
-        return fail(ld, line_of(n), "%s: expected a size from %s to %s, not %s", path, lo, hi,
-                    describe(n, shown));
-    }
-    return 0;
+    static const struct scale sc = {units, COUNT(units), "a size such as 512KiB, 1MiB or 1GiB",
+                                    "size", fmt_size};
+    return want_scaled(ld, n, path, &sc, min, max, out);
 }
 
 /* RFC 9110 token: a header name. */

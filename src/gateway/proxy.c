@@ -113,14 +113,20 @@ static void sf_string(const char *key, struct strbuf *out)
     strbuf_addch(out, '"');
 }
 
-/* The request as the upstream gets it: its own headers minus hop-by-hop ones, plus ours. */
+/*
+ * The request as the upstream gets it (`urq`): `method` `target`, its own headers minus hop-by-hop
+ * ones plus ours, and its body when `with_body`.  The strings it points to live until
+ * forwarded_release().
+ */
 struct forwarded {
+    struct upstream_request urq;
     struct upstream_header *h;
     size_t n;
     struct strbuf xff, key;
 };
 
-static void forwarded_build(const struct request *rq, const struct note *n, struct forwarded *f)
+static void forwarded_build(const struct request *rq, const struct note *n, const char *method,
+                            const char *target, int with_body, struct forwarded *f)
 {
     const char *connection = request_header(rq, "Connection");
     const char *xff = NULL;
@@ -156,6 +162,12 @@ static void forwarded_build(const struct request *rq, const struct note *n, stru
         f->h[f->n].value = f->key.buf;
         f->n++;
     }
+    f->urq.method = method;
+    f->urq.target = target;
+    f->urq.headers = f->h;
+    f->urq.nheaders = f->n;
+    f->urq.body = with_body ? rq->body : NULL;
+    f->urq.body_len = with_body ? rq->body_len : 0;
 }
 
 static void forwarded_release(struct forwarded *f)
@@ -334,17 +346,10 @@ static enum http_fetch_result exchange(struct gateway *gw, const struct request 
                                        size_t errlen)
 {
     struct forwarded f;
-    struct upstream_request urq;
     enum http_fetch_result res;
 
-    forwarded_build(rq, n, &f);
-    urq.method = method;
-    urq.target = target;
-    urq.headers = f.h;
-    urq.nheaders = f.n;
-    urq.body = with_body ? rq->body : NULL;
-    urq.body_len = with_body ? rq->body_len : 0;
-    res = upstream_exchange(gw->upstream, &urq, ur, err, errlen);
+    forwarded_build(rq, n, method, target, with_body, &f);
+    res = upstream_exchange(gw->upstream, &f.urq, ur, err, errlen);
     if (res == HTTP_FETCH_OK || res == HTTP_FETCH_TOO_LARGE)
         gw_metrics_upstream(gw->metrics, ur->seconds);
     forwarded_release(&f);
@@ -564,13 +569,11 @@ static enum http_head_verdict proxy_on_head(void *ctx, struct request *rq, struc
  * Once the body is in: the key of a body-keyed route, and the fingerprint.  Returns 0, or -1 with
  * `resp` the refusal.
  */
-static int prepare(struct gateway *gw, const struct request *rq, struct note *n,
-                   struct response *resp)
+static int prepare(const struct request *rq, struct note *n, struct response *resp)
 {
     const struct gw_route *r = n->m.route;
     const char *why = NULL;
 
-    (void)gw;
     if (n->prepared || !n->keyed)
         return 0;
     if (n->key_in_body) {
@@ -666,34 +669,27 @@ static void forwarded_done(void *arg, enum http_fetch_result res, struct http_re
 
 /*
  * Passes a request through from the event loop, without a worker: parked until the upstream
- * answers.  Returns HTTP_LOOP_WORKER when it cannot (the blocking path then does it).
+ * answers.  The server always offers a park to on_loop, and on_loop runs on a loop thread, so
+ * the exchange can always start there.
  */
 static enum http_loop_verdict pass_on_loop(struct gateway *gw, const struct request *rq,
-                                           const struct note *n, struct http_park *park)
+                                           const struct note *n, struct http_park *park,
+                                           struct response *resp)
 {
-    struct parked *pk;
+    struct parked *pk = xcalloc(1, sizeof *pk);
     struct forwarded f;
-    struct upstream_request urq;
     int rc;
 
-    if (!park)
-        return HTTP_LOOP_WORKER;
-    pk = xcalloc(1, sizeof *pk);
     pk->gw = gw;
     pk->forwarding = 1;
     pk->token = park->token;
-    forwarded_build(rq, n, &f);
-    urq.method = rq->method;
-    urq.target = rq->target;
-    urq.headers = f.h;
-    urq.nheaders = f.n;
-    urq.body = rq->body;
-    urq.body_len = rq->body_len;
-    rc = upstream_start(gw->upstream, &urq, forwarded_done, pk, &pk->fetch);
+    forwarded_build(rq, n, rq->method, rq->target, 1, &f);
+    rc = upstream_start(gw->upstream, &f.urq, forwarded_done, pk, &pk->fetch);
     forwarded_release(&f);
     if (rc != 0) {
         free(pk);
-        return HTTP_LOOP_WORKER;
+        response_problem(resp, 500, "internal-error", "The request could not be forwarded.");
+        return HTTP_LOOP_ANSWERED;
     }
     park->data = pk;
     /* The exchange ends by itself within its timeouts; this is only a backstop. */
@@ -710,17 +706,17 @@ static enum http_loop_verdict proxy_on_loop(void *ctx, const struct request *rq,
     struct idem_watch *watch = NULL;
 
     if (!n || !n->m.route)
-        return pass_on_loop(gw, rq, n, park);
-    if (prepare(gw, rq, n, resp) != 0)
+        return pass_on_loop(gw, rq, n, park, resp);
+    if (prepare(rq, n, resp) != 0)
         return HTTP_LOOP_ANSWERED;
     if (!n->keyed)
-        return pass_on_loop(gw, rq, n, park);
+        return pass_on_loop(gw, rq, n, park, resp);
     op = gateway_op(gw, n->m.route);
     if (idem_answer_lookup(gw->engine, op, n->principal, n->key, n->fp, resp))
         return HTTP_LOOP_ANSWERED;
     /* The first request of this key is being forwarded here: wait for it holding no thread. */
-    if (park && idem_watch_inflight(gw->engine, op, n->principal, n->key, http_server_unpark,
-                                    park->token, &watch) == 1) {
+    if (idem_watch_inflight(gw->engine, op, n->principal, n->key, http_server_unpark, park->token,
+                            &watch) == 1) {
         struct parked *pk = xcalloc(1, sizeof *pk);
         pk->watch = watch;
         park->data = pk;
@@ -766,19 +762,6 @@ static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *r
     return v;
 }
 
-/* A request passed through from a worker (when the event loop could not start it). */
-static void pass_through(struct gateway *gw, const struct request *rq, const struct note *n,
-                         struct response *resp)
-{
-    struct http_reply ur;
-    char err[300];
-    enum http_fetch_result res;
-
-    res = exchange(gw, rq, n, rq->method, rq->target, 1, &ur, err, sizeof err);
-    answer_passed(res, &ur, err, resp);
-    http_reply_clear(&ur);
-}
-
 static void proxy_handle(void *ctx, const struct request *rq, struct response *resp)
 {
     struct gateway *gw = ctx;
@@ -790,14 +773,9 @@ static void proxy_handle(void *ctx, const struct request *rq, struct response *r
     int64_t t0;
     int rc;
 
-    if (!n || !n->m.route || !n->keyed) {
-        pass_through(gw, rq, n, resp);
-        return;
-    }
-    if (prepare(gw, rq, n, resp) != 0)
-        return;
-    if (!n->keyed) {
-        pass_through(gw, rq, n, resp);
+    /* on_loop passed every other request through itself, and prepared this one. */
+    if (!n || !n->m.route || !n->keyed || !n->prepared) {
+        response_problem(resp, 500, "internal-error", "The request reached no handler.");
         return;
     }
     op = gateway_op(gw, n->m.route);

@@ -89,7 +89,7 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     struct http_server *pub = NULL, *adm = NULL;
     struct idem_store_options store_opts = {.pool_size = so->db_pool};
     struct idem_engine_options eng_opts;
-    struct upstream_options uo;
+    struct http_client_options uo;
     sigset_t stop_signals;
     char err[512];
     char *errmsg = NULL;

@@ -12,7 +12,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -41,8 +40,8 @@ struct idle_conn {
 };
 
 struct upstream {
-    struct upstream_options opts;
-    struct sockaddr_storage addr;
+    struct http_client_options opts;
+    const struct sockaddr *addr; /* resolved by `async`, shared */
     socklen_t addr_len;
     char host_header[300]; /* "127.0.0.1:9000", for requests that come without Host */
 
@@ -58,28 +57,19 @@ static int64_t now_ms(void)
     return mono_ns() / 1000000;
 }
 
-int upstream_new(const struct upstream_options *opts, struct upstream **out, char *err,
+int upstream_new(const struct http_client_options *opts, struct upstream **out, char *err,
                  size_t errlen)
 {
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
-    struct addrinfo *res = NULL;
-    struct upstream *up;
-    char port[8];
-    int rc;
+    struct upstream *up = xcalloc(1, sizeof *up);
 
     *out = NULL;
-    snprintf(port, sizeof port, "%u", (unsigned)opts->port);
-    rc = getaddrinfo(opts->host, port, &hints, &res);
-    if (rc != 0 || !res) {
-        snprintf(err, errlen, "upstream host %s: %s", opts->host, gai_strerror(rc));
+    if (http_client_new(opts, &up->async, err, errlen) != 0) {
+        free(up);
         return -1;
     }
-    up = xcalloc(1, sizeof *up);
     up->opts = *opts;
     up->opts.host = NULL; /* not kept: the address is */
-    memcpy(&up->addr, res->ai_addr, res->ai_addrlen);
-    up->addr_len = res->ai_addrlen;
-    freeaddrinfo(res);
+    up->addr = http_client_address(up->async, &up->addr_len);
     if (strchr(opts->host, ':'))
         snprintf(up->host_header, sizeof up->host_header, "[%s]:%u", opts->host,
                  (unsigned)opts->port);
@@ -88,20 +78,6 @@ int upstream_new(const struct upstream_options *opts, struct upstream **out, cha
                  (unsigned)opts->port);
     up->idle = xcalloc((size_t)(opts->max_idle > 0 ? opts->max_idle : 1), sizeof *up->idle);
     pthread_mutex_init(&up->lock, NULL);
-    {
-        struct http_client_options co = {
-            .host = opts->host,
-            .port = opts->port,
-            .connect_timeout_ms = opts->connect_timeout_ms,
-            .timeout_ms = opts->timeout_ms,
-            .max_idle = opts->max_idle,
-            .max_response_bytes = opts->max_response_bytes,
-        };
-        if (http_client_new(&co, &up->async, err, errlen) != 0) {
-            upstream_free(up);
-            return -1;
-        }
-    }
     *out = up;
     return 0;
 }
@@ -181,7 +157,7 @@ static void give_back(struct upstream *up, int fd)
 /* A new connection, or -1 with `err` set: nothing was sent on it. */
 static int connect_new(struct upstream *up, char *err, size_t errlen)
 {
-    int fd = socket(up->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int fd = socket(up->addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     int one = 1;
     int soerr = 0;
     socklen_t sl = sizeof soerr;
@@ -192,7 +168,7 @@ static int connect_new(struct upstream *up, char *err, size_t errlen)
         return -1;
     }
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (connect(fd, (struct sockaddr *)&up->addr, up->addr_len) == 0)
+    if (connect(fd, up->addr, up->addr_len) == 0)
         return fd;
     if (errno != EINPROGRESS) {
         snprintf(err, errlen, "connect to %s: %s", up->host_header, strerror(errno));

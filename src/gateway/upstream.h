@@ -7,9 +7,9 @@
  * What matters most here is telling the caller what the upstream may have seen, because that
  * decides whether a retry may run: a connection that could not be made means nothing was sent
  * (HTTP_FETCH_NOT_SENT, the record is released); once a byte of the request left, an exchange
- * that ends without a whole answer (timeout, reset, close) is HTTP_FETCH_UNKNOWN -- the upstream may have
- * acted.  To keep that second case for real failures, a pooled connection is reused only while it
- * is young and shows no sign of being closed by the upstream (docs/gateway.md).
+ * that ends without a whole answer (timeout, reset, close) is HTTP_FETCH_UNKNOWN -- the upstream
+ * may have acted.  To keep that second case for real failures, a pooled connection is reused only
+ * while it is young and shows no sign of being closed by the upstream (docs/gateway.md).
  */
 #ifndef IDEM_GATEWAY_UPSTREAM_H
 #define IDEM_GATEWAY_UPSTREAM_H
@@ -21,17 +21,12 @@
 
 struct upstream;
 
-struct upstream_options {
-    const char *host; /* numeric or a name resolved once at start ("127.0.0.1", "::1") */
-    uint16_t port;
-    int connect_timeout_ms;
-    int timeout_ms;            /* from the first byte sent to the end of the answer */
-    int max_idle;              /* connections kept open between exchanges */
-    size_t max_response_bytes; /* a longer body ends the exchange as HTTP_FETCH_TOO_LARGE */
-};
-
-/* Returns 0 with *out, or -1 with a sentence in `err` (the host does not resolve). */
-int upstream_new(const struct upstream_options *opts, struct upstream **out, char *err,
+/*
+ * The upstream `opts` names (its host resolved once, here), for both kinds of exchange: its
+ * limits hold for a worker's exchanges as for a loop's (max_idle: kept per loop, and once more
+ * for the workers).  Returns 0 with *out, or -1 with a sentence in `err` (no such host).
+ */
+int upstream_new(const struct http_client_options *opts, struct upstream **out, char *err,
                  size_t errlen);
 void upstream_free(struct upstream *up);
 

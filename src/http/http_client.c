@@ -231,6 +231,7 @@ struct loop_pool {
 struct http_client {
     struct http_client_options opts;
     struct sockaddr_storage addr;
+    socklen_t addr_len;
     pthread_mutex_t mu; /* guards pools[] and npools (each pool is its loop's alone) */
     struct loop_pool pools[MAX_POOLS];
     int npools;
@@ -253,7 +254,6 @@ struct fconn {
 };
 
 struct http_fetch {
-    struct http_client *cl;
     struct fconn *c;
     http_fetch_done done;
     void *arg;
@@ -288,10 +288,17 @@ int http_client_new(const struct http_client_options *opts, struct http_client *
     cl->opts = *opts;
     cl->opts.host = NULL; /* not kept: the address is */
     memcpy(&cl->addr, res->ai_addr, res->ai_addrlen);
+    cl->addr_len = res->ai_addrlen;
     freeaddrinfo(res);
     pthread_mutex_init(&cl->mu, NULL);
     *out = cl;
     return 0;
+}
+
+const struct sockaddr *http_client_address(const struct http_client *cl, socklen_t *len)
+{
+    *len = cl->addr_len;
+    return (const struct sockaddr *)&cl->addr;
 }
 
 void http_client_free(struct http_client *cl)
@@ -576,7 +583,6 @@ int http_fetch_start(struct http_client *cl, const char *head, size_t head_len, 
     if (!p)
         return -1;
     f = xcalloc(1, sizeof *f);
-    f->cl = cl;
     f->done = done;
     f->arg = arg;
     f->head_request = head_request;

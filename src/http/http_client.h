@@ -1,5 +1,6 @@
 /*
- * http_client.h - the HTTP layer's client side, for a program that forwards requests (idem-gateway):
+ * http_client.h - the HTTP layer's client side, for a program that forwards requests
+ * (idem-gateway):
  *
  *   - struct http_reply and a reader that parses an HTTP/1.1 answer from untrusted bytes
  *     (http-parser in response mode) under caps: for any client, blocking or not;
@@ -18,6 +19,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include <http_parser.h>
 
@@ -115,6 +117,9 @@ int http_client_new(const struct http_client_options *opts, struct http_client *
                     size_t errlen);
 /* Frees the client; every loop that used it must have stopped. */
 void http_client_free(struct http_client *cl);
+
+/* The address resolved at http_client_new(), for a blocking client of the same upstream. */
+const struct sockaddr *http_client_address(const struct http_client *cl, socklen_t *len);
 
 struct http_fetch;
 

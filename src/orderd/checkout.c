@@ -155,12 +155,32 @@ out:
     return v;
 }
 
+/*
+ * Marks the order paid (with the charge `ch`) or declined by verdict `v`, in `tx`: read again
+ * under the write lock first, since another path may have settled it meanwhile.
+ */
+static int mark_settled(struct app *app, struct idem_tx *tx, const char *order_id, enum verdict v,
+                        const json_t *ch, int *settled)
+{
+    struct order_pay o;
+    const json_t *cid;
+    int rc = payments_load(app, tx, order_id, &o);
+
+    if (rc < 0 || !o.found)
+        return rc;
+    if (v == VERDICT_PAID) {
+        cid = json_object_get(ch, "id");
+        return payments_mark_paid(app, tx, &o, json_is_string(cid) ? json_string_value(cid) : "",
+                                  settled);
+    }
+    return payments_mark_declined(app, tx, &o, settled);
+}
+
 int checkout_settle(struct app *app, struct idem_call *call, const char *order_id,
                     const struct checkout_opts *opts, int *unknown)
 {
     struct order_pay o;
     json_t *ch = NULL;
-    const json_t *cid;
     enum verdict v;
     int rc;
 
@@ -197,19 +217,8 @@ int checkout_settle(struct app *app, struct idem_call *call, const char *order_i
         goto out;
     }
     rc = idem_call_phase_begin(call);
-    if (rc < 0)
-        goto out;
-    /* Read again under the phase's write lock: another path may have settled it meanwhile. */
-    rc = payments_load(app, idem_call_tx(call), order_id, &o);
-    if (rc < 0)
-        goto out;
-    if (v == VERDICT_PAID) {
-        cid = json_object_get(ch, "id");
-        rc = payments_mark_paid(app, idem_call_tx(call), &o,
-                                json_is_string(cid) ? json_string_value(cid) : "", NULL);
-    } else {
-        rc = payments_mark_declined(app, idem_call_tx(call), &o, NULL);
-    }
+    if (rc == 0)
+        rc = mark_settled(app, idem_call_tx(call), order_id, v, ch, NULL);
     if (rc < 0)
         goto out;
     rc = payments_load(app, idem_call_tx(call), order_id, &o);
@@ -230,7 +239,6 @@ int checkout_settle_orphan(struct app *app, const char *order_id, int *settled)
     struct idem_tx *tx = NULL;
     struct order_pay o;
     json_t *ch = NULL;
-    const json_t *cid;
     enum verdict v;
     int rc;
 
@@ -248,14 +256,7 @@ int checkout_settle_orphan(struct app *app, const char *order_id, int *settled)
     }
     rc = idem_tx_begin(app->store, 1, &tx);
     if (rc == 0)
-        rc = payments_load(app, tx, order_id, &o); /* again, under the write lock */
-    if (rc == 0 && o.found && v == VERDICT_PAID) {
-        cid = json_object_get(ch, "id");
-        rc = payments_mark_paid(app, tx, &o, json_is_string(cid) ? json_string_value(cid) : "",
-                                settled);
-    } else if (rc == 0 && o.found) {
-        rc = payments_mark_declined(app, tx, &o, settled);
-    }
+        rc = mark_settled(app, tx, order_id, v, ch, settled);
     if (rc == 0) {
         rc = idem_tx_commit(tx);
         tx = NULL;

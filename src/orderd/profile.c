@@ -38,8 +38,8 @@ struct profile_input {
 static int queue_email(const struct app *app, struct idem_tx *tx, const char *user, const char *to)
 {
     json_t *email = xcheck(
-        json_pack("{s:s, s:s, s:s, s:s, s:{s:s}}", "to", to, "subject",
-                  "Your profile was changed", "template", "profile_changed", "text",
+        json_pack("{s:s, s:s, s:s, s:s, s:{s:s}}", "to", to, "subject", "Your profile was changed",
+                  "template", "profile_changed", "text",
                   "Your name and email address were updated. If this was not you, contact us.",
                   "metadata", "userId", user));
     int rc = outbox_enqueue(app, tx, NULL, email);
@@ -65,23 +65,21 @@ static int profile_apply(const struct app *app, struct idem_tx *tx, const char *
     struct idem_rows *upserted = NULL;
     char now[ISO8601_LEN + 1];
     char updated[ISO8601_LEN + 1];
-    char old_email[EMAIL_MAX_CHARS * 4 + 1] = "";
     int changed = 1;
     int rc;
 
     *doc = NULL;
     params[0] = user;
-    /* A no-op write takes the row's lock (a no-op on SQLite, whose writer is alone anyway). */
-    rc = db_exec(app, tx, "UPDATE profiles SET updated_at = updated_at WHERE user_id = $1", 1,
-                 params, NULL);
+    /*
+     * A no-op write takes the row's lock and returns the row as it stands once the lock is ours
+     * (on SQLite, whose writer is alone anyway, it only reads it): one round trip.
+     */
+    rc = db_exec(app, tx,
+                 "UPDATE profiles SET updated_at = updated_at WHERE user_id = $1"
+                 " RETURNING name, email, updated_at",
+                 1, params, &rows);
     if (rc < 0)
         goto out;
-    rc = db_exec(app, tx, "SELECT name, email, updated_at FROM profiles WHERE user_id = $1", 1,
-                 params, &rows);
-    if (rc < 0)
-        goto out;
-    if (idem_rows_count(rows) > 0)
-        snprintf(old_email, sizeof old_email, "%s", db_text(rows, 0, 1));
     iso8601_ms(wall_ms(), now);
     params[1] = in->name;
     params[2] = in->email;
@@ -98,12 +96,16 @@ static int profile_apply(const struct app *app, struct idem_tx *tx, const char *
     if (changed) {
         snprintf(updated, sizeof updated, "%s", now);
         rc = queue_email(app, tx, user, in->email);
-        if (rc == 0 && old_email[0] != '\0' && strcmp(old_email, in->email) != 0)
-            rc = queue_email(app, tx, user, old_email);
+        /* The row read under the lock holds the old address. */
+        if (rc == 0 && idem_rows_count(rows) > 0 && strcmp(db_text(rows, 0, 1), in->email) != 0)
+            rc = queue_email(app, tx, user, db_text(rows, 0, 1));
         if (rc < 0)
             goto out;
+    } else if (idem_rows_count(rows) > 0) {
+        /* Unchanged: the row read under the lock is the stored one. */
+        snprintf(updated, sizeof updated, "%s", db_text(rows, 0, 2));
     } else {
-        /* Unchanged: the stored row is this one (read again: a concurrent PUT may have made it). */
+        /* Unchanged, yet there was no row: a concurrent PUT inserted it; read its time. */
         idem_rows_free(rows);
         rows = NULL;
         rc = db_exec(app, tx, "SELECT updated_at FROM profiles WHERE user_id = $1", 1, params,
