@@ -4,9 +4,9 @@
  * emails, webhook events and deliveries).  Everything is measured against what was there before
  * the run, so the audit also holds for services that were running already (--attach), as long as
  * nothing else uses the run's user or the provider meanwhile.  orderd's webhook inbox, where it
- * exposes it (the orderd_webhook_inbox_events gauge, read from its store), is audited against the
- * ledger's events directly.  docs/chaos.md says why each check is sound.  Also here: the intents'
- * POST through libidem-client, shared with the drive.
+ * exposes it (the orderd_webhook_inbox_events_total counter, kept in its store), is audited
+ * against the ledger's events directly.  docs/chaos.md says why each check is sound.  Also here:
+ * the intents' POST through libidem-client, shared with the drive.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -316,7 +316,7 @@ static int read_webhook_metrics(struct chaos *cx, long out[4])
     return rc;
 }
 
-#define INBOX_METRIC "orderd_webhook_inbox_events{"
+#define INBOX_METRIC "orderd_webhook_inbox_events_total{"
 
 /* Index of the value of label `name` (in the braces of one sample) in `names`; the last entry
  * ("other") when the label is absent or its value unknown. */
@@ -345,8 +345,8 @@ static int inbox_label(const char *labels, size_t len, const char *name, const c
 }
 
 /*
- * The samples of orderd_webhook_inbox_events on a /metrics page into `out` (out->ok: at least
- * one was there).  Types and results orderd may add later fall into "other", as orderd does.
+ * The samples of orderd_webhook_inbox_events_total on a /metrics page into `out` (out->ok: at
+ * least one was there).  Types and results orderd may add later fall into "other", as orderd does.
  */
 static void parse_inbox(const char *page, struct ck_inbox *out)
 {
@@ -390,7 +390,7 @@ static int read_inbox(struct chaos *cx, struct ck_inbox *out, char *why, size_t 
         free(page);
         if (out->ok)
             return 0;
-        snprintf(why, cap, "%s/metrics has no orderd_webhook_inbox_events", cx->inst[i].url);
+        snprintf(why, cap, "%s/metrics has no orderd_webhook_inbox_events_total", cx->inst[i].url);
     }
     return -1;
 }

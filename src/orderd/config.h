@@ -28,13 +28,16 @@
 #define ORDERD_DEFAULT_OUTBOX_MS 250
 #define ORDERD_DEFAULT_OUTBOX_ATTEMPTS 10
 #define ORDERD_DEFAULT_OUTBOX_BACKOFF_MAX_MS 60000
+#define ORDERD_DEFAULT_OUTBOX_RETENTION_S (7LL * 86400)
+#define ORDERD_DEFAULT_INBOX_RETENTION_S (30LL * 86400)
+#define ORDERD_MIN_INBOX_RETENTION_S 3600
 
 struct orderd_config {
-    const char *listen;  /* "HOST:PORT", "[V6]:PORT"; port 0 picks a free one */
+    const char *listen;         /* "HOST:PORT", "[V6]:PORT"; port 0 picks a free one */
     const char *metrics_listen; /* GET /metrics on its own listener; NULL: on `listen` */
-    const char *db;      /* store URI: "sqlite:PATH" or "postgresql://..." */
-    int db_pool;         /* store connections */
-    enum idem_sync sync; /* SQLite durability */
+    const char *db;             /* store URI: "sqlite:PATH" or "postgresql://..." */
+    int db_pool;                /* store connections */
+    enum idem_sync sync;        /* SQLite durability */
     enum log_format log_format;
     int64_t lease_ms;     /* lease of every operation */
     int64_t wait_ms;      /* how long a duplicate waits for the first request */
@@ -54,8 +57,10 @@ struct orderd_config {
     int64_t reconciler_interval_ms;
     int64_t reconcile_after_ms; /* an unknown outcome waits this long for the client's retry */
     int64_t outbox_interval_ms;
-    int outbox_max_attempts; /* a message is parked after this many failed deliveries */
+    int outbox_max_attempts;       /* a message is parked after this many failed deliveries */
     int64_t outbox_backoff_max_ms; /* the cap of the relay's exponential backoff */
+    int64_t outbox_retention_s;    /* sent messages are swept this long after sending; 0: kept */
+    int64_t inbox_retention_s;     /* inbox entries (the dedupe of provider events); 0: kept */
 
     struct http_limits http; /* --max-connections, --head-timeout-ms...; 0: the default */
 };

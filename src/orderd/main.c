@@ -85,6 +85,11 @@ static const char usage_serve[] =
     "  --outbox-max-attempts N  failed deliveries before an email is parked (default 10)\n"
     "  --outbox-backoff-max-ms N    cap of the relay's backoff between deliveries of one email\n"
     "                           (250 ms doubling; default 60000)\n"
+    "  --outbox-retention-s N   sent emails are swept N s after sending, 0 keeps them\n"
+    "                           (default 604800, 7 days)\n"
+    "  --inbox-retention-s N    webhook inbox entries are swept N s after receipt, 0 keeps them;\n"
+    "                           must outlast the provider's redeliveries, at least 3600\n"
+    "                           (default 2592000, 30 days)\n"
     "  -h, --help               show this help\n"
     "\n"
     "Environment: ORDERD_TEST_HOOKS=1 enables the X-Test-* request headers (tests only);\n"
@@ -155,6 +160,8 @@ enum {
     OPT_OUTBOX_INTERVAL,
     OPT_OUTBOX_ATTEMPTS,
     OPT_OUTBOX_BACKOFF,
+    OPT_OUTBOX_RETENTION,
+    OPT_INBOX_RETENTION,
     OPT_STATUS,
     OPT_LIMIT,
     OPT_IDEMPOTENCY,
@@ -184,6 +191,8 @@ static const struct option serve_options[] = {
     {"outbox-interval-ms", required_argument, NULL, OPT_OUTBOX_INTERVAL},
     {"outbox-max-attempts", required_argument, NULL, OPT_OUTBOX_ATTEMPTS},
     {"outbox-backoff-max-ms", required_argument, NULL, OPT_OUTBOX_BACKOFF},
+    {"outbox-retention-s", required_argument, NULL, OPT_OUTBOX_RETENTION},
+    {"inbox-retention-s", required_argument, NULL, OPT_INBOX_RETENTION},
     {"idempotency", required_argument, NULL, OPT_IDEMPOTENCY},
     {"replay-cache-mb", required_argument, NULL, OPT_REPLAY_CACHE},
     HTTP_LIMITS_OPTIONS{"help", no_argument, NULL, OPT_HELP},
@@ -397,6 +406,22 @@ static int apply_option(struct cli *cli, int c, const char *arg)
                         &cfg->outbox_backoff_max_ms) != 0)
             status = EXIT_USAGE;
         break;
+    case OPT_OUTBOX_RETENTION:
+        if (number_flag(cli, "outbox-retention-s", arg, 0, 3650LL * 86400,
+                        &cfg->outbox_retention_s) != 0)
+            status = EXIT_USAGE;
+        break;
+    case OPT_INBOX_RETENTION:
+        if (number_flag(cli, "inbox-retention-s", arg, 0, 3650LL * 86400,
+                        &cfg->inbox_retention_s) != 0)
+            status = EXIT_USAGE;
+        else if (cfg->inbox_retention_s > 0 &&
+                 cfg->inbox_retention_s < ORDERD_MIN_INBOX_RETENTION_S)
+            status = usage_error(cli,
+                                 "--inbox-retention-s must be 0 or at least %d: the inbox is the"
+                                 " dedupe of the provider's redelivered events",
+                                 ORDERD_MIN_INBOX_RETENTION_S);
+        break;
     case OPT_STATUS:
         if (strcmp(arg, "pending") != 0 && strcmp(arg, "sent") != 0 && strcmp(arg, "parked") != 0)
             status = usage_error(cli, "--status must be pending, sent or parked, not '%s'", arg);
@@ -555,6 +580,8 @@ static void config_defaults(struct orderd_config *cfg)
     cfg->outbox_interval_ms = ORDERD_DEFAULT_OUTBOX_MS;
     cfg->outbox_max_attempts = ORDERD_DEFAULT_OUTBOX_ATTEMPTS;
     cfg->outbox_backoff_max_ms = ORDERD_DEFAULT_OUTBOX_BACKOFF_MAX_MS;
+    cfg->outbox_retention_s = ORDERD_DEFAULT_OUTBOX_RETENTION_S;
+    cfg->inbox_retention_s = ORDERD_DEFAULT_INBOX_RETENTION_S;
 }
 
 /* `orderd token list` and `orderd token revoke`. */

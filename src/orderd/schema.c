@@ -143,11 +143,115 @@ static const char fk_at_commit_postgres[] =
     "ALTER TABLE orders ALTER CONSTRAINT orders_user_id_fkey DEFERRABLE INITIALLY DEFERRED;"
     "ALTER TABLE orders ALTER CONSTRAINT orders_product_id_fkey DEFERRABLE INITIALLY DEFERRED";
 
+/*
+ * Step 5: the counts behind /metrics' outbox and inbox figures, kept by triggers in the
+ * transaction of each change, so a scrape sums a few rows instead of scanning two tables that
+ * grow with every order (and the sweeper can delete old rows without changing what the inbox
+ * figure means).  A count is the sum of its rows over `shard`: on PostgreSQL each connection adds
+ * to the shard of its backend, so concurrent transactions rarely wait on one counter row; SQLite
+ * has one writer and one shard.  Within a transaction the rows are taken in name order, so two
+ * transactions cannot wait on each other's counter rows.
+ *
+ *   outbox:STATUS             messages in the outbox by status now (a sweep lowers "sent")
+ *   inbox:TYPE:RESULT         provider events ever accepted by type (charge.succeeded,
+ *                             refund.succeeded, other) and result (applied, ignored, other),
+ *                             counted once the result is decided; a sweep leaves them.
+ *
+ * The indexes serve the retention sweeps (sweeper.c).
+ */
+#define INBOX_TYPE_LABEL(T)                                                                        \
+    "CASE WHEN " T " IN ('charge.succeeded', 'refund.succeeded') THEN " T " ELSE 'other' END"
+#define INBOX_RESULT_LABEL(R)                                                                      \
+    "CASE WHEN " R " IN ('applied', 'ignored') THEN " R " ELSE 'other' END"
+#define INBOX_NAME(T, R) "'inbox:' || " INBOX_TYPE_LABEL(T) " || ':' || " INBOX_RESULT_LABEL(R)
+#define COUNTS_TABLE                                                                               \
+    "CREATE TABLE counts ("                                                                        \
+    "  name TEXT NOT NULL,"                                                                        \
+    "  shard INTEGER NOT NULL,"                                                                    \
+    "  value BIGINT NOT NULL,"                                                                     \
+    "  PRIMARY KEY (name, shard)"                                                                  \
+    ");"                                                                                           \
+    "INSERT INTO counts (name, shard, value)"                                                      \
+    "  SELECT 'outbox:' || status, 0, COUNT(*) FROM outbox GROUP BY status;"                       \
+    "INSERT INTO counts (name, shard, value)"                                                      \
+    "  SELECT n, 0, COUNT(*) FROM (SELECT " INBOX_NAME(                                            \
+        "type", "result") " AS n FROM inbox"                                                       \
+                          "  WHERE result <> 'received') t GROUP BY n;"                            \
+                          "CREATE INDEX inbox_received ON inbox (received_at);"
+
+/* SQLite: one shard; `value = value + d` on the row of (name, 0) when COND holds. */
+#define SQ_ADD_IF(NAME, D, COND)                                                                   \
+    "INSERT INTO counts (name, shard, value) SELECT " NAME ", 0, " D " WHERE " COND                \
+    " ON CONFLICT (name, shard) DO UPDATE SET value = value + excluded.value;"
+#define SQ_ADD(NAME, D) SQ_ADD_IF(NAME, D, "1")
+
+static const char counts_sqlite[] =
+    COUNTS_TABLE "CREATE TRIGGER outbox_counts_insert AFTER INSERT ON outbox BEGIN " SQ_ADD(
+        "'outbox:' || NEW.status",
+        "1") "END;"
+             "CREATE TRIGGER outbox_counts_update AFTER UPDATE OF status ON outbox"
+             " WHEN OLD.status <> NEW.status BEGIN " SQ_ADD("'outbox:' || OLD.status", "-1") SQ_ADD(
+                 "'outbox:' || NEW.status",
+                 "1") "END;"
+                      "CREATE TRIGGER outbox_counts_delete AFTER DELETE ON outbox BEGIN " SQ_ADD(
+                          "'outbox:' || OLD.status",
+                          "-1") "END;"
+                                "CREATE TRIGGER inbox_counts_insert AFTER INSERT ON inbox WHEN "
+                                "NEW.result <> 'received' BEGIN " SQ_ADD(
+                                    INBOX_NAME("NEW.type", "NEW.result"),
+                                    "1") "END;"
+                                         "CREATE TRIGGER inbox_counts_update AFTER UPDATE OF "
+                                         "result ON inbox"
+                                         " WHEN OLD.result <> NEW.result BEGIN " SQ_ADD_IF(
+                                             INBOX_NAME("OLD.type", "OLD.result"), "-1",
+                                             "OLD.result <> 'received'")
+                                             SQ_ADD(INBOX_NAME("NEW.type", "NEW.result"),
+                                                    "1") "END";
+
+/* PostgreSQL: the shard of the backend; a change of status adds to both rows in name order. */
+static const char counts_postgres[] = COUNTS_TABLE
+    "CREATE FUNCTION orderd_count(n TEXT, d BIGINT) RETURNS void LANGUAGE sql AS $$"
+    "  INSERT INTO counts (name, shard, value) VALUES (n, pg_backend_pid() % 32, d)"
+    "  ON CONFLICT (name, shard) DO UPDATE SET value = counts.value + excluded.value $$;"
+    "CREATE FUNCTION orderd_count_move(a TEXT, b TEXT) RETURNS void LANGUAGE plpgsql AS $$"
+    " BEGIN"
+    "  IF a IS NOT DISTINCT FROM b THEN RETURN; END IF;"
+    "  IF b IS NULL THEN PERFORM orderd_count(a, -1);"
+    "  ELSIF a IS NULL THEN PERFORM orderd_count(b, 1);"
+    "  ELSIF a < b THEN PERFORM orderd_count(a, -1); PERFORM orderd_count(b, 1);"
+    "  ELSE PERFORM orderd_count(b, 1); PERFORM orderd_count(a, -1);"
+    "  END IF;"
+    " END $$;"
+    "CREATE FUNCTION orderd_outbox_counts() RETURNS trigger LANGUAGE plpgsql AS $$"
+    " BEGIN"
+    "  PERFORM orderd_count_move("
+    "    CASE WHEN TG_OP <> 'INSERT' THEN 'outbox:' || OLD.status END,"
+    "    CASE WHEN TG_OP <> 'DELETE' THEN 'outbox:' || NEW.status END);"
+    "  RETURN NULL;"
+    " END $$;"
+    "CREATE TRIGGER outbox_counts AFTER INSERT OR UPDATE OF status OR DELETE ON outbox"
+    "  FOR EACH ROW EXECUTE FUNCTION orderd_outbox_counts();"
+    "CREATE FUNCTION orderd_inbox_counts() RETURNS trigger LANGUAGE plpgsql AS $$"
+    " BEGIN"
+    "  PERFORM orderd_count_move("
+    "    CASE WHEN TG_OP = 'UPDATE' AND OLD.result <> 'received' THEN " INBOX_NAME(
+        "OLD.type",
+        "OLD.result") " END,"
+                      "    CASE WHEN NEW.result <> 'received' THEN " INBOX_NAME(
+                          "NEW.type",
+                          "NEW.result") " END);"
+                                        "  RETURN NULL;"
+                                        " END $$;"
+                                        "CREATE TRIGGER inbox_counts AFTER INSERT OR UPDATE OF "
+                                        "result ON inbox"
+                                        "  FOR EACH ROW EXECUTE FUNCTION orderd_inbox_counts()";
+
 static const struct idem_migration steps[] = {
     {1, "business tables", tables_sqlite, tables_postgres},
     {2, "seed products", seed_products, seed_products},
     {3, "payments, refunds, outbox, inbox", payments_sqlite, payments_postgres},
     {4, "order foreign keys checked at commit", "SELECT 1", fk_at_commit_postgres},
+    {5, "outbox and inbox counts kept by triggers", counts_sqlite, counts_postgres},
 };
 
 int schema_migrate(struct idem_store *st, int *applied, char **errmsg)

@@ -1,36 +1,112 @@
 /*
- * sweeper.c - retention.  Records are kept for their operation's published window (24 h) and
- * then deleted here, in batches of SWEEP_BATCH so one sweep never holds the store's write lock
- * for long; a full batch means more are due, so the next batch follows at once, up to
- * SWEEP_BATCHES_MAX per run so that a run stays bounded.
+ * sweeper.c - retention.  Three kinds of rows end here, each in batches of SWEEP_BATCH so one
+ * sweep never holds the store's write lock for long (a full batch means more are due, so the next
+ * batch follows at once, up to SWEEP_BATCHES_MAX per kind and run, so that a run stays bounded):
+ *
+ *   - idempotency records, after their operation's published window (24 h), by libidem;
+ *   - outbox messages that were sent, --outbox-retention-s after they were sent (pending and
+ *     parked ones stay: they are work, or an operator's decision);
+ *   - webhook inbox entries, --inbox-retention-s after they were received.  The inbox is the
+ *     dedupe of provider events, so its retention must outlast the provider's redeliveries
+ *     (docs/orderd.md); the counts /metrics shows are kept apart and do not drop (schema.c).
+ *
+ * The order rows stay for good: they are the long-term dedupe of a late retry (schema.c).
  */
 #include "sweeper.h"
+
+#include <inttypes.h>
+#include <stdio.h>
 
 #include "idem/idem.h"
 
 #include "app.h"
+#include "db.h"
 #include "log.h"
+#include "util.h"
 #include "banned.h"
 
 #define SWEEP_BATCHES_MAX 20
 
-int sweeper_run(struct app *app, int *items)
+/*
+ * Sent messages, oldest first.  A message is sent at or after its next_attempt_ms, so the bound on
+ * next_attempt_ms (the outbox_due index) only narrows what sent_at then decides.  Parameters:
+ * the cutoff as ISO-8601, the batch size, the cutoff in ms.
+ */
+static const char sweep_outbox_sql[] =
+    "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE status = 'sent' AND"
+    " next_attempt_ms < CAST($3 AS BIGINT) AND sent_at < $1 ORDER BY next_attempt_ms"
+    " LIMIT CAST($2 AS INTEGER))";
+/* Inbox entries, oldest first (the inbox_received index).  Parameters: the cutoff, the size. */
+static const char sweep_inbox_sql[] =
+    "DELETE FROM inbox WHERE event_id IN (SELECT event_id FROM inbox WHERE received_at < $1"
+    " ORDER BY received_at LIMIT CAST($2 AS INTEGER))";
+
+/*
+ * One batch of `sql` (NULL: libidem's records) with its cutoff `retention_s` ago; *deleted = rows
+ * gone.  0 or a negative IDEM_E*.
+ */
+static int sweep_batch(struct app *app, const char *sql, int64_t retention_s, int *deleted)
 {
-    long total = 0;
-    int deleted, batches;
-    int rc = 0;
+    struct idem_tx *tx = NULL;
+    struct idem_rows *rows = NULL;
+    int64_t cutoff = wall_ms() - retention_s * 1000;
+    char cutoff_iso[ISO8601_LEN + 1], limit[16], cutoff_ms[24];
+    const char *params[3] = {cutoff_iso, limit, cutoff_ms};
+    int rc;
+
+    *deleted = 0;
+    if (sql == NULL)
+        return idem_engine_sweep(app->engine, SWEEP_BATCH, deleted);
+    iso8601_ms(cutoff, cutoff_iso);
+    snprintf(limit, sizeof limit, "%d", SWEEP_BATCH);
+    snprintf(cutoff_ms, sizeof cutoff_ms, "%" PRId64, cutoff);
+    rc = idem_tx_begin(app->store, 1, &tx);
+    if (rc == 0)
+        rc = db_exec(app, tx, sql, sql == sweep_outbox_sql ? 3 : 2, params, &rows);
+    if (rc == 0) {
+        *deleted = (int)idem_rows_changed(rows);
+        rc = idem_tx_commit(tx);
+        tx = NULL;
+    }
+    idem_rows_free(rows);
+    idem_tx_rollback(tx);
+    return rc;
+}
+
+/* Batches of one kind until one comes back short; *total += rows gone.  0 or IDEM_E*. */
+static int sweep_kind(struct app *app, const char *sql, int64_t retention_s, long *total)
+{
+    int deleted, batches, rc = 0;
 
     for (batches = 0; batches < SWEEP_BATCHES_MAX; batches++) {
-        deleted = 0;
-        rc = idem_engine_sweep(app->engine, SWEEP_BATCH, &deleted);
+        rc = sweep_batch(app, sql, retention_s, &deleted);
         if (rc < 0)
             break;
-        total += deleted;
+        *total += deleted;
         if (deleted < SWEEP_BATCH)
             break;
     }
-    if (total > 0)
-        log_msg(&app->log, "info", "retention sweep deleted %ld expired records", total);
-    *items = (int)total;
+    return rc;
+}
+
+int sweeper_run(struct app *app, int *items)
+{
+    const struct orderd_config *cfg = app->cfg;
+    long records = 0, messages = 0, events = 0;
+    int rc, r;
+
+    /* One kind failing does not keep the others from their turn; the first failure is reported. */
+    rc = sweep_kind(app, NULL, 0, &records);
+    if (cfg->outbox_retention_s > 0 &&
+        (r = sweep_kind(app, sweep_outbox_sql, cfg->outbox_retention_s, &messages)) < 0 && rc == 0)
+        rc = r;
+    if (cfg->inbox_retention_s > 0 &&
+        (r = sweep_kind(app, sweep_inbox_sql, cfg->inbox_retention_s, &events)) < 0 && rc == 0)
+        rc = r;
+    if (records + messages + events > 0)
+        log_msg(&app->log, "info",
+                "retention sweep deleted %ld expired records, %ld sent messages, %ld inbox events",
+                records, messages, events);
+    *items = (int)(records + messages + events);
     return rc;
 }

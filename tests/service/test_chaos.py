@@ -10,9 +10,9 @@ confirmation email, every webhook event accepted by orderd; nothing duplicated, 
   - --attach: orderd (two instances) and provider-sim started by this test, idem-check only puts
     its proxy in front and audits; nothing is killed, the provider's settings are put back.
 
-With webhooks on, the audit reads orderd's webhook inbox (orderd_webhook_inbox_events on /metrics)
-before and after the run: one new entry per new event, each decided once; where the gauge is
-missing (attached to something that is not this orderd) it says so and checks indirectly.
+With webhooks on, the audit reads orderd's webhook inbox (orderd_webhook_inbox_events_total on
+/metrics) before and after the run: one new entry per new event, each decided once; where the count
+is missing (attached to something that is not this orderd) it says so and checks indirectly.
 
 The audit must not be vacuous (an extra order fails the run, and so does an orderd that refuses
 every webhook), and bad command lines exit 2, an unreachable attached service 3.

@@ -1,25 +1,29 @@
 """
-test_webhook_inbox.py - orderd's webhook inbox as /metrics shows it (orderd_webhook_inbox_events,
-docs/orderd.md): read from the store at scrape time, so it counts each event id once however often
-it was delivered, survives a kill -9, and is the same on every instance of one store; whereas
-orderd_webhooks_total counts deliveries per process.  Also: /metrics stays well-formed Prometheus
-text (0.0.4) with the store's gauges on it.  idem-check chaos audits the inbox through this gauge
+test_webhook_inbox.py - orderd's webhook inbox as /metrics shows it
+(orderd_webhook_inbox_events_total, docs/orderd.md): counted in the store, in the transaction that
+records an event, so it counts each event id once however often it was delivered, survives a
+kill -9, and is the same on every instance of one store; whereas orderd_webhooks_total counts
+deliveries per process.  The retention sweep deletes old inbox entries and sent emails: the inbox
+count stays, the outbox gauge follows the rows.  Also: /metrics stays well-formed Prometheus text
+(0.0.4) with the store's figures on it.  idem-check chaos audits the inbox through this counter
 (test_chaos.py).
 """
 
 import json
 import os
 import re
+import subprocess
 import sys
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (Server, expect, expect_eq, expect_problem, fail,  # noqa: E402
+from harness import (ORDERD, Server, db_query, expect, expect_eq, expect_problem, fail,  # noqa: E402
                      fresh_db_per_server, metric_value, new_key, parse_metrics, run, test)
 from provider import WEBHOOK_SECRET, paid_pair, sign, wait_until  # noqa: E402
 
-INBOX = "orderd_webhook_inbox_events"
+INBOX = "orderd_webhook_inbox_events_total"
+OUTBOX = "orderd_outbox_messages"
 TYPES = ("charge.succeeded", "refund.succeeded", "other")
 RESULTS = ("applied", "ignored", "other")
 
@@ -185,6 +189,70 @@ def test_inbox_counts_each_event_once_and_survives_a_kill(_):
             s2.close()
         print("     inbox growth after 7 deliveries of 3 events (+1 forged): %r"
               % {"%s/%s" % k: v for k, v in grew.items()})
+
+
+def outbox(samples):
+    return {st: metric_value(samples, OUTBOX, status=st) for st in ("pending", "sent", "parked")}
+
+
+def count_rows(uri, table):
+    return int(db_query(uri, "SELECT COUNT(*) FROM " + table)[0][0])
+
+
+@test
+def test_retention_sweeps_old_rows_and_keeps_the_inbox_count(_):
+    # The sweeper every second; sent emails kept a minute, inbox entries an hour.
+    args = NO_WORKERS + ["--sweep-interval-s", "1", "--outbox-retention-s", "60",
+                         "--inbox-retention-s", "3600"]
+    prov, s = paid_pair(order_args=args, name="inbox-sweep")
+    with prov, s:
+        u = s.new_user("sweep")
+        prov.faults(webhook_dup=2)
+        for i in range(3):
+            expect_eq(u.create_order(new_key("sweep%d" % i)).status, 201, "order %d" % i)
+        wait_until("three confirmation emails sent", lambda: int(db_query(
+            s.db_uri, "SELECT COUNT(*) FROM outbox WHERE status = 'sent'")[0][0]) >= 3)
+        wait_until("six webhook deliveries",
+                   lambda: prov.ledger(keys=False)["webhooks"]["deliveries"]["delivered"] >= 6)
+        # A parked email older than any retention is an operator's to decide: it stays.
+        db_query(s.db_uri, "INSERT INTO outbox (id, kind, dedupe_key, recipient, payload, status,"
+                 " attempts, next_attempt_ms, created_at, last_error) VALUES (?, 'email', ?,"
+                 " 'a@example.com', '{}', 'parked', 10, 0, '2000-01-01T00:00:00.000Z', 'test')",
+                 ("obx_parked_" + new_key(), "parked-" + new_key()))
+        m = scrape(s)
+        before_out, before_in = outbox(m), inbox(m)
+        sent, events = count_rows(s.db_uri, "outbox WHERE status = 'sent'"), count_rows(
+            s.db_uri, "inbox")
+        expect_eq(before_out["sent"], sent, "the outbox gauge counts the sent rows")
+        expect_eq(sum(before_in.values()), events, "the inbox count is the inbox's rows")
+
+        # Everything sent or received long ago: the next sweeps delete it, in batches.
+        db_query(s.db_uri, "UPDATE outbox SET sent_at = '2000-01-01T00:00:00.000Z', "
+                 "next_attempt_ms = 0 WHERE status = 'sent'")
+        db_query(s.db_uri, "UPDATE inbox SET received_at = '2000-01-01T00:00:00.000Z'")
+        wait_until("the old rows swept", lambda: count_rows(s.db_uri, "inbox") == 0 and count_rows(
+            s.db_uri, "outbox WHERE status = 'sent'") == 0)
+        expect_eq(count_rows(s.db_uri, "outbox WHERE status = 'parked'"), before_out["parked"],
+                  "parked emails are not swept")
+        m = scrape(s)
+        after_out = outbox(m)
+        expect_eq(after_out, dict(before_out, sent=0), "the outbox gauge follows the rows")
+        expect_eq(inbox(m), before_in, "the inbox count does not drop with the rows")
+        expect(metric_value(m, "orderd_worker_items_total", worker="sweeper") >= sent + events,
+               "the sweeper counts what it deleted")
+        print("     swept %d sent emails and %d inbox events; the inbox count stayed %d"
+              % (sent, events, sum(before_in.values())))
+
+
+@test
+def test_inbox_retention_shorter_than_an_hour_is_refused(_):
+    # The inbox is the dedupe of provider events: swept before the provider stops redelivering
+    # one, a redelivery would be taken as a new event.
+    p = subprocess.run([ORDERD, "serve", "--listen", "127.0.0.1:0", "--inbox-retention-s", "60"],
+                       capture_output=True, timeout=10)
+    expect_eq(p.returncode, 2, "exit status of a usage error")
+    expect(b"--inbox-retention-s must be 0 or at least 3600" in p.stderr,
+           "the error names the flag and the bound: %r" % p.stderr)
 
 
 @test
