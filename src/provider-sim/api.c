@@ -325,14 +325,16 @@ void api_dispatch(struct sim *sim, const struct request *rq, struct response *re
             emails_list(sim, rq, resp);
     } else if (strcmp(p, "/v1/ledger") == 0 && get) {
         ledger_get(sim, rq, resp);
+    } else if (strcmp(p, "/v1/ledger/references") == 0 && get) {
+        ledger_references(sim, rq, resp);
     } else if (strcmp(p, "/v1/faults") == 0 && (get || post)) {
         faults_endpoint(sim, rq, resp);
     } else if (strcmp(p, "/healthz") == 0 && get) {
         healthz(sim, resp);
     } else if (strcmp(p, "/v1/charges") == 0 || strcmp(p, "/v1/refunds") == 0 ||
                strcmp(p, "/v1/emails") == 0 || strcmp(p, "/v1/faults") == 0 ||
-               strcmp(p, "/v1/ledger") == 0 || item_id(p, "/v1/charges") != NULL ||
-               item_id(p, "/v1/refunds") != NULL) {
+               strcmp(p, "/v1/ledger") == 0 || strcmp(p, "/v1/ledger/references") == 0 ||
+               item_id(p, "/v1/charges") != NULL || item_id(p, "/v1/refunds") != NULL) {
         response_problem(resp, 405, "method-not-allowed", "This method is not allowed here.");
     } else {
         response_problem(resp, 404, "not-found", "There is nothing at this path.");

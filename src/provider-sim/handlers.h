@@ -61,5 +61,7 @@ void emails_list(struct sim *sim, const struct request *rq, struct response *res
 
 /* ledger.c */
 void ledger_get(struct sim *sim, const struct request *rq, struct response *resp);
+/* GET /v1/ledger/references?kind=charges|emails[&after=REF][&limit=N]: one page of counts. */
+void ledger_references(struct sim *sim, const struct request *rq, struct response *resp);
 
 #endif /* SIM_HANDLERS_H */
