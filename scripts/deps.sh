@@ -6,7 +6,7 @@ set -eu
 
 PKGS="build-essential cmake pkg-config clang libclang-rt-14-dev python3 sqlite3 curl procps
       libuv1-dev libhttp-parser-dev libjansson-dev libsqlite3-dev libssl-dev libcurl4-openssl-dev
-      libpq-dev postgresql libyaml-dev groff-base"
+      libpq-dev postgresql libyaml-dev groff-base man-db"
 
 # Optional groups on top of the default list: `scripts/deps.sh bench` (used by `make bench`) adds
 # the load generator, the chart maker and the profiler of docs/bench.md.

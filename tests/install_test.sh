@@ -25,8 +25,15 @@ echo "$out" | grep -q '^replayed: 201 {"payment":"created"}$' || { echo "retry d
 out=$("$tmp/embed-static" "sqlite:$tmp/demo.db")
 echo "$out" | grep -c '^replayed: ' | grep -q '^2$' || { echo "a later process did not replay both: $out"; exit 1; }
 # The programs come along: idem-gateway runs from the prefix, with its manual page.
-test -f "$tmp/prefix/share/man/man8/idem-gateway.8" || { echo "idem-gateway.8 was not installed"; exit 1; }
+for page in man1/idem.1 man1/idem-check.1 man1/provider-sim.1 man8/orderd.8 man8/idem-gateway.8; do
+    test -f "$tmp/prefix/share/man/$page" || { echo "$page was not installed"; exit 1; }
+done
+# `man orderd` finds the installed page through MANPATH, as it would under /usr/local.
+if command -v man >/dev/null 2>&1; then
+    MANPATH="$tmp/prefix/share/man" MANWIDTH=80 man orderd 2>/dev/null | grep -q '^ORDERD(8)' ||
+        { echo "man orderd does not find the installed page"; exit 1; }
+fi
 "$tmp/prefix/bin/idem-gateway" --version | grep -q '^idem-gateway ' || { echo "idem-gateway --version failed"; exit 1; }
 "$tmp/prefix/bin/idem-gateway" check-config --config "$src/examples/gateway.yaml" >/dev/null ||
     { echo "the installed idem-gateway refuses examples/gateway.yaml"; exit 1; }
-echo "install: headers, shared + static library, idem.pc and idem-gateway work from $tmp/prefix"
+echo "install: headers, shared + static library, idem.pc, idem-gateway and the manual pages work from $tmp/prefix"
