@@ -10,12 +10,14 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
+#include <sys/resource.h>
 
 #include <idem/client.h>
 #include <openssl/rand.h>
@@ -63,7 +65,7 @@ static void *dup_main(void *arg)
     struct dup_arg *d = arg;
     struct idem_client *c = ck_open_client(d->cx, 30000, 1);
     if (c) {
-        ck_send_intent(c, d->cx->proxy_url, d->cx->auth, d->it->key, &d->it->b);
+        ck_send_intent(c, d->cx->proxy_url, d->cx->auth, d->it->key, &d->it->b, NULL, 0);
         idem_client_close(c);
     }
     return NULL;
@@ -98,7 +100,7 @@ static void *client_main(void *arg)
             atomic_fetch_add(&cx->dup_sends, 1);
             dup_started = pthread_create(&t, NULL, dup_main, &d) == 0;
         }
-        ck_send_intent(c, cx->proxy_url, cx->auth, it->key, &it->a);
+        ck_send_intent(c, cx->proxy_url, cx->auth, it->key, &it->a, NULL, 0);
         if (dup_started)
             pthread_join(t, NULL);
         atomic_fetch_add(&cx->done, 1);
@@ -154,6 +156,44 @@ static void progress(struct chaos *cx, int final)
     fflush(stderr);
 }
 
+#define AUDIT_PROGRESS_MS 200
+#define AUDIT_PROGRESS_WIDTH 79
+
+/* One frame of the audit's line: `fmt` padded over the last frame, a newline when `end`. */
+static void audit_frame(struct chaos *cx, int end, const char *fmt, va_list ap)
+{
+    char line[AUDIT_PROGRESS_WIDTH + 1];
+
+    vsnprintf(line, sizeof(line), fmt, ap);
+    fprintf(stderr, "\r%-*s%s", AUDIT_PROGRESS_WIDTH, line, end ? "\n" : "");
+    fflush(stderr);
+    cx->progress_shown = !end;
+}
+
+void ck_audit_progress(struct chaos *cx, const char *fmt, ...)
+{
+    long long now = ck_now_ms();
+    va_list ap;
+
+    if (!cx->tty || (cx->progress_shown && now - cx->progress_ms < AUDIT_PROGRESS_MS))
+        return;
+    cx->progress_ms = now;
+    va_start(ap, fmt);
+    audit_frame(cx, 0, fmt, ap);
+    va_end(ap);
+}
+
+void ck_audit_progress_end(struct chaos *cx, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (!cx->tty || !cx->progress_shown)
+        return;
+    va_start(ap, fmt);
+    audit_frame(cx, 1, fmt, ap);
+    va_end(ap);
+}
+
 /* ---- command line --------------------------------------------------------------------------- */
 
 static void usage(FILE *f)
@@ -201,6 +241,10 @@ static void usage(FILE *f)
           "  --provider-lost-rate R  provider-sim: effect done, response lost\n"
           "  --provider-5xx-rate R   provider-sim: 503 before anything runs\n"
           "  --kill-every S          kill -9 a random orderd every S seconds and restart it\n"
+          "audit:\n"
+          "  --audit-page-size N     references per page of provider-sim's ledger, 1..1000\n"
+          "                          (default 1000), and orders per page of orderd's list\n"
+          "                          (at most 100); small values are for tests\n"
           "output:\n"
           "  --json                  one JSON object instead of the table\n"
           "  -h, --help              this help\n"
@@ -328,7 +372,8 @@ static int parse(int argc, char **argv, struct chaos *cx)
         O_OURL,
         O_PURL,
         O_TOKEN,
-        O_GRACE
+        O_GRACE,
+        O_PAGE
     };
     static const struct option lo[] = {
         {"orderd-bin", required_argument, NULL, O_ORD},
@@ -353,6 +398,7 @@ static int parse(int argc, char **argv, struct chaos *cx)
         {"provider-lost-rate", required_argument, NULL, O_LOST},
         {"provider-5xx-rate", required_argument, NULL, O_5XX},
         {"kill-every", required_argument, NULL, O_KILL},
+        {"audit-page-size", required_argument, NULL, O_PAGE},
         {"json", no_argument, NULL, O_JSON},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -424,6 +470,10 @@ static int parse(int argc, char **argv, struct chaos *cx)
         case O_KILL:
             if (num(optarg, 1, 86400, &o->kill_every_s) < 0)
                 return bad("--kill-every wants seconds from 1 to 86400, not '%s'", optarg);
+            break;
+        case O_PAGE:
+            if (num(optarg, 1, CK_PAGE_SIZE_MAX, &o->page_size) < 0)
+                return bad("--audit-page-size wants a number from 1 to 1000, not '%s'", optarg);
             break;
         case O_DROP:
         case O_RESET:
@@ -674,7 +724,9 @@ int ck_chaos_main(int argc, char **argv)
     cx->o.grace_s = 30;
     cx->o.instances = 1;
     cx->o.webhook_dup = 2;
+    cx->o.page_size = CK_PAGE_SIZE_MAX;
     cx->provider_pid = -1;
+    cx->tty = isatty(STDERR_FILENO);
     pthread_mutex_init(&cx->lock, NULL);
     rc = parse(argc, argv, cx);
     if (rc != 0) {
@@ -725,7 +777,7 @@ int ck_chaos_main(int argc, char **argv)
         (void)ck_provider_faults(cx, 0.0, 0.0, 0);
     ck_audit(cx, &au);
     ck_verdict_of(cx, &au, &v);
-    rc = (v.duplicates || v.lost || v.unsettled || v.webhooks ||
+    rc = (v.duplicates || v.lost || v.unsettled || v.webhooks || au.problem[0] ||
           (cx->provider_url[0] && !au.ledger_ok))
              ? CK_EXIT_FAIL
              : CK_EXIT_OK;
@@ -749,11 +801,8 @@ out:
     if (have_killer)
         pthread_join(killer, NULL);
     if (cx->in)
-        for (k = 0; k < cx->o.intents; k++) {
+        for (k = 0; k < cx->o.intents; k++)
             free(cx->in[k].key);
-            free(cx->in[k].a.body);
-            free(cx->in[k].b.body);
-        }
     free(cx->in);
     free(cx->before_ids);
     free_env(cx->envp);

@@ -3,7 +3,8 @@
  * banned; this one is seeded from the OpenSSL CSPRNG), the fault-injecting TCP proxy (proxy.c),
  * the state of one run, and the entry points of its parts: the command line and the drive
  * (chaos.c), the processes it starts and kills (chaos_procs.c), the exactly-once audit
- * (chaos_audit.c) and the verdict (chaos_report.c).  docs/chaos.md is the user's side of it.
+ * (chaos_audit.c), what the audit reads, in pages (chaos_read.c), and the verdict
+ * (chaos_report.c).  docs/chaos.md is the user's side of it.
  */
 #ifndef IDEM_CHECK_CHAOS_H
 #define IDEM_CHECK_CHAOS_H
@@ -14,10 +15,16 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include <jansson.h>
+
 #include "check.h"
 
 #define CK_MAX_INSTANCES 8
-#define CK_EXIT_SETUP 3 /* the services could not be started (or reached, with --attach) */
+#define CK_EXIT_SETUP 3  /* the services could not be started (or reached, with --attach) */
+#define CK_DIGEST_LEN 32 /* SHA-256 */
+/* References per page of provider-sim's ledger (its maximum); orderd's pages hold at most 100. */
+#define CK_PAGE_SIZE_MAX 1000
+#define CK_ORDERS_PAGE_MAX 100
 
 /* ---- random numbers (chaos.c) ----------------------------------------------------------------
  */
@@ -77,23 +84,36 @@ struct chaos_opts {
     const char *orderd_bin, *provider_bin, *db;
     const char *orderd_urls, *provider_url, *token; /* --attach */
     long intents, clients, max_time_s, kill_every_s, instances, webhook_dup, grace_s;
+    long page_size; /* --audit-page-size: ledger references (and orders, up to 100) per page */
     double drop_rate, reset_rate, cut_rate, dup_rate, lost_rate, fail_rate;
     int attach, json, no_webhooks, balance;
     int instances_set, webhook_dup_set, lost_set, fail_set; /* given on the command line */
 };
 
+/* What one sender saw at the end: the status, and of a 2xx body only what the audit compares
+ * (its length and SHA-256), so that 100,000 intents do not keep 100,000 order documents. */
 struct ck_seen {
     int status; /* final status this sender saw, 0 if none */
-    char *body; /* its body when 2xx */
     size_t len;
+    unsigned char digest[CK_DIGEST_LEN];
 };
 
 struct ck_intent {
     char *key;
     int started, dup;
     struct ck_seen a, b; /* the sender, and the duplicate sender */
-    char order_id[64];   /* from the audit's replay */
-    int replay_status;
+    struct ck_seen r;    /* the audit's replay */
+    char order_id[64];   /* from the replay's body */
+};
+
+/* One order of the run's user as the audit keeps it: its id and status from orderd, and what the
+ * ledger holds for it (filled by ck_read_refs). */
+struct ck_order {
+    char id[64];
+    int pending, paid, failed;
+    int before;           /* listed before the run */
+    int matched;          /* intents naming it */
+    long charges, emails; /* successful charges, order_confirmation emails */
 };
 
 /* One orderd: started (and killed) by the run, or attached to. */
@@ -145,6 +165,9 @@ struct ck_audit {
     long inbox_problems;
     int ledger_ok, refs_ok, list_ok;
     char note[512];
+    /* A read the audit needed and could not make (the last one, after the grace): which request,
+     * what came back, how large.  The verdict then fails as incomplete, counting nothing. */
+    char problem[512];
 };
 
 struct ck_chaos_verdict {
@@ -183,6 +206,12 @@ struct chaos {
     double saved_fail, saved_lost;
     long saved_dup;
     int saved_ok;
+    /* what the audit read (chaos_read.c), for the report */
+    long order_pages, ledger_pages;
+    size_t largest_answer; /* bytes */
+    /* the audit's progress line (chaos.c), on a terminal only */
+    int tty, progress_shown;
+    long long progress_ms;
 };
 
 long long ck_now_ms(void);
@@ -196,11 +225,45 @@ int ck_start_orderd(struct chaos *cx, int i);
 int ck_kill_restart(struct chaos *cx, int i);
 void ck_stop_children(struct chaos *cx);
 
+/* chaos.c: the audit's progress line on stderr, when it is a terminal, at most 5 times a second;
+ * ck_audit_progress_end() ends it with a last line. */
+void ck_audit_progress(struct chaos *cx, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void ck_audit_progress_end(struct chaos *cx, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* chaos_read.c: what the audit reads, each answer a bounded page */
+/*
+ * GET `url` (bearer `token`, may be NULL) for a JSON object, tried up to 3 times while no answer
+ * comes or a 5xx does.  Returns the object (new), or NULL with the problem in `why`: the request,
+ * and what came back (no answer and why, a status with the answer's size and start, an answer
+ * over idem-check's body limit with its size, or one that is not a JSON object).
+ */
+json_t *ck_get_json(struct chaos *cx, const char *url, const char *token, char *why, size_t cap);
+/*
+ * Every order of the run's user (orderd's pages, from the first instance), sorted by id, those
+ * listed before the run marked.  Returns the array (new, free()) and *n, or NULL with `why`.
+ */
+struct ck_order *ck_list_orders(struct chaos *cx, size_t *n, char *why, size_t cap);
+/* GET /v1/ledger?keys=0 (its totals) into `l`; 0, or -1 with `why`. */
+int ck_read_ledger(struct chaos *cx, struct ck_ledger *l, char *why, size_t cap);
+/*
+ * Reads provider-sim's per-reference counts page by page (GET /v1/ledger/references) into the
+ * orders they name, found in `rows` (`n`, sorted by id): successful charges into .charges, and
+ * order_confirmation emails into .emails.  0, or -1 with `why`.
+ */
+int ck_read_refs(struct chaos *cx, struct ck_order *rows, size_t n, char *why, size_t cap);
+/* The order with id `id` in `rows` (sorted by id), or NULL. */
+struct ck_order *ck_find_order(struct ck_order *rows, size_t n, const char *id);
+
 /* chaos_audit.c */
-/* One POST of the intent `key` to `base` with libidem-client; fills `s`. */
+/*
+ * One POST of the intent `key` to `base` with libidem-client; fills `s`, and with `order_id`
+ * (may be NULL) the orderId of a 2xx answer (cap bytes, "" if none).
+ */
 struct idem_client;
 void ck_send_intent(struct idem_client *c, const char *base, const char *auth, const char *key,
-                    struct ck_seen *s);
+                    struct ck_seen *s, char *order_id, size_t cap);
 struct idem_client *ck_open_client(struct chaos *cx, int64_t max_time_ms, int count);
 /* Reads what is there before the run: the user's orders, the ledger, the provider's faults. */
 int ck_audit_before(struct chaos *cx, char *why, size_t cap);

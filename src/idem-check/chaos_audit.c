@@ -5,8 +5,10 @@
  * the run, so the audit also holds for services that were running already (--attach), as long as
  * nothing else uses the run's user or the provider meanwhile.  orderd's webhook inbox, where it
  * exposes it (the orderd_webhook_inbox_events_total counter, kept in its store), is audited
- * against the ledger's events directly.  docs/chaos.md says why each check is sound.  Also here:
- * the intents' POST through libidem-client, shared with the drive.
+ * against the ledger's events directly.  docs/chaos.md says why each check is sound.  What it
+ * reads of orderd and provider-sim comes in pages of bounded size (chaos_read.c), and a read it
+ * cannot make leaves the audit incomplete, never the orders unsettled.  Also here: the intents'
+ * POST through libidem-client, shared with the drive.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +16,7 @@
 
 #include <idem/client.h>
 #include <jansson.h>
+#include <openssl/sha.h>
 
 #include "chaos.h"
 #include "banned.h"
@@ -50,8 +53,17 @@ struct idem_client *ck_open_client(struct chaos *cx, int64_t max_time_ms, int co
     return c;
 }
 
+/* The orderId of an order document, into `out` ("" if none). */
+static void order_id_of(const void *body, size_t len, char *out, size_t cap)
+{
+    json_t *doc = json_loadb(body, len, 0, NULL);
+    const char *id = doc ? json_string_value(json_object_get(doc, "orderId")) : NULL;
+    snprintf(out, cap, "%s", id ? id : "");
+    json_decref(doc);
+}
+
 void ck_send_intent(struct idem_client *c, const char *base, const char *auth, const char *key,
-                    struct ck_seen *s)
+                    struct ck_seen *s, char *order_id, size_t cap)
 {
     char url[160];
     /* One connection per attempt, so that the proxy's per-connection fate is per attempt. */
@@ -69,149 +81,24 @@ void ck_send_intent(struct idem_client *c, const char *base, const char *auth, c
     req.body = CHAOS_BODY;
     req.body_len = strlen(CHAOS_BODY);
     req.key = key;
-    s->status = 0;
+    memset(s, 0, sizeof(*s));
+    if (order_id && cap)
+        order_id[0] = '\0';
     if (idem_client_send(c, &req, &resp, &outcome) != 0 || !resp)
         return;
     s->status = idem_client_response_status(resp);
     if (s->status >= 200 && s->status < 300) {
         size_t len = 0;
         const void *b = idem_client_response_body(resp, &len);
-        s->body = ck_xmalloc(len + 1);
-        memcpy(s->body, b, len);
-        s->body[len] = '\0';
         s->len = len;
+        SHA256(b ? b : (const void *)"", len, s->digest);
+        if (order_id && cap && b)
+            order_id_of(b, len, order_id, cap);
     }
     idem_client_response_free(resp);
 }
 
-/* ---- reading orderd and provider-sim -------------------------------------------------------- */
-
-static json_t *get_json(const char *url, const char *token)
-{
-    struct ck_request rq;
-    struct ck_response rs;
-    json_t *doc = NULL;
-    memset(&rq, 0, sizeof(rq));
-    memset(&rs, 0, sizeof(rs));
-    rq.method = "GET";
-    rq.url = url;
-    rq.token = token;
-    ck_http_perform(&rq, &rs, 1, 10000);
-    if (rs.status == 200 && rs.body.data)
-        doc = json_loadb(rs.body.data, rs.body.len, 0, NULL);
-    ck_response_release(&rs);
-    return doc;
-}
-
-static void order_id_of(const char *body, size_t len, char *out, size_t cap)
-{
-    json_t *doc = json_loadb(body, len, 0, NULL);
-    const char *id = doc ? json_string_value(json_object_get(doc, "orderId")) : NULL;
-    snprintf(out, cap, "%s", id ? id : "");
-    json_decref(doc);
-}
-
-struct order_row {
-    char id[64];
-    int pending, paid, failed, matched, before;
-};
-
-static int cmp_row(const void *a, const void *b)
-{
-    return strcmp(((const struct order_row *)a)->id, ((const struct order_row *)b)->id);
-}
-
-static int cmp_id(const void *a, const void *b)
-{
-    return strcmp((const char *)a, (const char *)b);
-}
-
-/* Every order of the run's user (all pages, from the first instance), sorted by id; NULL on
- * failure. */
-static struct order_row *list_orders(struct chaos *cx, size_t *n_out)
-{
-    struct order_row *rows = NULL;
-    size_t n = 0, cap = 0;
-    char cursor[256] = "";
-    long pages = 0;
-    size_t i;
-    for (;;) {
-        char url[512];
-        json_t *doc, *arr, *o;
-        const char *next;
-        snprintf(url, sizeof(url), "%s/api/orders?limit=100%s%s", cx->inst[0].url,
-                 cursor[0] ? "&cursor=" : "", cursor);
-        doc = get_json(url, cx->token);
-        arr = doc ? json_object_get(doc, "orders") : NULL;
-        if (!json_is_array(arr)) {
-            json_decref(doc);
-            free(rows);
-            return NULL;
-        }
-        json_array_foreach(arr, i, o)
-        {
-            const char *id = json_string_value(json_object_get(o, "orderId"));
-            const char *status = json_string_value(json_object_get(o, "status"));
-            if (n == cap) {
-                cap = cap ? cap * 2 : 256;
-                rows = ck_xrealloc(rows, cap * sizeof(*rows));
-            }
-            memset(&rows[n], 0, sizeof(rows[n]));
-            snprintf(rows[n].id, sizeof(rows[n].id), "%s", id ? id : "");
-            rows[n].pending = status && strcmp(status, "pending_payment") == 0;
-            rows[n].paid = status && strcmp(status, "paid") == 0;
-            rows[n].failed = status && strcmp(status, "payment_failed") == 0;
-            n++;
-        }
-        next = json_string_value(json_object_get(doc, "nextCursor"));
-        if (!next || json_array_size(arr) == 0 || ++pages > 1000000) {
-            json_decref(doc);
-            break;
-        }
-        snprintf(cursor, sizeof(cursor), "%s", next);
-        json_decref(doc);
-    }
-    if (n)
-        qsort(rows, n, sizeof(*rows), cmp_row);
-    for (i = 0; i < n; i++) /* the orders that were there before the run */
-        rows[i].before = cx->n_before > 0 && bsearch(rows[i].id, cx->before_ids, cx->n_before,
-                                                     sizeof(*cx->before_ids), cmp_id) != NULL;
-    *n_out = n;
-    return rows ? rows : ck_xmalloc(1);
-}
-
-static long int_at(json_t *doc, const char *a, const char *b)
-{
-    json_t *x = json_object_get(doc, a);
-    return x ? (long)json_integer_value(json_object_get(x, b)) : 0;
-}
-
-/* GET /v1/ledger?keys=0 into `l`; 0 or -1. */
-static int read_ledger(struct chaos *cx, struct ck_ledger *l)
-{
-    char url[192];
-    json_t *doc, *bt, *hooks, *deliv;
-    snprintf(url, sizeof(url), "%s/v1/ledger?keys=0", cx->provider_url);
-    doc = get_json(url, NULL);
-    if (!doc)
-        return -1;
-    memset(l, 0, sizeof(*l));
-    l->charges = int_at(doc, "charges", "succeeded");
-    bt = json_object_get(json_object_get(doc, "emails"), "byTemplate");
-    l->emails = bt ? (long)json_integer_value(json_object_get(bt, "order_confirmation")) : 0;
-    l->dups = (long)json_array_size(json_object_get(doc, "duplicates"));
-    l->failed5xx = int_at(doc, "requests", "failed5xx");
-    l->lost_responses = int_at(doc, "requests", "lostResponses");
-    hooks = json_object_get(doc, "webhooks");
-    deliv = json_object_get(hooks, "deliveries");
-    l->webhooks_configured = json_is_true(json_object_get(hooks, "configured"));
-    l->events = (long)json_integer_value(json_object_get(hooks, "events"));
-    l->delivered = (long)json_integer_value(json_object_get(deliv, "delivered"));
-    l->pending = (long)json_integer_value(json_object_get(deliv, "pending"));
-    l->abandoned = (long)json_integer_value(json_object_get(deliv, "abandoned"));
-    json_decref(doc);
-    return 0;
-}
+/* ---- the provider's faults and orderd's metrics --------------------------------------------- */
 
 int ck_provider_faults(struct chaos *cx, double fail_rate, double lost_rate, long webhook_dup)
 {
@@ -247,13 +134,14 @@ int ck_provider_faults(struct chaos *cx, double fail_rate, double lost_rate, lon
     return ok ? 0 : -1;
 }
 
-/* GET /v1/faults: the settings a run changes, so that --attach can put them back. */
-static int read_faults(struct chaos *cx)
+/* GET /v1/faults: the settings a run changes, so that --attach can put them back.  0, or -1
+ * with `why`. */
+static int read_faults(struct chaos *cx, char *why, size_t cap)
 {
     char url[192];
     json_t *doc;
     snprintf(url, sizeof(url), "%s/v1/faults", cx->provider_url);
-    doc = get_json(url, NULL);
+    doc = ck_get_json(cx, url, NULL, why, cap);
     if (!doc)
         return -1;
     cx->saved_fail = json_number_value(json_object_get(doc, "fail_rate"));
@@ -403,20 +291,20 @@ static int read_inbox(struct chaos *cx, struct ck_inbox *out, char *why, size_t 
  * Otherwise the audit allows for the difference: events made while the inbox was read (they may
  * be in it already) and deliveries pending (they may add to it during the run).
  */
-static int read_baseline(struct chaos *cx)
+static int read_baseline(struct chaos *cx, char *why, size_t cap)
 {
     long long give_up = ck_now_ms() + 5000;
     struct ck_ledger again;
     int hooks;
 
     for (;;) {
-        if (read_ledger(cx, &cx->ledger_before) < 0)
+        if (ck_read_ledger(cx, &cx->ledger_before, why, cap) < 0)
             return -1;
         hooks = cx->o.attach ? cx->ledger_before.webhooks_configured : cx->webhooks;
         if (!hooks || read_inbox(cx, &cx->inbox_before, cx->inbox_before_why,
                                  sizeof(cx->inbox_before_why)) < 0)
             return 0;
-        if (read_ledger(cx, &again) < 0)
+        if (ck_read_ledger(cx, &again, why, cap) < 0)
             return -1;
         cx->inbox_slack_low = again.events - cx->ledger_before.events;
         cx->inbox_slack_high = cx->ledger_before.pending;
@@ -428,14 +316,12 @@ static int read_baseline(struct chaos *cx)
 
 int ck_audit_before(struct chaos *cx, char *why, size_t cap)
 {
-    struct order_row *rows;
+    struct ck_order *rows;
     size_t n = 0, i;
 
-    rows = list_orders(cx, &n);
-    if (!rows) {
-        snprintf(why, cap, "GET %s/api/orders as the run's user failed", cx->inst[0].url);
+    rows = ck_list_orders(cx, &n, why, cap);
+    if (!rows)
         return -1;
-    }
     cx->before_ids = ck_xmalloc((n ? n : 1) * sizeof(*cx->before_ids));
     cx->n_before = n;
     cx->paid_before = 0;
@@ -446,25 +332,30 @@ int ck_audit_before(struct chaos *cx, char *why, size_t cap)
     free(rows);
     if (!cx->provider_url[0])
         return 0;
-    if (read_baseline(cx) < 0) {
-        snprintf(why, cap, "GET %s/v1/ledger failed", cx->provider_url);
+    if (read_baseline(cx, why, cap) < 0)
         return -1;
-    }
     cx->ledger_before_ok = 1;
     if (cx->o.attach) {
-        if (read_faults(cx) < 0) {
-            snprintf(why, cap, "GET %s/v1/faults failed", cx->provider_url);
+        if (read_faults(cx, why, cap) < 0)
             return -1;
-        }
         /* Attached: webhooks are whatever provider-sim was started with. */
         cx->webhooks = cx->ledger_before.webhooks_configured;
     }
     return 0;
 }
 
-static int same_seen(const struct ck_seen *s, int status, const char *body, size_t len)
+/* Whether two senders saw the same answer: status, length and SHA-256 of the body. */
+static int same_seen(const struct ck_seen *a, const struct ck_seen *b)
 {
-    return s->status == status && s->len == len && memcmp(s->body, body, len) == 0;
+    return a->status == b->status && a->len == b->len &&
+           memcmp(a->digest, b->digest, sizeof(a->digest)) == 0;
+}
+
+/* The first read problem of this pass of the audit (later ones follow from it). */
+static void set_problem(struct ck_audit *au, const char *why)
+{
+    if (!au->problem[0])
+        snprintf(au->problem, sizeof(au->problem), "%s", why);
 }
 
 static void ledger_delta(const struct ck_ledger *now, const struct ck_ledger *before,
@@ -490,15 +381,64 @@ static long hook_copies(const struct chaos *cx)
     return cx->o.webhook_dup;
 }
 
-/* 1. Replay every started intent straight to orderd (the instances in turn). */
+/* The replay's threads take intents in turn, like the drive's clients. */
+struct replay {
+    struct chaos *cx;
+    atomic_long next, done;
+};
+
+#define REPLAY_THREADS_MAX 8
+
+static void *replay_main(void *arg)
+{
+    struct replay *rp = arg;
+    struct chaos *cx = rp->cx;
+    struct idem_client *c = ck_open_client(cx, 60000, 0);
+
+    for (;;) {
+        long k = atomic_fetch_add(&rp->next, 1);
+        struct ck_intent *it;
+        if (k >= cx->o.intents)
+            break;
+        it = &cx->in[k];
+        if (it->started && c)
+            ck_send_intent(c, cx->inst[k % cx->n_inst].url, cx->auth, it->key, &it->r, it->order_id,
+                           sizeof(it->order_id));
+        atomic_fetch_add(&rp->done, 1);
+    }
+    idem_client_close(c);
+    return NULL;
+}
+
+/*
+ * 1. Replay every started intent straight to orderd (the instances in turn), from up to 8
+ *    threads, then judge the answers in intent order (so the first problem named is the same
+ *    whatever the threads did).
+ */
 static void replay_intents(struct chaos *cx, struct ck_audit *au)
 {
-    struct idem_client *c = ck_open_client(cx, 60000, 0);
-    long k;
+    struct replay rp;
+    pthread_t th[REPLAY_THREADS_MAX];
+    int started[REPLAY_THREADS_MAX];
+    long n = cx->o.clients < REPLAY_THREADS_MAX ? cx->o.clients : REPLAY_THREADS_MAX, k;
+
+    memset(&rp, 0, sizeof(rp));
+    rp.cx = cx;
+    for (k = 0; k < n; k++)
+        started[k] = pthread_create(&th[k], NULL, replay_main, &rp) == 0;
+    if (n > 0 && !started[0])
+        replay_main(&rp); /* no thread at all: do it here */
+    while (atomic_load(&rp.done) < cx->o.intents) {
+        ck_audit_progress(cx, "audit: replaying the intents, %ld/%ld", atomic_load(&rp.done),
+                          cx->o.intents);
+        ck_sleep_ms(100);
+    }
+    for (k = 0; k < n; k++)
+        if (started[k])
+            pthread_join(th[k], NULL);
 
     for (k = 0; k < cx->o.intents; k++) {
         struct ck_intent *it = &cx->in[k];
-        struct ck_seen r = {0, NULL, 0};
         int a2 = it->a.status >= 200 && it->a.status < 300;
         int b2 = it->b.status >= 200 && it->b.status < 300;
         if (!it->started)
@@ -507,65 +447,49 @@ static void replay_intents(struct chaos *cx, struct ck_audit *au)
         au->seen_2xx += a2 + b2;
         if (a2 || b2)
             au->finished_2xx++;
-        if (c)
-            ck_send_intent(c, cx->inst[k % cx->n_inst].url, cx->auth, it->key, &r);
-        it->replay_status = r.status;
-        if (r.status < 200 || r.status >= 300) {
+        if (it->r.status < 200 || it->r.status >= 300) {
             au->lost++;
             if (!au->note[0])
                 snprintf(au->note, sizeof(au->note), "intent %s: replay answered %d", it->key,
-                         r.status);
-            free(r.body);
+                         it->r.status);
             continue;
         }
         if (!a2 && !b2)
             au->finished_in_audit++;
-        order_id_of(r.body, r.len, it->order_id, sizeof(it->order_id));
-        if ((a2 && !same_seen(&it->a, r.status, r.body, r.len)) ||
-            (b2 && !same_seen(&it->b, r.status, r.body, r.len))) {
+        if ((a2 && !same_seen(&it->a, &it->r)) || (b2 && !same_seen(&it->b, &it->r))) {
             au->not_durable++;
             if (!au->note[0])
                 snprintf(au->note, sizeof(au->note),
                          "intent %s: a client saw a 2xx the replay does not repeat", it->key);
         }
-        if (a2 && b2 && !same_seen(&it->a, it->b.status, it->b.body, it->b.len))
+        if (a2 && b2 && !same_seen(&it->a, &it->b))
             au->dup_mismatch++;
-        free(r.body);
     }
-    idem_client_close(c);
 }
 
 /*
- * The provider's effects for each order of this run, from GET /v1/ledger?refs=1: a paid order
- * must have exactly one successful charge and one order_confirmation email; more is a duplicate,
- * fewer is unsettled, and so is a charge for an order that says its payment failed.  Fills the
- * per-run sums and the extra / missing counts of `au`; 0, or -1 if the ledger cannot be read.
+ * The provider's effects for each order of this run, from the ledger's per-reference pages
+ * (ck_read_refs): a paid order must have exactly one successful charge and one
+ * order_confirmation email; more is a duplicate, fewer is unsettled, and so is a charge for an
+ * order that says its payment failed.  Fills the per-run sums and the extra / missing counts of
+ * `au`; 0, or -1 with au->problem if the ledger cannot be read.
  */
-static int per_order(struct chaos *cx, const struct order_row *rows, size_t n, struct ck_audit *au)
+static int per_order(struct chaos *cx, struct ck_order *rows, size_t n, struct ck_audit *au)
 {
-    char url[192];
-    json_t *doc, *ch, *em;
+    char why[sizeof(au->problem)];
     size_t i;
 
-    snprintf(url, sizeof(url), "%s/v1/ledger?keys=0&refs=1", cx->provider_url);
-    doc = get_json(url, NULL);
-    ch = json_object_get(json_object_get(doc, "charges"), "byReference");
-    em = json_object_get(json_object_get(doc, "emails"), "byReference");
-    if (!json_is_object(ch) || !json_is_object(em)) {
-        json_decref(doc);
+    if (ck_read_refs(cx, rows, n, why, sizeof(why)) < 0) {
+        set_problem(au, why);
         return -1;
     }
     au->charges = au->emails = 0;
     au->extra_charges = au->missing_charges = au->extra_emails = au->missing_emails = 0;
     au->charged_unpaid = 0;
     for (i = 0; i < n; i++) {
-        char ref[96];
-        long c, e;
+        long c = rows[i].charges, e = rows[i].emails;
         if (rows[i].before)
             continue;
-        snprintf(ref, sizeof(ref), "order_confirmation:%s", rows[i].id);
-        c = (long)json_integer_value(json_object_get(ch, rows[i].id));
-        e = (long)json_integer_value(json_object_get(em, ref));
         au->charges += c;
         au->emails += e;
         if (rows[i].paid) {
@@ -576,21 +500,31 @@ static int per_order(struct chaos *cx, const struct order_row *rows, size_t n, s
         } else if (rows[i].failed && c > 0) {
             au->charged_unpaid++;
         }
-        if (!au->note[0] && rows[i].paid && (c != 1 || e != 1))
+    }
+    return 0;
+}
+
+/* The first order of the run whose ledger entries are wrong, as the note (per_order ran last). */
+static void note_per_order(const struct ck_order *rows, size_t n, struct ck_audit *au)
+{
+    size_t i;
+
+    for (i = 0; i < n && !au->note[0]; i++) {
+        if (rows[i].before)
+            continue;
+        if (rows[i].paid && (rows[i].charges != 1 || rows[i].emails != 1))
             snprintf(au->note, sizeof(au->note),
                      "paid order %s: %ld charges, %ld confirmation emails in the ledger",
-                     rows[i].id, c, e);
-        if (!au->note[0] && rows[i].failed && c > 0)
+                     rows[i].id, rows[i].charges, rows[i].emails);
+        else if (rows[i].failed && rows[i].charges > 0)
             snprintf(au->note, sizeof(au->note), "order %s says payment_failed, but was charged",
                      rows[i].id);
     }
-    json_decref(doc);
-    return 0;
 }
 
 /* Whether the workers are done: nothing pending, every paid order has its charge and its email,
  * every webhook delivery made.  The cheap global counts first, the per-order check last. */
-static int settled(struct chaos *cx, const struct order_row *rows, size_t n, struct ck_audit *au)
+static int settled(struct chaos *cx, struct ck_order *rows, size_t n, struct ck_audit *au)
 {
     if (!rows || au->pending > 0)
         return 0;
@@ -663,19 +597,25 @@ static void audit_inbox(const struct chaos *cx, struct ck_audit *au)
 
 void ck_audit(struct chaos *cx, struct ck_audit *au)
 {
-    struct order_row *rows = NULL;
+    struct ck_order *rows = NULL;
     size_t n_rows = 0, i;
-    long long grace_end;
+    long long t0 = ck_now_ms(), grace_end;
+    char why[sizeof(au->problem)];
     long k;
 
     replay_intents(cx, au);
 
     /* 2. The grace period: until no order is pending, every newly paid order has its charge and
-     *    its confirmation email, and every webhook delivery was made (or time is up). */
+     *    its confirmation email, and every webhook delivery was made (or time is up).  What a
+     *    pass could not read is its problem; only the last pass's counts. */
     grace_end = ck_now_ms() + cx->o.grace_s * 1000;
     for (;;) {
+        au->problem[0] = '\0';
+        au->refs_ok = 0;
         free(rows);
-        rows = list_orders(cx, &n_rows);
+        rows = ck_list_orders(cx, &n_rows, why, sizeof(why));
+        if (!rows)
+            set_problem(au, why);
         au->list_ok = rows != NULL;
         au->paid = au->pending = 0;
         for (i = 0; rows && i < n_rows; i++) {
@@ -684,12 +624,18 @@ void ck_audit(struct chaos *cx, struct ck_audit *au)
         }
         au->paid_delta = au->paid - cx->paid_before;
         if (cx->provider_url[0]) {
-            au->ledger_ok = cx->ledger_before_ok && read_ledger(cx, &au->now) == 0;
+            au->ledger_ok =
+                cx->ledger_before_ok && ck_read_ledger(cx, &au->now, why, sizeof(why)) == 0;
             if (au->ledger_ok)
                 ledger_delta(&au->now, &cx->ledger_before, &au->delta);
+            else
+                set_problem(au, why);
         }
         if (settled(cx, rows, n_rows, au) || ck_now_ms() > grace_end)
             break;
+        ck_audit_progress(
+            cx, "audit: settling, %ld orders pending, %ld of %ld charges (%llds left)", au->pending,
+            au->delta.charges, au->paid_delta, (grace_end - ck_now_ms()) / 1000);
         ck_sleep_ms(n_rows > 2000 ? 1000 : 250);
     }
     if (cx->webhooks) {
@@ -703,10 +649,10 @@ void ck_audit(struct chaos *cx, struct ck_audit *au)
         else
             snprintf(au->inbox_why, sizeof(au->inbox_why), "after the run: %.140s", why);
     }
-    if (!rows) {
-        au->lost = au->started;
-        snprintf(au->note, sizeof(au->note), "GET /api/orders failed");
-        return;
+    if (!rows) { /* nothing to match the intents against: the audit is incomplete */
+        if (!au->note[0])
+            snprintf(au->note, sizeof(au->note), "audit incomplete: %.480s", au->problem);
+        goto out;
     }
 
     /* 3. Match: each started intent's order must be listed, once; every listed order that was
@@ -714,12 +660,10 @@ void ck_audit(struct chaos *cx, struct ck_audit *au)
      *    execution of some intent. */
     for (k = 0; k < cx->o.intents; k++) {
         struct ck_intent *it = &cx->in[k];
-        struct order_row key, *hit;
+        struct ck_order *hit;
         if (!it->started || !it->order_id[0])
             continue;
-        memset(&key, 0, sizeof(key));
-        snprintf(key.id, sizeof(key.id), "%s", it->order_id);
-        hit = bsearch(&key, rows, n_rows, sizeof(*rows), cmp_row);
+        hit = ck_find_order(rows, n_rows, it->order_id);
         if (!hit || hit->before) {
             au->lost++;
             if (!au->note[0])
@@ -750,13 +694,18 @@ void ck_audit(struct chaos *cx, struct ck_audit *au)
      *    duplicate flagged, and (webhooks on) one event per charge, every copy of it accepted. */
     if (!cx->provider_url[0])
         goto out;
-    if (!au->ledger_ok || (!au->refs_ok && per_order(cx, rows, n_rows, au) < 0)) {
+    if (au->ledger_ok && !au->refs_ok) {
+        au->problem[0] = '\0'; /* the orders and the totals were read: only the pages are left */
+        au->refs_ok = per_order(cx, rows, n_rows, au) == 0;
+    }
+    if (!au->ledger_ok || !au->refs_ok) {
+        /* Not read is not unsettled: the verdict fails as incomplete, naming the read. */
         au->ledger_ok = 0;
-        au->unsettled += au->paid_delta;
         if (!au->note[0])
-            snprintf(au->note, sizeof(au->note), "GET %s/v1/ledger failed", cx->provider_url);
+            snprintf(au->note, sizeof(au->note), "audit incomplete: %.480s", au->problem);
         goto out;
     }
+    note_per_order(rows, n_rows, au);
     au->ledger_dups = au->delta.dups > 0 ? au->delta.dups : 0;
     au->unsettled += au->missing_charges + au->missing_emails + au->charged_unpaid;
     if (!au->note[0] && au->ledger_dups)
@@ -780,6 +729,8 @@ void ck_audit(struct chaos *cx, struct ck_audit *au)
     }
 out:
     free(rows);
+    ck_audit_progress_end(cx, "audit: %ld pages of orders, %ld ledger pages read in %.1f s",
+                          cx->order_pages, cx->ledger_pages, (double)(ck_now_ms() - t0) / 1000.0);
 }
 
 void ck_verdict_of(const struct chaos *cx, const struct ck_audit *au, struct ck_chaos_verdict *v)

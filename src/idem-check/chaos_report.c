@@ -1,11 +1,14 @@
 /*
  * chaos_report.c - the verdict of a chaos run: a table for people, or one JSON object for
  * machines (--json).  Both carry the same numbers: what was driven, which faults were injected
- * (by kind, per orderd instance), what the audit found.  docs/chaos.md shows both.
+ * (by kind, per orderd instance), what the audit found, what it read to find it (pages, the
+ * largest answer) and idem-check's own peak memory, the figure a long soak is sized by.
+ * docs/chaos.md shows both.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include <jansson.h>
 
@@ -13,6 +16,15 @@
 #include "banned.h"
 
 static const char *const hook_names[4] = {"applied", "ignored", "duplicate", "rejected"};
+
+/* idem-check's peak resident memory so far, in KiB (Linux's ru_maxrss unit); 0 if unknown.  The
+ * services are other processes: this is the checker alone. */
+static long peak_rss_kib(void)
+{
+    struct rusage ru;
+
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : 0;
+}
 
 /* The direct webhook audit's row: orderd's inbox over the run, or why only the indirect ran. */
 static void print_inbox(const struct chaos *cx, const struct ck_audit *au)
@@ -97,8 +109,15 @@ void ck_print_table(struct chaos *cx, const struct ck_audit *au, const struct ck
     printf("%-34s %ld\n", "UNSETTLED", v->unsettled);
     if (cx->webhooks)
         printf("%-34s %ld\n", "WEBHOOK problems", v->webhooks);
+    if (au->problem[0])
+        printf("%-34s %s\n", "AUDIT INCOMPLETE", au->problem);
     if (au->note[0])
         printf("%-34s %s\n", "first problem", au->note);
+    printf("%-34s %ld pages of orders, %ld ledger pages (page size %ld), largest answer %.1f "
+           "KiB\n",
+           "audit reads", cx->order_pages, cx->ledger_pages, cx->o.page_size,
+           (double)cx->largest_answer / 1024.0);
+    printf("%-34s %.1f MiB\n", "idem-check peak RSS", (double)peak_rss_kib() / 1024.0);
     if (cx->workdir[0])
         printf("%-34s %.1f s, logs in %s\n", "took", secs, cx->workdir);
     else
@@ -183,6 +202,15 @@ void ck_print_json(struct chaos *cx, const struct ck_audit *au, const struct ck_
         "duplicates", (json_int_t)v->duplicates, "lost", (json_int_t)v->lost, "unsettled",
         (json_int_t)v->unsettled, "webhookProblems", (json_int_t)v->webhooks, "firstProblem",
         au->note, "seconds", secs, "workdir", cx->workdir);
+    if (doc) {
+        json_object_set_new(
+            doc, "audit",
+            json_pack("{s:b, s:s, s:I, s:I, s:I, s:I}", "complete", au->problem[0] == '\0',
+                      "problem", au->problem, "pageSize", (json_int_t)cx->o.page_size, "orderPages",
+                      (json_int_t)cx->order_pages, "ledgerPages", (json_int_t)cx->ledger_pages,
+                      "largestAnswerBytes", (json_int_t)cx->largest_answer));
+        json_object_set_new(doc, "peakRssKiB", json_integer(peak_rss_kib()));
+    }
     s = doc ? json_dumps(doc, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
     puts(s ? s : "{\"mode\":\"chaos\",\"error\":\"cannot build the report\"}");
     free(s);

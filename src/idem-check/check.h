@@ -92,6 +92,13 @@ int ck_response_same(const struct ck_response *a, const struct ck_response *b);
  * control characters shown as '.'.
  */
 void ck_response_describe(const struct ck_response *r, char *buf, size_t cap);
+/* The largest body an exchange keeps (1 MiB); the rest is counted in body.dropped. */
+size_t ck_body_limit(void);
+/*
+ * `s` percent-encoded for a query argument (every byte but A-Z a-z 0-9 - . _ ~) into `out`.
+ * Returns 0, or -1 when it does not fit in `cap` (3 * strlen(s) + 1 always does).
+ */
+int ck_url_escape(const char *s, char *out, size_t cap);
 
 /* ---- the report (report.c) --------------------------------------------------------------------
  */

@@ -256,3 +256,34 @@ void ck_response_describe(const struct ck_response *r, char *buf, size_t cap)
     snprintf(buf, cap, "HTTP %ld [%s] %s%s", r->status, hdrs, excerpt,
              r->body.len > take ? "..." : "");
 }
+
+size_t ck_body_limit(void)
+{
+    return CK_BODY_LIMIT;
+}
+
+int ck_url_escape(const char *s, char *out, size_t cap)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t at = 0;
+
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+            c == '-' || c == '.' || c == '_' || c == '~') {
+            if (at + 1 >= cap)
+                return -1;
+            out[at++] = (char)c;
+        } else {
+            if (at + 3 >= cap)
+                return -1;
+            out[at++] = '%';
+            out[at++] = hex[c >> 4];
+            out[at++] = hex[c & 15];
+        }
+    }
+    if (at >= cap)
+        return -1;
+    out[at] = '\0';
+    return 0;
+}
