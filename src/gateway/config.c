@@ -1379,7 +1379,7 @@ static int load_route(struct loader *ld, const yaml_node_t *map, struct gw_confi
     struct gw_route *r = &cfg->routes[index];
     yaml_node_t *v[COUNT(keys)];
     char where[32], path[64], a[32], b[32];
-    int64_t x;
+    int64_t x = 0;
     size_t i;
 
     snprintf(where, sizeof where, "routes[%zu]", index);
@@ -1523,7 +1523,7 @@ static int load_document(struct loader *ld, struct gw_config *cfg)
     enum { LISTEN, ADMIN_LISTEN, STORE, UPSTREAM, MAX_BODY_SIZE, PRINCIPAL, LIMITS, ROUTES };
     yaml_node_t *root = yaml_document_get_root_node(ld->doc);
     yaml_node_t *v[COUNT(keys)];
-    int64_t x;
+    int64_t x = 0;
 
     if (root == NULL || is_null(root))
         return fail(ld, 1, "empty config; expected a mapping with at least upstream");

@@ -843,6 +843,7 @@ void proxy_server_options(struct gateway *gw, struct http_server_options *opts)
     opts->on_loop = proxy_on_loop;
     opts->on_unpark = proxy_on_unpark;
     opts->answered = proxy_answered;
+    opts->before_wait = log_before_wait;
     opts->log = proxy_log;
     opts->ctx = gw;
     opts->ipv6 = 1;

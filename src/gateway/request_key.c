@@ -143,9 +143,9 @@ static const char *body_digest(const char *body, size_t len,
     return raw;
 }
 
-int request_fingerprint(const struct route_match *m, const char *method, const char *content_type,
-                        const char *body, size_t len, unsigned char fp[IDEM_FP_LEN],
-                        const char **why)
+static int compute_fingerprint(const struct route_match *m, const char *method,
+                               const char *content_type, const char *body, size_t len,
+                               unsigned char fp[IDEM_FP_LEN], const char **why)
 {
     const struct gw_route *r = m->route;
     const char *params[ROUTE_MAX_PARAMS + 1];
@@ -198,4 +198,65 @@ out:
     json_decref(picked);
     json_decref(doc);
     return rc;
+}
+
+/*
+ * The fingerprints this thread computed last, by a digest of everything they depend on: the
+ * route's template and body policy, the method, the path parameters, whether the body is JSON,
+ * and the SHA-256 of its bytes.  A storm of retries sends the same bytes again and again, and
+ * hashing them costs a fraction of parsing and canonicalising them.  Direct-mapped and per
+ * thread (the event loops compute fingerprints): no lock; a collision of slots only evicts, and
+ * an entry answers only the same digest.  Only what parses JSON is remembered; the other
+ * policies are a hash already.
+ */
+#define MEMO_SLOTS 64
+#define MEMO_MAX_POINTERS 8
+static _Thread_local struct {
+    unsigned char in[IDEM_FP_LEN];
+    unsigned char fp[IDEM_FP_LEN];
+    int used;
+} memo[MEMO_SLOTS];
+
+/* The digest `memo` is keyed by into `in`; 0, or -1 when this request is not remembered. */
+static int memo_digest(const struct route_match *m, const char *method, int json, const char *body,
+                       size_t len, unsigned char in[IDEM_FP_LEN])
+{
+    const struct gw_route *r = m->route;
+    const char *fields[ROUTE_MAX_PARAMS + MEMO_MAX_POINTERS + 3];
+    char raw[7 + 2 * SHA256_DIGEST_LENGTH + 1];
+    const char *why;
+    size_t n = m->nparams;
+
+    if (!(r->fp_body == GW_FP_BODY_ALL && json && len > 0) &&
+        !(r->fp_body == GW_FP_BODY_POINTERS && r->nfp_pointers <= MEMO_MAX_POINTERS))
+        return -1;
+    memcpy(fields, m->params, n * sizeof fields[0]);
+    fields[n++] = r->fp_body == GW_FP_BODY_ALL ? "body:all" : "body:pointers";
+    for (size_t i = 0; r->fp_body == GW_FP_BODY_POINTERS && i < r->nfp_pointers; i++)
+        fields[n++] = r->fp_pointers[i];
+    fields[n++] = json ? "json" : "bytes";
+    fields[n++] = body_digest(body, len, raw);
+    return idem_fingerprint(method, r->path, fields, n, NULL, 0, in, &why) == 0 ? 0 : -1;
+}
+
+int request_fingerprint(const struct route_match *m, const char *method, const char *content_type,
+                        const char *body, size_t len, unsigned char fp[IDEM_FP_LEN],
+                        const char **why)
+{
+    unsigned char in[IDEM_FP_LEN];
+    size_t slot;
+
+    if (memo_digest(m, method, is_json_type(content_type), body, len, in) != 0)
+        return compute_fingerprint(m, method, content_type, body, len, fp, why);
+    slot = (size_t)(in[0] | (unsigned)in[1] << 8) % MEMO_SLOTS;
+    if (memo[slot].used && memcmp(memo[slot].in, in, sizeof in) == 0) {
+        memcpy(fp, memo[slot].fp, IDEM_FP_LEN);
+        return 0;
+    }
+    if (compute_fingerprint(m, method, content_type, body, len, fp, why) != 0)
+        return -1;
+    memcpy(memo[slot].in, in, sizeof in);
+    memcpy(memo[slot].fp, fp, IDEM_FP_LEN);
+    memo[slot].used = 1;
+    return 0;
 }

@@ -88,8 +88,8 @@ struct conn {
     int queued;               /* on the done list (lp->mu) */
     int free_later;           /* closed while on the done list: freed when taken off it */
     enum job job;
-    void *park_data;          /* the program's, while parked */
-    uint64_t park_deadline;   /* loop time */
+    void *park_data;        /* the program's, while parked */
+    uint64_t park_deadline; /* loop time */
     enum http_head_verdict verdict;
 
     struct request_parser rp;
@@ -99,8 +99,8 @@ struct conn {
 
     struct response resp;
     int64_t start_ns;
-    int keep_alive;   /* after this response */
-    int report;       /* a request came (even a malformed one): tell `answered` */
+    int keep_alive; /* after this response */
+    int report;     /* a request came (even a malformed one): tell `answered` */
     int reading;
     int parsing; /* inside parse(): it goes on by itself after a response written at once */
     uv_write_t wr;
@@ -119,6 +119,7 @@ struct http_loop {
     uv_tcp_t listener;
     uv_async_t wake;
     uv_timer_t tick;
+    uv_prepare_t before_wait; /* opts.before_wait, each turn before the loop polls */
     pthread_t thread;
     int started;
 
@@ -234,7 +235,8 @@ void http_limits_resolve(struct http_limits *l)
 }
 
 const char http_limits_help[] =
-    "HTTP limits (per server; a client over them gets a problem+json, then the connection closes):\n"
+    "HTTP limits (per server; a client over them gets a problem+json, then the connection "
+    "closes):\n"
     "  --max-connections N      open connections in all (default 10000)\n"
     "  --max-connections-per-ip N   open connections from one client address, -1 for no cap\n"
     "                           (default 256)\n"
@@ -279,7 +281,8 @@ int http_limits_flag(struct http_limits *l, const char *name, const char *value,
     return 0;
 }
 
-/* ---- request accessors ------------------------------------------------------------------------ */
+/* ---- request accessors ------------------------------------------------------------------------
+ */
 
 int request_header_count(const struct request *rq, const char *name, const char **first,
                          size_t *first_len)
@@ -322,7 +325,8 @@ const char *request_query(const struct request *rq, const char *name)
     return NULL;
 }
 
-/* ---- per-address counts ------------------------------------------------------------------------ */
+/* ---- per-address counts ------------------------------------------------------------------------
+ */
 
 static struct ip_slot **ip_find(struct http_server *srv, const unsigned char ip[16])
 {
@@ -374,7 +378,8 @@ static void ip_release(struct http_server *srv, const unsigned char ip[16])
     free(gone);
 }
 
-/* ---- states and deadlines ------------------------------------------------------------------------ */
+/* ---- states and deadlines
+ * ------------------------------------------------------------------------ */
 
 static void list_unlink(struct http_loop *lp, struct conn *c)
 {
@@ -492,41 +497,72 @@ static void conn_close(struct conn *c)
     uv_close((uv_handle_t *)&c->tcp, on_closed);
 }
 
-/* ---- writing ---------------------------------------------------------------------------------- */
+/* ---- writing ----------------------------------------------------------------------------------
+ */
 
 static const char *reason_phrase(int status)
 {
     switch (status) {
-    case 100: return "Continue";
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    case 204: return "No Content";
-    case 304: return "Not Modified";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 402: return "Payment Required";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 410: return "Gone";
-    case 412: return "Precondition Failed";
-    case 413: return "Content Too Large";
-    case 415: return "Unsupported Media Type";
-    case 422: return "Unprocessable Content";
-    case 425: return "Too Early";
-    case 428: return "Precondition Required";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Unknown";
+    case 100:
+        return "Continue";
+    case 200:
+        return "OK";
+    case 201:
+        return "Created";
+    case 202:
+        return "Accepted";
+    case 204:
+        return "No Content";
+    case 304:
+        return "Not Modified";
+    case 400:
+        return "Bad Request";
+    case 401:
+        return "Unauthorized";
+    case 402:
+        return "Payment Required";
+    case 403:
+        return "Forbidden";
+    case 404:
+        return "Not Found";
+    case 405:
+        return "Method Not Allowed";
+    case 408:
+        return "Request Timeout";
+    case 409:
+        return "Conflict";
+    case 410:
+        return "Gone";
+    case 412:
+        return "Precondition Failed";
+    case 413:
+        return "Content Too Large";
+    case 415:
+        return "Unsupported Media Type";
+    case 422:
+        return "Unprocessable Content";
+    case 425:
+        return "Too Early";
+    case 428:
+        return "Precondition Required";
+    case 429:
+        return "Too Many Requests";
+    case 431:
+        return "Request Header Fields Too Large";
+    case 500:
+        return "Internal Server Error";
+    case 501:
+        return "Not Implemented";
+    case 502:
+        return "Bad Gateway";
+    case 503:
+        return "Service Unavailable";
+    case 504:
+        return "Gateway Timeout";
+    case 505:
+        return "HTTP Version Not Supported";
+    default:
+        return "Unknown";
     }
 }
 
@@ -654,8 +690,7 @@ static void send_response(struct conn *c, const struct request *rq, int keep_ali
         strbuf_add(&out, r->body, r->body_len);
 
     if (c->report && lp->srv->opts.answered != NULL)
-        lp->srv->opts.answered(lp->srv->opts.ctx, rq, r,
-                               (double)(mono_ns() - c->start_ns) / 1e9);
+        lp->srv->opts.answered(lp->srv->opts.ctx, rq, r, (double)(mono_ns() - c->start_ns) / 1e9);
 
     /* Reading goes on: bytes that come meanwhile wait in c->in (on_read). */
     set_state(c, CONN_WRITING);
@@ -702,7 +737,8 @@ static const struct request *current_request(struct conn *c)
     return &c->rq_stub;
 }
 
-/* ---- the worker pool ---------------------------------------------------------------------------- */
+/* ---- the worker pool ----------------------------------------------------------------------------
+ */
 
 static void *worker_main(void *arg)
 {
@@ -772,7 +808,8 @@ static int submit(struct conn *c, enum job job)
     return rc;
 }
 
-/* ---- reading ------------------------------------------------------------------------------------ */
+/* ---- reading ------------------------------------------------------------------------------------
+ */
 
 /* Keeps the bytes the parser did not take, for when the connection reads on. */
 static void keep_rest(struct conn *c, const char *data, size_t len)
@@ -943,8 +980,7 @@ static void parse(struct conn *c, const char *data, size_t len)
         r = request_parser_feed(&c->rp, data, len, &used);
         data += used;
         len -= used;
-        if ((c->state == CONN_IDLE || c->state == CONN_FRESH) &&
-            request_parser_started(&c->rp)) {
+        if ((c->state == CONN_IDLE || c->state == CONN_FRESH) && request_parser_started(&c->rp)) {
             c->report = 1;
             set_state(c, CONN_HEAD);
             c->start_ns = mono_ns();
@@ -1036,7 +1072,8 @@ static void stop_reading(struct conn *c)
     }
 }
 
-/* ---- a worker's result, back on the loop ------------------------------------------------------- */
+/* ---- a worker's result, back on the loop -------------------------------------------------------
+ */
 
 static void job_done(struct conn *c)
 {
@@ -1089,7 +1126,8 @@ static void on_wake(uv_async_t *a)
         begin_stop(lp);
 }
 
-/* ---- deadlines --------------------------------------------------------------------------------- */
+/* ---- deadlines ---------------------------------------------------------------------------------
+ */
 
 static void expire(struct http_loop *lp, struct conn *c)
 {
@@ -1100,9 +1138,8 @@ static void expire(struct http_loop *lp, struct conn *c)
     case CONN_BODY:
         atomic_fetch_add(&srv->st_timeouts, 1);
         send_problem(c, current_request(c), 408, "request-timeout",
-                     c->state == CONN_HEAD
-                         ? "The request headers did not arrive in time."
-                         : "The request body did not arrive in time.",
+                     c->state == CONN_HEAD ? "The request headers did not arrive in time."
+                                           : "The request body did not arrive in time.",
                      0);
         break;
     case CONN_WRITING:
@@ -1140,7 +1177,8 @@ static void on_tick(uv_timer_t *t)
         begin_stop(lp);
 }
 
-/* ---- accepting -------------------------------------------------------------------------------- */
+/* ---- accepting --------------------------------------------------------------------------------
+ */
 
 static void peer_of(struct conn *c)
 {
@@ -1216,7 +1254,8 @@ static void on_connection(uv_stream_t *server, int status)
     start_reading(c);
 }
 
-/* ---- the loops --------------------------------------------------------------------------------- */
+/* ---- the loops ---------------------------------------------------------------------------------
+ */
 
 /* No new connections; idle ones close; the others finish their request and close. */
 static void begin_stop(struct http_loop *lp)
@@ -1235,12 +1274,21 @@ static void begin_stop(struct http_loop *lp)
         unpark(c, 1);
 }
 
+static void on_before_wait(uv_prepare_t *h)
+{
+    struct http_loop *lp = h->data;
+
+    lp->srv->opts.before_wait(lp->srv->opts.ctx, 0);
+}
+
 static void *loop_main(void *arg)
 {
     struct http_loop *lp = arg;
 
     current_loop = lp;
     uv_run(&lp->uv, UV_RUN_DEFAULT);
+    if (lp->srv->opts.before_wait != NULL)
+        lp->srv->opts.before_wait(lp->srv->opts.ctx, 1);
     current_loop = NULL;
     return NULL;
 }
@@ -1433,6 +1481,11 @@ static int loop_init(struct http_server *srv, struct http_loop *lp, int fd)
     uv_timer_init(&lp->uv, &lp->tick);
     lp->tick.data = lp;
     uv_timer_start(&lp->tick, on_tick, TICK_MS, TICK_MS);
+    if (srv->opts.before_wait != NULL) {
+        uv_prepare_init(&lp->uv, &lp->before_wait);
+        lp->before_wait.data = lp;
+        uv_prepare_start(&lp->before_wait, on_before_wait);
+    }
     uv_tcp_init(&lp->uv, &lp->listener);
     lp->listener.data = lp;
     if (uv_tcp_open(&lp->listener, fd) != 0) {
@@ -1494,9 +1547,8 @@ int http_server_start(const struct http_server_options *opts, const char *listen
             socklen_t blen = sizeof bound;
 
             getsockname(fd, (struct sockaddr *)&bound, &blen);
-            port = bound.ss_family == AF_INET6
-                       ? ntohs(((struct sockaddr_in6 *)&bound)->sin6_port)
-                       : ntohs(((struct sockaddr_in *)&bound)->sin_port);
+            port = bound.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&bound)->sin6_port)
+                                               : ntohs(((struct sockaddr_in *)&bound)->sin_port);
             if (ss.ss_family == AF_INET6)
                 ((struct sockaddr_in6 *)&ss)->sin6_port = htons(port);
             else

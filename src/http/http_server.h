@@ -145,6 +145,12 @@ struct http_server_options {
      */
     void (*answered)(void *ctx, const struct request *rq, const struct response *resp,
                      double seconds);
+    /*
+     * May be NULL.  Called on each loop thread every time it is about to wait for events (with
+     * last 0), and once more as the loop ends (last 1): where a program writes out what it
+     * batched during the loop's turn (its request log: log_thread_flush()).
+     */
+    void (*before_wait)(void *ctx, int last);
     /* May be NULL.  One line of the server's own, without a newline. */
     void (*log)(void *ctx, const char *line);
     void *ctx; /* borrowed: it must outlive the server */

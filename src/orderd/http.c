@@ -115,6 +115,7 @@ int orderd_http_start(struct app *app, const char *listen, struct http_server **
         .on_loop = on_loop,
         .on_unpark = on_unpark,
         .answered = answered,
+        .before_wait = log_before_wait,
         .log = server_line,
         .ctx = app,
         .ipv6 = 1,

@@ -27,20 +27,59 @@
  * disk's page cache.  The kernel keeps one write's bytes together (a regular file's offset is
  * taken and advanced under the file's lock; a pipe keeps writes of up to PIPE_BUF whole).
  */
-static void write_line(struct strbuf *sb)
+static void write_all(const char *buf, size_t len)
 {
     size_t off = 0;
     ssize_t n;
 
-    strbuf_addch(sb, '\n');
-    while (off < sb->len) {
-        n = write(STDERR_FILENO, sb->buf + off, sb->len - off);
+    while (off < len) {
+        n = write(STDERR_FILENO, buf + off, len - off);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
             break; /* nowhere to log to: the request still gets its answer */
         off += (size_t)n;
     }
+}
+
+/*
+ * An event loop thread's held-back lines (log_thread_flush): whole lines only, written in one
+ * call when the loop is about to wait, or as soon as they pass HOLD_MAX.
+ */
+#define HOLD_MAX 65536
+static _Thread_local struct {
+    int on;
+    struct strbuf lines;
+} held;
+
+static void write_line(struct strbuf *sb)
+{
+    strbuf_addch(sb, '\n');
+    if (!held.on) {
+        write_all(sb->buf, sb->len);
+        return;
+    }
+    strbuf_add(&held.lines, sb->buf, sb->len);
+    if (held.lines.len >= HOLD_MAX) {
+        write_all(held.lines.buf, held.lines.len);
+        strbuf_reset(&held.lines);
+    }
+}
+
+void log_thread_flush(int keep_holding)
+{
+    if (held.lines.len > 0)
+        write_all(held.lines.buf, held.lines.len);
+    strbuf_reset(&held.lines);
+    held.on = keep_holding;
+    if (!keep_holding)
+        strbuf_release(&held.lines);
+}
+
+void log_before_wait(void *ctx, int last)
+{
+    (void)ctx;
+    log_thread_flush(!last);
 }
 
 static void add_escaped(struct strbuf *sb, const char *s)

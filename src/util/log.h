@@ -27,6 +27,18 @@ void log_request(const struct logger *lg, const char *method, const char *path, 
 struct strbuf;
 void log_escape_text(struct strbuf *sb, const char *s);
 
+/*
+ * For an event loop thread, which calls it each time before it waits for events: writes the lines
+ * the thread held back, in one write(2); then, with keep_holding 1, holds back its next lines
+ * until the next call (or until they pass 64 KiB), so a busy loop writes its request log once per
+ * turn rather than once per request.  A line is held for one turn of the loop at most: a crash
+ * loses the lines of that turn only.  With keep_holding 0 (the loop ends) lines go out at once
+ * again.  Threads that never call it write each line at once.
+ */
+void log_thread_flush(int keep_holding);
+/* log_thread_flush(!last), in the shape of http_server_options.before_wait (ctx unused). */
+void log_before_wait(void *ctx, int last);
+
 /* A line about the process: "<program_name>: LEVEL: message" or {"ts","level","msg"}. */
 void log_msg(const struct logger *lg, const char *level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

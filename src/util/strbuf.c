@@ -81,6 +81,13 @@ char *strbuf_detach(struct strbuf *sb, size_t *len)
     return out;
 }
 
+void strbuf_reset(struct strbuf *sb)
+{
+    sb->len = 0;
+    if (sb->buf != NULL)
+        sb->buf[0] = '\0';
+}
+
 void strbuf_release(struct strbuf *sb)
 {
     free(sb->buf);

@@ -28,6 +28,8 @@ void strbuf_addch(struct strbuf *sb, char c);
 void strbuf_addf(struct strbuf *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Hands the bytes out (new, free with free(); never NULL) and empties `sb`. */
 char *strbuf_detach(struct strbuf *sb, size_t *len);
+/* Empties `sb`, keeping its memory for what comes next. */
+void strbuf_reset(struct strbuf *sb);
 /* Frees the bytes; `sb` may be reused. */
 void strbuf_release(struct strbuf *sb);
 

@@ -23,6 +23,7 @@ request it gets, and counts): what a user of the gateway relies on.
 
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -129,6 +130,60 @@ def storm_of_200_copies_executes_once(ctx):
     expect(len(ok) >= 1 and all(r.body == ok[0].body for r in ok), "every 201 is the same answer")
     for r in busy:
         expect_problem(r, 409, "idempotency-request-in-progress", "a copy that waited too long")
+
+
+REQUEST_LINE = re.compile(r"^(POST|GET) (/\S*) (\d{3}) ([a-z_]+) \d+\.\d{3} (\S+)$")
+
+
+def request_lines(gw):
+    with open(gw.stderr_path, encoding="utf-8", errors="replace") as f:
+        return [m.groups() for m in map(REQUEST_LINE.match, f.read().splitlines()) if m]
+
+
+@test
+def request_log_has_each_request_once_without_waiting_for_more_traffic(ctx):
+    # The event loops write their request log once per turn (docs/gateway.md, "Logs"): every
+    # answered request is there, whole, once the loop has nothing more to do -- no later traffic
+    # or stop needed to push it out -- and the last ones are written when the gateway stops.
+    up = ctx["up"]
+    gw = Gateway(up, name="gateway-log")
+    gw.start()
+    try:
+        k = key("log")
+        expect_eq(gw.request("POST", "/v1/things", {"log": 1}, key=k).status, 201, "first")
+        results = []
+        lock = threading.Lock()
+
+        def one(i):
+            if i % 2:
+                r = gw.request("POST", "/v1/things", {"log": 1}, key=k)
+            else:
+                r = gw.request("GET", "/passed/%d" % i)
+            with lock:
+                results.append(r.status)
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(40)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        expect_eq(len(results), 40, "answers")
+        deadline = time.monotonic() + 2
+        while len(request_lines(gw)) < 41 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        lines = request_lines(gw)
+        outcomes = sorted((method, outcome) for method, _, _, outcome, _ in lines)
+        expect_eq(outcomes, sorted([("POST", "executed")] + [("POST", "replayed")] * 20 +
+                                   [("GET", "passed")] * 20),
+                  "one whole line per request, within 2 s of the last answer")
+        expect_eq(sorted(p for m, p, _, _, _ in lines if m == "GET"),
+                  sorted("/passed/%d" % i for i in range(0, 40, 2)), "the passed paths")
+        # One more, then a stop at once: its line is written as the loop ends.
+        expect(gw.request("GET", "/last").status < 300, "the last request is answered")
+        gw.stop()
+        expect(any(p == "/last" for _, p, _, _, _ in request_lines(gw)),
+               "the last request's line is in the log after the stop")
+    finally:
+        gw.close()
 
 
 @test
