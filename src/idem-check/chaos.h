@@ -209,6 +209,7 @@ struct chaos {
     /* what the audit read (chaos_read.c), for the report */
     long order_pages, ledger_pages;
     size_t largest_answer; /* bytes */
+    long long audit_ms;    /* how long the audit took, replay and grace included */
     /* the audit's progress line (chaos.c), on a terminal only */
     int tty, progress_shown;
     long long progress_ms;

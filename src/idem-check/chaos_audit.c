@@ -729,8 +729,9 @@ void ck_audit(struct chaos *cx, struct ck_audit *au)
     }
 out:
     free(rows);
+    cx->audit_ms = ck_now_ms() - t0;
     ck_audit_progress_end(cx, "audit: %ld pages of orders, %ld ledger pages read in %.1f s",
-                          cx->order_pages, cx->ledger_pages, (double)(ck_now_ms() - t0) / 1000.0);
+                          cx->order_pages, cx->ledger_pages, (double)cx->audit_ms / 1000.0);
 }
 
 void ck_verdict_of(const struct chaos *cx, const struct ck_audit *au, struct ck_chaos_verdict *v)

@@ -114,9 +114,9 @@ void ck_print_table(struct chaos *cx, const struct ck_audit *au, const struct ck
     if (au->note[0])
         printf("%-34s %s\n", "first problem", au->note);
     printf("%-34s %ld pages of orders, %ld ledger pages (page size %ld), largest answer %.1f "
-           "KiB\n",
+           "KiB; the audit took %.1f s\n",
            "audit reads", cx->order_pages, cx->ledger_pages, cx->o.page_size,
-           (double)cx->largest_answer / 1024.0);
+           (double)cx->largest_answer / 1024.0, (double)cx->audit_ms / 1000.0);
     printf("%-34s %.1f MiB\n", "idem-check peak RSS", (double)peak_rss_kib() / 1024.0);
     if (cx->workdir[0])
         printf("%-34s %.1f s, logs in %s\n", "took", secs, cx->workdir);
@@ -205,10 +205,11 @@ void ck_print_json(struct chaos *cx, const struct ck_audit *au, const struct ck_
     if (doc) {
         json_object_set_new(
             doc, "audit",
-            json_pack("{s:b, s:s, s:I, s:I, s:I, s:I}", "complete", au->problem[0] == '\0',
+            json_pack("{s:b, s:s, s:I, s:I, s:I, s:I, s:f}", "complete", au->problem[0] == '\0',
                       "problem", au->problem, "pageSize", (json_int_t)cx->o.page_size, "orderPages",
                       (json_int_t)cx->order_pages, "ledgerPages", (json_int_t)cx->ledger_pages,
-                      "largestAnswerBytes", (json_int_t)cx->largest_answer));
+                      "largestAnswerBytes", (json_int_t)cx->largest_answer, "seconds",
+                      (double)cx->audit_ms / 1000.0));
         json_object_set_new(doc, "peakRssKiB", json_integer(peak_rss_kib()));
     }
     s = doc ? json_dumps(doc, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
