@@ -9,8 +9,6 @@
 #include <string.h>
 #include <strings.h>
 
-#include <openssl/sha.h>
-
 #include "util.h"
 #include "banned.h"
 
@@ -132,12 +130,11 @@ static int is_json_type(const char *ct)
  * "sha256:<hex>" of a body that is not fingerprinted as JSON, written into `raw` and returned: it
  * goes in as one more length-prefixed field after the path parameters.
  */
-static const char *body_digest(const char *body, size_t len,
-                               char raw[7 + 2 * SHA256_DIGEST_LENGTH + 1])
+static const char *body_digest(const char *body, size_t len, char raw[7 + 2 * SHA256_BYTES + 1])
 {
-    unsigned char d[SHA256_DIGEST_LENGTH];
+    unsigned char d[SHA256_BYTES];
 
-    SHA256((const unsigned char *)body, len, d);
+    sha256_bytes(body, len, d);
     memcpy(raw, "sha256:", 7);
     hex_encode(d, sizeof d, raw + 7);
     return raw;
@@ -150,7 +147,7 @@ static int compute_fingerprint(const struct route_match *m, const char *method,
     const struct gw_route *r = m->route;
     const char *params[ROUTE_MAX_PARAMS + 1];
     size_t np = m->nparams;
-    char raw[7 + 2 * SHA256_DIGEST_LENGTH + 1];
+    char raw[7 + 2 * SHA256_BYTES + 1];
     json_t *doc = NULL, *picked = NULL;
     char *picked_text = NULL;
     const char *fp_body = NULL;
@@ -223,7 +220,7 @@ static int memo_digest(const struct route_match *m, const char *method, int json
 {
     const struct gw_route *r = m->route;
     const char *fields[ROUTE_MAX_PARAMS + MEMO_MAX_POINTERS + 3];
-    char raw[7 + 2 * SHA256_DIGEST_LENGTH + 1];
+    char raw[7 + 2 * SHA256_BYTES + 1];
     const char *why;
     size_t n = m->nparams;
 

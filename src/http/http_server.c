@@ -580,18 +580,6 @@ static const char *http_date(struct http_loop *lp)
 }
 
 /* Appends `v` in decimal. */
-static void add_decimal(struct strbuf *sb, size_t v)
-{
-    char digits[24];
-    size_t n = sizeof digits;
-
-    do {
-        digits[--n] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v > 0);
-    strbuf_add(sb, digits + n, sizeof digits - n);
-}
-
 static void process_input(struct conn *c);
 static void dispatch(struct conn *c, enum http_loop_verdict v, int keep);
 static void start_reading(struct conn *c);
@@ -663,7 +651,7 @@ static void send_response(struct conn *c, const struct request *rq, int keep_ali
     /* Piece by piece, no printf: this runs once per response on the loop. */
     strbuf_grow(&out, 160 + r->body_len);
     strbuf_add(&out, "HTTP/1.1 ", 9);
-    add_decimal(&out, (size_t)r->status);
+    strbuf_add_uint(&out, (unsigned)r->status);
     strbuf_addch(&out, ' ');
     strbuf_adds(&out, reason_phrase(r->status));
     strbuf_add(&out, "\r\n", 2);
@@ -675,7 +663,7 @@ static void send_response(struct conn *c, const struct request *rq, int keep_ali
     }
     if (!no_body) {
         strbuf_add(&out, "Content-Length: ", 16);
-        add_decimal(&out, r->body_len);
+        strbuf_add_uint(&out, r->body_len);
         strbuf_add(&out, "\r\n", 2);
     }
     strbuf_add(&out, "Date: ", 6);

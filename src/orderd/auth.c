@@ -12,8 +12,6 @@
 #include <string.h>
 #include <time.h>
 
-#include <openssl/evp.h>
-
 #include "idem/idem.h"
 
 #include "log.h"
@@ -23,25 +21,15 @@
 
 #define TOKEN_RANDOM_BYTES 32
 #define TOKEN_MAX_LEN 512
-#define DIGEST_LEN 32
+#define DIGEST_LEN SHA256_BYTES
 #define CACHE_STRIPES 16
 #define CACHE_USER_MAX 63 /* user ids are "usr_" and 32 hex digits; longer ones are not cached */
-
-static void token_digest(const char *token, size_t len, unsigned char md[DIGEST_LEN])
-{
-    unsigned char buf[EVP_MAX_MD_SIZE];
-    unsigned int mdlen = 0;
-
-    if (EVP_Digest(token, len, buf, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != DIGEST_LEN)
-        die("OpenSSL SHA-256 failed");
-    memcpy(md, buf, DIGEST_LEN);
-}
 
 static void token_hash(const char *token, size_t len, char hex[AUTH_HASH_HEX_LEN + 1])
 {
     unsigned char md[DIGEST_LEN];
 
-    token_digest(token, len, md);
+    sha256_bytes(token, len, md);
     hex_encode(md, DIGEST_LEN, hex);
 }
 
@@ -267,7 +255,7 @@ int auth_principal(struct auth_cache *cache, struct idem_store *st, const char *
         rc = 1;
         goto out;
     }
-    token_digest(tok, len, md);
+    sha256_bytes(tok, len, md);
     if (cache != NULL) {
         *user_id = cache_get(cache, md);
         if (*user_id != NULL) {

@@ -81,6 +81,18 @@ char *strbuf_detach(struct strbuf *sb, size_t *len)
     return out;
 }
 
+void strbuf_add_uint(struct strbuf *sb, unsigned long long v)
+{
+    char digits[24];
+    size_t n = sizeof digits;
+
+    do {
+        digits[--n] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v > 0);
+    strbuf_add(sb, digits + n, sizeof digits - n);
+}
+
 void strbuf_reset(struct strbuf *sb)
 {
     sb->len = 0;

@@ -26,6 +26,8 @@ void strbuf_add(struct strbuf *sb, const void *data, size_t len);
 void strbuf_adds(struct strbuf *sb, const char *s);
 void strbuf_addch(struct strbuf *sb, char c);
 void strbuf_addf(struct strbuf *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends `v` in decimal, without printf's cost (response heads and log lines, per request). */
+void strbuf_add_uint(struct strbuf *sb, unsigned long long v);
 /* Hands the bytes out (new, free with free(); never NULL) and empties `sb`. */
 char *strbuf_detach(struct strbuf *sb, size_t *len);
 /* Empties `sb`, keeping its memory for what comes next. */

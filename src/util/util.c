@@ -14,7 +14,9 @@
 #include <string.h>
 #include <time.h>
 
+#include <openssl/evp.h>
 #include <openssl/rand.h>
+#include <pthread.h>
 
 #include "clock.h"
 #include "banned.h"
@@ -89,6 +91,24 @@ void random_bytes(unsigned char *buf, size_t n)
 {
     if (n > 0 && RAND_bytes(buf, (int)n) != 1)
         die("OpenSSL RAND_bytes failed: no secure random numbers");
+}
+
+static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
+static EVP_MD *sha256_fetched;
+
+static void sha256_fetch(void)
+{
+    sha256_fetched = EVP_MD_fetch(NULL, "SHA256", NULL);
+}
+
+void sha256_bytes(const void *data, size_t len, unsigned char out[SHA256_BYTES])
+{
+    unsigned int n = 0;
+
+    pthread_once(&sha256_once, sha256_fetch);
+    if (EVP_Digest(data, len, out, &n, sha256_fetched ? sha256_fetched : EVP_sha256(), NULL) != 1 ||
+        n != SHA256_BYTES)
+        die("OpenSSL SHA-256 failed");
 }
 
 int64_t wall_ms(void)

@@ -2,7 +2,8 @@
  * util.h - the small helpers orderd and provider-sim both lean on: allocation that dies with a
  * message instead of returning NULL (a service that cannot allocate a few bytes cannot answer
  * anyone truthfully), hex, random bytes, clocks, UTC timestamps, strict number parsing of
- * untrusted text and compact JSON text.  Part of idem_util (src/util/), the programs' static library.
+ * untrusted text and compact JSON text.  Part of idem_util (src/util/), the programs' static
+ * library.
  */
 #ifndef IDEM_UTIL_UTIL_H
 #define IDEM_UTIL_UTIL_H
@@ -40,6 +41,14 @@ int hex_decode(const char *in, unsigned char *out, size_t cap, size_t *out_len);
 
 /* Fills `buf` with `n` bytes from OpenSSL's CSPRNG; dies if it cannot (no entropy: no tokens). */
 void random_bytes(unsigned char *buf, size_t n);
+
+/*
+ * The SHA-256 of `len` bytes at `data` into `out` (OpenSSL, its digest fetched once: cheaper than
+ * SHA256() or EVP_sha256() on every call).  Dies if OpenSSL fails, which it only does without
+ * memory.
+ */
+#define SHA256_BYTES 32
+void sha256_bytes(const void *data, size_t len, unsigned char out[SHA256_BYTES]);
 
 /* Milliseconds since the epoch (CLOCK_REALTIME). */
 int64_t wall_ms(void);
