@@ -143,11 +143,31 @@ static void *killer_main(void *arg)
 
 /* ---- progress ------------------------------------------------------------------------------- */
 
+#define PROGRESS_LINE_MS 10000
+
+/*
+ * The drive's progress on stderr: on a terminal a bar redrawn in place (every call, 5 a second);
+ * elsewhere (a pipe, a log file) a plain line every PROGRESS_LINE_MS and a last one, so a log
+ * gets a line every few seconds rather than thousands of bar frames.
+ */
 static void progress(struct chaos *cx, int final)
 {
     long done = atomic_load(&cx->done), n = cx->o.intents;
+    long long now = ck_now_ms();
     int filled = n ? (int)(done * 30 / n) : 30, i;
     char bar[31];
+
+    if (!cx->tty) {
+        if (!final && cx->progress_line_ms && now - cx->progress_line_ms < PROGRESS_LINE_MS)
+            return;
+        if (!cx->progress_line_ms)
+            cx->progress_started_ms = now;
+        cx->progress_line_ms = now;
+        fprintf(stderr, "chaos: %ld/%ld intents, %ld retries, %ld kills (%lld s)\n", done, n,
+                atomic_load(&cx->retries), atomic_load(&cx->kills),
+                (now - cx->progress_started_ms) / 1000);
+        return;
+    }
     for (i = 0; i < 30; i++)
         bar[i] = i < filled ? '#' : ' ';
     bar[30] = '\0';

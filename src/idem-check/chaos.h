@@ -213,6 +213,8 @@ struct chaos {
     /* the audit's progress line (chaos.c), on a terminal only */
     int tty, progress_shown;
     long long progress_ms;
+    /* the drive's progress off a terminal: when the last line was printed, and the first */
+    long long progress_line_ms, progress_started_ms;
 };
 
 long long ck_now_ms(void);
