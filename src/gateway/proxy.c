@@ -49,12 +49,15 @@ struct note {
     char principal[PRINCIPAL_MAX + 1];
     char key[IDEM_KEY_MAX + 1];
     unsigned char fp[IDEM_FP_LEN];
+    /* A passed-through answer too large to hold, for a worker to stream (its reply->rest). */
+    struct http_reply passed;
 };
 
 static void note_free(void *p)
 {
     struct note *n = p;
     route_match_clear(&n->m);
+    http_reply_clear(&n->passed);
     free(n);
 }
 
@@ -228,18 +231,23 @@ static int storable(const struct gw_route *r, int status)
  * Completes the record with a problem saying the upstream acted but its answer was not kept
  * (too large to store): a retry learns that, and never runs the request again.
  */
-static int complete_not_stored(struct idem_call *call, size_t size)
+/* `size`: the response's length, or UINT64_MAX for "more than `at_least`" (streamed, unknown). */
+static int complete_not_stored(struct idem_call *call, uint64_t size, size_t at_least)
 {
     struct idem_header h = {"Content-Type", CONTENT_TYPE_PROBLEM};
-    char detail[300];
+    char detail[300], how_large[64];
     size_t len = 0;
     char *body;
     int rc;
 
+    if (size == UINT64_MAX)
+        snprintf(how_large, sizeof how_large, "over %zu bytes", at_least);
+    else
+        snprintf(how_large, sizeof how_large, "%llu bytes", (unsigned long long)size);
     snprintf(detail, sizeof detail,
-             "The request was executed, but its response (%zu bytes) was too large to store, so "
-             "it cannot be replayed. Read the result from the API itself.",
-             size);
+             "The request was executed, but its response (%s) was too large to store, so it "
+             "cannot be replayed. Read the result from the API itself.",
+             how_large);
     body = problem_body(410, "response-not-stored", detail, &len);
     rc = idem_call_complete(call, 410, &h, 1, body, len);
     free(body);
@@ -297,8 +305,10 @@ static void settle(struct gateway *gw, const struct note *n, struct idem_call *c
         resp->outcome = "executed";
         if (!storable(r, ur->status))
             rc = idem_call_forget(call);
+        else if (ur->rest != NULL)
+            rc = complete_not_stored(call, http_body_stream_length(ur->rest), r->max_stored_body);
         else if (ur->body_len > r->max_stored_body)
-            rc = complete_not_stored(call, ur->body_len);
+            rc = complete_not_stored(call, ur->body_len, 0);
         else {
             struct idem_header *h = xcalloc(ur->nheaders + 1, sizeof *h);
             for (size_t i = 0; i < ur->nheaders; i++) {
@@ -316,7 +326,7 @@ static void settle(struct gateway *gw, const struct note *n, struct idem_call *c
         relay(ur, resp);
         return;
     case HTTP_FETCH_TOO_LARGE:
-        rc = complete_not_stored(call, ur->body_len);
+        rc = complete_not_stored(call, UINT64_MAX, ur->body_len);
         if (rc < 0)
             log_msg(&gw->log, "error", "%s: cannot settle a record: %s", r->operation,
                     idem_call_errmsg(call));
@@ -339,21 +349,54 @@ static void settle(struct gateway *gw, const struct note *n, struct idem_call *c
     }
 }
 
-/* One exchange with the upstream for `rq`, as `method` `target` (the request's own, or a GET). */
+/*
+ * One exchange with the upstream for `rq`, as `method` `target` (the request's own, or a GET).
+ * With `may_stream`, an answer over the route's max_stored_body comes with ur->rest for the rest
+ * of its body (upstream_exchange).
+ */
 static enum http_fetch_result exchange(struct gateway *gw, const struct request *rq,
                                        const struct note *n, const char *method, const char *target,
-                                       int with_body, struct http_reply *ur, char *err,
-                                       size_t errlen)
+                                       int with_body, int may_stream, struct http_reply *ur,
+                                       char *err, size_t errlen)
 {
     struct forwarded f;
     enum http_fetch_result res;
 
     forwarded_build(rq, n, method, target, with_body, &f);
-    res = upstream_exchange(gw->upstream, &f.urq, ur, err, errlen);
+    res = upstream_exchange(gw->upstream, &f.urq, may_stream ? n->m.route->max_stored_body : 0,
+                            may_stream, ur, err, errlen);
     if (res == HTTP_FETCH_OK || res == HTTP_FETCH_TOO_LARGE)
         gw_metrics_upstream(gw->metrics, ur->seconds);
     forwarded_release(&f);
     return res;
+}
+
+/*
+ * The rest of an answer too large to hold, from the upstream to the client as it comes (on a
+ * worker: both sides may block, each for its own timeout per stall).  A keyed request's record is
+ * settled already ("not stored"), so whatever happens to this stream a retry is answered 410 and
+ * nothing runs twice.  A stream that breaks (the upstream stalls or cuts it, the client stops
+ * reading) ends the client's connection, so it sees a body cut short, never a whole one.
+ */
+static void stream_rest(struct gateway *gw, const struct request *rq, const char *what,
+                        struct http_body_stream *st, struct response *resp)
+{
+    struct strbuf piece = STRBUF_INIT;
+    char err[300];
+    int got = 1;
+
+    if (http_stream_begin(rq, resp, http_body_stream_length(st)) == 0 &&
+        http_stream_write(rq, resp->body, resp->body_len) == 0) {
+        while ((got = http_body_stream_next(st, &piece, err, sizeof err)) > 0) {
+            if (http_stream_write(rq, piece.buf, piece.len) != 0)
+                break;
+            strbuf_reset(&piece);
+        }
+    }
+    if (got < 0)
+        log_msg(&gw->log, "warn", "%s: a streamed answer ended short: %s", what, err);
+    http_stream_end(rq, got == 0);
+    strbuf_release(&piece);
 }
 
 static void forward_and_settle(struct gateway *gw, const struct request *rq, const struct note *n,
@@ -363,8 +406,11 @@ static void forward_and_settle(struct gateway *gw, const struct request *rq, con
     char err[300];
     enum http_fetch_result res;
 
-    res = exchange(gw, rq, n, rq->method, rq->target, 1, &ur, err, sizeof err);
+    res = exchange(gw, rq, n, rq->method, rq->target, 1, 1, &ur, err, sizeof err);
     settle(gw, n, call, res, &ur, err, resp);
+    /* Unless the answer could not be passed on (relay() made it a 502), the rest follows. */
+    if (ur.rest != NULL && resp->status == ur.status)
+        stream_rest(gw, rq, n->m.route->operation, ur.rest, resp);
     http_reply_clear(&ur);
 }
 
@@ -443,7 +489,7 @@ static void run_unknown(struct gateway *gw, const struct request *rq, const stru
         return;
     case GW_UNKNOWN_RECONCILE:
         reconcile_target(n, &target);
-        res = exchange(gw, rq, n, "GET", target.buf, 0, &ur, err, sizeof err);
+        res = exchange(gw, rq, n, "GET", target.buf, 0, 0, &ur, err, sizeof err);
         strbuf_release(&target);
         if (res == HTTP_FETCH_OK && ur.status == 404) {
             /* It never happened: this attempt is the first to run. */
@@ -744,6 +790,12 @@ static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *r
             http_fetch_cancel(pk->fetch); /* no wake-up can come after this */
             resp->outcome = "passed";
             response_problem(resp, 504, "upstream-timeout", "The upstream did not answer in time.");
+        } else if (pk->reply.rest != NULL && n != NULL) {
+            /* Too large to hold: a worker streams it (proxy_handle), the loop must not block. */
+            n->passed = pk->reply;
+            memset(&pk->reply, 0, sizeof pk->reply);
+            free(pk);
+            return HTTP_LOOP_WORKER;
         } else {
             answer_passed(pk->res, &pk->reply, pk->err, resp);
         }
@@ -773,6 +825,14 @@ static void proxy_handle(void *ctx, const struct request *rq, struct response *r
     int64_t t0;
     int rc;
 
+    if (n && n->passed.rest) {
+        /* A request passed through whose answer is too large to hold (proxy_on_unpark). */
+        resp->outcome = "passed";
+        if (relay(&n->passed, resp) == 0)
+            stream_rest(gw, rq, "a request passed through", n->passed.rest, resp);
+        http_reply_clear(&n->passed);
+        return;
+    }
     /* on_loop passed every other request through itself, and prepared this one. */
     if (!n || !n->m.route || !n->keyed || !n->prepared) {
         response_problem(resp, 500, "internal-error", "The request reached no handler.");

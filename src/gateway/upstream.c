@@ -252,12 +252,13 @@ static int write_all(int fd, struct iovec *iov, int n, int64_t deadline, size_t 
  * *reusable says whether the connection may carry another exchange.
  */
 static enum http_fetch_result read_answer(struct http_reply_reader *r, int fd, int64_t deadline,
-                                          struct http_reply *resp, int *reusable, char *err,
-                                          size_t errlen)
+                                          struct http_reply *resp, int *reusable, int *streaming,
+                                          char *err, size_t errlen)
 {
     char buf[16384];
 
     *reusable = 0;
+    *streaming = 0;
     for (;;) {
         ssize_t n = read(fd, buf, sizeof buf);
         if (n < 0 && errno == EINTR)
@@ -287,6 +288,9 @@ static enum http_fetch_result read_answer(struct http_reply_reader *r, int fd, i
         case HTTP_REPLY_TOO_LARGE:
             snprintf(err, errlen, "the answer's body is over %zu bytes", r->max_body);
             return HTTP_FETCH_TOO_LARGE;
+        case HTTP_REPLY_STREAM:
+            *streaming = 1;
+            return HTTP_FETCH_OK;
         case HTTP_REPLY_BAD:
             snprintf(err, errlen, "the upstream's answer is not valid HTTP: %s",
                      http_reply_reader_error(r));
@@ -302,7 +306,8 @@ static enum http_fetch_result read_answer(struct http_reply_reader *r, int fd, i
 }
 
 enum http_fetch_result upstream_exchange(struct upstream *up, const struct upstream_request *rq,
-                                         struct http_reply *resp, char *err, size_t errlen)
+                                         size_t hold_max, int may_stream, struct http_reply *resp,
+                                         char *err, size_t errlen)
 {
     struct strbuf head = STRBUF_INIT;
     struct http_reply_reader r;
@@ -310,7 +315,7 @@ enum http_fetch_result upstream_exchange(struct upstream *up, const struct upstr
     enum http_fetch_result res;
     int64_t start_ns, deadline;
     size_t sent = 0;
-    int reusable = 0;
+    int reusable = 0, streaming = 0;
     int fd;
 
     memset(resp, 0, sizeof *resp);
@@ -321,7 +326,10 @@ enum http_fetch_result upstream_exchange(struct upstream *up, const struct upstr
     if (fd < 0)
         return HTTP_FETCH_NOT_SENT;
 
-    http_reply_reader_init(&r, up->opts.max_response_bytes, strcmp(rq->method, "HEAD") == 0);
+    http_reply_reader_init(&r, hold_max ? hold_max : up->opts.max_response_bytes,
+                           strcmp(rq->method, "HEAD") == 0);
+    if (may_stream)
+        http_reply_reader_allow_stream(&r);
     build_head(up, rq, &head);
     iov[0].iov_base = head.buf;
     iov[0].iov_len = head.len;
@@ -337,13 +345,19 @@ enum http_fetch_result upstream_exchange(struct upstream *up, const struct upstr
         res = sent == 0 ? HTTP_FETCH_NOT_SENT : HTTP_FETCH_UNKNOWN;
         goto out;
     }
-    res = read_answer(&r, fd, deadline, resp, &reusable, err, errlen);
+    res = read_answer(&r, fd, deadline, resp, &reusable, &streaming, err, errlen);
     if (res == HTTP_FETCH_OK || res == HTTP_FETCH_TOO_LARGE) {
         int timed_out = resp->timed_out;
         http_reply_reader_take(&r, resp);
         resp->timed_out = timed_out;
     }
     resp->seconds = (double)(mono_ns() - start_ns) / 1e9;
+    if (streaming) {
+        /* The rest of the body is the caller's to read: the reader and the connection go along. */
+        resp->rest = http_body_stream_new(&r, fd, up->opts.timeout_ms);
+        strbuf_release(&head);
+        return res;
+    }
 out:
     strbuf_release(&head);
     http_reply_reader_release(&r);
@@ -362,7 +376,9 @@ int upstream_start(struct upstream *up, const struct upstream_request *rq, http_
 
     build_head(up, rq, &head);
     rc = http_fetch_start(up->async, head.buf, head.len, rq->body, rq->body_len,
-                          strcmp(rq->method, "HEAD") == 0, done, arg, fetch);
+                          (strcmp(rq->method, "HEAD") == 0 ? HTTP_FETCH_HEAD : 0) |
+                              HTTP_FETCH_MAY_STREAM,
+                          done, arg, fetch);
     strbuf_release(&head);
     return rc;
 }

@@ -49,13 +49,18 @@ struct upstream_request {
  * One exchange on the calling (worker) thread, blocking it for at most connect_timeout_ms +
  * timeout_ms.  Fills `resp` (initialised by the call; http_reply_clear() it) on HTTP_FETCH_OK and
  * HTTP_FETCH_TOO_LARGE (status and headers); `err` receives a sentence on every other result.
+ * A body over `hold_max` bytes (0: the upstream's max_response_bytes) is TOO_LARGE -- unless
+ * `may_stream`: then the answer is HTTP_FETCH_OK with the head and the body's first bytes in
+ * `resp`, and the rest in resp->rest (http_body_stream_next()).
  */
 enum http_fetch_result upstream_exchange(struct upstream *up, const struct upstream_request *rq,
-                                         struct http_reply *resp, char *err, size_t errlen);
+                                         size_t hold_max, int may_stream, struct http_reply *resp,
+                                         char *err, size_t errlen);
 
 /*
  * The same exchange started from an event-loop thread without blocking it (http_fetch_start):
- * `done` runs on that loop when it ends.  Returns 0 with *fetch, or -1 off a loop thread.
+ * `done` runs on that loop when it ends.  An answer over max_response_bytes comes with
+ * reply->rest, for a worker to stream.  Returns 0 with *fetch, or -1 off a loop thread.
  */
 int upstream_start(struct upstream *up, const struct upstream_request *rq, http_fetch_done done,
                    void *arg, struct http_fetch **fetch);

@@ -9,13 +9,16 @@
  */
 #include "http_client.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include <uv.h>
 
@@ -47,6 +50,7 @@ const char *http_fetch_result_name(enum http_fetch_result r)
 
 void http_reply_clear(struct http_reply *reply)
 {
+    http_body_stream_close(reply->rest);
     free(reply->headers);
     free(reply->store_);
     free(reply->body);
@@ -64,6 +68,8 @@ const char *http_reply_header(const struct http_reply *reply, const char *name)
 static int on_field(http_parser *hp, const char *at, size_t len)
 {
     struct http_reply_reader *r = hp->data;
+    if (r->head_done)
+        return 0; /* a chunked body's trailer fields: not passed on */
     if (r->in_value || r->nfields == 0) {
         if (r->nfields > 0)
             strbuf_add(&r->head, "", 1); /* ends the last value */
@@ -86,6 +92,8 @@ static int on_field(http_parser *hp, const char *at, size_t len)
 static int on_value(http_parser *hp, const char *at, size_t len)
 {
     struct http_reply_reader *r = hp->data;
+    if (r->head_done)
+        return 0;
     if (r->nfields == 0)
         return -1;
     if (!r->in_value) {
@@ -114,8 +122,15 @@ static int on_headers_complete(http_parser *hp)
     if (r->nfields > 0)
         strbuf_add(&r->head, "", 1);
     if (hp->content_length != ULLONG_MAX && hp->content_length > r->max_body) {
-        r->too_large = 1;
-        return -1;
+        if (!r->may_stream) {
+            r->too_large = 1;
+            return -1;
+        }
+        r->streaming = 1;
+    }
+    if (hp->status_code >= 200) {
+        r->head_done = 1;
+        r->length = r->head_request ? ULLONG_MAX : hp->content_length;
     }
     /* 1 tells http-parser there is no body (HEAD; 1xx, 204 and 304 it knows itself). */
     return r->head_request ? 1 : 0;
@@ -124,9 +139,13 @@ static int on_headers_complete(http_parser *hp)
 static int on_body(http_parser *hp, const char *at, size_t len)
 {
     struct http_reply_reader *r = hp->data;
-    if (r->body.len + len > r->max_body) {
-        r->too_large = 1;
-        return -1;
+    /* Streaming, the caller takes what each feed decoded: `body` holds one read at most. */
+    if (!r->streaming && r->body.len + len > r->max_body) {
+        if (!r->may_stream) {
+            r->too_large = 1;
+            return -1;
+        }
+        r->streaming = 1;
     }
     strbuf_add(&r->body, at, len);
     return 0;
@@ -181,6 +200,10 @@ enum http_reply_read http_reply_reader_feed(struct http_reply_reader *r, const c
         return HTTP_REPLY_TOO_LARGE;
     if (HTTP_PARSER_ERRNO(&r->hp) != HPE_OK || used != len)
         return HTTP_REPLY_BAD;
+    if (r->streaming && !r->stream_told) {
+        r->stream_told = 1;
+        return HTTP_REPLY_STREAM;
+    }
     return HTTP_REPLY_MORE;
 }
 
@@ -199,6 +222,22 @@ const char *http_reply_reader_error(const struct http_reply_reader *r)
     return http_errno_description(HTTP_PARSER_ERRNO(&r->hp));
 }
 
+void http_reply_reader_allow_stream(struct http_reply_reader *r)
+{
+    r->may_stream = 1;
+}
+
+uint64_t http_reply_reader_length(const struct http_reply_reader *r)
+{
+    return r->head_done && r->length != ULLONG_MAX ? (uint64_t)r->length : UINT64_MAX;
+}
+
+void http_reply_reader_take_body(struct http_reply_reader *r, struct strbuf *into)
+{
+    strbuf_add(into, r->body.buf, r->body.len);
+    strbuf_reset(&r->body);
+}
+
 void http_reply_reader_take(struct http_reply_reader *r, struct http_reply *out)
 {
     size_t len = 0;
@@ -214,6 +253,89 @@ void http_reply_reader_take(struct http_reply_reader *r, struct http_reply *out)
     out->nheaders = r->nfields;
     if (r->body.len > 0)
         out->body = strbuf_detach(&r->body, &out->body_len);
+}
+
+/* ---- the rest of a streamed answer ------------------------------------------------------- */
+
+struct http_body_stream *http_body_stream_new(struct http_reply_reader *r, int fd, int timeout_ms)
+{
+    struct http_body_stream *st = xcalloc(1, sizeof *st);
+
+    st->fd = fd;
+    st->reader = *r;
+    st->reader.hp.data = &st->reader; /* the parser's callbacks find the reader there */
+    st->timeout_ms = timeout_ms;
+    memset(r, 0, sizeof *r);
+    return st;
+}
+
+uint64_t http_body_stream_length(const struct http_body_stream *st)
+{
+    return http_reply_reader_length(&st->reader);
+}
+
+int http_body_stream_next(struct http_body_stream *st, struct strbuf *into, char *err,
+                          size_t errlen)
+{
+    char buf[65536];
+
+    while (!st->done) {
+        ssize_t n = read(st->fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            /* The timeout is per stall, not for the whole body: a large one takes its time. */
+            struct pollfd p = {.fd = st->fd, .events = POLLIN};
+            int w = poll(&p, 1, st->timeout_ms);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w == 0) {
+                snprintf(err, errlen, "the upstream stopped sending the body for %d ms",
+                         st->timeout_ms);
+                return -1;
+            }
+            if (w < 0) {
+                snprintf(err, errlen, "poll: %s", strerror(errno));
+                return -1;
+            }
+            continue;
+        }
+        if (n < 0) {
+            snprintf(err, errlen, "reading the body: %s", strerror(errno));
+            return -1;
+        }
+        switch (http_reply_reader_feed(&st->reader, buf, (size_t)n)) {
+        case HTTP_REPLY_DONE:
+            st->done = 1;
+            break;
+        case HTTP_REPLY_MORE:
+        case HTTP_REPLY_STREAM:
+            if (n == 0) {
+                snprintf(err, errlen, "the upstream closed the connection within the body");
+                return -1;
+            }
+            break;
+        case HTTP_REPLY_TOO_LARGE:
+        case HTTP_REPLY_BAD:
+            snprintf(err, errlen, "the upstream's body is not valid HTTP: %s",
+                     http_reply_reader_error(&st->reader));
+            return -1;
+        }
+        if (st->reader.body.len > 0) {
+            http_reply_reader_take_body(&st->reader, into);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+void http_body_stream_close(struct http_body_stream *st)
+{
+    if (st == NULL)
+        return;
+    close(st->fd);
+    http_reply_reader_release(&st->reader);
+    free(st);
 }
 
 /* ---- fetching from an event loop --------------------------------------------------------- */
@@ -259,7 +381,7 @@ struct http_fetch {
     void *arg;
     char *out; /* head and body */
     size_t out_len;
-    int head_request;
+    unsigned flags; /* HTTP_FETCH_* */
     int64_t start_ns;
 };
 
@@ -475,6 +597,23 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         finish(f, HTTP_FETCH_OK, &reply, "");
         http_reply_clear(&reply);
         return;
+    case HTTP_REPLY_STREAM: {
+        /* The rest is for a thread that may block: the socket goes along, the handle closes. */
+        uv_os_fd_t fd = -1;
+        http_reply_reader_take(&c->rr, &reply);
+        if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)
+            fd = dup(fd);
+        if (fd < 0) {
+            http_reply_clear(&reply);
+            fail(c, HTTP_FETCH_UNKNOWN, 0, "cannot keep the upstream connection for the body");
+            return;
+        }
+        reply.rest = http_body_stream_new(&c->rr, fd, c->pool->cl->opts.timeout_ms);
+        fconn_close(c);
+        finish(f, HTTP_FETCH_OK, &reply, "");
+        http_reply_clear(&reply);
+        return;
+    }
     case HTTP_REPLY_TOO_LARGE:
         http_reply_reader_take(&c->rr, &reply);
         fconn_close(c);
@@ -510,7 +649,10 @@ static void send_on(struct fconn *c)
     int rc;
 
     http_reply_reader_release(&c->rr);
-    http_reply_reader_init(&c->rr, c->pool->cl->opts.max_response_bytes, f->head_request);
+    http_reply_reader_init(&c->rr, c->pool->cl->opts.max_response_bytes,
+                           (f->flags & HTTP_FETCH_HEAD) != 0);
+    if (f->flags & HTTP_FETCH_MAY_STREAM)
+        http_reply_reader_allow_stream(&c->rr);
     f->start_ns = mono_ns();
     rc = uv_write(&c->write, (uv_stream_t *)&c->tcp, &buf, 1, write_cb);
     if (rc < 0) {
@@ -567,7 +709,7 @@ static struct fconn *take_idle(struct loop_pool *p)
 }
 
 int http_fetch_start(struct http_client *cl, const char *head, size_t head_len, const char *body,
-                     size_t body_len, int head_request, http_fetch_done done, void *arg,
+                     size_t body_len, unsigned flags, http_fetch_done done, void *arg,
                      struct http_fetch **fetch)
 {
     uv_loop_t *loop = http_loop_current();
@@ -585,7 +727,7 @@ int http_fetch_start(struct http_client *cl, const char *head, size_t head_len, 
     f = xcalloc(1, sizeof *f);
     f->done = done;
     f->arg = arg;
-    f->head_request = head_request;
+    f->flags = flags;
     f->out_len = head_len + body_len;
     f->out = xmalloc(f->out_len + 1);
     memcpy(f->out, head, head_len);

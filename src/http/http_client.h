@@ -47,6 +47,8 @@ struct http_reply_header {
     const char *value;
 };
 
+struct http_body_stream;
+
 /* An answer; its strings live until http_reply_clear(). */
 struct http_reply {
     int status;
@@ -56,7 +58,13 @@ struct http_reply {
     size_t body_len;
     double seconds; /* first byte sent to the end of the answer */
     int timed_out;  /* HTTP_FETCH_UNKNOWN because the timeout passed (not a reset or a close) */
-    char *store_;   /* internal: the header bytes */
+    /*
+     * Set when the exchange was allowed to stream and the body is over its cap: `body` holds
+     * its first bytes, the rest is read from here (http_body_stream_next).  Closed by
+     * http_reply_clear() unless taken (set to NULL).
+     */
+    struct http_body_stream *rest;
+    char *store_; /* internal: the header bytes */
 };
 
 void http_reply_clear(struct http_reply *reply);
@@ -73,7 +81,12 @@ struct http_reply_reader {
     int in_value;
     struct strbuf body;
     size_t max_body;
-    int head_request; /* HEAD: the answer has no body whatever it announces */
+    int head_request;          /* HEAD: the answer has no body whatever it announces */
+    int head_done;             /* the final answer's head is in (trailer fields are not kept) */
+    unsigned long long length; /* its Content-Length, ULLONG_MAX when it has none */
+    int may_stream;            /* http_reply_reader_allow_stream() */
+    int streaming;             /* the body is over max_body: the caller takes it as it comes */
+    int stream_told;
     int too_large;
     int too_many;
     int bad_status;
@@ -85,12 +98,24 @@ enum http_reply_read {
     HTTP_REPLY_DONE,      /* the whole answer is in */
     HTTP_REPLY_TOO_LARGE, /* its body is over max_body */
     HTTP_REPLY_BAD,       /* not HTTP */
+    HTTP_REPLY_STREAM,    /* allowed to stream: the head is in and the body is over max_body */
 };
 
 void http_reply_reader_init(struct http_reply_reader *r, size_t max_body, int head_request);
 /* Reads `len` bytes; len 0 is the end of the stream (a body delimited by close completes). */
 enum http_reply_read http_reply_reader_feed(struct http_reply_reader *r, const char *data,
                                             size_t len);
+/*
+ * Lets the body grow past max_body: instead of TOO_LARGE, feed() says STREAM once (the head is in,
+ * and the body announced or read so far is over max_body), and from then on the caller takes
+ * what each feed decoded with http_reply_reader_take_body() and passes it on, until DONE.  What
+ * the reader holds stays bounded by what one feed brings.
+ */
+void http_reply_reader_allow_stream(struct http_reply_reader *r);
+/* Appends the body bytes decoded so far to `into` and forgets them. */
+void http_reply_reader_take_body(struct http_reply_reader *r, struct strbuf *into);
+/* Once the head is in: the body's announced length, or UINT64_MAX (chunked, or to the close). */
+uint64_t http_reply_reader_length(const struct http_reply_reader *r);
 /* After DONE: whether the connection may carry another exchange (all bytes were this answer's). */
 int http_reply_reader_reusable(const struct http_reply_reader *r);
 /* After DONE or TOO_LARGE: moves status, headers and body into `out` (initialised here). */
@@ -98,6 +123,31 @@ void http_reply_reader_take(struct http_reply_reader *r, struct http_reply *out)
 /* A sentence for HTTP_REPLY_BAD. */
 const char *http_reply_reader_error(const struct http_reply_reader *r);
 void http_reply_reader_release(struct http_reply_reader *r);
+
+/* ---- the rest of a streamed answer, read by a thread that may block ------------------------ */
+
+struct http_body_stream {
+    int fd; /* the upstream connection, never pooled again */
+    struct http_reply_reader reader;
+    int timeout_ms; /* for each stall of the upstream, not for the whole body */
+    int done;
+};
+
+/*
+ * Moves `r` (which said HTTP_REPLY_STREAM, its head and first bytes taken) and the connection
+ * `fd` (blocking or not) into a new stream; `r` is left empty.
+ */
+struct http_body_stream *http_body_stream_new(struct http_reply_reader *r, int fd, int timeout_ms);
+/* The body's announced length, or UINT64_MAX (chunked, or until the close). */
+uint64_t http_body_stream_length(const struct http_body_stream *st);
+/*
+ * Appends the body's next bytes to `into`: 1 when some came, 0 when the body is whole, -1 with a
+ * sentence in `err` when it ended short (a stall of timeout_ms, a reset, a close).
+ */
+int http_body_stream_next(struct http_body_stream *st, struct strbuf *into, char *err,
+                          size_t errlen);
+/* Closes the connection and frees; NULL is a no-op. */
+void http_body_stream_close(struct http_body_stream *st);
 
 /* ---- fetching from an event loop -------------------------------------------------------- */
 
@@ -127,13 +177,20 @@ struct http_fetch;
 typedef void (*http_fetch_done)(void *arg, enum http_fetch_result res, struct http_reply *reply,
                                 const char *err);
 
+/* http_fetch_start()'s flags. */
+#define HTTP_FETCH_HEAD 1       /* a HEAD request: the answer has no body */
+#define HTTP_FETCH_MAY_STREAM 2 /* a body over max_response_bytes comes in reply->rest */
+
 /*
  * Sends `head` (the whole request head, CRLFs included) and `body` (both copied) and calls `done`
- * when the exchange ends.  Only on an event-loop thread of an HTTP server; never blocks.  Returns
- * 0 with *fetch (for http_fetch_cancel, valid until `done` runs), or -1 off a loop thread.
+ * when the exchange ends.  Only on an event-loop thread of an HTTP server; never blocks.  With
+ * HTTP_FETCH_MAY_STREAM, an answer whose body is over max_response_bytes ends the exchange as
+ * HTTP_FETCH_OK with reply->rest: the rest of the body is for a thread that may block to read.
+ * Returns 0 with *fetch (for http_fetch_cancel, valid until `done` runs), or -1 off a loop
+ * thread.
  */
 int http_fetch_start(struct http_client *cl, const char *head, size_t head_len, const char *body,
-                     size_t body_len, int head_request, http_fetch_done done, void *arg,
+                     size_t body_len, unsigned flags, http_fetch_done done, void *arg,
                      struct http_fetch **fetch);
 
 /* Ends an exchange that has not called `done` yet; `done` is then never called. */

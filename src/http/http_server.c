@@ -28,7 +28,9 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/resource.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -107,6 +109,10 @@ struct conn {
     uv_shutdown_t sd;
     char *out;
     size_t drained;
+    /* A body its handler streams from its worker (http_stream_begin), STREAM_*; 0: none. */
+    int stream;
+    int stream_chunked, stream_body;
+    uint64_t stream_length, stream_sent;
 
     char peer[INET6_ADDRSTRLEN];
     unsigned char ip[16];
@@ -566,20 +572,27 @@ static const char *reason_phrase(int status)
     }
 }
 
+/* The Date header's value for `t` (IMF-fixdate) into `out`. */
+static void format_date(time_t t, char out[48])
+{
+    struct tm tm;
+
+    gmtime_r(&t, &tm);
+    strftime(out, 48, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+}
+
+/* Now, as the loop's cached Date (formatted once a second). */
 static const char *http_date(struct http_loop *lp)
 {
     time_t now = time(NULL);
-    struct tm tm;
 
     if (now != lp->date_at) {
-        gmtime_r(&now, &tm);
-        strftime(lp->date, sizeof lp->date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+        format_date(now, lp->date);
         lp->date_at = now;
     }
     return lp->date;
 }
 
-/* Appends `v` in decimal. */
 static void process_input(struct conn *c);
 static void dispatch(struct conn *c, enum http_loop_verdict v, int keep);
 static void start_reading(struct conn *c);
@@ -634,13 +647,57 @@ static void on_write(uv_write_t *wr, int status)
  * Writes `c->resp` as the answer to the current request (rq may be the stub of a request refused
  * early), then keeps the connection or closes it.
  */
+/* How a response's body is delimited. */
+enum framing {
+    FRAME_LENGTH,  /* Content-Length: the body's length (or none, for a status without a body) */
+    FRAME_CHUNKED, /* Transfer-Encoding: chunked (a streamed body of unknown length) */
+    FRAME_CLOSE,   /* the end of the connection (the same, to an HTTP/1.0 client) */
+};
+
+/* The status line and header fields of `r` into `out`, with `framing` for a `length`-byte body. */
+static void add_head(const struct conn *c, const struct response *r, int keep_alive,
+                     enum framing framing, unsigned long long length, const char *date,
+                     struct strbuf *out)
+{
+    int no_body = r->status == 204 || r->status == 304 || (r->status >= 100 && r->status < 200);
+    size_t i;
+
+    /* Piece by piece, no printf: this runs once per response. */
+    strbuf_add(out, "HTTP/1.1 ", 9);
+    strbuf_add_uint(out, (unsigned)r->status);
+    strbuf_addch(out, ' ');
+    strbuf_adds(out, reason_phrase(r->status));
+    strbuf_add(out, "\r\n", 2);
+    for (i = 0; i < r->nheaders; i++) {
+        strbuf_adds(out, r->headers[i].name);
+        strbuf_add(out, ": ", 2);
+        strbuf_adds(out, r->headers[i].value);
+        strbuf_add(out, "\r\n", 2);
+    }
+    if (!no_body && framing == FRAME_LENGTH) {
+        strbuf_add(out, "Content-Length: ", 16);
+        strbuf_add_uint(out, length);
+        strbuf_add(out, "\r\n", 2);
+    } else if (!no_body && framing == FRAME_CHUNKED) {
+        strbuf_adds(out, "Transfer-Encoding: chunked\r\n");
+    }
+    strbuf_add(out, "Date: ", 6);
+    strbuf_adds(out, date);
+    strbuf_add(out, "\r\n", 2);
+    if (!keep_alive)
+        strbuf_adds(out, "Connection: close\r\n");
+    else if (c->rp.hp.http_major == 1 && c->rp.hp.http_minor == 0)
+        strbuf_adds(out, "Connection: keep-alive\r\n");
+    strbuf_add(out, "\r\n", 2);
+}
+
 static void send_response(struct conn *c, const struct request *rq, int keep_alive)
 {
     struct http_loop *lp = c->lp;
     const struct response *r = &c->resp;
     struct strbuf out = STRBUF_INIT;
     uv_buf_t buf;
-    size_t i, len;
+    size_t len;
     int head_only = rq->method != NULL && strcmp(rq->method, "HEAD") == 0;
     int no_body = r->status == 204 || r->status == 304 || (r->status >= 100 && r->status < 200);
     int n;
@@ -648,32 +705,8 @@ static void send_response(struct conn *c, const struct request *rq, int keep_ali
     if (atomic_load(&lp->srv->stopping))
         keep_alive = 0;
     c->keep_alive = keep_alive;
-    /* Piece by piece, no printf: this runs once per response on the loop. */
     strbuf_grow(&out, 160 + r->body_len);
-    strbuf_add(&out, "HTTP/1.1 ", 9);
-    strbuf_add_uint(&out, (unsigned)r->status);
-    strbuf_addch(&out, ' ');
-    strbuf_adds(&out, reason_phrase(r->status));
-    strbuf_add(&out, "\r\n", 2);
-    for (i = 0; i < r->nheaders; i++) {
-        strbuf_adds(&out, r->headers[i].name);
-        strbuf_add(&out, ": ", 2);
-        strbuf_adds(&out, r->headers[i].value);
-        strbuf_add(&out, "\r\n", 2);
-    }
-    if (!no_body) {
-        strbuf_add(&out, "Content-Length: ", 16);
-        strbuf_add_uint(&out, r->body_len);
-        strbuf_add(&out, "\r\n", 2);
-    }
-    strbuf_add(&out, "Date: ", 6);
-    strbuf_adds(&out, http_date(lp));
-    strbuf_add(&out, "\r\n", 2);
-    if (!keep_alive)
-        strbuf_adds(&out, "Connection: close\r\n");
-    else if (c->rp.hp.http_major == 1 && c->rp.hp.http_minor == 0)
-        strbuf_adds(&out, "Connection: keep-alive\r\n");
-    strbuf_add(&out, "\r\n", 2);
+    add_head(c, r, keep_alive, FRAME_LENGTH, r->body_len, http_date(lp), &out);
     if (!head_only && !no_body && r->body_len > 0)
         strbuf_add(&out, r->body, r->body_len);
 
@@ -709,6 +742,162 @@ static void send_problem(struct conn *c, const struct request *rq, int status, c
     response_init(&c->resp);
     response_problem(&c->resp, status, code, detail);
     send_response(c, rq, keep_alive);
+}
+
+/* ---- a body its handler streams (http_stream_begin) --------------------------------------- */
+
+#define STREAM_OPEN 1
+#define STREAM_ENDED 2
+#define STREAM_FAILED 3
+
+/*
+ * Writes all of `iov` to the client from the worker that holds `c` (the loop neither reads nor
+ * writes a connection in CONN_WORKING), waiting at most the write timeout for each bit of
+ * progress: a client that stops reading is given up on.  0, or -1.
+ */
+static int stream_send(struct conn *c, struct iovec *iov, int n)
+{
+    int timeout = c->lp->srv->opts.limits.write_timeout_ms;
+    uv_os_fd_t fd;
+
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
+        return -1;
+    while (n > 0) {
+        struct msghdr mh;
+        ssize_t w;
+
+        memset(&mh, 0, sizeof mh);
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)n;
+        w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            int k = poll(&p, 1, timeout);
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k <= 0)
+                return -1;
+            continue;
+        }
+        if (w <= 0)
+            return -1;
+        while (n > 0 && (size_t)w >= iov->iov_len) {
+            w -= (ssize_t)iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + w;
+            iov->iov_len -= (size_t)w;
+        }
+    }
+    return 0;
+}
+
+int http_stream_begin(const struct request *rq, const struct response *resp, uint64_t length)
+{
+    struct conn *c = rq->completion;
+    struct strbuf out = STRBUF_INIT;
+    struct iovec iov;
+    enum framing framing;
+    char date[48];
+    int keep, rc;
+
+    if (c == NULL || c->stream != 0)
+        return -1;
+    keep = request_parser_keep_alive(&c->rp) && !atomic_load(&c->lp->srv->stopping);
+    if (length != UINT64_MAX) {
+        framing = FRAME_LENGTH;
+    } else if (c->rp.hp.http_major == 1 && c->rp.hp.http_minor >= 1) {
+        framing = FRAME_CHUNKED;
+    } else {
+        framing = FRAME_CLOSE;
+        keep = 0;
+    }
+    c->keep_alive = keep;
+    c->stream_chunked = framing == FRAME_CHUNKED;
+    c->stream_body = !(rq->method != NULL && strcmp(rq->method, "HEAD") == 0) &&
+                     !(resp->status == 204 || resp->status == 304 ||
+                       (resp->status >= 100 && resp->status < 200));
+    c->stream_length = length;
+    c->stream_sent = 0;
+    format_date(time(NULL), date);
+    add_head(c, resp, keep, framing, length, date, &out);
+    iov.iov_base = out.buf;
+    iov.iov_len = out.len;
+    rc = stream_send(c, &iov, 1);
+    strbuf_release(&out);
+    c->stream = rc == 0 ? STREAM_OPEN : STREAM_FAILED;
+    return rc;
+}
+
+int http_stream_write(const struct request *rq, const void *data, size_t len)
+{
+    struct conn *c = rq->completion;
+    struct iovec iov[3];
+    char size[24];
+    int n = 0;
+
+    if (c == NULL || c->stream != STREAM_OPEN)
+        return -1;
+    if (!c->stream_body || len == 0)
+        return 0;
+    if (c->stream_chunked) {
+        iov[n].iov_base = size;
+        iov[n++].iov_len = (size_t)snprintf(size, sizeof size, "%zx\r\n", len);
+    }
+    iov[n].iov_base = (void *)data;
+    iov[n++].iov_len = len;
+    if (c->stream_chunked) {
+        iov[n].iov_base = (void *)"\r\n";
+        iov[n++].iov_len = 2;
+    }
+    if (stream_send(c, iov, n) != 0) {
+        c->stream = STREAM_FAILED;
+        return -1;
+    }
+    c->stream_sent += len;
+    return 0;
+}
+
+int http_stream_end(const struct request *rq, int whole)
+{
+    struct conn *c = rq->completion;
+    struct iovec iov = {.iov_base = (void *)"0\r\n\r\n", .iov_len = 5};
+
+    if (c == NULL || c->stream != STREAM_OPEN)
+        return -1;
+    if (!whole ||
+        (c->stream_body && c->stream_length != UINT64_MAX && c->stream_sent != c->stream_length)) {
+        c->stream = STREAM_FAILED;
+        return whole ? -1 : 0;
+    }
+    if (c->stream_body && c->stream_chunked && stream_send(c, &iov, 1) != 0) {
+        c->stream = STREAM_FAILED;
+        return -1;
+    }
+    c->stream = STREAM_ENDED;
+    return 0;
+}
+
+/* A streamed response is out (or failed): report it, then keep the connection or close it. */
+static void stream_done(struct conn *c, const struct request *rq)
+{
+    struct http_loop *lp = c->lp;
+    int ok = c->stream == STREAM_ENDED;
+
+    c->stream = 0;
+    if (c->report && lp->srv->opts.answered != NULL)
+        lp->srv->opts.answered(lp->srv->opts.ctx, rq, &c->resp,
+                               (double)(mono_ns() - c->start_ns) / 1e9);
+    if (!ok) {
+        conn_close(c); /* the client sees the body cut short */
+        return;
+    }
+    set_state(c, CONN_WRITING);
+    written(c, 0);
 }
 
 /* The request as far as it was read, or a stub when not even its head was. */
@@ -1070,6 +1259,10 @@ static void job_done(struct conn *c)
     if (c->job == JOB_HEAD) {
         if (act_on_head(c, c->verdict, 1) == 0)
             process_input(c);
+        return;
+    }
+    if (c->stream != 0) {
+        stream_done(c, rq);
         return;
     }
     if (c->resp.drop) {

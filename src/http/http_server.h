@@ -110,6 +110,25 @@ void http_server_unpark(void *token);
  */
 void http_server_complete(void *completion);
 
+/*
+ * A response whose body is too large to hold, streamed by its handler while it runs (on its
+ * worker, before `handle` returns; not with resp->deferred).  http_stream_begin() writes the
+ * status line and header fields of `resp` (its body is not sent: write it first with
+ * http_stream_write() if it holds the body's start) and frames a body of `length` bytes, or of
+ * unknown length (UINT64_MAX): chunked to an HTTP/1.1 client, to the close for HTTP/1.0.  Then
+ * http_stream_write() for each piece, and http_stream_end() with whole 1 when every byte was
+ * written (with a length, exactly that many) or 0 to give up: the connection is then closed, so
+ * the client sees a body cut short, never a whole one.  Each call blocks the worker until its
+ * bytes are out, waiting at most the write timeout for each bit of progress (a client that stops
+ * reading is cut off).  The server then reports the response (`answered`) and keeps or closes
+ * the connection; `resp` is not sent again.  Each returns 0, or -1 when the client is gone or
+ * stalled (go on reading what it no longer wants only to stop cleanly).  HEAD and 1xx/204/304
+ * answers get the head alone.
+ */
+int http_stream_begin(const struct request *rq, const struct response *resp, uint64_t length);
+int http_stream_write(const struct request *rq, const void *data, size_t len);
+int http_stream_end(const struct request *rq, int whole);
+
 /* What a program serves, and the few ways orderd and provider-sim listen differently. */
 struct http_server_options {
     /*
@@ -136,8 +155,8 @@ struct http_server_options {
      * timed_out 1) its timeout passed, or the server stops: answers, or hands it to `handle`
      * (HTTP_LOOP_PARKED is taken as HTTP_LOOP_WORKER).  `data` is what on_loop left in the park.
      */
-    enum http_loop_verdict (*on_unpark)(void *ctx, const struct request *rq,
-                                        struct response *resp, void *data, int timed_out);
+    enum http_loop_verdict (*on_unpark)(void *ctx, const struct request *rq, struct response *resp,
+                                        void *data, int timed_out);
     /*
      * May be NULL.  Told of each response once it is queued, with the time since the request
      * began: the request log and the metrics.  Called on a loop thread; not called for a dropped

@@ -15,7 +15,9 @@ says how it behaves after executing:
   drop             close the connection with a TCP reset WITHOUT executing (the request reached
                    the upstream, nothing happened: what a reconcile query finds as 404)
   hang             execute, then never answer (until the test ends)
-  big:N            answer N bytes of body
+  big:N            answer N bytes of body (pattern_bytes(N)), with a Content-Length
+  bigchunked:N     the same N bytes, chunked (no Content-Length), 64 KiB a chunk
+  bigcut:N         announce N bytes, send half of them, then reset the connection
 
 GET /lookup?key=K answers 200 with the first execution of key K (the reconcile query), or 404.
 Paths under /v1/dedupe behave like an upstream that dedupes on Idempotency-Key itself (what the
@@ -39,6 +41,12 @@ import harness
 from harness import BIN, TestFailure, Server
 
 GATEWAY = os.path.join(BIN, "idem-gateway")
+
+
+def pattern_bytes(n):
+    """N bytes that are not all alike (a shifted or repeated piece would show), the same every time."""
+    block = bytes(range(251))
+    return (block * (n // len(block) + 1))[:n]
 
 import re  # noqa: E402
 
@@ -151,13 +159,29 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         elif mode == "hang":
             up.release.wait(60)
             self.close_connection = True
-        elif mode.startswith("big:"):
-            data = b"x" * int(mode[4:])
+        elif mode.startswith("big:") or mode.startswith("bigcut:"):
+            data = pattern_bytes(int(mode.split(":")[1]))
             self.send_response(200)
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            if mode.startswith("bigcut:"):
+                self.wfile.write(data[:len(data) // 2])
+                self.wfile.flush()
+                self._reset()
+                return
+            for i in range(0, len(data), 1 << 20):
+                self.wfile.write(data[i:i + (1 << 20)])
+        elif mode.startswith("bigchunked:"):
+            data = pattern_bytes(int(mode[11:]))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(0, len(data), 65536):
+                piece = data[i:i + 65536]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.write(b"0\r\n\r\n")
         else:
             self._send(201 if self.command == "POST" else 200, doc,
                        [("Location", "/v1/things/%s" % n), ("ETag", '"v%s"' % n)])

@@ -32,7 +32,7 @@ import uuid
 
 import harness
 from harness import TestFailure, expect_eq, expect_problem, test
-from gateway_harness import GATEWAY, Gateway, Upstream, expect
+from gateway_harness import GATEWAY, Gateway, Upstream, expect, pattern_bytes
 
 
 def key(prefix="k"):
@@ -426,10 +426,128 @@ def answer_too_large_to_store_is_passed_once_then_410(ctx):
     k = key("big")
     r = gw.request("POST", "/v1/things", {"n": 1}, key=k, headers={"X-Test-Mode": "big:2000000"})
     expect_eq(r.status, 200, "the first answer is passed on")
-    expect_eq(len(r.body), 2000000, "its body")
+    expect(r.body == pattern_bytes(2000000), "its body, byte for byte (%d bytes)" % len(r.body))
     again = gw.request("POST", "/v1/things", {"n": 1}, key=k)
     expect_problem(again, 410, "response-not-stored", "a retry of an unstored answer")
+    expect("2000000 bytes" in again.json()["detail"], "the 410 says how large: %s" % again.describe())
     expect_eq(up.executions(k), 1, "executions")
+
+
+def rss_kib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def stream_through(gw, mode, k, read_kib=None, path="/v1/things"):
+    """
+    POST with X-Test-Mode `mode` on a raw connection, reading the answer as it comes: (status
+    line, headers, body bytes, the gateway's peak RSS in KiB while it streamed).  With `read_kib`,
+    stops reading after that much body and closes the connection.  With `k` None, a GET of
+    `path` (on no route: passed through) instead.
+    """
+    import socket as so
+    s = so.create_connection((gw.host, gw.port), timeout=30)
+    body = b'{"n": 1}'
+    if k is None:
+        s.sendall(("GET %s HTTP/1.1\r\nHost: gw\r\nX-Test-Mode: %s\r\n\r\n"
+                   % (path, mode)).encode())
+    else:
+        s.sendall(("POST %s HTTP/1.1\r\nHost: gw\r\nX-Consumer-Id: alice\r\n"
+                   "Idempotency-Key: %s\r\nX-Test-Mode: %s\r\n"
+                   "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                   % (path, k, mode, len(body))).encode() + body)
+    f = s.makefile("rb")
+    status = f.readline().decode().strip()
+    headers = {}
+    while True:
+        line = f.readline().decode().strip()
+        if not line:
+            break
+        name, value = line.split(":", 1)
+        headers[name.strip().lower()] = value.strip()
+    out, peak = bytearray(), rss_kib(gw.proc.pid)
+    chunked = headers.get("transfer-encoding") == "chunked"
+    want = int(headers["content-length"]) if "content-length" in headers else None
+    while want is None or len(out) < want:
+        if read_kib is not None and len(out) >= read_kib * 1024:
+            break
+        if chunked:
+            size = int(f.readline().strip(), 16)
+            if size == 0:
+                f.readline()
+                break
+            piece = f.read(size)
+            f.readline()
+        else:
+            piece = f.read(min(1 << 20, want - len(out)) if want is not None else 1 << 20)
+        if not piece:
+            break
+        out += piece
+        peak = max(peak, rss_kib(gw.proc.pid))
+    f.close()
+    s.close()
+    return status, headers, bytes(out), peak
+
+
+@test
+def answers_larger_than_the_store_cap_stream_through_in_bounded_memory(ctx):
+    # Issue 14: "a response over the store cap is streamed through".  64 MiB, four times the
+    # gateway's in-memory cap (upstream.max_response_size, 16 MiB): with Content-Length, and
+    # chunked.  Byte for byte, the gateway's memory flat, the record "not stored", the retry 410,
+    # one execution each.
+    gw, up = ctx["gw"], ctx["up"]
+    size = 64 << 20
+    for mode in ("big", "bigchunked"):
+        k = key(mode)
+        before = rss_kib(gw.proc.pid)
+        status, headers, body, peak = stream_through(gw, "%s:%d" % (mode, size), k)
+        expect_eq(status, "HTTP/1.1 200 OK", "%s: the status line" % mode)
+        if mode == "big":
+            expect_eq(headers.get("content-length"), str(size), "the length is passed on")
+        else:
+            expect_eq(headers.get("transfer-encoding"), "chunked", "an unknown length, chunked")
+        expect(len(body) == size and body == pattern_bytes(size),
+               "%s: the whole body, byte for byte (%d of %d bytes)" % (mode, len(body), size))
+        expect(peak - before < 24 * 1024,
+               "%s: the gateway streamed in bounded memory (RSS %d KiB -> peak %d KiB)"
+               % (mode, before, peak))
+        again = gw.request("POST", "/v1/things", {"n": 1}, key=k)
+        expect_problem(again, 410, "response-not-stored", "%s: a retry" % mode)
+        expect_eq(up.executions(k), 1, "%s: executions" % mode)
+        print("     %s: %d MiB streamed; gateway RSS %d KiB before, peak %d KiB"
+              % (mode, size >> 20, before, peak))
+    # Passed through (no route): 40 MiB, over the 16 MiB the loop holds, streamed by a worker.
+    before = rss_kib(gw.proc.pid)
+    status, headers, body, peak = stream_through(gw, "big:%d" % (40 << 20), None,
+                                                 path="/v2/unrouted/file")
+    expect_eq(status, "HTTP/1.1 200 OK", "passed through: the status line")
+    expect(body == pattern_bytes(40 << 20), "passed through: the whole body, byte for byte")
+    expect(peak - before < 24 * 1024, "passed through: bounded memory (RSS %d -> peak %d KiB)"
+           % (before, peak))
+    # The connection stays usable after a streamed answer (keep-alive): a plain request works.
+    expect_eq(gw.request("POST", "/v1/things", {"n": 2}, key=key()).status, 201, "afterwards")
+
+
+@test
+def a_stream_cut_short_ends_the_connection_never_a_whole_body(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    # The upstream resets half way: the client sees fewer bytes than announced, then the close.
+    k = key("cut")
+    status, headers, body, _ = stream_through(gw, "bigcut:%d" % (8 << 20), k)
+    expect_eq(status, "HTTP/1.1 200 OK", "the head went out before the cut")
+    expect(len(body) < (8 << 20), "the body is cut short: %d bytes" % len(body))
+    expect_problem(gw.request("POST", "/v1/things", {"n": 1}, key=k), 410, "response-not-stored",
+                   "the upstream acted: a retry is not run again")
+    expect_eq(up.executions(k), 1, "executions")
+    # A client that stops reading after 1 MiB and leaves: the gateway goes on serving.
+    k = key("leave")
+    stream_through(gw, "big:%d" % (32 << 20), k, read_kib=1024)
+    expect_eq(gw.request("POST", "/v1/things", {"n": 3}, key=key()).status, 201,
+              "the gateway still answers")
+    expect_eq(up.executions(k), 1, "executions of the abandoned one")
 
 
 @test
