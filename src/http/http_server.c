@@ -193,6 +193,7 @@ struct http_server {
     _Atomic int nconns;
 
     _Atomic int stopping;
+    _Atomic int64_t stop_deadline_ns; /* the end of a stop's grace: streams are cut there */
     _Atomic uint64_t st_open, st_refused, st_timeouts, st_heads, st_queue_full;
 };
 
@@ -796,6 +797,14 @@ static int stream_send(struct conn *c, struct iovec *iov, int n)
     return 0;
 }
 
+/* A stop's grace is over: a stream still going is cut, so the stop ends in bounded time. */
+static int stream_past_grace(const struct conn *c)
+{
+    int64_t d = atomic_load(&c->lp->srv->stop_deadline_ns);
+
+    return d != 0 && mono_ns() > d;
+}
+
 int http_stream_begin(const struct request *rq, const struct response *resp, uint64_t length)
 {
     struct conn *c = rq->completion;
@@ -844,6 +853,10 @@ int http_stream_write(const struct request *rq, const void *data, size_t len)
         return -1;
     if (!c->stream_body || len == 0)
         return 0;
+    if (stream_past_grace(c)) {
+        c->stream = STREAM_FAILED;
+        return -1;
+    }
     if (c->stream_chunked) {
         iov[n].iov_base = size;
         iov[n++].iov_len = (size_t)snprintf(size, sizeof size, "%zx\r\n", len);
@@ -1814,6 +1827,7 @@ void http_server_stop(struct http_server *srv)
                 uv_async_send(&srv->loops[i].wake);
         }
         deadline = mono_ns() + (int64_t)srv->opts.stop_grace_s * 1000000000;
+        atomic_store(&srv->stop_deadline_ns, deadline);
         while ((left = requests_in_flight(srv)) > 0 && mono_ns() < deadline)
             sleep_ms(10);
         if (left > 0)

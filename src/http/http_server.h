@@ -120,10 +120,11 @@ void http_server_complete(void *completion);
  * written (with a length, exactly that many) or 0 to give up: the connection is then closed, so
  * the client sees a body cut short, never a whole one.  Each call blocks the worker until its
  * bytes are out, waiting at most the write timeout for each bit of progress (a client that stops
- * reading is cut off).  The server then reports the response (`answered`) and keeps or closes
- * the connection; `resp` is not sent again.  Each returns 0, or -1 when the client is gone or
- * stalled (go on reading what it no longer wants only to stop cleanly).  HEAD and 1xx/204/304
- * answers get the head alone.
+ * reading is cut off; so is a stream still going when a stop's grace ends).  The server then
+ * reports the response (`answered`) and keeps or closes the connection; `resp` is not sent
+ * again.  Each returns 0, or -1 when the client is gone, stalled or the stop's grace is over:
+ * stop reading the source then, and end with whole 0.  HEAD and 1xx/204/304 answers get the
+ * head alone.
  */
 int http_stream_begin(const struct request *rq, const struct response *resp, uint64_t length);
 int http_stream_write(const struct request *rq, const void *data, size_t len);

@@ -18,6 +18,7 @@ says how it behaves after executing:
   big:N            answer N bytes of body (pattern_bytes(N)), with a Content-Length
   bigchunked:N     the same N bytes, chunked (no Content-Length), 64 KiB a chunk
   bigcut:N         announce N bytes, send half of them, then reset the connection
+  bigslow:N        announce N bytes, send 64 KiB of them every 100 ms
 
 GET /lookup?key=K answers 200 with the first execution of key K (the reconcile query), or 404.
 Paths under /v1/dedupe behave like an upstream that dedupes on Idempotency-Key itself (what the
@@ -159,7 +160,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         elif mode == "hang":
             up.release.wait(60)
             self.close_connection = True
-        elif mode.startswith("big:") or mode.startswith("bigcut:"):
+        elif mode.split(":")[0] in ("big", "bigcut", "bigslow"):
             data = pattern_bytes(int(mode.split(":")[1]))
             self.send_response(200)
             self.send_header("Content-Type", "application/octet-stream")
@@ -169,6 +170,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(data[:len(data) // 2])
                 self.wfile.flush()
                 self._reset()
+                return
+            if mode.startswith("bigslow:"):
+                for i in range(0, len(data), 65536):
+                    self.wfile.write(data[i:i + 65536])
+                    self.wfile.flush()
+                    time.sleep(0.1)
                 return
             for i in range(0, len(data), 1 << 20):
                 self.wfile.write(data[i:i + (1 << 20)])

@@ -24,6 +24,7 @@ request it gets, and counts): what a user of the gateway relies on.
 import json
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -548,6 +549,37 @@ def a_stream_cut_short_ends_the_connection_never_a_whole_body(ctx):
     expect_eq(gw.request("POST", "/v1/things", {"n": 3}, key=key()).status, 201,
               "the gateway still answers")
     expect_eq(up.executions(k), 1, "executions of the abandoned one")
+
+
+@test
+def a_stop_cuts_a_stream_still_going_when_its_grace_ends(ctx):
+    # A stream is a request in flight: SIGTERM lets it go on for the stop's grace (10 s), not for
+    # ever.  The upstream sends 64 KiB every 100 ms of 256 MiB (over an hour): the gateway must
+    # exit within the grace and a few seconds, the client seeing a body cut short.
+    up = ctx["up"]
+    gw = Gateway(up, name="gateway-stop")
+    gw.start()
+    try:
+        box = {}
+
+        def read():
+            box["r"] = stream_through(gw, "bigslow:%d" % (256 << 20), key("slow"))
+        t = threading.Thread(target=read)
+        t.start()
+        time.sleep(1)
+        t0 = time.monotonic()
+        gw.proc.send_signal(signal.SIGTERM)
+        code = gw.proc.wait(30)
+        took = time.monotonic() - t0
+        t.join(30)
+        expect(took < 15, "the gateway stopped within its grace (%.1f s)" % took)
+        expect_eq(code, 0, "exit status of a graceful stop")
+        _, _, body, _ = box["r"]
+        expect(0 < len(body) < (256 << 20), "the client got a body cut short: %d bytes" % len(body))
+        print("     a stop with a stream in flight: exited after %.1f s, %d KiB sent"
+              % (took, len(body) >> 10))
+    finally:
+        gw.close()
 
 
 @test
