@@ -87,3 +87,11 @@ bench-gateway:
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(BENCH_BUILD)
+
+# Debian packages (docs/ops.md, "Packages"): CPack makes libidem0, libidem-client0, libidem-dev,
+# idem-tools, orderd and idem-gateway from $(BUILD) into $(BUILD)/*.deb; lintian must find no
+# error in them.  Then: dpkg -i $(BUILD)/*.deb
+.PHONY: deb
+deb: build
+	@cd $(BUILD) && cpack -G DEB
+	@lintian --fail-on error $(BUILD)/*.deb

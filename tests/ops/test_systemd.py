@@ -181,15 +181,16 @@ def units_carry_the_settings_of_a_debian_service(ctx):
 def units_system_users_are_made_by_sysusers(ctx):
     root = os.path.join(ctx.tmp, "sysroot")
     os.makedirs(os.path.join(root, "etc"), exist_ok=True)
-    conf = os.path.join(ctx.prefix, "lib", "sysusers.d", "idem.conf")
-    p = subprocess.run(["systemd-sysusers", "--root=" + root, conf], capture_output=True,
+    confs = [os.path.join(ctx.prefix, "lib", "sysusers.d", u.replace(".service", ".conf"))
+             for u in UNITS]
+    p = subprocess.run(["systemd-sysusers", "--root=" + root] + confs, capture_output=True,
                        text=True, timeout=60)
     expect(p.returncode == 0, "systemd-sysusers: %s%s" % (p.stdout, p.stderr))
     with open(os.path.join(root, "etc", "passwd")) as f:
         users = {line.split(":")[0]: line.strip().split(":") for line in f}
     for name in UNITS:
         user = setting(read_unit(ctx.unit_path(name)), "User")
-        expect(user in users, "%s runs as %r, which idem.conf does not make: %s" % (
+        expect(user in users, "%s runs as %r, which sysusers.d does not make: %s" % (
             name, user, sorted(users)))
         expect_eq(users[user][5], "/var/lib/" + setting(read_unit(ctx.unit_path(name)),
                                                         "StateDirectory"), user + "'s home")
