@@ -1369,6 +1369,23 @@ out:
     return rc;
 }
 
+void idem_engine_cache_stats(struct idem_engine *eng, struct idem_cache_stats *out)
+{
+    struct idem__rcache_stats st;
+
+    memset(out, 0, sizeof(*out));
+    if (!eng || !eng->cache)
+        return;
+    idem__rcache_stats(eng->cache, &st);
+    out->hits = st.hits;
+    out->misses = st.misses;
+    out->evictions = st.evictions;
+    out->expired = st.expired;
+    out->entries = st.entries;
+    out->bytes = st.bytes;
+    out->max_bytes = st.max_bytes;
+}
+
 int idem_engine_sweep(struct idem_engine *eng, int limit, int *deleted)
 {
     struct idem_store *st;

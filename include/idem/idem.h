@@ -565,6 +565,22 @@ IDEM_API int idem_record_inspect(struct idem_engine *eng, const char *principal,
  */
 IDEM_API int idem_engine_sweep(struct idem_engine *eng, int limit, int *deleted);
 
+/*
+ * The engine's replay cache since the engine was made, for monitoring (all zeros when the cache
+ * is off).  A lookup is a request whose record the cache was asked for before the store: a hit
+ * answered it from memory (a replay, or 422 for another fingerprint), a miss went on to the store
+ * (a first request, or a record not held).
+ */
+struct idem_cache_stats {
+    uint64_t hits, misses;
+    uint64_t evictions; /* entries dropped to make room for newer ones */
+    uint64_t expired;   /* entries found past their record's retention */
+    uint64_t entries;   /* held now */
+    uint64_t bytes;     /* charged against the bound now */
+    uint64_t max_bytes; /* the bound */
+};
+IDEM_API void idem_engine_cache_stats(struct idem_engine *eng, struct idem_cache_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

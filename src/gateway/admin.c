@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "idem_answer.h"
+#include "prom.h"
 #include "records.h"
 #include "strbuf.h"
 #include "util.h"
@@ -24,6 +25,7 @@ static void metrics(struct gateway *gw, struct response *resp)
         names[i] = gw->cfg->routes[i].operation;
     gw_metrics_render(gw->metrics, names, &out);
     free(names);
+    prom_replay_cache(&out, "idem_gateway", gw->engine);
     if (srv) {
         struct http_server_stats st;
         http_server_stats(srv, &st);

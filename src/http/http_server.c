@@ -288,8 +288,7 @@ int http_limits_flag(struct http_limits *l, const char *name, const char *value,
     return 0;
 }
 
-/* ---- request accessors ------------------------------------------------------------------------
- */
+/* ---- request accessors ----------------------------------------------------------------------- */
 
 int request_header_count(const struct request *rq, const char *name, const char **first,
                          size_t *first_len)
@@ -332,8 +331,7 @@ const char *request_query(const struct request *rq, const char *name)
     return NULL;
 }
 
-/* ---- per-address counts ------------------------------------------------------------------------
- */
+/* ---- per-address counts ---------------------------------------------------------------------- */
 
 static struct ip_slot **ip_find(struct http_server *srv, const unsigned char ip[16])
 {
@@ -385,8 +383,7 @@ static void ip_release(struct http_server *srv, const unsigned char ip[16])
     free(gone);
 }
 
-/* ---- states and deadlines
- * ------------------------------------------------------------------------ */
+/* ---- states and deadlines -------------------------------------------------------------------- */
 
 static void list_unlink(struct http_loop *lp, struct conn *c)
 {
@@ -504,74 +501,45 @@ static void conn_close(struct conn *c)
     uv_close((uv_handle_t *)&c->tcp, on_closed);
 }
 
-/* ---- writing ----------------------------------------------------------------------------------
- */
+/* ---- writing --------------------------------------------------------------------------------- */
 
+// clang-format off
 static const char *reason_phrase(int status)
 {
     switch (status) {
-    case 100:
-        return "Continue";
-    case 200:
-        return "OK";
-    case 201:
-        return "Created";
-    case 202:
-        return "Accepted";
-    case 204:
-        return "No Content";
-    case 304:
-        return "Not Modified";
-    case 400:
-        return "Bad Request";
-    case 401:
-        return "Unauthorized";
-    case 402:
-        return "Payment Required";
-    case 403:
-        return "Forbidden";
-    case 404:
-        return "Not Found";
-    case 405:
-        return "Method Not Allowed";
-    case 408:
-        return "Request Timeout";
-    case 409:
-        return "Conflict";
-    case 410:
-        return "Gone";
-    case 412:
-        return "Precondition Failed";
-    case 413:
-        return "Content Too Large";
-    case 415:
-        return "Unsupported Media Type";
-    case 422:
-        return "Unprocessable Content";
-    case 425:
-        return "Too Early";
-    case 428:
-        return "Precondition Required";
-    case 429:
-        return "Too Many Requests";
-    case 431:
-        return "Request Header Fields Too Large";
-    case 500:
-        return "Internal Server Error";
-    case 501:
-        return "Not Implemented";
-    case 502:
-        return "Bad Gateway";
-    case 503:
-        return "Service Unavailable";
-    case 504:
-        return "Gateway Timeout";
-    case 505:
-        return "HTTP Version Not Supported";
-    default:
-        return "Unknown";
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 201: return "Created";
+    case 202: return "Accepted";
+    case 204: return "No Content";
+    case 304: return "Not Modified";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 402: return "Payment Required";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 410: return "Gone";
+    case 412: return "Precondition Failed";
+    case 413: return "Content Too Large";
+    case 415: return "Unsupported Media Type";
+    case 422: return "Unprocessable Content";
+    case 425: return "Too Early";
+    case 428: return "Precondition Required";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
+    default: return "Unknown";
     }
 }
+// clang-format on
 
 /* The Date header's value for `t` (IMF-fixdate) into `out`. */
 static void format_date(time_t t, char out[48])
@@ -927,8 +895,7 @@ static const struct request *current_request(struct conn *c)
     return &c->rq_stub;
 }
 
-/* ---- the worker pool ----------------------------------------------------------------------------
- */
+/* ---- the worker pool ------------------------------------------------------------------------- */
 
 static void *worker_main(void *arg)
 {
@@ -998,8 +965,7 @@ static int submit(struct conn *c, enum job job)
     return rc;
 }
 
-/* ---- reading ------------------------------------------------------------------------------------
- */
+/* ---- reading --------------------------------------------------------------------------------- */
 
 /* Keeps the bytes the parser did not take, for when the connection reads on. */
 static void keep_rest(struct conn *c, const char *data, size_t len)
@@ -1262,8 +1228,7 @@ static void stop_reading(struct conn *c)
     }
 }
 
-/* ---- a worker's result, back on the loop -------------------------------------------------------
- */
+/* ---- a worker's result, back on the loop ----------------------------------------------------- */
 
 static void job_done(struct conn *c)
 {
@@ -1320,8 +1285,7 @@ static void on_wake(uv_async_t *a)
         begin_stop(lp);
 }
 
-/* ---- deadlines ---------------------------------------------------------------------------------
- */
+/* ---- deadlines ------------------------------------------------------------------------------- */
 
 static void expire(struct http_loop *lp, struct conn *c)
 {
@@ -1371,8 +1335,7 @@ static void on_tick(uv_timer_t *t)
         begin_stop(lp);
 }
 
-/* ---- accepting --------------------------------------------------------------------------------
- */
+/* ---- accepting ------------------------------------------------------------------------------- */
 
 static void peer_of(struct conn *c)
 {
@@ -1448,8 +1411,7 @@ static void on_connection(uv_stream_t *server, int status)
     start_reading(c);
 }
 
-/* ---- the loops ---------------------------------------------------------------------------------
- */
+/* ---- the loops ------------------------------------------------------------------------------- */
 
 /* No new connections; idle ones close; the others finish their request and close. */
 static void begin_stop(struct http_loop *lp)
@@ -1866,6 +1828,17 @@ void http_server_stop(struct http_server *srv)
             lp->at_stop[k].fn(lp->at_stop[k].arg);
         uv_walk(&lp->uv, close_any, NULL);
         uv_run(&lp->uv, UV_RUN_DEFAULT);
+        /*
+         * A worker that finished after its loop halted (a request past the grace: a stream cut
+         * at its end) left its connection on the done list, where on_closed left it to be freed.
+         */
+        while (lp->done != NULL) {
+            struct conn *c = lp->done;
+
+            lp->done = c->qnext;
+            if (c->free_later)
+                conn_free(c);
+        }
         uv_loop_close(&lp->uv);
         pthread_mutex_destroy(&lp->mu);
     }

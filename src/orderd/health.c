@@ -20,6 +20,7 @@
 #include "http_server.h"
 #include "idemcall.h"
 #include "metrics.h"
+#include "prom.h"
 #include "response.h"
 #include "router.h"
 #include "strbuf.h"
@@ -105,13 +106,15 @@ static void render_inbox(const struct idem_rows *counts, struct strbuf *sb)
 /*
  * The figures read from the store: the counts the schema's triggers keep (schema.c, step 5), a
  * few rows whatever the size of the outbox and the inbox.  A store that does not answer leaves
- * them out rather than fail the page (the counters are still worth having).
+ * them out rather than fail the page (the counters are still worth having), and says so in
+ * orderd_store_up.
  */
 static void render_store(const struct app *app, struct strbuf *sb)
 {
     struct idem_tx *tx = NULL;
     struct idem_rows *counts = NULL;
     struct idem_store_stats stats;
+    int up;
 
     idem_store_stats(app->store, &stats);
     strbuf_addf(sb,
@@ -125,9 +128,16 @@ static void render_store(const struct app *app, struct strbuf *sb)
                 "orderd_store_durable_commits_total %llu\n",
                 (unsigned long long)stats.write_commits, (unsigned long long)stats.durable_commits);
 
-    if (idem_tx_begin(app->store, 0, &tx) == 0 &&
-        idem_tx_exec(tx, "SELECT name, SUM(value) FROM counts GROUP BY name", 0, NULL, &counts) ==
-            0) {
+    up = idem_tx_begin(app->store, 0, &tx) == 0 &&
+         idem_tx_exec(tx, "SELECT name, SUM(value) FROM counts GROUP BY name", 0, NULL, &counts) ==
+             0;
+    strbuf_addf(sb,
+                "# HELP orderd_store_up Whether the store answered this scrape's read (1) or not"
+                " (0).\n"
+                "# TYPE orderd_store_up gauge\n"
+                "orderd_store_up %d\n",
+                up);
+    if (up) {
         render_outbox(counts, sb);
         render_inbox(counts, sb);
     }
@@ -179,6 +189,7 @@ void health_metrics(const struct call_ctx *cx, struct response *resp)
     strbuf_add(&sb, text, len);
     free(text);
     render_store(cx->app, &sb);
+    prom_replay_cache(&sb, "orderd", cx->app->engine);
     render_http(cx->app, &sb);
     free(resp->body);
     resp->body = strbuf_detach(&sb, &len);

@@ -694,6 +694,10 @@ def admin_listener_health_ready_metrics(ctx):
                                 outcome="unknown") >= 1, "unknown outcomes counted")
     expect(harness.metric_value(m, "idem_gateway_upstream_seconds_count") >= 1,
            "upstream latency observed")
+    expect(harness.metric_value(m, "idem_gateway_replay_cache_lookups_total", result="hit") >= 1,
+           "replays answered from memory are counted as hits")
+    expect(harness.metric_value(m, "idem_gateway_replay_cache_max_bytes") > 0,
+           "the replay cache's bound")
     r = gw.admin("GET", "/nope")
     expect_problem(r, 404, "not-found", "unknown admin path")
     # The public listener does not serve them: they are the upstream's paths there.

@@ -17,8 +17,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness import (Server, db_query, expect, expect_eq, expect_fresh,  # noqa: E402
-                     expect_problem, expect_replay, expect_status, new_key, run, store_locked,
-                     test)
+                     expect_problem, expect_replay, expect_status, metric_value, new_key,
+                     parse_metrics, run, store_locked, test)
 
 TOKEN_CACHE_TTL_S = 5.0  # AUTH_CACHE_TTL_MS in src/orderd/auth.h
 
@@ -102,6 +102,32 @@ def test_a_record_read_after_a_restart_is_cached(ctx):
                        "another body once the record was deleted")
 
 
+def cache_metrics(server):
+    r = server.client().get("/metrics")
+    expect_eq(r.status, 200, "GET /metrics")
+    m = parse_metrics(r.body.decode())
+    return {k: metric_value(m, "orderd_replay_cache_lookups_total", result=k)
+            for k in ("hit", "miss")}, metric_value(m, "orderd_replay_cache_max_bytes")
+
+
+@test
+def test_metrics_count_hits_and_misses(ctx):
+    # orderd_replay_cache_lookups_total: each replay from memory is a hit; a first request misses
+    # (once on the event loop, once more on its worker), so an operator can watch the hit ratio
+    # (docs/ops.md).
+    u = ctx.server.new_user()
+    before, bound = cache_metrics(ctx.server)
+    k = new_key("cache-metrics")
+    first = expect_fresh(u.create_order(k), 201, "first request")
+    for i in range(4):
+        expect_replay(u.create_order(k), first, "replay %d" % (i + 1))
+    after, _ = cache_metrics(ctx.server)
+    grew = {r: after[r] - before[r] for r in after}
+    expect(grew["hit"] == 4 and 1 <= grew["miss"] <= 2,
+           "lookups of one first request and four replays: %r" % grew)
+    expect_eq(bound, 8 << 20, "the cache's bound, --replay-cache-mb 8 by default")
+
+
 @test
 def test_cache_off_asks_the_store(ctx):
     # --replay-cache-mb 0: every replay reads the record, so a record deleted behind the server's
@@ -114,6 +140,8 @@ def test_cache_off_asks_the_store(ctx):
         forget_record(s, k)
         late = expect_status(u.create_order(k), 200, "retry after the record was deleted")
         expect_eq(late.json(), first.json(), "the order of the retry")
+        counts, bound = cache_metrics(s)
+        expect_eq((counts, bound), ({"hit": 0, "miss": 0}, 0), "no cache, nothing counted")
 
 
 @test

@@ -220,6 +220,7 @@ def test_retention_sweeps_old_rows_and_keeps_the_inbox_count(_):
                  " 'a@example.com', '{}', 'parked', 10, 0, '2000-01-01T00:00:00.000Z', 'test')",
                  ("obx_parked_" + new_key(), "parked-" + new_key()))
         m = scrape(s)
+        expect_eq(metric_value(m, "orderd_store_up"), 1, "orderd_store_up while the store answers")
         before_out, before_in = outbox(m), inbox(m)
         sent, events = count_rows(s.db_uri, "outbox WHERE status = 'sent'"), count_rows(
             s.db_uri, "inbox")
