@@ -41,12 +41,13 @@ macro(deb_install component)
   install(${ARGN} COMPONENT ${component} EXCLUDE_FROM_ALL)
 endmacro()
 
-deb_install(libidem0 TARGETS idem LIBRARY DESTINATION ${IDEM_DEB_LIBDIR} NAMELINK_SKIP)
-deb_install(libidem-client0 TARGETS idem-client LIBRARY DESTINATION ${IDEM_DEB_LIBDIR}
-            NAMELINK_SKIP)
-deb_install(libidem-dev TARGETS idem idem-client LIBRARY DESTINATION ${IDEM_DEB_LIBDIR}
-            NAMELINK_ONLY)
-deb_install(libidem-dev TARGETS idem_static idem-client_static
+# The shared libraries go to their runtime packages, their .so links to libidem-dev; all four
+# targets are exported for find_package(idem CONFIG) (packaging/idemConfig.cmake.in).
+deb_install(libidem0 TARGETS idem EXPORT idemDebTargets LIBRARY DESTINATION ${IDEM_DEB_LIBDIR}
+            NAMELINK_COMPONENT libidem-dev)
+deb_install(libidem-client0 TARGETS idem-client EXPORT idemDebTargets
+            LIBRARY DESTINATION ${IDEM_DEB_LIBDIR} NAMELINK_COMPONENT libidem-dev)
+deb_install(libidem-dev TARGETS idem_static idem-client_static EXPORT idemDebTargets
             ARCHIVE DESTINATION ${IDEM_DEB_LIBDIR})
 deb_install(libidem-dev FILES ${CMAKE_SOURCE_DIR}/include/idem/idem.h
             ${CMAKE_SOURCE_DIR}/include/idem/client.h DESTINATION include/idem)
@@ -63,6 +64,11 @@ endfunction()
 idem_deb_pc_files()
 deb_install(libidem-dev FILES ${deb_gen}/idem.pc ${deb_gen}/idem-client.pc
             DESTINATION ${IDEM_DEB_LIBDIR}/pkgconfig)
+deb_install(libidem-dev EXPORT idemDebTargets NAMESPACE idem:: FILE idemTargets.cmake
+            DESTINATION ${IDEM_DEB_LIBDIR}/cmake/idem)
+deb_install(libidem-dev FILES ${CMAKE_CURRENT_BINARY_DIR}/idemConfig.cmake
+            ${CMAKE_CURRENT_BINARY_DIR}/idemConfigVersion.cmake
+            DESTINATION ${IDEM_DEB_LIBDIR}/cmake/idem)
 
 deb_install(idem-tools TARGETS idem_cli idem-check provider-sim RUNTIME DESTINATION bin)
 deb_install(orderd TARGETS orderd RUNTIME DESTINATION bin)

@@ -11,7 +11,9 @@ CPack makes them from the build tree into a scratch directory, then:
     they make the system users in that root and leave the host's systemd alone); from the files
     installed there `orderd --version` runs, `pkg-config --cflags idem` names the installed
     headers, examples/embed.c builds against the installed library and replays, `man orderd`
-    finds its page; removing orderd keeps its conffile /etc/idem/orderd.env, purging removes it.
+    finds its page, a CMake project finds the libraries with find_package(idem CONFIG) and links
+    them shared and static; removing orderd keeps its conffile /etc/idem/orderd.env, purging
+    removes it.
 
 What it cannot check here: the unit started by dpkg under systemd (no systemd as PID 1 on this
 machine; tests/ops/test_systemd.py covers the unit as far as it can).  IDEM_BUILD is the build
@@ -39,7 +41,8 @@ PACKAGES = {
     "libidem-client0": ("libs", [r"usr/lib/[^/]+/libidem-client\.so\.0$"], ["libcurl4"]),
     "libidem-dev": ("libdevel", [r"usr/include/idem/idem\.h$", r"usr/include/idem/client\.h$",
                                  r"usr/lib/[^/]+/pkgconfig/idem\.pc$", r"usr/lib/[^/]+/libidem\.a$",
-                                 r"usr/lib/[^/]+/libidem\.so$"],
+                                 r"usr/lib/[^/]+/libidem\.so$",
+                                 r"usr/lib/[^/]+/cmake/idem/idemConfig\.cmake$"],
                     ["libidem0 (= ", "libidem-client0 (= ", "libjansson-dev"]),
     "idem-tools": ("utils", [r"usr/bin/idem$", r"usr/bin/idem-check$", r"usr/bin/provider-sim$",
                              r"usr/share/man/man1/idem\.1\.gz$"], ["libcurl4"]),
@@ -187,6 +190,34 @@ def deb_packages_install_into_a_root_and_work_from_there(ctx):
     ldd = subprocess.run(["ldd", exe], capture_output=True, text=True).stdout
     expect(os.path.join(libdir, "libidem.so.0") in ldd, "embed did not load the packaged "
            "libidem.so.0: %s" % ldd)
+
+    # The same program through find_package(idem CONFIG), shared and static.
+    proj = os.path.join(ctx.tmp, "consumer")
+    os.makedirs(proj, exist_ok=True)
+    with open(os.path.join(proj, "CMakeLists.txt"), "w") as f:
+        f.write("cmake_minimum_required(VERSION 3.20)\nproject(consumer C)\n"
+                "find_package(idem 0.1 CONFIG REQUIRED)\n"
+                "add_executable(embed %s)\ntarget_link_libraries(embed PRIVATE idem::idem)\n"
+                "add_executable(embed_static %s)\n"
+                "target_link_libraries(embed_static PRIVATE idem::idem_static)\n" % (
+                    os.path.join(REPO, "examples", "embed.c"),
+                    os.path.join(REPO, "examples", "embed.c")))
+    cb = os.path.join(proj, "build")
+    for cmd in (["cmake", "-S", proj, "-B", cb, "-DCMAKE_PREFIX_PATH=" + os.path.join(root, "usr"),
+                 "-DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF"],
+                ["cmake", "--build", cb]):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        expect(r.returncode == 0, "%s: %s%s" % (" ".join(cmd), r.stdout[-2000:], r.stderr[-2000:]))
+    with open(os.path.join(cb, "CMakeCache.txt")) as f:
+        where = [line for line in f if line.startswith("idem_DIR:")]
+    expect(where and os.path.join(root, "usr/lib", arch, "cmake/idem") in where[0],
+           "find_package(idem) found another idem: %s" % where)
+    for name in ("embed", "embed_static"):
+        db = "sqlite:" + os.path.join(ctx.tmp, "cmake-" + name + ".db")
+        outs = [subprocess.run([os.path.join(cb, name), db], capture_output=True, text=True,
+                               timeout=30).stdout for _ in range(2)]
+        expect("executed: 201" in outs[0] and "replayed: 201" in outs[1],
+               "%s built with find_package(idem): %r" % (name, outs))
 
     m = subprocess.run(["man", "orderd"], capture_output=True, text=True, timeout=30,
                        env=dict(os.environ, MANPATH=os.path.join(root, "usr/share/man"),
