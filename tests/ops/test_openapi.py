@@ -24,7 +24,6 @@ import copy
 import json
 import os
 import re
-import socket
 import sys
 import threading
 import time
@@ -194,19 +193,6 @@ class Coverage:
 
 # ---- 2. a running orderd ---------------------------------------------------------------------------
 
-def raw_exchange(server, data, timeout=10):
-    """Sends raw bytes, returns the status line's code (or None if the server closed)."""
-    with socket.create_connection((server.host, server.port), timeout=timeout) as s:
-        s.sendall(data)
-        buf = b""
-        while b"\r\n" not in buf:
-            chunk = s.recv(4096)
-            if not chunk:
-                return None
-            buf += chunk
-    return int(buf.split(b" ")[1])
-
-
 def in_thread(fn):
     out = {}
 
@@ -233,6 +219,13 @@ def webhook(client, body, signed=True, **kw):
     raw = json.dumps(body).encode() if not isinstance(body, bytes) else body
     headers = {"Provider-Signature": sign(raw)} if signed else {}
     return client.request("POST", "/webhooks/provider", body=raw, token=None, headers=headers, **kw)
+
+
+def order_committed(server, key):
+    """Waits until the order of `key` is committed: its request is in flight in a worker."""
+    wait_until("the order of %s committed" % key, lambda: db_query(
+        server.db_uri, "SELECT count(*) FROM orders WHERE idem_key = ?", (key,))[0][0] == "1",
+        timeout_s=15, pause_s=0.02)
 
 
 def hold_record_in_progress(server, key):
@@ -296,7 +289,7 @@ def orderd_answers_as_documented(ctx):
     slow_key = new_key("slow")
     t, out = in_thread(lambda: u.post(ORD, order, key=slow_key, headers={
         "X-Test-Delay-Ms": "2500"}))
-    time.sleep(0.4)
+    order_committed(s, slow_key)
     cov.check("POST", ORD, u.post(ORD, order, key=slow_key), 409,
               "idempotency-request-in-progress", "a duplicate of a request still running")
     cov.check("POST", ORD, joined(t, out, "the slow order"), 201, None, "the slow order")
@@ -438,10 +431,13 @@ def busy_and_broken_servers(ctx, cov, order, prof, event):
     oid = cov.check("POST", ORD, u.post(ORD, order, key=new_key()), 201, None, "an order").json()[
         "orderId"]
     holders = []
-    for _ in range(2):  # the worker, then the queue's one slot
-        holders.append(in_thread(lambda: u.post(ORD, order, key=new_key(), headers={
-            "X-Test-Delay-Ms": "2000"})))
-        time.sleep(0.3)
+    first = new_key("hold")
+    holders.append(in_thread(lambda: u.post(ORD, order, key=first, headers={
+        "X-Test-Delay-Ms": "3000"})))
+    order_committed(busy, first)  # the one worker is taken
+    holders.append(in_thread(lambda: u.post(ORD, order, key=new_key(), headers={
+        "X-Test-Delay-Ms": "3000"})))
+    time.sleep(0.5)  # the queue's one slot is taken
     cov.check("POST", ORD, u.post(ORD, order, key=new_key()), 503, "server-busy", "workers busy")
     cov.check("GET", ONE, u.get("/api/orders/" + oid), 503, "server-busy", "workers busy")
     cov.check("PUT", PROF, u.put(PROF, prof), 503, "server-busy", "workers busy")
@@ -541,8 +537,9 @@ def the_gateway_admin_listener_answers_as_documented(ctx):
               "record-completed", "a completed record")
         slow = new_key("slow")
         t, out = in_thread(lambda: gw.request("POST", "/v1/things", {"n": 2}, key=slow,
-                                              headers={"X-Test-Mode": "slow:1500"}))
-        time.sleep(0.4)
+                                              headers={"X-Test-Mode": "slow:2000"}))
+        wait_until("the request in flight upstream", lambda: up.executions(slow) == 1,
+                   timeout_s=15, pause_s=0.02)
         check("POST", res, resolve(dict(base, key=slow, decision="not-executed")), 409,
               "idempotency-request-in-progress", "a record being forwarded")
         shown = gw.admin("GET", record("alice", "things.create", slow))

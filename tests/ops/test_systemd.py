@@ -37,8 +37,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "tests", "service"))
 
-from harness import (Server, TestFailure, expect, expect_eq, fail, new_key,  # noqa: E402
-                     run, test)
+from harness import (Server, TestFailure, db_query, expect, expect_eq, fail,  # noqa: E402
+                     new_key, run, test)
+from provider import wait_until  # noqa: E402
 
 BUILD = os.environ.get("IDEM_BUILD") or os.path.join(REPO, "build")
 UNITS = ("orderd.service", "idem-gateway.service")
@@ -276,7 +277,10 @@ def stop_orderd_finishes_a_request_in_flight_and_exits_0(ctx):
         k = new_key("inflight")
         t, out = in_thread(lambda: u.create_order(k, headers={"X-Test-Delay-Ms": "2000"},
                                                   timeout=60))
-        time.sleep(0.5)
+        # In flight: its order is committed (phase 1) and it sleeps before answering.
+        wait_until("the order in flight", lambda: db_query(
+            s.db_uri, "SELECT count(*) FROM orders WHERE idem_key = ?", (k,))[0][0] == "1",
+            timeout_s=15, pause_s=0.02)
         t0 = time.monotonic()
         s.proc.send_signal(kill)
         time.sleep(0.3)
@@ -339,7 +343,8 @@ def stop_gateway_finishes_a_request_in_flight_and_exits_0(ctx):
         t, out = in_thread(lambda: http_request(host, port, "POST", "/v1/things", "{\"n\": 1}", {
             "X-Consumer-Id": "alice", "Idempotency-Key": "stop-1",
             "Content-Type": "application/json", "X-Test-Mode": "slow:2000"}, 30))
-        time.sleep(0.5)
+        wait_until("the request in flight upstream", lambda: up.executions("stop-1") == 1,
+                   timeout_s=15, pause_s=0.02)
         kill = getattr(signal, setting(unit, "KillSignal"))
         bound = seconds(setting(unit, "TimeoutStopSec"))
         t0 = time.monotonic()
