@@ -13,6 +13,9 @@ for page in idem.1 idem-check.1 provider-sim.1 orderd.8 idem-gateway.8; do
     [ -f "$src/docs/$page" ] || { echo "docs/$page is missing" >&2; fail=1; }
 done
 
+# man-db renders the pages as a user reads them; scripts/deps.sh installs it.
+command -v man >/dev/null 2>&1 || { echo "man (man-db) is not installed: run scripts/deps.sh" >&2; exit 1; }
+
 n=0
 for page in "$src"/docs/*.[18]; do
     out=$(groff -man -ww -z "$page" 2>&1) || true
