@@ -199,9 +199,12 @@ static void admin_handle(void *ctx, const struct request *rq, struct response *r
     } else if (strcmp(rq->path, "/records/resolve") == 0 && strcmp(rq->method, "POST") == 0) {
         resolve_record(gw, rq, resp);
     } else if (strcmp(rq->path, "/healthz") == 0 || strcmp(rq->path, "/readyz") == 0 ||
-               strcmp(rq->path, "/metrics") == 0) {
+               strcmp(rq->path, "/metrics") == 0 || strcmp(rq->path, "/records") == 0) {
         response_set_header(resp, "Allow", "GET, HEAD");
         response_problem(resp, 405, "method-not-allowed", "Only GET and HEAD are allowed here.");
+    } else if (strcmp(rq->path, "/records/resolve") == 0) {
+        response_set_header(resp, "Allow", "POST");
+        response_problem(resp, 405, "method-not-allowed", "Only POST is allowed here.");
     } else {
         response_problem(resp, 404, "not-found",
                          "The admin listener serves /healthz, /readyz, /metrics, /records and "

@@ -59,7 +59,7 @@ static const char usage_serve[] =
     "  --sweep-interval-s N     seconds between retention sweeps, 0 to disable (default 60)\n"
     "  --replay-cache-mb N      memory for stored answers replayed without the store,\n"
     "                           0 to disable (default 8)\n"
-    "HTTP limits (override the config's `limits:`):\n";
+    "The HTTP limit flags below override the config's `limits:`.\n";
 
 static const char usage_serve_end[] = "  -h, --help               show this help\n";
 

@@ -709,6 +709,8 @@ static void send_problem(struct conn *c, const struct request *rq, int status, c
 {
     response_clear(&c->resp);
     response_init(&c->resp);
+    if (status == 503) /* busy or full: a retry soon is welcome, and says when */
+        response_set_header(&c->resp, "Retry-After", "1");
     response_problem(&c->resp, status, code, detail);
     send_response(c, rq, keep_alive);
 }

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "idem/idem.h"
+
 #include "chaos.h"
 #include "check.h"
 #include "banned.h"
@@ -44,6 +46,7 @@ static void usage(FILE *f)
         "  --timeout S        seconds per request (default 10)\n"
         "  --json             one JSON object with a \"checks\" array instead of the table\n"
         "  -h, --help         this help\n"
+        "  --version          the version\n"
         "\n"
         "Each check prints PASS, FAIL, WARN (works, but not as http-api.md says, e.g. a replay\n"
         "without its marker) or SKIP (cannot be judged, e.g. no 409 was seen), with evidence.\n"
@@ -207,6 +210,10 @@ int main(int argc, char **argv)
         return bad_usage("%s", "which mode? (conformance, chaos)");
     if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         usage(stdout);
+        return CK_EXIT_OK;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("idem-check %s\n", IDEM_VERSION_STRING);
         return CK_EXIT_OK;
     }
     if (strcmp(argv[1], "conformance") == 0)

@@ -495,9 +495,13 @@ def the_gateway_admin_listener_answers_as_documented(ctx):
         check("GET", "/healthz", gw.admin("GET", "/healthz"), 200, None, "healthz")
         check("GET", "/readyz", gw.admin("GET", "/readyz"), 200, None, "readyz")
         check("GET", "/metrics", gw.admin("GET", "/metrics"), 200, None, "metrics")
-        for path in ("/healthz", "/readyz", "/metrics"):
-            check("GET", path, gw.admin("POST", path, "{}"), 405, "method-not-allowed",
-                  "POST " + path)
+        for path in ("/healthz", "/readyz", "/metrics", "/records"):
+            r = gw.admin("POST", path, "{}")
+            check("GET", path, r, 405, "method-not-allowed", "POST " + path)
+            expect_eq(r.header("Allow"), "GET, HEAD", "Allow of " + path)
+        r = gw.admin("GET", "/records/resolve")
+        check("POST", "/records/resolve", r, 405, "method-not-allowed", "GET /records/resolve")
+        expect_eq(r.header("Allow"), "POST", "Allow of /records/resolve")
 
         def record(principal, op, key):
             return "/records?" + urllib.parse.urlencode(

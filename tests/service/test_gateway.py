@@ -168,14 +168,14 @@ def request_log_has_each_request_once_without_waiting_for_more_traffic(ctx):
         for t in threads:
             t.join(30)
         expect_eq(len(results), 40, "answers")
-        deadline = time.monotonic() + 2
+        deadline = time.monotonic() + 5
         while len(request_lines(gw)) < 41 and time.monotonic() < deadline:
             time.sleep(0.02)
         lines = request_lines(gw)
         outcomes = sorted((method, outcome) for method, _, _, outcome, _ in lines)
         expect_eq(outcomes, sorted([("POST", "executed")] + [("POST", "replayed")] * 20 +
                                    [("GET", "passed")] * 20),
-                  "one whole line per request, within 2 s of the last answer")
+                  "one whole line per request, within 5 s of the last answer")
         expect_eq(sorted(p for m, p, _, _, _ in lines if m == "GET"),
                   sorted("/passed/%d" % i for i in range(0, 40, 2)), "the passed paths")
         # One more, then a stop at once: its line is written as the loop ends.
@@ -572,7 +572,7 @@ def a_stop_cuts_a_stream_still_going_when_its_grace_ends(ctx):
         code = gw.proc.wait(30)
         took = time.monotonic() - t0
         t.join(30)
-        expect(took < 15, "the gateway stopped within its grace (%.1f s)" % took)
+        expect(took < 20, "the gateway stopped within its grace of 10 s (%.1f s)" % took)
         expect_eq(code, 0, "exit status of a graceful stop")
         _, _, body, _ = box["r"]
         expect(0 < len(body) < (256 << 20), "the client got a body cut short: %d bytes" % len(body))

@@ -613,6 +613,7 @@ def _expect_turned_away(server, source, what):
     try:
         r = c.read_response(5.0, what)  # refused at once, without a request
         expect_problem(r, 503, "too-many-connections", what)
+        expect_eq(r.header("Retry-After"), "1", "%s: Retry-After" % what)
         c.expect_closed(3.0, what)
     finally:
         c.close()
