@@ -5,7 +5,7 @@
 #   libidem-client0  libidem-client.so.0 (stable keys, intent journal, retries; over libcurl)
 #   libidem-dev      headers, static libraries, the .so links, idem.pc and idem-client.pc
 #   idem-tools       the idem CLI, idem-check and provider-sim, with their manual pages
-#   orderd           orderd(8), its systemd unit and system user, /etc/idem/orderd.env
+#   orderd           orderd(8), its systemd unit and system user, /etc/idem/orderd.{conf,env}
 #   idem-gateway     idem-gateway(8), its systemd unit and system user, /etc/idem/gateway.yaml
 #
 # Each package is a CPack component made of the install rules below, which name their component
@@ -95,6 +95,7 @@ foreach(unit orderd idem-gateway)
 endforeach()
 deb_install(orderd FILES ${CMAKE_CURRENT_SOURCE_DIR}/etc/orderd.env DESTINATION /etc/idem
             PERMISSIONS OWNER_READ OWNER_WRITE)
+deb_install(orderd FILES ${CMAKE_CURRENT_SOURCE_DIR}/etc/orderd.conf DESTINATION /etc/idem)
 deb_install(idem-gateway FILES ${CMAKE_CURRENT_SOURCE_DIR}/etc/gateway.yaml DESTINATION /etc/idem)
 deb_install(idem-gateway FILES ${CMAKE_SOURCE_DIR}/examples/gateway.yaml
             DESTINATION share/doc/idem-gateway/examples)
@@ -120,7 +121,7 @@ foreach(unit orderd idem-gateway)
   set(UNIT ${unit})
   if(unit STREQUAL "orderd")
     set(START yes)
-    set(conffile /etc/idem/orderd.env)
+    set(conffile "/etc/idem/orderd.conf\n/etc/idem/orderd.env")
   else()
     set(START no) # its config names the upstream: edit it, then enable it (docs/ops.md)
     set(conffile /etc/idem/gateway.yaml)

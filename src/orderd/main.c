@@ -17,6 +17,7 @@
 #include "auth.h"
 #include "config.h"
 #include "db.h"
+#include "flag_file.h"
 #include "http.h"
 #include "outbox.h"
 #include "schema.h"
@@ -56,6 +57,8 @@ static const char usage_serve[] =
     "'orderd: listening on http://HOST:PORT' on stdout; logs go to stderr.\n"
     "\n"
     "Options:\n"
+    "  --config FILE            options from a YAML file, one 'name: value' per option\n"
+    "                           ('listen: 127.0.0.1:8080'); an option given here wins\n"
     "  --listen HOST:PORT       address to listen on (default " ORDERD_DEFAULT_LISTEN ");\n"
     "                           IPv6 as [::1]:8080; port 0 picks a free port\n"
     "  --metrics-listen HOST:PORT  serve GET /metrics there (e.g. 127.0.0.1:9101) instead of\n"
@@ -165,6 +168,7 @@ enum {
     OPT_STATUS,
     OPT_LIMIT,
     OPT_IDEMPOTENCY,
+    OPT_CONFIG,
     OPT_REPLAY_CACHE,
     OPT_TOKEN_ID,
     OPT_TOKEN,
@@ -172,6 +176,7 @@ enum {
 };
 
 static const struct option serve_options[] = {
+    {"config", required_argument, NULL, OPT_CONFIG},
     {"listen", required_argument, NULL, OPT_LISTEN},
     {"metrics-listen", required_argument, NULL, OPT_METRICS_LISTEN},
     {"db", required_argument, NULL, OPT_DB},
@@ -233,6 +238,10 @@ struct cli {
     int64_t limit;        /* outbox list --limit */
     const char *arg;      /* the one positional argument of commands that take one */
     int allow_arg;
+    /* serve --config: the file's options and the arguments they were parsed with (cfg points
+     * into them), freed as orderd exits */
+    char **config_args, **config_argv;
+    int nconfig_args;
 };
 
 /*
@@ -431,6 +440,8 @@ static int apply_option(struct cli *cli, int c, const char *arg)
         if (number_flag(cli, "limit", arg, 1, 100000, &cli->limit) != 0)
             status = EXIT_USAGE;
         break;
+    case OPT_CONFIG:
+        break; /* read before the other options (parse_serve_options) */
     case OPT_IDEMPOTENCY:
         if (strcmp(arg, "on") == 0)
             cfg->idempotency_off = 0;
@@ -490,6 +501,42 @@ static int parse_options(struct cli *cli, int argc, char **argv, const struct op
         cli->arg = argv[optind++];
     if (status < 0 && optind < argc)
         status = usage_error(cli, "unexpected argument '%s'", argv[optind]);
+    return status;
+}
+
+/*
+ * `serve`'s options: those of --config FILE first (flag_file.c), then the command line's, so a
+ * flag given there wins over the file.  Returns as parse_options().
+ */
+static int parse_serve_options(struct cli *cli, int argc, char **argv)
+{
+    const char *config = NULL;
+    char **from_file = NULL, **all;
+    char err[600];
+    int nfile = 0, status, i;
+
+    for (i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0)
+            break;
+        if (strncmp(argv[i], "--config=", 9) == 0)
+            config = argv[i] + 9;
+        else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
+            config = argv[++i];
+    }
+    if (config != NULL &&
+        flag_file_load(config, serve_options, "config", &from_file, &nfile, err, sizeof err) != 0)
+        return usage_error(cli, "--config %s", err);
+    all = xcalloc((size_t)(argc + nfile + 1), sizeof *all);
+    all[0] = argv[0];
+    for (i = 0; i < nfile; i++)
+        all[1 + i] = from_file[i];
+    for (i = 1; i < argc; i++)
+        all[nfile + i] = argv[i];
+    status = parse_options(cli, argc + nfile, all, serve_options, usage_serve);
+    /* The configuration keeps pointers into the arguments: they live as long as the process. */
+    cli->config_args = from_file;
+    cli->nconfig_args = nfile;
+    cli->config_argv = all;
     return status;
 }
 
@@ -766,7 +813,7 @@ int main(int argc, char **argv)
         status = 0;
     } else if (strcmp(cmd, "serve") == 0) {
         cli.command = "serve";
-        status = parse_options(&cli, argc - 1, argv + 1, serve_options, usage_serve);
+        status = parse_serve_options(&cli, argc - 1, argv + 1);
         /* The baseline measures records against none, not payments: it never charges. */
         if (status < 0 && cli.cfg.idempotency_off && cli.cfg.provider != NULL)
             status = usage_error(&cli, "--idempotency off cannot be used with --provider");
@@ -798,5 +845,7 @@ int main(int argc, char **argv)
         free(what);
         status = EXIT_USAGE;
     }
+    flag_file_free(cli.config_args, cli.nconfig_args);
+    free(cli.config_argv);
     return status;
 }

@@ -12,7 +12,7 @@ CPack makes them from the build tree into a scratch directory, then:
     installed there `orderd --version` runs, `pkg-config --cflags idem` names the installed
     headers, examples/embed.c builds against the installed library and replays, `man orderd`
     finds its page, a CMake project finds the libraries with find_package(idem CONFIG) and links
-    them shared and static; removing orderd keeps its conffile /etc/idem/orderd.env, purging
+    them shared and static; removing orderd keeps its conffiles /etc/idem/orderd.{conf,env}, purging
     removes it.
 
 What it cannot check here: the unit started by dpkg under systemd (no systemd as PID 1 on this
@@ -226,11 +226,14 @@ def deb_packages_install_into_a_root_and_work_from_there(ctx):
 
     # Removing keeps the conffile (an operator's settings and secret); purging removes it.
     env_file = os.path.join(root, "etc/idem/orderd.env")
+    conf_file = os.path.join(root, "etc/idem/orderd.conf")
     expect(dpkg(ctx, "-r", "orderd").returncode == 0, "dpkg -r orderd")
     expect(not os.path.exists(os.path.join(root, "usr/bin/orderd")), "orderd left after -r")
-    expect(os.path.exists(env_file), "dpkg -r orderd removed its conffile")
+    for f in (env_file, conf_file):
+        expect(os.path.exists(f), "dpkg -r orderd removed its conffile %s" % f)
     expect(dpkg(ctx, "-P", "orderd").returncode == 0, "dpkg -P orderd")
-    expect(not os.path.exists(env_file), "dpkg -P orderd kept %s" % env_file)
+    for f in (env_file, conf_file):
+        expect(not os.path.exists(f), "dpkg -P orderd kept %s" % f)
 
 
 if __name__ == "__main__":

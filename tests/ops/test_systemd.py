@@ -270,7 +270,12 @@ def stop_orderd_finishes_a_request_in_flight_and_exits_0(ctx):
         cmd = s.serve_command()
         expect(cmd[0] == os.path.join(ctx.prefix, "bin", "orderd") and cmd[1] == "serve",
                "the unit's command: %r" % cmd)
-        expect("--log-format" in cmd and "--metrics-listen" in cmd, "unit options: %r" % cmd)
+        expect("--config" in cmd, "the unit names its config file: %r" % cmd)
+        conf = cmd[cmd.index("--config") + 1]
+        with open(conf) as f:
+            text = f.read()
+        expect("log-format: json" in text and "metrics-listen:" in text,
+               "the installed %s holds the unit's options: %r" % (conf, text))
         kill = getattr(signal, setting(s.unit, "KillSignal"))
         bound = seconds(setting(s.unit, "TimeoutStopSec"))
         u = s.new_user("unit")
