@@ -104,6 +104,35 @@ static void render_inbox(const struct idem_rows *counts, struct strbuf *sb)
 }
 
 /*
+ * Payments and refunds whose outcome is unknown (flagged for the reconciler), by the index of
+ * their next check: a few rows whatever the size of the tables, as many as are unsettled now.
+ */
+static void render_unknown(struct idem_tx *tx, struct strbuf *sb)
+{
+    static const char *const sql[2] = {
+        "SELECT COUNT(*) FROM orders WHERE payment_check_ms >= 0 AND status = 'pending_payment'",
+        "SELECT COUNT(*) FROM refunds WHERE check_ms >= 0"};
+    static const char *const kinds[2] = {"charge", "refund"};
+    struct idem_rows *rows = NULL;
+    long long n[2];
+
+    for (int i = 0; i < 2; i++) {
+        if (idem_tx_exec(tx, sql[i], 0, NULL, &rows) != 0) {
+            idem_rows_free(rows);
+            return;
+        }
+        n[i] = (long long)db_int(rows, 0, 0);
+        idem_rows_free(rows);
+        rows = NULL;
+    }
+    strbuf_adds(sb, "# HELP orderd_payments_unknown Charges and refunds whose outcome is unknown"
+                    " now: waiting for a retry, a webhook or the reconciler.\n"
+                    "# TYPE orderd_payments_unknown gauge\n");
+    for (int i = 0; i < 2; i++)
+        strbuf_addf(sb, "orderd_payments_unknown{kind=\"%s\"} %lld\n", kinds[i], n[i]);
+}
+
+/*
  * The figures read from the store: the counts the schema's triggers keep (schema.c, step 5), a
  * few rows whatever the size of the outbox and the inbox.  A store that does not answer leaves
  * them out rather than fail the page (the counters are still worth having), and says so in
@@ -140,6 +169,7 @@ static void render_store(const struct app *app, struct strbuf *sb)
     if (up) {
         render_outbox(counts, sb);
         render_inbox(counts, sb);
+        render_unknown(tx, sb);
     }
     idem_rows_free(counts);
     idem_tx_rollback(tx);

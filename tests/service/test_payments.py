@@ -118,6 +118,11 @@ def test_declined_card_is_a_stored_402_and_gives_the_stock_back(_):
                   "confirmation emails (none for the declined order)")
 
 
+def unknown_payments(server):
+    r = server.client().get("/metrics")
+    return metric_value(parse_metrics(r.body.decode()), "orderd_payments_unknown", kind="charge")
+
+
 @test
 def test_unknown_outcome_is_503_not_stored_and_the_retry_charges_once(_):
     prov, s = paid_pair(order_args=["--reconciler-interval-ms", "0", "--completer-interval-ms",
@@ -137,10 +142,12 @@ def test_unknown_outcome_is_503_not_stored_and_the_retry_charges_once(_):
         orders = u.all_orders()
         expect_eq([o["status"] for o in orders], ["pending_payment"],
                   "the order exists and waits for its payment")
+        expect_eq(unknown_payments(s), 1, "orderd_payments_unknown while it is unknown")
         prov.faults(lost_rate=0)
         final, interim = retry_until_final(u, "POST", "/api/orders",
                                            {"productId": "p-1024", "quantity": 2}, key=k)
         expect_eq(final.status, 201, "retry once the provider answers: " + final.describe())
+        expect_eq(unknown_payments(s), 0, "orderd_payments_unknown once it is paid")
         oid = final.json()["orderId"]
         expect_eq(oid, orders[0]["orderId"], "the retry finishes the same order")
         charges = prov.charges_by_key(charge_key(oid))
