@@ -52,11 +52,6 @@ struct upstream {
     struct http_client *async; /* the same upstream, from the event loops */
 };
 
-static int64_t now_ms(void)
-{
-    return mono_ns() / 1000000;
-}
-
 int upstream_new(const struct http_client_options *opts, struct upstream **out, char *err,
                  size_t errlen)
 {
@@ -94,23 +89,6 @@ void upstream_free(struct upstream *up)
     free(up);
 }
 
-/* Waits until `fd` is ready for `events` or `deadline` passes: 1 ready, 0 timed out, -1 error. */
-static int wait_fd(int fd, short events, int64_t deadline)
-{
-    for (;;) {
-        struct pollfd p = {.fd = fd, .events = events};
-        int64_t left = deadline - now_ms();
-        int n;
-        if (left <= 0)
-            return 0;
-        n = poll(&p, 1, left > 60000 ? 60000 : (int)left);
-        if (n > 0)
-            return 1;
-        if (n < 0 && errno != EINTR)
-            return -1;
-    }
-}
-
 /*
  * A pooled connection still fit for a request: young, and nothing to read on it (an EOF or stray
  * bytes mean the upstream is closing it or broke the protocol).
@@ -125,7 +103,7 @@ static int idle_usable(const struct idle_conn *ic, int64_t now)
 
 static int take_idle(struct upstream *up)
 {
-    int64_t now = now_ms();
+    int64_t now = mono_ms();
     int fd = -1;
 
     pthread_mutex_lock(&up->lock);
@@ -145,7 +123,7 @@ static void give_back(struct upstream *up, int fd)
     pthread_mutex_lock(&up->lock);
     if (up->nidle < (up->opts.max_idle > 0 ? up->opts.max_idle : 1)) {
         up->idle[up->nidle].fd = fd;
-        up->idle[up->nidle].since_ms = now_ms();
+        up->idle[up->nidle].since_ms = mono_ms();
         up->nidle++;
         fd = -1;
     }
@@ -174,7 +152,7 @@ static int connect_new(struct upstream *up, char *err, size_t errlen)
         snprintf(err, errlen, "connect to %s: %s", up->host_header, strerror(errno));
         goto fail;
     }
-    w = wait_fd(fd, POLLOUT, now_ms() + up->opts.connect_timeout_ms);
+    w = fd_wait(fd, POLLOUT, mono_ms() + up->opts.connect_timeout_ms);
     if (w <= 0) {
         snprintf(err, errlen, "connect to %s: %s", up->host_header,
                  w == 0 ? "timed out" : strerror(errno));
@@ -223,7 +201,7 @@ static int write_all(int fd, struct iovec *iov, int n, int64_t deadline, size_t 
             if (errno == EINTR)
                 continue;
             if (errno == EAGAIN) {
-                int r = wait_fd(fd, POLLOUT, deadline);
+                int r = fd_wait(fd, POLLOUT, deadline);
                 if (r <= 0) {
                     if (r == 0)
                         errno = ETIMEDOUT;
@@ -234,15 +212,7 @@ static int write_all(int fd, struct iovec *iov, int n, int64_t deadline, size_t 
             return -1;
         }
         *sent += (size_t)w;
-        while (n > 0 && (size_t)w >= iov->iov_len) {
-            w -= (ssize_t)iov->iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov->iov_base = (char *)iov->iov_base + w;
-            iov->iov_len -= (size_t)w;
-        }
+        iov_advance(&iov, &n, (size_t)w);
     }
     return 0;
 }
@@ -264,7 +234,7 @@ static enum http_fetch_result read_answer(struct http_reply_reader *r, int fd, i
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && errno == EAGAIN) {
-            int w = wait_fd(fd, POLLIN, deadline);
+            int w = fd_wait(fd, POLLIN, deadline);
             if (w == 0) {
                 snprintf(err, errlen, "no whole answer within the upstream timeout");
                 resp->timed_out = 1;
@@ -336,7 +306,7 @@ enum http_fetch_result upstream_exchange(struct upstream *up, const struct upstr
     iov[1].iov_base = (void *)rq->body;
     iov[1].iov_len = rq->body_len;
     start_ns = mono_ns();
-    deadline = now_ms() + up->opts.timeout_ms;
+    deadline = mono_ms() + up->opts.timeout_ms;
     if (write_all(fd, iov, rq->body_len > 0 ? 2 : 1, deadline, &sent) != 0) {
         int e = errno;
         snprintf(err, errlen, "sending the request: %s", strerror(e));

@@ -285,10 +285,7 @@ int http_body_stream_next(struct http_body_stream *st, struct strbuf *into, char
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             /* The timeout is per stall, not for the whole body: a large one takes its time. */
-            struct pollfd p = {.fd = st->fd, .events = POLLIN};
-            int w = poll(&p, 1, st->timeout_ms);
-            if (w < 0 && errno == EINTR)
-                continue;
+            int w = fd_wait(st->fd, POLLIN, mono_ms() + st->timeout_ms);
             if (w == 0) {
                 snprintf(err, errlen, "the upstream stopped sending the body for %d ms",
                          st->timeout_ms);
@@ -384,11 +381,6 @@ struct http_fetch {
     unsigned flags; /* HTTP_FETCH_* */
     int64_t start_ns;
 };
-
-static int64_t now_ms(void)
-{
-    return mono_ns() / 1000000;
-}
 
 int http_client_new(const struct http_client_options *opts, struct http_client **out, char *err,
                     size_t errlen)
@@ -559,7 +551,7 @@ static void release(struct fconn *c, int reusable)
         fconn_close(c);
         return;
     }
-    c->idle_since_ms = now_ms();
+    c->idle_since_ms = mono_ms();
     c->next = p->idle;
     p->idle = c;
     p->nidle++;
@@ -694,7 +686,7 @@ static void connect_cb(uv_connect_t *req, int status)
 /* A pooled connection fit for a request: young (its read is armed, so a close was seen). */
 static struct fconn *take_idle(struct loop_pool *p)
 {
-    int64_t now = now_ms();
+    int64_t now = mono_ms();
 
     while (p->idle) {
         struct fconn *c = p->idle;

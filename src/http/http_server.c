@@ -744,25 +744,13 @@ static int stream_send(struct conn *c, struct iovec *iov, int n)
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            struct pollfd p = {.fd = fd, .events = POLLOUT};
-            int k = poll(&p, 1, timeout);
-            if (k < 0 && errno == EINTR)
-                continue;
-            if (k <= 0)
+            if (fd_wait(fd, POLLOUT, mono_ms() + timeout) <= 0)
                 return -1;
             continue;
         }
         if (w <= 0)
             return -1;
-        while (n > 0 && (size_t)w >= iov->iov_len) {
-            w -= (ssize_t)iov->iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov->iov_base = (char *)iov->iov_base + w;
-            iov->iov_len -= (size_t)w;
-        }
+        iov_advance(&iov, &n, (size_t)w);
     }
     return 0;
 }

@@ -57,11 +57,6 @@ struct auth_cache {
 /* How long a token lookup waits for one of the allowed slots before AUTH_BUSY. */
 #define LOOKUP_WAIT_MS 2000
 
-static int64_t mono_ms(void)
-{
-    return mono_ns() / 1000000;
-}
-
 struct auth_cache *auth_cache_new(int64_t ttl_ms, size_t slots, int max_lookups)
 {
     struct auth_cache *c = NULL;

@@ -540,26 +540,44 @@ static int parse_serve_options(struct cli *cli, int argc, char **argv)
     return status;
 }
 
-static int run_token_create(const struct cli *cli)
+/*
+ * The store of cli->cfg for a one-shot command (one connection), with the migrations applied
+ * (*applied receives how many, when not NULL).  NULL after saying why as "orderd WHAT: ...".
+ */
+static struct idem_store *open_command_store(const struct cli *cli, const char *what, int *applied)
 {
     struct idem_store *st = NULL;
     char err[512];
     char *errmsg = NULL;
-    char *token = NULL;
-    int status = 1;
     int rc;
 
     rc = db_open(cli->cfg.db, 1, cli->cfg.sync, &st, err, sizeof err);
     if (rc < 0) {
-        fprintf(stderr, "orderd token create: %s\n", err);
-        goto out;
+        fprintf(stderr, "orderd %s: %s\n", what, err);
+        return NULL;
     }
-    rc = schema_migrate(st, NULL, &errmsg);
+    rc = schema_migrate(st, applied, &errmsg);
     if (rc < 0) {
-        fprintf(stderr, "orderd token create: migrations failed: %s\n",
+        fprintf(stderr, "orderd %s: migrations failed: %s\n", what,
                 errmsg ? errmsg : idem_strerror(rc));
-        goto out;
+        idem_free(errmsg);
+        idem_store_close(st);
+        return NULL;
     }
+    return st;
+}
+
+static int run_token_create(const struct cli *cli)
+{
+    struct idem_store *st;
+    char err[512];
+    char *token = NULL;
+    int status = 1;
+    int rc;
+
+    st = open_command_store(cli, "token create", NULL);
+    if (st == NULL)
+        goto out;
     rc = auth_token_create(st, cli->user, &token, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "orderd token create: %s\n", err);
@@ -570,36 +588,20 @@ static int run_token_create(const struct cli *cli)
     status = 0;
 out:
     free(token);
-    idem_free(errmsg);
     idem_store_close(st);
     return status;
 }
 
 static int run_migrate(const struct cli *cli)
 {
-    struct idem_store *st = NULL;
-    char err[512];
-    char *errmsg = NULL;
     int applied = 0;
-    int status = 1;
-    int rc;
+    struct idem_store *st = open_command_store(cli, "migrate", &applied);
 
-    rc = db_open(cli->cfg.db, 1, cli->cfg.sync, &st, err, sizeof err);
-    if (rc < 0) {
-        fprintf(stderr, "orderd migrate: %s\n", err);
-        goto out;
-    }
-    rc = schema_migrate(st, &applied, &errmsg);
-    if (rc < 0) {
-        fprintf(stderr, "orderd migrate: %s\n", errmsg ? errmsg : idem_strerror(rc));
-        goto out;
-    }
+    if (st == NULL)
+        return 1;
     printf("orderd: applied %d migration%s\n", applied, applied == 1 ? "" : "s");
-    status = 0;
-out:
-    idem_free(errmsg);
     idem_store_close(st);
-    return status;
+    return 0;
 }
 
 static void config_defaults(struct orderd_config *cfg)
@@ -634,23 +636,14 @@ static void config_defaults(struct orderd_config *cfg)
 /* `orderd token list` and `orderd token revoke`. */
 static int run_token_admin(const struct cli *cli, int revoke)
 {
-    struct idem_store *st = NULL;
+    struct idem_store *st;
     char err[512];
-    char *errmsg = NULL;
     int status = 1;
     int rc, n = 0;
 
-    rc = db_open(cli->cfg.db, 1, cli->cfg.sync, &st, err, sizeof err);
-    if (rc < 0) {
-        fprintf(stderr, "orderd %s: %s\n", cli->command, err);
+    st = open_command_store(cli, cli->command, NULL);
+    if (st == NULL)
         goto out;
-    }
-    rc = schema_migrate(st, NULL, &errmsg);
-    if (rc < 0) {
-        fprintf(stderr, "orderd %s: migrations failed: %s\n", cli->command,
-                errmsg ? errmsg : idem_strerror(rc));
-        goto out;
-    }
     if (revoke)
         rc = auth_token_revoke(st, cli->user, cli->token_id, cli->token, &n, err, sizeof err);
     else
@@ -665,7 +658,6 @@ static int run_token_admin(const struct cli *cli, int revoke)
     fflush(stdout);
     status = 0;
 out:
-    idem_free(errmsg);
     idem_store_close(st);
     return status;
 }
@@ -728,23 +720,14 @@ out:
 
 static int run_outbox(const struct cli *cli, int retry)
 {
-    struct idem_store *st = NULL;
+    struct idem_store *st;
     char err[512];
-    char *errmsg = NULL;
     int status = 1;
     int rc;
 
-    rc = db_open(cli->cfg.db, 1, cli->cfg.sync, &st, err, sizeof err);
-    if (rc < 0) {
-        fprintf(stderr, "orderd %s: %s\n", cli->command, err);
+    st = open_command_store(cli, cli->command, NULL);
+    if (st == NULL)
         goto out;
-    }
-    rc = schema_migrate(st, NULL, &errmsg);
-    if (rc < 0) {
-        fprintf(stderr, "orderd %s: migrations failed: %s\n", cli->command,
-                errmsg ? errmsg : idem_strerror(rc));
-        goto out;
-    }
     if (!retry) {
         rc = outbox_list(st, cli->status, cli->limit > 0 ? (int)cli->limit : 100, stdout, err,
                          sizeof err);
@@ -761,7 +744,6 @@ static int run_outbox(const struct cli *cli, int retry)
         fprintf(stderr, "orderd %s: %s\n", cli->command, err);
     status = rc == 0 ? 0 : 1;
 out:
-    idem_free(errmsg);
     idem_store_close(st);
     return status;
 }

@@ -8,15 +8,18 @@
 
 #include "idem/idem.h"
 
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <time.h>
 
 #include <openssl/evp.h>
 #include <openssl/rand.h>
-#include <pthread.h>
 
 #include "clock.h"
 #include "banned.h"
@@ -119,6 +122,41 @@ int64_t wall_ms(void)
 int64_t mono_ns(void)
 {
     return clock_now_ns(CLOCK_MONOTONIC);
+}
+
+int64_t mono_ms(void)
+{
+    return mono_ns() / 1000000;
+}
+
+int fd_wait(int fd, short events, int64_t deadline_ms)
+{
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = events};
+        int64_t left = deadline_ms - mono_ms();
+        int n;
+
+        if (left <= 0)
+            return 0;
+        n = poll(&p, 1, left > 60000 ? 60000 : (int)left);
+        if (n > 0)
+            return 1;
+        if (n < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+void iov_advance(struct iovec **iov, int *n, size_t done)
+{
+    while (*n > 0 && done >= (*iov)->iov_len) {
+        done -= (*iov)->iov_len;
+        (*iov)++;
+        (*n)--;
+    }
+    if (*n > 0) {
+        (*iov)->iov_base = (char *)(*iov)->iov_base + done;
+        (*iov)->iov_len -= done;
+    }
 }
 
 void sleep_ms(int64_t ms)

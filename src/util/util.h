@@ -54,6 +54,18 @@ void sha256_bytes(const void *data, size_t len, unsigned char out[SHA256_BYTES])
 int64_t wall_ms(void);
 /* Nanoseconds of CLOCK_MONOTONIC, for durations. */
 int64_t mono_ns(void);
+/* Milliseconds of CLOCK_MONOTONIC, for deadlines. */
+int64_t mono_ms(void);
+
+/*
+ * Waits until `fd` is ready for `events` (poll(2)'s) or the mono_ms() deadline passes, going on
+ * after signals: 1 ready, 0 timed out, -1 with errno.
+ */
+int fd_wait(int fd, short events, int64_t deadline_ms);
+
+/* Moves `*iov` (`*n` buffers) past `done` bytes a writev() or sendmsg() took. */
+struct iovec;
+void iov_advance(struct iovec **iov, int *n, size_t done);
 /* Sleeps `ms` milliseconds, restarting after signals. */
 void sleep_ms(int64_t ms);
 
