@@ -25,7 +25,6 @@ import json
 import os
 import re
 import sys
-import threading
 import time
 import urllib.parse
 
@@ -36,7 +35,7 @@ sys.path.insert(0, os.path.join(REPO, "tests", "service"))
 
 import oas  # noqa: E402
 from harness import (Server, TestFailure, db_query, expect, expect_eq, fail,  # noqa: E402
-                     new_key, run, store_locked, test)
+                     in_thread, joined, new_key, run, store_locked, test)
 from provider import WEBHOOK_SECRET, paid_pair, sign, wait_until  # noqa: E402
 
 ORDERD_DOC = os.path.join(REPO, "docs", "openapi", "orderd.yaml")
@@ -192,28 +191,6 @@ class Coverage:
 
 
 # ---- 2. a running orderd ---------------------------------------------------------------------------
-
-def in_thread(fn):
-    out = {}
-
-    def body():
-        try:
-            out["resp"] = fn()
-        except Exception as e:  # noqa: BLE001
-            out["error"] = e
-    t = threading.Thread(target=body, daemon=True)
-    t.start()
-    return t, out
-
-
-def joined(t, out, what):
-    t.join(60)
-    if t.is_alive():
-        fail("%s: no answer within 60 s" % what)
-    if "error" in out:
-        raise out["error"]
-    return out["resp"]
-
 
 def webhook(client, body, signed=True, **kw):
     raw = json.dumps(body).encode() if not isinstance(body, bytes) else body

@@ -30,7 +30,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,7 +37,7 @@ REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "tests", "service"))
 
 from harness import (Server, TestFailure, db_query, expect, expect_eq, fail,  # noqa: E402
-                     new_key, run, test)
+                     in_thread, new_key, run, test)
 from provider import wait_until  # noqa: E402
 
 BUILD = os.environ.get("IDEM_BUILD") or os.path.join(REPO, "build")
@@ -238,19 +237,6 @@ class UnitServer(Server):
 
     def serve_command(self):
         return command_line(setting(self.unit, "ExecStart"), self.unit_env)
-
-
-def in_thread(fn):
-    out = {}
-
-    def body():
-        try:
-            out["resp"] = fn()
-        except Exception as e:  # noqa: BLE001
-            out["error"] = e
-    t = threading.Thread(target=body, daemon=True)
-    t.start()
-    return t, out
 
 
 def refused(host, port):

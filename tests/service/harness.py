@@ -30,6 +30,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import tempfile
 import time
 import traceback
@@ -582,6 +583,90 @@ class Client:
                 return orders
             if not doc["orders"]:
                 raise TestFailure("GET %s: empty page with a nextCursor: %s" % (path, r.describe()))
+
+
+def in_thread(fn):
+    """Runs fn() in a daemon thread: (thread, box); the box gets "resp" (what fn returned) or
+    "error" (what it raised)."""
+    out = {}
+
+    def body():
+        try:
+            out["resp"] = fn()
+        except Exception as e:  # noqa: BLE001
+            out["error"] = e
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    return t, out
+
+
+def joined(t, out, what, timeout=60):
+    """in_thread's result: a failure if none came within `timeout` s or fn raised."""
+    t.join(timeout)
+    if t.is_alive():
+        fail("%s: no answer within %d s" % (what, timeout))
+    if "error" in out:
+        fail("%s raised %r" % (what, out["error"]))
+    return out["resp"]
+
+
+class HttpFront:
+    """
+    An HTTP front on 127.0.0.1:0 (.url) for a server on 127.0.0.1:`port`: every request is passed
+    on as it came, but what `intercept(path)` answers itself ((status, headers, body), or None to
+    pass on), and every answer's body goes through `rewrite(path, body)` first.  For tests that
+    need a server to look different from the outside.  close() stops it.
+    """
+
+    def __init__(self, port, intercept=None, rewrite=None):
+        import http.server
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def answer(self, status, headers, data):
+                self.send_response(status)
+                for k, v in headers:
+                    if k.lower() not in ("content-length", "connection", "transfer-encoding",
+                                         "date", "server"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def forward(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else None
+                mine = intercept(self.path) if intercept else None
+                if mine is not None:
+                    self.answer(*mine)
+                    return
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in ("host", "connection", "content-length")}
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                try:
+                    c.request(self.command, self.path, body=body, headers=headers)
+                    r = c.getresponse()
+                    data = r.read()
+                    self.answer(r.status, r.getheaders(),
+                                rewrite(self.path, data) if rewrite else data)
+                finally:
+                    c.close()
+
+            do_GET = do_POST = do_PUT = do_DELETE = forward
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = "http://127.0.0.1:%d" % self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 def new_key(prefix="k"):

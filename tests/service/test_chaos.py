@@ -22,19 +22,17 @@ Store: on SQLite idem-check makes orderd's file in its own temp directory; under
 """
 
 import atexit
-import http.client
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (BIN, Server, expect, expect_eq, expect_status, fail,  # noqa: E402
+from harness import (BIN, HttpFront, Server, expect, expect_eq, expect_status, fail,  # noqa: E402
                      new_key, pg_create_database, pg_drop_database, pg_fresh_mode, run, test)
 from provider import WEBHOOK_SECRET, paid_pair  # noqa: E402
 
@@ -256,57 +254,17 @@ def test_attach_to_running_services(ctx):
                 proc.close()
 
 
-class InboxGaugeStripper:
+def inbox_gauge_stripper(port):
     """
     An HTTP front for one orderd that hides orderd_webhook_inbox_events from its /metrics, as an
-    orderd of an older version would (everything else is passed on as it is), on 127.0.0.1:0.
+    orderd of an older version would (everything else is passed on as it is).
     """
-
-    def __init__(self, port):
-        import http.server
-        upstream = port
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def forward(self):
-                n = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(n) if n else None
-                headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in ("host", "connection", "content-length")}
-                c = http.client.HTTPConnection("127.0.0.1", upstream, timeout=30)
-                try:
-                    c.request(self.command, self.path, body=body, headers=headers)
-                    r = c.getresponse()
-                    data = r.read()
-                    if self.path.split("?")[0] == "/metrics":
-                        data = b"".join(line for line in data.splitlines(True)
-                                        if b"orderd_webhook_inbox_events" not in line)
-                    self.send_response(r.status)
-                    for k, v in r.getheaders():
-                        if k.lower() not in ("content-length", "connection", "transfer-encoding",
-                                             "date", "server"):
-                            self.send_header(k, v)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                finally:
-                    c.close()
-
-            do_GET = do_POST = do_PUT = do_DELETE = forward
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = "http://127.0.0.1:%d" % self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def rewrite(path, data):
+        if path.split("?")[0] != "/metrics":
+            return data
+        return b"".join(line for line in data.splitlines(True)
+                        if b"orderd_webhook_inbox_events" not in line)
+    return HttpFront(port, rewrite=rewrite)
 
 
 @test
@@ -318,7 +276,7 @@ def test_attach_without_the_inbox_gauge_falls_back(ctx):
     try:
         s.start()
         user = s.new_user("chaos-noinbox")
-        front = InboxGaugeStripper(s.port)
+        front = inbox_gauge_stripper(s.port)
         rc, out, err, took = idem_check(["chaos", "--attach", "--orderd-url", front.url,
                                          "--provider-url", prov.url, "--token", user.token,
                                          "--intents", "20", "--clients", "4", "--max-time", "30"],

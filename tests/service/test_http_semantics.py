@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness import (ORDERD, Server, db_query, expect, expect_eq, expect_fresh,  # noqa: E402
                      expect_problem, expect_replay, expect_status, fail, fresh_db_per_server,
-                     metric_value, new_key, parse_metrics, retry_after_seconds, run,
+                     in_thread, joined, metric_value, new_key, parse_metrics, retry_after_seconds, run,
                      store_kind, store_locked, test)
 
 ORDER_ID_RE = re.compile(r"^ord_[0-9a-f]{32}$")
@@ -1081,28 +1081,6 @@ def _create_counter(server, outcome):
                         operation="orders.create", outcome=outcome)
 
 
-def _in_thread(fn):
-    out = {}
-
-    def body():
-        try:
-            out["resp"] = fn()
-        except Exception as e:  # noqa: BLE001
-            out["error"] = e
-    t = threading.Thread(target=body, daemon=True)
-    t.start()
-    return t, out
-
-
-def _joined(t, out, what):
-    t.join(30)
-    if t.is_alive():
-        fail("%s: no answer within 30 s" % what)
-    if "error" in out:
-        fail("%s raised %r" % (what, out["error"]))
-    return out["resp"]
-
-
 @test
 def test_in_progress_duplicate_waits_then_409_with_retry_after(ctx):
     s = ctx.hooks
@@ -1110,7 +1088,7 @@ def test_in_progress_duplicate_waits_then_409_with_retry_after(ctx):
     k = new_key("slow")
     in_progress_before = _create_counter(s, "in_progress")
     t0 = time.monotonic()
-    t, out = _in_thread(lambda: u.create_order(k, headers={"X-Test-Delay-Ms": "4000"}))
+    t, out = in_thread(lambda: u.create_order(k, headers={"X-Test-Delay-Ms": "4000"}))
     time.sleep(0.4)
     dup = u.create_order(k)
     dup_done = time.monotonic() - t0
@@ -1119,7 +1097,7 @@ def test_in_progress_duplicate_waits_then_409_with_retry_after(ctx):
     expect(1.7 <= dup.elapsed <= 3.5,
            "the duplicate should wait about wait_ms (2 s) before the 409; it took %.2f s"
            % dup.elapsed)
-    first = _joined(t, out, "the slow first request")
+    first = joined(t, out, "the slow first request", timeout=30)
     expect_created(expect_fresh(first, 201, "the slow first request"))
     expect(first.elapsed >= 3.8, "X-Test-Delay-Ms: 4000 answered in %.2f s" % first.elapsed)
     expect(dup_done < first.elapsed, "the 409 came after the first request finished")
@@ -1134,11 +1112,11 @@ def test_in_progress_different_body_is_422(ctx):
     s = ctx.hooks
     u = s.new_user()
     k = new_key("slow")
-    t, out = _in_thread(lambda: u.create_order(k, headers={"X-Test-Delay-Ms": "3000"}))
+    t, out = in_thread(lambda: u.create_order(k, headers={"X-Test-Delay-Ms": "3000"}))
     time.sleep(0.4)
     r = u.create_order(k, quantity=7)
     expect_problem(r, 422, "idempotency-key-reused", "other body while the first runs")
-    first = _joined(t, out, "the slow first request")
+    first = joined(t, out, "the slow first request", timeout=30)
     expect_created(first)
     expect_eq(order_count(u), 1, "orders")
 
@@ -1149,10 +1127,10 @@ def test_in_progress_duplicate_waits_and_gets_the_replay(ctx):
     u = s.new_user()
     k = new_key("short")
     waited_before = _create_counter(s, "waited")
-    t, out = _in_thread(lambda: u.create_order(k, headers={"X-Test-Delay-Ms": "500"}))
+    t, out = in_thread(lambda: u.create_order(k, headers={"X-Test-Delay-Ms": "500"}))
     time.sleep(0.15)
     dup = u.create_order(k)
-    first = _joined(t, out, "the first request")
+    first = joined(t, out, "the first request", timeout=30)
     expect_created(expect_fresh(first, 201, "the first request"))
     expect_replay(dup, first, "the duplicate that waited")
     expect(dup.elapsed >= 0.2, "the duplicate answered in %.2f s: it did not wait for the first"

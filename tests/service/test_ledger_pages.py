@@ -34,7 +34,7 @@ import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (BIN, expect, expect_eq, fail, new_key, pg_create_database,  # noqa: E402
+from harness import (BIN, HttpFront, expect, expect_eq, fail, new_key, pg_create_database,  # noqa: E402
                      pg_drop_database, pg_fresh_mode, run, test)
 from provider import Provider, paid_pair  # noqa: E402
 
@@ -321,63 +321,21 @@ def test_chaos_audit_larger_than_one_page(ctx):
     expect(took <= 120, "a short run stays short (%.1f s)" % took)
 
 
-class OversizeReferences:
+OVERSIZE = 2 << 20  # twice idem-check's body limit
+
+
+def oversize_references(port):
     """
     An HTTP front for provider-sim that passes everything on, except that its per-reference pages
-    come back as 2 MiB of JSON, twice idem-check's body limit (on 127.0.0.1:0).
+    come back as 2 MiB of JSON, twice idem-check's body limit.
     """
-
-    SIZE = 2 << 20
-
-    def __init__(self, port):
-        import http.server
-        upstream, size = port, self.SIZE
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def answer(self, status, headers, data):
-                self.send_response(status)
-                for k, v in headers:
-                    if k.lower() not in ("content-length", "connection", "transfer-encoding",
-                                         "date", "server"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def forward(self):
-                n = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(n) if n else None
-                if self.path.startswith("/v1/ledger/references"):
-                    head, tail = b'{"object":"list","data":[', b'],"hasMore":false}'
-                    pad = b" " * (size - len(head) - len(tail))
-                    self.answer(200, [("Content-Type", "application/json")], head + pad + tail)
-                    return
-                headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in ("host", "connection", "content-length")}
-                c = http.client.HTTPConnection("127.0.0.1", upstream, timeout=30)
-                try:
-                    c.request(self.command, self.path, body=body, headers=headers)
-                    r = c.getresponse()
-                    self.answer(r.status, r.getheaders(), r.read())
-                finally:
-                    c.close()
-
-            do_GET = do_POST = forward
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = "http://127.0.0.1:%d" % self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def intercept(path):
+        if not path.startswith("/v1/ledger/references"):
+            return None
+        head, tail = b'{"object":"list","data":[', b'],"hasMore":false}'
+        pad = b" " * (OVERSIZE - len(head) - len(tail))
+        return 200, [("Content-Type", "application/json")], head + pad + tail
+    return HttpFront(port, intercept=intercept)
 
 
 @test
@@ -387,7 +345,7 @@ def test_unreadable_page_is_named_not_unsettled(ctx):
     try:
         s.start()
         user = s.new_user("chaos-oversize")
-        front = OversizeReferences(prov.port)
+        front = oversize_references(prov.port)
         rc, out, err, took = idem_check(["chaos", "--attach", "--orderd-url", s.base_url,
                                          "--provider-url", front.url, "--token", user.token,
                                          "--intents", "10", "--clients", "2", "--grace", "2",
@@ -399,7 +357,7 @@ def test_unreadable_page_is_named_not_unsettled(ctx):
         a = doc["audit"]
         expect(not a["complete"], "the audit says it is incomplete: %r" % a)
         want = "an answer of %d bytes, over idem-check's limit of %d" % (
-            OversizeReferences.SIZE, 1 << 20)
+            OVERSIZE, 1 << 20)
         expect("GET %s/v1/ledger/references?kind=charges" % front.url in a["problem"] and
                want in a["problem"], "the problem names the request and its size: %r" % a)
         expect(doc["firstProblem"].startswith("audit incomplete: GET "),
