@@ -27,25 +27,30 @@
 
 #define SWEEP_BATCHES_MAX 20
 
+/* One kind of row the sweeper deletes in batches. */
+struct sweep {
+    const char *sql; /* NULL: libidem's records (idem_engine_sweep) */
+    int nparams;     /* the first of: the cutoff as ISO-8601, the batch size, the cutoff in ms */
+};
+
+static const struct sweep sweep_records = {NULL, 0};
 /*
  * Sent messages, oldest first.  A message is sent at or after its next_attempt_ms, so the bound on
- * next_attempt_ms (the outbox_due index) only narrows what sent_at then decides.  Parameters:
- * the cutoff as ISO-8601, the batch size, the cutoff in ms.
+ * next_attempt_ms (the outbox_due index) only narrows what sent_at then decides.
  */
-static const char sweep_outbox_sql[] =
+static const struct sweep sweep_outbox = {
     "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE status = 'sent' AND"
     " next_attempt_ms < CAST($3 AS BIGINT) AND sent_at < $1 ORDER BY next_attempt_ms"
-    " LIMIT CAST($2 AS INTEGER))";
-/* Inbox entries, oldest first (the inbox_received index).  Parameters: the cutoff, the size. */
-static const char sweep_inbox_sql[] =
+    " LIMIT CAST($2 AS INTEGER))",
+    3};
+/* Inbox entries, oldest first (the inbox_received index). */
+static const struct sweep sweep_inbox = {
     "DELETE FROM inbox WHERE event_id IN (SELECT event_id FROM inbox WHERE received_at < $1"
-    " ORDER BY received_at LIMIT CAST($2 AS INTEGER))";
+    " ORDER BY received_at LIMIT CAST($2 AS INTEGER))",
+    2};
 
-/*
- * One batch of `sql` (NULL: libidem's records) with its cutoff `retention_s` ago; *deleted = rows
- * gone.  0 or a negative IDEM_E*.
- */
-static int sweep_batch(struct app *app, const char *sql, int64_t retention_s, int *deleted)
+/* One batch of `kind` with its cutoff `retention_s` ago; *deleted = rows gone.  0 or IDEM_E*. */
+static int sweep_batch(struct app *app, const struct sweep *kind, int64_t retention_s, int *deleted)
 {
     struct idem_tx *tx = NULL;
     struct idem_rows *rows = NULL;
@@ -55,14 +60,14 @@ static int sweep_batch(struct app *app, const char *sql, int64_t retention_s, in
     int rc;
 
     *deleted = 0;
-    if (sql == NULL)
+    if (kind->sql == NULL)
         return idem_engine_sweep(app->engine, SWEEP_BATCH, deleted);
     iso8601_ms(cutoff, cutoff_iso);
     snprintf(limit, sizeof limit, "%d", SWEEP_BATCH);
     snprintf(cutoff_ms, sizeof cutoff_ms, "%" PRId64, cutoff);
     rc = idem_tx_begin(app->store, 1, &tx);
     if (rc == 0)
-        rc = db_exec(app, tx, sql, sql == sweep_outbox_sql ? 3 : 2, params, &rows);
+        rc = db_exec(app, tx, kind->sql, kind->nparams, params, &rows);
     if (rc == 0) {
         *deleted = (int)idem_rows_changed(rows);
         rc = idem_tx_commit(tx);
@@ -74,12 +79,12 @@ static int sweep_batch(struct app *app, const char *sql, int64_t retention_s, in
 }
 
 /* Batches of one kind until one comes back short; *total += rows gone.  0 or IDEM_E*. */
-static int sweep_kind(struct app *app, const char *sql, int64_t retention_s, long *total)
+static int sweep_kind(struct app *app, const struct sweep *kind, int64_t retention_s, long *total)
 {
     int deleted, batches, rc = 0;
 
     for (batches = 0; batches < SWEEP_BATCHES_MAX; batches++) {
-        rc = sweep_batch(app, sql, retention_s, &deleted);
+        rc = sweep_batch(app, kind, retention_s, &deleted);
         if (rc < 0)
             break;
         *total += deleted;
@@ -96,12 +101,12 @@ int sweeper_run(struct app *app, int *items)
     int rc, r;
 
     /* One kind failing does not keep the others from their turn; the first failure is reported. */
-    rc = sweep_kind(app, NULL, 0, &records);
+    rc = sweep_kind(app, &sweep_records, 0, &records);
     if (cfg->outbox_retention_s > 0 &&
-        (r = sweep_kind(app, sweep_outbox_sql, cfg->outbox_retention_s, &messages)) < 0 && rc == 0)
+        (r = sweep_kind(app, &sweep_outbox, cfg->outbox_retention_s, &messages)) < 0 && rc == 0)
         rc = r;
     if (cfg->inbox_retention_s > 0 &&
-        (r = sweep_kind(app, sweep_inbox_sql, cfg->inbox_retention_s, &events)) < 0 && rc == 0)
+        (r = sweep_kind(app, &sweep_inbox, cfg->inbox_retention_s, &events)) < 0 && rc == 0)
         rc = r;
     if (records + messages + events > 0)
         log_msg(&app->log, "info",
