@@ -1068,10 +1068,11 @@ static int response_committed(struct idem_call *call, int rc, const char *errmsg
 /* Commits the phase that holds the staged response. */
 static int commit_response(struct idem_call *call)
 {
-    int rc = idem_tx_commit(call->tx);
+    char err[IDEM_ERRMSG_MAX];
+    int rc = idem__tx_commit_err(call->tx, err, sizeof(err));
 
     call->tx = NULL;
-    return response_committed(call, rc, NULL);
+    return response_committed(call, rc, rc < 0 ? err : NULL);
 }
 
 int idem_call_stage(struct idem_call *call, int status, const struct idem_header *headers,

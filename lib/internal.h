@@ -100,13 +100,13 @@ struct idem_store_vtab {
     const char *kind;
     /*
      * 1: a request whose key the replay cache does not know tries its claim before reading the
-     * record.  Right for a store that one process owns (SQLite): the cache sees every response
-     * that process completes, so such a key is new nearly always, and a read costs a read
-     * transaction on a pooled connection that re-reads from the WAL the pages the writer changed,
-     * while the claim joins the writer's batch that runs anyway.  0: read first (PostgreSQL:
-     * another instance completes keys this one's cache never saw, and a claim that cannot win
-     * costs a transaction and round trips before the read).  A claim that is not won is always
-     * followed by a read; without a replay cache every store reads first.
+     * record; 0: it reads first.  A claim that is not won is always followed by a read; without
+     * a replay cache every store reads first.  Claiming first suits both stores: most keys a
+     * cache does not know are new.  On SQLite a read costs a read transaction on a pooled
+     * connection that re-reads from the WAL the pages the writer changed, while the claim joins
+     * the writer's batch that runs anyway.  On PostgreSQL the claim's BEGIN goes out with it, so
+     * a new key costs one round trip instead of two; a retry that another instance answered
+     * first (a key this cache never saw) pays for it: the claim, its ROLLBACK, then the read.
      */
     int claim_before_read;
 
@@ -225,6 +225,9 @@ extern _Atomic int idem__sq_fail_next_rollback;
 
 /* How many ROLLBACK [TO] statements the application ran in `tx` (idem_tx_exec). */
 unsigned idem__tx_rollbacks(const struct idem_tx *tx);
+
+/* idem_tx_commit(), with the store's message of a failure in `err` (tx is freed either way). */
+int idem__tx_commit_err(struct idem_tx *tx, char *err, size_t errlen);
 
 /*
  * Commits `tx` (freed) without waiting for durability where the store can (group commit):

@@ -293,6 +293,11 @@ out:
 
 int idem_tx_commit(struct idem_tx *tx)
 {
+    return idem__tx_commit_err(tx, NULL, 0);
+}
+
+int idem__tx_commit_err(struct idem_tx *tx, char *err, size_t errlen)
+{
     int rc;
 
     if (!tx)
@@ -301,6 +306,8 @@ int idem_tx_commit(struct idem_tx *tx)
         rc = tx->st->vt->write_commit(tx->st, tx->conn, tx->errmsg, sizeof(tx->errmsg));
         if (rc == 0)
             atomic_fetch_add(&tx->st->write_commits, 1);
+        else if (err)
+            idem__fmt(err, errlen, "%s", tx->errmsg);
         free(tx);
         return rc;
     }
@@ -310,6 +317,8 @@ int idem_tx_commit(struct idem_tx *tx)
         atomic_fetch_add(&tx->st->write_commits, 1);
         atomic_fetch_add(&tx->st->durable_commits, 1);
     }
+    if (rc < 0 && err)
+        idem__fmt(err, errlen, "%s", tx->st->vt->errmsg(tx->conn));
     if (rc < 0)
         tx->st->vt->rollback(tx->conn);
     idem__store_release(tx->st, tx->conn);

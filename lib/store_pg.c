@@ -11,6 +11,9 @@
  *   compare leases and retention, so instances with skewed clocks still agree on who holds a lease.
  * - A statement that fails inside a transaction does not doom the transaction, as on SQLite: the
  *   application's statements run under a savepoint, sent in one pipelined round trip.
+ * - Statements whose answers nobody waits for (BEGIN, savepoint statements, the completion of a
+ *   record the transaction inserted) go out with the next one that needs its answer: a new key's
+ *   order costs 5 round trips instead of 9 (docs/postgres.md, "Round trips").
  * - Connection failures are IDEM_EUNAVAIL and mark the connection broken, so the pool drops it; a
  *   statement that is safe to repeat (the first of a transaction, or a read outside one) is retried
  *   after a reconnect, a serialization failure or a deadlock.
@@ -91,6 +94,23 @@ struct app_stmt {
     uint64_t used;
 };
 
+/*
+ * A statement whose answer nobody waits for, held back to go out in the pipeline of the next one
+ * that needs its answer (see "pipelines" below): the BEGIN, the application's SAVEPOINT, RELEASE
+ * and ROLLBACK TO, and the completion of a record this transaction inserted.  Its failure is
+ * reported by that next statement (or the COMMIT, which then does not happen).
+ */
+#define DEFER_MAX 8
+#define DEFER_PARAMS 8
+struct deferred {
+    const char *what; /* names it in a message */
+    char *sql;        /* a parameterless statement (owned), or NULL for: */
+    int rec;          /* the record statement rec_sql[rec], with these parameters (owned) */
+    char *vals[DEFER_PARAMS];
+    int lens[DEFER_PARAMS];
+    int fmts[DEFER_PARAMS];
+};
+
 struct idem_conn {
     PGconn *pg;
     struct pg_shared *sh;
@@ -98,7 +118,14 @@ struct idem_conn {
     char sqlstate[6]; /* of the last failure; "" for a client-side one */
     int broken;
     int in_tx;
-    int tx_stmts;       /* statements run since BEGIN: a failure in the first may be retried */
+    int tx_stmts; /* statements since BEGIN (deferred ones too): the first may be retried */
+    struct deferred defer[DEFER_MAX];
+    int ndefer;
+    int begin_deferred; /* the transaction's BEGIN is still in defer[]: nothing was sent yet */
+    /* The scope this transaction inserted a record for (its hash), while its completion may be
+     * deferred: no other transaction can change that row before this one ends. */
+    uint64_t claimed;
+    int claimed_open;
     unsigned prepared;  /* bit k: record statement k is prepared in this session */
     char notify[4][17]; /* scopes (hashes) to announce once the transaction commits */
     int nnotify;
@@ -134,6 +161,7 @@ enum rec_stmt {
     RS_TAKEOVER,
     RS_ADVANCE,
     RS_COMPLETE,
+    RS_COMPLETE_CLAIMED,
     RS_RELEASE,
     RS_FORGET,
     RS_SWEEP,
@@ -203,6 +231,23 @@ static const struct rec_sql rec_sql[RS_COUNT] = {
                      " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $7",
                      7,
                      {OID_TEXT, OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_BYTEA, OID_TEXT}},
+    /*
+     * RS_COMPLETE for the record this very transaction inserted, sent without waiting for its
+     * answer (deferred): the row is this transaction's until it ends, so the update must change
+     * it.  Should it not, the division by zero fails the statement, which aborts the transaction
+     * and the COMMIT that may follow in the same pipeline: a response is never stored for a
+     * record this call does not hold, even unchecked.
+     */
+    [RS_COMPLETE_CLAIMED] = {"idem_complete_claimed",
+                             "WITH u AS (UPDATE idem_records r SET status = 1,"
+                             " response_status = $4, response_headers = $5, response_body = $6,"
+                             " lease_owner = NULL, lease_expires_ms = 0"
+                             " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $7"
+                             " RETURNING 1)"
+                             " SELECT 1 / count(*)::int4 FROM u",
+                             7,
+                             {OID_TEXT, OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_BYTEA,
+                              OID_TEXT}},
     [RS_RELEASE] = {"idem_release",
                     "UPDATE idem_records r SET lease_expires_ms = 0"
                     " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $4",
@@ -338,12 +383,299 @@ static int check(struct idem_conn *c, const PGresult *res, const char *what)
     return fail_res(c, res, what);
 }
 
-/* Runs one parameterless statement of the store's own (no input in it). */
+/* ---- pipelines: one round trip for several statements ------------------------------------- */
+
+/*
+ * One query of a pipeline.  With `prepare`, the statement `sql` is prepared under `name`; else
+ * with `name`, the prepared statement `name` runs with the parameters; else `sql` runs as one
+ * parameterless statement.  After pipe_run: `ok` if it succeeded, and then its result in `res`
+ * (the caller's, PQclear).
+ */
+struct pipe_q {
+    const char *what; /* names it in a message */
+    const char *sql;
+    const char *name;
+    int prepare;
+    int nparams;
+    const Oid *types;
+    const char *const *vals;
+    const int *lens;
+    const int *fmts;
+    int binary;   /* its result in binary */
+    int optional; /* its failure is not the pipeline's (best-effort notifications) */
+    int fenced;   /* RS_COMPLETE_CLAIMED: a division by zero means the record is not ours */
+    int rec;      /* with `prepare`: record statement rec - 1 (its bit in c->prepared), or 0 */
+    int ok;
+    PGresult *res;
+};
+
+static struct pipe_q pq_simple(const char *sql, const char *what)
+{
+    struct pipe_q q = {.what = what, .sql = sql};
+    return q;
+}
+
+static struct pipe_q pq_prepare_rec(enum rec_stmt k, const char *what)
+{
+    struct pipe_q q = {.what = what,
+                       .sql = rec_sql[k].sql,
+                       .name = rec_sql[k].name,
+                       .prepare = 1,
+                       .nparams = rec_sql[k].nparams,
+                       .types = rec_sql[k].types,
+                       .rec = (int)k + 1};
+    return q;
+}
+
+static struct pipe_q pq_exec(const char *name, int nparams, const char *const *vals,
+                             const int *lens, const int *fmts, int binary, const char *what)
+{
+    struct pipe_q q = {.what = what,
+                       .name = name,
+                       .nparams = nparams,
+                       .vals = vals,
+                       .lens = lens,
+                       .fmts = fmts,
+                       .binary = binary};
+    return q;
+}
+
+static void deferred_clear(struct idem_conn *c)
+{
+    for (int i = 0; i < c->ndefer; i++) {
+        free(c->defer[i].sql);
+        for (int j = 0; j < DEFER_PARAMS; j++)
+            free(c->defer[i].vals[j]);
+    }
+    memset(c->defer, 0, sizeof(c->defer));
+    c->ndefer = 0;
+    c->begin_deferred = 0;
+}
+
+static int send_q(struct idem_conn *c, const struct pipe_q *q)
+{
+    if (q->prepare)
+        return PQsendPrepare(c->pg, q->name, q->sql, q->nparams, q->types);
+    if (q->name)
+        return PQsendQueryPrepared(c->pg, q->name, q->nparams, q->nparams ? q->vals : NULL, q->lens,
+                                   q->fmts, q->binary);
+    return PQsendQueryParams(c->pg, q->sql, 0, NULL, NULL, NULL, NULL, q->binary);
+}
+
+/*
+ * Sends the deferred statements, then q[0..n), then a Sync, in one pipeline (one round trip), and
+ * reads every answer.  Returns 0 when all succeeded (optional ones aside); else the first
+ * failure's code and message, with its index in `q` in *failed (-1: a deferred statement, or the
+ * connection).  After a failure in a transaction the rest of the pipeline did not run and the
+ * transaction is aborted, as with a failed statement sent alone.  The deferred statements are
+ * gone either way: they were sent.
+ */
+static int pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
+{
+    struct pipe_q all[DEFER_MAX * 2 + 8];
+    int nd = 0, nall = 0, synced = 0, bad = -1;
+    PGresult *err = NULL;
+    int rc = 0;
+
+    *failed = -1;
+    for (int i = 0; i < n; i++) {
+        q[i].ok = 0;
+        q[i].res = NULL;
+    }
+    if (c->ndefer + n > (int)(sizeof(all) / sizeof(all[0])) - DEFER_MAX) {
+        set_msg(c, "pipeline", "too many statements at once", NULL);
+        return IDEM_EINVAL;
+    }
+    for (int i = 0; i < c->ndefer; i++) {
+        const struct deferred *d = &c->defer[i];
+        if (!d->sql && !(c->prepared & (1u << d->rec)))
+            all[nall++] = pq_prepare_rec((enum rec_stmt)d->rec, d->what);
+        if (d->sql) {
+            all[nall++] = pq_simple(d->sql, d->what);
+        } else {
+            all[nall] = pq_exec(rec_sql[d->rec].name, rec_sql[d->rec].nparams,
+                                (const char *const *)d->vals, d->lens, d->fmts, 0, d->what);
+            all[nall++].fenced = d->rec == RS_COMPLETE_CLAIMED;
+        }
+    }
+    nd = nall;
+    for (int i = 0; i < n; i++)
+        all[nall++] = q[i];
+
+    if (!PQenterPipelineMode(c->pg))
+        goto lost;
+    for (int i = 0; i < nall; i++)
+        if (!send_q(c, &all[i]))
+            goto lost;
+    if (!PQpipelineSync(c->pg))
+        goto lost;
+    /* Each query's results end with a NULL; the Sync's result ends the pipeline. */
+    for (int i = 0; i <= nall && !synced;) {
+        PGresult *res = PQgetResult(c->pg);
+        if (!res) {
+            if (PQstatus(c->pg) != CONNECTION_OK)
+                break;
+            i++;
+            continue;
+        }
+        switch (PQresultStatus(res)) {
+        case PGRES_PIPELINE_SYNC:
+            synced = 1;
+            break;
+        case PGRES_PIPELINE_ABORTED:
+            break;
+        case PGRES_COMMAND_OK:
+        case PGRES_TUPLES_OK:
+            if (i < nall && !all[i].ok) {
+                all[i].ok = 1;
+                if (all[i].rec)
+                    c->prepared |= 1u << (all[i].rec - 1); /* known to the session from now */
+                all[i].res = res;
+                res = NULL;
+            }
+            break;
+        default:
+            if (i < nall && all[i].optional)
+                break;
+            if (!err) {
+                err = res;
+                res = NULL;
+                bad = i;
+            }
+            break;
+        }
+        PQclear(res);
+    }
+    for (int i = 0; i < nd; i++)
+        PQclear(all[i].res);
+    for (int i = 0; i < n; i++) {
+        q[i].ok = all[nd + i].ok;
+        q[i].res = all[nd + i].res;
+    }
+    deferred_clear(c);
+    if (!synced || !PQexitPipelineMode(c->pg)) {
+        if (err)
+            fail_res(c, err, all[bad].what);
+        else
+            set_msg(c, "pipeline", PQerrorMessage(c->pg), NULL);
+        c->broken = 1;
+        PQclear(err);
+        return IDEM_EUNAVAIL;
+    }
+    if (err) {
+        rc = fail_res(c, err, all[bad].what);
+        if (all[bad].fenced && state_is(c->sqlstate, "22012"))
+            set_msg(c, all[bad].what, "the record is no longer this call's", NULL);
+        *failed = bad >= nd ? bad - nd : -1;
+        PQclear(err);
+    }
+    return rc;
+
+lost:
+    /* A message could not be sent: the connection is gone or unusable. */
+    set_msg(c, nall > 0 ? all[0].what : "pipeline", PQerrorMessage(c->pg), NULL);
+    deferred_clear(c);
+    c->broken = 1;
+    return IDEM_EUNAVAIL;
+}
+
+/* Sends what is deferred, alone (before a statement that cannot join a pipeline). */
+static int flush_deferred(struct idem_conn *c)
+{
+    int failed;
+    return c->ndefer > 0 ? pipe_run(c, NULL, 0, &failed) : 0;
+}
+
+/* Holds back the parameterless statement `sql` for the next pipeline; 0, or IDEM_ENOMEM. */
+static int defer_simple(struct idem_conn *c, const char *sql, const char *what)
+{
+    char *copy;
+    int rc;
+
+    if (c->ndefer == DEFER_MAX && (rc = flush_deferred(c)) < 0)
+        return rc;
+    copy = idem__strdup(sql);
+    if (!copy)
+        return IDEM_ENOMEM;
+    c->defer[c->ndefer].what = what;
+    c->defer[c->ndefer++].sql = copy;
+    if (c->in_tx)
+        c->tx_stmts++;
+    return 0;
+}
+
+/*
+ * Holds back record statement k with a copy of its parameters (texts, or bytes where lens[i] is
+ * set) for the next pipeline; 0, or IDEM_ENOMEM.
+ */
+static int defer_rec(struct idem_conn *c, enum rec_stmt k, const char *const *vals, const int *lens,
+                     const int *fmts, const char *what)
+{
+    struct deferred *d;
+    int rc;
+
+    if (c->ndefer == DEFER_MAX && (rc = flush_deferred(c)) < 0)
+        return rc;
+    d = &c->defer[c->ndefer];
+    memset(d, 0, sizeof(*d));
+    for (int i = 0; i < rec_sql[k].nparams && i < DEFER_PARAMS; i++) {
+        size_t len = vals[i] == NULL ? 0 : lens && lens[i] ? (size_t)lens[i] : strlen(vals[i]);
+        if (vals[i] == NULL)
+            continue;
+        d->vals[i] = malloc(len + 1);
+        if (!d->vals[i]) {
+            for (int j = 0; j < i; j++)
+                free(d->vals[j]);
+            memset(d, 0, sizeof(*d));
+            return IDEM_ENOMEM;
+        }
+        memcpy(d->vals[i], vals[i], len);
+        d->vals[i][len] = '\0';
+        d->lens[i] = lens ? lens[i] : 0;
+        d->fmts[i] = fmts ? fmts[i] : 0;
+    }
+    d->rec = (int)k;
+    d->what = what;
+    c->ndefer++;
+    if (c->in_tx)
+        c->tx_stmts++;
+    return 0;
+}
+
+/*
+ * Begins a transaction without a round trip of its own: the BEGIN goes out with the first
+ * statement.  A transaction that ends before any does (a claim refused before its INSERT, say)
+ * never reaches the server.
+ */
+static int defer_begin(struct idem_conn *c)
+{
+    int rc;
+
+    deferred_clear(c);
+    c->in_tx = 0; /* the BEGIN itself is not one of the transaction's statements */
+    rc = defer_simple(c, "BEGIN ISOLATION LEVEL READ COMMITTED", "begin");
+    if (rc < 0)
+        return rc;
+    c->in_tx = 1;
+    c->tx_stmts = 0;
+    c->nnotify = 0;
+    c->claimed_open = 0;
+    c->begin_deferred = 1;
+    return 0;
+}
+
+/* Runs one parameterless statement of the store's own (no input in it), after what is deferred. */
 static int run_simple(struct idem_conn *c, const char *sql, const char *what)
 {
-    PGresult *res = PQexec(c->pg, sql);
-    int rc = check(c, res, what);
-    PQclear(res);
+    PGresult *res = NULL;
+    int rc = flush_deferred(c);
+
+    if (rc == 0) {
+        /* The simple protocol: `sql` may hold several statements separated by ';'. */
+        res = PQexec(c->pg, sql);
+        rc = check(c, res, what);
+        PQclear(res);
+    }
     if (c->in_tx)
         c->tx_stmts++;
     return rc;
@@ -534,6 +866,7 @@ static int reconnect(struct idem_conn *c)
     }
     c->broken = 0;
     c->in_tx = 0;
+    deferred_clear(c);
     cache_reset(c);
     return session_setup(c);
 }
@@ -547,6 +880,7 @@ static void pg_close(struct idem_conn *c)
         return;
     for (int i = 0; i < STMT_CACHE; i++)
         free(c->cache[i].sql);
+    deferred_clear(c);
     PQfinish(c->pg);
     free(c);
 }
@@ -601,7 +935,7 @@ static const char *pg_errmsg(const struct idem_conn *c)
 static int pg_conn_ok(struct idem_conn *c)
 {
     /* A connection left inside a transaction (a failed rollback) must not be lent again. */
-    return !c->broken && PQstatus(c->pg) == CONNECTION_OK &&
+    return !c->broken && !c->in_tx && c->ndefer == 0 && PQstatus(c->pg) == CONNECTION_OK &&
            PQtransactionStatus(c->pg) == PQTRANS_IDLE;
 }
 
@@ -622,7 +956,7 @@ static int pg_begin(struct idem_conn *c, int write)
     int rc = 0;
 
     (void)write;
-    if (c->broken || PQtransactionStatus(c->pg) != PQTRANS_IDLE) {
+    if (c->broken || c->in_tx || PQtransactionStatus(c->pg) != PQTRANS_IDLE) {
         /* An idle pooled connection the server dropped (a restart) is reopened below. */
         if (!c->broken && PQstatus(c->pg) == CONNECTION_OK) {
             set_msg(c, "begin", "a transaction is already open on this connection", NULL);
@@ -630,113 +964,79 @@ static int pg_begin(struct idem_conn *c, int write)
         }
         c->broken = 1;
     }
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if (c->broken) {
-            rc = reconnect(c);
-            if (rc < 0)
-                return rc;
-        }
-        rc = run_simple(c, "BEGIN ISOLATION LEVEL READ COMMITTED", "begin");
-        if (rc == 0) {
-            c->in_tx = 1;
-            c->tx_stmts = 0;
-            c->nnotify = 0;
-            return 0;
-        }
-        if (!c->broken)
-            break;
+    if (c->broken) {
+        rc = reconnect(c);
+        if (rc < 0)
+            return rc;
     }
-    return rc;
+    /* A connection the server closed while it was idle fails at the first statement, which is
+     * retried on a new one (rec_run, pg_exec): nothing of the transaction had run. */
+    return defer_begin(c);
 }
 
 /*
- * COMMIT, followed in the same round trip (one pipeline) by the notifications that tell every
- * listening process the records this transaction changed may be read again, each a transaction
- * of its own after the COMMIT.  Returns the COMMIT's result (new, PQclear), or NULL when the
- * connection failed before it came (c->broken is then set: the outcome is unknown).
+ * COMMIT, after what is deferred and followed in the same round trip (one pipeline) by the
+ * notifications that tell every listening process the records this transaction changed may be
+ * read again, each a transaction of its own after the COMMIT.
  *
  * Notifying is best effort: a COMMIT that fails aborts the rest of the pipeline, so nothing is
- * announced; one that rolled back (an earlier statement failed) announces a change that did not
- * happen, which a waiter takes as a spurious wake-up; a lost notification only makes a waiter
- * find the change at its next poll.
+ * announced; a lost notification only makes a waiter find the change at its next poll.  A
+ * deferred statement that fails aborts the pipeline before the COMMIT: the transaction is rolled
+ * back and the commit fails with that statement's message.
  */
-static PGresult *commit_and_notify(struct idem_conn *c)
-{
-    const int prepare = !(c->prepared & (1u << RS_NOTIFY));
-    PGresult *commit = NULL;
-    int nq = 0;
-    int synced = 0;
-
-    if (!PQenterPipelineMode(c->pg)) {
-        c->broken = 1;
-        return NULL;
-    }
-    if (!PQsendQueryParams(c->pg, "COMMIT", 0, NULL, NULL, NULL, NULL, 0))
-        goto failed;
-    nq++;
-    if (prepare) {
-        if (!PQsendPrepare(c->pg, rec_sql[RS_NOTIFY].name, rec_sql[RS_NOTIFY].sql,
-                           rec_sql[RS_NOTIFY].nparams, rec_sql[RS_NOTIFY].types))
-            goto failed;
-        nq++;
-    }
-    for (int i = 0; i < c->nnotify; i++) {
-        const char *vals[1] = {c->notify[i]};
-        if (!PQsendQueryPrepared(c->pg, rec_sql[RS_NOTIFY].name, 1, vals, NULL, NULL, 0))
-            goto failed;
-        nq++;
-    }
-    if (!PQpipelineSync(c->pg))
-        goto failed;
-    /* Each query's results end with a NULL; the Sync's result ends the pipeline. */
-    for (int q = 0; q <= nq && !synced;) {
-        PGresult *res = PQgetResult(c->pg);
-        if (!res) {
-            if (PQstatus(c->pg) != CONNECTION_OK)
-                break;
-            q++;
-            continue;
-        }
-        if (PQresultStatus(res) == PGRES_PIPELINE_SYNC) {
-            synced = 1;
-        } else if (q == 0 && !commit) {
-            commit = res;
-            res = NULL;
-        } else if (prepare && q == 1 && PQresultStatus(res) == PGRES_COMMAND_OK) {
-            c->prepared |= 1u << RS_NOTIFY;
-        }
-        PQclear(res);
-    }
-    if (synced && PQexitPipelineMode(c->pg))
-        return commit;
-failed:
-    /* The COMMIT's answer, if it came, stands; the connection is not trusted any more. */
-    c->broken = 1;
-    return commit;
-}
-
 static int pg_commit(struct idem_conn *c)
 {
-    PGresult *res = NULL;
-    int rc;
+    struct pipe_q q[2 + sizeof(c->notify) / sizeof(c->notify[0])];
+    const char *vals[sizeof(c->notify) / sizeof(c->notify[0])][1];
+    int n = 0, failed = -1, rc;
 
     if (c->broken) {
         set_msg(c, "commit", "the connection was lost; the transaction did not commit", NULL);
-        return IDEM_EUNAVAIL;
+        rc = IDEM_EUNAVAIL;
+        goto out;
     }
-    res = c->nnotify > 0 ? commit_and_notify(c) : PQexec(c->pg, "COMMIT");
-    rc = check(c, res, "commit");
-    /* COMMIT of a transaction an error had aborted "succeeds" as a ROLLBACK. */
-    if (rc == 0 && strcmp(PQcmdStatus(res), "COMMIT") != 0) {
-        set_msg(c, "commit", "an earlier statement failed, so the transaction was rolled back",
-                NULL);
-        rc = IDEM_ESTORE;
+    if (c->begin_deferred && c->ndefer == 1) {
+        /* Nothing was sent: there is nothing to commit. */
+        deferred_clear(c);
+        rc = 0;
+        goto out;
     }
-    if (rc < 0 && c->broken)
+    q[n++] = pq_simple("COMMIT", "commit");
+    if (c->nnotify > 0 && !(c->prepared & (1u << RS_NOTIFY)))
+        q[n++] = pq_prepare_rec(RS_NOTIFY, "notify");
+    for (int i = 0; i < c->nnotify; i++) {
+        vals[i][0] = c->notify[i];
+        q[n] = pq_exec(rec_sql[RS_NOTIFY].name, 1, vals[i], NULL, NULL, 0, "notify");
+        q[n++].optional = 1;
+    }
+    for (int i = 1; i < n; i++)
+        q[i].optional = 1;
+    rc = pipe_run(c, q, n, &failed);
+    if (q[0].ok) {
+        /* The COMMIT's answer came, so it stands, even if the connection failed after it. */
+        rc = 0;
+        /* COMMIT of a transaction an error had aborted "succeeds" as a ROLLBACK. */
+        if (strcmp(PQcmdStatus(q[0].res), "COMMIT") != 0) {
+            set_msg(c, "commit", "an earlier statement failed, so the transaction was rolled back",
+                    NULL);
+            rc = IDEM_ESTORE;
+        }
+    } else if (rc < 0 && c->broken) {
         set_msg(c, "commit", "the connection was lost during COMMIT; the outcome is unknown", NULL);
-    PQclear(res);
+    } else if (rc < 0 && failed < 0 && PQtransactionStatus(c->pg) == PQTRANS_INERROR) {
+        /* A deferred statement failed, so the COMMIT did not run: roll back, keep its message. */
+        PGresult *res = PQexec(c->pg, "ROLLBACK");
+        if (PQresultStatus(res) != PGRES_COMMAND_OK)
+            c->broken = 1;
+        PQclear(res);
+    }
+    for (int i = 0; i < n; i++)
+        PQclear(q[i].res);
+out:
+    deferred_clear(c);
     c->in_tx = 0;
     c->nnotify = 0;
+    c->claimed_open = 0;
     return rc;
 }
 
@@ -744,15 +1044,17 @@ static int pg_rollback(struct idem_conn *c)
 {
     PGTransactionStatusType ts = PQtransactionStatus(c->pg);
 
+    deferred_clear(c); /* statements held back are simply never sent */
     c->in_tx = 0;
     c->nnotify = 0;
+    c->claimed_open = 0;
     if (c->broken || ts == PQTRANS_UNKNOWN || ts == PQTRANS_ACTIVE) {
         /* Closing the connection rolls the server's side back. */
         c->broken = 1;
         return IDEM_EUNAVAIL;
     }
     if (ts == PQTRANS_IDLE)
-        return 0;
+        return 0; /* the BEGIN was never sent, or the server ended it already */
     return run_simple(c, "ROLLBACK", "rollback");
 }
 
@@ -880,8 +1182,6 @@ static int app_lookup(struct idem_conn *c, const char *sql, struct app_stmt **ou
     return 0;
 }
 
-enum pipe_kind { PK_OTHER, PK_PREPARE, PK_EXEC };
-
 /* Copies a result's rows, as text, into the shape both stores share. */
 static int rows_from(const PGresult *res, struct idem_rows **out)
 {
@@ -967,15 +1267,24 @@ static int is_savepoint_stmt(const char *sql)
 }
 
 /*
- * Runs an application's savepoint statement as it is, one round trip.  Unlike other statements,
- * one that fails (a name that does not exist) leaves the transaction aborted, as PostgreSQL does;
- * a later ROLLBACK TO an existing savepoint repairs it.
+ * Runs an application's savepoint statement as it is.  In a transaction its answer is not waited
+ * for: it goes out with the next statement (deferred), so SAVEPOINT costs no round trip of its
+ * own.  Unlike other statements, one that fails (a name that does not exist) leaves the
+ * transaction aborted, as PostgreSQL does, and is reported by the next statement or the COMMIT; a
+ * later ROLLBACK TO an existing savepoint repairs it.
  */
 static int exec_savepoint_stmt(struct idem_conn *c, const char *sql, struct idem_rows **rows)
 {
-    PGresult *res = PQexecParams(c->pg, sql, 0, NULL, NULL, NULL, NULL, 0);
-    int rc = check(c, res, "exec");
+    PGresult *res = NULL;
+    int rc;
 
+    if (c->in_tx && !rows)
+        return defer_simple(c, sql, "exec");
+    rc = flush_deferred(c);
+    if (rc == 0) {
+        res = PQexecParams(c->pg, sql, 0, NULL, NULL, NULL, NULL, 0);
+        rc = check(c, res, "exec");
+    }
     if (c->in_tx)
         c->tx_stmts++;
     if (rc == 0 && rows)
@@ -986,11 +1295,11 @@ static int exec_savepoint_stmt(struct idem_conn *c, const char *sql, struct idem
 
 /*
  * Runs one application statement.  Inside a transaction it runs under a savepoint, so that a
- * failure (a unique violation above all) leaves the transaction usable, as SQLite does: SAVEPOINT,
- * [DEALLOCATE an evicted statement], [PREPARE], EXECUTE and RELEASE go out in one pipeline, one
- * round trip; only a failure costs a second one (ROLLBACK TO SAVEPOINT).  The savepoint is a
- * subtransaction: cheap, but a phase that writes in more than 64 statements overflows the
- * server's per-backend subtransaction cache (docs/postgres.md).
+ * failure (a unique violation above all) leaves the transaction usable, as SQLite does: what is
+ * deferred, SAVEPOINT, [DEALLOCATE an evicted statement], [PREPARE], EXECUTE and RELEASE go out
+ * in one pipeline, one round trip; a failure's ROLLBACK TO SAVEPOINT goes out with the next
+ * statement.  The savepoint is a subtransaction: cheap, but a phase that writes in more than 64
+ * statements overflows the server's per-backend subtransaction cache (docs/postgres.md).
  */
 static int pg_exec(struct idem_conn *c, const char *sql, int nparams, const char *const *params,
                    struct idem_rows **rows)
@@ -999,13 +1308,6 @@ static int pg_exec(struct idem_conn *c, const char *sql, int nparams, const char
     struct app_stmt *e = NULL;
     char evict[64];
     char dealloc[96];
-    enum pipe_kind kinds[5];
-    int nq = 0;
-    int savepoint;
-    int synced = 0;
-    PGresult *exec_res = NULL;
-    PGresult *err_res = NULL;
-    PGresult *res = NULL;
 
     if (rows)
         *rows = NULL;
@@ -1028,135 +1330,70 @@ static int pg_exec(struct idem_conn *c, const char *sql, int nparams, const char
                   e->nparams, nparams);
         return IDEM_EINVAL;
     }
-    savepoint = c->in_tx && PQtransactionStatus(c->pg) == PQTRANS_INTRANS;
-    if (c->in_tx)
-        c->tx_stmts++;
-
-    if (!PQenterPipelineMode(c->pg)) {
-        set_msg(c, "exec", PQerrorMessage(c->pg), NULL);
-        c->broken = 1;
-        return IDEM_EUNAVAIL;
-    }
-    if (savepoint) {
-        if (!PQsendQueryParams(c->pg, "SAVEPOINT idem_stmt", 0, NULL, NULL, NULL, NULL, 0))
-            goto send_failed;
-        kinds[nq++] = PK_OTHER;
-    }
-    if (evict[0]) {
+    if (evict[0])
         idem__fmt(dealloc, sizeof(dealloc), "DEALLOCATE %s", evict);
-        if (!PQsendQueryParams(c->pg, dealloc, 0, NULL, NULL, NULL, NULL, 0))
-            goto send_failed;
-        kinds[nq++] = PK_OTHER;
-    }
-    if (!e->prepared) {
-        if (!PQsendPrepare(c->pg, e->name, sql, e->nparams, NULL))
-            goto send_failed;
-        kinds[nq++] = PK_PREPARE;
-    }
-    if (!PQsendQueryPrepared(c->pg, e->name, e->nparams, e->nparams ? params : NULL, NULL, NULL, 0))
-        goto send_failed;
-    kinds[nq++] = PK_EXEC;
-    if (savepoint) {
-        if (!PQsendQueryParams(c->pg, "RELEASE SAVEPOINT idem_stmt", 0, NULL, NULL, NULL, NULL, 0))
-            goto send_failed;
-        kinds[nq++] = PK_OTHER;
-    }
-    if (!PQpipelineSync(c->pg))
-        goto send_failed;
+    for (int attempt = 0;; attempt++) {
+        struct pipe_q q[5];
+        int n = 0, ix, prep = -1, dx = -1, failed = -1;
+        /* Under a savepoint when in a transaction that is not aborted (a deferred statement may
+         * have yet to repair or begin it). */
+        const int savepoint =
+            c->in_tx && (c->ndefer > 0 || PQtransactionStatus(c->pg) == PQTRANS_INTRANS);
+        const int first = c->in_tx && c->tx_stmts == 0 && c->begin_deferred;
 
-    /* Each query's results end with a NULL; the Sync's result ends the pipeline. */
-    for (int q = 0; q <= nq && !synced;) {
-        res = PQgetResult(c->pg);
-        if (!res) {
-            if (PQstatus(c->pg) != CONNECTION_OK)
-                break;
-            q++;
-            continue;
+        if (savepoint)
+            q[n++] = pq_simple("SAVEPOINT idem_stmt", "exec");
+        if (evict[0]) {
+            dx = n;
+            q[n++] = pq_simple(dealloc, "exec");
         }
-        switch (PQresultStatus(res)) {
-        case PGRES_PIPELINE_SYNC:
-            synced = 1;
-            break;
-        case PGRES_PIPELINE_ABORTED:
-            break;
-        case PGRES_COMMAND_OK:
-        case PGRES_TUPLES_OK:
-            if (q < nq && kinds[q] == PK_PREPARE)
-                e->prepared = 1;
-            if (q < nq && kinds[q] == PK_EXEC && !exec_res) {
-                exec_res = res;
-                res = NULL;
-            }
-            break;
-        default:
-            if (!err_res) {
-                err_res = res;
-                res = NULL;
-            }
-            break;
+        if (!e->prepared) {
+            prep = n;
+            q[n] = pq_simple(sql, "exec");
+            q[n].name = e->name;
+            q[n].prepare = 1;
+            q[n++].nparams = e->nparams;
         }
-        PQclear(res);
-        res = NULL;
-    }
-    if (!synced || !PQexitPipelineMode(c->pg)) {
-        if (err_res)
-            fail_res(c, err_res, "exec");
-        else
-            set_msg(c, "exec", PQerrorMessage(c->pg), NULL);
-        c->broken = 1;
-        rc = IDEM_EUNAVAIL;
-        goto out;
-    }
-    if (err_res) {
-        rc = fail_res(c, err_res, "exec");
-        if (savepoint && !c->broken &&
-            run_simple(c, "ROLLBACK TO SAVEPOINT idem_stmt; RELEASE SAVEPOINT idem_stmt", "exec") <
-                0) {
-            /* The transaction stays aborted; keep the first, more useful, message. */
-            fail_res(c, err_res, "exec");
+        ix = n;
+        q[n++] = pq_exec(e->name, e->nparams, params, NULL, NULL, 0, "exec");
+        if (savepoint)
+            q[n++] = pq_simple("RELEASE SAVEPOINT idem_stmt", "exec");
+        if (c->in_tx)
+            c->tx_stmts++;
+        rc = pipe_run(c, q, n, &failed);
+        if (prep >= 0 && q[prep].ok)
+            e->prepared = 1;
+        if (dx >= 0 && q[dx].ok)
+            evict[0] = '\0';
+        if (rc == 0 && !q[ix].ok) {
+            set_msg(c, "exec", "the server sent no result", NULL);
+            c->broken = 1;
+            rc = IDEM_EUNAVAIL;
         }
-        goto out;
+        if (rc == 0 && rows)
+            rc = rows_from(q[ix].res, rows);
+        for (int i = 0; i < n; i++)
+            PQclear(q[i].res);
+        if (rc == 0)
+            return 0;
+        /* The statement failed after its savepoint was taken: undo it, in the next pipeline. */
+        if (savepoint && failed > 0 && !c->broken &&
+            (defer_simple(c, "ROLLBACK TO SAVEPOINT idem_stmt", "exec") < 0 ||
+             defer_simple(c, "RELEASE SAVEPOINT idem_stmt", "exec") < 0))
+            c->broken = 1; /* out of memory: the transaction cannot be repaired */
+        /* The first statement of a transaction on a connection the server closed while it was
+         * idle: nothing of the transaction ran, so it is begun again on a new connection. */
+        if (!first || !c->broken || attempt > 0 || reconnect(c) < 0 || defer_begin(c) < 0)
+            return rc;
+        evict[0] = '\0'; /* a new session knows none of the old one's statements */
     }
-    if (!exec_res) {
-        set_msg(c, "exec", "the server sent no result", NULL);
-        c->broken = 1;
-        rc = IDEM_EUNAVAIL;
-        goto out;
-    }
-    if (rows)
-        rc = rows_from(exec_res, rows);
-    goto out;
-
-send_failed:
-    /* A message could not be sent: the connection is gone or unusable. */
-    set_msg(c, "exec", PQerrorMessage(c->pg), NULL);
-    c->broken = 1;
-    rc = IDEM_EUNAVAIL;
-out:
-    PQclear(exec_res);
-    PQclear(err_res);
-    return rc;
 }
 
 /* ---- records --------------------------------------------------------------------------------- */
 
-static int rec_prepare(struct idem_conn *c, enum rec_stmt k)
-{
-    PGresult *res = NULL;
-    int rc;
-
-    if (c->prepared & (1u << k))
-        return 0;
-    res = PQprepare(c->pg, rec_sql[k].name, rec_sql[k].sql, rec_sql[k].nparams, rec_sql[k].types);
-    rc = check(c, res, "prepare");
-    PQclear(res);
-    if (rc == 0)
-        c->prepared |= 1u << k;
-    return rc;
-}
-
 /*
- * Runs one of the store's own statements and hands its result out in *out (new, PQclear).
+ * Runs one of the store's own statements (prepared with it the first time on this session, in the
+ * same round trip, after what is deferred) and hands its result out in *out (new, PQclear).
  * Retried, a bounded number of times, after a serialization failure, a deadlock or a lost
  * connection -- but only where a retry cannot repeat or lose anything: outside a transaction,
  * or when the failed statement was the first of its transaction, which is then begun again.
@@ -1171,26 +1408,34 @@ static int rec_run(struct idem_conn *c, enum rec_stmt k, const char *const *vals
     for (int attempt = 1;; attempt++) {
         int in_tx = c->in_tx;
         int first = c->tx_stmts == 0;
-        PGresult *res = NULL;
+        struct pipe_q q[2];
+        int n = 0, failed;
 
         if (c->broken) {
             set_msg(c, what, "the connection was lost", NULL);
             rc = IDEM_EUNAVAIL;
         } else {
-            rc = rec_prepare(c, k);
-        }
-        if (rc == 0) {
-            res = PQexecPrepared(c->pg, rec_sql[k].name, rec_sql[k].nparams, vals, lens, fmts,
-                                 binary);
-            rc = check(c, res, what);
+            if (!(c->prepared & (1u << k)))
+                q[n++] = pq_prepare_rec(k, what);
+            q[n++] = pq_exec(rec_sql[k].name, rec_sql[k].nparams, vals, lens, fmts, binary, what);
+            rc = pipe_run(c, q, n, &failed);
+            if (rc == 0 && !q[n - 1].ok) {
+                set_msg(c, what, "the server sent no result", NULL);
+                c->broken = 1;
+                rc = IDEM_EUNAVAIL;
+            }
+            for (int i = 0; i < n - 1; i++)
+                PQclear(q[i].res);
+            if (rc == 0) {
+                *out = q[n - 1].res;
+            } else {
+                PQclear(q[n - 1].res);
+            }
         }
         if (in_tx)
             c->tx_stmts++;
-        if (rc == 0) {
-            *out = res;
+        if (rc == 0)
             return 0;
-        }
-        PQclear(res);
         if (attempt >= RETRIES_MAX || !retryable(c) || (in_tx && !first) ||
             (c->broken && reconnected))
             return rc;
@@ -1201,12 +1446,8 @@ static int rec_run(struct idem_conn *c, enum rec_stmt k, const char *const *vals
         } else if (in_tx && run_simple(c, "ROLLBACK", "rollback") < 0) {
             return rc;
         }
-        if (in_tx) {
-            if (run_simple(c, "BEGIN ISOLATION LEVEL READ COMMITTED", "begin") < 0)
-                return rc;
-            c->in_tx = 1;
-            c->tx_stmts = 0;
-        }
+        if (in_tx && defer_begin(c) < 0)
+            return rc;
         idem__sleep_ms(attempt * 3);
     }
 }
@@ -1271,6 +1512,10 @@ static int pg_record_insert(struct idem_conn *c, const struct idem_scope *s,
     rc = rec_run(c, RS_CLAIM, vals, lens, fmts, 0, "claim", &res);
     if (rc == 0)
         *inserted = changed_of(res) == 1;
+    if (*inserted && c->in_tx) {
+        c->claimed = scope_hash(s);
+        c->claimed_open = 1;
+    }
     PQclear(res);
     return rc;
 }
@@ -1423,6 +1668,16 @@ static int pg_record_complete(struct idem_conn *c, const struct idem_scope *s, c
     }
     lens[5] = (int)body_len;
     idem__fmt(code, sizeof(code), "%d", status);
+    if (c->in_tx && c->claimed_open && c->claimed == scope_hash(s)) {
+        /* The record this transaction inserted: its row is ours until the transaction ends. */
+        c->claimed_open = 0; /* once: completing it twice is refused, as ever (*ok = 0) */
+        rc = defer_rec(c, RS_COMPLETE_CLAIMED, vals, lens, fmts, "complete record");
+        if (rc == 0) {
+            *ok = 1;
+            notify_after_commit(c, s);
+        }
+        return rc;
+    }
     rc = rec_run(c, RS_COMPLETE, vals, lens, fmts, 0, "complete record", &res);
     if (rc == 0)
         *ok = changed_of(res) == 1;
@@ -1830,7 +2085,7 @@ static void pg_store_close(struct idem_store *st)
 
 const struct idem_store_vtab idem__pg_vtab = {
     .kind = "postgresql",
-    .claim_before_read = 0,
+    .claim_before_read = 1,
     .conn_open = pg_open,
     .conn_close = pg_close,
     .errmsg = pg_errmsg,

@@ -4,7 +4,9 @@
  * by tests/contract/store_contract.c; this file walks the rest: the connection string forms, that
  * no message shows a password, several store handles (as several service instances) racing one
  * key, a waiting duplicate woken by another instance's commit through LISTEN/NOTIFY, SQLSTATEs
- * mapped to IDEM_E* codes, and a server restart that the pool and the listener survive.
+ * mapped to IDEM_E* codes, statements sent together with the next one (deferred) failing as if
+ * sent alone, pooled connections the server closed, and a server restart that the pool and the
+ * listener survive.
  */
 #include "idem/idem.h"
 #include "t.h"
@@ -406,6 +408,112 @@ static void test_sqlstates(struct idem_store *st)
     CHECK((l1.rc == 0 && l2.rc == IDEM_EUNAVAIL) || (l1.rc == IDEM_EUNAVAIL && l2.rc == 0));
 }
 
+/* ---- statements sent together: the deferred ones ------------------------------------------- */
+
+/*
+ * BEGIN, the application's SAVEPOINT / RELEASE / ROLLBACK TO and the completion of a record the
+ * transaction itself inserted go out with the next statement instead of alone (one round trip
+ * fewer each).  What a caller sees must not change: a failure of one of them is reported by the
+ * next statement or by the COMMIT, which then does not happen.
+ */
+static void test_deferred_statements(struct idem_store *st, struct idem_engine *eng)
+{
+    static const struct idem_operation op = {.name = "pg.deferred"};
+    struct idem_tx *tx = NULL;
+    struct idem_call *call = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+    const char *one[] = {"defer-1"}, *two[] = {"defer-2"}, *three[] = {"defer-3"};
+    int rc;
+
+    /* Transactions that end before any statement: nothing to do, and the pool is fine. */
+    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+    CHECK_INT(idem_tx_commit(tx), 0);
+    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+    idem_tx_rollback(tx);
+
+    /* A savepoint statement that fails aborts the transaction; the next statement says so... */
+    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+    CHECK_INT(idem_tx_exec(tx, "INSERT INTO pg_biz (id) VALUES ($1)", 1, one, NULL), 0);
+    CHECK_INT(idem_tx_exec(tx, "SAVEPOINT s1", 0, NULL, NULL), 0);
+    CHECK_INT(idem_tx_exec(tx, "RELEASE SAVEPOINT no_such", 0, NULL, NULL), 0);
+    rc = idem_tx_exec(tx, "INSERT INTO pg_biz (id) VALUES ($1)", 1, two, NULL);
+    CHECK_INT(rc, IDEM_ESTORE);
+    CHECK(strstr(idem_tx_errmsg(tx), "no_such") != NULL);
+    /* ...a ROLLBACK TO an existing savepoint repairs it, as on a server without pipelining... */
+    CHECK_INT(idem_tx_exec(tx, "ROLLBACK TO SAVEPOINT s1", 0, NULL, NULL), 0);
+    CHECK_INT(idem_tx_exec(tx, "INSERT INTO pg_biz (id) VALUES ($1)", 1, three, NULL), 0);
+    CHECK_INT(idem_tx_commit(tx), 0);
+    CHECK_INT(query_int(st, "SELECT count(*) FROM pg_biz WHERE id IN ('defer-1', 'defer-3')"), 2);
+    CHECK_INT(query_int(st, "SELECT count(*) FROM pg_biz WHERE id = 'defer-2'"), 0);
+    /* ...and without the repair the COMMIT fails and nothing of it stays. */
+    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+    CHECK_INT(idem_tx_exec(tx, "INSERT INTO pg_biz (id) VALUES ($1)", 1, two, NULL), 0);
+    CHECK_INT(idem_tx_exec(tx, "ROLLBACK TO SAVEPOINT no_such", 0, NULL, NULL), 0);
+    CHECK(idem_tx_commit(tx) < 0);
+    CHECK_INT(query_int(st, "SELECT count(*) FROM pg_biz WHERE id = 'defer-2'"), 0);
+
+    /* The completion of a claimed record, sent with the COMMIT, commits with it. */
+    fp_of("{\"deferred\":1}", fp);
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "defer-ok", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_complete(call, 201, NULL, 0, "made", 4), 0);
+    idem_call_end(call);
+    CHECK_INT(query_int(st, "SELECT response_status FROM idem_records WHERE idem_key = 'defer-ok'"
+                            " AND status = 1 AND response_body = 'made'"),
+              201);
+    /* Even unchecked, a completion that finds the record gone is no success: the division by
+     * zero of the fenced statement aborts the transaction, and the COMMIT with it. */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "defer-gone", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_tx_exec(idem_call_tx(call),
+                           "DELETE FROM idem_records WHERE idem_key = 'defer-gone'", 0, NULL, NULL),
+              0);
+    CHECK(idem_call_complete(call, 201, NULL, 0, "made", 4) < 0);
+    CHECK(strstr(idem_call_errmsg(call), "no longer this call's") != NULL);
+    idem_call_end(call);
+    CHECK_INT(query_int(st, "SELECT count(*) FROM idem_records WHERE idem_key = 'defer-gone'"), 0);
+}
+
+/*
+ * Connections the server closed while they sat idle in the pool (an administrator, a failover):
+ * a transaction whose first statement meets one is begun again on a new connection, since
+ * nothing of it ran; the caller sees no failure.
+ */
+static void test_idle_connections_closed(void)
+{
+    struct idem_store *st = open_uri(pg_uri, 2);
+    struct idem_tx *tx[2] = {NULL, NULL};
+    struct idem_rows *r = NULL;
+    PGconn *admin = PQconnectdb(pg_uri);
+    PGresult *res = NULL;
+
+    /* Two pooled connections, both used once, then both idle. */
+    CHECK_INT(idem_tx_begin(st, 0, &tx[0]), 0);
+    CHECK_INT(idem_tx_begin(st, 0, &tx[1]), 0);
+    for (int i = 0; i < 2; i++) {
+        CHECK_INT(idem_tx_exec(tx[i], "SELECT 1", 0, NULL, NULL), 0);
+        CHECK_INT(idem_tx_commit(tx[i]), 0);
+    }
+    CHECK(PQstatus(admin) == CONNECTION_OK);
+    res = PQexec(admin, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE"
+                        " application_name = 'libidem' AND pid <> pg_backend_pid()"
+                        " AND query NOT LIKE 'LISTEN%'");
+    CHECK(PQresultStatus(res) == PGRES_TUPLES_OK);
+    PQclear(res);
+    PQfinish(admin);
+    sleep_ms(200);
+    for (int i = 0; i < 3; i++) {
+        CHECK_INT(idem_tx_begin(st, 1, &tx[0]), 0);
+        CHECK_INT(idem_tx_exec(tx[0], "SELECT 41 + 1", 0, NULL, &r), 0);
+        CHECK_STR(idem_rows_get(r, 0, 0), "42");
+        idem_rows_free(r);
+        r = NULL;
+        CHECK_INT(idem_tx_commit(tx[0]), 0);
+    }
+    idem_store_close(st);
+}
+
 /* ---- a server restart ------------------------------------------------------------------------ */
 
 static int restart_server(void)
@@ -531,6 +639,8 @@ int main(void)
     test_notify_payload(eng);
     test_sqlstates(st);
     test_synchronous_commit();
+    test_deferred_statements(st, eng);
+    test_idle_connections_closed();
     test_cross_instance_wake(st, "first");
     test_restart(st, eng);
     test_cross_instance_wake(st, "after-restart");
