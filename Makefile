@@ -85,6 +85,21 @@ bench-gateway:
 	@sh tests/pg/with_pg.sh python3 bench/gateway_bench.py --bin $(BENCH_BUILD)/bin \
 		--out bench/results --seconds $(BENCH_SECONDS)
 
+# idem-check chaos while the database fails over (docs/ha.md, "Chaos with failovers"): a Patroni
+# cluster of three nodes (tests/ha/with_ha.sh), three orderd instances, one killed -9 every 3 s,
+# every fault, and every 20 s a switchover or a killed primary (tests/ha/failover.sh); about
+# 6 minutes on 2 cores.  The drive stops at CHAOS_FAILOVER_INTENTS or after 300 s.
+CHAOS_FAILOVER_INTENTS ?= 15000
+.PHONY: chaos-failover
+chaos-failover: build
+	@sh tests/ha/with_ha.sh sh -c '$(BUILD)/bin/idem-check chaos \
+		--orderd-bin $(BUILD)/bin/orderd --provider-bin $(BUILD)/bin/provider-sim \
+		--db "$$IDEM_TEST_HA_URI" --instances 3 --kill-every 3 \
+		--failover-every 20 --failover-cmd "sh tests/ha/failover.sh" \
+		--intents $(CHAOS_FAILOVER_INTENTS) --clients 8 --max-time 300 --grace 120 \
+		--drop-rate 0.1 --reset-rate 0.05 --cut-rate 0.05 --dup-rate 0.1 \
+		--provider-lost-rate 0.05 --provider-5xx-rate 0.05 --webhook-dup 2'
+
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(BENCH_BUILD)
 

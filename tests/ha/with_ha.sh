@@ -15,8 +15,9 @@
 #   IDEM_TEST_HA_CONFIGS    the Patroni config files, space-separated (for patronictl -c)
 #   IDEM_TEST_HA_DIR        the temporary directory (etcd's and Patroni's logs are there)
 #
-# and always stops every process and removes the directory afterwards, also when the command
-# fails or the script is interrupted.  The command's exit status is the script's.  A cluster that
+# and always stops every process (the Patroni agents tests/ha/failover.sh restarted too: it lists
+# them in $IDEM_TEST_HA_DIR/agents.pids) and removes the directory afterwards, also when the
+# command fails or the script is interrupted.  The command's exit status is the script's.  A cluster that
 # cannot be formed within 90 s is a failure (exit 1), never a skip.
 set -eu
 
@@ -57,14 +58,16 @@ pids=""
 cleanup() {
     rc=$?
     trap - EXIT INT TERM
-    for p in $pids; do kill -TERM "$p" 2>/dev/null || true; done
+    # Patroni agents the command restarted (tests/ha/failover.sh records them) go too.
+    all="$pids $(cat "$tmp/agents.pids" 2>/dev/null || true)"
+    for p in $all; do kill -TERM "$p" 2>/dev/null || true; done
     sleep 1
     for n in 1 2 3; do
         if [ -f "$tmp/node$n/postmaster.pid" ]; then
             as_owner "$PGBIN/pg_ctl" -D "$tmp/node$n" -m immediate -w stop >/dev/null 2>&1 || true
         fi
     done
-    for p in $pids; do kill -KILL "$p" 2>/dev/null || true; done
+    for p in $all; do kill -KILL "$p" 2>/dev/null || true; done
     rm -rf "$tmp"
     exit "$rc"
 }
@@ -151,8 +154,15 @@ EOF
 done
 if [ -n "$OS_USER" ]; then chown "$OS_USER" "$tmp"; fi
 
+# Started as simple commands, not through as_owner: a function in the background runs in a subshell
+# of its own, whose pid $! would be (killing it leaves the agent running).  runuser passes the
+# cleanup's SIGTERM on to the agent.
 for n in 1 2 3; do
-    as_owner patroni "$tmp/node$n.yml" >"$tmp/patroni$n.log" 2>&1 &
+    if [ -n "$OS_USER" ]; then
+        runuser -u "$OS_USER" -- patroni "$tmp/node$n.yml" >"$tmp/patroni$n.log" 2>&1 &
+    else
+        patroni "$tmp/node$n.yml" >"$tmp/patroni$n.log" 2>&1 &
+    fi
     pids="$pids $!"
 done
 

@@ -297,6 +297,78 @@ def test_attach_without_the_inbox_gauge_falls_back(ctx):
         prov.close()
 
 
+# A stand-in for a failover command (tests/ha/failover.sh fails a real cluster over, in
+# ha.test_chaos_failover): `sh FAKE MODE KIND` notes KIND; in mode "ok" it succeeds, in mode
+# "kill-fails" the kill does not (exit 3).
+FAKE_FAILOVER = """echo "$2" >>"$(dirname "$0")/kinds-$1"
+sleep 0.2
+[ "$1" = ok ] || [ "$2" = switchover ] || exit 3
+"""
+
+
+def fake_failover(mode):
+    path = os.path.join(WORK, "fake-failover.sh")
+    with open(path, "w") as f:
+        f.write(FAKE_FAILOVER)
+    return "sh %s %s" % (path, mode), os.path.join(WORK, "kinds-" + mode)
+
+
+@test
+def test_failover_command(ctx):
+    # --failover-every without a database that fails over: the command runs every second of the
+    # drive with switchover, kill, switchover, ... and the verdict lists each, none of which made
+    # a request fail (nothing else is injected).
+    cmd, kinds = fake_failover("ok")
+    rc, out, err, took = chaos_on_fresh_store(
+        BASE + ["--intents", "5000", "--clients", "4", "--max-time", "5", "--failover-every", "1",
+                "--failover-cmd", cmd, "--json"])
+    doc = parse_json(rc, out, err)
+    expect_eq((rc, doc["verdict"]), (0, "clean"), "a clean run:\n%s\n%s" % (out, err[-2000:]))
+    fo = doc["failovers"]
+    runs = fo["list"]
+    expect(fo["count"] == len(runs) >= 2 and fo["every"] == 1 and fo["command"] == cmd,
+           "failovers: %r" % fo)
+    with open(kinds) as f:
+        ran = f.read().split()
+    expect_eq([r["kind"] for r in runs], ran, "the kinds reported are the ones run")
+    expect_eq(ran[:2], ["switchover", "kill"], "a switchover first, then a kill")
+    for r in runs:
+        expect(r["exitStatus"] == 0 and r["noneFailed"] and r["unavailableSeconds"] == 0 and
+               r["recovered"] and r["failedAt"] is None and r["commandSeconds"] >= 0.2,
+               "failover %d: its command ran, no request failed: %r" % (r["n"], r))
+    expect("chaos: failover 1 (switchover)" in err, "progress names the failovers: %r" % err)
+
+
+@test
+def test_failed_failover_command_fails_the_run(ctx):
+    # Attached (a work directory is made for the command's log all the same): the kill fails,
+    # which ends the drive at once and fails the run, naming the command and its log.
+    prov, s = paid_pair(order_args=FAST_WORKERS, name="failover")
+    try:
+        s.start()
+        user = s.new_user("chaos-failover")
+        cmd, _ = fake_failover("kill-fails")
+        rc, out, err, took = idem_check(["chaos", "--attach", "--orderd-url", s.base_url,
+                                         "--provider-url", prov.url, "--token", user.token,
+                                         "--intents", "100000", "--clients", "4", "--max-time",
+                                         "60", "--failover-every", "1", "--failover-cmd", cmd],
+                                        timeout=120)
+        expect_eq(rc, 1, "exit code when a failover command fails:\n%s\n%s" % (out, err[-2000:]))
+        expect("the database failover failed: failover 2" in err and "kill" in err and
+               "exited with status 3" in err, "the failure is explained: %r" % err[-2000:])
+        log = err.split("its output is in ")[-1].split(")")[0]
+        expect(log.startswith(WORK) and log.endswith("/failover.log"), "the log is named: %r" % log)
+        with open(log) as f:
+            text = f.read()
+        expect("== failover 1: switchover" in text and "== failover 2: kill" in text and
+               "exit status 3" in text, "failover.log has both commands:\n%s" % text)
+        expect(took < 40, "the drive ended with the failed command (%.1f s)" % took)
+        expect(s.alive(), "the attached orderd still runs")
+    finally:
+        s.close()
+        prov.close()
+
+
 @test
 def test_table_output(ctx):
     rc, out, err, _ = idem_check(BASE + ["--intents", "20", "--max-time", "10"])
@@ -444,6 +516,12 @@ def test_usage_errors(ctx):
         (["chaos", "--attach", "--orderd-url", "https://example.com", "--token", "t"],
          "an orderd URL that is not http://IPv4:PORT"),
         (attach + ["--provider-url", "127.0.0.1:8090"], "a provider URL without http://"),
+        (BASE + ["--failover-every", "10"], "--failover-every without --failover-cmd"),
+        (attach + ["--failover-every", "10"], "--attach, --failover-every without a command"),
+        (BASE + ["--failover-cmd", "true"], "--failover-cmd without --failover-every"),
+        (BASE + ["--failover-every", "0", "--failover-cmd", "true"], "a zero --failover-every"),
+        (BASE + ["--failover-every", "x", "--failover-cmd", "true"], "a bad --failover-every"),
+        (BASE + ["--failover-every", "5", "--failover-cmd", " "], "an empty --failover-cmd"),
     ]:
         rc, out, err, _ = idem_check(args, timeout=20)
         expect_eq(rc, 2, "exit code for %s (stderr %r)" % (what, err))
@@ -451,7 +529,8 @@ def test_usage_errors(ctx):
     rc, out, err, _ = idem_check(["chaos", "--help"], timeout=20)
     expect_eq(rc, 0, "--help exit code")
     for flag in ("--kill-every", "--grace", "--instances", "--balance", "--cut-rate", "--attach",
-                 "--orderd-url", "--provider-url", "--token", "--no-webhooks", "--webhook-dup"):
+                 "--orderd-url", "--provider-url", "--token", "--no-webhooks", "--webhook-dup",
+                 "--failover-every", "--failover-cmd"):
         expect(flag in out, "--help lists %s" % flag)
 
 
