@@ -13,6 +13,8 @@ of its Patroni agent and its postmaster), so the survivors elect a new leader on
   - orderd follows the new primary by itself (no restart), and the cluster ends with a new one.
 
 Prints the seconds of unavailability per failover (first failed request to first success).
+Then idem-gateway on the same URI through a switchover: each key reaches its (not idempotent)
+upstream exactly once.
 Runs only under with_ha.sh (it needs IDEM_TEST_HA_URI).
 """
 
@@ -28,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "service"))
 
 from harness import Server, expect, expect_eq, fail, new_key, run, test  # noqa: E402
+from gateway_harness import Gateway, Upstream  # noqa: E402
 
 CLIENTS = 4
 
@@ -183,6 +186,76 @@ def test_orders_survive_a_switchover_and_a_killed_primary(_):
         print("     %d orders through 2 failovers (%s -> ... -> %s); unavailable: %s"
               % (len(ids), leader0["Member"], now["Member"],
                  ", ".join("%s %.1f s" % d for d in downtime)))
+
+
+@test
+def test_gateway_follows_the_primary(_):
+    """
+    idem-gateway on the same multi-host URI, in front of an upstream that does not dedupe: keyed
+    POSTs retried until final through a switchover each reach the upstream exactly once.
+    """
+    uri = os.environ["IDEM_TEST_HA_URI"]
+    wait_for("a healthy cluster", healthy)
+    up = Upstream()
+    stop = threading.Event()
+    lock = threading.Lock()
+    finals, events = {}, []
+
+    def client(n):
+        i = 0
+        while not stop.is_set():
+            i += 1
+            k = "gw-ha-%d-%d" % (n, i)
+            deadline = time.monotonic() + 60
+            final = None
+            while time.monotonic() < deadline:
+                try:
+                    r = gw.request("POST", "/v1/things", {"n": n, "i": i}, key=k, timeout=15)
+                    status = r.status
+                except Exception:  # a reset or refused connection: retry as a client would
+                    r, status = None, 0
+                with lock:
+                    events.append((time.monotonic(), 200 <= status < 300))
+                if status not in (0, 409, 503):
+                    final = status
+                    break
+                time.sleep(0.1)
+            with lock:
+                finals[k] = final
+
+    try:
+        with Gateway(up, db_uri=uri, name="gateway-ha") as gw:
+            threads = [threading.Thread(target=client, args=(n,)) for n in range(3)]
+            for t in threads:
+                t.start()
+            time.sleep(2)
+            leader, sync = healthy()
+            t0 = time.monotonic()
+            cfg = os.environ["IDEM_TEST_HA_CONFIGS"].split()[0]
+            p = subprocess.run(["patronictl", "-c", cfg, "switchover", "--leader",
+                                leader["Member"], "--candidate", sync["Member"], "--force"],
+                               capture_output=True, text=True, timeout=60)
+            expect_eq(p.returncode, 0, "patronictl switchover: %s%s" % (p.stdout, p.stderr))
+            wait_for("the switchover", lambda: (member("Leader") or {}).get("Member") ==
+                     sync["Member"] and healthy())
+
+            def ok_since():
+                with lock:
+                    return sum(1 for t, ok in events if ok and t >= t0 + 0.5)
+            wait_for("answers after the switchover", lambda: ok_since() > 5)
+            stop.set()
+            for t in threads:
+                t.join(90)
+        bad = {k: v for k, v in finals.items() if v != 201}
+        expect(not bad, "every key ends with the upstream's 201: %r" % list(bad.items())[:5])
+        twice = {k: up.executions(k) for k in finals if up.executions(k) != 1}
+        expect(not twice, "each key executed once at the upstream: %r" % list(twice.items())[:5])
+        expect(len(finals) >= 20, "enough keys to mean something: %d" % len(finals))
+        print("     %d keys through the gateway across a switchover, each executed once"
+              % len(finals))
+    finally:
+        stop.set()
+        up.close()
 
 
 if __name__ == "__main__":

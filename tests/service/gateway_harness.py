@@ -273,8 +273,8 @@ class Gateway(Server):
     listen_re = GATEWAY_LISTEN_RE
 
     def __init__(self, upstream, routes=DEFAULT_ROUTES, extra="", principal="header: X-Consumer-Id",
-                 upstream_timeout="3s", args=(), name="idem-gateway", listen_port=0):
-        super().__init__(extra_args=args, name=name)
+                 upstream_timeout="3s", args=(), name="idem-gateway", listen_port=0, db_uri=None):
+        super().__init__(extra_args=args, name=name, db_uri=db_uri)
         self.upstream = upstream
         self.admin_port = None
         self.config_path = os.path.join(self.tmpdir, "gateway.yaml")
