@@ -664,7 +664,7 @@ static char **child_env(const char *secret)
     return env;
 }
 
-static void free_env(char **env)
+void ck_free_env(char **env)
 {
     size_t i;
     for (i = 0; env && env[i]; i++)
@@ -902,7 +902,7 @@ out:
             free(cx->in[k].key);
     free(cx->in);
     free(cx->before_ids);
-    free_env(cx->envp);
+    ck_free_env(cx->envp);
     if (curl_on)
         ck_http_global_cleanup();
     pthread_mutex_destroy(&cx->lock);

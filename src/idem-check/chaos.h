@@ -243,6 +243,17 @@ struct chaos {
 
 long long ck_now_ms(void);
 
+/* A NULL-terminated array of malloc'd strings (an environment) and its strings, freed. */
+void ck_free_env(char **env);
+
+/*
+ * fork + execve of argv with stdin from /dev/null and stdout/stderr to the files, dying with the
+ * thread that forked it (PR_SET_PDEATHSIG); with pass_fd >= 0 that descriptor is the child's
+ * as_fd.  The pid, or -1.
+ */
+pid_t ck_spawn(char **envp, char *const argv[], const char *out_path, const char *err_path,
+               int pass_fd, int as_fd);
+
 /* chaos_procs.c: the children.  Each returns 0, or -1 (see the logs in the work directory). */
 int ck_start_provider(struct chaos *cx);
 int ck_create_token(struct chaos *cx);

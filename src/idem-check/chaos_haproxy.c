@@ -138,14 +138,6 @@ static char **lb_env(const struct chaos *cx)
     return env;
 }
 
-static void free_env(char **env)
-{
-    size_t i;
-    for (i = 0; env && env[i]; i++)
-        free(env[i]);
-    free(env);
-}
-
 /* A listening TCP socket on 127.0.0.1, port picked by the kernel; the fd (close-on-exec), or -1. */
 static int listen_loopback(int *port)
 {
@@ -171,37 +163,17 @@ static int listen_loopback(int *port)
     return fd;
 }
 
-/* fork + execve of `haproxy -db -f FILE`, stdio to files of the work directory and the listening
- * socket `lfd` as LB_FD; the pid, or -1. */
+/* haproxy -db -f CONFIG, its output in the work directory, the listening socket `lfd` as LB_FD;
+ * the pid, or -1. */
 static pid_t spawn_lb(const struct chaos *cx, char **envp, int lfd)
 {
     char out_path[PATH_MAX + 32], err_path[PATH_MAX + 32];
     char *argv[] = {(char *)cx->lb.bin, (char *)"-db", (char *)"-f", (char *)cx->o.haproxy_config,
                     NULL};
-    pid_t pid;
 
     snprintf(out_path, sizeof(out_path), "%s/haproxy.stdout", cx->workdir);
     snprintf(err_path, sizeof(err_path), "%s/haproxy.stderr", cx->workdir);
-    pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        int in = open("/dev/null", O_RDONLY);
-        int out = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        int err = open(err_path, O_WRONLY | O_CREAT | O_APPEND, 0600);
-        if (in < 0 || out < 0 || err < 0)
-            _exit(127);
-        dup2(in, 0);
-        dup2(out, 1);
-        dup2(err, 2);
-        /* dup2 makes a copy without close-on-exec; the same fd keeps its flag, so clear it. */
-        if (lfd == LB_FD ? fcntl(lfd, F_SETFD, 0) < 0 : dup2(lfd, LB_FD) < 0)
-            _exit(127);
-        (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
-        execve(argv[0], argv, envp);
-        _exit(127);
-    }
-    return pid;
+    return ck_spawn(envp, argv, out_path, err_path, lfd, LB_FD);
 }
 
 /* Until GET /healthz through HAProxy answers 200 (it runs, and forwards to an instance); 0, or -1
@@ -268,7 +240,7 @@ int ck_haproxy_start(struct chaos *cx)
     env = lb_env(cx);
     cx->lb.pid = spawn_lb(cx, env, lfd);
     close(lfd); /* HAProxy has its copy; if it dies, clients are refused, not left waiting */
-    free_env(env);
+    ck_free_env(env);
     if (cx->lb.pid < 0) {
         fprintf(stderr, "idem-check chaos: cannot start haproxy: %s\n", strerror(errno));
         return -1;

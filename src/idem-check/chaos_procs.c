@@ -24,8 +24,8 @@
 
 #define START_TIMEOUT_MS 15000
 
-/* fork + execve with stdin from /dev/null and stdout/stderr to files; the pid, or -1. */
-static pid_t spawn(char **envp, char *const argv[], const char *out_path, const char *err_path)
+pid_t ck_spawn(char **envp, char *const argv[], const char *out_path, const char *err_path,
+               int pass_fd, int as_fd)
 {
     pid_t pid = fork();
     if (pid < 0)
@@ -39,6 +39,10 @@ static pid_t spawn(char **envp, char *const argv[], const char *out_path, const 
         dup2(in, 0);
         dup2(out, 1);
         dup2(err, 2);
+        /* dup2 makes a copy without close-on-exec; the same fd keeps its flag, so clear it. */
+        if (pass_fd >= 0 &&
+            (pass_fd == as_fd ? fcntl(pass_fd, F_SETFD, 0) < 0 : dup2(pass_fd, as_fd) < 0))
+            _exit(127);
         (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
         execve(argv[0], argv, envp);
         _exit(127);
@@ -126,7 +130,7 @@ int ck_start_provider(struct chaos *cx)
         argv[argc++] = (char *)"--webhook-timeout-ms=3000";
     }
     argv[argc] = NULL;
-    cx->provider_pid = spawn(cx->envp, argv, out, err);
+    cx->provider_pid = ck_spawn(cx->envp, argv, out, err, -1, -1);
     if (cx->provider_pid < 0)
         return -1;
     port = wait_listening(cx->provider_pid, out, START_TIMEOUT_MS);
@@ -158,7 +162,7 @@ int ck_create_token(struct chaos *cx)
     free(key);
     snprintf(out, sizeof(out), "%s/token.stdout", cx->workdir);
     snprintf(err, sizeof(err), "%s/token.stderr", cx->workdir);
-    pid = spawn(cx->envp, argv, out, err);
+    pid = ck_spawn(cx->envp, argv, out, err, -1, -1);
     if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
         WEXITSTATUS(status) != 0)
         return -1;
@@ -212,7 +216,7 @@ int ck_start_orderd(struct chaos *cx, int i)
         snprintf(out, sizeof(out), "%s/orderd.%d.%d.stdout", cx->workdir, i + 1, in->gen);
         pthread_mutex_unlock(&cx->lock);
         snprintf(err, sizeof(err), "%s/orderd.%d.stderr", cx->workdir, i + 1);
-        pid = spawn(cx->envp, argv, out, err);
+        pid = ck_spawn(cx->envp, argv, out, err, -1, -1);
         if (pid < 0)
             return -1;
         got = wait_listening(pid, out, START_TIMEOUT_MS);

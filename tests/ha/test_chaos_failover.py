@@ -25,15 +25,13 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "service"))
 
-from harness import BIN, expect, expect_eq, fail, run, test  # noqa: E402
+from harness import BIN, expect, expect_eq, fail, run, run_idem_check, test  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(HERE))
 HAPROXY_CONFIG = os.path.join(REPO, "docs", "ops", "haproxy.cfg")
@@ -58,16 +56,7 @@ ARGS = ["chaos", "--orderd-bin", os.path.join(BIN, "orderd"),
 
 
 def idem_check(args, timeout):
-    env = dict(os.environ, TMPDIR=WORK)
-    t0 = time.monotonic()
-    try:
-        p = subprocess.run([IDEM_CHECK] + args, capture_output=True, timeout=timeout, env=env)
-    except FileNotFoundError:
-        fail("%s not found (IDEM_BIN=%s): build the idem-check target" % (IDEM_CHECK, BIN))
-    except subprocess.TimeoutExpired:
-        fail("`idem-check %s` did not finish in %d s" % (" ".join(args), timeout))
-    return (p.returncode, p.stdout.decode("utf-8", "replace"),
-            p.stderr.decode("utf-8", "replace"), time.monotonic() - t0)
+    return run_idem_check(args, WORK, timeout)
 
 
 @test

@@ -121,6 +121,21 @@ class Load:
         return (back - first_fail) if back else float("inf")
 
 
+def switchover():
+    """patronictl switchover from the leader to its sync standby, until that one leads a healthy
+    cluster; the monotonic time it began."""
+    leader, sync = healthy()
+    t0 = time.monotonic()
+    cfg = os.environ["IDEM_TEST_HA_CONFIGS"].split()[0]
+    p = subprocess.run(["patronictl", "-c", cfg, "switchover", "--leader", leader["Member"],
+                        "--candidate", sync["Member"], "--force"],
+                       capture_output=True, text=True, timeout=60)
+    expect_eq(p.returncode, 0, "patronictl switchover: %s%s" % (p.stdout, p.stderr))
+    wait_for("the switchover", lambda: (member("Leader") or {}).get("Member") ==
+             sync["Member"] and healthy())
+    return t0
+
+
 def successes_since(load, t0):
     with load.lock:
         return sum(1 for t, ok in load.events if ok and t >= t0)
@@ -136,15 +151,7 @@ def test_orders_survive_a_switchover_and_a_killed_primary(_):
         with Load(u) as load:
             time.sleep(2)
             # 1. A switchover to the synchronous standby (what an operator does for maintenance).
-            leader, sync = healthy()
-            t0 = time.monotonic()
-            cfg = os.environ["IDEM_TEST_HA_CONFIGS"].split()[0]
-            p = subprocess.run(["patronictl", "-c", cfg, "switchover", "--leader",
-                                leader["Member"], "--candidate", sync["Member"], "--force"],
-                               capture_output=True, text=True, timeout=60)
-            expect_eq(p.returncode, 0, "patronictl switchover: %s%s" % (p.stdout, p.stderr))
-            wait_for("the switchover", lambda: (member("Leader") or {}).get("Member") ==
-                     sync["Member"] and healthy())
+            t0 = switchover()
             wait_for("orders after the switchover", lambda: successes_since(load, t0 + 0.5) > 5)
             downtime.append(("switchover", load.unavailable_after(t0)))
             # 2. The new primary's node dies: its Patroni agent and its postmaster, kill -9 (killing
@@ -231,15 +238,7 @@ def test_gateway_follows_the_primary(_):
             for t in threads:
                 t.start()
             time.sleep(2)
-            leader, sync = healthy()
-            t0 = time.monotonic()
-            cfg = os.environ["IDEM_TEST_HA_CONFIGS"].split()[0]
-            p = subprocess.run(["patronictl", "-c", cfg, "switchover", "--leader",
-                                leader["Member"], "--candidate", sync["Member"], "--force"],
-                               capture_output=True, text=True, timeout=60)
-            expect_eq(p.returncode, 0, "patronictl switchover: %s%s" % (p.stdout, p.stderr))
-            wait_for("the switchover", lambda: (member("Leader") or {}).get("Member") ==
-                     sync["Member"] and healthy())
+            t0 = switchover()
 
             def ok_since():
                 with lock:

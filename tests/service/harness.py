@@ -669,6 +669,25 @@ class HttpFront:
         self.httpd.server_close()
 
 
+def run_idem_check(args, workdir, timeout=120):
+    """
+    `idem-check ARGS` with TMPDIR=workdir (where chaos keeps its work directory), within `timeout`
+    seconds: (exit code, stdout, stderr, seconds taken).  A missing program or a run that does
+    not end fails the test.
+    """
+    program = os.path.join(BIN, "idem-check")
+    t0 = time.monotonic()
+    env = dict(os.environ, TMPDIR=workdir)
+    try:
+        p = subprocess.run([program] + args, capture_output=True, timeout=timeout, env=env)
+    except FileNotFoundError:
+        fail("%s not found (IDEM_BIN=%s): build the idem-check target" % (program, BIN))
+    except subprocess.TimeoutExpired:
+        fail("`idem-check %s` did not finish in %d s" % (" ".join(args), timeout))
+    return (p.returncode, p.stdout.decode("utf-8", "replace"),
+            p.stderr.decode("utf-8", "replace"), time.monotonic() - t0)
+
+
 def new_key(prefix="k"):
     return "%s-%s" % (prefix, uuid.uuid4().hex)
 

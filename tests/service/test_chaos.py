@@ -25,7 +25,6 @@ import atexit
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +32,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness import (BIN, HttpFront, Server, expect, expect_eq, expect_status, fail,  # noqa: E402
-                     new_key, pg_create_database, pg_drop_database, pg_fresh_mode, run, test)
+                     new_key, pg_create_database, pg_drop_database, pg_fresh_mode, run,
+                     run_idem_check, test)
 from provider import WEBHOOK_SECRET, paid_pair  # noqa: E402
 
 IDEM_CHECK = os.path.join(BIN, "idem-check")
@@ -48,16 +48,7 @@ atexit.register(shutil.rmtree, WORK, True)
 
 
 def idem_check(args, timeout=120):
-    t0 = time.monotonic()
-    env = dict(os.environ, TMPDIR=WORK)
-    try:
-        p = subprocess.run([IDEM_CHECK] + args, capture_output=True, timeout=timeout, env=env)
-    except FileNotFoundError:
-        fail("%s not found (IDEM_BIN=%s): build the idem-check target" % (IDEM_CHECK, BIN))
-    except subprocess.TimeoutExpired:
-        fail("`idem-check %s` did not finish in %d s" % (" ".join(args), timeout))
-    took = time.monotonic() - t0
-    return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace"), took
+    return run_idem_check(args, WORK, timeout)
 
 
 BASE = ["chaos", "--orderd-bin", ORDERD, "--provider-bin", PROVIDER_SIM]

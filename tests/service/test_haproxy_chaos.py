@@ -26,11 +26,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (BIN, expect, expect_eq, fail, pg_create_database,  # noqa: E402
+from harness import (BIN, expect, expect_eq, fail, pg_create_database, run_idem_check,  # noqa: E402
                      pg_drop_database, pg_fresh_mode, run, test)
 
 IDEM_CHECK = os.path.join(BIN, "idem-check")
@@ -60,16 +59,7 @@ def haproxy():
 
 
 def idem_check(args, timeout=150):
-    t0 = time.monotonic()
-    env = dict(os.environ, TMPDIR=WORK)
-    try:
-        p = subprocess.run([IDEM_CHECK] + args, capture_output=True, timeout=timeout, env=env)
-    except FileNotFoundError:
-        fail("%s not found (IDEM_BIN=%s): build the idem-check target" % (IDEM_CHECK, BIN))
-    except subprocess.TimeoutExpired:
-        fail("`idem-check %s` did not finish in %d s" % (" ".join(args), timeout))
-    return (p.returncode, p.stdout.decode("utf-8", "replace"),
-            p.stderr.decode("utf-8", "replace"), time.monotonic() - t0)
+    return run_idem_check(args, WORK, timeout)
 
 
 @test
