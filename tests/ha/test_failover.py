@@ -136,6 +136,13 @@ def switchover():
     return t0
 
 
+def problem_code(resp):
+    try:
+        return resp.json().get("code")
+    except (ValueError, AttributeError):
+        return None
+
+
 def successes_since(load, t0):
     with load.lock:
         return sum(1 for t, ok in load.events if ok and t >= t0)
@@ -201,7 +208,10 @@ def test_orders_survive_a_switchover_and_a_killed_primary(_):
 def test_gateway_follows_the_primary(_):
     """
     idem-gateway on the same multi-host URI, in front of an upstream that does not dedupe: keyed
-    POSTs retried until final through a switchover each reach the upstream exactly once.
+    POSTs retried until final through a switchover each reach the upstream exactly once.  A key
+    whose completion the switchover cut after the upstream answered is held (the route's default
+    `hold`: 503 outcome-unknown to every retry, never forwarded again): it reached the upstream
+    once at most, and such keys are the few in flight at the switchover.
     """
     uri = os.environ["IDEM_TEST_HA_URI"]
     wait_for("a healthy cluster", healthy)
@@ -228,6 +238,9 @@ def test_gateway_follows_the_primary(_):
                 if status not in (0, 409, 503):
                     final = status
                     break
+                if status == 503 and problem_code(r) == "outcome-unknown":
+                    final = "held"  # an operator decides (idem-gateway keys resolve)
+                    break
                 time.sleep(0.1)
             with lock:
                 finals[k] = final
@@ -247,13 +260,18 @@ def test_gateway_follows_the_primary(_):
             stop.set()
             for t in threads:
                 t.join(90)
-        bad = {k: v for k, v in finals.items() if v != 201}
-        expect(not bad, "every key ends with the upstream's 201: %r" % list(bad.items())[:5])
-        twice = {k: up.executions(k) for k in finals if up.executions(k) != 1}
-        expect(not twice, "each key executed once at the upstream: %r" % list(twice.items())[:5])
+        held = [k for k, v in finals.items() if v == "held"]
+        bad = {k: v for k, v in finals.items() if v not in (201, "held")}
+        expect(not bad, "every key ends with the upstream's 201, or held: %r"
+               % list(bad.items())[:5])
+        twice = {k: up.executions(k) for k in finals
+                 if up.executions(k) != 1 and not (k in held and up.executions(k) == 0)}
+        expect(not twice, "each key executed once at the upstream (a held one at most once): %r"
+               % list(twice.items())[:5])
+        expect(len(held) <= 6, "only keys in flight at the switchover are held: %r" % held)
         expect(len(finals) >= 20, "enough keys to mean something: %d" % len(finals))
-        print("     %d keys through the gateway across a switchover, each executed once"
-              % len(finals))
+        print("     %d keys through the gateway across a switchover, each executed once; "
+              "%d held (outcome unknown)" % (len(finals), len(held)))
     finally:
         stop.set()
         up.close()
