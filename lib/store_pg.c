@@ -96,8 +96,9 @@ struct app_stmt {
 
 /*
  * A statement whose answer nobody waits for, held back to go out in the pipeline of the next one
- * that needs its answer (see "pipelines" below): the BEGIN, the application's SAVEPOINT, RELEASE
- * and ROLLBACK TO, and the completion of a record this transaction inserted.  Its failure is
+ * that needs its answer (see "pipelines" below): the application's SAVEPOINT, RELEASE and
+ * ROLLBACK TO, and the completion of a record this transaction inserted (the BEGIN is only a
+ * flag, begin_deferred).  Its failure is
  * reported by that next statement (or the COMMIT, which then does not happen).
  */
 #define DEFER_MAX 8
@@ -121,7 +122,7 @@ struct idem_conn {
     int tx_stmts; /* statements since BEGIN (deferred ones too): the first may be retried */
     struct deferred defer[DEFER_MAX];
     int ndefer;
-    int begin_deferred; /* the transaction's BEGIN is still in defer[]: nothing was sent yet */
+    int begin_deferred; /* the transaction's BEGIN goes out first with the next pipeline */
     /* The scope this transaction inserted a record for (its hash), while its completion may be
      * deferred: no other transaction can change that row before this one ends. */
     uint64_t claimed;
@@ -472,7 +473,7 @@ static int send_q(struct idem_conn *c, const struct pipe_q *q)
  */
 static int pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
 {
-    struct pipe_q all[DEFER_MAX * 2 + 8];
+    struct pipe_q all[1 + DEFER_MAX * 2 + 8];
     int nd = 0, nall = 0, synced = 0, bad = -1;
     PGresult *err = NULL;
     int rc = 0;
@@ -482,10 +483,13 @@ static int pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
         q[i].ok = 0;
         q[i].res = NULL;
     }
-    if (c->ndefer + n > (int)(sizeof(all) / sizeof(all[0])) - DEFER_MAX) {
+    /* The BEGIN, each deferred statement with its preparation, then q. */
+    if (1 + 2 * c->ndefer + n > (int)(sizeof(all) / sizeof(all[0]))) {
         set_msg(c, "pipeline", "too many statements at once", NULL);
         return IDEM_EINVAL;
     }
+    if (c->begin_deferred)
+        all[nall++] = pq_simple("BEGIN ISOLATION LEVEL READ COMMITTED", "begin");
     for (int i = 0; i < c->ndefer; i++) {
         const struct deferred *d = &c->defer[i];
         if (!d->sql && !(c->prepared & (1u << d->rec)))
@@ -568,8 +572,15 @@ static int pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
             set_msg(c, all[bad].what, "the record is no longer this call's", NULL);
         *failed = bad >= nd ? bad - nd : -1;
         PQclear(err);
+        return rc;
     }
-    return rc;
+    for (int i = 0; i < nall; i++)
+        if (!all[i].ok && !all[i].optional) {
+            set_msg(c, all[i].what, "the server sent no result", NULL);
+            c->broken = 1;
+            return IDEM_EUNAVAIL;
+        }
+    return 0;
 
 lost:
     /* A message could not be sent: the connection is gone or unusable. */
@@ -583,7 +594,7 @@ lost:
 static int flush_deferred(struct idem_conn *c)
 {
     int failed;
-    return c->ndefer > 0 ? pipe_run(c, NULL, 0, &failed) : 0;
+    return c->ndefer > 0 || c->begin_deferred ? pipe_run(c, NULL, 0, &failed) : 0;
 }
 
 /* Holds back the parameterless statement `sql` for the next pipeline; 0, or IDEM_ENOMEM. */
@@ -647,21 +658,14 @@ static int defer_rec(struct idem_conn *c, enum rec_stmt k, const char *const *va
  * statement.  A transaction that ends before any does (a claim refused before its INSERT, say)
  * never reaches the server.
  */
-static int defer_begin(struct idem_conn *c)
+static void defer_begin(struct idem_conn *c)
 {
-    int rc;
-
     deferred_clear(c);
-    c->in_tx = 0; /* the BEGIN itself is not one of the transaction's statements */
-    rc = defer_simple(c, "BEGIN ISOLATION LEVEL READ COMMITTED", "begin");
-    if (rc < 0)
-        return rc;
     c->in_tx = 1;
     c->tx_stmts = 0;
     c->nnotify = 0;
     c->claimed_open = 0;
     c->begin_deferred = 1;
-    return 0;
 }
 
 /* Runs one parameterless statement of the store's own (no input in it), after what is deferred. */
@@ -971,7 +975,8 @@ static int pg_begin(struct idem_conn *c, int write)
     }
     /* A connection the server closed while it was idle fails at the first statement, which is
      * retried on a new one (rec_run, pg_exec): nothing of the transaction had run. */
-    return defer_begin(c);
+    defer_begin(c);
+    return 0;
 }
 
 /*
@@ -995,7 +1000,7 @@ static int pg_commit(struct idem_conn *c)
         rc = IDEM_EUNAVAIL;
         goto out;
     }
-    if (c->begin_deferred && c->ndefer == 1) {
+    if (c->begin_deferred && c->ndefer == 0) {
         /* Nothing was sent: there is nothing to commit. */
         deferred_clear(c);
         rc = 0;
@@ -1006,11 +1011,10 @@ static int pg_commit(struct idem_conn *c)
         q[n++] = pq_prepare_rec(RS_NOTIFY, "notify");
     for (int i = 0; i < c->nnotify; i++) {
         vals[i][0] = c->notify[i];
-        q[n] = pq_exec(rec_sql[RS_NOTIFY].name, 1, vals[i], NULL, NULL, 0, "notify");
-        q[n++].optional = 1;
+        q[n++] = pq_exec(rec_sql[RS_NOTIFY].name, 1, vals[i], NULL, NULL, 0, "notify");
     }
     for (int i = 1; i < n; i++)
-        q[i].optional = 1;
+        q[i].optional = 1; /* the notifications (and their preparation): best effort */
     rc = pipe_run(c, q, n, &failed);
     if (q[0].ok) {
         /* The COMMIT's answer came, so it stands, even if the connection failed after it. */
@@ -1337,8 +1341,8 @@ static int pg_exec(struct idem_conn *c, const char *sql, int nparams, const char
         int n = 0, ix, prep = -1, dx = -1, failed = -1;
         /* Under a savepoint when in a transaction that is not aborted (a deferred statement may
          * have yet to repair or begin it). */
-        const int savepoint =
-            c->in_tx && (c->ndefer > 0 || PQtransactionStatus(c->pg) == PQTRANS_INTRANS);
+        const int savepoint = c->in_tx && (c->begin_deferred || c->ndefer > 0 ||
+                                           PQtransactionStatus(c->pg) == PQTRANS_INTRANS);
         const int first = c->in_tx && c->tx_stmts == 0 && c->begin_deferred;
 
         if (savepoint)
@@ -1365,11 +1369,6 @@ static int pg_exec(struct idem_conn *c, const char *sql, int nparams, const char
             e->prepared = 1;
         if (dx >= 0 && q[dx].ok)
             evict[0] = '\0';
-        if (rc == 0 && !q[ix].ok) {
-            set_msg(c, "exec", "the server sent no result", NULL);
-            c->broken = 1;
-            rc = IDEM_EUNAVAIL;
-        }
         if (rc == 0 && rows)
             rc = rows_from(q[ix].res, rows);
         for (int i = 0; i < n; i++)
@@ -1383,8 +1382,9 @@ static int pg_exec(struct idem_conn *c, const char *sql, int nparams, const char
             c->broken = 1; /* out of memory: the transaction cannot be repaired */
         /* The first statement of a transaction on a connection the server closed while it was
          * idle: nothing of the transaction ran, so it is begun again on a new connection. */
-        if (!first || !c->broken || attempt > 0 || reconnect(c) < 0 || defer_begin(c) < 0)
+        if (!first || !c->broken || attempt > 0 || reconnect(c) < 0)
             return rc;
+        defer_begin(c);
         evict[0] = '\0'; /* a new session knows none of the old one's statements */
     }
 }
@@ -1419,11 +1419,6 @@ static int rec_run(struct idem_conn *c, enum rec_stmt k, const char *const *vals
                 q[n++] = pq_prepare_rec(k, what);
             q[n++] = pq_exec(rec_sql[k].name, rec_sql[k].nparams, vals, lens, fmts, binary, what);
             rc = pipe_run(c, q, n, &failed);
-            if (rc == 0 && !q[n - 1].ok) {
-                set_msg(c, what, "the server sent no result", NULL);
-                c->broken = 1;
-                rc = IDEM_EUNAVAIL;
-            }
             for (int i = 0; i < n - 1; i++)
                 PQclear(q[i].res);
             if (rc == 0) {
@@ -1446,8 +1441,8 @@ static int rec_run(struct idem_conn *c, enum rec_stmt k, const char *const *vals
         } else if (in_tx && run_simple(c, "ROLLBACK", "rollback") < 0) {
             return rc;
         }
-        if (in_tx && defer_begin(c) < 0)
-            return rc;
+        if (in_tx)
+            defer_begin(c);
         idem__sleep_ms(attempt * 3);
     }
 }
