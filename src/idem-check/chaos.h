@@ -73,6 +73,9 @@ struct ck_proxy {
  */
 int ck_proxy_start(struct ck_proxy *p, int n, const uint32_t *addr, const int *port,
                    enum ck_balance balance);
+/* A listening TCP socket on 127.0.0.1, the port the kernel picked in *port; the fd
+ * (close-on-exec), or -1 with errno. */
+int ck_listen_loopback(int *port);
 void ck_proxy_set_upstream_port(struct ck_proxy *p, int i, int port);
 void ck_proxy_set_faults(struct ck_proxy *p, double drop_rate, double reset_rate, double cut_rate);
 /* Stops accepting and waits (at most a few seconds) for the connections in flight to end. */

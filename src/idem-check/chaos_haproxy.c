@@ -138,31 +138,6 @@ static char **lb_env(const struct chaos *cx)
     return env;
 }
 
-/* A listening TCP socket on 127.0.0.1, port picked by the kernel; the fd (close-on-exec), or -1. */
-static int listen_loopback(int *port)
-{
-    struct sockaddr_in a;
-    socklen_t len = sizeof(a);
-    int one = 1;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-    if (fd < 0)
-        return -1;
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(fd, 1024) < 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) < 0) {
-        int e = errno;
-        close(fd);
-        errno = e;
-        return -1;
-    }
-    *port = ntohs(a.sin_port);
-    return fd;
-}
-
 /* haproxy -db -f CONFIG, its output in the work directory, the listening socket `lfd` as LB_FD;
  * the pid, or -1. */
 static pid_t spawn_lb(const struct chaos *cx, char **envp, int lfd)
@@ -232,7 +207,7 @@ int ck_haproxy_start(struct chaos *cx)
                 cx->workdir);
         return -1;
     }
-    lfd = listen_loopback(&cx->lb.port);
+    lfd = ck_listen_loopback(&cx->lb.port);
     if (lfd < 0) {
         fprintf(stderr, "idem-check chaos: cannot listen for haproxy: %s\n", strerror(errno));
         return -1;

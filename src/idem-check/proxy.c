@@ -321,12 +321,34 @@ static void *accept_main(void *arg)
     return NULL;
 }
 
-int ck_proxy_start(struct ck_proxy *p, int n, const uint32_t *addr, const int *port,
-                   enum ck_balance balance)
+int ck_listen_loopback(int *port)
 {
     struct sockaddr_in a;
     socklen_t len = sizeof(a);
-    int one = 1, i;
+    int one = 1;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    if (fd < 0)
+        return -1;
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(fd, 1024) < 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+int ck_proxy_start(struct ck_proxy *p, int n, const uint32_t *addr, const int *port,
+                   enum ck_balance balance)
+{
+    int i;
 
     if (n < 1 || n > CK_MAX_INSTANCES) {
         errno = EINVAL;
@@ -341,21 +363,9 @@ int ck_proxy_start(struct ck_proxy *p, int n, const uint32_t *addr, const int *p
     atomic_store(&p->stopping, 0);
     pthread_mutex_init(&p->rng_lock, NULL);
     ck_rng_seed(&p->rng);
-    p->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    p->listen_fd = ck_listen_loopback(&p->port);
     if (p->listen_fd < 0)
         return -1;
-    (void)setsockopt(p->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_port = 0;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(p->listen_fd, (struct sockaddr *)&a, sizeof(a)) < 0 ||
-        listen(p->listen_fd, 1024) < 0 ||
-        getsockname(p->listen_fd, (struct sockaddr *)&a, &len) < 0) {
-        close(p->listen_fd);
-        return -1;
-    }
-    p->port = ntohs(a.sin_port);
     if (pthread_create(&p->thread, NULL, accept_main, p) != 0) {
         close(p->listen_fd);
         return -1;
