@@ -81,6 +81,7 @@ struct idem_call {
     int64_t ttl_ms, lease_ms, wait_ms;
     const char *const *stored_headers; /* the operation's allow-list (borrowed), NULL: default */
     size_t nstored_headers;
+    const char *claim_point; /* the operation's (borrowed): a claim commits at once, there */
     unsigned char fp[IDEM_FP_LEN];
 
     struct idem_tx *tx;  /* the open phase, if any */
@@ -457,6 +458,57 @@ static int try_claim(struct idem_call *call, int *claimed)
     return 0;
 }
 
+/* A claim committed at once at its operation's claim_point: one whole transaction. */
+struct claim_job {
+    struct idem_call *call;
+    int claimed;
+    int unfenced; /* the advance of the row just inserted changed nothing (rolled back) */
+};
+
+static int claim_job_run(struct idem_conn *c, void *arg)
+{
+    struct claim_job *j = arg;
+    struct idem_call *call = j->call;
+    const struct idem_store_vtab *vt = call->eng->st->vt;
+    int ok = 0;
+    int rc;
+
+    rc = vt->record_insert(c, &call->scope, call->fp, call->owner, call->lease_ms, call->ttl_ms,
+                           &j->claimed);
+    if (rc < 0 || !j->claimed)
+        return rc < 0 ? rc : IDEM__TX_DISCARD;
+    rc = vt->record_advance(c, &call->scope, call->owner, call->claim_point, NULL, call->lease_ms,
+                            &ok);
+    if (rc == 0 && !ok) {
+        j->unfenced = 1;
+        rc = IDEM__TX_DISCARD;
+    }
+    return rc;
+}
+
+/*
+ * try_claim() for an operation with a claim_point: the claim and its recovery point commit
+ * together, durably (the store runs it whole: idem__tx_run), and no phase stays open.
+ */
+static int try_claim_at_point(struct idem_call *call, int *claimed)
+{
+    struct claim_job j = {call, 0, 0};
+    char err[IDEM_ERRMSG_MAX] = "";
+    int rc;
+
+    *claimed = 0;
+    rc = idem__tx_run(call->eng->st, claim_job_run, &j, err, sizeof(err));
+    if (rc < 0)
+        return call_fail(call, rc, "claim", err);
+    if (j.unfenced)
+        return call_fail(call, IDEM_ESTATE, "claim",
+                         "the record just inserted was not processing under this call's lease");
+    *claimed = rc == 0 && j.claimed;
+    if (*claimed)
+        call->record_durable = 1;
+    return 0;
+}
+
 /*
  * Takes over an expired lease and re-reads the record under the same write lock.  The takeover is
  * fenced on the fingerprint this call compared: between that read and this write the record may
@@ -597,6 +649,7 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
     call->wait_ms = op->wait_ms > 0 ? op->wait_ms : DEFAULT_WAIT_MS;
     call->stored_headers = op->stored_headers;
     call->nstored_headers = op->stored_headers ? op->nstored_headers : 0;
+    call->claim_point = op->claim_point;
     call->retry_after_s = 1;
     if (fp)
         memcpy(call->fp, fp, IDEM_FP_LEN);
@@ -644,14 +697,14 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
                 pause = pause * 2 > POLL_MAX_MS ? POLL_MAX_MS : pause * 2;
             }
             claim_mono = idem__mono_ms();
-            rc = try_claim(call, &claimed);
+            rc = call->claim_point ? try_claim_at_point(call, &claimed) : try_claim(call, &claimed);
             if (rc < 0)
                 goto out;
             if (claimed) {
                 call->claimed_mono_ms = claim_mono;
                 idem__record_clear(&call->rec);
                 call->rec.found = 1;
-                call->rec.recovery_point = idem__strdup("");
+                call->rec.recovery_point = idem__strdup(call->claim_point ? call->claim_point : "");
                 if (!call->rec.recovery_point) {
                     rc = IDEM_ENOMEM;
                     goto out;
@@ -986,6 +1039,27 @@ static int response_args_ok(int status, const struct idem_header *headers, size_
  * is replaced by the copies (its row was rolled back to a savepoint by the caller, or the fence
  * fails).
  */
+/* What is stored of a response: the kept headers, encoded, and a copy of the body (+ NUL). */
+static int response_copies(const struct idem_call *call, const struct idem_header *headers,
+                           size_t nheaders, const void *body, size_t body_len, char **text,
+                           void **copy)
+{
+    int rc =
+        idem__headers_encode(headers, nheaders, call->stored_headers, call->nstored_headers, text);
+    if (rc < 0)
+        return rc;
+    *copy = malloc(body_len + 1);
+    if (!*copy) {
+        free(*text);
+        *text = NULL;
+        return IDEM_ENOMEM;
+    }
+    if (body_len)
+        memcpy(*copy, body, body_len);
+    ((char *)*copy)[body_len] = '\0';
+    return 0;
+}
+
 static int stage_response(struct idem_call *call, int status, const struct idem_header *headers,
                           size_t nheaders, const void *body, size_t body_len)
 {
@@ -995,18 +1069,9 @@ static int stage_response(struct idem_call *call, int status, const struct idem_
     int ok = 0;
     int rc;
 
-    rc = idem__headers_encode(headers, nheaders, call->stored_headers, call->nstored_headers,
-                              &text);
+    rc = response_copies(call, headers, nheaders, body, body_len, &text, &copy);
     if (rc < 0)
         goto out;
-    copy = malloc(body_len + 1);
-    if (!copy) {
-        rc = IDEM_ENOMEM;
-        goto out;
-    }
-    if (body_len)
-        memcpy(copy, body, body_len);
-    ((char *)copy)[body_len] = '\0';
     rc = st->vt->record_complete(idem__tx_conn(call->tx), &call->scope, call->owner, status, text,
                                  body, body_len, &ok);
     if (rc < 0) {
@@ -1171,6 +1236,59 @@ int idem_call_commit_async(struct idem_call *call, idem_call_done done, void *ar
     return 0;
 }
 
+/* A response stored with no phase open: one whole transaction (idem__tx_run). */
+struct complete_job {
+    struct idem_call *call;
+    int status;
+    const char *headers; /* encoded */
+    const void *body;
+    size_t body_len;
+    int ok;
+};
+
+static int complete_job_run(struct idem_conn *c, void *arg)
+{
+    struct complete_job *j = arg;
+    struct idem_call *call = j->call;
+    int rc = call->eng->st->vt->record_complete(c, &call->scope, call->owner, j->status, j->headers,
+                                                j->body, j->body_len, &j->ok);
+
+    return rc < 0 ? rc : j->ok ? 0 : IDEM__TX_DISCARD;
+}
+
+/*
+ * idem_call_complete() of a call with no phase open (a durable claim, a resumed record): the
+ * fenced completion is the whole transaction, so the store runs it without handing this thread
+ * its writer.
+ */
+static int complete_at_once(struct idem_call *call, int status, const struct idem_header *headers,
+                            size_t nheaders, const void *body, size_t body_len)
+{
+    char err[IDEM_ERRMSG_MAX] = "";
+    struct complete_job j = {call, status, NULL, NULL, body_len, 0};
+    char *text = NULL;
+    void *copy = NULL;
+    int rc;
+
+    rc = response_copies(call, headers, nheaders, body, body_len, &text, &copy);
+    if (rc < 0)
+        return call_fail(call, rc, "complete", NULL);
+    j.headers = text;
+    j.body = copy;
+    rc = idem__tx_run(call->eng->st, complete_job_run, &j, err, sizeof(err));
+    if (rc == IDEM__TX_DISCARD) {
+        free(text);
+        free(copy);
+        return call_fail(call, IDEM_ELEASE, "complete", "another owner took the lease over");
+    }
+    unstage(call);
+    call->staged_status = status;
+    call->staged_headers = text;
+    call->staged_body = copy;
+    call->staged_body_len = body_len;
+    return response_committed(call, rc, rc < 0 ? err : NULL);
+}
+
 int idem_call_complete(struct idem_call *call, int status, const struct idem_header *headers,
                        size_t nheaders, const void *body, size_t body_len)
 {
@@ -1181,9 +1299,9 @@ int idem_call_complete(struct idem_call *call, int status, const struct idem_hea
     if (call->completed)
         return call_fail(call, IDEM_ESTATE, "complete", "the call is completed");
     if (!call->tx) {
-        rc = idem_call_phase_begin(call);
-        if (rc < 0)
-            return rc;
+        if (!call->principal) /* answered from the replay cache: it owns no record */
+            return call_fail(call, IDEM_ESTATE, "complete", "the call owns no record");
+        return complete_at_once(call, status, headers, nheaders, body, body_len);
     }
     rc = stage_response(call, status, headers, nheaders, body, body_len);
     if (rc == 0)

@@ -96,6 +96,14 @@ struct idem_conn; /* one connection of a backend; defined by each backend */
 /* Told when an asynchronous commit is durable (rc 0) or failed (errmsg says why). */
 typedef void (*idem__commit_done)(void *arg, int rc, const char *errmsg);
 
+/*
+ * A write transaction given whole to the store (idem__tx_run): its statements on `c`.  Returns 0
+ * to commit, IDEM__TX_DISCARD to roll back with nothing wrong (e.g. a fenced update that changed
+ * nothing: `arg` tells the caller), or a negative code (rolled back; the reason is in c's errmsg).
+ */
+typedef int (*idem__tx_fn)(struct idem_conn *c, void *arg);
+#define IDEM__TX_DISCARD 1
+
 struct idem_store_vtab {
     const char *kind;
     /*
@@ -189,6 +197,13 @@ struct idem_store_vtab {
      */
     int (*write_commit_async)(struct idem_store *st, struct idem_conn *c, idem__commit_done done,
                               void *arg, char *err, size_t errlen);
+    /*
+     * Optional, with the ones above: idem__tx_run() of a whole transaction.  `fn` runs in its own
+     * savepoint of the current batch on whichever thread holds the writer when it comes free
+     * (the caller sleeps meanwhile, instead of being handed the writer and running it itself),
+     * and the call returns as write_commit does: once the batch is durable, or failed.
+     */
+    int (*write_run)(struct idem_store *st, idem__tx_fn fn, void *arg, char *err, size_t errlen);
     /* Optional: frees the backend's per-store state (st->backend) in idem_store_close. */
     void (*store_close)(struct idem_store *st);
 };
@@ -237,6 +252,14 @@ int idem__tx_commit_err(struct idem_tx *tx, char *err, size_t errlen);
  */
 int idem__tx_commit_async(struct idem_tx *tx, idem__commit_done done, void *arg, char *err,
                           size_t errlen);
+
+/*
+ * Runs `fn` as one write transaction and commits it durably: through the store's write_run when
+ * it has one (SQLite: no hand-over of the writer to this thread), else on a transaction of its
+ * own.  Returns 0 once durable, IDEM__TX_DISCARD when `fn` asked for a rollback, or a negative
+ * code with the store's message in `err`.
+ */
+int idem__tx_run(struct idem_store *st, idem__tx_fn fn, void *arg, char *err, size_t errlen);
 
 extern const struct idem_store_vtab idem__sqlite_vtab;
 extern const struct idem_store_vtab idem__pg_vtab;

@@ -350,6 +350,31 @@ int idem__tx_commit_async(struct idem_tx *tx, idem__commit_done done, void *arg,
     return 0;
 }
 
+int idem__tx_run(struct idem_store *st, idem__tx_fn fn, void *arg, char *err, size_t errlen)
+{
+    struct idem_tx *tx = NULL;
+    int rc;
+
+    if (st->vt->write_run) {
+        rc = st->vt->write_run(st, fn, arg, err, errlen);
+        if (rc == 0)
+            atomic_fetch_add(&st->write_commits, 1);
+        return rc;
+    }
+    rc = idem_tx_begin(st, 1, &tx);
+    if (rc < 0) {
+        idem__fmt(err, errlen, "%s", "cannot begin a write transaction: no store connection");
+        return rc;
+    }
+    rc = fn(tx->conn, arg);
+    if (rc == 0)
+        return idem__tx_commit_err(tx, err, errlen);
+    if (rc < 0)
+        idem__fmt(err, errlen, "%s", st->vt->errmsg(tx->conn));
+    idem_tx_rollback(tx);
+    return rc;
+}
+
 void idem_tx_rollback(struct idem_tx *tx)
 {
     if (!tx)

@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -709,6 +710,34 @@ out:
 #define GROUP_MEMBERS_MAX 256
 #define GROUP_AGE_MAX_MS 20
 
+/*
+ * A transaction given whole (write_run) does not wait for the writer to be handed to it: it
+ * queues as a job, and whoever holds the writer runs the queued jobs, each in its own savepoint,
+ * before giving the writer up -- so the batch fills without a context switch per member, and
+ * the job's thread wakes once, when its batch is durable.  A job whose thread finds the writer
+ * free runs the queue itself.
+ */
+enum sq_job_state {
+    JOB_QUEUED,   /* in g->jobs */
+    JOB_RUNNING,  /* taken off the queue by the writer's holder */
+    JOB_IN_BATCH, /* released into `batch`: done when the batch is */
+    JOB_DONE,     /* rolled back or failed: `rc` */
+};
+
+struct sq_job {
+    struct sq_job *next; /* in g->jobs, then in its batch's jobs */
+    idem__tx_fn fn;
+    void *arg;
+    enum sq_job_state state;
+    int rc;
+    struct sq_batch *batch;
+    pthread_cond_t cv;        /* its thread sleeps on it, woken alone (job_wake_locked) */
+    struct sq_job *wake_next; /* in g->wake_jobs */
+    int wake_listed;
+    _Atomic int wakes_unsent; /* listed wake-ups not yet sent: `cv` must live until they are */
+    char errmsg[IDEM_ERRMSG_MAX];
+};
+
 /* A member that did not wait (write_commit_async): told when its batch ends. */
 struct sq_notice {
     struct sq_notice *next;
@@ -724,23 +753,28 @@ struct sq_batch {
     int rc;
     char errmsg[IDEM_ERRMSG_MAX];
     struct sq_notice *notices; /* members that did not wait */
+    struct sq_job *jobs;       /* members that are jobs (write_run), each woken alone */
 };
 
 struct sq_group {
     struct idem_store *st;    /* the store it belongs to (its stats) */
     pthread_mutex_t mu;
     pthread_cond_t writer_cv; /* signalled (one waiter) when the writer comes free */
-    pthread_cond_t batch_cv;  /* broadcast when a batch finished or may need its members */
+    pthread_cond_t batch_cv;  /* broadcast when a batch finished or may need its members (jobs
+                                 have a condition variable each instead) */
     struct idem_conn *writer; /* opened on first use, reopened after it broke */
     int busy;                 /* a caller (or a batch commit) holds the writer */
     int waiting;              /* callers queued for the writer */
     int members;              /* savepoints released into the open batch */
     int64_t opened_ms;        /* when the open batch began */
     struct sq_batch *batch;   /* the open batch, NULL when no batch transaction is open */
+    struct sq_job *jobs;      /* queued for the writer's holder to run (write_run) */
+    struct sq_job **jobs_tail;
     /* Wake-ups decided under mu, sent by group_unlock() once mu is dropped. */
     int wake_writer;
     int wake_batch;
     struct sq_notice *notices; /* of finished batches, sent by group_unlock() likewise */
+    struct sq_job *wake_jobs;  /* jobs to wake, likewise */
 };
 
 /*
@@ -754,20 +788,64 @@ static void group_unlock(struct sq_group *g)
     const int writer = g->wake_writer;
     const int batch = g->wake_batch;
     struct sq_notice *n = g->notices, *next;
+    struct sq_job *jobs[32];
+    size_t njobs = 0;
 
     g->wake_writer = 0;
     g->wake_batch = 0;
     g->notices = NULL;
+    /*
+     * The jobs to wake are taken off the list here: once g->mu is dropped a job may be listed
+     * again (its links are the list's), and once told, be gone.
+     */
+    while (g->wake_jobs && njobs < sizeof(jobs) / sizeof(jobs[0])) {
+        struct sq_job *j = g->wake_jobs;
+        g->wake_jobs = j->wake_next;
+        j->wake_listed = 0;
+        jobs[njobs++] = j;
+    }
     pthread_mutex_unlock(&g->mu);
     if (batch)
         pthread_cond_broadcast(&g->batch_cv);
     if (writer)
         pthread_cond_signal(&g->writer_cv);
+    for (size_t i = 0; i < njobs; i++) {
+        pthread_cond_signal(&jobs[i]->cv);
+        atomic_fetch_sub(&jobs[i]->wakes_unsent, 1); /* `jobs[i]` may be gone after this */
+    }
+    if (njobs == sizeof(jobs) / sizeof(jobs[0])) { /* more may wait: send them too */
+        pthread_mutex_lock(&g->mu);
+        group_unlock(g);
+    }
     for (; n; n = next) {
         next = n->next;
         n->done(n->arg, n->rc, n->rc < 0 ? n->errmsg : NULL);
         free(n);
     }
+}
+
+/*
+ * Sends the wake-ups and notices decided so far (g->mu held, dropped and taken again) before the
+ * caller sleeps: the woken may be the ones it waits for.  Returns 1 if there were any.
+ */
+static int group_flush_locked(struct sq_group *g)
+{
+    if (!g->wake_writer && !g->wake_batch && !g->wake_jobs && !g->notices)
+        return 0;
+    group_unlock(g);
+    pthread_mutex_lock(&g->mu);
+    return 1;
+}
+
+/* Wakes job `j`'s thread once g->mu is dropped (g->mu held). */
+static void job_wake_locked(struct sq_group *g, struct sq_job *j)
+{
+    if (j->wake_listed)
+        return;
+    j->wake_listed = 1;
+    atomic_fetch_add(&j->wakes_unsent, 1);
+    j->wake_next = g->wake_jobs;
+    g->wake_jobs = j;
 }
 
 static void batch_commit_locked(struct sq_group *g);
@@ -819,6 +897,7 @@ static int group_get(struct idem_store *st)
             rc = IDEM_ENOMEM;
         } else {
             g->st = st;
+            g->jobs_tail = &g->jobs;
             st->backend = g;
         }
     }
@@ -837,6 +916,8 @@ static void batch_finish_locked(struct sq_group *g, int rc, const char *msg)
     b->rc = rc;
     if (rc < 0)
         idem__fmt(b->errmsg, sizeof(b->errmsg), "%s", msg);
+    for (struct sq_job *j = b->jobs; j; j = j->next)
+        job_wake_locked(g, j);
     /* Members that did not wait are told once g->mu is dropped (group_unlock). */
     while (b->notices) {
         struct sq_notice *n = b->notices;
@@ -875,14 +956,144 @@ static void batch_commit_locked(struct sq_group *g)
     batch_finish_locked(g, rc, msg);
 }
 
+/* With the writer held (g->busy) and g->mu not held: opens the writer and the batch if need be. */
+static int writer_ready(struct sq_group *g, char *err, size_t errlen)
+{
+    int rc = 0;
+
+    if (!g->writer)
+        rc = sq_open(g->st, &g->writer, err, errlen);
+    if (rc == 0 && !g->batch) {
+        struct sq_batch *b = calloc(1, sizeof(*b));
+        if (!b)
+            rc = IDEM_ENOMEM;
+        else if ((rc = run_simple(g->writer, "BEGIN IMMEDIATE", "begin group")) < 0)
+            free(b);
+        else {
+            pthread_mutex_lock(&g->mu);
+            g->batch = b;
+            g->members = 0;
+            g->opened_ms = idem__mono_ms();
+            group_unlock(g);
+        }
+    }
+    if (rc < 0 && g->writer && err[0] == '\0')
+        idem__fmt(err, errlen, "%s", g->writer->errmsg);
+    return rc;
+}
+
+/* Runs one job in its own savepoint of the open batch on the writer `w` (held, g->mu not held). */
+static void job_run(struct idem_conn *w, struct sq_job *j)
+{
+    int rc;
+
+    if (sqlite3_get_autocommit(w->db)) {
+        idem__fmt(j->errmsg, sizeof(j->errmsg), "%s",
+                  "sqlite: the shared write transaction was rolled back");
+        j->rc = IDEM_EUNAVAIL;
+        return;
+    }
+    rc = run_simple(w, "SAVEPOINT idem_tx", "begin");
+    if (rc == 0)
+        rc = j->fn(w, j->arg);
+    if (rc == 0 && sqlite3_get_autocommit(w->db)) {
+        idem__fmt(j->errmsg, sizeof(j->errmsg),
+                  "sqlite: the shared write transaction was rolled back: %s", w->errmsg);
+        rc = IDEM_EUNAVAIL;
+    } else if (rc == 0) {
+        rc = run_simple(w, "RELEASE idem_tx", "commit");
+    }
+    if (rc < 0 && j->errmsg[0] == '\0')
+        idem__fmt(j->errmsg, sizeof(j->errmsg), "%s", w->errmsg);
+    /* Its writes must not commit with the batch: a writer that cannot undo them is broken. */
+    if (rc != 0 && !sqlite3_get_autocommit(w->db) &&
+        run_simple(w, "ROLLBACK TO idem_tx; RELEASE idem_tx", "rollback") < 0)
+        w->broken = 1;
+    j->rc = rc;
+}
+
 /*
- * Gives the writer up (g->mu held): a batch that SQLite rolled back by itself fails as a whole;
- * otherwise the batch is committed if the queue drained or it grew full or old.
+ * Runs the queued jobs on the writer, which this thread holds (g->mu held, dropped while they
+ * run), into the open batch (begun if need be): a job that kept its writes joins the batch, one
+ * that rolled back or failed is done.
+ */
+static void jobs_run_locked(struct sq_group *g)
+{
+    while (g->jobs && g->members < GROUP_MEMBERS_MAX) {
+        struct sq_job *list = g->jobs, *j, *next;
+        char err[IDEM_ERRMSG_MAX] = "";
+        int rc;
+
+        for (j = list; j; j = j->next)
+            j->state = JOB_RUNNING;
+        g->jobs = NULL;
+        g->jobs_tail = &g->jobs;
+        group_unlock(g);
+        rc = writer_ready(g, err, sizeof(err));
+        for (j = list; j; j = j->next) {
+            if (rc == 0 && !g->writer->broken) {
+                job_run(g->writer, j);
+            } else {
+                j->rc = rc < 0 ? rc : IDEM_EUNAVAIL;
+                idem__fmt(j->errmsg, sizeof(j->errmsg), "%s",
+                          rc < 0 ? err : "sqlite: the writer connection broke");
+            }
+        }
+        pthread_mutex_lock(&g->mu);
+        for (j = list; j; j = next) {
+            next = j->next;
+            if (j->rc == 0) {
+                j->state = JOB_IN_BATCH;
+                j->batch = g->batch;
+                j->next = g->batch->jobs;
+                g->batch->jobs = j;
+                g->batch->refs++;
+                g->members++;
+            } else {
+                j->state = JOB_DONE;
+                job_wake_locked(g, j);
+            }
+        }
+        if (rc < 0 || g->writer->broken)
+            break; /* the queue waits for the next holder (writer_free_locked wakes it) */
+    }
+}
+
+/* Wakes a member of the open batch (g->mu held): it may have to commit the batch itself. */
+static void batch_poke_locked(struct sq_group *g)
+{
+    if (g->batch->jobs)
+        job_wake_locked(g, g->batch->jobs);
+    g->wake_batch = 1;
+}
+
+/*
+ * Marks the writer free (g->mu held) and wakes whoever is to take it next: a caller queued for
+ * it, the first queued job (to run the queue), or if nobody queues a member of the open batch
+ * (to commit it).
+ */
+static void writer_free_locked(struct sq_group *g)
+{
+    g->busy = 0;
+    if (g->waiting > 0)
+        g->wake_writer = 1;
+    if (g->jobs)
+        job_wake_locked(g, g->jobs);
+    if (g->waiting == 0 && g->batch)
+        batch_poke_locked(g);
+}
+
+/*
+ * Gives the writer up (g->mu held), after running the queued jobs into the batch: a batch that
+ * SQLite rolled back by itself fails as a whole; otherwise the batch is committed if the queue
+ * drained or it grew full or old.
  */
 static void writer_release_locked(struct sq_group *g)
 {
     struct idem_conn *w = g->writer;
 
+    if (!w->broken && g->batch && !sqlite3_get_autocommit(w->db))
+        jobs_run_locked(g);
     /*
      * A broken writer's batch is never committed (it may hold writes that were to be undone): it
      * fails below, before the writer is closed.
@@ -905,11 +1116,7 @@ static void writer_release_locked(struct sq_group *g)
         sq_close(w);
         g->writer = NULL;
     }
-    g->busy = 0;
-    if (g->waiting > 0)
-        g->wake_writer = 1;
-    else if (g->batch)
-        g->wake_batch = 1; /* nobody queues: a member commits the batch */
+    writer_free_locked(g);
 }
 
 static int sq_write_begin(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
@@ -925,7 +1132,8 @@ static int sq_write_begin(struct idem_store *st, struct idem_conn **out, char *e
     while (g->busy) {
         if (pthread_cond_timedwait(&g->writer_cv, &g->mu, &deadline) == ETIMEDOUT && g->busy) {
             g->waiting--;
-            g->wake_batch = 1; /* a member may have to commit its batch */
+            if (g->batch) /* a member may have to commit its batch */
+                batch_poke_locked(g);
             group_unlock(g);
             idem__fmt(err, errlen, "sqlite: the writer was not free within %d ms",
                       st->opts.busy_timeout_ms);
@@ -934,25 +1142,11 @@ static int sq_write_begin(struct idem_store *st, struct idem_conn **out, char *e
     }
     g->waiting--;
     g->busy = 1;
-    pthread_mutex_unlock(&g->mu);
+    group_unlock(g);
 
     /* The writer is ours: nobody else touches g->writer until we release it. */
-    if (!g->writer)
-        rc = sq_open(st, &g->writer, err, errlen);
-    if (rc == 0 && !g->batch) {
-        struct sq_batch *b = calloc(1, sizeof(*b));
-        if (!b)
-            rc = IDEM_ENOMEM;
-        else if ((rc = run_simple(g->writer, "BEGIN IMMEDIATE", "begin group")) < 0)
-            free(b);
-        else {
-            pthread_mutex_lock(&g->mu);
-            g->batch = b;
-            g->members = 0;
-            g->opened_ms = idem__mono_ms();
-            pthread_mutex_unlock(&g->mu);
-        }
-    }
+    err[0] = '\0';
+    rc = writer_ready(g, err, errlen);
     if (rc == 0)
         rc = run_simple(g->writer, "SAVEPOINT idem_tx", "begin");
     if (rc < 0) {
@@ -961,10 +1155,8 @@ static int sq_write_begin(struct idem_store *st, struct idem_conn **out, char *e
         pthread_mutex_lock(&g->mu);
         if (g->writer)
             writer_release_locked(g);
-        else {
-            g->busy = 0;
-            g->wake_writer = 1;
-        }
+        else
+            writer_free_locked(g);
         group_unlock(g);
         return rc;
     }
@@ -1034,20 +1226,16 @@ static int sq_write_commit(struct idem_store *st, struct idem_conn *c, char *err
     writer_release_locked(g);
     while (!b->done) {
         if (!g->busy && g->waiting == 0 && g->batch == b) {
-            /* The writer is free and nobody queues for it: commit our batch ourselves. */
+            /*
+             * The writer is free and nobody queues for it: commit our batch ourselves (with the
+             * jobs that queued meanwhile).
+             */
             g->busy = 1;
-            batch_commit_locked(g);
-            g->busy = 0;
-            if (g->waiting > 0)
-                g->wake_writer = 1;
+            writer_release_locked(g);
             continue;
         }
-        if (g->wake_writer || g->wake_batch) {
-            /* Send them before sleeping: the woken may be the ones we wait for. */
-            group_unlock(g);
-            pthread_mutex_lock(&g->mu);
+        if (group_flush_locked(g))
             continue;
-        }
         pthread_cond_wait(&g->batch_cv, &g->mu);
     }
     rc = b->rc;
@@ -1091,6 +1279,98 @@ static int sq_write_commit_async(struct idem_store *st, struct idem_conn *c, ide
     writer_release_locked(g);
     group_unlock(g);
     return 0;
+}
+
+/* Takes a leaving job off the wake-up list (g->mu held): nothing is owed to it any more. */
+static void job_forget_locked(struct sq_group *g, struct sq_job *j)
+{
+    if (!j->wake_listed)
+        return;
+    for (struct sq_job **pp = &g->wake_jobs; *pp; pp = &(*pp)->wake_next) {
+        if (*pp == j) {
+            *pp = j->wake_next;
+            break;
+        }
+    }
+    j->wake_listed = 0;
+    atomic_fetch_sub(&j->wakes_unsent, 1);
+}
+
+/* The job's last step, g->mu dropped: waits out a wake-up still being sent to its `cv`. */
+static void job_end(struct sq_job *j)
+{
+    while (atomic_load(&j->wakes_unsent) > 0)
+        sched_yield();
+    pthread_cond_destroy(&j->cv);
+}
+
+static int sq_write_run(struct idem_store *st, idem__tx_fn fn, void *arg, char *err, size_t errlen)
+{
+    struct sq_group *g = st->backend;
+    struct timespec deadline = idem__deadline_ms(st->opts.busy_timeout_ms);
+    struct sq_job j;
+    int rc;
+
+    memset(&j, 0, sizeof(j));
+    j.fn = fn;
+    j.arg = arg;
+    if (pthread_cond_init(&j.cv, NULL) != 0) {
+        idem__fmt(err, errlen, "%s", idem_strerror(IDEM_ENOMEM));
+        return IDEM_ENOMEM;
+    }
+    pthread_mutex_lock(&g->mu);
+    *g->jobs_tail = &j;
+    g->jobs_tail = &j.next;
+    while (j.state != JOB_DONE && !(j.state == JOB_IN_BATCH && j.batch->done)) {
+        if (!g->busy && (j.state == JOB_QUEUED ||
+                         (j.state == JOB_IN_BATCH && g->waiting == 0 && g->batch == j.batch))) {
+            /* The writer is free: run the queue (ours in it), or commit our batch, ourselves. */
+            g->busy = 1;
+            if (j.state == JOB_QUEUED)
+                jobs_run_locked(g);
+            if (g->writer)
+                writer_release_locked(g);
+            else
+                writer_free_locked(g);
+            continue;
+        }
+        if (group_flush_locked(g))
+            continue;
+        if (j.state != JOB_QUEUED) {
+            pthread_cond_wait(&j.cv, &g->mu);
+        } else if (pthread_cond_timedwait(&j.cv, &g->mu, &deadline) == ETIMEDOUT &&
+                   j.state == JOB_QUEUED) {
+            struct sq_job **pp = &g->jobs;
+            while (*pp != &j)
+                pp = &(*pp)->next;
+            *pp = j.next;
+            if (g->jobs_tail == &j.next)
+                g->jobs_tail = pp;
+            if (g->jobs && !g->busy) /* we were woken to run the queue: pass it on */
+                job_wake_locked(g, g->jobs);
+            job_forget_locked(g, &j);
+            group_unlock(g);
+            job_end(&j);
+            idem__fmt(err, errlen, "sqlite: the writer was not free within %d ms",
+                      st->opts.busy_timeout_ms);
+            return IDEM_EUNAVAIL;
+        }
+    }
+    if (j.state == JOB_IN_BATCH) {
+        rc = j.batch->rc;
+        if (rc < 0)
+            idem__fmt(err, errlen, "%s", j.batch->errmsg);
+        if (--j.batch->refs == 0)
+            free(j.batch);
+    } else {
+        rc = j.rc;
+        if (rc < 0)
+            idem__fmt(err, errlen, "%s", j.errmsg);
+    }
+    job_forget_locked(g, &j);
+    group_unlock(g);
+    job_end(&j);
+    return rc;
 }
 
 /* ---- migrations --------------------------------------------------------------------------- */
@@ -1211,5 +1491,6 @@ const struct idem_store_vtab idem__sqlite_vtab = {
     .write_commit = sq_write_commit,
     .write_rollback = sq_write_rollback,
     .write_commit_async = sq_write_commit_async,
+    .write_run = sq_write_run,
     .store_close = group_free,
 };

@@ -274,6 +274,13 @@ struct idem_operation {
      */
     const char *const *stored_headers;
     size_t nstored_headers;
+    /*
+     * NULL: a fresh claim is left in an open phase (EXECUTE, below).  Set: the claim commits at
+     * once, durably, with this recovery point, and EXECUTE returns with no phase open -- for a
+     * caller whose next step happens outside the store (a proxy forwarding the request), where
+     * it replaces idem_call_advance() right after the claim.  Borrowed, like stored_headers.
+     */
+    const char *claim_point;
 };
 
 /* Zero fields take the defaults in brackets; a zeroed struct is the same as NULL options. */
@@ -332,7 +339,9 @@ struct idem_header {
  *
  * - EXECUTE: the record was inserted as `processing` with this engine's lease, inside an open
  *   transaction (the first phase).  Run the first phase's writes with idem_call_tx(), then
- *   idem_call_advance() or idem_call_complete().  If the phase is rolled back, the claim goes with it.
+ *   idem_call_advance() or idem_call_complete().  If the phase is rolled back, the claim goes
+ *   with it.  With op->claim_point set, the claim is committed at that recovery point instead,
+ *   and no phase is open.
  * - RESUME: a processing record whose lease had expired is now leased to this engine; no phase is
  *   open.  idem_call_recovery_point() says where to go on.
  * - REPLAY: idem_call_response*() give the stored response.

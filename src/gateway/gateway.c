@@ -20,6 +20,8 @@ struct idem_operation *gateway_ops_new(const struct gw_config *cfg)
         ops[i].wait_ms = r->wait_ms > 0 ? r->wait_ms : 1;
         ops[i].stored_headers = (const char *const *)r->store_headers;
         ops[i].nstored_headers = r->nstore_headers;
+        /* Durable before a byte goes upstream: a crash from then on leaves "forwarded". */
+        ops[i].claim_point = GW_POINT_FORWARDED;
     }
     return ops;
 }

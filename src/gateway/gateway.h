@@ -16,6 +16,13 @@
 #include "principal.h"
 #include "upstream.h"
 
+/*
+ * Recovery points of a gateway record (docs/gateway.md, "Records"): a claim is committed at
+ * `forwarded` before a byte goes upstream; `unknown` once the forward ended without an answer.
+ */
+#define GW_POINT_FORWARDED "forwarded"
+#define GW_POINT_UNKNOWN "unknown"
+
 struct gateway {
     const struct gw_config *cfg;
     struct idem_store *store;
@@ -30,7 +37,7 @@ struct gateway {
 
 /*
  * One libidem operation per route of `cfg`, its policy (retention, lease, wait, stored headers)
- * from the config, which must outlive them.  New: free().
+ * from the config, which must outlive them; each claims at GW_POINT_FORWARDED.  New: free().
  */
 struct idem_operation *gateway_ops_new(const struct gw_config *cfg);
 

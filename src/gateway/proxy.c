@@ -32,10 +32,6 @@
 #include "util.h"
 #include "banned.h"
 
-/* Recovery points of a gateway record (docs/gateway.md, "Records"). */
-#define POINT_FORWARDED "forwarded"
-#define POINT_UNKNOWN "unknown"
-
 /* Seconds a client is asked to wait before retrying a held request. */
 #define HOLD_RETRY_AFTER "5"
 
@@ -259,11 +255,11 @@ static void mark_unknown(struct gateway *gw, struct idem_call *call)
 {
     int rc;
 
-    if (strcmp(idem_call_recovery_point(call), POINT_UNKNOWN) == 0)
+    if (strcmp(idem_call_recovery_point(call), GW_POINT_UNKNOWN) == 0)
         return;
     rc = idem_call_phase_begin(call);
     if (rc == 0)
-        rc = idem_call_advance(call, POINT_UNKNOWN, NULL);
+        rc = idem_call_advance(call, GW_POINT_UNKNOWN, NULL);
     if (rc < 0) /* it stays "forwarded", which every retry treats the same way */
         log_msg(&gw->log, "warn", "cannot mark a record unknown: %s", idem_call_errmsg(call));
 }
@@ -857,14 +853,7 @@ static void proxy_handle(void *ctx, const struct request *rq, struct response *r
     if (idem_answer_settled(call, outcome, op, resp))
         goto out;
     if (outcome == IDEM_OUTCOME_EXECUTE) {
-        /* Durable before a byte goes upstream: a crash from here on leaves "forwarded". */
-        rc = idem_call_advance(call, POINT_FORWARDED, NULL);
-        if (rc < 0) {
-            log_msg(&gw->log, "error", "%s: cannot commit the claim: %s", op->name,
-                    idem_call_errmsg(call));
-            idem_answer_fail(resp, rc);
-            goto out;
-        }
+        /* The claim is durable at "forwarded" (the operation's claim_point). */
         forward_and_settle(gw, rq, n, call, resp);
     } else if (outcome == IDEM_OUTCOME_RESUME) {
         run_unknown(gw, rq, n, call, resp);

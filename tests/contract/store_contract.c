@@ -1049,6 +1049,167 @@ static void test_commit_async(struct idem_engine *eng, struct idem_store *st)
 }
 
 /* Several handles migrating at once (as several processes starting together) all succeed. */
+/* ---- 9c. claims committed at a recovery point, completions with no phase open -------------- */
+
+/*
+ * An operation with a claim_point (idem-gateway's: the claim is durable before the request goes
+ * upstream) and the phase-less completion that follows: each is one whole transaction, which the
+ * SQLite store runs on whichever thread holds its writer (write_run).  Under concurrency with
+ * ordinary writers: one owner per key, every response stored, and fsyncs still shared.
+ */
+static const struct idem_operation point_op = {
+    .name = "contract.point", .lease_ms = 10000, .wait_ms = 2000, .claim_point = "forwarded"};
+
+#define POINT_THREADS 10
+#define POINT_KEYS 30
+
+struct point_worker {
+    struct idem_engine *eng;
+    struct idem_store *st;
+    int id;
+    int executed, replayed, committed, errors;
+};
+
+static void *point_run(void *arg)
+{
+    struct point_worker *w = arg;
+    unsigned char fp[IDEM_FP_LEN];
+    char key[64], body[96];
+
+    fp_of("{\"point\":1}", fp);
+    for (int i = 0; i < POINT_KEYS; i++) {
+        struct idem_call *call = NULL;
+        enum idem_outcome oc;
+        struct idem_tx *tx = NULL;
+        const char *p[2] = {key, "point"};
+
+        /* Even threads share their keys with the next odd one: a race per key. */
+        snprintf(key, sizeof(key), "point-%d-%d", w->id / 2, i);
+        snprintf(body, sizeof(body), "done %s", key);
+        if (idem_call_begin(w->eng, &point_op, "alice", key, fp, &call, &oc) != 0) {
+            w->errors++;
+        } else if (oc == IDEM_OUTCOME_EXECUTE) {
+            /* Claimed durably at the point, no phase open: the work happens elsewhere. */
+            if (idem_call_tx(call) != NULL ||
+                strcmp(idem_call_recovery_point(call), "forwarded") != 0 ||
+                idem_call_complete(call, 201, NULL, 0, body, strlen(body)) != 0)
+                w->errors++;
+            else
+                w->executed++;
+        } else if (oc == IDEM_OUTCOME_REPLAY) {
+            size_t len = 0;
+            const void *b = idem_call_response_body(call, &len);
+            if (len != strlen(body) || memcmp(b, body, len) != 0)
+                w->errors++;
+            w->replayed++;
+        } else {
+            w->errors++;
+        }
+        idem_call_end(call);
+
+        /* An ordinary writer in the same batches: its own savepoint, its own rows. */
+        snprintf(key, sizeof(key), "pointrow-%d-%d", w->id, i);
+        if (idem_tx_begin(w->st, 1, &tx) != 0 ||
+            idem_tx_exec(tx, "INSERT INTO biz (id, note) VALUES ($1, $2)", 2, p, NULL) != 0 ||
+            idem_tx_commit(tx) != 0) {
+            if (tx)
+                idem_tx_rollback(tx);
+            w->errors++;
+        } else {
+            w->committed++;
+        }
+    }
+    return NULL;
+}
+
+static void test_claim_point(struct idem_engine *eng, struct idem_store *st)
+{
+    static const struct idem_operation short_op = {
+        .name = "contract.point", .lease_ms = 50, .wait_ms = 10, .claim_point = "forwarded"};
+    struct idem_engine_options o = {.replay_cache_bytes = IDEM_REPLAY_CACHE_OFF};
+    struct idem_engine *nocache = NULL;
+    struct point_worker w[POINT_THREADS];
+    pthread_t th[POINT_THREADS];
+    struct idem_store_stats before, after;
+    struct idem_record_info info;
+    struct idem_call *call = NULL, *heir = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+    int executed = 0, replayed = 0, committed = 0, errors = 0;
+
+    CHECK_INT(idem_engine_new(st, &o, &nocache), 0);
+    fp_of("{\"point\":1}", fp);
+
+    /* The claim is in the store, at the point, before idem_call_begin returns. */
+    CHECK_INT(idem_call_begin(eng, &point_op, "alice", "point-one", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK(idem_call_tx(call) == NULL);
+    CHECK_STR(idem_call_recovery_point(call), "forwarded");
+    CHECK_INT(idem_record_inspect(nocache, "alice", "contract.point", "point-one", &info), 0);
+    CHECK_INT(info.found, 1);
+    CHECK_INT(info.completed, 0);
+    CHECK_STR(info.recovery_point, "forwarded");
+    CHECK_INT(info.lease_live, 1);
+    /* A duplicate meanwhile is in progress, and nothing ran twice. */
+    {
+        struct idem_call *dup = NULL;
+        CHECK_INT(idem_call_begin(nocache, &short_op, "alice", "point-one", fp, &dup, &oc), 0);
+        CHECK_INT(oc, IDEM_OUTCOME_IN_PROGRESS);
+        idem_call_end(dup);
+    }
+    /* Completed with no phase open: stored, replayed by an engine that reads the store. */
+    CHECK_INT(idem_call_complete(call, 201, NULL, 0, "one", 3), 0);
+    CHECK_INT(idem_call_response_status(call), 201);
+    idem_call_end(call);
+    expect_replay(nocache, &point_op, "point-one", fp, 201, "one");
+
+    /*
+     * Fenced: a claim whose lease ran out and was taken over cannot complete the record any
+     * more (IDEM_ELEASE); the heir's answer is the one stored.
+     */
+    CHECK_INT(idem_call_begin(eng, &short_op, "alice", "point-lost", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    sleep_ms(120);
+    CHECK_INT(idem_call_begin(nocache, &short_op, "alice", "point-lost", fp, &heir, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_RESUME);
+    CHECK_STR(idem_call_recovery_point(heir), "forwarded");
+    CHECK_INT(idem_call_complete(call, 201, NULL, 0, "late", 4), IDEM_ELEASE);
+    CHECK_INT(idem_call_complete(heir, 200, NULL, 0, "heir", 4), 0);
+    idem_call_end(call);
+    idem_call_end(heir);
+    expect_replay(nocache, &short_op, "point-lost", fp, 200, "heir");
+
+    /* Racing threads, alongside ordinary writers. */
+    idem_store_stats(st, &before);
+    for (int i = 0; i < POINT_THREADS; i++) {
+        w[i] = (struct point_worker){.eng = eng, .st = st, .id = i};
+        pthread_create(&th[i], NULL, point_run, &w[i]);
+    }
+    for (int i = 0; i < POINT_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        executed += w[i].executed;
+        replayed += w[i].replayed;
+        committed += w[i].committed;
+        errors += w[i].errors;
+    }
+    idem_store_stats(st, &after);
+    CHECK_INT(errors, 0);
+    CHECK_INT(executed, POINT_THREADS / 2 * POINT_KEYS); /* one owner per key */
+    CHECK_INT(replayed, POINT_THREADS / 2 * POINT_KEYS);
+    CHECK_INT(committed, POINT_THREADS * POINT_KEYS);
+    CHECK_INT(biz_count(st, "pointrow-"), POINT_THREADS * POINT_KEYS);
+    CHECK_INT(idem_record_inspect(nocache, "alice", "contract.point", "point-3-17", &info), 0);
+    CHECK_INT(info.completed, 1);
+    CHECK_INT(info.response_status, 201);
+    if (strcmp(store_kind, "sqlite") == 0)
+        CHECK(after.durable_commits - before.durable_commits <
+              after.write_commits - before.write_commits); /* shared fsyncs */
+    fprintf(stderr, "claim points: %d keys executed once each, %d writes in %llu durable commits\n",
+            executed, (int)(after.write_commits - before.write_commits),
+            (unsigned long long)(after.durable_commits - before.durable_commits));
+    idem_engine_free(nocache);
+}
+
 static void *migrate_one(void *arg)
 {
     int *rc = arg;
@@ -1131,6 +1292,7 @@ int main(int argc, char **argv)
     test_sql_and_migrations(st);
     test_concurrent_writers(st);
     test_commit_async(eng, st);
+    test_claim_point(eng, st);
     test_migrate_race();
 
     idem_engine_free(eng);
