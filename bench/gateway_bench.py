@@ -194,6 +194,16 @@ routes:
                                  for k, v in cpu0.items()}
         if m0 is not None:
             m1 = B.metrics(who.admin)
+
+            def delta(name):
+                return B.metric(m1, name) - B.metric(m0, name)
+            # What a fresh request waits for at least: two durable commits and the upstream.
+            res["store"] = {
+                "write_commits": delta("idem_gateway_store_write_commits_total"),
+                "durable_commits": delta("idem_gateway_store_durable_commits_total"),
+                "commit_seconds": delta("idem_gateway_store_durable_commit_seconds_total"),
+                "upstream_count": delta("idem_gateway_upstream_seconds_count"),
+                "upstream_seconds": delta("idem_gateway_upstream_seconds_sum")}
             res["outcomes"] = {}
             for (name, labels), v in m1.items():
                 if name != "idem_gateway_requests_total":
@@ -320,12 +330,46 @@ routes:
                     "measured": "%s − %s ms" % (fmt_ms(s["gateway_p50_ms"]),
                                                 fmt_ms(s["reference_p50_ms"])),
                     "value": "%+.2f ms" % s["p50_overhead_ms"]})
+        for sid in ("fresh-sqlite", "fresh-postgresql"):
+            s = sc.get(sid)
+            c = self.commit_bound(s) if s else None
+            if c:
+                self.r["info"].append({
+                    "what": "%s: the store's durable commit, mean (its two commits each wait at "
+                            "least that)" % s["title"],
+                    "measured": "%.0f commits carrying %.0f writes in %.2f s" % (
+                        c["durable_commits"], c["write_commits"], c["commit_seconds"]),
+                    "value": "%.2f ms" % c["commit_ms"]})
+                self.r["info"].append({
+                    "what": "%s: ceiling from the commits and the upstream alone, %d "
+                            "connections ÷ (2 × commit + upstream), ÷ %s" % (
+                                s["title"], self.conns, s["reference"]),
+                    "measured": "%d ÷ (2 × %.2f + %.2f ms) = %.0f req/s" % (
+                        self.conns, c["commit_ms"], c["upstream_ms"], c["ceiling_rps"]),
+                    "value": fmt_ratio(c["ceiling_rps"] / max(s["reference_rps"], 1e-9))})
         s = sc.get("fresh-postgresql")
         if s:
             self.r["info"].append({
                 "what": "F fresh keys on PostgreSQL ÷ nginx proxy_pass (no target)",
                 "measured": "%.0f ÷ %.0f req/s" % (s["gateway_rps"], s["reference_rps"]),
                 "value": fmt_ratio(s["ratio"])})
+
+    def commit_bound(self, s):
+        """
+        What the gateway's run of a fresh-key scenario spent in the store's durable commits and
+        upstream, and the throughput those alone allow: a fresh request waits for two durable
+        commits in series (the claim before it goes upstream, the answer before the reply), each
+        at least a whole commit, plus the upstream's answer; with a fixed number of connections
+        no design of the gateway passes conns ÷ that.  None without the gateway's metrics.
+        """
+        st = s["runs"][1].get("store")
+        if not st or st["durable_commits"] <= 0 or st["upstream_count"] <= 0:
+            return None
+        c = dict(st)
+        c["commit_ms"] = st["commit_seconds"] * 1000 / st["durable_commits"]
+        c["upstream_ms"] = st["upstream_seconds"] * 1000 / st["upstream_count"]
+        c["ceiling_rps"] = self.conns * 1000 / (2 * c["commit_ms"] + c["upstream_ms"])
+        return c
 
     # -- profiles --
 
@@ -527,6 +571,15 @@ routes:
                          "for the store's commits or for hand-offs between threads. " % (
                              s["gateway_rps"], g_cap, self.conns, fmt_ms(g["p50_ms"]),
                              self.conns * 1000 / max(g["p50_ms"], 1e-9)))
+            c = self.commit_bound(s)
+            if c:
+                line += ("Each request waits for two durable commits in series (%.2f ms each on "
+                         "average in this run) and the upstream (%.2f ms): %d connections allow "
+                         "at most %.0f req/s (%s of %s) whatever the gateway's CPU, and that only "
+                         "if every commit began the moment its request asked. " % (
+                             c["commit_ms"], c["upstream_ms"], self.conns, c["ceiling_rps"],
+                             fmt_ratio(c["ceiling_rps"] / max(s["reference_rps"], 1e-9)),
+                             s["reference"]))
             p = self.r["profiles"].get(t["id"])
             if p:
                 top = [" ".join(x.split()) for x in p["cpu"]["symbols"][:6]]

@@ -68,6 +68,11 @@ int64_t idem__mono_ms(void)
     return clock_now_ms(CLOCK_MONOTONIC);
 }
 
+int64_t idem__mono_ns(void)
+{
+    return clock_now_ns(CLOCK_MONOTONIC);
+}
+
 void idem__sleep_ms(int64_t ms)
 {
     clock_sleep_ms(ms);

@@ -27,6 +27,7 @@
 int64_t idem__now_ms(void);
 /* Milliseconds of CLOCK_MONOTONIC, for timeouts inside one process. */
 int64_t idem__mono_ms(void);
+int64_t idem__mono_ns(void); /* for durations under a millisecond */
 /* Sleeps `ms` milliseconds (restarting on EINTR). */
 void idem__sleep_ms(int64_t ms);
 /* CLOCK_REALTIME `ms` from now: the deadline of a pthread_cond_timedwait on a default condvar. */
@@ -217,6 +218,7 @@ struct idem_store {
 
     _Atomic uint64_t write_commits;   /* idem_store_stats() */
     _Atomic uint64_t durable_commits; /* counted by the backend when it groups commits */
+    _Atomic uint64_t durable_commit_ns; /* the time those commits took, likewise */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;

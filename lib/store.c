@@ -158,6 +158,7 @@ void idem_store_stats(const struct idem_store *st, struct idem_store_stats *out)
         return;
     out->write_commits = st ? atomic_load(&st->write_commits) : 0;
     out->durable_commits = st ? atomic_load(&st->durable_commits) : 0;
+    out->durable_commit_ns = st ? atomic_load(&st->durable_commit_ns) : 0;
 }
 
 int idem__store_acquire(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
@@ -298,6 +299,7 @@ int idem_tx_commit(struct idem_tx *tx)
 
 int idem__tx_commit_err(struct idem_tx *tx, char *err, size_t errlen)
 {
+    int64_t t0;
     int rc;
 
     if (!tx)
@@ -311,11 +313,13 @@ int idem__tx_commit_err(struct idem_tx *tx, char *err, size_t errlen)
         free(tx);
         return rc;
     }
+    t0 = tx->write ? idem__mono_ns() : 0;
     rc = tx->st->vt->commit(tx->conn);
     if (rc == 0 && tx->write) {
         /* A transaction of its own: its commit is its durable commit. */
         atomic_fetch_add(&tx->st->write_commits, 1);
         atomic_fetch_add(&tx->st->durable_commits, 1);
+        atomic_fetch_add(&tx->st->durable_commit_ns, (uint64_t)(idem__mono_ns() - t0));
     }
     if (rc < 0 && err)
         idem__fmt(err, errlen, "%s", tx->st->vt->errmsg(tx->conn));

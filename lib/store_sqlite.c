@@ -938,10 +938,13 @@ static void batch_commit_locked(struct sq_group *g)
 {
     struct idem_conn *w = g->writer;
     char msg[IDEM_ERRMSG_MAX] = "";
+    int64_t t0;
     int rc;
 
     group_unlock(g);
+    t0 = idem__mono_ns();
     rc = run_simple(w, "COMMIT", "group commit");
+    t0 = idem__mono_ns() - t0;
     if (rc < 0) {
         idem__fmt(msg, sizeof(msg), "%s", w->errmsg);
         /* A writer left inside a transaction it cannot end is closed, not reused. */
@@ -951,8 +954,10 @@ static void batch_commit_locked(struct sq_group *g)
             w->broken = 1;
     }
     pthread_mutex_lock(&g->mu);
-    if (rc == 0 && g->members > 0) /* (a batch of rolled-back savepoints carried nothing) */
+    if (rc == 0 && g->members > 0) { /* (a batch of rolled-back savepoints carried nothing) */
         atomic_fetch_add(&g->st->durable_commits, 1);
+        atomic_fetch_add(&g->st->durable_commit_ns, (uint64_t)t0);
+    }
     batch_finish_locked(g, rc, msg);
 }
 

@@ -171,10 +171,14 @@ IDEM_API const char *idem_store_kind(const struct idem_store *st);
  * Counters of a store handle since it was opened, for monitoring.  On SQLite many write
  * transactions share one durable commit (group commit), so `write_commits` / `durable_commits`
  * is the mean batch; on PostgreSQL every transaction is its own commit and the two are equal.
+ * `durable_commit_ns` / `durable_commits` is the mean time a durable commit takes (SQLite: the
+ * batch's COMMIT with its fsync; PostgreSQL: the COMMIT's round trip with the server's WAL
+ * flush): a request that waits for a commit waits at least that long.
  */
 struct idem_store_stats {
-    uint64_t write_commits;   /* write transactions committed (each acknowledged durable) */
-    uint64_t durable_commits; /* commits made durable on disk that carried them */
+    uint64_t write_commits;     /* write transactions committed (each acknowledged durable) */
+    uint64_t durable_commits;   /* commits made durable on disk that carried them */
+    uint64_t durable_commit_ns; /* time spent in those commits, in nanoseconds */
 };
 
 /* Fills *out (zeros for NULL st). */

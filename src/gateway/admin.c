@@ -26,6 +26,7 @@ static void metrics(struct gateway *gw, struct response *resp)
     gw_metrics_render(gw->metrics, names, &out);
     free(names);
     prom_replay_cache(&out, "idem_gateway", gw->engine);
+    prom_store(&out, "idem_gateway", gw->store);
     if (srv) {
         struct http_server_stats st;
         http_server_stats(srv, &st);

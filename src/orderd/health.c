@@ -142,20 +142,9 @@ static void render_store(const struct app *app, struct strbuf *sb)
 {
     struct idem_tx *tx = NULL;
     struct idem_rows *counts = NULL;
-    struct idem_store_stats stats;
     int up;
 
-    idem_store_stats(app->store, &stats);
-    strbuf_addf(sb,
-                "# HELP orderd_store_write_commits_total Write transactions committed, each"
-                " acknowledged once durable.\n"
-                "# TYPE orderd_store_write_commits_total counter\n"
-                "orderd_store_write_commits_total %llu\n"
-                "# HELP orderd_store_durable_commits_total Durable commits that carried them"
-                " (SQLite group commit: one per batch).\n"
-                "# TYPE orderd_store_durable_commits_total counter\n"
-                "orderd_store_durable_commits_total %llu\n",
-                (unsigned long long)stats.write_commits, (unsigned long long)stats.durable_commits);
+    prom_store(sb, "orderd", app->store);
 
     up = idem_tx_begin(app->store, 0, &tx) == 0 &&
          idem_tx_exec(tx, "SELECT name, SUM(value) FROM counts GROUP BY name", 0, NULL, &counts) ==

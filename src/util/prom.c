@@ -41,3 +41,21 @@ void prom_replay_cache(struct strbuf *sb, const char *prefix, struct idem_engine
     family(sb, prefix, "replay_cache_max_bytes", "gauge", "The replay cache's bound (0: off).");
     sample(sb, prefix, "replay_cache_max_bytes", "", st.max_bytes);
 }
+
+void prom_store(struct strbuf *sb, const char *prefix, const struct idem_store *st)
+{
+    struct idem_store_stats stats;
+
+    idem_store_stats(st, &stats);
+    family(sb, prefix, "store_write_commits_total", "counter",
+           "Write transactions committed, each acknowledged once durable.");
+    sample(sb, prefix, "store_write_commits_total", "", stats.write_commits);
+    family(sb, prefix, "store_durable_commits_total", "counter",
+           "Durable commits that carried them (SQLite group commit: one per batch).");
+    sample(sb, prefix, "store_durable_commits_total", "", stats.durable_commits);
+    family(sb, prefix, "store_durable_commit_seconds_total", "counter",
+           "Time spent in those durable commits (SQLite: COMMIT with its fsync; PostgreSQL: the "
+           "COMMIT round trip).");
+    strbuf_addf(sb, "%s_store_durable_commit_seconds_total %.6f\n", prefix,
+                (double)stats.durable_commit_ns / 1e9);
+}

@@ -6,6 +6,7 @@
 #define IDEM_UTIL_PROM_H
 
 struct idem_engine;
+struct idem_store;
 struct strbuf;
 
 /*
@@ -14,5 +15,12 @@ struct strbuf;
  * PREFIX_replay_cache_max_bytes (0 when the cache is off).
  */
 void prom_replay_cache(struct strbuf *sb, const char *prefix, struct idem_engine *eng);
+
+/*
+ * The store's commits (idem_store_stats): PREFIX_store_write_commits_total,
+ * PREFIX_store_durable_commits_total and PREFIX_store_durable_commit_seconds_total (their rate
+ * ratio is the mean time a durable commit takes: what every write waits at least).
+ */
+void prom_store(struct strbuf *sb, const char *prefix, const struct idem_store *st);
 
 #endif /* IDEM_UTIL_PROM_H */

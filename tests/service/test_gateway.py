@@ -698,6 +698,16 @@ def admin_listener_health_ready_metrics(ctx):
            "replays answered from memory are counted as hits")
     expect(harness.metric_value(m, "idem_gateway_replay_cache_max_bytes") > 0,
            "the replay cache's bound")
+    # Every executed request wrote its claim and its answer: two write commits at least each.
+    executed = harness.metric_value(m, "idem_gateway_requests_total", operation="things.create",
+                                    outcome="executed")
+    writes = harness.metric_value(m, "idem_gateway_store_write_commits_total")
+    durable = harness.metric_value(m, "idem_gateway_store_durable_commits_total")
+    expect(executed >= 1 and writes >= 2 * executed,
+           "store writes counted: %d for %d executed" % (writes, executed))
+    expect(1 <= durable <= writes, "durable commits counted: %d for %d writes" % (durable, writes))
+    expect(harness.metric_value(m, "idem_gateway_store_durable_commit_seconds_total") > 0,
+           "the time of the durable commits")
     r = gw.admin("GET", "/nope")
     expect_problem(r, 404, "not-found", "unknown admin path")
     # The public listener does not serve them: they are the upstream's paths there.
