@@ -999,8 +999,12 @@ static void job_run(struct idem_conn *w, struct sq_job *j)
         return;
     }
     rc = run_simple(w, "SAVEPOINT idem_tx", "begin");
-    if (rc == 0)
-        rc = j->fn(w, j->arg);
+    if (rc < 0) { /* nothing of it was written */
+        idem__fmt(j->errmsg, sizeof(j->errmsg), "%s", w->errmsg);
+        j->rc = rc;
+        return;
+    }
+    rc = j->fn(w, j->arg);
     if (rc == 0 && sqlite3_get_autocommit(w->db)) {
         idem__fmt(j->errmsg, sizeof(j->errmsg),
                   "sqlite: the shared write transaction was rolled back: %s", w->errmsg);
