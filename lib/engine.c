@@ -973,12 +973,14 @@ static int fence_failed(struct idem_call *call, const char *what)
 /* Commits the open phase; the record has changed, so waiting duplicates are woken. */
 static int commit_phase(struct idem_call *call, const char *what)
 {
-    int rc = idem_tx_commit(call->tx);
+    char err[IDEM_ERRMSG_MAX] = "";
+    int rc = idem__tx_commit_err(call->tx, err, sizeof(err));
+
     call->tx = NULL;
     unstage(call);
     notify_changed(call->eng, NULL);
     if (rc < 0)
-        return call_fail(call, rc, what, NULL);
+        return call_fail(call, rc, what, err[0] ? err : NULL);
     call->record_durable = 1;
     return 0;
 }

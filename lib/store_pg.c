@@ -163,6 +163,7 @@ enum rec_stmt {
     RS_ADVANCE,
     RS_COMPLETE,
     RS_COMPLETE_CLAIMED,
+    RS_ADVANCE_CLAIMED,
     RS_RELEASE,
     RS_FORGET,
     RS_SWEEP,
@@ -249,6 +250,16 @@ static const struct rec_sql rec_sql[RS_COUNT] = {
                              7,
                              {OID_TEXT, OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_BYTEA,
                               OID_TEXT}},
+    /* RS_ADVANCE of the record this transaction inserted, deferred and fenced the same way. */
+    [RS_ADVANCE_CLAIMED] = {"idem_advance_claimed",
+                            "WITH u AS (UPDATE idem_records r SET recovery_point = $4,"
+                            " recovery_data = $5, lease_expires_ms = t.now + $6"
+                            " FROM (SELECT " DB_NOW_MS " AS now) t"
+                            " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $7"
+                            " RETURNING 1)"
+                            " SELECT 1 / count(*)::int4 FROM u",
+                            7,
+                            {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_INT8, OID_TEXT}},
     [RS_RELEASE] = {"idem_release",
                     "UPDATE idem_records r SET lease_expires_ms = 0"
                     " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $4",
@@ -404,7 +415,7 @@ struct pipe_q {
     const int *fmts;
     int binary;   /* its result in binary */
     int optional; /* its failure is not the pipeline's (best-effort notifications) */
-    int fenced;   /* RS_COMPLETE_CLAIMED: a division by zero means the record is not ours */
+    int fenced;   /* RS_*_CLAIMED: a division by zero means the record is not ours */
     int rec;      /* with `prepare`: record statement rec - 1 (its bit in c->prepared), or 0 */
     int ok;
     PGresult *res;
@@ -499,7 +510,7 @@ static int pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
         } else {
             all[nall] = pq_exec(rec_sql[d->rec].name, rec_sql[d->rec].nparams,
                                 (const char *const *)d->vals, d->lens, d->fmts, 0, d->what);
-            all[nall++].fenced = d->rec == RS_COMPLETE_CLAIMED;
+            all[nall++].fenced = d->rec == RS_COMPLETE_CLAIMED || d->rec == RS_ADVANCE_CLAIMED;
         }
     }
     nd = nall;
@@ -1637,6 +1648,15 @@ static int pg_record_advance(struct idem_conn *c, const struct idem_scope *s, co
     /* Waiters need not hear of it: the record is still processing, under a live lease. */
     *ok = 0;
     idem__fmt(lease, sizeof(lease), "%lld", (long long)lease_ms);
+    if (c->in_tx && c->claimed_open && c->claimed == scope_hash(s)) {
+        /*
+         * The record this transaction inserted: ours until the transaction ends, and still
+         * processing after this, so a later completion may be deferred too.
+         */
+        rc = defer_rec(c, RS_ADVANCE_CLAIMED, vals, NULL, NULL, "advance record");
+        *ok = rc == 0;
+        return rc;
+    }
     rc = rec_run(c, RS_ADVANCE, vals, NULL, NULL, 0, "advance record", &res);
     if (rc == 0)
         *ok = changed_of(res) == 1;

@@ -473,6 +473,44 @@ static void test_deferred_statements(struct idem_store *st, struct idem_engine *
     CHECK(strstr(idem_call_errmsg(call), "no longer this call's") != NULL);
     idem_call_end(call);
     CHECK_INT(query_int(st, "SELECT count(*) FROM idem_records WHERE idem_key = 'defer-gone'"), 0);
+
+    /* The advance of a claimed record goes out with the COMMIT too, fenced alike. */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "defer-advance", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_advance(call, "charged", "ch-1"), 0);
+    CHECK_STR(idem_call_recovery_point(call), "charged");
+    CHECK_INT(query_int(st, "SELECT count(*) FROM idem_records WHERE idem_key = 'defer-advance'"
+                            " AND status = 0 AND recovery_point = 'charged'"
+                            " AND recovery_data = 'ch-1'"),
+              1);
+    CHECK_INT(idem_call_phase_begin(call), 0); /* not inserted by this phase: answered at once */
+    CHECK_INT(idem_call_complete(call, 201, NULL, 0, "made", 4), 0);
+    idem_call_end(call);
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "defer-advance-gone", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_tx_exec(idem_call_tx(call),
+                           "DELETE FROM idem_records WHERE idem_key = 'defer-advance-gone'", 0,
+                           NULL, NULL),
+              0);
+    CHECK(idem_call_advance(call, "charged", NULL) < 0);
+    CHECK(strstr(idem_call_errmsg(call), "no longer this call's") != NULL);
+    idem_call_end(call);
+    CHECK_INT(query_int(st, "SELECT count(*) FROM idem_records"
+                            " WHERE idem_key = 'defer-advance-gone'"),
+              0);
+
+    /* A claim at a claim_point (insert, then its advance) commits whole. */
+    {
+        static const struct idem_operation at = {.name = "pg.deferred", .claim_point = "forwarded"};
+        CHECK_INT(idem_call_begin(eng, &at, "alice", "defer-point", fp, &call, &oc), 0);
+        CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+        CHECK(idem_call_tx(call) == NULL);
+        CHECK_INT(query_int(st, "SELECT count(*) FROM idem_records WHERE idem_key = 'defer-point'"
+                                " AND status = 0 AND recovery_point = 'forwarded'"),
+                  1);
+        CHECK_INT(idem_call_complete(call, 200, NULL, 0, "ok", 2), 0);
+        idem_call_end(call);
+    }
 }
 
 /*
