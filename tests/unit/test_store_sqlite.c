@@ -167,6 +167,33 @@ static void whole_transactions(struct idem_store *st)
     CHECK(after.durable_commit_ns > before.durable_commit_ns);
 }
 
+/*
+ * A job that cannot get the writer within busy_timeout_ms (here: this very thread holds it) gives
+ * up with IDEM_EUNAVAIL and leaves the queue, so the holder's release never runs it later.
+ */
+static void queued_job_times_out(const char *dir)
+{
+    struct idem_store_options o = {.busy_timeout_ms = 150};
+    struct idem_store *st = NULL;
+    struct idem_tx *holder = NULL;
+    struct job_arg a;
+    char uri[160], err[IDEM_ERRMSG_MAX] = "";
+
+    snprintf(uri, sizeof uri, "sqlite:%s/timeout.db", dir);
+    CHECK_INT(idem_store_open(uri, &o, &st, NULL), 0);
+    CHECK_INT(idem_store_migrate(st, "unit", biz, 1, NULL, NULL), 0);
+    a = (struct job_arg){st, JOB_KEEP, "late"};
+    CHECK_INT(idem_tx_begin(st, 1, &holder), 0);
+    CHECK_INT(idem__tx_run(st, job_fn, &a, err, sizeof err), IDEM_EUNAVAIL);
+    CHECK(strstr(err, "not free within 150 ms") != NULL);
+    CHECK_INT(idem_tx_commit(holder), 0);
+    CHECK_INT(biz_has(st, "late"), 0);
+    /* The writer is free again: the same job runs and is kept. */
+    CHECK_INT(idem__tx_run(st, job_fn, &a, err, sizeof err), 0);
+    CHECK_INT(biz_has(st, "late"), 1);
+    idem_store_close(st);
+}
+
 int main(void)
 {
     char dir[] = "/tmp/idem-unit-sq-XXXXXX";
@@ -212,6 +239,7 @@ int main(void)
     idem_call_end(call); /* its release is fenced out: the heir holds the lease */
     failed_rollback_never_commits(st);
     whole_transactions(st);
+    queued_job_times_out(dir);
     idem_engine_free(eng);
     idem_store_close(st);
     {
