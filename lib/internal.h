@@ -205,6 +205,13 @@ struct idem_store_vtab {
      * and the call returns as write_commit does: once the batch is durable, or failed.
      */
     int (*write_run)(struct idem_store *st, idem__tx_fn fn, void *arg, char *err, size_t errlen);
+    /*
+     * Optional, for stores without write_run: told that the transaction just begun on `c` is a
+     * whole one (idem__tx_run), whose statements are followed by its COMMIT and nothing else.
+     * A fenced statement may then be checked by the COMMIT instead of by a round trip of its own:
+     * should its fence fail, the COMMIT fails with IDEM_ELEASE and nothing of it stays.
+     */
+    void (*whole_tx)(struct idem_conn *c);
     /* Optional: frees the backend's per-store state (st->backend) in idem_store_close. */
     void (*store_close)(struct idem_store *st);
 };

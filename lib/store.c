@@ -370,6 +370,8 @@ int idem__tx_run(struct idem_store *st, idem__tx_fn fn, void *arg, char *err, si
         idem__fmt(err, errlen, "%s", "cannot begin a write transaction: no store connection");
         return rc;
     }
+    if (st->vt->whole_tx)
+        st->vt->whole_tx(tx->conn);
     rc = fn(tx->conn, arg);
     if (rc == 0)
         return idem__tx_commit_err(tx, err, errlen);

@@ -127,6 +127,7 @@ struct idem_conn {
      * deferred: no other transaction can change that row before this one ends. */
     uint64_t claimed;
     int claimed_open;
+    int whole; /* a whole transaction (idem__tx_run): only its COMMIT follows its statements */
     unsigned prepared;  /* bit k: record statement k is prepared in this session */
     char notify[4][17]; /* scopes (hashes) to announce once the transaction commits */
     int nnotify;
@@ -234,11 +235,12 @@ static const struct rec_sql rec_sql[RS_COUNT] = {
                      7,
                      {OID_TEXT, OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_BYTEA, OID_TEXT}},
     /*
-     * RS_COMPLETE for the record this very transaction inserted, sent without waiting for its
-     * answer (deferred): the row is this transaction's until it ends, so the update must change
-     * it.  Should it not, the division by zero fails the statement, which aborts the transaction
-     * and the COMMIT that may follow in the same pipeline: a response is never stored for a
-     * record this call does not hold, even unchecked.
+     * RS_COMPLETE sent without waiting for its answer (deferred): for the record this very
+     * transaction inserted (the row is this transaction's until it ends, so the update must
+     * change it), or in a whole transaction (only the COMMIT follows).  Should it change nothing,
+     * the division by zero fails the statement, which aborts the transaction and the COMMIT that
+     * follows in the same pipeline (IDEM_ELEASE): a response is never stored for a record this
+     * call does not hold, even unchecked.
      */
     [RS_COMPLETE_CLAIMED] = {"idem_complete_claimed",
                              "WITH u AS (UPDATE idem_records r SET status = 1,"
@@ -579,8 +581,10 @@ static int pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
     }
     if (err) {
         rc = fail_res(c, err, all[bad].what);
-        if (all[bad].fenced && state_is(c->sqlstate, "22012"))
+        if (all[bad].fenced && state_is(c->sqlstate, "22012")) {
             set_msg(c, all[bad].what, "the record is no longer this call's", NULL);
+            rc = IDEM_ELEASE;
+        }
         *failed = bad >= nd ? bad - nd : -1;
         PQclear(err);
         return rc;
@@ -676,6 +680,7 @@ static void defer_begin(struct idem_conn *c)
     c->tx_stmts = 0;
     c->nnotify = 0;
     c->claimed_open = 0;
+    c->whole = 0;
     c->begin_deferred = 1;
 }
 
@@ -1052,6 +1057,7 @@ out:
     c->in_tx = 0;
     c->nnotify = 0;
     c->claimed_open = 0;
+    c->whole = 0;
     return rc;
 }
 
@@ -1063,6 +1069,7 @@ static int pg_rollback(struct idem_conn *c)
     c->in_tx = 0;
     c->nnotify = 0;
     c->claimed_open = 0;
+    c->whole = 0;
     if (c->broken || ts == PQTRANS_UNKNOWN || ts == PQTRANS_ACTIVE) {
         /* Closing the connection rolls the server's side back. */
         c->broken = 1;
@@ -1683,8 +1690,12 @@ static int pg_record_complete(struct idem_conn *c, const struct idem_scope *s, c
     }
     lens[5] = (int)body_len;
     idem__fmt(code, sizeof(code), "%d", status);
-    if (c->in_tx && c->claimed_open && c->claimed == scope_hash(s)) {
-        /* The record this transaction inserted: its row is ours until the transaction ends. */
+    if (c->in_tx && ((c->claimed_open && c->claimed == scope_hash(s)) || c->whole)) {
+        /*
+         * The record this transaction inserted: its row is ours until the transaction ends.  Or
+         * a whole transaction: only the COMMIT follows, and it fails (IDEM_ELEASE) if the
+         * fenced update changed nothing.
+         */
         c->claimed_open = 0; /* once: completing it twice is refused, as ever (*ok = 0) */
         rc = defer_rec(c, RS_COMPLETE_CLAIMED, vals, lens, fmts, "complete record");
         if (rc == 0) {
@@ -1700,6 +1711,11 @@ static int pg_record_complete(struct idem_conn *c, const struct idem_scope *s, c
         notify_after_commit(c, s);
     PQclear(res);
     return rc;
+}
+
+static void pg_whole_tx(struct idem_conn *c)
+{
+    c->whole = 1;
 }
 
 static int pg_record_release(struct idem_conn *c, const struct idem_scope *s, const char *owner)
@@ -2120,5 +2136,6 @@ const struct idem_store_vtab idem__pg_vtab = {
     .record_sweep = pg_record_sweep,
     .migrate = pg_migrate,
     .wait_change = pg_wait_change,
+    .whole_tx = pg_whole_tx,
     .store_close = pg_store_close,
 };

@@ -511,6 +511,30 @@ static void test_deferred_statements(struct idem_store *st, struct idem_engine *
         CHECK_INT(idem_call_complete(call, 200, NULL, 0, "ok", 2), 0);
         idem_call_end(call);
     }
+
+    /*
+     * A completion with no phase open is a whole transaction: BEGIN, the fenced update and the
+     * COMMIT go out together, and a fence that fails (the lease was taken over) fails the COMMIT
+     * with IDEM_ELEASE; the heir's answer is the one stored.
+     */
+    {
+        static const struct idem_operation brief = {
+            .name = "pg.deferred", .lease_ms = 50, .wait_ms = 10, .claim_point = "forwarded"};
+        struct idem_call *heir = NULL;
+        CHECK_INT(idem_call_begin(eng, &brief, "alice", "defer-whole", fp, &call, &oc), 0);
+        CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+        sleep_ms(120);
+        CHECK_INT(idem_call_recover(eng, &brief, "alice", "defer-whole", &heir, &oc), 0);
+        CHECK_INT(oc, IDEM_OUTCOME_RESUME);
+        CHECK_INT(idem_call_complete(call, 201, NULL, 0, "late", 4), IDEM_ELEASE);
+        CHECK(strstr(idem_call_errmsg(call), "no longer this call's") != NULL);
+        CHECK_INT(idem_call_complete(heir, 200, NULL, 0, "heir", 4), 0);
+        idem_call_end(call);
+        idem_call_end(heir);
+        CHECK_INT(query_int(st, "SELECT response_status FROM idem_records"
+                                " WHERE idem_key = 'defer-whole' AND response_body = 'heir'"),
+                  200);
+    }
 }
 
 /*
