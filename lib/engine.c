@@ -1245,17 +1245,17 @@ struct complete_job {
     const char *headers; /* encoded */
     const void *body;
     size_t body_len;
-    int ok;
 };
 
 static int complete_job_run(struct idem_conn *c, void *arg)
 {
     struct complete_job *j = arg;
     struct idem_call *call = j->call;
+    int ok = 0;
     int rc = call->eng->st->vt->record_complete(c, &call->scope, call->owner, j->status, j->headers,
-                                                j->body, j->body_len, &j->ok);
+                                                j->body, j->body_len, &ok);
 
-    return rc < 0 ? rc : j->ok ? 0 : IDEM__TX_DISCARD;
+    return rc < 0 ? rc : ok ? 0 : IDEM__TX_DISCARD;
 }
 
 /*
@@ -1267,7 +1267,7 @@ static int complete_at_once(struct idem_call *call, int status, const struct ide
                             size_t nheaders, const void *body, size_t body_len)
 {
     char err[IDEM_ERRMSG_MAX] = "";
-    struct complete_job j = {call, status, NULL, NULL, body_len, 0};
+    struct complete_job j = {call, status, NULL, NULL, body_len};
     char *text = NULL;
     void *copy = NULL;
     int rc;

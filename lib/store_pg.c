@@ -163,8 +163,8 @@ enum rec_stmt {
     RS_TAKEOVER,
     RS_ADVANCE,
     RS_COMPLETE,
-    RS_COMPLETE_CLAIMED,
-    RS_ADVANCE_CLAIMED,
+    RS_ADVANCE_DEFERRED,
+    RS_COMPLETE_DEFERRED,
     RS_RELEASE,
     RS_FORGET,
     RS_SWEEP,
@@ -183,6 +183,26 @@ struct rec_sql {
 };
 
 #define SCOPE_WHERE "r.principal = $1 AND r.operation = $2 AND r.idem_key = $3"
+
+/* The fenced updates (owner, status processing), each written once for both of its forms. */
+#define ADVANCE_SQL                                                                                \
+    "UPDATE idem_records r SET recovery_point = $4, recovery_data = $5,"                           \
+    " lease_expires_ms = t.now + $6 FROM (SELECT " DB_NOW_MS " AS now) t"                          \
+    " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $7"
+#define ADVANCE_TYPES                                                                              \
+    {                                                                                              \
+        OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_INT8, OID_TEXT                       \
+    }
+#define COMPLETE_SQL                                                                               \
+    "UPDATE idem_records r SET status = 1, response_status = $4, response_headers = $5,"           \
+    " response_body = $6, lease_owner = NULL, lease_expires_ms = 0"                                \
+    " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $7"
+#define COMPLETE_TYPES                                                                             \
+    {                                                                                              \
+        OID_TEXT, OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_BYTEA, OID_TEXT                      \
+    }
+/* An update whose answer is not read: it fails (division by zero) if it changed no row. */
+#define FENCED(update) "WITH u AS (" update " RETURNING 1) SELECT 1 / count(*)::int4 FROM u"
 
 static const struct rec_sql rec_sql[RS_COUNT] = {
     /*
@@ -221,47 +241,18 @@ static const struct rec_sql rec_sql[RS_COUNT] = {
                      " AND r.fingerprint = $6",
                      6,
                      {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_INT8, OID_BYTEA}},
-    [RS_ADVANCE] = {"idem_advance",
-                    "UPDATE idem_records r SET recovery_point = $4, recovery_data = $5,"
-                    " lease_expires_ms = t.now + $6 FROM (SELECT " DB_NOW_MS " AS now) t"
-                    " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $7",
-                    7,
-                    {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_INT8, OID_TEXT}},
-    [RS_COMPLETE] = {"idem_complete",
-                     "UPDATE idem_records r SET status = 1, response_status = $4,"
-                     " response_headers = $5, response_body = $6, lease_owner = NULL,"
-                     " lease_expires_ms = 0"
-                     " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $7",
-                     7,
-                     {OID_TEXT, OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_BYTEA, OID_TEXT}},
+    [RS_ADVANCE] = {"idem_advance", ADVANCE_SQL, 7, ADVANCE_TYPES},
+    [RS_COMPLETE] = {"idem_complete", COMPLETE_SQL, 7, COMPLETE_TYPES},
     /*
-     * RS_COMPLETE sent without waiting for its answer (deferred): for the record this very
+     * The two above sent without waiting for their answer (deferred): for the record this very
      * transaction inserted (the row is this transaction's until it ends, so the update must
-     * change it), or in a whole transaction (only the COMMIT follows).  Should it change nothing,
-     * the division by zero fails the statement, which aborts the transaction and the COMMIT that
-     * follows in the same pipeline (IDEM_ELEASE): a response is never stored for a record this
-     * call does not hold, even unchecked.
+     * change it), or, a completion, in a whole transaction (only the COMMIT follows).  Should the
+     * update change nothing, the division by zero fails the statement, which aborts the
+     * transaction and the COMMIT that follows in the same pipeline (IDEM_ELEASE): a record this
+     * call does not hold is never changed, even unchecked.
      */
-    [RS_COMPLETE_CLAIMED] = {"idem_complete_claimed",
-                             "WITH u AS (UPDATE idem_records r SET status = 1,"
-                             " response_status = $4, response_headers = $5, response_body = $6,"
-                             " lease_owner = NULL, lease_expires_ms = 0"
-                             " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $7"
-                             " RETURNING 1)"
-                             " SELECT 1 / count(*)::int4 FROM u",
-                             7,
-                             {OID_TEXT, OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_BYTEA,
-                              OID_TEXT}},
-    /* RS_ADVANCE of the record this transaction inserted, deferred and fenced the same way. */
-    [RS_ADVANCE_CLAIMED] = {"idem_advance_claimed",
-                            "WITH u AS (UPDATE idem_records r SET recovery_point = $4,"
-                            " recovery_data = $5, lease_expires_ms = t.now + $6"
-                            " FROM (SELECT " DB_NOW_MS " AS now) t"
-                            " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $7"
-                            " RETURNING 1)"
-                            " SELECT 1 / count(*)::int4 FROM u",
-                            7,
-                            {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_INT8, OID_TEXT}},
+    [RS_ADVANCE_DEFERRED] = {"idem_advance_deferred", FENCED(ADVANCE_SQL), 7, ADVANCE_TYPES},
+    [RS_COMPLETE_DEFERRED] = {"idem_complete_deferred", FENCED(COMPLETE_SQL), 7, COMPLETE_TYPES},
     [RS_RELEASE] = {"idem_release",
                     "UPDATE idem_records r SET lease_expires_ms = 0"
                     " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $4",
@@ -417,7 +408,7 @@ struct pipe_q {
     const int *fmts;
     int binary;   /* its result in binary */
     int optional; /* its failure is not the pipeline's (best-effort notifications) */
-    int fenced;   /* RS_*_CLAIMED: a division by zero means the record is not ours */
+    int fenced;   /* RS_*_DEFERRED: a division by zero means the record is not ours */
     int rec;      /* with `prepare`: record statement rec - 1 (its bit in c->prepared), or 0 */
     int ok;
     PGresult *res;
@@ -512,7 +503,7 @@ static int pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
         } else {
             all[nall] = pq_exec(rec_sql[d->rec].name, rec_sql[d->rec].nparams,
                                 (const char *const *)d->vals, d->lens, d->fmts, 0, d->what);
-            all[nall++].fenced = d->rec == RS_COMPLETE_CLAIMED || d->rec == RS_ADVANCE_CLAIMED;
+            all[nall++].fenced = d->rec == RS_ADVANCE_DEFERRED || d->rec == RS_COMPLETE_DEFERRED;
         }
     }
     nd = nall;
@@ -1660,7 +1651,7 @@ static int pg_record_advance(struct idem_conn *c, const struct idem_scope *s, co
          * The record this transaction inserted: ours until the transaction ends, and still
          * processing after this, so a later completion may be deferred too.
          */
-        rc = defer_rec(c, RS_ADVANCE_CLAIMED, vals, NULL, NULL, "advance record");
+        rc = defer_rec(c, RS_ADVANCE_DEFERRED, vals, NULL, NULL, "advance record");
         *ok = rc == 0;
         return rc;
     }
@@ -1697,7 +1688,7 @@ static int pg_record_complete(struct idem_conn *c, const struct idem_scope *s, c
          * fenced update changed nothing.
          */
         c->claimed_open = 0; /* once: completing it twice is refused, as ever (*ok = 0) */
-        rc = defer_rec(c, RS_COMPLETE_CLAIMED, vals, lens, fmts, "complete record");
+        rc = defer_rec(c, RS_COMPLETE_DEFERRED, vals, lens, fmts, "complete record");
         if (rc == 0) {
             *ok = 1;
             notify_after_commit(c, s);

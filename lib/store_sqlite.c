@@ -938,13 +938,13 @@ static void batch_commit_locked(struct sq_group *g)
 {
     struct idem_conn *w = g->writer;
     char msg[IDEM_ERRMSG_MAX] = "";
-    int64_t t0;
+    int64_t took;
     int rc;
 
     group_unlock(g);
-    t0 = idem__mono_ns();
+    took = idem__mono_ns();
     rc = run_simple(w, "COMMIT", "group commit");
-    t0 = idem__mono_ns() - t0;
+    took = idem__mono_ns() - took;
     if (rc < 0) {
         idem__fmt(msg, sizeof(msg), "%s", w->errmsg);
         /* A writer left inside a transaction it cannot end is closed, not reused. */
@@ -956,7 +956,7 @@ static void batch_commit_locked(struct sq_group *g)
     pthread_mutex_lock(&g->mu);
     if (rc == 0 && g->members > 0) { /* (a batch of rolled-back savepoints carried nothing) */
         atomic_fetch_add(&g->st->durable_commits, 1);
-        atomic_fetch_add(&g->st->durable_commit_ns, (uint64_t)t0);
+        atomic_fetch_add(&g->st->durable_commit_ns, (uint64_t)took);
     }
     batch_finish_locked(g, rc, msg);
 }

@@ -154,8 +154,8 @@ static void whole_transactions(struct idem_store *st)
     CHECK_INT(biz_count(st, "LIKE", "job-%-f"), 0); /* failed: its first row went with it */
     CHECK_INT(biz_count(st, "LIKE", "job-%-d"), 0); /* discarded */
     CHECK_INT((int)(after.write_commits - before.write_commits), JOB_THREADS * JOBS_EACH / 3);
-    CHECK(after.durable_commits - before.durable_commits <=
-          after.write_commits - before.write_commits);
+    CHECK(after.durable_commits - before.durable_commits <
+          after.write_commits - before.write_commits); /* jobs shared fsyncs */
     CHECK(after.durable_commit_ns > before.durable_commit_ns);
 }
 
