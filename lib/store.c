@@ -367,7 +367,7 @@ int idem__tx_run(struct idem_store *st, idem__tx_fn fn, void *arg, char *err, si
     }
     rc = idem_tx_begin(st, 1, &tx);
     if (rc < 0) {
-        idem__fmt(err, errlen, "%s", "cannot begin a write transaction: no store connection");
+        idem__fmt(err, errlen, "cannot begin a write transaction: %s", idem_strerror(rc));
         return rc;
     }
     if (st->vt->whole_tx)

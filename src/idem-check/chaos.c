@@ -750,10 +750,11 @@ static void drive(struct chaos *cx, pthread_t *killer, int *have_killer)
     if (cx->hook_proxy_on)
         ck_proxy_set_faults(&cx->hook_proxy, cx->o.drop_rate, cx->o.reset_rate, cx->o.cut_rate);
     cx->deadline_ms = ck_now_ms() + cx->o.max_time_s * 1000;
-    if (cx->o.kill_every_s > 0)
-        *have_killer = pthread_create(killer, NULL, killer_main, cx) == 0;
+    /* Failovers first: the killer reads cx->fo (ck_failover_running) from its own thread. */
     if (cx->o.failover_every_s > 0 && ck_failover_start(cx) < 0)
         atomic_store(&cx->stop_drive, 1);
+    if (cx->o.kill_every_s > 0)
+        *have_killer = pthread_create(killer, NULL, killer_main, cx) == 0;
     th = ck_xmalloc((size_t)cx->o.clients * sizeof(*th));
     for (k = 0; k < cx->o.clients; k++) {
         atomic_fetch_add(&cx->alive, 1);
@@ -859,13 +860,14 @@ int ck_chaos_main(int argc, char **argv)
     cx->proxy_on = 0;
     if (cx->hook_proxy_on)
         ck_proxy_set_faults(&cx->hook_proxy, 0.0, 0.0, 0.0);
-    if (atomic_load(&cx->restart_failures) > 0) {
-        fprintf(stderr, "idem-check chaos: orderd could not be restarted (see %s)\n", cx->workdir);
+    /* A failed failover first: it is why an orderd restart after it fails too. */
+    if (ck_failover_problem(cx, failover_why, sizeof(failover_why))) {
+        fprintf(stderr, "idem-check chaos: the database failover failed: %s\n", failover_why);
         rc = CK_EXIT_FAIL;
         goto out;
     }
-    if (ck_failover_problem(cx, failover_why, sizeof(failover_why))) {
-        fprintf(stderr, "idem-check chaos: the database failover failed: %s\n", failover_why);
+    if (atomic_load(&cx->restart_failures) > 0) {
+        fprintf(stderr, "idem-check chaos: orderd could not be restarted (see %s)\n", cx->workdir);
         rc = CK_EXIT_FAIL;
         goto out;
     }

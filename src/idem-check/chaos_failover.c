@@ -99,7 +99,8 @@ void ck_failover_attempt(struct chaos *cx, int status)
     int ok = status >= 200 && status < 300, failed = status == 0 || status >= 500;
     long long now;
 
-    if (!fo || (!ok && !failed)) /* a 409 in progress, a 429: the service is there */
+    /* A 409 in progress, a 429: the service is there.  After the drive nothing is measured. */
+    if (!fo || (!ok && !failed) || atomic_load(&fo->stop))
         return;
     pthread_mutex_lock(&fo->lock);
     /* Taken under the lock: the attempts of all clients are judged in the order of their times. */

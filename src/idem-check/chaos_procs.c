@@ -235,8 +235,10 @@ int ck_start_orderd(struct chaos *cx, int i)
         }
         /* A fixed port may still be held for a moment by the process just killed.  While the
          * database fails over there may be no primary to open the store on: orderd exits, and
-         * is tried again until the failover is over. */
-        if (port == 0 || (ck_now_ms() > end && !ck_failover_running(cx)))
+         * is tried again until the failover is over, then for a whole window of its own. */
+        if (ck_failover_running(cx))
+            end = ck_now_ms() + START_TIMEOUT_MS;
+        else if (port == 0 || ck_now_ms() > end)
             return -1;
         ck_sleep_ms(ck_failover_running(cx) ? 500 : 100);
     }
