@@ -309,6 +309,14 @@ static int inflight_busy(const struct idem_engine *eng, const struct idem_scope 
     return 0;
 }
 
+static void inflight_add_locked(struct idem_call *call, unsigned b)
+{
+    call->inflight = 1;
+    call->inflight_bucket = b;
+    call->inflight_next = call->eng->inflight[b];
+    call->eng->inflight[b] = call;
+}
+
 /*
  * Enters the call's scope in flight, first waiting (until `deadline`, monotonic) while another
  * call of this engine has it.  *waited says whether it waited; after the deadline the call goes
@@ -330,13 +338,24 @@ static void inflight_enter(struct idem_call *call, int64_t deadline, int *waited
         ts = idem__deadline_ms(left);
         pthread_cond_timedwait(&eng->changed, &eng->mu, &ts);
     }
-    if (!inflight_busy(eng, &call->scope, b)) {
-        call->inflight = 1;
-        call->inflight_bucket = b;
-        call->inflight_next = eng->inflight[b];
-        eng->inflight[b] = call;
-    }
+    if (!inflight_busy(eng, &call->scope, b))
+        inflight_add_locked(call, b);
     pthread_mutex_unlock(&eng->mu);
+}
+
+/* inflight_enter() without the wait: returns whether the call entered (nobody had the scope). */
+static int inflight_try_enter(struct idem_call *call)
+{
+    struct idem_engine *eng = call->eng;
+    unsigned b = scope_bucket(&call->scope);
+    int entered;
+
+    pthread_mutex_lock(&eng->mu);
+    entered = !inflight_busy(eng, &call->scope, b);
+    if (entered)
+        inflight_add_locked(call, b);
+    pthread_mutex_unlock(&eng->mu);
+    return entered;
 }
 
 /* Takes the call's scope out of flight, if it is in (eng->mu held). */
@@ -490,23 +509,40 @@ static int claim_job_run(struct idem_conn *c, void *arg)
  * try_claim() for an operation with a claim_point: the claim and its recovery point commit
  * together, durably (the store runs it whole: idem__tx_run), and no phase stays open.
  */
+/* How a claim job ended (rc as idem__tx_run returned): *claimed, or a failure. */
+static int claim_job_ended(struct idem_call *call, const struct claim_job *j, int rc,
+                           const char *err, int *claimed)
+{
+    *claimed = 0;
+    if (rc < 0)
+        return call_fail(call, rc, "claim", err);
+    if (j->unfenced)
+        return call_fail(call, IDEM_ESTATE, "claim",
+                         "the record just inserted was not processing under this call's lease");
+    *claimed = rc == 0 && j->claimed;
+    if (*claimed)
+        call->record_durable = 1;
+    return 0;
+}
+
 static int try_claim_at_point(struct idem_call *call, int *claimed)
 {
     struct claim_job j = {call, 0, 0};
     char err[IDEM_ERRMSG_MAX] = "";
     int rc;
 
-    *claimed = 0;
     rc = idem__tx_run(call->eng->st, claim_job_run, &j, err, sizeof(err));
-    if (rc < 0)
-        return call_fail(call, rc, "claim", err);
-    if (j.unfenced)
-        return call_fail(call, IDEM_ESTATE, "claim",
-                         "the record just inserted was not processing under this call's lease");
-    *claimed = rc == 0 && j.claimed;
-    if (*claimed)
-        call->record_durable = 1;
-    return 0;
+    return claim_job_ended(call, &j, rc, err, claimed);
+}
+
+/* A claim that won, as every later step reads it: the record is ours, at its recovery point. */
+static int claim_won(struct idem_call *call, int64_t claim_mono)
+{
+    call->claimed_mono_ms = claim_mono;
+    idem__record_clear(&call->rec);
+    call->rec.found = 1;
+    call->rec.recovery_point = idem__strdup(call->claim_point ? call->claim_point : "");
+    return call->rec.recovery_point ? 0 : IDEM_ENOMEM;
 }
 
 /*
@@ -601,6 +637,41 @@ static int cached_call(struct idem_engine *eng, const struct idem_operation *op,
     return 1;
 }
 
+/* A new call of `op` on the scope (fp NULL: a recovery worker's), in no table yet. */
+static int call_new(struct idem_engine *eng, const struct idem_operation *op, const char *principal,
+                    const char *key, const unsigned char *fp, struct idem_call **out)
+{
+    struct idem_call *call = calloc(1, sizeof(*call));
+
+    *out = NULL;
+    if (!call)
+        return IDEM_ENOMEM;
+    call->eng = eng;
+    call->principal = idem__strdup(principal);
+    call->operation = idem__strdup(op->name);
+    call->key = idem__strdup(key);
+    if (!call->principal || !call->operation || !call->key) {
+        idem_call_end(call);
+        return IDEM_ENOMEM;
+    }
+    call->scope.principal = call->principal;
+    call->scope.operation = call->operation;
+    call->scope.key = call->key;
+    call->ttl_ms = op->ttl_ms > 0 ? op->ttl_ms : DEFAULT_TTL_MS;
+    call->lease_ms = op->lease_ms > 0 ? op->lease_ms : DEFAULT_LEASE_MS;
+    call->wait_ms = op->wait_ms > 0 ? op->wait_ms : DEFAULT_WAIT_MS;
+    call->stored_headers = op->stored_headers;
+    call->nstored_headers = op->stored_headers ? op->nstored_headers : 0;
+    call->claim_point = op->claim_point;
+    call->retry_after_s = 1;
+    if (fp)
+        memcpy(call->fp, fp, IDEM_FP_LEN);
+    idem__fmt(call->owner, sizeof(call->owner), "%s/%s%llu", eng->owner, fp ? "" : "r",
+              (unsigned long long)atomic_fetch_add(&eng->next_call, 1));
+    *out = call;
+    return 0;
+}
+
 /*
  * The state machine shared by requests (fp given: claim, replay, mismatch, wait) and recovery
  * workers (fp NULL: never claim, never wait, take the fingerprint from the record).
@@ -630,31 +701,9 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
             return rc < 0 ? rc : 0;
     }
 
-    call = calloc(1, sizeof(*call));
-    if (!call)
-        return IDEM_ENOMEM;
-    call->eng = eng;
-    call->principal = idem__strdup(principal);
-    call->operation = idem__strdup(op->name);
-    call->key = idem__strdup(key);
-    if (!call->principal || !call->operation || !call->key) {
-        rc = IDEM_ENOMEM;
-        goto out;
-    }
-    call->scope.principal = call->principal;
-    call->scope.operation = call->operation;
-    call->scope.key = call->key;
-    call->ttl_ms = op->ttl_ms > 0 ? op->ttl_ms : DEFAULT_TTL_MS;
-    call->lease_ms = op->lease_ms > 0 ? op->lease_ms : DEFAULT_LEASE_MS;
-    call->wait_ms = op->wait_ms > 0 ? op->wait_ms : DEFAULT_WAIT_MS;
-    call->stored_headers = op->stored_headers;
-    call->nstored_headers = op->stored_headers ? op->nstored_headers : 0;
-    call->claim_point = op->claim_point;
-    call->retry_after_s = 1;
-    if (fp)
-        memcpy(call->fp, fp, IDEM_FP_LEN);
-    idem__fmt(call->owner, sizeof(call->owner), "%s/%s%llu", eng->owner, recover ? "r" : "",
-              (unsigned long long)atomic_fetch_add(&eng->next_call, 1));
+    rc = call_new(eng, op, principal, key, fp, &call);
+    if (rc < 0)
+        return rc;
     deadline = recover ? idem__mono_ms() : idem__mono_ms() + call->wait_ms;
     if (!recover)
         inflight_enter(call, deadline, &call->waited);
@@ -701,14 +750,9 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
             if (rc < 0)
                 goto out;
             if (claimed) {
-                call->claimed_mono_ms = claim_mono;
-                idem__record_clear(&call->rec);
-                call->rec.found = 1;
-                call->rec.recovery_point = idem__strdup(call->claim_point ? call->claim_point : "");
-                if (!call->rec.recovery_point) {
-                    rc = IDEM_ENOMEM;
+                rc = claim_won(call, claim_mono);
+                if (rc < 0)
                     goto out;
-                }
                 *outcome = IDEM_OUTCOME_EXECUTE;
                 break;
             }
@@ -773,6 +817,81 @@ int idem_call_begin(struct idem_engine *eng, const struct idem_operation *op,
         return IDEM_EINVAL;
     }
     return call_start(eng, op, principal, key, fp, out, outcome);
+}
+
+/* An asynchronous claim (idem_call_begin_async) on its way through the store. */
+struct claim_async {
+    struct claim_job job;
+    int64_t claim_mono;
+    idem_call_begun begun;
+    void *arg;
+};
+
+/* The store ran the claim: tell the caller how it ended. */
+static void claim_async_done(void *arg, int rc, const char *errmsg)
+{
+    struct claim_async *a = arg;
+    struct idem_call *call = a->job.call;
+    enum idem_outcome outcome = IDEM_OUTCOME_NONE;
+    int claimed = 0;
+
+    rc = claim_job_ended(call, &a->job, rc, errmsg, &claimed);
+    if (rc == 0 && claimed) {
+        rc = claim_won(call, a->claim_mono);
+        if (rc == 0)
+            outcome = IDEM_OUTCOME_EXECUTE;
+        else
+            call_fail(call, rc, "claim", NULL);
+    }
+    a->begun(call, rc, outcome, a->arg);
+    free(a);
+}
+
+int idem_call_begin_async(struct idem_engine *eng, const struct idem_operation *op,
+                          const char *principal, const char *key,
+                          const unsigned char fp[IDEM_FP_LEN], idem_call_begun begun, void *arg)
+{
+    const struct idem_scope s = {principal, op ? op->name : NULL, key};
+    const struct idem__rentry *hit = NULL;
+    enum idem_outcome oc = IDEM_OUTCOME_NONE;
+    char err[IDEM_ERRMSG_MAX] = "";
+    struct claim_async *a;
+    struct idem_call *call = NULL;
+    int rc;
+
+    if (!eng || !op || !op->name || !principal || !key || !fp || !begun)
+        return IDEM_EINVAL;
+    /* Only a claim that needs no read first, and runs whole without a waiting thread. */
+    if (!op->claim_point || !eng->cache || !eng->st->vt->claim_before_read ||
+        !idem__tx_runs_async(eng->st))
+        return 0;
+    if (cache_answer(eng, &s, fp, &hit, &oc)) {
+        idem__rcache_release(hit);
+        return 0;
+    }
+    rc = call_new(eng, op, principal, key, fp, &call);
+    if (rc < 0)
+        return rc;
+    if (!inflight_try_enter(call)) {
+        idem_call_end(call);
+        return 0;
+    }
+    a = calloc(1, sizeof(*a));
+    if (!a) {
+        idem_call_end(call);
+        return IDEM_ENOMEM;
+    }
+    a->job.call = call;
+    a->claim_mono = idem__mono_ms();
+    a->begun = begun;
+    a->arg = arg;
+    rc = idem__tx_run_async(eng->st, claim_job_run, &a->job, claim_async_done, a, err, sizeof(err));
+    if (rc < 0) {
+        free(a);
+        idem_call_end(call);
+        return rc;
+    }
+    return 1;
 }
 
 int idem_call_lookup(struct idem_engine *eng, const struct idem_operation *op,
@@ -1259,6 +1378,28 @@ static int complete_job_run(struct idem_conn *c, void *arg)
 }
 
 /*
+ * A completion job ended with `rc`: its copies (`text`, `copy`, taken) become the call's
+ * response once durable; a fence that failed is IDEM_ELEASE.
+ */
+static int complete_job_ended(const struct complete_job *j, char *text, void *copy, int rc,
+                              const char *err)
+{
+    struct idem_call *call = j->call;
+
+    if (rc == IDEM__TX_DISCARD) {
+        free(text);
+        free(copy);
+        return call_fail(call, IDEM_ELEASE, "complete", "another owner took the lease over");
+    }
+    unstage(call);
+    call->staged_status = j->status;
+    call->staged_headers = text;
+    call->staged_body = copy;
+    call->staged_body_len = j->body_len;
+    return response_committed(call, rc, rc < 0 ? err : NULL);
+}
+
+/*
  * idem_call_complete() of a call with no phase open (a durable claim, a resumed record): the
  * fenced completion is the whole transaction, so the store runs it without handing this thread
  * its writer.
@@ -1278,17 +1419,68 @@ static int complete_at_once(struct idem_call *call, int status, const struct ide
     j.headers = text;
     j.body = copy;
     rc = idem__tx_run(call->eng->st, complete_job_run, &j, err, sizeof(err));
-    if (rc == IDEM__TX_DISCARD) {
-        free(text);
-        free(copy);
-        return call_fail(call, IDEM_ELEASE, "complete", "another owner took the lease over");
+    return complete_job_ended(&j, text, copy, rc, err);
+}
+
+/* An asynchronous completion (idem_call_complete_async) on its way through the store. */
+struct complete_async {
+    struct complete_job job;
+    char *text;
+    void *copy;
+    idem_call_done done;
+    void *arg;
+};
+
+static void complete_async_done(void *arg, int rc, const char *errmsg)
+{
+    struct complete_async *a = arg;
+    struct idem_call *call = a->job.call;
+
+    rc = complete_job_ended(&a->job, a->text, a->copy, rc, errmsg);
+    a->done(call, rc, a->arg);
+    free(a);
+}
+
+int idem_call_complete_async(struct idem_call *call, int status, const struct idem_header *headers,
+                             size_t nheaders, const void *body, size_t body_len,
+                             idem_call_done done, void *arg)
+{
+    char err[IDEM_ERRMSG_MAX] = "";
+    struct complete_async *a;
+    int rc;
+
+    if (!call || !done || !response_args_ok(status, headers, nheaders, body, body_len))
+        return IDEM_EINVAL;
+    if (call->completed)
+        return call_fail(call, IDEM_ESTATE, "complete", "the call is completed");
+    if (call->tx || !call->principal)
+        return call_fail(call, IDEM_ESTATE, "complete",
+                         call->tx ? "a phase is open" : "the call owns no record");
+    if (!idem__tx_runs_async(call->eng->st)) {
+        rc = complete_at_once(call, status, headers, nheaders, body, body_len);
+        done(call, rc, arg);
+        return 0;
     }
-    unstage(call);
-    call->staged_status = status;
-    call->staged_headers = text;
-    call->staged_body = copy;
-    call->staged_body_len = body_len;
-    return response_committed(call, rc, rc < 0 ? err : NULL);
+    a = calloc(1, sizeof(*a));
+    if (!a)
+        return call_fail(call, IDEM_ENOMEM, "complete", NULL);
+    rc = response_copies(call, headers, nheaders, body, body_len, &a->text, &a->copy);
+    if (rc < 0) {
+        free(a);
+        return call_fail(call, rc, "complete", NULL);
+    }
+    a->job = (struct complete_job){call, status, a->text, a->copy, body_len};
+    a->done = done;
+    a->arg = arg;
+    rc = idem__tx_run_async(call->eng->st, complete_job_run, &a->job, complete_async_done, a, err,
+                            sizeof(err));
+    if (rc < 0) {
+        free(a->text);
+        free(a->copy);
+        free(a);
+        return call_fail(call, rc, "complete", err);
+    }
+    return 0;
 }
 
 int idem_call_complete(struct idem_call *call, int status, const struct idem_header *headers,

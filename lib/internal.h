@@ -206,6 +206,16 @@ struct idem_store_vtab {
      */
     int (*write_run)(struct idem_store *st, idem__tx_fn fn, void *arg, char *err, size_t errlen);
     /*
+     * Optional, with write_run: the same without a thread waiting.  `fn` runs on whichever thread
+     * holds the writer (or the store's own runner thread), never on the caller's, and
+     * `done(arg, rc, errmsg)` runs once, outside the store's locks: rc 0 once the batch holding
+     * `fn`'s writes is durable, IDEM__TX_DISCARD when `fn` asked for a rollback, or a negative
+     * code.  `arg` must live until then.  A negative return: nothing was queued, `done` is not
+     * called.
+     */
+    int (*write_run_async)(struct idem_store *st, idem__tx_fn fn, void *arg, idem__commit_done done,
+                           void *done_arg, char *err, size_t errlen);
+    /*
      * Optional, for stores without write_run: told that the transaction just begun on `c` is a
      * whole one (idem__tx_run), whose statements are followed by its COMMIT and nothing else.
      * A fenced statement may then be checked by the COMMIT instead of by a round trip of its own:
@@ -269,6 +279,15 @@ int idem__tx_commit_async(struct idem_tx *tx, idem__commit_done done, void *arg,
  * code with the store's message in `err`.
  */
 int idem__tx_run(struct idem_store *st, idem__tx_fn fn, void *arg, char *err, size_t errlen);
+
+/*
+ * idem__tx_run() without blocking, on a store that has write_run_async (idem__tx_runs_async):
+ * `done(arg, rc, errmsg)` runs later on another thread, rc as idem__tx_run() returns.  A
+ * negative return: nothing was queued, `done` is not called (the message is in `err`).
+ */
+int idem__tx_runs_async(const struct idem_store *st);
+int idem__tx_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, idem__commit_done done,
+                       void *done_arg, char *err, size_t errlen);
 
 extern const struct idem_store_vtab idem__sqlite_vtab;
 extern const struct idem_store_vtab idem__pg_vtab;

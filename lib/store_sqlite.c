@@ -716,6 +716,11 @@ out:
  * before giving the writer up -- so the batch fills without a context switch per member, and
  * the job's thread wakes once, when its batch is durable.  A job whose thread finds the writer
  * free runs the queue itself.
+ *
+ * A job given without a thread to wait (write_run_async: an event loop's) carries a notice
+ * instead, told when its batch ends or it is done.  When such a job heads the queue and the
+ * writer is free, the group's runner thread (started on the first such job) takes the writer,
+ * runs the queue and commits it: the caller never blocks, and never runs a job itself.
  */
 enum sq_job_state {
     JOB_QUEUED,   /* in g->jobs */
@@ -736,6 +741,7 @@ struct sq_job {
     int wake_listed;
     _Atomic int wakes_unsent; /* listed wake-ups not yet sent: `cv` must live until they are */
     char errmsg[IDEM_ERRMSG_MAX];
+    struct sq_notice *notice; /* write_run_async: told instead of a thread woken (no `cv`) */
 };
 
 /* A member that did not wait (write_commit_async): told when its batch ends. */
@@ -775,6 +781,12 @@ struct sq_group {
     int wake_batch;
     struct sq_notice *notices; /* of finished batches, sent by group_unlock() likewise */
     struct sq_job *wake_jobs;  /* jobs to wake, likewise */
+    int wake_runner;
+    /* The runner: runs the queue and commits for jobs that have no thread (write_run_async). */
+    pthread_cond_t runner_cv;
+    pthread_t runner;
+    int runner_started;
+    int runner_stop;
 };
 
 /*
@@ -787,12 +799,14 @@ static void group_unlock(struct sq_group *g)
 {
     const int writer = g->wake_writer;
     const int batch = g->wake_batch;
+    const int runner = g->wake_runner;
     struct sq_notice *n = g->notices, *next;
     struct sq_job *jobs[32];
     size_t njobs = 0;
 
     g->wake_writer = 0;
     g->wake_batch = 0;
+    g->wake_runner = 0;
     g->notices = NULL;
     /*
      * The jobs to wake are taken off the list here: once g->mu is dropped a job may be listed
@@ -809,6 +823,8 @@ static void group_unlock(struct sq_group *g)
         pthread_cond_broadcast(&g->batch_cv);
     if (writer)
         pthread_cond_signal(&g->writer_cv);
+    if (runner)
+        pthread_cond_signal(&g->runner_cv);
     for (size_t i = 0; i < njobs; i++) {
         pthread_cond_signal(&jobs[i]->cv);
         atomic_fetch_sub(&jobs[i]->wakes_unsent, 1); /* `jobs[i]` may be gone after this */
@@ -830,7 +846,7 @@ static void group_unlock(struct sq_group *g)
  */
 static int group_flush_locked(struct sq_group *g)
 {
-    if (!g->wake_writer && !g->wake_batch && !g->wake_jobs && !g->notices)
+    if (!g->wake_writer && !g->wake_batch && !g->wake_runner && !g->wake_jobs && !g->notices)
         return 0;
     group_unlock(g);
     pthread_mutex_lock(&g->mu);
@@ -848,6 +864,33 @@ static void job_wake_locked(struct sq_group *g, struct sq_job *j)
     g->wake_jobs = j;
 }
 
+/* Wakes whoever runs the queue now that the writer is free: its first job's thread, or the runner.
+ */
+static void queue_wake_locked(struct sq_group *g)
+{
+    if (!g->jobs)
+        return;
+    if (g->jobs->notice)
+        g->wake_runner = 1;
+    else
+        job_wake_locked(g, g->jobs);
+}
+
+/* Tells an async job's notice that it is done, once g->mu is dropped, and frees the job. */
+static void job_notify_locked(struct sq_group *g, struct sq_job *j)
+{
+    struct sq_notice *n = j->notice;
+
+    n->rc = j->rc;
+    if (j->rc < 0)
+        idem__fmt(n->errmsg, sizeof(n->errmsg), "%s", j->errmsg);
+    n->next = g->notices;
+    g->notices = n;
+    free(j);
+}
+
+static void runner_stop(struct sq_group *g);
+
 static void batch_commit_locked(struct sq_group *g);
 
 static void group_free(struct idem_store *st)
@@ -856,6 +899,7 @@ static void group_free(struct idem_store *st)
 
     if (!g)
         return;
+    runner_stop(g);
     pthread_mutex_lock(&g->mu);
     if (g->writer && g->batch) {
         g->busy = 1;
@@ -870,6 +914,7 @@ static void group_free(struct idem_store *st)
     free(g->batch);
     pthread_cond_destroy(&g->writer_cv);
     pthread_cond_destroy(&g->batch_cv);
+    pthread_cond_destroy(&g->runner_cv);
     pthread_mutex_destroy(&g->mu);
     free(g);
     st->backend = NULL;
@@ -891,6 +936,12 @@ static int group_get(struct idem_store *st)
             free(g);
             rc = IDEM_ENOMEM;
         } else if (pthread_cond_init(&g->batch_cv, NULL) != 0) {
+            pthread_cond_destroy(&g->writer_cv);
+            pthread_mutex_destroy(&g->mu);
+            free(g);
+            rc = IDEM_ENOMEM;
+        } else if (pthread_cond_init(&g->runner_cv, NULL) != 0) {
+            pthread_cond_destroy(&g->batch_cv);
             pthread_cond_destroy(&g->writer_cv);
             pthread_mutex_destroy(&g->mu);
             free(g);
@@ -1051,7 +1102,15 @@ static void jobs_run_locked(struct sq_group *g)
         pthread_mutex_lock(&g->mu);
         for (j = list; j; j = next) {
             next = j->next;
-            if (j->rc == 0) {
+            if (j->notice && j->rc == 0) {
+                /* Its notice is told with the batch's; the job itself is spent. */
+                j->notice->next = g->batch->notices;
+                g->batch->notices = j->notice;
+                g->members++;
+                free(j);
+            } else if (j->notice) {
+                job_notify_locked(g, j);
+            } else if (j->rc == 0) {
                 j->state = JOB_IN_BATCH;
                 j->batch = g->batch;
                 j->next = g->batch->jobs;
@@ -1073,12 +1132,14 @@ static void batch_poke_locked(struct sq_group *g)
 {
     if (g->batch->jobs)
         job_wake_locked(g, g->batch->jobs);
+    if (g->batch->notices && g->runner_started)
+        g->wake_runner = 1;
     g->wake_batch = 1;
 }
 
 /*
  * Marks the writer free (g->mu held) and wakes whoever is to take it next: a caller queued for
- * it, the first queued job (to run the queue), or if nobody queues a member of the open batch
+ * it, whoever runs the queue (queue_wake_locked), or if nobody queues a member of the open batch
  * (to commit it).
  */
 static void writer_free_locked(struct sq_group *g)
@@ -1086,8 +1147,7 @@ static void writer_free_locked(struct sq_group *g)
     g->busy = 0;
     if (g->waiting > 0)
         g->wake_writer = 1;
-    if (g->jobs)
-        job_wake_locked(g, g->jobs);
+    queue_wake_locked(g);
     if (g->waiting == 0 && g->batch)
         batch_poke_locked(g);
 }
@@ -1355,8 +1415,8 @@ static int sq_write_run(struct idem_store *st, idem__tx_fn fn, void *arg, char *
             *pp = j.next;
             if (g->jobs_tail == &j.next)
                 g->jobs_tail = pp;
-            if (g->jobs && !g->busy) /* we were woken to run the queue: pass it on */
-                job_wake_locked(g, g->jobs);
+            if (!g->busy) /* we may have been woken to run the queue: pass it on */
+                queue_wake_locked(g);
             job_forget_locked(g, &j);
             group_unlock(g);
             job_end(&j);
@@ -1380,6 +1440,99 @@ static int sq_write_run(struct idem_store *st, idem__tx_fn fn, void *arg, char *
     group_unlock(g);
     job_end(&j);
     return rc;
+}
+
+/*
+ * The runner (write_run_async): while the writer is free, runs the queued jobs and commits the
+ * open batch its notices wait for; otherwise sleeps until queue_wake_locked() or
+ * batch_poke_locked() call it.  At the store's close it runs what is queued, then leaves.
+ */
+static void *runner_main(void *arg)
+{
+    struct sq_group *g = arg;
+
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        if (!g->busy && (g->jobs || (g->batch && g->batch->notices && g->waiting == 0))) {
+            g->busy = 1;
+            if (g->jobs)
+                jobs_run_locked(g);
+            if (g->writer)
+                writer_release_locked(g);
+            else
+                writer_free_locked(g);
+            continue;
+        }
+        if (group_flush_locked(g))
+            continue;
+        if (g->runner_stop)
+            break;
+        pthread_cond_wait(&g->runner_cv, &g->mu);
+    }
+    group_unlock(g);
+    return NULL;
+}
+
+static void runner_stop(struct sq_group *g)
+{
+    int started;
+
+    pthread_mutex_lock(&g->mu);
+    g->runner_stop = 1;
+    started = g->runner_started;
+    g->wake_runner = started;
+    group_unlock(g);
+    if (started)
+        pthread_join(g->runner, NULL);
+}
+
+/*
+ * write_run without a waiting thread: the job is queued with a notice, and `done` is told by
+ * whoever ran it (the writer's holder, or the runner) once its batch ends, or at once when it
+ * rolled back or failed -- never by this thread.
+ */
+static int sq_write_run_async(struct idem_store *st, idem__tx_fn fn, void *arg,
+                              idem__commit_done done, void *done_arg, char *err, size_t errlen)
+{
+    struct sq_group *g = st->backend;
+    struct sq_job *j = calloc(1, sizeof(*j));
+    struct sq_notice *n = calloc(1, sizeof(*n));
+
+    if (!j || !n) {
+        free(j);
+        free(n);
+        idem__fmt(err, errlen, "%s", idem_strerror(IDEM_ENOMEM));
+        return IDEM_ENOMEM;
+    }
+    j->fn = fn;
+    j->arg = arg;
+    j->notice = n;
+    n->done = done;
+    n->arg = done_arg;
+    pthread_mutex_lock(&g->mu);
+    if (g->runner_stop) {
+        pthread_mutex_unlock(&g->mu);
+        free(j);
+        free(n);
+        idem__fmt(err, errlen, "%s", "sqlite: the store is closing");
+        return IDEM_EUNAVAIL;
+    }
+    if (!g->runner_started) {
+        if (pthread_create(&g->runner, NULL, runner_main, g) != 0) {
+            pthread_mutex_unlock(&g->mu);
+            free(j);
+            free(n);
+            idem__fmt(err, errlen, "%s", "sqlite: cannot start the store's runner thread");
+            return IDEM_ENOMEM;
+        }
+        g->runner_started = 1;
+    }
+    *g->jobs_tail = j;
+    g->jobs_tail = &j->next;
+    if (!g->busy && g->jobs == j) /* else the writer's holder, or whoever is woken, runs it */
+        g->wake_runner = 1;
+    group_unlock(g);
+    return 0;
 }
 
 /* ---- migrations --------------------------------------------------------------------------- */
@@ -1501,5 +1654,6 @@ const struct idem_store_vtab idem__sqlite_vtab = {
     .write_rollback = sq_write_rollback,
     .write_commit_async = sq_write_commit_async,
     .write_run = sq_write_run,
+    .write_run_async = sq_write_run_async,
     .store_close = group_free,
 };

@@ -366,6 +366,32 @@ IDEM_API int idem_call_begin(struct idem_engine *eng, const struct idem_operatio
                              const unsigned char fp[IDEM_FP_LEN], struct idem_call **call,
                              enum idem_outcome *outcome);
 
+/* Told by idem_call_begin_async() how the claim ended. */
+typedef void (*idem_call_begun)(struct idem_call *call, int rc, enum idem_outcome outcome,
+                                void *arg);
+
+/*
+ * idem_call_begin() of a fresh key without blocking the calling thread (an event loop's), where
+ * that can be done: an operation with a claim_point, the replay cache on, and a store that runs
+ * a whole transaction without a thread waiting for it (SQLite; not PostgreSQL).
+ *
+ * Returns 1 when the claim is under way: `begun(call, rc, outcome, arg)` then runs once, on
+ * another thread (the store's), and must not block for long.  outcome EXECUTE: the claim is
+ * durable at op->claim_point, exactly as after idem_call_begin(); outcome NONE with rc 0: a
+ * record of the scope exists already, so ask idem_call_begin() (which may block) what it is;
+ * rc < 0: the claim failed (idem_call_errmsg() says why; answer 503, nothing ran).  The call is
+ * the caller's in every case, to end with idem_call_end().  Until `begun` runs, duplicates of
+ * this engine wait for the call as for any call in flight.
+ *
+ * Returns 0 when it cannot be done without blocking (the store or the operation does not allow
+ * it, the replay cache knows the key, or another call of this engine has it in flight): ask
+ * idem_call_begin().  IDEM_EINVAL, IDEM_ENOMEM, or a store failure otherwise (nothing ran).
+ */
+IDEM_API int idem_call_begin_async(struct idem_engine *eng, const struct idem_operation *op,
+                                   const char *principal, const char *key,
+                                   const unsigned char fp[IDEM_FP_LEN], idem_call_begun begun,
+                                   void *arg);
+
 /*
  * What the replay cache alone says of scope (principal, op->name, key) with fingerprint `fp`,
  * without the store and without waiting: for an event-loop thread, which must not block.
@@ -442,6 +468,21 @@ IDEM_API int idem_call_commit_async(struct idem_call *call, idem_call_done done,
 IDEM_API int idem_call_complete(struct idem_call *call, int status,
                                 const struct idem_header *headers, size_t nheaders,
                                 const void *body, size_t body_len);
+
+/*
+ * idem_call_complete() of a call with no phase open (a claim at op->claim_point, a resumed
+ * record) without blocking the calling thread: the completion is one whole transaction, which
+ * the store runs on a thread of its own.  `done(call, rc, arg)` runs once, on that thread, with
+ * rc as idem_call_complete() would return (0: durable, the response readable; IDEM_ELEASE: another
+ * owner took the lease over, nothing stored), and must not block for long.  Until then the call
+ * belongs to the engine.  Returns 0 when `done` will run, or a negative code when nothing was
+ * done (IDEM_ESTATE with a phase open, or once completed; `done` is not called).  A store that
+ * cannot run it without waiting (PostgreSQL) completes now and calls `done` before returning.
+ */
+IDEM_API int idem_call_complete_async(struct idem_call *call, int status,
+                                      const struct idem_header *headers, size_t nheaders,
+                                      const void *body, size_t body_len, idem_call_done done,
+                                      void *arg);
 
 /*
  * Writes the final response into the open phase's transaction and marks the record completed

@@ -2,10 +2,13 @@
  * gateway.h - what one idem-gateway process holds while it serves: the config, the store and the
  * engine over it, the upstream client, the principal verifier, one libidem operation per route,
  * the log and the metrics.  Made by serve.c, read by every request (proxy.c) and by the admin
- * listener (admin.c); nothing in it changes while requests run.
+ * listener (admin.c); nothing in it changes while requests run (steps_mu guards only what a
+ * request's store step hands back).
  */
 #ifndef IDEM_GATEWAY_GATEWAY_H
 #define IDEM_GATEWAY_GATEWAY_H
+
+#include <pthread.h>
 
 #include "idem/idem.h"
 
@@ -33,6 +36,13 @@ struct gateway {
     struct logger log;
     struct gw_metrics *metrics;
     struct http_server *public_server; /* the proxy's listener, for its counters in /metrics */
+    /*
+     * A fresh key's store steps run on the store's thread (proxy.c, "a fresh key on the event
+     * loop"); they hand their result to the request's loop under steps_mu, and steps_cv wakes
+     * a stop that waits for one.
+     */
+    pthread_mutex_t steps_mu;
+    pthread_cond_t steps_cv;
 };
 
 /*

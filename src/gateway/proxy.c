@@ -45,15 +45,24 @@ struct note {
     char principal[PRINCIPAL_MAX + 1];
     char key[IDEM_KEY_MAX + 1];
     unsigned char fp[IDEM_FP_LEN];
-    /* A passed-through answer too large to hold, for a worker to stream (its reply->rest). */
-    struct http_reply passed;
+    /*
+     * What the event loop hands a worker with the request (proxy_on_unpark): an answer too large
+     * to hold, passed through (its reply.rest, to stream); or a fresh key's exchange to settle,
+     * with its `call` (fresh_on_unpark).
+     */
+    struct http_reply reply;
+    struct idem_call *call;
+    enum http_fetch_result res;
+    int settled; /* the record holds the answer already: only relay it */
+    char err[300];
 };
 
 static void note_free(void *p)
 {
     struct note *n = p;
     route_match_clear(&n->m);
-    http_reply_clear(&n->passed);
+    http_reply_clear(&n->reply);
+    idem_call_end(n->call); /* only when the worker never ran */
     free(n);
 }
 
@@ -284,6 +293,35 @@ static void answer_lost(const struct gw_route *r, int timed_out, const char *err
     idem_answer_outcome_unknown(resp, timed_out ? 504 : 502, detail);
 }
 
+/* The answer's header fields as libidem takes them (borrowed from `ur`); free() the array. */
+static struct idem_header *reply_headers(const struct http_reply *ur)
+{
+    struct idem_header *h = xcalloc(ur->nheaders + 1, sizeof *h);
+
+    for (size_t i = 0; i < ur->nheaders; i++) {
+        h[i].name = ur->headers[i].name;
+        h[i].value = ur->headers[i].value;
+    }
+    return h;
+}
+
+static void log_unsettled(struct gateway *gw, const struct gw_route *r, int status,
+                          struct idem_call *call)
+{
+    log_msg(&gw->log, "error",
+            "%s: the upstream answered %d but the record could not be settled (%s); retries "
+            "will meet the unknown-outcome mode",
+            r->operation, status, idem_call_errmsg(call));
+}
+
+/* Whether settle() would store the whole answer as it is (no deletion, nothing too large). */
+static int stores_whole(const struct gw_route *r, enum http_fetch_result res,
+                        const struct http_reply *ur)
+{
+    return res == HTTP_FETCH_OK && storable(r, ur->status) && ur->rest == NULL &&
+           ur->body_len <= r->max_stored_body;
+}
+
 /*
  * Settles the record by the exchange's result and answers.  The upstream may have acted in every
  * case but HTTP_FETCH_NOT_SENT, so a failure to store is never turned into a deletion: the record
@@ -303,22 +341,15 @@ static void settle(struct gateway *gw, const struct note *n, struct idem_call *c
             rc = idem_call_forget(call);
         else if (ur->rest != NULL)
             rc = complete_not_stored(call, http_body_stream_length(ur->rest), r->max_stored_body);
-        else if (ur->body_len > r->max_stored_body)
+        else if (!stores_whole(r, res, ur))
             rc = complete_not_stored(call, ur->body_len, 0);
         else {
-            struct idem_header *h = xcalloc(ur->nheaders + 1, sizeof *h);
-            for (size_t i = 0; i < ur->nheaders; i++) {
-                h[i].name = ur->headers[i].name;
-                h[i].value = ur->headers[i].value;
-            }
+            struct idem_header *h = reply_headers(ur);
             rc = idem_call_complete(call, ur->status, h, ur->nheaders, ur->body, ur->body_len);
             free(h);
         }
         if (rc < 0)
-            log_msg(&gw->log, "error",
-                    "%s: the upstream answered %d but the record could not be settled (%s); "
-                    "retries will meet the unknown-outcome mode",
-                    r->operation, ur->status, idem_call_errmsg(call));
+            log_unsettled(gw, r, ur->status, call);
         relay(ur, resp);
         return;
     case HTTP_FETCH_TOO_LARGE:
@@ -395,6 +426,18 @@ static void stream_rest(struct gateway *gw, const struct request *rq, const char
     strbuf_release(&piece);
 }
 
+/* settle(), then the rest of an answer too large to hold, to the client (on a worker). */
+static void settle_and_stream(struct gateway *gw, const struct request *rq, const struct note *n,
+                              struct idem_call *call, enum http_fetch_result res,
+                              struct http_reply *ur, const char *err, struct response *resp)
+{
+    settle(gw, n, call, res, ur, err, resp);
+    /* Unless the answer could not be passed on (relay() made it a 502), the rest follows. */
+    if (ur->rest != NULL && resp->status == ur->status)
+        stream_rest(gw, rq, n->m.route->operation, ur->rest, resp);
+    http_reply_clear(ur);
+}
+
 static void forward_and_settle(struct gateway *gw, const struct request *rq, const struct note *n,
                                struct idem_call *call, struct response *resp)
 {
@@ -403,11 +446,7 @@ static void forward_and_settle(struct gateway *gw, const struct request *rq, con
     enum http_fetch_result res;
 
     res = exchange(gw, rq, n, rq->method, rq->target, 1, 1, &ur, err, sizeof err);
-    settle(gw, n, call, res, &ur, err, resp);
-    /* Unless the answer could not be passed on (relay() made it a 502), the rest follows. */
-    if (ur.rest != NULL && resp->status == ur.status)
-        stream_rest(gw, rq, n->m.route->operation, ur.rest, resp);
-    http_reply_clear(&ur);
+    settle_and_stream(gw, rq, n, call, res, &ur, err, resp);
 }
 
 /* ---- unknown outcomes --------------------------------------------------------------------- */
@@ -676,20 +715,33 @@ static void answer_passed(enum http_fetch_result res, struct http_reply *ur, con
     }
 }
 
-/*
- * What a request parked on the event loop waits for: the first request of its key (a duplicate,
- * woken by its watch), or its own exchange with the upstream (a request passed through).
- */
+/* What a request parked on the event loop waits for. */
+enum park_step {
+    PARK_WATCH,    /* a duplicate: the first request of its key, woken by its watch */
+    PARK_PASS,     /* a request passed through: its exchange with the upstream */
+    PARK_CLAIM,    /* a fresh key: its claim's commit (the store's thread) */
+    PARK_FORWARD,  /* a fresh key, claimed: its exchange with the upstream */
+    PARK_COMPLETE, /* a fresh key, answered: the commit of its record's completion */
+};
+
 struct parked {
     struct gateway *gw;
-    int forwarding;           /* 1: an exchange; 0: a duplicate's watch */
-    struct idem_watch *watch; /* a duplicate's */
+    enum park_step step;
+    struct idem_watch *watch; /* PARK_WATCH's */
     struct http_fetch *fetch; /* the exchange, until it ends */
     void *token;
-    int ended;
+    int ended; /* the exchange ended (on the loop) */
     enum http_fetch_result res;
     struct http_reply reply;
     char err[300];
+    /* A fresh key's. */
+    struct idem_call *call;
+    int64_t since_ns;    /* the claim began (idem_gateway_store_seconds) */
+    int64_t deadline_ms; /* PARK_FORWARD: when it gives up on the upstream (monotonic) */
+    /* The store's step ended: written by the store's thread, under gw->steps_mu. */
+    int stored;
+    int store_rc;
+    enum idem_outcome outcome;
 };
 
 /* The exchange of a request passed through ended (on its loop): wake the request. */
@@ -714,6 +766,25 @@ static void forwarded_done(void *arg, enum http_fetch_result res, struct http_re
  * answers.  The server always offers a park to on_loop, and on_loop runs on a loop thread, so
  * the exchange can always start there.
  */
+static enum http_loop_verdict park_again(struct parked *pk, struct http_park *park, int timeout_ms)
+{
+    park->data = pk;
+    park->timeout_ms = timeout_ms > 0 ? timeout_ms : 1;
+    return HTTP_LOOP_PARKED;
+}
+
+/*
+ * How long a request parked for its exchange waits at most: the exchange ends by itself within
+ * the upstream's timeouts, so this is a backstop.  Sets pk->deadline_ms.
+ */
+static int upstream_backstop(const struct gateway *gw, struct parked *pk)
+{
+    int ms = gw->cfg->upstream_connect_timeout_ms + gw->cfg->upstream_timeout_ms + 5000;
+
+    pk->deadline_ms = mono_ns() / 1000000 + ms;
+    return ms;
+}
+
 static enum http_loop_verdict pass_on_loop(struct gateway *gw, const struct request *rq,
                                            const struct note *n, struct http_park *park,
                                            struct response *resp)
@@ -723,20 +794,227 @@ static enum http_loop_verdict pass_on_loop(struct gateway *gw, const struct requ
     int rc;
 
     pk->gw = gw;
-    pk->forwarding = 1;
+    pk->step = PARK_PASS;
     pk->token = park->token;
     forwarded_build(rq, n, rq->method, rq->target, 1, &f);
-    rc = upstream_start(gw->upstream, &f.urq, forwarded_done, pk, &pk->fetch);
+    rc = upstream_start(gw->upstream, &f.urq, 0, forwarded_done, pk, &pk->fetch);
     forwarded_release(&f);
     if (rc != 0) {
         free(pk);
         response_problem(resp, 500, "internal-error", "The request could not be forwarded.");
         return HTTP_LOOP_ANSWERED;
     }
-    park->data = pk;
     /* The exchange ends by itself within its timeouts; this is only a backstop. */
-    park->timeout_ms = gw->cfg->upstream_connect_timeout_ms + gw->cfg->upstream_timeout_ms + 5000;
-    return HTTP_LOOP_PARKED;
+    return park_again(pk, park, upstream_backstop(gw, pk));
+}
+
+/* ---- a fresh key on the event loop ------------------------------------------------------
+ *
+ * Where the store can claim without a thread waiting for it (SQLite), a fresh key never takes a
+ * worker: the loop asks for the claim (idem_call_begin_async) and parks the request; the store's
+ * thread wakes it once the claim is durable at "forwarded"; the loop forwards it (upstream_start)
+ * and parks it again; once the answer is in, the loop asks for the completion
+ * (idem_call_complete_async) and parks it a last time; the completion durable, it answers.  Every
+ * other turn -- a claim that finds a record, an answer that is not stored whole, a completion
+ * that fails -- hands the request and its call to a worker, which settles it the blocking way.
+ */
+
+/* Rechecks a parked fresh key's store step this long after it began: it always ends by itself. */
+#define STEP_CHECK_MS 10000
+
+/* A store step ended, on the store's thread: hand its result to the request's loop. */
+static void step_done(struct parked *pk, struct idem_call *call, int rc, enum idem_outcome outcome)
+{
+    struct gateway *gw = pk->gw;
+
+    pthread_mutex_lock(&gw->steps_mu);
+    pk->call = call;
+    pk->store_rc = rc;
+    pk->outcome = outcome;
+    pk->stored = 1;
+    /*
+     * Sent under the mutex: once the loop reads `stored` the wake-up is queued, so the
+     * connection is not freed while a wake-up is still on its way to it.
+     */
+    http_server_unpark(pk->token);
+    pthread_cond_broadcast(&gw->steps_cv);
+    pthread_mutex_unlock(&gw->steps_mu);
+}
+
+static void claim_done(struct idem_call *call, int rc, enum idem_outcome outcome, void *arg)
+{
+    step_done(arg, call, rc, outcome);
+}
+
+static void complete_done(struct idem_call *call, int rc, void *arg)
+{
+    step_done(arg, call, rc, IDEM_OUTCOME_NONE);
+}
+
+/* Whether the store step ended; with `wait`, once it has (a stop: nothing else runs). */
+static int step_ended(struct gateway *gw, struct parked *pk, int wait)
+{
+    int ended;
+
+    pthread_mutex_lock(&gw->steps_mu);
+    while (wait && !pk->stored)
+        pthread_cond_wait(&gw->steps_cv, &gw->steps_mu);
+    ended = pk->stored;
+    pthread_mutex_unlock(&gw->steps_mu);
+    return ended;
+}
+
+/*
+ * Hands a fresh key's request to a worker (proxy_handle) with its call and its exchange's end,
+ * to settle there.
+ */
+static enum http_loop_verdict to_worker(struct note *n, struct parked *pk, int settled)
+{
+    n->call = pk->call;
+    n->res = pk->res;
+    n->reply = pk->reply;
+    n->settled = settled;
+    snprintf(n->err, sizeof n->err, "%s", pk->err);
+    free(pk);
+    return HTTP_LOOP_WORKER;
+}
+
+static enum http_loop_verdict fresh_on_loop(struct gateway *gw, const struct note *n,
+                                            const struct idem_operation *op, struct http_park *park,
+                                            struct response *resp)
+{
+    struct parked *pk = xcalloc(1, sizeof *pk);
+    int rc;
+
+    pk->gw = gw;
+    pk->step = PARK_CLAIM;
+    pk->token = park->token;
+    pk->since_ns = mono_ns();
+    rc = idem_call_begin_async(gw->engine, op, n->principal, n->key, n->fp, claim_done, pk);
+    if (rc == 1)
+        return park_again(pk, park, STEP_CHECK_MS);
+    free(pk);
+    if (rc == 0)
+        return HTTP_LOOP_WORKER; /* a record may exist, or the store cannot: the blocking way */
+    log_msg(&gw->log, "error", "%s: cannot begin: %s", op->name, idem_err_name(rc));
+    idem_answer_unavailable(resp, "The idempotency store cannot be reached; nothing was sent "
+                                  "upstream. Retry.");
+    return HTTP_LOOP_ANSWERED;
+}
+
+/* The claim is durable: forward the request. */
+static enum http_loop_verdict fresh_forward(struct gateway *gw, const struct request *rq,
+                                            struct note *n, struct parked *pk,
+                                            struct http_park *park)
+{
+    struct forwarded f;
+    int rc;
+
+    pk->step = PARK_FORWARD;
+    forwarded_build(rq, n, rq->method, rq->target, 1, &f);
+    /* As the blocking way does: an answer over the store's cap streams through. */
+    rc = upstream_start(gw->upstream, &f.urq, n->m.route->max_stored_body, forwarded_done, pk,
+                        &pk->fetch);
+    forwarded_release(&f);
+    if (rc != 0) { /* (only off a loop thread) nothing was sent: the worker releases the record */
+        pk->res = HTTP_FETCH_NOT_SENT;
+        snprintf(pk->err, sizeof pk->err, "%s", "the request could not be forwarded");
+        return to_worker(n, pk, 0);
+    }
+    return park_again(pk, park, upstream_backstop(gw, pk));
+}
+
+/* The answer is in: store it without a worker when it is stored whole, else settle on one. */
+static enum http_loop_verdict fresh_settle(struct gateway *gw, struct note *n, struct parked *pk,
+                                           struct http_park *park)
+{
+    const struct gw_route *r = n->m.route;
+    struct idem_header *h;
+    int rc;
+
+    if (!stores_whole(r, pk->res, &pk->reply))
+        return to_worker(n, pk, 0);
+    h = reply_headers(&pk->reply);
+    pthread_mutex_lock(&gw->steps_mu);
+    pk->stored = 0;
+    pthread_mutex_unlock(&gw->steps_mu);
+    pk->step = PARK_COMPLETE;
+    rc = idem_call_complete_async(pk->call, pk->reply.status, h, pk->reply.nheaders, pk->reply.body,
+                                  pk->reply.body_len, complete_done, pk);
+    free(h);
+    if (rc == 0)
+        return park_again(pk, park, STEP_CHECK_MS);
+    log_unsettled(gw, r, pk->reply.status, pk->call);
+    return to_worker(n, pk, 1); /* the worker relays the answer and ends the call */
+}
+
+/* The request was woken (or timed out) at one of a fresh key's steps. */
+static enum http_loop_verdict fresh_on_unpark(struct gateway *gw, const struct request *rq,
+                                              struct note *n, struct parked *pk,
+                                              struct http_park *park, struct response *resp)
+{
+    const struct gw_route *r = n->m.route;
+
+    if ((pk->step == PARK_CLAIM || pk->step == PARK_COMPLETE) && !step_ended(gw, pk, !park))
+        return park_again(pk, park, STEP_CHECK_MS); /* a wake-up from an earlier park */
+    switch (pk->step) {
+    case PARK_CLAIM:
+        gw_metrics_store(gw->metrics, (double)(mono_ns() - pk->since_ns) / 1e9);
+        if (pk->store_rc < 0) {
+            log_msg(&gw->log, "error", "%s: cannot begin: %s", r->operation,
+                    idem_call_errmsg(pk->call));
+            idem_call_end(pk->call);
+            free(pk);
+            idem_answer_unavailable(resp, "The idempotency store cannot be reached; nothing was "
+                                          "sent upstream. Retry.");
+            return HTTP_LOOP_ANSWERED;
+        }
+        if (pk->outcome != IDEM_OUTCOME_EXECUTE || !park) {
+            /* A record exists: the blocking way reads it.  At the stop: nothing was sent. */
+            if (pk->outcome == IDEM_OUTCOME_EXECUTE)
+                (void)idem_call_forget(pk->call);
+            idem_call_end(pk->call);
+            free(pk);
+            return HTTP_LOOP_WORKER;
+        }
+        return fresh_forward(gw, rq, n, pk, park);
+    case PARK_FORWARD:
+        if (!pk->ended) {
+            int64_t left = pk->deadline_ms - mono_ns() / 1000000;
+            if (park && left > 0)
+                return park_again(pk, park, (int)left); /* a stop's turn, or an early wake-up */
+            http_fetch_cancel(pk->fetch);               /* no wake-up can come after this */
+            pk->fetch = NULL;
+            pk->res = HTTP_FETCH_UNKNOWN;
+            pk->reply.timed_out = 1;
+            snprintf(pk->err, sizeof pk->err, "%s", "the upstream did not answer in time");
+        }
+        if (!park) { /* the stop: settle it here, the blocking way */
+            struct idem_call *call = pk->call;
+            settle(gw, n, call, pk->res, &pk->reply, pk->err, resp);
+            http_reply_clear(&pk->reply);
+            idem_call_end(call);
+            free(pk);
+            return HTTP_LOOP_ANSWERED;
+        }
+        return fresh_settle(gw, n, pk, park);
+    case PARK_COMPLETE:
+        if (pk->store_rc < 0) {
+            log_unsettled(gw, r, pk->reply.status, pk->call);
+            return to_worker(n, pk, 1); /* ending a call that holds a lease may block */
+        }
+        resp->outcome = "executed";
+        relay(&pk->reply, resp);
+        http_reply_clear(&pk->reply);
+        idem_call_end(pk->call);
+        free(pk);
+        return HTTP_LOOP_ANSWERED;
+    default:
+        break;
+    }
+    free(pk);
+    response_problem(resp, 500, "internal-error", "A parked request was lost.");
+    return HTTP_LOOP_ANSWERED;
 }
 
 static enum http_loop_verdict proxy_on_loop(void *ctx, const struct request *rq,
@@ -761,11 +1039,12 @@ static enum http_loop_verdict proxy_on_loop(void *ctx, const struct request *rq,
                             &watch) == 1) {
         struct parked *pk = xcalloc(1, sizeof *pk);
         pk->watch = watch;
+        pk->step = PARK_WATCH;
         park->data = pk;
         park->timeout_ms = (int)op->wait_ms;
         return HTTP_LOOP_PARKED;
     }
-    return HTTP_LOOP_WORKER;
+    return fresh_on_loop(gw, n, op, park, resp);
 }
 
 /*
@@ -773,23 +1052,30 @@ static enum http_loop_verdict proxy_on_loop(void *ctx, const struct request *rq,
  * upstream's answer; a duplicate asks the cache, else goes to a worker, which waits what is left.
  */
 static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *rq,
-                                              struct response *resp, void *data, int timed_out)
+                                              struct response *resp, void *data, int timed_out,
+                                              struct http_park *park)
 {
     struct gateway *gw = ctx;
     struct note *n = rq->note;
     struct parked *pk = data;
     enum http_loop_verdict v = HTTP_LOOP_WORKER;
 
-    (void)timed_out;
-    if (pk->forwarding) {
+    (void)timed_out; /* each step knows what it waits for, and its own deadline */
+    switch (pk->step) {
+    case PARK_CLAIM:
+    case PARK_FORWARD:
+    case PARK_COMPLETE:
+        return fresh_on_unpark(gw, rq, n, pk, park, resp);
+    case PARK_PASS:
+        if (!pk->ended && park && pk->deadline_ms > mono_ns() / 1000000)
+            return park_again(pk, park, (int)(pk->deadline_ms - mono_ns() / 1000000));
         if (!pk->ended) {
             http_fetch_cancel(pk->fetch); /* no wake-up can come after this */
             resp->outcome = "passed";
             response_problem(resp, 504, "upstream-timeout", "The upstream did not answer in time.");
         } else if (pk->reply.rest != NULL && n != NULL) {
             /* Too large to hold: a worker streams it (proxy_handle), the loop must not block. */
-            n->passed = pk->reply;
-            memset(&pk->reply, 0, sizeof pk->reply);
+            n->reply = pk->reply;
             free(pk);
             return HTTP_LOOP_WORKER;
         } else {
@@ -797,7 +1083,8 @@ static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *r
         }
         http_reply_clear(&pk->reply);
         v = HTTP_LOOP_ANSWERED;
-    } else {
+        break;
+    case PARK_WATCH:
         idem_watch_end(pk->watch);
         if (idem_answer_lookup(gw->engine, gateway_op(gw, n->m.route), n->principal, n->key, n->fp,
                                resp)) {
@@ -805,6 +1092,7 @@ static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *r
                 resp->outcome = "waited";
             v = HTTP_LOOP_ANSWERED;
         }
+        break;
     }
     free(pk);
     return v;
@@ -821,12 +1109,26 @@ static void proxy_handle(void *ctx, const struct request *rq, struct response *r
     int64_t t0;
     int rc;
 
-    if (n && n->passed.rest) {
+    if (n && n->call) {
+        /* A fresh key the loop claimed and forwarded (fresh_on_unpark): settle it here. */
+        call = n->call;
+        n->call = NULL;
+        if (n->settled) {
+            resp->outcome = "executed";
+            relay(&n->reply, resp);
+            http_reply_clear(&n->reply);
+        } else {
+            settle_and_stream(gw, rq, n, call, n->res, &n->reply, n->err, resp);
+        }
+        idem_call_end(call);
+        return;
+    }
+    if (n && n->reply.rest) {
         /* A request passed through whose answer is too large to hold (proxy_on_unpark). */
         resp->outcome = "passed";
-        if (relay(&n->passed, resp) == 0)
-            stream_rest(gw, rq, "a request passed through", n->passed.rest, resp);
-        http_reply_clear(&n->passed);
+        if (relay(&n->reply, resp) == 0)
+            stream_rest(gw, rq, "a request passed through", n->reply.rest, resp);
+        http_reply_clear(&n->reply);
         return;
     }
     /* on_loop passed every other request through itself, and prepared this one. */

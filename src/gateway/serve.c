@@ -97,6 +97,8 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     int rc;
 
     memset(&gw, 0, sizeof gw);
+    pthread_mutex_init(&gw.steps_mu, NULL);
+    pthread_cond_init(&gw.steps_cv, NULL);
     memset(&sw, 0, sizeof sw);
     stop_signals_block(&stop_signals); /* before any thread, so every thread inherits it */
     gw.cfg = cfg;
@@ -178,6 +180,8 @@ out:
     principal_verifier_free(gw.principals);
     gw_metrics_free(gw.metrics);
     free(gw.ops);
+    pthread_cond_destroy(&gw.steps_cv);
+    pthread_mutex_destroy(&gw.steps_mu);
     idem_free(errmsg);
     if (status == 0)
         log_msg(&gw.log, "info", "stopped");

@@ -338,14 +338,14 @@ out:
     return res;
 }
 
-int upstream_start(struct upstream *up, const struct upstream_request *rq, http_fetch_done done,
-                   void *arg, struct http_fetch **fetch)
+int upstream_start(struct upstream *up, const struct upstream_request *rq, size_t hold_max,
+                   http_fetch_done done, void *arg, struct http_fetch **fetch)
 {
     struct strbuf head = STRBUF_INIT;
     int rc;
 
     build_head(up, rq, &head);
-    rc = http_fetch_start(up->async, head.buf, head.len, rq->body, rq->body_len,
+    rc = http_fetch_start(up->async, head.buf, head.len, rq->body, rq->body_len, hold_max,
                           (strcmp(rq->method, "HEAD") == 0 ? HTTP_FETCH_HEAD : 0) |
                               HTTP_FETCH_MAY_STREAM,
                           done, arg, fetch);

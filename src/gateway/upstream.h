@@ -59,10 +59,11 @@ enum http_fetch_result upstream_exchange(struct upstream *up, const struct upstr
 
 /*
  * The same exchange started from an event-loop thread without blocking it (http_fetch_start):
- * `done` runs on that loop when it ends.  An answer over max_response_bytes comes with
- * reply->rest, for a worker to stream.  Returns 0 with *fetch, or -1 off a loop thread.
+ * `done` runs on that loop when it ends.  An answer over `hold_max` bytes (0: the upstream's
+ * max_response_bytes) comes with reply->rest, for a worker to stream.  Returns 0 with *fetch,
+ * or -1 off a loop thread.
  */
-int upstream_start(struct upstream *up, const struct upstream_request *rq, http_fetch_done done,
-                   void *arg, struct http_fetch **fetch);
+int upstream_start(struct upstream *up, const struct upstream_request *rq, size_t hold_max,
+                   http_fetch_done done, void *arg, struct http_fetch **fetch);
 
 #endif /* IDEM_GATEWAY_UPSTREAM_H */

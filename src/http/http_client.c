@@ -379,6 +379,7 @@ struct http_fetch {
     char *out; /* head and body */
     size_t out_len;
     unsigned flags; /* HTTP_FETCH_* */
+    size_t hold_max;
     int64_t start_ns;
 };
 
@@ -641,8 +642,7 @@ static void send_on(struct fconn *c)
     int rc;
 
     http_reply_reader_release(&c->rr);
-    http_reply_reader_init(&c->rr, c->pool->cl->opts.max_response_bytes,
-                           (f->flags & HTTP_FETCH_HEAD) != 0);
+    http_reply_reader_init(&c->rr, f->hold_max, (f->flags & HTTP_FETCH_HEAD) != 0);
     if (f->flags & HTTP_FETCH_MAY_STREAM)
         http_reply_reader_allow_stream(&c->rr);
     f->start_ns = mono_ns();
@@ -701,8 +701,8 @@ static struct fconn *take_idle(struct loop_pool *p)
 }
 
 int http_fetch_start(struct http_client *cl, const char *head, size_t head_len, const char *body,
-                     size_t body_len, unsigned flags, http_fetch_done done, void *arg,
-                     struct http_fetch **fetch)
+                     size_t body_len, size_t hold_max, unsigned flags, http_fetch_done done,
+                     void *arg, struct http_fetch **fetch)
 {
     uv_loop_t *loop = http_loop_current();
     struct loop_pool *p;
@@ -720,6 +720,7 @@ int http_fetch_start(struct http_client *cl, const char *head, size_t head_len, 
     f->done = done;
     f->arg = arg;
     f->flags = flags;
+    f->hold_max = hold_max ? hold_max : cl->opts.max_response_bytes;
     f->out_len = head_len + body_len;
     f->out = xmalloc(f->out_len + 1);
     memcpy(f->out, head, head_len);

@@ -183,15 +183,16 @@ typedef void (*http_fetch_done)(void *arg, enum http_fetch_result res, struct ht
 
 /*
  * Sends `head` (the whole request head, CRLFs included) and `body` (both copied) and calls `done`
- * when the exchange ends.  Only on an event-loop thread of an HTTP server; never blocks.  With
- * HTTP_FETCH_MAY_STREAM, an answer whose body is over max_response_bytes ends the exchange as
- * HTTP_FETCH_OK with reply->rest: the rest of the body is for a thread that may block to read.
- * Returns 0 with *fetch (for http_fetch_cancel, valid until `done` runs), or -1 off a loop
- * thread.
+ * when the exchange ends.  Only on an event-loop thread of an HTTP server; never blocks.  An
+ * answer whose body is over `hold_max` bytes (0: max_response_bytes) is HTTP_FETCH_TOO_LARGE --
+ * unless HTTP_FETCH_MAY_STREAM: then the exchange ends, as soon as the head is in and the body
+ * is known to be over it, as HTTP_FETCH_OK with reply->rest: the rest of the body is for a
+ * thread that may block to read.  Returns 0 with *fetch (for http_fetch_cancel, valid until
+ * `done` runs), or -1 off a loop thread.
  */
 int http_fetch_start(struct http_client *cl, const char *head, size_t head_len, const char *body,
-                     size_t body_len, unsigned flags, http_fetch_done done, void *arg,
-                     struct http_fetch **fetch);
+                     size_t body_len, size_t hold_max, unsigned flags, http_fetch_done done,
+                     void *arg, struct http_fetch **fetch);
 
 /* Ends an exchange that has not called `done` yet; `done` is then never called. */
 void http_fetch_cancel(struct http_fetch *fetch);

@@ -1042,6 +1042,17 @@ static int head_arrived(struct conn *c)
     return act_on_head(c, v, 0);
 }
 
+/*
+ * Parks the request (its reading stopped) as `park` says, until woken or its timeout: at least a
+ * millisecond, so that a request parked again by on_tick's pass is not met again in that pass.
+ */
+static void park_request(struct conn *c, const struct http_park *park)
+{
+    c->park_data = park->data;
+    set_state(c, CONN_PARKED);
+    c->park_deadline = c->since + (uint64_t)(park->timeout_ms > 1 ? park->timeout_ms : 1);
+}
+
 /* The whole request is in: answer it on the loop, or give it to a worker. */
 static void request_complete(struct conn *c)
 {
@@ -1058,9 +1069,7 @@ static void request_complete(struct conn *c)
         v = o->on_loop(o->ctx, rq, &c->resp, &park);
     if (v == HTTP_LOOP_PARKED && o->on_unpark != NULL) {
         stop_reading(c);
-        c->park_data = park.data;
-        set_state(c, CONN_PARKED);
-        c->park_deadline = c->since + (uint64_t)(park.timeout_ms > 0 ? park.timeout_ms : 0);
+        park_request(c, &park);
         return;
     }
     dispatch(c, v, keep);
@@ -1086,6 +1095,7 @@ static void unpark(struct conn *c, int timed_out)
 {
     const struct http_server_options *o = &c->lp->srv->opts;
     const struct request *rq = request_parser_request(&c->rp);
+    struct http_park park = {.token = c};
     void *data = c->park_data;
     enum http_loop_verdict v;
 
@@ -1093,8 +1103,12 @@ static void unpark(struct conn *c, int timed_out)
     c->rp.rq.parked_ms += (long)(uv_now(&c->lp->uv) - c->since);
     response_clear(&c->resp);
     response_init(&c->resp);
-    v = o->on_unpark(o->ctx, rq, &c->resp, data, timed_out);
-    dispatch(c, v == HTTP_LOOP_ANSWERED ? v : HTTP_LOOP_WORKER, request_parser_keep_alive(&c->rp));
+    v = o->on_unpark(o->ctx, rq, &c->resp, data, timed_out, &park);
+    if (v == HTTP_LOOP_PARKED) {
+        park_request(c, &park);
+        return;
+    }
+    dispatch(c, v, request_parser_keep_alive(&c->rp));
 }
 
 void http_server_complete(void *completion)
@@ -1416,8 +1430,9 @@ static void begin_stop(struct http_loop *lp)
         conn_close(c);
     while ((c = lp->head[state_list[CONN_FRESH]]) != NULL)
         conn_close(c);
-    while ((c = lp->head[LIST_PARKED]) != NULL)
-        unpark(c, 1);
+    /* Each is told once per turn: one parked again goes to the list's end. */
+    for (int n = atomic_load(&lp->in_state[CONN_PARKED]); n > 0 && lp->head[LIST_PARKED]; n--)
+        unpark(lp->head[LIST_PARKED], 1);
 }
 
 static void on_before_wait(uv_prepare_t *h)
@@ -1810,7 +1825,7 @@ void http_server_stop(struct http_server *srv)
             struct conn *c = lp->head[LIST_PARKED];
 
             srv->opts.on_unpark(srv->opts.ctx, request_parser_request(&c->rp), &c->resp,
-                                c->park_data, 1);
+                                c->park_data, 1, NULL);
             c->park_data = NULL;
             set_state(c, CONN_WORKING);
         }

@@ -10,7 +10,8 @@
  * A program can look at the head before any body byte is kept (on_head: orderd checks the bearer
  * token there), can answer on the loop without a hand-off (on_loop: replays from memory), and can
  * park a request on the loop, holding no thread, until another thread wakes it (a duplicate waits
- * for the first request of its key: http_server_unpark).
+ * for the first request of its key: http_server_unpark), as many times as its work has steps
+ * (idem-gateway: the claim's commit, the upstream's answer, the completion's commit).
  *
  * Handlers never see libuv or http-parser; they read the request through the accessors below and
  * fill a struct response (response.h).
@@ -153,11 +154,15 @@ struct http_server_options {
                                       struct http_park *park);
     /*
      * Needed when on_loop parks.  On the loop thread, when the parked request was woken or (with
-     * timed_out 1) its timeout passed, or the server stops: answers, or hands it to `handle`
-     * (HTTP_LOOP_PARKED is taken as HTTP_LOOP_WORKER).  `data` is what on_loop left in the park.
+     * timed_out 1) its timeout passed, or the server stops: answers, hands it to `handle`, or
+     * parks it again (fills `park` as on_loop does: the next step of its work, or a wake that
+     * came early).  `data` is what the last park left.  While the server stops, a parked
+     * request is told timed_out 1 on each turn of its loop; once the loops have ended it is told
+     * one last time with `park` NULL: it must end its wait then (block if it must: nothing else
+     * runs), and the verdict is ignored.
      */
     enum http_loop_verdict (*on_unpark)(void *ctx, const struct request *rq, struct response *resp,
-                                        void *data, int timed_out);
+                                        void *data, int timed_out, struct http_park *park);
     /*
      * May be NULL.  Told of each response once it is queued, with the time since the request
      * began: the request log and the metrics.  Called on a loop thread; not called for a dropped

@@ -1210,6 +1210,144 @@ static void test_claim_point(struct idem_engine *eng, struct idem_store *st)
     idem_engine_free(nocache);
 }
 
+/*
+ * A fresh key claimed and completed without a waiting thread (idem_call_begin_async,
+ * idem_call_complete_async: the gateway's event loop).  On SQLite each step runs on the store's
+ * own thread and tells its callback once durable; duplicates see the claim in flight meanwhile;
+ * an existing record sends the caller the blocking way; a completion after a takeover is fenced.
+ * PostgreSQL cannot claim without a waiting thread: begin_async declines, and complete_async
+ * completes before it returns.
+ */
+struct async_step {
+    atomic_int done;
+    struct idem_call *call;
+    int rc;
+    enum idem_outcome outcome;
+    pthread_t thread;
+};
+
+static void async_begun(struct idem_call *call, int rc, enum idem_outcome outcome, void *arg)
+{
+    struct async_step *a = arg;
+    a->call = call;
+    a->rc = rc;
+    a->outcome = outcome;
+    a->thread = pthread_self();
+    atomic_store(&a->done, 1);
+}
+
+static void async_completed(struct idem_call *call, int rc, void *arg)
+{
+    async_begun(call, rc, IDEM_OUTCOME_NONE, arg);
+}
+
+/* Waits up to 5 s for the step's callback; returns whether it came. */
+static int async_wait(struct async_step *a)
+{
+    for (int i = 0; i < 5000 && !atomic_load(&a->done); i++)
+        sleep_ms(1);
+    return atomic_load(&a->done);
+}
+
+static void test_begin_async(struct idem_engine *eng, struct idem_store *st)
+{
+    static const struct idem_operation short_op = {
+        .name = "contract.point", .lease_ms = 50, .wait_ms = 10, .claim_point = "forwarded"};
+    struct idem_engine_options o = {.replay_cache_bytes = IDEM_REPLAY_CACHE_OFF};
+    struct idem_engine *nocache = NULL, *fresh = NULL;
+    struct idem_record_info info;
+    struct idem_call *call = NULL, *heir = NULL, *dup = NULL;
+    struct async_step a;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+    const int sqlite = strcmp(store_kind, "sqlite") == 0;
+
+    CHECK_INT(idem_engine_new(st, &o, &nocache), 0);
+    CHECK_INT(idem_engine_new(st, NULL, &fresh), 0);
+    fp_of("{\"async\":1}", fp);
+
+    if (!sqlite) {
+        memset(&a, 0, sizeof a);
+        CHECK_INT(idem_call_begin_async(eng, &point_op, "alice", "async-one", fp, async_begun, &a),
+                  0);
+        CHECK_INT(atomic_load(&a.done), 0);
+        CHECK_INT(idem_call_begin(eng, &point_op, "alice", "async-one", fp, &call, &oc), 0);
+        CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+        CHECK_INT(idem_call_complete_async(call, 201, NULL, 0, "one", 3, async_completed, &a), 0);
+        CHECK_INT(atomic_load(&a.done), 1); /* before it returned */
+        CHECK(pthread_equal(a.thread, pthread_self()));
+        CHECK_INT(a.rc, 0);
+        idem_call_end(call);
+        expect_replay(nocache, &point_op, "async-one", fp, 201, "one");
+        goto out;
+    }
+
+    /* The claim: durable at the point when the callback runs, on the store's thread. */
+    memset(&a, 0, sizeof a);
+    CHECK_INT(idem_call_begin_async(eng, &point_op, "alice", "async-one", fp, async_begun, &a), 1);
+    /* In flight from the start: a second asynchronous claim declines, for the blocking way. */
+    CHECK_INT(idem_call_begin_async(eng, &point_op, "alice", "async-one", fp, async_begun, &a), 0);
+    CHECK(async_wait(&a));
+    CHECK(!pthread_equal(a.thread, pthread_self()));
+    CHECK_INT(a.rc, 0);
+    CHECK_INT(a.outcome, IDEM_OUTCOME_EXECUTE);
+    call = a.call;
+    CHECK(idem_call_tx(call) == NULL);
+    CHECK_STR(idem_call_recovery_point(call), "forwarded");
+    CHECK_INT(idem_record_inspect(nocache, "alice", "contract.point", "async-one", &info), 0);
+    CHECK_INT(info.found, 1);
+    CHECK_INT(info.completed, 0);
+    CHECK_STR(info.recovery_point, "forwarded");
+    CHECK_INT(idem_call_begin(nocache, &short_op, "alice", "async-one", fp, &dup, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_IN_PROGRESS);
+    idem_call_end(dup);
+
+    /* The completion: durable, and the call's response, when its callback runs. */
+    memset(&a, 0, sizeof a);
+    CHECK_INT(idem_call_complete_async(call, 201, NULL, 0, "one", 3, async_completed, &a), 0);
+    CHECK(async_wait(&a));
+    CHECK(!pthread_equal(a.thread, pthread_self()));
+    CHECK_INT(a.rc, 0);
+    CHECK_INT(idem_call_response_status(call), 201);
+    CHECK_INT(idem_call_complete_async(call, 201, NULL, 0, "again", 5, async_completed, &a),
+              IDEM_ESTATE);
+    idem_call_end(call);
+    expect_replay(nocache, &point_op, "async-one", fp, 201, "one");
+    /* The engine that completed it answers from memory: nothing left to claim. */
+    CHECK_INT(idem_call_begin_async(eng, &point_op, "alice", "async-one", fp, async_begun, &a), 0);
+
+    /* A record this engine does not know: the claim finds it, and the blocking way replays. */
+    memset(&a, 0, sizeof a);
+    CHECK_INT(idem_call_begin_async(fresh, &point_op, "alice", "async-one", fp, async_begun, &a),
+              1);
+    CHECK(async_wait(&a));
+    CHECK_INT(a.rc, 0);
+    CHECK_INT(a.outcome, IDEM_OUTCOME_NONE);
+    idem_call_end(a.call);
+    expect_replay(fresh, &point_op, "async-one", fp, 201, "one");
+
+    /* Fenced: a completion after its lease was taken over stores nothing (IDEM_ELEASE). */
+    memset(&a, 0, sizeof a);
+    CHECK_INT(idem_call_begin_async(eng, &short_op, "alice", "async-lost", fp, async_begun, &a), 1);
+    CHECK(async_wait(&a));
+    CHECK_INT(a.outcome, IDEM_OUTCOME_EXECUTE);
+    call = a.call;
+    sleep_ms(120);
+    CHECK_INT(idem_call_begin(nocache, &short_op, "alice", "async-lost", fp, &heir, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_RESUME);
+    memset(&a, 0, sizeof a);
+    CHECK_INT(idem_call_complete_async(call, 201, NULL, 0, "late", 4, async_completed, &a), 0);
+    CHECK(async_wait(&a));
+    CHECK_INT(a.rc, IDEM_ELEASE);
+    CHECK_INT(idem_call_complete(heir, 200, NULL, 0, "heir", 4), 0);
+    idem_call_end(call);
+    idem_call_end(heir);
+    expect_replay(nocache, &short_op, "async-lost", fp, 200, "heir");
+out:
+    idem_engine_free(fresh);
+    idem_engine_free(nocache);
+}
+
 static void *migrate_one(void *arg)
 {
     int *rc = arg;
@@ -1293,6 +1431,7 @@ int main(int argc, char **argv)
     test_concurrent_writers(st);
     test_commit_async(eng, st);
     test_claim_point(eng, st);
+    test_begin_async(eng, st);
     test_migrate_race();
 
     idem_engine_free(eng);

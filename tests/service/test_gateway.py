@@ -231,6 +231,51 @@ def duplicates_wait_on_the_event_loop_not_on_workers(ctx):
         gw.close()
 
 
+@test
+def fresh_keys_hold_no_worker(ctx):
+    up = ctx["up"]
+    # One worker and a queue of one: were each fresh key to hold a worker while the upstream
+    # thinks, 12 at once would leave 10 of them refused with 503 server-busy.  On SQLite the claim,
+    # the forward and the completion all run from the event loop, so every one is executed.
+    # (On PostgreSQL a fresh key still takes a worker: docs/gateway.md, "What it costs".)
+    gw = Gateway(up, args=["--http-workers", "1", "--http-queue", "1"])
+    try:
+        gw.start()
+        keys = [key("loop-%d" % i) for i in range(12)]
+        results = {}
+        lock = threading.Lock()
+
+        def one(k):
+            r = gw.request("POST", "/v1/things", {"k": k}, key=k,
+                           headers={"X-Test-Mode": "slow:400"})
+            with lock:
+                results[k] = r
+
+        threads = [threading.Thread(target=one, args=(k,)) for k in keys]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        expect_eq(len(results), 12, "answers")
+        if not gw.db_uri.startswith("sqlite:"):
+            # PostgreSQL claims on a worker: what finds none is refused, and runs nowhere.
+            for k, r in results.items():
+                if r.status == 503:
+                    expect_problem(r, 503, "server-busy", "no worker free")
+                    expect_eq(up.executions(k), 0, "executions of a refused " + k)
+            keys = [k for k in keys if results[k].status != 503]
+        bad = [(k, results[k].describe(150)) for k in keys if results[k].status != 201]
+        expect(not bad, "every fresh key executed: %s" % bad[:2])
+        for k in keys:
+            expect_eq(up.executions(k), 1, "executions of " + k)
+            r = gw.request("POST", "/v1/things", {"k": k}, key=k)
+            expect(r.status == 201 and r.body == results[k].body and
+                   r.headers.get("idempotent-replayed") == "true",
+                   "a retry replays the stored answer: %s" % r.describe(150))
+    finally:
+        gw.close()
+
+
 # ---- refusals before anything is forwarded -----------------------------------------------------
 
 @test

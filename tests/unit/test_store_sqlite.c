@@ -6,7 +6,8 @@
  * savepoint rollback that fails breaks the writer, so the aborted transaction's writes are never
  * committed with the next member of the group commit (issue 15, item 2).  And whole transactions
  * run by the writer's holder (idem__tx_run): one that fails or asks for a rollback leaves nothing,
- * its neighbours in the same batch keep theirs, from many threads at once.
+ * its neighbours in the same batch keep theirs, from many threads at once; and the same without
+ * a thread waiting for them (write_run_async), told by the store's own thread.
  */
 #include "internal.h"
 #include "t.h"
@@ -186,6 +187,142 @@ static void queued_job_times_out(const char *dir)
     idem_store_close(st);
 }
 
+/* ---- whole transactions without a waiting thread (write_run_async) ------------------------ */
+
+enum { ASYNC_JOBS = 90 };
+
+struct async_job {
+    struct job_arg a;
+    atomic_int told; /* times its callback ran */
+    int rc;
+    int on_caller;   /* told on the thread that queued it */
+    int row_visible; /* a kept row was readable when it was told */
+    pthread_t caller;
+};
+
+static void async_job_done(void *arg, int rc, const char *errmsg)
+{
+    struct async_job *j = arg;
+
+    (void)errmsg;
+    j->rc = rc;
+    j->on_caller = pthread_equal(pthread_self(), j->caller);
+    if (rc == 0 && j->a.kind == JOB_KEEP)
+        j->row_visible = biz_has(j->a.st, j->a.id) == 1;
+    atomic_fetch_add(&j->told, 1);
+}
+
+static int async_queue(struct async_job *j, struct idem_store *st, enum job_kind kind,
+                       const char *id)
+{
+    char err[IDEM_ERRMSG_MAX] = "";
+
+    memset(j, 0, sizeof *j);
+    j->a = (struct job_arg){st, kind, ""};
+    snprintf(j->a.id, sizeof j->a.id, "%s", id);
+    j->caller = pthread_self();
+    return idem__tx_run_async(st, job_fn, &j->a, async_job_done, j, err, sizeof err);
+}
+
+static int async_told(struct async_job *jobs, int n)
+{
+    int told = 0;
+    for (int i = 0; i < n; i++)
+        told += atomic_load(&jobs[i].told);
+    return told;
+}
+
+static void async_wait_all(struct async_job *jobs, int n)
+{
+    for (int i = 0; i < 5000 && async_told(jobs, n) < n; i++)
+        sleep_ms(1);
+}
+
+/*
+ * Queued from one thread while eight others run waiting jobs: each is told once, never on the
+ * thread that queued it, with the outcome its kind asks for, and a kept row is readable when it
+ * is told.  A job queued while another thread holds the writer runs only once it is released.
+ * Closing the store runs what is still queued and tells it first.
+ */
+static void jobs_without_a_waiting_thread(const char *dir)
+{
+    static struct async_job jobs[ASYNC_JOBS];
+    struct idem_store *st = NULL;
+    struct idem_store_stats before, after;
+    struct idem_tx *holder = NULL, *tx = NULL;
+    pthread_t th[JOB_THREADS];
+    struct job_thread t[JOB_THREADS];
+    const char *seed[] = {"seed"};
+    char uri[160], id[64];
+    int bad = 0;
+
+    snprintf(uri, sizeof uri, "sqlite:%s/async.db", dir);
+    CHECK_INT(idem_store_open(uri, NULL, &st, NULL), 0);
+    CHECK_INT(idem_store_migrate(st, "unit", biz, 1, NULL, NULL), 0);
+    CHECK(idem__tx_runs_async(st));
+    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+    CHECK_INT(idem_tx_exec(tx, "INSERT INTO biz (id) VALUES ($1)", 1, seed, NULL), 0);
+    CHECK_INT(idem_tx_commit(tx), 0);
+
+    idem_store_stats(st, &before);
+    for (int i = 0; i < JOB_THREADS; i++) {
+        t[i] = (struct job_thread){st, i, 0};
+        pthread_create(&th[i], NULL, job_thread_run, &t[i]);
+    }
+    for (int i = 0; i < ASYNC_JOBS; i++) {
+        enum job_kind kind = (enum job_kind)(i % 3);
+        snprintf(id, sizeof id, "async-%d-%c", i, "kfd"[kind]);
+        CHECK_INT(async_queue(&jobs[i], st, kind, id), 0);
+    }
+    async_wait_all(jobs, ASYNC_JOBS);
+    for (int i = 0; i < JOB_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        bad += t[i].bad;
+    }
+    idem_store_stats(st, &after);
+    CHECK_INT(bad, 0);
+    for (int i = 0; i < ASYNC_JOBS; i++) {
+        const struct async_job *j = &jobs[i];
+        int want = j->a.kind == JOB_KEEP ? 0 : j->a.kind == JOB_DISCARD ? IDEM__TX_DISCARD : -1;
+        if (atomic_load(&j->told) != 1 || j->on_caller || (want >= 0 && j->rc != want) ||
+            (want < 0 && j->rc >= 0) || (j->a.kind == JOB_KEEP && !j->row_visible)) {
+            fprintf(stderr, "  async job %s: told %d times, rc %d, on the caller %d\n", j->a.id,
+                    atomic_load(&j->told), j->rc, j->on_caller);
+            bad++;
+        }
+    }
+    CHECK_INT(bad, 0);
+    CHECK_INT(biz_count(st, "LIKE", "async-%-k"), ASYNC_JOBS / 3);
+    CHECK_INT(biz_count(st, "LIKE", "async-%-f"), 0);
+    CHECK_INT(biz_count(st, "LIKE", "async-%-d"), 0);
+    CHECK_INT((int)(after.write_commits - before.write_commits),
+              (JOB_THREADS * JOBS_EACH + ASYNC_JOBS) / 3);
+    CHECK(after.durable_commits - before.durable_commits <
+          after.write_commits - before.write_commits);
+
+    /* Held writer: the job waits for its release, then runs. */
+    CHECK_INT(idem_tx_begin(st, 1, &holder), 0);
+    CHECK_INT(async_queue(&jobs[0], st, JOB_KEEP, "after-holder-k"), 0);
+    sleep_ms(100);
+    CHECK_INT(atomic_load(&jobs[0].told), 0);
+    CHECK_INT(idem_tx_commit(holder), 0);
+    async_wait_all(jobs, 1);
+    CHECK_INT(atomic_load(&jobs[0].told), 1);
+    CHECK_INT(jobs[0].rc, 0);
+    CHECK_INT(biz_has(st, "after-holder-k"), 1);
+
+    /* Close with jobs queued: each is run and told before the store is gone. */
+    for (int i = 0; i < 20; i++) {
+        snprintf(id, sizeof id, "at-close-%d", i);
+        CHECK_INT(async_queue(&jobs[i], st, JOB_DISCARD, id), 0);
+    }
+    idem_store_close(st);
+    for (int i = 0; i < 20; i++) {
+        CHECK_INT(atomic_load(&jobs[i].told), 1);
+        CHECK_INT(jobs[i].rc, IDEM__TX_DISCARD);
+    }
+}
+
 int main(void)
 {
     char dir[] = "/tmp/idem-unit-sq-XXXXXX";
@@ -232,6 +369,7 @@ int main(void)
     failed_rollback_never_commits(st);
     whole_transactions(st);
     queued_job_times_out(dir);
+    jobs_without_a_waiting_thread(dir);
     idem_engine_free(eng);
     idem_store_close(st);
     {
