@@ -1188,6 +1188,21 @@ static void writer_release_locked(struct sq_group *g)
     writer_free_locked(g);
 }
 
+/*
+ * A turn with the free writer (g->mu held): runs the queued jobs when `run_queue`, then gives the
+ * writer up, which commits the open batch unless someone queues for the writer.
+ */
+static void writer_turn_locked(struct sq_group *g, int run_queue)
+{
+    g->busy = 1;
+    if (run_queue)
+        jobs_run_locked(g);
+    if (g->writer)
+        writer_release_locked(g);
+    else
+        writer_free_locked(g);
+}
+
 static int sq_write_begin(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
 {
     struct sq_group *g = st->backend;
@@ -1394,13 +1409,7 @@ static int sq_write_run(struct idem_store *st, idem__tx_fn fn, void *arg, char *
         if (!g->busy && (j.state == JOB_QUEUED ||
                          (j.state == JOB_IN_BATCH && g->waiting == 0 && g->batch == j.batch))) {
             /* The writer is free: run the queue (ours in it), or commit our batch, ourselves. */
-            g->busy = 1;
-            if (j.state == JOB_QUEUED)
-                jobs_run_locked(g);
-            if (g->writer)
-                writer_release_locked(g);
-            else
-                writer_free_locked(g);
+            writer_turn_locked(g, j.state == JOB_QUEUED);
             continue;
         }
         if (group_flush_locked(g))
@@ -1454,13 +1463,7 @@ static void *runner_main(void *arg)
     pthread_mutex_lock(&g->mu);
     for (;;) {
         if (!g->busy && (g->jobs || (g->batch && g->batch->notices && g->waiting == 0))) {
-            g->busy = 1;
-            if (g->jobs)
-                jobs_run_locked(g);
-            if (g->writer)
-                writer_release_locked(g);
-            else
-                writer_free_locked(g);
+            writer_turn_locked(g, g->jobs != NULL);
             continue;
         }
         if (group_flush_locked(g))
