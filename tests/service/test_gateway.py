@@ -628,6 +628,46 @@ def a_stop_cuts_a_stream_still_going_when_its_grace_ends(ctx):
 
 
 @test
+def a_stop_lets_fresh_keys_in_flight_finish(ctx):
+    # SIGTERM while fresh keys wait for a slow upstream: each is parked on the event loop between
+    # its steps, and the stop lets them go on within its grace -- every client gets its answer,
+    # stored, so after a restart a retry replays it and nothing ran twice.
+    up = ctx["up"]
+    gw = Gateway(up, name="gateway-stop-fresh")
+    gw.start()
+    try:
+        keys = [key("stop-%d" % i) for i in range(6)]
+        results = {}
+
+        def one(k):
+            results[k] = gw.request("POST", "/v1/things", {"k": k}, key=k,
+                                    headers={"X-Test-Mode": "slow:1500"})
+        threads = [threading.Thread(target=one, args=(k,)) for k in keys]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 5
+        while (sum(up.executions(k) for k in keys) < len(keys) and
+               time.monotonic() < deadline):
+            time.sleep(0.01)
+        gw.proc.send_signal(signal.SIGTERM)
+        code = gw.proc.wait(30)
+        for t in threads:
+            t.join(30)
+        expect_eq(code, 0, "exit status of a graceful stop")
+        bad = [(k, r.describe(150)) for k, r in results.items() if r.status != 201]
+        expect(len(results) == len(keys) and not bad, "answered during the stop: %s" % bad[:2])
+        gw.start()
+        for k in keys:
+            r = gw.request("POST", "/v1/things", {"k": k}, key=k)
+            expect(r.status == 201 and r.body == results[k].body and
+                   r.headers.get("idempotent-replayed") == "true",
+                   "after the restart a retry replays: %s" % r.describe(150))
+            expect_eq(up.executions(k), 1, "executions of " + k)
+    finally:
+        gw.close()
+
+
+@test
 def kill9_mid_request_then_restart_holds_the_key(ctx):
     up = ctx["up"]
     routes = """
