@@ -208,10 +208,11 @@ struct idem_store_vtab {
     /*
      * Optional, with write_run: the same without a thread waiting.  `fn` runs on whichever thread
      * holds the writer (or the store's own runner thread), never on the caller's, and
-     * `done(arg, rc, errmsg)` runs once, outside the store's locks: rc 0 once the batch holding
-     * `fn`'s writes is durable, IDEM__TX_DISCARD when `fn` asked for a rollback, or a negative
-     * code.  `arg` must live until then.  A negative return: nothing was queued, `done` is not
-     * called.
+     * `done(arg, rc, errmsg)` runs once: rc 0 once the batch holding `fn`'s writes is durable,
+     * IDEM__TX_DISCARD when `fn` asked for a rollback, or a negative code.  `done` runs outside
+     * the group's mutex but possibly while its thread still holds the writer, so it must not
+     * block nor use the store.  `arg` must live until then.  A negative return: nothing was
+     * queued, `done` is not called.
      */
     int (*write_run_async)(struct idem_store *st, idem__tx_fn fn, void *arg, idem__commit_done done,
                            void *done_arg, char *err, size_t errlen);

@@ -1454,7 +1454,7 @@ static int sq_write_run(struct idem_store *st, idem__tx_fn fn, void *arg, char *
 /*
  * The runner (write_run_async): while the writer is free, runs the queued jobs and commits the
  * open batch its notices wait for; otherwise sleeps until queue_wake_locked() or
- * batch_poke_locked() call it.  At the store's close it runs what is queued, then leaves.
+ * batch_poke_locked() call it.  At the store's close it leaves once nothing is queued.
  */
 static void *runner_main(void *arg)
 {
@@ -1468,7 +1468,7 @@ static void *runner_main(void *arg)
         }
         if (group_flush_locked(g))
             continue;
-        if (g->runner_stop)
+        if (g->runner_stop && !g->jobs) /* (a holder may be about to hand the queue over) */
             break;
         pthread_cond_wait(&g->runner_cv, &g->mu);
     }

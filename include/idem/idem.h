@@ -376,9 +376,11 @@ typedef void (*idem_call_begun)(struct idem_call *call, int rc, enum idem_outcom
  * a whole transaction without a thread waiting for it (SQLite; not PostgreSQL).
  *
  * Returns 1 when the claim is under way: `begun(call, rc, outcome, arg)` then runs once, on
- * another thread (the store's), and must not block for long.  outcome EXECUTE: the claim is
+ * another thread (the store's, possibly while it holds the store's writer), and must neither
+ * block nor call libidem: hand the call back to your own thread.  outcome EXECUTE: the claim is
  * durable at op->claim_point, exactly as after idem_call_begin(); outcome NONE with rc 0: a
- * record of the scope exists already, so ask idem_call_begin() (which may block) what it is;
+ * record of the scope exists already, so end the call and ask idem_call_begin() (which may
+ * block: not from `begun`) what it is;
  * rc < 0: the claim failed (idem_call_errmsg() says why; answer 503, nothing ran).  The call is
  * the caller's in every case, to end with idem_call_end().  Until `begun` runs, duplicates of
  * this engine wait for the call as for any call in flight.
@@ -474,8 +476,8 @@ IDEM_API int idem_call_complete(struct idem_call *call, int status,
  * record) without blocking the calling thread: the completion is one whole transaction, which
  * the store runs on a thread of its own.  `done(call, rc, arg)` runs once, on that thread, with
  * rc as idem_call_complete() would return (0: durable, the response readable; IDEM_ELEASE: another
- * owner took the lease over, nothing stored), and must not block for long.  Until then the call
- * belongs to the engine.  Returns 0 when `done` will run, or a negative code when nothing was
+ * owner took the lease over, nothing stored), and must neither block nor call libidem (it may run
+ * while that thread holds the store's writer).  Until then the call belongs to the engine.  Returns 0 when `done` will run, or a negative code when nothing was
  * done (IDEM_ESTATE with a phase open, or once completed; `done` is not called).  A store that
  * cannot run it without waiting (PostgreSQL) completes now and calls `done` before returning.
  */

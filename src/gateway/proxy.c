@@ -19,6 +19,7 @@
  */
 #include "proxy.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +54,8 @@ struct note {
     struct http_reply reply;
     struct idem_call *call;
     enum http_fetch_result res;
-    int settled; /* the record holds the answer already: only relay it */
+    int settled;     /* the record holds the answer already: only relay it */
+    long watched_ms; /* how long it waited parked on a duplicate's watch (PARK_WATCH) */
     char err[300];
 };
 
@@ -728,6 +730,7 @@ struct parked {
     struct gateway *gw;
     enum park_step step;
     struct idem_watch *watch; /* PARK_WATCH's */
+    atomic_int fired;         /* PARK_WATCH: its watch called (watch_fired) */
     struct http_fetch *fetch; /* the exchange, until it ends */
     void *token;
     int ended; /* the exchange ended (on the loop) */
@@ -743,6 +746,15 @@ struct parked {
     int store_rc;
     enum idem_outcome outcome;
 };
+
+/* A duplicate's watch: the first request of its key left flight (any thread). */
+static void watch_fired(void *arg)
+{
+    struct parked *pk = arg;
+
+    atomic_store(&pk->fired, 1);
+    http_server_unpark(pk->token);
+}
 
 /* The exchange of a request passed through ended (on its loop): wake the request. */
 static void forwarded_done(void *arg, enum http_fetch_result res, struct http_reply *reply,
@@ -876,7 +888,7 @@ static enum http_loop_verdict to_worker(struct note *n, struct parked *pk, int s
     n->settled = settled;
     snprintf(n->err, sizeof n->err, "%s", pk->err);
     free(pk);
-    return HTTP_LOOP_WORKER;
+    return HTTP_LOOP_HANDOFF; /* it holds the record's lease: never refused */
 }
 
 static enum http_loop_verdict fresh_on_loop(struct gateway *gw, const struct note *n,
@@ -921,6 +933,7 @@ static enum http_loop_verdict fresh_forward(struct gateway *gw, const struct req
         snprintf(pk->err, sizeof pk->err, "%s", "the request could not be forwarded");
         return to_worker(n, pk, 0);
     }
+    park->must_finish = 1; /* a stop lets the upstream answer, as a worker's exchange would */
     return park_again(pk, park, upstream_backstop(gw, pk));
 }
 
@@ -959,7 +972,9 @@ static enum http_loop_verdict fresh_on_unpark(struct gateway *gw, const struct r
         return park_again(pk, park, STEP_CHECK_MS); /* a wake-up from an earlier park */
     switch (pk->step) {
     case PARK_CLAIM:
-        gw_metrics_store(gw->metrics, (double)(mono_ns() - pk->since_ns) / 1e9);
+        /* A claim that found a record is timed again by the blocking way's. */
+        if (pk->store_rc < 0 || pk->outcome == IDEM_OUTCOME_EXECUTE)
+            gw_metrics_store(gw->metrics, (double)(mono_ns() - pk->since_ns) / 1e9);
         if (pk->store_rc < 0) {
             log_msg(&gw->log, "error", "%s: cannot begin: %s", r->operation,
                     idem_call_errmsg(pk->call));
@@ -981,8 +996,10 @@ static enum http_loop_verdict fresh_on_unpark(struct gateway *gw, const struct r
     case PARK_FORWARD:
         if (!pk->ended) {
             int64_t left = pk->deadline_ms - mono_ns() / 1000000;
-            if (park && left > 0)
-                return park_again(pk, park, (int)left); /* a stop's turn, or an early wake-up */
+            if (park && left > 0) { /* a stop's turn, or an early wake-up */
+                park->must_finish = 1;
+                return park_again(pk, park, (int)left);
+            }
             http_fetch_cancel(pk->fetch);               /* no wake-up can come after this */
             pk->fetch = NULL;
             pk->res = HTTP_FETCH_UNKNOWN;
@@ -1024,6 +1041,7 @@ static enum http_loop_verdict proxy_on_loop(void *ctx, const struct request *rq,
     struct note *n = rq->note;
     const struct idem_operation *op;
     struct idem_watch *watch = NULL;
+    struct parked *pk;
 
     if (!n || !n->m.route)
         return pass_on_loop(gw, rq, n, park, resp);
@@ -1035,15 +1053,14 @@ static enum http_loop_verdict proxy_on_loop(void *ctx, const struct request *rq,
     if (idem_answer_lookup(gw->engine, op, n->principal, n->key, n->fp, resp))
         return HTTP_LOOP_ANSWERED;
     /* The first request of this key is being forwarded here: wait for it holding no thread. */
-    if (idem_watch_inflight(gw->engine, op, n->principal, n->key, http_server_unpark, park->token,
-                            &watch) == 1) {
-        struct parked *pk = xcalloc(1, sizeof *pk);
+    pk = xcalloc(1, sizeof *pk);
+    pk->step = PARK_WATCH;
+    pk->token = park->token;
+    if (idem_watch_inflight(gw->engine, op, n->principal, n->key, watch_fired, pk, &watch) == 1) {
         pk->watch = watch;
-        pk->step = PARK_WATCH;
-        park->data = pk;
-        park->timeout_ms = (int)op->wait_ms;
-        return HTTP_LOOP_PARKED;
+        return park_again(pk, park, (int)op->wait_ms);
     }
+    free(pk);
     return fresh_on_loop(gw, n, op, park, resp);
 }
 
@@ -1077,7 +1094,7 @@ static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *r
             /* Too large to hold: a worker streams it (proxy_handle), the loop must not block. */
             n->reply = pk->reply;
             free(pk);
-            return HTTP_LOOP_WORKER;
+            return HTTP_LOOP_HANDOFF; /* the upstream acted: never refused */
         } else {
             answer_passed(pk->res, &pk->reply, pk->err, resp);
         }
@@ -1085,6 +1102,13 @@ static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *r
         v = HTTP_LOOP_ANSWERED;
         break;
     case PARK_WATCH:
+        if (!timed_out && park && !atomic_load(&pk->fired)) {
+            /* A wake-up meant for an earlier request of this connection: wait on. */
+            const struct idem_operation *op = gateway_op(gw, n->m.route);
+            if (op->wait_ms > rq->parked_ms)
+                return park_again(pk, park, (int)(op->wait_ms - rq->parked_ms));
+        }
+        n->watched_ms = rq->parked_ms;
         idem_watch_end(pk->watch);
         if (idem_answer_lookup(gw->engine, gateway_op(gw, n->m.route), n->principal, n->key, n->fp,
                                resp)) {
@@ -1137,10 +1161,10 @@ static void proxy_handle(void *ctx, const struct request *rq, struct response *r
         return;
     }
     op = gateway_op(gw, n->m.route);
-    if (rq->parked_ms > 0) {
+    if (n->watched_ms > 0) {
         /* A duplicate that already waited on the event loop waits only what is left. */
         parked = *op;
-        parked.wait_ms = op->wait_ms > rq->parked_ms ? op->wait_ms - rq->parked_ms : 1;
+        parked.wait_ms = op->wait_ms > n->watched_ms ? op->wait_ms - n->watched_ms : 1;
         op = &parked;
     }
     t0 = mono_ns();

@@ -91,6 +91,7 @@ struct conn {
     int free_later;           /* closed while on the done list: freed when taken off it */
     enum job job;
     void *park_data;        /* the program's, while parked */
+    int must_finish;        /* parked with http_park.must_finish: counted in the server's */
     uint64_t park_deadline; /* loop time */
     enum http_head_verdict verdict;
 
@@ -194,6 +195,8 @@ struct http_server {
 
     _Atomic int stopping;
     _Atomic int64_t stop_deadline_ns; /* the end of a stop's grace: streams are cut there */
+    _Atomic int parked_must_finish;   /* parked requests a stop waits for past its grace */
+    int64_t stop_quiet_ns;            /* past the grace, since when nothing was finishing */
     _Atomic uint64_t st_open, st_refused, st_timeouts, st_heads, st_queue_full;
 };
 
@@ -926,14 +929,17 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* Hands `c` to a worker; 0, or -1 when the queue is full (nothing changed). */
-static int submit(struct conn *c, enum job job)
+/*
+ * Hands `c` to a worker; 0, or -1 when the queue is full (nothing changed).  `always`: past the
+ * queue's cap (HTTP_LOOP_HANDOFF).
+ */
+static int submit(struct conn *c, enum job job, int always)
 {
     struct http_server *srv = c->lp->srv;
     int rc = -1;
 
     pthread_mutex_lock(&srv->qmu);
-    if (srv->qlen < srv->opts.limits.queue) {
+    if (always || srv->qlen < srv->opts.limits.queue) {
         c->job = job;
         c->qnext = NULL;
         if (srv->qtail != NULL)
@@ -1008,7 +1014,7 @@ static int head_accepted(struct conn *c)
 static int act_on_head(struct conn *c, enum http_head_verdict v, int on_worker)
 {
     if (v == HTTP_HEAD_BLOCKS && !on_worker) {
-        if (submit(c, JOB_HEAD) != 0)
+        if (submit(c, JOB_HEAD, 0) != 0)
             refuse_head(c, 503, "server-busy", "Every worker is busy; retry shortly.");
         return -1;
     }
@@ -1048,6 +1054,9 @@ static int head_arrived(struct conn *c)
  */
 static void park_request(struct conn *c, const struct http_park *park)
 {
+    c->must_finish = park->must_finish != 0;
+    if (c->must_finish)
+        atomic_fetch_add(&c->lp->srv->parked_must_finish, 1);
     c->park_data = park->data;
     set_state(c, CONN_PARKED);
     c->park_deadline = c->since + (uint64_t)(park->timeout_ms > 1 ? park->timeout_ms : 1);
@@ -1086,8 +1095,17 @@ static void dispatch(struct conn *c, enum http_loop_verdict v, int keep)
     }
     response_clear(&c->resp);
     response_init(&c->resp);
-    if (submit(c, JOB_HANDLE) != 0)
+    if (submit(c, JOB_HANDLE, v == HTTP_LOOP_HANDOFF) != 0)
         send_problem(c, rq, 503, "server-busy", "Every worker is busy; retry shortly.", keep);
+}
+
+/* A parked request leaves its park: what park_request() counted is undone. */
+static void unpark_begin(struct conn *c)
+{
+    c->park_data = NULL;
+    if (c->must_finish)
+        atomic_fetch_sub(&c->lp->srv->parked_must_finish, 1);
+    c->must_finish = 0;
 }
 
 /* A parked request was woken, or timed out: the program decides again, on the loop. */
@@ -1099,7 +1117,7 @@ static void unpark(struct conn *c, int timed_out)
     void *data = c->park_data;
     enum http_loop_verdict v;
 
-    c->park_data = NULL;
+    unpark_begin(c);
     c->rp.rq.parked_ms += (long)(uv_now(&c->lp->uv) - c->since);
     response_clear(&c->resp);
     response_init(&c->resp);
@@ -1776,9 +1794,41 @@ static int requests_in_flight(const struct http_server *srv)
     return n;
 }
 
+/* Requests in a handler on a worker, and parked ones that must end by themselves. */
+static int requests_finishing(const struct http_server *srv)
+{
+    int n = atomic_load(&srv->parked_must_finish);
+
+    for (int i = 0; i < srv->nloops; i++)
+        n += atomic_load(&srv->loops[i].in_state[CONN_WORKING]);
+    return n;
+}
+
+/*
+ * Whether a stop may end the loops with requests still in flight: once its grace is over and
+ * nothing is finishing (a handler will return anyway, since the workers are joined, and a parked
+ * request that must finish ends within its own timeout), plus a second for the answers of the
+ * last of them to be written.  A stream past the grace is cut by its own writes.
+ */
+static int stop_may_end(struct http_server *srv, int64_t deadline)
+{
+    int64_t now = mono_ns();
+
+    if (now < deadline)
+        return 0;
+    if (requests_finishing(srv) > 0) {
+        srv->stop_quiet_ns = 0;
+        return 0;
+    }
+    if (srv->stop_quiet_ns == 0)
+        srv->stop_quiet_ns = now;
+    return now - srv->stop_quiet_ns >= 1000000000;
+}
+
 /*
  * A graceful stop: no new connections, the requests in flight finish (a request in its handler
- * is answered and its result stored) within stop_grace_s, then everything closes.
+ * is answered and its result stored) within stop_grace_s, then everything closes; past the grace
+ * the loops run on for requests still in a handler or parked with must_finish.
  */
 void http_server_stop(struct http_server *srv)
 {
@@ -1795,7 +1845,7 @@ void http_server_stop(struct http_server *srv)
         }
         deadline = mono_ns() + (int64_t)srv->opts.stop_grace_s * 1000000000;
         atomic_store(&srv->stop_deadline_ns, deadline);
-        while ((left = requests_in_flight(srv)) > 0 && mono_ns() < deadline)
+        while ((left = requests_in_flight(srv)) > 0 && !stop_may_end(srv, deadline))
             sleep_ms(10);
         if (left > 0)
             server_log(srv, "stopping with %d requests unfinished", left);
@@ -1824,9 +1874,11 @@ void http_server_stop(struct http_server *srv)
         while (lp->head[LIST_PARKED] != NULL) {
             struct conn *c = lp->head[LIST_PARKED];
 
-            srv->opts.on_unpark(srv->opts.ctx, request_parser_request(&c->rp), &c->resp,
-                                c->park_data, 1, NULL);
-            c->park_data = NULL;
+            void *data = c->park_data;
+
+            unpark_begin(c);
+            srv->opts.on_unpark(srv->opts.ctx, request_parser_request(&c->rp), &c->resp, data, 1,
+                                NULL);
             set_state(c, CONN_WORKING);
         }
         for (int k = 0; k < lp->nat_stop; k++)

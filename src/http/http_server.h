@@ -85,9 +85,15 @@ enum http_head_verdict {
 
 /* What on_loop and on_unpark decided. */
 enum http_loop_verdict {
-    HTTP_LOOP_WORKER,   /* hand the request to `handle` on a worker */
+    HTTP_LOOP_WORKER,   /* hand the request to `handle` on a worker (503 when the queue is full) */
     HTTP_LOOP_ANSWERED, /* `resp` is the answer */
     HTTP_LOOP_PARKED,   /* wait, holding no thread: on_unpark runs when woken or timed out */
+    /*
+     * on_unpark only: hand it to `handle` on a worker even past the queue's cap, because it
+     * carries work begun on the loop that only a worker may finish (a record claimed, an
+     * upstream that acted): never refused.  As many as there are requests parked.
+     */
+    HTTP_LOOP_HANDOFF,
 };
 
 /* How on_loop parks a request. */
@@ -95,6 +101,12 @@ struct http_park {
     void *token;    /* in: pass to http_server_unpark() (any thread) to wake the request */
     void *data;     /* out: the program's, handed back to on_unpark */
     int timeout_ms; /* out: on_unpark runs with timed_out 1 after this long */
+    /*
+     * out: 1 when the request waits for something that must end by itself (an upstream exchange
+     * under way): a stop then keeps the loops running past its grace while such requests are
+     * parked, each for at most its timeout, as it waits for a worker's handler.
+     */
+    int must_finish;
 };
 
 /*

@@ -276,6 +276,47 @@ def fresh_keys_hold_no_worker(ctx):
         gw.close()
 
 
+@test
+def an_upstream_answer_is_never_dropped_for_want_of_a_worker(ctx):
+    # One worker, busy streaming a passed-through answer, and the queue's one slot taken by a
+    # second: fresh keys whose upstream answers 500 (not stored: the record is deleted, which only
+    # a worker may do) must still get that answer once a worker is free -- the upstream acted --
+    # never 503 server-busy, which would tell the client that nothing happened.
+    up = ctx["up"]
+    gw = Gateway(up, args=["--http-workers", "1", "--http-queue", "1"])
+    try:
+        gw.start()
+        streams = [threading.Thread(target=stream_through,
+                                    args=(gw, "bigslow:%d" % (64 << 20), None, 1500))
+                   for _ in range(2)]
+        for t in streams:
+            t.start()
+            time.sleep(0.5)
+        keys = [key("handoff-%d" % i) for i in range(6)]
+        results = {}
+
+        def one(k):
+            results[k] = gw.request("POST", "/v1/things", {"k": k}, key=k,
+                                    headers={"X-Test-Mode": "status:500"})
+        threads = [threading.Thread(target=one, args=(k,)) for k in keys]
+        for t in threads:
+            t.start()
+        for t in threads + streams:
+            t.join(60)
+        for k in keys:
+            r = results.get(k)
+            if r is not None and r.status == 503 and not gw.db_uri.startswith("sqlite:"):
+                # PostgreSQL claims on a worker: refused before anything ran.
+                expect_problem(r, 503, "server-busy", "no worker free")
+                expect_eq(up.executions(k), 0, "executions of a refused " + k)
+                continue
+            expect(r is not None and r.status == 500 and k.encode() in r.body,
+                   "the upstream's own 500 relayed: %s" % (r.describe(200) if r else "no answer"))
+            expect_eq(up.executions(k), 1, "executions of " + k)
+    finally:
+        gw.close()
+
+
 # ---- refusals before anything is forwarded -----------------------------------------------------
 
 @test
@@ -601,28 +642,50 @@ def a_stop_cuts_a_stream_still_going_when_its_grace_ends(ctx):
     # A stream is a request in flight: SIGTERM lets it go on for the stop's grace (10 s), not for
     # ever.  The upstream sends 64 KiB every 100 ms of 256 MiB (over an hour): the gateway must
     # exit within the grace and a few seconds, the client seeing a body cut short.
+    # A fresh key whose upstream answers only after the grace is another matter: the upstream is
+    # acting, so the stop waits for its answer (within the upstream's timeout), stores it and
+    # answers, as it waits for a worker still in its handler.
     up = ctx["up"]
-    gw = Gateway(up, name="gateway-stop")
+    gw = Gateway(up, name="gateway-stop", upstream_timeout="15s")
     gw.start()
     try:
         box = {}
+        late = key("late")
 
         def read():
             box["r"] = stream_through(gw, "bigslow:%d" % (256 << 20), key("slow"))
+
+        def slow_fresh():
+            box["late"] = gw.request("POST", "/v1/things", {"late": 1}, key=late,
+                                     headers={"X-Test-Mode": "slow:11500"})
         t = threading.Thread(target=read)
         t.start()
+        t2 = threading.Thread(target=slow_fresh)
+        t2.start()
         time.sleep(1)
+        expect_eq(up.executions(late), 1, "the late key reached the upstream")
         t0 = time.monotonic()
         gw.proc.send_signal(signal.SIGTERM)
         code = gw.proc.wait(30)
         took = time.monotonic() - t0
         t.join(30)
+        t2.join(30)
         expect(took < 20, "the gateway stopped within its grace of 10 s (%.1f s)" % took)
         expect_eq(code, 0, "exit status of a graceful stop")
         _, _, body, _ = box["r"]
         expect(0 < len(body) < (256 << 20), "the client got a body cut short: %d bytes" % len(body))
+        r = box.get("late")
+        expect(r is not None and r.status == 201,
+               "the key whose upstream answered past the grace got its answer: %s"
+               % (r.describe(200) if r else "none"))
         print("     a stop with a stream in flight: exited after %.1f s, %d KiB sent"
               % (took, len(body) >> 10))
+        gw.start()
+        again = gw.request("POST", "/v1/things", {"late": 1}, key=late)
+        expect(again.status == 201 and again.body == r.body and
+               again.headers.get("idempotent-replayed") == "true",
+               "after the restart it replays: %s" % again.describe(200))
+        expect_eq(up.executions(late), 1, "executions of the late key")
     finally:
         gw.close()
 
