@@ -477,9 +477,10 @@ IDEM_API int idem_call_complete(struct idem_call *call, int status,
  * the store runs on a thread of its own.  `done(call, rc, arg)` runs once, on that thread, with
  * rc as idem_call_complete() would return (0: durable, the response readable; IDEM_ELEASE: another
  * owner took the lease over, nothing stored), and must neither block nor call libidem (it may run
- * while that thread holds the store's writer).  Until then the call belongs to the engine.  Returns 0 when `done` will run, or a negative code when nothing was
- * done (IDEM_ESTATE with a phase open, or once completed; `done` is not called).  A store that
- * cannot run it without waiting (PostgreSQL) completes now and calls `done` before returning.
+ * while that thread holds the store's writer).  Until then the call belongs to the engine.  Returns
+ * 0 when `done` will run, or a negative code when nothing was done (IDEM_ESTATE with a phase open,
+ * or once completed; `done` is not called).  A store that cannot run it without waiting
+ * (PostgreSQL) completes now and calls `done` before returning.
  */
 IDEM_API int idem_call_complete_async(struct idem_call *call, int status,
                                       const struct idem_header *headers, size_t nheaders,
