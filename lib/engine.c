@@ -466,7 +466,7 @@ static int try_claim(struct idem_call *call, int *claimed)
     if (rc < 0)
         return call_fail(call, rc, "begin claim", tx ? NULL : "no store connection");
     rc = st->vt->record_insert(idem__tx_conn(tx), &call->scope, call->fp, call->owner,
-                               call->lease_ms, call->ttl_ms, claimed);
+                               call->lease_ms, call->ttl_ms, "", claimed);
     if (rc < 0 || !*claimed) {
         if (rc < 0)
             call_fail(call, rc, "claim", st->vt->errmsg(idem__tx_conn(tx)));
@@ -477,38 +477,26 @@ static int try_claim(struct idem_call *call, int *claimed)
     return 0;
 }
 
-/* A claim committed at once at its operation's claim_point: one whole transaction. */
+/*
+ * A claim committed at once at its operation's claim_point: one whole transaction of one
+ * statement, the record inserted already at its point (IDEM__TX_ONE_STATEMENT).
+ */
 struct claim_job {
     struct idem_call *call;
     int claimed;
-    int unfenced; /* the advance of the row just inserted changed nothing (rolled back) */
 };
 
 static int claim_job_run(struct idem_conn *c, void *arg)
 {
     struct claim_job *j = arg;
     struct idem_call *call = j->call;
-    const struct idem_store_vtab *vt = call->eng->st->vt;
-    int ok = 0;
-    int rc;
+    int rc =
+        call->eng->st->vt->record_insert(c, &call->scope, call->fp, call->owner, call->lease_ms,
+                                         call->ttl_ms, call->claim_point, &j->claimed);
 
-    rc = vt->record_insert(c, &call->scope, call->fp, call->owner, call->lease_ms, call->ttl_ms,
-                           &j->claimed);
-    if (rc < 0 || !j->claimed)
-        return rc < 0 ? rc : IDEM__TX_DISCARD;
-    rc = vt->record_advance(c, &call->scope, call->owner, call->claim_point, NULL, call->lease_ms,
-                            &ok);
-    if (rc == 0 && !ok) {
-        j->unfenced = 1;
-        rc = IDEM__TX_DISCARD;
-    }
-    return rc;
+    return rc < 0 ? rc : j->claimed ? 0 : IDEM__TX_DISCARD;
 }
 
-/*
- * try_claim() for an operation with a claim_point: the claim and its recovery point commit
- * together, durably (the store runs it whole: idem__tx_run), and no phase stays open.
- */
 /* How a claim job ended (rc as idem__tx_run returned): *claimed, or a failure. */
 static int claim_job_ended(struct idem_call *call, const struct claim_job *j, int rc,
                            const char *err, int *claimed)
@@ -516,22 +504,23 @@ static int claim_job_ended(struct idem_call *call, const struct claim_job *j, in
     *claimed = 0;
     if (rc < 0)
         return call_fail(call, rc, "claim", err);
-    if (j->unfenced)
-        return call_fail(call, IDEM_ESTATE, "claim",
-                         "the record just inserted was not processing under this call's lease");
     *claimed = rc == 0 && j->claimed;
     if (*claimed)
         call->record_durable = 1;
     return 0;
 }
 
+/*
+ * try_claim() for an operation with a claim_point: the claim and its recovery point commit
+ * together, durably (the store runs it whole: idem__tx_run), and no phase stays open.
+ */
 static int try_claim_at_point(struct idem_call *call, int *claimed)
 {
-    struct claim_job j = {call, 0, 0};
+    struct claim_job j = {call, 0};
     char err[IDEM_ERRMSG_MAX] = "";
     int rc;
 
-    rc = idem__tx_run(call->eng->st, claim_job_run, &j, err, sizeof(err));
+    rc = idem__tx_run(call->eng->st, claim_job_run, &j, IDEM__TX_ONE_STATEMENT, err, sizeof(err));
     return claim_job_ended(call, &j, rc, err, claimed);
 }
 
@@ -885,7 +874,8 @@ int idem_call_begin_async(struct idem_engine *eng, const struct idem_operation *
     a->claim_mono = idem__mono_ms();
     a->begun = begun;
     a->arg = arg;
-    rc = idem__tx_run_async(eng->st, claim_job_run, &a->job, claim_async_done, a, err, sizeof(err));
+    rc = idem__tx_run_async(eng->st, claim_job_run, &a->job, IDEM__TX_ONE_STATEMENT,
+                            claim_async_done, a, err, sizeof(err));
     if (rc < 0) {
         free(a);
         idem_call_end(call);
@@ -1418,7 +1408,8 @@ static int complete_at_once(struct idem_call *call, int status, const struct ide
         return call_fail(call, rc, "complete", NULL);
     j.headers = text;
     j.body = copy;
-    rc = idem__tx_run(call->eng->st, complete_job_run, &j, err, sizeof(err));
+    rc =
+        idem__tx_run(call->eng->st, complete_job_run, &j, IDEM__TX_ONE_STATEMENT, err, sizeof(err));
     return complete_job_ended(&j, text, copy, rc, err);
 }
 
@@ -1472,8 +1463,8 @@ int idem_call_complete_async(struct idem_call *call, int status, const struct id
     a->job = (struct complete_job){call, status, a->text, a->copy, body_len};
     a->done = done;
     a->arg = arg;
-    rc = idem__tx_run_async(call->eng->st, complete_job_run, &a->job, complete_async_done, a, err,
-                            sizeof(err));
+    rc = idem__tx_run_async(call->eng->st, complete_job_run, &a->job, IDEM__TX_ONE_STATEMENT,
+                            complete_async_done, a, err, sizeof(err));
     if (rc < 0) {
         free(a->text);
         free(a->copy);

@@ -104,6 +104,13 @@ typedef void (*idem__commit_done)(void *arg, int rc, const char *errmsg);
  */
 typedef int (*idem__tx_fn)(struct idem_conn *c, void *arg);
 #define IDEM__TX_DISCARD 1
+/*
+ * idem__tx_run()'s flag: `fn` writes with one statement at most, and asks for a rollback only
+ * when that statement changed nothing -- so there is never anything of it to undo (a statement
+ * that fails leaves nothing), and SQLite runs it without a savepoint of its own, which would
+ * copy every page it touches into the statement journal first.
+ */
+#define IDEM__TX_ONE_STATEMENT 1u
 
 struct idem_store_vtab {
     const char *kind;
@@ -132,10 +139,13 @@ struct idem_store_vtab {
     int (*exec)(struct idem_conn *c, const char *sql, int nparams, const char *const *params,
                 struct idem_rows **rows);
 
-    /* INSERT ... ON CONFLICT DO NOTHING; *inserted says whether this call made the record. */
+    /*
+     * INSERT ... ON CONFLICT DO NOTHING, processing at recovery point `point` ("": none yet);
+     * *inserted says whether this call made the record.
+     */
     int (*record_insert)(struct idem_conn *c, const struct idem_scope *s,
                          const unsigned char fp[IDEM_FP_LEN], const char *owner, int64_t lease_ms,
-                         int64_t ttl_ms, int *inserted);
+                         int64_t ttl_ms, const char *point, int *inserted);
     /* Reads the record (rec->found = 0 when there is none), with the store's current time. */
     int (*record_get)(struct idem_conn *c, const struct idem_scope *s, struct idem_record *rec);
     /*
@@ -204,7 +214,8 @@ struct idem_store_vtab {
      * (the caller sleeps meanwhile, instead of being handed the writer and running it itself),
      * and the call returns as write_commit does: once the batch is durable, or failed.
      */
-    int (*write_run)(struct idem_store *st, idem__tx_fn fn, void *arg, char *err, size_t errlen);
+    int (*write_run)(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags, char *err,
+                     size_t errlen);
     /*
      * Optional, with write_run: the same without a thread waiting.  `fn` runs on whichever thread
      * holds the writer (or the store's own runner thread), never on the caller's, and
@@ -214,8 +225,8 @@ struct idem_store_vtab {
      * block nor use the store.  `arg` must live until then.  A negative return: nothing was
      * queued, `done` is not called.
      */
-    int (*write_run_async)(struct idem_store *st, idem__tx_fn fn, void *arg, idem__commit_done done,
-                           void *done_arg, char *err, size_t errlen);
+    int (*write_run_async)(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags,
+                           idem__commit_done done, void *done_arg, char *err, size_t errlen);
     /*
      * Optional, for stores without write_run: told that the transaction just begun on `c` is a
      * whole one (idem__tx_run), whose statements are followed by its COMMIT and nothing else.
@@ -279,7 +290,8 @@ int idem__tx_commit_async(struct idem_tx *tx, idem__commit_done done, void *arg,
  * own.  Returns 0 once durable, IDEM__TX_DISCARD when `fn` asked for a rollback, or a negative
  * code with the store's message in `err`.
  */
-int idem__tx_run(struct idem_store *st, idem__tx_fn fn, void *arg, char *err, size_t errlen);
+int idem__tx_run(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags, char *err,
+                 size_t errlen);
 
 /*
  * idem__tx_run() without blocking, on a store that has write_run_async (idem__tx_runs_async):
@@ -287,8 +299,8 @@ int idem__tx_run(struct idem_store *st, idem__tx_fn fn, void *arg, char *err, si
  * negative return: nothing was queued, `done` is not called (the message is in `err`).
  */
 int idem__tx_runs_async(const struct idem_store *st);
-int idem__tx_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, idem__commit_done done,
-                       void *done_arg, char *err, size_t errlen);
+int idem__tx_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags,
+                       idem__commit_done done, void *done_arg, char *err, size_t errlen);
 
 extern const struct idem_store_vtab idem__sqlite_vtab;
 extern const struct idem_store_vtab idem__pg_vtab;

@@ -354,13 +354,14 @@ int idem__tx_commit_async(struct idem_tx *tx, idem__commit_done done, void *arg,
     return 0;
 }
 
-int idem__tx_run(struct idem_store *st, idem__tx_fn fn, void *arg, char *err, size_t errlen)
+int idem__tx_run(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags, char *err,
+                 size_t errlen)
 {
     struct idem_tx *tx = NULL;
     int rc;
 
     if (st->vt->write_run) {
-        rc = st->vt->write_run(st, fn, arg, err, errlen);
+        rc = st->vt->write_run(st, fn, arg, flags, err, errlen);
         if (rc == 0)
             atomic_fetch_add(&st->write_commits, 1);
         return rc;
@@ -403,8 +404,8 @@ static void tx_async_done(void *arg, int rc, const char *errmsg)
     a.done(a.arg, rc, errmsg);
 }
 
-int idem__tx_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, idem__commit_done done,
-                       void *done_arg, char *err, size_t errlen)
+int idem__tx_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags,
+                       idem__commit_done done, void *done_arg, char *err, size_t errlen)
 {
     struct tx_async *a;
     int rc;
@@ -421,7 +422,7 @@ int idem__tx_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, idem__c
     a->st = st;
     a->done = done;
     a->arg = done_arg;
-    rc = st->vt->write_run_async(st, fn, arg, tx_async_done, a, err, errlen);
+    rc = st->vt->write_run_async(st, fn, arg, flags, tx_async_done, a, err, errlen);
     if (rc < 0)
         free(a);
     return rc;

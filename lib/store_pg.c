@@ -215,17 +215,19 @@ static const struct rec_sql rec_sql[RS_COUNT] = {
                   "WITH t AS (SELECT " DB_NOW_MS " AS now)"
                   " INSERT INTO idem_records AS r (principal, operation, idem_key, fingerprint,"
                   " status, recovery_point, lease_owner, lease_expires_ms, created_ms, expires_ms)"
-                  " SELECT $1, $2, $3, $4, 0, '', $5, t.now + $6, t.now, t.now + $7 FROM t"
+                  " SELECT $1, $2, $3, $4, 0, $8, $5, t.now + $6, t.now, t.now + $7 FROM t"
                   " ON CONFLICT (principal, operation, idem_key) DO UPDATE SET"
-                  " fingerprint = excluded.fingerprint, status = 0, recovery_point = '',"
+                  " fingerprint = excluded.fingerprint, status = 0,"
+                  " recovery_point = excluded.recovery_point,"
                   " recovery_data = NULL, lease_owner = excluded.lease_owner,"
                   " lease_expires_ms = excluded.lease_expires_ms, response_status = NULL,"
                   " response_headers = NULL, response_body = NULL,"
                   " created_ms = excluded.created_ms, expires_ms = excluded.expires_ms"
                   " WHERE r.expires_ms <= excluded.created_ms"
                   " AND (r.status = 1 OR r.lease_expires_ms <= excluded.created_ms)",
-                  7,
-                  {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_TEXT, OID_INT8, OID_INT8}},
+                  8,
+                  {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_TEXT, OID_INT8, OID_INT8,
+                   OID_TEXT}},
     /* One row always: the database's time, and the record's columns (NULL when there is none). */
     [RS_GET] = {"idem_get",
                 "SELECT t.now, r.status::int4, r.fingerprint, r.recovery_point, r.recovery_data,"
@@ -1501,12 +1503,13 @@ static void notify_after_commit(struct idem_conn *c, const struct idem_scope *s)
 
 static int pg_record_insert(struct idem_conn *c, const struct idem_scope *s,
                             const unsigned char fp[IDEM_FP_LEN], const char *owner,
-                            int64_t lease_ms, int64_t ttl_ms, int *inserted)
+                            int64_t lease_ms, int64_t ttl_ms, const char *point, int *inserted)
 {
     char lease[24], ttl[24];
-    const char *vals[7] = {s->principal, s->operation, s->key, (const char *)fp, owner, lease, ttl};
-    const int lens[7] = {0, 0, 0, IDEM_FP_LEN, 0, 0, 0};
-    const int fmts[7] = {0, 0, 0, 1, 0, 0, 0};
+    const char *vals[8] = {s->principal, s->operation, s->key, (const char *)fp,
+                           owner,        lease,        ttl,    point};
+    const int lens[8] = {0, 0, 0, IDEM_FP_LEN, 0, 0, 0, 0};
+    const int fmts[8] = {0, 0, 0, 1, 0, 0, 0, 0};
     PGresult *res = NULL;
     int rc;
 

@@ -417,7 +417,7 @@ static int step_done(struct idem_conn *c, sqlite3_stmt *stmt, const char *what, 
 
 static int sq_record_insert(struct idem_conn *c, const struct idem_scope *s,
                             const unsigned char fp[IDEM_FP_LEN], const char *owner,
-                            int64_t lease_ms, int64_t ttl_ms, int *inserted)
+                            int64_t lease_ms, int64_t ttl_ms, const char *point, int *inserted)
 {
     /*
      * The primary key decides: a new key is inserted, an existing one is left alone -- unless
@@ -426,9 +426,10 @@ static int sq_record_insert(struct idem_conn *c, const struct idem_scope *s,
     static const char sql[] =
         "INSERT INTO idem_records (principal, operation, idem_key, fingerprint, status,"
         " recovery_point, lease_owner, lease_expires_ms, created_ms, expires_ms)"
-        " VALUES (?1, ?2, ?3, ?4, 0, '', ?5, ?6, ?7, ?8)"
+        " VALUES (?1, ?2, ?3, ?4, 0, ?9, ?5, ?6, ?7, ?8)"
         " ON CONFLICT (principal, operation, idem_key) DO UPDATE SET"
-        " fingerprint = excluded.fingerprint, status = 0, recovery_point = '',"
+        " fingerprint = excluded.fingerprint, status = 0,"
+        " recovery_point = excluded.recovery_point,"
         " recovery_data = NULL, lease_owner = excluded.lease_owner,"
         " lease_expires_ms = excluded.lease_expires_ms, response_status = NULL,"
         " response_headers = NULL, response_body = NULL, created_ms = excluded.created_ms,"
@@ -447,7 +448,8 @@ static int sq_record_insert(struct idem_conn *c, const struct idem_scope *s,
         sqlite3_bind_text(stmt, 5, owner, -1, SQLITE_STATIC) != SQLITE_OK ||
         sqlite3_bind_int64(stmt, 6, now + lease_ms) != SQLITE_OK ||
         sqlite3_bind_int64(stmt, 7, now) != SQLITE_OK ||
-        sqlite3_bind_int64(stmt, 8, now + ttl_ms) != SQLITE_OK)
+        sqlite3_bind_int64(stmt, 8, now + ttl_ms) != SQLITE_OK ||
+        sqlite3_bind_text(stmt, 9, point, -1, SQLITE_STATIC) != SQLITE_OK)
         return fail(c, IDEM_ESTORE, "bind");
     rc = step_done(c, stmt, "claim", &changes);
     *inserted = changes == 1;
@@ -742,6 +744,7 @@ struct sq_job {
     _Atomic int wakes_unsent; /* listed wake-ups not yet sent: `cv` must live until they are */
     char errmsg[IDEM_ERRMSG_MAX];
     struct sq_notice *notice; /* write_run_async: told instead of a thread woken (no `cv`) */
+    unsigned flags;           /* IDEM__TX_ONE_STATEMENT: no savepoint of its own */
 };
 
 /* A member that did not wait (write_commit_async): told when its batch ends. */
@@ -1038,9 +1041,13 @@ static int writer_ready(struct sq_group *g, char *err, size_t errlen)
     return rc;
 }
 
-/* Runs one job in its own savepoint of the open batch on the writer `w` (held, g->mu not held). */
+/*
+ * Runs one job in its own savepoint of the open batch on the writer `w` (held, g->mu not held);
+ * a one-statement job (IDEM__TX_ONE_STATEMENT) without one: there is nothing of it to undo.
+ */
 static void job_run(struct idem_conn *w, struct sq_job *j)
 {
+    const int own_savepoint = !(j->flags & IDEM__TX_ONE_STATEMENT);
     int rc;
 
     if (sqlite3_get_autocommit(w->db)) {
@@ -1049,7 +1056,7 @@ static void job_run(struct idem_conn *w, struct sq_job *j)
         j->rc = IDEM_EUNAVAIL;
         return;
     }
-    rc = run_simple(w, "SAVEPOINT idem_tx", "begin");
+    rc = own_savepoint ? run_simple(w, "SAVEPOINT idem_tx", "begin") : 0;
     if (rc < 0) { /* nothing of it was written */
         idem__fmt(j->errmsg, sizeof(j->errmsg), "%s", w->errmsg);
         j->rc = rc;
@@ -1060,13 +1067,13 @@ static void job_run(struct idem_conn *w, struct sq_job *j)
         idem__fmt(j->errmsg, sizeof(j->errmsg),
                   "sqlite: the shared write transaction was rolled back: %s", w->errmsg);
         rc = IDEM_EUNAVAIL;
-    } else if (rc == 0) {
+    } else if (rc == 0 && own_savepoint) {
         rc = run_simple(w, "RELEASE idem_tx", "commit");
     }
     if (rc < 0 && j->errmsg[0] == '\0')
         idem__fmt(j->errmsg, sizeof(j->errmsg), "%s", w->errmsg);
     /* Its writes must not commit with the batch: a writer that cannot undo them is broken. */
-    if (rc != 0 && !sqlite3_get_autocommit(w->db) &&
+    if (rc != 0 && own_savepoint && !sqlite3_get_autocommit(w->db) &&
         run_simple(w, "ROLLBACK TO idem_tx; RELEASE idem_tx", "rollback") < 0)
         w->broken = 1;
     j->rc = rc;
@@ -1388,7 +1395,8 @@ static void job_end(struct sq_job *j)
     pthread_cond_destroy(&j->cv);
 }
 
-static int sq_write_run(struct idem_store *st, idem__tx_fn fn, void *arg, char *err, size_t errlen)
+static int sq_write_run(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags, char *err,
+                        size_t errlen)
 {
     struct sq_group *g = st->backend;
     struct timespec deadline = idem__deadline_ms(st->opts.busy_timeout_ms);
@@ -1398,6 +1406,7 @@ static int sq_write_run(struct idem_store *st, idem__tx_fn fn, void *arg, char *
     memset(&j, 0, sizeof(j));
     j.fn = fn;
     j.arg = arg;
+    j.flags = flags;
     if (pthread_cond_init(&j.cv, NULL) != 0) {
         idem__fmt(err, errlen, "%s", idem_strerror(IDEM_ENOMEM));
         return IDEM_ENOMEM;
@@ -1494,7 +1503,7 @@ static void runner_stop(struct sq_group *g)
  * whoever ran it (the writer's holder, or the runner) once its batch ends, or at once when it
  * rolled back or failed -- never by this thread.
  */
-static int sq_write_run_async(struct idem_store *st, idem__tx_fn fn, void *arg,
+static int sq_write_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags,
                               idem__commit_done done, void *done_arg, char *err, size_t errlen)
 {
     struct sq_group *g = st->backend;
@@ -1509,6 +1518,7 @@ static int sq_write_run_async(struct idem_store *st, idem__tx_fn fn, void *arg,
     }
     j->fn = fn;
     j->arg = arg;
+    j->flags = flags;
     j->notice = n;
     n->done = done;
     n->arg = done_arg;

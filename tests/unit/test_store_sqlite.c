@@ -6,7 +6,8 @@
  * savepoint rollback that fails breaks the writer, so the aborted transaction's writes are never
  * committed with the next member of the group commit (issue 15, item 2).  And whole transactions
  * run by the writer's holder (idem__tx_run): one that fails or asks for a rollback leaves nothing,
- * its neighbours in the same batch keep theirs, from many threads at once; and the same without
+ * its neighbours in the same batch keep theirs, from many threads at once (half of them one
+ * statement each, without a savepoint of their own); and the same without
  * a thread waiting for them (write_run_async), told by the store's own thread.
  */
 #include "internal.h"
@@ -82,15 +83,27 @@ struct job_arg {
     struct idem_store *st;
     enum job_kind kind;
     char id[64];
+    int one; /* run as IDEM__TX_ONE_STATEMENT: one statement, no savepoint of its own */
 };
 
-/* Inserts its row; JOB_FAIL then inserts "seed" again (a conflict), JOB_DISCARD asks to undo. */
+/*
+ * Inserts its row; JOB_FAIL then inserts "seed" again (a conflict), JOB_DISCARD asks to undo.
+ * As one statement: JOB_FAIL only inserts "seed" (which fails), JOB_DISCARD only inserts it OR
+ * IGNOREs it (which changes nothing) -- the statement that one-statement jobs may run.
+ */
 static int job_fn(struct idem_conn *c, void *arg)
 {
     struct job_arg *a = arg;
     const char *p[] = {a->id}, *seed[] = {"seed"};
-    int rc = a->st->vt->exec(c, "INSERT INTO biz (id) VALUES ($1)", 1, p, NULL);
+    int rc;
 
+    if (a->one && a->kind == JOB_FAIL)
+        return a->st->vt->exec(c, "INSERT INTO biz (id) VALUES ($1)", 1, seed, NULL);
+    if (a->one && a->kind == JOB_DISCARD) {
+        rc = a->st->vt->exec(c, "INSERT OR IGNORE INTO biz (id) VALUES ($1)", 1, seed, NULL);
+        return rc < 0 ? rc : IDEM__TX_DISCARD;
+    }
+    rc = a->st->vt->exec(c, "INSERT INTO biz (id) VALUES ($1)", 1, p, NULL);
     if (rc < 0)
         return rc;
     if (a->kind == JOB_FAIL)
@@ -111,12 +124,12 @@ static void *job_thread_run(void *arg)
     struct job_thread *t = arg;
 
     for (int i = 0; i < JOBS_EACH; i++) {
-        struct job_arg a = {t->st, (enum job_kind)(i % 3), ""};
+        struct job_arg a = {t->st, (enum job_kind)(i % 3), "", (i / 3) % 2};
         char err[IDEM_ERRMSG_MAX] = "";
         int rc;
 
         snprintf(a.id, sizeof a.id, "job-%d-%d-%c", t->id, i, "kfd"[a.kind]);
-        rc = idem__tx_run(t->st, job_fn, &a, err, sizeof err);
+        rc = idem__tx_run(t->st, job_fn, &a, a.one ? IDEM__TX_ONE_STATEMENT : 0, err, sizeof err);
         if ((a.kind == JOB_KEEP && rc != 0) || (a.kind == JOB_FAIL && rc >= 0) ||
             (a.kind == JOB_FAIL && strstr(err, "UNIQUE") == NULL) ||
             (a.kind == JOB_DISCARD && rc != IDEM__TX_DISCARD))
@@ -175,14 +188,14 @@ static void queued_job_times_out(const char *dir)
     snprintf(uri, sizeof uri, "sqlite:%s/timeout.db", dir);
     CHECK_INT(idem_store_open(uri, &o, &st, NULL), 0);
     CHECK_INT(idem_store_migrate(st, "unit", biz, 1, NULL, NULL), 0);
-    a = (struct job_arg){st, JOB_KEEP, "late"};
+    a = (struct job_arg){st, JOB_KEEP, "late", 0};
     CHECK_INT(idem_tx_begin(st, 1, &holder), 0);
-    CHECK_INT(idem__tx_run(st, job_fn, &a, err, sizeof err), IDEM_EUNAVAIL);
+    CHECK_INT(idem__tx_run(st, job_fn, &a, 0, err, sizeof err), IDEM_EUNAVAIL);
     CHECK(strstr(err, "not free within 150 ms") != NULL);
     CHECK_INT(idem_tx_commit(holder), 0);
     CHECK_INT(biz_has(st, "late"), 0);
     /* The writer is free again: the same job runs and is kept. */
-    CHECK_INT(idem__tx_run(st, job_fn, &a, err, sizeof err), 0);
+    CHECK_INT(idem__tx_run(st, job_fn, &a, 0, err, sizeof err), 0);
     CHECK_INT(biz_has(st, "late"), 1);
     idem_store_close(st);
 }
@@ -218,10 +231,10 @@ static int async_queue(struct async_job *j, struct idem_store *st, enum job_kind
     char err[IDEM_ERRMSG_MAX] = "";
 
     memset(j, 0, sizeof *j);
-    j->a = (struct job_arg){st, kind, ""};
+    j->a = (struct job_arg){st, kind, "", 0};
     snprintf(j->a.id, sizeof j->a.id, "%s", id);
     j->caller = pthread_self();
-    return idem__tx_run_async(st, job_fn, &j->a, async_job_done, j, err, sizeof err);
+    return idem__tx_run_async(st, job_fn, &j->a, 0, async_job_done, j, err, sizeof err);
 }
 
 static int async_told(struct async_job *jobs, int n)
