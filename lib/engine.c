@@ -840,7 +840,7 @@ int idem_call_begin_async(struct idem_engine *eng, const struct idem_operation *
                           const char *principal, const char *key,
                           const unsigned char fp[IDEM_FP_LEN], idem_call_begun begun, void *arg)
 {
-    const struct idem_scope s = {principal, op ? op->name : NULL, key};
+    struct idem_scope s;
     const struct idem__rentry *hit = NULL;
     enum idem_outcome oc = IDEM_OUTCOME_NONE;
     char err[IDEM_ERRMSG_MAX] = "";
@@ -854,6 +854,7 @@ int idem_call_begin_async(struct idem_engine *eng, const struct idem_operation *
     if (!op->claim_point || !eng->cache || !eng->st->vt->claim_before_read ||
         !idem__tx_runs_async(eng->st))
         return 0;
+    s = (struct idem_scope){principal, op->name, key};
     if (cache_answer(eng, &s, fp, &hit, &oc)) {
         idem__rcache_release(hit);
         return 0;
@@ -1347,14 +1348,27 @@ int idem_call_commit_async(struct idem_call *call, idem_call_done done, void *ar
     return 0;
 }
 
-/* A response stored with no phase open: one whole transaction (idem__tx_run). */
+/*
+ * A response stored with no phase open: one whole transaction of one statement (idem__tx_run).
+ * The job owns the copies of the response it writes (response_copies()); complete_job_ended()
+ * hands them to the call.
+ */
 struct complete_job {
     struct idem_call *call;
     int status;
-    const char *headers; /* encoded */
-    const void *body;
+    char *headers; /* encoded */
+    void *body;
     size_t body_len;
 };
+
+/* The job for `call`'s response, with its copies made. */
+static int complete_job_init(struct complete_job *j, struct idem_call *call, int status,
+                             const struct idem_header *headers, size_t nheaders, const void *body,
+                             size_t body_len)
+{
+    *j = (struct complete_job){call, status, NULL, NULL, body_len};
+    return response_copies(call, headers, nheaders, body, body_len, &j->headers, &j->body);
+}
 
 static int complete_job_run(struct idem_conn *c, void *arg)
 {
@@ -1368,25 +1382,34 @@ static int complete_job_run(struct idem_conn *c, void *arg)
 }
 
 /*
- * A completion job ended with `rc`: its copies (`text`, `copy`, taken) become the call's
- * response once durable; a fence that failed is IDEM_ELEASE.
+ * A completion job ended with `rc`: its copies become the call's response once durable; a fence
+ * that failed is IDEM_ELEASE.
  */
-static int complete_job_ended(const struct complete_job *j, char *text, void *copy, int rc,
-                              const char *err)
+static int complete_job_ended(struct complete_job *j, int rc, const char *err)
 {
     struct idem_call *call = j->call;
 
     if (rc == IDEM__TX_DISCARD) {
-        free(text);
-        free(copy);
+        free(j->headers);
+        free(j->body);
         return call_fail(call, IDEM_ELEASE, "complete", "another owner took the lease over");
     }
     unstage(call);
     call->staged_status = j->status;
-    call->staged_headers = text;
-    call->staged_body = copy;
+    call->staged_headers = j->headers;
+    call->staged_body = j->body;
     call->staged_body_len = j->body_len;
     return response_committed(call, rc, rc < 0 ? err : NULL);
+}
+
+/* Whether `call` (no phase open) may still be completed; IDEM_ESTATE otherwise. */
+static int phaseless_completable(struct idem_call *call)
+{
+    if (call->completed)
+        return call_fail(call, IDEM_ESTATE, "complete", "the call is completed");
+    if (!call->principal) /* answered from the replay cache: it owns no record */
+        return call_fail(call, IDEM_ESTATE, "complete", "the call owns no record");
+    return 0;
 }
 
 /*
@@ -1398,26 +1421,19 @@ static int complete_at_once(struct idem_call *call, int status, const struct ide
                             size_t nheaders, const void *body, size_t body_len)
 {
     char err[IDEM_ERRMSG_MAX] = "";
-    struct complete_job j = {call, status, NULL, NULL, body_len};
-    char *text = NULL;
-    void *copy = NULL;
-    int rc;
+    struct complete_job j;
+    int rc = complete_job_init(&j, call, status, headers, nheaders, body, body_len);
 
-    rc = response_copies(call, headers, nheaders, body, body_len, &text, &copy);
     if (rc < 0)
         return call_fail(call, rc, "complete", NULL);
-    j.headers = text;
-    j.body = copy;
     rc =
         idem__tx_run(call->eng->st, complete_job_run, &j, IDEM__TX_ONE_STATEMENT, err, sizeof(err));
-    return complete_job_ended(&j, text, copy, rc, err);
+    return complete_job_ended(&j, rc, err);
 }
 
 /* An asynchronous completion (idem_call_complete_async) on its way through the store. */
 struct complete_async {
     struct complete_job job;
-    char *text;
-    void *copy;
     idem_call_done done;
     void *arg;
 };
@@ -1427,7 +1443,7 @@ static void complete_async_done(void *arg, int rc, const char *errmsg)
     struct complete_async *a = arg;
     struct idem_call *call = a->job.call;
 
-    rc = complete_job_ended(&a->job, a->text, a->copy, rc, errmsg);
+    rc = complete_job_ended(&a->job, rc, errmsg);
     a->done(call, rc, a->arg);
     free(a);
 }
@@ -1442,11 +1458,11 @@ int idem_call_complete_async(struct idem_call *call, int status, const struct id
 
     if (!call || !done || !response_args_ok(status, headers, nheaders, body, body_len))
         return IDEM_EINVAL;
-    if (call->completed)
-        return call_fail(call, IDEM_ESTATE, "complete", "the call is completed");
-    if (call->tx || !call->principal)
-        return call_fail(call, IDEM_ESTATE, "complete",
-                         call->tx ? "a phase is open" : "the call owns no record");
+    if (call->tx)
+        return call_fail(call, IDEM_ESTATE, "complete", "a phase is open");
+    rc = phaseless_completable(call);
+    if (rc < 0)
+        return rc;
     if (!idem__tx_runs_async(call->eng->st)) {
         rc = complete_at_once(call, status, headers, nheaders, body, body_len);
         done(call, rc, arg);
@@ -1455,21 +1471,17 @@ int idem_call_complete_async(struct idem_call *call, int status, const struct id
     a = calloc(1, sizeof(*a));
     if (!a)
         return call_fail(call, IDEM_ENOMEM, "complete", NULL);
-    rc = response_copies(call, headers, nheaders, body, body_len, &a->text, &a->copy);
-    if (rc < 0) {
-        free(a);
-        return call_fail(call, rc, "complete", NULL);
-    }
-    a->job = (struct complete_job){call, status, a->text, a->copy, body_len};
     a->done = done;
     a->arg = arg;
-    rc = idem__tx_run_async(call->eng->st, complete_job_run, &a->job, IDEM__TX_ONE_STATEMENT,
-                            complete_async_done, a, err, sizeof(err));
+    rc = complete_job_init(&a->job, call, status, headers, nheaders, body, body_len);
+    if (rc == 0)
+        rc = idem__tx_run_async(call->eng->st, complete_job_run, &a->job, IDEM__TX_ONE_STATEMENT,
+                                complete_async_done, a, err, sizeof(err));
     if (rc < 0) {
-        free(a->text);
-        free(a->copy);
+        free(a->job.headers);
+        free(a->job.body);
         free(a);
-        return call_fail(call, rc, "complete", err);
+        return call_fail(call, rc, "complete", err[0] ? err : NULL);
     }
     return 0;
 }
@@ -1481,12 +1493,9 @@ int idem_call_complete(struct idem_call *call, int status, const struct idem_hea
 
     if (!call || !response_args_ok(status, headers, nheaders, body, body_len))
         return IDEM_EINVAL;
-    if (call->completed)
-        return call_fail(call, IDEM_ESTATE, "complete", "the call is completed");
-    if (!call->tx) {
-        if (!call->principal) /* answered from the replay cache: it owns no record */
-            return call_fail(call, IDEM_ESTATE, "complete", "the call owns no record");
-        return complete_at_once(call, status, headers, nheaders, body, body_len);
+    if (!call->tx) { /* (a completed call has none) */
+        rc = phaseless_completable(call);
+        return rc < 0 ? rc : complete_at_once(call, status, headers, nheaders, body, body_len);
     }
     rc = stage_response(call, status, headers, nheaders, body, body_len);
     if (rc == 0)

@@ -212,7 +212,8 @@ struct idem_store_vtab {
      * Optional, with the ones above: idem__tx_run() of a whole transaction.  `fn` runs in its own
      * savepoint of the current batch on whichever thread holds the writer when it comes free
      * (the caller sleeps meanwhile, instead of being handed the writer and running it itself),
-     * and the call returns as write_commit does: once the batch is durable, or failed.
+     * and the call returns as write_commit does: once the batch is durable, or failed.  It and
+     * write_run_async count what they commit in st->write_commits.
      */
     int (*write_run)(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags, char *err,
                      size_t errlen);

@@ -360,12 +360,8 @@ int idem__tx_run(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flag
     struct idem_tx *tx = NULL;
     int rc;
 
-    if (st->vt->write_run) {
-        rc = st->vt->write_run(st, fn, arg, flags, err, errlen);
-        if (rc == 0)
-            atomic_fetch_add(&st->write_commits, 1);
-        return rc;
-    }
+    if (st->vt->write_run)
+        return st->vt->write_run(st, fn, arg, flags, err, errlen);
     rc = idem_tx_begin(st, 1, &tx);
     if (rc < 0) {
         idem__fmt(err, errlen, "cannot begin a write transaction: %s", idem_strerror(rc));
@@ -387,45 +383,14 @@ int idem__tx_runs_async(const struct idem_store *st)
     return st->vt->write_run_async != NULL;
 }
 
-/* What idem__tx_run_async() tells when its transaction ended: counted, then passed on. */
-struct tx_async {
-    struct idem_store *st;
-    idem__commit_done done;
-    void *arg;
-};
-
-static void tx_async_done(void *arg, int rc, const char *errmsg)
-{
-    struct tx_async a = *(struct tx_async *)arg;
-
-    free(arg);
-    if (rc == 0)
-        atomic_fetch_add(&a.st->write_commits, 1);
-    a.done(a.arg, rc, errmsg);
-}
-
 int idem__tx_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags,
                        idem__commit_done done, void *done_arg, char *err, size_t errlen)
 {
-    struct tx_async *a;
-    int rc;
-
     if (!st->vt->write_run_async) {
         idem__fmt(err, errlen, "%s", "this store cannot run a transaction without waiting");
         return IDEM_EINVAL;
     }
-    a = malloc(sizeof(*a));
-    if (!a) {
-        idem__fmt(err, errlen, "%s", idem_strerror(IDEM_ENOMEM));
-        return IDEM_ENOMEM;
-    }
-    a->st = st;
-    a->done = done;
-    a->arg = done_arg;
-    rc = st->vt->write_run_async(st, fn, arg, flags, tx_async_done, a, err, errlen);
-    if (rc < 0)
-        free(a);
-    return rc;
+    return st->vt->write_run_async(st, fn, arg, flags, done, done_arg, err, errlen);
 }
 
 void idem_tx_rollback(struct idem_tx *tx)

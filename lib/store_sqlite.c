@@ -747,11 +747,12 @@ struct sq_job {
     unsigned flags;           /* IDEM__TX_ONE_STATEMENT: no savepoint of its own */
 };
 
-/* A member that did not wait (write_commit_async): told when its batch ends. */
+/* A member that did not wait (write_commit_async, write_run_async): told when its batch ends. */
 struct sq_notice {
     struct sq_notice *next;
     idem__commit_done done;
     void *arg;
+    int counts; /* a write_run_async job's: counted in write_commits once durable */
     int rc;
     char errmsg[IDEM_ERRMSG_MAX];
 };
@@ -838,6 +839,8 @@ static void group_unlock(struct sq_group *g)
     }
     for (; n; n = next) {
         next = n->next;
+        if (n->counts && n->rc == 0)
+            atomic_fetch_add(&g->st->write_commits, 1);
         n->done(n->arg, n->rc, n->rc < 0 ? n->errmsg : NULL);
         free(n);
     }
@@ -1457,6 +1460,8 @@ static int sq_write_run(struct idem_store *st, idem__tx_fn fn, void *arg, unsign
     job_forget_locked(g, &j);
     group_unlock(g);
     job_end(&j);
+    if (rc == 0)
+        atomic_fetch_add(&st->write_commits, 1);
     return rc;
 }
 
@@ -1522,6 +1527,7 @@ static int sq_write_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, 
     j->notice = n;
     n->done = done;
     n->arg = done_arg;
+    n->counts = 1;
     pthread_mutex_lock(&g->mu);
     if (g->runner_stop) {
         pthread_mutex_unlock(&g->mu);
