@@ -307,6 +307,15 @@ static struct idem_header *reply_headers(const struct http_reply *ur)
     return h;
 }
 
+/* No claim could be made (the store failed): logged, and answered 503; nothing was sent. */
+static void answer_no_claim(struct gateway *gw, const char *operation, const char *why,
+                            struct response *resp)
+{
+    log_msg(&gw->log, "error", "%s: cannot begin: %s", operation, why);
+    idem_answer_unavailable(resp, "The idempotency store cannot be reached; nothing was sent "
+                                  "upstream. Retry.");
+}
+
 static void log_unsettled(struct gateway *gw, const struct gw_route *r, int status,
                           struct idem_call *call)
 {
@@ -773,11 +782,7 @@ static void forwarded_done(void *arg, enum http_fetch_result res, struct http_re
     http_server_unpark(pk->token);
 }
 
-/*
- * Passes a request through from the event loop, without a worker: parked until the upstream
- * answers.  The server always offers a park to on_loop, and on_loop runs on a loop thread, so
- * the exchange can always start there.
- */
+/* Parks the request (again) on `pk` for at most `timeout_ms`. */
 static enum http_loop_verdict park_again(struct parked *pk, struct http_park *park, int timeout_ms)
 {
     park->data = pk;
@@ -797,6 +802,17 @@ static int upstream_backstop(const struct gateway *gw, struct parked *pk)
     return ms;
 }
 
+/* What is left of the backstop (ms; 0 or less once it passed). */
+static int64_t backstop_left(const struct parked *pk)
+{
+    return pk->deadline_ms - mono_ns() / 1000000;
+}
+
+/*
+ * Passes a request through from the event loop, without a worker: parked until the upstream
+ * answers.  The server always offers a park to on_loop, and on_loop runs on a loop thread, so
+ * the exchange can always start there.
+ */
 static enum http_loop_verdict pass_on_loop(struct gateway *gw, const struct request *rq,
                                            const struct note *n, struct http_park *park,
                                            struct response *resp)
@@ -908,9 +924,7 @@ static enum http_loop_verdict fresh_on_loop(struct gateway *gw, const struct not
     free(pk);
     if (rc == 0)
         return HTTP_LOOP_WORKER; /* a record may exist, or the store cannot: the blocking way */
-    log_msg(&gw->log, "error", "%s: cannot begin: %s", op->name, idem_err_name(rc));
-    idem_answer_unavailable(resp, "The idempotency store cannot be reached; nothing was sent "
-                                  "upstream. Retry.");
+    answer_no_claim(gw, op->name, idem_err_name(rc), resp);
     return HTTP_LOOP_ANSWERED;
 }
 
@@ -976,12 +990,9 @@ static enum http_loop_verdict fresh_on_unpark(struct gateway *gw, const struct r
         if (pk->store_rc < 0 || pk->outcome == IDEM_OUTCOME_EXECUTE)
             gw_metrics_store(gw->metrics, (double)(mono_ns() - pk->since_ns) / 1e9);
         if (pk->store_rc < 0) {
-            log_msg(&gw->log, "error", "%s: cannot begin: %s", r->operation,
-                    idem_call_errmsg(pk->call));
+            answer_no_claim(gw, r->operation, idem_call_errmsg(pk->call), resp);
             idem_call_end(pk->call);
             free(pk);
-            idem_answer_unavailable(resp, "The idempotency store cannot be reached; nothing was "
-                                          "sent upstream. Retry.");
             return HTTP_LOOP_ANSWERED;
         }
         if (pk->outcome != IDEM_OUTCOME_EXECUTE || !park) {
@@ -995,10 +1006,9 @@ static enum http_loop_verdict fresh_on_unpark(struct gateway *gw, const struct r
         return fresh_forward(gw, rq, n, pk, park);
     case PARK_FORWARD:
         if (!pk->ended) {
-            int64_t left = pk->deadline_ms - mono_ns() / 1000000;
-            if (park && left > 0) { /* a stop's turn, or an early wake-up */
+            if (park && backstop_left(pk) > 0) { /* a stop's turn, or an early wake-up */
                 park->must_finish = 1;
-                return park_again(pk, park, (int)left);
+                return park_again(pk, park, (int)backstop_left(pk));
             }
             http_fetch_cancel(pk->fetch);               /* no wake-up can come after this */
             pk->fetch = NULL;
@@ -1084,8 +1094,8 @@ static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *r
     case PARK_COMPLETE:
         return fresh_on_unpark(gw, rq, n, pk, park, resp);
     case PARK_PASS:
-        if (!pk->ended && park && pk->deadline_ms > mono_ns() / 1000000)
-            return park_again(pk, park, (int)(pk->deadline_ms - mono_ns() / 1000000));
+        if (!pk->ended && park && backstop_left(pk) > 0)
+            return park_again(pk, park, (int)backstop_left(pk));
         if (!pk->ended) {
             http_fetch_cancel(pk->fetch); /* no wake-up can come after this */
             resp->outcome = "passed";
@@ -1171,9 +1181,7 @@ static void proxy_handle(void *ctx, const struct request *rq, struct response *r
     rc = idem_call_begin(gw->engine, op, n->principal, n->key, n->fp, &call, &outcome);
     gw_metrics_store(gw->metrics, (double)(mono_ns() - t0) / 1e9);
     if (rc < 0) {
-        log_msg(&gw->log, "error", "%s: cannot begin: %s", op->name, idem_err_name(rc));
-        idem_answer_unavailable(resp, "The idempotency store cannot be reached; nothing was "
-                                      "sent upstream. Retry.");
+        answer_no_claim(gw, op->name, idem_err_name(rc), resp);
         return;
     }
     if (idem_answer_settled(call, outcome, op, resp))

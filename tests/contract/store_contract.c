@@ -1122,6 +1122,24 @@ static void *point_run(void *arg)
     return NULL;
 }
 
+/*
+ * `call` (alice's, of point_op) holds no phase, and the store -- read by `reader` -- has its
+ * record at the point "forwarded", processing under a live lease.
+ */
+static void expect_claimed_at_point(struct idem_engine *reader, struct idem_call *call,
+                                    const char *key)
+{
+    struct idem_record_info info;
+
+    CHECK(idem_call_tx(call) == NULL);
+    CHECK_STR(idem_call_recovery_point(call), "forwarded");
+    CHECK_INT(idem_record_inspect(reader, "alice", "contract.point", key, &info), 0);
+    CHECK_INT(info.found, 1);
+    CHECK_INT(info.completed, 0);
+    CHECK_STR(info.recovery_point, "forwarded");
+    CHECK_INT(info.lease_live, 1);
+}
+
 static void test_claim_point(struct idem_engine *eng, struct idem_store *st)
 {
     static const struct idem_operation short_op = {
@@ -1143,13 +1161,7 @@ static void test_claim_point(struct idem_engine *eng, struct idem_store *st)
     /* The claim is in the store, at the point, before idem_call_begin returns. */
     CHECK_INT(idem_call_begin(eng, &point_op, "alice", "point-one", fp, &call, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
-    CHECK(idem_call_tx(call) == NULL);
-    CHECK_STR(idem_call_recovery_point(call), "forwarded");
-    CHECK_INT(idem_record_inspect(nocache, "alice", "contract.point", "point-one", &info), 0);
-    CHECK_INT(info.found, 1);
-    CHECK_INT(info.completed, 0);
-    CHECK_STR(info.recovery_point, "forwarded");
-    CHECK_INT(info.lease_live, 1);
+    expect_claimed_at_point(nocache, call, "point-one");
     /* A duplicate meanwhile is in progress, and nothing ran twice. */
     {
         struct idem_call *dup = NULL;
@@ -1255,7 +1267,6 @@ static void test_begin_async(struct idem_engine *eng, struct idem_store *st)
         .name = "contract.point", .lease_ms = 50, .wait_ms = 10, .claim_point = "forwarded"};
     struct idem_engine_options o = {.replay_cache_bytes = IDEM_REPLAY_CACHE_OFF};
     struct idem_engine *nocache = NULL, *fresh = NULL;
-    struct idem_record_info info;
     struct idem_call *call = NULL, *heir = NULL, *dup = NULL;
     struct async_step a;
     enum idem_outcome oc;
@@ -1292,12 +1303,7 @@ static void test_begin_async(struct idem_engine *eng, struct idem_store *st)
     CHECK_INT(a.rc, 0);
     CHECK_INT(a.outcome, IDEM_OUTCOME_EXECUTE);
     call = a.call;
-    CHECK(idem_call_tx(call) == NULL);
-    CHECK_STR(idem_call_recovery_point(call), "forwarded");
-    CHECK_INT(idem_record_inspect(nocache, "alice", "contract.point", "async-one", &info), 0);
-    CHECK_INT(info.found, 1);
-    CHECK_INT(info.completed, 0);
-    CHECK_STR(info.recovery_point, "forwarded");
+    expect_claimed_at_point(nocache, call, "async-one");
     CHECK_INT(idem_call_begin(nocache, &short_op, "alice", "async-one", fp, &dup, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_IN_PROGRESS);
     idem_call_end(dup);

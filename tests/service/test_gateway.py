@@ -32,7 +32,7 @@ import urllib.parse
 import uuid
 
 import harness
-from harness import TestFailure, expect_eq, expect_problem, test
+from harness import TestFailure, expect_eq, expect_fresh, expect_problem, expect_replay, test
 from gateway_harness import GATEWAY, Gateway, Upstream, expect, pattern_bytes
 
 
@@ -231,6 +231,35 @@ def duplicates_wait_on_the_event_loop_not_on_workers(ctx):
         gw.close()
 
 
+def fresh_keys_at_once(gw, keys, mode):
+    """Starts one POST per key, all at once, each with X-Test-Mode `mode`: harness.in_thread's
+    (thread, box) by key."""
+    return {k: harness.in_thread(lambda k=k: gw.request("POST", "/v1/things", {"k": k}, key=k,
+                                                        headers={"X-Test-Mode": mode}))
+            for k in keys}
+
+
+def answers_of(started, timeout=60):
+    """fresh_keys_at_once's answers, by key (a failure for one that raised or never came)."""
+    return {k: harness.joined(t, box, "POST of " + k, timeout) for k, (t, box) in started.items()}
+
+
+def not_refused(gw, up, results):
+    """
+    The keys of `results` that were not turned away for want of a worker.  PostgreSQL claims a
+    fresh key on a worker, so one that finds none is refused with 503 server-busy, having run
+    nowhere; on SQLite none may be.
+    """
+    kept = []
+    for k, r in results.items():
+        if r.status == 503 and harness.store_kind(gw.db_uri) == "postgresql":
+            expect_problem(r, 503, "server-busy", "no worker free")
+            expect_eq(up.executions(k), 0, "executions of a refused " + k)
+        else:
+            kept.append(k)
+    return kept
+
+
 @test
 def fresh_keys_hold_no_worker(ctx):
     up = ctx["up"]
@@ -242,36 +271,12 @@ def fresh_keys_hold_no_worker(ctx):
     try:
         gw.start()
         keys = [key("loop-%d" % i) for i in range(12)]
-        results = {}
-        lock = threading.Lock()
-
-        def one(k):
-            r = gw.request("POST", "/v1/things", {"k": k}, key=k,
-                           headers={"X-Test-Mode": "slow:400"})
-            with lock:
-                results[k] = r
-
-        threads = [threading.Thread(target=one, args=(k,)) for k in keys]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
-        expect_eq(len(results), 12, "answers")
-        if not gw.db_uri.startswith("sqlite:"):
-            # PostgreSQL claims on a worker: what finds none is refused, and runs nowhere.
-            for k, r in results.items():
-                if r.status == 503:
-                    expect_problem(r, 503, "server-busy", "no worker free")
-                    expect_eq(up.executions(k), 0, "executions of a refused " + k)
-            keys = [k for k in keys if results[k].status != 503]
-        bad = [(k, results[k].describe(150)) for k in keys if results[k].status != 201]
-        expect(not bad, "every fresh key executed: %s" % bad[:2])
-        for k in keys:
+        results = answers_of(fresh_keys_at_once(gw, keys, "slow:400"))
+        for k in not_refused(gw, up, results):
+            expect_fresh(results[k], 201, "fresh key " + k)
             expect_eq(up.executions(k), 1, "executions of " + k)
-            r = gw.request("POST", "/v1/things", {"k": k}, key=k)
-            expect(r.status == 201 and r.body == results[k].body and
-                   r.headers.get("idempotent-replayed") == "true",
-                   "a retry replays the stored answer: %s" % r.describe(150))
+            expect_replay(gw.request("POST", "/v1/things", {"k": k}, key=k), results[k],
+                          "a retry of " + k)
     finally:
         gw.close()
 
@@ -286,32 +291,19 @@ def an_upstream_answer_is_never_dropped_for_want_of_a_worker(ctx):
     gw = Gateway(up, args=["--http-workers", "1", "--http-queue", "1"])
     try:
         gw.start()
-        streams = [threading.Thread(target=stream_through,
-                                    args=(gw, "bigslow:%d" % (64 << 20), None, 1500))
-                   for _ in range(2)]
-        for t in streams:
-            t.start()
+        streams = []
+        for _ in range(2):
+            streams.append(harness.in_thread(
+                lambda: stream_through(gw, "bigslow:%d" % (64 << 20), None, 1500)))
             time.sleep(0.5)
         keys = [key("handoff-%d" % i) for i in range(6)]
-        results = {}
-
-        def one(k):
-            results[k] = gw.request("POST", "/v1/things", {"k": k}, key=k,
-                                    headers={"X-Test-Mode": "status:500"})
-        threads = [threading.Thread(target=one, args=(k,)) for k in keys]
-        for t in threads:
-            t.start()
-        for t in threads + streams:
-            t.join(60)
-        for k in keys:
-            r = results.get(k)
-            if r is not None and r.status == 503 and not gw.db_uri.startswith("sqlite:"):
-                # PostgreSQL claims on a worker: refused before anything ran.
-                expect_problem(r, 503, "server-busy", "no worker free")
-                expect_eq(up.executions(k), 0, "executions of a refused " + k)
-                continue
-            expect(r is not None and r.status == 500 and k.encode() in r.body,
-                   "the upstream's own 500 relayed: %s" % (r.describe(200) if r else "no answer"))
+        results = answers_of(fresh_keys_at_once(gw, keys, "status:500"))
+        for t, box in streams:
+            harness.joined(t, box, "a slow stream")
+        for k in not_refused(gw, up, results):
+            r = results[k]
+            expect(r.status == 500 and k.encode() in r.body,
+                   "the upstream's own 500 relayed: %s" % r.describe(200))
             expect_eq(up.executions(k), 1, "executions of " + k)
     finally:
         gw.close()
@@ -649,42 +641,28 @@ def a_stop_cuts_a_stream_still_going_when_its_grace_ends(ctx):
     gw = Gateway(up, name="gateway-stop", upstream_timeout="15s")
     gw.start()
     try:
-        box = {}
         late = key("late")
-
-        def read():
-            box["r"] = stream_through(gw, "bigslow:%d" % (256 << 20), key("slow"))
-
-        def slow_fresh():
-            box["late"] = gw.request("POST", "/v1/things", {"late": 1}, key=late,
-                                     headers={"X-Test-Mode": "slow:11500"})
-        t = threading.Thread(target=read)
-        t.start()
-        t2 = threading.Thread(target=slow_fresh)
-        t2.start()
+        stream = harness.in_thread(
+            lambda: stream_through(gw, "bigslow:%d" % (256 << 20), key("slow")))
+        slow = harness.in_thread(lambda: gw.request("POST", "/v1/things", {"late": 1}, key=late,
+                                                    headers={"X-Test-Mode": "slow:11500"}))
         time.sleep(1)
         expect_eq(up.executions(late), 1, "the late key reached the upstream")
         t0 = time.monotonic()
         gw.proc.send_signal(signal.SIGTERM)
         code = gw.proc.wait(30)
         took = time.monotonic() - t0
-        t.join(30)
-        t2.join(30)
+        _, _, body, _ = harness.joined(*stream, "the stream", 30)
+        r = harness.joined(*slow, "the key whose upstream answered past the grace", 30)
         expect(took < 20, "the gateway stopped within its grace of 10 s (%.1f s)" % took)
         expect_eq(code, 0, "exit status of a graceful stop")
-        _, _, body, _ = box["r"]
         expect(0 < len(body) < (256 << 20), "the client got a body cut short: %d bytes" % len(body))
-        r = box.get("late")
-        expect(r is not None and r.status == 201,
-               "the key whose upstream answered past the grace got its answer: %s"
-               % (r.describe(200) if r else "none"))
+        expect_fresh(r, 201, "the key whose upstream answered past the grace")
         print("     a stop with a stream in flight: exited after %.1f s, %d KiB sent"
               % (took, len(body) >> 10))
         gw.start()
-        again = gw.request("POST", "/v1/things", {"late": 1}, key=late)
-        expect(again.status == 201 and again.body == r.body and
-               again.headers.get("idempotent-replayed") == "true",
-               "after the restart it replays: %s" % again.describe(200))
+        expect_replay(gw.request("POST", "/v1/things", {"late": 1}, key=late), r,
+                      "the late key after the restart")
         expect_eq(up.executions(late), 1, "executions of the late key")
     finally:
         gw.close()
@@ -700,31 +678,21 @@ def a_stop_lets_fresh_keys_in_flight_finish(ctx):
     gw.start()
     try:
         keys = [key("stop-%d" % i) for i in range(6)]
-        results = {}
-
-        def one(k):
-            results[k] = gw.request("POST", "/v1/things", {"k": k}, key=k,
-                                    headers={"X-Test-Mode": "slow:1500"})
-        threads = [threading.Thread(target=one, args=(k,)) for k in keys]
-        for t in threads:
-            t.start()
+        started = fresh_keys_at_once(gw, keys, "slow:1500")
         deadline = time.monotonic() + 5
         while (sum(up.executions(k) for k in keys) < len(keys) and
                time.monotonic() < deadline):
             time.sleep(0.01)
         gw.proc.send_signal(signal.SIGTERM)
         code = gw.proc.wait(30)
-        for t in threads:
-            t.join(30)
+        results = answers_of(started, 30)
         expect_eq(code, 0, "exit status of a graceful stop")
-        bad = [(k, r.describe(150)) for k, r in results.items() if r.status != 201]
-        expect(len(results) == len(keys) and not bad, "answered during the stop: %s" % bad[:2])
+        for k in keys:
+            expect_fresh(results[k], 201, "%s, answered during the stop" % k)
         gw.start()
         for k in keys:
-            r = gw.request("POST", "/v1/things", {"k": k}, key=k)
-            expect(r.status == 201 and r.body == results[k].body and
-                   r.headers.get("idempotent-replayed") == "true",
-                   "after the restart a retry replays: %s" % r.describe(150))
+            expect_replay(gw.request("POST", "/v1/things", {"k": k}, key=k), results[k],
+                          "%s after the restart" % k)
             expect_eq(up.executions(k), 1, "executions of " + k)
     finally:
         gw.close()

@@ -141,27 +141,52 @@ static void *job_thread_run(void *arg)
     return NULL;
 }
 
-static void whole_transactions(struct idem_store *st)
+/* The row "seed" that a failing job inserts again. */
+static void seed_row(struct idem_store *st)
 {
-    pthread_t th[JOB_THREADS];
-    struct job_thread t[JOB_THREADS];
-    struct idem_store_stats before, after;
     struct idem_tx *tx = NULL;
     const char *seed[] = {"seed"};
-    int bad = 0;
 
     CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
     CHECK_INT(idem_tx_exec(tx, "INSERT INTO biz (id) VALUES ($1)", 1, seed, NULL), 0);
     CHECK_INT(idem_tx_commit(tx), 0);
+}
+
+/* JOB_THREADS threads of job_thread_run; job_threads_join() says how many returns were wrong. */
+struct job_threads {
+    pthread_t th[JOB_THREADS];
+    struct job_thread t[JOB_THREADS];
+};
+
+static void job_threads_start(struct job_threads *jt, struct idem_store *st)
+{
+    for (int i = 0; i < JOB_THREADS; i++) {
+        jt->t[i] = (struct job_thread){st, i, 0};
+        pthread_create(&jt->th[i], NULL, job_thread_run, &jt->t[i]);
+    }
+}
+
+static int job_threads_join(struct job_threads *jt)
+{
+    int bad = 0;
+
+    for (int i = 0; i < JOB_THREADS; i++) {
+        pthread_join(jt->th[i], NULL);
+        bad += jt->t[i].bad;
+    }
+    return bad;
+}
+
+static void whole_transactions(struct idem_store *st)
+{
+    struct job_threads jt;
+    struct idem_store_stats before, after;
+    int bad;
+
+    seed_row(st);
     idem_store_stats(st, &before);
-    for (int i = 0; i < JOB_THREADS; i++) {
-        t[i] = (struct job_thread){st, i, 0};
-        pthread_create(&th[i], NULL, job_thread_run, &t[i]);
-    }
-    for (int i = 0; i < JOB_THREADS; i++) {
-        pthread_join(th[i], NULL);
-        bad += t[i].bad;
-    }
+    job_threads_start(&jt, st);
+    bad = job_threads_join(&jt);
     idem_store_stats(st, &after);
     CHECK_INT(bad, 0);
     CHECK_INT(biz_count(st, "LIKE", "job-%-k"), JOB_THREADS * JOBS_EACH / 3);
@@ -262,36 +287,26 @@ static void jobs_without_a_waiting_thread(const char *dir)
     static struct async_job jobs[ASYNC_JOBS];
     struct idem_store *st = NULL;
     struct idem_store_stats before, after;
-    struct idem_tx *holder = NULL, *tx = NULL;
-    pthread_t th[JOB_THREADS];
-    struct job_thread t[JOB_THREADS];
-    const char *seed[] = {"seed"};
+    struct idem_tx *holder = NULL;
+    struct job_threads jt;
     char uri[160], id[64];
-    int bad = 0;
+    int bad;
 
     snprintf(uri, sizeof uri, "sqlite:%s/async.db", dir);
     CHECK_INT(idem_store_open(uri, NULL, &st, NULL), 0);
     CHECK_INT(idem_store_migrate(st, "unit", biz, 1, NULL, NULL), 0);
     CHECK(idem__tx_runs_async(st));
-    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
-    CHECK_INT(idem_tx_exec(tx, "INSERT INTO biz (id) VALUES ($1)", 1, seed, NULL), 0);
-    CHECK_INT(idem_tx_commit(tx), 0);
+    seed_row(st);
 
     idem_store_stats(st, &before);
-    for (int i = 0; i < JOB_THREADS; i++) {
-        t[i] = (struct job_thread){st, i, 0};
-        pthread_create(&th[i], NULL, job_thread_run, &t[i]);
-    }
+    job_threads_start(&jt, st);
     for (int i = 0; i < ASYNC_JOBS; i++) {
         enum job_kind kind = (enum job_kind)(i % 3);
         snprintf(id, sizeof id, "async-%d-%c", i, "kfd"[kind]);
         CHECK_INT(async_queue(&jobs[i], st, kind, id), 0);
     }
     async_wait_all(jobs, ASYNC_JOBS);
-    for (int i = 0; i < JOB_THREADS; i++) {
-        pthread_join(th[i], NULL);
-        bad += t[i].bad;
-    }
+    bad = job_threads_join(&jt);
     idem_store_stats(st, &after);
     CHECK_INT(bad, 0);
     for (int i = 0; i < ASYNC_JOBS; i++) {
