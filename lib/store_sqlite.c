@@ -1514,13 +1514,11 @@ static int sq_write_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, 
     struct sq_group *g = st->backend;
     struct sq_job *j = calloc(1, sizeof(*j));
     struct sq_notice *n = calloc(1, sizeof(*n));
+    const char *why = idem_strerror(IDEM_ENOMEM);
+    int rc = IDEM_ENOMEM;
 
-    if (!j || !n) {
-        free(j);
-        free(n);
-        idem__fmt(err, errlen, "%s", idem_strerror(IDEM_ENOMEM));
-        return IDEM_ENOMEM;
-    }
+    if (!j || !n)
+        goto fail;
     j->fn = fn;
     j->arg = arg;
     j->flags = flags;
@@ -1529,29 +1527,26 @@ static int sq_write_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, 
     n->arg = done_arg;
     n->counts = 1;
     pthread_mutex_lock(&g->mu);
-    if (g->runner_stop) {
+    if (g->runner_stop ||
+        (!g->runner_started && pthread_create(&g->runner, NULL, runner_main, g) != 0)) {
+        rc = g->runner_stop ? IDEM_EUNAVAIL : IDEM_ENOMEM;
+        why = g->runner_stop ? "sqlite: the store is closing"
+                             : "sqlite: cannot start the store's runner thread";
         pthread_mutex_unlock(&g->mu);
-        free(j);
-        free(n);
-        idem__fmt(err, errlen, "%s", "sqlite: the store is closing");
-        return IDEM_EUNAVAIL;
+        goto fail;
     }
-    if (!g->runner_started) {
-        if (pthread_create(&g->runner, NULL, runner_main, g) != 0) {
-            pthread_mutex_unlock(&g->mu);
-            free(j);
-            free(n);
-            idem__fmt(err, errlen, "%s", "sqlite: cannot start the store's runner thread");
-            return IDEM_ENOMEM;
-        }
-        g->runner_started = 1;
-    }
+    g->runner_started = 1;
     *g->jobs_tail = j;
     g->jobs_tail = &j->next;
     if (!g->busy && g->jobs == j) /* else the writer's holder, or whoever is woken, runs it */
         g->wake_runner = 1;
     group_unlock(g);
     return 0;
+fail:
+    free(j);
+    free(n);
+    idem__fmt(err, errlen, "%s", why);
+    return rc;
 }
 
 /* ---- migrations --------------------------------------------------------------------------- */
