@@ -168,9 +168,10 @@ def test_orders_survive_a_switchover_and_a_killed_primary(_):
             with open(os.path.join(data, "postmaster.pid")) as f:
                 pid = int(f.readline())
             # The agent (and the runuser that started it under root): every process naming its
-            # config file.
+            # config file -- by its full path: another cluster beside this one names its nodes
+            # alike.
             agents = [int(x) for x in subprocess.run(
-                ["pgrep", "-f", "patroni .*/%s.yml" % leader["Member"]], capture_output=True,
+                ["pgrep", "-f", "patroni %s.yml" % data], capture_output=True,
                 text=True).stdout.split()]
             expect(agents, "the Patroni agent of %s" % leader["Member"])
             t1 = time.monotonic()
@@ -218,7 +219,7 @@ def test_gateway_follows_the_primary(_):
     up = Upstream()
     stop = threading.Event()
     lock = threading.Lock()
-    finals, events = {}, []
+    finals, events, errors = {}, [], {}
 
     def client(n):
         i = 0
@@ -231,8 +232,10 @@ def test_gateway_follows_the_primary(_):
                 try:
                     r = gw.request("POST", "/v1/things", {"n": n, "i": i}, key=k, timeout=15)
                     status = r.status
-                except Exception:  # a reset or refused connection: retry as a client would
+                except Exception as e:  # a reset or refused connection: retry as a client would
                     r, status = None, 0
+                    with lock:
+                        errors[k] = "%s: %s" % (type(e).__name__, e)
                 with lock:
                     events.append((time.monotonic(), 200 <= status < 300))
                 if status not in (0, 409, 503):
@@ -260,8 +263,9 @@ def test_gateway_follows_the_primary(_):
             stop.set()
             for t in threads:
                 t.join(90)
+            expect(gw.alive(), "the gateway still runs at the end\n%s" % gw.logs())
         held = [k for k, v in finals.items() if v == "held"]
-        bad = {k: v for k, v in finals.items() if v not in (201, "held")}
+        bad = {k: (v, errors.get(k)) for k, v in finals.items() if v not in (201, "held")}
         expect(not bad, "every key ends with the upstream's 201, or held: %r"
                % list(bad.items())[:5])
         twice = {k: up.executions(k) for k in finals

@@ -55,19 +55,33 @@ tmp=$(mktemp -d /tmp/idem-ha.XXXXXX)
 chmod 755 "$tmp"
 pids=""
 
+# Signals those of the pids that are still ours: a process whose command line names $tmp.  A pid
+# whose process ended (an agent tests/ha/failover.sh killed) may belong to anyone by now (pids wrap
+# at /proc/sys/kernel/pid_max, often 32768): to another test's server running beside this one.
+signal_ours() {
+    sig=$1
+    shift
+    for p in "$@"; do
+        if tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | grep -qF "$tmp"; then
+            kill "-$sig" "$p" 2>/dev/null || true
+        fi
+    done
+}
+
 cleanup() {
     rc=$?
     trap - EXIT INT TERM
     # Patroni agents the command restarted (tests/ha/failover.sh records them) go too.
-    all="$pids $(cat "$tmp/agents.pids" 2>/dev/null || true)"
-    for p in $all; do kill -TERM "$p" 2>/dev/null || true; done
+    # shellcheck disable=SC2046,SC2086 # one pid per word
+    set -- $pids $(cat "$tmp/agents.pids" 2>/dev/null || true)
+    signal_ours TERM "$@"
     sleep 1
     for n in 1 2 3; do
         if [ -f "$tmp/node$n/postmaster.pid" ]; then
             as_owner "$PGBIN/pg_ctl" -D "$tmp/node$n" -m immediate -w stop >/dev/null 2>&1 || true
         fi
     done
-    for p in $all; do kill -KILL "$p" 2>/dev/null || true; done
+    signal_ours KILL "$@"
     rm -rf "$tmp"
     exit "$rc"
 }

@@ -219,6 +219,16 @@ class store_locked:
         return False
 
 
+def _describe_exit(rc):
+    """A Popen return code in words: 'exit code 1' or 'signal 6 (SIGABRT)'."""
+    if rc < 0:
+        try:
+            return "signal %d (%s)" % (-rc, signal.Signals(-rc).name)
+        except ValueError:
+            return "signal %d" % -rc
+    return "exit code %d" % rc
+
+
 def _tail(path, limit=4000):
     try:
         with open(path, "rb") as f:
@@ -259,6 +269,7 @@ class Server:
         self.generation = 0
         self.stdout_path = None
         self.stderr_path = None
+        self._ended_by_harness = False
         self._migrated = False
         _live_servers.append(self)
 
@@ -301,6 +312,7 @@ class Server:
         if not self._migrated:
             self.migrate()
         self.generation += 1
+        self._ended_by_harness = False
         self.stdout_path = os.path.join(self.tmpdir, "%s.%d.stdout" % (self.name, self.generation))
         self.stderr_path = os.path.join(self.tmpdir, "%s.%d.stderr" % (self.name, self.generation))
         cmd = self.serve_command()
@@ -329,6 +341,7 @@ class Server:
             time.sleep(0.02)
 
     def _kill(self):
+        self._ended_by_harness = True
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
@@ -337,6 +350,7 @@ class Server:
         """SIGTERM, then SIGKILL if it has not exited within `timeout`.  Returns the exit code."""
         if self.proc is None:
             return None
+        self._ended_by_harness = True
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -349,6 +363,7 @@ class Server:
 
     def kill9(self):
         """SIGKILL: the process gets no chance to finish anything."""
+        self._ended_by_harness = True
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
@@ -359,6 +374,7 @@ class Server:
 
     def wait_exit(self, timeout):
         """Waits for the process to exit by itself; returns its exit code or None."""
+        self._ended_by_harness = True  # the test expects the exit and checks it
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -368,6 +384,12 @@ class Server:
         return self.proc is not None and self.proc.poll() is None
 
     def close(self):
+        rc = self.proc.poll() if self.proc is not None else None
+        if rc is not None and not self._ended_by_harness:
+            # It ended before the harness stopped it (a crash, a sanitizer's abort, an exit, a
+            # signal from elsewhere): say how, with its log, since the temp directory is about to go.
+            sys.stderr.write("harness: %s had already ended (%s)\n%s\n" % (
+                self.name, _describe_exit(rc), self.logs()))
         self.stop()
         if self in _live_servers:
             _live_servers.remove(self)
