@@ -151,7 +151,9 @@ def units_carry_the_settings_of_a_debian_service(ctx):
         "ProtectSystem": "strict", "NoNewPrivileges": "yes", "PrivateTmp": "yes",
         "CapabilityBoundingSet": "", "KillSignal": "SIGTERM",
     }
-    drains = {"orderd.service": 15, "idem-gateway.service": 10}  # docs/orderd.md, gateway.md
+    # What a stop may take (docs/ops.md): orderd's drain; the gateway's, an upstream still answering
+    # (upstream.connect_timeout + upstream.timeout of the shipped gateway.yaml, 2 s + 30 s).
+    drains = {"orderd.service": 15, "idem-gateway.service": 32}
     for name in UNITS:
         unit = read_unit(ctx.unit_path(name))
         problems = []
