@@ -45,6 +45,19 @@
 #define RETRIES_MAX 3
 #define WAIT_BUCKETS 256
 #define CONNECT_TIMEOUT_S "5"
+/*
+ * A server that vanishes without closing its connections (its host lost power, the network
+ * between is cut) must not hold a statement -- and the pool's connection, and the request -- for
+ * the kernel's own limits (about 15 minutes of retransmissions; 2 hours before a first keepalive).
+ * Keepalives probe a connection idle for 5 s (a statement waiting for its answer), and
+ * TCP_USER_TIMEOUT drops one whose sent bytes or probes stay unacknowledged for 10 s: a silent
+ * server costs a statement 10 to 15 s.  A live server's kernel acknowledges both, however long
+ * its statement runs.
+ */
+#define KEEPALIVES_IDLE_S "5"
+#define KEEPALIVES_INTERVAL_S "2"
+#define KEEPALIVES_COUNT "3"
+#define TCP_USER_TIMEOUT_MS "10000"
 #define LISTEN_BACKOFF_MAX_MS 5000
 
 /* The channel that carries "a record changed"; the payload is the hash of its scope. */
@@ -66,8 +79,8 @@
 
 struct pg_shared {
     /* libpq keywords: our defaults come before the user's string, so the user's settings win. */
-    const char *keys[5];
-    const char *vals[5];
+    const char *keys[10];
+    const char *vals[10];
     char *conninfo;
     char *secret;  /* the password the connection string names, scrubbed from every message */
     char *display; /* "host=... port=... dbname=... user=...": how messages name the server */
@@ -769,6 +782,14 @@ static int shared_new(const char *conninfo, int lock_timeout_ms, struct pg_share
         sh->keys[n] = "connect_timeout";
         sh->vals[n++] = CONNECT_TIMEOUT_S;
     }
+    sh->keys[n] = "keepalives_idle";
+    sh->vals[n++] = KEEPALIVES_IDLE_S;
+    sh->keys[n] = "keepalives_interval";
+    sh->vals[n++] = KEEPALIVES_INTERVAL_S;
+    sh->keys[n] = "keepalives_count";
+    sh->vals[n++] = KEEPALIVES_COUNT;
+    sh->keys[n] = "tcp_user_timeout";
+    sh->vals[n++] = TCP_USER_TIMEOUT_MS;
     sh->keys[n] = "dbname";
     sh->vals[n++] = sh->conninfo;
     sh->keys[n] = NULL;

