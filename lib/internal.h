@@ -204,7 +204,8 @@ struct idem_store_vtab {
      * into the current batch and the call returns; `done(arg, rc, errmsg)` runs once the batch is
      * durable (rc 0) or failed, on whichever thread committed it (possibly this one, before the
      * call returns), outside the store's locks.  A negative return means the release itself
-     * failed: the savepoint was rolled back and `done` is never called.
+     * failed: the savepoint was rolled back and `done` is never called.  The store counts it in
+     * st->write_commits once durable.
      */
     int (*write_commit_async)(struct idem_store *st, struct idem_conn *c, idem__commit_done done,
                               void *arg, char *err, size_t errlen);

@@ -338,10 +338,8 @@ int idem__tx_commit_async(struct idem_tx *tx, idem__commit_done done, void *arg,
     if (!tx || !done)
         return IDEM_EINVAL;
     if (tx->grouped && tx->st->vt->write_commit_async) {
-        struct idem_store *st = tx->st;
-        rc = st->vt->write_commit_async(st, tx->conn, done, arg, err, errlen);
-        if (rc == 0)
-            atomic_fetch_add(&st->write_commits, 1);
+        /* (the store counts it in write_commits once it is durable) */
+        rc = tx->st->vt->write_commit_async(tx->st, tx->conn, done, arg, err, errlen);
         free(tx);
         return rc;
     }

@@ -752,7 +752,6 @@ struct sq_notice {
     struct sq_notice *next;
     idem__commit_done done;
     void *arg;
-    int counts; /* a write_run_async job's: counted in write_commits once durable */
     int rc;
     char errmsg[IDEM_ERRMSG_MAX];
 };
@@ -839,7 +838,7 @@ static void group_unlock(struct sq_group *g)
     }
     for (; n; n = next) {
         next = n->next;
-        if (n->counts && n->rc == 0)
+        if (n->rc == 0) /* a whole transaction of its member's, durable */
             atomic_fetch_add(&g->st->write_commits, 1);
         n->done(n->arg, n->rc, n->rc < 0 ? n->errmsg : NULL);
         free(n);
@@ -1525,23 +1524,27 @@ static int sq_write_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, 
     j->notice = n;
     n->done = done;
     n->arg = done_arg;
-    n->counts = 1;
     pthread_mutex_lock(&g->mu);
-    if (g->runner_stop ||
-        (!g->runner_started && pthread_create(&g->runner, NULL, runner_main, g) != 0)) {
-        rc = g->runner_stop ? IDEM_EUNAVAIL : IDEM_ENOMEM;
-        why = g->runner_stop ? "sqlite: the store is closing"
-                             : "sqlite: cannot start the store's runner thread";
-        pthread_mutex_unlock(&g->mu);
-        goto fail;
+    if (g->runner_stop) {
+        rc = IDEM_EUNAVAIL;
+        why = "sqlite: the store is closing";
+        goto unlock_fail;
     }
-    g->runner_started = 1;
+    if (!g->runner_started) {
+        if (pthread_create(&g->runner, NULL, runner_main, g) != 0) {
+            why = "sqlite: cannot start the store's runner thread";
+            goto unlock_fail;
+        }
+        g->runner_started = 1;
+    }
     *g->jobs_tail = j;
     g->jobs_tail = &j->next;
     if (!g->busy && g->jobs == j) /* else the writer's holder, or whoever is woken, runs it */
         g->wake_runner = 1;
     group_unlock(g);
     return 0;
+unlock_fail:
+    pthread_mutex_unlock(&g->mu);
 fail:
     free(j);
     free(n);

@@ -1006,9 +1006,10 @@ static enum http_loop_verdict fresh_on_unpark(struct gateway *gw, const struct r
         return fresh_forward(gw, rq, n, pk, park);
     case PARK_FORWARD:
         if (!pk->ended) {
-            if (park && backstop_left(pk) > 0) { /* a stop's turn, or an early wake-up */
+            int64_t left = backstop_left(pk);
+            if (park && left > 0) { /* a stop's turn, or an early wake-up */
                 park->must_finish = 1;
-                return park_again(pk, park, (int)backstop_left(pk));
+                return park_again(pk, park, (int)left);
             }
             http_fetch_cancel(pk->fetch);               /* no wake-up can come after this */
             pk->fetch = NULL;
@@ -1087,7 +1088,6 @@ static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *r
     struct parked *pk = data;
     enum http_loop_verdict v = HTTP_LOOP_WORKER;
 
-    (void)timed_out; /* each step knows what it waits for, and its own deadline */
     switch (pk->step) {
     case PARK_CLAIM:
     case PARK_FORWARD:

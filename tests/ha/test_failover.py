@@ -231,13 +231,13 @@ def test_gateway_follows_the_primary(_):
             while time.monotonic() < deadline:
                 try:
                     r = gw.request("POST", "/v1/things", {"n": n, "i": i}, key=k, timeout=15)
-                    status = r.status
+                    status, error = r.status, None
                 except Exception as e:  # a reset or refused connection: retry as a client would
-                    r, status = None, 0
-                    with lock:
-                        errors[k] = "%s: %s" % (type(e).__name__, e)
+                    r, status, error = None, 0, "%s: %s" % (type(e).__name__, e)
                 with lock:
                     events.append((time.monotonic(), 200 <= status < 300))
+                    if error:
+                        errors[k] = error
                 if status not in (0, 409, 503):
                     final = status
                     break
