@@ -44,10 +44,37 @@ from harness import BIN, TestFailure, Server
 GATEWAY = os.path.join(BIN, "idem-gateway")
 
 
+_PATTERN = bytes(range(251))
+
+
+def pattern_piece(offset, n):
+    """
+    Bytes [offset, offset + n) of the test pattern: not all alike (a shifted or repeated piece
+    would show), the same every time.  The upstream sends a large body as such pieces, made as it
+    goes: building hundreds of MiB at once holds the GIL for over a second, and every other
+    thread of the test (the upstream's other handlers, the test's own clients) stops meanwhile.
+    """
+    start = offset % len(_PATTERN)
+    return (_PATTERN[start:] + _PATTERN * (n // len(_PATTERN) + 1))[:n]
+
+
 def pattern_bytes(n):
-    """N bytes that are not all alike (a shifted or repeated piece would show), the same every time."""
-    block = bytes(range(251))
-    return (block * (n // len(block) + 1))[:n]
+    """The first N bytes of the test pattern (pattern_piece)."""
+    return pattern_piece(0, n)
+
+
+def pattern_pieces(n, piece):
+    """The first N bytes of the test pattern, `piece` bytes at a time (the last may be shorter)."""
+    for off in range(0, n, piece):
+        yield pattern_piece(off, min(piece, n - off))
+
+
+def is_pattern(data):
+    """Whether `data` is the first len(data) bytes of the test pattern, compared a piece at a time
+    (no second copy of a large body in memory)."""
+    view = memoryview(data)
+    return all(view[off:off + len(piece)] == piece
+               for off, piece in zip(range(0, len(data), 1 << 20), pattern_pieces(len(data), 1 << 20)))
 
 import re  # noqa: E402
 
@@ -161,32 +188,29 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             up.release.wait(60)
             self.close_connection = True
         elif mode.split(":")[0] in ("big", "bigcut", "bigslow"):
-            data = pattern_bytes(int(mode.split(":")[1]))
+            size = int(mode.split(":")[1])
             self.send_response(200)
             self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Content-Length", str(size))
             self.end_headers()
             if mode.startswith("bigcut:"):
-                self.wfile.write(data[:len(data) // 2])
+                for piece in pattern_pieces(size // 2, 1 << 20):
+                    self.wfile.write(piece)
                 self.wfile.flush()
                 self._reset()
                 return
-            if mode.startswith("bigslow:"):
-                for i in range(0, len(data), 65536):
-                    self.wfile.write(data[i:i + 65536])
+            slow = mode.startswith("bigslow:")
+            for piece in pattern_pieces(size, 65536 if slow else 1 << 20):
+                self.wfile.write(piece)
+                if slow:
                     self.wfile.flush()
                     time.sleep(0.1)
-                return
-            for i in range(0, len(data), 1 << 20):
-                self.wfile.write(data[i:i + (1 << 20)])
         elif mode.startswith("bigchunked:"):
-            data = pattern_bytes(int(mode[11:]))
             self.send_response(200)
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            for i in range(0, len(data), 65536):
-                piece = data[i:i + 65536]
+            for piece in pattern_pieces(int(mode[11:]), 65536):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             self.wfile.write(b"0\r\n\r\n")
         else:

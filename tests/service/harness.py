@@ -607,6 +607,29 @@ class Client:
                 raise TestFailure("GET %s: empty page with a nextCursor: %s" % (path, r.describe()))
 
 
+def wait_until(what, fn, timeout_s=30.0, pause_s=0.1, describe=None):
+    """
+    Polls fn() until it returns a true value (returned); fails with `what` after the timeout,
+    saying what describe() (if given) says about the state then.  The way a test waits for
+    something another thread or process does: never a fixed sleep and then an assertion.  The
+    first polls come quickly (from 5 ms, doubling up to pause_s), so a condition met at once costs
+    no pause.
+    """
+    deadline = time.monotonic() + timeout_s
+    pause = min(0.005, pause_s)
+    last = None
+    while True:
+        last = fn()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(pause)
+        pause = min(pause * 2, pause_s)
+    state = describe() if describe is not None else repr(last)
+    raise TestFailure("timed out after %.0f s waiting for %s (%s)" % (timeout_s, what, state))
+
+
 def in_thread(fn):
     """Runs fn() in a daemon thread: (thread, box); the box gets "resp" (what fn returned) or
     "error" (what it raised)."""

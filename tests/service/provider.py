@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from harness import BIN, Server, TestFailure, _tail  # noqa: F401 - re-exported for the tests
+from harness import BIN, Server, TestFailure, _tail, wait_until  # noqa: F401 - re-exported for the tests
 
 PROVIDER_SIM = os.path.join(BIN, "provider-sim")
 START_TIMEOUT_S = 15.0
@@ -236,17 +236,3 @@ def retry_until_final(client, method, path, body=None, key=None, deadline_s=60.0
         time.sleep(pause_s)
 
 
-def wait_until(what, fn, timeout_s=30.0, pause_s=0.1, describe=None):
-    """
-    Polls fn() until it returns a true value (returned); fails with `what` after the timeout,
-    saying what describe() (if given) says about the state then.
-    """
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(pause_s)
-    state = describe() if describe is not None else repr(last)
-    raise TestFailure("timed out after %.0f s waiting for %s (%s)" % (timeout_s, what, state))
