@@ -42,6 +42,15 @@ test-asan: deps
 	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 		ctest $(CTEST_FLAGS)
 
+# Flaky tests show here before a user meets them: the service suites (or any ctest regex in
+# TESTS) N times in $(BUILD), then each test that failed in any run and how often.
+#   make test-repeat N=3      make test-repeat N=5 BUILD=build-asan TESTS='gateway'
+N ?= 3
+TESTS ?= ^service(-pg)?\.
+.PHONY: test-repeat
+test-repeat: $(if $(filter $(BUILD),build),build)
+	@scripts/test_repeat.sh $(BUILD) $(N) '$(TESTS)'
+
 # The engine, the replay cache and both stores' contract suites (group commit, LISTEN/NOTIFY
 # wake-ups, the async commit) under ThreadSanitizer: the parts where threads share state.
 TSAN_TESTS = store_contract test_store_pg test_engine test_replay_cache test_store_sqlite
