@@ -4,9 +4,10 @@
  * into the body, and the fingerprint (src/gateway/request_key.c).  The input is split at its first
  * NUL: the path, then the body; its first byte picks the Content-Type (JSON or not).
  *
- * Besides memory errors and leaks it checks: path values are non-empty and hold no '/'; a key from
- * the body is 1..255 printable ASCII characters; the fingerprint of the same request is the same
- * twice, and the key route's fingerprint does not depend on the body at all.
+ * Besides memory errors and leaks it checks: path values are non-empty; a path written as a lenient
+ * router reads it alike (a trailing '/', a "." segment, upper case) finds the same route; a key
+ * from the body is 1..255 printable ASCII characters; the fingerprint of the same request is the
+ * same twice, and the key route's fingerprint does not depend on the body at all.
  */
 #include "request_key.h"
 
@@ -48,6 +49,36 @@ static const char config_text[] = "upstream: {url: 'http://127.0.0.1:9000'}\n"
 
 static struct gw_config *cfg;
 
+/*
+ * What a lenient upstream router reads as the same path must find the same route: with a '/'
+ * after it, with "/." before it, in upper case (the routes here ignore case).
+ */
+static void same_route_when_written_otherwise(const char *path, size_t len,
+                                              const struct gw_route *r)
+{
+    struct route_match m;
+    char *other = malloc(len + 3);
+    size_t i;
+
+    CHECK(other != NULL, "malloc");
+    if (strcspn(path, "?#") == len) {
+        memcpy(other, path, len);
+        memcpy(other + len, "/", 2);
+        CHECK(route_find(cfg, "POST", other, &m) == 1 && m.route == r, "a trailing '/' is ignored");
+        route_match_clear(&m);
+    }
+    memcpy(other, "/.", 2);
+    memcpy(other + 2, path, len + 1);
+    CHECK(route_find(cfg, "POST", other, &m) == 1 && m.route == r, "a \".\" segment is ignored");
+    route_match_clear(&m);
+    for (i = 0; i < len; i++)
+        other[i] = path[i] >= 'a' && path[i] <= 'z' ? (char)(path[i] - 'a' + 'A') : path[i];
+    other[len] = '\0';
+    CHECK(route_find(cfg, "POST", other, &m) == 1 && m.route == r, "case is ignored");
+    route_match_clear(&m);
+    free(other);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *nul;
@@ -82,10 +113,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     /* Every route is tried with this path; and the body goes to every route through its own. */
     if (route_find(cfg, "POST", path, &m)) {
+        const struct gw_route *found = m.route;
         for (size_t i = 0; i < m.nparams; i++)
-            CHECK(m.params[i][0] != '\0' && !strchr(m.params[i], '/'),
-                  "a path value is one non-empty segment");
+            CHECK(m.params[i][0] != '\0', "a path value is not empty");
         route_match_clear(&m);
+        same_route_when_written_otherwise(path, plen + 1, found);
     }
     for (size_t r = 0; r < cfg->nroutes; r++) {
         const char *paths[] = {"/v1/orders/7/items/a", "/v1/pay", "/v1/nobody/z", "/v1/all"};

@@ -33,7 +33,7 @@
 #define KEY_FILE_MAX_BYTES ((size_t)64 << 10) /* a JWT secret or a PEM public key */
 #define MAX_ROUTES 1000
 #define MAX_DEPTH 16 /* the deepest config is 5 levels: routes[i].key.body */
-#define MAX_KEYS 16  /* keys of the widest mapping (a route has 11) */
+#define MAX_KEYS 16  /* keys of the widest mapping (a route has 12) */
 #define MAX_POINTERS 16
 #define MAX_STORE_HEADERS 32
 #define MAX_MATCH_LEN 512 /* also bounds the route-against-route comparisons */
@@ -1007,6 +1007,13 @@ static int check_template(struct loader *ld, const yaml_node_t *n, const char *w
         seg++;
         *w++ = '/';
         len = strcspn(seg, "/");
+        /* Requests are matched with "//", a trailing '/' and dot segments resolved (route.c). */
+        if ((len == 0 && strcmp(path, "/") != 0) || (len == 1 && seg[0] == '.') ||
+            (len == 2 && seg[0] == '.' && seg[1] == '.'))
+            return fail(ld, line_of(n),
+                        "%s: \"%.*s\" has an empty, \".\" or \"..\" segment; request paths are "
+                        "matched with those resolved, so write the path without them",
+                        where, EXCERPT, path);
         if (memchr(seg, '{', len) != NULL || memchr(seg, '}', len) != NULL) {
             if (len < 3 || seg[0] != '{' || seg[len - 1] != '}' || !is_param_name(seg + 1, len - 2))
                 return fail(ld, line_of(n),
@@ -1034,8 +1041,10 @@ static int check_template(struct loader *ld, const yaml_node_t *n, const char *w
                                 "and %%XX)",
                                 where, (unsigned)(unsigned char)*p);
             }
-            memcpy(w, seg, len);
-            w += len;
+            /* Paths are compared ignoring case unless a route says otherwise: two routes
+             * differing only in case would be one route. */
+            for (p = seg; p < seg + len; p++)
+                *w++ = ascii_lower(*p);
         }
         seg += len;
     }
@@ -1074,7 +1083,7 @@ static int load_match(struct loader *ld, const yaml_node_t *n, const char *path,
         if (strcmp(ld->seen[i].shape, shape) == 0)
             return fail(ld, line_of(n),
                         "%s: \"%s\" is the same route as routes[%zu] at line %d "
-                        "(parameters match any segment)",
+                        "(parameters match any segment, and paths match ignoring case)",
                         path, excerpt(s, shown), i, ld->seen[i].match_line);
     }
     ld->seen[index].shape = xstrdup(shape);
@@ -1361,8 +1370,9 @@ static int load_route(struct loader *ld, const yaml_node_t *map, struct gw_confi
                       size_t index)
 {
     static const char *const keys[] = {
-        "match", "operation",      "key",           "fingerprint",     "retention", "lease",
-        "wait",  "store_statuses", "store_headers", "max_stored_body", "on_unknown"};
+        "match",         "operation",       "key",        "fingerprint",
+        "retention",     "lease",           "wait",       "store_statuses",
+        "store_headers", "max_stored_body", "on_unknown", "case_sensitive"};
     enum {
         MATCH,
         OPERATION,
@@ -1374,7 +1384,8 @@ static int load_route(struct loader *ld, const yaml_node_t *map, struct gw_confi
         STORE_STATUSES,
         STORE_HEADERS,
         MAX_STORED_BODY,
-        ON_UNKNOWN
+        ON_UNKNOWN,
+        CASE_SENSITIVE
     };
     struct gw_route *r = &cfg->routes[index];
     yaml_node_t *v[COUNT(keys)];
@@ -1406,6 +1417,11 @@ static int load_route(struct loader *ld, const yaml_node_t *map, struct gw_confi
         return missing(ld, map, where, "operation", "operation: payments.create");
     snprintf(path, sizeof path, "%s.operation", where);
     if (load_operation(ld, v[OPERATION], path, cfg, index) != 0)
+        return -1;
+
+    snprintf(path, sizeof path, "%s.case_sensitive", where);
+    if (v[CASE_SENSITIVE] != NULL &&
+        want_bool(ld, v[CASE_SENSITIVE], path, &r->case_sensitive) != 0)
         return -1;
 
     snprintf(path, sizeof path, "%s.key", where);

@@ -56,6 +56,7 @@ struct gw_route {
     char *method;    /* upper-case, "POST" */
     char *path;      /* template as written, "/v1/orders/{id}/refunds" */
     char *operation; /* the scope's operation name, "refunds.create" */
+    int case_sensitive; /* 0 (default): literal path segments match ignoring ASCII case */
 
     int key_required; /* 1 (default): a request without a key is 400 */
     enum gw_key_source key_source;

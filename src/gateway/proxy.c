@@ -605,7 +605,7 @@ static enum http_head_verdict proxy_on_head(void *ctx, struct request *rq, struc
     rq->note = n;
     rq->note_free = note_free;
     n->route_index = cfg->nroutes;
-    if (!route_find(cfg, rq->method, rq->path, &n->m))
+    if (!route_find(cfg, rq->method, rq->target, &n->m))
         return HTTP_HEAD_CONTINUE; /* proxied untouched */
     r = n->m.route;
     n->route_index = (size_t)(r - cfg->routes);

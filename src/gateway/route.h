@@ -1,8 +1,9 @@
 /*
  * route.h - which configured route a request is on: its method, and its path split into segments
  * against the route's template ("/v1/orders/{id}/refunds"), a {name} segment taking any one
- * non-empty segment as the value of that path parameter.  Pure; the unit test and the proxy share
- * it.
+ * non-empty segment as the value of that path parameter.  The path is read as lenient upstream
+ * routers read it (route.c lists how), so that no request an upstream runs as a keyed route's
+ * handler passes through unkeyed.  Pure; the unit test, the fuzzer and the proxy share it.
  */
 #ifndef IDEM_GATEWAY_ROUTE_H
 #define IDEM_GATEWAY_ROUTE_H
@@ -22,11 +23,12 @@ struct route_match {
 };
 
 /*
- * Finds the route of (method, path) -- path decoded, without the query.  Literal segments are
- * compared exactly; the first route (in file order) that matches wins.  Returns 1 with *m filled,
- * or 0 with m->route NULL.
+ * Finds the route of (method, target): `target` as the client sent it (percent-encoded, the query
+ * and anything after '?' or '#' ignored).  The first route, in file order, that one reading of
+ * the path fits wins (route.c).  Returns 1 with *m filled (path values decoded; one may hold a
+ * '/' sent as %2F), or 0 with m->route NULL.
  */
-int route_find(const struct gw_config *cfg, const char *method, const char *path,
+int route_find(const struct gw_config *cfg, const char *method, const char *target,
                struct route_match *m);
 
 void route_match_clear(struct route_match *m);
