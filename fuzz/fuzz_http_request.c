@@ -11,8 +11,10 @@
  * REQUEST_MAX_HEADERS fields, every name non-empty, every value NUL-terminated at its length and
  * holding no NUL; the head within its cap; a body NUL-terminated, within its cap, and exactly the
  * announced Content-Length; the accessors of http_server.h agree with the fields and arguments;
- * the view of the head does not change while the body arrives; every refusal is one of the
- * problems the server answers (400, 413, 431, 501, 505) with a code and a detail.
+ * the view of the head does not change while the body arrives; the target holds nothing RFC 3986
+ * leaves out (white space, controls, non-ASCII, "<>\\^`{|}#); a form field read from the body
+ * fits its buffer; every refusal is one of the problems the server answers (400, 413, 431, 501,
+ * 505) with a code and a detail.
  *
  * Input layout: byte 0 picks the limits (header cap 1024 or 8192, body cap 1 MiB or 64 bytes) and
  * how the pieces are cut; bytes 1-4 seed the cuts; the rest is the stream.
@@ -87,6 +89,17 @@ static int known_method(const char *m)
 }
 
 /* What must hold of a request once its head is in (and again once it is complete). */
+/* Whether the request target is all RFC 3986 allows (the parser refuses any other). */
+static int target_is_clean(const char *t)
+{
+    for (; *t; t++) {
+        unsigned char c = (unsigned char)*t;
+        if (c <= 0x20 || c >= 0x7f || strchr("\"<>\\^`{|}#", c) != NULL)
+            return 0;
+    }
+    return 1;
+}
+
 static void check_head(const struct request *rq, const struct request_parser_limits *lim)
 {
     size_t i, j, stored;
@@ -96,6 +109,8 @@ static void check_head(const struct request *rq, const struct request_parser_lim
 
     CHECK(rq->method != NULL && known_method(rq->method), "method is one http-parser knows");
     CHECK(rq->path != NULL && rq->path[0] != '\0', "path is non-empty");
+    CHECK(rq->target != NULL && target_is_clean(rq->target),
+          "the target holds no white space, control, non-ASCII or excluded byte");
     CHECK(rq->path[0] == '/' || strcmp(rq->path, "*") == 0,
           "path starts with '/' (or is the asterisk-form \"*\")");
     CHECK(rq->nfields <= REQUEST_MAX_HEADERS, "at most REQUEST_MAX_HEADERS fields");
@@ -167,6 +182,12 @@ static void check_complete(const struct request *rq, const struct request_parser
     CHECK(rq->content_length == 0 || rq->body_len == rq->content_length,
           "the body is as long as Content-Length said");
     CHECK(rq->body_len == 0 || rq->has_body, "a body was announced");
+    if (rq->body != NULL) {
+        char v[32];
+        long n = request_form_value(rq->body, rq->body_len, "_method", v, sizeof v);
+        CHECK(n < 0 || ((size_t)n < sizeof v && v[n] == '\0' && strlen(v) == (size_t)n),
+              "a form value fits its buffer, NUL-terminated at its length");
+    }
 }
 
 static void check_error(const struct request_parser *p)

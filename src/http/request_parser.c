@@ -29,6 +29,7 @@ enum stop_reason {
     STOP_HEAD_TOO_LARGE,
     STOP_BODY_TOO_LARGE,
     STOP_BAD_TARGET,
+    STOP_TARGET_BYTE,
     STOP_BAD_FIELD_NAME,
     STOP_BAD_FIELD_VALUE,
     STOP_BAD_VERSION,
@@ -192,7 +193,8 @@ static long percent_decode(const char *s, size_t len, char *out, int plus)
     int hi, lo;
 
     for (i = 0; i < len; i++) {
-        if (s[i] == '%' && i + 2 < len && (hi = hex_value(s[i + 1])) >= 0 && (lo = hex_value(s[i + 2])) >= 0) {
+        if (s[i] == '%' && i + 2 < len && (hi = hex_value(s[i + 1])) >= 0 &&
+            (lo = hex_value(s[i + 2])) >= 0) {
             if (hi == 0 && lo == 0)
                 return -1;
             out[o++] = (char)(hi * 16 + lo);
@@ -227,6 +229,72 @@ static long add_decoded(struct request_parser *p, size_t off, size_t len, int pl
     return dl;
 }
 
+long request_form_value(const char *body, size_t len, const char *name, char *out, size_t outlen)
+{
+    size_t nlen = strlen(name), i = 0;
+
+    while (i < len) {
+        const char *amp = memchr(body + i, '&', len - i);
+        size_t end = amp ? (size_t)(amp - body) : len;
+        if (end - i > nlen && memcmp(body + i, name, nlen) == 0 && body[i + nlen] == '=') {
+            size_t vlen = end - i - nlen - 1;
+            long dl;
+            if (vlen >= outlen)
+                return -1;
+            dl = percent_decode(body + i + nlen + 1, vlen, out, 1);
+            if (dl < 0)
+                return -1;
+            out[dl] = '\0';
+            return dl;
+        }
+        i = end + 1;
+    }
+    return -1;
+}
+
+/*
+ * Whether the request target's `len` bytes are all RFC 3986 allows in it: unreserved and
+ * sub-delims, ':' '@' '/' '?', and "%XX" escapes.  http-parser lets a tab, a form feed and bytes
+ * 0x80-0xFF through, which a server behind a proxy may read otherwise (Werkzeug splits the request
+ * line on any white space): a proxy that forwards them raw forwards a request it did not see.
+ * '[' and ']' are kept where browsers send them raw (the query, "a[]=1") and in an absolute
+ * form's authority (an IPv6 address); '#' never belongs in a request.
+ */
+static int target_is_rfc3986(const char *t, size_t len)
+{
+    static const char allowed[] = "-._~!$&'()*+,;=:@/?";
+    size_t i, path_start = 0;
+    int in_query = 0;
+
+    if (len > 0 && t[0] != '/') { /* absolute or authority form: "http://[::1]:8080/x" */
+        size_t auth = 0;
+        for (i = 0; i + 2 < len && auth == 0; i++)
+            if (t[i] == ':' && t[i + 1] == '/' && t[i + 2] == '/')
+                auth = i + 3;
+        path_start = auth;
+        while (path_start < len && t[path_start] != '/')
+            path_start++;
+    }
+    for (i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)t[i];
+        if (c == '%') {
+            if (i + 2 >= len || hex_value(t[i + 1]) < 0 || hex_value(t[i + 2]) < 0)
+                return 0;
+            i += 2;
+            continue;
+        }
+        if (c == '?')
+            in_query = 1;
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+            (c != '\0' && strchr(allowed, c) != NULL))
+            continue;
+        if ((c == '[' || c == ']') && (i < path_start || in_query))
+            continue;
+        return 0;
+    }
+    return 1;
+}
+
 /*
  * The head is in: appends the decoded path and query arguments after the fields, then points the
  * request view into the buffer (which no longer moves until the next request).
@@ -245,6 +313,10 @@ static int build_view(struct request_parser *p)
      * buffer, so it must not move from here on: they never take more than five times the URL (a
      * NUL per piece).
      */
+    if (!target_is_rfc3986(p->head.buf, p->url_len)) {
+        p->stop = STOP_TARGET_BYTE;
+        return -1;
+    }
     strbuf_add(&p->head, "", 1);
     strbuf_grow(&p->head, p->url_len * 5 + 16);
     http_parser_url_init(&u);
@@ -425,6 +497,11 @@ static enum request_parse_result parse_error(struct request_parser *p)
              p->limits.body_too_large ? p->limits.body_too_large : REQUEST_BODY_TOO_LARGE);
     else if (reason == STOP_BAD_TARGET)
         fail(p, 400, "bad-request", "The request target is not a valid path.");
+    else if (reason == STOP_TARGET_BYTE)
+        fail(p, 400, "bad-request",
+             "The request target holds a byte RFC 3986 does not allow: white space, a control "
+             "character, a byte over 0x7F, one of \"#<>\\^`{|}, or a '%' without two hex digits "
+             "after it. Percent-encode it.");
     else if (reason == STOP_BAD_FIELD_NAME)
         fail(p, 400, "bad-request",
              "A header field name is not a token (no white space before the colon).");

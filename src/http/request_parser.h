@@ -130,4 +130,10 @@ int request_parser_started(const struct request_parser *p);
 /* Whether the connection may carry another request after this one (HTTP/1.1 default). */
 int request_parser_keep_alive(const struct request_parser *p);
 
+/*
+ * The value of the field `name` in an application/x-www-form-urlencoded `body` (the first one;
+ * '+' and %XX decoded) into `out`: its length, or -1 when there is none or it does not fit.
+ */
+long request_form_value(const char *body, size_t len, const char *name, char *out, size_t outlen);
+
 #endif /* IDEM_HTTP_REQUEST_PARSER_H */
