@@ -38,6 +38,11 @@ static inline char ascii_lower(char c)
     return (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c;
 }
 
+static inline char ascii_upper(char c)
+{
+    return (c >= 'a' && c <= 'z') ? (char)(c - 'a' + 'A') : c;
+}
+
 /* 1 when the first `n` bytes of `a` and `b` match ignoring ASCII case (up to a common NUL). */
 static inline int ascii_ncaseeq(const char *a, const char *b, size_t n)
 {

@@ -66,6 +66,9 @@
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 static const char *const default_store_headers[] = {"Content-Type", "Location", "ETag", "Link"};
+/* The method-override headers of Express's method-override, Symfony, Rails and Google's APIs. */
+static const char *const default_method_override_headers[] = {
+    "X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"};
 
 /* Statuses of 2xx and 4xx that are not stored by default: each says nothing about the write. */
 static const int default_unstored[] = {400, 401, 403, 408, 413, 415, 429};
@@ -1243,6 +1246,32 @@ static int load_statuses(struct loader *ld, const yaml_node_t *n, const char *pa
 }
 
 /* Response headers a replay repeats: names only, none that belongs to one connection. */
+/* A list of at most `max` header names into *names (new strings), *count of them. */
+static int load_header_names(struct loader *ld, const yaml_node_t *n, const char *path, size_t max,
+                             char ***names, size_t *count)
+{
+    char item_path[96], shown[EXCERPT + 8];
+    const char *s;
+
+    if (n->type != YAML_SEQUENCE_NODE || nitems(n) > max)
+        return fail(ld, line_of(n),
+                    "%s: expected a list of at most %zu header names such as "
+                    "[X-HTTP-Method-Override], not %s",
+                    path, max, n->type == YAML_SEQUENCE_NODE ? "a longer list" : describe(n, shown));
+    *names = xcalloc(nitems(n) + 1, sizeof **names);
+    for (size_t i = 0; i < nitems(n); i++) {
+        yaml_node_t *item = item_at(ld, n, i);
+
+        snprintf(item_path, sizeof item_path, "%s[%zu]", path, i);
+        if (item == NULL)
+            return fail(ld, line_of(n), "malformed YAML document");
+        if (want_header_name(ld, item, item_path, &s) != 0)
+            return -1;
+        (*names)[(*count)++] = xstrdup(s);
+    }
+    return 0;
+}
+
 static int load_store_headers(struct loader *ld, const yaml_node_t *n, const char *path,
                               struct gw_route *r)
 {
@@ -1342,7 +1371,7 @@ static int load_reconcile(struct loader *ld, const yaml_node_t *n, const char *p
 static int load_on_unknown(struct loader *ld, const yaml_node_t *n, const char *path,
                            struct gw_route *r)
 {
-    static const char *const keys[] = {"reconcile"};
+    static const char *const keys[] = {"reconcile", "headers"};
     yaml_node_t *v[COUNT(keys)];
     char sub[96], shown[EXCERPT + 8];
 
@@ -1351,6 +1380,10 @@ static int load_on_unknown(struct loader *ld, const yaml_node_t *n, const char *
             return -1;
         if (v[0] == NULL)
             return missing(ld, n, path, "reconcile", "reconcile: \"GET /path?id={key}\"");
+        snprintf(sub, sizeof sub, "%s.headers", path);
+        if (v[1] != NULL && load_header_names(ld, v[1], sub, MAX_STORE_HEADERS,
+                                              &r->reconcile_headers, &r->nreconcile_headers) != 0)
+            return -1;
         snprintf(sub, sizeof sub, "%s.reconcile", path);
         return load_reconcile(ld, v[0], sub, r);
     }
@@ -1535,8 +1568,19 @@ static int load_routes(struct loader *ld, const yaml_node_t *n, int have_princip
 static int load_document(struct loader *ld, struct gw_config *cfg)
 {
     static const char *const keys[] = {"listen",        "admin_listen", "store",  "upstream",
-                                       "max_body_size", "principal",    "limits", "routes"};
-    enum { LISTEN, ADMIN_LISTEN, STORE, UPSTREAM, MAX_BODY_SIZE, PRINCIPAL, LIMITS, ROUTES };
+                                       "max_body_size", "principal",    "limits", "routes",
+                                       "method_override_headers"};
+    enum {
+        LISTEN,
+        ADMIN_LISTEN,
+        STORE,
+        UPSTREAM,
+        MAX_BODY_SIZE,
+        PRINCIPAL,
+        LIMITS,
+        ROUTES,
+        METHOD_OVERRIDE_HEADERS
+    };
     yaml_node_t *root = yaml_document_get_root_node(ld->doc);
     yaml_node_t *v[COUNT(keys)];
     int64_t x = 0;
@@ -1567,6 +1611,18 @@ static int load_document(struct loader *ld, struct gw_config *cfg)
         return -1;
     if (v[ROUTES] != NULL && load_routes(ld, v[ROUTES], v[PRINCIPAL] != NULL, cfg) != 0)
         return -1;
+    if (v[METHOD_OVERRIDE_HEADERS] != NULL) {
+        if (load_header_names(ld, v[METHOD_OVERRIDE_HEADERS], "method_override_headers",
+                              MAX_STORE_HEADERS, &cfg->method_override_headers,
+                              &cfg->nmethod_override_headers) != 0)
+            return -1;
+    } else {
+        cfg->method_override_headers =
+            xcalloc(COUNT(default_method_override_headers) + 1, sizeof(char *));
+        for (size_t i = 0; i < COUNT(default_method_override_headers); i++)
+            cfg->method_override_headers[i] = xstrdup(default_method_override_headers[i]);
+        cfg->nmethod_override_headers = COUNT(default_method_override_headers);
+    }
     return 0;
 }
 
@@ -1728,8 +1784,10 @@ void gw_config_free(struct gw_config *cfg)
         free_strings(r->fp_pointers, r->nfp_pointers);
         free_strings(r->store_headers, r->nstore_headers);
         free(r->reconcile_path);
+        free_strings(r->reconcile_headers, r->nreconcile_headers);
     }
     free(cfg->routes);
+    free_strings(cfg->method_override_headers, cfg->nmethod_override_headers);
     free(cfg->file);
     free(cfg->listen);
     free(cfg->admin_listen);

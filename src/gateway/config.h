@@ -87,6 +87,13 @@ struct gw_route {
     enum gw_unknown_mode unknown;
     char *reconcile_path; /* GW_UNKNOWN_RECONCILE: "/v1/orders?requestId={key}" ({key} and the
                              route's {params} are substituted, percent-encoded) */
+    /*
+     * Headers of the retry the reconcile query carries besides the fixed set (Host, Authorization,
+     * the principal's header): those that change what the upstream's lookup finds (a tenant, an
+     * API version).  Every other header of the retry stays out of the query.
+     */
+    char **reconcile_headers;
+    size_t nreconcile_headers;
 };
 
 struct gw_config {
@@ -117,6 +124,13 @@ struct gw_config {
 
     struct gw_route *routes;
     size_t nroutes;
+
+    /*
+     * Headers that ask the upstream to run another method (X-HTTP-Method-Override...): refused,
+     * like a `_method` argument, on paths with a keyed route (proxy.c, refuse_method_override).
+     */
+    char **method_override_headers;
+    size_t nmethod_override_headers;
 };
 
 /*

@@ -26,6 +26,7 @@
 #include <strings.h>
 #include <time.h>
 
+#include "ascii.h"
 #include "idem_answer.h"
 #include "request_key.h"
 #include "route.h"
@@ -123,9 +124,35 @@ static void sf_string(const char *key, struct strbuf *out)
     strbuf_addch(out, '"');
 }
 
+/* What a request sent upstream is for. */
+enum forward_kind {
+    FORWARD_REQUEST, /* the client's request: its method, target, headers and body */
+    FORWARD_LOOKUP,  /* the reconcile query: no body, only the headers lookup_header() keeps */
+};
+
+/*
+ * The headers of a retry that its reconcile query carries: Host and the caller's credentials (the
+ * principal's header, Authorization), and those the route names.  Nothing else of the retry: a
+ * header that changes what the upstream's lookup finds would make "404, it never ran" a lie.
+ */
+static int lookup_header(const struct gw_config *cfg, const struct gw_route *r, const char *name)
+{
+    if (strcasecmp(name, "Host") == 0 || strcasecmp(name, "Authorization") == 0)
+        return 1;
+    if (cfg->principal == GW_PRINCIPAL_HEADER && strcasecmp(name, cfg->principal_header) == 0)
+        return 1;
+    for (size_t i = 0; i < r->nreconcile_headers; i++)
+        if (strcasecmp(name, r->reconcile_headers[i]) == 0)
+            return 1;
+    return 0;
+}
+
 /*
  * The request as the upstream gets it (`urq`): `method` `target`, its own headers minus hop-by-hop
- * ones plus ours, and its body when `with_body`.  The strings it points to live until
+ * ones plus ours, and its body unless it is a lookup.  A keyed request carries the key the gateway
+ * used as `Idempotency-Key`, in its canonical form (an RFC 8941 sf-string), in place of any the
+ * client sent: an upstream that dedupes on it sees one key for every retry however the client
+ * wrote it, and never a key the gateway did not use.  The strings it points to live until
  * forwarded_release().
  */
 struct forwarded {
@@ -135,12 +162,13 @@ struct forwarded {
     struct strbuf xff, key;
 };
 
-static void forwarded_build(const struct request *rq, const struct note *n, const char *method,
-                            const char *target, int with_body, struct forwarded *f)
+static void forwarded_build(const struct gateway *gw, const struct request *rq,
+                            const struct note *n, const char *method, const char *target,
+                            enum forward_kind kind, struct forwarded *f)
 {
     const char *connection = request_header(rq, "Connection");
     const char *xff = NULL;
-    int has_key_header = 0;
+    int keyed = n && n->keyed;
 
     memset(f, 0, sizeof *f);
     f->h = xcalloc(rq->nfields + 2, sizeof *f->h);
@@ -152,8 +180,10 @@ static void forwarded_build(const struct request *rq, const struct note *n, cons
             xff = rq->fields[i].value; /* the first one; extended below */
             continue;
         }
-        if (strcasecmp(name, "Idempotency-Key") == 0)
-            has_key_header = 1;
+        if (keyed && strcasecmp(name, "Idempotency-Key") == 0)
+            continue; /* the key the gateway used goes instead, below */
+        if (kind == FORWARD_LOOKUP && !lookup_header(gw->cfg, n->m.route, name))
+            continue;
         f->h[f->n].name = name;
         f->h[f->n].value = rq->fields[i].value;
         f->n++;
@@ -165,8 +195,7 @@ static void forwarded_build(const struct request *rq, const struct note *n, cons
     f->h[f->n].name = "X-Forwarded-For";
     f->h[f->n].value = f->xff.buf;
     f->n++;
-    /* The key goes along, so an upstream that dedupes on it can do so too. */
-    if (n && n->keyed && !has_key_header) {
+    if (keyed) {
         sf_string(n->key, &f->key);
         f->h[f->n].name = "Idempotency-Key";
         f->h[f->n].value = f->key.buf;
@@ -176,8 +205,8 @@ static void forwarded_build(const struct request *rq, const struct note *n, cons
     f->urq.target = target;
     f->urq.headers = f->h;
     f->urq.nheaders = f->n;
-    f->urq.body = with_body ? rq->body : NULL;
-    f->urq.body_len = with_body ? rq->body_len : 0;
+    f->urq.body = kind == FORWARD_REQUEST ? rq->body : NULL;
+    f->urq.body_len = kind == FORWARD_REQUEST ? rq->body_len : 0;
 }
 
 static void forwarded_release(struct forwarded *f)
@@ -394,13 +423,13 @@ static void settle(struct gateway *gw, const struct note *n, struct idem_call *c
  */
 static enum http_fetch_result exchange(struct gateway *gw, const struct request *rq,
                                        const struct note *n, const char *method, const char *target,
-                                       int with_body, int may_stream, struct http_reply *ur,
-                                       char *err, size_t errlen)
+                                       enum forward_kind kind, int may_stream,
+                                       struct http_reply *ur, char *err, size_t errlen)
 {
     struct forwarded f;
     enum http_fetch_result res;
 
-    forwarded_build(rq, n, method, target, with_body, &f);
+    forwarded_build(gw, rq, n, method, target, kind, &f);
     res = upstream_exchange(gw->upstream, &f.urq, may_stream ? n->m.route->max_stored_body : 0,
                             may_stream, ur, err, errlen);
     if (res == HTTP_FETCH_OK || res == HTTP_FETCH_TOO_LARGE)
@@ -456,7 +485,7 @@ static void forward_and_settle(struct gateway *gw, const struct request *rq, con
     char err[300];
     enum http_fetch_result res;
 
-    res = exchange(gw, rq, n, rq->method, rq->target, 1, 1, &ur, err, sizeof err);
+    res = exchange(gw, rq, n, rq->method, rq->target, FORWARD_REQUEST, 1, &ur, err, sizeof err);
     settle_and_stream(gw, rq, n, call, res, &ur, err, resp);
 }
 
@@ -535,7 +564,7 @@ static void run_unknown(struct gateway *gw, const struct request *rq, const stru
         return;
     case GW_UNKNOWN_RECONCILE:
         reconcile_target(n, &target);
-        res = exchange(gw, rq, n, "GET", target.buf, 0, 0, &ur, err, sizeof err);
+        res = exchange(gw, rq, n, "GET", target.buf, FORWARD_LOOKUP, 0, &ur, err, sizeof err);
         strbuf_release(&target);
         if (res == HTTP_FETCH_OK && ur.status == 404) {
             /* It never happened: this attempt is the first to run. */
@@ -824,7 +853,7 @@ static enum http_loop_verdict pass_on_loop(struct gateway *gw, const struct requ
     pk->gw = gw;
     pk->step = PARK_PASS;
     pk->token = park->token;
-    forwarded_build(rq, n, rq->method, rq->target, 1, &f);
+    forwarded_build(gw, rq, n, rq->method, rq->target, FORWARD_REQUEST, &f);
     rc = upstream_start(gw->upstream, &f.urq, 0, forwarded_done, pk, &pk->fetch);
     forwarded_release(&f);
     if (rc != 0) {
@@ -937,7 +966,7 @@ static enum http_loop_verdict fresh_forward(struct gateway *gw, const struct req
     int rc;
 
     pk->step = PARK_FORWARD;
-    forwarded_build(rq, n, rq->method, rq->target, 1, &f);
+    forwarded_build(gw, rq, n, rq->method, rq->target, FORWARD_REQUEST, &f);
     /* As the blocking way does: an answer over the store's cap streams through. */
     rc = upstream_start(gw->upstream, &f.urq, n->m.route->max_stored_body, forwarded_done, pk,
                         &pk->fetch);
@@ -1045,6 +1074,61 @@ static enum http_loop_verdict fresh_on_unpark(struct gateway *gw, const struct r
     return HTTP_LOOP_ANSWERED;
 }
 
+/* Whether (method, the request's target) is on a route. */
+static int routed(const struct gw_config *cfg, const char *method, const struct request *rq)
+{
+    struct route_match m;
+    int found = route_find(cfg, method, rq->target, &m);
+
+    route_match_clear(&m);
+    return found;
+}
+
+/*
+ * A request that asks the upstream to run another method than its own -- a method-override
+ * header (method_override_headers), a `_method` query argument or form field (Express's
+ * method-override, Rails, Laravel, Symfony) -- where either method is on a route would run a keyed
+ * handler unkeyed, or be keyed as what it is not: refused with 400 method-override-refused, before
+ * anything is forwarded.  Returns 1 with `resp` the refusal.
+ */
+static int refuse_method_override(const struct gateway *gw, const struct request *rq,
+                                  const struct note *n, struct response *resp)
+{
+    const struct gw_config *cfg = gw->cfg;
+    const char *ct = request_header(rq, "Content-Type");
+    const char *v = NULL, *how = NULL;
+    char form[32], method[32], detail[400];
+    size_t i;
+
+    for (i = 0; i < cfg->nmethod_override_headers && v == NULL; i++)
+        if ((v = request_header(rq, cfg->method_override_headers[i])) != NULL)
+            how = cfg->method_override_headers[i];
+    if (v == NULL && (v = request_query(rq, "_method")) != NULL)
+        how = "a _method query argument";
+    if (v == NULL && ct != NULL && rq->body != NULL &&
+        ascii_ncaseeq(ct, "application/x-www-form-urlencoded", 33) &&
+        request_form_value(rq->body, rq->body_len, "_method", form, sizeof form) >= 0) {
+        v = form;
+        how = "a _method form field";
+    }
+    if (v == NULL)
+        return 0;
+    for (i = 0; v[i] != '\0' && i + 1 < sizeof method; i++)
+        method[i] = ascii_upper(v[i]);
+    method[i] = '\0';
+    if (strcmp(method, rq->method) == 0)
+        return 0; /* the method itself: nothing changes */
+    if (!(n && n->m.route) && !routed(cfg, method, rq))
+        return 0;
+    snprintf(detail, sizeof detail,
+             "This gateway keeps idempotency records for requests to this path, and %s asks the "
+             "upstream to run this %s as %s, which would pass them by. Send the method itself.",
+             how, rq->method, method);
+    response_problem(resp, 400, "method-override-refused", detail);
+    resp->outcome = "refused";
+    return 1;
+}
+
 static enum http_loop_verdict proxy_on_loop(void *ctx, const struct request *rq,
                                             struct response *resp, struct http_park *park)
 {
@@ -1054,6 +1138,8 @@ static enum http_loop_verdict proxy_on_loop(void *ctx, const struct request *rq,
     struct idem_watch *watch = NULL;
     struct parked *pk;
 
+    if (refuse_method_override(gw, rq, n, resp))
+        return HTTP_LOOP_ANSWERED;
     if (!n || !n->m.route)
         return pass_on_loop(gw, rq, n, park, resp);
     if (prepare(rq, n, resp) != 0)

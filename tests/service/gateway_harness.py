@@ -9,6 +9,7 @@ counters directly.  Every request it takes is an execution; the request's `X-Tes
 says how it behaves after executing:
 
   (none)           200 {"id": "<n>", "key": <Idempotency-Key>, "body": <the body>}, Location
+                   (the key read as an sf-string: sf_key)
   slow:MS          sleep MS, then answer as above
   status:CODE      answer CODE with a JSON body (e.g. 500, 404, 422, 429)
   reset            execute, then close the connection with a TCP reset, no answer
@@ -20,7 +21,8 @@ says how it behaves after executing:
   bigcut:N         announce N bytes, send half of them, then reset the connection
   bigslow:N        announce N bytes, send 64 KiB of them every 100 ms
 
-GET /lookup?key=K answers 200 with the first execution of key K (the reconcile query), or 404.
+GET /lookup?key=K answers 200 with the first execution of key K (the reconcile query), or 404;
+its header fields are kept in `lookup_headers`.
 Paths under /v1/dedupe behave like an upstream that dedupes on Idempotency-Key itself (what the
 `resend` mode assumes): a key it has seen gets its first answer again, and is not executed again.
 A body of exactly {} is refused with 400 and not executed (a validation error).  GET /count
@@ -83,6 +85,14 @@ GATEWAY_LISTEN_RE = re.compile(
     r"\(admin http://(\[[^\]]+\]|[^:/\s]+):(\d+)\)")
 
 
+def sf_key(value):
+    """An Idempotency-Key header's key, as an upstream that follows the IETF draft reads it: an
+    RFC 8941 sf-string ("k", what the gateway sends) unquoted, anything else as it is."""
+    if value is None or len(value) < 2 or value[0] != '"' or value[-1] != '"':
+        return value
+    return re.sub(r'\\(.)', r'\1', value[1:-1])
+
+
 # ---- the upstream ------------------------------------------------------------------------------
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -132,6 +142,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             key = unquote(key)
             with up.lock:
                 up.lookups += 1
+                up.lookup_headers.append(dict(self.headers.items()))
                 first = up.first_by_key.get(key)
             if first is None:
                 self._send(404, {"error": "no such request"})
@@ -149,7 +160,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _execute(self, body):
         up = self.server.upstream
-        key = self.headers.get("Idempotency-Key")
+        key = sf_key(self.headers.get("Idempotency-Key"))
         mode = self.headers.get("X-Test-Mode") or ""
         if mode == "drop":
             self._reset()
@@ -241,6 +252,7 @@ class Upstream:
         self.first_by_key = {}
         self.requests = []
         self.lookups = 0
+        self.lookup_headers = []  # the header fields of each GET /lookup, as received
         self.deduped = 0
         self.release = threading.Event()
         self.httpd = _ThreadingServer(("127.0.0.1", port), _Handler)

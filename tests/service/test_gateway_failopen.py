@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""
+test_gateway_failopen.py - idem-gateway never lets a request the upstream runs as a keyed write
+slip past unkeyed (issue 29), over real HTTP on loopback, in front of the counting upstream of
+gateway_harness.py (which does not dedupe, so a second execution shows):
+
+  - a path an upstream router reads as a keyed route's (trailing '/', any case, "//", dot segments,
+    ";params", ".json", %2F) is keyed: one execution per key, forwarded as sent; without a key it
+    is refused, not passed;
+  - a request target with a byte outside RFC 3986 is refused, nothing forwarded;
+  - a method override (header, `_method` argument or form field) onto a keyed route is refused;
+  - the upstream gets the key the gateway used, in its canonical form, never the client's own;
+  - a reconcile query carries the fixed header set, not the retry's other headers.
+"""
+
+import json
+import os
+import socket
+import sys
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402
+from harness import expect_eq, expect_fresh, expect_problem, expect_replay, test  # noqa: E402
+from gateway_harness import DEFAULT_ROUTES, Gateway, Upstream, expect  # noqa: E402
+
+ROUTES = DEFAULT_ROUTES + """
+  - match: PUT /v1/things/{id}
+    operation: things.put
+  - match: POST /v1/tenant/{id}/refunds
+    operation: tenant.refunds
+    on_unknown: {reconcile: "GET /lookup?key={key}", headers: [X-Api-Version]}
+"""
+
+
+def key(prefix="k"):
+    return "%s-%s" % (prefix, uuid.uuid4().hex[:12])
+
+
+def setup():
+    up = Upstream()
+    gw = Gateway(up, routes=ROUTES)
+    gw.start()
+    return {"up": up, "gw": gw}
+
+
+def teardown(ctx):
+    if ctx:
+        ctx["gw"].close()
+        ctx["up"].close()
+
+
+def raw_request(gw, request_line, headers=(), body=b""):
+    """Sends `request_line` (bytes, as is) with `headers`, reads one answer: a harness.Response."""
+    head = request_line + b"\r\nHost: gw\r\nX-Consumer-Id: alice\r\n"
+    for name, value in headers:
+        head += ("%s: %s\r\n" % (name, value)).encode()
+    head += b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+    s = socket.create_connection((gw.host, gw.port), timeout=30)
+    try:
+        s.sendall(head + body)
+        data = b""
+        while True:
+            piece = s.recv(65536)
+            if not piece:
+                break
+            data += piece
+    finally:
+        s.close()
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    import email.message
+    msg = email.message.Message()
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        msg[name.strip()] = value.strip()
+    return harness.Response(status, msg, rest, 0.0)
+
+
+# ---- paths -----------------------------------------------------------------------------------
+
+@test
+def paths_a_lenient_router_runs_as_a_keyed_route_are_keyed(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    # Each runs the POST /v1/things handler in Express, Rails, Spring, Flask or ASP.NET Core.
+    for path in ("/v1/things/", "/V1/THINGS", "/v1//things", "/v1/./things", "/v1/x/../things",
+                 "/v1/%2e/things", "/v1/things;jsessionid=1", "/v1/things.json", "/v1%2Fthings"):
+        k = key("path")
+        first = gw.request("POST", path, {"p": path}, key=k)
+        expect_fresh(first, 201, "%s, first" % path)
+        expect_eq(up.last_request()["path"], path, "%s: forwarded as sent" % path)
+        expect_replay(gw.request("POST", path, {"p": path}, key=k), first, "%s, a retry" % path)
+        # The same key on the route's own path is the same record: the same request again.
+        expect_replay(gw.request("POST", "/v1/things", {"p": path}, key=k), first,
+                      "%s, a retry on /v1/things" % path)
+        expect_eq(up.executions(k), 1, "%s: executions" % path)
+        before = up.count
+        expect_problem(gw.request("POST", path, {"p": path}), 400, "idempotency-key-missing",
+                       "%s without a key" % path)
+        expect_eq(up.count, before, "%s without a key: nothing forwarded" % path)
+
+
+@test
+def a_slash_encoded_in_a_path_value_stays_in_it(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    k = key("enc")
+    path = "/v1/orders/a%2Fb/refunds/"
+    first = gw.request("POST", path, {"n": 1}, key=k)
+    expect_fresh(first, 201, "a refund for order a/b")
+    expect_eq(up.last_request()["path"], path, "forwarded as sent")
+    expect_replay(gw.request("POST", "/v1/orders/a%2fb/refunds", {"n": 1}, key=k), first,
+                  "the same order, written otherwise")
+    # Another order is another request: the key reused for it is a mismatch, not a replay.
+    expect_problem(gw.request("POST", "/v1/orders/a/refunds", {"n": 1}, key=k), 422,
+                   "idempotency-key-reused", "the key for order a")
+    expect_eq(up.executions(k), 1, "executions")
+
+
+@test
+def a_target_with_bytes_outside_rfc_3986_is_refused(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    before = up.count
+    for target in (b"/v1/things\t/x", b"/v1/things\x0c", b"/v1/th\x80ings", b"/v1/things?\xff",
+                   b"/v1/things?a=<b>", b"/v1/{things}", b"/v1/things|x", b"/v1/things%zz",
+                   b"/v1/things%2", b"/v1/things#x", b"/v1/things\\x"):
+        r = raw_request(gw, b"POST " + target + b" HTTP/1.1", [("Idempotency-Key", key())],
+                        b'{"n": 1}')
+        expect_problem(r, 400, "bad-request", "target %r" % target)
+        expect("RFC 3986" in r.json().get("detail", ""), "the detail names RFC 3986: %s"
+               % r.describe(300))
+    expect_eq(up.count, before, "nothing forwarded")
+    # What RFC 3986 allows, and brackets in a query as browsers send them, go through.
+    r = raw_request(gw, b"GET /v2/else/a-b._~!$&'()*+,;=:@?q=a[]&r=%20/? HTTP/1.1")
+    expect_eq(r.status, 200, "every byte RFC 3986 allows: %s" % r.describe(300))
+    expect_eq(up.last_request()["path"], "/v2/else/a-b._~!$&'()*+,;=:@?q=a[]&r=%20/?",
+              "forwarded as sent")
+
+
+# ---- method overrides ------------------------------------------------------------------------
+
+@test
+def a_method_override_onto_a_keyed_route_is_refused(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    before = up.count
+    cases = [
+        ("/v1/things/7", {"X-HTTP-Method-Override": "PUT"}, None, "X-HTTP-Method-Override"),
+        ("/v1/things/7", {"X-HTTP-Method": "put"}, None, "X-HTTP-Method"),
+        ("/v1/things/7", {"X-Method-Override": "PUT"}, None, "X-Method-Override"),
+        ("/v1/things/7?_method=put", {}, None, "_method query argument"),
+        ("/v1/things/7/", {}, "a=1&_method=PUT", "_method form field"),
+        ("/v1/things/7", {}, "_method=P%55T", "_method form field"),
+        # The request's own route is keyed: it would be keyed as what it is not.
+        ("/v1/things", {"X-HTTP-Method-Override": "DELETE"}, None, "X-HTTP-Method-Override"),
+    ]
+    for path, headers, form, how in cases:
+        h = dict(headers)
+        body = {"n": 1}
+        if form is not None:
+            h["Content-Type"] = "application/x-www-form-urlencoded"
+            body = form
+        r = gw.request("POST", path, body, key=key(), headers=h)
+        expect_problem(r, 400, "method-override-refused", "POST %s with %s" % (path, how))
+        expect(how in r.json()["detail"], "the detail names %s: %s" % (how, r.describe(300)))
+    expect_eq(up.count, before, "nothing forwarded")
+    # An override naming the request's own method, or on a path no route keys, changes nothing.
+    k = key("same")
+    r = gw.request("POST", "/v1/things", {"n": 1}, key=k,
+                   headers={"X-HTTP-Method-Override": "post"})
+    expect_fresh(r, 201, "an override to the method itself")
+    r = gw.request("POST", "/v2/else", {"n": 1}, headers={"X-HTTP-Method-Override": "PUT"})
+    expect_eq(r.status, 201, "an override on an unrouted path is passed through")
+
+
+@test
+def method_override_headers_are_configurable(ctx):
+    up = ctx["up"]
+    gw = Gateway(up, routes=ROUTES, extra="method_override_headers: [X-Verb]\n",
+                 name="gateway-override")
+    try:
+        gw.start()
+        r = gw.request("POST", "/v1/things/7", {"n": 1}, key=key(), headers={"X-Verb": "PUT"})
+        expect_problem(r, 400, "method-override-refused", "the configured header")
+        before = up.count
+        r = gw.request("POST", "/v1/things/7", {"n": 1},
+                       headers={"X-HTTP-Method-Override": "PUT"})
+        expect_eq(r.status, 201, "a default header no longer listed is passed on")
+        expect_eq(up.count, before + 1, "forwarded")
+    finally:
+        gw.close()
+
+
+# ---- the key the upstream sees ---------------------------------------------------------------
+
+@test
+def the_upstream_gets_the_key_the_gateway_used_in_one_form(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    k = key("form")
+    # A token and the sf-string of it are one key to the gateway, and one to the upstream.
+    first = gw.request("POST", "/v1/resend", {"n": 1}, key=k, headers={"X-Test-Mode": "reset"})
+    expect_problem(first, 502, "outcome-unknown", "reset after acting")
+    sent = up.last_request()["headers"].get("Idempotency-Key")
+    r = gw.request("POST", "/v1/resend", {"n": 1}, key='"%s"' % k)
+    expect_eq(r.status, 201, "the retry, its key written as an sf-string, is sent again")
+    again = up.last_request()["headers"].get("Idempotency-Key")
+    expect_eq((sent, again), ('"%s"' % k, '"%s"' % k), "the key as the upstream got it, twice")
+    # A route whose key is in the body: the client's own Idempotency-Key header never goes on.
+    bk = key("body")
+    r = gw.request("POST", "/v1/bodykey", {"requestId": bk}, headers={"Idempotency-Key": "other"})
+    expect_eq(r.status, 201, "body-keyed")
+    keys = [v for n, v in up.last_request()["headers"].items() if n.lower() == "idempotency-key"]
+    expect_eq(keys, ['"%s"' % bk], "the Idempotency-Key fields the upstream got")
+
+
+# ---- reconcile -------------------------------------------------------------------------------
+
+@test
+def a_reconcile_query_carries_the_fixed_header_set(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    k = key("rec")
+    r = gw.request("POST", "/v1/tenant/t1/refunds", {"n": 1}, key=k,
+                   headers={"X-Test-Mode": "reset", "X-Api-Version": "2"})
+    expect_problem(r, 502, "outcome-unknown", "reset after acting")
+    n = len(up.lookup_headers)
+    r = gw.request("POST", "/v1/tenant/t1/refunds", {"n": 1}, key=k,
+                   headers={"X-Api-Version": "2", "X-Tenant": "someone-else",
+                            "Authorization": "Bearer t", "Accept-Language": "fr"})
+    expect(r.status == 200 and r.replayed, "reconciled: %s" % r.describe(300))
+    expect_eq(len(up.lookup_headers) - n, 1, "reconcile queries")
+    got = {name.lower() for name in up.lookup_headers[-1]}
+    expect_eq(got, {"host", "authorization", "x-consumer-id", "x-api-version", "x-forwarded-for",
+                    "idempotency-key"}, "the header fields of the reconcile query")
+    expect_eq(up.executions(k), 1, "executions")
+
+
+if __name__ == "__main__":
+    harness.run("gateway-failopen", setup=setup, teardown=teardown)
