@@ -67,8 +67,8 @@
 
 static const char *const default_store_headers[] = {"Content-Type", "Location", "ETag", "Link"};
 /* The method-override headers of Express's method-override, Symfony, Rails and Google's APIs. */
-static const char *const default_method_override_headers[] = {
-    "X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"};
+static const char *const default_method_override_headers[] = {"X-HTTP-Method-Override",
+                                                              "X-HTTP-Method", "X-Method-Override"};
 
 /* Statuses of 2xx and 4xx that are not stored by default: each says nothing about the write. */
 static const int default_unstored[] = {400, 401, 403, 408, 413, 415, 429};
@@ -700,10 +700,16 @@ static int load_upstream_url(struct loader *ld, const yaml_node_t *n, struct gw_
 
 static int load_upstream(struct loader *ld, const yaml_node_t *map, struct gw_config *cfg)
 {
-    static const char *const keys[] = {"url", "connect_timeout", "timeout", "max_connections",
-                                       "max_response_size"};
-    enum { URL, CONNECT_TIMEOUT, TIMEOUT, MAX_CONNECTIONS, MAX_RESPONSE_SIZE };
+    static const char *const keys[] = {"url",
+                                       "connect_timeout",
+                                       "timeout",
+                                       "max_connections",
+                                       "max_response_size",
+                                       "keyed_connections"};
+    enum { URL, CONNECT_TIMEOUT, TIMEOUT, MAX_CONNECTIONS, MAX_RESPONSE_SIZE, KEYED_CONNECTIONS };
     yaml_node_t *v[COUNT(keys)];
+    char shown[EXCERPT + 8];
+    const char *s;
     int64_t x;
 
     cfg->upstream_connect_timeout_ms = (int)DEFAULT_CONNECT_TIMEOUT_MS;
@@ -735,6 +741,16 @@ static int load_upstream(struct loader *ld, const yaml_node_t *map, struct gw_co
         if (want_size(ld, v[MAX_RESPONSE_SIZE], "upstream.max_response_size", 1, GIB, &x) != 0)
             return -1;
         cfg->max_response_bytes = (size_t)x;
+    }
+    if (v[KEYED_CONNECTIONS] != NULL) {
+        if (want_text(ld, v[KEYED_CONNECTIONS], "upstream.keyed_connections", "pooled or fresh",
+                      &s) != 0)
+            return -1;
+        if (strcmp(s, "fresh") != 0 && strcmp(s, "pooled") != 0)
+            return fail(ld, line_of(v[KEYED_CONNECTIONS]),
+                        "upstream.keyed_connections: expected pooled or fresh, not %s",
+                        describe(v[KEYED_CONNECTIONS], shown));
+        cfg->upstream_keyed_fresh = strcmp(s, "fresh") == 0;
     }
     return 0;
 }
@@ -1257,7 +1273,8 @@ static int load_header_names(struct loader *ld, const yaml_node_t *n, const char
         return fail(ld, line_of(n),
                     "%s: expected a list of at most %zu header names such as "
                     "[X-HTTP-Method-Override], not %s",
-                    path, max, n->type == YAML_SEQUENCE_NODE ? "a longer list" : describe(n, shown));
+                    path, max,
+                    n->type == YAML_SEQUENCE_NODE ? "a longer list" : describe(n, shown));
     *names = xcalloc(nitems(n) + 1, sizeof **names);
     for (size_t i = 0; i < nitems(n); i++) {
         yaml_node_t *item = item_at(ld, n, i);
@@ -1567,9 +1584,9 @@ static int load_routes(struct loader *ld, const yaml_node_t *n, int have_princip
 
 static int load_document(struct loader *ld, struct gw_config *cfg)
 {
-    static const char *const keys[] = {"listen",        "admin_listen", "store",  "upstream",
-                                       "max_body_size", "principal",    "limits", "routes",
-                                       "method_override_headers"};
+    static const char *const keys[] = {"listen",   "admin_listen",  "store",
+                                       "upstream", "max_body_size", "principal",
+                                       "limits",   "routes",        "method_override_headers"};
     enum {
         LISTEN,
         ADMIN_LISTEN,

@@ -205,6 +205,7 @@ static void forwarded_build(const struct gateway *gw, const struct request *rq,
     f->urq.target = target;
     f->urq.headers = f->h;
     f->urq.nheaders = f->n;
+    f->urq.fresh_connection = keyed && gw->cfg->upstream_keyed_fresh;
     f->urq.body = kind == FORWARD_REQUEST ? rq->body : NULL;
     f->urq.body_len = kind == FORWARD_REQUEST ? rq->body_len : 0;
 }
@@ -1040,7 +1041,7 @@ static enum http_loop_verdict fresh_on_unpark(struct gateway *gw, const struct r
                 park->must_finish = 1;
                 return park_again(pk, park, (int)left);
             }
-            http_fetch_cancel(pk->fetch);               /* no wake-up can come after this */
+            http_fetch_cancel(pk->fetch); /* no wake-up can come after this */
             pk->fetch = NULL;
             pk->res = HTTP_FETCH_UNKNOWN;
             pk->reply.timed_out = 1;

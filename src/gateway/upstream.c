@@ -191,22 +191,29 @@ static void build_head(const struct upstream *up, const struct upstream_request 
     strbuf_add(out, "\r\n", 2);
 }
 
-/* Writes all of `iov`; returns bytes written, or -1 (errno) having written *sent bytes. */
+/*
+ * Writes all of `iov`: 0, or 1 when the upstream began to answer before all of it was written (the
+ * rest is not sent: the answer is read, and the connection is not reused, as the upstream may
+ * take what it did not read for another request), or -1 (errno).  *sent: the bytes written.
+ */
 static int write_all(int fd, struct iovec *iov, int n, int64_t deadline, size_t *sent)
 {
     *sent = 0;
     while (n > 0) {
         ssize_t w = writev(fd, iov, n);
         if (w < 0) {
+            struct pollfd answer = {.fd = fd, .events = POLLIN};
             if (errno == EINTR)
                 continue;
             if (errno == EAGAIN) {
-                int r = fd_wait(fd, POLLOUT, deadline);
+                int r = fd_wait(fd, POLLOUT | POLLIN, deadline);
                 if (r <= 0) {
                     if (r == 0)
                         errno = ETIMEDOUT;
                     return -1;
                 }
+                if (poll(&answer, 1, 0) > 0)
+                    return 1;
                 continue;
             }
             return -1;
@@ -285,12 +292,12 @@ enum http_fetch_result upstream_exchange(struct upstream *up, const struct upstr
     enum http_fetch_result res;
     int64_t start_ns, deadline;
     size_t sent = 0;
-    int reusable = 0, streaming = 0;
+    int reusable = 0, streaming = 0, early;
     int fd;
 
     memset(resp, 0, sizeof *resp);
     err[0] = '\0';
-    fd = take_idle(up);
+    fd = rq->fresh_connection ? -1 : take_idle(up);
     if (fd < 0)
         fd = connect_new(up, err, errlen);
     if (fd < 0)
@@ -307,7 +314,8 @@ enum http_fetch_result upstream_exchange(struct upstream *up, const struct upstr
     iov[1].iov_len = rq->body_len;
     start_ns = mono_ns();
     deadline = mono_ms() + up->opts.timeout_ms;
-    if (write_all(fd, iov, rq->body_len > 0 ? 2 : 1, deadline, &sent) != 0) {
+    early = write_all(fd, iov, rq->body_len > 0 ? 2 : 1, deadline, &sent);
+    if (early < 0) {
         int e = errno;
         snprintf(err, errlen, "sending the request: %s", strerror(e));
         resp->timed_out = e == ETIMEDOUT;
@@ -331,7 +339,7 @@ enum http_fetch_result upstream_exchange(struct upstream *up, const struct upstr
 out:
     strbuf_release(&head);
     http_reply_reader_release(&r);
-    if (reusable)
+    if (reusable && early == 0 && !rq->fresh_connection)
         give_back(up, fd);
     else
         close(fd);
@@ -347,7 +355,7 @@ int upstream_start(struct upstream *up, const struct upstream_request *rq, size_
     build_head(up, rq, &head);
     rc = http_fetch_start(up->async, head.buf, head.len, rq->body, rq->body_len, hold_max,
                           (strcmp(rq->method, "HEAD") == 0 ? HTTP_FETCH_HEAD : 0) |
-                              HTTP_FETCH_MAY_STREAM,
+                              (rq->fresh_connection ? HTTP_FETCH_FRESH : 0) | HTTP_FETCH_MAY_STREAM,
                           done, arg, fetch);
     strbuf_release(&head);
     return rc;

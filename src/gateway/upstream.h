@@ -43,6 +43,8 @@ struct upstream_request {
     size_t nheaders;
     const char *body;
     size_t body_len;
+    int fresh_connection; /* on a new connection, closed after the answer
+                             (upstream.keyed_connections) */
 };
 
 /*

@@ -194,8 +194,10 @@ enum http_reply_read http_reply_reader_feed(struct http_reply_reader *r, const c
 {
     size_t used = http_parser_execute(&r->hp, &reader_settings, data, len);
 
-    if (r->done)
+    if (r->done) {
+        r->trailing = r->trailing || used < len;
         return HTTP_REPLY_DONE;
+    }
     if (r->too_large)
         return HTTP_REPLY_TOO_LARGE;
     if (HTTP_PARSER_ERRNO(&r->hp) != HPE_OK || used != len)
@@ -209,8 +211,8 @@ enum http_reply_read http_reply_reader_feed(struct http_reply_reader *r, const c
 
 int http_reply_reader_reusable(const struct http_reply_reader *r)
 {
-    /* Paused right at the end of the answer: any byte after it would be a protocol error. */
-    return r->done && http_should_keep_alive(&r->hp);
+    /* Paused right at the end of the answer: a byte after it belongs to no request of ours. */
+    return r->done && !r->trailing && http_should_keep_alive(&r->hp);
 }
 
 const char *http_reply_reader_error(const struct http_reply_reader *r)
@@ -367,6 +369,9 @@ struct fconn {
     int64_t idle_since_ms;
     int closing;
     int reading;           /* the read is armed (it stays armed while idle) */
+    int writing;           /* the request is not all written yet */
+    int early;             /* answer bytes came while it was: never reused (the upstream may
+                              not read the rest of the request, and take it for another) */
     int nclosed;           /* handles closed: the connection is freed at 2 */
     char connect_err[120]; /* a connect refused at once, told from the timer */
     struct http_reply_reader rr;
@@ -577,6 +582,8 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         fail(c, HTTP_FETCH_UNKNOWN, 0, err);
         return;
     }
+    if (c->writing && nread > 0)
+        c->early = 1;
     r = http_reply_reader_feed(&c->rr, buf->base, nread < 0 ? 0 : (size_t)nread);
     switch (r) {
     case HTTP_REPLY_MORE:
@@ -586,7 +593,8 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     case HTTP_REPLY_DONE:
         http_reply_reader_take(&c->rr, &reply);
-        release(c, nread > 0 && http_reply_reader_reusable(&c->rr));
+        release(c, nread > 0 && !c->early && !(f->flags & HTTP_FETCH_FRESH) &&
+                       http_reply_reader_reusable(&c->rr));
         finish(f, HTTP_FETCH_OK, &reply, "");
         http_reply_clear(&reply);
         return;
@@ -627,6 +635,7 @@ static void write_cb(uv_write_t *w, int status)
     struct fconn *c = w->data;
     char err[200];
 
+    c->writing = 0;
     if (c->closing || status == 0)
         return;
     snprintf(err, sizeof err, "sending the request: %s", uv_strerror(status));
@@ -646,9 +655,11 @@ static void send_on(struct fconn *c)
     if (f->flags & HTTP_FETCH_MAY_STREAM)
         http_reply_reader_allow_stream(&c->rr);
     f->start_ns = mono_ns();
+    c->writing = 1;
     rc = uv_write(&c->write, (uv_stream_t *)&c->tcp, &buf, 1, write_cb);
     if (rc < 0) {
         /* Refused before a byte was queued: the upstream saw nothing. */
+        c->writing = 0;
         f->start_ns = 0;
         snprintf(err, sizeof err, "sending the request: %s", uv_strerror(rc));
         fail(c, HTTP_FETCH_NOT_SENT, 0, err);
@@ -728,7 +739,7 @@ int http_fetch_start(struct http_client *cl, const char *head, size_t head_len, 
         memcpy(f->out + head_len, body, body_len);
     *fetch = f;
 
-    c = take_idle(p);
+    c = (flags & HTTP_FETCH_FRESH) ? NULL : take_idle(p);
     if (c) {
         c->f = f;
         f->c = c;

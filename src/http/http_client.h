@@ -91,6 +91,7 @@ struct http_reply_reader {
     int too_many;
     int bad_status;
     int done;
+    int trailing; /* bytes came after the answer: the connection is not reusable */
 };
 
 enum http_reply_read {
@@ -116,7 +117,10 @@ void http_reply_reader_allow_stream(struct http_reply_reader *r);
 void http_reply_reader_take_body(struct http_reply_reader *r, struct strbuf *into);
 /* Once the head is in: the body's announced length, or UINT64_MAX (chunked, or to the close). */
 uint64_t http_reply_reader_length(const struct http_reply_reader *r);
-/* After DONE: whether the connection may carry another exchange (all bytes were this answer's). */
+/*
+ * After DONE: whether the connection may carry another exchange: the answer allows it and every
+ * byte read was this answer's (bytes after it are an answer to something else).
+ */
 int http_reply_reader_reusable(const struct http_reply_reader *r);
 /* After DONE or TOO_LARGE: moves status, headers and body into `out` (initialised here). */
 void http_reply_reader_take(struct http_reply_reader *r, struct http_reply *out);
@@ -180,6 +184,7 @@ typedef void (*http_fetch_done)(void *arg, enum http_fetch_result res, struct ht
 /* http_fetch_start()'s flags. */
 #define HTTP_FETCH_HEAD 1       /* a HEAD request: the answer has no body */
 #define HTTP_FETCH_MAY_STREAM 2 /* a body over max_response_bytes comes in reply->rest */
+#define HTTP_FETCH_FRESH 4      /* on a new connection, closed after the answer (never pooled) */
 
 /*
  * Sends `head` (the whole request head, CRLFs included) and `body` (both copied) and calls `done`

@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -232,6 +233,159 @@ def a_reconcile_query_carries_the_fixed_header_set(ctx):
     expect_eq(got, {"host", "authorization", "x-consumer-id", "x-api-version", "x-forwarded-for",
                     "idempotency-key"}, "the header fields of the reconcile query")
     expect_eq(up.executions(k), 1, "executions")
+
+
+
+# ---- upstream connections --------------------------------------------------------------------
+
+class RawUpstream:
+    """
+    An upstream that speaks HTTP/1.1 by hand, to misbehave as some do.  Every request is answered
+    200 {"conn": C, "path": P} (C numbers the connections it accepted).  After a request to a path
+    ending in /trail it sends a second, unasked answer in the same write.  A request to /early is
+    answered as soon as its head is in, and its body is read as the next request (an upstream that
+    answers before reading the body): the answer to that hidden request is held until more bytes
+    come on the connection, then sent before anything else.
+    """
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.conns = 0
+        self.seen = []  # (connection, path) of every request read
+        self.lock = threading.Lock()
+        self.open = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.conns += 1
+                n = self.conns
+                self.open.append(c)
+            threading.Thread(target=self._serve, args=(c, n), daemon=True).start()
+
+    @staticmethod
+    def _answer(conn, path):
+        body = json.dumps({"conn": conn, "path": path}).encode()
+        return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+            len(body), body)
+
+    def _serve(self, c, n):
+        buf, held = b"", None
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    piece = c.recv(65536)
+                    if not piece:
+                        return
+                    if held is not None:
+                        c.sendall(held)
+                        held = None
+                    buf += piece
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                path = lines[0].split(" ")[1]
+                length = 0
+                for line in lines[1:]:
+                    name, _, value = line.partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value)
+                with self.lock:
+                    self.seen.append((n, path))
+                answer = self._answer(n, path)
+                if path == "/early":
+                    c.sendall(answer)  # the body stays unread: it is the next "request"
+                    continue
+                while len(buf) < length:
+                    piece = c.recv(65536)
+                    if not piece:
+                        return
+                    buf += piece
+                buf = buf[length:]
+                if path == "/hidden":
+                    held = answer
+                elif path.endswith("/trail"):
+                    c.sendall(answer + self._answer(n, "/unasked"))
+                else:
+                    c.sendall(answer)
+        except OSError:
+            return
+        finally:
+            c.close()
+
+    def close(self):
+        self.sock.close()
+        with self.lock:
+            for c in self.open:
+                try:
+                    c.close()
+                except OSError:
+                    pass
+
+
+@test
+def a_connection_with_bytes_after_its_answer_is_not_reused(ctx):
+    up = RawUpstream()
+    gw = Gateway(up, routes=ROUTES, name="gateway-trail", args=["--http-threads", "1"])
+    try:
+        gw.start()
+        for path in ("/v2/a/trail", "/v1/things"):  # passed through, then keyed
+            k = None if path.startswith("/v2") else key("trail")
+            r = gw.request("POST", path, {"n": 1}, key=k)
+            expect_eq(r.status, 200, "%s: %s" % (path, r.describe(200)))
+            expect_eq(r.json()["path"], path, "%s: its own answer" % path)
+            conn = r.json()["conn"]
+            r = gw.request("POST", "/v2/next", {"n": 2})
+            expect_eq(r.json()["path"], "/v2/next", "the next request's own answer")
+            expect(r.json()["conn"] != conn or not path.endswith("/trail"),
+                   "after %s, the next request on a new connection: %s" % (path, r.describe(200)))
+        # Without stray bytes, a connection is reused (the check above is not vacuous).
+        a = gw.request("POST", "/v2/one", {"n": 1}).json()["conn"]
+        b = gw.request("POST", "/v2/two", {"n": 1}).json()["conn"]
+        expect_eq(a, b, "a clean connection is reused")
+    finally:
+        gw.close()
+        up.close()
+
+
+@test
+def keyed_connections_fresh_keeps_a_hidden_answer_from_a_keyed_request(ctx):
+    # An upstream that answers /early before reading its body takes the body for a second request
+    # and answers it later, on whatever comes next on that connection.  With keyed_connections:
+    # fresh, a keyed request never shares a connection, so it gets its own answer, stored.
+    up = RawUpstream()
+    gw = Gateway(up, routes=ROUTES, name="gateway-fresh", args=["--http-threads", "1"])
+    with open(gw.config_path) as f:
+        text = f.read()
+    with open(gw.config_path, "w") as f:
+        f.write(text.replace("upstream:\n", "upstream:\n  keyed_connections: fresh\n", 1))
+    try:
+        gw.start()
+        hidden = b"POST /hidden HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+        r = gw.request("POST", "/early", hidden, headers={"Content-Type": "text/plain"})
+        expect_eq(r.json()["path"], "/early", "the early answer")
+        harness.wait_until("the upstream to read the hidden request",
+                           lambda: any(p == "/hidden" for _, p in up.seen))
+        conns = {c for c, p in up.seen if p == "/early"}
+        for i in range(3):
+            k = key("fresh")
+            r = gw.request("POST", "/v1/things", {"n": i}, key=k)
+            expect_eq(r.json()["path"], "/v1/things", "keyed request %d: its own answer" % i)
+            expect(r.json()["conn"] not in conns, "on a connection of its own")
+            conns.add(r.json()["conn"])
+            expect_replay(gw.request("POST", "/v1/things", {"n": i}, key=k), r,
+                          "keyed request %d replayed" % i)
+    finally:
+        gw.close()
+        up.close()
 
 
 if __name__ == "__main__":
