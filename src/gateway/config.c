@@ -809,9 +809,9 @@ out:
 
 static int load_jwt(struct loader *ld, const yaml_node_t *map, struct gw_config *cfg)
 {
-    static const char *const keys[] = {"alg", "secret_file", "public_key_file", "issuer",
-                                       "audience"};
-    enum { ALG, SECRET_FILE, PUBLIC_KEY_FILE, ISSUER, AUDIENCE };
+    static const char *const keys[] = {"alg",    "secret_file", "public_key_file",
+                                       "issuer", "audience",    "require_exp"};
+    enum { ALG, SECRET_FILE, PUBLIC_KEY_FILE, ISSUER, AUDIENCE, REQUIRE_EXP };
     yaml_node_t *v[COUNT(keys)];
     char shown[EXCERPT + 8];
     const char *s;
@@ -857,6 +857,10 @@ static int load_jwt(struct loader *ld, const yaml_node_t *map, struct gw_config 
             return -1;
         cfg->jwt_audience = xstrdup(s);
     }
+    cfg->jwt_require_exp = 1;
+    if (v[REQUIRE_EXP] != NULL &&
+        want_bool(ld, v[REQUIRE_EXP], "principal.jwt.require_exp", &cfg->jwt_require_exp) != 0)
+        return -1;
     return 0;
 }
 

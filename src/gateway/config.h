@@ -121,6 +121,7 @@ struct gw_config {
     size_t jwt_key_len;
     char *jwt_issuer;   /* NULL: not checked */
     char *jwt_audience; /* NULL: not checked */
+    int jwt_require_exp; /* 1 (default): a token without `exp` gives no principal */
 
     struct http_limits limits; /* `limits:` mapping, same names as the serve flags with '_' */
 

@@ -50,6 +50,7 @@ struct principal_verifier {
     char *why_missing;
     char *why_long;
     char *why_chars;
+    char *why_prefix;
 
     /* GW_PRINCIPAL_JWT */
     enum gw_jwt_alg alg;
@@ -58,6 +59,7 @@ struct principal_verifier {
     EVP_PKEY *pkey; /* RS256 */
     char *issuer;   /* NULL: not checked */
     char *audience; /* NULL: not checked */
+    int require_exp;
 
     /* Fetched once: an implicit fetch per request costs a lock and a lookup in the provider. */
     EVP_MD *sha256;
@@ -142,6 +144,9 @@ int principal_verifier_new(const struct gw_config *cfg, struct principal_verifie
         v->why_long = format_reason("%s header too long", v->header);
         v->why_chars =
             format_reason("%s header has characters other than visible ASCII", v->header);
+        v->why_prefix = format_reason("%s header starts with jwt: or sha256:, which name the "
+                                      "callers of other principal sources",
+                                      v->header);
         break;
     case GW_PRINCIPAL_AUTHORIZATION:
         break;
@@ -171,6 +176,7 @@ int principal_verifier_new(const struct gw_config *cfg, struct principal_verifie
             v->issuer = xstrdup(cfg->jwt_issuer);
         if (cfg->jwt_audience != NULL)
             v->audience = xstrdup(cfg->jwt_audience);
+        v->require_exp = cfg->jwt_require_exp;
         break;
     default:
         snprintf(err, errlen, "principal: unknown source");
@@ -191,6 +197,7 @@ void principal_verifier_free(struct principal_verifier *v)
     free(v->why_missing);
     free(v->why_long);
     free(v->why_chars);
+    free(v->why_prefix);
     if (v->secret != NULL)
         OPENSSL_cleanse(v->secret, v->secret_len);
     free(v->secret);
@@ -214,8 +221,21 @@ static int principal_from_header(const struct principal_verifier *v, principal_h
     size_t len = 0, i;
     const char *val = header(arg, v->header, &len);
 
+    /* Optional white space around a field value is not part of it (RFC 9110 5.5). */
+    while (val != NULL && len > 0 && (val[0] == ' ' || val[0] == '\t')) {
+        val++;
+        len--;
+    }
+    while (val != NULL && len > 0 && (val[len - 1] == ' ' || val[len - 1] == '\t'))
+        len--;
     if (val == NULL || len == 0) {
         *why = v->why_missing;
+        return -1;
+    }
+    /* The other sources' spaces ("jwt:bob", "sha256:..."): a header value cannot enter them. */
+    if ((len >= sizeof JWT_PREFIX - 1 && memcmp(val, JWT_PREFIX, sizeof JWT_PREFIX - 1) == 0) ||
+        (len >= sizeof AUTH_PREFIX - 1 && memcmp(val, AUTH_PREFIX, sizeof AUTH_PREFIX - 1) == 0)) {
+        *why = v->why_prefix;
         return -1;
     }
     if (len > PRINCIPAL_MAX) {
@@ -235,6 +255,36 @@ static int principal_from_header(const struct principal_verifier *v, principal_h
     return 0;
 }
 
+/*
+ * The SHA-256 of an Authorization value, one caller one digest however the scheme is written: the
+ * scheme is case-insensitive and may be followed by several spaces (RFC 9110 11.4), so "bearer  t"
+ * is hashed as "Bearer t" -- for Bearer and Basic, whose usual spelling keeps the digests of what
+ * clients already sent; any other scheme as sent.
+ */
+static int authorization_digest(const struct principal_verifier *v, const char *val, size_t len,
+                                unsigned char *md, unsigned int *mdlen)
+{
+    static const char *const schemes[] = {"Bearer", "Basic"};
+    EVP_MD_CTX *ctx;
+    int ok;
+
+    for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++) {
+        size_t n = strlen(schemes[i]), at = n;
+        if (len <= n || val[n] != ' ' || !ascii_ncaseeq(val, schemes[i], n))
+            continue;
+        while (at < len && val[at] == ' ')
+            at++;
+        ctx = EVP_MD_CTX_new();
+        ok = ctx != NULL && EVP_DigestInit_ex(ctx, v->sha256, NULL) == 1 &&
+             EVP_DigestUpdate(ctx, schemes[i], n) == 1 && EVP_DigestUpdate(ctx, " ", 1) == 1 &&
+             EVP_DigestUpdate(ctx, val + at, len - at) == 1 &&
+             EVP_DigestFinal_ex(ctx, md, mdlen) == 1;
+        EVP_MD_CTX_free(ctx);
+        return ok ? 0 : -1;
+    }
+    return EVP_Digest(val, len, md, mdlen, v->sha256, NULL) == 1 ? 0 : -1;
+}
+
 static int principal_from_authorization(const struct principal_verifier *v,
                                         principal_header_fn header, void *arg,
                                         char out[PRINCIPAL_MAX + 1], const char **why)
@@ -248,7 +298,7 @@ static int principal_from_authorization(const struct principal_verifier *v,
         *why = "no Authorization header";
         return -1;
     }
-    if (EVP_Digest(val, len, md, &mdlen, v->sha256, NULL) != 1 || mdlen != SHA256_LEN) {
+    if (authorization_digest(v, val, len, md, &mdlen) != 0 || mdlen != SHA256_LEN) {
         ERR_clear_error();
         *why = "Authorization could not be hashed";
         return -1;
@@ -449,6 +499,9 @@ static const char *check_claims(const struct principal_verifier *v, const json_t
     size_t sub_len;
     int r;
 
+    /* A token without an expiry would be a principal for ever, however it leaked. */
+    if (exp == NULL && v->require_exp)
+        return "token has no exp";
     /* Expired when now > exp + leeway, that is exp < now - leeway. */
     if (exp != NULL) {
         r = compare_date(exp, exp_limit);

@@ -641,6 +641,19 @@ static enum http_head_verdict proxy_on_head(void *ctx, struct request *rq, struc
     n->route_index = (size_t)(r - cfg->routes);
     resp->operation = r->operation;
 
+    /* The caller's header would be dropped on the way (hop-by-hop) yet decide the scope here. */
+    if (cfg->principal == GW_PRINCIPAL_HEADER &&
+        token_listed(request_header(rq, "Connection"), cfg->principal_header)) {
+        char detail[300];
+        snprintf(detail, sizeof detail,
+                 "%s, which says who is calling, is named in Connection, so it would not reach "
+                 "the upstream. Do not list it there.",
+                 cfg->principal_header);
+        response_problem(resp, 400, "bad-request", detail);
+        resp->outcome = "refused";
+        return HTTP_HEAD_ANSWER;
+    }
+
     if (principal_of(gw->principals, principal_header, rq, (int64_t)time(NULL), n->principal,
                      &why) != 0) {
         char detail[200];

@@ -872,6 +872,7 @@ static void test_files(void)
     CHECK_INT(gw_config_load(path, &cfg, err, sizeof err), 0);
     if (cfg != NULL) {
         CHECK_STR(cfg->file, path);
+        CHECK_INT(cfg->jwt_require_exp, 1); /* the default: a token without exp names no one */
         CHECK_INT(cfg->principal, GW_PRINCIPAL_JWT);
         CHECK_INT(cfg->jwt_alg, GW_JWT_HS256);
         CHECK_INT(cfg->jwt_key_len, 40);
@@ -948,10 +949,12 @@ static void test_files(void)
              "principal:\n"
              "  jwt:\n"
              "    alg: RS256\n"
-             "    public_key_file: jwt.pem\n");
+             "    public_key_file: jwt.pem\n"
+             "    require_exp: false\n");
     write_file(path, text, strlen(text));
     CHECK_INT(gw_config_load(path, &cfg, err, sizeof err), 0);
     if (cfg != NULL) {
+        CHECK_INT(cfg->jwt_require_exp, 0);
         CHECK_INT(cfg->jwt_alg, GW_JWT_RS256);
         CHECK_STR(cfg->jwt_key, pem);
         CHECK_INT(cfg->jwt_key_len, strlen(pem));

@@ -298,6 +298,16 @@ static void test_header_source(void)
     CHECK_INT(run(v, "X-Consumer-Id", "a\r\nX-Evil: 1"), -1);
     CHECK_INT(run_n(v, "X-Consumer-Id", "a\0b", 3, NOW), -1);
     CHECK_STR(why, "X-Consumer-Id header has characters other than visible ASCII");
+    /* White space around the value is not part of it: one caller, one principal. */
+    CHECK_INT(run(v, "X-Consumer-Id", " \tacme-42 \t"), 0);
+    CHECK_STR(out, "acme-42");
+    CHECK_INT(run(v, "X-Consumer-Id", "  \t "), -1);
+    CHECK_STR(why, "no X-Consumer-Id header");
+    /* The other sources' principals cannot be claimed through a header. */
+    CHECK_INT(run(v, "X-Consumer-Id", "jwt:bob"), -1);
+    CHECK(why != NULL && strstr(why, "starts with jwt: or sha256:") != NULL);
+    CHECK_INT(run(v, "X-Consumer-Id", " sha256:c355dce96c1612880d11940ffdd9014d"), -1);
+    CHECK_INT(run(v, "X-Consumer-Id", "JWT:bob"), 0); /* the prefixes are lower case */
     principal_verifier_free(v);
     principal_verifier_free(NULL);
 }
@@ -323,6 +333,19 @@ static void test_authorization_source(void)
     CHECK_STR(why, "no Authorization header");
     CHECK_INT(run(v, "Authorization", ""), -1);
     CHECK_STR(why, "no Authorization header");
+    /* The scheme in any case and any number of spaces: the digest of "Bearer abc" every time. */
+    CHECK_INT(run(v, "Authorization", "bearer abc"), 0);
+    CHECK_STR(out, "sha256:c355dce96c1612880d11940ffdd9014d386c253e0c3652a6cd06a7226f7bd2b6");
+    CHECK_INT(run(v, "Authorization", "BEARER   abc"), 0);
+    CHECK_STR(out, "sha256:c355dce96c1612880d11940ffdd9014d386c253e0c3652a6cd06a7226f7bd2b6");
+    /* printf %s 'Basic dTpw' | sha256sum */
+    CHECK_INT(run(v, "Authorization", "basic  dTpw"), 0);
+    CHECK_STR(out, "sha256:2123f28b8c31d940102abb65b49c444d30215f89379965a58ba413b092e5d9fc");
+    /* Other schemes are hashed as sent. */
+    CHECK_INT(run(v, "Authorization", "Token abc"), 0);
+    CHECK_INT(run(v, "Authorization", "token abc"), 0);
+    CHECK(strcmp(out, "sha256:c355dce96c1612880d11940ffdd9014d386c253e0c3652a6cd06a7226f7bd2b6") !=
+          0);
     principal_verifier_free(v);
 }
 
@@ -330,8 +353,9 @@ static void test_authorization_source(void)
 
 static const char HS[] = "{\"alg\":\"HS256\",\"typ\":\"JWT\"}";
 
-static struct principal_verifier *hs_verifier(const unsigned char *secret, size_t n,
-                                              const char *iss, const char *aud)
+static struct principal_verifier *hs_verifier_exp(const unsigned char *secret, size_t n,
+                                                  const char *iss, const char *aud,
+                                                  int require_exp)
 {
     struct gw_config cfg;
     struct principal_verifier *v = NULL;
@@ -345,6 +369,7 @@ static struct principal_verifier *hs_verifier(const unsigned char *secret, size_
     cfg.jwt_key_len = n;
     cfg.jwt_issuer = iss ? xstrdup(iss) : NULL;
     cfg.jwt_audience = aud ? xstrdup(aud) : NULL;
+    cfg.jwt_require_exp = require_exp;
     if (principal_verifier_new(&cfg, &v, err, sizeof err) != 0) {
         fprintf(stderr, "hs_verifier: %s\n", err);
         v = NULL;
@@ -359,6 +384,13 @@ static struct principal_verifier *hs_verifier(const unsigned char *secret, size_
     free(cfg.jwt_issuer);
     free(cfg.jwt_audience);
     return v;
+}
+
+/* A verifier for `secret`; exp is not required, as most claims here leave it out. */
+static struct principal_verifier *hs_verifier(const unsigned char *secret, size_t n,
+                                              const char *iss, const char *aud)
+{
+    return hs_verifier_exp(secret, n, iss, aud, 0);
 }
 
 static void test_hs256(const unsigned char secret[32], const struct signer *hs)
@@ -953,6 +985,24 @@ out:
     EVP_PKEY_free(ec);
 }
 
+/* principal.jwt.require_exp (the default): a token without exp names no one. */
+static void test_exp_required(const unsigned char secret[32], const struct signer *hs)
+{
+    struct principal_verifier *v = hs_verifier_exp(secret, 32, NULL, NULL, 1);
+    char *claims;
+
+    CHECK(v != NULL);
+    if (v == NULL)
+        return;
+    CHECK_INT(try_claims(v, HS, "{\"sub\":\"u\"}", hs), -1);
+    CHECK_STR(why, "token has no exp");
+    claims = claims_fmt("{\"sub\":\"u\",\"exp\":%lld}", NOW + 300);
+    CHECK_INT(try_claims(v, HS, claims, hs), 0);
+    CHECK_STR(out, "jwt:u");
+    free(claims);
+    principal_verifier_free(v);
+}
+
 int main(void)
 {
     unsigned char secret[32];
@@ -969,6 +1019,7 @@ int main(void)
     test_authorization_source();
     test_hs256(secret, &hs);
     test_hs256_iss_aud(secret, &hs);
+    test_exp_required(secret, &hs);
     test_rs256(secret);
     return t_done();
 }

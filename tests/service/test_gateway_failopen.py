@@ -10,7 +10,10 @@ gateway_harness.py (which does not dedupe, so a second execution shows):
   - a request target with a byte outside RFC 3986 is refused, nothing forwarded;
   - a method override (header, `_method` argument or form field) onto a keyed route is refused;
   - the upstream gets the key the gateway used, in its canonical form, never the client's own;
-  - a reconcile query carries the fixed header set, not the retry's other headers.
+  - a reconcile query carries the fixed header set, not the retry's other headers;
+  - a principal header is trimmed, cannot claim another source's space, and is not hop-by-hop;
+  - an upstream connection that carried bytes nobody asked for is not reused, and keyed requests
+    can have connections of their own.
 """
 
 import json
@@ -234,6 +237,29 @@ def a_reconcile_query_carries_the_fixed_header_set(ctx):
                     "idempotency-key"}, "the header fields of the reconcile query")
     expect_eq(up.executions(k), 1, "executions")
 
+
+
+# ---- principals ------------------------------------------------------------------------------
+
+@test
+def a_principal_is_one_caller_however_it_is_sent(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    k = key("who")
+    first = gw.request("POST", "/v1/things", {"n": 1}, key=k, principal="bob")
+    expect_fresh(first, 201, "bob")
+    # White space around the value is not part of it: the same caller, a replay.
+    expect_replay(gw.request("POST", "/v1/things", {"n": 1}, key=k, principal="bob \t"), first,
+                  "bob with trailing white space")
+    # Another source's principal cannot be claimed through the header.
+    r = gw.request("POST", "/v1/things", {"n": 1}, key=k, principal="jwt:bob")
+    expect_problem(r, 401, "unauthorized", "a header value in the jwt: space")
+    # The caller's header named in Connection would be dropped upstream: refused.
+    before = up.count
+    r = gw.request("POST", "/v1/things", {"n": 1}, key=key(), principal="bob",
+                   headers={"Connection": "X-Consumer-Id"})
+    expect_problem(r, 400, "bad-request", "the principal's header named in Connection")
+    expect_eq(up.count, before, "nothing forwarded")
+    expect_eq(up.executions(k), 1, "executions")
 
 
 # ---- upstream connections --------------------------------------------------------------------
