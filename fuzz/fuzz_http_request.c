@@ -206,8 +206,9 @@ static void check_error(const struct request_parser *p)
               "431 is request-header-too-large");
         break;
     case 501:
-        CHECK(strcmp(p->error_code, "method-not-implemented") == 0,
-              "501 is method-not-implemented");
+        CHECK(strcmp(p->error_code, "method-not-implemented") == 0 ||
+                  strcmp(p->error_code, "transfer-coding-not-implemented") == 0,
+              "501 is method-not-implemented or transfer-coding-not-implemented");
         break;
     case 505:
         CHECK(strcmp(p->error_code, "http-version-not-supported") == 0,

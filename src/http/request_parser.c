@@ -30,6 +30,8 @@ enum stop_reason {
     STOP_BODY_TOO_LARGE,
     STOP_BAD_TARGET,
     STOP_TARGET_BYTE,
+    STOP_CONNECT,
+    STOP_TRANSFER_CODING,
     STOP_BAD_FIELD_NAME,
     STOP_BAD_FIELD_VALUE,
     STOP_BAD_VERSION,
@@ -420,6 +422,33 @@ static int expects_continue(const struct request_parser *p)
     return 0;
 }
 
+/*
+ * Whether every Transfer-Encoding field lists only "chunked": the one coding this layer decodes.
+ * Another ("gzip, chunked") would be passed on decoded of chunked but still gzip'd, and labelled
+ * as neither (RFC 9112 6.1: a server answers 501 to a coding it does not understand).
+ */
+static int only_chunked(const struct request_parser *p)
+{
+    for (size_t i = 0; i < p->nfields; i++) {
+        const struct request_field *f = &p->fields[i];
+        const char *v = f->value, *end = f->value + f->value_len;
+        if (!ascii_ncaseeq(f->name, "Transfer-Encoding", sizeof "Transfer-Encoding"))
+            continue;
+        while (v < end) {
+            size_t n;
+            while (v < end && (*v == ' ' || *v == '\t' || *v == ','))
+                v++;
+            n = 0;
+            while (v + n < end && v[n] != ',' && v[n] != ' ' && v[n] != '\t')
+                n++;
+            if (n > 0 && !(n == 7 && ascii_ncaseeq(v, "chunked", 7)))
+                return 0;
+            v += n;
+        }
+    }
+    return 1;
+}
+
 static int on_headers_complete(http_parser *hp)
 {
     struct request_parser *p = parser_of(hp);
@@ -428,8 +457,17 @@ static int on_headers_complete(http_parser *hp)
         p->stop = STOP_BAD_VERSION;
         return -1;
     }
+    /* A tunnel is no request for any program here, and no proxy forwards it. */
+    if (hp->method == HTTP_CONNECT) {
+        p->stop = STOP_CONNECT;
+        return -1;
+    }
     if (build_view(p) != 0)
         return -1;
+    if (!only_chunked(p)) {
+        p->stop = STOP_TRANSFER_CODING;
+        return -1;
+    }
     p->rq.expects_continue = expects_continue(p);
     p->phase = PHASE_HEAD_DONE;
     http_parser_pause(hp, 1);
@@ -497,6 +535,12 @@ static enum request_parse_result parse_error(struct request_parser *p)
              p->limits.body_too_large ? p->limits.body_too_large : REQUEST_BODY_TOO_LARGE);
     else if (reason == STOP_BAD_TARGET)
         fail(p, 400, "bad-request", "The request target is not a valid path.");
+    else if (reason == STOP_CONNECT)
+        fail(p, 501, "method-not-implemented", "CONNECT is not served here: no tunnels.");
+    else if (reason == STOP_TRANSFER_CODING)
+        fail(p, 501, "transfer-coding-not-implemented",
+             "Transfer-Encoding may only be chunked here; send the body with another coding as "
+             "Content-Encoding.");
     else if (reason == STOP_TARGET_BYTE)
         fail(p, 400, "bad-request",
              "The request target holds a byte RFC 3986 does not allow: white space, a control "
