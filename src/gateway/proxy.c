@@ -226,8 +226,17 @@ static void forwarded_release(struct forwarded *f)
 static int relay(struct http_reply *ur, struct response *resp)
 {
     const char *connection = http_reply_header(ur, "Connection");
+    const char *length = http_reply_header(ur, "Content-Length");
+    char *end = NULL;
+    long long announced;
 
     resp->status = ur->status;
+    /* A HEAD answer announces the length of the body it does not carry: passed on as it is. */
+    if (length != NULL && ur->body_len == 0) {
+        announced = strtoll(length, &end, 10);
+        if (end != length && *end == '\0' && announced >= 0)
+            resp->head_length = announced;
+    }
     for (size_t i = 0; i < ur->nheaders; i++) {
         if (hop_by_hop(ur->headers[i].name, connection))
             continue;

@@ -678,7 +678,9 @@ static void send_response(struct conn *c, const struct request *rq, int keep_ali
         keep_alive = 0;
     c->keep_alive = keep_alive;
     strbuf_grow(&out, 160 + r->body_len);
-    add_head(c, r, keep_alive, FRAME_LENGTH, r->body_len, http_date(lp), &out);
+    add_head(c, r, keep_alive, FRAME_LENGTH,
+             head_only && r->head_length >= 0 ? (unsigned long long)r->head_length : r->body_len,
+             http_date(lp), &out);
     if (!head_only && !no_body && r->body_len > 0)
         strbuf_add(&out, r->body, r->body_len);
 

@@ -17,6 +17,7 @@ void response_init(struct response *r)
     memset(r, 0, sizeof *r);
     r->status = 500;
     r->operation = "other";
+    r->head_length = -1;
 }
 
 void response_clear(struct response *r)

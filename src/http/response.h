@@ -34,6 +34,11 @@ struct response {
     int drop;
     /* Set by a handler that answers later, from another thread: http_server_complete(). */
     int deferred;
+    /*
+     * The answer to a HEAD request: the Content-Length a GET would have had, which a proxy relays
+     * (an upstream's HEAD answer has no body to count); -1 (the default): body_len.
+     */
+    long long head_length;
 
     /* For orderd's log and metrics, not sent. */
     const char *operation; /* static: "orders.create", "other"... */

@@ -21,6 +21,7 @@ says how it behaves after executing:
   bigcut:N         announce N bytes, send half of them, then reset the connection
   bigslow:N        announce N bytes, send 64 KiB of them every 100 ms
 
+HEAD answers 200 with the Content-Length of {"path": <the path>} and no body.
 GET /lookup?key=K answers 200 with the first execution of key K (the reconcile query), or 404;
 its header fields are kept in `lookup_headers`.
 Paths under /v1/dedupe behave like an upstream that dedupes on Idempotency-Key itself (what the
@@ -150,6 +151,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._send(200, first, [("Location", "/v1/things/%s" % first["id"])])
             return
         self._execute(b"")
+
+    def do_HEAD(self):
+        """The head a GET of the path would have: its Content-Length, no body."""
+        data = json.dumps({"path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
 
     def do_POST(self):
         self._execute(self._body())

@@ -60,7 +60,9 @@ def raw_request(gw, request_line, headers=(), body=b""):
     head = request_line + b"\r\nHost: gw\r\nX-Consumer-Id: alice\r\n"
     for name, value in headers:
         head += ("%s: %s\r\n" % (name, value)).encode()
-    head += b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+    if not any(name.lower() == "transfer-encoding" for name, _ in headers):
+        head += b"Content-Length: %d\r\n" % len(body)
+    head += b"Connection: close\r\n\r\n"
     s = socket.create_connection((gw.host, gw.port), timeout=30)
     try:
         s.sendall(head + body)
@@ -260,6 +262,33 @@ def a_principal_is_one_caller_however_it_is_sent(ctx):
     expect_problem(r, 400, "bad-request", "the principal's header named in Connection")
     expect_eq(up.count, before, "nothing forwarded")
     expect_eq(up.executions(k), 1, "executions")
+
+
+# ---- what passes through ---------------------------------------------------------------------
+
+@test
+def a_head_answer_keeps_the_length_it_announces(ctx):
+    gw = ctx["gw"]
+    path = "/v2/files/report"
+    r = raw_request(gw, b"HEAD " + path.encode() + b" HTTP/1.1")
+    expect_eq(r.status, 200, "HEAD passed through")
+    expect_eq(r.header("Content-Length"), str(len(json.dumps({"path": path}))),
+              "the upstream's Content-Length, not the empty body's")
+    expect_eq(r.body, b"", "no body")
+
+
+@test
+def connect_and_unknown_transfer_codings_are_refused(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    before = up.count
+    r = raw_request(gw, b"CONNECT 127.0.0.1:%d HTTP/1.1" % up.port)
+    expect(r.status in (405, 501), "CONNECT is not forwarded: %s" % r.describe(300))
+    expect_eq(r.header("Content-Type"), "application/problem+json", "a problem")
+    body = b"1\r\nx\r\n0\r\n\r\n"
+    r = raw_request(gw, b"POST /v2/else HTTP/1.1", [("Transfer-Encoding", "gzip, chunked")],
+                    body)
+    expect_eq(r.status, 501, "a transfer coding the gateway cannot pass on: %s" % r.describe(300))
+    expect_eq(up.count, before, "nothing forwarded")
 
 
 # ---- upstream connections --------------------------------------------------------------------
