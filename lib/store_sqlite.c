@@ -217,16 +217,71 @@ static void create_private(const char *path)
         close(fd);
 }
 
+/*
+ * fsync()s the database's -wal file, the database file and their directory, as far as they exist.
+ * A process killed between writing a commit's WAL frames and their fsync leaves those frames in
+ * the page cache only: the next process reads them like any commit, so without this it could
+ * answer a replay from a record that a power loss would then take back -- and the retry after
+ * that would run a second time.  Run when a process opens the store, before anyone reads; once
+ * it returns, every commit any process made is durable or gone.  A failed fsync is not retried
+ * (the kernel may have dropped the pages it could not write): the store does not open.
+ */
+static int sync_existing_files(const char *path, char *err, size_t errlen)
+{
+    static const char *const suffixes[] = {"-wal", ""};
+    char name[4096], *slash;
+    int fd;
+
+    if (path[0] == ':' || strncmp(path, "file:", 5) == 0 || strlen(path) + 5 > sizeof name)
+        return 0;
+    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
+        idem__fmt(name, sizeof name, "%s%s", path, suffixes[i]);
+        fd = open(name, O_RDONLY | O_CLOEXEC);
+        if (fd < 0 && errno == ENOENT)
+            continue;
+        if (fd < 0 || fsync(fd) != 0) {
+            idem__fmt(err, errlen, "sqlite: cannot make %s durable: %s", name, strerror(errno));
+            if (fd >= 0)
+                close(fd);
+            return IDEM_EUNAVAIL;
+        }
+        close(fd);
+    }
+    idem__fmt(name, sizeof name, "%s", path);
+    slash = strrchr(name, '/');
+    if (slash == name)
+        slash[1] = '\0';
+    else if (slash != NULL)
+        *slash = '\0';
+    else
+        idem__fmt(name, sizeof name, ".");
+    fd = open(name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0 && fsync(fd) != 0 && errno != EINVAL) {
+        idem__fmt(err, errlen, "sqlite: cannot make the directory %s durable: %s", name,
+                  strerror(errno));
+        close(fd);
+        return IDEM_EUNAVAIL;
+    }
+    if (fd >= 0)
+        close(fd);
+    return 0;
+}
+
 static int sq_open(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
 {
     int rc = IDEM_EUNAVAIL;
     struct idem_conn *c = NULL;
     char pragma[192];
+    int first;
 
     *out = NULL;
     create_private(st->target);
-    if (group_get(st) < 0)
+    first = group_get(st);
+    if (first < 0)
         return IDEM_ENOMEM;
+    if (first == 1 && st->opts.sync != IDEM_SYNC_NORMAL &&
+        sync_existing_files(st->target, err, errlen) < 0)
+        return IDEM_EUNAVAIL;
     c = calloc(1, sizeof(*c));
     if (!c)
         return IDEM_ENOMEM;
@@ -925,7 +980,10 @@ static void group_free(struct idem_store *st)
     st->backend = NULL;
 }
 
-/* Made by the first connection (idem_store_open opens one before anyone else may write). */
+/*
+ * Made by the first connection (idem_store_open opens one before anyone else may write): 1 when
+ * this call made it, 0 when it was there, or an IDEM_E* code.
+ */
 static int group_get(struct idem_store *st)
 {
     int rc = 0;
@@ -955,6 +1013,7 @@ static int group_get(struct idem_store *st)
             g->st = st;
             g->jobs_tail = &g->jobs;
             st->backend = g;
+            rc = 1;
         }
     }
     pthread_mutex_unlock(&st->mu);
