@@ -42,6 +42,13 @@ test-asan: deps
 	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 		ctest $(CTEST_FLAGS)
 
+# Simulated power loss under the SQLite store, longer than make test's 16 cuts (docs/testing.md):
+#   make power-loss POWER_ROUNDS=2000
+POWER_ROUNDS ?= 400
+.PHONY: power-loss
+power-loss: build
+	@$(BUILD)/bin/test_power_loss --rounds $(POWER_ROUNDS)
+
 # Flaky tests show here before a user meets them: the service suites (or any ctest regex in
 # TESTS) N times in $(BUILD), then each test that failed in any run and how often.
 #   make test-repeat N=3      make test-repeat N=5 BUILD=build-asan TESTS='gateway'
