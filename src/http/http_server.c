@@ -1512,8 +1512,10 @@ static int listen_socket(const struct sockaddr *sa, socklen_t salen)
 
 /*
  * Whether another socket (another server, or this one started twice) holds the address: a plain
- * bind, without SO_REUSEPORT, fails then.  Without this check a second orderd would quietly share
- * the port with the first.
+ * bind, without SO_REUSEPORT, fails then.  Without this check a second server (orderd,
+ * idem-gateway, provider-sim) would quietly share the port with the first, and requests would
+ * alternate between them.  SO_REUSEADDR here: a port left in TIME_WAIT by a server that just
+ * stopped is free.
  */
 static int address_taken(const struct sockaddr *sa, socklen_t salen)
 {
@@ -1710,7 +1712,7 @@ int http_server_start(const struct http_server_options *opts, const char *listen
 
     port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
                                     : ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    if (port != 0 && !opts->reuse_address && address_taken((struct sockaddr *)&ss, sslen)) {
+    if (port != 0 && address_taken((struct sockaddr *)&ss, sslen)) {
         snprintf(err, errlen, "cannot listen on %s: the address is in use", listen);
         goto out;
     }

@@ -194,7 +194,6 @@ struct http_server_options {
 
     size_t max_body;   /* request bodies over this are refused with 413; 0: HTTP_BODY_MAX */
     int ipv6;          /* 1: IPv6 hosts and "[V6]:PORT" too; 0: IPv4 only */
-    int reuse_address; /* 1: another process may listen on the same address (SO_REUSEPORT) */
     int stop_grace_s;  /* how long a stop waits for the requests in flight */
     struct http_limits limits;
 };

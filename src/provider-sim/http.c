@@ -30,7 +30,6 @@ int sim_http_start(struct sim *sim, const char *listen, struct http_server **out
         .handle = handle,
         .log = server_line,
         .ctx = sim,
-        .reuse_address = 1,
         .stop_grace_s = STOP_GRACE_S,
         .limits = sim->cfg->http,
     };

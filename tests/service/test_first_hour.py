@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""
+test_first_hour.py - what a new user or an operator meets in the first hour (issue 31), with the
+real programs: every server refuses a port another process holds.
+
+service-tests: sqlite-only (the programs' own start-up; no store of the run's is involved)
+"""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402
+from harness import BIN, expect_eq, test  # noqa: E402
+from gateway_harness import expect  # noqa: E402
+
+LISTENING = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start(cmd, cwd):
+    """Starts `cmd`; returns (process, its stdout so far) once it says it listens, or it exited."""
+    p = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = b""
+
+    def listening():
+        nonlocal out
+        if p.poll() is not None:
+            return True
+        line = p.stdout.readline()
+        out += line
+        return LISTENING.search(out) is not None
+    harness.wait_until("%s to listen or exit" % cmd[0], listening, timeout_s=30)
+    return p, out
+
+
+def commands(port, tmp):
+    gw_conf = os.path.join(tmp, "gw.yaml")
+    with open(gw_conf, "w") as f:
+        f.write("listen: 127.0.0.1:%d\nadmin_listen: 127.0.0.1:0\nstore: sqlite:%s/gw.db\n"
+                "upstream: {url: 'http://127.0.0.1:9'}\nprincipal: {header: X-Consumer-Id}\n"
+                % (port, tmp))
+    return {
+        "provider-sim": [os.path.join(BIN, "provider-sim"), "--listen", "127.0.0.1:%d" % port,
+                         "--db", "sqlite:%s/sim.db" % tmp],
+        "orderd": [os.path.join(BIN, "orderd"), "serve", "--listen", "127.0.0.1:%d" % port,
+                   "--db", "sqlite:%s/orderd.db" % tmp],
+        "idem-gateway": [os.path.join(BIN, "idem-gateway"), "serve", "--config", gw_conf],
+    }
+
+
+@test
+def every_server_refuses_a_port_another_process_holds(ctx):
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        for name, cmd in commands(port, tmp).items():
+            first, _ = start(cmd, tmp)
+            try:
+                expect(first.poll() is None, "%s: the first one listens on %d" % (name, port))
+                second = subprocess.run(cmd, cwd=tmp, capture_output=True, timeout=30)
+                expect(second.returncode != 0, "%s: a second one on the same port exits non-zero "
+                       "(it exited %d: %s)" % (name, second.returncode, second.stdout[-300:]))
+                expect(b"in use" in second.stderr, "%s: and says the address is in use: %s"
+                       % (name, second.stderr[-300:]))
+                expect(b"listening" not in second.stdout, "%s: and never says it listens" % name)
+            finally:
+                first.terminate()
+                first.wait(30)
+                first.stdout.close()
+                first.stderr.close()
+            # Once the first has stopped, the port is free again at once (TIME_WAIT is no hold).
+            again, out = start(cmd, tmp)
+            try:
+                expect_eq(again.poll(), None, "%s: starts again on the port just given up (%s)"
+                          % (name, out[-200:]))
+            finally:
+                again.terminate()
+                again.wait(30)
+                again.stdout.close()
+                again.stderr.close()
+
+
+if __name__ == "__main__":
+    harness.run("first-hour")
