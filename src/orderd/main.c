@@ -5,12 +5,14 @@
  * status 2, a failure at run time exits with 1, so scripts can tell "you called me wrong" from
  * "it did not work".  Flags are parsed into a struct orderd_config that is passed down.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "idem/idem.h"
 
@@ -542,16 +544,30 @@ static int parse_serve_options(struct cli *cli, int argc, char **argv)
 
 /*
  * The store of cli->cfg for a one-shot command (one connection), with the migrations applied
- * (*applied receives how many, when not NULL).  NULL after saying why as "orderd WHAT: ...".
+ * (*applied receives how many, when not NULL).  With `existing`, an SQLite file that is not there
+ * yet is made, as for `migrate` (a script may make a token before the server's first start), but
+ * not silently: a token in a database no server reads is refused by the server the user meant, so
+ * a mistyped --db must show.  NULL after saying why as "orderd WHAT: ...".
  */
-static struct idem_store *open_command_store(const struct cli *cli, const char *what, int *applied)
+static struct idem_store *open_command_store(const struct cli *cli, const char *what, int existing,
+                                             int *applied)
 {
     struct idem_store *st = NULL;
+    const char *db = cli->cfg.db;
+    int made = 0;
     char err[512];
     char *errmsg = NULL;
     int rc;
 
-    rc = db_open(cli->cfg.db, 1, cli->cfg.sync, &st, err, sizeof err);
+    if (existing && strncmp(db, "sqlite:", 7) == 0 && strcmp(db + 7, ":memory:") != 0 &&
+        access(db + 7, F_OK) != 0 && errno == ENOENT)
+        made = 1;
+    rc = db_open(db, 1, cli->cfg.sync, &st, err, sizeof err);
+    if (rc == 0 && made)
+        fprintf(stderr,
+                "orderd %s: warning: there was no database at %s: made a new, empty one; a "
+                "server started with another --db will not see what this command did\n",
+                what, db + 7);
     if (rc < 0) {
         fprintf(stderr, "orderd %s: %s\n", what, err);
         return NULL;
@@ -575,7 +591,7 @@ static int run_token_create(const struct cli *cli)
     int status = 1;
     int rc;
 
-    st = open_command_store(cli, "token create", NULL);
+    st = open_command_store(cli, "token create", 1, NULL);
     if (st == NULL)
         goto out;
     rc = auth_token_create(st, cli->user, &token, err, sizeof err);
@@ -595,7 +611,7 @@ out:
 static int run_migrate(const struct cli *cli)
 {
     int applied = 0;
-    struct idem_store *st = open_command_store(cli, "migrate", &applied);
+    struct idem_store *st = open_command_store(cli, "migrate", 0, &applied);
 
     if (st == NULL)
         return 1;
@@ -641,7 +657,7 @@ static int run_token_admin(const struct cli *cli, int revoke)
     int status = 1;
     int rc, n = 0;
 
-    st = open_command_store(cli, cli->command, NULL);
+    st = open_command_store(cli, cli->command, 1, NULL);
     if (st == NULL)
         goto out;
     if (revoke)
@@ -725,7 +741,7 @@ static int run_outbox(const struct cli *cli, int retry)
     int status = 1;
     int rc;
 
-    st = open_command_store(cli, cli->command, NULL);
+    st = open_command_store(cli, cli->command, 1, NULL);
     if (st == NULL)
         goto out;
     if (!retry) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """
 test_first_hour.py - what a new user or an operator meets in the first hour (issue 31), with the
-real programs: every server refuses a port another process holds.
+real programs: every server refuses a port another process holds; a token made in a new database
+says so.
 
 service-tests: sqlite-only (the programs' own start-up; no store of the run's is involved)
 """
@@ -90,6 +91,22 @@ def every_server_refuses_a_port_another_process_holds(ctx):
                 again.wait(30)
                 again.stdout.close()
                 again.stderr.close()
+
+
+@test
+def a_token_made_in_a_new_database_says_so(ctx):
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [os.path.join(BIN, "orderd"), "token", "create", "--db",
+               "sqlite:%s/var/nosuch.db" % tmp, "--user", "demo"]
+        first = subprocess.run(cmd, capture_output=True, timeout=60)
+        expect_eq(first.returncode, 0, "a token in a database made for it")
+        expect(first.stdout.startswith(b"idem_") and first.stdout.count(b"\n") == 1,
+               "the token alone on stdout: %r" % first.stdout)
+        expect(b"warning: there was no database at" in first.stderr,
+               "a warning that the database is new: %r" % first.stderr)
+        again = subprocess.run(cmd, capture_output=True, timeout=60)
+        expect_eq(again.returncode, 0, "a second token")
+        expect_eq(again.stderr, b"", "no warning once the database exists")
 
 
 if __name__ == "__main__":
