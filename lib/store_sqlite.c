@@ -57,12 +57,40 @@ static const struct idem_migration idem_schema[] = {
      NULL},
 };
 
+/*
+ * What SQLite's message leaves out of a failure to open, read or write a file, after `msg`:
+ * the system's reason ("unable to open database file" says nothing of "Permission denied"),
+ * and for a read-only database, that SQLite writes two files beside it.
+ */
+static void describe_failure(sqlite3 *db, const char *target, const char *msg, char *out,
+                             size_t outlen)
+{
+    int primary = sqlite3_extended_errcode(db) & 0xff;
+    int sys = sqlite3_system_errno(db);
+
+    if (sys != 0 && (primary == SQLITE_CANTOPEN || primary == SQLITE_IOERR ||
+                     primary == SQLITE_READONLY || primary == SQLITE_FULL))
+        idem__fmt(out, outlen, "%s (%s)", msg, strerror(sys));
+    else
+        idem__fmt(out, outlen, "%s", msg);
+    if (primary == SQLITE_READONLY || primary == SQLITE_CANTOPEN) {
+        size_t n = strlen(out);
+        idem__fmt(out + n, outlen - n,
+                  "; SQLite needs to write %s, and %s-wal and %s-shm beside it, so their "
+                  "directory must be writable too",
+                  target, target, target);
+    }
+}
+
 static int fail(struct idem_conn *c, int rc, const char *what)
 {
     int code = sqlite3_extended_errcode(c->db);
     int primary = code & 0xff;
+    char msg[IDEM_ERRMSG_MAX];
 
-    idem__fmt(c->errmsg, sizeof(c->errmsg), "sqlite: %s: %s", what, sqlite3_errmsg(c->db));
+    idem__fmt(msg, sizeof(msg), "sqlite: %s: %s", what, sqlite3_errmsg(c->db));
+    describe_failure(c->db, sqlite3_db_filename(c->db, "main"), msg, c->errmsg,
+                     sizeof(c->errmsg));
     if (rc != IDEM_ESTORE)
         return rc;
     if (code == SQLITE_CONSTRAINT_UNIQUE || code == SQLITE_CONSTRAINT_PRIMARYKEY)
@@ -179,8 +207,12 @@ static int run_simple(struct idem_conn *c, const char *sql, const char *what)
     }
     if (sqlite3_exec(c->db, sql, NULL, NULL, &err) != SQLITE_OK) {
         int rc = fail(c, IDEM_ESTORE, what);
-        if (err)
-            idem__fmt(c->errmsg, sizeof(c->errmsg), "sqlite: %s: %s", what, err);
+        if (err) {
+            char msg[IDEM_ERRMSG_MAX];
+            idem__fmt(msg, sizeof(msg), "sqlite: %s: %s", what, err);
+            describe_failure(c->db, sqlite3_db_filename(c->db, "main"), msg, c->errmsg,
+                             sizeof(c->errmsg));
+        }
         sqlite3_free(err);
         return rc;
     }
@@ -204,17 +236,23 @@ static void sq_close(struct idem_conn *c)
 /*
  * A new database file is created readable by its owner only: it holds token hashes, emails and
  * stored responses.  SQLite gives its -wal and -shm files the database file's mode.  An existing
- * file keeps the mode it has.
+ * file keeps the mode it has.  Returns 0, or IDEM_EUNAVAIL with why in `err`.
  */
-static void create_private(const char *path)
+static int create_private(const char *path, char *err, size_t errlen)
 {
     int fd;
 
     if (path[0] == ':' || strncmp(path, "file:", 5) == 0)
-        return;
+        return 0;
     fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd >= 0)
         close(fd);
+    else if (errno != EEXIST) {
+        /* Said here: SQLite would go on to try read-only and report only "unable to open". */
+        idem__fmt(err, errlen, "sqlite: cannot create %s: %s", path, strerror(errno));
+        return IDEM_EUNAVAIL;
+    }
+    return 0;
 }
 
 /*
@@ -275,7 +313,8 @@ static int sq_open(struct idem_store *st, struct idem_conn **out, char *err, siz
     int first;
 
     *out = NULL;
-    create_private(st->target);
+    if (create_private(st->target, err, errlen) < 0)
+        return IDEM_EUNAVAIL;
     first = group_get(st);
     if (first < 0)
         return IDEM_ENOMEM;
@@ -288,8 +327,13 @@ static int sq_open(struct idem_store *st, struct idem_conn **out, char *err, siz
     if (sqlite3_open_v2(st->target, &c->db,
                         SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
                         NULL) != SQLITE_OK) {
-        idem__fmt(err, errlen, "sqlite: cannot open %s: %s", st->target,
+        char msg[IDEM_ERRMSG_MAX];
+        idem__fmt(msg, sizeof(msg), "sqlite: cannot open %s: %s", st->target,
                   c->db ? sqlite3_errmsg(c->db) : "out of memory");
+        if (c->db)
+            describe_failure(c->db, st->target, msg, err, errlen);
+        else
+            idem__fmt(err, errlen, "%s", msg);
         goto out;
     }
     sqlite3_extended_result_codes(c->db, 1);

@@ -2,7 +2,7 @@
 """
 test_first_hour.py - what a new user or an operator meets in the first hour (issue 31), with the
 real programs: every server refuses a port another process holds; a token made in a new database
-says so.
+says so; SQLite's failures to open say the system's reason and name the -wal and -shm files.
 
 service-tests: sqlite-only (the programs' own start-up; no store of the run's is involved)
 """
@@ -107,6 +107,44 @@ def a_token_made_in_a_new_database_says_so(ctx):
         again = subprocess.run(cmd, capture_output=True, timeout=60)
         expect_eq(again.returncode, 0, "a second token")
         expect_eq(again.stderr, b"", "no warning once the database exists")
+
+
+def as_another_user(cmd):
+    """`cmd` run as a user who cannot write where root can: nobody, when the test runs as root."""
+    if os.geteuid() == 0:
+        return ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] + cmd
+    return cmd
+
+
+@test
+def sqlite_errors_say_the_cause(ctx):
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)
+        ro = os.path.join(tmp, "ro")
+        os.mkdir(ro, 0o755)  # root's, or read-only for a user who is not root
+        if os.geteuid() != 0:
+            os.chmod(ro, 0o555)
+        orderd = os.path.join(BIN, "orderd")
+        # A database that cannot be made: the system's reason, not "unable to open".
+        p = subprocess.run(as_another_user([orderd, "migrate", "--db", "sqlite:%s/x.db" % ro]),
+                           capture_output=True, timeout=60)
+        expect(p.returncode != 0, "migrate in a directory it cannot write fails")
+        expect(b"cannot create %s/x.db: Permission denied" % ro.encode() in p.stderr,
+               "and says why: %r" % p.stderr)
+        # A writable file in a read-only directory: the -wal and -shm files are named.
+        db = os.path.join(ro, "y.db")
+        open(db, "w").close()
+        if os.geteuid() == 0:
+            os.chown(db, 65534, 65534)
+        else:
+            os.chmod(db, 0o644)
+        p = subprocess.run(as_another_user([orderd, "migrate", "--db", "sqlite:" + db]),
+                           capture_output=True, timeout=60)
+        expect(p.returncode != 0, "migrate beside a file it can write but no -wal fails")
+        expect(b"-wal and " in p.stderr and b"directory must be writable" in p.stderr,
+               "and names the files SQLite writes beside the database: %r" % p.stderr)
+        if os.geteuid() != 0:
+            os.chmod(ro, 0o755)
 
 
 if __name__ == "__main__":
