@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <sqlite3.h>
@@ -236,14 +237,29 @@ static void sq_close(struct idem_conn *c)
 /*
  * A new database file is created readable by its owner only: it holds token hashes, emails and
  * stored responses.  SQLite gives its -wal and -shm files the database file's mode.  An existing
- * file keeps the mode it has.  Returns 0, or IDEM_EUNAVAIL with why in `err`.
+ * file keeps the mode it has.  Missing directories of its path are made (0755).  Returns 0, or
+ * IDEM_EUNAVAIL with why in `err`.
  */
 static int create_private(const char *path, char *err, size_t errlen)
 {
+    char dir[4096];
     int fd;
 
     if (path[0] == ':' || strncmp(path, "file:", 5) == 0)
         return 0;
+    /* Its directories first, as mkdir -p: "sqlite:/var/lib/idem/gateway.db" works as written. */
+    if (strlen(path) < sizeof dir) {
+        idem__fmt(dir, sizeof dir, "%s", path);
+        for (char *p = strchr(dir + 1, '/'); p != NULL; p = strchr(p + 1, '/')) {
+            *p = '\0';
+            if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+                idem__fmt(err, errlen, "sqlite: cannot create the directory %s of %s: %s", dir,
+                          path, strerror(errno));
+                return IDEM_EUNAVAIL;
+            }
+            *p = '/';
+        }
+    }
     fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd >= 0)
         close(fd);

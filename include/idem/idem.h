@@ -149,7 +149,8 @@ struct idem_store_options {
 };
 
 /*
- * Opens the store named by `uri`: "sqlite:PATH" (PATH may be relative; the file is created), or
+ * Opens the store named by `uri`: "sqlite:PATH" (PATH may be relative; the file and any missing
+ * directory of its path are created), or
  * PostgreSQL as a libpq URI ("postgresql://..." / "postgres://...") or key=value string
  * ("host=127.0.0.1 dbname=app").  Applies libidem's own schema migrations.  NULL `opts` means
  * defaults.

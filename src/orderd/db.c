@@ -5,11 +5,9 @@
  */
 #include "db.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "idem/idem.h"
 
@@ -17,37 +15,6 @@
 #include "log.h"
 #include "util.h"
 #include "banned.h"
-
-/* mkdir -p of the directory part of `path`. */
-static int make_parent_dirs(const char *path, char *err, size_t errlen)
-{
-    char *dir = xstrdup(path);
-    char *slash = strrchr(dir, '/');
-    char *p;
-    char saved;
-    int rc = 0;
-
-    if (slash == NULL || slash == dir)
-        goto out;
-    *slash = '\0';
-    for (p = dir + 1;; p++) {
-        if (*p != '/' && *p != '\0')
-            continue;
-        saved = *p;
-        *p = '\0';
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-            snprintf(err, errlen, "cannot create directory %s: %s", dir, strerror(errno));
-            rc = IDEM_EINVAL;
-            goto out;
-        }
-        *p = saved;
-        if (saved == '\0')
-            break;
-    }
-out:
-    free(dir);
-    return rc;
-}
 
 int db_open(const char *uri, int pool, enum idem_sync sync, struct idem_store **out, char *err,
             size_t errlen)
@@ -57,18 +24,12 @@ int db_open(const char *uri, int pool, enum idem_sync sync, struct idem_store **
     int rc;
 
     *out = NULL;
-    if (strncmp(uri, "sqlite:", 7) == 0 && uri[7] != '\0' && strcmp(uri + 7, ":memory:") != 0) {
-        rc = make_parent_dirs(uri + 7, err, errlen);
-        if (rc < 0)
-            goto out;
-    }
     memset(&opts, 0, sizeof opts);
     opts.pool_size = pool;
     opts.sync = sync;
     rc = idem_store_open(uri, &opts, out, &msg);
     if (rc < 0) /* Not the URI: a PostgreSQL one may carry a password. */
         snprintf(err, errlen, "cannot open the store: %s", msg ? msg : idem_strerror(rc));
-out:
     idem_free(msg);
     return rc;
 }

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <curl/curl.h>
 
@@ -259,32 +258,6 @@ static void operation_init(struct idem_operation *op, const char *name)
     op->wait_ms = 1000;
 }
 
-/* mkdir -p for the directory of an SQLite file, so the default ./var/ path works anywhere. */
-static void make_parent_dir(const char *uri)
-{
-    char *dir;
-    char *slash;
-
-    if (strncmp(uri, "sqlite:", 7) != 0)
-        return;
-    dir = xstrdup(uri + 7);
-    slash = strrchr(dir, '/');
-    if (slash != NULL && slash != dir) {
-        *slash = '\0';
-        for (char *p = dir + 1;; p++) {
-            char saved = *p;
-            if (saved != '/' && saved != '\0')
-                continue;
-            *p = '\0';
-            (void)mkdir(dir, 0755); /* failures show when the store opens */
-            *p = saved;
-            if (saved == '\0')
-                break;
-        }
-    }
-    free(dir);
-}
-
 static int run(const struct sim_config *cfg)
 {
     struct sim sim;
@@ -308,7 +281,6 @@ static int run(const struct sim_config *cfg)
     operation_init(&sim.op_refunds, "refunds.create");
     operation_init(&sim.op_emails, "emails.create");
 
-    make_parent_dir(cfg->db);
     memset(&so, 0, sizeof so);
     so.pool_size = 16;
     rc = idem_store_open(cfg->db, &so, &sim.store, &errmsg);

@@ -109,6 +109,27 @@ def a_token_made_in_a_new_database_says_so(ctx):
         expect_eq(again.stderr, b"", "no warning once the database exists")
 
 
+@test
+def a_store_path_s_missing_directories_are_made(ctx):
+    with tempfile.TemporaryDirectory() as tmp:
+        conf = os.path.join(tmp, "gw.yaml")
+        db = os.path.join(tmp, "var", "lib", "idem-gateway", "gateway.db")
+        with open(conf, "w") as f:
+            f.write("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nstore: sqlite:%s\n"
+                    "upstream: {url: 'http://127.0.0.1:9'}\n" % db)
+        gw, out = start([os.path.join(BIN, "idem-gateway"), "serve", "--config", conf], tmp)
+        try:
+            expect(gw.poll() is None, "the gateway serves with a store in directories not made "
+                   "yet: %r %r" % (out, gw.stderr.read() if gw.poll() is not None else ""))
+            expect(os.path.exists(db), "its database is made")
+            expect_eq(os.stat(db).st_mode & 0o777, 0o600, "readable by its owner only")
+        finally:
+            gw.terminate()
+            gw.wait(30)
+            gw.stdout.close()
+            gw.stderr.close()
+
+
 def as_another_user(cmd):
     """`cmd` run as a user who cannot write where root can: nobody, when the test runs as root."""
     if os.geteuid() == 0:
