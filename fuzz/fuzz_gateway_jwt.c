@@ -12,10 +12,11 @@
  *
  * Besides memory errors it checks: a result is 0 or -1; a refusal gives a reason and an empty
  * principal; an accepted principal fits PRINCIPAL_MAX and has its source's form ("jwt:" and a sub
- * with no control character, "sha256:" and 64 hex digits, the header value as sent); an accepted
- * raw HS256 token's last part is the base64url HMAC of what precedes it, computed here
- * independently; no raw input ever passes the RS256 verifier (the private key never leaves the
- * harness); nothing is left on OpenSSL's error queue.
+ * with no control character, "sha256:" and 64 hex digits, the header value as sent less the white
+ * space around it and never starting "jwt:" or "sha256:"); an accepted raw HS256 token's last
+ * part is the base64url HMAC of what precedes it, computed here independently; no raw input ever
+ * passes the RS256 verifier (the private key never leaves the harness); nothing is left on
+ * OpenSSL's error queue.
  */
 #include "principal.h"
 
@@ -179,7 +180,16 @@ static int check_one(const struct principal_verifier *v, const struct value *val
             CHECK((out[i] >= '0' && out[i] <= '9') || (out[i] >= 'a' && out[i] <= 'f'),
                   "lowercase hex");
     } else if (v == by_header) {
-        CHECK(n == val->len && memcmp(out, val->bytes, n) == 0, "the header value as sent");
+        size_t from = 0, to = val->len;
+        while (from < to && (val->bytes[from] == ' ' || val->bytes[from] == '\t'))
+            from++;
+        while (to > from && (val->bytes[to - 1] == ' ' || val->bytes[to - 1] == '\t'))
+            to--;
+        CHECK(n == to - from && memcmp(out, val->bytes + from, n) == 0,
+              "the header value as sent, without the white space around it");
+        CHECK(strncmp(out, "jwt:", 4) != 0 && strncmp(out, "sha256:", 7) != 0,
+              "never in another source's space");
+        CHECK(out[0] != ' ' && out[n - 1] != ' ', "no space at either end");
         for (i = 0; i < n; i++)
             CHECK(out[i] >= 0x20 && out[i] <= 0x7e, "visible ASCII and spaces");
     } else {
