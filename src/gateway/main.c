@@ -126,6 +126,30 @@ static int usage_error(const char *command, const char *msg)
     return EXIT_USAGE;
 }
 
+/*
+ * What getopt_long() (run with opterr 0 and an optstring starting ':') found wrong, as one line:
+ * a missing value, or an unknown option named as it was written.
+ */
+static int option_error(const char *command, int c, char **argv)
+{
+    char msg[300];
+    const char *arg = argv[optind - 1];
+
+    if (c == ':')
+        snprintf(msg, sizeof msg, "option '%s' needs a value", arg);
+    else if (optopt != 0 && optopt < 0x100)
+        snprintf(msg, sizeof msg, "unknown option '-%c'", optopt);
+    else
+        snprintf(msg, sizeof msg, "unknown option '%s'", arg);
+    return usage_error(command, msg);
+}
+
+static int print_version(void)
+{
+    printf("idem-gateway %s\n", IDEM_VERSION_STRING);
+    return 0;
+}
+
 static int int_flag(const char *command, const char *flag, const char *arg, int64_t min,
                     int64_t max, int *out)
 {
@@ -150,6 +174,7 @@ static int cmd_serve(int argc, char **argv)
         {"sweep-interval-s", required_argument, NULL, OPT_SWEEP},
         {"replay-cache-mb", required_argument, NULL, OPT_REPLAY_CACHE},
         HTTP_LIMITS_OPTIONS{"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, OPT_VERSION},
         {NULL, 0, NULL, 0},
     };
     struct serve_options so = {
@@ -162,8 +187,11 @@ static int cmd_serve(int argc, char **argv)
 
     memset(&flags_limits, 0, sizeof flags_limits);
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, &idx)) != -1) {
         switch (c) {
+        case OPT_VERSION:
+            return print_version();
         case 'h':
             fputs(usage_serve, stdout);
             fputs(http_limits_help, stdout);
@@ -197,7 +225,7 @@ static int cmd_serve(int argc, char **argv)
                 return usage_error("serve", err);
             break;
         default:
-            return usage_error("serve", "unknown option");
+            return option_error("serve", c, argv);
         }
     }
     if (optind < argc)
@@ -224,6 +252,7 @@ static int cmd_check(int argc, char **argv)
     static const struct option opts[] = {
         {"config", required_argument, NULL, OPT_CONFIG},
         {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, OPT_VERSION},
         {NULL, 0, NULL, 0},
     };
     const char *file = NULL;
@@ -232,13 +261,16 @@ static int cmd_check(int argc, char **argv)
     int c;
 
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         if (c == 'h') {
             fputs(usage_check, stdout);
             return 0;
         }
+        if (c == OPT_VERSION)
+            return print_version();
         if (c != OPT_CONFIG)
-            return usage_error("check-config", "unknown option");
+            return option_error("check-config", c, argv);
         file = optarg;
     }
     if (!file)
@@ -298,6 +330,7 @@ static int cmd_keys(int argc, char **argv)
         {"body", required_argument, NULL, OPT_BODY},
         {"body-file", required_argument, NULL, OPT_BODY_FILE},
         {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, OPT_VERSION},
         {NULL, 0, NULL, 0},
     };
     const char *file = NULL, *principal = NULL, *operation = NULL, *key = NULL;
@@ -325,11 +358,14 @@ static int cmd_keys(int argc, char **argv)
     argc--;
     argv++;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'h':
             fputs(usage_keys, stdout);
             return 0;
+        case OPT_VERSION:
+            return print_version();
         case OPT_CONFIG:
             file = optarg;
             break;
@@ -369,7 +405,7 @@ static int cmd_keys(int argc, char **argv)
             body_file = optarg;
             break;
         default:
-            return usage_error("keys", "unknown option");
+            return option_error("keys", c, argv);
         }
     }
     if (!file || !principal || !operation || !key)
@@ -468,10 +504,8 @@ int main(int argc, char **argv)
         fputs(usage_main, stdout);
         return 0;
     }
-    if (strcmp(argv[1], "--version") == 0) {
-        printf("idem-gateway %s\n", IDEM_VERSION_STRING);
-        return 0;
-    }
+    if (strcmp(argv[1], "--version") == 0)
+        return print_version();
     if (strcmp(argv[1], "serve") == 0)
         return cmd_serve(argc - 1, argv + 1);
     if (strcmp(argv[1], "check-config") == 0)

@@ -463,6 +463,11 @@ static int apply_option(struct cli *cli, int c, const char *arg)
  * Parses the options of one command.  Returns -1 to go on, or an exit status: 0 after --help,
  * EXIT_USAGE for a bad command line.
  */
+static void print_version(void)
+{
+    printf("orderd %s (libidem %s)\n", IDEM_VERSION_STRING, IDEM_VERSION_STRING);
+}
+
 static int parse_options(struct cli *cli, int argc, char **argv, const struct option *opts,
                          const char *usage)
 {
@@ -490,6 +495,9 @@ static int parse_options(struct cli *cli, int argc, char **argv, const struct op
         } else if (c == '?' && optopt != 0 && optopt < OPT_LISTEN) {
             shortopt[1] = (char)optopt;
             status = usage_error(cli, "unknown option '%s'", shortopt);
+        } else if (c == '?' && strcmp(argv[optind - 1], "--version") == 0) {
+            print_version(); /* `orderd serve --version`: the man page says it works everywhere */
+            status = 0;
         } else if (c == '?') {
             status = usage_error(cli, "unknown option '%s'", argv[optind - 1]);
         } else if (c == HTTP_LIMITS_OPT) {
@@ -807,7 +815,7 @@ int main(int argc, char **argv)
         fputs(usage_main, stdout);
         status = 0;
     } else if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
-        printf("orderd %s (libidem %s)\n", IDEM_VERSION_STRING, IDEM_VERSION_STRING);
+        print_version();
         status = 0;
     } else if (strcmp(cmd, "serve") == 0) {
         cli.command = "serve";

@@ -130,6 +130,33 @@ def a_store_path_s_missing_directories_are_made(ctx):
             gw.stderr.close()
 
 
+@test
+def option_mistakes_get_one_right_line_and_version_works_everywhere(ctx):
+    gw = os.path.join(BIN, "idem-gateway")
+    orderd = os.path.join(BIN, "orderd")
+    for cmd, want in (([gw, "serve", "--bogus"], b"idem-gateway serve: unknown option '--bogus'"),
+                      ([gw, "serve", "--config"],
+                       b"idem-gateway serve: option '--config' needs a value"),
+                      ([gw, "check-config", "-x"],
+                       b"idem-gateway check-config: unknown option '-x'"),
+                      ([gw, "keys", "show", "--nope"], b"idem-gateway keys: unknown option '--nope'"),
+                      ([orderd, "serve", "--bogus"], b"orderd serve: unknown option '--bogus'"),
+                      ([orderd, "serve", "--config"],
+                       b"orderd serve: option '--config' needs a value")):
+        p = subprocess.run(cmd, capture_output=True, timeout=30)
+        expect_eq(p.returncode, 2, "%s exits 2" % " ".join(cmd[1:]))
+        lines = p.stderr.decode().splitlines()
+        expect(len(lines) == 2 and lines[0].encode() == want and "--help" in lines[1],
+               "%s: one line saying what is wrong, one pointing at --help: %r"
+               % (" ".join(cmd[1:]), p.stderr))
+    for cmd in ([gw, "serve", "--version"], [gw, "check-config", "--version"],
+                [gw, "keys", "show", "--version"], [orderd, "serve", "--version"],
+                [orderd, "token", "create", "--version"]):
+        p = subprocess.run(cmd, capture_output=True, timeout=30)
+        expect(p.returncode == 0 and re.match(rb"(idem-gateway|orderd) \d", p.stdout),
+               "%s shows the version: %r %r" % (" ".join(cmd[1:]), p.stdout, p.stderr))
+
+
 def as_another_user(cmd):
     """`cmd` run as a user who cannot write where root can: nobody, when the test runs as root."""
     if os.geteuid() == 0:
