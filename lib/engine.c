@@ -578,10 +578,18 @@ static int load_response(struct idem_call *call)
     return idem__headers_decode(call->rec.response_headers, &call->headers, &call->nheaders);
 }
 
+/*
+ * Retry-After for a duplicate of a request still running: about as long as it has run so far (a
+ * request that has taken 3 s is likely to need about as long again; the lease, sized for the
+ * slowest, would have a client wait 40 s for a 5 s call), never past the lease's end, where its
+ * owner is presumed dead and the next attempt takes over, and between 1 and 60 s.
+ */
 static int retry_after_from_lease(const struct idem_record *rec)
 {
-    int64_t left = rec->lease_expires_ms - rec->store_now_ms;
-    int64_t s = (left + 999) / 1000;
+    int64_t lease_left = rec->lease_expires_ms - rec->store_now_ms;
+    int64_t ran = rec->store_now_ms - rec->created_ms;
+    int64_t ms = ran < lease_left ? ran : lease_left;
+    int64_t s = (ms + 999) / 1000;
     if (s < 1)
         s = 1;
     if (s > 60)

@@ -332,6 +332,9 @@ static void answer_lost(const struct gw_route *r, int timed_out, const char *err
              "was executed is unknown. %s",
              err, next);
     idem_answer_outcome_unknown(resp, timed_out ? 504 : 502, detail);
+    /* What a retry will be told: a held key answers 503 with this until it is resolved. */
+    if (r->unknown == GW_UNKNOWN_HOLD)
+        response_set_header(resp, "Retry-After", HOLD_RETRY_AFTER);
 }
 
 /* The answer's header fields as libidem takes them (borrowed from `ur`); free() the array. */

@@ -2,7 +2,8 @@
 """
 test_first_hour.py - what a new user or an operator meets in the first hour (issue 31), with the
 real programs: every server refuses a port another process holds; a token made in a new database
-says so; SQLite's failures to open say the system's reason and name the -wal and -shm files.
+says so; SQLite's failures to open say the system's reason and name the -wal and -shm files;
+Retry-After is a wait a client can act on.
 
 service-tests: sqlite-only (the programs' own start-up; no store of the run's is involved)
 """
@@ -18,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import harness  # noqa: E402
 from harness import BIN, expect_eq, test  # noqa: E402
-from gateway_harness import expect  # noqa: E402
+from gateway_harness import Gateway, Upstream, expect  # noqa: E402
 
 LISTENING = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
 
@@ -155,6 +156,35 @@ def option_mistakes_get_one_right_line_and_version_works_everywhere(ctx):
         p = subprocess.run(cmd, capture_output=True, timeout=30)
         expect(p.returncode == 0 and re.match(rb"(idem-gateway|orderd) \d", p.stdout),
                "%s shows the version: %r %r" % (" ".join(cmd[1:]), p.stdout, p.stderr))
+
+
+@test
+def retry_after_is_a_wait_a_client_can_act_on(ctx):
+    up = Upstream()
+    gw = Gateway(up, upstream_timeout="15s", name="gateway-retry-after")  # a lease of 25 s
+    try:
+        gw.start()
+        k = "ra-%d" % os.getpid()
+        first = harness.in_thread(lambda: gw.request("POST", "/v1/things", {"n": 1}, key=k,
+                                                     headers={"X-Test-Mode": "slow:5000"}))
+        harness.wait_until("the first request to reach the upstream", lambda: up.executions(k))
+        dup = gw.request("POST", "/v1/things", {"n": 1}, key=k)  # waits `wait` (2 s), then 409
+        harness.expect_problem(dup, 409, "idempotency-request-in-progress", "a duplicate")
+        ra = int(dup.header("Retry-After"))
+        expect(1 <= ra <= 5, "Retry-After about as long as the first has run (2-3 s), not the "
+               "rest of its 25 s lease: %d" % ra)
+        expect_eq(harness.joined(*first, "the first request").status, 201, "the first")
+        # A held key: the first answer says what every retry will say.
+        k2 = k + "-held"
+        lost = gw.request("POST", "/v1/things", {"n": 1}, key=k2, headers={"X-Test-Mode": "reset"})
+        harness.expect_problem(lost, 502, "outcome-unknown", "an answer lost")
+        retry = gw.request("POST", "/v1/things", {"n": 1}, key=k2)
+        harness.expect_problem(retry, 503, "outcome-unknown", "its retry, held")
+        expect_eq(lost.header("Retry-After"), retry.header("Retry-After"),
+                  "the first answer's Retry-After is the held retries'")
+    finally:
+        gw.close()
+        up.close()
 
 
 def as_another_user(cmd):
