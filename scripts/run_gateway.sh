@@ -4,7 +4,8 @@
 # idem-gateway in front of it on SQLite (./var/gateway.db).  It sends one payment twice with the
 # same Idempotency-Key and shows that the API made one payment, then how to try more.
 # Ctrl-C stops both.
-#   GATEWAY_PORT   port of the gateway (default 8080); its admin listener is the next one
+#   GATEWAY_PORT   port of the gateway (default 8180, clear of make run's orderd on 8080 and
+#                  provider-sim on 8090); its admin listener is the next one
 #   UPSTREAM_PORT  port of the payments API (default 9000)
 #   BUILD          build directory relative to the repository (default build)
 set -eu
@@ -12,7 +13,7 @@ set -eu
 root=$(CDPATH='' cd -- "$(dirname -- "$0")/.." && pwd)
 cd "$root"
 
-port=${GATEWAY_PORT:-8080}
+port=${GATEWAY_PORT:-8180}
 aport=$((port + 1))
 uport=${UPSTREAM_PORT:-9000}
 gateway="$root/${BUILD:-build}/bin/idem-gateway"
