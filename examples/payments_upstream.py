@@ -7,6 +7,7 @@ idem-gateway in front of it and retries with one Idempotency-Key create one paym
   python3 examples/payments_upstream.py --port 9000
 
   POST /v1/payments {"amount": 500, "currency": "EUR"}  -> 201 {"id": "pay_1", ...}
+                    (an amount that is not a positive integer -> 400, nothing made)
   GET  /v1/payments                                    -> every payment made
   GET  /v1/payments?requestKey=K                       -> the payment made under key K, or 404
                                                           (what a `reconcile` query asks)
@@ -65,6 +66,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(n) or b"{}")
         except ValueError:
             return self.send_json(400, {"error": "body is not JSON"})
+        amount = body.get("amount") if isinstance(body, dict) else None
+        if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
+            return self.send_json(400, {"error": "amount must be a positive integer"})
         key = (self.headers.get("Idempotency-Key") or "").strip('"')
         with self.server.payments.lock:
             pid = "pay_%d" % (len(self.server.payments.items) + 1)

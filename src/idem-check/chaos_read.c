@@ -45,12 +45,16 @@ json_t *ck_get_json(struct chaos *cx, const char *url, const char *token, char *
     struct ck_response rs;
     json_t *doc = NULL;
     json_error_t err;
+    char who[512];
     int attempt;
 
     memset(&rq, 0, sizeof(rq));
     rq.method = "GET";
     rq.url = url;
-    rq.token = token;
+    if (token) {
+        snprintf(who, sizeof(who), "Authorization: Bearer %s", token);
+        rq.who = who;
+    }
     for (attempt = 1; attempt <= READ_ATTEMPTS; attempt++) {
         ck_http_perform(&rq, &rs, 1, READ_TIMEOUT_MS);
         if (rs.body.len + rs.body.dropped > cx->largest_answer)

@@ -1,7 +1,8 @@
 /*
  * conformance.c - the checklist of `idem-check conformance`: the HTTP semantics of
  * docs/http-api.md, checked from the outside against any API that takes an Idempotency-Key.
- * It assumes nothing beyond the endpoint, one valid body and two bearer tokens; every key is
+ * It assumes nothing beyond the endpoint, one valid body and two callers (bearer tokens, or the
+ * header an idem-gateway takes its principal from); every key is
  * fresh and random, so a run can be repeated against the same server.  Each check records what
  * it expected and the response it rests on.
  */
@@ -44,12 +45,12 @@ static void note(struct run *run, const struct ck_response *r)
     }
 }
 
-static void post(struct run *run, const char *token, const char *body, const char *key_line,
+static void post(struct run *run, const char *who, const char *body, const char *key_line,
                  const char *extra_line, struct ck_response *out)
 {
     struct ck_request req = {.method = "POST",
                              .url = run->target,
-                             .token = token,
+                             .who = who,
                              .body = body,
                              .body_len = body ? strlen(body) : 0};
     if (key_line)
@@ -145,7 +146,7 @@ static char *different_body(const char *body)
  */
 static json_t *fetch_count(struct run *run, char *why, size_t cap)
 {
-    struct ck_request req = {.method = "GET", .url = run->opt->count_url, .token = run->opt->token};
+    struct ck_request req = {.method = "GET", .url = run->opt->count_url, .who = run->opt->who};
     struct ck_response r;
     json_t *doc = NULL, *found = NULL;
 
@@ -201,7 +202,7 @@ static void check_invalid_key(struct run *run, const char *id, const char *title
     struct ck_response r;
     char ev[400];
 
-    post(run, run->opt->token, run->opt->body, line1, line2, &r);
+    post(run, run->opt->who, run->opt->body, line1, line2, &r);
     ck_response_describe(&r, ev, sizeof(ev));
     ck_report_add(run->rep, id, title, r.status == 400 ? CK_PASS : CK_FAIL, "%s%s", ev,
                   is_2xx(&r) ? " (executed with an invalid key)" : "");
@@ -242,7 +243,7 @@ static void check_first(struct run *run)
     char *line = key_line(run->key_first);
     char ev[400];
 
-    post(run, run->opt->token, run->opt->body, line, NULL, &run->first);
+    post(run, run->opt->who, run->opt->body, line, NULL, &run->first);
     ck_response_describe(&run->first, ev, sizeof(ev));
     run->have_first = is_2xx(&run->first);
     ck_report_add(run->rep, "first-request", "valid body with a fresh key -> 2xx",
@@ -262,7 +263,7 @@ static void judge_replay(struct run *run, const char *id, const char *title, con
         return;
     }
     line = key_line(run->key_first);
-    post(run, run->opt->token, body, line, NULL, &r);
+    post(run, run->opt->who, body, line, NULL, &r);
     ck_response_describe(&r, ev, sizeof(ev));
     if (!ck_response_same(&r, &run->first))
         ck_report_add(run->rep, id, title, CK_FAIL,
@@ -290,7 +291,7 @@ static void check_different_body(struct run *run)
                       body ? "the first request did not succeed" : "--body is not a JSON object");
         goto out;
     }
-    post(run, run->opt->token, body, line, NULL, &r);
+    post(run, run->opt->who, body, line, NULL, &r);
     ck_response_describe(&r, ev, sizeof(ev));
     if (r.status == 422)
         ck_report_add(run->rep, "different-body", title, CK_PASS, "%s", ev);
@@ -319,7 +320,7 @@ static void check_other_scope(struct run *run)
         free(line);
         return;
     }
-    post(run, run->opt->token2, run->opt->body, line, NULL, &r);
+    post(run, run->opt->who2, run->opt->body, line, NULL, &r);
     ck_response_describe(&r, ev, sizeof(ev));
     if (!is_2xx(&r))
         ck_report_add(run->rep, "other-user-scope", title, CK_FAIL, "%s", ev);
@@ -341,7 +342,7 @@ static void after_storm(struct run *run, const char *line, struct ck_response *r
     for (int attempt = 0; attempt < 6; attempt++) {
         char ra[32];
         long wait_ms = 500;
-        post(run, run->opt->token, run->opt->body, line, NULL, r);
+        post(run, run->opt->who, run->opt->body, line, NULL, r);
         if (r->status != 409)
             return;
         if (ck_response_header(r, "Retry-After", ra, sizeof(ra)) && atol(ra) > 0)
@@ -380,7 +381,7 @@ static void check_storm(struct run *run)
     for (size_t i = 0; i < n; i++) {
         reqs[i] = (struct ck_request){.method = "POST",
                                       .url = run->target,
-                                      .token = run->opt->token,
+                                      .who = run->opt->who,
                                       .body = run->opt->body,
                                       .body_len = strlen(run->opt->body)};
         reqs[i].headers[reqs[i].n_headers++] = line;
@@ -451,7 +452,7 @@ static void check_validation_not_stored(struct run *run)
     struct ck_response bad, good;
     char ev1[400], ev2[400];
 
-    post(run, run->opt->token, run->opt->invalid_body, line, NULL, &bad);
+    post(run, run->opt->who, run->opt->invalid_body, line, NULL, &bad);
     ck_response_describe(&bad, ev1, sizeof(ev1));
     if (bad.status < 400 || bad.status >= 500) {
         ck_report_add(run->rep, "validation-not-stored", title, is_2xx(&bad) ? CK_SKIP : CK_FAIL,
@@ -459,7 +460,7 @@ static void check_validation_not_stored(struct run *run)
         ck_response_release(&bad);
         goto out;
     }
-    post(run, run->opt->token, run->opt->body, line, NULL, &good);
+    post(run, run->opt->who, run->opt->body, line, NULL, &good);
     ck_response_describe(&good, ev2, sizeof(ev2));
     if (is_2xx(&good) && !ck_response_replayed(&good))
         ck_report_add(run->rep, "validation-not-stored", title, CK_PASS, "invalid: %s; valid: %s",
@@ -510,7 +511,7 @@ int ck_conformance_run(const struct ck_conformance_options *opt, struct ck_repor
     run.key_first = ck_random_key();
 
     /* The first exchange is also the reachability probe: no answer at all is exit 3. */
-    post(&run, opt->token, opt->body, NULL, NULL, &r);
+    post(&run, opt->who, opt->body, NULL, NULL, &r);
     if (r.transport_failed) {
         snprintf(why, why_cap, "POST %s: %s", run.target, r.error);
         ck_response_release(&r);

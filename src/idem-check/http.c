@@ -67,8 +67,6 @@ static struct curl_slist *xslist_append(struct curl_slist *l, const char *line)
 
 static int setup(struct exchange *x, const struct ck_request *req, long timeout_ms)
 {
-    char line[4096];
-
     x->easy = curl_easy_init();
     if (!x->easy)
         return -1;
@@ -77,10 +75,8 @@ static int setup(struct exchange *x, const struct ck_request *req, long timeout_
     x->errbuf[0] = '\0';
     /* Expect: 100-continue would add a round trip and a header block to every POST. */
     x->headers = xslist_append(NULL, "Expect:");
-    if (x->headers && req->token) {
-        snprintf(line, sizeof(line), "Authorization: Bearer %s", req->token);
-        x->headers = xslist_append(x->headers, line);
-    }
+    if (x->headers && req->who)
+        x->headers = xslist_append(x->headers, req->who);
     if (x->headers && req->body)
         x->headers = xslist_append(x->headers, "Content-Type: application/json");
     for (size_t i = 0; x->headers && i < req->n_headers; i++)

@@ -20,7 +20,8 @@
 static void usage(FILE *f)
 {
     fputs(
-        "usage: idem-check conformance --url URL --token T --token2 T2 [options]\n"
+        "usage: idem-check conformance --url URL (--token T | --header 'N: V')\n"
+        "                              (--token2 T2 | --header2 'N: V2') [options]\n"
         "       idem-check chaos --orderd-bin PATH --provider-bin PATH [options]\n"
         "       idem-check chaos --attach --orderd-url URL[,URL...] --token T [options]\n"
         "         (see: idem-check chaos --help)\n"
@@ -34,8 +35,11 @@ static void usage(FILE *f)
         "\n"
         "options:\n"
         "  --url URL          base URL of the API, e.g. http://127.0.0.1:8080 (required)\n"
-        "  --token T          bearer token of user 1 (required)\n"
-        "  --token2 T2        bearer token of user 2, another scope (required)\n"
+        "  --token T          bearer token of user 1 (Authorization: Bearer T)\n"
+        "  --token2 T2        bearer token of user 2, another scope\n"
+        "  --header 'N: V'    instead of --token: the header that names user 1, e.g. the\n"
+        "                     principal header of an idem-gateway ('X-Consumer-Id: alice')\n"
+        "  --header2 'N: V2'  instead of --token2: the same header naming user 2\n"
         "  --path PATH        the POST endpoint under test (default /api/orders)\n"
         "  --body JSON        a valid request body (default " DEFAULT_BODY ")\n"
         "  --invalid-body JSON  a body the API refuses before executing (default {})\n"
@@ -76,6 +80,30 @@ static int parse_long(const char *s, long lo, long hi, long *out)
     return 0;
 }
 
+/*
+ * The header line that names a caller: "Authorization: Bearer T" for a token, or `header` as
+ * given ("X-Consumer-Id: alice": a name of token characters, a colon, a value).  -1 when it is
+ * not one such line.
+ */
+static int caller_line(const char *token, const char *header, char *out, size_t cap)
+{
+    const char *colon;
+    size_t n;
+
+    if (token) {
+        snprintf(out, cap, "Authorization: Bearer %s", token);
+        return strpbrk(token, "\r\n") ? -1 : 0;
+    }
+    colon = strchr(header, ':');
+    n = colon ? (size_t)(colon - header) : 0;
+    if (n == 0 || strspn(header, "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
+                                  "ABCDEFGHIJKLMNOPQRSTUVWXYZ") != n ||
+        strpbrk(colon, "\r\n") || colon[strspn(colon + 1, " \t") + 1] == '\0')
+        return -1;
+    snprintf(out, cap, "%s", header);
+    return 0;
+}
+
 static int conformance(int argc, char **argv)
 {
     enum {
@@ -88,7 +116,9 @@ static int conformance(int argc, char **argv)
         O_COUNT,
         O_STORM,
         O_TIMEOUT,
-        O_JSON
+        O_JSON,
+        O_HEADER,
+        O_HEADER2
     };
     static const struct option longopts[] = {
         {"url", required_argument, NULL, O_URL},
@@ -101,6 +131,8 @@ static int conformance(int argc, char **argv)
         {"storm", required_argument, NULL, O_STORM},
         {"timeout", required_argument, NULL, O_TIMEOUT},
         {"json", no_argument, NULL, O_JSON},
+        {"header", required_argument, NULL, O_HEADER},
+        {"header2", required_argument, NULL, O_HEADER2},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -112,6 +144,8 @@ static int conformance(int argc, char **argv)
     struct ck_report *rep = NULL;
     char why[512] = "";
     char *target = NULL;
+    const char *token = NULL, *token2 = NULL, *header = NULL, *header2 = NULL;
+    char who[1024], who2[1024];
     int json = 0, c, rc;
     long v;
 
@@ -122,10 +156,16 @@ static int conformance(int argc, char **argv)
             opt.url = optarg;
             break;
         case O_TOKEN:
-            opt.token = optarg;
+            token = optarg;
             break;
         case O_TOKEN2:
-            opt.token2 = optarg;
+            token2 = optarg;
+            break;
+        case O_HEADER:
+            header = optarg;
+            break;
+        case O_HEADER2:
+            header2 = optarg;
             break;
         case O_PATH:
             opt.path = optarg;
@@ -163,8 +203,17 @@ static int conformance(int argc, char **argv)
     }
     if (optind < argc)
         return bad_usage("unexpected argument '%s'", argv[optind]);
-    if (!opt.url || !opt.token || !opt.token2)
-        return bad_usage("%s", "--url, --token and --token2 are required");
+    if (!opt.url || !(token || header) || !(token2 || header2))
+        return bad_usage("%s", "--url, and --token or --header for each of two users "
+                               "(--token2 or --header2), are required");
+    if ((token && header) || (token2 && header2))
+        return bad_usage("%s", "a user is named by --token or by --header, not both");
+    if (caller_line(token, header, who, sizeof(who)) < 0)
+        return bad_usage("--header wants 'Name: value', not '%s'", header);
+    if (caller_line(token2, header2, who2, sizeof(who2)) < 0)
+        return bad_usage("--header2 wants 'Name: value', not '%s'", header2);
+    opt.who = who;
+    opt.who2 = who2;
     if (strncmp(opt.url, "http://", 7) != 0 && strncmp(opt.url, "https://", 8) != 0)
         return bad_usage("--url must start with http:// or https://, not '%s'", opt.url);
     if (opt.count_url && strncmp(opt.count_url, "http://", 7) != 0 &&
@@ -173,8 +222,8 @@ static int conformance(int argc, char **argv)
                          opt.count_url);
     if (opt.path[0] != '/')
         return bad_usage("--path must start with '/', not '%s'", opt.path);
-    if (strcmp(opt.token, opt.token2) == 0)
-        return bad_usage("%s", "--token and --token2 must be two different users' tokens");
+    if (strcmp(opt.who, opt.who2) == 0)
+        return bad_usage("%s", "the two users must be two different callers");
 
     if (ck_http_global_init() < 0) {
         fputs("idem-check: cannot initialise libcurl\n", stderr);

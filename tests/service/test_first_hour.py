@@ -3,11 +3,13 @@
 test_first_hour.py - what a new user or an operator meets in the first hour (issue 31), with the
 real programs: every server refuses a port another process holds; a token made in a new database
 says so; SQLite's failures to open say the system's reason and name the -wal and -shm files;
-Retry-After is a wait a client can act on.
+Retry-After is a wait a client can act on; idem-check checks a gateway whose callers are named by
+a header.
 
 service-tests: sqlite-only (the programs' own start-up; no store of the run's is involved)
 """
 
+import json
 import os
 import re
 import socket
@@ -185,6 +187,46 @@ def retry_after_is_a_wait_a_client_can_act_on(ctx):
     finally:
         gw.close()
         up.close()
+
+
+@test
+def idem_check_checks_the_quick_start_gateway(ctx):
+    # docs/idem-check.md, "Checking an idem-gateway": the gateway's principal from a header.
+    with tempfile.TemporaryDirectory() as tmp:
+        uport, gport = free_port(), free_port()
+        up, _ = start([sys.executable, os.path.join(harness.REPO, "examples", "payments_upstream.py"),
+                       "--port", str(uport)], tmp)
+        conf = os.path.join(tmp, "gateway.yaml")
+        with open(conf, "w") as f:
+            f.write("listen: 127.0.0.1:%d\nadmin_listen: 127.0.0.1:0\nstore: sqlite:./gateway.db\n"
+                    "upstream: {url: 'http://127.0.0.1:%d'}\nprincipal: {header: X-Consumer-Id}\n"
+                    "routes:\n  - match: POST /v1/payments\n    operation: payments.create\n"
+                    % (gport, uport))
+        gw, _ = start([os.path.join(BIN, "idem-gateway"), "serve", "--config", conf], tmp)
+        try:
+            p = subprocess.run(
+                [os.path.join(BIN, "idem-check"), "conformance", "--url",
+                 "http://127.0.0.1:%d" % gport, "--path", "/v1/payments",
+                 "--header", "X-Consumer-Id: acct_1", "--header2", "X-Consumer-Id: acct_2",
+                 "--body", '{"amount":500}', "--invalid-body", '{"amount":-1}', "--json"],
+                capture_output=True, timeout=120)
+            expect_eq(p.returncode, 0, "idem-check conformance through the gateway: %s %s"
+                      % (p.stdout.decode()[-2000:], p.stderr.decode()))
+            verdicts = {c["id"]: c["result"] for c in json.loads(p.stdout)["checks"]}
+            expect(sum(1 for v in verdicts.values() if v == "PASS") >= 8 and
+                   all(v in ("PASS", "SKIP") for v in verdicts.values()), "%s" % verdicts)
+            bad = subprocess.run(
+                [os.path.join(BIN, "idem-check"), "conformance", "--url", "http://127.0.0.1:1",
+                 "--header", "no colon here", "--header2", "X-Consumer-Id: b"],
+                capture_output=True, timeout=30)
+            expect(bad.returncode == 2 and b"--header wants 'Name: value'" in bad.stderr,
+                   "a header that is not one: %r" % bad.stderr)
+        finally:
+            for proc in (gw, up):
+                proc.terminate()
+                proc.wait(30)
+                proc.stdout.close()
+                proc.stderr.close()
 
 
 def as_another_user(cmd):
