@@ -215,6 +215,15 @@ def idem_check_checks_the_quick_start_gateway(ctx):
             verdicts = {c["id"]: c["result"] for c in json.loads(p.stdout)["checks"]}
             expect(sum(1 for v in verdicts.values() if v == "PASS") >= 8 and
                    all(v in ("PASS", "SKIP") for v in verdicts.values()), "%s" % verdicts)
+            # A caller the gateway does not know: one clear failure, not a wrong verdict per check.
+            p = subprocess.run(
+                [os.path.join(BIN, "idem-check"), "conformance", "--url",
+                 "http://127.0.0.1:%d" % gport, "--path", "/v1/payments",
+                 "--header", "X-Other: acct_1", "--header2", "X-Other: acct_2",
+                 "--body", '{"amount":500}', "--json"], capture_output=True, timeout=120)
+            checks = json.loads(p.stdout)["checks"]
+            expect(p.returncode == 1 and [c["id"] for c in checks] == ["caller"] and
+                   "--header" in json.dumps(checks), "an unknown caller: %s" % checks)
             bad = subprocess.run(
                 [os.path.join(BIN, "idem-check"), "conformance", "--url", "http://127.0.0.1:1",
                  "--header", "no colon here", "--header2", "X-Consumer-Id: b"],
