@@ -5,11 +5,13 @@
  * the library's; this file only talks to the person at the terminal.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "idem/client.h"
 
@@ -74,7 +76,48 @@ static void print_response(const struct idem_client_response *r, int include)
     body = idem_client_response_body(r, &len);
     if (len > 0)
         fwrite(body, 1, len, stdout);
+    /* On a terminal, the prompt starts on a line of its own; a pipe gets the bytes as sent. */
+    if (len > 0 && ((const char *)body)[len - 1] != '\n' && isatty(STDOUT_FILENO))
+        putchar('\n');
     fflush(stdout);
+}
+
+/* What Ctrl-C prints before the CLI exits 130: where the intent stands (prepared beforehand). */
+static char interrupted_msg[1024];
+
+static void on_interrupt(int sig)
+{
+    ssize_t ignored = write(STDERR_FILENO, interrupted_msg, strlen(interrupted_msg));
+    (void)ignored;
+    (void)sig;
+    _exit(130);
+}
+
+/*
+ * Ctrl-C in the middle of retries: say what became of the request (its key is journaled before
+ * anything is sent, so running the command again is a retry, never a second request).
+ */
+static void say_on_interrupt(const struct cli_config *cfg, const char *key)
+{
+    struct sigaction sa;
+
+    if (cfg->intent)
+        snprintf(interrupted_msg, sizeof interrupted_msg,
+                 "\nidem: interrupted; intent \"%s\" keeps its key %s in %s: run the same "
+                 "command again to retry it (the server runs it at most once)\n",
+                 cfg->intent, key, cfg->journal_path);
+    else if (key)
+        snprintf(interrupted_msg, sizeof interrupted_msg,
+                 "\nidem: interrupted; the request may have reached the server. To retry it "
+                 "safely, send it again with --key %s\n",
+                 key);
+    else
+        snprintf(interrupted_msg, sizeof interrupted_msg, "\nidem: interrupted\n");
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_interrupt;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
 }
 
 /* Opens (creating its directories) the journal of an intent; returns 0 or an exit code. */
@@ -178,6 +221,7 @@ int cli_run(const struct cli_config *cfg)
     req.body_len = cfg->body_len;
     req.key = key;
     req.intent = cfg->intent;
+    say_on_interrupt(cfg, key);
     err = idem_client_send(c, &req, &resp, &outcome);
     if (err < 0) {
         fprintf(stderr, "idem: %s%s\n",

@@ -4,7 +4,7 @@ test_first_hour.py - what a new user or an operator meets in the first hour (iss
 real programs: every server refuses a port another process holds; a token made in a new database
 says so; SQLite's failures to open say the system's reason and name the -wal and -shm files;
 Retry-After is a wait a client can act on; idem-check checks a gateway whose callers are named by
-a header.
+a header; the idem CLI says where a request stands when Ctrl-C stops it.
 
 service-tests: sqlite-only (the programs' own start-up; no store of the run's is involved)
 """
@@ -236,6 +236,36 @@ def idem_check_checks_the_quick_start_gateway(ctx):
                 proc.wait(30)
                 proc.stdout.close()
                 proc.stderr.close()
+
+
+@test
+def the_idem_cli_says_where_a_request_stands_on_ctrl_c(ctx):
+    with tempfile.TemporaryDirectory() as tmp:
+        silent = socket.socket()  # accepts, reads, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        silent.settimeout(30)  # accept() and recv() below wait 30 s at most
+        url = "http://127.0.0.1:%d/api/orders" % silent.getsockname()[1]
+        journal = os.path.join(tmp, "journal")
+        p = subprocess.Popen([os.path.join(BIN, "idem"), "post", url, "-d", '{"n":1}',
+                              "--intent", "first-order", "--journal", journal],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            conn = silent.accept()[0]
+            conn.settimeout(30)
+            expect(conn.recv(65536).startswith(b"POST /api/orders"), "the request arrived")
+            p.send_signal(2)  # SIGINT, as Ctrl-C
+            _, err = p.communicate(timeout=30)
+            expect_eq(p.returncode, 130, "exit status after Ctrl-C")
+            expect(b'interrupted; intent "first-order" keeps its key' in err and
+                   journal.encode() in err and b"run the same command again" in err,
+                   "it says the intent keeps its key and how to retry: %r" % err)
+            conn.close()
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            silent.close()
 
 
 def as_another_user(cmd):
