@@ -118,7 +118,10 @@ static void one_line(char *s)
 static int fail(struct loader *ld, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Writes "<file>:<line>: <message>" into the caller's buffer; returns -1 for `return fail(...)`. */
+/*
+ * Writes "<file>:<line>: <message>" into the caller's buffer, or "<file>: <message>" for what is
+ * about the whole file (line 0); returns -1 for `return fail(...)`.
+ */
 static int fail(struct loader *ld, int line, const char *fmt, ...)
 {
     va_list ap;
@@ -126,7 +129,10 @@ static int fail(struct loader *ld, int line, const char *fmt, ...)
 
     if (ld->err == NULL || ld->errlen == 0)
         return -1;
-    snprintf(ld->err, ld->errlen, "%s:%d: ", ld->name, line);
+    if (line > 0)
+        snprintf(ld->err, ld->errlen, "%s:%d: ", ld->name, line);
+    else
+        snprintf(ld->err, ld->errlen, "%s: ", ld->name);
     n = strlen(ld->err);
     if (n + 1 < ld->errlen) {
         va_start(ap, fmt);

@@ -138,8 +138,8 @@ struct gw_config {
 
 /*
  * Reads and checks `path`.  Returns 0 with *out (new, free with gw_config_free), or -1 with one
- * line in `err`: "<file>:<line>: <what is wrong and what is expected>" (line 0 when the file
- * cannot be read).
+ * line in `err`: "<file>:<line>: <what is wrong and what is expected>" ("<file>: ..." when the
+ * file as a whole is at fault: it cannot be read, it is too large).
  */
 int gw_config_load(const char *path, struct gw_config **out, char *err, size_t errlen);
 

@@ -64,13 +64,16 @@ static const char usage_serve[] =
 static const char usage_serve_end[] = "  -h, --help               show this help\n";
 
 static const char usage_check[] =
-    "Usage: idem-gateway check-config --config FILE\n"
+    "Usage: idem-gateway check-config --config FILE [--no-store]\n"
     "\n"
     "Reads FILE as idem-gateway serve would and prints 'FILE: ok (N routes)', or the first\n"
-    "mistake as 'FILE:LINE: what is wrong' with exit status 2.\n"
+    "mistake as 'FILE:LINE: what is wrong' with exit status 2.  Then opens the store as serve\n"
+    "would (an SQLite file and its directories are made; libidem's tables are applied):\n"
+    "one that cannot be opened is said with exit status 1.\n"
     "\n"
     "Options:\n"
     "  --config FILE  the YAML config\n"
+    "  --no-store     check the file only, not the store\n"
     "  -h, --help     show this help\n";
 
 static const char usage_keys[] =
@@ -108,6 +111,7 @@ enum {
     OPT_SWEEP,
     OPT_REPLAY_CACHE,
     OPT_VERSION,
+    OPT_NO_STORE,
     OPT_PRINCIPAL,
     OPT_OPERATION,
     OPT_KEY,
@@ -251,14 +255,18 @@ static int cmd_check(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"config", required_argument, NULL, OPT_CONFIG},
+        {"no-store", no_argument, NULL, OPT_NO_STORE},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
         {NULL, 0, NULL, 0},
     };
     const char *file = NULL;
     struct gw_config *cfg = NULL;
+    struct idem_store *store = NULL;
+    struct idem_store_options so;
+    char *errmsg = NULL;
     char err[600];
-    int c;
+    int c, no_store = 0, status = 0;
 
     optind = 1;
     opterr = 0;
@@ -269,6 +277,10 @@ static int cmd_check(int argc, char **argv)
         }
         if (c == OPT_VERSION)
             return print_version();
+        if (c == OPT_NO_STORE) {
+            no_store = 1;
+            continue;
+        }
         if (c != OPT_CONFIG)
             return option_error("check-config", c, argv);
         file = optarg;
@@ -279,9 +291,19 @@ static int cmd_check(int argc, char **argv)
         fprintf(stderr, "%s\n", err);
         return EXIT_USAGE;
     }
-    printf("%s: ok (%zu routes)\n", file, cfg->nroutes);
+    printf("%s: ok (%zu route%s)\n", file, cfg->nroutes, cfg->nroutes == 1 ? "" : "s");
+    /* The store as serve opens it: a path the gateway cannot write fails here, not at start. */
+    memset(&so, 0, sizeof so);
+    so.pool_size = 1;
+    if (!no_store && idem_store_open(cfg->store, &so, &store, &errmsg) < 0) {
+        fprintf(stderr, "%s: the store cannot be opened: %s\n", file,
+                errmsg ? errmsg : "unknown error");
+        status = 1;
+    }
+    idem_free(errmsg);
+    idem_store_close(store);
     gw_config_free(cfg);
-    return 0;
+    return status;
 }
 
 /* The whole of a file, at most 16 MiB; NULL with `err` set. */

@@ -483,7 +483,7 @@ static void test_document_errors(void)
     CHECK(big != NULL);
     if (big != NULL) {
         memset(big, '#', n);
-        CHECK(refused("big.yaml", big, n, "big.yaml:0: ", "larger than 1MiB"));
+        CHECK(refused("big.yaml", big, n, "big.yaml: ", "larger than 1MiB"));
         free(big);
     }
 }
@@ -850,11 +850,11 @@ static void test_files(void)
     struct gw_config *cfg = NULL;
     char path[256], other[256], prefix[300], part[400], text[1024], err[512];
 
-    /* A file that is not there: line 0. */
+    /* A file that is not there: the file's name, no line. */
     tmp_path(path, sizeof path, "missing.yaml");
-    snprintf(prefix, sizeof prefix, "%s:0: ", path);
+    snprintf(prefix, sizeof prefix, "%s: ", path);
     CHECK(load_refused(path, prefix, "cannot read: No such file or directory"));
-    CHECK(load_refused(tmpdir, "", ":0: cannot read: Is a directory"));
+    CHECK(load_refused(tmpdir, "", ": cannot read: Is a directory"));
 
     /* HS256: the secret relative to the config's directory, its newline dropped. */
     tmp_path(path, sizeof path, "jwt.secret");

@@ -268,6 +268,38 @@ def the_idem_cli_says_where_a_request_stands_on_ctrl_c(ctx):
             silent.close()
 
 
+@test
+def check_config_opens_the_store_as_serve_would(ctx):
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)
+        ro = os.path.join(tmp, "ro")
+        os.mkdir(ro, 0o555 if os.geteuid() != 0 else 0o755)
+        conf = os.path.join(tmp, "gateway.yaml")
+        with open(conf, "w") as f:
+            f.write("store: sqlite:%s/gateway.db\nupstream: {url: 'http://127.0.0.1:9'}\n"
+                    "principal: {header: X-Consumer-Id}\n"
+                    "routes:\n  - match: POST /v1/payments\n    operation: payments.create\n" % ro)
+        os.chmod(conf, 0o644)
+        gw = os.path.join(BIN, "idem-gateway")
+        p = subprocess.run(as_another_user([gw, "check-config", "--config", conf]),
+                           capture_output=True, timeout=30)
+        expect_eq(p.stdout, ("%s: ok (1 route)\n" % conf).encode(), "the file is fine")
+        expect(p.returncode == 1 and b"the store cannot be opened" in p.stderr and
+               b"Permission denied" in p.stderr, "but its store cannot be made: %r" % p.stderr)
+        p = subprocess.run(as_another_user([gw, "check-config", "--config", conf, "--no-store"]),
+                           capture_output=True, timeout=30)
+        expect_eq(p.returncode, 0, "--no-store checks the file only")
+
+
+@test
+def a_config_that_cannot_be_read_names_no_line(ctx):
+    gw = os.path.join(BIN, "idem-gateway")
+    p = subprocess.run([gw, "check-config", "--config", "/nonexistent/gateway.yaml"],
+                       capture_output=True, timeout=30)
+    expect_eq(p.stderr, b"/nonexistent/gateway.yaml: cannot read: No such file or directory\n",
+              "the file's name and why, no line 0")
+
+
 def as_another_user(cmd):
     """`cmd` run as a user who cannot write where root can: nobody, when the test runs as root."""
     if os.geteuid() == 0:
