@@ -373,6 +373,14 @@ static void inflight_unlink(struct idem_call *call)
     call->inflight = 0;
 }
 
+/* Why the last idem_call_begin() of this thread failed (idem_call_begin_error). */
+static _Thread_local char begin_error[IDEM_ERRMSG_MAX];
+
+const char *idem_call_begin_error(void)
+{
+    return begin_error;
+}
+
 static int call_fail(struct idem_call *call, int rc, const char *what, const char *detail)
 {
     idem__fmt(call->errmsg, sizeof(call->errmsg), "%s: %s", what,
@@ -800,6 +808,8 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
     *out = call;
     call = NULL;
 out:
+    if (call && rc < 0)
+        idem__fmt(begin_error, sizeof(begin_error), "%s", call->errmsg);
     idem_call_end(call);
     return rc;
 }

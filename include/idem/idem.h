@@ -367,6 +367,13 @@ IDEM_API int idem_call_begin(struct idem_engine *eng, const struct idem_operatio
                              const unsigned char fp[IDEM_FP_LEN], struct idem_call **call,
                              enum idem_outcome *outcome);
 
+/*
+ * Why the last idem_call_begin() of the calling thread failed, for a log line: the store's own
+ * words ("claim: connection to server ... failed: Connection refused"); "" if none has.  Valid
+ * until that thread's next idem_call_begin().
+ */
+IDEM_API const char *idem_call_begin_error(void);
+
 /* Told by idem_call_begin_async() how the claim ended. */
 typedef void (*idem_call_begun)(struct idem_call *call, int rc, enum idem_outcome outcome,
                                 void *arg);

@@ -1293,7 +1293,9 @@ static void proxy_handle(void *ctx, const struct request *rq, struct response *r
     rc = idem_call_begin(gw->engine, op, n->principal, n->key, n->fp, &call, &outcome);
     gw_metrics_store(gw->metrics, (double)(mono_ns() - t0) / 1e9);
     if (rc < 0) {
-        answer_no_claim(gw, op->name, idem_err_name(rc), resp);
+        char why[600];
+        snprintf(why, sizeof why, "%s: %s", idem_err_name(rc), idem_call_begin_error());
+        answer_no_claim(gw, op->name, why, resp);
         return;
     }
     if (idem_answer_settled(call, outcome, op, resp))

@@ -161,6 +161,17 @@ int main(void)
     CHECK(cached == NULL);
     CHECK_INT(oc, IDEM_OUTCOME_NONE);
 
+    /* A begin that fails says why, in the store's words, for the caller's log. */
+    {
+        struct idem_tx *tx = NULL;
+        CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+        CHECK_INT(idem_tx_exec(tx, "DROP TABLE idem_records", 0, NULL, NULL), 0);
+        CHECK_INT(idem_tx_commit(tx), 0);
+        CHECK(idem_call_begin(eng, &op, "p", "gone", fp, &call, &oc) < 0);
+        CHECK(call == NULL);
+        CHECK(strstr(idem_call_begin_error(), "idem_records") != NULL);
+    }
+
     idem_call_end(NULL);
     idem_call_abort(NULL);
     idem_engine_free(eng);
