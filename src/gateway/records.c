@@ -34,16 +34,18 @@ int records_show(struct idem_engine *eng, const char *principal, const char *ope
         return 0;
     /* A processing record nobody holds is one whose forward ended without an answer. */
     state = info.completed ? "completed" : info.lease_live ? "in-flight" : "unknown";
+    /* A completed record's last recovery point is history, not where it stands. */
     d = xcheck(json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "principal", principal, "operation",
                          operation, "key", key, "state", state, "recoveryPoint",
-                         info.recovery_point, "fingerprint", info.fingerprint_hex));
+                         info.completed ? "" : info.recovery_point, "fingerprint",
+                         info.fingerprint_hex));
     json_object_set_new(d, "created", iso_time(info.created_ms));
     json_object_set_new(d, "expires", iso_time(info.expires_ms));
     if (info.completed)
         json_object_set_new(d, "response",
                             xcheck(json_pack("{s:i,s:I}", "status", info.response_status, "bytes",
                                              (json_int_t)info.response_body_len)));
-    else
+    else if (info.lease_expires_ms > 0) /* a held record may have no lease at all */
         json_object_set_new(d, "leaseExpires", iso_time(info.lease_expires_ms));
     *doc = d;
     return 1;

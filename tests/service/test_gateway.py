@@ -768,6 +768,7 @@ def a_held_key_is_shown_and_resolved_by_an_operator(ctx):
     doc = shown.json()
     expect(doc["state"] == "unknown" and doc["recoveryPoint"] == "unknown" and
            len(doc["fingerprint"]) == 64, "a held record: %s" % doc)
+    expect(not doc.get("leaseExpires", "").startswith("1970"), "no lease of 1970: %s" % doc)
     # The operator learnt that it ran, and what it answered: every retry gets that answer.
     decision = {"principal": "alice", "operation": "things.create", "key": k,
                 "decision": "executed",
@@ -785,8 +786,11 @@ def a_held_key_is_shown_and_resolved_by_an_operator(ctx):
     expect_problem(r, 409, "record-completed", "resolving a completed record")
     code, out, err = keys_cli(gw, "show", "--principal", "alice", "--operation", "things.create",
                               "--key", k)
-    expect(code == 0 and json.loads(out)["state"] == "completed" and
-           json.loads(out)["response"]["status"] == 201, "keys show: %d %r %r" % (code, out, err))
+    shown = json.loads(out) if code == 0 else {}
+    expect(shown.get("state") == "completed" and shown["response"]["status"] == 201 and
+           shown["recoveryPoint"] == "" and "leaseExpires" not in shown,
+           "keys show of the resolved record (no recovery point, no lease): %d %r %r"
+           % (code, out, err))
 
     # It did not run: the CLI releases the key and the retry runs.
     k2 = key("held2")
