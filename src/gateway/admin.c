@@ -3,9 +3,13 @@
  */
 #include "admin.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
+
+#include "ascii.h"
 #include "idem_answer.h"
 #include "prom.h"
 #include "records.h"
@@ -113,11 +117,12 @@ static void resolve_record(struct gateway *gw, const struct request *rq, struct 
         if (!response ||
             json_unpack(response, "{s:i,s?o,s?s%}", "status", &status, "headers", &headers, "body",
                         &body, &body_len) != 0 ||
-            status < 100 || status > 599 || (headers && !json_is_object(headers)) ||
+            status < 100 || status > 499 || (headers && !json_is_object(headers)) ||
             (headers && json_object_size(headers) > sizeof h / sizeof h[0])) {
+            /* 5xx says "nothing happened, retry": never stored, so never an answer to resolve. */
             response_problem(resp, 400, "validation-failed",
-                             "\"executed\" needs \"response\": {\"status\": 100..599, "
-                             "\"headers\": {name: value}, \"body\": text}.");
+                             "\"executed\" needs \"response\": {\"status\": 100..499 (a 5xx is "
+                             "never stored), \"headers\": {name: value}, \"body\": text}.");
             goto out;
         }
         d.executed = 1;
@@ -169,6 +174,110 @@ out:
     json_decref(doc);
 }
 
+/* ---- who may ask ---------------------------------------------------------------------------- */
+
+/* Whether `host` (an address or a name, no port) is this machine's loopback. */
+static int loopback_host(const char *host, size_t len)
+{
+    if (len == 9 && ascii_ncaseeq(host, "localhost", 9))
+        return 1;
+    if ((len == 3 && memcmp(host, "::1", 3) == 0) || (len == 5 && memcmp(host, "[::1]", 5) == 0))
+        return 1;
+    if (len < 7 || memcmp(host, "127.", 4) != 0)
+        return 0;
+    for (size_t i = 4; i < len; i++)
+        if (!((host[i] >= '0' && host[i] <= '9') || host[i] == '.'))
+            return 0;
+    return 1;
+}
+
+/* The host part of a Host header or of admin_listen ("[::1]:8081" -> "[::1]"): its length. */
+static size_t host_part(const char *hostport)
+{
+    const char *end;
+
+    if (hostport[0] == '[') {
+        end = strchr(hostport, ']');
+        return end ? (size_t)(end - hostport) + 1 : strlen(hostport);
+    }
+    end = strrchr(hostport, ':');
+    return end ? (size_t)(end - hostport) : strlen(hostport);
+}
+
+int admin_on_loopback(const struct gw_config *cfg)
+{
+    return loopback_host(cfg->admin_listen, host_part(cfg->admin_listen));
+}
+
+void admin_warn(const struct gw_config *cfg, FILE *to)
+{
+    if (admin_on_loopback(cfg))
+        return;
+    if (cfg->admin_token)
+        fprintf(to,
+                "idem-gateway: warning: admin_listen %s is not on loopback: whoever reaches it "
+                "with the token of admin_token_file can resolve records\n",
+                cfg->admin_listen);
+    else
+        fprintf(to,
+                "idem-gateway: warning: admin_listen %s is not on loopback and admin_token_file "
+                "is not set: anyone who reaches it can resolve records and read /metrics\n",
+                cfg->admin_listen);
+}
+
+/*
+ * Before the body is read: who may use the admin API.  A browser on the operator's machine can
+ * reach a loopback listener too -- a page's cross-site POST, or a DNS name rebound to 127.0.0.1 --
+ * so a request with an Origin (browsers send one; curl, Prometheus and scripts do not) is refused,
+ * and on a loopback listener so is a Host that is not loopback.  With admin_token_file, every
+ * request but /healthz needs that bearer token.  A request that changes something must be JSON,
+ * which a page cannot send cross-site without a preflight.
+ */
+static enum http_head_verdict admin_on_head(void *ctx, struct request *rq, struct response *resp,
+                                            int may_block)
+{
+    struct gateway *gw = ctx;
+    const char *host = request_header(rq, "Host");
+    const char *auth = request_header(rq, "Authorization");
+    const char *ct = request_header(rq, "Content-Type");
+    const char *token = gw->cfg->admin_token;
+
+    (void)may_block;
+    resp->operation = "admin";
+    if (request_header(rq, "Origin") != NULL) {
+        response_problem(resp, 403, "forbidden",
+                         "The admin API does not answer requests from web pages (they carry an "
+                         "Origin header).");
+        return HTTP_HEAD_ANSWER;
+    }
+    if (host != NULL && admin_on_loopback(gw->cfg) && !loopback_host(host, host_part(host))) {
+        response_problem(resp, 403, "forbidden",
+                         "The admin API listens on loopback: ask it as localhost, 127.0.0.1 or "
+                         "[::1] (another Host is a name rebound to it).");
+        return HTTP_HEAD_ANSWER;
+    }
+    if (token != NULL && strcmp(rq->path, "/healthz") != 0) {
+        size_t n = strlen(token);
+        int ok = auth != NULL && strlen(auth) == 7 + n && ascii_ncaseeq(auth, "Bearer ", 7) &&
+                 CRYPTO_memcmp(auth + 7, token, n) == 0;
+        if (!ok) {
+            response_set_header(resp, "WWW-Authenticate", "Bearer");
+            response_problem(resp, 401, "unauthorized",
+                             "The admin API needs Authorization: Bearer and the token of "
+                             "admin_token_file.");
+            return HTTP_HEAD_ANSWER;
+        }
+    }
+    if (strcmp(rq->path, "/records/resolve") == 0 && strcmp(rq->method, "POST") == 0 &&
+        (ct == NULL || !ascii_ncaseeq(ct, "application/json", 16) ||
+         (ct[16] != '\0' && ct[16] != ';' && ct[16] != ' '))) {
+        response_problem(resp, 415, "unsupported-media-type",
+                         "Send the resolution as Content-Type: application/json.");
+        return HTTP_HEAD_ANSWER;
+    }
+    return HTTP_HEAD_CONTINUE;
+}
+
 static void admin_handle(void *ctx, const struct request *rq, struct response *resp)
 {
     struct gateway *gw = ctx;
@@ -217,6 +326,7 @@ void admin_server_options(struct gateway *gw, struct http_server_options *opts)
 {
     memset(opts, 0, sizeof *opts);
     opts->handle = admin_handle;
+    opts->on_head = admin_on_head;
     opts->ctx = gw;
     opts->ipv6 = 1;
     opts->stop_grace_s = 2;

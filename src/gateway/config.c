@@ -38,6 +38,7 @@
 #define MAX_STORE_HEADERS 32
 #define MAX_MATCH_LEN 512 /* also bounds the route-against-route comparisons */
 #define MAX_NAME_LEN 256  /* header names, operation names are shorter still */
+#define ADMIN_TOKEN_MIN 16
 #define MAX_OPERATION_LEN 64
 #define EXCERPT 48 /* bytes of a value quoted in a message */
 
@@ -634,6 +635,50 @@ static int load_listen(struct loader *ld, const yaml_node_t *n, const char *path
     }
     *out = xstrdup(s);
     return 0;
+}
+
+/*
+ * `admin_token_file`: the admin API's bearer token, the file's first line less trailing white
+ * space, at least ADMIN_TOKEN_MIN bytes of visible ASCII (a relative path is beside the config).
+ */
+static int load_admin_token(struct loader *ld, const yaml_node_t *n, struct gw_config *cfg)
+{
+    char why[128], shown[EXCERPT + 4];
+    const char *written;
+    char *file = NULL, *text = NULL;
+    size_t len = 0, i;
+    int rc = -1;
+
+    if (want_text(ld, n, "admin_token_file", "a file name", &written) != 0)
+        goto out;
+    file = beside_config(ld->name, written);
+    if (read_file(file, KEY_FILE_MAX_BYTES, 1, &text, &len, why, sizeof why) != 0) {
+        fail(ld, line_of(n), "admin_token_file: cannot read %s: %s", excerpt(file, shown), why);
+        goto out;
+    }
+    len = strcspn(text, "\r\n");
+    while (len > 0 && (text[len - 1] == ' ' || text[len - 1] == '\t'))
+        len--;
+    text[len] = '\0';
+    for (i = 0; i < len && text[i] > 0x20 && text[i] < 0x7f; i++)
+        ;
+    if (len < ADMIN_TOKEN_MIN || i != len) {
+        fail(ld, line_of(n),
+             "admin_token_file: %s must hold a token of at least %d visible ASCII characters "
+             "on its first line (e.g. openssl rand -hex 32)",
+             excerpt(file, shown), ADMIN_TOKEN_MIN);
+        goto out;
+    }
+    cfg->admin_token = text;
+    text = NULL;
+    rc = 0;
+out:
+    if (text != NULL) {
+        explicit_bzero(text, len);
+        free(text);
+    }
+    free(file);
+    return rc;
 }
 
 static int load_store(struct loader *ld, const yaml_node_t *n, struct gw_config *cfg)
@@ -1594,9 +1639,11 @@ static int load_routes(struct loader *ld, const yaml_node_t *n, int have_princip
 
 static int load_document(struct loader *ld, struct gw_config *cfg)
 {
-    static const char *const keys[] = {"listen",   "admin_listen",  "store",
-                                       "upstream", "max_body_size", "principal",
-                                       "limits",   "routes",        "method_override_headers"};
+    static const char *const keys[] = {
+        "listen",          "admin_listen",  "store",
+        "upstream",        "max_body_size", "principal",
+        "limits",          "routes",        "method_override_headers",
+        "admin_token_file"};
     enum {
         LISTEN,
         ADMIN_LISTEN,
@@ -1606,7 +1653,8 @@ static int load_document(struct loader *ld, struct gw_config *cfg)
         PRINCIPAL,
         LIMITS,
         ROUTES,
-        METHOD_OVERRIDE_HEADERS
+        METHOD_OVERRIDE_HEADERS,
+        ADMIN_TOKEN_FILE
     };
     yaml_node_t *root = yaml_document_get_root_node(ld->doc);
     yaml_node_t *v[COUNT(keys)];
@@ -1625,6 +1673,8 @@ static int load_document(struct loader *ld, struct gw_config *cfg)
         load_listen(ld, v[ADMIN_LISTEN], "admin_listen", DEFAULT_ADMIN_LISTEN,
                     &cfg->admin_listen) != 0 ||
         load_store(ld, v[STORE], cfg) != 0)
+        return -1;
+    if (v[ADMIN_TOKEN_FILE] != NULL && load_admin_token(ld, v[ADMIN_TOKEN_FILE], cfg) != 0)
         return -1;
     cfg->max_body = (size_t)DEFAULT_MAX_BODY;
     if (v[MAX_BODY_SIZE] != NULL) {
@@ -1818,6 +1868,9 @@ void gw_config_free(struct gw_config *cfg)
     free(cfg->file);
     free(cfg->listen);
     free(cfg->admin_listen);
+    if (cfg->admin_token != NULL)
+        explicit_bzero(cfg->admin_token, strlen(cfg->admin_token));
+    free(cfg->admin_token);
     free(cfg->store);
     free(cfg->upstream_url);
     free(cfg->upstream_host);

@@ -101,6 +101,7 @@ struct gw_config {
 
     char *listen;       /* "127.0.0.1:8080" (default) */
     char *admin_listen; /* "127.0.0.1:8081" (default); loopback unless written otherwise */
+    char *admin_token;  /* admin_token_file's token, or NULL: the admin API asks for none */
     char *store;        /* "sqlite:gateway.db" (default) or a PostgreSQL URI */
 
     char *upstream_url;  /* "http://HOST:PORT" (required), no path, no https */

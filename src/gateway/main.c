@@ -14,6 +14,7 @@
 
 #include "idem/idem.h"
 
+#include "admin.h"
 #include "config.h"
 #include "gateway.h"
 #include "records.h"
@@ -292,6 +293,7 @@ static int cmd_check(int argc, char **argv)
         return EXIT_USAGE;
     }
     printf("%s: ok (%zu route%s)\n", file, cfg->nroutes, cfg->nroutes == 1 ? "" : "s");
+    admin_warn(cfg, stderr);
     /* The store as serve opens it: a path the gateway cannot write fails here, not at start. */
     memset(&so, 0, sizeof so);
     so.pool_size = 1;
@@ -404,7 +406,8 @@ static int cmd_keys(int argc, char **argv)
             decision = optarg;
             break;
         case OPT_STATUS:
-            if (int_flag("keys", "status", optarg, 100, 599, &status_code) != 0)
+            /* 5xx says "nothing happened, retry": never stored, so never a resolution. */
+            if (int_flag("keys", "status", optarg, 100, 499, &status_code) != 0)
                 return EXIT_USAGE;
             break;
         case OPT_HEADER: {

@@ -142,6 +142,7 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
         goto out;
     }
     gw.public_server = pub;
+    admin_warn(cfg, stderr);
     admin_server_options(&gw, &aopts);
     if (http_server_start(&aopts, cfg->admin_listen, &adm, err, sizeof err) != 0) {
         log_msg(&gw.log, "error", "admin listen %s: %s", cfg->admin_listen, err);

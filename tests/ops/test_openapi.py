@@ -533,6 +533,25 @@ def the_gateway_admin_listener_answers_as_documented(ctx):
         again = gw.request("POST", "/v1/things", {"n": 1}, key=held)
         expect(again.status == 201 and again.replayed, "the resolution is replayed: %s" %
                again.describe())
+        # Web pages are refused on every path; a resolution must be JSON.
+        for method, path in oas.operations(doc):
+            body = "{}" if method == "POST" else None
+            check(method, path, gw.admin(method, path, body, headers={"Origin": "http://x.test"}),
+                  403, "forbidden", "%s %s from a web page" % (method, path))
+        check("POST", res, gw.admin("POST", res, "{}", headers={"Content-Type": "text/plain"}),
+              415, "unsupported-media-type", "a resolution as text/plain")
+        # With admin_token_file, every path but /healthz needs the token.
+        tgw = Gateway(up, name="openapi-gateway-token", extra="admin_token_file: admin.token\n")
+        ctx.servers.append(tgw)
+        with open(os.path.join(tgw.tmpdir, "admin.token"), "w") as f:
+            f.write("t0ken-t0ken-t0ken-t0ken\n")
+        tgw.start()
+        for method, path in oas.operations(doc):
+            if path == "/healthz":
+                continue
+            r = tgw.admin(method, path, "{}" if method == "POST" else None)
+            check(method, path, r, 401, "unauthorized", "%s %s without the token" % (method, path))
+            expect_eq(r.header("WWW-Authenticate"), "Bearer", "401's challenge")
         # What no request can provoke on a healthy SQLite gateway: its store failing.
         unprovoked = []
         for (method, path) in oas.operations(doc):

@@ -357,8 +357,13 @@ class Gateway(Server):
         h.update(headers or {})
         return http_request(self.host, self.port, method, path, body, h, timeout)
 
-    def admin(self, method, path, body=None, timeout=10):
-        return http_request(self.host, self.admin_port, method, path, body, {}, timeout)
+    def admin(self, method, path, body=None, timeout=10, headers=None, token=None):
+        """A request to the admin listener: a body goes as JSON; `token` as its bearer token."""
+        h = {"Content-Type": "application/json"} if body is not None else {}
+        if token is not None:
+            h["Authorization"] = "Bearer " + token
+        h.update(headers or {})
+        return http_request(self.host, self.admin_port, method, path, body, h, timeout)
 
 
 def http_request(host, port, method, path, body, headers, timeout):

@@ -12,6 +12,8 @@ gateway_harness.py (which does not dedupe, so a second execution shows):
   - the upstream gets the key the gateway used, in its canonical form, never the client's own;
   - a reconcile query carries the fixed header set, not the retry's other headers;
   - a principal header is trimmed, cannot claim another source's space, and is not hop-by-hop;
+  - the admin API refuses web pages (Origin, a Host not loopback) and resolutions that are not
+    JSON or are 5xx, can require a bearer token, and a listener off loopback is warned about;
   - an upstream connection that carried bytes nobody asked for is not reused, and keyed requests
     can have connections of their own.
 """
@@ -19,6 +21,7 @@ gateway_harness.py (which does not dedupe, so a second execution shows):
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 import uuid
@@ -289,6 +292,110 @@ def connect_and_unknown_transfer_codings_are_refused(ctx):
                     body)
     expect_eq(r.status, 501, "a transfer coding the gateway cannot pass on: %s" % r.describe(300))
     expect_eq(up.count, before, "nothing forwarded")
+
+
+# ---- the admin API ---------------------------------------------------------------------------
+
+def held_key(gw):
+    """A key whose outcome is unknown (the upstream reset after acting): one to resolve."""
+    k = key("held")
+    expect_problem(gw.request("POST", "/v1/things", {"n": 1}, key=k,
+                              headers={"X-Test-Mode": "reset"}), 502, "outcome-unknown", "reset")
+    return k
+
+
+def resolution(k, status=201):
+    return json.dumps({"principal": "alice", "operation": "things.create", "key": k,
+                       "decision": "executed",
+                       "response": {"status": status, "body": '{"id":"by-hand"}'}})
+
+
+def record_state(gw, k, token=None):
+    q = "/records?principal=alice&operation=things.create&key=" + k
+    return gw.admin("GET", q, token=token).json()["state"]
+
+
+@test
+def the_admin_api_refuses_web_pages_and_needs_json(ctx):
+    gw = ctx["gw"]
+    k = held_key(gw)
+    # A page in the operator's browser: a cross-site "simple" POST (text/plain, an Origin).
+    r = gw.admin("POST", "/records/resolve", resolution(k),
+                 headers={"Content-Type": "text/plain", "Origin": "https://evil.example"})
+    expect_problem(r, 403, "forbidden", "a cross-site POST")
+    r = gw.admin("GET", "/metrics", headers={"Origin": "http://localhost:3000"})
+    expect_problem(r, 403, "forbidden", "any Origin, even a GET")
+    # A name rebound to 127.0.0.1 (DNS rebinding): the Host is not loopback.
+    r = gw.admin("POST", "/records/resolve", resolution(k), headers={"Host": "evil.example"})
+    expect_problem(r, 403, "forbidden", "a Host that is not loopback")
+    # Without a browser: not JSON is refused before anything changes.
+    r = gw.admin("POST", "/records/resolve", resolution(k), headers={"Content-Type": "text/plain"})
+    expect_problem(r, 415, "unsupported-media-type", "a resolution that is not JSON")
+    expect_eq(record_state(gw, k), "unknown", "none of them resolved the key")
+    for host in ("localhost", "127.0.0.1", "127.0.0.1:%d" % gw.admin_port):
+        expect_eq(gw.admin("GET", "/healthz", headers={"Host": host}).status, 200, "Host " + host)
+    # A 5xx is never stored, so it is never a resolution.
+    r = gw.admin("POST", "/records/resolve", resolution(k, 599))
+    expect_problem(r, 400, "validation-failed", "a resolution with status 599")
+    r = gw.admin("POST", "/records/resolve", resolution(k, 503))
+    expect_problem(r, 400, "validation-failed", "a resolution with status 503")
+    expect_eq(gw.admin("POST", "/records/resolve", resolution(k)).status, 200, "a good one")
+    expect_eq(record_state(gw, k), "completed", "resolved")
+
+
+@test
+def an_admin_token_file_guards_the_admin_api(ctx):
+    up = ctx["up"]
+    token = uuid.uuid4().hex
+    gw = Gateway(up, routes=ROUTES, name="gateway-admin-token",
+                 extra="admin_token_file: admin.token\n")
+    with open(os.path.join(gw.tmpdir, "admin.token"), "w") as f:
+        f.write(token + "\n")
+    try:
+        gw.start()
+        k = held_key(gw)
+        expect_eq(gw.admin("GET", "/healthz").status, 200, "/healthz stays open (liveness probes)")
+        for method, path, body in (("GET", "/metrics", None), ("GET", "/readyz", None),
+                                   ("POST", "/records/resolve", resolution(k))):
+            for t in (None, "wrong-" + token, token.upper() if token != token.upper() else "x"):
+                r = gw.admin(method, path, body, token=t)
+                expect_problem(r, 401, "unauthorized", "%s %s with token %r" % (method, path, t))
+                expect_eq(r.header("WWW-Authenticate"), "Bearer", "the scheme asked for")
+        expect_eq(gw.admin("GET", "/metrics", token=token).status, 200, "the right token")
+        expect_eq(record_state(gw, k, token), "unknown", "nothing resolved without it")
+        expect_eq(gw.admin("POST", "/records/resolve", resolution(k), token=token).status, 200,
+                  "resolved with the token")
+    finally:
+        gw.close()
+    # A token file that is too short, or empty: the config is refused, naming the file.
+    for text in ("short\n", "\n"):
+        bad = Gateway(up, routes=ROUTES, name="gateway-admin-bad",
+                      extra="admin_token_file: admin.token\n")
+        with open(os.path.join(bad.tmpdir, "admin.token"), "w") as f:
+            f.write(text)
+        p = subprocess.run([bad.program, "check-config", "--config", bad.config_path,
+                            "--no-store"], capture_output=True, timeout=30)
+        expect(p.returncode == 2 and b"admin_token_file" in p.stderr and b"at least 16" in
+               p.stderr, "a token file holding %r: %r" % (text, p.stderr))
+        bad.close()
+
+
+@test
+def an_admin_listener_off_loopback_is_warned_about(ctx):
+    up = ctx["up"]
+    gw = Gateway(up, routes=ROUTES, name="gateway-admin-open")
+    with open(gw.config_path) as f:
+        text = f.read().replace("admin_listen: 127.0.0.1:0", "admin_listen: 0.0.0.0:0")
+    with open(gw.config_path, "w") as f:
+        f.write(text)
+    try:
+        p = subprocess.run([gw.program, "check-config", "--config", gw.config_path, "--no-store"],
+                           capture_output=True, timeout=30)
+        expect(p.returncode == 0 and b"warning: admin_listen 0.0.0.0:0 is not on loopback" in
+               p.stderr and b"anyone who reaches it" in p.stderr,
+               "check-config warns, and still says ok: %r %r" % (p.stdout, p.stderr))
+    finally:
+        gw.close()
 
 
 # ---- upstream connections --------------------------------------------------------------------
