@@ -1212,6 +1212,19 @@ static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *r
             http_fetch_cancel(pk->fetch); /* no wake-up can come after this */
             resp->outcome = "passed";
             response_problem(resp, 504, "upstream-timeout", "The upstream did not answer in time.");
+        } else if (pk->reply.rest != NULL && n != NULL && strcmp(rq->method, "GET") == 0 &&
+                   http_stream_reserve(rq) != 0) {
+            /*
+             * Too many streams (this client's, or all but one worker's): clients that never read
+             * would hold every worker.  A GET may be asked again: 503, retry.  (Another method's
+             * answer goes out whatever the count -- the upstream acted on it -- held to the
+             * minimum rate like every stream.)
+             */
+            resp->outcome = "passed";
+            response_set_header(resp, "Retry-After", "1");
+            response_problem(resp, 503, "server-busy",
+                             "Too many large answers are being streamed to this client (or to "
+                             "all clients) right now. Retry.");
         } else if (pk->reply.rest != NULL && n != NULL) {
             /* Too large to hold: a worker streams it (proxy_handle), the loop must not block. */
             n->reply = pk->reply;

@@ -24,6 +24,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -112,6 +113,8 @@ struct conn {
     size_t drained;
     /* A body its handler streams from its worker (http_stream_begin), STREAM_*; 0: none. */
     int stream;
+    int stream_reserved; /* holds a slot of http_stream_reserve() */
+    int64_t stream_start_ms;
     int stream_chunked, stream_body;
     uint64_t stream_length, stream_sent;
 
@@ -168,10 +171,14 @@ int http_loop_at_stop(void (*fn)(void *arg), void *arg)
     return 0;
 }
 
+/* A stream is held to stream_min_rate once it has run this long (a slow start is no offence). */
+#define STREAM_RATE_GRACE_MS 10000
+
 struct ip_slot {
     struct ip_slot *next;
     unsigned char ip[16];
     int count;
+    int streams; /* http_stream_reserve()d */
 };
 
 struct http_server {
@@ -191,6 +198,7 @@ struct http_server {
 
     pthread_mutex_t ipmu;
     struct ip_slot *ips[IP_BUCKETS];
+    int nstreams; /* http_stream_reserve()d, all clients (ipmu) */
     _Atomic int nconns;
 
     _Atomic int stopping;
@@ -242,6 +250,10 @@ void http_limits_resolve(struct http_limits *l)
         l->workers = HTTP_DEFAULT_WORKERS;
     if (l->queue <= 0)
         l->queue = HTTP_DEFAULT_QUEUE;
+    if (l->stream_min_rate == 0)
+        l->stream_min_rate = HTTP_DEFAULT_STREAM_MIN_RATE;
+    if (l->streams_per_ip == 0)
+        l->streams_per_ip = HTTP_DEFAULT_STREAMS_PER_IP;
 }
 
 const char http_limits_help[] =
@@ -258,7 +270,11 @@ const char http_limits_help[] =
     "  --max-header-bytes N     request line + headers, over it 431 (default 8192)\n"
     "  --http-threads N         event-loop threads (default: the number of CPUs, at most 8)\n"
     "  --http-workers N         threads that run handlers which may block (default 64)\n"
-    "  --http-queue N           requests waiting for a worker before 503 (default 4096)\n";
+    "  --http-queue N           requests waiting for a worker before 503 (default 4096)\n"
+    "  --stream-min-rate N      bytes/s a streamed answer must average once it has run 10 s,\n"
+    "                           or it is cut; -1 for none (default 16384)\n"
+    "  --streams-per-ip N       streamed answers one client address may read at once, 503\n"
+    "                           beyond; -1 for no cap (default 4)\n";
 
 int http_limits_flag(struct http_limits *l, const char *name, const char *value, char *err,
                      size_t errlen)
@@ -386,6 +402,52 @@ static void ip_release(struct http_server *srv, const unsigned char ip[16])
     free(gone);
 }
 
+int http_stream_reserve(const struct request *rq)
+{
+    /* On the loop rq->completion is not set: the request is the one its connection parsed. */
+    struct conn *c = (struct conn *)((char *)rq - offsetof(struct conn, rp.rq));
+    struct http_server *srv;
+    struct ip_slot **pp;
+    int cap_all, rc = 0;
+
+    if (c->stream_reserved)
+        return 0;
+    srv = c->lp->srv;
+    /* Every worker but one: keyed requests that need a worker always find one. */
+    cap_all = srv->nworkers > 1 ? srv->nworkers - 1 : 1;
+    pthread_mutex_lock(&srv->ipmu);
+    pp = c->counted ? ip_find(srv, c->ip) : NULL;
+    if (srv->nstreams >= cap_all ||
+        (pp != NULL && *pp != NULL && srv->opts.limits.streams_per_ip > 0 &&
+         (*pp)->streams >= srv->opts.limits.streams_per_ip)) {
+        rc = -1;
+    } else {
+        srv->nstreams++;
+        if (pp != NULL && *pp != NULL)
+            (*pp)->streams++;
+        c->stream_reserved = 1;
+    }
+    pthread_mutex_unlock(&srv->ipmu);
+    return rc;
+}
+
+/* Gives back c's stream slot, if it holds one (its answer ended, or the connection did). */
+static void stream_unreserve(struct conn *c)
+{
+    struct http_server *srv = c->lp->srv;
+    struct ip_slot **pp;
+
+    if (!c->stream_reserved)
+        return;
+    c->stream_reserved = 0;
+    pthread_mutex_lock(&srv->ipmu);
+    srv->nstreams--;
+    pp = c->counted ? ip_find(srv, c->ip) : NULL;
+    if (pp != NULL && *pp != NULL && (*pp)->streams > 0)
+        (*pp)->streams--;
+    pthread_mutex_unlock(&srv->ipmu);
+}
+
 /* ---- states and deadlines -------------------------------------------------------------------- */
 
 static void list_unlink(struct http_loop *lp, struct conn *c)
@@ -466,6 +528,7 @@ static void on_closed(uv_handle_t *h)
     int queued;
 
     atomic_fetch_sub(&lp->in_state[c->state], 1);
+    stream_unreserve(c);
     if (c->counted)
         ip_release(srv, c->ip);
     atomic_fetch_sub(&srv->nconns, 1);
@@ -674,6 +737,7 @@ static void send_response(struct conn *c, const struct request *rq, int keep_ali
     int no_body = r->status == 204 || r->status == 304 || (r->status >= 100 && r->status < 200);
     int n;
 
+    stream_unreserve(c); /* reserved for a stream that did not happen (a 502 instead) */
     if (atomic_load(&lp->srv->stopping))
         keep_alive = 0;
     c->keep_alive = keep_alive;
@@ -731,9 +795,30 @@ static void send_problem(struct conn *c, const struct request *rq, int status, c
  * writes a connection in CONN_WORKING), waiting at most the write timeout for each bit of
  * progress: a client that stops reading is given up on.  0, or -1.
  */
+/*
+ * How long a stream may wait for its client to read more, from now: the write timeout per stall,
+ * and, once it has run STREAM_RATE_GRACE_MS, no later than when its average would fall under
+ * stream_min_rate -- so a client that reads a few bytes now and then cannot hold a worker for
+ * ever, each stall short of the timeout.  0 or less: the stream is too slow already.
+ */
+static int64_t stream_wait_ms(const struct conn *c)
+{
+    const struct http_limits *l = &c->lp->srv->opts.limits;
+    int64_t now = mono_ms(), wait = l->write_timeout_ms, at;
+
+    if (l->stream_min_rate > 0 && c->stream_start_ms > 0) {
+        /* The moment the bytes sent so far stop covering the minimum rate. */
+        at = c->stream_start_ms + (int64_t)(c->stream_sent * 1000 / (uint64_t)l->stream_min_rate);
+        if (at < c->stream_start_ms + STREAM_RATE_GRACE_MS)
+            at = c->stream_start_ms + STREAM_RATE_GRACE_MS;
+        if (at - now < wait)
+            wait = at - now;
+    }
+    return wait;
+}
+
 static int stream_send(struct conn *c, struct iovec *iov, int n)
 {
-    int timeout = c->lp->srv->opts.limits.write_timeout_ms;
     uv_os_fd_t fd;
 
     if (uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
@@ -749,7 +834,8 @@ static int stream_send(struct conn *c, struct iovec *iov, int n)
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            if (fd_wait(fd, POLLOUT, mono_ms() + timeout) <= 0)
+            int64_t wait = stream_wait_ms(c);
+            if (wait <= 0 || fd_wait(fd, POLLOUT, mono_ms() + wait) <= 0)
                 return -1;
             continue;
         }
@@ -795,6 +881,7 @@ int http_stream_begin(const struct request *rq, const struct response *resp, uin
                        (resp->status >= 100 && resp->status < 200));
     c->stream_length = length;
     c->stream_sent = 0;
+    c->stream_start_ms = mono_ms();
     format_date(time(NULL), date);
     add_head(c, resp, keep, framing, length, date, &out);
     iov.iov_base = out.buf;
@@ -865,6 +952,7 @@ static void stream_done(struct conn *c, const struct request *rq)
     int ok = c->stream == STREAM_ENDED;
 
     c->stream = 0;
+    stream_unreserve(c);
     if (c->report && lp->srv->opts.answered != NULL)
         lp->srv->opts.answered(lp->srv->opts.ctx, rq, &c->resp,
                                (double)(mono_ns() - c->start_ns) / 1e9);

@@ -64,6 +64,8 @@ struct http_limits {
     int loops;                  /* event-loop threads (the number of CPUs, at most 8) */
     int workers;                /* threads that run blocking handlers (64) */
     int queue;                  /* requests waiting for a worker before 503 (4096) */
+    int stream_min_rate;        /* bytes/s a streamed answer must average after 10 s (16384; -1: none) */
+    int streams_per_ip;         /* streamed answers one client address may hold at once (4; -1) */
 };
 
 #define HTTP_DEFAULT_MAX_CONNECTIONS 10000
@@ -74,6 +76,8 @@ struct http_limits {
 #define HTTP_DEFAULT_WRITE_TIMEOUT_MS 30000
 #define HTTP_DEFAULT_MAX_HEADER_BYTES 8192
 #define HTTP_DEFAULT_WORKERS 64
+#define HTTP_DEFAULT_STREAM_MIN_RATE 16384
+#define HTTP_DEFAULT_STREAMS_PER_IP 4
 #define HTTP_DEFAULT_QUEUE 4096
 
 /* What on_head decided. */
@@ -122,6 +126,15 @@ void http_server_unpark(void *token);
  * call it once, after `resp` is filled, and touch neither the request nor the response after.
  */
 void http_server_complete(void *completion);
+
+/*
+ * Before a handler streams a large answer to `rq`'s client (on the loop, before handing it to a
+ * worker): takes one of the streams the server lets run at once.  0, or -1 when the client's
+ * address holds `streams_per_ip` of them already, or the streams hold every worker but one (so
+ * that a stalled reader can never take the worker other requests need): answer 503 then, without
+ * a worker.  The slot is given back when the request's answer ends.
+ */
+int http_stream_reserve(const struct request *rq);
 
 /*
  * A response whose body is too large to hold, streamed by its handler while it runs (on its
@@ -217,7 +230,9 @@ void http_limits_resolve(struct http_limits *limits);
     X("max-header-bytes", max_header_bytes, 1024, 1048576)                                         \
     X("http-threads", loops, 1, 8)                                                                 \
     X("http-workers", workers, 1, 4096)                                                            \
-    X("http-queue", queue, 1, 1000000)
+    X("http-queue", queue, 1, 1000000)                                                             \
+    X("stream-min-rate", stream_min_rate, -1, 1000000000)                                          \
+    X("streams-per-ip", streams_per_ip, -1, 1000000)
 
 /* getopt_long entries for those flags, all returning `val` (the name tells them apart). */
 #define HTTP_LIMITS_OPTION(name, field, min, max) {name, required_argument, NULL, HTTP_LIMITS_OPT},
