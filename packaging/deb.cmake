@@ -97,6 +97,8 @@ deb_install(orderd FILES ${CMAKE_CURRENT_SOURCE_DIR}/etc/orderd.env DESTINATION 
             PERMISSIONS OWNER_READ OWNER_WRITE)
 deb_install(orderd FILES ${CMAKE_CURRENT_SOURCE_DIR}/etc/orderd.conf DESTINATION /etc/idem)
 deb_install(idem-gateway FILES ${CMAKE_CURRENT_SOURCE_DIR}/etc/gateway.yaml DESTINATION /etc/idem)
+deb_install(idem-gateway FILES ${CMAKE_CURRENT_SOURCE_DIR}/etc/gateway.env DESTINATION /etc/idem
+            PERMISSIONS OWNER_READ OWNER_WRITE)
 deb_install(idem-gateway FILES ${CMAKE_SOURCE_DIR}/examples/gateway.yaml
             DESTINATION share/doc/idem-gateway/examples)
 # The API descriptions, and the alert rules, dashboard and HAProxy configuration of docs/ops.md.
@@ -125,7 +127,7 @@ foreach(unit orderd idem-gateway)
     set(conffile "/etc/idem/orderd.conf\n/etc/idem/orderd.env")
   else()
     set(START no) # its config names the upstream: edit it, then enable it (docs/ops.md)
-    set(conffile /etc/idem/gateway.yaml)
+    set(conffile "/etc/idem/gateway.yaml\n/etc/idem/gateway.env")
   endif()
   file(MAKE_DIRECTORY ${deb_gen}/${unit})
   foreach(script postinst prerm postrm)

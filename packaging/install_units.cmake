@@ -18,7 +18,7 @@ foreach(unit orderd.service idem-gateway.service)
   file(WRITE "${dest}${prefix}/lib/systemd/system/${unit}" "${text}")
 endforeach()
 
-# orderd.env may hold the webhook secret (systemd reads it as root); orderd.conf and gateway.yaml
+# orderd.env and gateway.env may hold secrets (systemd reads them as root); orderd.conf and gateway.yaml
 # hold no secret (JWT keys are files of their own) and the services' users must read them.
 function(install_conf name)
   if(EXISTS "${dest}${etc}/idem/${name}")
@@ -31,3 +31,4 @@ endfunction()
 install_conf(orderd.env OWNER_READ OWNER_WRITE)
 install_conf(orderd.conf OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
 install_conf(gateway.yaml OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
+install_conf(gateway.env OWNER_READ OWNER_WRITE)
