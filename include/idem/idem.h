@@ -623,6 +623,25 @@ IDEM_API int idem_record_inspect(struct idem_engine *eng, const char *principal,
                                  const char *operation, const char *key,
                                  struct idem_record_info *out);
 
+/* A record's scope, as idem_records_unfinished() lists it. */
+#define IDEM_SCOPE_PART_MAX 512
+struct idem_record_id {
+    char operation[IDEM_SCOPE_PART_MAX + 1];
+    char principal[IDEM_SCOPE_PART_MAX + 1];
+    char key[IDEM_SCOPE_PART_MAX + 1];
+};
+
+/*
+ * For operators: the records not completed (in flight, or held with their outcome unknown) within
+ * their retention, of `operation` (NULL: of every operation), in (operation, principal, key)
+ * order after `after` (NULL: from the first), at most `limit` (1..1000) into out[].  Returns how
+ * many (fewer than `limit`: that was the last page), or a store error.  idem_record_inspect()
+ * tells each one's state.
+ */
+IDEM_API int idem_records_unfinished(struct idem_engine *eng, const char *operation,
+                                     const struct idem_record_id *after,
+                                     struct idem_record_id *out, int limit);
+
 /*
  * Retention: deletes at most `limit` records whose retention has ended (and that no live lease
  * protects), in one short transaction.  *deleted (may be NULL) receives the count.  A sweeper

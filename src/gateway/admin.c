@@ -81,6 +81,33 @@ static void show_record(struct gateway *gw, const struct request *rq, struct res
     }
 }
 
+/* GET /records/list?state=unknown|in-flight|any&operation=OP&after=CURSOR&limit=N */
+static void list_records(struct gateway *gw, const struct request *rq, struct response *resp)
+{
+    const char *state = request_query(rq, "state");
+    const char *limit_text = request_query(rq, "limit");
+    int64_t limit = 100;
+    json_t *doc = NULL;
+    int rc;
+
+    if (limit_text && parse_int64(limit_text, 1, 1000, &limit) != 0) {
+        response_problem(resp, 400, "validation-failed", "limit is a number from 1 to 1000.");
+        return;
+    }
+    rc = records_list(gw->engine, state ? state : "unknown", request_query(rq, "operation"),
+                      request_query(rq, "after"), (int)limit, &doc);
+    if (rc == IDEM_EINVAL) {
+        response_problem(resp, 400, "validation-failed",
+                         "state is unknown, in-flight or any; after is the next of an earlier "
+                         "page.");
+    } else if (rc < 0) {
+        idem_answer_fail(resp, rc);
+    } else {
+        response_json(resp, 200, doc);
+        json_decref(doc);
+    }
+}
+
 /*
  * POST /records/resolve {"principal", "operation", "key", "decision": "executed" |
  * "not-executed", "response": {"status", "headers": {name: value}, "body": text}}
@@ -306,10 +333,13 @@ static void admin_handle(void *ctx, const struct request *rq, struct response *r
         metrics(gw, resp);
     } else if (strcmp(rq->path, "/records") == 0 && get) {
         show_record(gw, rq, resp);
+    } else if (strcmp(rq->path, "/records/list") == 0 && get) {
+        list_records(gw, rq, resp);
     } else if (strcmp(rq->path, "/records/resolve") == 0 && strcmp(rq->method, "POST") == 0) {
         resolve_record(gw, rq, resp);
     } else if (strcmp(rq->path, "/healthz") == 0 || strcmp(rq->path, "/readyz") == 0 ||
-               strcmp(rq->path, "/metrics") == 0 || strcmp(rq->path, "/records") == 0) {
+               strcmp(rq->path, "/metrics") == 0 || strcmp(rq->path, "/records") == 0 ||
+               strcmp(rq->path, "/records/list") == 0) {
         response_set_header(resp, "Allow", "GET, HEAD");
         response_problem(resp, 405, "method-not-allowed", "Only GET and HEAD are allowed here.");
     } else if (strcmp(rq->path, "/records/resolve") == 0) {
@@ -317,8 +347,8 @@ static void admin_handle(void *ctx, const struct request *rq, struct response *r
         response_problem(resp, 405, "method-not-allowed", "Only POST is allowed here.");
     } else {
         response_problem(resp, 404, "not-found",
-                         "The admin listener serves /healthz, /readyz, /metrics, /records and "
-                         "/records/resolve.");
+                         "The admin listener serves /healthz, /readyz, /metrics, /records, "
+                         "/records/list and /records/resolve.");
     }
 }
 

@@ -38,6 +38,7 @@ static const char usage_main[] =
     "  serve          run the gateway\n"
     "  check-config   read a config file and say whether it is valid\n"
     "  keys show      print the record of one key\n"
+    "  keys list      the held keys (outcome unknown) an operator must resolve, a page at a time\n"
     "  keys resolve   settle a record whose outcome is unknown (held)\n"
     "\n"
     "Options:\n"
@@ -78,13 +79,18 @@ static const char usage_check[] =
     "  -h, --help     show this help\n";
 
 static const char usage_keys[] =
-    "Usage: idem-gateway keys show --config FILE --principal P --operation OP --key K\n"
+    "Usage: idem-gateway keys list --config FILE [--state unknown|in-flight|any]\n"
+    "                              [--operation OP] [--after CURSOR] [--limit N]\n"
+    "       idem-gateway keys show --config FILE --principal P --operation OP --key K\n"
     "       idem-gateway keys resolve --config FILE --principal P --operation OP --key K\n"
     "                                 --decision executed --status N [--header 'Name: value']...\n"
     "                                 [--body TEXT | --body-file FILE]\n"
     "       idem-gateway keys resolve ... --decision not-executed\n"
     "\n"
     "Reads the store named in FILE directly (the gateway may be running or not).\n"
+    "list prints, as JSON, the records not completed whose state is --state (default unknown:\n"
+    "the held keys an operator must resolve), at most --limit of them looked at (default\n"
+    "100, at most 1000), and \"next\": the --after of the next page (null after the last).\n"
     "show prints the record as JSON: its state (completed, in-flight, unknown), recovery\n"
     "point, fingerprint, times, and the stored status and size.  Exit status 1 when there is\n"
     "no record.\n"
@@ -113,6 +119,9 @@ enum {
     OPT_REPLAY_CACHE,
     OPT_VERSION,
     OPT_NO_STORE,
+    OPT_STATE,
+    OPT_AFTER,
+    OPT_LIMIT,
     OPT_PRINCIPAL,
     OPT_OPERATION,
     OPT_KEY,
@@ -341,6 +350,98 @@ static char *read_body_file(const char *path, size_t *len, char *err, size_t err
     return buf;
 }
 
+/* keys list: the held keys (or those in flight) of the store, a page at a time. */
+static int cmd_keys_list(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, OPT_CONFIG},
+        {"state", required_argument, NULL, OPT_STATE},
+        {"operation", required_argument, NULL, OPT_OPERATION},
+        {"after", required_argument, NULL, OPT_AFTER},
+        {"limit", required_argument, NULL, OPT_LIMIT},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, OPT_VERSION},
+        {NULL, 0, NULL, 0},
+    };
+    const char *file = NULL, *state = "unknown", *operation = NULL, *after = NULL;
+    struct idem_store_options so = {.pool_size = 2};
+    struct idem_engine_options eo = {.replay_cache_bytes = IDEM_REPLAY_CACHE_OFF};
+    struct gw_config *cfg = NULL;
+    struct idem_store *store = NULL;
+    struct idem_engine *eng = NULL;
+    char *errmsg = NULL, *text;
+    json_t *doc = NULL;
+    char err[600];
+    int c, limit = 100, rc, status = 1;
+
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'h':
+            fputs(usage_keys, stdout);
+            return 0;
+        case OPT_VERSION:
+            return print_version();
+        case OPT_CONFIG:
+            file = optarg;
+            break;
+        case OPT_STATE:
+            state = optarg;
+            if (strcmp(state, "unknown") != 0 && strcmp(state, "in-flight") != 0 &&
+                strcmp(state, "any") != 0)
+                return usage_error("keys", "--state is 'unknown', 'in-flight' or 'any'");
+            break;
+        case OPT_OPERATION:
+            operation = optarg;
+            break;
+        case OPT_AFTER:
+            after = optarg;
+            break;
+        case OPT_LIMIT:
+            if (int_flag("keys", "limit", optarg, 1, 1000, &limit) != 0)
+                return EXIT_USAGE;
+            break;
+        default:
+            return option_error("keys", c, argv);
+        }
+    }
+    if (optind < argc)
+        return usage_error("keys", "unexpected argument");
+    if (!file)
+        return usage_error("keys", "--config FILE is required");
+    if (gw_config_load(file, &cfg, err, sizeof err) != 0) {
+        fprintf(stderr, "idem-gateway: %s\n", err);
+        return EXIT_USAGE;
+    }
+    if (idem_store_open(cfg->store, &so, &store, &errmsg) < 0 ||
+        idem_engine_new(store, &eo, &eng) < 0) {
+        fprintf(stderr, "idem-gateway keys: cannot open the store: %s\n",
+                errmsg ? errmsg : "engine");
+        goto out;
+    }
+    rc = records_list(eng, state, operation, after, limit, &doc);
+    if (rc == IDEM_EINVAL) {
+        status = usage_error("keys", "--after is not a cursor this command printed");
+        goto out;
+    }
+    if (rc < 0) {
+        fprintf(stderr, "idem-gateway keys: %s\n", idem_strerror(rc));
+        goto out;
+    }
+    text = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    printf("%s\n", text ? text : "{}");
+    free(text);
+    status = 0;
+out:
+    json_decref(doc);
+    idem_engine_free(eng);
+    idem_store_close(store);
+    idem_free(errmsg);
+    gw_config_free(cfg);
+    return status;
+}
+
 static int cmd_keys(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -376,8 +477,10 @@ static int cmd_keys(int argc, char **argv)
         fputs(usage_keys, argc < 2 ? stderr : stdout);
         return argc < 2 ? EXIT_USAGE : 0;
     }
+    if (strcmp(argv[1], "list") == 0)
+        return cmd_keys_list(argc - 1, argv + 1);
     if (strcmp(argv[1], "show") != 0 && strcmp(argv[1], "resolve") != 0)
-        return usage_error("keys", "the subcommand is 'show' or 'resolve'");
+        return usage_error("keys", "the subcommand is 'list', 'show' or 'resolve'");
     show = strcmp(argv[1], "show") == 0;
     argc--;
     argv++;

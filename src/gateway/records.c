@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ascii.h"
+#include "strbuf.h"
 #include "util.h"
 #include "banned.h"
 
@@ -49,6 +51,96 @@ int records_show(struct idem_engine *eng, const char *principal, const char *ope
         json_object_set_new(d, "leaseExpires", iso_time(info.lease_expires_ms));
     *doc = d;
     return 1;
+}
+
+/* The cursor of a page's last record: "operation\x1fprincipal\x1fkey" in hex (URL-safe). */
+static json_t *cursor_of(const struct idem_record_id *id)
+{
+    struct strbuf raw = STRBUF_INIT, hex = STRBUF_INIT;
+    json_t *out;
+
+    strbuf_addf(&raw, "%s\x1f%s\x1f%s", id->operation, id->principal, id->key);
+    for (size_t i = 0; i < raw.len; i++)
+        strbuf_addf(&hex, "%02x", (unsigned char)raw.buf[i]);
+    out = xcheck(json_string(hex.buf ? hex.buf : ""));
+    strbuf_release(&raw);
+    strbuf_release(&hex);
+    return out;
+}
+
+static int cursor_parse(const char *text, struct idem_record_id *id)
+{
+    char raw[3 * (IDEM_SCOPE_PART_MAX + 1)];
+    size_t n = strlen(text), len = n / 2;
+    char *a, *b;
+
+    if (n % 2 != 0 || len >= sizeof raw)
+        return -1;
+    for (size_t i = 0; i < len; i++) {
+        int hi = hex_value(text[2 * i]), lo = hex_value(text[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return -1;
+        raw[i] = (char)(hi * 16 + lo);
+    }
+    raw[len] = '\0';
+    a = memchr(raw, '\x1f', len);
+    b = a ? memchr(a + 1, '\x1f', len - (size_t)(a + 1 - raw)) : NULL;
+    if (!a || !b || strlen(raw) != len)
+        return -1;
+    *a = *b = '\0';
+    if (strlen(raw) > IDEM_SCOPE_PART_MAX || strlen(a + 1) > IDEM_SCOPE_PART_MAX ||
+        strlen(b + 1) > IDEM_SCOPE_PART_MAX)
+        return -1;
+    snprintf(id->operation, sizeof id->operation, "%s", raw);
+    snprintf(id->principal, sizeof id->principal, "%s", a + 1);
+    snprintf(id->key, sizeof id->key, "%s", b + 1);
+    return 0;
+}
+
+int records_list(struct idem_engine *eng, const char *state, const char *operation,
+                 const char *after, int limit, json_t **doc)
+{
+    struct idem_record_id cursor, *ids;
+    json_t *list, *rec = NULL;
+    int n, rc = 0;
+
+    *doc = NULL;
+    if (strcmp(state, "unknown") != 0 && strcmp(state, "in-flight") != 0 &&
+        strcmp(state, "any") != 0)
+        return IDEM_EINVAL;
+    if (after && after[0] && cursor_parse(after, &cursor) != 0)
+        return IDEM_EINVAL;
+    if (limit < 1 || limit > 1000)
+        return IDEM_EINVAL;
+    ids = xcalloc((size_t)limit, sizeof *ids);
+    n = idem_records_unfinished(eng, operation, after && after[0] ? &cursor : NULL, ids, limit);
+    if (n < 0) {
+        free(ids);
+        return n;
+    }
+    list = xcheck(json_array());
+    for (int i = 0; i < n; i++) {
+        rc = records_show(eng, ids[i].principal, ids[i].operation, ids[i].key, &rec);
+        if (rc < 0)
+            break;
+        rc = 0;
+        if (rec == NULL) /* completed or swept since it was listed */
+            continue;
+        if (strcmp(state, "any") == 0 ||
+            strcmp(json_string_value(json_object_get(rec, "state")), state) == 0)
+            json_array_append(list, rec);
+        json_decref(rec);
+        rec = NULL;
+    }
+    if (rc < 0) {
+        json_decref(list);
+        free(ids);
+        return rc;
+    }
+    *doc = xcheck(json_pack("{s:o,s:o}", "records", list, "next",
+                            n == limit ? cursor_of(&ids[n - 1]) : json_null()));
+    free(ids);
+    return 0;
 }
 
 enum records_result records_resolve(struct idem_engine *eng, const struct idem_operation *op,

@@ -472,7 +472,7 @@ def the_gateway_admin_listener_answers_as_documented(ctx):
         check("GET", "/healthz", gw.admin("GET", "/healthz"), 200, None, "healthz")
         check("GET", "/readyz", gw.admin("GET", "/readyz"), 200, None, "readyz")
         check("GET", "/metrics", gw.admin("GET", "/metrics"), 200, None, "metrics")
-        for path in ("/healthz", "/readyz", "/metrics", "/records"):
+        for path in ("/healthz", "/readyz", "/metrics", "/records", "/records/list"):
             r = gw.admin("POST", path, "{}")
             check("GET", path, r, 405, "method-not-allowed", "POST " + path)
             expect_eq(r.header("Allow"), "GET, HEAD", "Allow of " + path)
@@ -500,6 +500,11 @@ def the_gateway_admin_listener_answers_as_documented(ctx):
         shown = gw.admin("GET", record("alice", "things.create", held))
         check("GET", "/records", shown, 200, None, "a held record")
         expect_eq(shown.json()["state"], "unknown", "its state")
+        listed = gw.admin("GET", "/records/list?state=unknown")
+        check("GET", "/records/list", listed, 200, None, "the held keys")
+        expect(held in [r["key"] for r in listed.json()["records"]], "the held key is listed")
+        check("GET", "/records/list", gw.admin("GET", "/records/list?state=maybe"), 400,
+              "validation-failed", "a state that is not one")
 
         res = "/records/resolve"
 
@@ -561,6 +566,7 @@ def the_gateway_admin_listener_answers_as_documented(ctx):
         allowed = {"GET /readyz 503 idempotency-store-unavailable",
                    "GET /records 500 internal-error",
                    "GET /records 503 idempotency-store-unavailable",
+                   "GET /records/list 503 idempotency-store-unavailable",
                    "POST /records/resolve 503 idempotency-store-unavailable"}
         extra = sorted(set(unprovoked) - allowed)
         if extra:

@@ -769,6 +769,21 @@ def a_held_key_is_shown_and_resolved_by_an_operator(ctx):
     expect(doc["state"] == "unknown" and doc["recoveryPoint"] == "unknown" and
            len(doc["fingerprint"]) == 64, "a held record: %s" % doc)
     expect(not doc.get("leaseExpires", "").startswith("1970"), "no lease of 1970: %s" % doc)
+    # An operator finds it without knowing its key: the held keys, a page at a time.
+    code, out, err = keys_cli(gw, "list", "--state", "unknown", "--limit", "1000")
+    expect(code == 0 and k in [r["key"] for r in json.loads(out)["records"]],
+           "keys list shows the held key: %d %r %r" % (code, out[:500], err))
+    pages, after, seen = 0, None, []
+    while pages < 100:  # one record a page: the cursor walks them all, each once
+        args = ["list", "--state", "any", "--limit", "1"] + (["--after", after] if after else [])
+        code, out, err = keys_cli(gw, *args)
+        page = json.loads(out)
+        seen += [r["key"] for r in page["records"]]
+        pages += 1
+        after = page["next"]
+        if after is None:
+            break
+    expect(k in seen and len(seen) == len(set(seen)), "paged: %d pages, %s" % (pages, seen))
     # The operator learnt that it ran, and what it answered: every retry gets that answer.
     decision = {"principal": "alice", "operation": "things.create", "key": k,
                 "decision": "executed",
