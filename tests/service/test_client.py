@@ -28,8 +28,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from faultproxy import DROP, FORWARD, RESET, FaultProxy, split_http  # noqa: E402
-from harness import (BIN, Server, expect, expect_eq, expect_status, fail,  # noqa: E402
-                     new_key, run, test)
+from harness import (BIN, Server, db_query, expect, expect_eq, expect_status,  # noqa: E402
+                     fail, new_key, run, test, wait_until)
 
 IDEM = os.path.join(BIN, "idem")
 ORDER = '{"productId":"p-1024","quantity":2}'
@@ -235,7 +235,13 @@ def test_409_in_progress_then_replay_honours_retry_after(ctx):
 
     t = threading.Thread(target=slow_first)
     t.start()
-    time.sleep(0.3)  # the first request holds the record (phase 1 done, sleeping)
+    # The first request holds the record: its order is committed (phase 1) and it sleeps.
+    def phase1_done():
+        rows = db_query(ctx.server.db_uri, "SELECT count(*) FROM orders WHERE idem_key = ?",
+                        (key,))
+        return "error" in first or rows[0][0] == "1"
+    wait_until("the first request's order (phase 1 committed)", phase1_done, pause_s=0.02)
+    expect("error" not in first, "the direct first request failed: %r" % first.get("error"))
     res = idem(["post", ctx.url(), "-d", ORDER, "--key", key, "--token", user.token, "-v"])
     t.join(30)
     expect("error" not in first, "the direct first request failed: %r" % first.get("error"))
@@ -289,7 +295,14 @@ def test_killed_cli_rerun_with_same_intent_reuses_the_key(ctx):
             "--journal", journal, "-v"]
     p = subprocess.Popen([IDEM] + args + ["-H", "X-Test-Delay-Ms: 3000"], env=cli_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    time.sleep(0.5)
+
+    def journaled():
+        try:
+            return any(r[0] == "K" for r in journal_records(journal))
+        except (OSError, ValueError):  # not there yet, or a line being written
+            return False
+    # Killed once its key is journaled, while its request is under way (3 s at the server).
+    wait_until("the CLI to journal its key", journaled)
     os.kill(p.pid, signal.SIGKILL)
     out, err = p.communicate(10)
     expect_eq(p.returncode, -signal.SIGKILL, "the first CLI was killed")

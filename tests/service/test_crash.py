@@ -19,7 +19,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness import (Server, expect, expect_eq, expect_problem, expect_replay, fail,  # noqa: E402
-                     fresh_db_per_server, new_key, retry_after_seconds, run, test)
+                     db_query, fresh_db_per_server, new_key, retry_after_seconds, run, test,
+                     wait_until)
 
 WRITERS = 8
 STREAM_SECONDS = 1.5
@@ -85,10 +86,19 @@ def test_kill9_mid_stream_loses_nothing_and_duplicates_nothing(_):
         threads = [threading.Thread(target=writer, args=(i,), daemon=True) for i in range(WRITERS)]
         for t in threads:
             t.start()
-        time.sleep(STREAM_SECONDS)
+        time.sleep(STREAM_SECONDS)  # the stream runs this long (at least) before the kill
+
+        def acknowledged():
+            with lock:
+                return any(not isinstance(r, Exception) and r.status == 201 for *_, r in sent)
+        # A slow (sanitized, loaded) build may not have answered anything yet: the kill must come
+        # after at least one acknowledged order, or the check of what was acknowledged is vacuous.
+        wait_until("an acknowledged order before the kill", acknowledged)
         s.kill9()
         killed_at = time.monotonic()
-        time.sleep(0.2)  # let the writers see refused connections too
+        # Not a wait for anything: the writers go on a moment so that some of their requests meet
+        # refused connections too (nothing below depends on how many do).
+        time.sleep(0.2)
         stop.set()
         for t in threads:
             t.join(15)
@@ -234,7 +244,10 @@ def test_sigterm_finishes_the_running_request_then_exits_0(_):
                 out["resp"] = e
         t = threading.Thread(target=slow, daemon=True)
         t.start()
-        time.sleep(0.4)
+        # In flight: its order is committed (phase 1) and it sleeps before answering.
+        wait_until("the order in flight", lambda: db_query(
+            s.db_uri, "SELECT count(*) FROM orders WHERE idem_key = ?", (key,))[0][0] == "1",
+            pause_s=0.02)
         s.proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
         rc = s.wait_exit(10)

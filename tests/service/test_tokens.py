@@ -142,7 +142,11 @@ def made_up_tokens_cannot_take_the_pool(s):
             t = threading.Thread(target=lambda: first.setdefault(
                 "r", p.client("idem_" + secrets.token_hex(32)).get("/api/orders")))
             t.start()
-            time.sleep(0.5)  # it waits on the lock, holding the lookup
+            harness.wait_until(
+                "the first made-up token's lookup to wait on the lock",
+                lambda: psql(p.db_uri, "SELECT count(*) FROM pg_locks l JOIN pg_class c ON "
+                             "c.oid = l.relation WHERE c.relname = 'tokens' AND NOT l.granted;\n"
+                             )[0][0] != "0")
             r = p.client("idem_" + secrets.token_hex(32)).get("/api/orders")
             expect_problem(r, 503, "server-busy", "a second made-up token while one is looked up")
             expect_eq(real.get("/api/orders").status, 200,
