@@ -27,19 +27,6 @@ static const struct idem_migration biz_schema[] = {
      "CREATE TABLE biz (id TEXT PRIMARY KEY, note TEXT)"},
 };
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static struct idem_store *open_store(int pool)
 {
     struct idem_store_options o = {.pool_size = pool, .busy_timeout_ms = 10000};
@@ -84,19 +71,45 @@ static int biz_count(struct idem_store *st, const char *prefix)
     return n;
 }
 
+/*
+ * Whether the store holds a processing record of the scope whose lease has run out, by the
+ * store's own clock: what a takeover goes by.
+ */
+static int lease_over(struct idem_engine *eng, const char *principal, const char *operation,
+                      const char *key)
+{
+    struct idem_record_info info;
+    return idem_record_inspect(eng, principal, operation, key, &info) == 0 && info.found &&
+           !info.completed && !info.lease_live;
+}
+
+/* Whether the store holds a record of the scope within its retention. */
+static int record_kept(struct idem_engine *eng, const char *principal, const char *operation,
+                       const char *key)
+{
+    struct idem_record_info info;
+    return idem_record_inspect(eng, principal, operation, key, &info) == 0 && info.found;
+}
+
 /* ---- 1. many threads racing one claim ------------------------------------------------------ */
 
 struct racer {
     struct idem_engine *eng;
     pthread_barrier_t *start;
+    atomic_int *arrived; /* racers that reached their claim */
+    int n;
     enum idem_outcome outcome;
     int rc;
     int status;
     char body[64];
 };
 
+/*
+ * The duplicates wait for the owner in memory and are woken by its completion; lease and wait are
+ * long only so that an owner slowed down by a loaded machine is neither taken over nor given up on.
+ */
 static const struct idem_operation race_op = {
-    .name = "contract.race", .lease_ms = 5000, .wait_ms = 5000};
+    .name = "contract.race", .lease_ms = 60000, .wait_ms = 30000};
 
 static void *race_one(void *arg)
 {
@@ -105,10 +118,12 @@ static void *race_one(void *arg)
     unsigned char fp[IDEM_FP_LEN];
     fp_of("{\"n\":1}", fp);
     pthread_barrier_wait(r->start);
+    atomic_fetch_add(r->arrived, 1);
     r->rc = idem_call_begin(r->eng, &race_op, "alice", "race-key", fp, &call, &r->outcome);
     if (r->rc == 0 && r->outcome == IDEM_OUTCOME_EXECUTE) {
         r->rc = biz_insert(call, "race-1");
-        sleep_ms(50); /* hold the record so others must wait for it */
+        /* Hold the record until every other racer is at its claim: they must meet it. */
+        T_WAIT_UNTIL(atomic_load(r->arrived) == r->n, "every racer at its claim");
         if (r->rc == 0)
             r->rc = idem_call_complete(call, 201, NULL, 0, "{\"id\":\"race-1\"}", 15);
     }
@@ -128,11 +143,12 @@ static void test_race(struct idem_engine *eng, struct idem_store *st)
     pthread_t th[N];
     struct racer r[N];
     pthread_barrier_t start;
+    atomic_int arrived = 0;
     int executed = 0, replayed = 0, other = 0;
 
     pthread_barrier_init(&start, NULL, N);
     for (int i = 0; i < N; i++) {
-        r[i] = (struct racer){.eng = eng, .start = &start};
+        r[i] = (struct racer){.eng = eng, .start = &start, .arrived = &arrived, .n = N};
         pthread_create(&th[i], NULL, race_one, &r[i]);
     }
     for (int i = 0; i < N; i++)
@@ -305,8 +321,12 @@ static void test_rollback(struct idem_engine *eng, struct idem_store *st)
 
 static void test_takeover(struct idem_engine *eng, struct idem_store *st)
 {
+    /*
+     * The lease must outlive the advance's commit (its end is set before the fsync) and the
+     * duplicate's wait below even on a loaded machine, so it is not much shorter than a second.
+     */
     static const struct idem_operation op = {
-        .name = "contract.lease", .lease_ms = 300, .wait_ms = 50};
+        .name = "contract.lease", .lease_ms = 1000, .wait_ms = 50};
     struct idem_call *a = NULL, *b = NULL, *c = NULL, *d = NULL;
     enum idem_outcome oc;
     unsigned char fp[IDEM_FP_LEN];
@@ -320,16 +340,16 @@ static void test_takeover(struct idem_engine *eng, struct idem_store *st)
     CHECK(idem_call_tx(a) == NULL);
 
     /* The lease is live: a duplicate waits wait_ms, then is told to come back. */
-    int64_t t0 = mono_ms();
+    int64_t t0 = t_mono_ms();
     CHECK_INT(idem_call_begin(eng, &op, "alice", "lease", fp, &b, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_IN_PROGRESS);
     CHECK(idem_call_waited(b));
     CHECK(idem_call_retry_after_s(b) >= 1);
-    CHECK(mono_ms() - t0 >= 40);
+    CHECK(t_mono_ms() - t0 >= 40);
     idem_call_end(b);
 
     /* Owner "a" goes silent past its lease; the next request takes over and resumes. */
-    sleep_ms(400);
+    T_WAIT_UNTIL(lease_over(eng, "alice", op.name, "lease"), "the lease of \"a\" to run out");
     CHECK_INT(idem_call_begin(eng, &op, "alice", "lease", fp, &c, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_RESUME);
     CHECK_STR(idem_call_recovery_point(c), "created");
@@ -375,10 +395,10 @@ static void test_release_on_abort(struct idem_engine *eng, struct idem_store *st
     idem_call_end(a);
     CHECK_INT(biz_count(st, "rel-"), 1);
 
-    int64_t t0 = mono_ms();
+    /* At once: the lease (a minute) was released, so the retry did not wait for its owner. */
     CHECK_INT(idem_call_begin(eng, &op, "alice", "rel", fp, &b, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_RESUME);
-    CHECK(mono_ms() - t0 < 1000);
+    CHECK(!idem_call_waited(b));
     CHECK_STR(idem_call_recovery_point(b), "created");
     CHECK_INT(idem_call_complete(b, 201, NULL, 0, "ok", 2), 0);
     idem_call_end(b);
@@ -457,7 +477,7 @@ static void test_forget(struct idem_engine *eng)
         .name = "contract.forget-fence", .lease_ms = 100, .wait_ms = 50};
     CHECK_INT(idem_call_begin(eng, &short_op, "alice", "ff", fp1, &a, &oc), 0);
     CHECK_INT(idem_call_advance(a, "forwarded", NULL), 0);
-    sleep_ms(250);
+    T_WAIT_UNTIL(lease_over(eng, "alice", short_op.name, "ff"), "the lease of \"a\" to run out");
     CHECK_INT(idem_call_begin(eng, &short_op, "alice", "ff", fp1, &b, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_RESUME);
     CHECK_INT(idem_call_forget(a), IDEM_ELEASE);
@@ -469,8 +489,9 @@ static void test_forget(struct idem_engine *eng)
 /* A recovery worker finds a stalled record, takes it over without the fingerprint, finishes it. */
 static void test_recover(struct idem_engine *eng)
 {
+    /* Live through the checks that follow the advance, even on a loaded machine. */
     static const struct idem_operation op = {
-        .name = "contract.recover", .lease_ms = 300, .wait_ms = 50};
+        .name = "contract.recover", .lease_ms = 1000, .wait_ms = 50};
     struct idem_call *a = NULL, *w = NULL, *dup = NULL, *none = NULL;
     struct idem_stalled *list = NULL;
     enum idem_outcome oc;
@@ -492,7 +513,9 @@ static void test_recover(struct idem_engine *eng)
     CHECK(!idem_call_recovering(w));
     idem_call_end(w);
 
-    sleep_ms(400); /* the owner died (it never comes back: its call is just freed later) */
+    /* The owner died (it never comes back: its call is just freed later). */
+    T_WAIT_UNTIL(lease_over(eng, "carol", op.name, "rec"),
+                 "the lease of the dead owner to run out");
     CHECK_INT(idem_engine_stalled(eng, op.name, 10, &list, &n), 0);
     found = 0;
     for (size_t i = 0; i < n; i++)
@@ -536,56 +559,84 @@ static void test_recover(struct idem_engine *eng)
 
 struct waiter {
     struct idem_engine *eng;
+    char key[32];
     enum idem_outcome outcome;
     int waited;
-    int64_t took_ms;
+    int64_t done_ms; /* when its idem_call_begin() returned */
 };
 
+/* A wait that would end far later than any wake-up takes, so that the two cannot be confused. */
 static const struct idem_operation wake_op = {
-    .name = "contract.wake", .lease_ms = 10000, .wait_ms = 3000};
+    .name = "contract.wake", .lease_ms = 60000, .wait_ms = 30000};
 
 static void *wait_one(void *arg)
 {
     struct waiter *w = arg;
     struct idem_call *call = NULL;
     unsigned char fp[IDEM_FP_LEN];
-    int64_t t0 = mono_ms();
     fp_of("{\"wake\":1}", fp);
-    if (idem_call_begin(w->eng, &wake_op, "alice", "wake", fp, &call, &w->outcome) == 0)
+    if (idem_call_begin(w->eng, &wake_op, "alice", w->key, fp, &call, &w->outcome) == 0)
         w->waited = idem_call_waited(call);
-    w->took_ms = mono_ms() - t0;
+    w->done_ms = t_mono_ms();
     idem_call_end(call);
     return NULL;
 }
 
+static uint64_t cache_misses(struct idem_engine *eng)
+{
+    struct idem_cache_stats cs;
+    idem_engine_cache_stats(eng, &cs);
+    return cs.misses;
+}
+
+/*
+ * The owner completes while a duplicate in the same engine waits for it: the duplicate is woken
+ * and replays, long before its wait would end.  The duplicate's first step is a replay cache
+ * miss, which the test waits for; next it finds the scope in flight and waits for the owner, which
+ * cannot be observed.  A duplicate held up between the two until the completion finds the response
+ * without waiting (idem_call_waited() says so): that round proves nothing either way, so it runs
+ * again with a fresh key rather than fail or pass.
+ */
 static void test_wake(struct idem_engine *eng)
 {
-    struct idem_call *a = NULL;
-    enum idem_outcome oc;
-    unsigned char fp[IDEM_FP_LEN];
-    pthread_t th;
-    struct waiter w = {.eng = eng};
+    for (int round = 0; round < 5; round++) {
+        struct idem_call *a = NULL;
+        enum idem_outcome oc;
+        unsigned char fp[IDEM_FP_LEN];
+        pthread_t th;
+        struct waiter w = {.eng = eng};
+        uint64_t misses;
+        int64_t t_complete;
 
-    fp_of("{\"wake\":1}", fp);
-    CHECK_INT(idem_call_begin(eng, &wake_op, "alice", "wake", fp, &a, &oc), 0);
-    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
-    CHECK_INT(idem_call_advance(a, "created", NULL), 0);
-    pthread_create(&th, NULL, wait_one, &w);
-    sleep_ms(200);
-    CHECK_INT(idem_call_complete(a, 201, NULL, 0, "woken", 5), 0);
-    idem_call_end(a);
-    pthread_join(th, NULL);
-    CHECK_INT(w.outcome, IDEM_OUTCOME_REPLAY);
-    CHECK(w.waited);
-    CHECK(w.took_ms >= 150 && w.took_ms < 1500);
+        snprintf(w.key, sizeof(w.key), "wake-%d", round);
+        fp_of("{\"wake\":1}", fp);
+        CHECK_INT(idem_call_begin(eng, &wake_op, "alice", w.key, fp, &a, &oc), 0);
+        CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+        CHECK_INT(idem_call_advance(a, "created", NULL), 0);
+        misses = cache_misses(eng);
+        pthread_create(&th, NULL, wait_one, &w);
+        T_WAIT_UNTIL(cache_misses(eng) > misses, "the duplicate to look in the replay cache");
+        t_complete = t_mono_ms();
+        CHECK_INT(idem_call_complete(a, 201, NULL, 0, "woken", 5), 0);
+        idem_call_end(a);
+        pthread_join(th, NULL);
+        CHECK_INT(w.outcome, IDEM_OUTCOME_REPLAY);
+        if (w.waited) {
+            CHECK(w.done_ms - t_complete < wake_op.wait_ms / 2); /* woken, not timed out */
+            return;
+        }
+        fprintf(stderr, "wake: the duplicate came too late to wait (round %d), again\n", round);
+    }
+    CHECK(!"in 5 rounds the duplicate never waited for the owner");
 }
 
 /* ---- 6. retention ---------------------------------------------------------------------------- */
 
 static void test_retention(struct idem_engine *eng)
 {
+    /* Retention long enough for a commit and a replay on a loaded machine. */
     static const struct idem_operation short_op = {
-        .name = "contract.short", .ttl_ms = 200, .wait_ms = 100};
+        .name = "contract.short", .ttl_ms = 1000, .wait_ms = 100};
     static const struct idem_operation long_op = {.name = "contract.long", .wait_ms = 100};
     struct idem_call *call = NULL;
     enum idem_outcome oc;
@@ -595,9 +646,12 @@ static void test_retention(struct idem_engine *eng)
 
     fp_of("{\"ttl\":1}", fp);
     fp_of("{\"ttl\":2}", fp2);
-    /* Sweep whatever earlier runs of this suite left, then make 5 short-lived records. */
+    /* Sweep whatever earlier runs of this suite left, then make a record and 5 short-lived ones. */
     while (idem_engine_sweep(eng, 1000, &deleted) == 0 && deleted > 0)
         ;
+    CHECK_INT(idem_call_begin(eng, &long_op, "alice", "keep", fp, &call, &oc), 0);
+    CHECK_INT(idem_call_complete(call, 200, NULL, 0, "k", 1), 0);
+    idem_call_end(call);
     for (int i = 0; i < 5; i++) {
         snprintf(key, sizeof(key), "ttl-%d", i);
         CHECK_INT(idem_call_begin(eng, &short_op, "alice", key, fp, &call, &oc), 0);
@@ -605,15 +659,15 @@ static void test_retention(struct idem_engine *eng)
         CHECK_INT(idem_call_complete(call, 200, NULL, 0, "a", 1), 0);
         idem_call_end(call);
     }
-    CHECK_INT(idem_call_begin(eng, &long_op, "alice", "keep", fp, &call, &oc), 0);
-    CHECK_INT(idem_call_complete(call, 200, NULL, 0, "k", 1), 0);
-    idem_call_end(call);
 
-    /* Within retention: a replay. */
-    CHECK_INT(idem_call_begin(eng, &short_op, "alice", "ttl-0", fp, &call, &oc), 0);
+    /* Within retention (the last one was completed just now): a replay. */
+    CHECK_INT(idem_call_begin(eng, &short_op, "alice", "ttl-4", fp, &call, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
     idem_call_end(call);
-    sleep_ms(300);
+
+    /* Time must pass: the last record past retention, the others were so before it. */
+    T_WAIT_UNTIL(!record_kept(eng, "alice", short_op.name, "ttl-4"),
+                 "the short-lived records to pass their retention");
 
     /* Past retention, even before the sweeper ran, the key is new (here with another body). */
     CHECK_INT(idem_call_begin(eng, &short_op, "alice", "ttl-0", fp2, &call, &oc), 0);
@@ -771,7 +825,8 @@ static void test_stage(struct idem_engine *eng, struct idem_store *st)
     CHECK_INT(idem_call_begin(eng, &lease_op, "alice", "stage-5", fp, &a, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
     CHECK_INT(idem_call_advance(a, "created", NULL), 0);
-    sleep_ms(400);
+    T_WAIT_UNTIL(lease_over(eng, "alice", lease_op.name, "stage-5"),
+                 "the lease of \"a\" to run out");
     CHECK_INT(idem_call_begin(eng, &lease_op, "alice", "stage-5", fp, &b, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_RESUME);
     CHECK_INT(idem_call_phase_begin(a), 0);
@@ -916,7 +971,7 @@ static void test_concurrent_writers(struct idem_store *st)
     CHECK_INT(idem_tx_exec(tx, "INSERT INTO biz (id, note) VALUES ($1, $2)", 2, seed, NULL), 0);
     CHECK_INT(idem_tx_commit(tx), 0);
     idem_store_stats(st, &before);
-    t0 = mono_ms();
+    t0 = t_mono_ms();
     for (int i = 0; i < WRITERS; i++) {
         w[i] = (struct writer){.st = st, .id = i};
         pthread_create(&th[i], NULL, writer_run, &w[i]);
@@ -947,7 +1002,7 @@ static void test_concurrent_writers(struct idem_store *st)
             " %lld ms\n",
             WRITERS, committed,
             (unsigned long long)(after.durable_commits - before.durable_commits), failed,
-            (long long)(mono_ms() - t0));
+            (long long)(t_mono_ms() - t0));
 }
 
 /* ---- 9b. commits that do not wait: idem_call_commit_async -------------------------------------
@@ -1181,7 +1236,8 @@ static void test_claim_point(struct idem_engine *eng, struct idem_store *st)
      */
     CHECK_INT(idem_call_begin(eng, &short_op, "alice", "point-lost", fp, &call, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
-    sleep_ms(120);
+    T_WAIT_UNTIL(lease_over(eng, "alice", short_op.name, "point-lost"),
+                 "the lease of the claim to run out");
     CHECK_INT(idem_call_begin(nocache, &short_op, "alice", "point-lost", fp, &heir, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_RESUME);
     CHECK_STR(idem_call_recovery_point(heir), "forwarded");
@@ -1253,11 +1309,10 @@ static void async_completed(struct idem_call *call, int rc, void *arg)
     async_begun(call, rc, IDEM_OUTCOME_NONE, arg);
 }
 
-/* Waits up to 5 s for the step's callback; returns whether it came. */
+/* Waits for the step's callback (the store's thread runs it); returns whether it came. */
 static int async_wait(struct async_step *a)
 {
-    for (int i = 0; i < 5000 && !atomic_load(&a->done); i++)
-        sleep_ms(1);
+    T_WAIT_UNTIL(atomic_load(&a->done), "the store's thread to run the callback");
     return atomic_load(&a->done);
 }
 
@@ -1338,7 +1393,8 @@ static void test_begin_async(struct idem_engine *eng, struct idem_store *st)
     CHECK(async_wait(&a));
     CHECK_INT(a.outcome, IDEM_OUTCOME_EXECUTE);
     call = a.call;
-    sleep_ms(120);
+    T_WAIT_UNTIL(lease_over(eng, "alice", short_op.name, "async-lost"),
+                 "the lease of the claim to run out");
     CHECK_INT(idem_call_begin(nocache, &short_op, "alice", "async-lost", fp, &heir, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_RESUME);
     memset(&a, 0, sizeof a);

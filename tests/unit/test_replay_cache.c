@@ -14,12 +14,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static const unsigned char fp_a[IDEM_FP_LEN] = {0xa};
 static const unsigned char fp_b[IDEM_FP_LEN] = {0xb};
 
@@ -94,11 +88,15 @@ static void test_lifetime(void)
     const struct idem_scope s = {"p", "op", "short"};
     const struct idem__rentry *e;
 
+    /*
+     * A second: the read right after the put must come within it even on a loaded machine.  Then
+     * time must pass, past the lifetime by a margin.
+     */
     CHECK_INT(idem__rcache_new(64 * 1024, &c), 0);
-    CHECK_INT(idem__rcache_put(c, &s, fp_a, 200, NULL, "b", 1, 80), 0);
+    CHECK_INT(idem__rcache_put(c, &s, fp_a, 200, NULL, "b", 1, 1000), 0);
     e = idem__rcache_get(c, &s);
     CHECK(e != NULL);
-    sleep_ms(120);
+    t_sleep_ms(1100);
     /* Expired: a miss, and the entry is gone; a reference taken before stays valid. */
     CHECK(idem__rcache_get(c, &s) == NULL);
     CHECK(e && e->body_len == 1 && ((const char *)e->body)[0] == 'b');
@@ -283,8 +281,9 @@ static enum idem_outcome outcome_of(struct idem_engine *eng, const struct idem_o
 static void test_engine(const char *dir)
 {
     static const struct idem_operation op = {.name = "cache.op", .wait_ms = 100};
+    /* Retention long enough for a commit and two replays on a loaded machine. */
     static const struct idem_operation short_op = {
-        .name = "cache.short", .ttl_ms = 300, .wait_ms = 100};
+        .name = "cache.short", .ttl_ms = 1000, .wait_ms = 100};
     struct idem_engine_options off = {NULL, IDEM_REPLAY_CACHE_OFF};
     struct idem_engine_options tiny = {NULL, 100};
     struct idem_store *st = NULL;
@@ -323,7 +322,6 @@ static void test_engine(const char *dir)
 
     /* Engine b (another process, say) caches the completed record it reads. */
     execute(a, &op, "e2", fp_a, "{\"n\":2}");
-    sleep_ms(5); /* a record read in the millisecond it was made is not cached (engine.c) */
     CHECK_INT(outcome_of(b, &op, "e2", fp_a, "{\"n\":2}"), IDEM_OUTCOME_REPLAY);
     delete_record(st, "e2");
     CHECK_INT(outcome_of(b, &op, "e2", fp_a, "{\"n\":2}"), IDEM_OUTCOME_REPLAY);
@@ -331,14 +329,15 @@ static void test_engine(const char *dir)
     CHECK_INT(outcome_of(nocache, &op, "e2", fp_a, NULL), IDEM_OUTCOME_EXECUTE);
 
     /*
-     * No entry outlives its record: past the retention of 300 ms, engine b sweeps the record
-     * and runs the key afresh with another response; engine a, which completed (and cached) the
-     * first one, and engine b, which read it, both answer with the new one.
+     * No entry outlives its record: past the retention of a second (time must pass, by a
+     * margin), engine b sweeps the record and runs the key afresh with another response; engine
+     * a, which completed (and cached) the first one, and engine b, which read it, both answer
+     * with the new one.
      */
     execute(a, &short_op, "e3", fp_a, "{\"n\":3}");
     CHECK_INT(outcome_of(b, &short_op, "e3", fp_a, "{\"n\":3}"), IDEM_OUTCOME_REPLAY);
     CHECK_INT(outcome_of(a, &short_op, "e3", fp_a, "{\"n\":3}"), IDEM_OUTCOME_REPLAY);
-    sleep_ms(350);
+    t_sleep_ms(1100);
     {
         int deleted = 0;
         CHECK_INT(idem_engine_sweep(b, 1000, &deleted), 0);

@@ -21,12 +21,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static const struct idem_migration biz[] = {
     {1, "rows", "CREATE TABLE biz (id TEXT PRIMARY KEY)", "CREATE TABLE biz (id TEXT PRIMARY KEY)"},
 };
@@ -270,10 +264,10 @@ static int async_told(struct async_job *jobs, int n)
     return told;
 }
 
+/* Waits until each of the first `n` jobs was told (the store's thread tells them). */
 static void async_wait_all(struct async_job *jobs, int n)
 {
-    for (int i = 0; i < 5000 && async_told(jobs, n) < n; i++)
-        sleep_ms(1);
+    T_WAIT_UNTIL(async_told(jobs, n) >= n, "the store's thread to tell every queued job");
 }
 
 /*
@@ -328,10 +322,14 @@ static void jobs_without_a_waiting_thread(const char *dir)
     CHECK(after.durable_commits - before.durable_commits <
           after.write_commits - before.write_commits);
 
-    /* Held writer: the job waits for its release, then runs. */
+    /*
+     * Held writer: the job waits for its release, then runs.  The pause is a quiet period in
+     * which nothing may happen: a store thread that is slow to look at the queue can only make
+     * the check pass without proving much, never fail it.
+     */
     CHECK_INT(idem_tx_begin(st, 1, &holder), 0);
     CHECK_INT(async_queue(&jobs[0], st, JOB_KEEP, "after-holder-k"), 0);
-    sleep_ms(100);
+    t_sleep_ms(100);
     CHECK_INT(atomic_load(&jobs[0].told), 0);
     CHECK_INT(idem_tx_commit(holder), 0);
     async_wait_all(jobs, 1);
@@ -376,11 +374,15 @@ int main(void)
     CHECK_INT(idem_fingerprint("POST", "/t", NULL, 0, "{\"a\":1}", 7, fp1, NULL), 0);
     CHECK_INT(idem_fingerprint("POST", "/t", NULL, 0, "{\"a\":2}", 7, fp2, NULL), 0);
 
-    /* A processing record of fp1 whose owner vanished: its lease runs out. */
+    /*
+     * A processing record of fp1 whose owner vanished: its lease runs out.  Time must pass: the
+     * advance set the lease to end 50 ms after a moment before it returned, so 120 ms later it
+     * has, however late this thread runs (the refusal below would otherwise prove nothing).
+     */
     CHECK_INT(idem_call_begin(eng, &op, "alice", "k", fp1, &call, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
     CHECK_INT(idem_call_advance(call, "forwarded", NULL), 0);
-    sleep_ms(120);
+    t_sleep_ms(120);
 
     /* A caller that read another fingerprint cannot take it over... */
     CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
