@@ -156,7 +156,10 @@ def test_orders_survive_a_switchover_and_a_killed_primary(_):
         u = s.new_user("ha")
         downtime = []
         with Load(u) as load:
-            time.sleep(2)
+            # The load runs before the first failover: some orders made (not a fixed head start,
+            # which a slow build may spend starting up).  With the 6 + 6 after each failover,
+            # the 20 orders checked below.
+            wait_for("orders before the switchover", lambda: successes_since(load, 0) >= 8)
             # 1. A switchover to the synchronous standby (what an operator does for maintenance).
             t0 = switchover()
             wait_for("orders after the switchover", lambda: successes_since(load, t0 + 0.5) > 5)
@@ -183,7 +186,6 @@ def test_orders_survive_a_switchover_and_a_killed_primary(_):
             wait_for("orders after the kill", lambda: successes_since(load, t1 + 0.5) > 5,
                      timeout_s=120)
             downtime.append(("kill -9 of the primary", load.unavailable_after(t1)))
-            time.sleep(1)
         finals = load.finals
         failed = {k: (r.describe(200) if r is not None else "no final answer in 120 s")
                   for k, r in finals.items() if r is None or r.status != 201}
@@ -253,13 +255,15 @@ def test_gateway_follows_the_primary(_):
             threads = [threading.Thread(target=client, args=(n,)) for n in range(3)]
             for t in threads:
                 t.start()
-            time.sleep(2)
-            t0 = switchover()
 
-            def ok_since():
+            def ok_since(since):
                 with lock:
-                    return sum(1 for t, ok in events if ok and t >= t0 + 0.5)
-            wait_for("answers after the switchover", lambda: ok_since() > 5)
+                    return sum(1 for t, ok in events if ok and t >= since)
+            # Keys answered before the switchover (not a fixed head start): with the 6 after it,
+            # the 20 keys checked below.
+            wait_for("answers before the switchover", lambda: ok_since(0) >= 14)
+            t0 = switchover()
+            wait_for("answers after the switchover", lambda: ok_since(t0 + 0.5) > 5)
             stop.set()
             for t in threads:
                 t.join(90)

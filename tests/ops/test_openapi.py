@@ -21,6 +21,7 @@ python3-yaml (scripts/deps.sh).
 """
 
 import copy
+import http.client
 import json
 import os
 import re
@@ -202,7 +203,30 @@ def order_committed(server, key):
     """Waits until the order of `key` is committed: its request is in flight in a worker."""
     wait_until("the order of %s committed" % key, lambda: db_query(
         server.db_uri, "SELECT count(*) FROM orders WHERE idem_key = ?", (key,))[0][0] == "1",
-        timeout_s=15, pause_s=0.02)
+        pause_s=0.02)
+
+
+def _tcp_queues(local_port, remote_port):
+    """(tx_queue, rx_queue) of the loopback TCP socket local_port -> remote_port, or None."""
+    want = ("0100007F:%04X" % local_port, "0100007F:%04X" % remote_port)
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if (fields[1], fields[2]) == want:
+                tx, rx = fields[4].split(":")
+                return int(tx, 16), int(rx, 16)
+    return None
+
+
+def request_read_by(server, conn):
+    """
+    Whether everything `conn` (an http.client connection to `server` that sent a request) sent
+    has been read by the server: acknowledged on the client's side, nothing left in the receive
+    queue of the server's side (/proc/net/tcp).
+    """
+    mine = conn.sock.getsockname()[1]
+    client, served = _tcp_queues(mine, server.port), _tcp_queues(server.port, mine)
+    return client is not None and served is not None and client[0] == 0 and served[1] == 0
 
 
 def hold_record_in_progress(server, key):
@@ -400,7 +424,7 @@ def busy_and_broken_servers(ctx, cov, order, prof, event):
 
     # One worker and a queue of one: while both are taken, every request is 503 server-busy.
     busy = Server(name="openapi-busy", env={"ORDERD_TEST_HOOKS": "1"},
-                  extra_args=["--http-workers", "1", "--http-queue", "1",
+                  extra_args=["--http-workers", "1", "--http-queue", "1", "--http-threads", "1",
                               "--webhook-secret", WEBHOOK_SECRET])
     ctx.servers.append(busy)
     busy.start()
@@ -412,15 +436,26 @@ def busy_and_broken_servers(ctx, cov, order, prof, event):
     holders.append(in_thread(lambda: u.post(ORD, order, key=first, headers={
         "X-Test-Delay-Ms": "3000"})))
     order_committed(busy, first)  # the one worker is taken
-    holders.append(in_thread(lambda: u.post(ORD, order, key=new_key(), headers={
-        "X-Test-Delay-Ms": "3000"})))
-    time.sleep(0.5)  # the queue's one slot is taken
+    # The second takes the queue's one slot: sent now, its answer read at the end.  It is queued
+    # once orderd has read it (its one event loop reads a request and queues it in one go).
+    queued = http.client.HTTPConnection(busy.host, busy.port, timeout=60)
+    queued.request("POST", ORD, body=json.dumps(order).encode(), headers={
+        "Authorization": "Bearer " + u.token, "Content-Type": "application/json",
+        "Idempotency-Key": new_key(), "X-Test-Delay-Ms": "3000"})
+    wait_until("orderd to read the second slow order (queued for the busy worker)",
+               lambda: request_read_by(busy, queued), pause_s=0.02)
     cov.check("POST", ORD, u.post(ORD, order, key=new_key()), 503, "server-busy", "workers busy")
     cov.check("GET", ONE, u.get("/api/orders/" + oid), 503, "server-busy", "workers busy")
     cov.check("PUT", PROF, u.put(PROF, prof), 503, "server-busy", "workers busy")
     cov.check("POST", WH, webhook(u, event), 503, "server-busy", "workers busy")
     for t, out in holders:
         expect_eq(joined(t, out, "a slow order").status, 201, "a slow order that held a worker")
+    try:
+        second = queued.getresponse()
+        second.read()
+        expect_eq(second.status, 201, "the slow order that waited in the queue")
+    finally:
+        queued.close()
     busy.close()
 
     # Tables gone under a running orderd: the request fails and is rolled back, 500.  Then the
@@ -525,7 +560,7 @@ def the_gateway_admin_listener_answers_as_documented(ctx):
         t, out = in_thread(lambda: gw.request("POST", "/v1/things", {"n": 2}, key=slow,
                                               headers={"X-Test-Mode": "slow:2000"}))
         wait_until("the request in flight upstream", lambda: up.executions(slow) == 1,
-                   timeout_s=15, pause_s=0.02)
+                   pause_s=0.02)
         check("POST", res, resolve(dict(base, key=slow, decision="not-executed")), 409,
               "idempotency-request-in-progress", "a record being forwarded")
         shown = gw.admin("GET", record("alice", "things.create", slow))

@@ -178,8 +178,9 @@ class ToyHandler(http.server.BaseHTTPRequestHandler):
         self._send(201, order)
 
     def do_GET(self):
-        with self.lock:
-            self._send(200, {"orders": list(self.orders)})
+        with self.lock:  # a copy under the lock; the answer is sent without it
+            orders = list(self.orders)
+        self._send(200, {"orders": orders})
 
 
 class ToyServer(http.server.ThreadingHTTPServer):

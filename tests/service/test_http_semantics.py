@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (ORDERD, Server, db_query, expect, expect_eq, expect_fresh,  # noqa: E402
                      expect_problem, expect_replay, expect_status, fail, fresh_db_per_server,
                      in_thread, joined, metric_value, new_key, parse_metrics, retry_after_seconds, run,
-                     store_kind, store_locked, test)
+                     store_kind, store_locked, test, wait_until)
 
 ORDER_ID_RE = re.compile(r"^ord_[0-9a-f]{32}$")
 CREATED_AT_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
@@ -987,15 +987,10 @@ def test_metrics_count_executed_and_replayed(ctx):
 
 # ---- retention: after the record is gone, the order row still dedupes ----------------------------
 
-def _wait_record_swept(uri, key, timeout=8.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        n = db_query(uri, "SELECT count(*) FROM idem_records WHERE idem_key = ?", (key,))
-        if n[0][0] == "0":
-            return
-        if time.monotonic() > deadline:
-            fail("the sweeper did not delete the expired record of %s in %.0f s" % (key, timeout))
-        time.sleep(0.2)
+def _wait_record_swept(uri, key, timeout=30.0):
+    wait_until("the sweeper to delete the expired record of %s" % key, lambda: db_query(
+        uri, "SELECT count(*) FROM idem_records WHERE idem_key = ?", (key,))[0][0] == "0",
+        timeout_s=timeout, pause_s=0.2)
 
 
 def _expire_record(uri, key):
@@ -1081,6 +1076,22 @@ def _create_counter(server, outcome):
                         operation="orders.create", outcome=outcome)
 
 
+def _wait_phase1(server, key, out):
+    """
+    Until the request with `key` (started in a thread whose box is `out`) is in progress: its
+    order committed (phase 1) and the test hook sleeping, so a duplicate finds it running.
+    """
+    def in_progress():
+        if "error" in out or "resp" in out:  # it failed, or answered: the test says how
+            return True
+        return db_query(server.db_uri, "SELECT count(*) FROM orders WHERE idem_key = ?",
+                        (key,))[0][0] == "1"
+    wait_until("the request with key %s to commit its order (phase 1)" % key, in_progress,
+               pause_s=0.02)
+    if "error" in out:
+        fail("the first request with key %s raised %r" % (key, out["error"]))
+
+
 @test
 def test_in_progress_duplicate_waits_then_409_with_retry_after(ctx):
     s = ctx.hooks
@@ -1089,7 +1100,7 @@ def test_in_progress_duplicate_waits_then_409_with_retry_after(ctx):
     in_progress_before = _create_counter(s, "in_progress")
     t0 = time.monotonic()
     t, out = in_thread(lambda: u.create_order(k, headers={"X-Test-Delay-Ms": "4000"}))
-    time.sleep(0.4)
+    _wait_phase1(s, k, out)
     dup = u.create_order(k)
     dup_done = time.monotonic() - t0
     expect_problem(dup, 409, "idempotency-request-in-progress", "duplicate during a 4 s request")
@@ -1113,7 +1124,7 @@ def test_in_progress_different_body_is_422(ctx):
     u = s.new_user()
     k = new_key("slow")
     t, out = in_thread(lambda: u.create_order(k, headers={"X-Test-Delay-Ms": "3000"}))
-    time.sleep(0.4)
+    _wait_phase1(s, k, out)
     r = u.create_order(k, quantity=7)
     expect_problem(r, 422, "idempotency-key-reused", "other body while the first runs")
     first = joined(t, out, "the slow first request", timeout=30)
@@ -1127,8 +1138,10 @@ def test_in_progress_duplicate_waits_and_gets_the_replay(ctx):
     u = s.new_user()
     k = new_key("short")
     waited_before = _create_counter(s, "waited")
-    t, out = in_thread(lambda: u.create_order(k, headers={"X-Test-Delay-Ms": "500"}))
-    time.sleep(0.15)
+    # The first sleeps 1.5 s after phase 1: under orderd's 2 s wait, so the duplicate sent once
+    # phase 1 is seen waits for it and replays it (rather than answering 409).
+    t, out = in_thread(lambda: u.create_order(k, headers={"X-Test-Delay-Ms": "1500"}))
+    _wait_phase1(s, k, out)
     dup = u.create_order(k)
     first = joined(t, out, "the first request", timeout=30)
     expect_created(expect_fresh(first, 201, "the first request"))
@@ -1144,9 +1157,10 @@ def test_in_progress_duplicate_waits_and_gets_the_replay(ctx):
 def test_test_hooks_are_off_without_the_env(ctx):
     # A production server must not sleep or crash because a client sent a header.
     u = ctx.server.new_user()
-    r = u.create_order(new_key(), headers={"X-Test-Delay-Ms": "4000"})
+    # A delay asked for far above what any build takes to answer: honoured, it would show.
+    r = u.create_order(new_key(), headers={"X-Test-Delay-Ms": "20000"})
     expect_created(r)
-    expect(r.elapsed < 2.0, "X-Test-Delay-Ms was honoured without ORDERD_TEST_HOOKS (%.2f s)"
+    expect(r.elapsed < 10.0, "X-Test-Delay-Ms was honoured without ORDERD_TEST_HOOKS (%.2f s)"
            % r.elapsed)
     r = u.create_order(new_key(), headers={"X-Test-Crash": "after-order-created"})
     expect_created(r)

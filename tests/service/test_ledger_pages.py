@@ -329,12 +329,13 @@ def oversize_references(port):
     An HTTP front for provider-sim that passes everything on, except that its per-reference pages
     come back as 2 MiB of JSON, twice idem-check's body limit.
     """
+    head, tail = b'{"object":"list","data":[', b'],"hasMore":false}'
+    page = head + b" " * (OVERSIZE - len(head) - len(tail)) + tail  # made once, not per request
+
     def intercept(path):
         if not path.startswith("/v1/ledger/references"):
             return None
-        head, tail = b'{"object":"list","data":[', b'],"hasMore":false}'
-        pad = b" " * (OVERSIZE - len(head) - len(tail))
-        return 200, [("Content-Type", "application/json")], head + pad + tail
+        return 200, [("Content-Type", "application/json")], page
     return HttpFront(port, intercept=intercept)
 
 

@@ -129,7 +129,8 @@ def test_500_orders_through_a_faulty_provider_charge_and_email_exactly_once(_):
                    lambda: metric_value(parse_metrics(users[0].get("/metrics").body.decode()),
                                         "orderd_outbox_messages", status="sent") >= ORDERS,
                    timeout_s=60, pause_s=0.5, describe=state)
-        time.sleep(1.0)  # anything still in flight would show as an extra effect now
+        # A quiet period, not a wait: anything still in flight would show as an extra effect now.
+        time.sleep(1.0)
         led = prov.ledger()
         if not led["clean"]:
             fail("the ledger flags duplicates: %r" % led["duplicates"][:10])

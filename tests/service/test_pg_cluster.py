@@ -38,9 +38,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (Client, Server, TestFailure, expect, expect_eq, expect_problem,  # noqa: E402
-                     fail, new_key, pg_bin, pg_create_database, pg_drop_database, psql,
-                     retry_after_seconds, run, test)
+from harness import (Client, Server, TestFailure, db_query, expect, expect_eq,  # noqa: E402
+                     expect_problem, fail, new_key, pg_bin, pg_create_database, pg_drop_database,
+                     psql, retry_after_seconds, run, test, wait_until)
 
 STORM_REQUESTS = 150
 FANOUT_KEYS = 40
@@ -50,6 +50,7 @@ WRITERS = 6
 PG_DOWN_S = 3.0
 HELD_DELAY_MS = int(PG_DOWN_S * 1000) + 4500  # phase 2 of the held request: after the restart
 RETRY_DEADLINE_S = 30.0
+RECOVER_S = 30.0  # how long a test waits for every instance to answer 201 again after a restart
 
 
 # ---- the cluster ----------------------------------------------------------------------------
@@ -281,33 +282,31 @@ def test_each_key_sent_to_all_three_at_once_makes_one_order_each(cl):
 
 # ---- (b) an instance dies holding a lease ----------------------------------------------------
 
-def _wait_for_order(client, deadline_s=10.0):
-    deadline = time.monotonic() + deadline_s
-    while True:
-        ids = order_ids(client)
-        if ids:
-            return ids, time.monotonic()
-        if time.monotonic() > deadline:
-            fail("phase 1 of the held request did not commit within %.0f s" % deadline_s)
-        time.sleep(0.02)
+def _wait_for_order(client, deadline_s=30.0):
+    ids = wait_until("phase 1 of the held request to commit (its order listed)",
+                     lambda: order_ids(client), timeout_s=deadline_s, pause_s=0.02)
+    return ids, time.monotonic()
 
 
-def _takeover(cl, clients, dead, key, body, phase1_id, t_sent, how, by_retry=True,
-              first_retry_at=None):
+def _takeover(cl, clients, dead, key, body, phase1_id, t_sent, how, by_retry=True):
     """
     The retries on the other instances: 409 while the lease lives, then the takeover.  `t_sent`
     is when the dead instance's request was sent, before its phase 1 committed and its lease
     began: the takeover may come no earlier than a lease after it.  by_retry: the retry itself
-    takes the record over and runs phase 2 (no completer runs); else another instance's
-    completer finished it by `first_retry_at` (monotonic) and the retry is a replay.
+    takes the record over and runs phase 2 (no completer runs); else the retries wait until
+    another instance's completer has finished the record (completed in idem_records) and the
+    retry is a replay.
     """
     live = [c for c in clients if c.server is not dead]
     first = live[0].post("/api/orders", body, key=key, timeout=20)
     expect_problem(first, 409, "idempotency-request-in-progress",
                    "a retry on %s while the dead instance's lease lives" % live[0].server.name)
     ra = retry_after_seconds(first, "409 while the lease lives")
-    if first_retry_at is not None:
-        time.sleep(max(0.0, first_retry_at - time.monotonic()))
+    if not by_retry:
+        wait_until("another instance's completer to finish the record of %s" % key,
+                   lambda: db_query(cl.db_uri, "SELECT count(*) FROM idem_records WHERE "
+                                    "idem_key = ? AND status = 1", (key,))[0][0] == "1",
+                   pause_s=0.1)
     r, interim, _ = retry_until_final(live, key, body, start=1)
     took = time.monotonic() - t_sent
     interim = [409] + interim
@@ -395,7 +394,7 @@ def test_crash_hook_after_phase1_is_finished_by_another_instances_completer(cl):
         expect(b.wait_exit(10) is not None, "%s did not exit after X-Test-Crash" % b.name)
         ids, _ = _wait_for_order(clients[2], 2.0)
         _takeover(cl, clients, b, key, body, ids[0], t_sent, "X-Test-Crash, completer",
-                  by_retry=False, first_retry_at=t_sent + LEASE_MS / 1000.0 + 2.0)
+                  by_retry=False)
     finally:
         d.close()
 
@@ -482,12 +481,14 @@ def _restart_mid_stream(cl, mode):
     threads = [threading.Thread(target=writer, args=(i,), daemon=True) for i in range(WRITERS)]
     for t in threads:
         t.start()
-    time.sleep(0.5)
+    time.sleep(0.5)  # pacing: the stream runs a while before the held request and the stop
     held_thread = threading.Thread(target=held_request, daemon=True)
     held_sent = time.monotonic()
     held_thread.start()
-    time.sleep(0.5)
-    expect_eq(len(order_ids(held_user[0])), 1, "the held request's phase 1 before the stop")
+    # The stop comes once the held request's phase 1 is committed (it then sleeps HELD_DELAY_MS).
+    wait_until("the held request's phase 1 before the stop",
+               lambda: "r" in held or len(order_ids(held_user[0])) == 1, pause_s=0.05)
+    expect("r" not in held, "the held request ended before the stop: %r" % (held.get("r"),))
     marks["stopping"] = time.monotonic()
     opts = pg_stop(mode)
     marks["stopped"] = time.monotonic()
@@ -496,7 +497,7 @@ def _restart_mid_stream(cl, mode):
     pg_start(opts)
     marks["started"] = time.monotonic()
     # Stream on until every instance has answered a 201 again (they reconnect by themselves).
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + RECOVER_S
     recovered = {}
     while len(recovered) < 3 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -505,7 +506,7 @@ def _restart_mid_stream(cl, mode):
                 if t_sent >= marks["started"] and getattr(r, "status", None) == 201 and \
                         inst not in recovered:
                     recovered[inst] = t_done - marks["started"]
-    time.sleep(0.5)
+    time.sleep(0.5)  # pacing: the stream goes on a moment after the recovery, then stops
     stop.set()
     for t in threads:
         t.join(40)
@@ -548,8 +549,8 @@ def _restart_mid_stream(cl, mode):
     expect(n503_down > 0, "no request was answered while PostgreSQL was down")
     missing = [cl.servers[i].name for i in range(3) if i not in recovered]
     if missing:
-        fail("no 201 from %s within 20 s of PostgreSQL being back (orderd must reconnect by "
-             "itself)\n%s" % (", ".join(missing), "\n".join(
+        fail("no 201 from %s within %.0f s of PostgreSQL being back (orderd must reconnect by "
+             "itself)\n%s" % (", ".join(missing), RECOVER_S, "\n".join(
                  cl.servers[i].logs() for i in range(3) if i not in recovered)))
     expect_eq([s.proc.pid if s.alive() else None for s in cl.servers], pids,
               "orderd processes (none may die or be restarted)")
@@ -647,7 +648,7 @@ class PsqlSession:
                 self.p.wait()
 
 
-def _wait_until(uri, sql, what, deadline_s=15.0):
+def _wait_until(uri, sql, what, deadline_s=30.0):
     deadline = time.monotonic() + deadline_s
     while True:
         rows = psql(uri, sql + ";\n")

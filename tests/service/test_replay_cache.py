@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness import (Server, db_query, expect, expect_eq, expect_fresh,  # noqa: E402
                      expect_problem, expect_replay, expect_status, metric_value, new_key,
-                     parse_metrics, run, store_locked, test)
+                     parse_metrics, run, store_locked, test, wait_until)
 
 TOKEN_CACHE_TTL_S = 5.0  # AUTH_CACHE_TTL_MS in src/orderd/auth.h
 
@@ -102,6 +102,24 @@ def test_a_record_read_after_a_restart_is_cached(ctx):
                        "another body once the record was deleted")
 
 
+def phase1_committed(server, key, answered):
+    """
+    Whether the request with `key`, sent in a thread, has committed its order (phase 1) and so
+    holds its worker in the test hook's delay; true as well once it was `answered`, for the test
+    to say what came.
+    """
+    if answered:
+        return True
+    return db_query(server.db_uri, "SELECT count(*) FROM orders WHERE idem_key = ?",
+                    (key,))[0][0] == "1"
+
+
+def http_connections(server):
+    r = server.client().get("/metrics")
+    expect_eq(r.status, 200, "GET /metrics")
+    return metric_value(parse_metrics(r.body.decode()), "orderd_http_connections")
+
+
 def cache_metrics(server):
     r = server.client().get("/metrics")
     expect_eq(r.status, 200, "GET /metrics")
@@ -150,15 +168,18 @@ def test_a_revoked_token_is_honoured_for_at_most_the_token_cache_ttl(ctx):
     expect_fresh(u.create_order(new_key("tok")), 201, "an order (the token is now cached)")
     db_query(ctx.server.db_uri, "DELETE FROM tokens WHERE user_id = "
              "(SELECT id FROM users WHERE name = ?)", (u.user,))
+    # The token was cached before the DELETE: a request SENT more than the TTL (and a little)
+    # after it must be refused, however long the answer takes to come.
     t0 = time.monotonic()
     while True:
+        t_sent = time.monotonic()
         r = u.get("/api/orders")
         if r.status == 401:
             break
         expect_status(r, 200, "GET /api/orders with a revoked token")
-        if time.monotonic() - t0 > TOKEN_CACHE_TTL_S + 3:
-            expect_status(r, 401, "GET /api/orders %.1f s after the token was revoked"
-                          % (time.monotonic() - t0))
+        if t_sent - t0 > TOKEN_CACHE_TTL_S + 0.5:
+            expect_status(r, 401, "GET /api/orders sent %.1f s after the token was revoked"
+                          % (t_sent - t0))
         time.sleep(0.25)
     expect_problem(r, 401, "unauthorized", "the revoked token")
 
@@ -175,13 +196,16 @@ def test_cached_replays_need_no_worker(ctx):
         k = new_key("loop")
         first = expect_fresh(u.create_order(k), 201, "first request")
         slow = {}
+        slow_key = new_key("slow")
 
         def hold_the_worker():
-            slow["r"] = u.create_order(new_key("slow"), headers={"X-Test-Delay-Ms": "3000"})
+            slow["r"] = u.create_order(slow_key, headers={"X-Test-Delay-Ms": "3000"})
 
         t = threading.Thread(target=hold_the_worker, daemon=True)
         t.start()
-        time.sleep(0.5)
+        wait_until("the slow order to hold the only worker (phase 1 committed)",
+                   lambda: phase1_committed(s, slow_key, bool(slow)), pause_s=0.02)
+        expect(not slow, "the slow order was answered before the replay: %r" % slow)
         r = expect_replay(u.create_order(k), first, "replay while the only worker is busy")
         expect(r.elapsed < 1.5, "the replay waited %.2f s for the busy worker" % r.elapsed)
         expect_problem(u.create_order(k, quantity=9), 422, "idempotency-key-reused",
@@ -194,10 +218,11 @@ def test_cached_replays_need_no_worker(ctx):
 
 @test
 def test_duplicates_of_a_running_request_hold_no_worker(ctx):
-    # Two worker threads; the first request of a key holds one of them for 1.8 s.  Its ten
+    # Two worker threads; the first request of a key holds one of them for 3 s.  Its ten
     # duplicates wait on the event loop (libidem's watch), not on workers, so an unrelated request
-    # still gets the other worker at once; when the first completes, all ten get its response.
-    s = Server(name="orderd-parked", extra_args=["--http-workers", "2"],
+    # still gets the other worker at once; when the first completes, all ten get its response
+    # (they may wait 10 s, --wait-ms, before a 409).
+    s = Server(name="orderd-parked", extra_args=["--http-workers", "2", "--wait-ms", "10000"],
                env={"ORDERD_TEST_HOOKS": "1"}).start()
     try:
         u = s.new_user()
@@ -205,20 +230,29 @@ def test_duplicates_of_a_running_request_hold_no_worker(ctx):
         out = {}
 
         def first():
-            out["first"] = u.create_order(k, headers={"X-Test-Delay-Ms": "1800"})
+            out["first"] = u.create_order(k, headers={"X-Test-Delay-Ms": "3000"})
 
         def dup(i):
             out[i] = u.create_order(k)
 
         threads = [threading.Thread(target=first, daemon=True)]
         threads[0].start()
-        time.sleep(0.3)
+        # The duplicates go once the first holds its worker (its phase 1 committed, then the
+        # hook's 3 s delay), and the list once all ten are connected (orderd_http_connections:
+        # the first, ten duplicates and the scrape itself).
+        wait_until("the first request to hold a worker (phase 1 committed)",
+                   lambda: phase1_committed(s, k, "first" in out), pause_s=0.02)
+        expect("first" not in out, "the first request was answered before its duplicates went: "
+               "%r" % out.get("first"))
         for i in range(10):
             threads.append(threading.Thread(target=dup, args=(i,), daemon=True))
             threads[-1].start()
-        time.sleep(0.3)
+        wait_until("the ten duplicates to be connected", lambda: http_connections(s) >= 12,
+                   pause_s=0.02, describe=lambda: "%g connections" % http_connections(s))
         r = expect_status(u.get("/api/orders"), 200, "a list while ten duplicates wait")
-        expect(r.elapsed < 0.6, "the list waited %.2f s for a worker" % r.elapsed)
+        # The first holds its worker for most of 3 s still: a list that waited for a worker
+        # would take over a second.
+        expect(r.elapsed < 1.0, "the list waited %.2f s for a worker" % r.elapsed)
         for t in threads:
             t.join(15)
         first_r = expect_fresh(out.get("first"), 201, "the slow first request")
