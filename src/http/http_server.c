@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -36,6 +37,9 @@
 #include <unistd.h>
 
 #include <uv.h>
+#ifdef __linux__
+#include <linux/sockios.h> /* SIOCOUTQ */
+#endif
 
 #include "loop_internal.h"
 #include "problem.h"
@@ -113,10 +117,11 @@ struct conn {
     size_t drained;
     /* A body its handler streams from its worker (http_stream_begin), STREAM_*; 0: none. */
     int stream;
-    int stream_reserved; /* holds a slot of http_stream_reserve() */
-    int64_t stream_start_ms;
+    int stream_reserved; /* holds a stream slot (http_stream_reserve, http_stream_begin) */
     int stream_chunked, stream_body;
     uint64_t stream_length, stream_sent;
+    uint64_t stream_out;      /* bytes written to the socket since http_stream_begin, head too */
+    int64_t stream_waited_ms; /* time spent waiting for the client to take them (stream_wait) */
 
     char peer[INET6_ADDRSTRLEN];
     unsigned char ip[16];
@@ -171,8 +176,13 @@ int http_loop_at_stop(void (*fn)(void *arg), void *arg)
     return 0;
 }
 
-/* A stream is held to stream_min_rate once it has run this long (a slow start is no offence). */
+/*
+ * A stream is held to stream_min_rate once it has waited this long for its client in all (a slow
+ * start is no offence).
+ */
 #define STREAM_RATE_GRACE_MS 10000
+/* A stream waiting for its client looks at what the client took this often. */
+#define STREAM_WAIT_SLICE_MS 1000
 
 struct ip_slot {
     struct ip_slot *next;
@@ -271,8 +281,8 @@ const char http_limits_help[] =
     "  --http-threads N         event-loop threads (default: the number of CPUs, at most 8)\n"
     "  --http-workers N         threads that run handlers which may block (default 64)\n"
     "  --http-queue N           requests waiting for a worker before 503 (default 4096)\n"
-    "  --stream-min-rate N      bytes/s a streamed answer must average once it has run 10 s,\n"
-    "                           or it is cut; -1 for none (default 16384)\n"
+    "  --stream-min-rate N      bytes/s a client must take a streamed answer at once the server\n"
+    "                           has waited 10 s for it, or it is cut; -1 for none (default 16384)\n"
     "  --streams-per-ip N       streamed answers one client address may read at once, 503\n"
     "                           beyond; -1 for no cap (default 4)\n";
 
@@ -402,24 +412,25 @@ static void ip_release(struct http_server *srv, const unsigned char ip[16])
     free(gone);
 }
 
-int http_stream_reserve(const struct request *rq)
+/*
+ * Takes a stream slot for c: 0, or -1 when the caps are reached (unless `force`: a stream its
+ * handler cannot refuse still counts, so the streams that can be refused leave the worker).
+ */
+static int stream_take(struct conn *c, int force)
 {
-    /* On the loop rq->completion is not set: the request is the one its connection parsed. */
-    struct conn *c = (struct conn *)((char *)rq - offsetof(struct conn, rp.rq));
-    struct http_server *srv;
+    struct http_server *srv = c->lp->srv;
     struct ip_slot **pp;
     int cap_all, rc = 0;
 
     if (c->stream_reserved)
         return 0;
-    srv = c->lp->srv;
     /* Every worker but one: keyed requests that need a worker always find one. */
     cap_all = srv->nworkers > 1 ? srv->nworkers - 1 : 1;
     pthread_mutex_lock(&srv->ipmu);
     pp = c->counted ? ip_find(srv, c->ip) : NULL;
-    if (srv->nstreams >= cap_all ||
-        (pp != NULL && *pp != NULL && srv->opts.limits.streams_per_ip > 0 &&
-         (*pp)->streams >= srv->opts.limits.streams_per_ip)) {
+    if (!force && (srv->nstreams >= cap_all ||
+                   (pp != NULL && *pp != NULL && srv->opts.limits.streams_per_ip > 0 &&
+                    (*pp)->streams >= srv->opts.limits.streams_per_ip))) {
         rc = -1;
     } else {
         srv->nstreams++;
@@ -429,6 +440,12 @@ int http_stream_reserve(const struct request *rq)
     }
     pthread_mutex_unlock(&srv->ipmu);
     return rc;
+}
+
+int http_stream_reserve(const struct request *rq)
+{
+    /* On the loop rq->completion is not set: the request is the one its connection parsed. */
+    return stream_take((struct conn *)((char *)rq - offsetof(struct conn, rp.rq)), 0);
 }
 
 /* Gives back c's stream slot, if it holds one (its answer ended, or the connection did). */
@@ -790,33 +807,70 @@ static void send_problem(struct conn *c, const struct request *rq, int status, c
 #define STREAM_ENDED 2
 #define STREAM_FAILED 3
 
-/*
- * Writes all of `iov` to the client from the worker that holds `c` (the loop neither reads nor
- * writes a connection in CONN_WORKING), waiting at most the write timeout for each bit of
- * progress: a client that stops reading is given up on.  0, or -1.
- */
-/*
- * How long a stream may wait for its client to read more, from now: the write timeout per stall,
- * and, once it has run STREAM_RATE_GRACE_MS, no later than when its average would fall under
- * stream_min_rate -- so a client that reads a few bytes now and then cannot hold a worker for
- * ever, each stall short of the timeout.  0 or less: the stream is too slow already.
- */
-static int64_t stream_wait_ms(const struct conn *c)
+/* Bytes of the stream its client has taken: written, less what is still in our send queue. */
+static uint64_t stream_taken(const struct conn *c, int fd)
 {
-    const struct http_limits *l = &c->lp->srv->opts.limits;
-    int64_t now = mono_ms(), wait = l->write_timeout_ms, at;
+    uint64_t taken = c->stream_out;
+#ifdef SIOCOUTQ
+    int queued = 0;
 
-    if (l->stream_min_rate > 0 && c->stream_start_ms > 0) {
-        /* The moment the bytes sent so far stop covering the minimum rate. */
-        at = c->stream_start_ms + (int64_t)(c->stream_sent * 1000 / (uint64_t)l->stream_min_rate);
-        if (at < c->stream_start_ms + STREAM_RATE_GRACE_MS)
-            at = c->stream_start_ms + STREAM_RATE_GRACE_MS;
-        if (at - now < wait)
-            wait = at - now;
-    }
-    return wait;
+    if (ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0)
+        taken = (uint64_t)queued < taken ? taken - (uint64_t)queued : 0;
+#else
+    (void)fd;
+#endif
+    return taken;
 }
 
+/*
+ * Waits until the client's socket takes more of a stream: 0, or -1 when the client is given up
+ * on.  It may take no byte for the write timeout (a stall); and once the stream has waited
+ * STREAM_RATE_GRACE_MS for its client in all, it may wait only as long as what the client took
+ * covers at stream_min_rate -- so a client that reads a few bytes now and then cannot hold a
+ * worker for ever, each stall short of the timeout.  Only the time spent waiting for the client
+ * counts: an upstream slow to give the bytes is not the client's doing (and a keyed answer cut is
+ * lost).  The wait goes in slices, each looking at what the client took meanwhile: the kernel
+ * says the socket is writable only once a third of its buffer is free, which a steady reader
+ * may take longer than the timeout to read.
+ */
+static int stream_wait(struct conn *c, int fd)
+{
+    const struct http_limits *l = &c->lp->srv->opts.limits;
+    int64_t stalled_since = mono_ms(), now, wait, allowed;
+    uint64_t taken = stream_taken(c, fd), t;
+    int ready;
+
+    for (;;) {
+        now = mono_ms();
+        wait = stalled_since + l->write_timeout_ms - now;
+        if (l->stream_min_rate > 0) {
+            allowed = (int64_t)(taken * 1000 / (uint64_t)l->stream_min_rate);
+            if (allowed < STREAM_RATE_GRACE_MS)
+                allowed = STREAM_RATE_GRACE_MS;
+            if (allowed - c->stream_waited_ms < wait)
+                wait = allowed - c->stream_waited_ms;
+        }
+        if (wait <= 0)
+            return -1;
+        if (wait > STREAM_WAIT_SLICE_MS)
+            wait = STREAM_WAIT_SLICE_MS;
+        ready = fd_wait(fd, POLLOUT, now + wait);
+        c->stream_waited_ms += mono_ms() - now;
+        if (ready != 0)
+            return ready > 0 ? 0 : -1;
+        t = stream_taken(c, fd);
+        if (t > taken) {
+            taken = t;
+            stalled_since = mono_ms();
+        }
+    }
+}
+
+/*
+ * Writes all of `iov` to the client from the worker that holds `c` (the loop neither reads nor
+ * writes a connection in CONN_WORKING), waiting for progress as long as stream_wait() allows: a
+ * client that stops reading, or reads too slowly, is given up on.  0, or -1.
+ */
 static int stream_send(struct conn *c, struct iovec *iov, int n)
 {
     uv_os_fd_t fd;
@@ -834,13 +888,13 @@ static int stream_send(struct conn *c, struct iovec *iov, int n)
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int64_t wait = stream_wait_ms(c);
-            if (wait <= 0 || fd_wait(fd, POLLOUT, mono_ms() + wait) <= 0)
+            if (stream_wait(c, fd) != 0)
                 return -1;
             continue;
         }
         if (w <= 0)
             return -1;
+        c->stream_out += (uint64_t)w;
         iov_advance(&iov, &n, (size_t)w);
     }
     return 0;
@@ -881,7 +935,9 @@ int http_stream_begin(const struct request *rq, const struct response *resp, uin
                        (resp->status >= 100 && resp->status < 200));
     c->stream_length = length;
     c->stream_sent = 0;
-    c->stream_start_ms = mono_ms();
+    c->stream_out = 0;
+    c->stream_waited_ms = 0;
+    (void)stream_take(c, 1); /* counted, even over the caps: see http_stream_reserve() */
     format_date(time(NULL), date);
     add_head(c, resp, keep, framing, length, date, &out);
     iov.iov_base = out.buf;

@@ -64,7 +64,7 @@ struct http_limits {
     int loops;                  /* event-loop threads (the number of CPUs, at most 8) */
     int workers;                /* threads that run blocking handlers (64) */
     int queue;                  /* requests waiting for a worker before 503 (4096) */
-    int stream_min_rate;        /* bytes/s a streamed answer must average after 10 s (16384; -1: none) */
+    int stream_min_rate;        /* bytes/s a client must take a streamed answer at (16384; -1) */
     int streams_per_ip;         /* streamed answers one client address may hold at once (4; -1) */
 };
 
@@ -132,7 +132,9 @@ void http_server_complete(void *completion);
  * worker): takes one of the streams the server lets run at once.  0, or -1 when the client's
  * address holds `streams_per_ip` of them already, or the streams hold every worker but one (so
  * that a stalled reader can never take the worker other requests need): answer 503 then, without
- * a worker.  The slot is given back when the request's answer ends.
+ * a worker.  The slot is given back when the request's answer ends.  A stream begun without it
+ * (one that cannot be refused) takes a slot all the same in http_stream_begin(), over the caps
+ * if need be, so that the streams that can be refused are.
  */
 int http_stream_reserve(const struct request *rq);
 
@@ -145,8 +147,10 @@ int http_stream_reserve(const struct request *rq);
  * http_stream_write() for each piece, and http_stream_end() with whole 1 when every byte was
  * written (with a length, exactly that many) or 0 to give up: the connection is then closed, so
  * the client sees a body cut short, never a whole one.  Each call blocks the worker until its
- * bytes are out, waiting at most the write timeout for each bit of progress (a client that stops
- * reading is cut off; so is a stream still going when a stop's grace ends).  The server then
+ * bytes are out, waiting at most the write timeout for each bit of progress, and in all, once it
+ * has waited 10 s for the client, no longer than the bytes the client took cover at
+ * stream_min_rate (a client that stops reading, or trickles, is cut off; so is a stream still
+ * going when a stop's grace ends).  The server then
  * reports the response (`answered`) and keeps or closes the connection; `resp` is not sent
  * again.  Each returns 0, or -1 when the client is gone, stalled or the stop's grace is over:
  * stop reading the source then, and end with whole 0.  HEAD and 1xx/204/304 answers get the

@@ -334,7 +334,8 @@ static void test_values(void)
                    "  max_response_size: 512KiB\n"
                    "max_body_size: 65536\n"
                    "principal: authorization\n"
-                   "limits: {http_threads: 4, max_connections_per_ip: -1, http_queue: 10}\n"
+                   "limits: {http_threads: 4, max_connections_per_ip: -1, http_queue: 10,\n"
+                   "         stream_min_rate: 65536, streams_per_ip: -1}\n"
                    "routes:\n"
                    "  - match: DELETE /v1/items/{item_id}/tags/{tag}\n"
                    "    operation: items.untag-1_0\n"
@@ -372,6 +373,8 @@ static void test_values(void)
     CHECK_INT(cfg->limits.loops, 4);
     CHECK_INT(cfg->limits.max_connections_per_ip, -1);
     CHECK_INT(cfg->limits.queue, 10);
+    CHECK_INT(cfg->limits.stream_min_rate, 65536);
+    CHECK_INT(cfg->limits.streams_per_ip, -1);
     CHECK_INT(cfg->limits.max_connections, 0);
     CHECK_INT(cfg->nroutes, 3);
     if (cfg->nroutes != 3)
@@ -614,6 +617,10 @@ static void test_limits_errors(void)
                   "t.yaml:3: ", "limits.http_threads: must be an integer from 1 to 8, not '9'");
     CHECK_REFUSED("upstream: {url: 'http://h:1'}\nlimits:\n  http_threads:\n",
                   "t.yaml:3: ", "limits.http_threads: expected an integer, not an empty value");
+    CHECK_REFUSED("upstream: {url: 'http://h:1'}\nlimits:\n  stream_min_rate: 0\n", "t.yaml:3: ",
+                  "limits.stream_min_rate: must be an integer from -1 to 1000000000 other than 0");
+    CHECK_REFUSED("upstream: {url: 'http://h:1'}\nlimits:\n  streams_per_ip: 1.5\n", "t.yaml:3: ",
+                  "limits.streams_per_ip: must be an integer from -1 to 1000000 other than 0");
     CHECK_REFUSED("upstream: {url: 'http://h:1'}\nlimits: 5\n",
                   "t.yaml:2: ", "limits: expected a mapping");
 }
