@@ -350,6 +350,51 @@ static char *read_body_file(const char *path, size_t *len, char *err, size_t err
     return buf;
 }
 
+/* What the keys commands work on: the config, its store, an engine without a replay cache. */
+struct keys_store {
+    struct gw_config *cfg;
+    struct idem_store *store;
+    struct idem_engine *eng;
+};
+
+/* Loads `file` into k->cfg: 0, or EXIT_USAGE after saying why.  keys_store_close() it. */
+static int keys_store_load(const char *file, struct keys_store *k)
+{
+    char err[600];
+
+    memset(k, 0, sizeof *k);
+    if (gw_config_load(file, &k->cfg, err, sizeof err) != 0) {
+        fprintf(stderr, "idem-gateway: %s\n", err);
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* Opens k->cfg's store and an engine on it: 0, or 1 after saying why. */
+static int keys_store_connect(struct keys_store *k)
+{
+    struct idem_store_options so = {.pool_size = 2};
+    struct idem_engine_options eo = {.replay_cache_bytes = IDEM_REPLAY_CACHE_OFF};
+    char *errmsg = NULL;
+    int status = 0;
+
+    if (idem_store_open(k->cfg->store, &so, &k->store, &errmsg) < 0 ||
+        idem_engine_new(k->store, &eo, &k->eng) < 0) {
+        fprintf(stderr, "idem-gateway keys: cannot open the store: %s\n",
+                errmsg ? errmsg : "engine");
+        status = 1;
+    }
+    idem_free(errmsg);
+    return status;
+}
+
+static void keys_store_close(struct keys_store *k)
+{
+    idem_engine_free(k->eng);
+    idem_store_close(k->store);
+    gw_config_free(k->cfg);
+}
+
 /* keys list: the held keys (or those in flight) of the store, a page at a time. */
 static int cmd_keys_list(int argc, char **argv)
 {
@@ -364,15 +409,10 @@ static int cmd_keys_list(int argc, char **argv)
         {NULL, 0, NULL, 0},
     };
     const char *file = NULL, *state = "unknown", *operation = NULL, *after = NULL;
-    struct idem_store_options so = {.pool_size = 2};
-    struct idem_engine_options eo = {.replay_cache_bytes = IDEM_REPLAY_CACHE_OFF};
-    struct gw_config *cfg = NULL;
-    struct idem_store *store = NULL;
-    struct idem_engine *eng = NULL;
-    char *errmsg = NULL, *text;
+    struct keys_store k;
     json_t *doc = NULL;
-    char err[600];
-    int c, limit = 100, rc, status = 1;
+    char *text;
+    int c, limit = 100, rc, status;
 
     optind = 1;
     opterr = 0;
@@ -410,35 +450,25 @@ static int cmd_keys_list(int argc, char **argv)
         return usage_error("keys", "unexpected argument");
     if (!file)
         return usage_error("keys", "--config FILE is required");
-    if (gw_config_load(file, &cfg, err, sizeof err) != 0) {
-        fprintf(stderr, "idem-gateway: %s\n", err);
-        return EXIT_USAGE;
-    }
-    if (idem_store_open(cfg->store, &so, &store, &errmsg) < 0 ||
-        idem_engine_new(store, &eo, &eng) < 0) {
-        fprintf(stderr, "idem-gateway keys: cannot open the store: %s\n",
-                errmsg ? errmsg : "engine");
+    status = keys_store_load(file, &k);
+    if (status == 0)
+        status = keys_store_connect(&k);
+    if (status != 0)
         goto out;
-    }
-    rc = records_list(eng, state, operation, after, limit, &doc);
+    rc = records_list(k.eng, state, operation, after, limit, &doc);
     if (rc == IDEM_EINVAL) {
         status = usage_error("keys", "--after is not a cursor this command printed");
-        goto out;
-    }
-    if (rc < 0) {
+    } else if (rc < 0) {
         fprintf(stderr, "idem-gateway keys: %s\n", idem_strerror(rc));
-        goto out;
+        status = 1;
+    } else {
+        text = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        printf("%s\n", text ? text : "{}");
+        free(text);
     }
-    text = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    printf("%s\n", text ? text : "{}");
-    free(text);
-    status = 0;
 out:
     json_decref(doc);
-    idem_engine_free(eng);
-    idem_store_close(store);
-    idem_free(errmsg);
-    gw_config_free(cfg);
+    keys_store_close(&k);
     return status;
 }
 
@@ -464,13 +494,9 @@ static int cmd_keys(int argc, char **argv)
     struct idem_header headers[KEYS_MAX_HEADERS];
     size_t nheaders = 0;
     int status_code = 0, show, c, status = 1;
-    struct gw_config *cfg = NULL;
-    struct idem_store *store = NULL;
-    struct idem_engine *eng = NULL;
+    struct keys_store k = {0};
     struct idem_operation *ops = NULL;
-    struct idem_store_options so = {.pool_size = 2};
-    struct idem_engine_options eo = {.replay_cache_bytes = IDEM_REPLAY_CACHE_OFF};
-    char *errmsg = NULL, *file_body = NULL;
+    char *file_body = NULL;
     char err[600];
 
     if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
@@ -545,26 +571,21 @@ static int cmd_keys(int argc, char **argv)
         return usage_error("keys", "--decision executed needs --status");
     if (body && body_file)
         return usage_error("keys", "--body and --body-file exclude each other");
-    if (gw_config_load(file, &cfg, err, sizeof err) != 0) {
-        fprintf(stderr, "idem-gateway: %s\n", err);
+    if (keys_store_load(file, &k) != 0) {
         status = EXIT_USAGE;
         goto out;
     }
-    ops = gateway_ops_new(cfg);
-    if (!records_find_op(cfg, ops, operation)) {
+    ops = gateway_ops_new(k.cfg);
+    if (!records_find_op(k.cfg, ops, operation)) {
         fprintf(stderr, "idem-gateway keys: no route of %s has operation '%s'\n", file, operation);
         status = EXIT_USAGE;
         goto out;
     }
-    if (idem_store_open(cfg->store, &so, &store, &errmsg) < 0 ||
-        idem_engine_new(store, &eo, &eng) < 0) {
-        fprintf(stderr, "idem-gateway keys: cannot open the store: %s\n",
-                errmsg ? errmsg : "engine");
+    if (keys_store_connect(&k) != 0)
         goto out;
-    }
     if (show) {
         json_t *doc = NULL;
-        int rc = records_show(eng, principal, operation, key, &doc);
+        int rc = records_show(k.eng, principal, operation, key, &doc);
         if (rc < 0) {
             fprintf(stderr, "idem-gateway keys: %s\n", idem_strerror(rc));
         } else if (rc == 0) {
@@ -601,7 +622,7 @@ static int cmd_keys(int argc, char **argv)
         d.body = file_body ? file_body : body;
         d.body_len = file_body ? flen : body ? strlen(body) : 0;
         err[0] = '\0';
-        r = records_resolve(eng, records_find_op(cfg, ops, operation), principal, key, &d, err,
+        r = records_resolve(k.eng, records_find_op(k.cfg, ops, operation), principal, key, &d, err,
                             sizeof err);
         if (r == RECORDS_RESOLVED) {
             printf("%s: %s\n", key, decision);
@@ -614,11 +635,8 @@ out:
     for (size_t i = 0; i < nheaders; i++)
         free(header_copy[i]);
     free(file_body);
-    idem_engine_free(eng);
-    idem_store_close(store);
-    idem_free(errmsg);
     free(ops);
-    gw_config_free(cfg);
+    keys_store_close(&k);
     return status;
 }
 
