@@ -638,24 +638,49 @@ static int load_listen(struct loader *ld, const yaml_node_t *n, const char *path
 }
 
 /*
+ * The file a key such as `path` names (relative to the config's directory) whole, for a secret:
+ * 0 with *text (NUL-terminated, *len bytes; secret_free() it) and *file (its path; free() it),
+ * or -1 having said why.
+ */
+static int read_secret_file(struct loader *ld, const yaml_node_t *n, const char *path, char **file,
+                            char **text, size_t *len)
+{
+    char why[128], shown[EXCERPT + 4];
+    const char *written;
+
+    *file = NULL;
+    *text = NULL;
+    *len = 0;
+    if (want_text(ld, n, path, "a file name", &written) != 0)
+        return -1;
+    *file = beside_config(ld->name, written);
+    if (read_file(*file, KEY_FILE_MAX_BYTES, 1, text, len, why, sizeof why) != 0)
+        return fail(ld, line_of(n), "%s: cannot read %s: %s", path, excerpt(*file, shown), why);
+    return 0;
+}
+
+/* Wipes and frees a secret read_secret_file() gave (`len`: all it read). */
+static void secret_free(char *text, size_t len)
+{
+    if (text != NULL) {
+        explicit_bzero(text, len);
+        free(text);
+    }
+}
+
+/*
  * `admin_token_file`: the admin API's bearer token, the file's first line less trailing white
  * space, at least ADMIN_TOKEN_MIN bytes of visible ASCII (a relative path is beside the config).
  */
 static int load_admin_token(struct loader *ld, const yaml_node_t *n, struct gw_config *cfg)
 {
-    char why[128], shown[EXCERPT + 4];
-    const char *written;
+    char shown[EXCERPT + 4];
     char *file = NULL, *text = NULL;
-    size_t len = 0, i;
+    size_t read = 0, len, i;
     int rc = -1;
 
-    if (want_text(ld, n, "admin_token_file", "a file name", &written) != 0)
+    if (read_secret_file(ld, n, "admin_token_file", &file, &text, &read) != 0)
         goto out;
-    file = beside_config(ld->name, written);
-    if (read_file(file, KEY_FILE_MAX_BYTES, 1, &text, &len, why, sizeof why) != 0) {
-        fail(ld, line_of(n), "admin_token_file: cannot read %s: %s", excerpt(file, shown), why);
-        goto out;
-    }
     len = strcspn(text, "\r\n");
     while (len > 0 && (text[len - 1] == ' ' || text[len - 1] == '\t'))
         len--;
@@ -669,14 +694,10 @@ static int load_admin_token(struct loader *ld, const yaml_node_t *n, struct gw_c
              excerpt(file, shown), ADMIN_TOKEN_MIN);
         goto out;
     }
-    cfg->admin_token = text;
-    text = NULL;
+    cfg->admin_token = xstrdup(text);
     rc = 0;
 out:
-    if (text != NULL) {
-        explicit_bzero(text, len);
-        free(text);
-    }
+    secret_free(text, read);
     free(file);
     return rc;
 }
@@ -811,19 +832,14 @@ static int load_upstream(struct loader *ld, const yaml_node_t *map, struct gw_co
 static int load_jwt_key(struct loader *ld, const yaml_node_t *n, const char *path, int hs256,
                         struct gw_config *cfg)
 {
-    char why[128], shown[EXCERPT + 4];
-    const char *written;
+    char shown[EXCERPT + 4];
     char *file = NULL, *key = NULL;
-    size_t len = 0;
+    size_t read = 0, len;
     int rc = -1;
 
-    if (want_text(ld, n, path, "a file name", &written) != 0)
+    if (read_secret_file(ld, n, path, &file, &key, &read) != 0)
         goto out;
-    file = beside_config(ld->name, written);
-    if (read_file(file, KEY_FILE_MAX_BYTES, 1, &key, &len, why, sizeof why) != 0) {
-        fail(ld, line_of(n), "%s: cannot read %s: %s", path, excerpt(file, shown), why);
-        goto out;
-    }
+    len = read;
     if (hs256) {
         /* The bytes are the secret; `echo secret > file` adds a newline that is not part of it. */
         if (len > 0 && key[len - 1] == '\n')
@@ -850,10 +866,7 @@ static int load_jwt_key(struct loader *ld, const yaml_node_t *n, const char *pat
     key = NULL;
     rc = 0;
 out:
-    if (key != NULL) {
-        explicit_bzero(key, len);
-        free(key);
-    }
+    secret_free(key, read);
     free(file);
     return rc;
 }
