@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(REPO, "tests", "service"))
 
 import oas  # noqa: E402
 from harness import (Server, TestFailure, db_query, expect, expect_eq, fail,  # noqa: E402
-                     in_thread, joined, new_key, run, store_locked, test)
+                     in_thread, joined, new_key, run, store_locked, test, wait_order_committed)
 from provider import WEBHOOK_SECRET, paid_pair, sign, wait_until  # noqa: E402
 
 ORDERD_DOC = os.path.join(REPO, "docs", "openapi", "orderd.yaml")
@@ -199,13 +199,6 @@ def webhook(client, body, signed=True, **kw):
     return client.request("POST", "/webhooks/provider", body=raw, token=None, headers=headers, **kw)
 
 
-def order_committed(server, key):
-    """Waits until the order of `key` is committed: its request is in flight in a worker."""
-    wait_until("the order of %s committed" % key, lambda: db_query(
-        server.db_uri, "SELECT count(*) FROM orders WHERE idem_key = ?", (key,))[0][0] == "1",
-        pause_s=0.02)
-
-
 def _tcp_queues(local_port, remote_port):
     """(tx_queue, rx_queue) of the loopback TCP socket local_port -> remote_port, or None."""
     want = ("0100007F:%04X" % local_port, "0100007F:%04X" % remote_port)
@@ -290,7 +283,7 @@ def orderd_answers_as_documented(ctx):
     slow_key = new_key("slow")
     t, out = in_thread(lambda: u.post(ORD, order, key=slow_key, headers={
         "X-Test-Delay-Ms": "2500"}))
-    order_committed(s, slow_key)
+    wait_order_committed(s, slow_key)
     cov.check("POST", ORD, u.post(ORD, order, key=slow_key), 409,
               "idempotency-request-in-progress", "a duplicate of a request still running")
     cov.check("POST", ORD, joined(t, out, "the slow order"), 201, None, "the slow order")
@@ -435,7 +428,7 @@ def busy_and_broken_servers(ctx, cov, order, prof, event):
     first = new_key("hold")
     holders.append(in_thread(lambda: u.post(ORD, order, key=first, headers={
         "X-Test-Delay-Ms": "3000"})))
-    order_committed(busy, first)  # the one worker is taken
+    wait_order_committed(busy, first)  # the one worker is taken
     # The second takes the queue's one slot: sent now, its answer read at the end.  It is queued
     # once orderd has read it (its one event loop reads a request and queues it in one go).
     queued = http.client.HTTPConnection(busy.host, busy.port, timeout=60)

@@ -36,8 +36,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "tests", "service"))
 
-from harness import (Server, TestFailure, db_query, expect, expect_eq, fail,  # noqa: E402
-                     in_thread, new_key, run, test)
+from harness import (Server, TestFailure, expect, expect_eq, fail,  # noqa: E402
+                     in_thread, new_key, run, test, wait_order_committed)
 from provider import wait_until  # noqa: E402
 
 BUILD = os.environ.get("IDEM_BUILD") or os.path.join(REPO, "build")
@@ -271,9 +271,7 @@ def stop_orderd_finishes_a_request_in_flight_and_exits_0(ctx):
         t, out = in_thread(lambda: u.create_order(k, headers={"X-Test-Delay-Ms": "2000"},
                                                   timeout=60))
         # In flight: its order is committed (phase 1) and it sleeps before answering.
-        wait_until("the order in flight", lambda: db_query(
-            s.db_uri, "SELECT count(*) FROM orders WHERE idem_key = ?", (k,))[0][0] == "1",
-            pause_s=0.02)
+        wait_order_committed(s, k)
         t0 = time.monotonic()
         s.proc.send_signal(kill)
         # The listener closes at once, while the request in flight still holds the process.

@@ -630,6 +630,17 @@ def wait_until(what, fn, timeout_s=30.0, pause_s=0.1, describe=None):
     raise TestFailure("timed out after %.0f s waiting for %s (%s)" % (timeout_s, what, state))
 
 
+def wait_order_committed(server, key, ended=lambda: False):
+    """
+    Waits until orderd has committed the order of `key` (its phase 1): the request, sent from
+    another thread with the X-Test-Delay-Ms hook, is in flight and holds a worker.  Stops waiting
+    as well once ended() says that request is over, so the test can say what came back.
+    """
+    wait_until("the order of %s committed (phase 1)" % key, lambda: ended() or db_query(
+        server.db_uri, "SELECT count(*) FROM orders WHERE idem_key = ?", (key,))[0][0] == "1",
+        pause_s=0.02)
+
+
 def in_thread(fn):
     """Runs fn() in a daemon thread: (thread, box); the box gets "resp" (what fn returned) or
     "error" (what it raised)."""

@@ -28,8 +28,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from faultproxy import DROP, FORWARD, RESET, FaultProxy, split_http  # noqa: E402
-from harness import (BIN, Server, db_query, expect, expect_eq, expect_status,  # noqa: E402
-                     fail, new_key, run, test, wait_until)
+from harness import (BIN, Server, expect, expect_eq, expect_status,  # noqa: E402
+                     fail, new_key, run, test, wait_until, wait_order_committed)
 
 IDEM = os.path.join(BIN, "idem")
 ORDER = '{"productId":"p-1024","quantity":2}'
@@ -236,11 +236,7 @@ def test_409_in_progress_then_replay_honours_retry_after(ctx):
     t = threading.Thread(target=slow_first)
     t.start()
     # The first request holds the record: its order is committed (phase 1) and it sleeps.
-    def phase1_done():
-        rows = db_query(ctx.server.db_uri, "SELECT count(*) FROM orders WHERE idem_key = ?",
-                        (key,))
-        return "error" in first or rows[0][0] == "1"
-    wait_until("the first request's order (phase 1 committed)", phase1_done, pause_s=0.02)
+    wait_order_committed(ctx.server, key, lambda: "error" in first)
     expect("error" not in first, "the direct first request failed: %r" % first.get("error"))
     res = idem(["post", ctx.url(), "-d", ORDER, "--key", key, "--token", user.token, "-v"])
     t.join(30)

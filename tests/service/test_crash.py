@@ -19,8 +19,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness import (Server, expect, expect_eq, expect_problem, expect_replay, fail,  # noqa: E402
-                     db_query, fresh_db_per_server, new_key, retry_after_seconds, run, test,
-                     wait_until)
+                     fresh_db_per_server, new_key, retry_after_seconds, run, test,
+                     wait_until, wait_order_committed)
 
 WRITERS = 8
 STREAM_SECONDS = 1.5
@@ -245,9 +245,7 @@ def test_sigterm_finishes_the_running_request_then_exits_0(_):
         t = threading.Thread(target=slow, daemon=True)
         t.start()
         # In flight: its order is committed (phase 1) and it sleeps before answering.
-        wait_until("the order in flight", lambda: db_query(
-            s.db_uri, "SELECT count(*) FROM orders WHERE idem_key = ?", (key,))[0][0] == "1",
-            pause_s=0.02)
+        wait_order_committed(s, key)
         s.proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
         rc = s.wait_exit(10)

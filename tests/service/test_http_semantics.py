@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (ORDERD, Server, db_query, expect, expect_eq, expect_fresh,  # noqa: E402
                      expect_problem, expect_replay, expect_status, fail, fresh_db_per_server,
                      in_thread, joined, metric_value, new_key, parse_metrics, retry_after_seconds, run,
-                     store_kind, store_locked, test, wait_until)
+                     store_kind, store_locked, test, wait_until, wait_order_committed)
 
 ORDER_ID_RE = re.compile(r"^ord_[0-9a-f]{32}$")
 CREATED_AT_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
@@ -1077,17 +1077,8 @@ def _create_counter(server, outcome):
 
 
 def _wait_phase1(server, key, out):
-    """
-    Until the request with `key` (started in a thread whose box is `out`) is in progress: its
-    order committed (phase 1) and the test hook sleeping, so a duplicate finds it running.
-    """
-    def in_progress():
-        if "error" in out or "resp" in out:  # it failed, or answered: the test says how
-            return True
-        return db_query(server.db_uri, "SELECT count(*) FROM orders WHERE idem_key = ?",
-                        (key,))[0][0] == "1"
-    wait_until("the request with key %s to commit its order (phase 1)" % key, in_progress,
-               pause_s=0.02)
+    """Until the request with `key` (in_thread's box `out`) is in progress: a duplicate finds it."""
+    wait_order_committed(server, key, lambda: "error" in out or "resp" in out)
     if "error" in out:
         fail("the first request with key %s raised %r" % (key, out["error"]))
 

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness import (Server, db_query, expect, expect_eq, expect_fresh,  # noqa: E402
                      expect_problem, expect_replay, expect_status, metric_value, new_key,
-                     parse_metrics, run, store_locked, test, wait_until)
+                     parse_metrics, run, store_locked, test, wait_until, wait_order_committed)
 
 TOKEN_CACHE_TTL_S = 5.0  # AUTH_CACHE_TTL_MS in src/orderd/auth.h
 
@@ -100,18 +100,6 @@ def test_a_record_read_after_a_restart_is_cached(ctx):
         expect_replay(u.create_order(k, quantity=4), first, "replay once the record was deleted")
         expect_problem(u.create_order(k, quantity=1), 422, "idempotency-key-reused",
                        "another body once the record was deleted")
-
-
-def phase1_committed(server, key, answered):
-    """
-    Whether the request with `key`, sent in a thread, has committed its order (phase 1) and so
-    holds its worker in the test hook's delay; true as well once it was `answered`, for the test
-    to say what came.
-    """
-    if answered:
-        return True
-    return db_query(server.db_uri, "SELECT count(*) FROM orders WHERE idem_key = ?",
-                    (key,))[0][0] == "1"
 
 
 def http_connections(server):
@@ -203,8 +191,7 @@ def test_cached_replays_need_no_worker(ctx):
 
         t = threading.Thread(target=hold_the_worker, daemon=True)
         t.start()
-        wait_until("the slow order to hold the only worker (phase 1 committed)",
-                   lambda: phase1_committed(s, slow_key, bool(slow)), pause_s=0.02)
+        wait_order_committed(s, slow_key, lambda: bool(slow))  # it holds the only worker
         expect(not slow, "the slow order was answered before the replay: %r" % slow)
         r = expect_replay(u.create_order(k), first, "replay while the only worker is busy")
         expect(r.elapsed < 1.5, "the replay waited %.2f s for the busy worker" % r.elapsed)
@@ -240,8 +227,7 @@ def test_duplicates_of_a_running_request_hold_no_worker(ctx):
         # The duplicates go once the first holds its worker (its phase 1 committed, then the
         # hook's 3 s delay), and the list once all ten are connected (orderd_http_connections:
         # the first, ten duplicates and the scrape itself).
-        wait_until("the first request to hold a worker (phase 1 committed)",
-                   lambda: phase1_committed(s, k, "first" in out), pause_s=0.02)
+        wait_order_committed(s, k, lambda: "first" in out)
         expect("first" not in out, "the first request was answered before its duplicates went: "
                "%r" % out.get("first"))
         for i in range(10):
