@@ -12,6 +12,7 @@ service-tests: sqlite-only (the programs' own start-up; no store of the run's is
 import json
 import os
 import re
+import select
 import socket
 import subprocess
 import sys
@@ -22,16 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import BIN, expect_eq, test  # noqa: E402
 from gateway_harness import Gateway, Upstream, expect  # noqa: E402
+from provider import free_port  # noqa: E402
 
 LISTENING = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def start(cmd, cwd):
@@ -43,8 +37,9 @@ def start(cmd, cwd):
         nonlocal out
         if p.poll() is not None:
             return True
-        line = p.stdout.readline()
-        out += line
+        # A line only once one is there: a server that hangs silent meets the deadline.
+        if select.select([p.stdout], [], [], 0)[0]:
+            out += p.stdout.readline()
         return LISTENING.search(out) is not None
     harness.wait_until("%s to listen or exit" % cmd[0], listening, timeout_s=30)
     return p, out
