@@ -1330,18 +1330,23 @@ static int load_statuses(struct loader *ld, const yaml_node_t *n, const char *pa
 }
 
 /* Response headers a replay repeats: names only, none that belongs to one connection. */
-/* A list of at most `max` header names into *names (new strings), *count of them. */
-static int load_header_names(struct loader *ld, const yaml_node_t *n, const char *path, size_t max,
+/*
+ * A list of at most MAX_STORE_HEADERS header names, none twice, into *names (new strings), *count
+ * of them; `example` shows one in the message of a value that is no such list.  `refused`, when
+ * not NULL, says why a name may not be listed (NULL: it may).
+ */
+static int load_header_names(struct loader *ld, const yaml_node_t *n, const char *path,
+                             const char *example,
+                             const char *(*refused)(const char *name, char *buf, size_t len),
                              char ***names, size_t *count)
 {
-    char item_path[96], shown[EXCERPT + 8];
-    const char *s;
+    char item_path[96], shown[EXCERPT + 8], buf[200];
+    const char *s, *why;
 
-    if (n->type != YAML_SEQUENCE_NODE || nitems(n) > max)
+    if (n->type != YAML_SEQUENCE_NODE || nitems(n) > MAX_STORE_HEADERS)
         return fail(ld, line_of(n),
-                    "%s: expected a list of at most %zu header names such as "
-                    "[X-HTTP-Method-Override], not %s",
-                    path, max,
+                    "%s: expected a list of at most %d header names such as %s, not %s", path,
+                    MAX_STORE_HEADERS, example,
                     n->type == YAML_SEQUENCE_NODE ? "a longer list" : describe(n, shown));
     *names = xcalloc(nitems(n) + 1, sizeof **names);
     for (size_t i = 0; i < nitems(n); i++) {
@@ -1352,61 +1357,46 @@ static int load_header_names(struct loader *ld, const yaml_node_t *n, const char
             return fail(ld, line_of(n), "malformed YAML document");
         if (want_header_name(ld, item, item_path, &s) != 0)
             return -1;
+        if (refused && (why = refused(s, buf, sizeof buf)) != NULL)
+            return fail(ld, line_of(item), "%s: %s", item_path, why);
+        for (size_t j = 0; j < i; j++) {
+            if (ascii_caseeq(s, (*names)[j]))
+                return fail(ld, line_of(item), "%s: %s is listed twice", item_path, s);
+        }
         (*names)[(*count)++] = xstrdup(s);
     }
     return 0;
 }
 
-static int load_store_headers(struct loader *ld, const yaml_node_t *n, const char *path,
-                              struct gw_route *r)
+/* Why a response header may not be stored and replayed (in `buf` if need be), or NULL. */
+static const char *not_storable(const char *name, char *buf, size_t len)
 {
     static const char *const hop_by_hop[] = {
         "Connection", "Keep-Alive", "Transfer-Encoding",  "TE",
         "Trailer",    "Upgrade",    "Proxy-Authenticate", "Proxy-Authorization"};
-    char item_path[96], shown[EXCERPT + 8];
-    const char *s;
-    size_t i, j;
 
-    if (n->type != YAML_SEQUENCE_NODE || nitems(n) > MAX_STORE_HEADERS)
-        return fail(ld, line_of(n),
-                    "%s: expected a list of at most %d header names such as "
-                    "[Content-Type, Location], not %s",
-                    path, MAX_STORE_HEADERS,
-                    n->type == YAML_SEQUENCE_NODE ? "a longer list" : describe(n, shown));
-    r->store_headers = xcalloc(nitems(n), sizeof *r->store_headers);
-    for (i = 0; i < nitems(n); i++) {
-        yaml_node_t *item = item_at(ld, n, i);
-
-        snprintf(item_path, sizeof item_path, "%s[%zu]", path, i);
-        if (item == NULL)
-            return fail(ld, line_of(n), "malformed YAML document");
-        if (want_header_name(ld, item, item_path, &s) != 0)
-            return -1;
-        if (ascii_caseeq(s, "Set-Cookie"))
-            return fail(ld, line_of(item),
-                        "%s: Set-Cookie is never stored: a replayed answer "
-                        "must not hand out a session cookie again",
-                        item_path);
-        if (ascii_caseeq(s, "Content-Length"))
-            return fail(ld, line_of(item),
-                        "%s: Content-Length is not stored: a replay sends the "
-                        "length of the stored body",
-                        item_path);
-        for (j = 0; j < COUNT(hop_by_hop); j++) {
-            if (ascii_caseeq(s, hop_by_hop[j]))
-                return fail(ld, line_of(item),
-                            "%s: %s is a hop-by-hop header: it describes one "
-                            "connection, not the answer, so it is not replayed",
-                            item_path, hop_by_hop[j]);
+    if (ascii_caseeq(name, "Set-Cookie"))
+        return "Set-Cookie is never stored: a replayed answer must not hand out a session "
+               "cookie again";
+    if (ascii_caseeq(name, "Content-Length"))
+        return "Content-Length is not stored: a replay sends the length of the stored body";
+    for (size_t j = 0; j < COUNT(hop_by_hop); j++) {
+        if (ascii_caseeq(name, hop_by_hop[j])) {
+            snprintf(buf, len,
+                     "%s is a hop-by-hop header: it describes one connection, not the answer, "
+                     "so it is not replayed",
+                     hop_by_hop[j]);
+            return buf;
         }
-        for (j = 0; j < i; j++) {
-            if (ascii_caseeq(s, r->store_headers[j]))
-                return fail(ld, line_of(item), "%s: %s is listed twice", item_path, s);
-        }
-        r->store_headers[i] = xstrdup(s);
-        r->nstore_headers = i + 1;
     }
-    return 0;
+    return NULL;
+}
+
+static int load_store_headers(struct loader *ld, const yaml_node_t *n, const char *path,
+                              struct gw_route *r)
+{
+    return load_header_names(ld, n, path, "[Content-Type, Location]", not_storable,
+                             &r->store_headers, &r->nstore_headers);
 }
 
 /*
@@ -1466,7 +1456,7 @@ static int load_on_unknown(struct loader *ld, const yaml_node_t *n, const char *
         if (v[0] == NULL)
             return missing(ld, n, path, "reconcile", "reconcile: \"GET /path?id={key}\"");
         snprintf(sub, sizeof sub, "%s.headers", path);
-        if (v[1] != NULL && load_header_names(ld, v[1], sub, MAX_STORE_HEADERS,
+        if (v[1] != NULL && load_header_names(ld, v[1], sub, "[X-Tenant]", NULL,
                                               &r->reconcile_headers, &r->nreconcile_headers) != 0)
             return -1;
         snprintf(sub, sizeof sub, "%s.reconcile", path);
@@ -1703,7 +1693,7 @@ static int load_document(struct loader *ld, struct gw_config *cfg)
         return -1;
     if (v[METHOD_OVERRIDE_HEADERS] != NULL) {
         if (load_header_names(ld, v[METHOD_OVERRIDE_HEADERS], "method_override_headers",
-                              MAX_STORE_HEADERS, &cfg->method_override_headers,
+                              "[X-HTTP-Method-Override]", NULL, &cfg->method_override_headers,
                               &cfg->nmethod_override_headers) != 0)
             return -1;
     } else {
