@@ -39,10 +39,15 @@
 #define FORMAT_SUFFIX_MAX 8
 
 /* A path read one way: its segments, NUL-terminated in `buf`. */
+/* Paths up to this long are read in the view's own storage: no allocation per request. */
+#define VIEW_STACK_BYTES 512
+
 struct path_view {
     char *buf;
     const char **seg;
     size_t nseg;
+    char small_buf[VIEW_STACK_BYTES + 1];
+    const char *small_seg[VIEW_STACK_BYTES / 2 + 1];
 };
 
 /*
@@ -129,8 +134,13 @@ static void view_build(const char *path, size_t len, int how, struct path_view *
     const char *s = path;
     size_t at = 0, i = 0;
 
-    v->buf = xmalloc(len + 1);
-    v->seg = xcalloc(len / 2 + 1, sizeof *v->seg);
+    if (len <= VIEW_STACK_BYTES) {
+        v->buf = v->small_buf;
+        v->seg = v->small_seg;
+    } else {
+        v->buf = xmalloc(len + 1);
+        v->seg = xcalloc(len / 2 + 1, sizeof *v->seg);
+    }
     v->nseg = 0;
     if (how & VIEW_DECODED) {
         decoded = xmalloc(len + 1);
@@ -159,8 +169,10 @@ static void view_build(const char *path, size_t len, int how, struct path_view *
 
 static void view_free(struct path_view *v)
 {
-    free(v->buf);
-    free(v->seg);
+    if (v->buf != v->small_buf) {
+        free(v->buf);
+        free(v->seg);
+    }
 }
 
 /*
@@ -219,6 +231,15 @@ static int fits(const struct gw_route *r, const struct path_view *v, size_t para
     return k == v->nseg ? n : -1;
 }
 
+/* Whether any route is for `method`. */
+static int method_routed(const struct gw_config *cfg, const char *method)
+{
+    for (size_t i = 0; i < cfg->nroutes; i++)
+        if (strcmp(cfg->routes[i].method, method) == 0)
+            return 1;
+    return 0;
+}
+
 int route_find(const struct gw_config *cfg, const char *method, const char *target,
                struct route_match *m)
 {
@@ -227,6 +248,8 @@ int route_find(const struct gw_config *cfg, const char *method, const char *targ
     int encoded_slash = 0;
 
     memset(m, 0, sizeof *m);
+    if (!method_routed(cfg, method))
+        return 0; /* most requests passed through: no path is read at all */
     for (size_t i = 0; i + 2 < len; i++)
         if (target[i] == '%' && target[i + 1] == '2' && ascii_lower(target[i + 2]) == 'f')
             encoded_slash = 1;
@@ -246,10 +269,13 @@ int route_find(const struct gw_config *cfg, const char *method, const char *targ
                 continue;
             m->route = r;
             m->nparams = (size_t)n;
-            for (int k = 0; k < n; k++)
-                m->params[k] = v.seg[params[k]];
-            m->buf = v.buf; /* the values point into it */
-            free(v.seg);
+            if (n > 0) { /* the values, in a block of their own that outlives the view */
+                m->buf = xmalloc(len + 1);
+                memcpy(m->buf, v.buf, len + 1);
+                for (int k = 0; k < n; k++)
+                    m->params[k] = m->buf + (v.seg[params[k]] - v.buf);
+            }
+            view_free(&v);
             return 1;
         }
         view_free(&v);
