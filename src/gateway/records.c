@@ -68,6 +68,17 @@ static json_t *cursor_of(const struct idem_record_id *id)
     return out;
 }
 
+/* Copies one part of a scope into `out` (IDEM_SCOPE_PART_MAX + 1 bytes): 0, or -1 if too long. */
+static int scope_part(char *out, const char *part)
+{
+    size_t n = strlen(part);
+
+    if (n > IDEM_SCOPE_PART_MAX)
+        return -1;
+    memcpy(out, part, n + 1);
+    return 0;
+}
+
 static int cursor_parse(const char *text, struct idem_record_id *id)
 {
     char raw[3 * (IDEM_SCOPE_PART_MAX + 1)];
@@ -88,13 +99,10 @@ static int cursor_parse(const char *text, struct idem_record_id *id)
     if (!a || !b || strlen(raw) != len)
         return -1;
     *a = *b = '\0';
-    if (strlen(raw) > IDEM_SCOPE_PART_MAX || strlen(a + 1) > IDEM_SCOPE_PART_MAX ||
-        strlen(b + 1) > IDEM_SCOPE_PART_MAX)
-        return -1;
-    snprintf(id->operation, sizeof id->operation, "%s", raw);
-    snprintf(id->principal, sizeof id->principal, "%s", a + 1);
-    snprintf(id->key, sizeof id->key, "%s", b + 1);
-    return 0;
+    return scope_part(id->operation, raw) || scope_part(id->principal, a + 1) ||
+                   scope_part(id->key, b + 1)
+               ? -1
+               : 0;
 }
 
 int records_list(struct idem_engine *eng, const char *state, const char *operation,
