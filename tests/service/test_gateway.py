@@ -297,12 +297,17 @@ def an_upstream_answer_is_never_dropped_for_want_of_a_worker(ctx):
             lambda: stream_through(gw, "bigslow:%d" % (64 << 20), None, 1500))]
         harness.wait_until("the first stream to reach the upstream (it holds the one worker)",
                            lambda: streams_upstream() > before)
+        # The second is a keyed answer too large to store: a stream the gateway cannot refuse
+        # (the upstream acted), so it waits for the one worker in the queue's one slot.  (A second
+        # passed-through GET would be refused at once: every worker but one is taken by streams.)
+        second = key("second-stream")
         streams.append(harness.in_thread(
-            lambda: stream_through(gw, "bigslow:%d" % (64 << 20), None, 1500)))
-        # The second waits in the queue's one slot, where nothing outside the gateway shows it.
-        # Were it late, the fresh keys would find the slot free: the checks below would hold all
-        # the same (they are what a client must see however the queue stands), only less tested.
-        time.sleep(0.5)
+            lambda: stream_through(gw, "bigslow:%d" % (64 << 20), second, 1500)))
+        # On SQLite its exchange with the upstream runs from the loop, and only its stream waits
+        # for the worker; on PostgreSQL its claim waits for it already, so the upstream sees it
+        # once the first stream is over (the checks below hold either way, less tested so).
+        harness.wait_until("the second stream to reach the upstream",
+                           lambda: up.executions(second) == 1)
         keys = [key("handoff-%d" % i) for i in range(6)]
         results = answers_of(fresh_keys_at_once(gw, keys, "status:500"))
         for t, box in streams:
@@ -514,7 +519,8 @@ def answer_too_large_to_store_is_passed_once_then_410(ctx):
     k = key("big")
     r = gw.request("POST", "/v1/things", {"n": 1}, key=k, headers={"X-Test-Mode": "big:2000000"})
     expect_eq(r.status, 200, "the first answer is passed on")
-    expect(len(r.body) == 2000000 and is_pattern(r.body), "its body, byte for byte (%d bytes)" % len(r.body))
+    expect(len(r.body) == 2000000 and is_pattern(r.body),
+           "its body, byte for byte (%d bytes)" % len(r.body))
     again = gw.request("POST", "/v1/things", {"n": 1}, key=k)
     expect_problem(again, 410, "response-not-stored", "a retry of an unstored answer")
     expect("2000000 bytes" in again.json()["detail"], "the 410 says how large: %s" % again.describe())
