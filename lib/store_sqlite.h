@@ -1,0 +1,61 @@
+/*
+ * store_sqlite.h - what the SQLite store's two files share: its connection, the helpers that open
+ * and drive one (store_sqlite.c), and the group commit that every write goes through
+ * (sqlite_commit.c).  Nothing outside these two files includes it; the engine sees the store only
+ * through idem__sqlite_vtab.
+ */
+#ifndef IDEM_STORE_SQLITE_H
+#define IDEM_STORE_SQLITE_H
+
+#include "internal.h"
+
+#include <sqlite3.h>
+#include <stdint.h>
+
+#define STMT_CACHE 48
+
+struct cached_stmt {
+    char *sql;
+    sqlite3_stmt *stmt;
+    int nmap;
+    int *map; /* parameter slot -> index into the caller's params ($k -> k-1) */
+    uint64_t used;
+};
+
+struct idem_conn {
+    sqlite3 *db;
+    char errmsg[IDEM_ERRMSG_MAX];
+    int broken;
+    uint64_t clock;
+    struct cached_stmt cache[STMT_CACHE];
+};
+
+/* ---- store_sqlite.c ------------------------------------------------------------------------ */
+
+/* Opens a connection to st's file (made if missing, schema applied): 0 or IDEM_E*, why in err. */
+int idem__sq_open(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
+void idem__sq_close(struct idem_conn *c);
+/* Runs `sql` (no parameters, no rows read); on failure the reason is in c->errmsg. */
+int idem__sq_run_simple(struct idem_conn *c, const char *sql, const char *what);
+
+/* ---- sqlite_commit.c: the group commit (struct idem_store_vtab's write_* members) ------------ */
+
+/*
+ * Makes the store's group (the first connection opened does, before anyone may write): 1 when
+ * this call made it, 0 when it was there, or an IDEM_E* code.
+ */
+int idem__sq_group_get(struct idem_store *st);
+/* Commits what is open, stops the group's threads and frees it (idem_store_close). */
+void idem__sq_group_free(struct idem_store *st);
+
+int idem__sq_write_begin(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
+int idem__sq_write_commit(struct idem_store *st, struct idem_conn *c, char *err, size_t errlen);
+void idem__sq_write_rollback(struct idem_store *st, struct idem_conn *c);
+int idem__sq_write_commit_async(struct idem_store *st, struct idem_conn *c, idem__commit_done done,
+                                void *arg, char *err, size_t errlen);
+int idem__sq_write_run(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags, char *err,
+                       size_t errlen);
+int idem__sq_write_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags,
+                             idem__commit_done done, void *done_arg, char *err, size_t errlen);
+
+#endif /* IDEM_STORE_SQLITE_H */
