@@ -1704,48 +1704,19 @@ int idem_records_unfinished(struct idem_engine *eng, const char *operation,
                             const struct idem_record_id *after, struct idem_record_id *out,
                             int limit)
 {
-    /* One statement for both stores: text parameters, the columns of libidem's own schema. */
-    static const char sql[] =
-        "SELECT operation, principal, idem_key FROM idem_records"
-        " WHERE status = 0 AND expires_ms > $1 AND ($2 = '' OR operation = $2)"
-        " AND (operation > $3 OR (operation = $3 AND (principal > $4"
-        " OR (principal = $4 AND idem_key > $5))))"
-        " ORDER BY operation, principal, idem_key LIMIT $6";
-    struct idem_tx *tx = NULL;
-    struct idem_rows *rows = NULL;
-    char now[24], lim[16];
-    const char *params[6];
-    int rc, n = 0;
+    struct idem_record_listed *page;
+    int n;
 
     if (!eng || !out || limit < 1 || limit > 1000)
         return IDEM_EINVAL;
-    idem__fmt(now, sizeof(now), "%lld", (long long)idem__now_ms());
-    idem__fmt(lim, sizeof(lim), "%d", limit);
-    params[0] = now;
-    params[1] = operation ? operation : "";
-    params[2] = after ? after->operation : "";
-    params[3] = after ? after->principal : "";
-    params[4] = after ? after->key : "";
-    params[5] = lim;
-    rc = idem_tx_begin(eng->st, 0, &tx);
-    if (rc < 0)
-        return rc;
-    rc = idem_tx_exec(tx, sql, 6, params, &rows);
-    idem_tx_rollback(tx);
-    if (rc < 0)
-        return rc;
-    for (int i = 0; i < idem_rows_count(rows) && n < limit; i++) {
-        const char *op = idem_rows_get(rows, i, 0), *pr = idem_rows_get(rows, i, 1);
-        const char *k = idem_rows_get(rows, i, 2);
-        if (!op || !pr || !k || strlen(op) > IDEM_SCOPE_PART_MAX ||
-            strlen(pr) > IDEM_SCOPE_PART_MAX || strlen(k) > IDEM_SCOPE_PART_MAX)
-            continue; /* no scope this long is ever made */
-        idem__fmt(out[n].operation, sizeof(out[n].operation), "%s", op);
-        idem__fmt(out[n].principal, sizeof(out[n].principal), "%s", pr);
-        idem__fmt(out[n].key, sizeof(out[n].key), "%s", k);
-        n++;
-    }
-    idem_rows_free(rows);
+    page = calloc((size_t)limit, sizeof(*page));
+    if (!page)
+        return IDEM_ENOMEM;
+    /* The one listing statement (store.c), of which only the scopes are kept. */
+    n = idem_store_records_unfinished(eng->st, operation, after, page, limit);
+    for (int i = 0; i < n; i++)
+        out[i] = page[i].id;
+    free(page);
     return n;
 }
 

@@ -447,3 +447,91 @@ struct idem_conn *idem__tx_conn(struct idem_tx *tx)
 {
     return tx->conn;
 }
+
+/* ---- operators' listings --------------------------------------------------------------------- */
+
+/*
+ * The page of unfinished records (idem_records_unfinished() keeps only their scopes) with the
+ * columns idem_record_inspect() shows of a processing record, so that a listing costs one
+ * statement per page instead of one more per record.  Written twice only
+ * where the dialects differ: the fingerprint as hex, and "now" in the store's clock, the one its
+ * leases are measured in -- the database's for PostgreSQL (store_pg.c's DB_NOW_MS, once per
+ * statement), this process's for SQLite (the $1 the page is read at, as sq_record_get's).
+ */
+#define UNFINISHED_SQL(fp_hex, now)                                                                \
+    "SELECT operation, principal, idem_key, recovery_point, " fp_hex ", created_ms, expires_ms,"   \
+    " lease_expires_ms, t.now FROM idem_records, (SELECT " now " AS now) t"                        \
+    " WHERE status = 0 AND expires_ms > $1 AND ($2 = '' OR operation = $2)"                        \
+    " AND (operation > $3 OR (operation = $3 AND (principal > $4"                                  \
+    " OR (principal = $4 AND idem_key > $5))))"                                                    \
+    " ORDER BY operation, principal, idem_key LIMIT $6"
+
+static const char unfinished_pg[] = UNFINISHED_SQL(
+    "encode(fingerprint, 'hex')", "(extract(epoch from clock_timestamp()) * 1000)::bigint");
+static const char unfinished_sqlite[] =
+    UNFINISHED_SQL("lower(hex(fingerprint))", "CAST($1 AS INTEGER)");
+
+/* A column of a listed record as a number (0 for NULL, as a missing value reads elsewhere). */
+static int64_t col_i64(const struct idem_rows *rows, int row, int col)
+{
+    const char *v = idem_rows_get(rows, row, col);
+    return v ? strtoll(v, NULL, 10) : 0;
+}
+
+int idem_store_records_unfinished(struct idem_store *st, const char *operation,
+                                  const struct idem_record_id *after,
+                                  struct idem_record_listed *out, int limit)
+{
+    struct idem_tx *tx = NULL;
+    struct idem_rows *rows = NULL;
+    char now[24], lim[16];
+    const char *params[6];
+    int rc, n = 0;
+
+    if (!st || !out || limit < 1 || limit > 1000)
+        return IDEM_EINVAL;
+    idem__fmt(now, sizeof(now), "%lld", (long long)idem__now_ms());
+    idem__fmt(lim, sizeof(lim), "%d", limit);
+    params[0] = now;
+    params[1] = operation ? operation : "";
+    params[2] = after ? after->operation : "";
+    params[3] = after ? after->principal : "";
+    params[4] = after ? after->key : "";
+    params[5] = lim;
+    rc = idem_tx_begin(st, 0, &tx);
+    if (rc < 0)
+        return rc;
+    rc = idem_tx_exec(tx, st->vt == &idem__pg_vtab ? unfinished_pg : unfinished_sqlite, 6, params,
+                      &rows);
+    idem_tx_rollback(tx);
+    if (rc < 0)
+        return rc;
+    for (int i = 0; i < idem_rows_count(rows) && n < limit; i++) {
+        const char *op = idem_rows_get(rows, i, 0), *pr = idem_rows_get(rows, i, 1);
+        const char *k = idem_rows_get(rows, i, 2), *point = idem_rows_get(rows, i, 3);
+        const char *fp = idem_rows_get(rows, i, 4);
+        struct idem_record_listed *r = &out[n];
+
+        if (!op || !pr || !k || strlen(op) > IDEM_SCOPE_PART_MAX ||
+            strlen(pr) > IDEM_SCOPE_PART_MAX || strlen(k) > IDEM_SCOPE_PART_MAX)
+            continue; /* no scope this long is ever made */
+        memset(r, 0, sizeof(*r));
+        idem__fmt(r->id.operation, sizeof(r->id.operation), "%s", op);
+        idem__fmt(r->id.principal, sizeof(r->id.principal), "%s", pr);
+        idem__fmt(r->id.key, sizeof(r->id.key), "%s", k);
+        /* What idem_record_inspect() says of a processing record. */
+        r->info.found = 1;
+        idem__fmt(r->info.recovery_point, sizeof(r->info.recovery_point), "%s", point ? point : "");
+        if (fp && strlen(fp) == 2 * IDEM_FP_LEN)
+            memcpy(r->info.fingerprint_hex, fp, 2 * IDEM_FP_LEN + 1);
+        else /* as inspecting a record without a whole fingerprint shows it: zeros */
+            memset(r->info.fingerprint_hex, '0', 2 * IDEM_FP_LEN);
+        r->info.created_ms = col_i64(rows, i, 5);
+        r->info.expires_ms = col_i64(rows, i, 6);
+        r->info.lease_expires_ms = col_i64(rows, i, 7);
+        r->info.lease_live = r->info.lease_expires_ms > col_i64(rows, i, 8);
+        n++;
+    }
+    idem_rows_free(rows);
+    return n;
+}

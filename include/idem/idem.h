@@ -642,6 +642,24 @@ IDEM_API int idem_records_unfinished(struct idem_engine *eng, const char *operat
                                      const struct idem_record_id *after,
                                      struct idem_record_id *out, int limit);
 
+/* A record idem_store_records_unfinished() lists: its scope and what inspecting it tells. */
+struct idem_record_listed {
+    struct idem_record_id id;
+    struct idem_record_info info; /* as idem_record_inspect() fills it for this record */
+};
+
+/*
+ * idem_records_unfinished() with idem_record_inspect() of each record, read by one statement per
+ * page instead of one more per record: the same records, order, `after` cursor and `limit`, from
+ * the store `st` (the engine's).  Every one listed is processing (info.found 1, info.completed
+ * 0); info.lease_live says whether a holder's lease was live when the page was read (in flight)
+ * or not (its outcome unknown).  Returns how many (fewer than `limit`: the last page), or a
+ * store error.
+ */
+IDEM_API int idem_store_records_unfinished(struct idem_store *st, const char *operation,
+                                           const struct idem_record_id *after,
+                                           struct idem_record_listed *out, int limit);
+
 /*
  * Retention: deletes at most `limit` records whose retention has ended (and that no live lease
  * protects), in one short transaction.  *deleted (may be NULL) receives the count.  A sweeper

@@ -94,7 +94,7 @@ static void list_records(struct gateway *gw, const struct request *rq, struct re
         response_problem(resp, 400, "validation-failed", "limit is a number from 1 to 1000.");
         return;
     }
-    rc = records_list(gw->engine, state ? state : "unknown", request_query(rq, "operation"),
+    rc = records_list(gw->store, state ? state : "unknown", request_query(rq, "operation"),
                       request_query(rq, "after"), (int)limit, &doc);
     if (rc == IDEM_EINVAL) {
         response_problem(resp, 400, "validation-failed",

@@ -455,7 +455,7 @@ static int cmd_keys_list(int argc, char **argv)
         status = keys_store_connect(&k);
     if (status != 0)
         goto out;
-    rc = records_list(k.eng, state, operation, after, limit, &doc);
+    rc = records_list(k.store, state, operation, after, limit, &doc);
     if (rc == IDEM_EINVAL) {
         status = usage_error("keys", "--after is not a cursor this command printed");
     } else if (rc < 0) {

@@ -20,12 +20,34 @@ static json_t *iso_time(int64_t ms)
     return xcheck(json_string(ts));
 }
 
+/* records_show's document of a record that was found, from what the store tells of it. */
+static json_t *record_doc(const char *principal, const char *operation, const char *key,
+                          const struct idem_record_info *info)
+{
+    /* A processing record nobody holds is one whose forward ended without an answer. */
+    const char *state = info->completed ? "completed" : info->lease_live ? "in-flight" : "unknown";
+    json_t *d;
+
+    /* A completed record's last recovery point is history, not where it stands. */
+    d = xcheck(json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "principal", principal, "operation",
+                         operation, "key", key, "state", state, "recoveryPoint",
+                         info->completed ? "" : info->recovery_point, "fingerprint",
+                         info->fingerprint_hex));
+    json_object_set_new(d, "created", iso_time(info->created_ms));
+    json_object_set_new(d, "expires", iso_time(info->expires_ms));
+    if (info->completed)
+        json_object_set_new(d, "response",
+                            xcheck(json_pack("{s:i,s:I}", "status", info->response_status, "bytes",
+                                             (json_int_t)info->response_body_len)));
+    else if (info->lease_expires_ms > 0) /* a held record may have no lease at all */
+        json_object_set_new(d, "leaseExpires", iso_time(info->lease_expires_ms));
+    return d;
+}
+
 int records_show(struct idem_engine *eng, const char *principal, const char *operation,
                  const char *key, json_t **doc)
 {
     struct idem_record_info info;
-    const char *state;
-    json_t *d;
     int rc;
 
     *doc = NULL;
@@ -34,22 +56,7 @@ int records_show(struct idem_engine *eng, const char *principal, const char *ope
         return rc;
     if (!info.found)
         return 0;
-    /* A processing record nobody holds is one whose forward ended without an answer. */
-    state = info.completed ? "completed" : info.lease_live ? "in-flight" : "unknown";
-    /* A completed record's last recovery point is history, not where it stands. */
-    d = xcheck(json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "principal", principal, "operation",
-                         operation, "key", key, "state", state, "recoveryPoint",
-                         info.completed ? "" : info.recovery_point, "fingerprint",
-                         info.fingerprint_hex));
-    json_object_set_new(d, "created", iso_time(info.created_ms));
-    json_object_set_new(d, "expires", iso_time(info.expires_ms));
-    if (info.completed)
-        json_object_set_new(d, "response",
-                            xcheck(json_pack("{s:i,s:I}", "status", info.response_status, "bytes",
-                                             (json_int_t)info.response_body_len)));
-    else if (info.lease_expires_ms > 0) /* a held record may have no lease at all */
-        json_object_set_new(d, "leaseExpires", iso_time(info.lease_expires_ms));
-    *doc = d;
+    *doc = record_doc(principal, operation, key, &info);
     return 1;
 }
 
@@ -105,12 +112,13 @@ static int cursor_parse(const char *text, struct idem_record_id *id)
                : 0;
 }
 
-int records_list(struct idem_engine *eng, const char *state, const char *operation,
-                 const char *after, int limit, json_t **doc)
+int records_list(struct idem_store *st, const char *state, const char *operation, const char *after,
+                 int limit, json_t **doc)
 {
-    struct idem_record_id cursor, *ids;
-    json_t *list, *rec = NULL;
-    int n, rc = 0;
+    struct idem_record_id cursor;
+    struct idem_record_listed *recs;
+    json_t *list;
+    int n;
 
     *doc = NULL;
     if (strcmp(state, "unknown") != 0 && strcmp(state, "in-flight") != 0 &&
@@ -120,34 +128,27 @@ int records_list(struct idem_engine *eng, const char *state, const char *operati
         return IDEM_EINVAL;
     if (limit < 1 || limit > 1000)
         return IDEM_EINVAL;
-    ids = xcalloc((size_t)limit, sizeof *ids);
-    n = idem_records_unfinished(eng, operation, after && after[0] ? &cursor : NULL, ids, limit);
+    recs = xcalloc((size_t)limit, sizeof *recs);
+    /* The page and what each record holds in one statement, not one more per record. */
+    n = idem_store_records_unfinished(st, operation, after && after[0] ? &cursor : NULL, recs,
+                                      limit);
     if (n < 0) {
-        free(ids);
+        free(recs);
         return n;
     }
     list = xcheck(json_array());
     for (int i = 0; i < n; i++) {
-        rc = records_show(eng, ids[i].principal, ids[i].operation, ids[i].key, &rec);
-        if (rc < 0)
-            break;
-        rc = 0;
-        if (rec == NULL) /* completed or swept since it was listed */
-            continue;
+        const struct idem_record_id *id = &recs[i].id;
+        json_t *rec = record_doc(id->principal, id->operation, id->key, &recs[i].info);
+
         if (strcmp(state, "any") == 0 ||
             strcmp(json_string_value(json_object_get(rec, "state")), state) == 0)
             json_array_append(list, rec);
         json_decref(rec);
-        rec = NULL;
-    }
-    if (rc < 0) {
-        json_decref(list);
-        free(ids);
-        return rc;
     }
     *doc = xcheck(json_pack("{s:o,s:o}", "records", list, "next",
-                            n == limit ? cursor_of(&ids[n - 1]) : json_null()));
-    free(ids);
+                            n == limit ? cursor_of(&recs[n - 1].id) : json_null()));
+    free(recs);
     return 0;
 }
 

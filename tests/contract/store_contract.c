@@ -1442,6 +1442,101 @@ static void test_migrate_race(void)
     CHECK_INT(total, 2); /* each step ran exactly once among them */
 }
 
+/*
+ * idem_store_records_unfinished: the page idem_records_unfinished() lists, in its order and with
+ * its cursor, each record as idem_record_inspect() reads it -- a live lease (in flight), a lease
+ * released by an abort and one run out (outcome unknown) -- and no completed record.
+ */
+static int same_info(const struct idem_record_info *a, const struct idem_record_info *b)
+{
+    return a->found == b->found && a->completed == b->completed &&
+           strcmp(a->recovery_point, b->recovery_point) == 0 &&
+           strcmp(a->fingerprint_hex, b->fingerprint_hex) == 0 && a->created_ms == b->created_ms &&
+           a->expires_ms == b->expires_ms && a->lease_expires_ms == b->lease_expires_ms &&
+           a->lease_live == b->lease_live && a->response_status == b->response_status &&
+           a->response_body_len == b->response_body_len;
+}
+
+static void test_unfinished_listing(struct idem_engine *eng, struct idem_store *st)
+{
+    static const struct idem_operation op = {
+        .name = "contract.list", .lease_ms = 60000, .wait_ms = 2000};
+    static const struct idem_operation short_op = {
+        .name = "contract.list", .lease_ms = 20, .wait_ms = 2000};
+    static const struct idem_operation other = {
+        .name = "contract.list2", .lease_ms = 60000, .wait_ms = 2000};
+    static const char *const keys[] = {"l-expired", "l-held", "l-live"};
+    struct idem_record_listed page[8];
+    struct idem_record_id ids[8];
+    struct idem_call *live = NULL, *expired = NULL, *pending = NULL, *c = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+    int n;
+
+    fp_of("{\"list\":1}", fp);
+    /* In flight: phase 1 committed, its owner still holds the lease. */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "l-live", fp, &live, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_advance(live, "created", "x"), 0);
+    /* Held: phase 2 gave up, the lease is released (0). */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "l-held", fp, &c, &oc), 0);
+    CHECK_INT(idem_call_advance(c, "sent", NULL), 0);
+    CHECK_INT(idem_call_phase_begin(c), 0);
+    idem_call_end(c);
+    /* Held: its owner died, its lease ran out. */
+    CHECK_INT(idem_call_begin(eng, &short_op, "alice", "l-expired", fp, &expired, &oc), 0);
+    CHECK_INT(idem_call_advance(expired, "sent", NULL), 0);
+    T_WAIT_UNTIL(lease_over(eng, "alice", short_op.name, "l-expired"), "a 20 ms lease to run out");
+    /* Completed, and of another operation: not on the page of contract.list. */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "l-done", fp, &c, &oc), 0);
+    CHECK_INT(idem_call_complete(c, 201, NULL, 0, "ok", 2), 0);
+    idem_call_end(c);
+    CHECK_INT(idem_call_begin(eng, &other, "alice", "l-other", fp, &pending, &oc), 0);
+    CHECK_INT(idem_call_advance(pending, "sent", NULL), 0);
+
+    n = idem_store_records_unfinished(st, op.name, NULL, page, 8);
+    CHECK_INT(n, 3);
+    CHECK_INT(idem_records_unfinished(eng, op.name, NULL, ids, 8), 3);
+    for (int i = 0; i < n && i < 3; i++) {
+        struct idem_record_info info;
+        CHECK_STR(page[i].id.operation, op.name);
+        CHECK_STR(page[i].id.principal, "alice");
+        CHECK_STR(page[i].id.key, keys[i]);
+        CHECK(strcmp(page[i].id.operation, ids[i].operation) == 0 &&
+              strcmp(page[i].id.principal, ids[i].principal) == 0 &&
+              strcmp(page[i].id.key, ids[i].key) == 0);
+        CHECK_INT(idem_record_inspect(eng, "alice", op.name, keys[i], &info), 0);
+        CHECK(same_info(&page[i].info, &info));
+        CHECK_INT(page[i].info.lease_live, i == 2);
+    }
+    CHECK_STR(page[1].info.recovery_point, "sent");
+    CHECK_INT(page[1].info.lease_expires_ms, 0);
+    CHECK(page[0].info.lease_expires_ms > 0 && page[2].info.lease_expires_ms > 0);
+
+    /* A page at a time, after the last one's id. */
+    CHECK_INT(idem_store_records_unfinished(st, op.name, NULL, page, 1), 1);
+    CHECK_STR(page[0].id.key, "l-expired");
+    ids[0] = page[0].id;
+    CHECK_INT(idem_store_records_unfinished(st, op.name, &ids[0], page, 2), 2);
+    CHECK_STR(page[0].id.key, "l-held");
+    CHECK_STR(page[1].id.key, "l-live");
+    ids[0] = page[1].id;
+    CHECK_INT(idem_store_records_unfinished(st, op.name, &ids[0], page, 2), 0);
+    /* Every operation: contract.list2's record comes right after contract.list's last. */
+    CHECK_INT(idem_store_records_unfinished(st, NULL, &ids[0], page, 1), 1);
+    CHECK_STR(page[0].id.operation, other.name);
+    CHECK_STR(page[0].id.key, "l-other");
+    CHECK_INT(idem_store_records_unfinished(st, op.name, NULL, page, 0), IDEM_EINVAL);
+    CHECK_INT(idem_store_records_unfinished(st, op.name, NULL, page, 1001), IDEM_EINVAL);
+    CHECK_INT(idem_store_records_unfinished(NULL, op.name, NULL, page, 1), IDEM_EINVAL);
+
+    CHECK_INT(idem_call_complete(live, 201, NULL, 0, "ok", 2), 0);
+    idem_call_end(live);
+    CHECK_INT(idem_call_complete(pending, 201, NULL, 0, "ok", 2), 0);
+    idem_call_end(pending);
+    idem_call_end(expired);
+}
+
 int main(int argc, char **argv)
 {
     struct idem_store *st = NULL;
@@ -1494,6 +1589,7 @@ int main(int argc, char **argv)
     test_commit_async(eng, st);
     test_claim_point(eng, st);
     test_begin_async(eng, st);
+    test_unfinished_listing(eng, st);
     test_migrate_race();
 
     idem_engine_free(eng);

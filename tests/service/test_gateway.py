@@ -779,6 +779,26 @@ def a_held_key_is_shown_and_resolved_by_an_operator(ctx):
     code, out, err = keys_cli(gw, "list", "--state", "unknown", "--limit", "1000")
     expect(code == 0 and k in [r["key"] for r in json.loads(out)["records"]],
            "keys list shows the held key: %d %r %r" % (code, out[:500], err))
+    # Each as `keys show` shows it (the page is read in one statement, not a show per record).
+    listed = [r for r in json.loads(out)["records"] if r["key"] == k]
+    code, out, err = keys_cli(gw, "show", "--principal", "alice", "--operation", "things.create",
+                              "--key", k)
+    expect(code == 0 and listed == [json.loads(out)],
+           "keys list and keys show say the same of it: %r, %r %r" % (listed, out, err))
+    # One in flight is listed as such, as GET /records shows it, and not among the held ones.
+    k3 = key("inflight")
+    hung = harness.in_thread(lambda: gw.request("POST", "/v1/things", {"n": 3}, key=k3,
+                                        headers={"X-Test-Mode": "hang"}))
+    harness.wait_until("the hung request to reach the upstream", lambda: up.executions(k3) == 1)
+    page = gw.admin("GET", "/records/list?state=in-flight&limit=1000").json()["records"]
+    one = gw.admin("GET", "/records?principal=alice&operation=things.create&key=" + k3).json()
+    expect(one["state"] == "in-flight" and [r for r in page if r["key"] == k3] == [one],
+           "GET /records/list?state=in-flight lists it as GET /records shows it: %r %r"
+           % (page, one))
+    held = gw.admin("GET", "/records/list?state=unknown&limit=1000").json()["records"]
+    expect(k3 not in [r["key"] for r in held], "not among the held keys: %r" % held)
+    expect_problem(harness.joined(*hung, "the hung request"), 504, "outcome-unknown",
+                   "the hung request, once upstream.timeout is over")
     pages, after, seen = 0, None, []
     while pages < 100:  # one record a page: the cursor walks them all, each once
         args = ["list", "--state", "any", "--limit", "1"] + (["--after", after] if after else [])
