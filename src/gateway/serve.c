@@ -163,9 +163,9 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     printf("idem-gateway: listening on %s (admin %s)\n", http_server_url(pub),
            http_server_url(adm));
     fflush(stdout);
-    log_msg(&gw.log, "info", "serving %s on %s to upstream %s (store %s, %zu routes)",
+    log_msg(&gw.log, "info", "serving %s on %s to upstream %s (store %s, %zu route%s)",
             IDEM_VERSION_STRING, http_server_url(pub), cfg->upstream_url, idem_store_kind(gw.store),
-            cfg->nroutes);
+            cfg->nroutes, cfg->nroutes == 1 ? "" : "s");
     log_msg(&gw.log, "info", "stopping on %s", stop_signals_wait(&stop_signals));
     status = 0;
 out:
