@@ -193,8 +193,9 @@ struct idem_store_vtab {
      * instead of a pooled connection: `write_begin` lends the store's one writer connection with
      * the caller's work isolated in a savepoint; `write_commit` releases the savepoint into the
      * current batch and returns only once that batch is durable (or failed: every member then
-     * fails); `write_rollback` undoes the caller's savepoint alone.  Errors go to `err`, since
-     * the writer's own message buffer belongs to whoever holds it next.
+     * fails); `write_rollback` undoes the caller's savepoint alone, and returns once what the
+     * caller could have read is durable.  Errors go to `err`, since the writer's own message
+     * buffer belongs to whoever holds it next.
      */
     int (*write_begin)(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
     int (*write_commit)(struct idem_store *st, struct idem_conn *c, char *err, size_t errlen);
@@ -202,8 +203,9 @@ struct idem_store_vtab {
     /*
      * Optional, with the three above: `write_commit` without the wait.  The savepoint is released
      * into the current batch and the call returns; `done(arg, rc, errmsg)` runs once the batch is
-     * durable (rc 0) or failed, on whichever thread committed it (possibly this one, before the
-     * call returns), outside the store's locks.  A negative return means the release itself
+     * durable (rc 0) or failed, on the thread that made it durable (the store's syncer; without
+     * the pipeline whichever thread committed it, possibly this one before the call returns),
+     * outside the store's locks.  A negative return means the release itself
      * failed: the savepoint was rolled back and `done` is never called.  The store counts it in
      * st->write_commits once durable.
      */
@@ -222,9 +224,10 @@ struct idem_store_vtab {
      * Optional, with write_run: the same without a thread waiting.  `fn` runs on whichever thread
      * holds the writer (or the store's own runner thread), never on the caller's, and
      * `done(arg, rc, errmsg)` runs once: rc 0 once the batch holding `fn`'s writes is durable,
-     * IDEM__TX_DISCARD when `fn` asked for a rollback, or a negative code.  `done` runs outside
-     * the group's mutex but possibly while its thread still holds the writer, so it must not
-     * block nor use the store.  `arg` must live until then.  A negative return: nothing was
+     * IDEM__TX_DISCARD when `fn` asked for a rollback, or a negative code -- the last two also
+     * only once the batch `fn` ran in is durable (what `fn` read may come from it).  `done` runs
+     * outside the group's mutex, on the store's syncer (or a thread holding the writer), so it
+     * must not block nor use the store.  `arg` must live until then.  A negative return: nothing was
      * queued, `done` is not called.
      */
     int (*write_run_async)(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags,

@@ -1,16 +1,57 @@
 /*
- * sqlite_commit.c - the SQLite store's group commit: every write transaction of a process runs on
- * its one writer connection, as a savepoint of a batch that concurrent callers share and one
- * fsync makes durable.
+ * sqlite_commit.c - the SQLite store's commit pipeline: every write transaction of a process runs
+ * on its one writer connection, as a savepoint of a batch that concurrent callers share; batches
+ * commit back to back, and a syncer thread makes them durable with one fsync of the WAL for all
+ * the batches that committed while the previous fsync ran.
+ *
+ * Why the writer never waits for the disk.  With synchronous=FULL, SQLite fsyncs the WAL inside
+ * COMMIT, so the writer is held across the fsync and a batch costs (its statements) + (fsync).
+ * Here the writer commits with synchronous=NORMAL -- COMMIT writes the batch's frames to the WAL
+ * and returns -- and the batch goes to the syncer, while the writer begins the next batch at once:
+ * batch N+1's statements run while batch N's fsync is in flight (flush pipelining, as in Silo's
+ * epoch group commit).  Nobody is told of a batch before the fsync that covers it has returned.
+ *
+ * Why one fsync of the WAL makes a batch durable.  SQLite appends a commit's frames to the WAL and
+ * only then marks them committed in the wal-index (-shm); the WAL is one file, so an fsync of it
+ * that begins after COMMIT returned covers every frame of that commit and of all earlier ones.
+ * The WAL is rewritten from its start only after a checkpoint copied all of it into the database
+ * file, and in NORMAL mode SQLite itself fsyncs the WAL before a checkpoint, the database file
+ * after it, and the new WAL header before the first frame written over old ones: frames not yet
+ * fsync'd are only ever the newest, and a power cut that tears them loses whole transactions
+ * (their checksums fail), never an older one.  The fsync goes through a file descriptor of the
+ * syncer's own on the -wal file (the same inode SQLite writes: an fsync flushes the file, not a
+ * descriptor), and the first one also fsyncs the directory, which holds the WAL's name.  An fsync
+ * that fails stops the store: the kernel may have dropped the pages it could not write, so no
+ * later fsync could vouch for them; every waiting and later write and gated read fails.
+ *
+ * Why nobody answers from state a crash could take back.  Three marks, shared by every process
+ * that opens the file (a small mapped file beside it, -idemsync), order the commits: `started`
+ * is raised before a batch's COMMIT (while the batch holds SQLite's write lock, so processes
+ * take turns), `committed` once its COMMIT returned, and `durable` by an fsync to the `committed`
+ * it read before it began.  Every answer is gated:
+ *   - a member of a batch (write_commit, write_run, write_run_async) is told when its batch is
+ *     durable; so is a member that rolled back or failed (it read the batch's earlier members and
+ *     everything committed before), and write_rollback waits likewise for the batch it was in;
+ *   - a read on a pooled connection (idem__sq_read_gate) ends by reading `started` -- any commit
+ *     it could see had raised it before its COMMIT made its frames visible -- and waits until
+ *     `durable` reaches it: for this process's syncer, or, after SYNC_WAIT_MS, it fsyncs the WAL
+ *     itself (the commit may be another process's, or of one that died before its fsync).
+ * The marks themselves need no durability: at open, the first connection fsyncs the WAL, the
+ * database file and the directory, and marks everything committed before as durable.
  */
+#define _GNU_SOURCE /* F_OFD_SETLK: a lock of an open file description, not of the process */
 #include "store_sqlite.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* ---- group commit ------------------------------------------------------------------------- */
 
@@ -25,9 +66,12 @@
  * handler with a condition variable.
  *
  * Who commits: whoever ends a transaction while nobody waits for the writer (the queue drained),
- * or when the batch reached GROUP_MEMBERS_MAX members or GROUP_AGE_MAX_MS of age.  While one batch
- * is being fsync'd the next callers queue, and they form the next batch.  A member that finds the
- * writer free and its batch still open commits it itself, so a batch is never left waiting.
+ * or when the batch reached GROUP_MEMBERS_MAX members or GROUP_AGE_MAX_MS of age.  The COMMIT
+ * hands the batch to the syncer (above) and the writer is free again; the batches that commit
+ * while one fsync runs share the next.  A member that finds the writer free and its batch still
+ * open commits it itself, so a batch is never left waiting.  Without the pipeline (a store opened
+ * with IDEM_SYNC_NORMAL, or not a plain file) the COMMIT is all there is and its committer tells
+ * the batch's members.
  */
 #define GROUP_MEMBERS_MAX 256
 #define GROUP_AGE_MAX_MS 20
@@ -76,13 +120,28 @@ struct sq_notice {
     char errmsg[IDEM_ERRMSG_MAX];
 };
 
+/*
+ * A batch's members are told its outcome: 0 once durable, or its failure.  A member that rolled
+ * back or failed rides the batch too (its own rc kept unless the batch failed): what it read may
+ * have come from the batch's earlier members or from batches not yet durable.
+ */
 struct sq_batch {
     int refs; /* members that have not read the outcome yet */
     int done;
     int rc;
+    int wrote;                  /* some member kept its writes */
+    int64_t commit_ns;          /* what its COMMIT took */
+    struct sq_batch *sync_next; /* committed, in g->sync_head's list */
     char errmsg[IDEM_ERRMSG_MAX];
     struct sq_notice *notices; /* members that did not wait */
     struct sq_job *jobs;       /* members that are jobs (write_run), each woken alone */
+};
+
+/* The marks every process on the file shares (the -idemsync file, mapped): see the top. */
+struct sq_marks {
+    _Atomic uint64_t started;   /* raised before a batch's COMMIT */
+    _Atomic uint64_t committed; /* raised once that COMMIT returned */
+    _Atomic uint64_t durable;   /* raised by an fsync of the WAL to the `committed` before it */
 };
 
 struct sq_group {
@@ -110,6 +169,25 @@ struct sq_group {
     pthread_t runner;
     int runner_started;
     int runner_stop;
+    /* The pipeline (NULL marks: none, each COMMIT is as durable as its synchronous setting). */
+    struct sq_marks *marks;
+    int marks_fd;               /* holds an OFD read lock while the store is open */
+    int wal_fd;                 /* our own descriptor on the -wal file, for fsync */
+    int dir_fd;                 /* the directory holding it */
+    int committing;             /* a COMMIT runs whose batch is not yet in the syncer's list */
+    struct sq_batch *sync_head; /* committed, waiting for the syncer's next fsync */
+    struct sq_batch **sync_tail;
+    int syncing; /* the syncer's fsync is in flight */
+    pthread_cond_t syncer_cv;
+    pthread_t syncer;
+    int syncer_started;
+    int syncer_stop;
+    int wake_syncer;
+    pthread_cond_t durable_cv; /* broadcast after a round of the syncer if reads wait */
+    int durable_waiters;
+    int wake_durable;
+    _Atomic int stopped; /* an fsync failed: nothing more is written or vouched for */
+    char stop_msg[IDEM_ERRMSG_MAX];
 };
 
 /*
@@ -127,9 +205,14 @@ static void group_unlock(struct sq_group *g)
     struct sq_job *jobs[32];
     size_t njobs = 0;
 
+    const int syncer = g->wake_syncer;
+    const int durable = g->wake_durable;
+
     g->wake_writer = 0;
     g->wake_batch = 0;
     g->wake_runner = 0;
+    g->wake_syncer = 0;
+    g->wake_durable = 0;
     g->notices = NULL;
     /*
      * The jobs to wake are taken off the list here: once g->mu is dropped a job may be listed
@@ -148,6 +231,10 @@ static void group_unlock(struct sq_group *g)
         pthread_cond_signal(&g->writer_cv);
     if (runner)
         pthread_cond_signal(&g->runner_cv);
+    if (syncer)
+        pthread_cond_signal(&g->syncer_cv);
+    if (durable)
+        pthread_cond_broadcast(&g->durable_cv);
     for (size_t i = 0; i < njobs; i++) {
         pthread_cond_signal(&jobs[i]->cv);
         atomic_fetch_sub(&jobs[i]->wakes_unsent, 1); /* `jobs[i]` may be gone after this */
@@ -171,7 +258,8 @@ static void group_unlock(struct sq_group *g)
  */
 static int group_flush_locked(struct sq_group *g)
 {
-    if (!g->wake_writer && !g->wake_batch && !g->wake_runner && !g->wake_jobs && !g->notices)
+    if (!g->wake_writer && !g->wake_batch && !g->wake_runner && !g->wake_jobs && !g->notices &&
+        !g->wake_syncer && !g->wake_durable)
         return 0;
     group_unlock(g);
     pthread_mutex_lock(&g->mu);
@@ -215,6 +303,7 @@ static void job_notify_locked(struct sq_group *g, struct sq_job *j)
 }
 
 static void runner_stop(struct sq_group *g);
+static void syncer_stop(struct sq_group *g);
 
 static void batch_commit_locked(struct sq_group *g);
 
@@ -231,24 +320,31 @@ void idem__sq_group_free(struct idem_store *st)
         batch_commit_locked(g); /* its members that did not wait are told */
     }
     group_unlock(g);
+    syncer_stop(g); /* once it made every committed batch durable and told its members */
     if (g->writer) {
         if (!sqlite3_get_autocommit(g->writer->db))
             idem__sq_run_simple(g->writer, "COMMIT", "group commit at close");
         idem__sq_close(g->writer);
     }
     free(g->batch);
+    if (g->marks)
+        munmap(g->marks, sizeof(*g->marks));
+    if (g->marks_fd >= 0)
+        close(g->marks_fd);
+    if (g->wal_fd >= 0)
+        close(g->wal_fd);
+    if (g->dir_fd >= 0)
+        close(g->dir_fd);
     pthread_cond_destroy(&g->writer_cv);
     pthread_cond_destroy(&g->batch_cv);
     pthread_cond_destroy(&g->runner_cv);
+    pthread_cond_destroy(&g->syncer_cv);
+    pthread_cond_destroy(&g->durable_cv);
     pthread_mutex_destroy(&g->mu);
     free(g);
     st->backend = NULL;
 }
 
-/*
- * Made by the first connection (idem_store_open opens one before anyone else may write): 1 when
- * this call made it, 0 when it was there, or an IDEM_E* code.
- */
 int idem__sq_group_get(struct idem_store *st)
 {
     int rc = 0;
@@ -256,42 +352,57 @@ int idem__sq_group_get(struct idem_store *st)
     pthread_mutex_lock(&st->mu);
     if (!st->backend) {
         struct sq_group *g = calloc(1, sizeof(*g));
+        pthread_cond_t *cvs[5];
+        int ncv = 0;
+
         if (!g || pthread_mutex_init(&g->mu, NULL) != 0) {
             free(g);
             rc = IDEM_ENOMEM;
-        } else if (pthread_cond_init(&g->writer_cv, NULL) != 0) {
-            pthread_mutex_destroy(&g->mu);
-            free(g);
-            rc = IDEM_ENOMEM;
-        } else if (pthread_cond_init(&g->batch_cv, NULL) != 0) {
-            pthread_cond_destroy(&g->writer_cv);
-            pthread_mutex_destroy(&g->mu);
-            free(g);
-            rc = IDEM_ENOMEM;
-        } else if (pthread_cond_init(&g->runner_cv, NULL) != 0) {
-            pthread_cond_destroy(&g->batch_cv);
-            pthread_cond_destroy(&g->writer_cv);
-            pthread_mutex_destroy(&g->mu);
-            free(g);
-            rc = IDEM_ENOMEM;
         } else {
-            g->st = st;
-            g->jobs_tail = &g->jobs;
-            st->backend = g;
-            rc = 1;
+            cvs[0] = &g->writer_cv;
+            cvs[1] = &g->batch_cv;
+            cvs[2] = &g->runner_cv;
+            cvs[3] = &g->syncer_cv;
+            cvs[4] = &g->durable_cv;
+            while (ncv < 5 && pthread_cond_init(cvs[ncv], NULL) == 0)
+                ncv++;
+            if (ncv < 5) {
+                while (ncv > 0)
+                    pthread_cond_destroy(cvs[--ncv]);
+                pthread_mutex_destroy(&g->mu);
+                free(g);
+                rc = IDEM_ENOMEM;
+            } else {
+                g->st = st;
+                g->jobs_tail = &g->jobs;
+                g->sync_tail = &g->sync_head;
+                g->marks_fd = g->wal_fd = g->dir_fd = -1;
+                st->backend = g;
+                rc = 1;
+            }
         }
     }
     pthread_mutex_unlock(&st->mu);
     return rc;
 }
 
-/* Ends the open batch with `rc` and wakes its members (g->mu held). */
-static void batch_finish_locked(struct sq_group *g, int rc, const char *msg)
+/* Takes the open batch off the writer (g->mu held): the next member begins a new one. */
+static struct sq_batch *batch_detach_locked(struct sq_group *g)
 {
     struct sq_batch *b = g->batch;
 
+    b->wrote = g->members > 0;
     g->batch = NULL;
     g->members = 0;
+    return b;
+}
+
+/*
+ * Ends batch `b` with `rc` and wakes its members (g->mu held): each is told `rc` if the batch
+ * failed, else its own outcome (0 for a member whose writes the batch carried).
+ */
+static void batch_finish_locked(struct sq_group *g, struct sq_batch *b, int rc, const char *msg)
+{
     b->done = 1;
     b->rc = rc;
     if (rc < 0)
@@ -302,28 +413,52 @@ static void batch_finish_locked(struct sq_group *g, int rc, const char *msg)
     while (b->notices) {
         struct sq_notice *n = b->notices;
         b->notices = n->next;
-        n->rc = rc;
-        if (rc < 0)
+        if (rc < 0) {
+            n->rc = rc;
             idem__fmt(n->errmsg, sizeof(n->errmsg), "%s", msg);
+        }
         n->next = g->notices;
         g->notices = n;
+    }
+    if (rc == 0 && b->wrote) {
+        atomic_fetch_add(&g->st->durable_commits, 1);
+        atomic_fetch_add(&g->st->durable_commit_ns, (uint64_t)b->commit_ns);
     }
     if (b->refs == 0)
         free(b);
     g->wake_batch = 1;
 }
 
-/* Commits the open batch: the caller holds the writer (busy) and g->mu, dropped during COMMIT. */
+/* Raises the shared mark `m` to `v` (never lowers it). */
+static void mark_raise(_Atomic uint64_t *m, uint64_t v)
+{
+    uint64_t cur = atomic_load(m);
+
+    while (cur < v && !atomic_compare_exchange_weak(m, &cur, v))
+        ;
+}
+
+/*
+ * Commits the open batch: the caller holds the writer (busy) and g->mu, dropped during COMMIT.
+ * With the pipeline the batch then waits for the syncer; without, it is done.
+ */
 static void batch_commit_locked(struct sq_group *g)
 {
     struct idem_conn *w = g->writer;
+    struct sq_batch *b = batch_detach_locked(g);
     char msg[IDEM_ERRMSG_MAX] = "";
+    uint64_t seq = 0;
     int64_t took;
     int rc;
 
+    g->committing += g->marks != NULL;
     group_unlock(g);
     took = idem__mono_ns();
+    if (g->marks)
+        seq = atomic_fetch_add(&g->marks->started, 1) + 1;
     rc = idem__sq_run_simple(w, "COMMIT", "group commit");
+    if (rc == 0 && g->marks)
+        mark_raise(&g->marks->committed, seq);
     took = idem__mono_ns() - took;
     if (rc < 0) {
         idem__fmt(msg, sizeof(msg), "%s", w->errmsg);
@@ -334,11 +469,259 @@ static void batch_commit_locked(struct sq_group *g)
             w->broken = 1;
     }
     pthread_mutex_lock(&g->mu);
-    if (rc == 0 && g->members > 0) { /* (a batch of rolled-back savepoints carried nothing) */
-        atomic_fetch_add(&g->st->durable_commits, 1);
-        atomic_fetch_add(&g->st->durable_commit_ns, (uint64_t)took);
+    b->commit_ns = took;
+    if (!g->marks) {
+        batch_finish_locked(g, b, rc, msg);
+        return;
     }
-    batch_finish_locked(g, rc, msg);
+    /* (a failed one too: its riders may have read batches that are not durable yet) */
+    b->rc = rc;
+    idem__fmt(b->errmsg, sizeof(b->errmsg), "%s", msg);
+    b->sync_next = NULL;
+    *g->sync_tail = b;
+    g->sync_tail = &b->sync_next;
+    g->committing--;
+    if (!g->syncing)
+        g->wake_syncer = 1;
+}
+
+/* Stops the store for good after a failed fsync (g->mu held). */
+static void store_stop_locked(struct sq_group *g, const char *msg)
+{
+    if (atomic_load(&g->stopped))
+        return;
+    idem__fmt(g->stop_msg, sizeof(g->stop_msg),
+              "sqlite: the store stopped: %s; nothing written since the last good fsync can be "
+              "vouched for, so the process must restart (the store does not retry an fsync)",
+              msg);
+    atomic_store(&g->stopped, 1);
+    g->wake_durable = 1;
+}
+
+/*
+ * fdatasync()s the WAL through our own descriptor (g->mu not held) and raises `durable` to the
+ * `committed` read before it began.  Returns 0, or -1 with why in `msg`.
+ */
+static int wal_sync(struct sq_group *g, char *msg, size_t msglen)
+{
+    uint64_t upto = atomic_load(&g->marks->committed);
+
+    if (fdatasync(g->wal_fd) != 0) {
+        idem__fmt(msg, msglen, "fsync of %s-wal failed: %s", g->st->target, strerror(errno));
+        return -1;
+    }
+    mark_raise(&g->marks->durable, upto);
+    return 0;
+}
+
+/*
+ * The syncer: while batches wait in its list, one fsync of the WAL for all of them, then their
+ * members are told (their notices run here).  At the store's close it leaves once the list is
+ * empty.
+ */
+static void *syncer_main(void *arg)
+{
+    struct sq_group *g = arg;
+
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        if (g->sync_head) {
+            struct sq_batch *list = g->sync_head, *b, *next;
+            char msg[IDEM_ERRMSG_MAX] = "";
+            int64_t took = idem__mono_ns();
+            int rc = 0;
+
+            g->sync_head = NULL;
+            g->sync_tail = &g->sync_head;
+            g->syncing = 1;
+            pthread_mutex_unlock(&g->mu);
+            if (!atomic_load(&g->stopped) &&
+                atomic_load(&g->marks->durable) < atomic_load(&g->marks->committed))
+                rc = wal_sync(g, msg, sizeof(msg));
+            took = idem__mono_ns() - took;
+            pthread_mutex_lock(&g->mu);
+            g->syncing = 0;
+            if (rc < 0)
+                store_stop_locked(g, msg);
+            for (b = list; b; b = next) {
+                next = b->sync_next;
+                b->commit_ns += b == list ? took : 0; /* one fsync for the round */
+                if (atomic_load(&g->stopped))
+                    batch_finish_locked(g, b, IDEM_EUNAVAIL, g->stop_msg);
+                else
+                    batch_finish_locked(g, b, b->rc, b->errmsg);
+            }
+            if (g->durable_waiters > 0)
+                g->wake_durable = 1;
+            group_unlock(g);
+            pthread_mutex_lock(&g->mu);
+            continue;
+        }
+        if (g->syncer_stop)
+            break;
+        pthread_cond_wait(&g->syncer_cv, &g->mu);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+static void syncer_stop(struct sq_group *g)
+{
+    int started;
+
+    pthread_mutex_lock(&g->mu);
+    g->syncer_stop = 1;
+    started = g->syncer_started;
+    g->wake_syncer = started;
+    group_unlock(g);
+    if (started)
+        pthread_join(g->syncer, NULL);
+}
+
+/*
+ * Waits until every commit a caller may have seen is durable (g->mu held): until `durable`
+ * reaches `seen`, the `started` read after the caller's reads.  While this process has a commit
+ * on its way to the syncer, its round will do; otherwise the commit is another process's (or of
+ * one that died before its fsync) and this thread fsyncs the WAL itself -- which covers every
+ * commit it could have seen, whatever the marks say.  Returns 0, or IDEM_EUNAVAIL (the store
+ * stopped) with why in `err`.
+ */
+static int durable_wait_locked(struct sq_group *g, uint64_t seen, char *err, size_t errlen)
+{
+    for (;;) {
+        if (atomic_load(&g->stopped)) {
+            idem__fmt(err, errlen, "%s", g->stop_msg);
+            return IDEM_EUNAVAIL;
+        }
+        if (atomic_load(&g->marks->durable) >= seen)
+            return 0;
+        if (group_flush_locked(g)) /* (the wake-up of the syncer, perhaps) */
+            continue;
+        /* (a notice that reads runs on the syncer: it cannot wait for itself) */
+        if ((g->committing || g->sync_head || g->syncing) &&
+            !(g->syncer_started && pthread_equal(pthread_self(), g->syncer))) {
+            g->durable_waiters++;
+            pthread_cond_wait(&g->durable_cv, &g->mu);
+            g->durable_waiters--;
+            continue;
+        }
+        char msg[IDEM_ERRMSG_MAX] = "";
+        pthread_mutex_unlock(&g->mu);
+        int rc = wal_sync(g, msg, sizeof(msg));
+        pthread_mutex_lock(&g->mu);
+        if (rc < 0)
+            store_stop_locked(g, msg);
+        else
+            return 0;
+    }
+}
+
+int idem__sq_read_gate(struct idem_conn *c)
+{
+    struct sq_group *g;
+    uint64_t seen;
+    int rc;
+
+    if (c->writer || !c->st || !(g = c->st->backend) || !g->marks || !sqlite3_get_autocommit(c->db))
+        return 0; /* (inside a read transaction: its end is gated) */
+    seen = atomic_load(&g->marks->started);
+    if (atomic_load(&g->marks->durable) >= seen && !atomic_load(&g->stopped))
+        return 0;
+    pthread_mutex_lock(&g->mu);
+    rc = durable_wait_locked(g, seen, c->errmsg, sizeof(c->errmsg));
+    group_unlock(g);
+    return rc;
+}
+
+/*
+ * Opens the pipeline of a store whose first connection just opened: maps the shared marks, opens
+ * our descriptors on the -wal file and its directory, fsyncs them, and marks every commit made
+ * before as durable.  A store that is not a plain file has none (each COMMIT stays FULL).
+ */
+int idem__sq_pipeline_open(struct idem_store *st, char *err, size_t errlen)
+{
+    struct sq_group *g = st->backend;
+    const char *path = st->target;
+    char name[4096], *slash;
+    struct flock lk;
+    struct sq_marks *m;
+    uint64_t upto;
+    int fd, alone;
+
+    if (path[0] == ':' || strncmp(path, "file:", 5) == 0 || strlen(path) + 10 > sizeof name)
+        return 0;
+    idem__fmt(name, sizeof name, "%s-idemsync", path);
+    fd = open(name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        goto sys_fail;
+    g->marks_fd = fd;
+    /*
+     * An open file description's lock: write-locking succeeds only if no other open store holds
+     * it, and then no other process can be mid-commit -- marks left by one that died are reset.
+     */
+    memset(&lk, 0, sizeof lk);
+    lk.l_type = F_WRLCK;
+    lk.l_whence = SEEK_SET;
+    lk.l_len = 1;
+    alone = fcntl(fd, F_OFD_SETLK, &lk) == 0;
+    if (ftruncate(fd, sizeof(*m)) != 0 && errno != EINVAL)
+        goto sys_fail;
+    m = mmap(NULL, sizeof(*m), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED)
+        goto sys_fail;
+    g->marks = m;
+    idem__fmt(name, sizeof name, "%s-wal", path);
+    g->wal_fd = open(name, O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (g->wal_fd < 0)
+        goto sys_fail;
+    idem__fmt(name, sizeof name, "%s", path);
+    slash = strrchr(name, '/');
+    if (slash == name)
+        slash[1] = '\0';
+    else if (slash != NULL)
+        *slash = '\0';
+    else
+        idem__fmt(name, sizeof name, ".");
+    g->dir_fd = open(name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (g->dir_fd < 0)
+        goto sys_fail;
+    upto = atomic_load(&m->committed);
+    idem__fmt(name, sizeof name, "%s-wal", path);
+    if (fdatasync(g->wal_fd) != 0 || (fsync(g->dir_fd) != 0 && errno != EINVAL))
+        goto sys_fail;
+    if (alone) {
+        /*
+         * Nobody else is mid-commit: the three marks become one, the largest (the file is never
+         * fsync'd, so after a power cut it may hold anything, even `durable` above `started`).
+         */
+        uint64_t top = atomic_load(&m->started);
+        if (atomic_load(&m->committed) > top)
+            top = atomic_load(&m->committed);
+        if (atomic_load(&m->durable) > top)
+            top = atomic_load(&m->durable);
+        atomic_store(&m->started, top);
+        atomic_store(&m->committed, top);
+        atomic_store(&m->durable, top);
+    } else {
+        mark_raise(&m->durable, upto);
+    }
+    lk.l_type = F_RDLCK;
+    if (fcntl(fd, alone ? F_OFD_SETLK : F_OFD_SETLKW, &lk) != 0)
+        goto sys_fail;
+    if (pthread_create(&g->syncer, NULL, syncer_main, g) != 0) {
+        idem__fmt(err, errlen, "%s", "sqlite: cannot start the store's syncer thread");
+        goto fail;
+    }
+    g->syncer_started = 1;
+    return 0;
+sys_fail:
+    idem__fmt(err, errlen, "sqlite: cannot set up the commit pipeline at %s: %s", name,
+              strerror(errno));
+fail:
+    if (g->marks)
+        munmap(g->marks, sizeof(*g->marks));
+    g->marks = NULL; /* (the descriptors are closed with the group) */
+    return IDEM_EUNAVAIL;
 }
 
 /* With the writer held (g->busy) and g->mu not held: opens the writer and the batch if need be. */
@@ -346,8 +729,18 @@ static int writer_ready(struct sq_group *g, char *err, size_t errlen)
 {
     int rc = 0;
 
-    if (!g->writer)
+    if (atomic_load(&g->stopped)) {
+        idem__fmt(err, errlen, "%s", g->stop_msg);
+        return IDEM_EUNAVAIL;
+    }
+    if (!g->writer) {
         rc = idem__sq_open(g->st, &g->writer, err, errlen);
+        if (rc == 0)
+            g->writer->writer = 1;
+        /* The syncer makes its commits durable: COMMIT only writes the WAL. */
+        if (rc == 0 && g->marks)
+            rc = idem__sq_run_simple(g->writer, "PRAGMA synchronous=NORMAL", "configure writer");
+    }
     if (rc == 0 && !g->batch) {
         struct sq_batch *b = calloc(1, sizeof(*b));
         if (!b)
@@ -441,15 +834,23 @@ static void jobs_run_locked(struct sq_group *g)
                 g->batch->notices = j->notice;
                 g->members++;
                 free(j);
+            } else if (j->notice && g->marks && g->batch) {
+                /* Rolled back or failed: told with the batch, its own outcome kept. */
+                struct sq_notice *n = j->notice;
+                n->rc = j->rc;
+                idem__fmt(n->errmsg, sizeof(n->errmsg), "%s", j->errmsg);
+                n->next = g->batch->notices;
+                g->batch->notices = n;
+                free(j);
             } else if (j->notice) {
                 job_notify_locked(g, j);
-            } else if (j->rc == 0) {
-                j->state = JOB_IN_BATCH;
+            } else if (j->rc == 0 || (g->marks && g->batch)) {
+                j->state = JOB_IN_BATCH; /* (rolled back or failed: a rider, its rc kept) */
                 j->batch = g->batch;
                 j->next = g->batch->jobs;
                 g->batch->jobs = j;
                 g->batch->refs++;
-                g->members++;
+                g->members += j->rc == 0;
             } else {
                 j->state = JOB_DONE;
                 job_wake_locked(g, j);
@@ -504,7 +905,7 @@ static void writer_release_locked(struct sq_group *g)
         char msg[IDEM_ERRMSG_MAX];
         idem__fmt(msg, sizeof(msg), "sqlite: the shared write transaction was rolled back: %s",
                   w->errmsg);
-        batch_finish_locked(g, IDEM_EUNAVAIL, msg);
+        batch_finish_locked(g, batch_detach_locked(g), IDEM_EUNAVAIL, msg);
     } else if (!w->broken && g->batch &&
                (g->waiting == 0 || g->members >= GROUP_MEMBERS_MAX ||
                 idem__mono_ms() - g->opened_ms >= GROUP_AGE_MAX_MS)) {
@@ -512,7 +913,8 @@ static void writer_release_locked(struct sq_group *g)
     }
     if (w->broken) {
         if (g->batch)
-            batch_finish_locked(g, IDEM_EUNAVAIL, "sqlite: the writer connection broke");
+            batch_finish_locked(g, batch_detach_locked(g), IDEM_EUNAVAIL,
+                                "sqlite: the writer connection broke");
         if (!sqlite3_get_autocommit(w->db))
             idem__sq_run_simple(w, "ROLLBACK", "rollback");
         idem__sq_close(w);
@@ -581,11 +983,31 @@ int idem__sq_write_begin(struct idem_store *st, struct idem_conn **out, char *er
     return 0;
 }
 
+/* Waits until batch `b` is done (g->mu held), committing it itself if nobody else would. */
+static void batch_wait_locked(struct sq_group *g, struct sq_batch *b)
+{
+    while (!b->done) {
+        if (!g->busy && g->waiting == 0 && g->batch == b) {
+            /*
+             * The writer is free and nobody queues for it: commit our batch ourselves (with the
+             * jobs that queued meanwhile).
+             */
+            g->busy = 1;
+            writer_release_locked(g);
+            continue;
+        }
+        if (group_flush_locked(g))
+            continue;
+        pthread_cond_wait(&g->batch_cv, &g->mu);
+    }
+}
+
 _Atomic int idem__sq_fail_next_rollback;
 
 void idem__sq_write_rollback(struct idem_store *st, struct idem_conn *c)
 {
     struct sq_group *g = st->backend;
+    struct sq_batch *b;
     int rc;
 
     if (!sqlite3_get_autocommit(c->db)) {
@@ -600,7 +1022,22 @@ void idem__sq_write_rollback(struct idem_store *st, struct idem_conn *c)
             c->broken = 1;
     }
     pthread_mutex_lock(&g->mu);
+    /*
+     * What the caller read may come from the batch's earlier members, or from batches not yet
+     * durable: it returns once they are (with the pipeline), as a member would.
+     */
+    b = g->marks && g->members > 0 ? g->batch : NULL;
+    if (b)
+        b->refs++;
     writer_release_locked(g);
+    if (b) {
+        batch_wait_locked(g, b);
+        if (--b->refs == 0)
+            free(b);
+    } else if (g->marks) {
+        char err[IDEM_ERRMSG_MAX];
+        (void)durable_wait_locked(g, atomic_load(&g->marks->started), err, sizeof(err));
+    }
     group_unlock(g);
 }
 
@@ -640,20 +1077,7 @@ int idem__sq_write_commit(struct idem_store *st, struct idem_conn *c, char *err,
     b->refs++;
     g->members++;
     writer_release_locked(g);
-    while (!b->done) {
-        if (!g->busy && g->waiting == 0 && g->batch == b) {
-            /*
-             * The writer is free and nobody queues for it: commit our batch ourselves (with the
-             * jobs that queued meanwhile).
-             */
-            g->busy = 1;
-            writer_release_locked(g);
-            continue;
-        }
-        if (group_flush_locked(g))
-            continue;
-        pthread_cond_wait(&g->batch_cv, &g->mu);
-    }
+    batch_wait_locked(g, b);
     rc = b->rc;
     if (rc < 0)
         idem__fmt(err, errlen, "%s", b->errmsg);
@@ -769,9 +1193,12 @@ int idem__sq_write_run(struct idem_store *st, idem__tx_fn fn, void *arg, unsigne
         }
     }
     if (j.state == JOB_IN_BATCH) {
-        rc = j.batch->rc;
-        if (rc < 0)
+        /* (its own outcome, unless the batch failed: a rider's rc is its own) */
+        rc = j.batch->rc < 0 ? j.batch->rc : j.rc;
+        if (j.batch->rc < 0)
             idem__fmt(err, errlen, "%s", j.batch->errmsg);
+        else if (rc < 0)
+            idem__fmt(err, errlen, "%s", j.errmsg);
         if (--j.batch->refs == 0)
             free(j.batch);
     } else {

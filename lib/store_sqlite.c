@@ -70,8 +70,7 @@ static int fail(struct idem_conn *c, int rc, const char *what)
     char msg[IDEM_ERRMSG_MAX];
 
     idem__fmt(msg, sizeof(msg), "sqlite: %s: %s", what, sqlite3_errmsg(c->db));
-    describe_failure(c->db, sqlite3_db_filename(c->db, "main"), msg, c->errmsg,
-                     sizeof(c->errmsg));
+    describe_failure(c->db, sqlite3_db_filename(c->db, "main"), msg, c->errmsg, sizeof(c->errmsg));
     if (rc != IDEM_ESTORE)
         return rc;
     if (code == SQLITE_CONSTRAINT_UNIQUE || code == SQLITE_CONSTRAINT_PRIMARYKEY)
@@ -142,8 +141,7 @@ static int prepare(struct idem_conn *c, const char *sql, struct cached_stmt **ou
         long k = name && name[0] == '$' ? strtol(name + 1, &end, 10) : 0;
         if (k < 1 || !end || *end != '\0') {
             idem__fmt(c->errmsg, sizeof(c->errmsg),
-                      "sqlite: parameters must be written $1, $2, ... (got %s)",
-                      name ? name : "?");
+                      "sqlite: parameters must be written $1, $2, ... (got %s)", name ? name : "?");
             rc = IDEM_EINVAL;
             goto out;
         }
@@ -319,6 +317,7 @@ int idem__sq_open(struct idem_store *st, struct idem_conn **out, char *err, size
     c = calloc(1, sizeof(*c));
     if (!c)
         return IDEM_ENOMEM;
+    c->st = st;
     if (sqlite3_open_v2(st->target, &c->db,
                         SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
                         NULL) != SQLITE_OK) {
@@ -345,10 +344,12 @@ int idem__sq_open(struct idem_store *st, struct idem_conn **out, char *err, size
     rc = idem__sq_run_simple(c, pragma, "configure");
     if (rc < 0)
         goto fail_msg;
-    rc = sq_migrate(c, "libidem", idem_schema, sizeof(idem_schema) / sizeof(idem_schema[0]),
-                    NULL);
+    rc = sq_migrate(c, "libidem", idem_schema, sizeof(idem_schema) / sizeof(idem_schema[0]), NULL);
     if (rc < 0)
         goto fail_msg;
+    if (first == 1 && st->opts.sync != IDEM_SYNC_NORMAL &&
+        (rc = idem__sq_pipeline_open(st, err, errlen)) < 0)
+        goto out;
     *out = c;
     c = NULL;
     rc = 0;
@@ -380,9 +381,11 @@ static int sq_begin(struct idem_conn *c, int write)
     return idem__sq_run_simple(c, "BEGIN", "begin");
 }
 
+/* A read transaction's end returns once what it read is durable (idem__sq_read_gate). */
 static int sq_commit(struct idem_conn *c)
 {
-    return idem__sq_run_simple(c, "COMMIT", "commit");
+    int rc = idem__sq_run_simple(c, "COMMIT", "commit");
+    return rc < 0 ? rc : idem__sq_read_gate(c);
 }
 
 static int sq_rollback(struct idem_conn *c)
@@ -390,7 +393,7 @@ static int sq_rollback(struct idem_conn *c)
     int rc = 0;
     if (!sqlite3_get_autocommit(c->db))
         rc = idem__sq_run_simple(c, "ROLLBACK", "rollback");
-    return rc;
+    return rc < 0 ? rc : idem__sq_read_gate(c);
 }
 
 /* Binds the caller's text parameters through the statement's $k map. */
@@ -470,6 +473,10 @@ static int sq_exec(struct idem_conn *c, const char *sql, int nparams, const char
 out:
     if (e)
         sqlite3_reset(e->stmt);
+    if (rc == 0 && (rc = idem__sq_read_gate(c)) < 0 && rows) {
+        r = *rows;
+        *rows = NULL;
+    }
     idem_rows_free(r);
     free(vals);
     free(lens);
@@ -579,9 +586,9 @@ static int sq_record_get(struct idem_conn *c, const struct idem_scope *s, struct
         rec->expires_ms = expires;
         rec->created_ms = sqlite3_column_int64(stmt, 10);
         /* Past retention and unprotected, a record is as good as swept: the key is new. */
-        rec->found = !(expires <= rec->store_now_ms &&
-                       (rec->status == IDEM_REC_COMPLETED ||
-                        rec->lease_expires_ms <= rec->store_now_ms));
+        rec->found =
+            !(expires <= rec->store_now_ms &&
+              (rec->status == IDEM_REC_COMPLETED || rec->lease_expires_ms <= rec->store_now_ms));
         if (fp && sqlite3_column_bytes(stmt, 1) == IDEM_FP_LEN)
             memcpy(rec->fp, fp, IDEM_FP_LEN);
         rec->recovery_point = column_dup(stmt, 2);
@@ -603,6 +610,8 @@ static int sq_record_get(struct idem_conn *c, const struct idem_scope *s, struct
         rc = fail(c, IDEM_ESTORE, "read record");
     }
     sqlite3_reset(stmt);
+    if (rc == 0)
+        rc = idem__sq_read_gate(c);
     if (rc < 0)
         idem__record_clear(rec);
     return rc;
@@ -647,8 +656,8 @@ static int sq_record_advance(struct idem_conn *c, const struct idem_scope *s, co
     if (rc < 0)
         return rc;
     if (sqlite3_bind_text(stmt, 4, point, -1, SQLITE_STATIC) != SQLITE_OK ||
-        (data ? sqlite3_bind_text(stmt, 5, data, -1, SQLITE_STATIC)
-              : sqlite3_bind_null(stmt, 5)) != SQLITE_OK ||
+        (data ? sqlite3_bind_text(stmt, 5, data, -1, SQLITE_STATIC) : sqlite3_bind_null(stmt, 5)) !=
+            SQLITE_OK ||
         sqlite3_bind_int64(stmt, 6, idem__now_ms() + lease_ms) != SQLITE_OK ||
         sqlite3_bind_text(stmt, 7, owner, -1, SQLITE_STATIC) != SQLITE_OK)
         return fail(c, IDEM_ESTORE, "bind");
@@ -777,6 +786,8 @@ static int sq_record_stalled(struct idem_conn *c, const char *operation, int lim
         rc = fail(c, IDEM_ESTORE, "list stalled records");
 out:
     sqlite3_reset(e->stmt);
+    if (rc == 0)
+        rc = idem__sq_read_gate(c);
     if (rc < 0) {
         idem_stalled_free(list, count);
         return rc;
@@ -821,9 +832,9 @@ static int sq_migrate(struct idem_conn *c, const char *component,
     int version = 0;
 
     rc = idem__sq_run_simple(c,
-                    "CREATE TABLE IF NOT EXISTS idem_schema (component TEXT PRIMARY KEY,"
-                    " version INTEGER NOT NULL, applied_ms INTEGER NOT NULL)",
-                    "create schema table");
+                             "CREATE TABLE IF NOT EXISTS idem_schema (component TEXT PRIMARY KEY,"
+                             " version INTEGER NOT NULL, applied_ms INTEGER NOT NULL)",
+                             "create schema table");
     if (rc < 0)
         goto out;
     rc = schema_version(c, component, &version);
@@ -844,8 +855,8 @@ static int sq_migrate(struct idem_conn *c, const char *component,
             continue;
         }
         if (!steps[i].sqlite_sql) {
-            idem__fmt(c->errmsg, sizeof(c->errmsg), "migration %s %d has no SQLite form",
-                      component, steps[i].version);
+            idem__fmt(c->errmsg, sizeof(c->errmsg), "migration %s %d has no SQLite form", component,
+                      steps[i].version);
             rc = IDEM_EMIGRATE;
         }
         if (rc == 0)

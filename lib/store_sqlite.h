@@ -24,6 +24,8 @@ struct cached_stmt {
 
 struct idem_conn {
     sqlite3 *db;
+    struct idem_store *st; /* the store it belongs to */
+    int writer;            /* the group's writer (its reads are gated by its batch) */
     char errmsg[IDEM_ERRMSG_MAX];
     int broken;
     uint64_t clock;
@@ -47,6 +49,17 @@ int idem__sq_run_simple(struct idem_conn *c, const char *sql, const char *what);
 int idem__sq_group_get(struct idem_store *st);
 /* Commits what is open, stops the group's threads and frees it (idem_store_close). */
 void idem__sq_group_free(struct idem_store *st);
+/*
+ * Sets up the commit pipeline once the store's first connection opened (sqlite_commit.c, at the
+ * top): 0, or IDEM_EUNAVAIL with why in `err`.  Not called for IDEM_SYNC_NORMAL.
+ */
+int idem__sq_pipeline_open(struct idem_store *st, char *err, size_t errlen);
+/*
+ * After a read on pooled connection `c` outside a transaction, or the end of its transaction:
+ * returns once every commit the read could have seen is durable (0), or IDEM_EUNAVAIL with why
+ * in c->errmsg when the store stopped after a failed fsync.
+ */
+int idem__sq_read_gate(struct idem_conn *c);
 
 int idem__sq_write_begin(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
 int idem__sq_write_commit(struct idem_store *st, struct idem_conn *c, char *err, size_t errlen);

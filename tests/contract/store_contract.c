@@ -1088,8 +1088,14 @@ static void test_commit_async(struct idem_engine *eng, struct idem_store *st)
         pthread_join(th[i], NULL);
         errors += w[i].errors;
     }
-    /* The last writer to let go of the writer commits the last batch before it returns. */
+    /*
+     * Every commit was handed over: each is told once its batch is durable, on the store's
+     * thread (the syncer's, with the SQLite pipeline), so possibly after the writers returned.
+     */
     CHECK_INT(errors, 0);
+    T_WAIT_UNTIL(atomic_load(&async_done_ok) + atomic_load(&async_done_failed) ==
+                     ASYNC_THREADS * ASYNC_EACH,
+                 "every async commit told");
     CHECK_INT(atomic_load(&async_done_ok), ASYNC_THREADS * ASYNC_EACH);
     CHECK_INT(atomic_load(&async_done_failed), 0);
     CHECK_INT(atomic_load(&async_bad_state), 0);
