@@ -304,6 +304,7 @@ static void job_notify_locked(struct sq_group *g, struct sq_job *j)
 
 static void runner_stop(struct sq_group *g);
 static void syncer_stop(struct sq_group *g);
+static void writer_release_locked(struct sq_group *g);
 
 static void batch_commit_locked(struct sq_group *g);
 
@@ -384,6 +385,18 @@ int idem__sq_group_get(struct idem_store *st)
     }
     pthread_mutex_unlock(&st->mu);
     return rc;
+}
+
+/*
+ * Whether a batch that nobody else queues for may commit now (g->mu held): not while the syncer
+ * has an fsync in flight or batches waiting for one.  The open batch goes on filling meanwhile --
+ * its statements run during the fsync -- and the syncer pokes it when its round ends, so one
+ * commit and one fsync carry what arrived during the last fsync (without this, every turn of the
+ * writer would commit a batch of its own, each rewriting the same hot pages into the WAL).
+ */
+static int disk_idle_locked(const struct sq_group *g)
+{
+    return !g->marks || (!g->syncing && !g->sync_head);
 }
 
 /* Takes the open batch off the writer (g->mu held): the next member begins a new one. */
@@ -553,6 +566,15 @@ static void *syncer_main(void *arg)
             }
             if (g->durable_waiters > 0)
                 g->wake_durable = 1;
+            /*
+             * The batch that filled during this fsync commits now, by this thread if the writer
+             * is free (members that did not wait have no thread of their own to do it); its
+             * fsync is the next round.
+             */
+            if (g->batch && !g->busy && g->waiting == 0 && disk_idle_locked(g)) {
+                g->busy = 1;
+                writer_release_locked(g);
+            }
             group_unlock(g);
             pthread_mutex_lock(&g->mu);
             continue;
@@ -882,7 +904,7 @@ static void writer_free_locked(struct sq_group *g)
     if (g->waiting > 0)
         g->wake_writer = 1;
     queue_wake_locked(g);
-    if (g->waiting == 0 && g->batch)
+    if (g->waiting == 0 && g->batch && disk_idle_locked(g))
         batch_poke_locked(g);
 }
 
@@ -907,7 +929,7 @@ static void writer_release_locked(struct sq_group *g)
                   w->errmsg);
         batch_finish_locked(g, batch_detach_locked(g), IDEM_EUNAVAIL, msg);
     } else if (!w->broken && g->batch &&
-               (g->waiting == 0 || g->members >= GROUP_MEMBERS_MAX ||
+               ((g->waiting == 0 && disk_idle_locked(g)) || g->members >= GROUP_MEMBERS_MAX ||
                 idem__mono_ms() - g->opened_ms >= GROUP_AGE_MAX_MS)) {
         batch_commit_locked(g);
     }
@@ -987,7 +1009,7 @@ int idem__sq_write_begin(struct idem_store *st, struct idem_conn **out, char *er
 static void batch_wait_locked(struct sq_group *g, struct sq_batch *b)
 {
     while (!b->done) {
-        if (!g->busy && g->waiting == 0 && g->batch == b) {
+        if (!g->busy && g->waiting == 0 && g->batch == b && disk_idle_locked(g)) {
             /*
              * The writer is free and nobody queues for it: commit our batch ourselves (with the
              * jobs that queued meanwhile).
@@ -1164,8 +1186,8 @@ int idem__sq_write_run(struct idem_store *st, idem__tx_fn fn, void *arg, unsigne
     *g->jobs_tail = &j;
     g->jobs_tail = &j.next;
     while (j.state != JOB_DONE && !(j.state == JOB_IN_BATCH && j.batch->done)) {
-        if (!g->busy && (j.state == JOB_QUEUED ||
-                         (j.state == JOB_IN_BATCH && g->waiting == 0 && g->batch == j.batch))) {
+        if (!g->busy && (j.state == JOB_QUEUED || (j.state == JOB_IN_BATCH && g->waiting == 0 &&
+                                                   g->batch == j.batch && disk_idle_locked(g)))) {
             /* The writer is free: run the queue (ours in it), or commit our batch, ourselves. */
             writer_turn_locked(g, j.state == JOB_QUEUED);
             continue;
@@ -1225,7 +1247,8 @@ static void *runner_main(void *arg)
 
     pthread_mutex_lock(&g->mu);
     for (;;) {
-        if (!g->busy && (g->jobs || (g->batch && g->batch->notices && g->waiting == 0))) {
+        if (!g->busy && (g->jobs || (g->batch && g->batch->notices && g->waiting == 0 &&
+                                     disk_idle_locked(g)))) {
             writer_turn_locked(g, g->jobs != NULL);
             continue;
         }
