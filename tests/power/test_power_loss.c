@@ -26,6 +26,9 @@
  *             both die at once: it reads commits the writer's syncer may not have made durable
  *             yet (sqlite_commit.c: a read is gated on the shared marks).
  *
+ * First, once: a failed fsync of the WAL stops the store (the commit it was for, every later write
+ * and every read fail until the store is opened again; an fsync is never retried).
+ *
  *   test_power_loss [--rounds N] [--seed S]     (make test runs a short one; make power-loss
  * longer)
  */
@@ -52,9 +55,10 @@
 #define KEYS_PER_ROUND 120
 #define WRITER_THREADS 4
 
-static char dir[PATH_MAX];     /* files under it are modelled */
-static char db[PATH_MAX + 16]; /* DIR/p.db */
-static int die_in_wal_sync;    /* a worker that dies inside a WAL sync, one time in this many */
+static char dir[PATH_MAX];         /* files under it are modelled */
+static char db[PATH_MAX + 16];     /* DIR/p.db */
+static int die_in_wal_sync;        /* a worker that dies inside a WAL sync, one time in this many */
+static _Atomic int wal_sync_fails; /* every fsync of a -wal file fails with EIO */
 static pthread_mutex_t model_mu = PTHREAD_MUTEX_INITIALIZER;
 static int ack_fd = -1; /* a worker's end of the report pipe */
 
@@ -184,6 +188,10 @@ static int modelled_sync(int fd, const char *name)
         return real(fd);
     n = strlen(path);
     /* A worker killed between writing a commit's WAL frames and making them durable. */
+    if (wal_sync_fails && n > 4 && strcmp(path + n - 4, "-wal") == 0) {
+        errno = EIO; /* what the disk kept of it is unknown */
+        return -1;
+    }
     if (die_in_wal_sync > 0 && n > 4 && strcmp(path + n - 4, "-wal") == 0 &&
         grew_since_sync(fd, path) && rand() % die_in_wal_sync == 0)
         _exit(9);
@@ -552,6 +560,74 @@ static void run_for(pid_t pid, int fd, struct acks *a, long ms, int until_exit)
     }
 }
 
+/* One write transaction of one business row; its commit's return code. */
+static int write_one(struct idem_store *st, const char *k)
+{
+    struct idem_tx *tx = NULL;
+    const char *params[] = {k};
+    int rc = idem_tx_begin(st, 1, &tx);
+
+    if (rc != 0)
+        return rc;
+    rc = idem_tx_exec(tx, "INSERT INTO effects VALUES ($1)", 1, params, NULL);
+    if (rc != 0) {
+        idem_tx_rollback(tx);
+        return rc;
+    }
+    return idem_tx_commit(tx);
+}
+
+/*
+ * A failed fsync of the WAL stops the store: the commit it was for fails, and so does every later
+ * write and read -- the kernel may have dropped the pages it could not write, so no later fsync
+ * could vouch for them -- until the store is opened again.  Returns the failures found.
+ */
+static int failed_fsync_stops_the_store(void)
+{
+    struct idem_store *st = NULL;
+    struct idem_engine *eng = open_engine(&st);
+    struct idem_tx *tx = NULL;
+    int bad = 0, rc;
+
+    if ((rc = write_one(st, "before")) != 0) {
+        fprintf(stderr, "test_power_loss: a write before the failure: %d\n", rc);
+        bad++;
+    }
+    wal_sync_fails = 1;
+    if ((rc = write_one(st, "failed")) != IDEM_EUNAVAIL) {
+        fprintf(stderr, "test_power_loss: a write whose fsync failed returned %d\n", rc);
+        bad++;
+    }
+    wal_sync_fails = 0;
+    if ((rc = write_one(st, "after")) != IDEM_EUNAVAIL) {
+        fprintf(stderr,
+                "test_power_loss: a write after a failed fsync returned %d, not "
+                "IDEM_EUNAVAIL (the store must stop, never retry an fsync)\n",
+                rc);
+        bad++;
+    }
+    rc = idem_tx_begin(st, 0, &tx);
+    if (rc == 0 && (rc = idem_tx_exec(tx, "SELECT count(*) FROM effects", 0, NULL, NULL)) == 0)
+        rc = idem_tx_commit(tx);
+    else
+        idem_tx_rollback(tx);
+    if (rc != IDEM_EUNAVAIL) {
+        fprintf(stderr, "test_power_loss: a read after a failed fsync returned %d\n", rc);
+        bad++;
+    }
+    idem_engine_free(eng);
+    idem_store_close(st);
+    /* A new process (here: the store opened again) fsyncs at open and goes on. */
+    eng = open_engine(&st);
+    if ((rc = write_one(st, "reopened")) != 0) {
+        fprintf(stderr, "test_power_loss: a write after reopening: %d\n", rc);
+        bad++;
+    }
+    idem_engine_free(eng);
+    idem_store_close(st);
+    return bad;
+}
+
 int main(int argc, char **argv)
 {
     int rounds = 12, bad = 0;
@@ -575,10 +651,12 @@ int main(int argc, char **argv)
     snprintf(dir, sizeof dir, "%s/idem-power-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(dir))
         die("mkdtemp");
-    snprintf(db, sizeof db, "%s/p.db", dir);
     srand(seed);
     printf("test_power_loss: %d rounds, seed %u, in %s\n", rounds, seed, dir);
     fflush(stdout);
+    snprintf(db, sizeof db, "%s/stop.db", dir);
+    bad += failed_fsync_stops_the_store();
+    snprintf(db, sizeof db, "%s/p.db", dir);
 
     for (int round = 0; round < rounds; round++) {
         struct acks a = {0};
