@@ -94,11 +94,17 @@ def test_kill9_mid_stream_loses_nothing_and_duplicates_nothing(_):
         # A slow (sanitized, loaded) build may not have answered anything yet: the kill must come
         # after at least one acknowledged order, or the check of what was acknowledged is vacuous.
         wait_until("an acknowledged order before the kill", acknowledged)
+        with lock:
+            before_kill = len(sent)
         s.kill9()
         killed_at = time.monotonic()
-        # Not a wait for anything: the writers go on a moment so that some of their requests meet
-        # refused connections too (nothing below depends on how many do).
-        time.sleep(0.2)
+
+        def every_writer_refused():
+            with lock:
+                return {i for i, _, _, r in sent[before_kill:] if isinstance(r, Exception)} == \
+                    set(range(WRITERS))
+        # The writers go on until each has met the dead server too (a refused or cut request).
+        wait_until("every writer to meet the killed server", every_writer_refused)
         stop.set()
         for t in threads:
             t.join(15)

@@ -323,13 +323,18 @@ static void jobs_without_a_waiting_thread(const char *dir)
           after.write_commits - before.write_commits);
 
     /*
-     * Held writer: the job waits for its release, then runs.  The pause is a quiet period in
-     * which nothing may happen: a store thread that is slow to look at the queue can only make
-     * the check pass without proving much, never fail it.
+     * Held writer: the job waits for its release, then runs.  A job that ran meanwhile would
+     * have written its row on the writer this thread holds, visible to this very transaction.
      */
     CHECK_INT(idem_tx_begin(st, 1, &holder), 0);
     CHECK_INT(async_queue(&jobs[0], st, JOB_KEEP, "after-holder-k"), 0);
-    t_sleep_ms(100);
+    {
+        const char *p[] = {"after-holder-k"};
+        struct idem_rows *rows = NULL;
+        CHECK_INT(idem_tx_exec(holder, "SELECT count(*) FROM biz WHERE id = $1", 1, p, &rows), 0);
+        CHECK_STR(idem_rows_get(rows, 0, 0), "0");
+        idem_rows_free(rows);
+    }
     CHECK_INT(atomic_load(&jobs[0].told), 0);
     CHECK_INT(idem_tx_commit(holder), 0);
     async_wait_all(jobs, 1);
@@ -358,8 +363,8 @@ int main(void)
     struct idem_call *call = NULL;
     struct idem_tx *tx = NULL;
     enum idem_outcome oc;
-    static const struct idem_operation op = {.name = "unit.takeover", .lease_ms = 50,
-                                             .wait_ms = 10};
+    static const struct idem_operation op = {
+        .name = "unit.takeover", .lease_ms = 50, .wait_ms = 10};
     struct idem_scope scope = {"alice", "unit.takeover", "k"};
     unsigned char fp1[IDEM_FP_LEN], fp2[IDEM_FP_LEN];
     int won = -1;
