@@ -587,17 +587,27 @@ static void *syncer_main(void *arg)
     return NULL;
 }
 
-static void syncer_stop(struct sq_group *g)
+/*
+ * Tells one of the group's threads (the runner, the syncer) to leave once its work is done, wakes
+ * it and joins it, if it was started.
+ */
+static void group_thread_stop(struct sq_group *g, int *stop, const int *started, int *wake,
+                              pthread_t *thread)
 {
-    int started;
+    int was;
 
     pthread_mutex_lock(&g->mu);
-    g->syncer_stop = 1;
-    started = g->syncer_started;
-    g->wake_syncer = started;
+    *stop = 1;
+    was = *started;
+    *wake = was;
     group_unlock(g);
-    if (started)
-        pthread_join(g->syncer, NULL);
+    if (was)
+        pthread_join(*thread, NULL);
+}
+
+static void syncer_stop(struct sq_group *g)
+{
+    group_thread_stop(g, &g->syncer_stop, &g->syncer_started, &g->wake_syncer, &g->syncer);
 }
 
 /*
@@ -664,7 +674,7 @@ int idem__sq_pipeline_open(struct idem_store *st, char *err, size_t errlen)
 {
     struct sq_group *g = st->backend;
     const char *path = st->target;
-    char name[4096], *slash;
+    char name[4096];
     struct flock lk;
     struct sq_marks *m;
     uint64_t upto;
@@ -696,14 +706,7 @@ int idem__sq_pipeline_open(struct idem_store *st, char *err, size_t errlen)
     g->wal_fd = open(name, O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
     if (g->wal_fd < 0)
         goto sys_fail;
-    idem__fmt(name, sizeof name, "%s", path);
-    slash = strrchr(name, '/');
-    if (slash == name)
-        slash[1] = '\0';
-    else if (slash != NULL)
-        *slash = '\0';
-    else
-        idem__fmt(name, sizeof name, ".");
+    idem__sq_dir_of(path, name, sizeof name);
     g->dir_fd = open(name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (g->dir_fd < 0)
         goto sys_fail;
@@ -1264,15 +1267,7 @@ static void *runner_main(void *arg)
 
 static void runner_stop(struct sq_group *g)
 {
-    int started;
-
-    pthread_mutex_lock(&g->mu);
-    g->runner_stop = 1;
-    started = g->runner_started;
-    g->wake_runner = started;
-    group_unlock(g);
-    if (started)
-        pthread_join(g->runner, NULL);
+    group_thread_stop(g, &g->runner_stop, &g->runner_started, &g->wake_runner, &g->runner);
 }
 
 /*

@@ -248,6 +248,20 @@ static int create_private(const char *path, char *err, size_t errlen)
     return 0;
 }
 
+void idem__sq_dir_of(const char *path, char *out, size_t n)
+{
+    char *slash;
+
+    idem__fmt(out, n, "%s", path);
+    slash = strrchr(out, '/');
+    if (slash == out)
+        slash[1] = '\0';
+    else if (slash != NULL)
+        *slash = '\0';
+    else
+        idem__fmt(out, n, ".");
+}
+
 /*
  * fsync()s the database's -wal file, the database file and their directory, as far as they exist.
  * A process killed between writing a commit's WAL frames and their fsync leaves those frames in
@@ -260,7 +274,7 @@ static int create_private(const char *path, char *err, size_t errlen)
 static int sync_existing_files(const char *path, char *err, size_t errlen)
 {
     static const char *const suffixes[] = {"-wal", ""};
-    char name[4096], *slash;
+    char name[4096];
     int fd;
 
     if (path[0] == ':' || strncmp(path, "file:", 5) == 0 || strlen(path) + 5 > sizeof name)
@@ -278,14 +292,7 @@ static int sync_existing_files(const char *path, char *err, size_t errlen)
         }
         close(fd);
     }
-    idem__fmt(name, sizeof name, "%s", path);
-    slash = strrchr(name, '/');
-    if (slash == name)
-        slash[1] = '\0';
-    else if (slash != NULL)
-        *slash = '\0';
-    else
-        idem__fmt(name, sizeof name, ".");
+    idem__sq_dir_of(path, name, sizeof name);
     fd = open(name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0 && fsync(fd) != 0 && errno != EINVAL) {
         idem__fmt(err, errlen, "sqlite: cannot make the directory %s durable: %s", name,

@@ -37,6 +37,8 @@ struct idem_conn {
 /* Opens a connection to st's file (made if missing, schema applied): 0 or IDEM_E*, why in err. */
 int idem__sq_open(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
 void idem__sq_close(struct idem_conn *c);
+/* The directory holding the file `path` ("." for a bare name) into `out`. */
+void idem__sq_dir_of(const char *path, char *out, size_t n);
 /* Runs `sql` (no parameters, no rows read); on failure the reason is in c->errmsg. */
 int idem__sq_run_simple(struct idem_conn *c, const char *sql, const char *what);
 
