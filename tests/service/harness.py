@@ -607,6 +607,20 @@ class Client:
                 raise TestFailure("GET %s: empty page with a nextCursor: %s" % (path, r.describe()))
 
 
+def exchange_to_eof(s, data):
+    """Sends `data` on the connected socket `s`, reads until the peer closes, closes `s`."""
+    try:
+        s.sendall(data)
+        out = b""
+        while True:
+            piece = s.recv(65536)
+            if not piece:
+                return out
+            out += piece
+    finally:
+        s.close()
+
+
 def wait_until(what, fn, timeout_s=30.0, pause_s=0.1, describe=None):
     """
     Polls fn() until it returns a true value (returned); fails with `what` after the timeout,

@@ -66,17 +66,8 @@ def raw_request(gw, request_line, headers=(), body=b""):
     if not any(name.lower() == "transfer-encoding" for name, _ in headers):
         head += b"Content-Length: %d\r\n" % len(body)
     head += b"Connection: close\r\n\r\n"
-    s = socket.create_connection((gw.host, gw.port), timeout=30)
-    try:
-        s.sendall(head + body)
-        data = b""
-        while True:
-            piece = s.recv(65536)
-            if not piece:
-                break
-            data += piece
-    finally:
-        s.close()
+    data = harness.exchange_to_eof(socket.create_connection((gw.host, gw.port), timeout=30),
+                                   head + body)
     head, _, rest = data.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1])

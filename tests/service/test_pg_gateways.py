@@ -386,15 +386,10 @@ def show_stat(sock_path):
     s.settimeout(10)
     try:
         s.connect(sock_path)
-        s.sendall(b"show stat\n")
-        data = b""
-        while True:
-            piece = s.recv(65536)
-            if not piece:
-                break
-            data += piece
-    finally:
+    except OSError:
         s.close()
+        raise
+    data = harness.exchange_to_eof(s, b"show stat\n")
     lines = data.decode().splitlines()
     expect(lines and lines[0].startswith("# "), "show stat answered: %r" % data[:300])
     names = lines[0][2:].split(",")
