@@ -89,6 +89,31 @@ def say(msg):
     print("bench: " + msg, flush=True)
 
 
+def run_to_end(b, deadline_s, first=None):
+    """Runs bench `b` (after `first()`, if given) within `deadline_s` seconds (SIGALRM; SIGTERM
+    ends it too), always cleaning up after it; the exit status: 0, 1 (failed), 130 (interrupted).
+    bench.py, gateway_bench.py and peers_bench.py end so."""
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt("signal %d" % signum)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGALRM, on_signal)
+    signal.alarm(deadline_s)
+    try:
+        if first is not None:
+            first()
+        b.run()
+    except BenchError as e:
+        say("failed: %s" % e)
+        return 1
+    except KeyboardInterrupt as e:
+        say("interrupted (%s)" % e)
+        return 130
+    finally:
+        signal.alarm(0)
+        b.cleanup()
+    return 0
+
+
 # ---- processes --------------------------------------------------------------------------------
 
 class Proc:
@@ -2285,12 +2310,6 @@ def main():
         if not shutil.which(tool):
             ap.error("%s is not installed (scripts/deps.sh bench)" % tool)
 
-    def on_signal(signum, frame):
-        raise KeyboardInterrupt("signal %d" % signum)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGALRM, on_signal)
-    signal.alarm(DEADLINE_S)
-
     # 10,000 connections need as many descriptors in wrk and in orderd (which raises its own
     # soft limit to fit --max-connections, within the hard limit it inherits from here).
     nofile = raise_nofile(NOFILE_WANT)
@@ -2298,18 +2317,7 @@ def main():
     if nofile < RSS_CONNECTIONS + 1024:
         b.note("the open-file limit is %d (hard limit reached): %s connections may not all "
                "open" % (nofile, "{:,}".format(RSS_CONNECTIONS)))
-    try:
-        b.run()
-    except BenchError as e:
-        say("failed: %s" % e)
-        return 1
-    except KeyboardInterrupt as e:
-        say("interrupted (%s)" % e)
-        return 130
-    finally:
-        signal.alarm(0)
-        b.cleanup()
-    return 0
+    return run_to_end(b, DEADLINE_S)
 
 
 if __name__ == "__main__":

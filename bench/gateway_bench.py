@@ -651,24 +651,7 @@ def main():
             ap.error("%s is not in %s (cmake --build build-bench --target idem-gateway "
                      "static_http)" % (prog, args.bin))
 
-    def on_signal(signum, frame):
-        raise KeyboardInterrupt("signal %d" % signum)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGALRM, on_signal)
-    signal.alarm(DEADLINE_S)
-    b = GatewayBench(args)
-    try:
-        b.run()
-    except B.BenchError as e:
-        say("failed: %s" % e)
-        return 1
-    except KeyboardInterrupt as e:
-        say("interrupted (%s)" % e)
-        return 130
-    finally:
-        signal.alarm(0)
-        b.cleanup()
-    return 0
+    return B.run_to_end(GatewayBench(args), DEADLINE_S)
 
 
 if __name__ == "__main__":

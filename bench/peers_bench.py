@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -637,26 +636,8 @@ def main():
             ap.error("%s is not in %s (cmake --build <dir> --target orderd idem-gateway)" % (
                 prog, args.bin))
 
-    def on_signal(signum, frame):
-        raise KeyboardInterrupt("signal %d" % signum)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGALRM, on_signal)
-    signal.alarm(DEADLINE_S)
     B.raise_nofile(4096)
-    b = PeersBench(args)
-    try:
-        npm_install()
-        b.run()
-    except B.BenchError as e:
-        say("failed: %s" % e)
-        return 1
-    except KeyboardInterrupt as e:
-        say("interrupted (%s)" % e)
-        return 130
-    finally:
-        signal.alarm(0)
-        b.cleanup()
-    return 0
+    return B.run_to_end(PeersBench(args), DEADLINE_S, first=npm_install)
 
 
 if __name__ == "__main__":
