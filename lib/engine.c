@@ -82,6 +82,7 @@ struct idem_call {
     const char *const *stored_headers; /* the operation's allow-list (borrowed), NULL: default */
     size_t nstored_headers;
     const char *claim_point; /* the operation's (borrowed): a claim commits at once, there */
+    int one_phase;           /* the operation's: a fresh key's record is written by its phase */
     unsigned char fp[IDEM_FP_LEN];
 
     struct idem_tx *tx;  /* the open phase, if any */
@@ -89,6 +90,11 @@ struct idem_call {
     idem_call_done async_done;
     void *async_arg;
     int record_durable;  /* the record exists beyond the open phase (committed) */
+    /*
+     * A one-phase call's open phase, whose record is not in the store yet: the phase's first
+     * record write inserts it (completed, or processing at an advance's point).
+     */
+    int claim_deferred;
     int completed;
     int waited;
     int recovering; /* IN_PROGRESS: the lease holder is a recovery worker */
@@ -486,6 +492,22 @@ static int try_claim(struct idem_call *call, int *claimed)
 }
 
 /*
+ * A one-phase operation's fresh key (the read found no record): the phase opens without the
+ * record, which its first record write inserts (stage_response, idem_call_advance).  Nothing is
+ * in the store until then, so a rollback leaves nothing to release; a claim of another process
+ * in between is met by that insert.
+ */
+static int defer_claim(struct idem_call *call)
+{
+    int rc = idem_tx_begin(call->eng->st, 1, &call->tx);
+
+    if (rc < 0)
+        return call_fail(call, rc, "begin phase", call->tx ? NULL : "no store connection");
+    call->claim_deferred = 1;
+    return 0;
+}
+
+/*
  * A claim committed at once at its operation's claim_point: one whole transaction of one
  * statement, the record inserted already at its point (IDEM__TX_ONE_STATEMENT).
  */
@@ -668,6 +690,7 @@ static int call_new(struct idem_engine *eng, const struct idem_operation *op, co
     call->stored_headers = op->stored_headers;
     call->nstored_headers = op->stored_headers ? op->nstored_headers : 0;
     call->claim_point = op->claim_point;
+    call->one_phase = op->one_phase && !op->claim_point;
     call->retry_after_s = 1;
     if (fp)
         memcpy(call->fp, fp, IDEM_FP_LEN);
@@ -731,7 +754,7 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
          * later round, the record is read first; an empty call->rec (round 0) claims.
          */
         if (round > 0 || recover || call->waited || !eng->cache ||
-            !eng->st->vt->claim_before_read) {
+            !eng->st->vt->claim_before_read || call->one_phase) {
             rc = read_record(call);
             if (rc < 0)
                 goto out;
@@ -751,6 +774,15 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
                 pause = pause * 2 > POLL_MAX_MS ? POLL_MAX_MS : pause * 2;
             }
             claim_mono = idem__mono_ms();
+            if (call->one_phase) {
+                rc = defer_claim(call);
+                if (rc == 0)
+                    rc = claim_won(call, claim_mono);
+                if (rc < 0)
+                    goto out;
+                *outcome = IDEM_OUTCOME_EXECUTE;
+                break;
+            }
             rc = call->claim_point ? try_claim_at_point(call, &claimed) : try_claim(call, &claimed);
             if (rc < 0)
                 goto out;
@@ -1079,6 +1111,7 @@ static void rollback_phase(struct idem_call *call)
 {
     idem_tx_rollback(call->tx);
     call->tx = NULL;
+    call->claim_deferred = 0;
     unstage(call);
 }
 
@@ -1098,6 +1131,17 @@ static int fence_failed(struct idem_call *call, const char *what)
     return rc;
 }
 
+/* The first record write of a deferred claim found the key taken: the phase is rolled back. */
+static int deferred_claim_lost(struct idem_call *call, const char *what)
+{
+    int rc = call_fail(call, IDEM_ELEASE, what,
+                       call->staged_body ? "the response staged in this phase is still in place "
+                                           "(roll back to a savepoint taken before it first)"
+                                         : "another request claimed the key first");
+    rollback_phase(call);
+    return rc;
+}
+
 /* Commits the open phase; the record has changed, so waiting duplicates are woken. */
 static int commit_phase(struct idem_call *call, const char *what)
 {
@@ -1105,6 +1149,7 @@ static int commit_phase(struct idem_call *call, const char *what)
     int rc = idem__tx_commit_err(call->tx, err, sizeof(err));
 
     call->tx = NULL;
+    call->claim_deferred = 0;
     unstage(call);
     notify_changed(call->eng, NULL);
     if (rc < 0)
@@ -1130,6 +1175,20 @@ int idem_call_advance(struct idem_call *call, const char *point, const char *dat
     if (!p || (data && !d)) {
         rc = IDEM_ENOMEM;
         goto out;
+    }
+    if (call->claim_deferred) {
+        /* The record goes in now, processing, with the lease, then to its point as ever. */
+        rc = st->vt->record_insert(idem__tx_conn(call->tx), &call->scope, call->fp, call->owner,
+                                   call->lease_ms, call->ttl_ms, "", &ok);
+        if (rc < 0) {
+            call_fail(call, rc, "claim", st->vt->errmsg(idem__tx_conn(call->tx)));
+            goto out;
+        }
+        if (!ok) {
+            rc = deferred_claim_lost(call, "claim");
+            goto out;
+        }
+        call->claim_deferred = 0;
     }
     rc = st->vt->record_advance(idem__tx_conn(call->tx), &call->scope, call->owner, point, data,
                                 call->lease_ms, &ok);
@@ -1202,15 +1261,20 @@ static int stage_response(struct idem_call *call, int status, const struct idem_
     rc = response_copies(call, headers, nheaders, body, body_len, &text, &copy);
     if (rc < 0)
         goto out;
-    rc = st->vt->record_complete(idem__tx_conn(call->tx), &call->scope, call->owner, status, text,
-                                 body, body_len, &ok);
+    if (call->claim_deferred)
+        rc = st->vt->record_insert_completed(idem__tx_conn(call->tx), &call->scope, call->fp,
+                                             call->ttl_ms, status, text, body, body_len, &ok);
+    else
+        rc = st->vt->record_complete(idem__tx_conn(call->tx), &call->scope, call->owner, status,
+                                     text, body, body_len, &ok);
     if (rc < 0) {
         call_fail(call, rc, "stage response", st->vt->errmsg(idem__tx_conn(call->tx)));
         unstage(call);
         goto out;
     }
     if (!ok) {
-        rc = fence_failed(call, "stage response");
+        rc = call->claim_deferred ? deferred_claim_lost(call, "stage response")
+                                  : fence_failed(call, "stage response");
         goto out;
     }
     unstage(call);
@@ -1242,6 +1306,7 @@ static int response_committed(struct idem_call *call, int rc, const char *errmsg
                 cache_lifetime(call->claimed_mono_ms, call->ttl_ms, call->ttl_ms));
     }
     notify_changed(call->eng, call);
+    call->claim_deferred = 0;
     if (rc < 0) {
         unstage(call);
         return call_fail(call, rc, "commit response", errmsg);

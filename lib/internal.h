@@ -146,7 +146,22 @@ struct idem_store_vtab {
     int (*record_insert)(struct idem_conn *c, const struct idem_scope *s,
                          const unsigned char fp[IDEM_FP_LEN], const char *owner, int64_t lease_ms,
                          int64_t ttl_ms, const char *point, int *inserted);
-    /* Reads the record (rec->found = 0 when there is none), with the store's current time. */
+    /*
+     * record_insert() of a record already completed with its response (a one-phase operation's:
+     * the claim and the completion in one statement, no lease).  *inserted = 0 when a record of
+     * the scope that retention still keeps exists.  In a transaction a store may send it with
+     * the COMMIT (*inserted = 1 then), which fails with IDEM_ELEASE if it inserted nothing.
+     */
+    int (*record_insert_completed)(struct idem_conn *c, const struct idem_scope *s,
+                                   const unsigned char fp[IDEM_FP_LEN], int64_t ttl_ms, int status,
+                                   const char *headers, const void *body, size_t body_len,
+                                   int *inserted);
+    /*
+     * Reads the record (rec->found = 0 when there is none), with the store's current time.  A
+     * record found is one whose commit is durable (a store that commits ahead of its fsync waits
+     * here); an absence is not waited for, since a crash takes back only writes, and whoever acts
+     * on an absence writes next, gated by its own commit.
+     */
     int (*record_get)(struct idem_conn *c, const struct idem_scope *s, struct idem_record *rec);
     /*
      * Takes a processing record whose lease has expired and whose fingerprint is still `fp`

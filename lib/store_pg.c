@@ -178,6 +178,8 @@ enum rec_stmt {
     RS_COMPLETE,
     RS_ADVANCE_DEFERRED,
     RS_COMPLETE_DEFERRED,
+    RS_INSERT_COMPLETED,
+    RS_INSERT_COMPLETED_DEFERRED,
     RS_RELEASE,
     RS_FORGET,
     RS_SWEEP,
@@ -213,6 +215,28 @@ struct rec_sql {
 #define COMPLETE_TYPES                                                                             \
     {                                                                                              \
         OID_TEXT, OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_BYTEA, OID_TEXT                      \
+    }
+/*
+ * A one-phase operation's record, inserted already completed (the claim's conflict rule: only a
+ * record that retention let go is replaced).
+ */
+#define INSERT_COMPLETED_SQL                                                                       \
+    "WITH t AS (SELECT " DB_NOW_MS " AS now)"                                                      \
+    " INSERT INTO idem_records AS r (principal, operation, idem_key, fingerprint, status,"         \
+    " recovery_point, lease_owner, lease_expires_ms, response_status, response_headers,"           \
+    " response_body, created_ms, expires_ms)"                                                      \
+    " SELECT $1, $2, $3, $4, 1, '', NULL, 0, $5, $6, $7, t.now, t.now + $8 FROM t"                 \
+    " ON CONFLICT (principal, operation, idem_key) DO UPDATE SET"                                  \
+    " fingerprint = excluded.fingerprint, status = 1, recovery_point = '',"                        \
+    " recovery_data = NULL, lease_owner = NULL, lease_expires_ms = 0,"                             \
+    " response_status = excluded.response_status,"                                                 \
+    " response_headers = excluded.response_headers, response_body = excluded.response_body,"       \
+    " created_ms = excluded.created_ms, expires_ms = excluded.expires_ms"                          \
+    " WHERE r.expires_ms <= excluded.created_ms"                                                   \
+    " AND (r.status = 1 OR r.lease_expires_ms <= excluded.created_ms)"
+#define INSERT_COMPLETED_TYPES                                                                     \
+    {                                                                                              \
+        OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_INT4, OID_TEXT, OID_BYTEA, OID_INT8           \
     }
 /* An update whose answer is not read: it fails (division by zero) if it changed no row. */
 #define FENCED(update) "WITH u AS (" update " RETURNING 1) SELECT 1 / count(*)::int4 FROM u"
@@ -268,6 +292,11 @@ static const struct rec_sql rec_sql[RS_COUNT] = {
      */
     [RS_ADVANCE_DEFERRED] = {"idem_advance_deferred", FENCED(ADVANCE_SQL), 7, ADVANCE_TYPES},
     [RS_COMPLETE_DEFERRED] = {"idem_complete_deferred", FENCED(COMPLETE_SQL), 7, COMPLETE_TYPES},
+    [RS_INSERT_COMPLETED] = {"idem_insert_completed", INSERT_COMPLETED_SQL, 8,
+                             INSERT_COMPLETED_TYPES},
+    /* Sent with the COMMIT: a key another caller holds fails it (IDEM_ELEASE), as above. */
+    [RS_INSERT_COMPLETED_DEFERRED] = {"idem_insert_completed_deferred",
+                                      FENCED(INSERT_COMPLETED_SQL), 8, INSERT_COMPLETED_TYPES},
     [RS_RELEASE] = {"idem_release",
                     "UPDATE idem_records r SET lease_expires_ms = 0"
                     " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $4",
@@ -518,7 +547,8 @@ static int pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
         } else {
             all[nall] = pq_exec(rec_sql[d->rec].name, rec_sql[d->rec].nparams,
                                 (const char *const *)d->vals, d->lens, d->fmts, 0, d->what);
-            all[nall++].fenced = d->rec == RS_ADVANCE_DEFERRED || d->rec == RS_COMPLETE_DEFERRED;
+            all[nall++].fenced = d->rec == RS_ADVANCE_DEFERRED || d->rec == RS_COMPLETE_DEFERRED ||
+                                 d->rec == RS_INSERT_COMPLETED_DEFERRED;
         }
     }
     nd = nall;
@@ -1548,6 +1578,46 @@ static int pg_record_insert(struct idem_conn *c, const struct idem_scope *s,
     return rc;
 }
 
+static int pg_record_insert_completed(struct idem_conn *c, const struct idem_scope *s,
+                                      const unsigned char fp[IDEM_FP_LEN], int64_t ttl_ms,
+                                      int status, const char *headers, const void *body,
+                                      size_t body_len, int *inserted)
+{
+    char code[16], ttl[24];
+    const char *bytes = body ? (const char *)body : "";
+    const char *vals[8] = {s->principal, s->operation, s->key, (const char *)fp,
+                           code,         headers,      bytes,  ttl};
+    int lens[8] = {0, 0, 0, IDEM_FP_LEN, 0, 0, 0, 0};
+    const int fmts[8] = {0, 0, 0, 1, 0, 0, 1, 0};
+    PGresult *res = NULL;
+    int rc;
+
+    *inserted = 0;
+    if (body_len > (size_t)INT_MAX) {
+        set_msg(c, "claim completed", "response body too large", NULL);
+        return IDEM_ETOOBIG;
+    }
+    lens[6] = (int)body_len;
+    idem__fmt(code, sizeof(code), "%d", status);
+    idem__fmt(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
+    if (c->in_tx) {
+        /* With the COMMIT, which fails (IDEM_ELEASE) should another caller hold the key. */
+        rc = defer_rec(c, RS_INSERT_COMPLETED_DEFERRED, vals, lens, fmts, "claim completed");
+        if (rc == 0) {
+            *inserted = 1;
+            notify_after_commit(c, s);
+        }
+        return rc;
+    }
+    rc = rec_run(c, RS_INSERT_COMPLETED, vals, lens, fmts, 0, "claim completed", &res);
+    if (rc == 0)
+        *inserted = changed_of(res) == 1;
+    if (*inserted)
+        notify_after_commit(c, s);
+    PQclear(res);
+    return rc;
+}
+
 /* Binary result columns: network byte order integers, raw bytes for text and bytea. */
 static int64_t col_int(const PGresult *res, int col)
 {
@@ -2141,6 +2211,7 @@ const struct idem_store_vtab idem__pg_vtab = {
     .rollback = pg_rollback,
     .exec = pg_exec,
     .record_insert = pg_record_insert,
+    .record_insert_completed = pg_record_insert_completed,
     .record_get = pg_record_get,
     .record_takeover = pg_record_takeover,
     .record_advance = pg_record_advance,

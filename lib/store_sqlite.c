@@ -564,6 +564,45 @@ static int sq_record_insert(struct idem_conn *c, const struct idem_scope *s,
     return rc;
 }
 
+static int sq_record_insert_completed(struct idem_conn *c, const struct idem_scope *s,
+                                      const unsigned char fp[IDEM_FP_LEN], int64_t ttl_ms,
+                                      int status, const char *headers, const void *body,
+                                      size_t body_len, int *inserted)
+{
+    /* As sq_record_insert: only a record that retention let go is replaced. */
+    static const char sql[] =
+        "INSERT INTO idem_records (principal, operation, idem_key, fingerprint, status,"
+        " recovery_point, lease_owner, lease_expires_ms, response_status, response_headers,"
+        " response_body, created_ms, expires_ms)"
+        " VALUES (?1, ?2, ?3, ?4, 1, '', NULL, 0, ?5, ?6, ?7, ?8, ?9)"
+        " ON CONFLICT (principal, operation, idem_key) DO UPDATE SET"
+        " fingerprint = excluded.fingerprint, status = 1, recovery_point = '',"
+        " recovery_data = NULL, lease_owner = NULL, lease_expires_ms = 0,"
+        " response_status = excluded.response_status,"
+        " response_headers = excluded.response_headers, response_body = excluded.response_body,"
+        " created_ms = excluded.created_ms, expires_ms = excluded.expires_ms"
+        " WHERE idem_records.expires_ms <= excluded.created_ms"
+        " AND (idem_records.status = 1 OR idem_records.lease_expires_ms <= excluded.created_ms)";
+    sqlite3_stmt *stmt = NULL;
+    int64_t now = idem__now_ms();
+    int changes = 0;
+    int rc = record_stmt(c, sql, s, &stmt);
+
+    *inserted = 0;
+    if (rc < 0)
+        return rc;
+    if (sqlite3_bind_blob(stmt, 4, fp, IDEM_FP_LEN, SQLITE_STATIC) != SQLITE_OK ||
+        sqlite3_bind_int(stmt, 5, status) != SQLITE_OK ||
+        sqlite3_bind_text(stmt, 6, headers, -1, SQLITE_STATIC) != SQLITE_OK ||
+        sqlite3_bind_blob64(stmt, 7, body ? body : "", body_len, SQLITE_STATIC) != SQLITE_OK ||
+        sqlite3_bind_int64(stmt, 8, now) != SQLITE_OK ||
+        sqlite3_bind_int64(stmt, 9, now + ttl_ms) != SQLITE_OK)
+        return fail(c, IDEM_ESTORE, "bind");
+    rc = step_done(c, stmt, "claim completed", &changes);
+    *inserted = changes == 1;
+    return rc;
+}
+
 static char *column_dup(sqlite3_stmt *stmt, int col)
 {
     const unsigned char *t = sqlite3_column_text(stmt, col);
@@ -617,7 +656,7 @@ static int sq_record_get(struct idem_conn *c, const struct idem_scope *s, struct
         rc = fail(c, IDEM_ESTORE, "read record");
     }
     sqlite3_reset(stmt);
-    if (rc == 0)
+    if (rc == 0 && rec->found) /* (an absence needs no gate: see record_get in internal.h) */
         rc = idem__sq_read_gate(c);
     if (rc < 0)
         idem__record_clear(rec);
@@ -909,6 +948,7 @@ const struct idem_store_vtab idem__sqlite_vtab = {
     .rollback = sq_rollback,
     .exec = sq_exec,
     .record_insert = sq_record_insert,
+    .record_insert_completed = sq_record_insert_completed,
     .record_get = sq_record_get,
     .record_takeover = sq_record_takeover,
     .record_advance = sq_record_advance,

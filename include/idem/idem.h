@@ -286,6 +286,19 @@ struct idem_operation {
      * it replaces idem_call_advance() right after the claim.  Borrowed, like stored_headers.
      */
     const char *claim_point;
+    /*
+     * 0: a fresh key is claimed (its record inserted as processing) before the phase's writes.
+     * 1: a one-phase operation, whose first phase runs nothing outside the store before its
+     * completion: EXECUTE opens the phase without writing the record, and the record is written
+     * by the phase's first record write -- inserted already completed by idem_call_stage() or
+     * idem_call_complete(), or as processing at its point by idem_call_advance() -- in the same
+     * transaction as the application's rows.  A new key then costs one record statement instead
+     * of three.  Duplicates of this engine wait for the call as ever; a claim of another process
+     * that wins the race makes that first record write fail with IDEM_ELEASE (the phase rolled
+     * back whole: begin again), or, where the store sends it with the COMMIT (PostgreSQL), the
+     * commit.  Ignored with claim_point.
+     */
+    int one_phase;
 };
 
 /* Zero fields take the defaults in brackets; a zeroed struct is the same as NULL options. */
@@ -346,7 +359,8 @@ struct idem_header {
  *   transaction (the first phase).  Run the first phase's writes with idem_call_tx(), then
  *   idem_call_advance() or idem_call_complete().  If the phase is rolled back, the claim goes
  *   with it.  With op->claim_point set, the claim is committed at that recovery point instead,
- *   and no phase is open.
+ *   and no phase is open.  With op->one_phase set, the phase is open but the record is not
+ *   written yet (see struct idem_operation).
  * - RESUME: a processing record whose lease had expired is now leased to this engine; no phase is
  *   open.  idem_call_recovery_point() says where to go on.
  * - REPLAY: idem_call_response*() give the stored response.

@@ -1201,6 +1201,143 @@ static void expect_claimed_at_point(struct idem_engine *reader, struct idem_call
     CHECK_INT(info.lease_live, 1);
 }
 
+/*
+ * A one-phase operation (orderd's create): EXECUTE opens the phase without writing the record,
+ * which goes in already completed with the phase's own rows -- one record statement.  A rollback
+ * leaves nothing; a record that retention let go is replaced; a second completion of the same
+ * key in one phase is refused (IDEM_ELEASE) with the phase rolled back; an advance writes the
+ * record processing at its point, as a claim would have.  On PostgreSQL, where the completion
+ * goes out with the COMMIT, a claim of another engine that came first fails that commit.
+ */
+static void expect_no_record(struct idem_engine *eng, const char *operation, const char *key)
+{
+    struct idem_record_info info;
+    CHECK_INT(idem_record_inspect(eng, "alice", operation, key, &info), 0);
+    CHECK_INT(info.found, 0);
+}
+
+/* The records of `key` that the call's open phase sees (its own writes included). */
+static int rows_in_phase(struct idem_call *call, const char *key)
+{
+    struct idem_rows *r = NULL;
+    const char *p[] = {key};
+    int n = -1;
+
+    if (idem_tx_exec(idem_call_tx(call), "SELECT count(*) FROM idem_records WHERE idem_key = $1", 1,
+                     p, &r) == 0)
+        n = atoi(idem_rows_get(r, 0, 0));
+    idem_rows_free(r);
+    return n;
+}
+
+static void test_one_phase(struct idem_engine *eng, struct idem_store *st)
+{
+    static const struct idem_operation op = {
+        .name = "contract.onephase", .lease_ms = 10000, .wait_ms = 2000, .one_phase = 1};
+    static const struct idem_operation brief = {
+        .name = "contract.onephase", .ttl_ms = 1, .lease_ms = 10000, .one_phase = 1};
+    static const struct idem_operation claimed = {/* the same scope, claimed the usual way */
+                                                  .name = "contract.onephase",
+                                                  .lease_ms = 10000};
+    struct idem_engine_options o = {.replay_cache_bytes = IDEM_REPLAY_CACHE_OFF};
+    struct idem_engine *nocache = NULL;
+    struct idem_record_info info;
+    struct idem_call *call = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+    int rc;
+
+    CHECK_INT(idem_engine_new(st, &o, &nocache), 0);
+    fp_of("{\"one\":1}", fp);
+
+    /* Fresh: a phase, no record yet; the completion stores record and rows together. */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "op-fresh", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(rows_in_phase(call, "op-fresh"), 0); /* not even in its own transaction */
+    CHECK_INT(biz_insert(call, "onephase-1"), 0);
+    CHECK_INT(idem_call_complete(call, 201, NULL, 0, "made", 4), 0);
+    CHECK_INT(idem_call_response_status(call), 201);
+    idem_call_end(call);
+    expect_replay(nocache, &op, "op-fresh", fp, 201, "made");
+    expect_replay(eng, &op, "op-fresh", fp, 201, "made");
+    CHECK_INT(idem_record_inspect(nocache, "alice", op.name, "op-fresh", &info), 0);
+    CHECK_INT(info.completed, 1);
+    CHECK_INT(info.lease_expires_ms, 0);
+
+    /* Aborted: neither record nor row, and the key runs afresh. */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "op-abort", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(biz_insert(call, "onephase-2"), 0);
+    idem_call_abort(call);
+    idem_call_end(call);
+    expect_no_record(nocache, op.name, "op-abort");
+    CHECK_INT(biz_count(st, "onephase-2"), 0);
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "op-abort", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_complete(call, 200, NULL, 0, "second", 6), 0);
+    idem_call_end(call);
+    expect_replay(nocache, &op, "op-abort", fp, 200, "second");
+
+    /* Past retention, a completed record is replaced by the next execution. */
+    CHECK_INT(idem_call_begin(nocache, &brief, "alice", "op-old", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_complete(call, 201, NULL, 0, "old", 3), 0);
+    idem_call_end(call);
+    T_WAIT_UNTIL(!record_kept(nocache, "alice", op.name, "op-old"),
+                 "the record's retention to end");
+    CHECK_INT(idem_call_begin(nocache, &op, "alice", "op-old", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_complete(call, 201, NULL, 0, "new", 3), 0);
+    idem_call_end(call);
+    expect_replay(nocache, &op, "op-old", fp, 201, "new");
+
+    /* Two completions of one key in one phase: refused, and the phase is gone whole. */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "op-twice", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(biz_insert(call, "onephase-3"), 0);
+    CHECK_INT(idem_call_stage(call, 201, NULL, 0, "a", 1), 0);
+    rc = idem_call_stage(call, 201, NULL, 0, "b", 1);
+    if (rc == 0) /* (sent with the COMMIT: the COMMIT fails) */
+        rc = idem_call_commit(call);
+    CHECK_INT(rc, IDEM_ELEASE);
+    idem_call_end(call);
+    expect_no_record(nocache, op.name, "op-twice");
+    CHECK_INT(biz_count(st, "onephase-3"), 0);
+
+    /* An advance writes the record processing at its point, leased, with the phase. */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "op-advance", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(rows_in_phase(call, "op-advance"), 0);
+    CHECK_INT(idem_call_advance(call, "charged", "ch_1"), 0);
+    CHECK_INT(idem_record_inspect(nocache, "alice", op.name, "op-advance", &info), 0);
+    CHECK_INT(info.found, 1);
+    CHECK_INT(info.completed, 0);
+    CHECK_STR(info.recovery_point, "charged");
+    CHECK_INT(info.lease_live, 1);
+    CHECK_INT(idem_call_complete(call, 201, NULL, 0, "paid", 4), 0);
+    idem_call_end(call);
+    expect_replay(nocache, &op, "op-advance", fp, 201, "paid");
+
+    if (strcmp(store_kind, "postgresql") == 0) {
+        /* Another engine's claim lands between this call's read and its commit. */
+        struct idem_call *other = NULL;
+        CHECK_INT(idem_call_begin(eng, &op, "alice", "op-race", fp, &call, &oc), 0);
+        CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+        CHECK_INT(biz_insert(call, "onephase-4"), 0);
+        CHECK_INT(idem_call_begin(nocache, &claimed, "alice", "op-race", fp, &other, &oc), 0);
+        CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+        CHECK_INT(idem_call_complete(other, 201, NULL, 0, "other", 5), 0);
+        idem_call_end(other);
+        rc = idem_call_stage(call, 201, NULL, 0, "mine", 4);
+        if (rc == 0)
+            rc = idem_call_commit(call);
+        CHECK_INT(rc, IDEM_ELEASE);
+        idem_call_end(call);
+        CHECK_INT(biz_count(st, "onephase-4"), 0);
+    }
+    idem_engine_free(nocache);
+}
+
 static void test_claim_point(struct idem_engine *eng, struct idem_store *st)
 {
     static const struct idem_operation short_op = {
@@ -1594,6 +1731,7 @@ int main(int argc, char **argv)
     test_concurrent_writers(st);
     test_commit_async(eng, st);
     test_claim_point(eng, st);
+    test_one_phase(eng, st);
     test_begin_async(eng, st);
     test_unfinished_listing(eng, st);
     test_migrate_race();
