@@ -38,6 +38,8 @@ void app_init(struct app *app, const struct orderd_config *cfg)
     app->tokens = auth_cache_new(AUTH_CACHE_TTL_MS, AUTH_CACHE_SLOTS,
                                  cfg->db_pool >= 2 ? cfg->db_pool / 2 : 0);
     operation_init(&app->op_orders_create, "orders.create", cfg);
+    /* Its first phase calls nothing outside the store: the record is written with the order. */
+    app->op_orders_create.one_phase = 1;
     operation_init(&app->op_orders_cancel, "orders.cancel", cfg);
     operation_init(&app->op_profile_update, "profile.update", cfg);
 }

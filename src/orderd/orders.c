@@ -2,12 +2,15 @@
  * orders.c - the orders endpoints.  Creating an order is a list of atomic phases, each one
  * database transaction that also moves the idempotency record's recovery point:
  *
- *   phase 1 (""):              read the product, insert the order (pending_payment with a
- *                              provider, else created), reserve stock with a conditional
- *                              UPDATE -- last, so the contended stock row is locked only until
- *                              the commit; advance to "order_created" with the order id.
+ *   phase 1 (""):              reserve stock and read the price with one conditional UPDATE,
+ *                              insert the order (pending_payment with a provider, else
+ *                              created); advance to "order_created" with the order id.
  *   then (checkout.c):         the charge through the provider, between phases, and the phase
  *                              that settles the order and stores the response.
+ *
+ * Without a provider nothing external follows phase 1, so it is the only phase: the operation
+ * is one-phase (idem_operation.one_phase), and its record is inserted already completed with the
+ * 201, beside the order -- three statements in all.
  *
  * A request that takes over an expired lease resumes at the recorded point, so a finished phase
  * is never run twice.  The order row keeps (user, Idempotency-Key) unique for good: once the
@@ -47,26 +50,22 @@
 
 /*
  * Phase 1's business statements, shared with the --idempotency off baseline (place_order).  The
- * product is read without a lock; the stock UPDATE is the last statement before the commit.
+ * condition in the reservation, not a read before it, decides whether stock is left, and the
+ * price it returns is the one the order is written with: no read can go stale in between.
  */
-#define SQL_PRODUCT "SELECT unit_price, currency, stock FROM products WHERE id = $1"
+#define SQL_RESERVE                                                                                \
+    "UPDATE products SET stock = stock - CAST($2 AS INTEGER) WHERE id = $1 AND "                   \
+    "stock >= CAST($2 AS INTEGER) RETURNING unit_price, currency"
+/* An order of this (user, key) already there inserts nothing and returns no row. */
 #define SQL_INSERT_ORDER                                                                           \
     "INSERT INTO orders (id, user_id, product_id, quantity, unit_price, amount, "                  \
     "currency, status, idem_key, request_fp, created_at, payment_source) VALUES ($1, "             \
     "$2, $3, CAST($4 AS BIGINT), CAST($5 AS BIGINT), CAST($6 AS BIGINT), $7, $8, $9, "             \
-    "$10, $11, $12) RETURNING " ORDER_COLS
-/*
- * The condition in the UPDATE, not a read before it, decides whether stock is left; it also
- * checks that the product still has the price and currency the order was written with.
- */
-#define SQL_RESERVE                                                                                \
-    "UPDATE products SET stock = stock - CAST($2 AS INTEGER) WHERE id = $1 AND "                   \
-    "stock >= CAST($2 AS INTEGER) AND unit_price = CAST($3 AS BIGINT) AND currency = $4"
-/* Taken before the order insert: a reservation that fails takes the order back with it. */
-#define SQL_SAVEPOINT "SAVEPOINT order_placed"
-#define SQL_ROLLBACK_TO "ROLLBACK TO SAVEPOINT order_placed"
-/* Rounds of place_order when the product's price changes under it (it never does in orderd). */
-#define PLACE_ROUNDS_MAX 3
+    "$10, $11, $12) ON CONFLICT (user_id, idem_key) DO NOTHING RETURNING " ORDER_COLS
+/* Gives a reservation back: the exact inverse of SQL_RESERVE, in the same transaction. */
+#define SQL_UNRESERVE "UPDATE products SET stock = stock + CAST($2 AS INTEGER) WHERE id = $1"
+/* Why a reservation said no: the product is unknown, or its stock too low. */
+#define SQL_PRODUCT "SELECT stock FROM products WHERE id = $1"
 
 /* The validated body of POST /api/orders. */
 struct create_input {
@@ -189,38 +188,26 @@ struct order_row {
     const char *status; /* "created", or "pending_payment" with a provider */
 };
 
-/*
- * Runs just before the stock is reserved, with the order as the insert returned it: the
- * idempotent flow stages its 201 there.  Returns 0 or a negative IDEM_E* (the order fails).
- */
-typedef int (*before_reserve_fn)(void *arg, const struct idem_rows *order);
-
-/*
- * Reads the product: its price, currency and stock into *price, `currency` and *stock, or the
- * refusal of an unknown product (422) in *no.
- */
-static int read_product(struct app *app, struct idem_tx *tx, const struct create_input *in,
-                        int64_t *price, char currency[16], int64_t *stock, struct refusal *no)
+/* Why the reservation of `in` said no, into *no: 422 unknown-product or 409 out-of-stock. */
+static int refuse_order(struct app *app, struct idem_tx *tx, const struct create_input *in,
+                        struct refusal *no)
 {
     struct idem_rows *rows = NULL;
     const char *params[1] = {in->product};
-    int rc;
+    int rc = db_exec(app, tx, SQL_PRODUCT, 1, params, &rows);
 
-    no->status = 0;
-    rc = db_exec(app, tx, SQL_PRODUCT, 1, params, &rows);
     if (rc < 0)
         goto out;
     if (idem_rows_count(rows) == 0) {
         no->status = 422;
         no->code = "unknown-product";
         snprintf(no->detail, sizeof no->detail, "There is no product '%.200s'.", in->product);
-        goto out;
+    } else {
+        no->status = 409;
+        no->code = "out-of-stock";
+        snprintf(no->detail, sizeof no->detail, "Not enough stock of '%.200s' for %s.", in->product,
+                 in->quantity);
     }
-    *price = db_int(rows, 0, 0);
-    snprintf(currency, 16, "%s", db_text(rows, 0, 1));
-    *stock = db_int(rows, 0, 2);
-    if (*price < 0 || *price > INT64_MAX / QUANTITY_MAX)
-        rc = IDEM_ESTORE;
 out:
     idem_rows_free(rows);
     return rc;
@@ -228,124 +215,84 @@ out:
 
 /*
  * Places an order in `tx`, for the idempotent flow and the benchmark-only flow without a record
- * alike, so both sell stock the same way: reads the product (no lock), takes a savepoint, inserts
- * the order with the product's price, runs `before` (may be NULL), and reserves the stock last.
- * Every order of a product updates its one stock row, so that row's lock is held only from the
- * reservation to the caller's commit, which must follow at once.
+ * alike, so both sell stock the same way: reserves the stock, reading the price in the same
+ * statement, then inserts the order with that price.  No savepoint: the common path writes two
+ * rows, and the one path that must take a write back gives the reservation back exactly.
  *
  * On success *order (new) is the inserted order and no->status is 0.  When the reservation finds
- * too little stock, everything since the savepoint is rolled back (the order, and what `before`
- * wrote) and *no says 409 out-of-stock; 422 unknown-product comes from the read.  If the
- * product's price or currency changed between the read and the reservation, the order is written
- * again with the new ones.  IDEM_ECONFLICT is an order that exists already (its id, or UNIQUE
- * (user, key)).
+ * too little stock or no product, nothing was written and *no says 409 out-of-stock or 422
+ * unknown-product.  IDEM_ECONFLICT is an order that exists already with this (user, key) -- the
+ * reservation given back -- or, logged by the caller, an id collision.
  */
 static int place_order(struct app *app, struct idem_tx *tx, const struct create_input *in,
-                       const struct order_row *o, before_reserve_fn before, void *arg,
-                       struct idem_rows **order, struct refusal *no)
+                       const struct order_row *o, struct idem_rows **order, struct refusal *no)
 {
-    struct idem_rows *rows = NULL;
     struct idem_rows *reserved = NULL;
+    struct idem_rows *rows = NULL;
     const char *params[12];
     char unit_price[24], amount[24];
-    char currency[16];
-    int64_t price = 0, stock = 0;
-    int rc = 0;
+    int64_t price;
+    int rc;
 
     *order = NULL;
-    for (int round = 0;; round++) {
-        rc = read_product(app, tx, in, &price, currency, &stock, no);
-        if (rc < 0 || no->status != 0)
-            goto out;
-        if (round > 0 && stock < in->qty) {
-            /* The reservation said no, and it was the stock (not a price that moved). */
-            no->status = 409;
-            no->code = "out-of-stock";
-            snprintf(no->detail, sizeof no->detail, "Not enough stock of '%.200s' for %s.",
-                     in->product, in->quantity);
-            goto out;
-        }
-        if (round == PLACE_ROUNDS_MAX) {
-            log_msg(&app->log, "error", "orders.create: product %s changed %d times while ordering",
-                    in->product, PLACE_ROUNDS_MAX);
-            rc = IDEM_EUNAVAIL;
-            goto out;
-        }
-        snprintf(unit_price, sizeof unit_price, "%lld", (long long)price);
-        snprintf(amount, sizeof amount, "%lld", (long long)(price * in->qty));
-        if (round == 0) {
-            rc = db_exec(app, tx, SQL_SAVEPOINT, 0, NULL, NULL);
-            if (rc < 0)
-                goto out;
-        }
-        params[0] = o->id;
-        params[1] = o->principal;
-        params[2] = in->product;
-        params[3] = in->quantity;
-        params[4] = unit_price;
-        params[5] = amount;
-        params[6] = currency;
-        params[7] = o->status;
-        params[8] = o->key;
-        params[9] = in->fp_hex;
-        params[10] = o->created;
-        params[11] = in->source;
-        rc = db_exec(app, tx, SQL_INSERT_ORDER, 12, params, &rows);
-        if (rc < 0)
-            goto out;
-        if (before != NULL) {
-            rc = before(arg, rows);
-            if (rc < 0)
-                goto out;
-        }
-        params[0] = in->product;
-        params[1] = in->quantity;
-        params[2] = unit_price;
-        params[3] = currency;
-        rc = db_exec(app, tx, SQL_RESERVE, 4, params, &reserved);
-        if (rc < 0)
-            goto out;
-        if (idem_rows_changed(reserved) == 1) {
-            *order = rows;
-            rows = NULL;
-            goto out;
-        }
-        /* Too little stock, or the product changed since it was read: take the order back. */
-        idem_rows_free(rows);
-        idem_rows_free(reserved);
-        rows = reserved = NULL;
-        rc = db_exec(app, tx, SQL_ROLLBACK_TO, 0, NULL, NULL);
-        if (rc < 0)
-            goto out;
+    no->status = 0;
+    params[0] = in->product;
+    params[1] = in->quantity;
+    rc = db_exec(app, tx, SQL_RESERVE, 2, params, &reserved);
+    if (rc < 0)
+        goto out;
+    if (idem_rows_count(reserved) != 1) {
+        rc = refuse_order(app, tx, in, no);
+        goto out;
     }
+    price = db_int(reserved, 0, 0);
+    if (price < 0 || price > INT64_MAX / QUANTITY_MAX) {
+        rc = IDEM_ESTORE;
+        goto out;
+    }
+    snprintf(unit_price, sizeof unit_price, "%lld", (long long)price);
+    snprintf(amount, sizeof amount, "%lld", (long long)(price * in->qty));
+    params[0] = o->id;
+    params[1] = o->principal;
+    params[2] = in->product;
+    params[3] = in->quantity;
+    params[4] = unit_price;
+    params[5] = amount;
+    params[6] = db_text(reserved, 0, 1);
+    params[7] = o->status;
+    params[8] = o->key;
+    params[9] = in->fp_hex;
+    params[10] = o->created;
+    params[11] = in->source;
+    rc = db_exec(app, tx, SQL_INSERT_ORDER, 12, params, &rows);
+    if (rc < 0)
+        goto out;
+    if (idem_rows_count(rows) == 1) {
+        *order = rows;
+        rows = NULL;
+        goto out;
+    }
+    /* This (user, key) has its order already: what was reserved for a second one goes back. */
+    params[0] = in->product;
+    params[1] = in->quantity;
+    rc = db_exec(app, tx, SQL_UNRESERVE, 2, params, NULL);
+    if (rc == 0)
+        rc = IDEM_ECONFLICT;
 out:
     idem_rows_free(rows);
     idem_rows_free(reserved);
     return rc;
 }
 
-/* The idempotent flow's `before` of place_order: the 201 with the order, staged in the phase. */
-struct stage_created {
-    struct app *app;
-    struct idem_call *call;
-    const char *id;
-};
-
-static int stage_created(void *arg, const struct idem_rows *order)
+/* The 201 with the order as the insert returned it (no second read of it), staged in the phase. */
+static int stage_created(struct idem_call *call, const char *id, const struct idem_rows *order)
 {
-    struct stage_created *sc = arg;
     char location[128];
-    json_t *doc = NULL;
+    json_t *doc = order_json(order, 0);
     int rc;
 
-    /* The order as the insert returned it is the 201's body: no second read of it. */
-    if (idem_rows_count(order) != 1) {
-        log_msg(&sc->app->log, "error", "orders.create: the insert of %s returned no row", sc->id);
-        return IDEM_ESTATE;
-    }
-    doc = order_json(order, 0);
-    order_location(sc->id, location, sizeof location);
-    rc = idemcall_stage_json(sc->call, 201, doc, location);
+    order_location(id, location, sizeof location);
+    rc = idemcall_stage_json(call, 201, doc, location);
     json_decref(doc);
     return rc;
 }
@@ -375,7 +322,6 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
     struct idem_tx *tx = idem_call_tx(call);
     struct idem_rows *order = NULL;
     struct order_row o;
-    struct stage_created sc;
     struct refusal no;
     int one_commit;
     int rc = 0;
@@ -388,22 +334,18 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
     /*
      * The recovery point must be durable before an external call (the charge).  Without a
      * provider nothing external follows: the phase stays open and the order, its stock and the
-     * stored 201 commit together, one durable commit per order -- the 201 staged before the stock
-     * is reserved, so that the stock row stays locked only for the commit.
+     * stored 201 commit together, one durable commit per order.
      */
     one_commit = app->provider == NULL && !wants_phase_hook(cx);
     /* With a provider the order waits for its charge; without one there is nothing to pay. */
     order_row_init(app, cx, app->provider != NULL ? "pending_payment" : "created", &o);
-    sc.app = app;
-    sc.call = call;
-    sc.id = o.id;
-    rc = place_order(app, tx, in, &o, one_commit ? stage_created : NULL, &sc, &order, &no);
+    rc = place_order(app, tx, in, &o, &order, &no);
     /*
-     * A late retry whose record was swept finds its order: the insert meets UNIQUE (user, key)
-     * before any stock is taken, and a refusal of the product is checked against it too (the
-     * retry's body may differ).  The order row, not the refusal, answers.
+     * A late retry whose record was swept finds its order: the insert meets UNIQUE (user, key),
+     * and a refusal is checked against it too (the retry's body may differ, the stock may be
+     * gone since).  The order row, not the refusal, answers.
      */
-    if (rc == IDEM_ECONFLICT || (rc == 0 && no.status == 422)) {
+    if (rc == IDEM_ECONFLICT || (rc == 0 && no.status != 0)) {
         int found_rc = 0;
         char *pending = NULL;
         if (complete_from_existing(cx, call, in, resp, &found_rc, &pending) || found_rc < 0) {
@@ -439,7 +381,9 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
     }
     if (one_commit) {
         /* The 201 is sent by whichever thread makes the batch durable; this one moves on. */
-        rc = idemcall_commit_deferred(cx, call, resp);
+        rc = stage_created(call, o.id, order);
+        if (rc == 0)
+            rc = idemcall_commit_deferred(cx, call, resp);
         *done = 1;
         goto out;
     }
@@ -518,7 +462,17 @@ static void create_without_record(const struct call_ctx *cx, const struct create
     if (rc < 0)
         goto out;
     order_row_init(app, cx, "created", &o);
-    rc = place_order(app, tx, in, &o, NULL, NULL, &order, &no);
+    rc = place_order(app, tx, in, &o, &order, &no);
+    if (rc == 0 && no.status != 0) {
+        /* As the idempotent flow: a key that made its order is told so before any refusal. */
+        struct idem_rows *mine = NULL;
+        const char *params[2] = {cx->principal, cx->key};
+        rc = db_exec(app, tx, "SELECT 1 FROM orders WHERE user_id = $1 AND idem_key = $2", 2,
+                     params, &mine);
+        if (rc == 0 && idem_rows_count(mine) > 0)
+            rc = IDEM_ECONFLICT;
+        idem_rows_free(mine);
+    }
     if (rc == IDEM_ECONFLICT) {
         rc = 0;
         response_problem(resp, 409, "order-exists",

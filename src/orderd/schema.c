@@ -133,11 +133,11 @@ static const char seed_products[] =
 
 /*
  * An order's foreign keys (its user, its product) are checked at commit on PostgreSQL.  Checked
- * at the insert, each takes a KEY SHARE lock on the parent row; the order is inserted before the
- * stock is reserved (orders.c), so every concurrent order of one product would hold that lock on
- * the product row its reservation updates, and every such update would build a multixact of all
- * of them.  At commit the reservation already holds the row.  SQLite checks a foreign key
- * without locking anything: nothing to change there.
+ * at the insert, each takes a KEY SHARE lock on the parent row; when the order was inserted
+ * before the stock was reserved, every concurrent order of one product held that lock on the
+ * product row its reservation updates, and every such update built a multixact of all of them.
+ * The reservation now comes first (orders.c), and at commit it holds the row anyway.  SQLite
+ * checks a foreign key without locking anything: nothing to change there.
  */
 static const char fk_at_commit_postgres[] =
     "ALTER TABLE orders ALTER CONSTRAINT orders_user_id_fkey DEFERRABLE INITIALLY DEFERRED;"
