@@ -182,6 +182,25 @@ static const struct route *find_route(const struct app *app, const struct reques
 }
 
 /*
+ * What the event loop learned of a request for the worker that runs it (rq->note): the user of
+ * the checked token (router_check_head) and the body's fingerprint (router_answer_on_loop), so
+ * neither is worked out twice.
+ */
+struct loop_note {
+    char *principal;
+    int has_fp;
+    unsigned char fp[IDEM_FP_LEN];
+};
+
+static void loop_note_free(void *note)
+{
+    struct loop_note *n = note;
+
+    free(n->principal);
+    free(n);
+}
+
+/*
  * The principal of the request, or a 401/503 answer (then -1).  With may_block 0 only the token
  * cache is asked: a token it does not know gives 1 (ask again where blocking is allowed).
  */
@@ -192,7 +211,7 @@ static int check_auth(struct call_ctx *cx, struct response *resp, int may_block)
 
     if (cx->rq->note != NULL) {
         /* Checked when the head arrived (router_check_head). */
-        user = xstrdup(cx->rq->note);
+        user = xstrdup(((const struct loop_note *)cx->rq->note)->principal);
         rc = 0;
     } else {
         rc = auth_principal(cx->app->tokens, may_block ? cx->app->store : NULL,
@@ -293,11 +312,13 @@ out:
 
 /*
  * The body is JSON and its fingerprint is cx->fp; with `keep`, the parsed body is cx->body for
- * the handler (a replay on the loop needs only the fingerprint: one parse fewer).
+ * the handler (a replay on the loop needs only the fingerprint: one parse fewer).  The event
+ * loop's fingerprint goes to the worker in the request's note, which takes it as it is.
  */
 static int check_json(struct call_ctx *cx, const struct route *rt, struct response *resp, int keep)
 {
     const struct request *rq = cx->rq;
+    struct loop_note *note = rq->note;
     json_error_t jerr;
     const char *why = NULL;
     char detail[320];
@@ -308,8 +329,17 @@ static int check_json(struct call_ctx *cx, const struct route *rt, struct respon
         response_problem(resp, 400, "invalid-json", "A JSON body is required.");
         goto out;
     }
-    fprc = idem_fingerprint(rq->method, rt->tmpl, cx->params, cx->nparams, rq->body, rq->body_len,
-                            cx->fp, &why);
+    if (note != NULL && note->has_fp) {
+        memcpy(cx->fp, note->fp, IDEM_FP_LEN); /* the loop's: the same bytes, the same route */
+        fprc = 0;
+    } else {
+        fprc = idem_fingerprint(rq->method, rt->tmpl, cx->params, cx->nparams, rq->body,
+                                rq->body_len, cx->fp, &why);
+    }
+    if (fprc == 0 && note != NULL && !keep) {
+        memcpy(note->fp, cx->fp, IDEM_FP_LEN);
+        note->has_fp = 1;
+    }
     if (fprc == IDEM_ENOMEM)
         die("out of memory");
     if (fprc < 0) {
@@ -398,8 +428,10 @@ enum http_head_verdict router_check_head(struct app *app, struct request *rq, st
     rc = check_head(&cx, rt, resp, may_block);
     if (rc == 0 && cx.principal != NULL && rq->note == NULL) {
         /* The token is checked: the later steps of this request take its user from here. */
-        rq->note = xstrdup(cx.principal);
-        rq->note_free = free;
+        struct loop_note *note = xcalloc(1, sizeof *note);
+        note->principal = xstrdup(cx.principal);
+        rq->note = note;
+        rq->note_free = loop_note_free;
     }
     return rc == 0 ? HTTP_HEAD_CONTINUE : rc > 0 ? HTTP_HEAD_BLOCKS : HTTP_HEAD_ANSWER;
 }
