@@ -1586,6 +1586,120 @@ int idem_call_complete(struct idem_call *call, int status, const struct idem_hea
     return rc;
 }
 
+/*
+ * A one-phase call run whole by the store's writer (idem_call_run_async): the record read on the
+ * writer, the application's phase, its commit into the writer's batch.
+ */
+struct run_async {
+    struct idem_call *call;
+    idem_call_run run;
+    idem_call_done done;
+    void *arg;
+    int found; /* the writer found a record of the scope: nothing ran */
+};
+
+/*
+ * The job, on the writer (which sees every commit and this batch's members; its reads need no
+ * gate: whatever it tells comes with this batch's notice, told once the batch is durable).
+ */
+static int run_job_run(struct idem_conn *c, void *arg)
+{
+    struct run_async *a = arg;
+    struct idem_call *call = a->call;
+    struct idem_store *st = call->eng->st;
+    struct idem_record rec;
+    int rc = st->vt->record_get(c, &call->scope, &rec);
+
+    if (rc < 0)
+        return call_fail(call, rc, "read record", st->vt->errmsg(c));
+    a->found = rec.found;
+    idem__record_clear(&rec);
+    if (a->found)
+        return IDEM__TX_DISCARD;
+    rc = idem__tx_lend(st, c, &call->tx);
+    if (rc == 0)
+        rc = claim_won(call, idem__mono_ms());
+    if (rc < 0) {
+        rollback_phase(call); /* (lent: only the handle goes; the runner undoes the writes) */
+        return call_fail(call, rc, "run", NULL);
+    }
+    call->claim_deferred = 1;
+    rc = a->run(call, a->arg);
+    if (rc == 0)
+        rc = commit_ready(call); /* a response staged, and still there */
+    if (call->tx) {
+        idem_tx_rollback(call->tx); /* the handle; the runner keeps or undoes the writes */
+        call->tx = NULL;
+    }
+    call->claim_deferred = 0;
+    if (rc < 0)
+        unstage(call);
+    return rc;
+}
+
+/* The store's word on the job, once its batch is durable (or failed): tell the caller. */
+static void run_async_done(void *arg, int rc, const char *errmsg)
+{
+    struct run_async *a = arg;
+    struct idem_call *call = a->call;
+    idem_call_done done = a->done;
+    void *done_arg = a->arg;
+    int found = a->found;
+
+    free(a);
+    if (rc == IDEM__TX_DISCARD || (rc == IDEM_ELEASE && !found)) {
+        /* A record was there, or another process's insert came first: nothing was kept. */
+        unstage(call);
+        rc = IDEM_CALL_ASK_BEGIN;
+    } else {
+        rc = response_committed(call, rc, errmsg);
+    }
+    done(call, rc, done_arg);
+}
+
+int idem_call_run_async(struct idem_engine *eng, const struct idem_operation *op,
+                        const char *principal, const char *key, const unsigned char fp[IDEM_FP_LEN],
+                        idem_call_run run, idem_call_done done, void *arg)
+{
+    struct idem_scope s;
+    const struct idem__rentry *hit = NULL;
+    enum idem_outcome oc = IDEM_OUTCOME_NONE;
+    char err[IDEM_ERRMSG_MAX] = "";
+    struct run_async *a;
+    struct idem_call *call = NULL;
+    int rc;
+
+    if (!eng || !op || !op->name || !principal || !key || !fp || !run || !done)
+        return IDEM_EINVAL;
+    if (!op->one_phase || op->claim_point || !idem__tx_runs_async(eng->st))
+        return 0;
+    s = (struct idem_scope){principal, op->name, key};
+    if (cache_answer(eng, &s, fp, &hit, &oc)) {
+        idem__rcache_release(hit);
+        return 0;
+    }
+    rc = call_new(eng, op, principal, key, fp, &call);
+    if (rc < 0)
+        return rc;
+    if (!inflight_try_enter(call)) {
+        idem_call_end(call);
+        return 0;
+    }
+    a = calloc(1, sizeof(*a));
+    if (!a) {
+        idem_call_end(call);
+        return IDEM_ENOMEM;
+    }
+    *a = (struct run_async){call, run, done, arg, 0};
+    rc = idem__tx_run_async(eng->st, run_job_run, a, 0, run_async_done, a, err, sizeof(err));
+    if (rc < 0) {
+        free(a);
+        idem_call_end(call);
+        return rc;
+    }
+    return 1;
+}
+
 void idem_call_abort(struct idem_call *call)
 {
     struct idem_store *st;

@@ -284,6 +284,12 @@ void idem__store_release(struct idem_store *st, struct idem_conn *c);
 /* The connection a transaction holds (record functions run on it inside the phase). */
 struct idem_conn *idem__tx_conn(struct idem_tx *tx);
 /*
+ * A transaction handle over `c`, a connection a job runs on (idem__tx_fn): the application's
+ * statements go through it, while the job's runner begins and ends the transaction.  Ending the
+ * handle (idem_tx_rollback) only frees it; idem_tx_commit of it fails (IDEM_ESTATE).
+ */
+int idem__tx_lend(struct idem_store *st, struct idem_conn *c, struct idem_tx **out);
+/*
  * Test hook (tests/unit/test_store_sqlite.c): when set, the SQLite store's next rollback of a
  * write transaction's savepoint fails as if SQLite had refused it, and the flag clears.
  */

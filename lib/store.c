@@ -19,6 +19,7 @@ struct idem_tx {
     struct idem_store *st;
     struct idem_conn *conn;
     int grouped; /* a savepoint on the store's writer (group commit), not a pooled connection */
+    int lent;    /* over a job's connection (idem__tx_lend): its runner ends the transaction */
     int write;
     /* ROLLBACK TO statements the application ran: the engine asks whether a stage survived. */
     unsigned rollbacks;
@@ -292,6 +293,20 @@ out:
     return rc;
 }
 
+int idem__tx_lend(struct idem_store *st, struct idem_conn *c, struct idem_tx **out)
+{
+    struct idem_tx *tx = calloc(1, sizeof(*tx));
+
+    *out = tx;
+    if (!tx)
+        return IDEM_ENOMEM;
+    tx->st = st;
+    tx->conn = c;
+    tx->write = 1;
+    tx->lent = 1;
+    return 0;
+}
+
 int idem_tx_commit(struct idem_tx *tx)
 {
     return idem__tx_commit_err(tx, NULL, 0);
@@ -304,6 +319,13 @@ int idem__tx_commit_err(struct idem_tx *tx, char *err, size_t errlen)
 
     if (!tx)
         return IDEM_EINVAL;
+    if (tx->lent) {
+        idem__fmt(tx->errmsg, sizeof(tx->errmsg), "%s", "the store's job commits this transaction");
+        if (err)
+            idem__fmt(err, errlen, "%s", tx->errmsg);
+        free(tx);
+        return IDEM_ESTATE;
+    }
     if (tx->grouped) {
         rc = tx->st->vt->write_commit(tx->st, tx->conn, tx->errmsg, sizeof(tx->errmsg));
         if (rc == 0)
@@ -395,7 +417,9 @@ void idem_tx_rollback(struct idem_tx *tx)
 {
     if (!tx)
         return;
-    if (tx->grouped)
+    if (tx->lent)
+        ; /* the job's runner rolls back what the job wrote when it fails */
+    else if (tx->grouped)
         tx->st->vt->write_rollback(tx->st, tx->conn);
     else {
         tx->st->vt->rollback(tx->conn);

@@ -470,6 +470,41 @@ IDEM_API int idem_call_advance(struct idem_call *call, const char *point, const 
 typedef void (*idem_call_done)(struct idem_call *call, int rc, void *arg);
 
 /*
+ * The first phase of a one-phase call, run by idem_call_run_async() on the store's writer: the
+ * application's writes through idem_call_tx(call), then idem_call_stage() of the response.
+ * Returns 0 (the engine commits), or a negative code (everything it wrote is rolled back).
+ */
+typedef int (*idem_call_run)(struct idem_call *call, void *arg);
+
+/* idem_call_run_async()'s `done` with this rc: nothing was stored; ask idem_call_begin(). */
+#define IDEM_CALL_ASK_BEGIN 1
+
+/*
+ * A fresh request of a one-phase operation (op->one_phase) run whole without a thread of the
+ * caller waiting for the store (an event loop's), where that can be done: a store that runs
+ * transactions on its own writer (SQLite; not PostgreSQL), a key the replay cache does not hold,
+ * and no other call of this engine with the key in flight.
+ *
+ * Returns 1 when under way.  The store's writer, in its shared batch, reads the record; when
+ * there is none it runs `run(call, arg)` with the phase open, as after EXECUTE, and commits what
+ * `run` staged.  Then `done(call, rc, arg)` runs once, on another thread (the store's), and must
+ * not block: rc 0 once the response is durable, the call completed as after idem_call_commit();
+ * IDEM_CALL_ASK_BEGIN when a record of the key was there (or another process's claim came
+ * first): nothing of `run` was kept -- end the call and ask idem_call_begin(); a negative code
+ * when `run` or the commit failed (nothing was stored).  `run` runs on the store's thread too,
+ * and must neither block on anything but the store's statements nor begin another transaction.
+ * The call is the caller's to end with idem_call_end() after `done`; until then duplicates of
+ * this engine wait for it as for any call in flight.
+ *
+ * Returns 0 when it cannot be done so: ask idem_call_begin().  IDEM_EINVAL, IDEM_ENOMEM, or a
+ * store failure otherwise (nothing ran).
+ */
+IDEM_API int idem_call_run_async(struct idem_engine *eng, const struct idem_operation *op,
+                                 const char *principal, const char *key,
+                                 const unsigned char fp[IDEM_FP_LEN], idem_call_run run,
+                                 idem_call_done done, void *arg);
+
+/*
  * idem_call_commit() without waiting for durability where the store can (SQLite's group commit:
  * the phase joins the current batch and the call returns).  `done(call, rc, arg)` runs once the
  * batch is durable (rc 0: the call is completed and its response readable, exactly as after

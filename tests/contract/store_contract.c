@@ -1459,6 +1459,116 @@ static int async_wait(struct async_step *a)
     return atomic_load(&a->done);
 }
 
+/*
+ * A one-phase fresh request run whole by the store's writer (idem_call_run_async: orderd's event
+ * loop).  On SQLite the run and its commit happen on the store's thread, and `done` comes once
+ * durable; a key with a record asks for idem_call_begin(); a run that fails keeps nothing.
+ * PostgreSQL has no writer of its own: it declines.
+ */
+struct run_step {
+    const char *row;  /* the business row the run inserts */
+    int fail;         /* the run fails after its insert */
+    pthread_t thread; /* where the run ran */
+    struct async_step a;
+};
+
+static int run_phase(struct idem_call *call, void *arg)
+{
+    struct run_step *r = arg;
+    int rc;
+
+    r->thread = pthread_self();
+    rc = biz_insert(call, r->row);
+    if (rc == 0 && r->fail)
+        return IDEM_ESTORE;
+    if (rc == 0)
+        rc = idem_call_stage(call, 201, NULL, 0, r->row, strlen(r->row));
+    return rc;
+}
+
+static void run_done(struct idem_call *call, int rc, void *arg)
+{
+    struct run_step *r = arg;
+    async_completed(call, rc, &r->a);
+}
+
+static void test_run_async(struct idem_engine *eng, struct idem_store *st)
+{
+    static const struct idem_operation op = {
+        .name = "contract.run", .lease_ms = 10000, .wait_ms = 2000, .one_phase = 1};
+    static const struct idem_operation plain = {.name = "contract.run", .lease_ms = 10000};
+    struct idem_engine_options o = {.replay_cache_bytes = IDEM_REPLAY_CACHE_OFF};
+    struct idem_engine *nocache = NULL;
+    struct run_step r;
+    struct idem_call *call = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+    int rc;
+
+    CHECK_INT(idem_engine_new(st, &o, &nocache), 0);
+    fp_of("{\"run\":1}", fp);
+    if (strcmp(store_kind, "sqlite") != 0) {
+        r = (struct run_step){.row = "run-pg"};
+        CHECK_INT(idem_call_run_async(eng, &op, "alice", "run-pg", fp, run_phase,
+                                      run_done, &r),
+                  0);
+        CHECK_INT(idem_call_run_async(eng, &plain, "alice", "run-pg", fp, run_phase,
+                                      run_done, &r),
+                  0);
+        idem_engine_free(nocache);
+        return;
+    }
+    /* Not for an operation that claims ahead. */
+    CHECK_INT(idem_call_run_async(eng, &plain, "alice", "run-x", fp, run_phase, run_done,
+                                  &r),
+              0);
+
+    /* Fresh: run on the store's thread, durable when told, replayed by any engine. */
+    r = (struct run_step){.row = "runrow-1"};
+    CHECK_INT(idem_call_run_async(eng, &op, "alice", "run-1", fp, run_phase, run_done, &r),
+              1);
+    CHECK(async_wait(&r.a));
+    CHECK_INT(r.a.rc, 0);
+    CHECK(!pthread_equal(r.thread, pthread_self()));
+    CHECK_INT(idem_call_response_status(r.a.call), 201);
+    idem_call_end(r.a.call);
+    expect_replay(nocache, &op, "run-1", fp, 201, "runrow-1");
+    CHECK_INT(biz_count(st, "runrow-1"), 1);
+
+    /* The key has a record now: not run again, and the caller is sent to idem_call_begin. */
+    CHECK_INT(idem_call_begin(nocache, &plain, "alice", "run-2", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_complete(call, 200, NULL, 0, "other", 5), 0);
+    idem_call_end(call);
+    r = (struct run_step){.row = "runrow-2"};
+    CHECK_INT(idem_call_run_async(eng, &op, "alice", "run-2", fp, run_phase, run_done, &r),
+              1);
+    CHECK(async_wait(&r.a));
+    CHECK_INT(r.a.rc, IDEM_CALL_ASK_BEGIN);
+    idem_call_end(r.a.call);
+    CHECK_INT(biz_count(st, "runrow-2"), 0);
+    expect_replay(eng, &op, "run-2", fp, 200, "other");
+
+    /* A run that fails keeps nothing: no row, no record, and the key runs afresh. */
+    r = (struct run_step){.row = "runrow-3", .fail = 1};
+    CHECK_INT(idem_call_run_async(eng, &op, "alice", "run-3", fp, run_phase, run_done, &r),
+              1);
+    CHECK(async_wait(&r.a));
+    CHECK_INT(r.a.rc, IDEM_ESTORE);
+    idem_call_end(r.a.call);
+    CHECK_INT(biz_count(st, "runrow-3"), 0);
+    CHECK_INT(record_kept(nocache, "alice", op.name, "run-3"), 0);
+
+    /* A key in flight in this engine: declined (the caller waits the blocking way). */
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "run-4", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    rc = idem_call_run_async(eng, &op, "alice", "run-4", fp, run_phase, run_done, &r);
+    CHECK_INT(rc, 0);
+    idem_call_abort(call);
+    idem_call_end(call);
+    idem_engine_free(nocache);
+}
+
 static void test_begin_async(struct idem_engine *eng, struct idem_store *st)
 {
     static const struct idem_operation short_op = {
@@ -1733,6 +1843,7 @@ int main(int argc, char **argv)
     test_claim_point(eng, st);
     test_one_phase(eng, st);
     test_begin_async(eng, st);
+    test_run_async(eng, st);
     test_unfinished_listing(eng, st);
     test_migrate_race();
 

@@ -17,7 +17,9 @@
  * random moment, cuts the power, opens the store itself and checks that every reported key
  * replays its own response and has exactly one business row.  Two kinds of rounds:
  *
- *   writers   4 threads claim, write a business row and complete, over a key space with repeats;
+ *   writers   4 threads claim, write a business row and complete, over a key space with repeats
+ *             (keys ending in an even digit first go whole to the store's writer, one-phase:
+ *             idem_call_run_async);
  *   reader    a writer process dies inside the fsync of a commit (its frames written, none
  *             durable), then a second process opens the store and replays what it finds -- the
  *             case where a store that did not make the WAL durable at open answered from a
@@ -66,6 +68,8 @@ static const struct idem_migration schema[] = {
     {1, "effects", "CREATE TABLE effects (k TEXT PRIMARY KEY)", "CREATE TABLE effects (k TEXT)"},
 };
 static const struct idem_operation op = {.name = "power.create"};
+/* The same operation one-phase, run whole on the store's writer (orderd's event loops). */
+static const struct idem_operation op_on_writer = {.name = "power.create", .one_phase = 1};
 
 static void die(const char *what)
 {
@@ -276,7 +280,66 @@ static void expected_body(const char *key, char *out, size_t n)
     snprintf(out, n, "{\"key\":\"%s\"}", key);
 }
 
-/* One request for `key`: executed or replayed (reported), or anything else (not). */
+/* A request handed to the store's writer (idem_call_run_async), and its end. */
+struct on_writer {
+    const char *key;
+    const char *body;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int ended;
+    int rc;
+    struct idem_call *call;
+};
+
+static int run_on_writer(struct idem_call *call, void *arg)
+{
+    struct on_writer *r = arg;
+    const char *params[] = {r->key};
+    int rc = idem_tx_exec(idem_call_tx(call), "INSERT INTO effects VALUES ($1)", 1, params, NULL);
+
+    return rc < 0 ? rc : idem_call_stage(call, 201, NULL, 0, r->body, strlen(r->body));
+}
+
+static void ran_on_writer(struct idem_call *call, int rc, void *arg)
+{
+    struct on_writer *r = arg;
+
+    pthread_mutex_lock(&r->mu);
+    r->call = call;
+    r->rc = rc;
+    r->ended = 1;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/*
+ * `key` run whole on the store's writer: 1 when it was (reported once durable), 0 when the
+ * caller must ask idem_call_begin() (the key has a record, or it cannot be done so).
+ */
+static int one_on_writer(struct idem_engine *eng, const char *key, const char *body,
+                         const unsigned char fp[IDEM_FP_LEN])
+{
+    struct on_writer r = {key, body, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
+                          0, 0, NULL};
+    int rc = idem_call_run_async(eng, &op_on_writer, "tester", key, fp, run_on_writer,
+                                 ran_on_writer, &r);
+
+    if (rc != 1)
+        return 0;
+    pthread_mutex_lock(&r.mu);
+    while (!r.ended)
+        pthread_cond_wait(&r.cv, &r.mu);
+    pthread_mutex_unlock(&r.mu);
+    if (r.rc == 0)
+        report('A', key);
+    idem_call_end(r.call);
+    return r.rc != IDEM_CALL_ASK_BEGIN;
+}
+
+/*
+ * One request for `key`: executed or replayed (reported), or anything else (not).  Every other
+ * key goes to the store's writer whole first.
+ */
 static void one(struct idem_engine *eng, const char *key, int may_write)
 {
     unsigned char fp[IDEM_FP_LEN];
@@ -287,8 +350,11 @@ static void one(struct idem_engine *eng, const char *key, int may_write)
     size_t len = 0;
 
     expected_body(key, body, sizeof body);
-    if (idem_fingerprint("POST", "/power", NULL, 0, body, strlen(body), fp, NULL) != 0 ||
-        idem_call_begin(eng, &op, "tester", key, fp, &call, &outcome) != 0)
+    if (idem_fingerprint("POST", "/power", NULL, 0, body, strlen(body), fp, NULL) != 0)
+        goto out;
+    if (may_write && key[strlen(key) - 1] % 2 == 0 && one_on_writer(eng, key, body, fp))
+        goto out;
+    if (idem_call_begin(eng, &op, "tester", key, fp, &call, &outcome) != 0)
         goto out;
     if (outcome == IDEM_OUTCOME_EXECUTE && may_write) {
         const char *params[] = {key};
