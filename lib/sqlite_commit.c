@@ -152,6 +152,7 @@ struct sq_group {
                                  have a condition variable each instead) */
     struct idem_conn *writer; /* opened on first use, reopened after it broke */
     int busy;                 /* a caller (or a batch commit) holds the writer */
+    int64_t busy_since_ns;    /* when it was taken (monotonic) */
     int waiting;              /* callers queued for the writer */
     int members;              /* savepoints released into the open batch */
     int64_t opened_ms;        /* when the open batch began */
@@ -189,6 +190,13 @@ struct sq_group {
     _Atomic int stopped; /* an fsync failed: nothing more is written or vouched for */
     char stop_msg[IDEM_ERRMSG_MAX];
 };
+
+/* Marks the writer held (g->mu held), from now: idem_store_stats' writer_busy_ns counts it. */
+static void writer_take_locked(struct sq_group *g)
+{
+    g->busy = 1;
+    g->busy_since_ns = idem__mono_ns();
+}
 
 /*
  * Drops g->mu, then sends the wake-ups decided while it was held.  A thread woken while the
@@ -317,7 +325,7 @@ void idem__sq_group_free(struct idem_store *st)
     runner_stop(g);
     pthread_mutex_lock(&g->mu);
     if (g->writer && g->batch) {
-        g->busy = 1;
+        writer_take_locked(g);
         batch_commit_locked(g); /* its members that did not wait are told */
     }
     group_unlock(g);
@@ -572,7 +580,7 @@ static void *syncer_main(void *arg)
              * fsync is the next round.
              */
             if (g->batch && !g->busy && g->waiting == 0 && disk_idle_locked(g)) {
-                g->busy = 1;
+                writer_take_locked(g);
                 writer_release_locked(g);
             }
             group_unlock(g);
@@ -904,6 +912,7 @@ static void batch_poke_locked(struct sq_group *g)
 static void writer_free_locked(struct sq_group *g)
 {
     g->busy = 0;
+    atomic_fetch_add(&g->st->writer_busy_ns, (uint64_t)(idem__mono_ns() - g->busy_since_ns));
     if (g->waiting > 0)
         g->wake_writer = 1;
     queue_wake_locked(g);
@@ -954,7 +963,7 @@ static void writer_release_locked(struct sq_group *g)
  */
 static void writer_turn_locked(struct sq_group *g, int run_queue)
 {
-    g->busy = 1;
+    writer_take_locked(g);
     if (run_queue)
         jobs_run_locked(g);
     if (g->writer)
@@ -985,7 +994,7 @@ int idem__sq_write_begin(struct idem_store *st, struct idem_conn **out, char *er
         }
     }
     g->waiting--;
-    g->busy = 1;
+    writer_take_locked(g);
     group_unlock(g);
 
     /* The writer is ours: nobody else touches g->writer until we release it. */
@@ -1017,7 +1026,7 @@ static void batch_wait_locked(struct sq_group *g, struct sq_batch *b)
              * The writer is free and nobody queues for it: commit our batch ourselves (with the
              * jobs that queued meanwhile).
              */
-            g->busy = 1;
+            writer_take_locked(g);
             writer_release_locked(g);
             continue;
         }

@@ -160,6 +160,7 @@ void idem_store_stats(const struct idem_store *st, struct idem_store_stats *out)
     out->write_commits = st ? atomic_load(&st->write_commits) : 0;
     out->durable_commits = st ? atomic_load(&st->durable_commits) : 0;
     out->durable_commit_ns = st ? atomic_load(&st->durable_commit_ns) : 0;
+    out->writer_busy_ns = st ? atomic_load(&st->writer_busy_ns) : 0;
 }
 
 int idem__store_acquire(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)

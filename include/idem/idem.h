@@ -180,6 +180,11 @@ struct idem_store_stats {
     uint64_t write_commits;     /* write transactions committed (each acknowledged durable) */
     uint64_t durable_commits;   /* commits made durable on disk that carried them */
     uint64_t durable_commit_ns; /* time spent in those commits, in nanoseconds */
+    /*
+     * SQLite: the time its one writer connection was held, by anyone (statements, COMMITs), in
+     * nanoseconds: the serial part of every write.  0 on PostgreSQL, which has no such writer.
+     */
+    uint64_t writer_busy_ns;
 };
 
 /* Fills *out (zeros for NULL st). */

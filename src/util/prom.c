@@ -58,4 +58,9 @@ void prom_store(struct strbuf *sb, const char *prefix, const struct idem_store *
            "COMMIT round trip).");
     strbuf_addf(sb, "%s_store_durable_commit_seconds_total %.6f\n", prefix,
                 (double)stats.durable_commit_ns / 1e9);
+    family(sb, prefix, "store_writer_busy_seconds_total", "counter",
+           "Time the store's one writer connection was held (SQLite: statements and COMMITs, the "
+           "serial part of every write; 0 on PostgreSQL).");
+    strbuf_addf(sb, "%s_store_writer_busy_seconds_total %.6f\n", prefix,
+                (double)stats.writer_busy_ns / 1e9);
 }

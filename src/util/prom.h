@@ -19,7 +19,8 @@ void prom_replay_cache(struct strbuf *sb, const char *prefix, struct idem_engine
 /*
  * The store's commits (idem_store_stats): PREFIX_store_write_commits_total,
  * PREFIX_store_durable_commits_total and PREFIX_store_durable_commit_seconds_total (their rate
- * ratio is the mean time a durable commit takes: what every write waits at least).
+ * ratio is the mean time a durable commit takes: what every write waits at least), and
+ * PREFIX_store_writer_busy_seconds_total (SQLite's one writer held: the serial part of writes).
  */
 void prom_store(struct strbuf *sb, const char *prefix, const struct idem_store *st);
 
