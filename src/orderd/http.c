@@ -39,8 +39,7 @@ static enum http_loop_verdict on_loop(void *ctx, const struct request *rq, struc
 static enum http_loop_verdict on_unpark(void *ctx, const struct request *rq, struct response *resp,
                                         void *data, int timed_out, struct http_park *park)
 {
-    (void)park; /* a duplicate is parked once: it is answered, or goes to a worker */
-    return router_unpark(ctx, rq, resp, data, timed_out);
+    return router_unpark(ctx, rq, resp, data, timed_out, park);
 }
 
 static const char *outcome_of(const struct response *resp)

@@ -57,17 +57,33 @@ int idemcall_outcome_unknown(struct response *resp, const char *detail)
     return IDEMCALL_ANSWERED;
 }
 
-int idemcall_complete_problem_ext(struct idem_call *call, int status, const char *code,
-                                  const char *detail, const json_t *extra)
+/* A problem as the stored response: staged in the open phase, or completed. */
+static int store_problem(struct idem_call *call, int status, const char *code, const char *detail,
+                         const json_t *extra, int commit)
 {
     struct idem_header hdrs[1] = {{"Content-Type", CONTENT_TYPE_PROBLEM}};
     size_t len = 0;
     char *body = problem_body_ext(status, code, detail, extra, &len);
     int rc;
 
-    rc = idem_call_complete(call, status, hdrs, 1, body, len);
+    if (commit)
+        rc = idem_call_complete(call, status, hdrs, 1, body, len);
+    else
+        rc = idem_call_stage(call, status, hdrs, 1, body, len);
     free(body);
     return rc;
+}
+
+int idemcall_complete_problem_ext(struct idem_call *call, int status, const char *code,
+                                  const char *detail, const json_t *extra)
+{
+    return store_problem(call, status, code, detail, extra, 1);
+}
+
+int idemcall_stage_problem(struct idem_call *call, int status, const char *code,
+                           const char *detail)
+{
+    return store_problem(call, status, code, detail, NULL, 0);
 }
 
 int idemcall_lookup(const struct call_ctx *cx, const struct idem_operation *op,

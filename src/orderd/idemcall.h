@@ -77,6 +77,10 @@ int idemcall_stage_json(struct idem_call *call, int status, const json_t *doc,
 int idemcall_complete_problem(struct idem_call *call, int status, const char *code,
                               const char *detail);
 
+/* The same problem staged in the open phase without committing (idem_call_stage). */
+int idemcall_stage_problem(struct idem_call *call, int status, const char *code,
+                           const char *detail);
+
 /* The same with extension members (borrowed, may be NULL): "orderId" of a declined payment. */
 int idemcall_complete_problem_ext(struct idem_call *call, int status, const char *code,
                                   const char *detail, const json_t *extra);

@@ -20,6 +20,7 @@
 #include "orders.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,7 @@
 #include "cursor.h"
 #include "db.h"
 #include "http.h"
+#include "idem_answer.h"
 #include "idemcall.h"
 #include "order_doc.h"
 #include "response.h"
@@ -297,17 +299,37 @@ static int stage_created(struct idem_call *call, const char *id, const struct id
     return rc;
 }
 
-/* A new order row of this request: its id, creation time and owner. */
-static void order_row_init(struct app *app, const struct call_ctx *cx, const char *status,
-                           struct order_row *o)
+/* A new order row of `principal`'s request with `key`: its id, creation time and owner. */
+static void order_row_fill(struct app *app, const char *principal, const char *key,
+                           const char *status, struct order_row *o)
 {
     int64_t ms = 0;
 
     idgen_next(&app->ids, o->id, &ms);
     iso8601_ms(ms, o->created);
-    o->principal = cx->principal;
-    o->key = cx->key;
+    o->principal = principal;
+    o->key = key;
     o->status = status;
+}
+
+static void order_row_init(struct app *app, const struct call_ctx *cx, const char *status,
+                           struct order_row *o)
+{
+    order_row_fill(app, cx->principal, cx->key, status, o);
+}
+
+/* Whether `principal` has an order made with `key` (a failed read says yes: ask again). */
+static int order_of_key(struct app *app, struct idem_tx *tx, const char *principal,
+                        const char *key)
+{
+    struct idem_rows *mine = NULL;
+    const char *params[2] = {principal, key};
+    int rc = db_exec(app, tx, "SELECT 1 FROM orders WHERE user_id = $1 AND idem_key = $2", 2,
+                     params, &mine);
+    int found = rc < 0 || idem_rows_count(mine) > 0;
+
+    idem_rows_free(mine);
+    return found;
 }
 
 /*
@@ -463,16 +485,9 @@ static void create_without_record(const struct call_ctx *cx, const struct create
         goto out;
     order_row_init(app, cx, "created", &o);
     rc = place_order(app, tx, in, &o, &order, &no);
-    if (rc == 0 && no.status != 0) {
-        /* As the idempotent flow: a key that made its order is told so before any refusal. */
-        struct idem_rows *mine = NULL;
-        const char *params[2] = {cx->principal, cx->key};
-        rc = db_exec(app, tx, "SELECT 1 FROM orders WHERE user_id = $1 AND idem_key = $2", 2,
-                     params, &mine);
-        if (rc == 0 && idem_rows_count(mine) > 0)
-            rc = IDEM_ECONFLICT;
-        idem_rows_free(mine);
-    }
+    /* As the idempotent flow: a key that made its order is told so before any refusal. */
+    if (rc == 0 && no.status != 0 && order_of_key(app, tx, cx->principal, cx->key))
+        rc = IDEM_ECONFLICT;
     if (rc == IDEM_ECONFLICT) {
         rc = 0;
         response_problem(resp, 409, "order-exists",
@@ -507,16 +522,20 @@ out:
     idem_tx_rollback(tx);
 }
 
-void orders_create(const struct call_ctx *cx, struct response *resp)
+/*
+ * Reads and checks the body of POST /api/orders into *in (pointing into cx->body), or answers
+ * 400 into `resp` and returns -1.
+ */
+static int create_input_read(const struct call_ctx *cx, struct create_input *in,
+                             struct response *resp)
 {
-    struct create_input in;
     const json_t *product, *quantity, *source;
 
-    memset(&in, 0, sizeof in);
+    memset(in, 0, sizeof *in);
     if (!json_is_object(cx->body)) {
         validation_failed(resp, "The body must be a JSON object {\"productId\": string, "
                                 "\"quantity\": integer}.");
-        goto out;
+        return -1;
     }
     product = json_object_get(cx->body, "productId");
     quantity = json_object_get(cx->body, "quantity");
@@ -524,11 +543,11 @@ void orders_create(const struct call_ctx *cx, struct response *resp)
         json_string_length(product) > PRODUCT_ID_MAX ||
         strlen(json_string_value(product)) != json_string_length(product)) {
         validation_failed(resp, "productId must be a non-empty string.");
-        goto out;
+        return -1;
     }
-    if (whole_number(quantity, 1, QUANTITY_MAX, &in.qty) != 0) {
+    if (whole_number(quantity, 1, QUANTITY_MAX, &in->qty) != 0) {
         validation_failed(resp, "quantity must be an integer from 1 to 1000.");
-        goto out;
+        return -1;
     }
     source = json_object_get(cx->body, "paymentSource");
     if (source != NULL && (!json_is_string(source) || json_string_length(source) == 0 ||
@@ -536,18 +555,166 @@ void orders_create(const struct call_ctx *cx, struct response *resp)
                            strlen(json_string_value(source)) != json_string_length(source))) {
         validation_failed(resp, "paymentSource, if given, must be a string of 1 to 32 "
                                 "characters (e.g. \"tok_ok\").");
-        goto out;
+        return -1;
     }
-    in.source = source != NULL ? json_string_value(source) : "tok_ok";
-    in.product = json_string_value(product);
-    snprintf(in.quantity, sizeof in.quantity, "%lld", (long long)in.qty);
-    idem_fingerprint_hex(cx->fp, in.fp_hex);
+    in->source = source != NULL ? json_string_value(source) : "tok_ok";
+    in->product = json_string_value(product);
+    snprintf(in->quantity, sizeof in->quantity, "%lld", (long long)in->qty);
+    idem_fingerprint_hex(cx->fp, in->fp_hex);
+    return 0;
+}
+
+void orders_create(const struct call_ctx *cx, struct response *resp)
+{
+    struct create_input in;
+
+    if (create_input_read(cx, &in, resp) != 0)
+        return;
     if (cx->app->cfg->idempotency_off)
         create_without_record(cx, &in, resp);
     else
         idemcall_handle(cx, &cx->app->op_orders_create, create_run, &in, resp);
-out:
-    return;
+}
+
+/* ---- POST /api/orders from the event loop ------------------------------------------------------
+ *
+ * Without a provider, a new order needs nothing but the store: the loop hands it to the store's
+ * writer whole (idem_call_run_async), which runs create_on_writer() among the other requests of
+ * its batch, and wakes the request once the batch is durable.  No worker waits for the writer or
+ * the disk.  Every other turn -- a key with a record, an order of the key already there (a late
+ * retry), a failure -- goes to a worker, which answers the blocking way.
+ */
+
+struct create_async {
+    struct app *app;
+    json_t *body; /* the parsed body, which `in` points into (owned) */
+    struct create_input in;
+    char *principal, *key;
+    void (*wake)(void *arg);
+    void *wake_arg;
+    /* Set once on the store's thread, under mu; read on the loop. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int ended;
+    int rc;
+    struct idem_call *call;
+};
+
+/* Phase 1 and the stored answer, on the store's writer: the order, or its refusal, staged. */
+static int create_on_writer(struct idem_call *call, void *arg)
+{
+    struct create_async *ca = arg;
+    struct idem_rows *order = NULL;
+    struct order_row o;
+    struct refusal no;
+    int rc;
+
+    order_row_fill(ca->app, ca->principal, ca->key, "created", &o);
+    rc = place_order(ca->app, idem_call_tx(call), &ca->in, &o, &order, &no);
+    if (rc == 0 && no.status != 0)
+        rc = order_of_key(ca->app, idem_call_tx(call), ca->principal, ca->key) ? IDEM_ECONFLICT
+             : idemcall_stage_problem(call, no.status, no.code, no.detail);
+    else if (rc == 0)
+        rc = stage_created(call, o.id, order);
+    idem_rows_free(order);
+    return rc;
+}
+
+/* The store's word (its thread): hand it to the request's loop. */
+static void create_async_done(struct idem_call *call, int rc, void *arg)
+{
+    struct create_async *ca = arg;
+
+    pthread_mutex_lock(&ca->mu);
+    ca->call = call;
+    ca->rc = rc;
+    ca->ended = 1;
+    /* Under the mutex: once the loop sees `ended`, the wake-up is already on its way. */
+    ca->wake(ca->wake_arg);
+    pthread_cond_broadcast(&ca->cv);
+    pthread_mutex_unlock(&ca->mu);
+}
+
+static void create_async_free(struct create_async *ca)
+{
+    json_decref(ca->body);
+    free(ca->principal);
+    free(ca->key);
+    pthread_mutex_destroy(&ca->mu);
+    pthread_cond_destroy(&ca->cv);
+    free(ca);
+}
+
+int orders_create_start(const struct call_ctx *cx, json_t *body, void (*wake)(void *arg),
+                        void *wake_arg, struct response *resp, struct create_async **out)
+{
+    struct app *app = cx->app;
+    struct create_async *ca;
+    struct call_ctx own = *cx;
+    int rc;
+
+    *out = NULL;
+    if (app->cfg->idempotency_off || app->provider != NULL || wants_phase_hook(cx) ||
+        cx->principal == NULL || cx->key == NULL) {
+        json_decref(body);
+        return 0;
+    }
+    ca = xcalloc(1, sizeof *ca);
+    ca->app = app;
+    ca->body = body;
+    own.body = body;
+    if (create_input_read(&own, &ca->in, resp) != 0) {
+        create_async_free(ca);
+        return -1;
+    }
+    ca->principal = xstrdup(cx->principal);
+    ca->key = xstrdup(cx->key);
+    ca->wake = wake;
+    ca->wake_arg = wake_arg;
+    pthread_mutex_init(&ca->mu, NULL);
+    pthread_cond_init(&ca->cv, NULL);
+    rc = idem_call_run_async(app->engine, &app->op_orders_create, ca->principal, ca->key, cx->fp,
+                             create_on_writer, create_async_done, ca);
+    if (rc != 1) {
+        if (rc < 0)
+            log_msg(&app->log, "warn", "orders.create: cannot run on the store's writer: %s",
+                    idem_err_name(rc));
+        create_async_free(ca);
+        return 0;
+    }
+    *out = ca;
+    return 1;
+}
+
+int orders_create_ended(struct create_async *ca, int wait)
+{
+    int ended;
+
+    pthread_mutex_lock(&ca->mu);
+    while (wait && !ca->ended)
+        pthread_cond_wait(&ca->cv, &ca->mu);
+    ended = ca->ended;
+    pthread_mutex_unlock(&ca->mu);
+    return ended;
+}
+
+int orders_create_finish(struct create_async *ca, struct response *resp)
+{
+    int answered = 1;
+
+    if (ca->rc == 0) {
+        resp->outcome = "executed";
+        idem_answer_stored(ca->call, resp);
+    } else if (ca->rc == IDEM_CALL_ASK_BEGIN || ca->rc == IDEM_ECONFLICT) {
+        answered = 0; /* a record, or an order of the key, is there: the blocking way answers */
+    } else {
+        log_msg(&ca->app->log, "error", "orders.create: %s: %s", idem_err_name(ca->rc),
+                idem_call_errmsg(ca->call) ? idem_call_errmsg(ca->call) : "");
+        idem_answer_fail(resp, ca->rc);
+    }
+    idem_call_end(ca->call);
+    create_async_free(ca);
+    return answered;
 }
 
 /* ---- GET /api/orders/{id} -------------------------------------------------------------------- */

@@ -5,10 +5,27 @@
 #ifndef ORDERD_ORDERS_H
 #define ORDERD_ORDERS_H
 
+#include <jansson.h>
+
 struct call_ctx;
 struct response;
+struct create_async;
 
 void orders_create(const struct call_ctx *cx, struct response *resp);
+/*
+ * POST /api/orders from the event loop, without a worker, where it can be (no provider, the
+ * store runs its writer itself: SQLite): checks the body (`body`, parsed; taken), then hands the
+ * order to the store's writer.  Returns 1 when under way: `wake(wake_arg)` runs on another
+ * thread once it ended, then orders_create_finish() answers.  -1: a 400 is in `resp`.  0: let a
+ * worker run orders_create().  Never blocks.
+ */
+int orders_create_start(const struct call_ctx *cx, json_t *body, void (*wake)(void *arg),
+                        void *wake_arg, struct response *resp, struct create_async **out);
+/* Whether the order started so has ended; with `wait`, once it has (a stop). */
+int orders_create_ended(struct create_async *ca, int wait);
+/* Its answer into `resp` (1), or 0: a worker must run orders_create().  Frees `ca`. */
+int orders_create_finish(struct create_async *ca, struct response *resp);
+
 void orders_list(const struct call_ctx *cx, struct response *resp);
 void orders_get(const struct call_ctx *cx, struct response *resp);
 void orders_cancel(const struct call_ctx *cx, struct response *resp);

@@ -450,8 +450,12 @@ static const struct idem_operation *operation_of(const struct app *app, const st
     return NULL;
 }
 
-/* A duplicate parked on the loop: its watch, and what its checks found, for the wake-up. */
+/*
+ * A request parked on the loop: a duplicate with its watch, and what its checks found, for the
+ * wake-up; or a new order under way on the store's writer (`create`).
+ */
 struct parked_call {
+    struct create_async *create;
     struct idem_watch *watch;
     const struct idem_operation *op;
     const char *operation;
@@ -459,6 +463,59 @@ struct parked_call {
     char key[IDEM_KEY_MAX + 1];
     unsigned char fp[IDEM_FP_LEN];
 };
+
+/* How long a new order on the store's writer stays parked before it is looked at again. */
+#define CREATE_CHECK_MS 10000
+
+/*
+ * A new order without a worker (orders_create_start): parked until the store's writer has run
+ * it and made it durable.  HTTP_LOOP_WORKER when it cannot be done so.
+ */
+static enum http_loop_verdict create_on_loop(struct call_ctx *cx, const struct route *rt,
+                                             struct response *resp, struct http_park *park)
+{
+    struct create_async *ca = NULL;
+    struct parked_call *pc;
+    int rc;
+
+    if (check_json(cx, rt, resp, 1) != 0) /* (the fingerprint is the one just computed) */
+        return HTTP_LOOP_WORKER;
+    rc = orders_create_start(cx, cx->body, http_server_unpark, park->token, resp, &ca);
+    cx->body = NULL; /* taken */
+    if (rc <= 0)
+        return rc < 0 ? HTTP_LOOP_ANSWERED : HTTP_LOOP_WORKER;
+    pc = xcalloc(1, sizeof *pc);
+    pc->create = ca;
+    pc->operation = rt->operation;
+    pc->principal = xstrdup(cx->principal);
+    park->data = pc;
+    park->timeout_ms = CREATE_CHECK_MS;
+    park->must_finish = 1; /* it ends by itself, with its batch */
+    return HTTP_LOOP_PARKED;
+}
+
+/* The wake-up of a new order parked by create_on_loop(): its answer, or a worker's turn. */
+static enum http_loop_verdict create_unparked(struct parked_call *pc, struct response *resp,
+                                              struct http_park *park)
+{
+    enum http_loop_verdict v = HTTP_LOOP_WORKER;
+
+    if (!orders_create_ended(pc->create, park == NULL)) {
+        park->data = pc;
+        park->timeout_ms = CREATE_CHECK_MS;
+        park->must_finish = 1;
+        return HTTP_LOOP_PARKED;
+    }
+    resp->operation = pc->operation;
+    if (orders_create_finish(pc->create, resp)) {
+        resp->principal = pc->principal; /* the log line names it; the response frees it */
+        pc->principal = NULL;
+        v = HTTP_LOOP_ANSWERED;
+    }
+    free(pc->principal);
+    free(pc);
+    return v;
+}
 
 enum http_loop_verdict router_answer_on_loop(struct app *app, const struct request *rq,
                                              struct response *resp, struct http_park *park)
@@ -491,6 +548,9 @@ enum http_loop_verdict router_answer_on_loop(struct app *app, const struct reque
         v = HTTP_LOOP_ANSWERED;
         goto out;
     }
+    if (op == &app->op_orders_create && park != NULL && (v = create_on_loop(&cx, rt, resp, park)) !=
+                                                              HTTP_LOOP_WORKER)
+        goto out;
     /* The first request of this key runs here now: wait for it without holding a thread. */
     if (park != NULL && idem_watch_inflight(app->engine, op, cx.principal, cx.key,
                                             http_server_unpark, park->token, &watch) == 1) {
@@ -513,12 +573,15 @@ out:
 }
 
 enum http_loop_verdict router_unpark(struct app *app, const struct request *rq,
-                                     struct response *resp, void *data, int timed_out)
+                                     struct response *resp, void *data, int timed_out,
+                                     struct http_park *park)
 {
     struct parked_call *pc = data;
     struct call_ctx cx;
     enum http_loop_verdict v = HTTP_LOOP_WORKER;
 
+    if (pc->create != NULL)
+        return create_unparked(pc, resp, park);
     /* Either way (woken or timed out): the cache, else a worker, which waits what is left. */
     (void)timed_out;
     idem_watch_end(pc->watch);

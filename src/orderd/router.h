@@ -52,10 +52,13 @@ enum http_loop_verdict router_answer_on_loop(struct app *app, const struct reque
                                              struct response *resp, struct http_park *park);
 
 /*
- * The server's on_unpark: ends the watch, then answers from the replay cache, or hands the
- * request to a worker, whose engine call waits only what is left of wait_ms (rq->parked_ms).
+ * The server's on_unpark.  A duplicate (parked once): ends the watch, then answers from the
+ * replay cache, or hands the request to a worker, whose engine call waits only what is left of
+ * wait_ms (rq->parked_ms).  A new order on the store's writer: its answer once it ended (parked
+ * again until then; `park` NULL at a stop: waits for it), or a worker's turn.
  */
 enum http_loop_verdict router_unpark(struct app *app, const struct request *rq,
-                                     struct response *resp, void *data, int timed_out);
+                                     struct response *resp, void *data, int timed_out,
+                                     struct http_park *park);
 
 #endif /* ORDERD_ROUTER_H */
