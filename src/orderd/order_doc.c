@@ -11,16 +11,24 @@
 #include "util.h"
 #include "banned.h"
 
+json_t *order_json_new(const char *id, const char *status, const char *product, int64_t quantity,
+                       int64_t unit_price, int64_t amount, const char *currency,
+                       const char *created_at)
+{
+    return xcheck(json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:s, s:s}", "orderId", id, "status",
+                            status, "productId", product, "quantity", (json_int_t)quantity,
+                            "unitPrice", (json_int_t)unit_price, "amount", (json_int_t)amount,
+                            "currency", currency, "createdAt", created_at));
+}
+
 json_t *order_json(const struct idem_rows *rows, int row)
 {
     const char *charge = idem_rows_get(rows, row, 8);
     const char *refund = idem_rows_get(rows, row, 9);
-    json_t *doc = xcheck(
-        json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:s, s:s}", "orderId", db_text(rows, row, 0),
-                  "status", db_text(rows, row, 1), "productId", db_text(rows, row, 2), "quantity",
-                  (json_int_t)db_int(rows, row, 3), "unitPrice", (json_int_t)db_int(rows, row, 4),
-                  "amount", (json_int_t)db_int(rows, row, 5), "currency", db_text(rows, row, 6),
-                  "createdAt", db_text(rows, row, 7)));
+    json_t *doc = order_json_new(db_text(rows, row, 0), db_text(rows, row, 1),
+                                 db_text(rows, row, 2), db_int(rows, row, 3), db_int(rows, row, 4),
+                                 db_int(rows, row, 5), db_text(rows, row, 6),
+                                 db_text(rows, row, 7));
 
     if (charge != NULL)
         json_object_set_new(doc, "chargeId", xcheck(json_string(charge)));

@@ -7,6 +7,7 @@
 #define ORDERD_ORDER_DOC_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <jansson.h>
 
@@ -26,6 +27,11 @@ struct app;
  * refundStatus once there is a payment / refund.
  */
 json_t *order_json(const struct idem_rows *rows, int row);
+
+/* The same shape of a new order from its values (no payment, no refund yet) (new). */
+json_t *order_json_new(const char *id, const char *status, const char *product, int64_t quantity,
+                       int64_t unit_price, int64_t amount, const char *currency,
+                       const char *created_at);
 
 /* "/api/orders/<id>" into `buf`. */
 void order_location(const char *id, char *buf, size_t cap);

@@ -58,12 +58,15 @@
 #define SQL_RESERVE                                                                                \
     "UPDATE products SET stock = stock - CAST($2 AS INTEGER) WHERE id = $1 AND "                   \
     "stock >= CAST($2 AS INTEGER) RETURNING unit_price, currency"
-/* An order of this (user, key) already there inserts nothing and returns no row. */
+/*
+ * An order of this (user, key) already there inserts nothing.  No RETURNING: every column of the
+ * new order is known here (SQLite would gather returned rows in a temporary b-tree first).
+ */
 #define SQL_INSERT_ORDER                                                                           \
     "INSERT INTO orders (id, user_id, product_id, quantity, unit_price, amount, "                  \
     "currency, status, idem_key, request_fp, created_at, payment_source) VALUES ($1, "             \
     "$2, $3, CAST($4 AS BIGINT), CAST($5 AS BIGINT), CAST($6 AS BIGINT), $7, $8, $9, "             \
-    "$10, $11, $12) ON CONFLICT (user_id, idem_key) DO NOTHING RETURNING " ORDER_COLS
+    "$10, $11, $12) ON CONFLICT (user_id, idem_key) DO NOTHING"
 /* Gives a reservation back: the exact inverse of SQL_RESERVE, in the same transaction. */
 #define SQL_UNRESERVE "UPDATE products SET stock = stock + CAST($2 AS INTEGER) WHERE id = $1"
 /* Why a reservation said no: the product is unknown, or its stock too low. */
@@ -221,13 +224,13 @@ out:
  * statement, then inserts the order with that price.  No savepoint: the common path writes two
  * rows, and the one path that must take a write back gives the reservation back exactly.
  *
- * On success *order (new) is the inserted order and no->status is 0.  When the reservation finds
+ * On success *order (new) is the inserted order as the API shows it, and no->status is 0.  When the reservation finds
  * too little stock or no product, nothing was written and *no says 409 out-of-stock or 422
  * unknown-product.  IDEM_ECONFLICT is an order that exists already with this (user, key) -- the
  * reservation given back -- or, logged by the caller, an id collision.
  */
 static int place_order(struct app *app, struct idem_tx *tx, const struct create_input *in,
-                       const struct order_row *o, struct idem_rows **order, struct refusal *no)
+                       const struct order_row *o, json_t **order, struct refusal *no)
 {
     struct idem_rows *reserved = NULL;
     struct idem_rows *rows = NULL;
@@ -269,9 +272,9 @@ static int place_order(struct app *app, struct idem_tx *tx, const struct create_
     rc = db_exec(app, tx, SQL_INSERT_ORDER, 12, params, &rows);
     if (rc < 0)
         goto out;
-    if (idem_rows_count(rows) == 1) {
-        *order = rows;
-        rows = NULL;
+    if (idem_rows_changed(rows) == 1) {
+        *order = order_json_new(o->id, o->status, in->product, in->qty, price, price * in->qty,
+                                params[6], o->created);
         goto out;
     }
     /* This (user, key) has its order already: what was reserved for a second one goes back. */
@@ -287,16 +290,12 @@ out:
 }
 
 /* The 201 with the order as the insert returned it (no second read of it), staged in the phase. */
-static int stage_created(struct idem_call *call, const char *id, const struct idem_rows *order)
+static int stage_created(struct idem_call *call, const char *id, const json_t *order)
 {
     char location[128];
-    json_t *doc = order_json(order, 0);
-    int rc;
 
     order_location(id, location, sizeof location);
-    rc = idemcall_stage_json(call, 201, doc, location);
-    json_decref(doc);
-    return rc;
+    return idemcall_stage_json(call, 201, order, location);
 }
 
 /* A new order row of `principal`'s request with `key`: its id, creation time and owner. */
@@ -342,7 +341,7 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
 {
     struct app *app = cx->app;
     struct idem_tx *tx = idem_call_tx(call);
-    struct idem_rows *order = NULL;
+    json_t *order = NULL;
     struct order_row o;
     struct refusal no;
     int one_commit;
@@ -414,7 +413,7 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
         goto out;
     *order_id = xstrdup(o.id);
 out:
-    idem_rows_free(order);
+    json_decref(order);
     return rc;
 }
 
@@ -472,7 +471,6 @@ static void create_without_record(const struct call_ctx *cx, const struct create
 {
     struct app *app = cx->app;
     struct idem_tx *tx = NULL;
-    struct idem_rows *order = NULL;
     struct order_row o;
     char location[128];
     json_t *doc = NULL;
@@ -484,7 +482,7 @@ static void create_without_record(const struct call_ctx *cx, const struct create
     if (rc < 0)
         goto out;
     order_row_init(app, cx, "created", &o);
-    rc = place_order(app, tx, in, &o, &order, &no);
+    rc = place_order(app, tx, in, &o, &doc, &no);
     /* As the idempotent flow: a key that made its order is told so before any refusal. */
     if (rc == 0 && no.status != 0 && order_of_key(app, tx, cx->principal, cx->key))
         rc = IDEM_ECONFLICT;
@@ -501,12 +499,6 @@ static void create_without_record(const struct call_ctx *cx, const struct create
         response_problem(resp, no.status, no.code, no.detail);
         goto out;
     }
-    if (idem_rows_count(order) == 1)
-        doc = order_json(order, 0);
-    if (doc == NULL) {
-        rc = IDEM_ESTATE;
-        goto out;
-    }
     rc = idem_tx_commit(tx);
     tx = NULL;
     if (rc < 0)
@@ -518,7 +510,6 @@ out:
     if (rc < 0)
         idem_answer_fail(resp, rc);
     json_decref(doc);
-    idem_rows_free(order);
     idem_tx_rollback(tx);
 }
 
@@ -604,7 +595,7 @@ struct create_async {
 static int create_on_writer(struct idem_call *call, void *arg)
 {
     struct create_async *ca = arg;
-    struct idem_rows *order = NULL;
+    json_t *order = NULL;
     struct order_row o;
     struct refusal no;
     int rc;
@@ -616,7 +607,7 @@ static int create_on_writer(struct idem_call *call, void *arg)
              : idemcall_stage_problem(call, no.status, no.code, no.detail);
     else if (rc == 0)
         rc = stage_created(call, o.id, order);
-    idem_rows_free(order);
+    json_decref(order);
     return rc;
 }
 
