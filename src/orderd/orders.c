@@ -218,75 +218,135 @@ out:
     return rc;
 }
 
-/*
- * Places an order in `tx`, for the idempotent flow and the benchmark-only flow without a record
- * alike, so both sell stock the same way: reserves the stock, reading the price in the same
- * statement, then inserts the order with that price.  No savepoint: the common path writes two
- * rows, and the one path that must take a write back gives the reservation back exactly.
- *
- * On success *order (new) is the inserted order as the API shows it, and no->status is 0.  When the reservation finds
- * too little stock or no product, nothing was written and *no says 409 out-of-stock or 422
- * unknown-product.  IDEM_ECONFLICT is an order that exists already with this (user, key) -- the
- * reservation given back -- or, logged by the caller, an id collision.
- */
-static int place_order(struct app *app, struct idem_tx *tx, const struct create_input *in,
-                       const struct order_row *o, json_t **order, struct refusal *no)
+/* What placing an order did: the reservation (with its price) and whether the order went in. */
+struct placed {
+    int reserved;
+    int inserted;
+    int64_t price;
+    char currency[16];
+};
+
+/* The reservation's price, checked: an order of QUANTITY_MAX must not overflow its amount. */
+static int placed_price(struct placed *pl, const char *price, const char *currency)
+{
+    int64_t p = 0;
+
+    if (parse_int64(price, 0, INT64_MAX / QUANTITY_MAX, &p) != 0 || currency == NULL ||
+        strlen(currency) >= sizeof pl->currency)
+        return IDEM_ESTORE;
+    pl->price = p;
+    snprintf(pl->currency, sizeof pl->currency, "%s", currency);
+    return 0;
+}
+
+/* SQLite: the reservation, then the order with the price it returned (the writer is ours). */
+static int place_two_statements(struct app *app, struct idem_tx *tx, const struct create_input *in,
+                                const struct order_row *o, struct placed *pl)
 {
     struct idem_rows *reserved = NULL;
     struct idem_rows *rows = NULL;
     const char *params[12];
     char unit_price[24], amount[24];
-    int64_t price;
     int rc;
 
-    *order = NULL;
-    no->status = 0;
     params[0] = in->product;
     params[1] = in->quantity;
     rc = db_exec(app, tx, SQL_RESERVE, 2, params, &reserved);
+    if (rc < 0 || idem_rows_count(reserved) != 1)
+        goto out;
+    pl->reserved = 1;
+    rc = placed_price(pl, idem_rows_get(reserved, 0, 0), idem_rows_get(reserved, 0, 1));
     if (rc < 0)
         goto out;
-    if (idem_rows_count(reserved) != 1) {
-        rc = refuse_order(app, tx, in, no);
-        goto out;
-    }
-    price = db_int(reserved, 0, 0);
-    if (price < 0 || price > INT64_MAX / QUANTITY_MAX) {
-        rc = IDEM_ESTORE;
-        goto out;
-    }
-    snprintf(unit_price, sizeof unit_price, "%lld", (long long)price);
-    snprintf(amount, sizeof amount, "%lld", (long long)(price * in->qty));
+    snprintf(unit_price, sizeof unit_price, "%lld", (long long)pl->price);
+    snprintf(amount, sizeof amount, "%lld", (long long)(pl->price * in->qty));
     params[0] = o->id;
     params[1] = o->principal;
     params[2] = in->product;
     params[3] = in->quantity;
     params[4] = unit_price;
     params[5] = amount;
-    params[6] = db_text(reserved, 0, 1);
+    params[6] = pl->currency;
     params[7] = o->status;
     params[8] = o->key;
     params[9] = in->fp_hex;
     params[10] = o->created;
     params[11] = in->source;
     rc = db_exec(app, tx, SQL_INSERT_ORDER, 12, params, &rows);
-    if (rc < 0)
-        goto out;
-    if (idem_rows_changed(rows) == 1) {
-        *order = order_json_new(o->id, o->status, in->product, in->qty, price, price * in->qty,
-                                params[6], o->created);
-        goto out;
-    }
-    /* This (user, key) has its order already: what was reserved for a second one goes back. */
-    params[0] = in->product;
-    params[1] = in->quantity;
-    rc = db_exec(app, tx, SQL_UNRESERVE, 2, params, NULL);
-    if (rc == 0)
-        rc = IDEM_ECONFLICT;
+    pl->inserted = rc == 0 && idem_rows_changed(rows) == 1;
 out:
     idem_rows_free(rows);
     idem_rows_free(reserved);
     return rc;
+}
+
+/*
+ * PostgreSQL: the reservation and the order in one statement, one round trip, so the product's
+ * row is locked from there to the COMMIT only.  No row: nothing reserved; a row whose count is 0:
+ * reserved, but an order of this (user, key) was there.
+ */
+#define SQL_PLACE_PG                                                                               \
+    "WITH r AS (UPDATE products SET stock = stock - CAST($4 AS INTEGER) WHERE id = $3 AND "        \
+    "stock >= CAST($4 AS INTEGER) RETURNING unit_price, currency), "                               \
+    "i AS (INSERT INTO orders (id, user_id, product_id, quantity, unit_price, amount, currency, "   \
+    "status, idem_key, request_fp, created_at, payment_source) SELECT $1, $2, $3, "                \
+    "CAST($4 AS BIGINT), r.unit_price, r.unit_price * CAST($4 AS BIGINT), r.currency, $5, $6, "    \
+    "$7, $8, $9 FROM r ON CONFLICT (user_id, idem_key) DO NOTHING RETURNING 1) "                   \
+    "SELECT r.unit_price, r.currency, (SELECT count(*) FROM i) FROM r"
+
+static int place_one_statement(struct app *app, struct idem_tx *tx, const struct create_input *in,
+                               const struct order_row *o, struct placed *pl)
+{
+    struct idem_rows *rows = NULL;
+    const char *params[9] = {o->id,  o->principal, in->product, in->quantity, o->status,
+                             o->key, in->fp_hex,   o->created,  in->source};
+    int rc = db_exec(app, tx, SQL_PLACE_PG, 9, params, &rows);
+
+    if (rc == 0 && idem_rows_count(rows) == 1) {
+        pl->reserved = 1;
+        pl->inserted = strcmp(db_text(rows, 0, 2), "1") == 0;
+        rc = placed_price(pl, idem_rows_get(rows, 0, 0), idem_rows_get(rows, 0, 1));
+    }
+    idem_rows_free(rows);
+    return rc;
+}
+
+/*
+ * Places an order in `tx`, for the idempotent flow and the benchmark-only flow without a record
+ * alike, so both sell stock the same way: reserves the stock, reading the price in the same
+ * statement, and inserts the order with that price (on PostgreSQL both in one statement).  No
+ * savepoint: the common path writes two rows, and the one path that must take a write back gives
+ * the reservation back exactly.
+ *
+ * On success *order (new) is the inserted order as the API shows it, and no->status is 0.  When
+ * the reservation finds too little stock or no product, nothing was written and *no says 409
+ * out-of-stock or 422 unknown-product.  IDEM_ECONFLICT is an order that exists already with this
+ * (user, key) -- the reservation given back -- or, logged by the caller, an id collision.
+ */
+static int place_order(struct app *app, struct idem_tx *tx, const struct create_input *in,
+                       const struct order_row *o, json_t **order, struct refusal *no)
+{
+    struct placed pl = {0};
+    const char *params[2] = {in->product, in->quantity};
+    int rc;
+
+    *order = NULL;
+    no->status = 0;
+    rc = strcmp(idem_store_kind(app->store), "postgresql") == 0
+             ? place_one_statement(app, tx, in, o, &pl)
+             : place_two_statements(app, tx, in, o, &pl);
+    if (rc < 0)
+        return rc;
+    if (!pl.reserved)
+        return refuse_order(app, tx, in, no);
+    if (pl.inserted) {
+        *order = order_json_new(o->id, o->status, in->product, in->qty, pl.price,
+                                pl.price * in->qty, pl.currency, o->created);
+        return 0;
+    }
+    /* This (user, key) has its order already: what was reserved for a second one goes back. */
+    rc = db_exec(app, tx, SQL_UNRESERVE, 2, params, NULL);
+    return rc < 0 ? rc : IDEM_ECONFLICT;
 }
 
 /* The 201 with the order as the insert returned it (no second read of it), staged in the phase. */
