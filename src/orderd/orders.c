@@ -2,15 +2,16 @@
  * orders.c - the orders endpoints.  Creating an order is a list of atomic phases, each one
  * database transaction that also moves the idempotency record's recovery point:
  *
- *   phase 1 (""):              reserve stock and read the price with one conditional UPDATE,
- *                              insert the order (pending_payment with a provider, else
+ *   phase 1 (""):              reserve stock with a conditional UPDATE, insert the order at
+ *                              the product's price (pending_payment with a provider, else
  *                              created); advance to "order_created" with the order id.
  *   then (checkout.c):         the charge through the provider, between phases, and the phase
  *                              that settles the order and stores the response.
  *
  * Without a provider nothing external follows phase 1, so it is the only phase: the operation
  * is one-phase (idem_operation.one_phase), and its record is inserted already completed with the
- * 201, beside the order -- three statements in all.
+ * 201, beside the order: four statements on SQLite (the price, the reservation, the order, the
+ * record), two on PostgreSQL (the reservation and the order are one there).
  *
  * A request that takes over an expired lease resumes at the recorded point, so a finished phase
  * is never run twice.  The order row keeps (user, Idempotency-Key) unique for good: once the
@@ -52,12 +53,14 @@
 
 /*
  * Phase 1's business statements, shared with the --idempotency off baseline (place_order).  The
- * condition in the reservation, not a read before it, decides whether stock is left, and the
- * price it returns is the one the order is written with: no read can go stale in between.
+ * condition in the reservation, not a read before it, decides whether stock is left.  On SQLite
+ * (these two) the price is read just before it under the same write lock; on PostgreSQL
+ * (SQL_PLACE_PG) the reservation returns it.
  */
-#define SQL_RESERVE                                                                                \
+#define SQL_PRICE "SELECT unit_price, currency FROM products WHERE id = $1"
+#define SQL_RESERVE_SQLITE                                                                         \
     "UPDATE products SET stock = stock - CAST($2 AS INTEGER) WHERE id = $1 AND "                   \
-    "stock >= CAST($2 AS INTEGER) RETURNING unit_price, currency"
+    "stock >= CAST($2 AS INTEGER)"
 /*
  * An order of this (user, key) already there inserts nothing.  No RETURNING: every column of the
  * new order is known here (SQLite would gather returned rows in a temporary b-tree first).
@@ -67,7 +70,7 @@
     "currency, status, idem_key, request_fp, created_at, payment_source) VALUES ($1, "             \
     "$2, $3, CAST($4 AS BIGINT), CAST($5 AS BIGINT), CAST($6 AS BIGINT), $7, $8, $9, "             \
     "$10, $11, $12) ON CONFLICT (user_id, idem_key) DO NOTHING"
-/* Gives a reservation back: the exact inverse of SQL_RESERVE, in the same transaction. */
+/* Gives a reservation back: the exact inverse of the reservation, in the same transaction. */
 #define SQL_UNRESERVE "UPDATE products SET stock = stock + CAST($2 AS INTEGER) WHERE id = $1"
 /* Why a reservation said no: the product is unknown, or its stock too low. */
 #define SQL_PRODUCT "SELECT stock FROM products WHERE id = $1"
@@ -239,11 +242,16 @@ static int placed_price(struct placed *pl, const char *price, const char *curren
     return 0;
 }
 
-/* SQLite: the reservation, then the order with the price it returned (the writer is ours). */
+/*
+ * SQLite: the product's price read, the reservation, then the order.  The read cannot go stale
+ * before the reservation: the transaction holds SQLite's write lock, and this connection is the
+ * process's one writer.  (An UPDATE ... RETURNING would gather its row in a temporary b-tree of
+ * its own, under the writer.)
+ */
 static int place_two_statements(struct app *app, struct idem_tx *tx, const struct create_input *in,
                                 const struct order_row *o, struct placed *pl)
 {
-    struct idem_rows *reserved = NULL;
+    struct idem_rows *product = NULL;
     struct idem_rows *rows = NULL;
     const char *params[12];
     char unit_price[24], amount[24];
@@ -251,11 +259,16 @@ static int place_two_statements(struct app *app, struct idem_tx *tx, const struc
 
     params[0] = in->product;
     params[1] = in->quantity;
-    rc = db_exec(app, tx, SQL_RESERVE, 2, params, &reserved);
-    if (rc < 0 || idem_rows_count(reserved) != 1)
+    rc = db_exec(app, tx, SQL_PRICE, 1, params, &product);
+    if (rc < 0 || idem_rows_count(product) != 1)
         goto out;
+    rc = db_exec(app, tx, SQL_RESERVE_SQLITE, 2, params, &rows);
+    if (rc < 0 || idem_rows_changed(rows) != 1)
+        goto out;
+    idem_rows_free(rows);
+    rows = NULL;
     pl->reserved = 1;
-    rc = placed_price(pl, idem_rows_get(reserved, 0, 0), idem_rows_get(reserved, 0, 1));
+    rc = placed_price(pl, idem_rows_get(product, 0, 0), idem_rows_get(product, 0, 1));
     if (rc < 0)
         goto out;
     snprintf(unit_price, sizeof unit_price, "%lld", (long long)pl->price);
@@ -276,7 +289,7 @@ static int place_two_statements(struct app *app, struct idem_tx *tx, const struc
     pl->inserted = rc == 0 && idem_rows_changed(rows) == 1;
 out:
     idem_rows_free(rows);
-    idem_rows_free(reserved);
+    idem_rows_free(product);
     return rc;
 }
 
@@ -313,8 +326,8 @@ static int place_one_statement(struct app *app, struct idem_tx *tx, const struct
 
 /*
  * Places an order in `tx`, for the idempotent flow and the benchmark-only flow without a record
- * alike, so both sell stock the same way: reserves the stock, reading the price in the same
- * statement, and inserts the order with that price (on PostgreSQL both in one statement).  No
+ * alike, so both sell stock the same way: reserves the stock and inserts the order at the
+ * product's price (on PostgreSQL in one statement).  No
  * savepoint: the common path writes two rows, and the one path that must take a write back gives
  * the reservation back exactly.
  *
