@@ -1608,8 +1608,12 @@ static int run_job_run(struct idem_conn *c, void *arg)
     struct idem_call *call = a->call;
     struct idem_store *st = call->eng->st;
     struct idem_record rec;
-    int rc = st->vt->record_get(c, &call->scope, &rec);
+    int rc;
 
+    /* Run again from the start if a neighbour's failure undid this run (IDEM__TX_RERUNNABLE). */
+    a->found = 0;
+    unstage(call);
+    rc = st->vt->record_get(c, &call->scope, &rec);
     if (rc < 0)
         return call_fail(call, rc, "read record", st->vt->errmsg(c));
     a->found = rec.found;
@@ -1691,7 +1695,8 @@ int idem_call_run_async(struct idem_engine *eng, const struct idem_operation *op
         return IDEM_ENOMEM;
     }
     *a = (struct run_async){call, run, done, arg, 0};
-    rc = idem__tx_run_async(eng->st, run_job_run, a, 0, run_async_done, a, err, sizeof(err));
+    rc = idem__tx_run_async(eng->st, run_job_run, a, IDEM__TX_RERUNNABLE, run_async_done, a, err,
+                            sizeof(err));
     if (rc < 0) {
         free(a);
         idem_call_end(call);

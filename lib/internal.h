@@ -111,6 +111,14 @@ typedef int (*idem__tx_fn)(struct idem_conn *c, void *arg);
  * copy every page it touches into the statement journal first.
  */
 #define IDEM__TX_ONE_STATEMENT 1u
+/*
+ * idem__tx_run_async()'s flag: `fn` may be run again from the start, any number of times, its
+ * earlier writes undone (it keeps no state of a run that a later one would not reset), and it
+ * asks for a rollback only before it wrote anything.  SQLite runs such jobs back to back under
+ * one savepoint of them all instead of one each; one that fails rolls them all back, and the
+ * others run again without it.
+ */
+#define IDEM__TX_RERUNNABLE 2u
 
 struct idem_store_vtab {
     const char *kind;

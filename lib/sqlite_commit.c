@@ -109,6 +109,7 @@ struct sq_job {
     char errmsg[IDEM_ERRMSG_MAX];
     struct sq_notice *notice; /* write_run_async: told instead of a thread woken (no `cv`) */
     unsigned flags;           /* IDEM__TX_ONE_STATEMENT: no savepoint of its own */
+    int failed;               /* IDEM__TX_RERUNNABLE: it failed; not run again */
 };
 
 /* A member that did not wait (write_commit_async, write_run_async): told when its batch ends. */
@@ -832,6 +833,68 @@ static void job_run(struct idem_conn *w, struct sq_job *j)
 }
 
 /*
+ * Runs the rerunnable jobs of `list` (IDEM__TX_RERUNNABLE) on the writer `w` (held, g->mu not
+ * held) back to back under one savepoint of them all, not one each: a savepoint costs two
+ * statements and a copy of every page its job touches that the batch had changed already.  One
+ * that fails rolls that savepoint back -- every job's writes -- and the others run again without
+ * it, so a failure costs its neighbours a second run, never their writes.  A job that asks for
+ * a rollback (IDEM__TX_DISCARD) wrote nothing, by the flag's contract: it is not undone.
+ */
+static void jobs_run_rerunnable(struct idem_conn *w, struct sq_job *list)
+{
+    for (;;) {
+        struct sq_job *failed = NULL, *j;
+        int rc = 0, begun = 0;
+
+        if (sqlite3_get_autocommit(w->db)) {
+            rc = IDEM_EUNAVAIL;
+            idem__fmt(w->errmsg, sizeof(w->errmsg), "%s",
+                      "sqlite: the shared write transaction was rolled back");
+        } else {
+            rc = idem__sq_run_simple(w, "SAVEPOINT idem_jobs", "begin");
+            begun = rc == 0;
+        }
+        for (j = list; j && rc == 0; j = j->next) {
+            if (!(j->flags & IDEM__TX_RERUNNABLE) || j->failed)
+                continue;
+            j->errmsg[0] = '\0';
+            j->rc = j->fn(w, j->arg);
+            if (j->rc == 0 && sqlite3_get_autocommit(w->db)) {
+                idem__fmt(j->errmsg, sizeof(j->errmsg),
+                          "sqlite: the shared write transaction was rolled back: %s", w->errmsg);
+                j->rc = IDEM_EUNAVAIL;
+            }
+            if (j->rc < 0) {
+                if (j->errmsg[0] == '\0')
+                    idem__fmt(j->errmsg, sizeof(j->errmsg), "%s", w->errmsg);
+                failed = j;
+                break;
+            }
+        }
+        if (rc == 0 && !failed && idem__sq_run_simple(w, "RELEASE idem_jobs", "commit") == 0)
+            return;
+        /* Undo every job's writes; the failed one is done, the others run again. */
+        if (begun && !sqlite3_get_autocommit(w->db) &&
+            idem__sq_run_simple(w, "ROLLBACK TO idem_jobs; RELEASE idem_jobs", "rollback") < 0)
+            w->broken = 1;
+        if (failed && !w->broken && !sqlite3_get_autocommit(w->db)) {
+            failed->failed = 1;
+            continue;
+        }
+        /* Nothing can run on this writer now: every job not yet failed fails with it. */
+        for (j = list; j; j = j->next) {
+            if (!(j->flags & IDEM__TX_RERUNNABLE) || j->failed)
+                continue;
+            if (j != failed) {
+                j->rc = IDEM_EUNAVAIL;
+                idem__fmt(j->errmsg, sizeof(j->errmsg), "%s", w->errmsg);
+            }
+        }
+        return;
+    }
+}
+
+/*
  * Runs the queued jobs on the writer, which this thread holds (g->mu held, dropped while they
  * run), into the open batch (begun if need be): a job that kept its writes joins the batch, one
  * that rolled back or failed is done.
@@ -849,8 +912,12 @@ static void jobs_run_locked(struct sq_group *g)
         g->jobs_tail = &g->jobs;
         group_unlock(g);
         rc = writer_ready(g, err, sizeof(err));
+        if (rc == 0 && !g->writer->broken)
+            jobs_run_rerunnable(g->writer, list);
         for (j = list; j; j = j->next) {
-            if (rc == 0 && !g->writer->broken) {
+            if (j->flags & IDEM__TX_RERUNNABLE && rc == 0 && !g->writer->broken) {
+                continue; /* (run above) */
+            } else if (rc == 0 && !g->writer->broken) {
                 job_run(g->writer, j);
             } else {
                 j->rc = rc < 0 ? rc : IDEM_EUNAVAIL;

@@ -477,7 +477,10 @@ typedef void (*idem_call_done)(struct idem_call *call, int rc, void *arg);
 /*
  * The first phase of a one-phase call, run by idem_call_run_async() on the store's writer: the
  * application's writes through idem_call_tx(call), then idem_call_stage() of the response.
- * Returns 0 (the engine commits), or a negative code (everything it wrote is rolled back).
+ * Returns 0 (the engine commits), or a negative code (everything it wrote is rolled back).  It
+ * may run more than once: runs of several requests share one savepoint, and when another one
+ * fails, every write is undone and the others run again from the start -- so it must keep no
+ * state of an earlier run that the next would not redo (a new order id is fine).
  */
 typedef int (*idem_call_run)(struct idem_call *call, void *arg);
 

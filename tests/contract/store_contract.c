@@ -1559,6 +1559,37 @@ static void test_run_async(struct idem_engine *eng, struct idem_store *st)
     CHECK_INT(biz_count(st, "runrow-3"), 0);
     CHECK_INT(record_kept(nocache, "alice", op.name, "run-3"), 0);
 
+    /*
+     * Many at once, every third failing: they run on the writer back to back, under one savepoint
+     * of them all, so each failure undoes its neighbours' writes too and they run again.  What
+     * is left is exactly the rows and records of the runs that succeeded.
+     */
+    {
+        enum { MANY = 30 };
+        static struct run_step many[MANY];
+        char row[MANY][32], key[MANY][32];
+        int ok = 0;
+
+        for (int i = 0; i < MANY; i++) {
+            snprintf(row[i], sizeof(row[i]), "manyrow-%02d", i);
+            snprintf(key[i], sizeof(key[i]), "run-many-%02d", i);
+            many[i] = (struct run_step){.row = row[i], .fail = i % 3 == 0};
+        }
+        for (int i = 0; i < MANY; i++)
+            CHECK_INT(idem_call_run_async(eng, &op, "alice", key[i], fp, run_phase, run_done,
+                                          &many[i]),
+                      1);
+        for (int i = 0; i < MANY; i++) {
+            CHECK(async_wait(&many[i].a));
+            CHECK_INT(many[i].a.rc, many[i].fail ? IDEM_ESTORE : 0);
+            ok += many[i].a.rc == 0;
+            idem_call_end(many[i].a.call);
+            CHECK_INT(biz_count(st, row[i]), many[i].fail ? 0 : 1);
+            CHECK_INT(record_kept(nocache, "alice", op.name, key[i]), !many[i].fail);
+        }
+        CHECK_INT(ok, MANY - MANY / 3);
+    }
+
     /* A key in flight in this engine: declined (the caller waits the blocking way). */
     CHECK_INT(idem_call_begin(eng, &op, "alice", "run-4", fp, &call, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
