@@ -81,7 +81,9 @@
  * queues as a job, and whoever holds the writer runs the queued jobs, each in its own savepoint,
  * before giving the writer up -- so the batch fills without a context switch per member, and
  * the job's thread wakes once, when its batch is durable.  A job whose thread finds the writer
- * free runs the queue itself.
+ * free runs the queue itself.  Jobs that may run again from the start (IDEM__TX_RERUNNABLE)
+ * share one savepoint instead: one that fails undoes them all, and the others run again
+ * (jobs_run_rerunnable).
  *
  * A job given without a thread to wait (write_run_async: an event loop's) carries a notice
  * instead, told when its batch ends or it is done.  When such a job heads the queue and the
