@@ -26,7 +26,7 @@ command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
 # installs into bench/peers/node_modules itself).
 case "${1:-}" in
 "") ;;
-bench) PKGS="$PKGS wrk gnuplot-nox linux-perf nginx-light redis-server" ;;
+bench) PKGS="$PKGS wrk gnuplot-nox linux-perf nginx-light redis-server strace" ;;
 *)
     echo "usage: scripts/deps.sh [bench]" >&2
     exit 2
