@@ -656,13 +656,18 @@ struct create_async {
     char *principal, *key;
     void (*wake)(void *arg);
     void *wake_arg;
-    /* Set once on the store's thread, under mu; read on the loop. */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+    /* Set once on the store's thread, under created_mu; read on the loop. */
     int ended;
     int rc;
     struct idem_call *call;
 };
+
+/*
+ * One lock for every order's end, not one each: the loop frees an order as soon as it saw it
+ * end, while the store's thread may still be inside the unlock that published it.
+ */
+static pthread_mutex_t created_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t created_cv = PTHREAD_COND_INITIALIZER;
 
 /* Phase 1 and the stored answer, on the store's writer: the order, or its refusal, staged. */
 static int create_on_writer(struct idem_call *call, void *arg)
@@ -689,14 +694,14 @@ static void create_async_done(struct idem_call *call, int rc, void *arg)
 {
     struct create_async *ca = arg;
 
-    pthread_mutex_lock(&ca->mu);
+    pthread_mutex_lock(&created_mu);
     ca->call = call;
     ca->rc = rc;
     ca->ended = 1;
     /* Under the mutex: once the loop sees `ended`, the wake-up is already on its way. */
     ca->wake(ca->wake_arg);
-    pthread_cond_broadcast(&ca->cv);
-    pthread_mutex_unlock(&ca->mu);
+    pthread_cond_broadcast(&created_cv);
+    pthread_mutex_unlock(&created_mu);
 }
 
 static void create_async_free(struct create_async *ca)
@@ -704,8 +709,6 @@ static void create_async_free(struct create_async *ca)
     json_decref(ca->body);
     free(ca->principal);
     free(ca->key);
-    pthread_mutex_destroy(&ca->mu);
-    pthread_cond_destroy(&ca->cv);
     free(ca);
 }
 
@@ -735,8 +738,6 @@ int orders_create_start(const struct call_ctx *cx, json_t *body, void (*wake)(vo
     ca->key = xstrdup(cx->key);
     ca->wake = wake;
     ca->wake_arg = wake_arg;
-    pthread_mutex_init(&ca->mu, NULL);
-    pthread_cond_init(&ca->cv, NULL);
     rc = idem_call_run_async(app->engine, &app->op_orders_create, ca->principal, ca->key, cx->fp,
                              create_on_writer, create_async_done, ca);
     if (rc != 1) {
@@ -754,11 +755,11 @@ int orders_create_ended(struct create_async *ca, int wait)
 {
     int ended;
 
-    pthread_mutex_lock(&ca->mu);
+    pthread_mutex_lock(&created_mu);
     while (wait && !ca->ended)
-        pthread_cond_wait(&ca->cv, &ca->mu);
+        pthread_cond_wait(&created_cv, &created_mu);
     ended = ca->ended;
-    pthread_mutex_unlock(&ca->mu);
+    pthread_mutex_unlock(&created_mu);
     return ended;
 }
 
