@@ -886,13 +886,40 @@ static void claim_async_done(void *arg, int rc, const char *errmsg)
     free(a);
 }
 
+/*
+ * The call of a request the store is to run without a thread waiting (idem_call_begin_async,
+ * idem_call_run_async): 1 with *out (new) in flight; 0 when the replay cache holds the key or
+ * another call of this engine has it in flight (the blocking way answers it); or a negative code.
+ */
+static int async_call_new(struct idem_engine *eng, const struct idem_operation *op,
+                          const char *principal, const char *key, const unsigned char *fp,
+                          struct idem_call **out)
+{
+    const struct idem_scope s = {principal, op->name, key};
+    const struct idem__rentry *hit = NULL;
+    enum idem_outcome oc = IDEM_OUTCOME_NONE;
+    int rc;
+
+    *out = NULL;
+    if (cache_answer(eng, &s, fp, &hit, &oc)) {
+        idem__rcache_release(hit);
+        return 0;
+    }
+    rc = call_new(eng, op, principal, key, fp, out);
+    if (rc < 0)
+        return rc;
+    if (!inflight_try_enter(*out)) {
+        idem_call_end(*out);
+        *out = NULL;
+        return 0;
+    }
+    return 1;
+}
+
 int idem_call_begin_async(struct idem_engine *eng, const struct idem_operation *op,
                           const char *principal, const char *key,
                           const unsigned char fp[IDEM_FP_LEN], idem_call_begun begun, void *arg)
 {
-    struct idem_scope s;
-    const struct idem__rentry *hit = NULL;
-    enum idem_outcome oc = IDEM_OUTCOME_NONE;
     char err[IDEM_ERRMSG_MAX] = "";
     struct claim_async *a;
     struct idem_call *call = NULL;
@@ -904,18 +931,9 @@ int idem_call_begin_async(struct idem_engine *eng, const struct idem_operation *
     if (!op->claim_point || !eng->cache || !eng->st->vt->claim_before_read ||
         !idem__tx_runs_async(eng->st))
         return 0;
-    s = (struct idem_scope){principal, op->name, key};
-    if (cache_answer(eng, &s, fp, &hit, &oc)) {
-        idem__rcache_release(hit);
-        return 0;
-    }
-    rc = call_new(eng, op, principal, key, fp, &call);
-    if (rc < 0)
+    rc = async_call_new(eng, op, principal, key, fp, &call);
+    if (rc <= 0)
         return rc;
-    if (!inflight_try_enter(call)) {
-        idem_call_end(call);
-        return 0;
-    }
     a = calloc(1, sizeof(*a));
     if (!a) {
         idem_call_end(call);
@@ -1665,9 +1683,6 @@ int idem_call_run_async(struct idem_engine *eng, const struct idem_operation *op
                         const char *principal, const char *key, const unsigned char fp[IDEM_FP_LEN],
                         idem_call_run run, idem_call_done done, void *arg)
 {
-    struct idem_scope s;
-    const struct idem__rentry *hit = NULL;
-    enum idem_outcome oc = IDEM_OUTCOME_NONE;
     char err[IDEM_ERRMSG_MAX] = "";
     struct run_async *a;
     struct idem_call *call = NULL;
@@ -1677,18 +1692,9 @@ int idem_call_run_async(struct idem_engine *eng, const struct idem_operation *op
         return IDEM_EINVAL;
     if (!op->one_phase || op->claim_point || !idem__tx_runs_async(eng->st))
         return 0;
-    s = (struct idem_scope){principal, op->name, key};
-    if (cache_answer(eng, &s, fp, &hit, &oc)) {
-        idem__rcache_release(hit);
-        return 0;
-    }
-    rc = call_new(eng, op, principal, key, fp, &call);
-    if (rc < 0)
+    rc = async_call_new(eng, op, principal, key, fp, &call);
+    if (rc <= 0)
         return rc;
-    if (!inflight_try_enter(call)) {
-        idem_call_end(call);
-        return 0;
-    }
     a = calloc(1, sizeof(*a));
     if (!a) {
         idem_call_end(call);
