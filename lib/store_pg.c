@@ -217,6 +217,14 @@ struct rec_sql {
         OID_TEXT, OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_BYTEA, OID_TEXT                      \
     }
 /*
+ * The claims' condition for replacing a record of the scope that is there: its retention ended
+ * and no live lease protects it (the key is new again).
+ */
+#define RETENTION_LET_GO                                                                           \
+    "r.expires_ms <= excluded.created_ms"                                                          \
+    " AND (r.status = 1 OR r.lease_expires_ms <= excluded.created_ms)"
+
+/*
  * A one-phase operation's record, inserted already completed (the claim's conflict rule: only a
  * record that retention let go is replaced).
  */
@@ -232,8 +240,7 @@ struct rec_sql {
     " response_status = excluded.response_status,"                                                 \
     " response_headers = excluded.response_headers, response_body = excluded.response_body,"       \
     " created_ms = excluded.created_ms, expires_ms = excluded.expires_ms"                          \
-    " WHERE r.expires_ms <= excluded.created_ms"                                                   \
-    " AND (r.status = 1 OR r.lease_expires_ms <= excluded.created_ms)"
+    " WHERE " RETENTION_LET_GO
 #define INSERT_COMPLETED_TYPES                                                                     \
     {                                                                                              \
         OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_INT4, OID_TEXT, OID_BYTEA, OID_INT8           \
@@ -260,8 +267,7 @@ static const struct rec_sql rec_sql[RS_COUNT] = {
                   " lease_expires_ms = excluded.lease_expires_ms, response_status = NULL,"
                   " response_headers = NULL, response_body = NULL,"
                   " created_ms = excluded.created_ms, expires_ms = excluded.expires_ms"
-                  " WHERE r.expires_ms <= excluded.created_ms"
-                  " AND (r.status = 1 OR r.lease_expires_ms <= excluded.created_ms)",
+                  " WHERE " RETENTION_LET_GO,
                   8,
                   {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_TEXT, OID_INT8, OID_INT8,
                    OID_TEXT}},
@@ -1578,6 +1584,42 @@ static int pg_record_insert(struct idem_conn *c, const struct idem_scope *s,
     return rc;
 }
 
+/*
+ * Writes a response into the record of `s` with `k_now` (its answer read: *ok whether it changed
+ * the row) or, `defer`, `k_deferred` sent with the next statement (*ok = 1; its fence fails that
+ * statement or the COMMIT instead); waiters hear of it once committed.  `body_len` is checked
+ * against the protocol's cap and put in lens[body_col].
+ */
+static int write_response(struct idem_conn *c, const struct idem_scope *s, enum rec_stmt k_now,
+                          enum rec_stmt k_deferred, int defer, const char *const *vals, int *lens,
+                          const int *fmts, int body_col, size_t body_len, const char *what, int *ok)
+{
+    PGresult *res = NULL;
+    int rc;
+
+    *ok = 0;
+    if (body_len > (size_t)INT_MAX) {
+        set_msg(c, what, "response body too large", NULL);
+        return IDEM_ETOOBIG;
+    }
+    lens[body_col] = (int)body_len;
+    if (defer) {
+        rc = defer_rec(c, k_deferred, vals, lens, fmts, what);
+        if (rc == 0) {
+            *ok = 1;
+            notify_after_commit(c, s);
+        }
+        return rc;
+    }
+    rc = rec_run(c, k_now, vals, lens, fmts, 0, what, &res);
+    if (rc == 0)
+        *ok = changed_of(res) == 1;
+    if (*ok)
+        notify_after_commit(c, s);
+    PQclear(res);
+    return rc;
+}
+
 static int pg_record_insert_completed(struct idem_conn *c, const struct idem_scope *s,
                                       const unsigned char fp[IDEM_FP_LEN], int64_t ttl_ms,
                                       int status, const char *headers, const void *body,
@@ -1589,33 +1631,12 @@ static int pg_record_insert_completed(struct idem_conn *c, const struct idem_sco
                            code,         headers,      bytes,  ttl};
     int lens[8] = {0, 0, 0, IDEM_FP_LEN, 0, 0, 0, 0};
     const int fmts[8] = {0, 0, 0, 1, 0, 0, 1, 0};
-    PGresult *res = NULL;
-    int rc;
 
-    *inserted = 0;
-    if (body_len > (size_t)INT_MAX) {
-        set_msg(c, "claim completed", "response body too large", NULL);
-        return IDEM_ETOOBIG;
-    }
-    lens[6] = (int)body_len;
     idem__fmt(code, sizeof(code), "%d", status);
     idem__fmt(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
-    if (c->in_tx) {
-        /* With the COMMIT, which fails (IDEM_ELEASE) should another caller hold the key. */
-        rc = defer_rec(c, RS_INSERT_COMPLETED_DEFERRED, vals, lens, fmts, "claim completed");
-        if (rc == 0) {
-            *inserted = 1;
-            notify_after_commit(c, s);
-        }
-        return rc;
-    }
-    rc = rec_run(c, RS_INSERT_COMPLETED, vals, lens, fmts, 0, "claim completed", &res);
-    if (rc == 0)
-        *inserted = changed_of(res) == 1;
-    if (*inserted)
-        notify_after_commit(c, s);
-    PQclear(res);
-    return rc;
+    /* In a transaction, with the COMMIT, which fails (IDEM_ELEASE) if another caller holds it. */
+    return write_response(c, s, RS_INSERT_COMPLETED, RS_INSERT_COMPLETED_DEFERRED, c->in_tx, vals,
+                          lens, fmts, 6, body_len, "claim completed", inserted);
 }
 
 /* Binary result columns: network byte order integers, raw bytes for text and bytea. */
@@ -1765,36 +1786,20 @@ static int pg_record_complete(struct idem_conn *c, const struct idem_scope *s, c
         s->principal, s->operation, s->key, code, headers, body ? (const char *)body : "", owner};
     int lens[7] = {0};
     const int fmts[7] = {0, 0, 0, 0, 0, 1, 0};
-    PGresult *res = NULL;
+    /*
+     * The record this transaction inserted: its row is ours until the transaction ends.  Or a
+     * whole transaction: only the COMMIT follows, and it fails (IDEM_ELEASE) if the fenced update
+     * changed nothing.
+     */
+    int defer = c->in_tx && ((c->claimed_open && c->claimed == scope_hash(s)) || c->whole);
+
     int rc;
 
-    *ok = 0;
-    if (body_len > (size_t)INT_MAX) {
-        set_msg(c, "complete record", "response body too large", NULL);
-        return IDEM_ETOOBIG;
-    }
-    lens[5] = (int)body_len;
     idem__fmt(code, sizeof(code), "%d", status);
-    if (c->in_tx && ((c->claimed_open && c->claimed == scope_hash(s)) || c->whole)) {
-        /*
-         * The record this transaction inserted: its row is ours until the transaction ends.  Or
-         * a whole transaction: only the COMMIT follows, and it fails (IDEM_ELEASE) if the
-         * fenced update changed nothing.
-         */
+    rc = write_response(c, s, RS_COMPLETE, RS_COMPLETE_DEFERRED, defer, vals, lens, fmts, 5,
+                        body_len, "complete record", ok);
+    if (defer && rc != IDEM_ETOOBIG)
         c->claimed_open = 0; /* once: completing it twice is refused, as ever (*ok = 0) */
-        rc = defer_rec(c, RS_COMPLETE_DEFERRED, vals, lens, fmts, "complete record");
-        if (rc == 0) {
-            *ok = 1;
-            notify_after_commit(c, s);
-        }
-        return rc;
-    }
-    rc = rec_run(c, RS_COMPLETE, vals, lens, fmts, 0, "complete record", &res);
-    if (rc == 0)
-        *ok = changed_of(res) == 1;
-    if (*ok)
-        notify_after_commit(c, s);
-    PQclear(res);
     return rc;
 }
 

@@ -523,6 +523,14 @@ static int step_done(struct idem_conn *c, sqlite3_stmt *stmt, const char *what, 
 
 #define SCOPE_WHERE "principal = ?1 AND operation = ?2 AND idem_key = ?3"
 
+/*
+ * The upsert's condition for replacing a record of the scope that is there: its retention ended
+ * and no live lease protects it (the key is new again).  Claims of both kinds share it.
+ */
+#define RETENTION_LET_GO                                                                           \
+    "idem_records.expires_ms <= excluded.created_ms"                                               \
+    " AND (idem_records.status = 1 OR idem_records.lease_expires_ms <= excluded.created_ms)"
+
 static int sq_record_insert(struct idem_conn *c, const struct idem_scope *s,
                             const unsigned char fp[IDEM_FP_LEN], const char *owner,
                             int64_t lease_ms, int64_t ttl_ms, const char *point, int *inserted)
@@ -542,8 +550,7 @@ static int sq_record_insert(struct idem_conn *c, const struct idem_scope *s,
         " lease_expires_ms = excluded.lease_expires_ms, response_status = NULL,"
         " response_headers = NULL, response_body = NULL, created_ms = excluded.created_ms,"
         " expires_ms = excluded.expires_ms"
-        " WHERE idem_records.expires_ms <= excluded.created_ms"
-        " AND (idem_records.status = 1 OR idem_records.lease_expires_ms <= excluded.created_ms)";
+        " WHERE " RETENTION_LET_GO;
     sqlite3_stmt *stmt = NULL;
     int64_t now = idem__now_ms();
     int changes = 0;
@@ -569,7 +576,6 @@ static int sq_record_insert_completed(struct idem_conn *c, const struct idem_sco
                                       int status, const char *headers, const void *body,
                                       size_t body_len, int *inserted)
 {
-    /* As sq_record_insert: only a record that retention let go is replaced. */
     static const char sql[] =
         "INSERT INTO idem_records (principal, operation, idem_key, fingerprint, status,"
         " recovery_point, lease_owner, lease_expires_ms, response_status, response_headers,"
@@ -581,8 +587,7 @@ static int sq_record_insert_completed(struct idem_conn *c, const struct idem_sco
         " response_status = excluded.response_status,"
         " response_headers = excluded.response_headers, response_body = excluded.response_body,"
         " created_ms = excluded.created_ms, expires_ms = excluded.expires_ms"
-        " WHERE idem_records.expires_ms <= excluded.created_ms"
-        " AND (idem_records.status = 1 OR idem_records.lease_expires_ms <= excluded.created_ms)";
+        " WHERE " RETENTION_LET_GO;
     sqlite3_stmt *stmt = NULL;
     int64_t now = idem__now_ms();
     int changes = 0;
