@@ -467,6 +467,31 @@ struct parked_call {
 /* How long a new order on the store's writer stays parked before it is looked at again. */
 #define CREATE_CHECK_MS 10000
 
+/* Parks a new order's request (again) until its order ends: it ends by itself, with its batch. */
+static enum http_loop_verdict park_create(struct parked_call *pc, struct http_park *park)
+{
+    park->data = pc;
+    park->timeout_ms = CREATE_CHECK_MS;
+    park->must_finish = 1;
+    return HTTP_LOOP_PARKED;
+}
+
+/*
+ * A parked request's end: answered (its principal goes to the response, for the log line, which
+ * frees it), or handed to a worker.  Frees `pc`.
+ */
+static enum http_loop_verdict parked_end(struct parked_call *pc, struct response *resp,
+                                         int answered)
+{
+    if (answered) {
+        resp->principal = pc->principal;
+        pc->principal = NULL;
+    }
+    free(pc->principal);
+    free(pc);
+    return answered ? HTTP_LOOP_ANSWERED : HTTP_LOOP_WORKER;
+}
+
 /*
  * A new order without a worker (orders_create_start): parked until the store's writer has run
  * it and made it durable.  HTTP_LOOP_WORKER when it cannot be done so.
@@ -488,33 +513,17 @@ static enum http_loop_verdict create_on_loop(struct call_ctx *cx, const struct r
     pc->create = ca;
     pc->operation = rt->operation;
     pc->principal = xstrdup(cx->principal);
-    park->data = pc;
-    park->timeout_ms = CREATE_CHECK_MS;
-    park->must_finish = 1; /* it ends by itself, with its batch */
-    return HTTP_LOOP_PARKED;
+    return park_create(pc, park);
 }
 
 /* The wake-up of a new order parked by create_on_loop(): its answer, or a worker's turn. */
 static enum http_loop_verdict create_unparked(struct parked_call *pc, struct response *resp,
                                               struct http_park *park)
 {
-    enum http_loop_verdict v = HTTP_LOOP_WORKER;
-
-    if (!orders_create_ended(pc->create, park == NULL)) {
-        park->data = pc;
-        park->timeout_ms = CREATE_CHECK_MS;
-        park->must_finish = 1;
-        return HTTP_LOOP_PARKED;
-    }
+    if (!orders_create_ended(pc->create, park == NULL))
+        return park_create(pc, park);
     resp->operation = pc->operation;
-    if (orders_create_finish(pc->create, resp)) {
-        resp->principal = pc->principal; /* the log line names it; the response frees it */
-        pc->principal = NULL;
-        v = HTTP_LOOP_ANSWERED;
-    }
-    free(pc->principal);
-    free(pc);
-    return v;
+    return parked_end(pc, resp, orders_create_finish(pc->create, resp));
 }
 
 enum http_loop_verdict router_answer_on_loop(struct app *app, const struct request *rq,
@@ -578,7 +587,7 @@ enum http_loop_verdict router_unpark(struct app *app, const struct request *rq,
 {
     struct parked_call *pc = data;
     struct call_ctx cx;
-    enum http_loop_verdict v = HTTP_LOOP_WORKER;
+    int answered;
 
     if (pc->create != NULL)
         return create_unparked(pc, resp, park);
@@ -592,14 +601,8 @@ enum http_loop_verdict router_unpark(struct app *app, const struct request *rq,
     cx.key = pc->key;
     memcpy(cx.fp, pc->fp, IDEM_FP_LEN);
     resp->operation = pc->operation;
-    if (idemcall_lookup(&cx, pc->op, resp)) {
-        if (resp->outcome != NULL && strcmp(resp->outcome, "replayed") == 0)
-            resp->outcome = "waited";
-        resp->principal = pc->principal; /* the log line names it; the response frees it */
-        pc->principal = NULL;
-        v = HTTP_LOOP_ANSWERED;
-    }
-    free(pc->principal);
-    free(pc);
-    return v;
+    answered = idemcall_lookup(&cx, pc->op, resp);
+    if (answered && resp->outcome != NULL && strcmp(resp->outcome, "replayed") == 0)
+        resp->outcome = "waited";
+    return parked_end(pc, resp, answered);
 }
