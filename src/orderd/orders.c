@@ -196,17 +196,24 @@ struct order_row {
     const char *status; /* "created", or "pending_payment" with a provider */
 };
 
-/* Why the reservation of `in` said no, into *no: 422 unknown-product or 409 out-of-stock. */
+/*
+ * Why the reservation of `in` said no, into *no: 422 unknown-product or 409 out-of-stock.
+ * `product_known` is whether the product exists when the caller read it already, -1 if not.
+ */
 static int refuse_order(struct app *app, struct idem_tx *tx, const struct create_input *in,
-                        struct refusal *no)
+                        int product_known, struct refusal *no)
 {
     struct idem_rows *rows = NULL;
     const char *params[1] = {in->product};
-    int rc = db_exec(app, tx, SQL_PRODUCT, 1, params, &rows);
+    int rc = 0;
 
-    if (rc < 0)
-        goto out;
-    if (idem_rows_count(rows) == 0) {
+    if (product_known < 0) { /* the reservation alone cannot tell: ask */
+        rc = db_exec(app, tx, SQL_PRODUCT, 1, params, &rows);
+        if (rc < 0)
+            goto out;
+        product_known = idem_rows_count(rows) > 0;
+    }
+    if (!product_known) {
         no->status = 422;
         no->code = "unknown-product";
         snprintf(no->detail, sizeof no->detail, "There is no product '%.200s'.", in->product);
@@ -223,6 +230,7 @@ out:
 
 /* What placing an order did: the reservation (with its price) and whether the order went in. */
 struct placed {
+    int product_known; /* -1: not read; 0: no such product; 1: it exists */
     int reserved;
     int inserted;
     int64_t price;
@@ -260,7 +268,10 @@ static int place_two_statements(struct app *app, struct idem_tx *tx, const struc
     params[0] = in->product;
     params[1] = in->quantity;
     rc = db_exec(app, tx, SQL_PRICE, 1, params, &product);
-    if (rc < 0 || idem_rows_count(product) != 1)
+    if (rc < 0)
+        goto out;
+    pl->product_known = idem_rows_count(product) == 1;
+    if (!pl->product_known)
         goto out;
     rc = db_exec(app, tx, SQL_RESERVE_SQLITE, 2, params, &rows);
     if (rc < 0 || idem_rows_changed(rows) != 1)
@@ -339,7 +350,7 @@ static int place_one_statement(struct app *app, struct idem_tx *tx, const struct
 static int place_order(struct app *app, struct idem_tx *tx, const struct create_input *in,
                        const struct order_row *o, json_t **order, struct refusal *no)
 {
-    struct placed pl = {0};
+    struct placed pl = {-1, 0, 0, 0, ""};
     const char *params[2] = {in->product, in->quantity};
     int rc;
 
@@ -351,7 +362,7 @@ static int place_order(struct app *app, struct idem_tx *tx, const struct create_
     if (rc < 0)
         return rc;
     if (!pl.reserved)
-        return refuse_order(app, tx, in, no);
+        return refuse_order(app, tx, in, pl.product_known, no);
     if (pl.inserted) {
         *order = order_json_new(o->id, o->status, in->product, in->qty, pl.price,
                                 pl.price * in->qty, pl.currency, o->created);
