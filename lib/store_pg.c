@@ -529,6 +529,7 @@ static int pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
 {
     struct pipe_q all[1 + DEFER_MAX * 2 + 8];
     int nd = 0, nall = 0, synced = 0, bad = -1;
+    const char *what;
     PGresult *err = NULL;
     int rc = 0;
 
@@ -597,6 +598,7 @@ static int pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
             if (i < nall && all[i].optional)
                 break;
             if (!err) {
+                /* i == nall: the connection failed after the last answer, before the Sync's */
                 err = res;
                 res = NULL;
                 bad = i;
@@ -612,9 +614,11 @@ static int pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
         q[i].res = all[nd + i].res;
     }
     deferred_clear(c);
+    /* A failure past the last statement (bad == nall) leaves that one's outcome unknown. */
+    what = bad < 0 || nall == 0 ? "pipeline" : all[bad < nall ? bad : nall - 1].what;
     if (!synced || !PQexitPipelineMode(c->pg)) {
         if (err)
-            fail_res(c, err, all[bad].what);
+            fail_res(c, err, what);
         else
             set_msg(c, "pipeline", PQerrorMessage(c->pg), NULL);
         c->broken = 1;
@@ -622,12 +626,12 @@ static int pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
         return IDEM_EUNAVAIL;
     }
     if (err) {
-        rc = fail_res(c, err, all[bad].what);
-        if (all[bad].fenced && state_is(c->sqlstate, "22012")) {
-            set_msg(c, all[bad].what, "the record is no longer this call's", NULL);
+        rc = fail_res(c, err, what);
+        if (bad < nall && all[bad].fenced && state_is(c->sqlstate, "22012")) {
+            set_msg(c, what, "the record is no longer this call's", NULL);
             rc = IDEM_ELEASE;
         }
-        *failed = bad >= nd ? bad - nd : -1;
+        *failed = bad >= nd && bad < nall ? bad - nd : -1;
         PQclear(err);
         return rc;
     }

@@ -5,19 +5,23 @@
  * no message shows a password, several store handles (as several service instances) racing one
  * key, a waiting duplicate woken by another instance's commit through LISTEN/NOTIFY, SQLSTATEs
  * mapped to IDEM_E* codes, statements sent together with the next one (deferred) failing as if
- * sent alone, pooled connections the server closed, and a server restart that the pool and the
- * listener survive.
+ * sent alone, pooled connections the server closed, a connection lost after a pipeline's last
+ * answer (its COMMIT done, its end not seen), and a server restart that the pool and the listener
+ * survive.
  */
 #include "idem/idem.h"
 #include "t.h"
 
+#include <arpa/inet.h>
 #include <libpq-fe.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -703,6 +707,211 @@ static void test_restart(struct idem_store *st, struct idem_engine *eng)
     T_WAIT_UNTIL(listener_count(st, "libidem") >= 1, "the listener to reconnect and LISTEN");
 }
 
+/* ---- a connection lost between a pipeline's last answer and its end ------------------------- */
+
+/*
+ * A loopback TCP proxy in front of the server that, once armed, cuts the next connection about to
+ * receive a ReadyForQuery message ('Z', the end of a pipeline): every answer before it reaches
+ * the client, the end never does.  Armed only while its connections are idle, so the next byte
+ * the server sends starts a message.
+ */
+#define CUT_PAIRS 8
+
+struct cut_proxy {
+    int lfd, port;
+    atomic_int armed, cuts, stop;
+    pthread_t thread;
+};
+
+struct cut_pair {
+    int cfd, sfd;
+    int armed; /* the arming this pair's parse began at */
+    int have;  /* bytes of the current message's header (type, length) seen */
+    unsigned char hdr[5];
+    uint32_t skip; /* bytes of the current message's body still to pass */
+};
+
+static int cut_connect(int port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
+        perror("cut proxy: connect to the server");
+        exit(1);
+    }
+    return fd;
+}
+
+static void cut_close(struct cut_pair *p)
+{
+    close(p->cfd);
+    close(p->sfd);
+    p->cfd = p->sfd = -1;
+}
+
+/* Passes n bytes from the server on; 0, or -1 when the pair was cut before a ReadyForQuery. */
+static int cut_pass(struct cut_proxy *px, struct cut_pair *p, const unsigned char *b, size_t n)
+{
+    int armed = atomic_load(&px->armed);
+    size_t i = 0;
+
+    if (armed != p->armed) { /* armed while idle: a message starts here */
+        p->armed = armed;
+        p->have = 0;
+        p->skip = 0;
+    }
+    while (armed && i < n) {
+        if (p->skip > 0) {
+            size_t take = n - i < p->skip ? n - i : p->skip;
+            i += take;
+            p->skip -= (uint32_t)take;
+            continue;
+        }
+        if (p->have == 0 && b[i] == 'Z') {
+            if (i > 0 && write(p->cfd, b, i) != (ssize_t)i)
+                return -1;
+            atomic_store(&px->armed, 0);
+            atomic_fetch_add(&px->cuts, 1);
+            return -1;
+        }
+        p->hdr[p->have++] = b[i++];
+        if (p->have == 5) {
+            uint32_t len = (uint32_t)p->hdr[1] << 24 | (uint32_t)p->hdr[2] << 16 |
+                           (uint32_t)p->hdr[3] << 8 | p->hdr[4];
+            p->skip = len - 4; /* the length counts itself */
+            p->have = 0;
+        }
+    }
+    return write(p->cfd, b, n) == (ssize_t)n ? 0 : -1;
+}
+
+static void *cut_proxy_run(void *arg)
+{
+    struct cut_proxy *px = arg;
+    const int server_port = atoi(getenv("IDEM_TEST_PG_PORT"));
+    struct cut_pair pairs[CUT_PAIRS];
+    int npairs = 0;
+
+    while (!atomic_load(&px->stop)) {
+        struct pollfd fds[1 + 2 * CUT_PAIRS];
+        int nfds = 0;
+        fds[nfds++] = (struct pollfd){.fd = px->lfd, .events = POLLIN};
+        for (int i = 0; i < npairs; i++) {
+            fds[nfds++] = (struct pollfd){.fd = pairs[i].cfd, .events = POLLIN};
+            fds[nfds++] = (struct pollfd){.fd = pairs[i].sfd, .events = POLLIN};
+        }
+        if (poll(fds, (nfds_t)nfds, 50) <= 0)
+            continue;
+        if ((fds[0].revents & POLLIN) && npairs < CUT_PAIRS) {
+            int cfd = accept(px->lfd, NULL, NULL);
+            if (cfd >= 0)
+                pairs[npairs++] = (struct cut_pair){cfd, cut_connect(server_port), 0, 0, {0}, 0};
+        }
+        for (int i = 0, f = 1; i < npairs; i++, f += 2) {
+            unsigned char b[16384];
+            ssize_t n;
+            if (f + 1 >= nfds)
+                break; /* accepted in this round: polled from the next */
+            if (fds[f].revents) {
+                n = read(pairs[i].cfd, b, sizeof(b));
+                if (n <= 0 || write(pairs[i].sfd, b, (size_t)n) != n)
+                    cut_close(&pairs[i]);
+            }
+            if (pairs[i].cfd >= 0 && fds[f + 1].revents) {
+                n = read(pairs[i].sfd, b, sizeof(b));
+                if (n <= 0 || cut_pass(px, &pairs[i], b, (size_t)n) < 0)
+                    cut_close(&pairs[i]);
+            }
+        }
+        for (int i = 0; i < npairs;) /* closed pairs go */
+            if (pairs[i].cfd < 0)
+                pairs[i] = pairs[--npairs];
+            else
+                i++;
+    }
+    for (int i = 0; i < npairs; i++)
+        cut_close(&pairs[i]);
+    return NULL;
+}
+
+static void cut_proxy_start(struct cut_proxy *px)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    socklen_t len = sizeof(a);
+
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    px->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    if (px->lfd < 0 || bind(px->lfd, (struct sockaddr *)&a, sizeof(a)) < 0 ||
+        listen(px->lfd, 16) < 0 || getsockname(px->lfd, (struct sockaddr *)&a, &len) < 0) {
+        perror("cut proxy");
+        exit(1);
+    }
+    px->port = ntohs(a.sin_port);
+    if (pthread_create(&px->thread, NULL, cut_proxy_run, px) != 0)
+        exit(1);
+}
+
+static void cut_proxy_stop(struct cut_proxy *px)
+{
+    atomic_store(&px->stop, 1);
+    pthread_join(px->thread, NULL);
+    close(px->lfd);
+}
+
+/*
+ * The server did a pipeline's COMMIT and sent its answer, then the connection died before the
+ * pipeline's end: the COMMIT's answer came, so the commit stands (0), the store reconnects, and a
+ * retry of the key replays the committed response.
+ */
+static void test_lost_after_last_answer(void)
+{
+    static const struct idem_operation op = {.name = "pg.cut", .one_phase = 1};
+    struct cut_proxy px = {0};
+    struct idem_store *st;
+    struct idem_engine *eng = NULL;
+    struct idem_tx *tx = NULL;
+    struct idem_call *call = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+    const char *id[] = {"cut-1"};
+    char uri[256];
+
+    cut_proxy_start(&px);
+    snprintf(uri, sizeof(uri),
+             "host=127.0.0.1 port=%d dbname=idemtest user=postgres sslmode=disable "
+             "gssencmode=disable",
+             px.port);
+    st = open_uri(uri, 1);
+    if (idem_engine_new(st, NULL, &eng) < 0)
+        exit(1);
+
+    /* A transaction of the caller's: its COMMIT ran, its Sync's answer never came. */
+    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+    CHECK_INT(idem_tx_exec(tx, "INSERT INTO pg_biz (id) VALUES ($1)", 1, id, NULL), 0);
+    atomic_store(&px.armed, 1);
+    CHECK_INT(idem_tx_commit(tx), 0);
+    CHECK_INT(atomic_load(&px.cuts), 1);
+    CHECK_INT(query_int(st, "SELECT count(*) FROM pg_biz WHERE id = 'cut-1'"), 1);
+
+    /* A one-phase call: its record and response go in with the COMMIT, in one pipeline. */
+    fp_of("{\"cut\":1}", fp);
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "cut", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    atomic_store(&px.armed, 2);
+    CHECK_INT(idem_call_complete(call, 201, NULL, 0, "cut", 3), 0);
+    CHECK_INT(atomic_load(&px.cuts), 2);
+    idem_call_end(call);
+    CHECK_INT(idem_call_begin(eng, &op, "alice", "cut", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_REPLAY);
+    CHECK_INT(idem_call_response_status(call), 201);
+    idem_call_end(call);
+
+    idem_engine_free(eng);
+    idem_store_close(st);
+    cut_proxy_stop(&px);
+}
+
 static const struct idem_migration schema[] = {
     {1, "pg test rows", "CREATE TABLE pg_biz (id TEXT PRIMARY KEY, n INTEGER NOT NULL DEFAULT 0)",
      "CREATE TABLE pg_biz (id TEXT PRIMARY KEY, n INTEGER NOT NULL DEFAULT 0)"},
@@ -775,6 +984,7 @@ int main(void)
     test_synchronous_commit();
     test_deferred_statements(st, eng);
     test_idle_connections_closed();
+    test_lost_after_last_answer();
     test_cross_instance_wake(st, "first");
     test_restart(st, eng);
     test_cross_instance_wake(st, "after-restart");
