@@ -1079,6 +1079,36 @@ int idem_engine_stalled(struct idem_engine *eng, const char *operation, int limi
     return rc;
 }
 
+int idem_engine_release_leases(struct idem_engine *eng, const char *owner_prefix,
+                               uint64_t *released)
+{
+    struct idem_store *st;
+    struct idem_tx *tx = NULL;
+    char except[300];
+    int n = 0;
+    int rc;
+
+    if (released)
+        *released = 0;
+    if (!eng || !owner_prefix)
+        return IDEM_EINVAL;
+    st = eng->st;
+    /* This engine's calls are "<engine owner>/<n>": none of them is released. */
+    idem__fmt(except, sizeof(except), "%s/", eng->owner);
+    rc = idem_tx_begin(st, 1, &tx);
+    if (rc < 0)
+        return rc;
+    rc = st->vt->record_release_owned(idem__tx_conn(tx), owner_prefix, except, &n);
+    if (rc < 0) {
+        idem_tx_rollback(tx);
+        return rc;
+    }
+    rc = idem_tx_commit(tx);
+    if (rc == 0 && released)
+        *released = (uint64_t)n;
+    return rc;
+}
+
 void idem_stalled_free(struct idem_stalled *list, size_t n)
 {
     if (!list)

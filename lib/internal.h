@@ -191,6 +191,12 @@ struct idem_store_vtab {
                            int *ok);
     /* Fenced on owner: expires the lease now, so the next request may resume at once. */
     int (*record_release)(struct idem_conn *c, const struct idem_scope *s, const char *owner);
+    /*
+     * Expires now the live leases of processing records whose owner's name starts with `prefix`
+     * and not with `except` (idem_engine_release_leases); *released gets how many.
+     */
+    int (*record_release_owned)(struct idem_conn *c, const char *prefix, const char *except,
+                                int *released);
     /* Fenced on (owner, status processing): deletes the record; *ok = 1 if it was deleted. */
     int (*record_forget)(struct idem_conn *c, const struct idem_scope *s, const char *owner,
                          int *ok);

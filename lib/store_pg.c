@@ -181,6 +181,7 @@ enum rec_stmt {
     RS_INSERT_COMPLETED,
     RS_INSERT_COMPLETED_DEFERRED,
     RS_RELEASE,
+    RS_RELEASE_OWNED,
     RS_FORGET,
     RS_SWEEP,
     RS_STALLED,
@@ -308,6 +309,12 @@ static const struct rec_sql rec_sql[RS_COUNT] = {
                     " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $4",
                     4,
                     {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT}},
+    [RS_RELEASE_OWNED] = {"idem_release_owned",
+                          "UPDATE idem_records SET lease_expires_ms = 0"
+                          " WHERE status = 0 AND lease_expires_ms > 0"
+                          " AND starts_with(lease_owner, $1) AND NOT starts_with(lease_owner, $2)",
+                          2,
+                          {OID_TEXT, OID_TEXT}},
     [RS_FORGET] = {"idem_forget",
                    "DELETE FROM idem_records r"
                    " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $4",
@@ -1825,6 +1832,18 @@ static int pg_record_release(struct idem_conn *c, const struct idem_scope *s, co
     return rc;
 }
 
+static int pg_record_release_owned(struct idem_conn *c, const char *prefix, const char *except,
+                                   int *released)
+{
+    const char *vals[2] = {prefix, except};
+    PGresult *res = NULL;
+    int rc = rec_run(c, RS_RELEASE_OWNED, vals, NULL, NULL, 0, "release leases", &res);
+
+    *released = rc == 0 ? changed_of(res) : 0;
+    PQclear(res);
+    return rc;
+}
+
 static int pg_record_forget(struct idem_conn *c, const struct idem_scope *s, const char *owner,
                             int *ok)
 {
@@ -2226,6 +2245,7 @@ const struct idem_store_vtab idem__pg_vtab = {
     .record_advance = pg_record_advance,
     .record_complete = pg_record_complete,
     .record_release = pg_record_release,
+    .record_release_owned = pg_record_release_owned,
     .record_forget = pg_record_forget,
     .record_stalled = pg_record_stalled,
     .record_sweep = pg_record_sweep,

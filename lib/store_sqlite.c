@@ -756,6 +756,25 @@ static int sq_record_release(struct idem_conn *c, const struct idem_scope *s, co
     return step_done(c, stmt, "release lease", NULL);
 }
 
+static int sq_record_release_owned(struct idem_conn *c, const char *prefix, const char *except,
+                                   int *released)
+{
+    static const char sql[] = "UPDATE idem_records SET lease_expires_ms = 0"
+                              " WHERE status = 0 AND lease_expires_ms > 0"
+                              " AND substr(lease_owner, 1, length(?1)) = ?1"
+                              " AND substr(lease_owner, 1, length(?2)) <> ?2";
+    struct cached_stmt *e = NULL;
+    int rc = prepare(c, sql, &e);
+
+    *released = 0;
+    if (rc < 0)
+        return rc;
+    if (sqlite3_bind_text(e->stmt, 1, prefix, -1, SQLITE_STATIC) != SQLITE_OK ||
+        sqlite3_bind_text(e->stmt, 2, except, -1, SQLITE_STATIC) != SQLITE_OK)
+        return fail(c, IDEM_ESTORE, "bind");
+    return step_done(c, e->stmt, "release leases", released);
+}
+
 static int sq_record_forget(struct idem_conn *c, const struct idem_scope *s, const char *owner,
                             int *ok)
 {
@@ -959,6 +978,7 @@ const struct idem_store_vtab idem__sqlite_vtab = {
     .record_advance = sq_record_advance,
     .record_complete = sq_record_complete,
     .record_release = sq_record_release,
+    .record_release_owned = sq_record_release_owned,
     .record_forget = sq_record_forget,
     .record_sweep = sq_record_sweep,
     .record_stalled = sq_record_stalled,

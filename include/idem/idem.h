@@ -645,6 +645,18 @@ IDEM_API int idem_engine_stalled(struct idem_engine *eng, const char *operation,
 IDEM_API void idem_stalled_free(struct idem_stalled *list, size_t n);
 
 /*
+ * Ends now the leases of processing records whose lease owner's name starts with `owner_prefix`
+ * ("" for every owner), but not this engine's own: for a program that knows those owners are
+ * gone -- its own earlier process, restarted after a crash, whose engine owner names started
+ * alike.  Each record stays as it was, recovery point and all; the next request of its key takes
+ * it over at once (IDEM_OUTCOME_RESUME) instead of waiting for the lease to run out.  Releasing
+ * the lease of an owner still alive lets a retry resume beside it: call this only for owners
+ * known to be dead.  Returns 0 with *released (may be NULL) the number released.
+ */
+IDEM_API int idem_engine_release_leases(struct idem_engine *eng, const char *owner_prefix,
+                                        uint64_t *released);
+
+/*
  * Takes over a stalled record as a recovery worker, without the request's fingerprint: the
  * worker finishes what the request started.  Outcomes: RESUME (the lease is this worker's now; go
  * on from the recovery point), REPLAY (it completed meanwhile), IN_PROGRESS (someone holds a live

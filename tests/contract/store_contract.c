@@ -376,6 +376,70 @@ static void test_takeover(struct idem_engine *eng, struct idem_store *st)
     idem_call_end(d);
 }
 
+/*
+ * A program restarted after a crash frees the leases its earlier process left (owner names that
+ * start alike), not another's nor its own: the next request of such a key resumes at once.
+ */
+static void test_release_leases(struct idem_store *st)
+{
+    static const struct idem_operation op = {
+        .name = "contract.release", .lease_ms = 60000, .wait_ms = 10};
+    const struct idem_engine_options old_o = {.owner = "inst-a:100:aa"},
+                                     other_o = {.owner = "inst-ab:7:bb"},
+                                     new_o = {.owner = "inst-a:200:cc"};
+    struct idem_engine *old = NULL, *other = NULL, *now = NULL;
+    struct idem_call *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+    uint64_t released = 99;
+
+    fp_of("{\"release\":1}", fp);
+    if (idem_engine_new(st, &old_o, &old) < 0 || idem_engine_new(st, &other_o, &other) < 0 ||
+        idem_engine_new(st, &new_o, &now) < 0)
+        exit(1);
+    /* The earlier process (a), another instance (b), and the new process's own call (c). */
+    CHECK_INT(idem_call_begin(old, &op, "alice", "rel-1", fp, &a, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_advance(a, "sent", NULL), 0);
+    CHECK_INT(idem_call_begin(other, &op, "alice", "rel-2", fp, &b, &oc), 0);
+    CHECK_INT(idem_call_advance(b, "sent", NULL), 0);
+    CHECK_INT(idem_call_begin(now, &op, "alice", "rel-3", fp, &c, &oc), 0);
+    CHECK_INT(idem_call_advance(c, "sent", NULL), 0);
+
+    CHECK_INT(idem_call_begin(now, &op, "alice", "rel-1", fp, &d, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_IN_PROGRESS); /* a's lease is live for a minute */
+    idem_call_end(d);
+
+    CHECK_INT(idem_engine_release_leases(now, "inst-a:", &released), 0);
+    CHECK_INT(released, 1);
+    CHECK_INT(idem_engine_release_leases(now, "inst-a:", NULL), 0); /* nothing left: fine */
+
+    CHECK_INT(idem_call_begin(now, &op, "alice", "rel-1", fp, &d, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_RESUME);
+    CHECK_STR(idem_call_recovery_point(d), "sent");
+    CHECK_INT(idem_call_phase_begin(d), 0);
+    CHECK_INT(idem_call_complete(d, 201, NULL, 0, "d", 1), 0);
+    idem_call_end(d);
+    CHECK_INT(idem_call_begin(now, &op, "alice", "rel-2", fp, &d, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_IN_PROGRESS); /* "inst-ab:" is another instance */
+    idem_call_end(d);
+
+    /* The earlier process, had it lived on, is fenced off; the others finish as ever. */
+    CHECK_INT(idem_call_phase_begin(a), 0);
+    CHECK_INT(idem_call_complete(a, 201, NULL, 0, "a", 1), IDEM_ELEASE);
+    idem_call_end(a);
+    CHECK_INT(idem_call_phase_begin(b), 0);
+    CHECK_INT(idem_call_complete(b, 201, NULL, 0, "b", 1), 0);
+    idem_call_end(b);
+    CHECK_INT(idem_call_phase_begin(c), 0);
+    CHECK_INT(idem_call_complete(c, 201, NULL, 0, "c", 1), 0);
+    idem_call_end(c);
+    CHECK_INT(idem_engine_release_leases(NULL, "", NULL), IDEM_EINVAL);
+    idem_engine_free(old);
+    idem_engine_free(other);
+    idem_engine_free(now);
+}
+
 /* A call that ends without completing releases its lease: the retry resumes at once. */
 static void test_release_on_abort(struct idem_engine *eng, struct idem_store *st)
 {
@@ -1862,6 +1926,7 @@ int main(int argc, char **argv)
     test_rollback(eng, st);
     test_takeover(eng, st);
     test_release_on_abort(eng, st);
+    test_release_leases(st);
     test_forget(eng);
     test_recover(eng);
     test_wake(eng);
