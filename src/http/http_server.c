@@ -751,10 +751,12 @@ static void send_response(struct conn *c, const struct request *rq, int keep_ali
     uv_buf_t buf;
     size_t len;
     int head_only = rq->method != NULL && strcmp(rq->method, "HEAD") == 0;
-    int no_body = r->status == 204 || r->status == 304 || (r->status >= 100 && r->status < 200);
-    int n;
+    int no_body, n;
 
     stream_unreserve(c); /* reserved for a stream that did not happen (a 502 instead) */
+    if (lp->srv->opts.before_send != NULL)
+        lp->srv->opts.before_send(lp->srv->opts.ctx, rq, &c->resp);
+    no_body = r->status == 204 || r->status == 304 || (r->status >= 100 && r->status < 200);
     if (atomic_load(&lp->srv->stopping))
         keep_alive = 0;
     c->keep_alive = keep_alive;

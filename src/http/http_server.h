@@ -193,6 +193,12 @@ struct http_server_options {
     enum http_loop_verdict (*on_unpark)(void *ctx, const struct request *rq, struct response *resp,
                                         void *data, int timed_out, struct http_park *park);
     /*
+     * May be NULL.  Called on a loop thread with every response the server is about to send
+     * whole (its own refusals too, but not a streamed body's head): a program restyles its own
+     * errors here (resp->problem).  Must not block.
+     */
+    void (*before_send)(void *ctx, const struct request *rq, struct response *resp);
+    /*
      * May be NULL.  Told of each response once it is queued, with the time since the request
      * began: the request log and the metrics.  Called on a loop thread; not called for a dropped
      * response nor for the server's own refusals of a connection.

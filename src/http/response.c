@@ -101,6 +101,7 @@ void response_set_body(struct response *r, const void *body, size_t len)
     free(r->body);
     r->body = NULL;
     r->body_len = 0;
+    r->problem = NULL;
     if (len > 0) {
         r->body = xmalloc(len);
         memcpy(r->body, body, len);
@@ -112,6 +113,7 @@ void response_json(struct response *r, int status, const json_t *doc)
 {
     free(r->body);
     r->status = status;
+    r->problem = NULL;
     r->body = json_text(doc, &r->body_len);
     response_set_header(r, "Content-Type", CONTENT_TYPE_JSON);
 }
@@ -127,5 +129,6 @@ void response_problem_ext(struct response *r, int status, const char *code, cons
     free(r->body);
     r->status = status;
     r->body = problem_body_ext(status, code, detail, extra, &r->body_len);
+    r->problem = code;
     response_set_header(r, "Content-Type", CONTENT_TYPE_PROBLEM);
 }

@@ -40,6 +40,13 @@ struct response {
      */
     long long head_length;
 
+    /*
+     * The stable code of the problem this program wrote itself (response_problem*, static), so a
+     * program can restyle its own errors before they are sent (idem-gateway's error_format);
+     * NULL once any other body is set.  A proxy that moves an answer in clears it.
+     */
+    const char *problem;
+
     /* For orderd's log and metrics, not sent. */
     const char *operation; /* static: "orders.create", "other"... */
     const char *outcome;   /* static; NULL: derived from the status when sent */
