@@ -67,6 +67,8 @@
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 static const char *const default_store_headers[] = {"Content-Type", "Location", "ETag", "Link"};
+/* With error_format: stripe, replays also keep what Stripe's clients log and check. */
+static const char *const stripe_store_headers[] = {"Request-Id", "Stripe-Version"};
 /* The method-override headers of Express's method-override, Symfony, Rails and Google's APIs. */
 static const char *const default_method_override_headers[] = {"X-HTTP-Method-Override",
                                                               "X-HTTP-Method", "X-Method-Override"};
@@ -1399,6 +1401,27 @@ static int load_store_headers(struct loader *ld, const yaml_node_t *n, const cha
                              &r->store_headers, &r->nstore_headers);
 }
 
+/* Why a request header cannot be part of the scope, or NULL. */
+static const char *not_scopable(const char *name, char *buf, size_t len)
+{
+    static const char *const taken[] = {
+        "Connection",     "Keep-Alive",     "Transfer-Encoding", "TE",
+        "Trailer",        "Upgrade",        "Proxy-Connection",  "Proxy-Authorization",
+        "Content-Length", "Expect",         "Authorization",     "Idempotency-Key",
+        "Content-Type",   "X-Forwarded-For"};
+
+    for (size_t j = 0; j < COUNT(taken); j++) {
+        if (ascii_caseeq(name, taken[j])) {
+            snprintf(buf, len,
+                     "%s cannot be a scope header: it says how the request travels or what it "
+                     "is (the key, the caller, the body), not on whose behalf it acts",
+                     taken[j]);
+            return buf;
+        }
+    }
+    return NULL;
+}
+
 /*
  * "GET /path?query" with placeholders {key} and the route's own {params} only: the gateway fills
  * them in, and any other name in braces would be sent as written.
@@ -1480,7 +1503,8 @@ static int load_route(struct loader *ld, const yaml_node_t *map, struct gw_confi
     static const char *const keys[] = {
         "match",         "operation",       "key",        "fingerprint",
         "retention",     "lease",           "wait",       "store_statuses",
-        "store_headers", "max_stored_body", "on_unknown", "case_sensitive"};
+        "store_headers", "max_stored_body", "on_unknown", "case_sensitive",
+        "scope_headers", "store_retryable"};
     enum {
         MATCH,
         OPERATION,
@@ -1493,7 +1517,9 @@ static int load_route(struct loader *ld, const yaml_node_t *map, struct gw_confi
         STORE_HEADERS,
         MAX_STORED_BODY,
         ON_UNKNOWN,
-        CASE_SENSITIVE
+        CASE_SENSITIVE,
+        SCOPE_HEADERS,
+        STORE_RETRYABLE
     };
     struct gw_route *r = &cfg->routes[index];
     yaml_node_t *v[COUNT(keys)];
@@ -1579,11 +1605,25 @@ static int load_route(struct loader *ld, const yaml_node_t *map, struct gw_confi
         if (load_store_headers(ld, v[STORE_HEADERS], path, r) != 0)
             return -1;
     } else {
-        r->store_headers = xcalloc(COUNT(default_store_headers), sizeof *r->store_headers);
+        size_t nstripe = cfg->error_format == GW_ERRORS_STRIPE ? COUNT(stripe_store_headers) : 0;
+        r->store_headers =
+            xcalloc(COUNT(default_store_headers) + nstripe, sizeof *r->store_headers);
         for (i = 0; i < COUNT(default_store_headers); i++)
-            r->store_headers[i] = xstrdup(default_store_headers[i]);
-        r->nstore_headers = COUNT(default_store_headers);
+            r->store_headers[r->nstore_headers++] = xstrdup(default_store_headers[i]);
+        for (i = 0; i < nstripe; i++)
+            r->store_headers[r->nstore_headers++] = xstrdup(stripe_store_headers[i]);
     }
+
+    snprintf(path, sizeof path, "%s.store_retryable", where);
+    if (v[STORE_RETRYABLE] != NULL &&
+        want_bool(ld, v[STORE_RETRYABLE], path, &r->store_retryable) != 0)
+        return -1;
+
+    snprintf(path, sizeof path, "%s.scope_headers", where);
+    if (v[SCOPE_HEADERS] != NULL &&
+        load_header_names(ld, v[SCOPE_HEADERS], path, "[Stripe-Account]", not_scopable,
+                          &r->scope_headers, &r->nscope_headers) != 0)
+        return -1;
 
     snprintf(path, sizeof path, "%s.max_stored_body", where);
     if (v[MAX_STORED_BODY] != NULL) {
@@ -1640,13 +1680,47 @@ static int load_routes(struct loader *ld, const yaml_node_t *n, int have_princip
 
 /* ---- the document ---------------------------------------------------------------------------- */
 
+static int load_error_format(struct loader *ld, const yaml_node_t *n, struct gw_config *cfg)
+{
+    char shown[EXCERPT + 8];
+    const char *s = n->type == YAML_SCALAR_NODE ? scalar(n) : "";
+
+    if (strcmp(s, "problem") == 0)
+        cfg->error_format = GW_ERRORS_PROBLEM;
+    else if (strcmp(s, "stripe") == 0)
+        cfg->error_format = GW_ERRORS_STRIPE;
+    else
+        return fail(ld, line_of(n), "error_format: expected problem or stripe, not %s",
+                    describe(n, shown));
+    return 0;
+}
+
+/* A name of letters, digits, '.', '_' and '-' (it starts lease owner names, before a ':'). */
+static int load_instance(struct loader *ld, const yaml_node_t *n, struct gw_config *cfg)
+{
+    static const char what[] = "a name of letters, digits, '.', '_' and '-' such as gw-a";
+    char shown[EXCERPT + 8];
+    const char *s;
+    size_t len;
+
+    if (want_text(ld, n, "instance", what, &s) != 0)
+        return -1;
+    len = strlen(s);
+    if (len == 0 || len > 64 ||
+        strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != len)
+        return fail(ld, line_of(n), "instance: expected %s (at most 64), not %s", what,
+                    describe(n, shown));
+    cfg->instance = xstrdup(s);
+    return 0;
+}
+
 static int load_document(struct loader *ld, struct gw_config *cfg)
 {
     static const char *const keys[] = {
-        "listen",          "admin_listen",  "store",
-        "upstream",        "max_body_size", "principal",
-        "limits",          "routes",        "method_override_headers",
-        "admin_token_file"};
+        "listen",           "admin_listen",  "store",
+        "upstream",         "max_body_size", "principal",
+        "limits",           "routes",        "method_override_headers",
+        "admin_token_file", "error_format",  "instance"};
     enum {
         LISTEN,
         ADMIN_LISTEN,
@@ -1657,7 +1731,9 @@ static int load_document(struct loader *ld, struct gw_config *cfg)
         LIMITS,
         ROUTES,
         METHOD_OVERRIDE_HEADERS,
-        ADMIN_TOKEN_FILE
+        ADMIN_TOKEN_FILE,
+        ERROR_FORMAT,
+        INSTANCE
     };
     yaml_node_t *root = yaml_document_get_root_node(ld->doc);
     yaml_node_t *v[COUNT(keys)];
@@ -1688,6 +1764,11 @@ static int load_document(struct loader *ld, struct gw_config *cfg)
     if (v[PRINCIPAL] != NULL && load_principal(ld, v[PRINCIPAL], cfg) != 0)
         return -1;
     if (v[LIMITS] != NULL && load_limits(ld, v[LIMITS], cfg) != 0)
+        return -1;
+    /* Before the routes: their default store_headers depend on it. */
+    if (v[ERROR_FORMAT] != NULL && load_error_format(ld, v[ERROR_FORMAT], cfg) != 0)
+        return -1;
+    if (v[INSTANCE] != NULL && load_instance(ld, v[INSTANCE], cfg) != 0)
         return -1;
     if (v[ROUTES] != NULL && load_routes(ld, v[ROUTES], v[PRINCIPAL] != NULL, cfg) != 0)
         return -1;
@@ -1865,6 +1946,7 @@ void gw_config_free(struct gw_config *cfg)
         free_strings(r->store_headers, r->nstore_headers);
         free(r->reconcile_path);
         free_strings(r->reconcile_headers, r->nreconcile_headers);
+        free_strings(r->scope_headers, r->nscope_headers);
     }
     free(cfg->routes);
     free_strings(cfg->method_override_headers, cfg->nmethod_override_headers);
@@ -1875,6 +1957,7 @@ void gw_config_free(struct gw_config *cfg)
         explicit_bzero(cfg->admin_token, strlen(cfg->admin_token));
     free(cfg->admin_token);
     free(cfg->store);
+    free(cfg->instance);
     free(cfg->upstream_url);
     free(cfg->upstream_host);
     free(cfg->principal_header);

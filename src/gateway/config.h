@@ -47,6 +47,12 @@ enum gw_principal_source {
 
 enum gw_jwt_alg { GW_JWT_HS256, GW_JWT_RS256 };
 
+/* How the gateway writes the errors it answers itself (error_format.h). */
+enum gw_error_format {
+    GW_ERRORS_PROBLEM, /* default: RFC 9457 application/problem+json */
+    GW_ERRORS_STRIPE,  /* Stripe's {"error": {"type", "code", "message"}}, Stripe-Should-Retry */
+};
+
 /* Highest HTTP status + 1, for the per-status tables. */
 #define GW_STATUS_LIMIT 600
 
@@ -83,6 +89,17 @@ struct gw_route {
     char **store_headers;
     size_t nstore_headers;
     size_t max_stored_body; /* larger answers are passed through and not stored (1 MiB) */
+    /*
+     * 0 (default): an answer the upstream marks retryable (Stripe-Should-Retry: true, or any
+     * Retry-After) is not stored, whatever its status: the record is released, a retry runs.
+     */
+    int store_retryable;
+    /*
+     * Request headers whose values join the principal in the record's scope (Stripe-Account: one
+     * API key acting for several accounts).  Forwarded unchanged, and sent with reconcile queries.
+     */
+    char **scope_headers;
+    size_t nscope_headers;
 
     enum gw_unknown_mode unknown;
     char *reconcile_path; /* GW_UNKNOWN_RECONCILE: "/v1/orders?requestId={key}" ({key} and the
@@ -103,6 +120,14 @@ struct gw_config {
     char *admin_listen; /* "127.0.0.1:8081" (default); loopback unless written otherwise */
     char *admin_token;  /* admin_token_file's token, or NULL: the admin API asks for none */
     char *store;        /* "sqlite:gateway.db" (default) or a PostgreSQL URI */
+    /*
+     * This gateway's name among those sharing a PostgreSQL store ("gw-a"), or NULL.  Leases are
+     * written as "<instance>:<pid>:<random>", so a restarted instance knows its earlier process's
+     * records (restart.c).  NULL: the host's name (only SQLite, which one gateway serves, frees
+     * an earlier process's records at start without it).
+     */
+    char *instance;
+    enum gw_error_format error_format;
 
     char *upstream_url;  /* "http://HOST:PORT" (required), no path, no https */
     char *upstream_host; /* split from upstream_url */

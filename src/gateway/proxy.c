@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "ascii.h"
+#include "error_format.h"
 #include "idem_answer.h"
 #include "request_key.h"
 #include "route.h"
@@ -44,7 +45,7 @@ struct note {
     int keyed;          /* a record is kept: a route, and a key */
     int key_in_body;    /* the key is read once the body is in */
     int prepared;       /* key and fingerprint are known */
-    char principal[PRINCIPAL_MAX + 1];
+    char principal[IDEM_SCOPE_PART_MAX + 1]; /* with the route's scope headers */
     char key[IDEM_KEY_MAX + 1];
     unsigned char fp[IDEM_FP_LEN];
     /*
@@ -132,7 +133,8 @@ enum forward_kind {
 
 /*
  * The headers of a retry that its reconcile query carries: Host and the caller's credentials (the
- * principal's header, Authorization), and those the route names.  Nothing else of the retry: a
+ * principal's header, Authorization), its scope headers, and those the route names.  Nothing else
+ * of the retry: a
  * header that changes what the upstream's lookup finds would make "404, it never ran" a lie.
  */
 static int lookup_header(const struct gw_config *cfg, const struct gw_route *r, const char *name)
@@ -144,6 +146,9 @@ static int lookup_header(const struct gw_config *cfg, const struct gw_route *r, 
     for (size_t i = 0; i < r->nreconcile_headers; i++)
         if (strcasecmp(name, r->reconcile_headers[i]) == 0)
             return 1;
+    for (size_t i = 0; i < r->nscope_headers; i++)
+        if (strcasecmp(name, r->scope_headers[i]) == 0)
+            return 1; /* on whose behalf: the lookup must ask about the same account */
     return 0;
 }
 
@@ -252,6 +257,7 @@ static int relay(struct http_reply *ur, struct response *resp)
     free(resp->body);
     resp->body = ur->body;
     resp->body_len = ur->body_len;
+    resp->problem = NULL; /* the upstream's, even a problem: never restyled */
     ur->body = NULL;
     ur->body_len = 0;
     return 0;
@@ -268,22 +274,40 @@ static void answer_not_sent(struct response *resp, const char *err)
 
 /* ---- the record's end states -------------------------------------------------------------- */
 
-static int storable(const struct gw_route *r, int status)
+/*
+ * Whether the upstream's answer is kept as the key's outcome: a status the route stores, and,
+ * unless the route says store_retryable, no error the upstream marks as worth retrying
+ * (Stripe-Should-Retry: true, a Retry-After): the record is released and a retry runs again.
+ * A success is kept whatever it carries: a 202 with Retry-After says when to look, not "again".
+ */
+static int storable(const struct gw_route *r, const struct http_reply *ur)
 {
-    return status > 0 && status < GW_STATUS_LIMIT && r->store_status[status];
+    const char *should_retry;
+
+    if (ur->status <= 0 || ur->status >= GW_STATUS_LIMIT || !r->store_status[ur->status])
+        return 0;
+    if (r->store_retryable || ur->status < 400)
+        return 1;
+    should_retry = http_reply_header(ur, "Stripe-Should-Retry");
+    return http_reply_header(ur, "Retry-After") == NULL &&
+           !(should_retry != NULL && strcasecmp(should_retry, "true") == 0);
 }
 
 /*
  * Completes the record with a problem saying the upstream acted but its answer was not kept
  * (too large to store): a retry learns that, and never runs the request again.
  */
-/* `size`: the response's length, or UINT64_MAX for "more than `at_least`" (streamed, unknown). */
-static int complete_not_stored(struct idem_call *call, uint64_t size, size_t at_least)
+/*
+ * `size`: the response's length, or UINT64_MAX for "more than `at_least`" (streamed, unknown).
+ * Stored in the gateway's error format, with its Content-Type (and Stripe-Should-Retry).
+ */
+static int complete_not_stored(const struct gateway *gw, const struct gw_route *r,
+                               struct idem_call *call, uint64_t size, size_t at_least)
 {
-    struct idem_header h = {"Content-Type", CONTENT_TYPE_PROBLEM};
+    struct idem_header h[2];
+    struct response styled;
     char detail[300], how_large[64];
-    size_t len = 0;
-    char *body;
+    size_t nh = 0;
     int rc;
 
     if (size == UINT64_MAX)
@@ -294,9 +318,13 @@ static int complete_not_stored(struct idem_call *call, uint64_t size, size_t at_
              "The request was executed, but its response (%s) was too large to store, so it "
              "cannot be replayed. Read the result from the API itself.",
              how_large);
-    body = problem_body(410, "response-not-stored", detail, &len);
-    rc = idem_call_complete(call, 410, &h, 1, body, len);
-    free(body);
+    response_init(&styled);
+    response_problem(&styled, 410, "response-not-stored", detail);
+    gw_errors_restyle(gw->cfg->error_format, r, 1, NULL, &styled);
+    for (size_t i = 0; i < styled.nheaders && nh < 2; i++)
+        h[nh++] = (struct idem_header){styled.headers[i].name, styled.headers[i].value};
+    rc = idem_call_complete(call, styled.status, h, nh, styled.body, styled.body_len);
+    response_clear(&styled);
     return rc;
 }
 
@@ -371,7 +399,7 @@ static void log_unsettled(struct gateway *gw, const struct gw_route *r, int stat
 static int stores_whole(const struct gw_route *r, enum http_fetch_result res,
                         const struct http_reply *ur)
 {
-    return res == HTTP_FETCH_OK && storable(r, ur->status) && ur->rest == NULL &&
+    return res == HTTP_FETCH_OK && storable(r, ur) && ur->rest == NULL &&
            ur->body_len <= r->max_stored_body;
 }
 
@@ -390,12 +418,13 @@ static void settle(struct gateway *gw, const struct note *n, struct idem_call *c
     switch (res) {
     case HTTP_FETCH_OK:
         resp->outcome = "executed";
-        if (!storable(r, ur->status))
+        if (!storable(r, ur))
             rc = idem_call_forget(call);
         else if (ur->rest != NULL)
-            rc = complete_not_stored(call, http_body_stream_length(ur->rest), r->max_stored_body);
+            rc = complete_not_stored(gw, r, call, http_body_stream_length(ur->rest),
+                                     r->max_stored_body);
         else if (!stores_whole(r, res, ur))
-            rc = complete_not_stored(call, ur->body_len, 0);
+            rc = complete_not_stored(gw, r, call, ur->body_len, 0);
         else {
             struct idem_header *h = reply_headers(ur);
             rc = idem_call_complete(call, ur->status, h, ur->nheaders, ur->body, ur->body_len);
@@ -406,7 +435,7 @@ static void settle(struct gateway *gw, const struct note *n, struct idem_call *c
         relay(ur, resp);
         return;
     case HTTP_FETCH_TOO_LARGE:
-        rc = complete_not_stored(call, UINT64_MAX, ur->body_len);
+        rc = complete_not_stored(gw, r, call, UINT64_MAX, ur->body_len);
         if (rc < 0)
             log_msg(&gw->log, "error", "%s: cannot settle a record: %s", r->operation,
                     idem_call_errmsg(call));
@@ -505,11 +534,11 @@ static void forward_and_settle(struct gateway *gw, const struct request *rq, con
 /* ---- unknown outcomes --------------------------------------------------------------------- */
 
 /* Appends `s` percent-encoded for a path segment or query value (unreserved bytes stay). */
-static void add_pct(struct strbuf *out, const char *s)
+static void add_pct_n(struct strbuf *out, const char *s, size_t n)
 {
     static const char digits[] = "0123456789ABCDEF";
 
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    for (const unsigned char *p = (const unsigned char *)s; p < (const unsigned char *)s + n; p++) {
         if ((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
             *p == '-' || *p == '.' || *p == '_' || *p == '~') {
             strbuf_addch(out, (char)*p);
@@ -519,6 +548,11 @@ static void add_pct(struct strbuf *out, const char *s)
             strbuf_addch(out, digits[*p & 15]);
         }
     }
+}
+
+static void add_pct(struct strbuf *out, const char *s)
+{
+    add_pct_n(out, s, strlen(s));
 }
 
 /*
@@ -631,6 +665,52 @@ static const char *principal_header(void *arg, const char *name, size_t *len)
     return v;
 }
 
+/*
+ * The route's scope headers joined to the principal: ";<Name>=<value>" per header in the route's
+ * order (";<Name>" when absent), the value percent-encoded but for unreserved bytes, so no value
+ * can pass for another part.  Returns 0, or -1 with `resp` the refusal (a header sent twice, a
+ * scope too long).
+ */
+static int scope_principal(const struct request *rq, const struct gw_route *r,
+                           char principal[IDEM_SCOPE_PART_MAX + 1], struct response *resp)
+{
+    struct strbuf sb = STRBUF_INIT;
+    char detail[300];
+    int rc = 0;
+
+    if (r->nscope_headers == 0)
+        return 0;
+    strbuf_adds(&sb, principal);
+    for (size_t i = 0; i < r->nscope_headers && rc == 0; i++) {
+        const char *v = NULL;
+        size_t vlen = 0;
+        int count = request_header_count(rq, r->scope_headers[i], &v, &vlen);
+
+        strbuf_addch(&sb, ';');
+        strbuf_adds(&sb, r->scope_headers[i]);
+        if (count > 1) {
+            snprintf(detail, sizeof detail,
+                     "%s decides whose record this request is: send it once.", r->scope_headers[i]);
+            rc = -1;
+        } else if (count == 1) {
+            strbuf_addch(&sb, '=');
+            add_pct_n(&sb, v, vlen);
+        }
+    }
+    if (rc == 0 && sb.len > IDEM_SCOPE_PART_MAX) {
+        snprintf(detail, sizeof detail,
+                 "The caller and its scope headers come to %zu bytes; at most %d.", sb.len,
+                 IDEM_SCOPE_PART_MAX);
+        rc = -1;
+    }
+    if (rc == 0)
+        memcpy(principal, sb.buf, sb.len + 1);
+    else
+        response_problem(resp, 400, "bad-request", detail);
+    strbuf_release(&sb);
+    return rc;
+}
+
 static enum http_head_verdict proxy_on_head(void *ctx, struct request *rq, struct response *resp,
                                             int may_block)
 {
@@ -676,6 +756,10 @@ static enum http_head_verdict proxy_on_head(void *ctx, struct request *rq, struc
         if (cfg->principal == GW_PRINCIPAL_JWT)
             response_set_header(resp, "WWW-Authenticate", "Bearer");
         response_problem(resp, 401, "unauthorized", detail);
+        resp->outcome = "refused";
+        return HTTP_HEAD_ANSWER;
+    }
+    if (scope_principal(rq, r, n->principal, resp) != 0) {
         resp->outcome = "refused";
         return HTTP_HEAD_ANSWER;
     }
@@ -1339,6 +1423,16 @@ static void proxy_answered(void *ctx, const struct request *rq, const struct res
                 outcome, seconds * 1000.0, n && n->principal[0] ? n->principal : NULL);
 }
 
+/* Every answer on its way out: the gateway's own errors in the configured format. */
+static void proxy_before_send(void *ctx, const struct request *rq, struct response *resp)
+{
+    const struct gateway *gw = ctx;
+    const struct note *n = rq ? rq->note : NULL;
+
+    gw_errors_restyle(gw->cfg->error_format, n ? n->m.route : NULL, n && n->keyed,
+                      rq ? rq->method : NULL, resp);
+}
+
 static void proxy_log(void *ctx, const char *line)
 {
     struct gateway *gw = ctx;
@@ -1352,6 +1446,7 @@ void proxy_server_options(struct gateway *gw, struct http_server_options *opts)
     opts->on_head = proxy_on_head;
     opts->on_loop = proxy_on_loop;
     opts->on_unpark = proxy_on_unpark;
+    opts->before_send = proxy_before_send;
     opts->answered = proxy_answered;
     opts->before_wait = log_before_wait;
     opts->log = proxy_log;

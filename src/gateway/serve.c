@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "idem/idem.h"
 
@@ -81,6 +82,52 @@ static void sweeper_stop(struct sweeper *sw)
     sw->running = 0;
 }
 
+/*
+ * The lease owner this process writes: "<instance>:<pid>:<start, ms>", the instance being the
+ * config's `instance` or the host's name.  Returns the length of "<instance>:".
+ */
+static size_t owner_name(const struct gw_config *cfg, char *out, size_t cap)
+{
+    char host[128] = "localhost";
+    struct timespec ts;
+    int n;
+
+    if (cfg->instance == NULL && gethostname(host, sizeof host - 1) != 0)
+        snprintf(host, sizeof host, "localhost");
+    host[sizeof host - 1] = '\0';
+    clock_gettime(CLOCK_REALTIME, &ts);
+    n = snprintf(out, cap, "%s:", cfg->instance ? cfg->instance : host);
+    snprintf(out + n, cap - (size_t)n, "%ld:%llx", (long)getpid(),
+             (unsigned long long)ts.tv_sec * 1000ULL + (unsigned long long)ts.tv_nsec / 1000000ULL);
+    return (size_t)n;
+}
+
+/*
+ * A restart: this instance's earlier process is gone, and with it every forward it was making,
+ * so the records it left processing are released at once -- the next request of each key meets
+ * its route's on_unknown now, instead of after the lease.  On SQLite, which one gateway serves,
+ * that is every earlier process of this host; on PostgreSQL only an instance with a name of its
+ * own (`instance`) knows which records are its, so without one they wait for their lease.
+ */
+static void release_earlier_process(struct gateway *gw, const char *prefix)
+{
+    uint64_t released = 0;
+    int rc;
+
+    if (strcmp(idem_store_kind(gw->store), "sqlite") != 0 && gw->cfg->instance == NULL)
+        return;
+    rc = idem_engine_release_leases(gw->engine, prefix, &released);
+    if (rc < 0)
+        log_msg(&gw->log, "warn", "cannot release an earlier process's records: %s",
+                idem_strerror(rc));
+    else if (released > 0)
+        log_msg(&gw->log, "info",
+                "%llu record%s left processing by an earlier process of %.*s released: the next "
+                "request of each key meets its route's on_unknown",
+                (unsigned long long)released, released == 1 ? "" : "s", (int)strlen(prefix) - 1,
+                prefix);
+}
+
 int serve_run(const struct gw_config *cfg, const struct serve_options *so)
 {
     struct gateway gw;
@@ -90,6 +137,8 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     struct idem_store_options store_opts = {.pool_size = so->db_pool};
     struct idem_engine_options eng_opts;
     struct http_client_options uo;
+    char owner[256];
+    size_t owner_prefix;
     sigset_t stop_signals;
     char err[512];
     char *errmsg = NULL;
@@ -130,11 +179,15 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     memset(&eng_opts, 0, sizeof eng_opts);
     eng_opts.replay_cache_bytes =
         so->replay_cache_mb > 0 ? (int64_t)so->replay_cache_mb << 20 : IDEM_REPLAY_CACHE_OFF;
+    owner_prefix = owner_name(cfg, owner, sizeof owner);
+    eng_opts.owner = owner;
     rc = idem_engine_new(gw.store, &eng_opts, &gw.engine);
     if (rc < 0) {
         log_msg(&gw.log, "error", "cannot make the engine: %s", idem_strerror(rc));
         goto out;
     }
+    owner[owner_prefix] = '\0'; /* "<instance>:" */
+    release_earlier_process(&gw, owner);
 
     proxy_server_options(&gw, &popts);
     if (http_server_start(&popts, cfg->listen, &pub, err, sizeof err) != 0) {

@@ -989,6 +989,61 @@ static void test_files(void)
     unlink(path);
 }
 
+/* ---- client conventions: error_format, instance, scope_headers, store_retryable ------------- */
+
+static void test_client_conventions(void)
+{
+    struct gw_config *cfg = parse_ok(MINIMAL);
+
+    /* Defaults: problem+json, no instance name, no scope header, retryable answers not stored. */
+    CHECK(cfg != NULL);
+    if (cfg != NULL) {
+        CHECK_INT(cfg->error_format, GW_ERRORS_PROBLEM);
+        CHECK(cfg->instance == NULL);
+        CHECK_INT(cfg->routes[0].nscope_headers, 0);
+        CHECK_INT(cfg->routes[0].store_retryable, 0);
+        CHECK_INT(cfg->routes[0].nstore_headers, 4);
+    }
+    gw_config_free(cfg);
+
+    /* Stripe's format (written after the routes, still their default store_headers). */
+    cfg = parse_ok(MINIMAL "    scope_headers: [Stripe-Account]\n"
+                           "    store_retryable: true\n"
+                           "  - match: POST /v1/refunds\n"
+                           "    operation: refunds.create\n"
+                           "    store_headers: [Content-Type]\n"
+                           "error_format: stripe\n"
+                           "instance: gw-a.1\n");
+    CHECK(cfg != NULL);
+    if (cfg != NULL) {
+        CHECK_INT(cfg->error_format, GW_ERRORS_STRIPE);
+        CHECK_STR(cfg->instance, "gw-a.1");
+        CHECK_INT(cfg->routes[0].nscope_headers, 1);
+        CHECK_STR(cfg->routes[0].scope_headers[0], "Stripe-Account");
+        CHECK_INT(cfg->routes[0].store_retryable, 1);
+        CHECK_INT(cfg->routes[0].nstore_headers, 6);
+        CHECK_STR(cfg->routes[0].store_headers[4], "Request-Id");
+        CHECK_STR(cfg->routes[0].store_headers[5], "Stripe-Version");
+        CHECK_INT(cfg->routes[1].nstore_headers, 1); /* written: as written */
+        CHECK_INT(cfg->routes[1].nscope_headers, 0);
+    }
+    gw_config_free(cfg);
+
+    CHECK_REFUSED(MINIMAL "error_format: json\n",
+                  "t.yaml:8: ", "error_format: expected problem or stripe, not \"json\"");
+    CHECK_REFUSED(MINIMAL "instance: gw:a\n",
+                  "t.yaml:8: ", "instance: expected a name of letters, digits, '.', '_' and '-'");
+    CHECK_REFUSED(MINIMAL "instance: ''\n", "t.yaml:8: ", "instance: expected a name");
+    CHECK_REFUSED(MINIMAL "    scope_headers: [Authorization]\n", "t.yaml:8: ",
+                  "routes[0].scope_headers[0]: Authorization cannot be a scope header");
+    CHECK_REFUSED(MINIMAL "    scope_headers: [Stripe-Account, stripe-account]\n",
+                  "t.yaml:8: ", "routes[0].scope_headers[1]: stripe-account is listed twice");
+    CHECK_REFUSED(MINIMAL "    scope_headers: Stripe-Account\n",
+                  "t.yaml:8: ", "routes[0].scope_headers: expected a list of at most");
+    CHECK_REFUSED(MINIMAL "    store_retryable: maybe\n",
+                  "t.yaml:8: ", "routes[0].store_retryable: expected");
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/gateway_test_config.XXXXXX");
@@ -1005,6 +1060,7 @@ int main(void)
     test_principal_errors();
     test_limits_errors();
     test_route_errors();
+    test_client_conventions();
     test_route_cap();
     test_truncation();
     test_files();

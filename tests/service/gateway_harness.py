@@ -201,7 +201,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if mode.startswith("slow:"):
             time.sleep(int(mode[5:]) / 1000.0)
         if mode.startswith("status:"):
-            self._send(int(mode[7:]), doc)
+            # status:409:retry / status:409:after: an error the upstream marks retryable
+            # (Stripe-Should-Retry: true, or Retry-After), as Stripe's lock_timeout is.
+            parts = mode.split(":")
+            extra = {"retry": [("Stripe-Should-Retry", "true")],
+                     "after": [("Retry-After", "1")]}.get(parts[2] if len(parts) > 2 else "", [])
+            self._send(int(parts[1]), doc, extra)
         elif mode == "reset":
             self._reset()
         elif mode == "hang":
@@ -234,8 +239,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             self.wfile.write(b"0\r\n\r\n")
         else:
-            self._send(201 if self.command == "POST" else 200, doc,
-                       [("Location", "/v1/things/%s" % n), ("ETag", '"v%s"' % n)])
+            extra = [("Location", "/v1/things/%s" % n), ("ETag", '"v%s"' % n)]
+            if self.headers.get("Stripe-Version"):  # as Stripe answers: its version, an id
+                extra += [("Stripe-Version", self.headers["Stripe-Version"]),
+                          ("Request-Id", "req_%s" % n)]
+            self._send(201 if self.command == "POST" else 200, doc, extra)
 
 
 class _ThreadingServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
