@@ -120,8 +120,25 @@ typedef int (*idem__tx_fn)(struct idem_conn *c, void *arg);
  */
 #define IDEM__TX_RERUNNABLE 2u
 
+/*
+ * The page of unfinished records (idem_store_records_unfinished() keeps only their scopes) with
+ * the columns idem_record_inspect() shows of a processing record, so that a listing costs one
+ * statement per page instead of one more per record.  Each store writes it in its dialect: the
+ * fingerprint as hex, and "now" in the store's clock, the one its leases are measured in -- the
+ * database's for PostgreSQL, this process's for SQLite (the $1 the page is read at).
+ */
+#define IDEM__UNFINISHED_SQL(fp_hex, now)                                                          \
+    "SELECT operation, principal, idem_key, recovery_point, " fp_hex ", created_ms, expires_ms,"   \
+    " lease_expires_ms, t.now FROM idem_records, (SELECT " now " AS now) t"                        \
+    " WHERE status = 0 AND expires_ms > $1 AND ($2 = '' OR operation = $2)"                        \
+    " AND (operation > $3 OR (operation = $3 AND (principal > $4"                                  \
+    " OR (principal = $4 AND idem_key > $5))))"                                                    \
+    " ORDER BY operation, principal, idem_key LIMIT $6"
+
 struct idem_store_vtab {
     const char *kind;
+    /* IDEM__UNFINISHED_SQL in this store's dialect (run through idem_tx_exec). */
+    const char *unfinished_sql;
     /*
      * 1: a request whose key the replay cache does not know tries its claim before reading the
      * record; 0: it reads first.  A claim that is not won is always followed by a read; without

@@ -475,27 +475,6 @@ struct idem_conn *idem__tx_conn(struct idem_tx *tx)
 
 /* ---- operators' listings --------------------------------------------------------------------- */
 
-/*
- * The page of unfinished records (idem_records_unfinished() keeps only their scopes) with the
- * columns idem_record_inspect() shows of a processing record, so that a listing costs one
- * statement per page instead of one more per record.  Written twice only
- * where the dialects differ: the fingerprint as hex, and "now" in the store's clock, the one its
- * leases are measured in -- the database's for PostgreSQL (store_pg.c's DB_NOW_MS, once per
- * statement), this process's for SQLite (the $1 the page is read at, as sq_record_get's).
- */
-#define UNFINISHED_SQL(fp_hex, now)                                                                \
-    "SELECT operation, principal, idem_key, recovery_point, " fp_hex ", created_ms, expires_ms,"   \
-    " lease_expires_ms, t.now FROM idem_records, (SELECT " now " AS now) t"                        \
-    " WHERE status = 0 AND expires_ms > $1 AND ($2 = '' OR operation = $2)"                        \
-    " AND (operation > $3 OR (operation = $3 AND (principal > $4"                                  \
-    " OR (principal = $4 AND idem_key > $5))))"                                                    \
-    " ORDER BY operation, principal, idem_key LIMIT $6"
-
-static const char unfinished_pg[] = UNFINISHED_SQL(
-    "encode(fingerprint, 'hex')", "(extract(epoch from clock_timestamp()) * 1000)::bigint");
-static const char unfinished_sqlite[] =
-    UNFINISHED_SQL("lower(hex(fingerprint))", "CAST($1 AS INTEGER)");
-
 /* A column of a listed record as a number (0 for NULL, as a missing value reads elsewhere). */
 static int64_t col_i64(const struct idem_rows *rows, int row, int col)
 {
@@ -526,8 +505,7 @@ int idem_store_records_unfinished(struct idem_store *st, const char *operation,
     rc = idem_tx_begin(st, 0, &tx);
     if (rc < 0)
         return rc;
-    rc = idem_tx_exec(tx, st->vt == &idem__pg_vtab ? unfinished_pg : unfinished_sqlite, 6, params,
-                      &rows);
+    rc = idem_tx_exec(tx, st->vt->unfinished_sql, 6, params, &rows);
     idem_tx_rollback(tx);
     if (rc < 0)
         return rc;

@@ -2229,6 +2229,7 @@ static void pg_store_close(struct idem_store *st)
 
 const struct idem_store_vtab idem__pg_vtab = {
     .kind = "postgresql",
+    .unfinished_sql = IDEM__UNFINISHED_SQL("encode(fingerprint, 'hex')", DB_NOW_MS),
     .claim_before_read = 1,
     .conn_open = pg_open,
     .conn_close = pg_close,

@@ -962,6 +962,7 @@ out:
 
 const struct idem_store_vtab idem__sqlite_vtab = {
     .kind = "sqlite",
+    .unfinished_sql = IDEM__UNFINISHED_SQL("lower(hex(fingerprint))", "CAST($1 AS INTEGER)"),
     .claim_before_read = 1,
     .conn_open = idem__sq_open,
     .conn_close = idem__sq_close,
