@@ -95,6 +95,7 @@ struct idem_call {
      * record write inserts it (completed, or processing at an advance's point).
      */
     int claim_deferred;
+    int speculated; /* a one-phase call run without reading first (one_phase_speculates) */
     int completed;
     int waited;
     int recovering; /* IN_PROGRESS: the lease holder is a recovery worker */
@@ -447,6 +448,50 @@ static int read_record(struct idem_call *call)
 }
 
 /*
+ * A one-phase call that ran without reading first (one_phase_speculates) and found its key taken
+ * leaves its scope here, on its thread, for TAKEN_HINT_MS: the caller's next begin of that scope
+ * on this thread -- a caller retries at once after IDEM_ELEASE -- reads the record first and
+ * answers from it (a replay, a mismatch, a lease to wait for or take over) instead of running the
+ * phase again for nothing.  A begin on another thread speculates, loses, and leaves its own hint.
+ */
+#define TAKEN_HINT_MS 5000
+
+static _Thread_local struct {
+    uint64_t scope_hash;
+    int64_t until_ms;
+} taken_hint;
+
+static uint64_t scope_hash(const struct idem_scope *s)
+{
+    const char *parts[3] = {s->principal, s->operation, s->key};
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a, the parts NUL-separated */
+
+    for (int i = 0; i < 3; i++) {
+        for (const unsigned char *p = (const unsigned char *)parts[i]; *p; p++)
+            h = (h ^ *p) * 1099511628211ULL;
+        h = (h ^ 0) * 1099511628211ULL;
+    }
+    return h;
+}
+
+static void learn_taken_key(struct idem_call *call)
+{
+    if (!call->speculated)
+        return;
+    taken_hint.scope_hash = scope_hash(&call->scope);
+    taken_hint.until_ms = idem__mono_ms() + TAKEN_HINT_MS;
+}
+
+/* Whether this thread's last speculated call of `s` found it taken (the hint is used up). */
+static int key_known_taken(const struct idem_scope *s)
+{
+    if (taken_hint.until_ms <= idem__mono_ms() || taken_hint.scope_hash != scope_hash(s))
+        return 0;
+    taken_hint.until_ms = 0;
+    return 1;
+}
+
+/*
  * Answers from the replay cache if it holds the scope's completed record: REPLAY (*hit is then a
  * reference for the call) or MISMATCH.  Returns whether it answered.
  */
@@ -754,10 +799,14 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
          * later round, the record is read first; an empty call->rec (round 0) claims.
          */
         if (round > 0 || recover || call->waited || !eng->cache ||
-            !eng->st->vt->claim_before_read || call->one_phase) {
+            !eng->st->vt->claim_before_read ||
+            (call->one_phase &&
+             (!eng->st->vt->one_phase_speculates || key_known_taken(&call->scope)))) {
             rc = read_record(call);
             if (rc < 0)
                 goto out;
+        } else if (call->one_phase) {
+            call->speculated = 1;
         }
 
         if (!call->rec.found && recover)
@@ -1187,6 +1236,7 @@ static int deferred_claim_lost(struct idem_call *call, const char *what)
                                            "(roll back to a savepoint taken before it first)"
                                          : "another request claimed the key first");
     rollback_phase(call);
+    learn_taken_key(call);
     return rc;
 }
 
@@ -1354,11 +1404,16 @@ static int response_committed(struct idem_call *call, int rc, const char *errmsg
                 cache_lifetime(call->claimed_mono_ms, call->ttl_ms, call->ttl_ms));
     }
     notify_changed(call->eng, call);
-    call->claim_deferred = 0;
     if (rc < 0) {
+        int taken = rc == IDEM_ELEASE && call->claim_deferred;
+        call->claim_deferred = 0;
         unstage(call);
-        return call_fail(call, rc, "commit response", errmsg);
+        rc = call_fail(call, rc, "commit response", errmsg);
+        if (taken)
+            learn_taken_key(call);
+        return rc;
     }
+    call->claim_deferred = 0;
     call->completed = 1;
     call->rec.status = IDEM_REC_COMPLETED;
     call->rec.response_status = call->staged_status;

@@ -150,6 +150,15 @@ struct idem_store_vtab {
      * first (a key this cache never saw) pays for it: the claim, its ROLLBACK, then the read.
      */
     int claim_before_read;
+    /*
+     * 1: a one-phase call whose key the replay cache does not know skips the read too: its phase
+     * runs at once, and the record's insert, sent with the COMMIT, meets an existing key there
+     * (IDEM_ELEASE, the phase rolled back), after which the caller's next begin of the key on
+     * that thread reads first and answers from the record.  A fresh key then costs the phase's own
+     * round trips and no read, where a read is a round trip of its own (PostgreSQL); a key this
+     * cache does not know yet exists pays the phase's work for nothing.
+     */
+    int one_phase_speculates;
 
     /* Opens a connection and applies libidem's schema (idempotent; safe to race). */
     int (*conn_open)(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);

@@ -2231,6 +2231,7 @@ const struct idem_store_vtab idem__pg_vtab = {
     .kind = "postgresql",
     .unfinished_sql = IDEM__UNFINISHED_SQL("encode(fingerprint, 'hex')", DB_NOW_MS),
     .claim_before_read = 1,
+    .one_phase_speculates = 1,
     .conn_open = pg_open,
     .conn_close = pg_close,
     .errmsg = pg_errmsg,

@@ -5,6 +5,7 @@
  */
 #include "idemcall.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,12 +99,28 @@ struct deferred_answer {
     struct response *resp;
     void *completion;
     const char *operation;
+    /*
+     * DEFERRED_PENDING until idemcall_commit_deferred() returns (DEFERRED_AWAY) or the commit
+     * ends first, on this thread, having lost the key (DEFERRED_HANDED_BACK: the caller answers).
+     */
+    atomic_int state;
 };
+
+enum { DEFERRED_PENDING, DEFERRED_AWAY, DEFERRED_HANDED_BACK };
 
 static void deferred_committed(struct idem_call *call, int rc, void *arg)
 {
     struct deferred_answer *d = arg;
+    int pending = DEFERRED_PENDING;
 
+    /*
+     * A store that commits before idem_call_commit_async() returns (PostgreSQL) may find the key
+     * taken at the COMMIT (a one-phase call that ran before reading): the caller's next begin
+     * answers it, from the record the engine read meanwhile.
+     */
+    if (rc == IDEM_ELEASE &&
+        atomic_compare_exchange_strong(&d->state, &pending, DEFERRED_HANDED_BACK))
+        return;
     if (rc == 0) {
         idem_answer_stored(call, d->resp);
     } else {
@@ -131,13 +148,17 @@ int idemcall_commit_deferred(const struct call_ctx *cx, struct idem_call *call,
     d->operation = resp->operation;
     /* Before the commit: its answer may come from another thread before this call returns. */
     resp->deferred = 1;
+    atomic_init(&d->state, DEFERRED_PENDING);
     rc = idem_call_commit_async(call, deferred_committed, d);
-    if (rc < 0) {
-        resp->deferred = 0;
-        free(d);
-        return rc;
+    if (rc == 0) {
+        int pending = DEFERRED_PENDING;
+        if (atomic_compare_exchange_strong(&d->state, &pending, DEFERRED_AWAY))
+            return IDEMCALL_DEFERRED;
+        rc = IDEM_ELEASE; /* handed back: the call is ours again */
     }
-    return IDEMCALL_DEFERRED;
+    resp->deferred = 0;
+    free(d);
+    return rc;
 }
 
 void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
@@ -185,8 +206,10 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
                 call = NULL; /* the commit's thread answers and ends it */
                 goto out;
             }
-            log_msg(&app->log, rc == IDEM_ELEASE ? "warn" : "error", "%s: %s: %s", op->name,
-                    idem_err_name(rc), idem_call_errmsg(call) ? idem_call_errmsg(call) : "");
+            /* A lost key is no fault: the next begin answers from its record. */
+            if (rc != IDEM_ELEASE)
+                log_msg(&app->log, "error", "%s: %s: %s", op->name, idem_err_name(rc),
+                        idem_call_errmsg(call) ? idem_call_errmsg(call) : "");
             idem_call_abort(call);
             if (rc != IDEM_ELEASE) {
                 idem_answer_fail(resp, rc);

@@ -1382,6 +1382,48 @@ static void test_one_phase(struct idem_engine *eng, struct idem_store *st)
     idem_call_end(call);
     expect_replay(nocache, &op, "op-advance", fp, 201, "paid");
 
+    /*
+     * A key this engine's cache does not know, done by another engine.  SQLite reads first;
+     * PostgreSQL runs the phase at once (no read: one round trip less for a fresh key) and its
+     * COMMIT finds the key taken (IDEM_ELEASE, nothing of the run stays).  Either way the
+     * caller's retry on this thread answers from the record: a replay, a mismatch, a wait.
+     */
+    {
+        const int speculates = strcmp(store_kind, "postgresql") == 0;
+        const char *keys[3] = {"op-known", "op-known", "op-busy"};
+        unsigned char other_fp[IDEM_FP_LEN];
+        struct idem_call *holder = NULL;
+        size_t len = 0;
+
+        fp_of("{\"one\":2}", other_fp);
+        CHECK_INT(idem_call_begin(nocache, &op, "alice", "op-known", fp, &call, &oc), 0);
+        CHECK_INT(idem_call_complete(call, 201, NULL, 0, "theirs", 6), 0);
+        idem_call_end(call);
+        CHECK_INT(idem_call_begin(nocache, &op, "alice", "op-busy", fp, &holder, &oc), 0);
+        CHECK_INT(idem_call_advance(holder, "charged", NULL), 0); /* processing, lease live */
+        for (int i = 0; i < 3; i++) {
+            const unsigned char *f = i == 1 ? other_fp : fp;
+            CHECK_INT(idem_call_begin(eng, &op, "alice", keys[i], f, &call, &oc), 0);
+            /* (the second time, the record read by the first is in the replay cache) */
+            CHECK_INT(oc == IDEM_OUTCOME_EXECUTE, speculates && i != 1);
+            if (oc == IDEM_OUTCOME_EXECUTE) {
+                CHECK_INT(biz_insert(call, "onephase-5"), 0);
+                CHECK_INT(idem_call_complete(call, 201, NULL, 0, "mine", 4), IDEM_ELEASE);
+                idem_call_end(call);
+                CHECK_INT(idem_call_begin(eng, &op, "alice", keys[i], f, &call, &oc), 0);
+            }
+            CHECK_INT(oc, i == 0   ? IDEM_OUTCOME_REPLAY
+                          : i == 1 ? IDEM_OUTCOME_MISMATCH
+                                   : IDEM_OUTCOME_IN_PROGRESS);
+            if (i == 0)
+                CHECK(memcmp(idem_call_response_body(call, &len), "theirs", 6) == 0);
+            idem_call_end(call);
+        }
+        CHECK_INT(biz_count(st, "onephase-5"), 0);
+        CHECK_INT(idem_call_complete(holder, 201, NULL, 0, "held", 4), 0);
+        idem_call_end(holder);
+    }
+
     if (strcmp(store_kind, "postgresql") == 0) {
         /* Another engine's claim lands between this call's read and its commit. */
         struct idem_call *other = NULL;
