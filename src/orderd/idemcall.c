@@ -101,12 +101,13 @@ struct deferred_answer {
     const char *operation;
     /*
      * DEFERRED_PENDING until idemcall_commit_deferred() returns (DEFERRED_AWAY) or the commit
-     * ends first, on this thread, having lost the key (DEFERRED_HANDED_BACK: the caller answers).
+     * ends first: answered (DEFERRED_ANSWERED), or, on this thread, having lost the key
+     * (DEFERRED_HANDED_BACK: the caller answers).  Whichever of the two comes last frees it.
      */
     atomic_int state;
 };
 
-enum { DEFERRED_PENDING, DEFERRED_AWAY, DEFERRED_HANDED_BACK };
+enum { DEFERRED_PENDING, DEFERRED_AWAY, DEFERRED_HANDED_BACK, DEFERRED_ANSWERED };
 
 static void deferred_committed(struct idem_call *call, int rc, void *arg)
 {
@@ -130,7 +131,8 @@ static void deferred_committed(struct idem_call *call, int rc, void *arg)
     }
     idem_call_end(call);
     http_server_complete(d->completion);
-    free(d);
+    if (atomic_exchange(&d->state, DEFERRED_ANSWERED) == DEFERRED_AWAY)
+        free(d); /* else idemcall_commit_deferred() has yet to look at it, and frees it */
 }
 
 int idemcall_commit_deferred(const struct call_ctx *cx, struct idem_call *call,
@@ -153,11 +155,15 @@ int idemcall_commit_deferred(const struct call_ctx *cx, struct idem_call *call,
     if (rc == 0) {
         int pending = DEFERRED_PENDING;
         if (atomic_compare_exchange_strong(&d->state, &pending, DEFERRED_AWAY))
-            return IDEMCALL_DEFERRED;
+            return IDEMCALL_DEFERRED; /* deferred_committed() answers, and frees it */
+        free(d);
+        if (pending == DEFERRED_ANSWERED)
+            return IDEMCALL_DEFERRED; /* answered on this thread already */
         rc = IDEM_ELEASE; /* handed back: the call is ours again */
+    } else {
+        free(d);
     }
     resp->deferred = 0;
-    free(d);
     return rc;
 }
 
