@@ -4,8 +4,10 @@
  * start, and the "listening" line comes last.  Stop signals are taken by the main thread with
  * sigwait(); the stop unwinds in reverse, letting requests in flight finish.
  */
+#define _GNU_SOURCE /* F_OFD_SETLK: a lock of an open file description, not of the process */
 #include "serve.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -103,6 +105,43 @@ static size_t owner_name(const struct gw_config *cfg, char *out, size_t cap)
 }
 
 /*
+ * On SQLite one gateway serves a store (docs/gateway.md): its start frees every earlier process's
+ * records, which must not include a live gateway's.  So `serve` holds, for its life, an open file
+ * description's lock on "<db>-serving" beside the database; a second `serve` of the same file
+ * is refused.  (The `keys` commands and other readers do not take it.)  Returns the lock's file
+ * descriptor, -1 with a sentence in `err` when another gateway holds it, or -2 when the lock
+ * could not be tried (then serving goes on: the file system may not lock).
+ */
+static int hold_sqlite_store(const char *store, char *err, size_t errlen)
+{
+    const char *path = store + strlen("sqlite:");
+    struct flock lk;
+    char name[4096];
+    int fd;
+
+    if (strncmp(path, "//", 2) == 0)
+        path += 2;
+    if (path[0] == ':' || strncmp(path, "file:", 5) == 0 ||
+        (size_t)snprintf(name, sizeof name, "%s-serving", path) >= sizeof name)
+        return -2; /* in memory, or a URI: nothing to share */
+    fd = open(name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -2;
+    memset(&lk, 0, sizeof lk);
+    lk.l_type = F_WRLCK;
+    lk.l_whence = SEEK_SET;
+    lk.l_len = 1;
+    if (fcntl(fd, F_OFD_SETLK, &lk) == 0)
+        return fd;
+    close(fd);
+    snprintf(err, errlen,
+             "another idem-gateway serves %.150s (it holds %.160s-serving): one gateway per "
+             "SQLite store; give this one a store of its own, or share PostgreSQL",
+             path, path);
+    return -1;
+}
+
+/*
  * A restart: this instance's earlier process is gone, and with it every forward it was making,
  * so the records it left processing are released at once -- the next request of each key meets
  * its route's on_unknown now, instead of after the lease.  On SQLite, which one gateway serves,
@@ -139,6 +178,7 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     struct http_client_options uo;
     char owner[256];
     size_t owner_prefix;
+    int serving_fd = -2;
     sigset_t stop_signals;
     char err[512];
     char *errmsg = NULL;
@@ -175,6 +215,13 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     if (rc < 0) {
         log_msg(&gw.log, "error", "cannot open the store: %s", errmsg ? errmsg : idem_strerror(rc));
         goto out;
+    }
+    if (strcmp(idem_store_kind(gw.store), "sqlite") == 0) {
+        serving_fd = hold_sqlite_store(cfg->store, err, sizeof err);
+        if (serving_fd == -1) {
+            log_msg(&gw.log, "error", "%s", err);
+            goto out;
+        }
     }
     memset(&eng_opts, 0, sizeof eng_opts);
     eng_opts.replay_cache_bytes =
@@ -231,6 +278,8 @@ out:
     }
     idem_engine_free(gw.engine);
     idem_store_close(gw.store);
+    if (serving_fd >= 0)
+        close(serving_fd);
     upstream_free(gw.upstream);
     principal_verifier_free(gw.principals);
     gw_metrics_free(gw.metrics);

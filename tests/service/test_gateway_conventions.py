@@ -12,11 +12,13 @@ so a second execution shows):
     the retry runs again (unless the route says store_retryable);
   - scope_headers: the same key and body for two connected accounts are two operations;
   - a gateway restarted after kill -9 answers a retry of a key its earlier process was
-    forwarding at once (on_unknown), not after the lease.
+    forwarding at once (on_unknown), not after the lease; a second gateway on one SQLite store
+    is refused.
 """
 
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -205,6 +207,23 @@ def a_restart_answers_a_retry_of_a_forward_it_lost_at_once(ctx):
               "(lease 20 s)" % took)
     finally:
         gw.close()
+
+
+@test
+def a_second_gateway_on_one_sqlite_store_is_refused(ctx):
+    """A restart frees every earlier process's records on SQLite: a live one must not share it."""
+    gw = ctx["gw"]
+    if gw.db_uri.startswith("postgres"):
+        return  # several gateways share PostgreSQL; each frees its own instance's only
+    # The same config: the same store, listeners on ports of their own (127.0.0.1:0).
+    p = subprocess.run([os.path.join(harness.BIN, "idem-gateway"), "serve", "--config",
+                        gw.config_path], capture_output=True, timeout=30)
+    err = p.stderr.decode("utf-8", "replace")
+    expect(p.returncode != 0, "a second gateway on the same SQLite store exited %d" % p.returncode)
+    expect("another idem-gateway serves" in err, "it says why: %s" % err.strip()[-300:])
+    # The first serves on.
+    expect_fresh(gw.request("POST", "/v1/charges", {"amount": 1}, key=key()), 201,
+                 "the first gateway after the refusal")
 
 
 def _swallow(fn):
