@@ -216,13 +216,6 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
         log_msg(&gw.log, "error", "cannot open the store: %s", errmsg ? errmsg : idem_strerror(rc));
         goto out;
     }
-    if (strcmp(idem_store_kind(gw.store), "sqlite") == 0) {
-        serving_fd = hold_sqlite_store(cfg->store, err, sizeof err);
-        if (serving_fd == -1) {
-            log_msg(&gw.log, "error", "%s", err);
-            goto out;
-        }
-    }
     memset(&eng_opts, 0, sizeof eng_opts);
     eng_opts.replay_cache_bytes =
         so->replay_cache_mb > 0 ? (int64_t)so->replay_cache_mb << 20 : IDEM_REPLAY_CACHE_OFF;
@@ -234,7 +227,6 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
         goto out;
     }
     owner[owner_prefix] = '\0'; /* "<instance>:" */
-    release_earlier_process(&gw, owner);
 
     proxy_server_options(&gw, &popts);
     if (http_server_start(&popts, cfg->listen, &pub, err, sizeof err) != 0) {
@@ -248,6 +240,19 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
         log_msg(&gw.log, "error", "admin listen %s: %s", cfg->admin_listen, err);
         goto out;
     }
+    /*
+     * Once the addresses are this process's (the same config started twice is told so), and
+     * before "listening" is said: the store is this gateway's alone, then its earlier processes'
+     * forwards are freed.  A request that comes meanwhile meets their lease, as without it.
+     */
+    if (strcmp(idem_store_kind(gw.store), "sqlite") == 0) {
+        serving_fd = hold_sqlite_store(cfg->store, err, sizeof err);
+        if (serving_fd == -1) {
+            log_msg(&gw.log, "error", "%s", err);
+            goto out;
+        }
+    }
+    release_earlier_process(&gw, owner);
     if (so->sweep_interval_s > 0) {
         sw.gw = &gw;
         sw.interval_s = so->sweep_interval_s;
