@@ -153,6 +153,11 @@ const char *idem_store_kind(const struct idem_store *st)
     return st && st->vt ? st->vt->kind : "none";
 }
 
+const char *idem_store_sqlite_path(const struct idem_store *st)
+{
+    return st && st->vt == &idem__sqlite_vtab ? st->target : NULL;
+}
+
 void idem_store_stats(const struct idem_store *st, struct idem_store_stats *out)
 {
     if (!out)

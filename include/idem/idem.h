@@ -167,6 +167,8 @@ IDEM_API void idem_store_close(struct idem_store *st);
 
 /* The store's kind: "sqlite" or "postgresql" (static). */
 IDEM_API const char *idem_store_kind(const struct idem_store *st);
+/* The file an SQLite store opened, as its URI named it ("sqlite:" taken off); NULL otherwise. */
+IDEM_API const char *idem_store_sqlite_path(const struct idem_store *st);
 
 /*
  * Counters of a store handle since it was opened, for monitoring.  On SQLite many write

@@ -112,15 +112,12 @@ static size_t owner_name(const struct gw_config *cfg, char *out, size_t cap)
  * descriptor, -1 with a sentence in `err` when another gateway holds it, or -2 when the lock
  * could not be tried (then serving goes on: the file system may not lock).
  */
-static int hold_sqlite_store(const char *store, char *err, size_t errlen)
+static int hold_sqlite_store(const char *path, char *err, size_t errlen)
 {
-    const char *path = store + strlen("sqlite:");
     struct flock lk;
     char name[4096];
     int fd;
 
-    if (strncmp(path, "//", 2) == 0)
-        path += 2;
     if (path[0] == ':' || strncmp(path, "file:", 5) == 0 ||
         (size_t)snprintf(name, sizeof name, "%s-serving", path) >= sizeof name)
         return -2; /* in memory, or a URI: nothing to share */
@@ -245,8 +242,8 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
      * before "listening" is said: the store is this gateway's alone, then its earlier processes'
      * forwards are freed.  A request that comes meanwhile meets their lease, as without it.
      */
-    if (strcmp(idem_store_kind(gw.store), "sqlite") == 0) {
-        serving_fd = hold_sqlite_store(cfg->store, err, sizeof err);
+    if (idem_store_sqlite_path(gw.store) != NULL) {
+        serving_fd = hold_sqlite_store(idem_store_sqlite_path(gw.store), err, sizeof err);
         if (serving_fd == -1) {
             log_msg(&gw.log, "error", "%s", err);
             goto out;
