@@ -150,19 +150,24 @@ class StripeRun:
         finally:
             os.unlink(self.tmp.name)
         self.seconds = time.monotonic() - self.t0
-        results = {}
-        for line in out.decode("utf-8", "replace").splitlines():
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(doc, dict) and "intent" in doc:
-                results[doc["intent"]] = doc
-        if self.proc.returncode != 0 or len(results) != self.count:
-            harness.fail("%s: exit %s, %d of %d results\nstdout: %s\nstderr: %s" % (
-                self.what, self.proc.returncode, len(results), self.count,
-                out.decode("utf-8", "replace")[-2000:], err.decode("utf-8", "replace")[-2000:]))
-        return results
+        return client_results(self.what, self.proc.returncode, out, err, self.count)
+
+
+def client_results(what, returncode, out, err, count):
+    """A client's {intent: result} from its JSON lines; all `count` of them, or the test fails."""
+    results = {}
+    for line in out.decode("utf-8", "replace").splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and "intent" in doc:
+            results[doc["intent"]] = doc
+    if returncode != 0 or len(results) != count:
+        harness.fail("%s: exit %s, %d of %d results\nstdout: %s\nstderr: %s" % (
+            what, returncode, len(results), count, out.decode("utf-8", "replace")[-2000:],
+            err.decode("utf-8", "replace")[-2000:]))
+    return results
 
 
 def sdk_config(port, api_key, retries=5, timeout_ms=20000, **more):
@@ -221,19 +226,7 @@ def run_urllib3(url, intents, close=True, timeout=90):
                            timeout=timeout)
     except subprocess.TimeoutExpired:
         harness.fail("the urllib3 client did not end within %d s" % timeout)
-    results = {}
-    for line in p.stdout.decode("utf-8", "replace").splitlines():
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(doc, dict) and "intent" in doc:
-            results[doc["intent"]] = doc
-    if p.returncode != 0 or len(results) != len(intents):
-        harness.fail("urllib3 client: exit %d, %d of %d results\nstdout: %s\nstderr: %s" % (
-            p.returncode, len(results), len(intents), p.stdout.decode("utf-8", "replace")[-2000:],
-            p.stderr.decode("utf-8", "replace")[-2000:]))
-    return results
+    return client_results("urllib3 client", p.returncode, p.stdout, p.stderr, len(intents))
 
 
 def raw(gw, path, body, headers, timeout=30):
