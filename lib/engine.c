@@ -43,6 +43,8 @@
 /* Buckets of the in-flight table (scopes being claimed or executed in this process). */
 #define INFLIGHT_BUCKETS 256
 
+#define TAKEN_HINTS 64
+
 struct idem_engine {
     struct idem_store *st;
     char *owner;
@@ -57,6 +59,11 @@ struct idem_engine {
     struct idem_call *inflight[INFLIGHT_BUCKETS];
     /* Watches of scopes in flight (idem_watch_inflight), chained by the same hash (mu). */
     struct idem_watch *watches[INFLIGHT_BUCKETS];
+    /* Scopes lately found taken by a call that did not read first (learn_taken_scope). */
+    struct taken_hint {
+        _Atomic uint64_t scope_hash;
+        _Atomic int64_t until_ms;
+    } taken[TAKEN_HINTS];
 };
 
 /* A waiter that holds no thread: told by callback when its scope leaves flight. */
@@ -448,18 +455,15 @@ static int read_record(struct idem_call *call)
 }
 
 /*
- * A one-phase call that ran without reading first (one_phase_speculates) and found its key taken
- * leaves its scope here, on its thread, for TAKEN_HINT_MS: the caller's next begin of that scope
- * on this thread -- a caller retries at once after IDEM_ELEASE -- reads the record first and
- * answers from it (a replay, a mismatch, a lease to wait for or take over) instead of running the
- * phase again for nothing.  A begin on another thread speculates, loses, and leaves its own hint.
+ * A one-phase call that ran without reading first (one_phase_speculates) and found its key taken,
+ * or a run the store's thread found a record for (idem_call_run_async), leaves its scope in the
+ * engine's hints for TAKEN_HINT_MS: the caller's next begin of that scope -- a caller retries at
+ * once after IDEM_ELEASE or IDEM_CALL_ASK_BEGIN, often on another thread -- reads the record first
+ * and answers from it (a replay, a mismatch, a lease to wait for or take over) instead of running
+ * the phase again for nothing.  A hint is only a hint: a slot another scope took over, or one
+ * read while it is rewritten, costs one speculation or one read, never a wrong answer.
  */
 #define TAKEN_HINT_MS 5000
-
-static _Thread_local struct {
-    uint64_t scope_hash;
-    int64_t until_ms;
-} taken_hint;
 
 static uint64_t scope_hash(const struct idem_scope *s)
 {
@@ -474,20 +478,31 @@ static uint64_t scope_hash(const struct idem_scope *s)
     return h;
 }
 
-static void learn_taken_key(struct idem_call *call)
+static void learn_taken_scope(struct idem_engine *eng, const struct idem_scope *s)
 {
-    if (!call->speculated)
-        return;
-    taken_hint.scope_hash = scope_hash(&call->scope);
-    taken_hint.until_ms = idem__mono_ms() + TAKEN_HINT_MS;
+    uint64_t h = scope_hash(s);
+    struct taken_hint *t = &eng->taken[h % TAKEN_HINTS];
+
+    atomic_store_explicit(&t->scope_hash, h, memory_order_relaxed);
+    atomic_store_explicit(&t->until_ms, idem__mono_ms() + TAKEN_HINT_MS, memory_order_relaxed);
 }
 
-/* Whether this thread's last speculated call of `s` found it taken (the hint is used up). */
-static int key_known_taken(const struct idem_scope *s)
+static void learn_taken_key(struct idem_call *call)
 {
-    if (taken_hint.until_ms <= idem__mono_ms() || taken_hint.scope_hash != scope_hash(s))
+    if (call->speculated)
+        learn_taken_scope(call->eng, &call->scope);
+}
+
+/* Whether a speculated call of `s` lately found it taken (the hint is used up). */
+static int key_known_taken(struct idem_engine *eng, const struct idem_scope *s)
+{
+    uint64_t h = scope_hash(s);
+    struct taken_hint *t = &eng->taken[h % TAKEN_HINTS];
+
+    if (atomic_load_explicit(&t->until_ms, memory_order_relaxed) <= idem__mono_ms() ||
+        atomic_load_explicit(&t->scope_hash, memory_order_relaxed) != h)
         return 0;
-    taken_hint.until_ms = 0;
+    atomic_store_explicit(&t->until_ms, 0, memory_order_relaxed);
     return 1;
 }
 
@@ -801,7 +816,7 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
         if (round > 0 || recover || call->waited || !eng->cache ||
             !eng->st->vt->claim_before_read ||
             (call->one_phase &&
-             (!eng->st->vt->one_phase_speculates || key_known_taken(&call->scope)))) {
+             (!eng->st->vt->one_phase_speculates || key_known_taken(eng, &call->scope)))) {
             rc = read_record(call);
             if (rc < 0)
                 goto out;
@@ -1699,6 +1714,7 @@ struct run_async {
     idem_call_done done;
     void *arg;
     int found; /* the writer found a record of the scope: nothing ran */
+    int runs;  /* how often the store ran it (a neighbour's failure runs it again) */
 };
 
 /*
@@ -1716,13 +1732,21 @@ static int run_job_run(struct idem_conn *c, void *arg)
     /* Run again from the start if a neighbour's failure undid this run (IDEM__TX_RERUNNABLE). */
     a->found = 0;
     unstage(call);
-    rc = st->vt->record_get(c, &call->scope, &rec);
-    if (rc < 0)
-        return call_fail(call, rc, "read record", st->vt->errmsg(c));
-    a->found = rec.found;
-    idem__record_clear(&rec);
-    if (a->found)
-        return IDEM__TX_DISCARD;
+    /*
+     * A store that speculates (one_phase_speculates) skips the read the first time: the record
+     * inserted completed is checked by the COMMIT, and a key found taken there fails the batch,
+     * whose runs then go again alone -- this one reading first.
+     */
+    if (a->runs++ > 0 || !st->vt->one_phase_speculates ||
+        key_known_taken(call->eng, &call->scope)) {
+        rc = st->vt->record_get(c, &call->scope, &rec);
+        if (rc < 0)
+            return call_fail(call, rc, "read record", st->vt->errmsg(c));
+        a->found = rec.found;
+        idem__record_clear(&rec);
+        if (a->found)
+            return IDEM__TX_DISCARD;
+    }
     rc = idem__tx_lend(st, c, &call->tx);
     if (rc == 0)
         rc = claim_won(call, idem__mono_ms());
@@ -1756,6 +1780,7 @@ static void run_async_done(void *arg, int rc, const char *errmsg)
     free(a);
     if (rc == IDEM__TX_DISCARD || (rc == IDEM_ELEASE && !found)) {
         /* A record was there, or another process's insert came first: nothing was kept. */
+        learn_taken_scope(call->eng, &call->scope);
         unstage(call);
         rc = IDEM_CALL_ASK_BEGIN;
     } else {
@@ -1785,7 +1810,7 @@ int idem_call_run_async(struct idem_engine *eng, const struct idem_operation *op
         idem_call_end(call);
         return IDEM_ENOMEM;
     }
-    *a = (struct run_async){call, run, done, arg, 0};
+    *a = (struct run_async){call, run, done, arg, 0, 0};
     rc = idem__tx_run_async(eng->st, run_job_run, a, IDEM__TX_RERUNNABLE, run_async_done, a, err,
                             sizeof(err));
     if (rc < 0) {

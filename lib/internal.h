@@ -276,14 +276,15 @@ struct idem_store_vtab {
     int (*write_run)(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags, char *err,
                      size_t errlen);
     /*
-     * Optional, with write_run: the same without a thread waiting.  `fn` runs on whichever thread
+     * Optional: write_run without a thread waiting (SQLite: its group commit's; PostgreSQL:
+     * idem__batch_run_async, several jobs to a transaction).  `fn` runs on whichever thread
      * holds the writer (or the store's own runner thread), never on the caller's, and
      * `done(arg, rc, errmsg)` runs once: rc 0 once the batch holding `fn`'s writes is durable,
      * IDEM__TX_DISCARD when `fn` asked for a rollback, or a negative code -- the last two also
      * only once the batch `fn` ran in is durable (what `fn` read may come from it).  `done` runs
      * outside the group's mutex, on the store's syncer (or a thread holding the writer), so it
-     * must not block nor use the store.  `arg` must live until then.  A negative return: nothing was
-     * queued, `done` is not called.
+     * must not block nor use the store.  `arg` must live until then.  A negative return: nothing
+     * was queued, `done` is not called.
      */
     int (*write_run_async)(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags,
                            idem__commit_done done, void *done_arg, char *err, size_t errlen);
@@ -294,6 +295,14 @@ struct idem_store_vtab {
      * should its fence fail, the COMMIT fails with IDEM_ELEASE and nothing of it stays.
      */
     void (*whole_tx)(struct idem_conn *c);
+    /*
+     * Optional, with whole_tx: told that the transaction just begun on `c` carries several jobs
+     * (idem__batch_run_async).  Any failed statement may then doom the whole transaction -- the
+     * batch rolls back and each job runs alone -- so a backend need not shield each statement
+     * from the others' failures (PostgreSQL skips the savepoint, a subtransaction, around each
+     * application statement).
+     */
+    void (*batch_tx)(struct idem_conn *c);
     /* Optional: frees the backend's per-store state (st->backend) in idem_store_close. */
     void (*store_close)(struct idem_store *st);
 };
@@ -309,6 +318,7 @@ struct idem_store {
     _Atomic uint64_t durable_commits; /* counted by the backend when it groups commits */
     _Atomic uint64_t durable_commit_ns; /* the time those commits took, likewise */
     _Atomic uint64_t writer_busy_ns;    /* SQLite: the time its one writer was held */
+    struct idem__batcher *batcher;      /* tx_batch.c's runner, made on first use, or NULL */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -368,6 +378,19 @@ int idem__tx_run(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flag
 int idem__tx_runs_async(const struct idem_store *st);
 int idem__tx_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags,
                        idem__commit_done done, void *done_arg, char *err, size_t errlen);
+
+/*
+ * write_run_async for a store without a group commit of its own (tx_batch.c): the job joins the
+ * queue of the store's runner thread, which runs what was queued as one transaction and tells
+ * each job once that transaction committed (or each job alone, should one of them fail).
+ * idem__batch_stop() ends the runner after the queue drained (idem_store_close).
+ */
+int idem__batch_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags,
+                          idem__commit_done done, void *done_arg, char *err, size_t errlen);
+void idem__batch_stop(struct idem_store *st);
+
+/* Counts `ntx` transactions made durable by one commit that began at idem__mono_ns() `t0`. */
+void idem__store_count_commit(struct idem_store *st, uint64_t ntx, int64_t t0);
 
 extern const struct idem_store_vtab idem__sqlite_vtab;
 extern const struct idem_store_vtab idem__pg_vtab;

@@ -137,6 +137,7 @@ void idem_store_close(struct idem_store *st)
 {
     if (!st)
         return;
+    idem__batch_stop(st); /* (its jobs still use the pool) */
     if (st->vt && st->vt->store_close)
         st->vt->store_close(st);
     for (int i = 0; i < st->nidle; i++)
@@ -343,12 +344,8 @@ int idem__tx_commit_err(struct idem_tx *tx, char *err, size_t errlen)
     }
     t0 = tx->write ? idem__mono_ns() : 0;
     rc = tx->st->vt->commit(tx->conn);
-    if (rc == 0 && tx->write) {
-        /* A transaction of its own: its commit is its durable commit. */
-        atomic_fetch_add(&tx->st->write_commits, 1);
-        atomic_fetch_add(&tx->st->durable_commits, 1);
-        atomic_fetch_add(&tx->st->durable_commit_ns, (uint64_t)(idem__mono_ns() - t0));
-    }
+    if (rc == 0 && tx->write)
+        idem__store_count_commit(tx->st, 1, t0); /* its commit is its durable commit */
     if (rc < 0 && err)
         idem__fmt(err, errlen, "%s", tx->st->vt->errmsg(tx->conn));
     if (rc < 0)
@@ -356,6 +353,13 @@ int idem__tx_commit_err(struct idem_tx *tx, char *err, size_t errlen)
     idem__store_release(tx->st, tx->conn);
     free(tx);
     return rc;
+}
+
+void idem__store_count_commit(struct idem_store *st, uint64_t ntx, int64_t t0)
+{
+    atomic_fetch_add(&st->write_commits, ntx);
+    atomic_fetch_add(&st->durable_commits, 1);
+    atomic_fetch_add(&st->durable_commit_ns, (uint64_t)(idem__mono_ns() - t0));
 }
 
 int idem__tx_commit_async(struct idem_tx *tx, idem__commit_done done, void *arg, char *err,

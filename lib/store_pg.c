@@ -141,6 +141,7 @@ struct idem_conn {
     uint64_t claimed;
     int claimed_open;
     int whole; /* a whole transaction (idem__tx_run): only its COMMIT follows its statements */
+    int batch; /* a batch's transaction (tx_batch.c): a failed statement may doom it */
     unsigned prepared;  /* bit k: record statement k is prepared in this session */
     char notify[4][17]; /* scopes (hashes) to announce once the transaction commits */
     int nnotify;
@@ -734,6 +735,7 @@ static void defer_begin(struct idem_conn *c)
     c->nnotify = 0;
     c->claimed_open = 0;
     c->whole = 0;
+    c->batch = 0;
     c->begin_deferred = 1;
 }
 
@@ -1119,6 +1121,7 @@ out:
     c->nnotify = 0;
     c->claimed_open = 0;
     c->whole = 0;
+    c->batch = 0;
     return rc;
 }
 
@@ -1131,6 +1134,7 @@ static int pg_rollback(struct idem_conn *c)
     c->nnotify = 0;
     c->claimed_open = 0;
     c->whole = 0;
+    c->batch = 0;
     if (c->broken || ts == PQTRANS_UNKNOWN || ts == PQTRANS_ACTIVE) {
         /* Closing the connection rolls the server's side back. */
         c->broken = 1;
@@ -1419,9 +1423,10 @@ static int pg_exec(struct idem_conn *c, const char *sql, int nparams, const char
         struct pipe_q q[5];
         int n = 0, ix, prep = -1, dx = -1, failed = -1;
         /* Under a savepoint when in a transaction that is not aborted (a deferred statement may
-         * have yet to repair or begin it). */
-        const int savepoint = c->in_tx && (c->begin_deferred || c->ndefer > 0 ||
-                                           PQtransactionStatus(c->pg) == PQTRANS_INTRANS);
+         * have yet to repair or begin it), unless the transaction is a batch's. */
+        const int savepoint =
+            c->in_tx && !c->batch &&
+            (c->begin_deferred || c->ndefer > 0 || PQtransactionStatus(c->pg) == PQTRANS_INTRANS);
         const int first = c->in_tx && c->tx_stmts == 0 && c->begin_deferred;
 
         if (savepoint)
@@ -1817,6 +1822,27 @@ static int pg_record_complete(struct idem_conn *c, const struct idem_scope *s, c
 static void pg_whole_tx(struct idem_conn *c)
 {
     c->whole = 1;
+}
+
+/*
+ * A batch's transaction waits for a row lock BATCH_LOCK_WAIT_MS at most: the store runs two
+ * batches at once (tx_batch.c), and two batches whose jobs lock the same rows in opposite orders
+ * wait for each other, which PostgreSQL breaks only after deadlock_timeout (1 s by default; only
+ * a superuser may lower it).  The batch that gives up rolls back and its jobs run alone, each
+ * with the store's own lock timeout.  The SET goes out with the BEGIN.
+ */
+#define BATCH_LOCK_WAIT_MS "100"
+
+static void pg_batch_tx(struct idem_conn *c)
+{
+    int stmts = c->tx_stmts;
+
+    c->batch = 1;
+    if (defer_simple(c, "SET LOCAL lock_timeout = " BATCH_LOCK_WAIT_MS, "batch lock timeout") < 0)
+        c->batch = 0; /* (out of memory: without the SET, the savepoints stay too) */
+    /* Still the first statement to come: on a connection the server closed while it was idle,
+     * it is retried on a new one (which begins the transaction again, not as a batch's). */
+    c->tx_stmts = stmts;
 }
 
 static int pg_record_release(struct idem_conn *c, const struct idem_scope *s, const char *owner)
@@ -2254,5 +2280,7 @@ const struct idem_store_vtab idem__pg_vtab = {
     .migrate = pg_migrate,
     .wait_change = pg_wait_change,
     .whole_tx = pg_whole_tx,
+    .batch_tx = pg_batch_tx,
+    .write_run_async = idem__batch_run_async,
     .store_close = pg_store_close,
 };

@@ -402,7 +402,8 @@ typedef void (*idem_call_begun)(struct idem_call *call, int rc, enum idem_outcom
 /*
  * idem_call_begin() of a fresh key without blocking the calling thread (an event loop's), where
  * that can be done: an operation with a claim_point, the replay cache on, and a store that runs
- * a whole transaction without a thread waiting for it (SQLite; not PostgreSQL).
+ * a whole transaction without a thread waiting for it (both stores: SQLite's group commit,
+ * PostgreSQL's runner, which puts the claims and completions queued meanwhile in one transaction).
  *
  * Returns 1 when the claim is under way: `begun(call, rc, outcome, arg)` then runs once, on
  * another thread (the store's, possibly while it holds the store's writer), and must neither
@@ -492,19 +493,20 @@ typedef int (*idem_call_run)(struct idem_call *call, void *arg);
 /*
  * A fresh request of a one-phase operation (op->one_phase) run whole without a thread of the
  * caller waiting for the store (an event loop's), where that can be done: a store that runs
- * transactions on its own writer (SQLite; not PostgreSQL), a key the replay cache does not hold,
- * and no other call of this engine with the key in flight.
+ * transactions on a thread of its own (both: SQLite's writer, PostgreSQL's runner), a key the
+ * replay cache does not hold, and no other call of this engine with the key in flight.
  *
- * Returns 1 when under way.  The store's writer, in its shared batch, reads the record; when
- * there is none it runs `run(call, arg)` with the phase open, as after EXECUTE, and commits what
- * `run` staged.  Then `done(call, rc, arg)` runs once, on another thread (the store's), and must
- * not block: rc 0 once the response is durable, the call completed as after idem_call_commit();
- * IDEM_CALL_ASK_BEGIN when a record of the key was there (or another process's claim came
- * first): nothing of `run` was kept -- end the call and ask idem_call_begin(); a negative code
- * when `run` or the commit failed (nothing was stored).  `run` runs on the store's thread too,
- * and must neither block on anything but the store's statements nor begin another transaction.
- * The call is the caller's to end with idem_call_end() after `done`; until then duplicates of
- * this engine wait for it as for any call in flight.
+ * Returns 1 when under way.  The store's thread, in its shared batch, reads the record (a store
+ * that speculates, PostgreSQL, first tries without the read: a record there fails the batch's
+ * COMMIT, and the run goes again alone, reading); when there is none it runs `run(call, arg)`
+ * with the phase open, as after EXECUTE, and commits what `run` staged.  Then `done(call, rc, arg)`
+ * runs once, on another thread (the store's), and must not block: rc 0 once the response is
+ * durable, the call completed as after idem_call_commit(); IDEM_CALL_ASK_BEGIN when a record of the
+ * key was there (or another process's claim came first): nothing of `run` was kept -- end the call
+ * and ask idem_call_begin(); a negative code when `run` or the commit failed (nothing was stored).
+ * `run` runs on the store's thread too, and must neither block on anything but the store's
+ * statements nor begin another transaction. The call is the caller's to end with idem_call_end()
+ * after `done`; until then duplicates of this engine wait for it as for any call in flight.
  *
  * Returns 0 when it cannot be done so: ask idem_call_begin().  IDEM_EINVAL, IDEM_ENOMEM, or a
  * store failure otherwise (nothing ran).
@@ -546,8 +548,7 @@ IDEM_API int idem_call_complete(struct idem_call *call, int status,
  * owner took the lease over, nothing stored), and must neither block nor call libidem (it may run
  * while that thread holds the store's writer).  Until then the call belongs to the engine.  Returns
  * 0 when `done` will run, or a negative code when nothing was done (IDEM_ESTATE with a phase open,
- * or once completed; `done` is not called).  A store that cannot run it without waiting
- * (PostgreSQL) completes now and calls `done` before returning.
+ * or once completed; `done` is not called).
  */
 IDEM_API int idem_call_complete_async(struct idem_call *call, int status,
                                       const struct idem_header *headers, size_t nheaders,

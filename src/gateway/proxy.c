@@ -977,10 +977,10 @@ static enum http_loop_verdict pass_on_loop(struct gateway *gw, const struct requ
 
 /* ---- a fresh key on the event loop ------------------------------------------------------
  *
- * Where the store can claim without a thread waiting for it (SQLite), a fresh key never takes a
- * worker: the loop asks for the claim (idem_call_begin_async) and parks the request; the store's
- * thread wakes it once the claim is durable at "forwarded"; the loop forwards it (upstream_start)
- * and parks it again; once the answer is in, the loop asks for the completion
+ * Where the store can claim without a thread waiting for it (both stores can), a fresh key never
+ * takes a worker: the loop asks for the claim (idem_call_begin_async) and parks the request; the
+ * store's thread wakes it once the claim is durable at "forwarded"; the loop forwards it
+ * (upstream_start) and parks it again; once the answer is in, the loop asks for the completion
  * (idem_call_complete_async) and parks it a last time; the completion durable, it answers.  Every
  * other turn -- a claim that finds a record, an answer that is not stored whole, a completion
  * that fails -- hands the request and its call to a worker, which settles it the blocking way.

@@ -1567,9 +1567,9 @@ static int async_wait(struct async_step *a)
 
 /*
  * A one-phase fresh request run whole by the store's writer (idem_call_run_async: orderd's event
- * loop).  On SQLite the run and its commit happen on the store's thread, and `done` comes once
- * durable; a key with a record asks for idem_call_begin(); a run that fails keeps nothing.
- * PostgreSQL has no writer of its own: it declines.
+ * loop).  The run and its commit happen on the store's thread (SQLite's group commit;
+ * PostgreSQL's batches, tx_batch.c), and `done` comes once durable; a key with a record asks for
+ * idem_call_begin(); a run that fails keeps nothing.
  */
 struct run_step {
     const char *row;  /* the business row the run inserts */
@@ -1613,17 +1613,6 @@ static void test_run_async(struct idem_engine *eng, struct idem_store *st)
 
     CHECK_INT(idem_engine_new(st, &o, &nocache), 0);
     fp_of("{\"run\":1}", fp);
-    if (strcmp(store_kind, "sqlite") != 0) {
-        r = (struct run_step){.row = "run-pg"};
-        CHECK_INT(idem_call_run_async(eng, &op, "alice", "run-pg", fp, run_phase,
-                                      run_done, &r),
-                  0);
-        CHECK_INT(idem_call_run_async(eng, &plain, "alice", "run-pg", fp, run_phase,
-                                      run_done, &r),
-                  0);
-        idem_engine_free(nocache);
-        return;
-    }
     /* Not for an operation that claims ahead. */
     CHECK_INT(idem_call_run_async(eng, &plain, "alice", "run-x", fp, run_phase, run_done,
                                   &r),
@@ -1666,9 +1655,9 @@ static void test_run_async(struct idem_engine *eng, struct idem_store *st)
     CHECK_INT(record_kept(nocache, "alice", op.name, "run-3"), 0);
 
     /*
-     * Many at once, every third failing: they run on the writer back to back, under one savepoint
-     * of them all, so each failure undoes its neighbours' writes too and they run again.  What
-     * is left is exactly the rows and records of the runs that succeeded.
+     * Many at once, every third failing: they run on the writer back to back, in one transaction
+     * (or one savepoint) of them all, so each failure undoes its neighbours' writes too and they
+     * run again.  What is left is exactly the rows and records of the runs that succeeded.
      */
     {
         enum { MANY = 30 };
@@ -1716,27 +1705,10 @@ static void test_begin_async(struct idem_engine *eng, struct idem_store *st)
     struct async_step a;
     enum idem_outcome oc;
     unsigned char fp[IDEM_FP_LEN];
-    const int sqlite = strcmp(store_kind, "sqlite") == 0;
 
     CHECK_INT(idem_engine_new(st, &o, &nocache), 0);
     CHECK_INT(idem_engine_new(st, NULL, &fresh), 0);
     fp_of("{\"async\":1}", fp);
-
-    if (!sqlite) {
-        memset(&a, 0, sizeof a);
-        CHECK_INT(idem_call_begin_async(eng, &point_op, "alice", "async-one", fp, async_begun, &a),
-                  0);
-        CHECK_INT(atomic_load(&a.done), 0);
-        CHECK_INT(idem_call_begin(eng, &point_op, "alice", "async-one", fp, &call, &oc), 0);
-        CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
-        CHECK_INT(idem_call_complete_async(call, 201, NULL, 0, "one", 3, async_completed, &a), 0);
-        CHECK_INT(atomic_load(&a.done), 1); /* before it returned */
-        CHECK(pthread_equal(a.thread, pthread_self()));
-        CHECK_INT(a.rc, 0);
-        idem_call_end(call);
-        expect_replay(nocache, &point_op, "async-one", fp, 201, "one");
-        goto out;
-    }
 
     /* The claim: durable at the point when the callback runs, on the store's thread. */
     memset(&a, 0, sizeof a);
@@ -1795,7 +1767,6 @@ static void test_begin_async(struct idem_engine *eng, struct idem_store *st)
     idem_call_end(call);
     idem_call_end(heir);
     expect_replay(nocache, &short_op, "async-lost", fp, 200, "heir");
-out:
     idem_engine_free(fresh);
     idem_engine_free(nocache);
 }
