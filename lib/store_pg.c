@@ -12,24 +12,21 @@
  * - A statement that fails inside a transaction does not doom the transaction, as on SQLite: the
  *   application's statements run under a savepoint, sent in one pipelined round trip.
  * - Statements whose answers nobody waits for (BEGIN, savepoint statements, the completion of a
- *   record the transaction inserted) go out with the next one that needs its answer: a new key's
- *   order costs 5 round trips instead of 9 (docs/postgres.md, "Round trips").
+ *   record the transaction inserted) go out with the next one that needs its answer, in one
+ *   pipeline (pg_pipeline.c; docs/postgres.md, "Round trips").
  * - Connection failures are IDEM_EUNAVAIL and mark the connection broken, so the pool drops it; a
  *   statement that is safe to repeat (the first of a transaction, or a read outside one) is retried
  *   after a reconnect, a serialization failure or a deadlock.
  * - Duplicates waiting for an owner are woken across processes by LISTEN/NOTIFY: one listener
- *   connection and thread per store, started by the first wait; a commit that completes or
- *   releases a record is followed by a notification naming (the hash of) its scope.
+ *   connection and thread per store, started by the first wait (pg_listen.c); a commit that
+ *   completes or releases a record is followed by a notification naming (the hash of) its scope.
  *
  * Each pooled connection is used by one thread at a time (libpq allows that) and keeps its
  * prepared statements.  Passwords never reach a message: messages name the server by host, port,
  * database and user, and any password the connection string holds is scrubbed from libpq's text.
  */
-#include "internal.h"
+#include "store_pg.h"
 #include "ascii.h" /* common/ascii.h: ascii_ncaseeq for the savepoint keywords */
-#include "clock.h" /* common/clock.h: clock_deadline for the listener's monotonic condvar */
-
-#include <libpq-fe.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -41,31 +38,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define STMT_CACHE 48
-#define RETRIES_MAX 3
-#define WAIT_BUCKETS 256
-#define CONNECT_TIMEOUT_S "5"
-/*
- * A server that vanishes without closing its connections (its host lost power, the network
- * between is cut) must not hold a statement -- and the pool's connection, and the request -- for
- * the kernel's own limits (about 15 minutes of retransmissions; 2 hours before a first keepalive).
- * Keepalives probe a connection idle for 5 s (a statement waiting for its answer), and
- * TCP_USER_TIMEOUT drops one whose sent bytes or probes stay unacknowledged for 10 s: a silent
- * server costs a statement 10 to 15 s.  A live server's kernel acknowledges both, however long
- * its statement runs.
- */
-#define KEEPALIVES_IDLE_S "5"
-#define KEEPALIVES_INTERVAL_S "2"
-#define KEEPALIVES_COUNT "3"
-#define TCP_USER_TIMEOUT_MS "10000"
-#define LISTEN_BACKOFF_MAX_MS 5000
-
-/* The channel that carries "a record changed"; the payload is the hash of its scope. */
-#define NOTIFY_CHANNEL "idem_records"
-
-/* The database's clock in milliseconds: leases and retention are measured with it, never ours. */
-#define DB_NOW_MS "(extract(epoch from clock_timestamp()) * 1000)::bigint"
-
 /* Serialises migrations of every process sharing the database ("idem_mig" as a bigint). */
 #define MIGRATION_LOCK_KEY "7594306392080345447"
 
@@ -74,81 +46,6 @@
 #define OID_INT8 20
 #define OID_INT4 23
 #define OID_TEXT 25
-
-/* ---- per-store state: how to connect, and the listener that wakes waiting duplicates --------- */
-
-struct pg_shared {
-    /* libpq keywords: our defaults come before the user's string, so the user's settings win. */
-    const char *keys[10];
-    const char *vals[10];
-    char *conninfo;
-    char *secret;  /* the password the connection string names, scrubbed from every message */
-    char *display; /* "host=... port=... dbname=... user=...": how messages name the server */
-    int lock_timeout_ms;
-
-    pthread_mutex_t mu;
-    pthread_cond_t cv; /* CLOCK_MONOTONIC */
-    int started;       /* the listener thread exists */
-    int listening;     /* its LISTEN is in force: a wait will be woken */
-    int stop;
-    int wake[2]; /* self-pipe that interrupts the listener's poll() at close */
-    pthread_t thread;
-    uint64_t epoch; /* bumped when the listener (re)connects or loses its connection */
-    uint64_t bucket[WAIT_BUCKETS]; /* notifications seen, by scope hash */
-};
-
-/* ---- connections ----------------------------------------------------------------------------- */
-
-struct app_stmt {
-    char *sql;
-    char name[32];
-    int nparams;  /* the highest $k the statement uses */
-    int prepared; /* the server knows it under `name` */
-    uint64_t used;
-};
-
-/*
- * A statement whose answer nobody waits for, held back to go out in the pipeline of the next one
- * that needs its answer (see "pipelines" below): the application's SAVEPOINT, RELEASE and
- * ROLLBACK TO, and the completion of a record this transaction inserted (the BEGIN is only a
- * flag, begin_deferred).  Its failure is
- * reported by that next statement (or the COMMIT, which then does not happen).
- */
-#define DEFER_MAX 8
-#define DEFER_PARAMS 8
-struct deferred {
-    const char *what; /* names it in a message */
-    char *sql;        /* a parameterless statement (owned), or NULL for: */
-    int rec;          /* the record statement rec_sql[rec], with these parameters (owned) */
-    char *vals[DEFER_PARAMS];
-    int lens[DEFER_PARAMS];
-    int fmts[DEFER_PARAMS];
-};
-
-struct idem_conn {
-    PGconn *pg;
-    struct pg_shared *sh;
-    char errmsg[IDEM_ERRMSG_MAX];
-    char sqlstate[6]; /* of the last failure; "" for a client-side one */
-    int broken;
-    int in_tx;
-    int tx_stmts; /* statements since BEGIN (deferred ones too): the first may be retried */
-    struct deferred defer[DEFER_MAX];
-    int ndefer;
-    int begin_deferred; /* the transaction's BEGIN goes out first with the next pipeline */
-    /* The scope this transaction inserted a record for (its hash), while its completion may be
-     * deferred: no other transaction can change that row before this one ends. */
-    uint64_t claimed;
-    int claimed_open;
-    int whole; /* a whole transaction (idem__tx_run): only its COMMIT follows its statements */
-    int batch; /* a batch's transaction (tx_batch.c): a failed statement may doom it */
-    unsigned prepared;  /* bit k: record statement k is prepared in this session */
-    char notify[4][17]; /* scopes (hashes) to announce once the transaction commits */
-    int nnotify;
-    uint64_t clock;
-    uint64_t serial;
-    struct app_stmt cache[STMT_CACHE];
-};
 
 /* libidem's own schema, versioned like an application's (the SQLite one, in PostgreSQL types). */
 static const struct idem_migration idem_schema[] = {
@@ -170,34 +67,6 @@ static const struct idem_migration idem_schema[] = {
 };
 
 /* ---- the store's own statements -------------------------------------------------------------- */
-
-enum rec_stmt {
-    RS_CLAIM,
-    RS_GET,
-    RS_TAKEOVER,
-    RS_ADVANCE,
-    RS_COMPLETE,
-    RS_ADVANCE_DEFERRED,
-    RS_COMPLETE_DEFERRED,
-    RS_INSERT_COMPLETED,
-    RS_INSERT_COMPLETED_DEFERRED,
-    RS_RELEASE,
-    RS_RELEASE_OWNED,
-    RS_FORGET,
-    RS_SWEEP,
-    RS_STALLED,
-    RS_NOTIFY,
-    RS_VERSION,
-    RS_SET_VERSION,
-    RS_COUNT
-};
-
-struct rec_sql {
-    const char *name;
-    const char *sql;
-    int nparams;
-    Oid types[8];
-};
 
 #define SCOPE_WHERE "r.principal = $1 AND r.operation = $2 AND r.idem_key = $3"
 
@@ -250,7 +119,7 @@ struct rec_sql {
 /* An update whose answer is not read: it fails (division by zero) if it changed no row. */
 #define FENCED(update) "WITH u AS (" update " RETURNING 1) SELECT 1 / count(*)::int4 FROM u"
 
-static const struct rec_sql rec_sql[RS_COUNT] = {
+const struct rec_sql idem__pg_rec_sql[RS_COUNT] = {
     /*
      * The primary key decides: a new key is inserted, an existing one is left alone -- unless its
      * retention ended and no live lease protects it, in which case the key is new again.  Under
@@ -388,7 +257,7 @@ static void scrub(char *buf, const char *secret)
 }
 
 /* Leaves "postgresql: <what>: <libpq's words>" in c->errmsg, without the password. */
-static void set_msg(struct idem_conn *c, const char *what, const char *detail, const char *state)
+void idem__pg_set_msg(struct idem_conn *c, const char *what, const char *detail, const char *state)
 {
     if (state && state[0])
         idem__fmt(c->errmsg, sizeof(c->errmsg), "postgresql: %s: %s (SQLSTATE %s)", what,
@@ -399,7 +268,7 @@ static void set_msg(struct idem_conn *c, const char *what, const char *detail, c
     scrub(c->errmsg, c->sh ? c->sh->secret : NULL);
 }
 
-static int state_is(const char *state, const char *code)
+int idem__pg_state_is(const char *state, const char *code)
 {
     return strcmp(state, code) == 0;
 }
@@ -413,7 +282,7 @@ static int state_class(const char *state, const char *cls)
  * Turns a failed result into an IDEM_E* code and a message.  Connection failures (no SQLSTATE,
  * class 08, administrator or crash shutdown) mark the connection broken so the pool drops it.
  */
-static int fail_res(struct idem_conn *c, const PGresult *res, const char *what)
+int idem__pg_fail_res(struct idem_conn *c, const PGresult *res, const char *what)
 {
     const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
     const char *primary = res ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
@@ -421,349 +290,42 @@ static int fail_res(struct idem_conn *c, const PGresult *res, const char *what)
     idem__fmt(c->sqlstate, sizeof(c->sqlstate), "%s", state ? state : "");
     if (!primary && res)
         primary = PQresultErrorMessage(res);
-    set_msg(c, what, primary && primary[0] ? primary : PQerrorMessage(c->pg), state);
+    idem__pg_set_msg(c, what, primary && primary[0] ? primary : PQerrorMessage(c->pg), state);
     if (!state || PQstatus(c->pg) != CONNECTION_OK || state_class(state, "08") ||
-        state_is(state, "57P01") || state_is(state, "57P02") || state_is(state, "57P03")) {
+        idem__pg_state_is(state, "57P01") || idem__pg_state_is(state, "57P02") ||
+        idem__pg_state_is(state, "57P03")) {
         c->broken = 1;
         return IDEM_EUNAVAIL;
     }
-    if (state_is(state, "23505"))
+    if (idem__pg_state_is(state, "23505"))
         return IDEM_ECONFLICT;
     /* Transient: serialization failure, deadlock, lock or statement timeout, resources. */
-    if (state_is(state, "40001") || state_is(state, "40P01") || state_is(state, "55P03") ||
-        state_is(state, "57014") || state_class(state, "53") || state_class(state, "58"))
+    if (idem__pg_state_is(state, "40001") || idem__pg_state_is(state, "40P01") ||
+        idem__pg_state_is(state, "55P03") || idem__pg_state_is(state, "57014") ||
+        state_class(state, "53") || state_class(state, "58"))
         return IDEM_EUNAVAIL;
     return IDEM_ESTORE;
 }
 
-/* 0 if `res` is a success, else fail_res().  Never frees `res`. */
-static int check(struct idem_conn *c, const PGresult *res, const char *what)
+/* 0 if `res` is a success, else idem__pg_fail_res().  Never frees `res`. */
+int idem__pg_check(struct idem_conn *c, const PGresult *res, const char *what)
 {
     ExecStatusType s = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
 
     if (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK)
         return 0;
-    return fail_res(c, res, what);
-}
-
-/* ---- pipelines: one round trip for several statements ------------------------------------- */
-
-/*
- * One query of a pipeline.  With `prepare`, the statement `sql` is prepared under `name`; else
- * with `name`, the prepared statement `name` runs with the parameters; else `sql` runs as one
- * parameterless statement.  After pipe_run: `ok` if it succeeded, and then its result in `res`
- * (the caller's, PQclear).
- */
-struct pipe_q {
-    const char *what; /* names it in a message */
-    const char *sql;
-    const char *name;
-    int prepare;
-    int nparams;
-    const Oid *types;
-    const char *const *vals;
-    const int *lens;
-    const int *fmts;
-    int binary;   /* its result in binary */
-    int optional; /* its failure is not the pipeline's (best-effort notifications) */
-    int fenced;   /* RS_*_DEFERRED: a division by zero means the record is not ours */
-    int rec;      /* with `prepare`: record statement rec - 1 (its bit in c->prepared), or 0 */
-    int ok;
-    PGresult *res;
-};
-
-static struct pipe_q pq_simple(const char *sql, const char *what)
-{
-    struct pipe_q q = {.what = what, .sql = sql};
-    return q;
-}
-
-static struct pipe_q pq_prepare_rec(enum rec_stmt k, const char *what)
-{
-    struct pipe_q q = {.what = what,
-                       .sql = rec_sql[k].sql,
-                       .name = rec_sql[k].name,
-                       .prepare = 1,
-                       .nparams = rec_sql[k].nparams,
-                       .types = rec_sql[k].types,
-                       .rec = (int)k + 1};
-    return q;
-}
-
-static struct pipe_q pq_exec(const char *name, int nparams, const char *const *vals,
-                             const int *lens, const int *fmts, int binary, const char *what)
-{
-    struct pipe_q q = {.what = what,
-                       .name = name,
-                       .nparams = nparams,
-                       .vals = vals,
-                       .lens = lens,
-                       .fmts = fmts,
-                       .binary = binary};
-    return q;
-}
-
-static void deferred_clear(struct idem_conn *c)
-{
-    for (int i = 0; i < c->ndefer; i++) {
-        free(c->defer[i].sql);
-        for (int j = 0; j < DEFER_PARAMS; j++)
-            free(c->defer[i].vals[j]);
-    }
-    memset(c->defer, 0, sizeof(c->defer));
-    c->ndefer = 0;
-    c->begin_deferred = 0;
-}
-
-static int send_q(struct idem_conn *c, const struct pipe_q *q)
-{
-    if (q->prepare)
-        return PQsendPrepare(c->pg, q->name, q->sql, q->nparams, q->types);
-    if (q->name)
-        return PQsendQueryPrepared(c->pg, q->name, q->nparams, q->nparams ? q->vals : NULL, q->lens,
-                                   q->fmts, q->binary);
-    return PQsendQueryParams(c->pg, q->sql, 0, NULL, NULL, NULL, NULL, q->binary);
-}
-
-/*
- * Sends the deferred statements, then q[0..n), then a Sync, in one pipeline (one round trip), and
- * reads every answer.  Returns 0 when all succeeded (optional ones aside); else the first
- * failure's code and message, with its index in `q` in *failed (-1: a deferred statement, or the
- * connection).  After a failure in a transaction the rest of the pipeline did not run and the
- * transaction is aborted, as with a failed statement sent alone.  The deferred statements are
- * gone either way: they were sent.
- */
-static int pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
-{
-    struct pipe_q all[1 + DEFER_MAX * 2 + 8];
-    int nd = 0, nall = 0, synced = 0, bad = -1;
-    const char *what;
-    PGresult *err = NULL;
-    int rc = 0;
-
-    *failed = -1;
-    for (int i = 0; i < n; i++) {
-        q[i].ok = 0;
-        q[i].res = NULL;
-    }
-    /* The BEGIN, each deferred statement with its preparation, then q. */
-    if (1 + 2 * c->ndefer + n > (int)(sizeof(all) / sizeof(all[0]))) {
-        set_msg(c, "pipeline", "too many statements at once", NULL);
-        return IDEM_EINVAL;
-    }
-    if (c->begin_deferred)
-        all[nall++] = pq_simple("BEGIN ISOLATION LEVEL READ COMMITTED", "begin");
-    for (int i = 0; i < c->ndefer; i++) {
-        const struct deferred *d = &c->defer[i];
-        if (!d->sql && !(c->prepared & (1u << d->rec)))
-            all[nall++] = pq_prepare_rec((enum rec_stmt)d->rec, d->what);
-        if (d->sql) {
-            all[nall++] = pq_simple(d->sql, d->what);
-        } else {
-            all[nall] = pq_exec(rec_sql[d->rec].name, rec_sql[d->rec].nparams,
-                                (const char *const *)d->vals, d->lens, d->fmts, 0, d->what);
-            all[nall++].fenced = d->rec == RS_ADVANCE_DEFERRED || d->rec == RS_COMPLETE_DEFERRED ||
-                                 d->rec == RS_INSERT_COMPLETED_DEFERRED;
-        }
-    }
-    nd = nall;
-    for (int i = 0; i < n; i++)
-        all[nall++] = q[i];
-
-    if (!PQenterPipelineMode(c->pg))
-        goto lost;
-    for (int i = 0; i < nall; i++)
-        if (!send_q(c, &all[i]))
-            goto lost;
-    if (!PQpipelineSync(c->pg))
-        goto lost;
-    /* Each query's results end with a NULL; the Sync's result ends the pipeline. */
-    for (int i = 0; i <= nall && !synced;) {
-        PGresult *res = PQgetResult(c->pg);
-        if (!res) {
-            if (PQstatus(c->pg) != CONNECTION_OK)
-                break;
-            i++;
-            continue;
-        }
-        switch (PQresultStatus(res)) {
-        case PGRES_PIPELINE_SYNC:
-            synced = 1;
-            break;
-        case PGRES_PIPELINE_ABORTED:
-            break;
-        case PGRES_COMMAND_OK:
-        case PGRES_TUPLES_OK:
-            if (i < nall && !all[i].ok) {
-                all[i].ok = 1;
-                if (all[i].rec)
-                    c->prepared |= 1u << (all[i].rec - 1); /* known to the session from now */
-                all[i].res = res;
-                res = NULL;
-            }
-            break;
-        default:
-            if (i < nall && all[i].optional)
-                break;
-            if (!err) {
-                /* i == nall: the connection failed after the last answer, before the Sync's */
-                err = res;
-                res = NULL;
-                bad = i;
-            }
-            break;
-        }
-        PQclear(res);
-    }
-    for (int i = 0; i < nd; i++)
-        PQclear(all[i].res);
-    for (int i = 0; i < n; i++) {
-        q[i].ok = all[nd + i].ok;
-        q[i].res = all[nd + i].res;
-    }
-    deferred_clear(c);
-    /* A failure past the last statement (bad == nall) leaves that one's outcome unknown. */
-    what = bad < 0 || nall == 0 ? "pipeline" : all[bad < nall ? bad : nall - 1].what;
-    if (!synced || !PQexitPipelineMode(c->pg)) {
-        if (err)
-            fail_res(c, err, what);
-        else
-            set_msg(c, "pipeline", PQerrorMessage(c->pg), NULL);
-        c->broken = 1;
-        PQclear(err);
-        return IDEM_EUNAVAIL;
-    }
-    if (err) {
-        rc = fail_res(c, err, what);
-        if (bad < nall && all[bad].fenced && state_is(c->sqlstate, "22012")) {
-            set_msg(c, what, "the record is no longer this call's", NULL);
-            rc = IDEM_ELEASE;
-        }
-        *failed = bad >= nd && bad < nall ? bad - nd : -1;
-        PQclear(err);
-        return rc;
-    }
-    for (int i = 0; i < nall; i++)
-        if (!all[i].ok && !all[i].optional) {
-            set_msg(c, all[i].what, "the server sent no result", NULL);
-            c->broken = 1;
-            return IDEM_EUNAVAIL;
-        }
-    return 0;
-
-lost:
-    /* A message could not be sent: the connection is gone or unusable. */
-    set_msg(c, nall > 0 ? all[0].what : "pipeline", PQerrorMessage(c->pg), NULL);
-    deferred_clear(c);
-    c->broken = 1;
-    return IDEM_EUNAVAIL;
-}
-
-/* Sends what is deferred, alone (before a statement that cannot join a pipeline). */
-static int flush_deferred(struct idem_conn *c)
-{
-    int failed;
-    return c->ndefer > 0 || c->begin_deferred ? pipe_run(c, NULL, 0, &failed) : 0;
-}
-
-/* Holds back the parameterless statement `sql` for the next pipeline; 0, or IDEM_ENOMEM. */
-static int defer_simple(struct idem_conn *c, const char *sql, const char *what)
-{
-    char *copy;
-    int rc;
-
-    if (c->ndefer == DEFER_MAX && (rc = flush_deferred(c)) < 0)
-        return rc;
-    copy = idem__strdup(sql);
-    if (!copy)
-        return IDEM_ENOMEM;
-    c->defer[c->ndefer].what = what;
-    c->defer[c->ndefer++].sql = copy;
-    if (c->in_tx)
-        c->tx_stmts++;
-    return 0;
-}
-
-/*
- * Holds back record statement k with a copy of its parameters (texts, or bytes where lens[i] is
- * set) for the next pipeline; 0, or IDEM_ENOMEM.
- */
-static int defer_rec(struct idem_conn *c, enum rec_stmt k, const char *const *vals, const int *lens,
-                     const int *fmts, const char *what)
-{
-    struct deferred *d;
-    int rc;
-
-    if (c->ndefer == DEFER_MAX && (rc = flush_deferred(c)) < 0)
-        return rc;
-    d = &c->defer[c->ndefer];
-    memset(d, 0, sizeof(*d));
-    for (int i = 0; i < rec_sql[k].nparams && i < DEFER_PARAMS; i++) {
-        size_t len = vals[i] == NULL ? 0 : lens && lens[i] ? (size_t)lens[i] : strlen(vals[i]);
-        if (vals[i] == NULL)
-            continue;
-        d->vals[i] = malloc(len + 1);
-        if (!d->vals[i]) {
-            for (int j = 0; j < i; j++)
-                free(d->vals[j]);
-            memset(d, 0, sizeof(*d));
-            return IDEM_ENOMEM;
-        }
-        memcpy(d->vals[i], vals[i], len);
-        d->vals[i][len] = '\0';
-        d->lens[i] = lens ? lens[i] : 0;
-        d->fmts[i] = fmts ? fmts[i] : 0;
-    }
-    d->rec = (int)k;
-    d->what = what;
-    c->ndefer++;
-    if (c->in_tx)
-        c->tx_stmts++;
-    return 0;
-}
-
-/*
- * Begins a transaction without a round trip of its own: the BEGIN goes out with the first
- * statement.  A transaction that ends before any does (a claim refused before its INSERT, say)
- * never reaches the server.
- */
-static void defer_begin(struct idem_conn *c)
-{
-    deferred_clear(c);
-    c->in_tx = 1;
-    c->tx_stmts = 0;
-    c->nnotify = 0;
-    c->claimed_open = 0;
-    c->whole = 0;
-    c->batch = 0;
-    c->begin_deferred = 1;
-}
-
-/* Runs one parameterless statement of the store's own (no input in it), after what is deferred. */
-static int run_simple(struct idem_conn *c, const char *sql, const char *what)
-{
-    PGresult *res = NULL;
-    int rc = flush_deferred(c);
-
-    if (rc == 0) {
-        /* The simple protocol: `sql` may hold several statements separated by ';'. */
-        res = PQexec(c->pg, sql);
-        rc = check(c, res, what);
-        PQclear(res);
-    }
-    if (c->in_tx)
-        c->tx_stmts++;
-    return rc;
+    return idem__pg_fail_res(c, res, what);
 }
 
 static int retryable(const struct idem_conn *c)
 {
-    return c->broken || state_is(c->sqlstate, "40001") || state_is(c->sqlstate, "40P01");
+    return c->broken || idem__pg_state_is(c->sqlstate, "40001") ||
+           idem__pg_state_is(c->sqlstate, "40P01");
 }
 
 /* ---- connecting ------------------------------------------------------------------------------ */
 
-static void notice_ignore(void *arg, const char *message)
+void idem__pg_notice_ignore(void *arg, const char *message)
 {
     (void)arg;
     (void)message; /* "relation already exists, skipping" and friends must not reach stderr */
@@ -918,7 +480,7 @@ static int session_setup(struct idem_conn *c)
     PGresult *res = NULL;
     int rc;
 
-    PQsetNoticeProcessor(c->pg, notice_ignore, NULL);
+    PQsetNoticeProcessor(c->pg, idem__pg_notice_ignore, NULL);
     idem__fmt(ms, sizeof(ms), "%d", c->sh->lock_timeout_ms);
     /*
      * A commit must be on disk before it is acknowledged: orderd charges a card after phase 1's
@@ -933,7 +495,7 @@ static int session_setup(struct idem_conn *c)
                        " CASE WHEN current_setting('lock_timeout') = '0'"
                        " THEN set_config('lock_timeout', $1, false) END",
                        1, NULL, params, NULL, NULL, 0);
-    rc = check(c, res, "configure session");
+    rc = idem__pg_check(c, res, "configure session");
     PQclear(res);
     return rc;
 }
@@ -944,12 +506,12 @@ static int reconnect(struct idem_conn *c)
     PQreset(c->pg);
     if (PQstatus(c->pg) != CONNECTION_OK) {
         c->broken = 1;
-        set_msg(c, "reconnect", PQerrorMessage(c->pg), NULL);
+        idem__pg_set_msg(c, "reconnect", PQerrorMessage(c->pg), NULL);
         return IDEM_EUNAVAIL;
     }
     c->broken = 0;
     c->in_tx = 0;
-    deferred_clear(c);
+    idem__pg_deferred_clear(c);
     cache_reset(c);
     return session_setup(c);
 }
@@ -963,7 +525,7 @@ static void pg_close(struct idem_conn *c)
         return;
     for (int i = 0; i < STMT_CACHE; i++)
         free(c->cache[i].sql);
-    deferred_clear(c);
+    idem__pg_deferred_clear(c);
     PQfinish(c->pg);
     free(c);
 }
@@ -988,7 +550,7 @@ static int pg_open(struct idem_store *st, struct idem_conn **out, char *err, siz
         goto out;
     }
     if (PQstatus(c->pg) != CONNECTION_OK) {
-        set_msg(c, "cannot connect", PQerrorMessage(c->pg), NULL);
+        idem__pg_set_msg(c, "cannot connect", PQerrorMessage(c->pg), NULL);
         rc = IDEM_EUNAVAIL;
         goto fail_msg;
     }
@@ -1042,7 +604,7 @@ static int pg_begin(struct idem_conn *c, int write)
     if (c->broken || c->in_tx || PQtransactionStatus(c->pg) != PQTRANS_IDLE) {
         /* An idle pooled connection the server dropped (a restart) is reopened below. */
         if (!c->broken && PQstatus(c->pg) == CONNECTION_OK) {
-            set_msg(c, "begin", "a transaction is already open on this connection", NULL);
+            idem__pg_set_msg(c, "begin", "a transaction is already open on this connection", NULL);
             return IDEM_ESTORE;
         }
         c->broken = 1;
@@ -1054,7 +616,7 @@ static int pg_begin(struct idem_conn *c, int write)
     }
     /* A connection the server closed while it was idle fails at the first statement, which is
      * retried on a new one (rec_run, pg_exec): nothing of the transaction had run. */
-    defer_begin(c);
+    idem__pg_defer_begin(c);
     return 0;
 }
 
@@ -1075,37 +637,41 @@ static int pg_commit(struct idem_conn *c)
     int n = 0, failed = -1, rc;
 
     if (c->broken) {
-        set_msg(c, "commit", "the connection was lost; the transaction did not commit", NULL);
+        idem__pg_set_msg(c, "commit", "the connection was lost; the transaction did not commit",
+                         NULL);
         rc = IDEM_EUNAVAIL;
         goto out;
     }
     if (c->begin_deferred && c->ndefer == 0) {
         /* Nothing was sent: there is nothing to commit. */
-        deferred_clear(c);
+        idem__pg_deferred_clear(c);
         rc = 0;
         goto out;
     }
-    q[n++] = pq_simple("COMMIT", "commit");
+    q[n++] = idem__pg_q_simple("COMMIT", "commit");
     if (c->nnotify > 0 && !(c->prepared & (1u << RS_NOTIFY)))
-        q[n++] = pq_prepare_rec(RS_NOTIFY, "notify");
+        q[n++] = idem__pg_q_prepare_rec(RS_NOTIFY, "notify");
     for (int i = 0; i < c->nnotify; i++) {
         vals[i][0] = c->notify[i];
-        q[n++] = pq_exec(rec_sql[RS_NOTIFY].name, 1, vals[i], NULL, NULL, 0, "notify");
+        q[n++] =
+            idem__pg_q_exec(idem__pg_rec_sql[RS_NOTIFY].name, 1, vals[i], NULL, NULL, 0, "notify");
     }
     for (int i = 1; i < n; i++)
         q[i].optional = 1; /* the notifications (and their preparation): best effort */
-    rc = pipe_run(c, q, n, &failed);
+    rc = idem__pg_pipe_run(c, q, n, &failed);
     if (q[0].ok) {
         /* The COMMIT's answer came, so it stands, even if the connection failed after it. */
         rc = 0;
         /* COMMIT of a transaction an error had aborted "succeeds" as a ROLLBACK. */
         if (strcmp(PQcmdStatus(q[0].res), "COMMIT") != 0) {
-            set_msg(c, "commit", "an earlier statement failed, so the transaction was rolled back",
-                    NULL);
+            idem__pg_set_msg(c, "commit",
+                             "an earlier statement failed, so the transaction was rolled back",
+                             NULL);
             rc = IDEM_ESTORE;
         }
     } else if (rc < 0 && c->broken) {
-        set_msg(c, "commit", "the connection was lost during COMMIT; the outcome is unknown", NULL);
+        idem__pg_set_msg(c, "commit",
+                         "the connection was lost during COMMIT; the outcome is unknown", NULL);
     } else if (rc < 0 && failed < 0 && PQtransactionStatus(c->pg) == PQTRANS_INERROR) {
         /* A deferred statement failed, so the COMMIT did not run: roll back, keep its message. */
         PGresult *res = PQexec(c->pg, "ROLLBACK");
@@ -1116,7 +682,7 @@ static int pg_commit(struct idem_conn *c)
     for (int i = 0; i < n; i++)
         PQclear(q[i].res);
 out:
-    deferred_clear(c);
+    idem__pg_deferred_clear(c);
     c->in_tx = 0;
     c->nnotify = 0;
     c->claimed_open = 0;
@@ -1129,7 +695,7 @@ static int pg_rollback(struct idem_conn *c)
 {
     PGTransactionStatusType ts = PQtransactionStatus(c->pg);
 
-    deferred_clear(c); /* statements held back are simply never sent */
+    idem__pg_deferred_clear(c); /* statements held back are simply never sent */
     c->in_tx = 0;
     c->nnotify = 0;
     c->claimed_open = 0;
@@ -1142,7 +708,7 @@ static int pg_rollback(struct idem_conn *c)
     }
     if (ts == PQTRANS_IDLE)
         return 0; /* the BEGIN was never sent, or the server ended it already */
-    return run_simple(c, "ROLLBACK", "rollback");
+    return idem__pg_run_simple(c, "ROLLBACK", "rollback");
 }
 
 /* ---- application SQL ------------------------------------------------------------------------- */
@@ -1366,11 +932,11 @@ static int exec_savepoint_stmt(struct idem_conn *c, const char *sql, struct idem
     int rc;
 
     if (c->in_tx && !rows)
-        return defer_simple(c, sql, "exec");
-    rc = flush_deferred(c);
+        return idem__pg_defer_simple(c, sql, "exec");
+    rc = idem__pg_flush_deferred(c);
     if (rc == 0) {
         res = PQexecParams(c->pg, sql, 0, NULL, NULL, NULL, NULL, 0);
-        rc = check(c, res, "exec");
+        rc = idem__pg_check(c, res, "exec");
     }
     if (c->in_tx)
         c->tx_stmts++;
@@ -1399,12 +965,12 @@ static int pg_exec(struct idem_conn *c, const char *sql, int nparams, const char
     if (rows)
         *rows = NULL;
     if (c->broken) {
-        set_msg(c, "exec", "the connection was lost", NULL);
+        idem__pg_set_msg(c, "exec", "the connection was lost", NULL);
         return IDEM_EUNAVAIL;
     }
     if (is_savepoint_stmt(sql)) {
         if (max_param(sql) > 0) {
-            set_msg(c, "exec", "a savepoint statement takes no parameters", NULL);
+            idem__pg_set_msg(c, "exec", "a savepoint statement takes no parameters", NULL);
             return IDEM_EINVAL;
         }
         return exec_savepoint_stmt(c, sql, rows);
@@ -1430,25 +996,25 @@ static int pg_exec(struct idem_conn *c, const char *sql, int nparams, const char
         const int first = c->in_tx && c->tx_stmts == 0 && c->begin_deferred;
 
         if (savepoint)
-            q[n++] = pq_simple("SAVEPOINT idem_stmt", "exec");
+            q[n++] = idem__pg_q_simple("SAVEPOINT idem_stmt", "exec");
         if (evict[0]) {
             dx = n;
-            q[n++] = pq_simple(dealloc, "exec");
+            q[n++] = idem__pg_q_simple(dealloc, "exec");
         }
         if (!e->prepared) {
             prep = n;
-            q[n] = pq_simple(sql, "exec");
+            q[n] = idem__pg_q_simple(sql, "exec");
             q[n].name = e->name;
             q[n].prepare = 1;
             q[n++].nparams = e->nparams;
         }
         ix = n;
-        q[n++] = pq_exec(e->name, e->nparams, params, NULL, NULL, 0, "exec");
+        q[n++] = idem__pg_q_exec(e->name, e->nparams, params, NULL, NULL, 0, "exec");
         if (savepoint)
-            q[n++] = pq_simple("RELEASE SAVEPOINT idem_stmt", "exec");
+            q[n++] = idem__pg_q_simple("RELEASE SAVEPOINT idem_stmt", "exec");
         if (c->in_tx)
             c->tx_stmts++;
-        rc = pipe_run(c, q, n, &failed);
+        rc = idem__pg_pipe_run(c, q, n, &failed);
         if (prep >= 0 && q[prep].ok)
             e->prepared = 1;
         if (dx >= 0 && q[dx].ok)
@@ -1461,14 +1027,14 @@ static int pg_exec(struct idem_conn *c, const char *sql, int nparams, const char
             return 0;
         /* The statement failed after its savepoint was taken: undo it, in the next pipeline. */
         if (savepoint && failed > 0 && !c->broken &&
-            (defer_simple(c, "ROLLBACK TO SAVEPOINT idem_stmt", "exec") < 0 ||
-             defer_simple(c, "RELEASE SAVEPOINT idem_stmt", "exec") < 0))
+            (idem__pg_defer_simple(c, "ROLLBACK TO SAVEPOINT idem_stmt", "exec") < 0 ||
+             idem__pg_defer_simple(c, "RELEASE SAVEPOINT idem_stmt", "exec") < 0))
             c->broken = 1; /* out of memory: the transaction cannot be repaired */
         /* The first statement of a transaction on a connection the server closed while it was
          * idle: nothing of the transaction ran, so it is begun again on a new connection. */
         if (!first || !c->broken || attempt > 0 || reconnect(c) < 0)
             return rc;
-        defer_begin(c);
+        idem__pg_defer_begin(c);
         evict[0] = '\0'; /* a new session knows none of the old one's statements */
     }
 }
@@ -1496,13 +1062,14 @@ static int rec_run(struct idem_conn *c, enum rec_stmt k, const char *const *vals
         int n = 0, failed;
 
         if (c->broken) {
-            set_msg(c, what, "the connection was lost", NULL);
+            idem__pg_set_msg(c, what, "the connection was lost", NULL);
             rc = IDEM_EUNAVAIL;
         } else {
             if (!(c->prepared & (1u << k)))
-                q[n++] = pq_prepare_rec(k, what);
-            q[n++] = pq_exec(rec_sql[k].name, rec_sql[k].nparams, vals, lens, fmts, binary, what);
-            rc = pipe_run(c, q, n, &failed);
+                q[n++] = idem__pg_q_prepare_rec(k, what);
+            q[n++] = idem__pg_q_exec(idem__pg_rec_sql[k].name, idem__pg_rec_sql[k].nparams, vals,
+                                     lens, fmts, binary, what);
+            rc = idem__pg_pipe_run(c, q, n, &failed);
             for (int i = 0; i < n - 1; i++)
                 PQclear(q[i].res);
             if (rc == 0) {
@@ -1522,11 +1089,11 @@ static int rec_run(struct idem_conn *c, enum rec_stmt k, const char *const *vals
             if (reconnect(c) < 0)
                 return rc;
             reconnected = 1;
-        } else if (in_tx && run_simple(c, "ROLLBACK", "rollback") < 0) {
+        } else if (in_tx && idem__pg_run_simple(c, "ROLLBACK", "rollback") < 0) {
             return rc;
         }
         if (in_tx)
-            defer_begin(c);
+            idem__pg_defer_begin(c);
         idem__sleep_ms(attempt * 3);
     }
 }
@@ -1543,29 +1110,12 @@ static int changed_of(const PGresult *res)
     return n && n[0] ? atoi(n) : 0;
 }
 
-/* FNV-1a over the scope: the notification payload, and the wait bucket. */
-static uint64_t scope_hash(const struct idem_scope *s)
-{
-    const char *parts[3] = {s->principal, s->operation, s->key};
-    uint64_t h = 1469598103934665603ULL;
-
-    for (int i = 0; i < 3; i++) {
-        for (const unsigned char *p = (const unsigned char *)parts[i]; *p; p++) {
-            h ^= *p;
-            h *= 1099511628211ULL;
-        }
-        h ^= 0xff; /* a separator no text contains */
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
-
 /* Remembers that the record of `s` changed; pg_commit tells the listeners once it committed. */
 static void notify_after_commit(struct idem_conn *c, const struct idem_scope *s)
 {
     char payload[17];
 
-    idem__fmt(payload, sizeof(payload), "%016llx", (unsigned long long)scope_hash(s));
+    idem__fmt(payload, sizeof(payload), "%016llx", (unsigned long long)idem__pg_scope_hash(s));
     for (int i = 0; i < c->nnotify; i++)
         if (strcmp(c->notify[i], payload) == 0)
             return;
@@ -1593,7 +1143,7 @@ static int pg_record_insert(struct idem_conn *c, const struct idem_scope *s,
     if (rc == 0)
         *inserted = changed_of(res) == 1;
     if (*inserted && c->in_tx) {
-        c->claimed = scope_hash(s);
+        c->claimed = idem__pg_scope_hash(s);
         c->claimed_open = 1;
     }
     PQclear(res);
@@ -1615,12 +1165,12 @@ static int write_response(struct idem_conn *c, const struct idem_scope *s, enum 
 
     *ok = 0;
     if (body_len > (size_t)INT_MAX) {
-        set_msg(c, what, "response body too large", NULL);
+        idem__pg_set_msg(c, what, "response body too large", NULL);
         return IDEM_ETOOBIG;
     }
     lens[body_col] = (int)body_len;
     if (defer) {
-        rc = defer_rec(c, k_deferred, vals, lens, fmts, what);
+        rc = idem__pg_defer_rec(c, k_deferred, vals, lens, fmts, what);
         if (rc == 0) {
             *ok = 1;
             notify_after_commit(c, s);
@@ -1703,7 +1253,7 @@ static int pg_record_get(struct idem_conn *c, const struct idem_scope *s, struct
     if (rc < 0)
         return rc;
     if (PQntuples(res) != 1 || PQnfields(res) != 12) {
-        set_msg(c, "read record", "unexpected result shape", NULL);
+        idem__pg_set_msg(c, "read record", "unexpected result shape", NULL);
         rc = IDEM_ESTORE;
         goto out;
     }
@@ -1777,12 +1327,12 @@ static int pg_record_advance(struct idem_conn *c, const struct idem_scope *s, co
     /* Waiters need not hear of it: the record is still processing, under a live lease. */
     *ok = 0;
     idem__fmt(lease, sizeof(lease), "%lld", (long long)lease_ms);
-    if (c->in_tx && c->claimed_open && c->claimed == scope_hash(s)) {
+    if (c->in_tx && c->claimed_open && c->claimed == idem__pg_scope_hash(s)) {
         /*
          * The record this transaction inserted: ours until the transaction ends, and still
          * processing after this, so a later completion may be deferred too.
          */
-        rc = defer_rec(c, RS_ADVANCE_DEFERRED, vals, NULL, NULL, "advance record");
+        rc = idem__pg_defer_rec(c, RS_ADVANCE_DEFERRED, vals, NULL, NULL, "advance record");
         *ok = rc == 0;
         return rc;
     }
@@ -1807,7 +1357,7 @@ static int pg_record_complete(struct idem_conn *c, const struct idem_scope *s, c
      * whole transaction: only the COMMIT follows, and it fails (IDEM_ELEASE) if the fenced update
      * changed nothing.
      */
-    int defer = c->in_tx && ((c->claimed_open && c->claimed == scope_hash(s)) || c->whole);
+    int defer = c->in_tx && ((c->claimed_open && c->claimed == idem__pg_scope_hash(s)) || c->whole);
 
     int rc;
 
@@ -1838,7 +1388,8 @@ static void pg_batch_tx(struct idem_conn *c)
     int stmts = c->tx_stmts;
 
     c->batch = 1;
-    if (defer_simple(c, "SET LOCAL lock_timeout = " BATCH_LOCK_WAIT_MS, "batch lock timeout") < 0)
+    if (idem__pg_defer_simple(c, "SET LOCAL lock_timeout = " BATCH_LOCK_WAIT_MS,
+                              "batch lock timeout") < 0)
         c->batch = 0; /* (out of memory: without the SET, the savepoints stay too) */
     /* Still the first statement to come: on a connection the server closed while it was idle,
      * it is retried on a new one (which begins the transaction again, not as a batch's). */
@@ -1961,10 +1512,10 @@ static int schema_version(struct idem_conn *c, const char *component, int *versi
     *version = 0;
     if (!c->in_tx) {
         /* Outside a transaction a missing table costs nothing; there is no plan to prepare. */
-        res = PQexecParams(c->pg, rec_sql[RS_VERSION].sql, 1, rec_sql[RS_VERSION].types, vals, NULL,
-                           NULL, 0);
-        rc = check(c, res, "read schema version");
-        if (rc < 0 && state_is(c->sqlstate, "42P01"))
+        res = PQexecParams(c->pg, idem__pg_rec_sql[RS_VERSION].sql, 1,
+                           idem__pg_rec_sql[RS_VERSION].types, vals, NULL, NULL, 0);
+        rc = idem__pg_check(c, res, "read schema version");
+        if (rc < 0 && idem__pg_state_is(c->sqlstate, "42P01"))
             rc = 0; /* undefined_table: nothing was ever migrated */
     } else {
         rc = rec_run(c, RS_VERSION, vals, NULL, NULL, 0, "read schema version", &res);
@@ -1989,7 +1540,7 @@ static int pg_migrate(struct idem_conn *c, const char *component,
     int version = 0;
 
     if (c->broken || c->in_tx) {
-        set_msg(c, "migrate", "the connection is not idle", NULL);
+        idem__pg_set_msg(c, "migrate", "the connection is not idle", NULL);
         rc = IDEM_EMIGRATE;
         goto out;
     }
@@ -2004,11 +1555,12 @@ static int pg_migrate(struct idem_conn *c, const char *component,
 
         rc = pg_begin(c, 1);
         if (rc == 0)
-            rc = run_simple(c,
-                            "SELECT pg_advisory_xact_lock(" MIGRATION_LOCK_KEY ");"
-                            "CREATE TABLE IF NOT EXISTS idem_schema (component text PRIMARY KEY,"
-                            " version integer NOT NULL, applied_ms bigint NOT NULL)",
-                            "lock schema");
+            rc = idem__pg_run_simple(
+                c,
+                "SELECT pg_advisory_xact_lock(" MIGRATION_LOCK_KEY ");"
+                "CREATE TABLE IF NOT EXISTS idem_schema (component text PRIMARY KEY,"
+                " version integer NOT NULL, applied_ms bigint NOT NULL)",
+                "lock schema");
         if (rc == 0)
             rc = schema_version(c, component, &version);
         if (rc == 0 && version >= steps[i].version) {
@@ -2022,7 +1574,7 @@ static int pg_migrate(struct idem_conn *c, const char *component,
         }
         /* The simple query protocol: a step may hold several statements separated by ';'. */
         if (rc == 0)
-            rc = run_simple(c, steps[i].postgres_sql, "migration");
+            rc = idem__pg_run_simple(c, steps[i].postgres_sql, "migration");
         if (rc == 0) {
             idem__fmt(vtext, sizeof(vtext), "%d", steps[i].version);
             rc = rec_run(c, RS_SET_VERSION, vals, NULL, NULL, 0, "record migration", &res);
@@ -2047,194 +1599,11 @@ out:
     return rc;
 }
 
-/* ---- waiting for a change: LISTEN/NOTIFY ----------------------------------------------------- */
-
-static int listener_stopping(struct pg_shared *sh)
-{
-    int stop;
-    pthread_mutex_lock(&sh->mu);
-    stop = sh->stop;
-    pthread_mutex_unlock(&sh->mu);
-    return stop;
-}
-
-/* Sleeps `ms`, or less if the store is closing. */
-static void listener_pause(struct pg_shared *sh, int ms)
-{
-    struct pollfd p = {.fd = sh->wake[0], .events = POLLIN};
-    if (poll(&p, 1, ms) < 0 && errno != EINTR)
-        idem__sleep_ms(ms);
-}
-
-/* Waits until `fd` is ready for `events`, the store closes, or `deadline` (monotonic ms). */
-static int listener_wait_fd(struct pg_shared *sh, int fd, short events, int64_t deadline)
-{
-    for (;;) {
-        struct pollfd p[2] = {{.fd = fd, .events = events}, {.fd = sh->wake[0], .events = POLLIN}};
-        int64_t left = deadline - idem__mono_ms();
-        int n;
-
-        if (left <= 0)
-            return -1;
-        n = poll(p, 2, left > INT_MAX ? INT_MAX : (int)left);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 || p[1].revents)
-            return -1;
-        if (n > 0)
-            return 0;
-    }
-}
-
-/* Connects without blocking the store's close, and LISTENs. NULL on failure. */
-static PGconn *listener_connect(struct pg_shared *sh)
-{
-    PGconn *pg = PQconnectStartParams(sh->keys, sh->vals, 1);
-    int64_t deadline = idem__mono_ms() + 1000 * (int64_t)atoi(CONNECT_TIMEOUT_S);
-    PostgresPollingStatusType ps = PGRES_POLLING_WRITING;
-    PGresult *res = NULL;
-
-    if (!pg || PQstatus(pg) == CONNECTION_BAD)
-        goto fail;
-    while (ps != PGRES_POLLING_OK) {
-        if (ps == PGRES_POLLING_FAILED)
-            goto fail;
-        if (listener_wait_fd(sh, PQsocket(pg), ps == PGRES_POLLING_READING ? POLLIN : POLLOUT,
-                             deadline) < 0)
-            goto fail;
-        ps = PQconnectPoll(pg);
-    }
-    PQsetNoticeProcessor(pg, notice_ignore, NULL);
-    res = PQexec(pg, "LISTEN " NOTIFY_CHANNEL);
-    if (PQresultStatus(res) != PGRES_COMMAND_OK)
-        goto fail;
-    PQclear(res);
-    return pg;
-fail:
-    PQclear(res);
-    PQfinish(pg);
-    return NULL;
-}
-
-/* Wakes waiters whose scope was notified; the payload is the scope hash in hex. */
-static void listener_drain(struct pg_shared *sh, PGconn *pg)
-{
-    PGnotify *nt;
-    int any = 0;
-
-    pthread_mutex_lock(&sh->mu);
-    while ((nt = PQnotifies(pg)) != NULL) {
-        char *end = NULL;
-        unsigned long long h = strtoull(nt->extra, &end, 16);
-        if (end && end != nt->extra && *end == '\0')
-            sh->bucket[h % WAIT_BUCKETS]++;
-        else
-            sh->epoch++; /* not ours to parse: wake everyone, a spurious wake costs one read */
-        PQfreemem(nt);
-        any = 1;
-    }
-    if (any)
-        pthread_cond_broadcast(&sh->cv);
-    pthread_mutex_unlock(&sh->mu);
-}
-
-static void listener_set(struct pg_shared *sh, int listening)
-{
-    pthread_mutex_lock(&sh->mu);
-    sh->listening = listening;
-    /* Waiters re-read: a change may have slipped by while nobody was listening. */
-    sh->epoch++;
-    pthread_cond_broadcast(&sh->cv);
-    pthread_mutex_unlock(&sh->mu);
-}
-
-/*
- * The listener thread: one connection per store that LISTENs on the channel and turns each
- * notification into a wake-up.  When the connection drops it reconnects with growing pauses;
- * meanwhile waits report that they cannot wait and the engine polls.
- */
-static void *listener_main(void *arg)
-{
-    struct pg_shared *sh = arg;
-    int backoff = 50;
-
-    while (!listener_stopping(sh)) {
-        PGconn *pg = listener_connect(sh);
-        if (pg) {
-            listener_set(sh, 1);
-            backoff = 50;
-            for (;;) {
-                struct pollfd p[2] = {{.fd = PQsocket(pg), .events = POLLIN},
-                                      {.fd = sh->wake[0], .events = POLLIN}};
-                int n = poll(p, 2, -1);
-                if (n < 0 && errno == EINTR)
-                    continue;
-                if (n < 0 || p[1].revents)
-                    break;
-                if (!PQconsumeInput(pg))
-                    break; /* the connection is gone */
-                listener_drain(sh, pg);
-            }
-            PQfinish(pg);
-            listener_set(sh, 0);
-        }
-        if (listener_stopping(sh))
-            break;
-        listener_pause(sh, backoff);
-        backoff = backoff * 2 > LISTEN_BACKOFF_MAX_MS ? LISTEN_BACKOFF_MAX_MS : backoff * 2;
-    }
-    return NULL;
-}
-
-/*
- * Blocks until a notification for the scope's bucket arrives, the listener (re)connects or
- * drops, or `timeout_ms` passes.  The first wait of a store starts its listener; until that
- * listens, IDEM_EUNAVAIL tells the engine to poll.
- */
-static int pg_wait_change(struct idem_store *st, const struct idem_scope *s, int64_t timeout_ms)
-{
-    struct pg_shared *sh = st->backend;
-    size_t b;
-    uint64_t seen, epoch;
-    struct timespec ts;
-
-    if (!sh || sh->wake[0] < 0)
-        return IDEM_EINVAL;
-    b = (size_t)(scope_hash(s) % WAIT_BUCKETS);
-    pthread_mutex_lock(&sh->mu);
-    if (!sh->started && !sh->stop) {
-        if (pthread_create(&sh->thread, NULL, listener_main, sh) == 0)
-            sh->started = 1;
-    }
-    if (!sh->listening || sh->stop) {
-        pthread_mutex_unlock(&sh->mu);
-        return IDEM_EUNAVAIL;
-    }
-    seen = sh->bucket[b];
-    epoch = sh->epoch;
-    ts = clock_deadline(CLOCK_MONOTONIC, timeout_ms); /* sh->cv waits on CLOCK_MONOTONIC */
-    while (sh->bucket[b] == seen && sh->epoch == epoch && !sh->stop)
-        if (pthread_cond_timedwait(&sh->cv, &sh->mu, &ts) == ETIMEDOUT)
-            break;
-    pthread_mutex_unlock(&sh->mu);
-    return 0;
-}
-
 static void shared_free(struct pg_shared *sh)
 {
     if (!sh)
         return;
-    pthread_mutex_lock(&sh->mu);
-    sh->stop = 1;
-    pthread_cond_broadcast(&sh->cv);
-    pthread_mutex_unlock(&sh->mu);
-    if (sh->started) {
-        ssize_t w;
-        do
-            w = write(sh->wake[1], "x", 1);
-        while (w < 0 && errno == EINTR);
-        pthread_join(sh->thread, NULL);
-    }
+    idem__pg_listener_stop(sh);
     if (sh->wake[0] >= 0)
         close(sh->wake[0]);
     if (sh->wake[1] >= 0)
@@ -2278,7 +1647,7 @@ const struct idem_store_vtab idem__pg_vtab = {
     .record_stalled = pg_record_stalled,
     .record_sweep = pg_record_sweep,
     .migrate = pg_migrate,
-    .wait_change = pg_wait_change,
+    .wait_change = idem__pg_wait_change,
     .whole_tx = pg_whole_tx,
     .batch_tx = pg_batch_tx,
     .write_run_async = idem__batch_run_async,

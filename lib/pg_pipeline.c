@@ -1,0 +1,301 @@
+/*
+ * pg_pipeline.c - the PostgreSQL store's round trips: several statements sent as one libpq
+ * pipeline, and the statements nobody waits for held back to go out with the next one.
+ *
+ * A round trip is what a statement costs on a network, and a wake-up on both sides; most of a
+ * transaction's statements need no answer before the next is sent.  pipe_run sends the deferred
+ * statements, then the caller's, then one Sync, and reads every answer: the BEGIN goes out with
+ * the first statement, the application's SAVEPOINT/RELEASE with the statement they wrap, and the
+ * completion of a record this transaction inserted with the COMMIT.  A deferred statement that
+ * fails is reported by the statement (or the COMMIT) it went out with, which then did not run:
+ * PostgreSQL skips the rest of a pipeline after an error, up to its Sync.
+ */
+#include "store_pg.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct pipe_q idem__pg_q_simple(const char *sql, const char *what)
+{
+    struct pipe_q q = {.what = what, .sql = sql};
+    return q;
+}
+
+struct pipe_q idem__pg_q_prepare_rec(enum rec_stmt k, const char *what)
+{
+    struct pipe_q q = {.what = what,
+                       .sql = idem__pg_rec_sql[k].sql,
+                       .name = idem__pg_rec_sql[k].name,
+                       .prepare = 1,
+                       .nparams = idem__pg_rec_sql[k].nparams,
+                       .types = idem__pg_rec_sql[k].types,
+                       .rec = (int)k + 1};
+    return q;
+}
+
+struct pipe_q idem__pg_q_exec(const char *name, int nparams, const char *const *vals,
+                              const int *lens, const int *fmts, int binary, const char *what)
+{
+    struct pipe_q q = {.what = what,
+                       .name = name,
+                       .nparams = nparams,
+                       .vals = vals,
+                       .lens = lens,
+                       .fmts = fmts,
+                       .binary = binary};
+    return q;
+}
+
+void idem__pg_deferred_clear(struct idem_conn *c)
+{
+    for (int i = 0; i < c->ndefer; i++) {
+        free(c->defer[i].sql);
+        for (int j = 0; j < DEFER_PARAMS; j++)
+            free(c->defer[i].vals[j]);
+    }
+    memset(c->defer, 0, sizeof(c->defer));
+    c->ndefer = 0;
+    c->begin_deferred = 0;
+}
+
+static int send_q(struct idem_conn *c, const struct pipe_q *q)
+{
+    if (q->prepare)
+        return PQsendPrepare(c->pg, q->name, q->sql, q->nparams, q->types);
+    if (q->name)
+        return PQsendQueryPrepared(c->pg, q->name, q->nparams, q->nparams ? q->vals : NULL, q->lens,
+                                   q->fmts, q->binary);
+    return PQsendQueryParams(c->pg, q->sql, 0, NULL, NULL, NULL, NULL, q->binary);
+}
+
+/*
+ * Sends the deferred statements, then q[0..n), then a Sync, in one pipeline (one round trip), and
+ * reads every answer.  Returns 0 when all succeeded (optional ones aside); else the first
+ * failure's code and message, with its index in `q` in *failed (-1: a deferred statement, or the
+ * connection).  After a failure in a transaction the rest of the pipeline did not run and the
+ * transaction is aborted, as with a failed statement sent alone.  The deferred statements are
+ * gone either way: they were sent.
+ */
+int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
+{
+    struct pipe_q all[1 + DEFER_MAX * 2 + 8];
+    int nd = 0, nall = 0, synced = 0, bad = -1;
+    const char *what;
+    PGresult *err = NULL;
+    int rc = 0;
+
+    *failed = -1;
+    for (int i = 0; i < n; i++) {
+        q[i].ok = 0;
+        q[i].res = NULL;
+    }
+    /* The BEGIN, each deferred statement with its preparation, then q. */
+    if (1 + 2 * c->ndefer + n > (int)(sizeof(all) / sizeof(all[0]))) {
+        idem__pg_set_msg(c, "pipeline", "too many statements at once", NULL);
+        return IDEM_EINVAL;
+    }
+    if (c->begin_deferred)
+        all[nall++] = idem__pg_q_simple("BEGIN ISOLATION LEVEL READ COMMITTED", "begin");
+    for (int i = 0; i < c->ndefer; i++) {
+        const struct deferred *d = &c->defer[i];
+        if (!d->sql && !(c->prepared & (1u << d->rec)))
+            all[nall++] = idem__pg_q_prepare_rec((enum rec_stmt)d->rec, d->what);
+        if (d->sql) {
+            all[nall++] = idem__pg_q_simple(d->sql, d->what);
+        } else {
+            all[nall] =
+                idem__pg_q_exec(idem__pg_rec_sql[d->rec].name, idem__pg_rec_sql[d->rec].nparams,
+                                (const char *const *)d->vals, d->lens, d->fmts, 0, d->what);
+            all[nall++].fenced = d->rec == RS_ADVANCE_DEFERRED || d->rec == RS_COMPLETE_DEFERRED ||
+                                 d->rec == RS_INSERT_COMPLETED_DEFERRED;
+        }
+    }
+    nd = nall;
+    for (int i = 0; i < n; i++)
+        all[nall++] = q[i];
+
+    if (!PQenterPipelineMode(c->pg))
+        goto lost;
+    for (int i = 0; i < nall; i++)
+        if (!send_q(c, &all[i]))
+            goto lost;
+    if (!PQpipelineSync(c->pg))
+        goto lost;
+    /* Each query's results end with a NULL; the Sync's result ends the pipeline. */
+    for (int i = 0; i <= nall && !synced;) {
+        PGresult *res = PQgetResult(c->pg);
+        if (!res) {
+            if (PQstatus(c->pg) != CONNECTION_OK)
+                break;
+            i++;
+            continue;
+        }
+        switch (PQresultStatus(res)) {
+        case PGRES_PIPELINE_SYNC:
+            synced = 1;
+            break;
+        case PGRES_PIPELINE_ABORTED:
+            break;
+        case PGRES_COMMAND_OK:
+        case PGRES_TUPLES_OK:
+            if (i < nall && !all[i].ok) {
+                all[i].ok = 1;
+                if (all[i].rec)
+                    c->prepared |= 1u << (all[i].rec - 1); /* known to the session from now */
+                all[i].res = res;
+                res = NULL;
+            }
+            break;
+        default:
+            if (i < nall && all[i].optional)
+                break;
+            if (!err) {
+                /* i == nall: the connection failed after the last answer, before the Sync's */
+                err = res;
+                res = NULL;
+                bad = i;
+            }
+            break;
+        }
+        PQclear(res);
+    }
+    for (int i = 0; i < nd; i++)
+        PQclear(all[i].res);
+    for (int i = 0; i < n; i++) {
+        q[i].ok = all[nd + i].ok;
+        q[i].res = all[nd + i].res;
+    }
+    idem__pg_deferred_clear(c);
+    /* A failure past the last statement (bad == nall) leaves that one's outcome unknown. */
+    what = bad < 0 || nall == 0 ? "pipeline" : all[bad < nall ? bad : nall - 1].what;
+    if (!synced || !PQexitPipelineMode(c->pg)) {
+        if (err)
+            idem__pg_fail_res(c, err, what);
+        else
+            idem__pg_set_msg(c, "pipeline", PQerrorMessage(c->pg), NULL);
+        c->broken = 1;
+        PQclear(err);
+        return IDEM_EUNAVAIL;
+    }
+    if (err) {
+        rc = idem__pg_fail_res(c, err, what);
+        if (bad < nall && all[bad].fenced && idem__pg_state_is(c->sqlstate, "22012")) {
+            idem__pg_set_msg(c, what, "the record is no longer this call's", NULL);
+            rc = IDEM_ELEASE;
+        }
+        *failed = bad >= nd && bad < nall ? bad - nd : -1;
+        PQclear(err);
+        return rc;
+    }
+    for (int i = 0; i < nall; i++)
+        if (!all[i].ok && !all[i].optional) {
+            idem__pg_set_msg(c, all[i].what, "the server sent no result", NULL);
+            c->broken = 1;
+            return IDEM_EUNAVAIL;
+        }
+    return 0;
+
+lost:
+    /* A message could not be sent: the connection is gone or unusable. */
+    idem__pg_set_msg(c, nall > 0 ? all[0].what : "pipeline", PQerrorMessage(c->pg), NULL);
+    idem__pg_deferred_clear(c);
+    c->broken = 1;
+    return IDEM_EUNAVAIL;
+}
+
+/* Sends what is deferred, alone (before a statement that cannot join a pipeline). */
+int idem__pg_flush_deferred(struct idem_conn *c)
+{
+    int failed;
+    return c->ndefer > 0 || c->begin_deferred ? idem__pg_pipe_run(c, NULL, 0, &failed) : 0;
+}
+
+/* Holds back the parameterless statement `sql` for the next pipeline; 0, or IDEM_ENOMEM. */
+int idem__pg_defer_simple(struct idem_conn *c, const char *sql, const char *what)
+{
+    char *copy;
+    int rc;
+
+    if (c->ndefer == DEFER_MAX && (rc = idem__pg_flush_deferred(c)) < 0)
+        return rc;
+    copy = idem__strdup(sql);
+    if (!copy)
+        return IDEM_ENOMEM;
+    c->defer[c->ndefer].what = what;
+    c->defer[c->ndefer++].sql = copy;
+    if (c->in_tx)
+        c->tx_stmts++;
+    return 0;
+}
+
+/*
+ * Holds back record statement k with a copy of its parameters (texts, or bytes where lens[i] is
+ * set) for the next pipeline; 0, or IDEM_ENOMEM.
+ */
+int idem__pg_defer_rec(struct idem_conn *c, enum rec_stmt k, const char *const *vals,
+                       const int *lens, const int *fmts, const char *what)
+{
+    struct deferred *d;
+    int rc;
+
+    if (c->ndefer == DEFER_MAX && (rc = idem__pg_flush_deferred(c)) < 0)
+        return rc;
+    d = &c->defer[c->ndefer];
+    memset(d, 0, sizeof(*d));
+    for (int i = 0; i < idem__pg_rec_sql[k].nparams && i < DEFER_PARAMS; i++) {
+        size_t len = vals[i] == NULL ? 0 : lens && lens[i] ? (size_t)lens[i] : strlen(vals[i]);
+        if (vals[i] == NULL)
+            continue;
+        d->vals[i] = malloc(len + 1);
+        if (!d->vals[i]) {
+            for (int j = 0; j < i; j++)
+                free(d->vals[j]);
+            memset(d, 0, sizeof(*d));
+            return IDEM_ENOMEM;
+        }
+        memcpy(d->vals[i], vals[i], len);
+        d->vals[i][len] = '\0';
+        d->lens[i] = lens ? lens[i] : 0;
+        d->fmts[i] = fmts ? fmts[i] : 0;
+    }
+    d->rec = (int)k;
+    d->what = what;
+    c->ndefer++;
+    if (c->in_tx)
+        c->tx_stmts++;
+    return 0;
+}
+
+/*
+ * Begins a transaction without a round trip of its own: the BEGIN goes out with the first
+ * statement.  A transaction that ends before any does (a claim refused before its INSERT, say)
+ * never reaches the server.
+ */
+void idem__pg_defer_begin(struct idem_conn *c)
+{
+    idem__pg_deferred_clear(c);
+    c->in_tx = 1;
+    c->tx_stmts = 0;
+    c->nnotify = 0;
+    c->claimed_open = 0;
+    c->whole = 0;
+    c->batch = 0;
+    c->begin_deferred = 1;
+}
+
+/* Runs one parameterless statement of the store's own (no input in it), after what is deferred. */
+int idem__pg_run_simple(struct idem_conn *c, const char *sql, const char *what)
+{
+    PGresult *res = NULL;
+    int rc = idem__pg_flush_deferred(c);
+
+    if (rc == 0) {
+        /* The simple protocol: `sql` may hold several statements separated by ';'. */
+        res = PQexec(c->pg, sql);
+        rc = idem__pg_check(c, res, what);
+        PQclear(res);
+    }
+    if (c->in_tx)
+        c->tx_stmts++;
+    return rc;
+}

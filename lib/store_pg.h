@@ -1,0 +1,216 @@
+/*
+ * store_pg.h - what the PostgreSQL store's files share, and nothing else includes:
+ * store_pg.c (connections, transactions, the application's and the records' statements,
+ * migrations), pg_pipeline.c (one round trip for several statements; statements held back for
+ * the next one) and pg_listen.c (LISTEN/NOTIFY: waking the duplicates of every process).
+ */
+#ifndef IDEM_STORE_PG_H
+#define IDEM_STORE_PG_H
+
+#include "internal.h"
+
+#include <libpq-fe.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#define STMT_CACHE 48
+#define RETRIES_MAX 3
+#define WAIT_BUCKETS 256
+#define CONNECT_TIMEOUT_S "5"
+/*
+ * A server that vanishes without closing its connections (its host lost power, the network
+ * between is cut) must not hold a statement -- and the pool's connection, and the request -- for
+ * the kernel's own limits (about 15 minutes of retransmissions; 2 hours before a first keepalive).
+ * Keepalives probe a connection idle for 5 s (a statement waiting for its answer), and
+ * TCP_USER_TIMEOUT drops one whose sent bytes or probes stay unacknowledged for 10 s: a silent
+ * server costs a statement 10 to 15 s.  A live server's kernel acknowledges both, however long
+ * its statement runs.
+ */
+#define KEEPALIVES_IDLE_S "5"
+#define KEEPALIVES_INTERVAL_S "2"
+#define KEEPALIVES_COUNT "3"
+#define TCP_USER_TIMEOUT_MS "10000"
+#define LISTEN_BACKOFF_MAX_MS 5000
+
+/* The channel that carries "a record changed"; the payload is the hash of its scope. */
+#define NOTIFY_CHANNEL "idem_records"
+
+/* The database's clock in milliseconds: leases and retention are measured with it, never ours. */
+#define DB_NOW_MS "(extract(epoch from clock_timestamp()) * 1000)::bigint"
+
+/* ---- per-store state: how to connect, and the listener that wakes waiting duplicates --------- */
+
+struct pg_shared {
+    /* libpq keywords: our defaults come before the user's string, so the user's settings win. */
+    const char *keys[10];
+    const char *vals[10];
+    char *conninfo;
+    char *secret;  /* the password the connection string names, scrubbed from every message */
+    char *display; /* "host=... port=... dbname=... user=...": how messages name the server */
+    int lock_timeout_ms;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* CLOCK_MONOTONIC */
+    int started;       /* the listener thread exists */
+    int listening;     /* its LISTEN is in force: a wait will be woken */
+    int stop;
+    int wake[2]; /* self-pipe that interrupts the listener's poll() at close */
+    pthread_t thread;
+    uint64_t epoch; /* bumped when the listener (re)connects or loses its connection */
+    uint64_t bucket[WAIT_BUCKETS]; /* notifications seen, by scope hash */
+};
+
+/* ---- connections ----------------------------------------------------------------------------- */
+
+struct app_stmt {
+    char *sql;
+    char name[32];
+    int nparams;  /* the highest $k the statement uses */
+    int prepared; /* the server knows it under `name` */
+    uint64_t used;
+};
+
+/*
+ * A statement whose answer nobody waits for, held back to go out in the pipeline of the next one
+ * that needs its answer (see "pipelines" below): the application's SAVEPOINT, RELEASE and
+ * ROLLBACK TO, and the completion of a record this transaction inserted (the BEGIN is only a
+ * flag, begin_deferred).  Its failure is
+ * reported by that next statement (or the COMMIT, which then does not happen).
+ */
+#define DEFER_MAX 8
+#define DEFER_PARAMS 8
+struct deferred {
+    const char *what; /* names it in a message */
+    char *sql;        /* a parameterless statement (owned), or NULL for: */
+    int rec;          /* the record statement rec_sql[rec], with these parameters (owned) */
+    char *vals[DEFER_PARAMS];
+    int lens[DEFER_PARAMS];
+    int fmts[DEFER_PARAMS];
+};
+
+struct idem_conn {
+    PGconn *pg;
+    struct pg_shared *sh;
+    char errmsg[IDEM_ERRMSG_MAX];
+    char sqlstate[6]; /* of the last failure; "" for a client-side one */
+    int broken;
+    int in_tx;
+    int tx_stmts; /* statements since BEGIN (deferred ones too): the first may be retried */
+    struct deferred defer[DEFER_MAX];
+    int ndefer;
+    int begin_deferred; /* the transaction's BEGIN goes out first with the next pipeline */
+    /* The scope this transaction inserted a record for (its hash), while its completion may be
+     * deferred: no other transaction can change that row before this one ends. */
+    uint64_t claimed;
+    int claimed_open;
+    int whole; /* a whole transaction (idem__tx_run): only its COMMIT follows its statements */
+    int batch; /* a batch's transaction (tx_batch.c): a failed statement may doom it */
+    unsigned prepared;  /* bit k: record statement k is prepared in this session */
+    char notify[4][17]; /* scopes (hashes) to announce once the transaction commits */
+    int nnotify;
+    uint64_t clock;
+    uint64_t serial;
+    struct app_stmt cache[STMT_CACHE];
+};
+
+/* ---- the store's own statements (their text: store_pg.c) ------------------------------------- */
+
+enum rec_stmt {
+    RS_CLAIM,
+    RS_GET,
+    RS_TAKEOVER,
+    RS_ADVANCE,
+    RS_COMPLETE,
+    RS_ADVANCE_DEFERRED,
+    RS_COMPLETE_DEFERRED,
+    RS_INSERT_COMPLETED,
+    RS_INSERT_COMPLETED_DEFERRED,
+    RS_RELEASE,
+    RS_RELEASE_OWNED,
+    RS_FORGET,
+    RS_SWEEP,
+    RS_STALLED,
+    RS_NOTIFY,
+    RS_VERSION,
+    RS_SET_VERSION,
+    RS_COUNT
+};
+
+struct rec_sql {
+    const char *name;
+    const char *sql;
+    int nparams;
+    Oid types[8];
+};
+
+extern const struct rec_sql idem__pg_rec_sql[RS_COUNT];
+
+/* ---- messages (store_pg.c) ------------------------------------------------------------------- */
+
+/* Leaves "what: detail" (the password scrubbed) and the SQLSTATE `state` (or "") in c. */
+void idem__pg_set_msg(struct idem_conn *c, const char *what, const char *detail, const char *state);
+/* Whether SQLSTATE `state` is `code`. */
+int idem__pg_state_is(const char *state, const char *code);
+/* The IDEM_E* of a failed result, with its message left in c (a lost connection marks c broken). */
+int idem__pg_fail_res(struct idem_conn *c, const PGresult *res, const char *what);
+/* 0 if `res` is a success, else idem__pg_fail_res().  Never frees `res`. */
+int idem__pg_check(struct idem_conn *c, const PGresult *res, const char *what);
+/* libpq's notice processor for every connection of the store: notices are not errors. */
+void idem__pg_notice_ignore(void *arg, const char *message);
+
+/* ---- pipelines (pg_pipeline.c) --------------------------------------------------------------- */
+
+/*
+ * One query of a pipeline.  With `prepare`, the statement `sql` is prepared under `name`; else
+ * with `name`, the prepared statement `name` runs with the parameters; else `sql` runs as one
+ * parameterless statement.  After pipe_run: `ok` if it succeeded, and then its result in `res`
+ * (the caller's, PQclear).
+ */
+struct pipe_q {
+    const char *what; /* names it in a message */
+    const char *sql;
+    const char *name;
+    int prepare;
+    int nparams;
+    const Oid *types;
+    const char *const *vals;
+    const int *lens;
+    const int *fmts;
+    int binary;   /* its result in binary */
+    int optional; /* its failure is not the pipeline's (best-effort notifications) */
+    int fenced;   /* RS_*_DEFERRED: a division by zero means the record is not ours */
+    int rec;      /* with `prepare`: record statement rec - 1 (its bit in c->prepared), or 0 */
+    int ok;
+    PGresult *res;
+};
+
+/* A parameterless statement; record statement k's preparation; a prepared statement's run. */
+struct pipe_q idem__pg_q_simple(const char *sql, const char *what);
+struct pipe_q idem__pg_q_prepare_rec(enum rec_stmt k, const char *what);
+struct pipe_q idem__pg_q_exec(const char *name, int nparams, const char *const *vals,
+                              const int *lens, const int *fmts, int binary, const char *what);
+/* Sends what is deferred, then q[0..n), then a Sync, in one round trip (see pg_pipeline.c). */
+int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed);
+/* Drops the statements held back (and the deferred BEGIN) unsent. */
+void idem__pg_deferred_clear(struct idem_conn *c);
+/* Sends what is deferred, alone. */
+int idem__pg_flush_deferred(struct idem_conn *c);
+/* Hold back a parameterless statement, or record statement k with copies of its parameters. */
+int idem__pg_defer_simple(struct idem_conn *c, const char *sql, const char *what);
+int idem__pg_defer_rec(struct idem_conn *c, enum rec_stmt k, const char *const *vals,
+                       const int *lens, const int *fmts, const char *what);
+/* Begins a transaction whose BEGIN goes out with its first statement. */
+void idem__pg_defer_begin(struct idem_conn *c);
+/* Runs one of the store's own parameterless statements, after what is deferred. */
+int idem__pg_run_simple(struct idem_conn *c, const char *sql, const char *what);
+
+/* ---- waiting for a change (pg_listen.c) ------------------------------------------------------ */
+
+/* FNV-1a over the scope: the notification's payload, and the waiters' bucket. */
+uint64_t idem__pg_scope_hash(const struct idem_scope *s);
+/* The vtab's wait_change: starts the store's listener thread on first use. */
+int idem__pg_wait_change(struct idem_store *st, const struct idem_scope *s, int64_t timeout_ms);
+/* Stops the listener thread, if it runs (the store's close). */
+void idem__pg_listener_stop(struct pg_shared *sh);
+
+#endif
