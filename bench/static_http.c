@@ -56,7 +56,7 @@ static void handle(void *ctx, const struct request *rq, struct response *resp)
 
 static const struct option options[] = {
     {"listen", required_argument, NULL, 'l'},
-    HTTP_LIMITS_OPTIONS
+    HTTP_LIMITS_OPTIONS /* --max-connections and the other limits */
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -76,8 +76,8 @@ int main(int argc, char **argv)
         if (c == 'l') {
             listen = optarg;
         } else if (c == HTTP_LIMITS_OPT) {
-            if (http_limits_flag(&opts.limits, options[longindex].name, optarg, err,
-                                 sizeof err) < 0) {
+            const char *name = options[longindex].name;
+            if (http_limits_flag(&opts.limits, name, optarg, err, sizeof err) < 0) {
                 fprintf(stderr, "static_http: %s\n", err);
                 return 2;
             }

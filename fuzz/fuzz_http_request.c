@@ -175,8 +175,7 @@ static void check_complete(const struct request *rq, const struct request_parser
 {
     check_head(rq, lim);
     CHECK(view_digest(rq) == digest, "the head's view did not change while the body arrived");
-    CHECK(rq->body_len <= lim->max_body && rq->body_len <= HTTP_BODY_MAX,
-          "the body fits its cap");
+    CHECK(rq->body_len <= lim->max_body && rq->body_len <= HTTP_BODY_MAX, "the body fits its cap");
     CHECK((rq->body == NULL) == (rq->body_len == 0), "body is NULL exactly when empty");
     CHECK(rq->body == NULL || rq->body[rq->body_len] == '\0', "the body is NUL-terminated");
     CHECK(rq->content_length == 0 || rq->body_len == rq->content_length,
@@ -323,8 +322,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (r == REQUEST_PARSE_ERROR)
             check_error(&p);
         else
-            CHECK(r == REQUEST_PARSE_MORE && !in_request,
-                  "finish: MORE only between requests");
+            CHECK(r == REQUEST_PARSE_MORE && !in_request, "finish: MORE only between requests");
     }
     request_parser_release(&p);
     return 0;

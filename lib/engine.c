@@ -92,11 +92,11 @@ struct idem_call {
     int one_phase;           /* the operation's: a fresh key's record is written by its phase */
     unsigned char fp[IDEM_FP_LEN];
 
-    struct idem_tx *tx;  /* the open phase, if any */
+    struct idem_tx *tx; /* the open phase, if any */
     /* idem_call_commit_async(): told once the commit is durable or failed. */
     idem_call_done async_done;
     void *async_arg;
-    int record_durable;  /* the record exists beyond the open phase (committed) */
+    int record_durable; /* the record exists beyond the open phase (committed) */
     /*
      * A one-phase call's open phase, whose record is not in the store yet: the phase's first
      * record write inserts it (completed, or processing at an advance's point).
@@ -123,9 +123,9 @@ struct idem_call {
      * the replay cache and the response accessors once idem_call_commit() made it durable.
      */
     int staged_status;
-    char *staged_headers; /* the allow-listed headers, encoded */
+    char *staged_headers;      /* the allow-listed headers, encoded */
     unsigned staged_rollbacks; /* the tx's ROLLBACK TO count when the response was staged */
-    void *staged_body;    /* NUL-terminated; not NULL exactly while a response is staged */
+    void *staged_body;         /* NUL-terminated; not NULL exactly while a response is staged */
     size_t staged_body_len;
 
     struct idem_record rec; /* last state read, or what this call stored */
@@ -447,8 +447,7 @@ static int read_record(struct idem_call *call)
     if (rc < 0)
         call_fail(call, rc, "read record", st->vt->errmsg(conn));
     idem__store_release(st, conn); /* before copying into the cache: the copy needs no store */
-    if (rc == 0 && call->eng->cache && call->rec.found &&
-        call->rec.status == IDEM_REC_COMPLETED &&
+    if (rc == 0 && call->eng->cache && call->rec.found && call->rec.status == IDEM_REC_COMPLETED &&
         call->rec.response_body_len < idem__rcache_max_entry(call->eng->cache))
         cache_fill_from_read(call, t0);
     return rc;
@@ -910,9 +909,9 @@ out:
     return rc;
 }
 
-int idem_call_begin(struct idem_engine *eng, const struct idem_operation *op,
-                    const char *principal, const char *key, const unsigned char fp[IDEM_FP_LEN],
-                    struct idem_call **out, enum idem_outcome *outcome)
+int idem_call_begin(struct idem_engine *eng, const struct idem_operation *op, const char *principal,
+                    const char *key, const unsigned char fp[IDEM_FP_LEN], struct idem_call **out,
+                    enum idem_outcome *outcome)
 {
     if (!fp) {
         if (out)
@@ -1235,10 +1234,10 @@ static int fence_failed(struct idem_call *call, const char *what)
 {
     int rc = call_fail(call, IDEM_ELEASE, what,
                        call->staged_body ? "the record is not processing under this call's lease: "
-                                      "another owner took it over, or the response staged in "
-                                      "this phase is still in place (roll back to a savepoint "
-                                      "taken before it first)"
-                                    : "another owner took the lease over");
+                                           "another owner took it over, or the response staged in "
+                                           "this phase is still in place (roll back to a savepoint "
+                                           "taken before it first)"
+                                         : "another owner took the lease over");
     rollback_phase(call);
     return rc;
 }

@@ -57,9 +57,9 @@ struct idem_record {
     int found;
     enum idem_record_status status;
     unsigned char fp[IDEM_FP_LEN];
-    char *recovery_point; /* "" for a fresh claim */
-    char *recovery_data;  /* NULL if none */
-    char *lease_owner;    /* NULL once completed or released */
+    char *recovery_point;     /* "" for a fresh claim */
+    char *recovery_data;      /* NULL if none */
+    char *lease_owner;        /* NULL once completed or released */
     int64_t lease_expires_ms; /* in the store's clock */
     int64_t store_now_ms;     /* the store's clock when the record was read */
     int64_t created_ms;       /* when the record was claimed (store's clock) */
@@ -203,8 +203,8 @@ struct idem_store_vtab {
      * since); *won = 1 if this owner got it.
      */
     int (*record_takeover)(struct idem_conn *c, const struct idem_scope *s,
-                           const unsigned char fp[IDEM_FP_LEN], const char *owner,
-                           int64_t lease_ms, int *won);
+                           const unsigned char fp[IDEM_FP_LEN], const char *owner, int64_t lease_ms,
+                           int *won);
     /* Fenced on (owner, status processing): moves the recovery point and renews the lease. */
     int (*record_advance)(struct idem_conn *c, const struct idem_scope *s, const char *owner,
                           const char *point, const char *data, int64_t lease_ms, int *ok);
@@ -314,8 +314,8 @@ struct idem_store {
     struct idem_store_options opts;
     void *backend; /* per-store state of the backend (PostgreSQL: its listener), or NULL */
 
-    _Atomic uint64_t write_commits;   /* idem_store_stats() */
-    _Atomic uint64_t durable_commits; /* counted by the backend when it groups commits */
+    _Atomic uint64_t write_commits;     /* idem_store_stats() */
+    _Atomic uint64_t durable_commits;   /* counted by the backend when it groups commits */
     _Atomic uint64_t durable_commit_ns; /* the time those commits took, likewise */
     _Atomic uint64_t writer_busy_ns;    /* SQLite: the time its one writer was held */
     struct idem__batcher *batcher;      /* tx_batch.c's runner, made on first use, or NULL */

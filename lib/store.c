@@ -53,8 +53,8 @@ static int is_pg_target(const char *uri)
     return *p == '=';
 }
 
-int idem_store_open(const char *uri, const struct idem_store_options *opts,
-                    struct idem_store **out, char **errmsg)
+int idem_store_open(const char *uri, const struct idem_store_options *opts, struct idem_store **out,
+                    char **errmsg)
 {
     int rc = 0;
     struct idem_store *st = NULL;
@@ -178,8 +178,8 @@ int idem__store_acquire(struct idem_store *st, struct idem_conn **out, char *err
     deadline = idem__deadline_ms(st->opts.busy_timeout_ms);
     pthread_mutex_lock(&st->mu);
     while (st->nidle == 0 && st->nopen >= st->opts.pool_size) {
-        if (pthread_cond_timedwait(&st->cv, &st->mu, &deadline) == ETIMEDOUT &&
-            st->nidle == 0 && st->nopen >= st->opts.pool_size) {
+        if (pthread_cond_timedwait(&st->cv, &st->mu, &deadline) == ETIMEDOUT && st->nidle == 0 &&
+            st->nopen >= st->opts.pool_size) {
             pthread_mutex_unlock(&st->mu);
             idem__fmt(err, errlen, "no store connection free within %d ms (pool of %d)",
                       st->opts.busy_timeout_ms, st->opts.pool_size);
@@ -444,8 +444,8 @@ static int is_rollback(const char *sql)
     while (*sql == ' ' || *sql == '\t' || *sql == '\n' || *sql == '\r')
         sql++;
     return strncasecmp(sql, "ROLLBACK", 8) == 0 &&
-           (sql[8] == '\0' || sql[8] == ' ' || sql[8] == '\t' || sql[8] == '\n' ||
-            sql[8] == '\r' || sql[8] == ';');
+           (sql[8] == '\0' || sql[8] == ' ' || sql[8] == '\t' || sql[8] == '\n' || sql[8] == '\r' ||
+            sql[8] == ';');
 }
 
 int idem_tx_exec(struct idem_tx *tx, const char *sql, int nparams, const char *const *params,

@@ -62,7 +62,7 @@ IDEM_API const char *idem_strerror(int err);
 /* Returns the static name of an error code ("IDEM_ENOMEM", "IDEM_OK" for 0), or "IDEM_UNKNOWN". */
 IDEM_API const char *idem_err_name(int err);
 
-/* Frees memory the library handed out as new bytes (canonical JSON, hex strings). NULL is a no-op. */
+/* Frees memory the library handed out as new bytes (canonical JSON, hex strings); NULL: no-op. */
 IDEM_API void idem_free(void *p);
 
 /* ---------------------------------------------------------------------------------------------
@@ -138,14 +138,14 @@ IDEM_API void idem_fingerprint_hex(const unsigned char fp[IDEM_FP_LEN],
 struct idem_store;
 
 enum idem_sync {
-    IDEM_SYNC_FULL = 0, /* default: every commit is fsync'd before it is acknowledged */
+    IDEM_SYNC_FULL = 0,  /* default: every commit is fsync'd before it is acknowledged */
     IDEM_SYNC_NORMAL = 1 /* SQLite WAL "NORMAL": a power loss may drop the last commits */
 };
 
 struct idem_store_options {
-    int pool_size;          /* connections kept by the store; 0 means 8 */
-    int busy_timeout_ms;    /* how long a writer waits for a lock or a pooled connection; 0: 5000 */
-    enum idem_sync sync;    /* SQLite durability; ignored by stores that are always durable */
+    int pool_size;       /* connections kept by the store; 0 means 8 */
+    int busy_timeout_ms; /* how long a writer waits for a lock or a pooled connection; 0: 5000 */
+    enum idem_sync sync; /* SQLite durability; ignored by stores that are always durable */
 };
 
 /*
@@ -448,8 +448,8 @@ IDEM_API int idem_call_lookup(struct idem_engine *eng, const struct idem_operati
  */
 struct idem_watch;
 IDEM_API int idem_watch_inflight(struct idem_engine *eng, const struct idem_operation *op,
-                                 const char *principal, const char *key,
-                                 void (*changed)(void *arg), void *arg, struct idem_watch **watch);
+                                 const char *principal, const char *key, void (*changed)(void *arg),
+                                 void *arg, struct idem_watch **watch);
 
 /*
  * Ends a watch, fired or not: once it returns, `changed` is not running and will not be called
@@ -622,7 +622,8 @@ IDEM_API int idem_call_retry_after_s(const struct idem_call *call);
 IDEM_API int idem_call_response_status(const struct idem_call *call);
 IDEM_API const void *idem_call_response_body(const struct idem_call *call, size_t *len);
 IDEM_API size_t idem_call_response_header_count(const struct idem_call *call);
-IDEM_API const struct idem_header *idem_call_response_header(const struct idem_call *call, size_t i);
+IDEM_API const struct idem_header *idem_call_response_header(const struct idem_call *call,
+                                                             size_t i);
 
 /* Detail of the last failure on `call`, borrowed until the next call on it. */
 IDEM_API const char *idem_call_errmsg(const struct idem_call *call);
@@ -675,16 +676,16 @@ IDEM_API int idem_call_recovering(const struct idem_call *call);
 
 /* What a record holds, for operators and tools (idem-gateway keys show). */
 struct idem_record_info {
-    int found;                 /* 0: no record (or one past its retention) */
-    int completed;             /* 1: completed, a response is stored; 0: processing */
-    char recovery_point[128];  /* where a processing record is ("" for a fresh claim) */
+    int found;                /* 0: no record (or one past its retention) */
+    int completed;            /* 1: completed, a response is stored; 0: processing */
+    char recovery_point[128]; /* where a processing record is ("" for a fresh claim) */
     char fingerprint_hex[2 * IDEM_FP_LEN + 1];
-    int64_t created_ms;        /* Unix milliseconds, in the store's clock */
-    int64_t expires_ms;        /* when its retention ends */
-    int64_t lease_expires_ms;  /* a processing record's lease (0: none) */
-    int lease_live;            /* the lease had not expired when the record was read */
-    int response_status;       /* completed: the stored status */
-    size_t response_body_len;  /* completed: the stored body's size */
+    int64_t created_ms;       /* Unix milliseconds, in the store's clock */
+    int64_t expires_ms;       /* when its retention ends */
+    int64_t lease_expires_ms; /* a processing record's lease (0: none) */
+    int lease_live;           /* the lease had not expired when the record was read */
+    int response_status;      /* completed: the stored status */
+    size_t response_body_len; /* completed: the stored body's size */
 };
 
 /*
@@ -711,8 +712,8 @@ struct idem_record_id {
  * tells each one's state.
  */
 IDEM_API int idem_records_unfinished(struct idem_engine *eng, const char *operation,
-                                     const struct idem_record_id *after,
-                                     struct idem_record_id *out, int limit);
+                                     const struct idem_record_id *after, struct idem_record_id *out,
+                                     int limit);
 
 /* A record idem_store_records_unfinished() lists: its scope and what inspecting it tells. */
 struct idem_record_listed {

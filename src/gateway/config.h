@@ -59,9 +59,9 @@ enum gw_error_format {
 struct gw_route {
     int line; /* where the route starts in the file, for messages */
 
-    char *method;    /* upper-case, "POST" */
-    char *path;      /* template as written, "/v1/orders/{id}/refunds" */
-    char *operation; /* the scope's operation name, "refunds.create" */
+    char *method;       /* upper-case, "POST" */
+    char *path;         /* template as written, "/v1/orders/{id}/refunds" */
+    char *operation;    /* the scope's operation name, "refunds.create" */
     int case_sensitive; /* 0 (default): literal path segments match ignoring ASCII case */
 
     int key_required; /* 1 (default): a request without a key is 400 */
@@ -145,8 +145,8 @@ struct gw_config {
     enum gw_jwt_alg jwt_alg; /* GW_PRINCIPAL_JWT */
     char *jwt_key;           /* HS256: the secret's bytes; RS256: the PEM public key's text */
     size_t jwt_key_len;
-    char *jwt_issuer;   /* NULL: not checked */
-    char *jwt_audience; /* NULL: not checked */
+    char *jwt_issuer;    /* NULL: not checked */
+    char *jwt_audience;  /* NULL: not checked */
     int jwt_require_exp; /* 1 (default): a token without `exp` gives no principal */
 
     struct http_limits limits; /* `limits:` mapping, same names as the serve flags with '_' */

@@ -187,7 +187,8 @@ static int cmd_serve(int argc, char **argv)
         {"db-pool", required_argument, NULL, OPT_DB_POOL},
         {"sweep-interval-s", required_argument, NULL, OPT_SWEEP},
         {"replay-cache-mb", required_argument, NULL, OPT_REPLAY_CACHE},
-        HTTP_LIMITS_OPTIONS{"help", no_argument, NULL, 'h'},
+        HTTP_LIMITS_OPTIONS /* --max-connections and the other limits */
+        {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
         {NULL, 0, NULL, 0},
     };

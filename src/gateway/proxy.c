@@ -41,10 +41,10 @@
 /* What on_head and on_loop learnt of a request, kept with it (rq->note). */
 struct note {
     struct route_match m;
-    size_t route_index; /* cfg->nroutes when there is no route */
-    int keyed;          /* a record is kept: a route, and a key */
-    int key_in_body;    /* the key is read once the body is in */
-    int prepared;       /* key and fingerprint are known */
+    size_t route_index;                      /* cfg->nroutes when there is no route */
+    int keyed;                               /* a record is kept: a route, and a key */
+    int key_in_body;                         /* the key is read once the body is in */
+    int prepared;                            /* key and fingerprint are known */
     char principal[IDEM_SCOPE_PART_MAX + 1]; /* with the route's scope headers */
     char key[IDEM_KEY_MAX + 1];
     unsigned char fp[IDEM_FP_LEN];

@@ -41,8 +41,8 @@ struct records_decision {
  * [records_show's documents], "next": a cursor for the next page, or null after the last}.
  * Returns 0, IDEM_EINVAL for a bad state or cursor, or a store error.
  */
-int records_list(struct idem_store *st, const char *state, const char *operation,
-                 const char *after, int limit, json_t **doc);
+int records_list(struct idem_store *st, const char *state, const char *operation, const char *after,
+                 int limit, json_t **doc);
 
 enum records_result {
     RECORDS_RESOLVED,

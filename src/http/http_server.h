@@ -215,9 +215,9 @@ struct http_server_options {
     void (*log)(void *ctx, const char *line);
     void *ctx; /* borrowed: it must outlive the server */
 
-    size_t max_body;   /* request bodies over this are refused with 413; 0: HTTP_BODY_MAX */
-    int ipv6;          /* 1: IPv6 hosts and "[V6]:PORT" too; 0: IPv4 only */
-    int stop_grace_s;  /* how long a stop waits for the requests in flight */
+    size_t max_body;  /* request bodies over this are refused with 413; 0: HTTP_BODY_MAX */
+    int ipv6;         /* 1: IPv6 hosts and "[V6]:PORT" too; 0: IPv4 only */
+    int stop_grace_s; /* how long a stop waits for the requests in flight */
     struct http_limits limits;
 };
 

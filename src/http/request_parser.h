@@ -41,12 +41,12 @@ struct request {
     const char *target; /* path and query as sent, not decoded ("/a%20b?x=1") */
     const char *body;   /* NUL-terminated copy; NULL when empty */
     size_t body_len;
-    int has_body;       /* a body was announced (Content-Length > 0 or chunked) */
+    int has_body;                      /* a body was announced (Content-Length > 0 or chunked) */
     unsigned long long content_length; /* announced, 0 when absent or chunked */
-    int expects_continue; /* "Expect: 100-continue" on HTTP/1.1 */
-    const char *peer;   /* the client's address, "127.0.0.1" (set by the server) */
-    long parked_ms;     /* how long the request was parked on the loop (http_server.h) */
-    void *completion;   /* for http_server_complete(), while `handle` runs (http_server.h) */
+    int expects_continue;              /* "Expect: 100-continue" on HTTP/1.1 */
+    const char *peer;                  /* the client's address, "127.0.0.1" (set by the server) */
+    long parked_ms;   /* how long the request was parked on the loop (http_server.h) */
+    void *completion; /* for http_server_complete(), while `handle` runs (http_server.h) */
     /* What the program's on_head learnt (orderd: the principal), freed with the request. */
     void *note;
     void (*note_free)(void *note);
@@ -65,8 +65,8 @@ enum request_parse_result {
 };
 
 struct request_parser_limits {
-    size_t max_header_bytes; /* request line + header fields, as stored */
-    size_t max_body;         /* bytes of body kept; more is a 413 */
+    size_t max_header_bytes;    /* request line + header fields, as stored */
+    size_t max_body;            /* bytes of body kept; more is a 413 */
     const char *body_too_large; /* the 413's detail (borrowed); NULL: REQUEST_BODY_TOO_LARGE */
 };
 
@@ -83,7 +83,7 @@ struct request_parser {
      */
     struct request_field_span {
         size_t name_off, name_len, value_off, value_len;
-    } *spans;
+    } * spans;
     size_t spans_cap;
     size_t nfields;
     int in_value; /* the last piece was a value: the next field piece starts a new field */

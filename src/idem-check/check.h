@@ -48,8 +48,8 @@ void ck_buf_release(struct ck_buf *b);
 struct ck_request {
     const char *method; /* "GET", "POST", ... */
     const char *url;    /* absolute */
-    const char *who;    /* the header line that says who calls ("Authorization: Bearer T"), or NULL */
-    const char *body;   /* NULL: no body */
+    const char *who;  /* the header line that says who calls ("Authorization: Bearer T"), or NULL */
+    const char *body; /* NULL: no body */
     size_t body_len;
     const char *headers[4]; /* extra header lines as curl takes them ("Name: v", "Name;" = empty) */
     size_t n_headers;
@@ -130,11 +130,11 @@ void ck_report_print_json(const struct ck_report *rep, const char *target, int e
  */
 
 struct ck_conformance_options {
-    const char *url;          /* base URL, e.g. http://127.0.0.1:8080 */
-    const char *path;         /* the write endpoint under test, default /api/orders */
-    const char *who;          /* user 1: the header line that names the caller */
-    const char *who2;         /* user 2, another scope: "Authorization: Bearer T2", "X-Consumer-Id: b" */
-    const char *body;         /* a valid JSON body for the endpoint */
+    const char *url;  /* base URL, e.g. http://127.0.0.1:8080 */
+    const char *path; /* the write endpoint under test, default /api/orders */
+    const char *who;  /* user 1: the header line that names the caller */
+    const char *who2; /* user 2, another scope: "Authorization: Bearer T2", "X-Consumer-Id: b" */
+    const char *body; /* a valid JSON body for the endpoint */
     const char *invalid_body; /* a body the API rejects before executing, default {} */
     const char *count_url;    /* optional GET that counts effects (see docs/idem-check.md) */
     long timeout_ms;          /* per request */

@@ -96,8 +96,9 @@ static int caller_line(const char *token, const char *header, char *out, size_t 
     }
     colon = strchr(header, ':');
     n = colon ? (size_t)(colon - header) : 0;
-    if (n == 0 || strspn(header, "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
-                                  "ABCDEFGHIJKLMNOPQRSTUVWXYZ") != n ||
+    if (n == 0 ||
+        strspn(header, "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
+                       "ABCDEFGHIJKLMNOPQRSTUVWXYZ") != n ||
         strpbrk(colon, "\r\n") || colon[strspn(colon + 1, " \t") + 1] == '\0')
         return -1;
     snprintf(out, cap, "%s", header);

@@ -99,7 +99,10 @@ int orderd_metrics_start(struct app *app, const char *listen, struct http_server
         .ctx = app,
         .ipv6 = 1,
         .stop_grace_s = 2,
-        .limits = {.max_connections = 64, .max_connections_per_ip = 64, .loops = 1, .workers = 2,
+        .limits = {.max_connections = 64,
+                   .max_connections_per_ip = 64,
+                   .loops = 1,
+                   .workers = 2,
                    .queue = 64},
     };
 

@@ -81,8 +81,7 @@ int idemcall_complete_problem_ext(struct idem_call *call, int status, const char
     return store_problem(call, status, code, detail, extra, 1);
 }
 
-int idemcall_stage_problem(struct idem_call *call, int status, const char *code,
-                           const char *detail)
+int idemcall_stage_problem(struct idem_call *call, int status, const char *code, const char *detail)
 {
     return store_problem(call, status, code, detail, NULL, 0);
 }
@@ -159,7 +158,7 @@ int idemcall_commit_deferred(const struct call_ctx *cx, struct idem_call *call,
         free(d);
         if (pending == DEFERRED_ANSWERED)
             return IDEMCALL_DEFERRED; /* answered on this thread already */
-        rc = IDEM_ELEASE; /* handed back: the call is ours again */
+        rc = IDEM_ELEASE;             /* handed back: the call is ours again */
     } else {
         free(d);
     }

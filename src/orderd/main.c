@@ -202,7 +202,8 @@ static const struct option serve_options[] = {
     {"inbox-retention-s", required_argument, NULL, OPT_INBOX_RETENTION},
     {"idempotency", required_argument, NULL, OPT_IDEMPOTENCY},
     {"replay-cache-mb", required_argument, NULL, OPT_REPLAY_CACHE},
-    HTTP_LIMITS_OPTIONS{"help", no_argument, NULL, OPT_HELP},
+    HTTP_LIMITS_OPTIONS /* --max-connections and the other limits */
+    {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
 

@@ -25,10 +25,9 @@ json_t *order_json(const struct idem_rows *rows, int row)
 {
     const char *charge = idem_rows_get(rows, row, 8);
     const char *refund = idem_rows_get(rows, row, 9);
-    json_t *doc = order_json_new(db_text(rows, row, 0), db_text(rows, row, 1),
-                                 db_text(rows, row, 2), db_int(rows, row, 3), db_int(rows, row, 4),
-                                 db_int(rows, row, 5), db_text(rows, row, 6),
-                                 db_text(rows, row, 7));
+    json_t *doc = order_json_new(
+        db_text(rows, row, 0), db_text(rows, row, 1), db_text(rows, row, 2), db_int(rows, row, 3),
+        db_int(rows, row, 4), db_int(rows, row, 5), db_text(rows, row, 6), db_text(rows, row, 7));
 
     if (charge != NULL)
         json_object_set_new(doc, "chargeId", xcheck(json_string(charge)));

@@ -312,7 +312,7 @@ out:
 #define SQL_PLACE_PG                                                                               \
     "WITH r AS (UPDATE products SET stock = stock - CAST($4 AS INTEGER) WHERE id = $3 AND "        \
     "stock >= CAST($4 AS INTEGER) RETURNING unit_price, currency), "                               \
-    "i AS (INSERT INTO orders (id, user_id, product_id, quantity, unit_price, amount, currency, "   \
+    "i AS (INSERT INTO orders (id, user_id, product_id, quantity, unit_price, amount, currency, "  \
     "status, idem_key, request_fp, created_at, payment_source) SELECT $1, $2, $3, "                \
     "CAST($4 AS BIGINT), r.unit_price, r.unit_price * CAST($4 AS BIGINT), r.currency, $5, $6, "    \
     "$7, $8, $9 FROM r ON CONFLICT (user_id, idem_key) DO NOTHING RETURNING 1) "                   \
@@ -402,8 +402,7 @@ static void order_row_init(struct app *app, const struct call_ctx *cx, const cha
 }
 
 /* Whether `principal` has an order made with `key` (a failed read says yes: ask again). */
-static int order_of_key(struct app *app, struct idem_tx *tx, const char *principal,
-                        const char *key)
+static int order_of_key(struct app *app, struct idem_tx *tx, const char *principal, const char *key)
 {
     struct idem_rows *mine = NULL;
     const char *params[2] = {principal, key};
@@ -692,8 +691,9 @@ static int create_on_writer(struct idem_call *call, void *arg)
     order_row_fill(ca->app, ca->principal, ca->key, "created", &o);
     rc = place_order(ca->app, idem_call_tx(call), &ca->in, &o, &order, &no);
     if (rc == 0 && no.status != 0)
-        rc = order_of_key(ca->app, idem_call_tx(call), ca->principal, ca->key) ? IDEM_ECONFLICT
-             : idemcall_stage_problem(call, no.status, no.code, no.detail);
+        rc = order_of_key(ca->app, idem_call_tx(call), ca->principal, ca->key)
+                 ? IDEM_ECONFLICT
+                 : idemcall_stage_problem(call, no.status, no.code, no.detail);
     else if (rc == 0)
         rc = stage_created(call, o.id, order);
     json_decref(order);

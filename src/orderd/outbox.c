@@ -274,8 +274,8 @@ int outbox_list(struct idem_store *st, const char *status, int limit, FILE *out,
         log_escape_text(&to, db_text(rows, i, 5));
         log_escape_text(&error, idem_rows_get(rows, i, 8) ? db_text(rows, i, 8) : "-");
         fprintf(out, "%-28s %-8s %8lld  %-24s %-20s %-30s %s\n", db_text(rows, i, 0), st_text,
-                (long long)db_int(rows, i, 2), next, kind.buf ? kind.buf : "",
-                to.buf ? to.buf : "", error.buf ? error.buf : "");
+                (long long)db_int(rows, i, 2), next, kind.buf ? kind.buf : "", to.buf ? to.buf : "",
+                error.buf ? error.buf : "");
         strbuf_release(&kind);
         strbuf_release(&to);
         strbuf_release(&error);

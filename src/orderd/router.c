@@ -557,8 +557,8 @@ enum http_loop_verdict router_answer_on_loop(struct app *app, const struct reque
         v = HTTP_LOOP_ANSWERED;
         goto out;
     }
-    if (op == &app->op_orders_create && park != NULL && (v = create_on_loop(&cx, rt, resp, park)) !=
-                                                              HTTP_LOOP_WORKER)
+    if (op == &app->op_orders_create && park != NULL &&
+        (v = create_on_loop(&cx, rt, resp, park)) != HTTP_LOOP_WORKER)
         goto out;
     /* The first request of this key runs here now: wait for it without holding a thread. */
     if (park != NULL && idem_watch_inflight(app->engine, op, cx.principal, cx.key,

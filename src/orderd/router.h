@@ -39,8 +39,8 @@ void router_dispatch(struct app *app, const struct request *rq, struct response 
  * the server's on_head (http_server.h).  With may_block 0 it asks only the token cache, and
  * answers HTTP_HEAD_BLOCKS for a token the store must confirm.
  */
-enum http_head_verdict router_check_head(struct app *app, struct request *rq,
-                                         struct response *resp, int may_block);
+enum http_head_verdict router_check_head(struct app *app, struct request *rq, struct response *resp,
+                                         int may_block);
 
 /*
  * The server's on_loop: answers a retry whose response the replay cache holds (or a key reused

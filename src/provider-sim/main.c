@@ -91,7 +91,8 @@ static const struct option options[] = {
     {"webhook-dup", required_argument, NULL, OPT_DUP},
     {"webhook-delay-ms", required_argument, NULL, OPT_DELAY},
     {"faults-from", required_argument, NULL, OPT_FAULTS_FROM},
-    HTTP_LIMITS_OPTIONS{"help", no_argument, NULL, OPT_HELP},
+    HTTP_LIMITS_OPTIONS /* --max-connections and the other limits */
+    {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
 };

@@ -1,7 +1,7 @@
 /*
- * log.h - a program's log on stderr (orderd's, idem-gateway's): one line per request (what a person tails, or a collector
- * parses in the JSON form), and a few lines about the process itself (start, stop, sweeps,
- * failures).  stdout is kept for the one "listening on" line and for command output.
+ * log.h - a program's log on stderr (orderd's, idem-gateway's): one line per request (what a person
+ * tails, or a collector parses in the JSON form), and a few lines about the process itself (start,
+ * stop, sweeps, failures).  stdout is kept for the one "listening on" line and for command output.
  */
 #ifndef IDEM_UTIL_LOG_H
 #define IDEM_UTIL_LOG_H

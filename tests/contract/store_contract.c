@@ -1614,14 +1614,11 @@ static void test_run_async(struct idem_engine *eng, struct idem_store *st)
     CHECK_INT(idem_engine_new(st, &o, &nocache), 0);
     fp_of("{\"run\":1}", fp);
     /* Not for an operation that claims ahead. */
-    CHECK_INT(idem_call_run_async(eng, &plain, "alice", "run-x", fp, run_phase, run_done,
-                                  &r),
-              0);
+    CHECK_INT(idem_call_run_async(eng, &plain, "alice", "run-x", fp, run_phase, run_done, &r), 0);
 
     /* Fresh: run on the store's thread, durable when told, replayed by any engine. */
     r = (struct run_step){.row = "runrow-1"};
-    CHECK_INT(idem_call_run_async(eng, &op, "alice", "run-1", fp, run_phase, run_done, &r),
-              1);
+    CHECK_INT(idem_call_run_async(eng, &op, "alice", "run-1", fp, run_phase, run_done, &r), 1);
     CHECK(async_wait(&r.a));
     CHECK_INT(r.a.rc, 0);
     CHECK(!pthread_equal(r.thread, pthread_self()));
@@ -1636,8 +1633,7 @@ static void test_run_async(struct idem_engine *eng, struct idem_store *st)
     CHECK_INT(idem_call_complete(call, 200, NULL, 0, "other", 5), 0);
     idem_call_end(call);
     r = (struct run_step){.row = "runrow-2"};
-    CHECK_INT(idem_call_run_async(eng, &op, "alice", "run-2", fp, run_phase, run_done, &r),
-              1);
+    CHECK_INT(idem_call_run_async(eng, &op, "alice", "run-2", fp, run_phase, run_done, &r), 1);
     CHECK(async_wait(&r.a));
     CHECK_INT(r.a.rc, IDEM_CALL_ASK_BEGIN);
     idem_call_end(r.a.call);
@@ -1646,8 +1642,7 @@ static void test_run_async(struct idem_engine *eng, struct idem_store *st)
 
     /* A run that fails keeps nothing: no row, no record, and the key runs afresh. */
     r = (struct run_step){.row = "runrow-3", .fail = 1};
-    CHECK_INT(idem_call_run_async(eng, &op, "alice", "run-3", fp, run_phase, run_done, &r),
-              1);
+    CHECK_INT(idem_call_run_async(eng, &op, "alice", "run-3", fp, run_phase, run_done, &r), 1);
     CHECK(async_wait(&r.a));
     CHECK_INT(r.a.rc, IDEM_ESTORE);
     idem_call_end(r.a.call);
@@ -1671,9 +1666,9 @@ static void test_run_async(struct idem_engine *eng, struct idem_store *st)
             many[i] = (struct run_step){.row = row[i], .fail = i % 3 == 0};
         }
         for (int i = 0; i < MANY; i++)
-            CHECK_INT(idem_call_run_async(eng, &op, "alice", key[i], fp, run_phase, run_done,
-                                          &many[i]),
-                      1);
+            CHECK_INT(
+                idem_call_run_async(eng, &op, "alice", key[i], fp, run_phase, run_done, &many[i]),
+                1);
         for (int i = 0; i < MANY; i++) {
             CHECK(async_wait(&many[i].a));
             CHECK_INT(many[i].a.rc, many[i].fail ? IDEM_ESTORE : 0);

@@ -354,8 +354,7 @@ static void test_authorization_source(void)
 static const char HS[] = "{\"alg\":\"HS256\",\"typ\":\"JWT\"}";
 
 static struct principal_verifier *hs_verifier_exp(const unsigned char *secret, size_t n,
-                                                  const char *iss, const char *aud,
-                                                  int require_exp)
+                                                  const char *iss, const char *aud, int require_exp)
 {
     struct gw_config cfg;
     struct principal_verifier *v = NULL;

@@ -319,8 +319,8 @@ static void ran_on_writer(struct idem_call *call, int rc, void *arg)
 static int one_on_writer(struct idem_engine *eng, const char *key, const char *body,
                          const unsigned char fp[IDEM_FP_LEN])
 {
-    struct on_writer r = {key, body, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-                          0, 0, NULL};
+    struct on_writer r = {key, body, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0,
+                          0,   NULL};
     int rc = idem_call_run_async(eng, &op_on_writer, "tester", key, fp, run_on_writer,
                                  ran_on_writer, &r);
 

@@ -11,12 +11,9 @@
 int main(void)
 {
     struct idem_header in[] = {
-        {"content-type", "application/json"},
-        {"Set-Cookie", "session=secret"},
-        {"LOCATION", "/api/orders/ord_1"},
-        {"Date", "Tue, 01 Dec 2026 10:00:00 GMT"},
-        {"Location", "/evil\r\nX-Injected: 1"},
-        {NULL, "x"},
+        {"content-type", "application/json"},   {"Set-Cookie", "session=secret"},
+        {"LOCATION", "/api/orders/ord_1"},      {"Date", "Tue, 01 Dec 2026 10:00:00 GMT"},
+        {"Location", "/evil\r\nX-Injected: 1"}, {NULL, "x"},
     };
     struct idem_header *out = NULL;
     size_t n = 0;
