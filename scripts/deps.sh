@@ -4,7 +4,7 @@
 # Debian 12 machine needs nothing by hand.
 set -eu
 
-PKGS="build-essential cmake pkg-config clang libclang-rt-14-dev python3 sqlite3 curl procps
+PKGS="build-essential cmake pkg-config clang clang-format libclang-rt-14-dev python3 sqlite3 curl procps
       libuv1-dev libhttp-parser-dev libjansson-dev libsqlite3-dev libssl-dev libcurl4-openssl-dev
       libpq-dev postgresql libyaml-dev groff-base man-db
       python3-jsonschema python3-yaml prometheus
