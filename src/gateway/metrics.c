@@ -42,11 +42,6 @@ enum gw_outcome gw_outcome_of(const char *name)
     return GW_OUTCOME_PASSED;
 }
 
-const char *gw_outcome_name(enum gw_outcome o)
-{
-    return o < GW_OUTCOME_COUNT ? outcome_names[o] : "passed";
-}
-
 struct gw_metrics *gw_metrics_new(size_t nroutes)
 {
     struct gw_metrics *m = xcalloc(1, sizeof *m);

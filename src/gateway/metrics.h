@@ -34,7 +34,6 @@ enum gw_outcome {
 
 /* The outcome named `name` (a resp->outcome string), GW_OUTCOME_PASSED when none matches. */
 enum gw_outcome gw_outcome_of(const char *name);
-const char *gw_outcome_name(enum gw_outcome o);
 
 struct gw_metrics;
 

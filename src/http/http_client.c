@@ -29,23 +29,6 @@
 /* Loops a client keeps pools for (servers run at most 8 loops each; the admin server has one). */
 #define MAX_POOLS 16
 
-const char *http_fetch_result_name(enum http_fetch_result r)
-{
-    switch (r) {
-    case HTTP_FETCH_OK:
-        return "ok";
-    case HTTP_FETCH_NOT_SENT:
-        return "not-sent";
-    case HTTP_FETCH_UNKNOWN:
-        return "unknown";
-    case HTTP_FETCH_TOO_LARGE:
-        return "too-large";
-    case HTTP_FETCH_BAD_REPLY:
-        return "bad-reply";
-    }
-    return "unknown";
-}
-
 /* ---- the reply and its reader ------------------------------------------------------------ */
 
 void http_reply_clear(struct http_reply *reply)

@@ -39,9 +39,6 @@ enum http_fetch_result {
     HTTP_FETCH_BAD_REPLY, /* an answer came that is not HTTP/1.x: it acted or not, unknown too */
 };
 
-/* A static name of a result, for logs: "ok", "not-sent", "unknown"... */
-const char *http_fetch_result_name(enum http_fetch_result r);
-
 struct http_reply_header {
     const char *name;
     const char *value;
