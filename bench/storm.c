@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "banned.h"
+#include "ascii.h"
 
 #define REQUESTS_MAX 4096
 #define RESPONSE_MAX 65536
@@ -119,9 +120,9 @@ static int response_complete(struct conn *c)
     for (line = strstr(c->buf, "\r\n"); line != NULL && line < end;
          line = strstr(line + 2, "\r\n")) {
         p = line + 2;
-        if (strncasecmp(p, "Content-Length:", 15) == 0)
+        if (ascii_ncaseeq(p, "Content-Length:", 15))
             clen = (size_t)strtoul(p + 15, NULL, 10);
-        else if (strncasecmp(p, "Idempotent-Replayed:", 20) == 0)
+        else if (ascii_ncaseeq(p, "Idempotent-Replayed:", 20))
             c->replayed = strncmp(p + 20 + strspn(p + 20, " \t"), "true", 4) == 0;
     }
     return c->len >= head + clen ? 1 : 0;

@@ -1,7 +1,8 @@
 /*
  * ascii.h - locale-free ASCII helpers, written once for every part of idem: hex digits both
- * ways, and a case-insensitive comparison for header names and keywords (strncasecmp follows the
- * locale).  Static inline for the reason clock.h gives: the libraries must not share a symbol.
+ * ways, and case-insensitive comparisons for header names and keywords (strcasecmp and
+ * strncasecmp follow the locale, and banned.h bans them).  Static inline for the reason clock.h
+ * gives: the libraries must not share a symbol.
  */
 #ifndef IDEM_COMMON_ASCII_H
 #define IDEM_COMMON_ASCII_H
@@ -55,6 +56,15 @@ static inline int ascii_ncaseeq(const char *a, const char *b, size_t n)
             return 1;
     }
     return 1;
+}
+
+/* 1 when `a` and `b` are the same string ignoring ASCII case (strcasecmp follows the locale). */
+static inline int ascii_caseeq(const char *a, const char *b)
+{
+    for (; ascii_lower(*a) == ascii_lower(*b); a++, b++)
+        if (*a == '\0')
+            return 1;
+    return 0;
 }
 
 #endif /* IDEM_COMMON_ASCII_H */

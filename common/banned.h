@@ -24,6 +24,11 @@
 #define vsprintf(...) BANNED(vsprintf)
 #undef strtok
 #define strtok(x, y) BANNED(strtok)
+/* They follow the locale: header names and keywords compare with ascii.h's ascii_caseeq. */
+#undef strcasecmp
+#define strcasecmp(x, y) BANNED(strcasecmp)
+#undef strncasecmp
+#define strncasecmp(x, y, n) BANNED(strncasecmp)
 #undef gmtime
 #define gmtime(t) BANNED(gmtime)
 #undef localtime

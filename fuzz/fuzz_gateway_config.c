@@ -10,6 +10,7 @@
  * the file, within the buffer, with nothing handed back.
  */
 #include "config.h"
+#include "ascii.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -65,7 +66,7 @@ static void check_route(const struct gw_config *cfg, const struct gw_route *r)
         CHECK(!r->store_status[s], "no status below 100 is stored");
     for (i = 0; i < r->nstore_headers; i++)
         CHECK(r->store_headers[i] != NULL && r->store_headers[i][0] != '\0' &&
-                  strcasecmp(r->store_headers[i], "Set-Cookie") != 0,
+                  !ascii_caseeq(r->store_headers[i], "Set-Cookie"),
               "stored headers are names, never Set-Cookie");
     CHECK(r->max_stored_body >= 1 && r->max_stored_body <= cfg->max_response_bytes,
           "a stored body fits the largest answer");
@@ -81,7 +82,7 @@ static void check_config(const struct gw_config *cfg)
     CHECK(cfg->file != NULL && strcmp(cfg->file, NAME) == 0, "the file is the name given");
     CHECK(cfg->listen != NULL && cfg->admin_listen != NULL && cfg->store != NULL,
           "listeners and store are set");
-    CHECK(cfg->upstream_url != NULL && strncasecmp(cfg->upstream_url, "http://", 7) == 0,
+    CHECK(cfg->upstream_url != NULL && ascii_ncaseeq(cfg->upstream_url, "http://", 7),
           "the upstream is http://");
     CHECK(cfg->upstream_host != NULL && cfg->upstream_host[0] != '\0' && cfg->upstream_port > 0,
           "the upstream has a host and a port");

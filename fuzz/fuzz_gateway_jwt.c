@@ -19,6 +19,7 @@
  * OpenSSL's error queue.
  */
 #include "principal.h"
+#include "ascii.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -63,7 +64,7 @@ static const char *lookup(void *arg, const char *name, size_t *value_len)
 {
     const struct value *val = arg;
 
-    if (strcasecmp(name, "Authorization") != 0 && strcasecmp(name, "X-Consumer-Id") != 0) {
+    if (!ascii_caseeq(name, "Authorization") && !ascii_caseeq(name, "X-Consumer-Id")) {
         *value_len = 0;
         return NULL;
     }
@@ -209,7 +210,7 @@ static void check_hmac(const struct value *val)
     char mac[48];
     size_t start = 6, dot, n;
 
-    CHECK(val->len > 6 && strncasecmp(val->bytes, "Bearer", 6) == 0, "a Bearer token");
+    CHECK(val->len > 6 && ascii_ncaseeq(val->bytes, "Bearer", 6), "a Bearer token");
     while (start < val->len && val->bytes[start] == ' ')
         start++;
     for (dot = val->len; dot > start && val->bytes[dot - 1] != '.'; dot--)

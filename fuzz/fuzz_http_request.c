@@ -20,6 +20,7 @@
  * how the pieces are cut; bytes 1-4 seed the cuts; the rest is the stream.
  */
 #include "http_server.h"
+#include "ascii.h"
 #include "request_parser.h"
 
 #include <stdint.h>
@@ -132,13 +133,13 @@ static void check_head(const struct request *rq, const struct request_parser_lim
         /* request_header_count / request_header agree with the fields. */
         expect_count = 0;
         for (j = 0; j < rq->nfields; j++)
-            expect_count += strcasecmp(rq->fields[j].name, f->name) == 0;
+            expect_count += ascii_caseeq(rq->fields[j].name, f->name);
         first = NULL;
         first_len = 12345;
         count = request_header_count(rq, f->name, &first, &first_len);
         CHECK(count == expect_count && count >= 1, "request_header_count counts the field");
         for (j = 0; j < rq->nfields; j++) {
-            if (strcasecmp(rq->fields[j].name, f->name) == 0)
+            if (ascii_caseeq(rq->fields[j].name, f->name))
                 break;
         }
         CHECK(first == rq->fields[j].value && first_len == rq->fields[j].value_len,

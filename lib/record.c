@@ -7,6 +7,7 @@
  * retry.  They are stored as "Name: value\n" lines.
  */
 #include "internal.h"
+#include "ascii.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +33,7 @@ static const char *allowed_name(const char *name, const char *const *allow, size
         nallow = sizeof(default_stored_headers) / sizeof(default_stored_headers[0]);
     }
     for (size_t i = 0; i < nallow; i++)
-        if (allow[i] && strcasecmp(name, allow[i]) == 0)
+        if (allow[i] && ascii_caseeq(name, allow[i]))
             return allow[i];
     return NULL;
 }

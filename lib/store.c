@@ -7,6 +7,7 @@
  * which is safe: nothing ran.
  */
 #include "internal.h"
+#include "ascii.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -443,7 +444,7 @@ static int is_rollback(const char *sql)
 {
     while (*sql == ' ' || *sql == '\t' || *sql == '\n' || *sql == '\r')
         sql++;
-    return strncasecmp(sql, "ROLLBACK", 8) == 0 &&
+    return ascii_ncaseeq(sql, "ROLLBACK", 8) &&
            (sql[8] == '\0' || sql[8] == ' ' || sql[8] == '\t' || sql[8] == '\n' || sql[8] == '\r' ||
             sql[8] == ';');
 }

@@ -255,13 +255,6 @@ static const char *describe(const yaml_node_t *n, char out[EXCERPT + 8])
     return out;
 }
 
-static int ascii_caseeq(const char *a, const char *b)
-{
-    size_t n = strlen(a);
-
-    return n == strlen(b) && ascii_ncaseeq(a, b, n);
-}
-
 static yaml_node_t *node_at(struct loader *ld, int index)
 {
     return yaml_document_get_node(ld->doc, index);

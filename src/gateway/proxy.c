@@ -81,7 +81,7 @@ static int token_listed(const char *list, const char *name)
         size_t len;
         list += strspn(list, " \t,");
         len = strcspn(list, " \t,");
-        if (len == n && strncasecmp(list, name, n) == 0)
+        if (len == n && ascii_ncaseeq(list, name, n))
             return 1;
         list += len;
     }
@@ -108,7 +108,7 @@ static int hop_by_hop(const char *name, const char *connection)
                                         "Date"};
 
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (strcasecmp(name, names[i]) == 0)
+        if (ascii_caseeq(name, names[i]))
             return 1;
     return connection && token_listed(connection, name);
 }
@@ -139,15 +139,15 @@ enum forward_kind {
  */
 static int lookup_header(const struct gw_config *cfg, const struct gw_route *r, const char *name)
 {
-    if (strcasecmp(name, "Host") == 0 || strcasecmp(name, "Authorization") == 0)
+    if (ascii_caseeq(name, "Host") || ascii_caseeq(name, "Authorization"))
         return 1;
-    if (cfg->principal == GW_PRINCIPAL_HEADER && strcasecmp(name, cfg->principal_header) == 0)
+    if (cfg->principal == GW_PRINCIPAL_HEADER && ascii_caseeq(name, cfg->principal_header))
         return 1;
     for (size_t i = 0; i < r->nreconcile_headers; i++)
-        if (strcasecmp(name, r->reconcile_headers[i]) == 0)
+        if (ascii_caseeq(name, r->reconcile_headers[i]))
             return 1;
     for (size_t i = 0; i < r->nscope_headers; i++)
-        if (strcasecmp(name, r->scope_headers[i]) == 0)
+        if (ascii_caseeq(name, r->scope_headers[i]))
             return 1; /* on whose behalf: the lookup must ask about the same account */
     return 0;
 }
@@ -181,11 +181,11 @@ static void forwarded_build(const struct gateway *gw, const struct request *rq,
         const char *name = rq->fields[i].name;
         if (hop_by_hop(name, connection))
             continue;
-        if (strcasecmp(name, "X-Forwarded-For") == 0) {
+        if (ascii_caseeq(name, "X-Forwarded-For")) {
             xff = rq->fields[i].value; /* the first one; extended below */
             continue;
         }
-        if (keyed && strcasecmp(name, "Idempotency-Key") == 0)
+        if (keyed && ascii_caseeq(name, "Idempotency-Key"))
             continue; /* the key the gateway used goes instead, below */
         if (kind == FORWARD_LOOKUP && !lookup_header(gw->cfg, n->m.route, name))
             continue;
@@ -290,7 +290,7 @@ static int storable(const struct gw_route *r, const struct http_reply *ur)
         return 1;
     should_retry = http_reply_header(ur, "Stripe-Should-Retry");
     return http_reply_header(ur, "Retry-After") == NULL &&
-           !(should_retry != NULL && strcasecmp(should_retry, "true") == 0);
+           !(should_retry != NULL && ascii_caseeq(should_retry, "true"));
 }
 
 /*

@@ -4,6 +4,7 @@
  * the canonical JSON; this file decides what goes in.
  */
 #include "request_key.h"
+#include "ascii.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -121,9 +122,9 @@ static int is_json_type(const char *ct)
     while (*ct == ' ' || *ct == '\t')
         ct++;
     n = strcspn(ct, "; \t");
-    if (n == 16 && strncasecmp(ct, "application/json", 16) == 0)
+    if (n == 16 && ascii_ncaseeq(ct, "application/json", 16))
         return 1;
-    return n > 5 && strncasecmp(ct + n - 5, "+json", 5) == 0;
+    return n > 5 && ascii_ncaseeq(ct + n - 5, "+json", 5);
 }
 
 /*

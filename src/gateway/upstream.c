@@ -8,6 +8,7 @@
  * silent upstream costs a worker at most connect_timeout_ms + timeout_ms.
  */
 #include "upstream.h"
+#include "ascii.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -177,7 +178,7 @@ static void build_head(const struct upstream *up, const struct upstream_request 
 
     strbuf_addf(out, "%s %s HTTP/1.1\r\n", rq->method, rq->target);
     for (size_t i = 0; i < rq->nheaders; i++) {
-        if (strcasecmp(rq->headers[i].name, "Host") == 0)
+        if (ascii_caseeq(rq->headers[i].name, "Host"))
             has_host = 1;
         strbuf_adds(out, rq->headers[i].name);
         strbuf_add(out, ": ", 2);

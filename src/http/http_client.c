@@ -8,6 +8,7 @@
  * request is only written into a connection that was quiet and young a moment ago.
  */
 #include "http_client.h"
+#include "ascii.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -43,7 +44,7 @@ void http_reply_clear(struct http_reply *reply)
 const char *http_reply_header(const struct http_reply *reply, const char *name)
 {
     for (size_t i = 0; i < reply->nheaders; i++)
-        if (strcasecmp(reply->headers[i].name, name) == 0)
+        if (ascii_caseeq(reply->headers[i].name, name))
             return reply->headers[i].value;
     return NULL;
 }

@@ -15,6 +15,7 @@
  * time, so that the client reads the answer instead of a reset.
  */
 #include "http_server.h"
+#include "ascii.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -326,7 +327,7 @@ int request_header_count(const struct request *rq, const char *name, const char 
     int count = 0;
 
     for (i = 0; i < rq->nfields; i++) {
-        if (strcasecmp(rq->fields[i].name, name) != 0)
+        if (!ascii_caseeq(rq->fields[i].name, name))
             continue;
         if (count == 0 && first != NULL)
             *first = rq->fields[i].value;

@@ -4,6 +4,7 @@
  * here on every request, so a header costs one allocation and a stored body one copy.
  */
 #include "response.h"
+#include "ascii.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -63,7 +64,7 @@ void response_set_header(struct response *r, const char *name, const char *value
     size_t i;
 
     for (i = 0; i < r->nheaders; i++) {
-        if (strcasecmp(r->headers[i].name, name) == 0)
+        if (ascii_caseeq(r->headers[i].name, name))
             break;
     }
     if (i == r->nheaders) {
@@ -90,7 +91,7 @@ const char *response_header(const struct response *r, const char *name)
     size_t i;
 
     for (i = 0; i < r->nheaders; i++) {
-        if (strcasecmp(r->headers[i].name, name) == 0)
+        if (ascii_caseeq(r->headers[i].name, name))
             return r->headers[i].value;
     }
     return NULL;

@@ -13,6 +13,7 @@
 #include <curl/curl.h>
 
 #include "check.h"
+#include "ascii.h"
 #include "banned.h"
 
 #define CK_BODY_LIMIT (1u << 20)
@@ -189,7 +190,7 @@ int ck_response_header(const struct ck_response *r, const char *name, char *buf,
     while (p && p < end) {
         const char *eol = memchr(p, '\n', (size_t)(end - p));
         const char *line_end = eol ? eol : end;
-        if ((size_t)(line_end - p) > nlen && p[nlen] == ':' && strncasecmp(p, name, nlen) == 0) {
+        if ((size_t)(line_end - p) > nlen && p[nlen] == ':' && ascii_ncaseeq(p, name, nlen)) {
             const char *v = p + nlen + 1;
             const char *ve = line_end;
             while (v < ve && (*v == ' ' || *v == '\t'))
@@ -211,7 +212,7 @@ int ck_response_header(const struct ck_response *r, const char *name, char *buf,
 int ck_response_replayed(const struct ck_response *r)
 {
     char v[32];
-    return ck_response_header(r, "Idempotent-Replayed", v, sizeof(v)) && strcasecmp(v, "true") == 0;
+    return ck_response_header(r, "Idempotent-Replayed", v, sizeof(v)) && ascii_caseeq(v, "true");
 }
 
 int ck_response_same(const struct ck_response *a, const struct ck_response *b)

@@ -34,6 +34,7 @@
 #include <arpa/inet.h>
 
 #include "chaos.h"
+#include "ascii.h"
 #include "banned.h"
 
 #define CUT_WAIT_MS 3000 /* how long a cut waits for the bytes it means to forward */
@@ -102,7 +103,7 @@ static long content_length(const char *head, size_t len)
     while (i < len) {
         const char *eol = memchr(head + i, '\n', len - i);
         size_t line_end = eol ? (size_t)(eol - head) : len;
-        if (line_end - i > nl && strncasecmp(head + i, name, nl) == 0) {
+        if (line_end - i > nl && ascii_ncaseeq(head + i, name, nl)) {
             char *end = NULL;
             long v = strtol(head + i + nl, &end, 10);
             return end != head + i + nl && v >= 0 ? v : -1;

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "idem/client.h"
+#include "ascii.h"
 
 #include "cli.h"
 #include "banned.h"
@@ -348,7 +349,7 @@ static int has_header(const struct cli_config *cfg, const char *name)
     size_t i, n = strlen(name);
 
     for (i = 0; i < cfg->nheaders; i++) {
-        if (strncasecmp(cfg->headers[i], name, n) == 0 && cfg->headers[i][n] == ':')
+        if (ascii_ncaseeq(cfg->headers[i], name, n) && cfg->headers[i][n] == ':')
             return 1;
     }
     return 0;

@@ -7,6 +7,7 @@
  * makes the jitter reproducible, and the journal holds the key before the first request arrives.
  */
 #include "internal.h"
+#include "ascii.h"
 #include "t.h"
 
 #include <arpa/inet.h>
@@ -47,7 +48,7 @@ static size_t content_length(const char *req)
 
     while ((p = strchr(p, '\n')) != NULL) {
         p++;
-        if (strncasecmp(p, "Content-Length:", 15) == 0)
+        if (ascii_ncaseeq(p, "Content-Length:", 15))
             return (size_t)strtoul(p + 15, NULL, 10);
     }
     return 0;

@@ -6,6 +6,7 @@
  * exp / nbf at and past the leeway, iss / aud, sub, strict base64url, the part count and the cap.
  */
 #include "principal.h"
+#include "ascii.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -44,7 +45,7 @@ static const char *lookup(void *arg, const char *name, size_t *value_len)
     size_t i;
 
     for (i = 0; i < h->n; i++) {
-        if (strcasecmp(h->name[i], name) != 0)
+        if (!ascii_caseeq(h->name[i], name))
             continue;
         free(h->copy);
         h->copy = xmalloc(h->len[i] ? h->len[i] : 1);
