@@ -13,6 +13,7 @@
 #include "idem/idem.h"
 
 #include "faults.h"
+#include "idem_answer.h"
 #include "handlers.h"
 #include "http.h"
 #include "sim.h"
@@ -42,27 +43,6 @@ json_t *body_metadata(const json_t *body)
     json_t *m = json_object_get(body, "metadata");
 
     return json_is_object(m) ? json_incref(m) : xcheck(json_object());
-}
-
-/* The stored response, byte for byte, with its Content-Type. */
-static void send_stored(const struct idem_call *call, struct response *resp)
-{
-    const struct idem_header *h;
-    const char *ct = "application/json";
-    const void *body;
-    size_t len = 0, i, n;
-
-    body = idem_call_response_body(call, &len);
-    n = idem_call_response_header_count(call);
-    for (i = 0; i < n; i++) {
-        h = idem_call_response_header(call, i);
-        if (h != NULL && h->name != NULL && strcmp(h->name, "Content-Type") == 0 &&
-            strcmp(h->value, "application/problem+json") == 0)
-            ct = "application/problem+json";
-    }
-    response_set_body(resp, body, body ? len : 0);
-    resp->status = idem_call_response_status(call);
-    response_set_header(resp, "Content-Type", ct);
 }
 
 static int read_key(const struct request *rq, struct response *resp, char key[IDEM_KEY_MAX + 1])
@@ -156,7 +136,7 @@ void idempotent_post(struct sim *sim, const struct request *rq, struct response 
     switch (outcome) {
     case IDEM_OUTCOME_REPLAY:
         atomic_fetch_add(&c->replayed, 1);
-        send_stored(call, resp);
+        idem_answer_stored(call, resp);
         response_set_header(resp, "Idempotent-Replayed", "true");
         break;
     case IDEM_OUTCOME_MISMATCH:
@@ -191,7 +171,7 @@ void idempotent_post(struct sim *sim, const struct request *rq, struct response 
         }
         atomic_fetch_add(&c->executed, 1);
         webhooks_notify(sim->webhooks);
-        send_stored(call, resp);
+        idem_answer_stored(call, resp);
         break;
     case IDEM_OUTCOME_NONE:
     default:

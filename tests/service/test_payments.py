@@ -94,6 +94,35 @@ def test_order_is_charged_once_and_confirmed_by_one_email(_):
 
 
 @test
+def test_provider_replays_its_own_answer_byte_for_byte(_):
+    """provider-sim's own idempotency: a retried charge gets the first answer's status, bytes and
+    Content-Type (a 201 charge, and a 402 problem), marked replayed, and no second charge."""
+    with Provider(name="prov-replay") as prov:
+        for source, status, ctype in (("tok_ok", 201, "application/json"),
+                                      ("tok_declined", 402, "application/problem+json")):
+            key = new_key("prov-" + source)
+            body = json.dumps({"amount": 1250, "currency": "EUR", "source": source}).encode()
+            answers = []
+            for _ in range(2):
+                conn = http.client.HTTPConnection("127.0.0.1", prov.port, timeout=30)
+                try:
+                    conn.request("POST", "/v1/charges", body=body, headers={
+                        "Content-Type": "application/json", "Idempotency-Key": key})
+                    r = conn.getresponse()
+                    answers.append((r.status, r.getheader("Content-Type"),
+                                    r.getheader("Idempotent-Replayed"), r.read()))
+                finally:
+                    conn.close()
+            (s1, ct1, rep1, b1), (s2, ct2, rep2, b2) = answers
+            expect_eq(s1, status, "the first %s charge's status" % source)
+            expect_eq(ct1, ctype, "the first %s answer's Content-Type" % source)
+            expect(rep1 is None, "the first answer is not marked replayed")
+            expect_eq((s2, ct2, b2), (s1, ct1, b1), "the retry of %s: the first answer" % source)
+            expect_eq(rep2, "true", "the retry of %s is marked replayed" % source)
+            expect_eq(len(prov.charges_by_key(key)), 1, "one charge for key %s" % key)
+
+
+@test
 def test_declined_card_is_a_stored_402_and_gives_the_stock_back(_):
     prov, s = paid_pair(order_args=FAST, name="declined")
     with prov, s:
