@@ -53,7 +53,7 @@ struct worker {
     char err[256];
 };
 
-static int64_t mono_ns(void)
+static int64_t clock_mono_ns(void)
 {
     struct timespec ts;
 
@@ -131,9 +131,9 @@ static void *sqlite_worker(void *arg)
         goto out;
     }
     pthread_barrier_wait(w->start);
-    deadline = mono_ns() + (int64_t)(w->o->seconds * 1e9);
-    while (mono_ns() < deadline) {
-        t0 = mono_ns();
+    deadline = clock_mono_ns() + (int64_t)(w->o->seconds * 1e9);
+    while (clock_mono_ns() < deadline) {
+        t0 = clock_mono_ns();
         sqlite3_reset(begin);
         if (sqlite3_step(begin) != SQLITE_DONE) {
             note_error(w, "begin", sqlite3_errmsg(db));
@@ -152,7 +152,7 @@ static void *sqlite_worker(void *arg)
             continue;
         }
         w->commits++;
-        keep_sample(w, mono_ns() - t0);
+        keep_sample(w, clock_mono_ns() - t0);
     }
 out:
     sqlite3_finalize(begin);
@@ -239,14 +239,14 @@ static void *pg_worker(void *arg)
     }
     snprintf(idtext, sizeof idtext, "%d", w->id);
     pthread_barrier_wait(w->start);
-    deadline = mono_ns() + (int64_t)(w->o->seconds * 1e9);
-    while (ok && mono_ns() < deadline) {
-        t0 = mono_ns();
+    deadline = clock_mono_ns() + (int64_t)(w->o->seconds * 1e9);
+    while (ok && clock_mono_ns() < deadline) {
+        t0 = clock_mono_ns();
         snprintf(seqtext, sizeof seqtext, "%lld", (long long)++seq);
         res = PQexecPrepared(conn, "ins", 3, params, NULL, NULL, 0);
         if (PQresultStatus(res) == PGRES_COMMAND_OK) {
             w->commits++;
-            keep_sample(w, mono_ns() - t0);
+            keep_sample(w, clock_mono_ns() - t0);
         } else {
             note_error(w, "insert", PQerrorMessage(conn));
             if (PQstatus(conn) != CONNECTION_OK)
@@ -421,10 +421,10 @@ int main(int argc, char **argv)
     /* Every connection is open before the clock starts (each thread times its own run from
      * the barrier): only commits are timed. */
     pthread_barrier_wait(&start);
-    t0 = mono_ns();
+    t0 = clock_mono_ns();
     for (i = 0; i < o.threads; i++)
         pthread_join(w[i].thread, NULL);
-    elapsed = mono_ns() - t0;
+    elapsed = clock_mono_ns() - t0;
 
     for (i = 0; i < o.threads; i++) {
         commits += w[i].commits;

@@ -48,7 +48,7 @@ struct conn {
     int done;
 };
 
-static int64_t mono_ns(void)
+static int64_t clock_mono_ns(void)
 {
     struct timespec ts;
 
@@ -148,7 +148,7 @@ static int run(struct conn *cs, int n)
     }
     /* Back to back: the requests leave within a fraction of a millisecond of each other. */
     for (i = 0; i < n; i++) {
-        cs[i].t_sent = mono_ns();
+        cs[i].t_sent = clock_mono_ns();
         while (cs[i].sent < cs[i].req_len) {
             k = send(cs[i].fd, cs[i].req + cs[i].sent, cs[i].req_len - cs[i].sent, MSG_NOSIGNAL);
             if (k <= 0)
@@ -156,8 +156,8 @@ static int run(struct conn *cs, int n)
             cs[i].sent += (size_t)k;
         }
     }
-    deadline = mono_ns() + (int64_t)TIMEOUT_MS * 1000000;
-    while (pending > 0 && mono_ns() < deadline) {
+    deadline = clock_mono_ns() + (int64_t)TIMEOUT_MS * 1000000;
+    while (pending > 0 && clock_mono_ns() < deadline) {
         m = epoll_wait(ep, evs, 64, 1000);
         if (m < 0 && errno != EINTR)
             break;
@@ -170,7 +170,7 @@ static int run(struct conn *cs, int n)
                 c->len += (size_t)k;
             r = k > 0 ? response_complete(c) : -1;
             if (r != 0 || c->len >= RESPONSE_MAX - 1) {
-                c->t_done = mono_ns();
+                c->t_done = clock_mono_ns();
                 c->done = 1;
                 if (r < 0)
                     c->status = 0;

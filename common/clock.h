@@ -1,9 +1,8 @@
 /*
- * clock.h - reading a clock and sleeping, written once for every part of idem.  libidem
- * (idem__now_ms...), libidem-client (idem_client__now_ms...) and the programs (wall_ms...) each
- * keep their own names for these, as thin wrappers: the two libraries must not share a symbol (a
- * program may link both statically), so the code is shared as static inline functions rather than
- * as an object file linked twice.
+ * clock.h - reading a clock and sleeping, written once for every part of idem, under one name
+ * each (clock_mono_ms, clock_wall_ms, clock_sleep_ms...): the two libraries must not share a
+ * symbol (a program may link both statically), so the code is shared as static inline functions
+ * rather than as an object file linked twice.
  */
 #ifndef IDEM_COMMON_CLOCK_H
 #define IDEM_COMMON_CLOCK_H
@@ -29,6 +28,22 @@ static inline int64_t clock_now_ns(clockid_t id)
 
     (void)clock_gettime(id, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + (int64_t)ts.tv_nsec;
+}
+
+/* The three every part reads: the monotonic clock (durations, deadlines), finer, and the wall. */
+static inline int64_t clock_mono_ms(void)
+{
+    return clock_now_ms(CLOCK_MONOTONIC);
+}
+
+static inline int64_t clock_mono_ns(void)
+{
+    return clock_now_ns(CLOCK_MONOTONIC);
+}
+
+static inline int64_t clock_wall_ms(void)
+{
+    return clock_now_ms(CLOCK_REALTIME);
 }
 
 /* Sleeps `ms` milliseconds (nothing for ms <= 0), the whole pause even when signals cut it. */

@@ -344,7 +344,7 @@ static void inflight_enter(struct idem_call *call, int64_t deadline, int *waited
     *waited = 0;
     pthread_mutex_lock(&eng->mu);
     while (inflight_busy(eng, &call->scope, b)) {
-        int64_t left = deadline - idem__mono_ms();
+        int64_t left = deadline - clock_mono_ms();
         struct timespec ts;
         if (left <= 0)
             break;
@@ -414,7 +414,7 @@ static int call_fail(struct idem_call *call, int rc, const char *what, const cha
 static int64_t cache_lifetime(int64_t since_mono_ms, int64_t left_ms, int64_t ttl_ms)
 {
     int64_t slack = ttl_ms / 10 < CACHE_SLACK_MS ? ttl_ms / 10 : CACHE_SLACK_MS;
-    return since_mono_ms + left_ms - slack - idem__mono_ms();
+    return since_mono_ms + left_ms - slack - clock_mono_ms();
 }
 
 /*
@@ -436,7 +436,7 @@ static int read_record(struct idem_call *call)
 {
     struct idem_store *st = call->eng->st;
     struct idem_conn *conn = NULL;
-    int64_t t0 = idem__mono_ms();
+    int64_t t0 = clock_mono_ms();
     int rc;
 
     idem__record_clear(&call->rec);
@@ -483,7 +483,7 @@ static void learn_taken_scope(struct idem_engine *eng, const struct idem_scope *
     struct taken_hint *t = &eng->taken[h % TAKEN_HINTS];
 
     atomic_store_explicit(&t->scope_hash, h, memory_order_relaxed);
-    atomic_store_explicit(&t->until_ms, idem__mono_ms() + TAKEN_HINT_MS, memory_order_relaxed);
+    atomic_store_explicit(&t->until_ms, clock_mono_ms() + TAKEN_HINT_MS, memory_order_relaxed);
 }
 
 static void learn_taken_key(struct idem_call *call)
@@ -498,7 +498,7 @@ static int key_known_taken(struct idem_engine *eng, const struct idem_scope *s)
     uint64_t h = scope_hash(s);
     struct taken_hint *t = &eng->taken[h % TAKEN_HINTS];
 
-    if (atomic_load_explicit(&t->until_ms, memory_order_relaxed) <= idem__mono_ms() ||
+    if (atomic_load_explicit(&t->until_ms, memory_order_relaxed) <= clock_mono_ms() ||
         atomic_load_explicit(&t->scope_hash, memory_order_relaxed) != h)
         return 0;
     atomic_store_explicit(&t->until_ms, 0, memory_order_relaxed);
@@ -791,7 +791,7 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
     rc = call_new(eng, op, principal, key, fp, &call);
     if (rc < 0)
         return rc;
-    deadline = recover ? idem__mono_ms() : idem__mono_ms() + call->wait_ms;
+    deadline = recover ? clock_mono_ms() : clock_mono_ms() + call->wait_ms;
     if (!recover)
         inflight_enter(call, deadline, &call->waited);
 
@@ -836,7 +836,7 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
                 wait_for_change(eng, &call->scope, pause);
                 pause = pause * 2 > POLL_MAX_MS ? POLL_MAX_MS : pause * 2;
             }
-            claim_mono = idem__mono_ms();
+            claim_mono = clock_mono_ms();
             if (call->one_phase) {
                 rc = defer_claim(call);
                 if (rc == 0)
@@ -886,7 +886,7 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
             continue;
         }
         /* A live lease: wait for its owner, but not past wait_ms. */
-        int64_t left = deadline - idem__mono_ms();
+        int64_t left = deadline - clock_mono_ms();
         if (left <= 0) {
             call->retry_after_s = retry_after_from_lease(&call->rec);
             call->recovering = owner_is_recovery(call->rec.lease_owner);
@@ -1003,7 +1003,7 @@ int idem_call_begin_async(struct idem_engine *eng, const struct idem_operation *
         return IDEM_ENOMEM;
     }
     a->job.call = call;
-    a->claim_mono = idem__mono_ms();
+    a->claim_mono = clock_mono_ms();
     a->begun = begun;
     a->arg = arg;
     rc = idem__tx_run_async(eng->st, claim_job_run, &a->job, IDEM__TX_ONE_STATEMENT,
@@ -1748,7 +1748,7 @@ static int run_job_run(struct idem_conn *c, void *arg)
     }
     rc = idem__tx_lend(st, c, &call->tx);
     if (rc == 0)
-        rc = claim_won(call, idem__mono_ms());
+        rc = claim_won(call, clock_mono_ms());
     if (rc < 0) {
         rollback_phase(call); /* (lent: only the handle goes; the runner undoes the writes) */
         return call_fail(call, rc, "run", NULL);

@@ -57,27 +57,7 @@ void idem_free(void *p)
     free(p);
 }
 
-/* The clocks, the sleep and the formatting are common/clock.h's and common/fmt.h's. */
-int64_t idem__now_ms(void)
-{
-    return clock_now_ms(CLOCK_REALTIME);
-}
-
-int64_t idem__mono_ms(void)
-{
-    return clock_now_ms(CLOCK_MONOTONIC);
-}
-
-int64_t idem__mono_ns(void)
-{
-    return clock_now_ns(CLOCK_MONOTONIC);
-}
-
-void idem__sleep_ms(int64_t ms)
-{
-    clock_sleep_ms(ms);
-}
-
+/* The formatting is common/fmt.h's (the clocks and the sleep: common/clock.h). */
 struct timespec idem__deadline_ms(int64_t ms)
 {
     return clock_deadline(CLOCK_REALTIME, ms);

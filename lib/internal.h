@@ -23,13 +23,8 @@
 
 #define IDEM_ERRMSG_MAX 512
 
-/* Milliseconds of the wall clock (CLOCK_REALTIME), the clock SQLite leases are measured with. */
-int64_t idem__now_ms(void);
-/* Milliseconds of CLOCK_MONOTONIC, for timeouts inside one process. */
-int64_t idem__mono_ms(void);
-int64_t idem__mono_ns(void); /* for durations under a millisecond */
-/* Sleeps `ms` milliseconds (restarting on EINTR). */
-void idem__sleep_ms(int64_t ms);
+/* The clocks (the wall's is what SQLite leases are measured with) and the sleep: clock_*(). */
+#include "clock.h" /* common/clock.h */
 /* CLOCK_REALTIME `ms` from now: the deadline of a pthread_cond_timedwait on a default condvar. */
 struct timespec idem__deadline_ms(int64_t ms);
 
@@ -389,7 +384,7 @@ int idem__batch_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, unsi
                           idem__commit_done done, void *done_arg, char *err, size_t errlen);
 void idem__batch_stop(struct idem_store *st);
 
-/* Counts `ntx` transactions made durable by one commit that began at idem__mono_ns() `t0`. */
+/* Counts `ntx` transactions made durable by one commit that began at clock_mono_ns() `t0`. */
 void idem__store_count_commit(struct idem_store *st, uint64_t ntx, int64_t t0);
 
 extern const struct idem_store_vtab idem__sqlite_vtab;

@@ -51,7 +51,7 @@ static void listener_pause(struct pg_shared *sh, int ms)
 {
     struct pollfd p = {.fd = sh->wake[0], .events = POLLIN};
     if (poll(&p, 1, ms) < 0 && errno != EINTR)
-        idem__sleep_ms(ms);
+        clock_sleep_ms(ms);
 }
 
 /* Waits until `fd` is ready for `events`, the store closes, or `deadline` (monotonic ms). */
@@ -59,7 +59,7 @@ static int listener_wait_fd(struct pg_shared *sh, int fd, short events, int64_t 
 {
     for (;;) {
         struct pollfd p[2] = {{.fd = fd, .events = events}, {.fd = sh->wake[0], .events = POLLIN}};
-        int64_t left = deadline - idem__mono_ms();
+        int64_t left = deadline - clock_mono_ms();
         int n;
 
         if (left <= 0)
@@ -78,7 +78,7 @@ static int listener_wait_fd(struct pg_shared *sh, int fd, short events, int64_t 
 static PGconn *listener_connect(struct pg_shared *sh)
 {
     PGconn *pg = PQconnectStartParams(sh->keys, sh->vals, 1);
-    int64_t deadline = idem__mono_ms() + 1000 * (int64_t)atoi(CONNECT_TIMEOUT_S);
+    int64_t deadline = clock_mono_ms() + 1000 * (int64_t)atoi(CONNECT_TIMEOUT_S);
     PostgresPollingStatusType ps = PGRES_POLLING_WRITING;
     PGresult *res = NULL;
 

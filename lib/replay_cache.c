@@ -248,7 +248,7 @@ int idem__rcache_new(size_t max_bytes, struct idem__rcache **out)
     c->max_bytes = max_bytes;
     if (RAND_bytes(key, sizeof(key)) != 1) {
         /* Without randomness the index still works; only its resistance to aimed keys is lost. */
-        uint64_t t = (uint64_t)idem__mono_ms() ^ (uint64_t)(uintptr_t)c;
+        uint64_t t = (uint64_t)clock_mono_ms() ^ (uint64_t)(uintptr_t)c;
         memcpy(key, &t, 8);
         memcpy(key + 8, &t, 8);
     }
@@ -279,8 +279,8 @@ void idem__rcache_free(struct idem__rcache *c)
 
 const struct idem__rentry *idem__rcache_get(struct idem__rcache *c, const struct idem_scope *s)
 {
-    const int64_t now_mono = idem__mono_ms();
-    const int64_t now_wall = idem__now_ms();
+    const int64_t now_mono = clock_mono_ms();
+    const int64_t now_wall = clock_wall_ms();
     const uint64_t h = scope_hash(c, s);
     struct shard *sh = shard_of(c, h);
     struct node *n;
@@ -369,8 +369,8 @@ int idem__rcache_put(struct idem__rcache *c, const struct idem_scope *s,
     memcpy(n->pub.fp, fp, IDEM_FP_LEN);
     n->hash = h;
     n->cost = cost;
-    n->end_mono = idem__mono_ms() + lifetime_ms;
-    n->end_wall = idem__now_ms() + lifetime_ms;
+    n->end_mono = clock_mono_ms() + lifetime_ms;
+    n->end_wall = clock_wall_ms() + lifetime_ms;
     atomic_init(&n->refs, 1);
 
     pthread_mutex_lock(&sh->mu);

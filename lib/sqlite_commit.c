@@ -198,7 +198,7 @@ struct sq_group {
 static void writer_take_locked(struct sq_group *g)
 {
     g->busy = 1;
-    g->busy_since_ns = idem__mono_ns();
+    g->busy_since_ns = clock_mono_ns();
 }
 
 /*
@@ -477,13 +477,13 @@ static void batch_commit_locked(struct sq_group *g)
 
     g->committing += g->marks != NULL;
     group_unlock(g);
-    took = idem__mono_ns();
+    took = clock_mono_ns();
     if (g->marks)
         seq = atomic_fetch_add(&g->marks->started, 1) + 1;
     rc = idem__sq_run_simple(w, "COMMIT", "group commit");
     if (rc == 0 && g->marks)
         mark_raise(&g->marks->committed, seq);
-    took = idem__mono_ns() - took;
+    took = clock_mono_ns() - took;
     if (rc < 0) {
         idem__fmt(msg, sizeof(msg), "%s", w->errmsg);
         /* A writer left inside a transaction it cannot end is closed, not reused. */
@@ -552,7 +552,7 @@ static void *syncer_main(void *arg)
         if (g->sync_head) {
             struct sq_batch *list = g->sync_head, *b, *next;
             char msg[IDEM_ERRMSG_MAX] = "";
-            int64_t took = idem__mono_ns();
+            int64_t took = clock_mono_ns();
             int rc = 0;
 
             g->sync_head = NULL;
@@ -562,7 +562,7 @@ static void *syncer_main(void *arg)
             if (!atomic_load(&g->stopped) &&
                 atomic_load(&g->marks->durable) < atomic_load(&g->marks->committed))
                 rc = wal_sync(g, msg, sizeof(msg));
-            took = idem__mono_ns() - took;
+            took = clock_mono_ns() - took;
             pthread_mutex_lock(&g->mu);
             g->syncing = 0;
             if (rc < 0)
@@ -787,7 +787,7 @@ static int writer_ready(struct sq_group *g, char *err, size_t errlen)
             pthread_mutex_lock(&g->mu);
             g->batch = b;
             g->members = 0;
-            g->opened_ms = idem__mono_ms();
+            g->opened_ms = clock_mono_ms();
             group_unlock(g);
         }
     }
@@ -981,7 +981,7 @@ static void batch_poke_locked(struct sq_group *g)
 static void writer_free_locked(struct sq_group *g)
 {
     g->busy = 0;
-    atomic_fetch_add(&g->st->writer_busy_ns, (uint64_t)(idem__mono_ns() - g->busy_since_ns));
+    atomic_fetch_add(&g->st->writer_busy_ns, (uint64_t)(clock_mono_ns() - g->busy_since_ns));
     if (g->waiting > 0)
         g->wake_writer = 1;
     queue_wake_locked(g);
@@ -1011,7 +1011,7 @@ static void writer_release_locked(struct sq_group *g)
         batch_finish_locked(g, batch_detach_locked(g), IDEM_EUNAVAIL, msg);
     } else if (!w->broken && g->batch &&
                ((g->waiting == 0 && disk_idle_locked(g)) || g->members >= GROUP_MEMBERS_MAX ||
-                idem__mono_ms() - g->opened_ms >= GROUP_AGE_MAX_MS)) {
+                clock_mono_ms() - g->opened_ms >= GROUP_AGE_MAX_MS)) {
         batch_commit_locked(g);
     }
     if (w->broken) {

@@ -343,7 +343,7 @@ int idem__tx_commit_err(struct idem_tx *tx, char *err, size_t errlen)
         free(tx);
         return rc;
     }
-    t0 = tx->write ? idem__mono_ns() : 0;
+    t0 = tx->write ? clock_mono_ns() : 0;
     rc = tx->st->vt->commit(tx->conn);
     if (rc == 0 && tx->write)
         idem__store_count_commit(tx->st, 1, t0); /* its commit is its durable commit */
@@ -360,7 +360,7 @@ void idem__store_count_commit(struct idem_store *st, uint64_t ntx, int64_t t0)
 {
     atomic_fetch_add(&st->write_commits, ntx);
     atomic_fetch_add(&st->durable_commits, 1);
-    atomic_fetch_add(&st->durable_commit_ns, (uint64_t)(idem__mono_ns() - t0));
+    atomic_fetch_add(&st->durable_commit_ns, (uint64_t)(clock_mono_ns() - t0));
 }
 
 int idem__tx_commit_async(struct idem_tx *tx, idem__commit_done done, void *arg, char *err,
@@ -504,7 +504,7 @@ int idem_store_records_unfinished(struct idem_store *st, const char *operation,
 
     if (!st || !out || limit < 1 || limit > 1000)
         return IDEM_EINVAL;
-    idem__fmt(now, sizeof(now), "%lld", (long long)idem__now_ms());
+    idem__fmt(now, sizeof(now), "%lld", (long long)clock_wall_ms());
     idem__fmt(lim, sizeof(lim), "%d", limit);
     params[0] = now;
     params[1] = operation ? operation : "";

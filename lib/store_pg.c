@@ -1094,7 +1094,7 @@ static int rec_run(struct idem_conn *c, enum rec_stmt k, const char *const *vals
         }
         if (in_tx)
             idem__pg_defer_begin(c);
-        idem__sleep_ms(attempt * 3);
+        clock_sleep_ms(attempt * 3);
     }
 }
 

@@ -552,7 +552,7 @@ static int sq_record_insert(struct idem_conn *c, const struct idem_scope *s,
         " expires_ms = excluded.expires_ms"
         " WHERE " RETENTION_LET_GO;
     sqlite3_stmt *stmt = NULL;
-    int64_t now = idem__now_ms();
+    int64_t now = clock_wall_ms();
     int changes = 0;
     int rc = record_stmt(c, sql, s, &stmt);
 
@@ -589,7 +589,7 @@ static int sq_record_insert_completed(struct idem_conn *c, const struct idem_sco
         " created_ms = excluded.created_ms, expires_ms = excluded.expires_ms"
         " WHERE " RETENTION_LET_GO;
     sqlite3_stmt *stmt = NULL;
-    int64_t now = idem__now_ms();
+    int64_t now = clock_wall_ms();
     int changes = 0;
     int rc = record_stmt(c, sql, s, &stmt);
 
@@ -627,7 +627,7 @@ static int sq_record_get(struct idem_conn *c, const struct idem_scope *s, struct
     memset(rec, 0, sizeof(*rec));
     if (rc < 0)
         return rc;
-    rec->store_now_ms = idem__now_ms();
+    rec->store_now_ms = clock_wall_ms();
     step = sqlite3_step(stmt);
     if (step == SQLITE_ROW) {
         const void *fp = sqlite3_column_blob(stmt, 1);
@@ -676,7 +676,7 @@ static int sq_record_takeover(struct idem_conn *c, const struct idem_scope *s,
                               " WHERE " SCOPE_WHERE " AND status = 0 AND lease_expires_ms <= ?6"
                               " AND fingerprint = ?7";
     sqlite3_stmt *stmt = NULL;
-    int64_t now = idem__now_ms();
+    int64_t now = clock_wall_ms();
     int changes = 0;
     int rc = record_stmt(c, sql, s, &stmt);
 
@@ -709,7 +709,7 @@ static int sq_record_advance(struct idem_conn *c, const struct idem_scope *s, co
     if (sqlite3_bind_text(stmt, 4, point, -1, SQLITE_STATIC) != SQLITE_OK ||
         (data ? sqlite3_bind_text(stmt, 5, data, -1, SQLITE_STATIC) : sqlite3_bind_null(stmt, 5)) !=
             SQLITE_OK ||
-        sqlite3_bind_int64(stmt, 6, idem__now_ms() + lease_ms) != SQLITE_OK ||
+        sqlite3_bind_int64(stmt, 6, clock_wall_ms() + lease_ms) != SQLITE_OK ||
         sqlite3_bind_text(stmt, 7, owner, -1, SQLITE_STATIC) != SQLITE_OK)
         return fail(c, IDEM_ESTORE, "bind");
     rc = step_done(c, stmt, "advance record", &changes);
@@ -806,7 +806,7 @@ static int sq_record_sweep(struct idem_conn *c, int limit, int *deleted)
     *deleted = 0;
     if (rc < 0)
         return rc;
-    if (sqlite3_bind_int64(e->stmt, 1, idem__now_ms()) != SQLITE_OK ||
+    if (sqlite3_bind_int64(e->stmt, 1, clock_wall_ms()) != SQLITE_OK ||
         sqlite3_bind_int(e->stmt, 2, limit) != SQLITE_OK)
         return fail(c, IDEM_ESTORE, "bind");
     return step_done(c, e->stmt, "sweep", deleted);
@@ -834,7 +834,7 @@ static int sq_record_stalled(struct idem_conn *c, const char *operation, int lim
     list = calloc((size_t)limit, sizeof(*list));
     if (!list)
         return IDEM_ENOMEM;
-    if (sqlite3_bind_int64(e->stmt, 1, idem__now_ms()) != SQLITE_OK ||
+    if (sqlite3_bind_int64(e->stmt, 1, clock_wall_ms()) != SQLITE_OK ||
         (operation ? sqlite3_bind_text(e->stmt, 2, operation, -1, SQLITE_STATIC)
                    : sqlite3_bind_null(e->stmt, 2)) != SQLITE_OK ||
         sqlite3_bind_int(e->stmt, 3, limit) != SQLITE_OK) {
@@ -936,7 +936,7 @@ static int sq_migrate(struct idem_conn *c, const char *component,
         if (rc == 0) {
             if (sqlite3_bind_text(e->stmt, 1, component, -1, SQLITE_STATIC) != SQLITE_OK ||
                 sqlite3_bind_int(e->stmt, 2, steps[i].version) != SQLITE_OK ||
-                sqlite3_bind_int64(e->stmt, 3, idem__now_ms()) != SQLITE_OK)
+                sqlite3_bind_int64(e->stmt, 3, clock_wall_ms()) != SQLITE_OK)
                 rc = fail(c, IDEM_ESTORE, "bind");
         }
         if (rc == 0)

@@ -108,7 +108,7 @@ static int run_alone(struct idem_store *st, struct idem_conn *c, struct batch_jo
         vt->whole_tx(c);
     rc = j->fn(c, j->arg);
     if (rc == 0) {
-        t0 = idem__mono_ns();
+        t0 = clock_mono_ns();
         rc = vt->commit(c);
         if (rc == 0)
             idem__store_count_commit(st, 1, t0);
@@ -150,7 +150,7 @@ static int run_together(struct idem_store *st, struct idem_conn *c, struct batch
         }
     }
     if (rc == 0) {
-        t0 = idem__mono_ns();
+        t0 = clock_mono_ns();
         rc = vt->commit(c);
         if (rc == 0) {
             idem__store_count_commit(st, kept, t0);

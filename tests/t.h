@@ -47,13 +47,8 @@ static int t_checks;
         }                                                                                          \
     } while (0)
 
-/* The monotonic clock, in milliseconds. */
-static inline int64_t t_mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+/* The clocks: common/clock.h's clock_mono_ms()... */
+#include "../common/clock.h"
 
 /*
  * Sleeps `ms` milliseconds.  Only for time itself to pass (a lease or a lifetime must run out) or
@@ -82,11 +77,11 @@ static inline void t_sleep_ms(int64_t ms)
  */
 #define T_WAIT_UNTIL(cond, what)                                                                   \
     do {                                                                                           \
-        const int64_t t_deadline_ = t_mono_ms() + T_WAIT_MS;                                       \
+        const int64_t t_deadline_ = clock_mono_ms() + T_WAIT_MS;                                   \
         int64_t t_pause_ = 1;                                                                      \
         t_checks++;                                                                                \
         while (!(cond)) {                                                                          \
-            if (t_mono_ms() >= t_deadline_) {                                                      \
+            if (clock_mono_ms() >= t_deadline_) {                                                  \
                 t_failures++;                                                                      \
                 fprintf(stderr, "%s:%d: gave up after %d s waiting for %s (%s)\n", __FILE__,       \
                         __LINE__, T_WAIT_MS / 1000, what, #cond);                                  \

@@ -117,7 +117,7 @@ int idem_client_open(const struct idem_client_options *opts, struct idem_client 
     global = 0; /* owned by c from here on */
     /* Jitter needs no secrecy; if the kernel gives no bytes, the clock still spreads clients. */
     if (idem_client__random_bytes(&seed, sizeof seed) < 0)
-        seed = (uint64_t)idem_client__now_ms() ^ ((uint64_t)idem_client__mono_ms() << 20);
+        seed = (uint64_t)clock_wall_ms() ^ ((uint64_t)clock_mono_ms() << 20);
     idem_client__rng_seed(&c->rng, seed);
     *out = c;
     c = NULL;
@@ -339,9 +339,9 @@ static enum idem_client__verdict attempt(struct idem_client *c, struct attempt_c
     (void)curl_easy_setopt(
         c->curl, CURLOPT_CONNECTTIMEOUT_MS,
         (long)(timeout_ms < c->opts.connect_timeout_ms ? timeout_ms : c->opts.connect_timeout_ms));
-    t0 = idem_client__mono_ms();
+    t0 = clock_mono_ms();
     cc = curl_easy_perform(c->curl);
-    a->took_ms = idem_client__mono_ms() - t0;
+    a->took_ms = clock_mono_ms() - t0;
     a->retry_after_ms = -1;
     if (cc == CURLE_OK) {
         a->status = r->status;
@@ -437,16 +437,16 @@ int idem_client_send(struct idem_client *c, const struct idem_client_request *re
     if (rc < 0)
         goto out;
 
-    start = idem_client__mono_ms();
+    start = clock_mono_ms();
     deadline = start + c->opts.max_time_ms;
     for (n = 1;; n++) {
         memset(&a, 0, sizeof a);
         a.n = n;
         if (n > 1) {
-            idem_client__sleep_ms(delay);
+            clock_sleep_ms(delay);
             a.waited_ms = delay;
         }
-        left = deadline - idem_client__mono_ms();
+        left = deadline - clock_mono_ms();
         timeout = left < c->opts.attempt_timeout_ms ? left : c->opts.attempt_timeout_ms;
         if (timeout < 1)
             timeout = 1;
@@ -465,7 +465,7 @@ int idem_client_send(struct idem_client *c, const struct idem_client_request *re
                 idem_client__backoff_ms(&c->rng, n, c->opts.base_delay_ms, c->opts.max_delay_ms);
             if (a.retry_after_ms > delay)
                 delay = a.retry_after_ms;
-            now = idem_client__mono_ms();
+            now = clock_mono_ms();
             if (now + delay >= deadline) {
                 oc = IDEM_CLIENT_OUTCOME_EXHAUSTED;
                 idem_client__fmt(c->reason, sizeof c->reason,
@@ -483,7 +483,7 @@ int idem_client_send(struct idem_client *c, const struct idem_client_request *re
         if (oc != IDEM_CLIENT_OUTCOME_NONE)
             break;
     }
-    r->elapsed_ms = idem_client__mono_ms() - start;
+    r->elapsed_ms = clock_mono_ms() - start;
     if (oc == IDEM_CLIENT_OUTCOME_FINAL)
         idem_client__set_text(&r->reason, "final answer %d after %d attempt%s", r->status,
                               r->attempts, r->attempts == 1 ? "" : "s");

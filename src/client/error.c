@@ -60,22 +60,7 @@ void idem_client_free(void *p)
     free(p);
 }
 
-/* The clocks, the sleep and the formatting are common/clock.h's and common/fmt.h's. */
-int64_t idem_client__mono_ms(void)
-{
-    return clock_now_ms(CLOCK_MONOTONIC);
-}
-
-int64_t idem_client__now_ms(void)
-{
-    return clock_now_ms(CLOCK_REALTIME);
-}
-
-void idem_client__sleep_ms(int64_t ms)
-{
-    clock_sleep_ms(ms);
-}
-
+/* The formatting is common/fmt.h's (the clocks and the sleep: common/clock.h). */
 void idem_client__fmt(char *buf, size_t cap, const char *fmt, ...)
 {
     va_list ap;

@@ -18,12 +18,9 @@
 /* ---- helpers (error.c) ------------------------------------------------------------------------
  */
 
-/* Milliseconds of CLOCK_MONOTONIC, for pauses and deadlines inside one call. */
-int64_t idem_client__mono_ms(void);
-/* Milliseconds of the wall clock, for journal timestamps. */
-int64_t idem_client__now_ms(void);
-/* Sleeps `ms` milliseconds, restarting on EINTR. */
-void idem_client__sleep_ms(int64_t ms);
+/* The clocks (monotonic for pauses and deadlines, the wall for journal timestamps) and the
+ * sleep are common/clock.h's clock_*(). */
+#include "clock.h"
 /* snprintf into a fixed message buffer; never overflows, always NUL-terminates. */
 void idem_client__fmt(char *buf, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -607,7 +607,7 @@ static int write_all(int fd, const char *buf, size_t len)
 static int append(struct idem_client_journal *j, char type, const char *name, const char *last)
 {
     char line[LINE_MAX_BYTES + 32];
-    size_t len = format_line(type, idem_client__now_ms(), name, last, line);
+    size_t len = format_line(type, clock_wall_ms(), name, last, line);
 
     if (len == 0)
         return IDEM_CLIENT_EINVAL;
@@ -763,7 +763,7 @@ static void compact_if_large(struct idem_client_journal *j)
         j->loaded < 2 * j->compacted_size)
         return;
     memcpy(saved, j->errmsg, sizeof saved);
-    if (rewrite(j, idem_client__now_ms() - JOURNAL_COMPACT_AGE_MS, &dropped, &kept) < 0)
+    if (rewrite(j, clock_wall_ms() - JOURNAL_COMPACT_AGE_MS, &dropped, &kept) < 0)
         j->compacted_size = j->loaded; /* wait until it doubles before trying again */
     memcpy(j->errmsg, saved, sizeof saved);
 }
@@ -935,7 +935,7 @@ int idem_client_journal_begin(struct idem_client_journal *j, const char *intent,
     rc = append(j, 'K', intent, key);
     if (rc < 0)
         goto out;
-    it = table_add(&j->t, name_copy, key_copy, idem_client__now_ms());
+    it = table_add(&j->t, name_copy, key_copy, clock_wall_ms());
     if (!it) {
         /* On disk but not in memory: the next call reads the file again. */
         j->loaded = 0;
@@ -1040,7 +1040,7 @@ int idem_client_journal_compact(struct idem_client_journal *j, int64_t older_tha
     rc = lock_and_reload(j, LOCK_EX);
     if (rc < 0)
         return rc;
-    rc = rewrite(j, idem_client__now_ms() - older_than_ms, &d, &k);
+    rc = rewrite(j, clock_wall_ms() - older_than_ms, &d, &k);
     unlock(j);
     if (rc == 0) {
         if (dropped)

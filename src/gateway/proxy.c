@@ -937,14 +937,14 @@ static int upstream_backstop(const struct gateway *gw, struct parked *pk)
 {
     int ms = gw->cfg->upstream_connect_timeout_ms + gw->cfg->upstream_timeout_ms + 5000;
 
-    pk->deadline_ms = mono_ns() / 1000000 + ms;
+    pk->deadline_ms = clock_mono_ns() / 1000000 + ms;
     return ms;
 }
 
 /* What is left of the backstop (ms; 0 or less once it passed). */
 static int64_t backstop_left(const struct parked *pk)
 {
-    return pk->deadline_ms - mono_ns() / 1000000;
+    return pk->deadline_ms - clock_mono_ns() / 1000000;
 }
 
 /*
@@ -1056,7 +1056,7 @@ static enum http_loop_verdict fresh_on_loop(struct gateway *gw, const struct not
     pk->gw = gw;
     pk->step = PARK_CLAIM;
     pk->token = park->token;
-    pk->since_ns = mono_ns();
+    pk->since_ns = clock_mono_ns();
     rc = idem_call_begin_async(gw->engine, op, n->principal, n->key, n->fp, claim_done, pk);
     if (rc == 1)
         return park_again(pk, park, STEP_CHECK_MS);
@@ -1127,7 +1127,7 @@ static enum http_loop_verdict fresh_on_unpark(struct gateway *gw, const struct r
     case PARK_CLAIM:
         /* A claim that found a record is timed again by the blocking way's. */
         if (pk->store_rc < 0 || pk->outcome == IDEM_OUTCOME_EXECUTE)
-            gw_metrics_store(gw->metrics, (double)(mono_ns() - pk->since_ns) / 1e9);
+            gw_metrics_store(gw->metrics, (double)(clock_mono_ns() - pk->since_ns) / 1e9);
         if (pk->store_rc < 0) {
             answer_no_claim(gw, r->operation, idem_call_errmsg(pk->call), resp);
             idem_call_end(pk->call);
@@ -1386,9 +1386,9 @@ static void proxy_handle(void *ctx, const struct request *rq, struct response *r
         parked.wait_ms = op->wait_ms > n->watched_ms ? op->wait_ms - n->watched_ms : 1;
         op = &parked;
     }
-    t0 = mono_ns();
+    t0 = clock_mono_ns();
     rc = idem_call_begin(gw->engine, op, n->principal, n->key, n->fp, &call, &outcome);
-    gw_metrics_store(gw->metrics, (double)(mono_ns() - t0) / 1e9);
+    gw_metrics_store(gw->metrics, (double)(clock_mono_ns() - t0) / 1e9);
     if (rc < 0) {
         char why[600];
         snprintf(why, sizeof why, "%s: %s", idem_err_name(rc), idem_call_begin_error());

@@ -104,7 +104,7 @@ static int idle_usable(const struct idle_conn *ic, int64_t now)
 
 static int take_idle(struct upstream *up)
 {
-    int64_t now = mono_ms();
+    int64_t now = clock_mono_ms();
     int fd = -1;
 
     pthread_mutex_lock(&up->lock);
@@ -124,7 +124,7 @@ static void give_back(struct upstream *up, int fd)
     pthread_mutex_lock(&up->lock);
     if (up->nidle < (up->opts.max_idle > 0 ? up->opts.max_idle : 1)) {
         up->idle[up->nidle].fd = fd;
-        up->idle[up->nidle].since_ms = mono_ms();
+        up->idle[up->nidle].since_ms = clock_mono_ms();
         up->nidle++;
         fd = -1;
     }
@@ -153,7 +153,7 @@ static int connect_new(struct upstream *up, char *err, size_t errlen)
         snprintf(err, errlen, "connect to %s: %s", up->host_header, strerror(errno));
         goto fail;
     }
-    w = fd_wait(fd, POLLOUT, mono_ms() + up->opts.connect_timeout_ms);
+    w = fd_wait(fd, POLLOUT, clock_mono_ms() + up->opts.connect_timeout_ms);
     if (w <= 0) {
         snprintf(err, errlen, "connect to %s: %s", up->host_header,
                  w == 0 ? "timed out" : strerror(errno));
@@ -313,8 +313,8 @@ enum http_fetch_result upstream_exchange(struct upstream *up, const struct upstr
     iov[0].iov_len = head.len;
     iov[1].iov_base = (void *)rq->body;
     iov[1].iov_len = rq->body_len;
-    start_ns = mono_ns();
-    deadline = mono_ms() + up->opts.timeout_ms;
+    start_ns = clock_mono_ns();
+    deadline = clock_mono_ms() + up->opts.timeout_ms;
     early = write_all(fd, iov, rq->body_len > 0 ? 2 : 1, deadline, &sent);
     if (early < 0) {
         int e = errno;
@@ -330,7 +330,7 @@ enum http_fetch_result upstream_exchange(struct upstream *up, const struct upstr
         http_reply_reader_take(&r, resp);
         resp->timed_out = timed_out;
     }
-    resp->seconds = (double)(mono_ns() - start_ns) / 1e9;
+    resp->seconds = (double)(clock_mono_ns() - start_ns) / 1e9;
     if (streaming) {
         /* The rest of the body is the caller's to read: the reader and the connection go along. */
         resp->rest = http_body_stream_new(&r, fd, up->opts.timeout_ms);

@@ -271,7 +271,7 @@ int http_body_stream_next(struct http_body_stream *st, struct strbuf *into, char
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             /* The timeout is per stall, not for the whole body: a large one takes its time. */
-            int w = fd_wait(st->fd, POLLIN, mono_ms() + st->timeout_ms);
+            int w = fd_wait(st->fd, POLLIN, clock_mono_ms() + st->timeout_ms);
             if (w == 0) {
                 snprintf(err, errlen, "the upstream stopped sending the body for %d ms",
                          st->timeout_ms);
@@ -490,7 +490,7 @@ static void finish(struct http_fetch *f, enum http_fetch_result res, struct http
         memset(&empty, 0, sizeof empty);
         reply = &empty;
     }
-    reply->seconds = f->start_ns ? (double)(mono_ns() - f->start_ns) / 1e9 : 0;
+    reply->seconds = f->start_ns ? (double)(clock_mono_ns() - f->start_ns) / 1e9 : 0;
     f->done(f->arg, res, reply, err);
     free(f->out);
     free(f);
@@ -541,7 +541,7 @@ static void release(struct fconn *c, int reusable)
         fconn_close(c);
         return;
     }
-    c->idle_since_ms = mono_ms();
+    c->idle_since_ms = clock_mono_ms();
     c->next = p->idle;
     p->idle = c;
     p->nidle++;
@@ -638,7 +638,7 @@ static void send_on(struct fconn *c)
     http_reply_reader_init(&c->rr, f->hold_max, (f->flags & HTTP_FETCH_HEAD) != 0);
     if (f->flags & HTTP_FETCH_MAY_STREAM)
         http_reply_reader_allow_stream(&c->rr);
-    f->start_ns = mono_ns();
+    f->start_ns = clock_mono_ns();
     c->writing = 1;
     rc = uv_write(&c->write, (uv_stream_t *)&c->tcp, &buf, 1, write_cb);
     if (rc < 0) {
@@ -681,7 +681,7 @@ static void connect_cb(uv_connect_t *req, int status)
 /* A pooled connection fit for a request: young (its read is armed, so a close was seen). */
 static struct fconn *take_idle(struct loop_pool *p)
 {
-    int64_t now = mono_ms();
+    int64_t now = clock_mono_ms();
 
     while (p->idle) {
         struct fconn *c = p->idle;

@@ -769,7 +769,8 @@ static void send_response(struct conn *c, const struct request *rq, int keep_ali
         strbuf_add(&out, r->body, r->body_len);
 
     if (c->report && lp->srv->opts.answered != NULL)
-        lp->srv->opts.answered(lp->srv->opts.ctx, rq, r, (double)(mono_ns() - c->start_ns) / 1e9);
+        lp->srv->opts.answered(lp->srv->opts.ctx, rq, r,
+                               (double)(clock_mono_ns() - c->start_ns) / 1e9);
 
     /* Reading goes on: bytes that come meanwhile wait in c->in (on_read). */
     set_state(c, CONN_WRITING);
@@ -839,12 +840,12 @@ static uint64_t stream_taken(const struct conn *c, int fd)
 static int stream_wait(struct conn *c, int fd)
 {
     const struct http_limits *l = &c->lp->srv->opts.limits;
-    int64_t stalled_since = mono_ms(), now, wait, allowed;
+    int64_t stalled_since = clock_mono_ms(), now, wait, allowed;
     uint64_t taken = stream_taken(c, fd), t;
     int ready;
 
     for (;;) {
-        now = mono_ms();
+        now = clock_mono_ms();
         wait = stalled_since + l->write_timeout_ms - now;
         if (l->stream_min_rate > 0) {
             allowed = (int64_t)(taken * 1000 / (uint64_t)l->stream_min_rate);
@@ -858,13 +859,13 @@ static int stream_wait(struct conn *c, int fd)
         if (wait > STREAM_WAIT_SLICE_MS)
             wait = STREAM_WAIT_SLICE_MS;
         ready = fd_wait(fd, POLLOUT, now + wait);
-        c->stream_waited_ms += mono_ms() - now;
+        c->stream_waited_ms += clock_mono_ms() - now;
         if (ready != 0)
             return ready > 0 ? 0 : -1;
         t = stream_taken(c, fd);
         if (t > taken) {
             taken = t;
-            stalled_since = mono_ms();
+            stalled_since = clock_mono_ms();
         }
     }
 }
@@ -908,7 +909,7 @@ static int stream_past_grace(const struct conn *c)
 {
     int64_t d = atomic_load(&c->lp->srv->stop_deadline_ns);
 
-    return d != 0 && mono_ns() > d;
+    return d != 0 && clock_mono_ns() > d;
 }
 
 int http_stream_begin(const struct request *rq, const struct response *resp, uint64_t length)
@@ -1014,7 +1015,7 @@ static void stream_done(struct conn *c, const struct request *rq)
     stream_unreserve(c);
     if (c->report && lp->srv->opts.answered != NULL)
         lp->srv->opts.answered(lp->srv->opts.ctx, rq, &c->resp,
-                               (double)(mono_ns() - c->start_ns) / 1e9);
+                               (double)(clock_mono_ns() - c->start_ns) / 1e9);
     if (!ok) {
         conn_close(c); /* the client sees the body cut short */
         return;
@@ -1310,7 +1311,7 @@ static void parse(struct conn *c, const char *data, size_t len)
         if ((c->state == CONN_IDLE || c->state == CONN_FRESH) && request_parser_started(&c->rp)) {
             c->report = 1;
             set_state(c, CONN_HEAD);
-            c->start_ns = mono_ns();
+            c->start_ns = clock_mono_ns();
         }
         if (r == REQUEST_PARSE_MORE)
             break;
@@ -1561,7 +1562,7 @@ static void on_connection(uv_stream_t *server, int status)
     }
     uv_tcp_nodelay(&c->tcp, 1);
     peer_of(c);
-    c->start_ns = mono_ns();
+    c->start_ns = clock_mono_ns();
     total = atomic_load(&srv->nconns);
     if (total > srv->opts.limits.max_connections) {
         atomic_fetch_add(&srv->st_refused, 1);
@@ -1963,7 +1964,7 @@ static int requests_finishing(const struct http_server *srv)
  */
 static int stop_may_end(struct http_server *srv, int64_t deadline)
 {
-    int64_t now = mono_ns();
+    int64_t now = clock_mono_ns();
 
     if (now < deadline)
         return 0;
@@ -1994,10 +1995,10 @@ void http_server_stop(struct http_server *srv)
             if (srv->loops[i].started)
                 uv_async_send(&srv->loops[i].wake);
         }
-        deadline = mono_ns() + (int64_t)srv->opts.stop_grace_s * 1000000000;
+        deadline = clock_mono_ns() + (int64_t)srv->opts.stop_grace_s * 1000000000;
         atomic_store(&srv->stop_deadline_ns, deadline);
         while ((left = requests_in_flight(srv)) > 0 && !stop_may_end(srv, deadline))
-            sleep_ms(10);
+            clock_sleep_ms(10);
         if (left > 0)
             server_log(srv, "stopping with %d requests unfinished", left);
         for (i = 0; i < srv->nloops; i++) {

@@ -49,11 +49,6 @@ double ck_rng_double(struct ck_rng *r)
     return (double)((x * 0x2545F4914F6CDD1Dull) >> 11) / 9007199254740992.0;
 }
 
-long long ck_now_ms(void)
-{
-    return (long long)clock_now_ms(CLOCK_MONOTONIC);
-}
-
 /* ---- the clients ---------------------------------------------------------------------------- */
 
 struct dup_arg {
@@ -90,7 +85,8 @@ static void *client_main(void *arg)
         struct dup_arg d;
         int dup_started = 0;
 
-        if (i >= cx->o.intents || atomic_load(&cx->stop_drive) || ck_now_ms() >= cx->deadline_ms)
+        if (i >= cx->o.intents || atomic_load(&cx->stop_drive) ||
+            clock_mono_ms() >= cx->deadline_ms)
             break;
         it = &cx->in[i];
         it->started = 1;
@@ -120,10 +116,10 @@ static void *killer_main(void *arg)
 
     ck_rng_seed(&rng);
     while (!atomic_load(&cx->stop_kill)) {
-        long long wake = ck_now_ms() + cx->o.kill_every_s * 1000;
+        long long wake = clock_mono_ms() + cx->o.kill_every_s * 1000;
         int i;
-        while (ck_now_ms() < wake && !atomic_load(&cx->stop_kill))
-            ck_sleep_ms(50);
+        while (clock_mono_ms() < wake && !atomic_load(&cx->stop_kill))
+            clock_sleep_ms(50);
         if (atomic_load(&cx->stop_kill))
             break;
         i = (int)(ck_rng_double(&rng) * cx->n_inst);
@@ -138,7 +134,7 @@ static void *killer_main(void *arg)
      * the orderd processes it started have been stopped. */
     atomic_store(&cx->killer_idle, 1);
     while (!atomic_load(&cx->killer_release))
-        ck_sleep_ms(20);
+        clock_sleep_ms(20);
     return NULL;
 }
 
@@ -154,7 +150,7 @@ static void *killer_main(void *arg)
 static void progress(struct chaos *cx, int final)
 {
     long done = atomic_load(&cx->done), n = cx->o.intents;
-    long long now = ck_now_ms();
+    long long now = clock_mono_ms();
     int filled = n ? (int)(done * 30 / n) : 30, i;
     char bar[31];
 
@@ -193,7 +189,7 @@ static void audit_frame(struct chaos *cx, int end, const char *fmt, va_list ap)
 
 void ck_audit_progress(struct chaos *cx, const char *fmt, ...)
 {
-    long long now = ck_now_ms();
+    long long now = clock_mono_ms();
     va_list ap;
 
     if (!cx->tty || (cx->progress_shown && now - cx->progress_ms < AUDIT_PROGRESS_MS))
@@ -749,7 +745,7 @@ static void drive(struct chaos *cx, pthread_t *killer, int *have_killer)
     ck_proxy_set_faults(&cx->proxy, cx->o.drop_rate, cx->o.reset_rate, cx->o.cut_rate);
     if (cx->hook_proxy_on)
         ck_proxy_set_faults(&cx->hook_proxy, cx->o.drop_rate, cx->o.reset_rate, cx->o.cut_rate);
-    cx->deadline_ms = ck_now_ms() + cx->o.max_time_s * 1000;
+    cx->deadline_ms = clock_mono_ms() + cx->o.max_time_s * 1000;
     /* Failovers first: the killer reads cx->fo (ck_failover_running) from its own thread. */
     if (cx->o.failover_every_s > 0 && ck_failover_start(cx) < 0)
         atomic_store(&cx->stop_drive, 1);
@@ -765,7 +761,7 @@ static void drive(struct chaos *cx, pthread_t *killer, int *have_killer)
     }
     while (atomic_load(&cx->alive) > 0) {
         progress(cx, 0);
-        ck_sleep_ms(200);
+        clock_sleep_ms(200);
     }
     for (k = 0; k < cx->o.clients; k++)
         if (th[k])
@@ -776,7 +772,7 @@ static void drive(struct chaos *cx, pthread_t *killer, int *have_killer)
     /* No new failover; one running is waited for: the audit needs a primary. */
     ck_failover_stop(cx);
     while (*have_killer && !atomic_load(&cx->killer_idle))
-        ck_sleep_ms(20);
+        clock_sleep_ms(20);
 }
 
 static int make_workdir(struct chaos *cx)
@@ -799,7 +795,7 @@ int ck_chaos_main(int argc, char **argv)
     pthread_t killer;
     int rc, have_killer = 0, curl_on = 0;
     long k;
-    long long t0 = ck_now_ms();
+    long long t0 = clock_mono_ms();
     char failover_why[PATH_MAX + 1024];
 
     memset(cx, 0, sizeof(*cx));
@@ -880,9 +876,9 @@ int ck_chaos_main(int argc, char **argv)
              ? CK_EXIT_FAIL
              : CK_EXIT_OK;
     if (cx->o.json)
-        ck_print_json(cx, &au, &v, (double)(ck_now_ms() - t0) / 1000.0, rc);
+        ck_print_json(cx, &au, &v, (double)(clock_mono_ms() - t0) / 1000.0, rc);
     else
-        ck_print_table(cx, &au, &v, (double)(ck_now_ms() - t0) / 1000.0, rc);
+        ck_print_table(cx, &au, &v, (double)(clock_mono_ms() - t0) / 1000.0, rc);
     fflush(stdout);
 
 out:

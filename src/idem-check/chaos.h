@@ -244,8 +244,6 @@ struct chaos {
     struct ck_haproxy lb;    /* --haproxy-config (chaos_haproxy.c) */
 };
 
-long long ck_now_ms(void);
-
 /* A NULL-terminated array of malloc'd strings (an environment) and its strings, freed. */
 void ck_free_env(char **env);
 

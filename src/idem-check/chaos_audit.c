@@ -294,7 +294,7 @@ static int read_inbox(struct chaos *cx, struct ck_inbox *out, char *why, size_t 
  */
 static int read_baseline(struct chaos *cx, char *why, size_t cap)
 {
-    long long give_up = ck_now_ms() + 5000;
+    long long give_up = clock_mono_ms() + 5000;
     struct ck_ledger again;
     int hooks;
 
@@ -309,9 +309,9 @@ static int read_baseline(struct chaos *cx, char *why, size_t cap)
             return -1;
         cx->inbox_slack_low = again.events - cx->ledger_before.events;
         cx->inbox_slack_high = cx->ledger_before.pending;
-        if ((cx->inbox_slack_low == 0 && cx->inbox_slack_high == 0) || ck_now_ms() > give_up)
+        if ((cx->inbox_slack_low == 0 && cx->inbox_slack_high == 0) || clock_mono_ms() > give_up)
             return 0;
-        ck_sleep_ms(100);
+        clock_sleep_ms(100);
     }
 }
 
@@ -432,7 +432,7 @@ static void replay_intents(struct chaos *cx, struct ck_audit *au)
     while (atomic_load(&rp.done) < cx->o.intents) {
         ck_audit_progress(cx, "audit: replaying the intents, %ld/%ld", atomic_load(&rp.done),
                           cx->o.intents);
-        ck_sleep_ms(100);
+        clock_sleep_ms(100);
     }
     for (k = 0; k < n; k++)
         if (started[k])
@@ -600,7 +600,7 @@ void ck_audit(struct chaos *cx, struct ck_audit *au)
 {
     struct ck_order *rows = NULL;
     size_t n_rows = 0, i;
-    long long t0 = ck_now_ms(), grace_end;
+    long long t0 = clock_mono_ms(), grace_end;
     char why[sizeof(au->problem)];
     long k;
 
@@ -609,7 +609,7 @@ void ck_audit(struct chaos *cx, struct ck_audit *au)
     /* 2. The grace period: until no order is pending, every newly paid order has its charge and
      *    its confirmation email, and every webhook delivery was made (or time is up).  What a
      *    pass could not read is its problem; only the last pass's counts. */
-    grace_end = ck_now_ms() + cx->o.grace_s * 1000;
+    grace_end = clock_mono_ms() + cx->o.grace_s * 1000;
     for (;;) {
         au->problem[0] = '\0';
         au->refs_ok = 0;
@@ -632,12 +632,12 @@ void ck_audit(struct chaos *cx, struct ck_audit *au)
             else
                 set_problem(au, why);
         }
-        if (settled(cx, rows, n_rows, au) || ck_now_ms() > grace_end)
+        if (settled(cx, rows, n_rows, au) || clock_mono_ms() > grace_end)
             break;
         ck_audit_progress(
             cx, "audit: settling, %ld orders pending, %ld of %ld charges (%llds left)", au->pending,
-            au->delta.charges, au->paid_delta, (grace_end - ck_now_ms()) / 1000);
-        ck_sleep_ms(n_rows > 2000 ? 1000 : 250);
+            au->delta.charges, au->paid_delta, (grace_end - clock_mono_ms()) / 1000);
+        clock_sleep_ms(n_rows > 2000 ? 1000 : 250);
     }
     if (cx->webhooks) {
         struct ck_inbox after;
@@ -730,7 +730,7 @@ void ck_audit(struct chaos *cx, struct ck_audit *au)
     }
 out:
     free(rows);
-    cx->audit_ms = ck_now_ms() - t0;
+    cx->audit_ms = clock_mono_ms() - t0;
     ck_audit_progress_end(cx, "audit: %ld pages of orders, %ld ledger pages read in %.1f s",
                           cx->order_pages, cx->ledger_pages, (double)cx->audit_ms / 1000.0);
 }

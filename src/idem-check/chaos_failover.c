@@ -104,7 +104,7 @@ void ck_failover_attempt(struct chaos *cx, int status)
         return;
     pthread_mutex_lock(&fo->lock);
     /* Taken under the lock: the attempts of all clients are judged in the order of their times. */
-    now = ck_now_ms();
+    now = clock_mono_ms();
     if (failed && !fo->fail_since)
         fo->fail_since = now;
     else if (ok && fo->fail_since) {
@@ -146,7 +146,7 @@ static pid_t spawn_cmd(char *script, const char *kind, int log_fd, int null_fd)
  * set when it was killed for the time). */
 static int wait_cmd(pid_t pid, long long timeout_ms, int *signo, int *timed_out)
 {
-    long long end = ck_now_ms() + timeout_ms;
+    long long end = clock_mono_ms() + timeout_ms;
     int st = 0;
 
     *signo = 0;
@@ -157,14 +157,14 @@ static int wait_cmd(pid_t pid, long long timeout_ms, int *signo, int *timed_out)
             break;
         if (got < 0 && errno != EINTR)
             return -1;
-        if (ck_now_ms() >= end) {
+        if (clock_mono_ms() >= end) {
             *timed_out = 1;
             kill(-pid, SIGKILL);
             kill(pid, SIGKILL);
             waitpid(pid, &st, 0);
             return -1;
         }
-        ck_sleep_ms(100);
+        clock_sleep_ms(100);
     }
     if (WIFEXITED(st))
         return WEXITSTATUS(st);
@@ -215,7 +215,7 @@ static size_t begin_failover(struct ck_failovers *fo, int kind, long long *start
     i = fo->n++;
     memset(&fo->f[i], 0, sizeof(fo->f[i]));
     fo->f[i].kind = kind;
-    fo->f[i].start_ms = ck_now_ms();
+    fo->f[i].start_ms = clock_mono_ms();
     fo->f[i].status = -1;
     *start = fo->f[i].start_ms;
     pthread_mutex_unlock(&fo->lock);
@@ -273,7 +273,7 @@ static int run_failover(struct chaos *cx, int kind)
     free(script);
     if (pid > 0)
         status = wait_cmd(pid, FAILOVER_TIMEOUT_MS, &signo, &timed_out);
-    took = ck_now_ms() - start;
+    took = clock_mono_ms() - start;
     pthread_mutex_lock(&fo->lock);
     fo->f[i].end_ms = start + took;
     fo->f[i].status = status;
@@ -296,11 +296,11 @@ static void *failover_main(void *arg)
     int kind = 0;
 
     for (;;) {
-        long long wake = ck_now_ms() + cx->o.failover_every_s * 1000;
-        while (ck_now_ms() < wake && !atomic_load(&fo->stop))
-            ck_sleep_ms(50);
+        long long wake = clock_mono_ms() + cx->o.failover_every_s * 1000;
+        while (clock_mono_ms() < wake && !atomic_load(&fo->stop))
+            clock_sleep_ms(50);
         /* None after the drive's last intent started: the audit needs the database settled. */
-        if (atomic_load(&fo->stop) || ck_now_ms() >= cx->deadline_ms)
+        if (atomic_load(&fo->stop) || clock_mono_ms() >= cx->deadline_ms)
             break;
         if (run_failover(cx, kind) < 0) {
             /* Without a primary every intent would retry until its time is up: end the drive. */
@@ -320,7 +320,7 @@ int ck_failover_start(struct chaos *cx)
 
     memset(fo, 0, sizeof(*fo));
     pthread_mutex_init(&fo->lock, NULL);
-    fo->t0 = ck_now_ms();
+    fo->t0 = clock_mono_ms();
     snprintf(fo->log, sizeof(fo->log), "%s/failover.log", cx->workdir);
     cx->fo = fo;
     fo->have_thread = pthread_create(&fo->thread, NULL, failover_main, cx) == 0;
@@ -338,7 +338,7 @@ void ck_failover_stop(struct chaos *cx)
     /* The clients are done: a stretch of failures still open ends with the drive, unrecovered. */
     pthread_mutex_lock(&fo->lock);
     if (fo->fail_since)
-        stretch_over(fo, fo->fail_since, ck_now_ms(), 1);
+        stretch_over(fo, fo->fail_since, clock_mono_ms(), 1);
     fo->fail_since = 0;
     pthread_mutex_unlock(&fo->lock);
     atomic_store(&fo->stop, 1);

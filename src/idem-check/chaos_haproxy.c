@@ -155,7 +155,7 @@ static pid_t spawn_lb(const struct chaos *cx, char **envp, int lfd)
  * with why. */
 static int wait_forwarding(struct chaos *cx, char *why, size_t cap)
 {
-    long long end = ck_now_ms() + LB_START_TIMEOUT_MS;
+    long long end = clock_mono_ms() + LB_START_TIMEOUT_MS;
     char url[64], last[300] = "no attempt";
     struct ck_request rq;
 
@@ -184,12 +184,12 @@ static int wait_forwarding(struct chaos *cx, char *why, size_t cap)
                      WIFEXITED(ws) ? WEXITSTATUS(ws) : WTERMSIG(ws), cx->workdir);
             return -1;
         }
-        if (ck_now_ms() >= end) {
+        if (clock_mono_ms() >= end) {
             snprintf(why, cap, "GET %s through haproxy did not answer 200 in %d s (last: %s)", url,
                      LB_START_TIMEOUT_MS / 1000, last);
             return -1;
         }
-        ck_sleep_ms(100);
+        clock_sleep_ms(100);
     }
 }
 

@@ -53,8 +53,8 @@ pid_t ck_spawn(char **envp, char *const argv[], const char *out_path, const char
 /* Waits for "<prog>: listening on http://127.0.0.1:PORT" in the file; the port, or -1. */
 static int wait_listening(pid_t pid, const char *path, long timeout_ms)
 {
-    long long end = ck_now_ms() + timeout_ms;
-    while (ck_now_ms() < end) {
+    long long end = clock_mono_ms() + timeout_ms;
+    while (clock_mono_ms() < end) {
         char buf[512];
         FILE *f = fopen(path, "r");
         int status;
@@ -73,7 +73,7 @@ static int wait_listening(pid_t pid, const char *path, long timeout_ms)
         }
         if (waitpid(pid, &status, WNOHANG) == pid)
             return -1;
-        ck_sleep_ms(20);
+        clock_sleep_ms(20);
     }
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
@@ -83,14 +83,14 @@ static int wait_listening(pid_t pid, const char *path, long timeout_ms)
 /* SIGTERM to all of `pids` (those > 0) at once, then up to 5 s for them, then SIGKILL. */
 static void stop_all(pid_t *pids, int n)
 {
-    long long end = ck_now_ms() + 5000;
+    long long end = clock_mono_ms() + 5000;
     int i, left = 0;
 
     for (i = 0; i < n; i++)
         if (pids[i] > 0 && kill(pids[i], SIGTERM) == 0)
             left++;
-    while (left > 0 && ck_now_ms() < end) {
-        ck_sleep_ms(50);
+    while (left > 0 && clock_mono_ms() < end) {
+        clock_sleep_ms(50);
         for (i = 0; i < n; i++)
             if (pids[i] > 0 && waitpid(pids[i], NULL, WNOHANG) == pids[i]) {
                 pids[i] = -1;
@@ -185,7 +185,7 @@ int ck_start_orderd(struct chaos *cx, int i)
     char listen[32], out[PATH_MAX + 48], err[PATH_MAX + 48];
     char *argv[40];
     int argc = 0;
-    long long end = ck_now_ms() + START_TIMEOUT_MS;
+    long long end = clock_mono_ms() + START_TIMEOUT_MS;
     int port = in->port;
 
     snprintf(listen, sizeof(listen), "127.0.0.1:%d", port);
@@ -237,10 +237,10 @@ int ck_start_orderd(struct chaos *cx, int i)
          * database fails over there may be no primary to open the store on: orderd exits, and
          * is tried again until the failover is over, then for a whole window of its own. */
         if (ck_failover_running(cx))
-            end = ck_now_ms() + START_TIMEOUT_MS;
-        else if (port == 0 || ck_now_ms() > end)
+            end = clock_mono_ms() + START_TIMEOUT_MS;
+        else if (port == 0 || clock_mono_ms() > end)
             return -1;
-        ck_sleep_ms(ck_failover_running(cx) ? 500 : 100);
+        clock_sleep_ms(ck_failover_running(cx) ? 500 : 100);
     }
 }
 

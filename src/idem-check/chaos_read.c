@@ -72,7 +72,7 @@ json_t *ck_get_json(struct chaos *cx, const char *url, const char *token, char *
         ck_response_release(&rs);
         if (!(rs.transport_failed || rs.status >= 500) || attempt == READ_ATTEMPTS)
             break;
-        ck_sleep_ms(READ_PAUSE_MS);
+        clock_sleep_ms(READ_PAUSE_MS);
     }
     if (json_is_object(doc))
         return doc;

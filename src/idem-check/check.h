@@ -26,8 +26,8 @@ void *ck_xrealloc(void *p, size_t n);
 char *ck_xstrdup(const char *s);
 /* A new random key "idem-check-<32 hex>" from the OpenSSL CSPRNG; the caller frees it. */
 char *ck_random_key(void);
-/* Sleeps `ms` milliseconds, the whole pause (common/clock.h). */
-void ck_sleep_ms(long ms);
+/* The clocks and the sleep: common/clock.h's clock_mono_ms(), clock_sleep_ms()... */
+#include "clock.h"
 
 /* A growable byte buffer with a cap: bodies and headers come from strangers (curl's dynbuf). */
 struct ck_buf {

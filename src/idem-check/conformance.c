@@ -348,7 +348,7 @@ static void after_storm(struct run *run, const char *line, struct ck_response *r
         if (ck_response_header(r, "Retry-After", ra, sizeof(ra)) && atol(ra) > 0)
             wait_ms = atol(ra) > 3 ? 3000 : atol(ra) * 1000;
         ck_response_release(r);
-        ck_sleep_ms(wait_ms);
+        clock_sleep_ms(wait_ms);
     }
 }
 

@@ -123,7 +123,7 @@ static long content_length(const char *head, size_t len)
 static void cut_request(struct conn *c, char *buf, size_t cap, size_t have, double cut_at)
 {
     size_t want = 0;
-    long long end = ck_now_ms() + CUT_WAIT_MS;
+    long long end = clock_mono_ms() + CUT_WAIT_MS;
     int known = 0;
 
     for (;;) {
@@ -143,7 +143,7 @@ static void cut_request(struct conn *c, char *buf, size_t cap, size_t have, doub
                 known = 1;
             }
         }
-        if ((known && have >= want) || have >= cap || ck_now_ms() >= end)
+        if ((known && have >= want) || have >= cap || clock_mono_ms() >= end)
             break;
         if (poll(&pf, 1, 100) <= 0)
             continue;
@@ -157,7 +157,7 @@ static void cut_request(struct conn *c, char *buf, size_t cap, size_t have, doub
     if (want > have)
         want = have;
     if (want > 0 && write_all(c->up, buf, want) == 0)
-        ck_sleep_ms(20);
+        clock_sleep_ms(20);
     atomic_fetch_add(&c->p->cuts, 1);
     close_rst(c->up);
     close_rst(c->client);
@@ -391,13 +391,13 @@ void ck_proxy_set_faults(struct ck_proxy *p, double drop_rate, double reset_rate
 
 void ck_proxy_stop(struct ck_proxy *p)
 {
-    long long end = ck_now_ms() + STOP_WAIT_MS;
+    long long end = clock_mono_ms() + STOP_WAIT_MS;
 
     atomic_store(&p->stopping, 1);
     pthread_join(p->thread, NULL);
     close(p->listen_fd);
     /* Connection threads see `stopping` within one poll (200 ms); a cut may take CUT_WAIT_MS. */
-    while (atomic_load(&p->active) > 0 && ck_now_ms() < end)
-        ck_sleep_ms(20);
+    while (atomic_load(&p->active) > 0 && clock_mono_ms() < end)
+        clock_sleep_ms(20);
     pthread_mutex_destroy(&p->rng_lock);
 }

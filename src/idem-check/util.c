@@ -65,11 +65,6 @@ char *ck_random_key(void)
     return key;
 }
 
-void ck_sleep_ms(long ms)
-{
-    clock_sleep_ms(ms);
-}
-
 void ck_buf_add(struct ck_buf *b, const void *p, size_t n)
 {
     size_t room = b->limit > b->len ? b->limit - b->len : 0;

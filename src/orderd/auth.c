@@ -148,7 +148,7 @@ static int cache_unknown(struct auth_cache *c, const unsigned char md[DIGEST_LEN
     int hit;
 
     pthread_mutex_lock(mu);
-    hit = s->until_ms > mono_ms() && memcmp(s->digest, md, DIGEST_LEN) == 0;
+    hit = s->until_ms > clock_mono_ms() && memcmp(s->digest, md, DIGEST_LEN) == 0;
     pthread_mutex_unlock(mu);
     return hit;
 }
@@ -161,7 +161,7 @@ static void cache_put_unknown(struct auth_cache *c, const unsigned char md[DIGES
 
     pthread_mutex_lock(mu);
     memcpy(s->digest, md, DIGEST_LEN);
-    s->until_ms = mono_ms() + AUTH_NEGATIVE_TTL_MS;
+    s->until_ms = clock_mono_ms() + AUTH_NEGATIVE_TTL_MS;
     pthread_mutex_unlock(mu);
 }
 
@@ -171,7 +171,7 @@ static char *cache_get(struct auth_cache *c, const unsigned char md[DIGEST_LEN])
     size_t i = slot_of(c, md);
     struct auth_slot *s = &c->slots[i];
     pthread_mutex_t *mu = &c->stripes[i % CACHE_STRIPES];
-    int64_t now = mono_ms();
+    int64_t now = clock_mono_ms();
     char *user = NULL;
 
     pthread_mutex_lock(mu);
@@ -194,7 +194,7 @@ static void cache_put(struct auth_cache *c, const unsigned char md[DIGEST_LEN], 
     memcpy(s->digest, md, DIGEST_LEN);
     memcpy(s->user, user, len + 1);
     /* Counted from after the store answered: the row was there at least until then. */
-    s->until_ms = mono_ms() + c->ttl_ms;
+    s->until_ms = clock_mono_ms() + c->ttl_ms;
     pthread_mutex_unlock(mu);
 }
 
@@ -338,7 +338,7 @@ int auth_token_create(struct idem_store *st, const char *name, char **token, cha
     tok = xmalloc(toklen + 1);
     snprintf(tok, toklen + 1, "%s%s", AUTH_TOKEN_PREFIX, hex);
     token_hash(tok, toklen, hash);
-    iso8601_ms(wall_ms(), now);
+    iso8601_ms(clock_wall_ms(), now);
 
     rc = idem_tx_begin(st, 1, &tx);
     if (rc < 0) {

@@ -26,7 +26,7 @@ void idgen_next(struct idgen *g, char id[ORDER_ID_LEN + 1], int64_t *ms)
 {
     unsigned char rnd[8];
     char rnd_hex[2 * sizeof rnd + 1];
-    int64_t now = wall_ms();
+    int64_t now = clock_wall_ms();
     unsigned seq;
 
     random_bytes(rnd, sizeof rnd);

@@ -134,7 +134,7 @@ void metrics_worker_run(struct metrics *m, enum worker_id w, uint64_t items, int
     m->worker_items[w] += items;
     if (failed)
         m->worker_failures[w]++;
-    m->worker_last_ms[w] = wall_ms();
+    m->worker_last_ms[w] = clock_wall_ms();
     pthread_mutex_unlock(&m->mu);
 }
 

@@ -127,7 +127,7 @@ static void after_order_created(const struct call_ctx *cx)
     }
     delay = request_header(cx->rq, "X-Test-Delay-Ms");
     if (delay != NULL && parse_int64(delay, 0, TEST_DELAY_MAX_MS, &ms) == 0 && ms > 0)
-        sleep_ms(ms);
+        clock_sleep_ms(ms);
 }
 
 /*

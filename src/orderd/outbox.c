@@ -35,7 +35,7 @@ int outbox_enqueue(const struct app *app, struct idem_tx *tx, const char *dedupe
     char *payload = NULL;
     const json_t *to = json_object_get(email, "to");
     const json_t *tmpl = json_object_get(email, "template");
-    int64_t now = wall_ms();
+    int64_t now = clock_wall_ms();
     int rc;
 
     random_bytes(rnd, sizeof rnd);
@@ -104,7 +104,7 @@ static void record(struct app *app, struct message *m, const struct provider_rep
         goto out;
     params[0] = m->id;
     if (r->outcome == PROVIDER_OK) {
-        iso8601_ms(wall_ms(), when);
+        iso8601_ms(clock_wall_ms(), when);
         params[1] = when;
         params[2] = json_is_string(pid) ? json_string_value(pid) : NULL;
         rc = db_exec(app, tx,
@@ -114,7 +114,7 @@ static void record(struct app *app, struct message *m, const struct provider_rep
         m->sent = 1;
     } else {
         snprintf(next, sizeof next, "%" PRId64,
-                 wall_ms() + backoff_ms(attempts, app->cfg->outbox_backoff_max_ms));
+                 clock_wall_ms() + backoff_ms(attempts, app->cfg->outbox_backoff_max_ms));
         snprintf(max, sizeof max, "%d", app->cfg->outbox_max_attempts);
         params[1] = max;
         params[2] = next;
@@ -185,7 +185,7 @@ int outbox_relay_run(struct app *app, int *items)
     memset(msgs, 0, sizeof msgs);
     if (app->provider == NULL)
         return 0;
-    snprintf(now, sizeof now, "%" PRId64, wall_ms());
+    snprintf(now, sizeof now, "%" PRId64, clock_wall_ms());
     params[0] = now;
     rc = idem_tx_begin(app->store, 0, &tx);
     if (rc == 0)

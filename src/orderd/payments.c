@@ -128,7 +128,7 @@ int payments_mark_paid(const struct app *app, struct idem_tx *tx, const struct o
         goto out;
     payments_charge_key(o->id, key);
     snprintf(amount, sizeof amount, "%" PRId64, o->amount);
-    iso8601_ms(wall_ms(), now);
+    iso8601_ms(clock_wall_ms(), now);
     params[2] = key;
     params[3] = amount;
     params[4] = o->currency;
@@ -212,7 +212,8 @@ static int flag(const struct app *app, const char *select_sql, const char *updat
         rc = db_exec(app, tx, select_sql, 1, params, &rows);
     if (rc < 0 || idem_rows_count(rows) == 0)
         goto out;
-    snprintf(when, sizeof when, "%" PRId64, wall_ms() + check_delay_ms(app, db_int(rows, 0, 0)));
+    snprintf(when, sizeof when, "%" PRId64,
+             clock_wall_ms() + check_delay_ms(app, db_int(rows, 0, 0)));
     params[1] = when;
     params[2] = p3;
     params[3] = p4;
@@ -280,7 +281,7 @@ int refunds_request(const struct app *app, struct idem_tx *tx, const struct orde
         return rc;
     payments_refund_key(o->id, key);
     snprintf(amount, sizeof amount, "%" PRId64, o->amount);
-    iso8601_ms(wall_ms(), now);
+    iso8601_ms(clock_wall_ms(), now);
     params[1] = key;
     params[2] = o->charge_id;
     params[3] = amount;
@@ -303,7 +304,7 @@ int refunds_mark_done(const struct app *app, struct idem_tx *tx, const char *ord
     int64_t n = 0;
     int rc;
 
-    iso8601_ms(wall_ms(), now);
+    iso8601_ms(clock_wall_ms(), now);
     params[0] = order_id;
     params[1] = state;
     params[2] = refund_id;

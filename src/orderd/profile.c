@@ -80,7 +80,7 @@ static int profile_apply(const struct app *app, struct idem_tx *tx, const char *
                  1, params, &rows);
     if (rc < 0)
         goto out;
-    iso8601_ms(wall_ms(), now);
+    iso8601_ms(clock_wall_ms(), now);
     params[1] = in->name;
     params[2] = in->email;
     params[3] = now;

@@ -122,7 +122,7 @@ int reconciler_run(struct app *app, int *items)
     *items = 0;
     if (app->provider == NULL)
         return 0;
-    snprintf(now, sizeof now, "%" PRId64, wall_ms());
+    snprintf(now, sizeof now, "%" PRId64, clock_wall_ms());
     params[0] = now;
     rc = idem_tx_begin(app->store, 0, &tx);
     if (rc == 0)

@@ -54,7 +54,7 @@ static int sweep_batch(struct app *app, const struct sweep *kind, int64_t retent
 {
     struct idem_tx *tx = NULL;
     struct idem_rows *rows = NULL;
-    int64_t cutoff = wall_ms() - retention_s * 1000;
+    int64_t cutoff = clock_wall_ms() - retention_s * 1000;
     char cutoff_iso[ISO8601_LEN + 1], limit[16], cutoff_ms[24];
     const char *params[3] = {cutoff_iso, limit, cutoff_ms};
     int rc;

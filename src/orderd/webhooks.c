@@ -36,9 +36,9 @@ static const char *verify(const struct app *app, const struct request *rq)
         return "orderd has no --webhook-secret, so no webhook can be verified";
     if (request_header_count(rq, WEBHOOK_SIGNATURE_HEADER, NULL, NULL) != 1)
         return "send one Provider-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256>";
-    return webhook_signature_check(app->cfg->webhook_secret,
-                                   request_header(rq, WEBHOOK_SIGNATURE_HEADER), rq->body,
-                                   rq->body_len, wall_ms() / 1000, app->cfg->webhook_tolerance_s);
+    return webhook_signature_check(
+        app->cfg->webhook_secret, request_header(rq, WEBHOOK_SIGNATURE_HEADER), rq->body,
+        rq->body_len, clock_wall_ms() / 1000, app->cfg->webhook_tolerance_s);
 }
 
 static const char *string_at(const json_t *obj, const char *a, const char *b)
@@ -142,7 +142,7 @@ void webhooks_provider(const struct call_ctx *cx, struct response *resp)
         goto out;
     }
 
-    iso8601_ms(wall_ms(), now);
+    iso8601_ms(clock_wall_ms(), now);
     params[0] = event_id;
     params[1] = type;
     params[2] = now;

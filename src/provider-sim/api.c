@@ -116,7 +116,7 @@ void idempotent_post(struct sim *sim, const struct request *rq, struct response 
     }
 
     faults_get(&sim->faults, &fs);
-    sleep_ms(faults_latency(&fs));
+    clock_sleep_ms(faults_latency(&fs));
     if (faults_roll(fs.fail_rate)) {
         atomic_fetch_add(&c->failed, 1);
         response_set_header(resp, "Retry-After", "1");

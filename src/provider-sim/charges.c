@@ -210,7 +210,7 @@ static int exec_charge(struct sim *sim, struct idem_call *call, enum idem_outcom
         if (rc < 0)
             goto out;
         faults_get(&sim->faults, &fs);
-        sleep_ms(fs.slow_ms);
+        clock_sleep_ms(fs.slow_ms);
     }
     if (idem_call_tx(call) == NULL) {
         rc = idem_call_phase_begin(call);
@@ -218,7 +218,7 @@ static int exec_charge(struct sim *sim, struct idem_call *call, enum idem_outcom
             goto out;
     }
     new_id("ch_", id, sizeof id);
-    created = wall_ms();
+    created = clock_wall_ms();
     meta_text = json_text(meta, NULL);
     snprintf(amount_text, sizeof amount_text, "%" PRId64, amount);
     snprintf(created_text, sizeof created_text, "%" PRId64, created);
@@ -360,7 +360,7 @@ static int exec_refund(struct sim *sim, struct idem_call *call, enum idem_outcom
         goto out;
     }
     new_id("re_", id, sizeof id);
-    created = wall_ms();
+    created = clock_wall_ms();
     meta_text = json_text(meta, NULL);
     snprintf(amount_text, sizeof amount_text, "%" PRId64, amount);
     snprintf(created_text, sizeof created_text, "%" PRId64, created);

@@ -86,7 +86,7 @@ static int exec_email(struct sim *sim, struct idem_call *call, enum idem_outcome
         goto out;
     order = json_object_get(meta, "orderId");
     new_id("em_", id, sizeof id);
-    created = wall_ms();
+    created = clock_wall_ms();
     meta_text = json_text(meta, NULL);
     snprintf(created_text, sizeof created_text, "%" PRId64, created);
     snprintf(reference, sizeof reference, "%.100s:%.200s", tmpl,

@@ -88,7 +88,7 @@ int webhooks_enqueue(struct sim *sim, struct idem_tx *tx, const char *type, cons
     char created[24], due[24], shard[8];
     const char *params[6];
     char *payload = NULL;
-    int64_t now = wall_ms();
+    int64_t now = clock_wall_ms();
     int i, rc;
 
     new_id("evt_", event_id, sizeof event_id);
@@ -157,7 +157,7 @@ static long post_event(struct webhooks *wh, CURL *curl, const char *payload, cha
     long status = 0;
     CURLcode cc;
 
-    if (webhooks_sign(wh->secret, wall_ms() / 1000, payload, strlen(payload), sig) != 0) {
+    if (webhooks_sign(wh->secret, clock_wall_ms() / 1000, payload, strlen(payload), sig) != 0) {
         snprintf(err, errlen, "cannot sign");
         return 0;
     }
@@ -204,7 +204,7 @@ static void record_attempt(struct webhooks *wh, const char *id, int64_t attempts
     struct idem_tx *tx = NULL;
     const char *params[6];
     char att[24], st[24], when[24];
-    int64_t now = wall_ms();
+    int64_t now = clock_wall_ms();
     int ok = status >= 200 && status < 300;
     int rc;
 
@@ -258,7 +258,7 @@ static int deliver_due(struct sender *s, CURL *curl)
     int rc;
 
     snprintf(shard, sizeof shard, "%d", s->shard);
-    snprintf(now, sizeof now, "%" PRId64, wall_ms());
+    snprintf(now, sizeof now, "%" PRId64, clock_wall_ms());
     params[0] = shard;
     params[1] = now;
     rc = idem_tx_begin(wh->sim->store, 0, &tx);

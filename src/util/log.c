@@ -132,7 +132,7 @@ void log_request(const struct logger *lg, const char *method, const char *path, 
     unsigned long long us;
 
     if (lg->format == LOG_JSON) {
-        iso8601_ms(wall_ms(), ts);
+        iso8601_ms(clock_wall_ms(), ts);
         obj = xcheck(json_object());
         json_object_set_new(obj, "ts", xcheck(json_string(ts)));
         json_object_set_new(obj, "method", xcheck(json_string(method)));
@@ -188,7 +188,7 @@ void log_msg(const struct logger *lg, const char *level, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     if (lg->format == LOG_JSON) {
-        iso8601_ms(wall_ms(), ts);
+        iso8601_ms(clock_wall_ms(), ts);
         obj = xcheck(json_object());
         json_object_set_new(obj, "ts", xcheck(json_string(ts)));
         json_object_set_new(obj, "level", xcheck(json_string(level)));

@@ -114,26 +114,11 @@ void sha256_bytes(const void *data, size_t len, unsigned char out[SHA256_BYTES])
         die("OpenSSL SHA-256 failed");
 }
 
-int64_t wall_ms(void)
-{
-    return clock_now_ms(CLOCK_REALTIME);
-}
-
-int64_t mono_ns(void)
-{
-    return clock_now_ns(CLOCK_MONOTONIC);
-}
-
-int64_t mono_ms(void)
-{
-    return mono_ns() / 1000000;
-}
-
 int fd_wait(int fd, short events, int64_t deadline_ms)
 {
     for (;;) {
         struct pollfd p = {.fd = fd, .events = events};
-        int64_t left = deadline_ms - mono_ms();
+        int64_t left = deadline_ms - clock_mono_ms();
         int n;
 
         if (left <= 0)
@@ -157,11 +142,6 @@ void iov_advance(struct iovec **iov, int *n, size_t done)
         (*iov)->iov_base = (char *)(*iov)->iov_base + done;
         (*iov)->iov_len -= done;
     }
-}
-
-void sleep_ms(int64_t ms)
-{
-    clock_sleep_ms(ms);
 }
 
 void iso8601_ms(int64_t ms, char out[ISO8601_LEN + 1])

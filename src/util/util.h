@@ -50,24 +50,18 @@ void random_bytes(unsigned char *buf, size_t n);
 #define SHA256_BYTES 32
 void sha256_bytes(const void *data, size_t len, unsigned char out[SHA256_BYTES]);
 
-/* Milliseconds since the epoch (CLOCK_REALTIME). */
-int64_t wall_ms(void);
-/* Nanoseconds of CLOCK_MONOTONIC, for durations. */
-int64_t mono_ns(void);
-/* Milliseconds of CLOCK_MONOTONIC, for deadlines. */
-int64_t mono_ms(void);
+/* The clocks and the sleep: common/clock.h's clock_mono_ms(), clock_wall_ms()... */
+#include "clock.h"
 
 /*
- * Waits until `fd` is ready for `events` (poll(2)'s) or the mono_ms() deadline passes, going on
- * after signals: 1 ready, 0 timed out, -1 with errno.
+ * Waits until `fd` is ready for `events` (poll(2)'s) or the clock_mono_ms() deadline passes,
+ * going on after signals: 1 ready, 0 timed out, -1 with errno.
  */
 int fd_wait(int fd, short events, int64_t deadline_ms);
 
 /* Moves `*iov` (`*n` buffers) past `done` bytes a writev() or sendmsg() took. */
 struct iovec;
 void iov_advance(struct iovec **iov, int *n, size_t done);
-/* Sleeps `ms` milliseconds, restarting after signals. */
-void sleep_ms(int64_t ms);
 
 #define ISO8601_LEN 24 /* "2026-12-02T13:00:00.000Z" */
 /* Formats `ms` since the epoch as ISO-8601 UTC with milliseconds into `out` (ISO8601_LEN + 1). */

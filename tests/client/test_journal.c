@@ -312,7 +312,7 @@ static void test_compact(void)
     struct idem_client_journal *a = NULL, *b = NULL;
     const struct idem_client_intent *it = NULL;
     size_t dropped = 9, kept = 9, before = 0, after = 0;
-    long long old = (long long)idem_client__now_ms() - 30LL * 24 * 3600 * 1000;
+    long long old = (long long)clock_wall_ms() - 30LL * 24 * 3600 * 1000;
     char *text;
     FILE *f;
 

@@ -340,12 +340,12 @@ static void test_takeover(struct idem_engine *eng, struct idem_store *st)
     CHECK(idem_call_tx(a) == NULL);
 
     /* The lease is live: a duplicate waits wait_ms, then is told to come back. */
-    int64_t t0 = t_mono_ms();
+    int64_t t0 = clock_mono_ms();
     CHECK_INT(idem_call_begin(eng, &op, "alice", "lease", fp, &b, &oc), 0);
     CHECK_INT(oc, IDEM_OUTCOME_IN_PROGRESS);
     CHECK(idem_call_waited(b));
     CHECK(idem_call_retry_after_s(b) >= 1);
-    CHECK(t_mono_ms() - t0 >= 40);
+    CHECK(clock_mono_ms() - t0 >= 40);
     idem_call_end(b);
 
     /* Owner "a" goes silent past its lease; the next request takes over and resumes. */
@@ -641,7 +641,7 @@ static void *wait_one(void *arg)
     fp_of("{\"wake\":1}", fp);
     if (idem_call_begin(w->eng, &wake_op, "alice", w->key, fp, &call, &w->outcome) == 0)
         w->waited = idem_call_waited(call);
-    w->done_ms = t_mono_ms();
+    w->done_ms = clock_mono_ms();
     idem_call_end(call);
     return NULL;
 }
@@ -680,7 +680,7 @@ static void test_wake(struct idem_engine *eng)
         misses = cache_misses(eng);
         pthread_create(&th, NULL, wait_one, &w);
         T_WAIT_UNTIL(cache_misses(eng) > misses, "the duplicate to look in the replay cache");
-        t_complete = t_mono_ms();
+        t_complete = clock_mono_ms();
         CHECK_INT(idem_call_complete(a, 201, NULL, 0, "woken", 5), 0);
         idem_call_end(a);
         pthread_join(th, NULL);
@@ -1035,7 +1035,7 @@ static void test_concurrent_writers(struct idem_store *st)
     CHECK_INT(idem_tx_exec(tx, "INSERT INTO biz (id, note) VALUES ($1, $2)", 2, seed, NULL), 0);
     CHECK_INT(idem_tx_commit(tx), 0);
     idem_store_stats(st, &before);
-    t0 = t_mono_ms();
+    t0 = clock_mono_ms();
     for (int i = 0; i < WRITERS; i++) {
         w[i] = (struct writer){.st = st, .id = i};
         pthread_create(&th[i], NULL, writer_run, &w[i]);
@@ -1066,7 +1066,7 @@ static void test_concurrent_writers(struct idem_store *st)
             " %lld ms\n",
             WRITERS, committed,
             (unsigned long long)(after.durable_commits - before.durable_commits), failed,
-            (long long)(t_mono_ms() - t0));
+            (long long)(clock_mono_ms() - t0));
 }
 
 /* ---- 9b. commits that do not wait: idem_call_commit_async -------------------------------------

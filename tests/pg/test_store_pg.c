@@ -237,7 +237,7 @@ static void *wait_one(void *arg)
     if (idem_call_begin(w->eng, &wake_op, "alice", w->key, fp, &call, &w->outcome) < 0)
         w->outcome = IDEM_OUTCOME_NONE;
     w->waited = idem_call_waited(call);
-    w->done_ms = t_mono_ms();
+    w->done_ms = clock_mono_ms();
     idem_call_end(call);
     return NULL;
 }
@@ -301,7 +301,7 @@ static int64_t wake_round(struct idem_store *main_st, struct idem_engine *a, str
          */
         T_WAIT_UNTIL(cache_misses(b) >= misses + 10, "B's duplicate's pauses to reach their cap");
         CHECK_INT(idem_call_complete(call, 200, NULL, 0, "ok", 2), 0);
-        t_done = t_mono_ms();
+        t_done = clock_mono_ms();
         idem_call_end(call);
         pthread_join(th, NULL);
         CHECK_INT(w.outcome, IDEM_OUTCOME_REPLAY);
@@ -378,8 +378,8 @@ static void test_notify_payload(struct idem_engine *eng)
     CHECK(PQresultStatus(res) == PGRES_COMMAND_OK);
     PQclear(res);
     int marked = 0;
-    int64_t deadline = t_mono_ms() + T_WAIT_MS;
-    while (!marked && t_mono_ms() < deadline) {
+    int64_t deadline = clock_mono_ms() + T_WAIT_MS;
+    while (!marked && clock_mono_ms() < deadline) {
         struct pollfd p = {.fd = PQsocket(pg), .events = POLLIN};
         poll(&p, 1, 100);
         PQconsumeInput(pg);

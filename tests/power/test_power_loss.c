@@ -606,7 +606,7 @@ static void dead(pid_t pid)
         ;
 }
 
-static void sleep_ms(long ms)
+static void clock_sleep_ms(long ms)
 {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
@@ -622,7 +622,7 @@ static void run_for(pid_t pid, int fd, struct acks *a, long ms, int until_exit)
         read_acks(fd, a);
         if (until_exit && waitpid(pid, NULL, WNOHANG) == pid)
             return;
-        sleep_ms(5);
+        clock_sleep_ms(5);
     }
 }
 

@@ -87,15 +87,15 @@ static void test_fmt_and_strdup(void)
 
 static void test_clocks(void)
 {
-    int64_t wall = idem__now_ms(), t0, t1;
+    int64_t wall = clock_wall_ms(), t0, t1;
 
     /* After 2020-01-01 and before 2200: the wall clock is in milliseconds, not seconds. */
     CHECK(wall > INT64_C(1577836800000));
     CHECK(wall < INT64_C(7258118400000));
 
-    t0 = idem__mono_ms();
-    idem__sleep_ms(30);
-    t1 = idem__mono_ms();
+    t0 = clock_mono_ms();
+    clock_sleep_ms(30);
+    t1 = clock_mono_ms();
     CHECK(t1 - t0 >= 30);
     CHECK(t1 - t0 < 5000);
 
@@ -103,10 +103,10 @@ static void test_clocks(void)
      * Zero and negative pauses return at once: -10 s taken for its magnitude would last 10 s,
      * and the bound, far below that, still allows for a loaded machine's scheduling delays.
      */
-    t0 = idem__mono_ms();
-    idem__sleep_ms(0);
-    idem__sleep_ms(-10000);
-    t1 = idem__mono_ms();
+    t0 = clock_mono_ms();
+    clock_sleep_ms(0);
+    clock_sleep_ms(-10000);
+    t1 = clock_mono_ms();
     CHECK(t1 - t0 < 5000);
 }
 
