@@ -227,9 +227,17 @@ struct idem_store_vtab {
     /* Deletes up to `limit` records past retention that no live lease protects. */
     int (*record_sweep)(struct idem_conn *c, int limit, int *deleted);
 
-    /* Application migrations: applies newer steps of `component` (see idem_store_migrate). */
-    int (*migrate)(struct idem_conn *c, const char *component, const struct idem_migration *steps,
-                   size_t n, int *applied);
+    /*
+     * Migrations, in the store's dialect, for the one driver (migrate.c): `migrate_begin` opens
+     * the write transaction that serialises the migrating processes (the version table made if
+     * missing); `schema_version` reads a component's version, 0 when it has none (outside a
+     * transaction too, before that table exists); `run_script` runs a step's text, which may hold
+     * several statements; `schema_set` records a component's version in the open transaction.
+     */
+    int (*migrate_begin)(struct idem_conn *c);
+    int (*schema_version)(struct idem_conn *c, const char *component, int *version);
+    int (*run_script)(struct idem_conn *c, const char *sql);
+    int (*schema_set)(struct idem_conn *c, const char *component, int version);
 
     /*
      * Optional (NULL: the engine waits on its own condition variable and polls).  Blocks until
@@ -383,6 +391,15 @@ int idem__tx_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, unsigne
 int idem__batch_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags,
                           idem__commit_done done, void *done_arg, char *err, size_t errlen);
 void idem__batch_stop(struct idem_store *st);
+
+/*
+ * Applies the steps of `component` newer than its recorded version, each in a transaction of its
+ * own (migrate.c).  0, or a negative code with the reason in `err`; *applied (optional): how
+ * many steps this call applied.
+ */
+int idem__migrate(const struct idem_store_vtab *vt, struct idem_conn *c, const char *component,
+                  const struct idem_migration *steps, size_t n, int *applied, char *err,
+                  size_t errlen);
 
 /* Counts `ntx` transactions made durable by one commit that began at clock_mono_ns() `t0`. */
 void idem__store_count_commit(struct idem_store *st, uint64_t ntx, int64_t t0);

@@ -248,9 +248,7 @@ int idem_store_migrate(struct idem_store *st, const char *component,
     rc = idem__store_acquire(st, &conn, err, sizeof(err));
     if (rc < 0)
         goto out;
-    rc = st->vt->migrate(conn, component, steps, n, &count);
-    if (rc < 0)
-        idem__fmt(err, sizeof(err), "%s", st->vt->errmsg(conn));
+    rc = idem__migrate(st->vt, conn, component, steps, n, &count, err, sizeof(err));
 out:
     idem__store_release(st, conn);
     if (applied)

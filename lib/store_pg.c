@@ -516,9 +516,6 @@ static int reconnect(struct idem_conn *c)
     return session_setup(c);
 }
 
-static int pg_migrate(struct idem_conn *c, const char *component,
-                      const struct idem_migration *steps, size_t n, int *applied);
-
 static void pg_close(struct idem_conn *c)
 {
     if (!c)
@@ -532,6 +529,7 @@ static void pg_close(struct idem_conn *c)
 
 static int pg_open(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
 {
+    char why[IDEM_ERRMSG_MAX];
     int rc = 0;
     struct idem_conn *c = NULL;
     struct pg_shared *sh = NULL;
@@ -557,9 +555,12 @@ static int pg_open(struct idem_store *st, struct idem_conn **out, char *err, siz
     rc = session_setup(c);
     if (rc < 0)
         goto fail_msg;
-    rc = pg_migrate(c, "libidem", idem_schema, sizeof(idem_schema) / sizeof(idem_schema[0]), NULL);
-    if (rc < 0)
+    rc = idem__migrate(&idem__pg_vtab, c, "libidem", idem_schema,
+                       sizeof(idem_schema) / sizeof(idem_schema[0]), NULL, why, sizeof(why));
+    if (rc < 0) {
+        idem__fmt(c->errmsg, sizeof(c->errmsg), "%s", why);
         goto fail_msg;
+    }
     *out = c;
     c = NULL;
     goto out;
@@ -1503,7 +1504,7 @@ out:
 /* ---- migrations ------------------------------------------------------------------------------ */
 
 /* The recorded version of `component`; 0 when none, or when there is no schema table yet. */
-static int schema_version(struct idem_conn *c, const char *component, int *version)
+static int pg_schema_version(struct idem_conn *c, const char *component, int *version)
 {
     const char *vals[1] = {component};
     PGresult *res = NULL;
@@ -1527,75 +1528,41 @@ static int schema_version(struct idem_conn *c, const char *component, int *versi
 }
 
 /*
- * Same semantics as the SQLite store: one transaction per step, the version re-read inside it.
- * Processes starting at once are serialised by a transaction-scoped advisory lock taken first in
- * each step's transaction (before even the schema table is created, which two sessions could
- * otherwise race on); it is released by COMMIT or ROLLBACK, never held by an idle connection.
+ * The write transaction of a migration step (migrate.c re-reads the version in it).  Processes
+ * starting at once are serialised by a transaction-scoped advisory lock taken first (before even
+ * the schema table is created, which two sessions could otherwise race on); COMMIT or ROLLBACK
+ * releases it, so an idle connection never holds it.
  */
-static int pg_migrate(struct idem_conn *c, const char *component,
-                      const struct idem_migration *steps, size_t n, int *applied)
+static int pg_migrate_begin(struct idem_conn *c)
 {
-    int rc = 0;
-    int count = 0;
-    int version = 0;
+    int rc = pg_begin(c, 1);
 
-    if (c->broken || c->in_tx) {
-        idem__pg_set_msg(c, "migrate", "the connection is not idle", NULL);
-        rc = IDEM_EMIGRATE;
-        goto out;
-    }
-    rc = schema_version(c, component, &version);
-    if (rc < 0 || n == 0 || version >= steps[n - 1].version)
-        goto out;
+    if (rc == 0)
+        rc = idem__pg_run_simple(
+            c,
+            "SELECT pg_advisory_xact_lock(" MIGRATION_LOCK_KEY ");"
+            "CREATE TABLE IF NOT EXISTS idem_schema (component text PRIMARY KEY,"
+            " version integer NOT NULL, applied_ms bigint NOT NULL)",
+            "lock schema");
+    return rc;
+}
 
-    for (size_t i = 0; i < n; i++) {
-        char vtext[16];
-        const char *vals[2] = {component, vtext};
-        PGresult *res = NULL;
+/* The simple query protocol: a step may hold several statements separated by ';'. */
+static int pg_run_script(struct idem_conn *c, const char *sql)
+{
+    return idem__pg_run_simple(c, sql, "migration");
+}
 
-        rc = pg_begin(c, 1);
-        if (rc == 0)
-            rc = idem__pg_run_simple(
-                c,
-                "SELECT pg_advisory_xact_lock(" MIGRATION_LOCK_KEY ");"
-                "CREATE TABLE IF NOT EXISTS idem_schema (component text PRIMARY KEY,"
-                " version integer NOT NULL, applied_ms bigint NOT NULL)",
-                "lock schema");
-        if (rc == 0)
-            rc = schema_version(c, component, &version);
-        if (rc == 0 && version >= steps[i].version) {
-            pg_rollback(c);
-            continue;
-        }
-        if (rc == 0 && !steps[i].postgres_sql) {
-            idem__fmt(c->errmsg, sizeof(c->errmsg), "migration %s %d has no PostgreSQL form",
-                      component, steps[i].version);
-            rc = IDEM_EMIGRATE;
-        }
-        /* The simple query protocol: a step may hold several statements separated by ';'. */
-        if (rc == 0)
-            rc = idem__pg_run_simple(c, steps[i].postgres_sql, "migration");
-        if (rc == 0) {
-            idem__fmt(vtext, sizeof(vtext), "%d", steps[i].version);
-            rc = rec_run(c, RS_SET_VERSION, vals, NULL, NULL, 0, "record migration", &res);
-            PQclear(res);
-        }
-        if (rc == 0)
-            rc = pg_commit(c);
-        if (rc < 0) {
-            char msg[IDEM_ERRMSG_MAX];
-            idem__fmt(msg, sizeof(msg), "%s %d (%s): %s", component, steps[i].version,
-                      steps[i].name ? steps[i].name : "", c->errmsg);
-            idem__fmt(c->errmsg, sizeof(c->errmsg), "%s", msg);
-            pg_rollback(c);
-            rc = IDEM_EMIGRATE;
-            goto out;
-        }
-        count++;
-    }
-out:
-    if (applied)
-        *applied = count;
+static int pg_schema_set(struct idem_conn *c, const char *component, int version)
+{
+    char vtext[16];
+    const char *vals[2] = {component, vtext};
+    PGresult *res = NULL;
+    int rc;
+
+    idem__fmt(vtext, sizeof(vtext), "%d", version);
+    rc = rec_run(c, RS_SET_VERSION, vals, NULL, NULL, 0, "record migration", &res);
+    PQclear(res);
     return rc;
 }
 
@@ -1646,7 +1613,10 @@ const struct idem_store_vtab idem__pg_vtab = {
     .record_forget = pg_record_forget,
     .record_stalled = pg_record_stalled,
     .record_sweep = pg_record_sweep,
-    .migrate = pg_migrate,
+    .migrate_begin = pg_migrate_begin,
+    .schema_version = pg_schema_version,
+    .run_script = pg_run_script,
+    .schema_set = pg_schema_set,
     .wait_change = idem__pg_wait_change,
     .whole_tx = pg_whole_tx,
     .batch_tx = pg_batch_tx,

@@ -198,9 +198,6 @@ int idem__sq_run_simple(struct idem_conn *c, const char *sql, const char *what)
     return 0;
 }
 
-static int sq_migrate(struct idem_conn *c, const char *component,
-                      const struct idem_migration *steps, size_t n, int *applied);
-
 void idem__sq_close(struct idem_conn *c)
 {
     if (!c)
@@ -309,7 +306,7 @@ int idem__sq_open(struct idem_store *st, struct idem_conn **out, char *err, size
 {
     int rc = IDEM_EUNAVAIL;
     struct idem_conn *c = NULL;
-    char pragma[192];
+    char pragma[192], why[IDEM_ERRMSG_MAX];
     int first;
 
     *out = NULL;
@@ -351,9 +348,12 @@ int idem__sq_open(struct idem_store *st, struct idem_conn **out, char *err, size
     rc = idem__sq_run_simple(c, pragma, "configure");
     if (rc < 0)
         goto fail_msg;
-    rc = sq_migrate(c, "libidem", idem_schema, sizeof(idem_schema) / sizeof(idem_schema[0]), NULL);
-    if (rc < 0)
+    rc = idem__migrate(&idem__sqlite_vtab, c, "libidem", idem_schema,
+                       sizeof(idem_schema) / sizeof(idem_schema[0]), NULL, why, sizeof(why));
+    if (rc < 0) {
+        idem__fmt(c->errmsg, sizeof(c->errmsg), "%s", why);
         goto fail_msg;
+    }
     if (first == 1 && st->opts.sync != IDEM_SYNC_NORMAL &&
         (rc = idem__sq_pipeline_open(st, err, errlen)) < 0)
         goto out;
@@ -869,14 +869,18 @@ out:
 
 /* ---- migrations --------------------------------------------------------------------------- */
 
-static int schema_version(struct idem_conn *c, const char *component, int *version)
+static int sq_schema_version(struct idem_conn *c, const char *component, int *version)
 {
     static const char sql[] = "SELECT version FROM idem_schema WHERE component = ?1";
     struct cached_stmt *e = NULL;
-    int rc = prepare(c, sql, &e);
-    int step;
+    int rc, step;
 
     *version = 0;
+    /* Before the first migration there is no table: nothing was migrated. */
+    if (sqlite3_table_column_metadata(c->db, "main", "idem_schema", "version", NULL, NULL, NULL,
+                                      NULL, NULL) != SQLITE_OK)
+        return 0;
+    rc = prepare(c, sql, &e);
     if (rc < 0)
         return rc;
     if (sqlite3_bind_text(e->stmt, 1, component, -1, SQLITE_STATIC) != SQLITE_OK)
@@ -890,74 +894,39 @@ static int schema_version(struct idem_conn *c, const char *component, int *versi
     return rc;
 }
 
-static int sq_migrate(struct idem_conn *c, const char *component,
-                      const struct idem_migration *steps, size_t n, int *applied)
+/* The version table made if missing, then the write lock: other migrators wait for our COMMIT. */
+static int sq_migrate_begin(struct idem_conn *c)
 {
-    static const char set_sql[] =
+    int rc =
+        idem__sq_run_simple(c,
+                            "CREATE TABLE IF NOT EXISTS idem_schema (component TEXT PRIMARY KEY,"
+                            " version INTEGER NOT NULL, applied_ms INTEGER NOT NULL)",
+                            "create schema table");
+
+    return rc < 0 ? rc : idem__sq_run_simple(c, "BEGIN IMMEDIATE", "begin migration");
+}
+
+static int sq_run_script(struct idem_conn *c, const char *sql)
+{
+    return idem__sq_run_simple(c, sql, "migration");
+}
+
+static int sq_schema_set(struct idem_conn *c, const char *component, int version)
+{
+    static const char sql[] =
         "INSERT INTO idem_schema (component, version, applied_ms) VALUES (?1, ?2, ?3)"
         " ON CONFLICT (component) DO UPDATE SET version = excluded.version,"
         " applied_ms = excluded.applied_ms";
-    int rc = 0;
-    int count = 0;
-    int version = 0;
+    struct cached_stmt *e = NULL;
+    int rc = prepare(c, sql, &e);
 
-    rc = idem__sq_run_simple(c,
-                             "CREATE TABLE IF NOT EXISTS idem_schema (component TEXT PRIMARY KEY,"
-                             " version INTEGER NOT NULL, applied_ms INTEGER NOT NULL)",
-                             "create schema table");
     if (rc < 0)
-        goto out;
-    rc = schema_version(c, component, &version);
-    if (rc < 0 || n == 0 || version >= steps[n - 1].version)
-        goto out;
-
-    for (size_t i = 0; i < n; i++) {
-        struct cached_stmt *e = NULL;
-        /* The write lock serialises processes starting at once; re-read under it. */
-        rc = idem__sq_run_simple(c, "BEGIN IMMEDIATE", "begin migration");
-        if (rc < 0)
-            goto out;
-        rc = schema_version(c, component, &version);
-        if (rc < 0 || version >= steps[i].version) {
-            sq_rollback(c);
-            if (rc < 0)
-                goto out;
-            continue;
-        }
-        if (!steps[i].sqlite_sql) {
-            idem__fmt(c->errmsg, sizeof(c->errmsg), "migration %s %d has no SQLite form", component,
-                      steps[i].version);
-            rc = IDEM_EMIGRATE;
-        }
-        if (rc == 0)
-            rc = idem__sq_run_simple(c, steps[i].sqlite_sql, "migration");
-        if (rc == 0)
-            rc = prepare(c, set_sql, &e);
-        if (rc == 0) {
-            if (sqlite3_bind_text(e->stmt, 1, component, -1, SQLITE_STATIC) != SQLITE_OK ||
-                sqlite3_bind_int(e->stmt, 2, steps[i].version) != SQLITE_OK ||
-                sqlite3_bind_int64(e->stmt, 3, clock_wall_ms()) != SQLITE_OK)
-                rc = fail(c, IDEM_ESTORE, "bind");
-        }
-        if (rc == 0)
-            rc = step_done(c, e->stmt, "record migration", NULL);
-        if (rc == 0)
-            rc = sq_commit(c);
-        if (rc < 0) {
-            char msg[IDEM_ERRMSG_MAX];
-            idem__fmt(msg, sizeof(msg), "%s %d (%s): %s", component, steps[i].version,
-                      steps[i].name ? steps[i].name : "", c->errmsg);
-            idem__fmt(c->errmsg, sizeof(c->errmsg), "%s", msg);
-            sq_rollback(c);
-            rc = IDEM_EMIGRATE;
-            goto out;
-        }
-        count++;
-    }
-out:
-    if (applied)
-        *applied = count;
-    return rc;
+        return rc;
+    if (sqlite3_bind_text(e->stmt, 1, component, -1, SQLITE_STATIC) != SQLITE_OK ||
+        sqlite3_bind_int(e->stmt, 2, version) != SQLITE_OK ||
+        sqlite3_bind_int64(e->stmt, 3, clock_wall_ms()) != SQLITE_OK)
+        return fail(c, IDEM_ESTORE, "bind");
+    return step_done(c, e->stmt, "record migration", NULL);
 }
 
 const struct idem_store_vtab idem__sqlite_vtab = {
@@ -983,7 +952,10 @@ const struct idem_store_vtab idem__sqlite_vtab = {
     .record_forget = sq_record_forget,
     .record_sweep = sq_record_sweep,
     .record_stalled = sq_record_stalled,
-    .migrate = sq_migrate,
+    .migrate_begin = sq_migrate_begin,
+    .schema_version = sq_schema_version,
+    .run_script = sq_run_script,
+    .schema_set = sq_schema_set,
     .write_begin = idem__sq_write_begin,
     .write_commit = idem__sq_write_commit,
     .write_rollback = idem__sq_write_rollback,
