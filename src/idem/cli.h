@@ -46,7 +46,4 @@ int cli_journal_list(const char *path);
 /* `idem journal compact`: drops finished intents older than `older_than_ms`; an exit status. */
 int cli_journal_compact(const char *path, int64_t older_than_ms);
 
-/* Creates the parent directories of `path` (mode 0700), as mkdir -p.  Returns 0 or -1 (errno). */
-int cli_mkdir_parents(const char *path);
-
 #endif /* IDEM_CLI_H */

@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
 
 #include "idem/client.h"
 #include "ascii.h"
@@ -313,27 +312,6 @@ static char *journal_path(const char *given)
     if (!base || !base[0])
         return NULL;
     return concat(base, "/.local/state/idem/journal");
-}
-
-int cli_mkdir_parents(const char *path)
-{
-    char buf[4096];
-    size_t n = strlen(path), i;
-
-    if (n >= sizeof buf) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    memcpy(buf, path, n + 1);
-    for (i = 1; i < n; i++) {
-        if (buf[i] != '/')
-            continue;
-        buf[i] = '\0';
-        if (mkdir(buf, 0700) != 0 && errno != EEXIST)
-            return -1;
-        buf[i] = '/';
-    }
-    return 0;
 }
 
 static void config_release(struct cli_config *cfg)

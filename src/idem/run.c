@@ -120,13 +120,35 @@ static void say_on_interrupt(const struct cli_config *cfg, const char *key)
     sigaction(SIGTERM, &sa, NULL);
 }
 
+/* Creates the parent directories of `path` (mode 0700), as mkdir -p: 0, or -1 with errno. */
+static int mkdir_parents(const char *path)
+{
+    char buf[4096];
+    size_t n = strlen(path), i;
+
+    if (n >= sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(buf, path, n + 1);
+    for (i = 1; i < n; i++) {
+        if (buf[i] != '/')
+            continue;
+        buf[i] = '\0';
+        if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+            return -1;
+        buf[i] = '/';
+    }
+    return 0;
+}
+
 /* Opens (creating its directories) the journal of an intent; returns 0 or an exit code. */
 static int open_journal(const char *path, struct idem_client_journal **j)
 {
     char *errmsg = NULL;
     int rc;
 
-    if (cli_mkdir_parents(path) != 0) {
+    if (mkdir_parents(path) != 0) {
         fprintf(stderr, "idem: journal error: cannot create the directories of %s: %s\n", path,
                 strerror(errno));
         return CLI_EXIT_JOURNAL;
