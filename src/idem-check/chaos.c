@@ -11,7 +11,6 @@
  */
 #include <errno.h>
 #include <getopt.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,33 +20,12 @@
 #include <sys/resource.h>
 
 #include <idem/client.h>
-#include <openssl/rand.h>
 
 #include "chaos.h"
 #include "clock.h"
 #include "banned.h"
 
 extern char **environ;
-
-/* ---- random numbers, time ------------------------------------------------------------------- */
-
-void ck_rng_seed(struct ck_rng *r)
-{
-    uint64_t s = 0;
-    if (RAND_bytes((unsigned char *)&s, (int)sizeof(s)) != 1)
-        s = (uint64_t)time(NULL) ^ (uint64_t)getpid();
-    r->s = s ? s : 0x9E3779B97F4A7C15ull;
-}
-
-double ck_rng_double(struct ck_rng *r)
-{
-    uint64_t x = r->s;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    r->s = x;
-    return (double)((x * 0x2545F4914F6CDD1Dull) >> 11) / 9007199254740992.0;
-}
 
 /* ---- the clients ---------------------------------------------------------------------------- */
 
@@ -171,44 +149,6 @@ static void progress(struct chaos *cx, int final)
     fprintf(stderr, "\r[%s] %ld/%ld intents, %ld retries, %ld kills%s", bar, done, n,
             atomic_load(&cx->retries), atomic_load(&cx->kills), final ? "\n" : "");
     fflush(stderr);
-}
-
-#define AUDIT_PROGRESS_MS 200
-#define AUDIT_PROGRESS_WIDTH 79
-
-/* One frame of the audit's line: `fmt` padded over the last frame, a newline when `end`. */
-static void audit_frame(struct chaos *cx, int end, const char *fmt, va_list ap)
-{
-    char line[AUDIT_PROGRESS_WIDTH + 1];
-
-    vsnprintf(line, sizeof(line), fmt, ap);
-    fprintf(stderr, "\r%-*s%s", AUDIT_PROGRESS_WIDTH, line, end ? "\n" : "");
-    fflush(stderr);
-    cx->progress_shown = !end;
-}
-
-void ck_audit_progress(struct chaos *cx, const char *fmt, ...)
-{
-    long long now = clock_mono_ms();
-    va_list ap;
-
-    if (!cx->tty || (cx->progress_shown && now - cx->progress_ms < AUDIT_PROGRESS_MS))
-        return;
-    cx->progress_ms = now;
-    va_start(ap, fmt);
-    audit_frame(cx, 0, fmt, ap);
-    va_end(ap);
-}
-
-void ck_audit_progress_end(struct chaos *cx, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!cx->tty || !cx->progress_shown)
-        return;
-    va_start(ap, fmt);
-    audit_frame(cx, 1, fmt, ap);
-    va_end(ap);
 }
 
 /* ---- command line --------------------------------------------------------------------------- */
@@ -658,14 +598,6 @@ static char **child_env(const char *secret)
     }
     env[k] = NULL;
     return env;
-}
-
-void ck_free_env(char **env)
-{
-    size_t i;
-    for (i = 0; env && env[i]; i++)
-        free(env[i]);
-    free(env);
 }
 
 /* Starts (or, attached, reaches) everything the drive needs; 0 or an exit code. */

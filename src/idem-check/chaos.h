@@ -27,17 +27,6 @@
 #define CK_PAGE_SIZE_MAX 1000
 #define CK_ORDERS_PAGE_MAX 100
 
-/* ---- random numbers (chaos.c) ----------------------------------------------------------------
- */
-
-/* xorshift64*: not for secrets, only for deciding which fault hits what. */
-struct ck_rng {
-    uint64_t s;
-};
-void ck_rng_seed(struct ck_rng *r);
-/* Uniform in [0, 1). */
-double ck_rng_double(struct ck_rng *r);
-
 /* ---- the proxy (proxy.c) ---------------------------------------------------------------------
  */
 
@@ -244,7 +233,7 @@ struct chaos {
     struct ck_haproxy lb;    /* --haproxy-config (chaos_haproxy.c) */
 };
 
-/* A NULL-terminated array of malloc'd strings (an environment) and its strings, freed. */
+/* chaos_procs.c: a NULL-terminated array of malloc'd strings (an environment), freed. */
 void ck_free_env(char **env);
 
 /*
@@ -264,8 +253,8 @@ int ck_start_orderd(struct chaos *cx, int i);
 int ck_kill_restart(struct chaos *cx, int i);
 void ck_stop_children(struct chaos *cx);
 
-/* chaos.c: the audit's progress line on stderr, when it is a terminal, at most 5 times a second;
- * ck_audit_progress_end() ends it with a last line. */
+/* chaos_report.c: the audit's progress line on stderr, when it is a terminal, at most 5 times a
+ * second; ck_audit_progress_end() ends it with a last line. */
 void ck_audit_progress(struct chaos *cx, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void ck_audit_progress_end(struct chaos *cx, const char *fmt, ...)

@@ -278,3 +278,11 @@ void ck_stop_children(struct chaos *cx)
     cx->lb.pid = -1;
     stop_all(pids, n);
 }
+
+void ck_free_env(char **env)
+{
+    size_t i;
+    for (i = 0; env && env[i]; i++)
+        free(env[i]);
+    free(env);
+}

@@ -5,6 +5,7 @@
  * largest answer) and idem-check's own peak memory, the figure a long soak is sized by.
  * docs/chaos.md shows both.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -224,4 +225,44 @@ void ck_print_json(struct chaos *cx, const struct ck_audit *au, const struct ck_
     puts(s ? s : "{\"mode\":\"chaos\",\"error\":\"cannot build the report\"}");
     free(s);
     json_decref(doc);
+}
+
+/* ---- the audit's progress line (a terminal only) ------------------------------------------- */
+
+#define AUDIT_PROGRESS_MS 200
+#define AUDIT_PROGRESS_WIDTH 79
+
+/* One frame of the audit's line: `fmt` padded over the last frame, a newline when `end`. */
+static void audit_frame(struct chaos *cx, int end, const char *fmt, va_list ap)
+{
+    char line[AUDIT_PROGRESS_WIDTH + 1];
+
+    vsnprintf(line, sizeof(line), fmt, ap);
+    fprintf(stderr, "\r%-*s%s", AUDIT_PROGRESS_WIDTH, line, end ? "\n" : "");
+    fflush(stderr);
+    cx->progress_shown = !end;
+}
+
+void ck_audit_progress(struct chaos *cx, const char *fmt, ...)
+{
+    long long now = clock_mono_ms();
+    va_list ap;
+
+    if (!cx->tty || (cx->progress_shown && now - cx->progress_ms < AUDIT_PROGRESS_MS))
+        return;
+    cx->progress_ms = now;
+    va_start(ap, fmt);
+    audit_frame(cx, 0, fmt, ap);
+    va_end(ap);
+}
+
+void ck_audit_progress_end(struct chaos *cx, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (!cx->tty || !cx->progress_shown)
+        return;
+    va_start(ap, fmt);
+    audit_frame(cx, 1, fmt, ap);
+    va_end(ap);
 }

@@ -8,6 +8,7 @@
 #define IDEM_CHECK_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <curl/curl.h>
 
@@ -147,5 +148,16 @@ struct ck_conformance_options {
  */
 int ck_conformance_run(const struct ck_conformance_options *opt, struct ck_report *rep, char *why,
                        size_t why_cap);
+
+/* ---- random numbers (util.c) ----------------------------------------------------------------
+ */
+
+/* xorshift64*: not for secrets, only for deciding which fault hits what. */
+struct ck_rng {
+    uint64_t s;
+};
+void ck_rng_seed(struct ck_rng *r);
+/* Uniform in [0, 1). */
+double ck_rng_double(struct ck_rng *r);
 
 #endif /* IDEM_CHECK_H */

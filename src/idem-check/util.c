@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <openssl/rand.h>
 
@@ -90,4 +92,24 @@ void ck_buf_release(struct ck_buf *b)
     free(b->data);
     b->data = NULL;
     b->len = b->cap = b->dropped = 0;
+}
+
+/* ---- random numbers ------------------------------------------------------------------------- */
+
+void ck_rng_seed(struct ck_rng *r)
+{
+    uint64_t s = 0;
+    if (RAND_bytes((unsigned char *)&s, (int)sizeof(s)) != 1)
+        s = (uint64_t)time(NULL) ^ (uint64_t)getpid();
+    r->s = s ? s : 0x9E3779B97F4A7C15ull;
+}
+
+double ck_rng_double(struct ck_rng *r)
+{
+    uint64_t x = r->s;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    r->s = x;
+    return (double)((x * 0x2545F4914F6CDD1Dull) >> 11) / 9007199254740992.0;
 }
