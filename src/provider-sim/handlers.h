@@ -1,8 +1,8 @@
 /*
  * handlers.h - provider-sim's endpoints and the one glue every idempotent POST goes through
- * (api.c): Idempotency-Key, JSON body, validation, the 5xx and latency faults, libidem's record
- * (replay, mismatch, in progress), then the effect, then maybe the lost-response fault.  A handler
- * file only says what its effect is.
+ * (idempotent.c): Idempotency-Key, JSON body, validation, the 5xx and latency faults, libidem's
+ * record (replay, mismatch, in progress), then the effect, then maybe the lost-response fault.  A
+ * handler file only says what its effect is.
  */
 #ifndef SIM_HANDLERS_H
 #define SIM_HANDLERS_H
