@@ -273,14 +273,20 @@ int idem__pg_defer_rec(struct idem_conn *c, enum rec_stmt k, const char *const *
  */
 void idem__pg_defer_begin(struct idem_conn *c)
 {
-    idem__pg_deferred_clear(c);
+    idem__pg_tx_forget(c);
     c->in_tx = 1;
     c->tx_stmts = 0;
+    c->begin_deferred = 1;
+}
+
+void idem__pg_tx_forget(struct idem_conn *c)
+{
+    idem__pg_deferred_clear(c);
+    c->in_tx = 0;
     c->nnotify = 0;
     c->claimed_open = 0;
     c->whole = 0;
     c->batch = 0;
-    c->begin_deferred = 1;
 }
 
 /* Runs one parameterless statement of the store's own (no input in it), after what is deferred. */

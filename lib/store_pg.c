@@ -683,12 +683,7 @@ static int pg_commit(struct idem_conn *c)
     for (int i = 0; i < n; i++)
         PQclear(q[i].res);
 out:
-    idem__pg_deferred_clear(c);
-    c->in_tx = 0;
-    c->nnotify = 0;
-    c->claimed_open = 0;
-    c->whole = 0;
-    c->batch = 0;
+    idem__pg_tx_forget(c);
     return rc;
 }
 
@@ -696,12 +691,7 @@ static int pg_rollback(struct idem_conn *c)
 {
     PGTransactionStatusType ts = PQtransactionStatus(c->pg);
 
-    idem__pg_deferred_clear(c); /* statements held back are simply never sent */
-    c->in_tx = 0;
-    c->nnotify = 0;
-    c->claimed_open = 0;
-    c->whole = 0;
-    c->batch = 0;
+    idem__pg_tx_forget(c); /* statements held back are simply never sent */
     if (c->broken || ts == PQTRANS_UNKNOWN || ts == PQTRANS_ACTIVE) {
         /* Closing the connection rolls the server's side back. */
         c->broken = 1;

@@ -201,6 +201,8 @@ int idem__pg_defer_rec(struct idem_conn *c, enum rec_stmt k, const char *const *
                        const int *lens, const int *fmts, const char *what);
 /* Begins a transaction whose BEGIN goes out with its first statement. */
 void idem__pg_defer_begin(struct idem_conn *c);
+/* Forgets the connection's transaction (ended or abandoned): nothing held back, no notices. */
+void idem__pg_tx_forget(struct idem_conn *c);
 /* Runs one of the store's own parameterless statements, after what is deferred. */
 int idem__pg_run_simple(struct idem_conn *c, const char *sql, const char *what);
 

@@ -862,6 +862,19 @@ static void cut_proxy_stop(struct cut_proxy *px)
     close(px->lfd);
 }
 
+/* Starts the proxy and opens a store of `pool` connections through it. */
+static struct idem_store *open_through(struct cut_proxy *px, int pool)
+{
+    char uri[256];
+
+    cut_proxy_start(px);
+    snprintf(uri, sizeof(uri),
+             "host=127.0.0.1 port=%d dbname=idemtest user=postgres sslmode=disable "
+             "gssencmode=disable",
+             px->port);
+    return open_uri(uri, pool);
+}
+
 /*
  * The server did a pipeline's COMMIT and sent its answer, then the connection died before the
  * pipeline's end: the COMMIT's answer came, so the commit stands (0), the store reconnects, and a
@@ -878,14 +891,8 @@ static void test_lost_after_last_answer(void)
     enum idem_outcome oc;
     unsigned char fp[IDEM_FP_LEN];
     const char *id[] = {"cut-1"};
-    char uri[256];
 
-    cut_proxy_start(&px);
-    snprintf(uri, sizeof(uri),
-             "host=127.0.0.1 port=%d dbname=idemtest user=postgres sslmode=disable "
-             "gssencmode=disable",
-             px.port);
-    st = open_uri(uri, 1);
+    st = open_through(&px, 1);
     if (idem_engine_new(st, NULL, &eng) < 0)
         exit(1);
 
@@ -960,15 +967,10 @@ static void test_batch_connection_cut(void)
     struct idem_call *call = NULL;
     enum idem_outcome oc;
     unsigned char fp[IDEM_FP_LEN];
-    char uri[256], sql[128];
+    char sql[128];
     int ok = 0, lost = 0;
 
-    cut_proxy_start(&px);
-    snprintf(uri, sizeof(uri),
-             "host=127.0.0.1 port=%d dbname=idemtest user=postgres sslmode=disable "
-             "gssencmode=disable",
-             px.port);
-    st = open_uri(uri, 4);
+    st = open_through(&px, 4);
     if (idem_engine_new(st, NULL, &eng) < 0 || idem_engine_new(st, NULL, &other) < 0)
         exit(1);
     fp_of("{\"batch\":1}", fp);
