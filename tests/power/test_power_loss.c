@@ -39,6 +39,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -47,11 +48,14 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <idem/idem.h>
+
+#include "clock.h" /* common/clock.h */
 
 #define SECTOR 512
 #define KEYS_PER_ROUND 120
@@ -606,24 +610,30 @@ static void dead(pid_t pid)
         ;
 }
 
-static void clock_sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /*
  * Lets `pid` run for `ms` (or, with `until_exit`, until it exits, at most `ms`), reading its
- * reports meanwhile so that it never blocks on a full pipe.
+ * reports as they come so that it never blocks on a full pipe.  Woken by a report or by the
+ * process's exit (its pidfd), never by a pause of its own.
  */
 static void run_for(pid_t pid, int fd, struct acks *a, long ms, int until_exit)
 {
-    for (long waited = 0; waited < ms; waited += 5) {
+    const int64_t deadline = clock_mono_ms() + ms;
+    int pidfd = until_exit ? (int)syscall(SYS_pidfd_open, pid, 0) : -1;
+    struct pollfd fds[2] = {{.fd = fd, .events = POLLIN}, {.fd = pidfd, .events = POLLIN}};
+
+    if (until_exit && pidfd < 0)
+        die("pidfd_open");
+    for (int64_t left = ms; left > 0; left = deadline - clock_mono_ms()) {
+        if (poll(fds, until_exit ? 2 : 1, (int)left) < 0 && errno != EINTR)
+            die("poll");
         read_acks(fd, a);
-        if (until_exit && waitpid(pid, NULL, WNOHANG) == pid)
-            return;
-        clock_sleep_ms(5);
+        if (until_exit && (fds[1].revents & POLLIN)) {
+            read_acks(fd, a); /* what it wrote before it exited */
+            break;
+        }
     }
+    if (pidfd >= 0)
+        close(pidfd);
 }
 
 /* One write transaction of one business row; its commit's return code. */

@@ -85,6 +85,10 @@ static void test_fmt_and_strdup(void)
     free(copy);
 }
 
+/*
+ * common/clock.h's clocks and its sleep, which the libraries use: here the pause itself is what
+ * is tested (it lasts at least what was asked), not a wait for something else to happen.
+ */
 static void test_clocks(void)
 {
     int64_t wall = clock_wall_ms(), t0, t1;
