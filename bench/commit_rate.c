@@ -23,6 +23,7 @@
 #include <libpq-fe.h>
 #include <sqlite3.h>
 
+#include "clock.h" /* common/clock.h */
 #include "banned.h"
 
 #define THREADS_MAX 64
@@ -52,14 +53,6 @@ struct worker {
     size_t cap;
     char err[256];
 };
-
-static int64_t clock_mono_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 static void note_error(struct worker *w, const char *what, const char *detail)
 {

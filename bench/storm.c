@@ -26,8 +26,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "banned.h"
 #include "ascii.h"
+#include "clock.h" /* common/clock.h */
+#include "banned.h"
 
 #define REQUESTS_MAX 4096
 #define RESPONSE_MAX 65536
@@ -47,14 +48,6 @@ struct conn {
     int replayed;
     int done;
 };
-
-static int64_t clock_mono_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 static char *build_request(const char *token, const char *key, size_t *len)
 {
