@@ -80,6 +80,56 @@ struct idem_watch {
     void *arg;
 };
 
+/*
+ * A claim committed at once at its operation's claim_point: one whole transaction of one
+ * statement, the record inserted already at its point (IDEM__TX_ONE_STATEMENT).
+ */
+struct claim_job {
+    struct idem_call *call;
+    int claimed;
+};
+
+/* An asynchronous claim (idem_call_begin_async) on its way through the store. */
+struct claim_async {
+    struct claim_job job;
+    int64_t claim_mono;
+    idem_call_begun begun;
+    void *arg;
+};
+
+/*
+ * A response stored with no phase open: one whole transaction of one statement (idem__tx_run).
+ * The job owns the copies of the response it writes (response_copies()); complete_job_ended()
+ * hands them to the call.
+ */
+struct complete_job {
+    struct idem_call *call;
+    int status;
+    char *headers; /* encoded */
+    void *body;
+    size_t body_len;
+};
+
+/* An asynchronous completion (idem_call_complete_async) on its way through the store. */
+struct complete_async {
+    struct complete_job job;
+    idem_call_done done;
+    void *arg;
+};
+
+/*
+ * A one-phase call run whole by the store's writer (idem_call_run_async): the record read on the
+ * writer, the application's phase, its commit into the writer's batch.
+ */
+struct run_async {
+    struct idem_call *call;
+    idem_call_run run;
+    idem_call_done done;
+    void *arg;
+    int found; /* the writer found a record of the scope: nothing ran */
+    int runs;  /* how often the store ran it (a neighbour's failure runs it again) */
+};
+
 struct idem_call {
     struct idem_engine *eng;
     struct idem_scope scope;
@@ -96,6 +146,18 @@ struct idem_call {
     /* idem_call_commit_async(): told once the commit is durable or failed. */
     idem_call_done async_done;
     void *async_arg;
+    /*
+     * The step in flight without a waiting thread (idem_call_begin_async, _complete_async,
+     * _run_async, _commit_async; one at a time): the engine's side in `async`, the store's job in
+     * `job_slot`.  Both live in the call, so the step allocates nothing on the caller's thread for
+     * the store's to free; they go with the call, on its owner's thread.
+     */
+    union {
+        struct claim_async claim;
+        struct complete_async complete;
+        struct run_async run;
+    } async;
+    struct idem__job_slot job_slot;
     int record_durable; /* the record exists beyond the open phase (committed) */
     /*
      * A one-phase call's open phase, whose record is not in the store yet: the phase's first
@@ -566,15 +628,6 @@ static int defer_claim(struct idem_call *call)
     return 0;
 }
 
-/*
- * A claim committed at once at its operation's claim_point: one whole transaction of one
- * statement, the record inserted already at its point (IDEM__TX_ONE_STATEMENT).
- */
-struct claim_job {
-    struct idem_call *call;
-    int claimed;
-};
-
 static int claim_job_run(struct idem_conn *c, void *arg)
 {
     struct claim_job *j = arg;
@@ -921,19 +974,11 @@ int idem_call_begin(struct idem_engine *eng, const struct idem_operation *op, co
     return call_start(eng, op, principal, key, fp, out, outcome);
 }
 
-/* An asynchronous claim (idem_call_begin_async) on its way through the store. */
-struct claim_async {
-    struct claim_job job;
-    int64_t claim_mono;
-    idem_call_begun begun;
-    void *arg;
-};
-
 /* The store ran the claim: tell the caller how it ended. */
 static void claim_async_done(void *arg, int rc, const char *errmsg)
 {
-    struct claim_async *a = arg;
-    struct idem_call *call = a->job.call;
+    struct idem_call *call = arg;
+    struct claim_async *a = &call->async.claim;
     enum idem_outcome outcome = IDEM_OUTCOME_NONE;
     int claimed = 0;
 
@@ -945,8 +990,7 @@ static void claim_async_done(void *arg, int rc, const char *errmsg)
         else
             call_fail(call, rc, "claim", NULL);
     }
-    a->begun(call, rc, outcome, a->arg);
-    free(a);
+    a->begun(call, rc, outcome, a->arg); /* (the call may be gone after) */
 }
 
 /*
@@ -997,19 +1041,11 @@ int idem_call_begin_async(struct idem_engine *eng, const struct idem_operation *
     rc = async_call_new(eng, op, principal, key, fp, &call);
     if (rc <= 0)
         return rc;
-    a = calloc(1, sizeof(*a));
-    if (!a) {
-        idem_call_end(call);
-        return IDEM_ENOMEM;
-    }
-    a->job.call = call;
-    a->claim_mono = clock_mono_ms();
-    a->begun = begun;
-    a->arg = arg;
-    rc = idem__tx_run_async(eng->st, claim_job_run, &a->job, IDEM__TX_ONE_STATEMENT,
-                            claim_async_done, a, err, sizeof(err));
+    a = &call->async.claim;
+    *a = (struct claim_async){{call, 0}, clock_mono_ms(), begun, arg};
+    rc = idem__tx_run_async(eng->st, &call->job_slot, claim_job_run, &a->job,
+                            IDEM__TX_ONE_STATEMENT, claim_async_done, call, err, sizeof(err));
     if (rc < 0) {
-        free(a);
         idem_call_end(call);
         return rc;
     }
@@ -1539,7 +1575,8 @@ int idem_call_commit_async(struct idem_call *call, idem_call_done done, void *ar
     call->async_arg = arg;
     tx = call->tx;
     call->tx = NULL;
-    rc = idem__tx_commit_async(tx, response_committed_async, call, err, sizeof(err));
+    rc = idem__tx_commit_async(tx, &call->job_slot, response_committed_async, call, err,
+                               sizeof(err));
     if (rc < 0) {
         call->async_done = NULL;
         call->async_arg = NULL;
@@ -1547,19 +1584,6 @@ int idem_call_commit_async(struct idem_call *call, idem_call_done done, void *ar
     }
     return 0;
 }
-
-/*
- * A response stored with no phase open: one whole transaction of one statement (idem__tx_run).
- * The job owns the copies of the response it writes (response_copies()); complete_job_ended()
- * hands them to the call.
- */
-struct complete_job {
-    struct idem_call *call;
-    int status;
-    char *headers; /* encoded */
-    void *body;
-    size_t body_len;
-};
 
 /* The job for `call`'s response, with its copies made. */
 static int complete_job_init(struct complete_job *j, struct idem_call *call, int status,
@@ -1631,21 +1655,13 @@ static int complete_at_once(struct idem_call *call, int status, const struct ide
     return complete_job_ended(&j, rc, err);
 }
 
-/* An asynchronous completion (idem_call_complete_async) on its way through the store. */
-struct complete_async {
-    struct complete_job job;
-    idem_call_done done;
-    void *arg;
-};
-
 static void complete_async_done(void *arg, int rc, const char *errmsg)
 {
-    struct complete_async *a = arg;
-    struct idem_call *call = a->job.call;
+    struct idem_call *call = arg;
+    struct complete_async *a = &call->async.complete;
 
     rc = complete_job_ended(&a->job, rc, errmsg);
-    a->done(call, rc, a->arg);
-    free(a);
+    a->done(call, rc, a->arg); /* (the call may be gone after) */
 }
 
 int idem_call_complete_async(struct idem_call *call, int status, const struct idem_header *headers,
@@ -1668,19 +1684,17 @@ int idem_call_complete_async(struct idem_call *call, int status, const struct id
         done(call, rc, arg);
         return 0;
     }
-    a = calloc(1, sizeof(*a));
-    if (!a)
-        return call_fail(call, IDEM_ENOMEM, "complete", NULL);
+    a = &call->async.complete;
     a->done = done;
     a->arg = arg;
     rc = complete_job_init(&a->job, call, status, headers, nheaders, body, body_len);
     if (rc == 0)
-        rc = idem__tx_run_async(call->eng->st, complete_job_run, &a->job, IDEM__TX_ONE_STATEMENT,
-                                complete_async_done, a, err, sizeof(err));
+        rc =
+            idem__tx_run_async(call->eng->st, &call->job_slot, complete_job_run, &a->job,
+                               IDEM__TX_ONE_STATEMENT, complete_async_done, call, err, sizeof(err));
     if (rc < 0) {
         free(a->job.headers);
         free(a->job.body);
-        free(a);
         return call_fail(call, rc, "complete", err[0] ? err : NULL);
     }
     return 0;
@@ -1702,19 +1716,6 @@ int idem_call_complete(struct idem_call *call, int status, const struct idem_hea
         rc = commit_response(call);
     return rc;
 }
-
-/*
- * A one-phase call run whole by the store's writer (idem_call_run_async): the record read on the
- * writer, the application's phase, its commit into the writer's batch.
- */
-struct run_async {
-    struct idem_call *call;
-    idem_call_run run;
-    idem_call_done done;
-    void *arg;
-    int found; /* the writer found a record of the scope: nothing ran */
-    int runs;  /* how often the store ran it (a neighbour's failure runs it again) */
-};
 
 /*
  * The job, on the writer (which sees every commit and this batch's members; its reads need no
@@ -1770,13 +1771,12 @@ static int run_job_run(struct idem_conn *c, void *arg)
 /* The store's word on the job, once its batch is durable (or failed): tell the caller. */
 static void run_async_done(void *arg, int rc, const char *errmsg)
 {
-    struct run_async *a = arg;
-    struct idem_call *call = a->call;
+    struct idem_call *call = arg;
+    const struct run_async *a = &call->async.run;
     idem_call_done done = a->done;
     void *done_arg = a->arg;
     int found = a->found;
 
-    free(a);
     if (rc == IDEM__TX_DISCARD || (rc == IDEM_ELEASE && !found)) {
         /* A record was there, or another process's insert came first: nothing was kept. */
         learn_taken_scope(call->eng, &call->scope);
@@ -1804,16 +1804,11 @@ int idem_call_run_async(struct idem_engine *eng, const struct idem_operation *op
     rc = async_call_new(eng, op, principal, key, fp, &call);
     if (rc <= 0)
         return rc;
-    a = calloc(1, sizeof(*a));
-    if (!a) {
-        idem_call_end(call);
-        return IDEM_ENOMEM;
-    }
+    a = &call->async.run;
     *a = (struct run_async){call, run, done, arg, 0, 0};
-    rc = idem__tx_run_async(eng->st, run_job_run, a, IDEM__TX_RERUNNABLE, run_async_done, a, err,
-                            sizeof(err));
+    rc = idem__tx_run_async(eng->st, &call->job_slot, run_job_run, a, IDEM__TX_RERUNNABLE,
+                            run_async_done, call, err, sizeof(err));
     if (rc < 0) {
-        free(a);
         idem_call_end(call);
         return rc;
     }

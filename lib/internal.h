@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 /*
  * The headers that declare what banned.h bans come before it, so that a file including this one
  * first may still include them (their guards make the later includes no-ops).
@@ -99,6 +100,18 @@ typedef void (*idem__commit_done)(void *arg, int rc, const char *errmsg);
  */
 typedef int (*idem__tx_fn)(struct idem_conn *c, void *arg);
 #define IDEM__TX_DISCARD 1
+
+/*
+ * Where a store keeps a job given without a waiting thread (write_run_async, write_commit_async)
+ * while it is in flight: the caller's memory, which must live until the job's `done` was told;
+ * the store never touches it after that.  So a store allocates nothing per job, and nothing on
+ * this path is allocated on the caller's thread (an event loop) only to be freed on the store's
+ * (malloc would move it from one thread's arena to another's).  Each store checks that its
+ * bookkeeping fits (a _Static_assert beside its own struct).
+ */
+struct idem__job_slot {
+    _Alignas(max_align_t) unsigned char mem[1280];
+};
 /*
  * idem__tx_run()'s flag: `fn` writes with one statement at most, and asks for a rollback only
  * when that statement changed nothing -- so there is never anything of it to undo (a statement
@@ -267,8 +280,9 @@ struct idem_store_vtab {
      * failed: the savepoint was rolled back and `done` is never called.  The store counts it in
      * st->write_commits once durable.
      */
-    int (*write_commit_async)(struct idem_store *st, struct idem_conn *c, idem__commit_done done,
-                              void *arg, char *err, size_t errlen);
+    int (*write_commit_async)(struct idem_store *st, struct idem_conn *c,
+                              struct idem__job_slot *slot, idem__commit_done done, void *arg,
+                              char *err, size_t errlen);
     /*
      * Optional, with the ones above: idem__tx_run() of a whole transaction.  `fn` runs in its own
      * savepoint of the current batch on whichever thread holds the writer when it comes free
@@ -286,11 +300,12 @@ struct idem_store_vtab {
      * IDEM__TX_DISCARD when `fn` asked for a rollback, or a negative code -- the last two also
      * only once the batch `fn` ran in is durable (what `fn` read may come from it).  `done` runs
      * outside the group's mutex, on the store's syncer (or a thread holding the writer), so it
-     * must not block nor use the store.  `arg` must live until then.  A negative return: nothing
-     * was queued, `done` is not called.
+     * must not block nor use the store.  `arg` and `slot` must live until then.  A negative
+     * return: nothing was queued, `done` is not called.
      */
-    int (*write_run_async)(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags,
-                           idem__commit_done done, void *done_arg, char *err, size_t errlen);
+    int (*write_run_async)(struct idem_store *st, struct idem__job_slot *slot, idem__tx_fn fn,
+                           void *arg, unsigned flags, idem__commit_done done, void *done_arg,
+                           char *err, size_t errlen);
     /*
      * Optional, for stores without write_run: told that the transaction just begun on `c` is a
      * whole one (idem__tx_run), whose statements are followed by its COMMIT and nothing else.
@@ -361,8 +376,8 @@ int idem__tx_commit_err(struct idem_tx *tx, char *err, size_t errlen);
  * commits as idem_tx_commit() and calls `done` before returning.  A negative return means the
  * commit failed at once (`done` is not called; the message is in `err`).
  */
-int idem__tx_commit_async(struct idem_tx *tx, idem__commit_done done, void *arg, char *err,
-                          size_t errlen);
+int idem__tx_commit_async(struct idem_tx *tx, struct idem__job_slot *slot, idem__commit_done done,
+                          void *arg, char *err, size_t errlen);
 
 /*
  * Runs `fn` as one write transaction and commits it durably: through the store's write_run when
@@ -379,8 +394,9 @@ int idem__tx_run(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flag
  * negative return: nothing was queued, `done` is not called (the message is in `err`).
  */
 int idem__tx_runs_async(const struct idem_store *st);
-int idem__tx_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags,
-                       idem__commit_done done, void *done_arg, char *err, size_t errlen);
+int idem__tx_run_async(struct idem_store *st, struct idem__job_slot *slot, idem__tx_fn fn,
+                       void *arg, unsigned flags, idem__commit_done done, void *done_arg, char *err,
+                       size_t errlen);
 
 /*
  * write_run_async for a store without a group commit of its own (tx_batch.c): the job joins the
@@ -388,8 +404,9 @@ int idem__tx_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, unsigne
  * each job once that transaction committed (or each job alone, should one of them fail).
  * idem__batch_stop() ends the runner after the queue drained (idem_store_close).
  */
-int idem__batch_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags,
-                          idem__commit_done done, void *done_arg, char *err, size_t errlen);
+int idem__batch_run_async(struct idem_store *st, struct idem__job_slot *slot, idem__tx_fn fn,
+                          void *arg, unsigned flags, idem__commit_done done, void *done_arg,
+                          char *err, size_t errlen);
 void idem__batch_stop(struct idem_store *st);
 
 /*

@@ -124,6 +124,18 @@ struct sq_notice {
 };
 
 /*
+ * A job given without a waiting thread, in its caller's slot (struct idem__job_slot): the store
+ * allocates nothing for it and lets go of it once its notice is told.  A commit given so
+ * (write_commit_async) uses the notice alone.
+ */
+struct sq_async {
+    struct sq_job job;
+    struct sq_notice notice;
+};
+_Static_assert(sizeof(struct sq_async) <= sizeof(struct idem__job_slot),
+               "struct idem__job_slot is too small for the SQLite store's job");
+
+/*
  * A batch's members are told its outcome: 0 once durable, or its failure.  A member that rolled
  * back or failed rides the batch too (its own rc kept unless the batch failed): what it read may
  * have come from the batch's earlier members or from batches not yet durable.
@@ -258,8 +270,7 @@ static void group_unlock(struct sq_group *g)
         next = n->next;
         if (n->rc == 0) /* a whole transaction of its member's, durable */
             atomic_fetch_add(&g->st->write_commits, 1);
-        n->done(n->arg, n->rc, n->rc < 0 ? n->errmsg : NULL);
-        free(n);
+        n->done(n->arg, n->rc, n->rc < 0 ? n->errmsg : NULL); /* (then gone: the caller's) */
     }
 }
 
@@ -300,7 +311,7 @@ static void queue_wake_locked(struct sq_group *g)
         job_wake_locked(g, g->jobs);
 }
 
-/* Tells an async job's notice that it is done, once g->mu is dropped, and frees the job. */
+/* Tells an async job's notice that it is done, once g->mu is dropped; the job is spent. */
 static void job_notify_locked(struct sq_group *g, struct sq_job *j)
 {
     struct sq_notice *n = j->notice;
@@ -310,7 +321,6 @@ static void job_notify_locked(struct sq_group *g, struct sq_job *j)
         idem__fmt(n->errmsg, sizeof(n->errmsg), "%s", j->errmsg);
     n->next = g->notices;
     g->notices = n;
-    free(j);
 }
 
 static void runner_stop(struct sq_group *g);
@@ -935,7 +945,6 @@ static void jobs_run_locked(struct sq_group *g)
                 j->notice->next = g->batch->notices;
                 g->batch->notices = j->notice;
                 g->members++;
-                free(j);
             } else if (j->notice && g->marks && g->batch) {
                 /* Rolled back or failed: told with the batch, its own outcome kept. */
                 struct sq_notice *n = j->notice;
@@ -943,7 +952,6 @@ static void jobs_run_locked(struct sq_group *g)
                 idem__fmt(n->errmsg, sizeof(n->errmsg), "%s", j->errmsg);
                 n->next = g->batch->notices;
                 g->batch->notices = n;
-                free(j);
             } else if (j->notice) {
                 job_notify_locked(g, j);
             } else if (j->rc == 0 || (g->marks && g->batch)) {
@@ -1195,26 +1203,20 @@ int idem__sq_write_commit(struct idem_store *st, struct idem_conn *c, char *err,
  * batch ends -- by this thread if the batch commits now (nobody queues for the writer), else by
  * whoever commits it.  The caller is then free to take other work into the next batch.
  */
-int idem__sq_write_commit_async(struct idem_store *st, struct idem_conn *c, idem__commit_done done,
-                                void *arg, char *err, size_t errlen)
+int idem__sq_write_commit_async(struct idem_store *st, struct idem_conn *c,
+                                struct idem__job_slot *slot, idem__commit_done done, void *arg,
+                                char *err, size_t errlen)
 {
     struct sq_group *g = st->backend;
-    struct sq_notice *n;
+    struct sq_notice *n = &((struct sq_async *)slot->mem)->notice;
     int rc;
 
-    n = calloc(1, sizeof(*n));
-    if (!n) {
-        idem__fmt(err, errlen, "%s", idem_strerror(IDEM_ENOMEM));
-        idem__sq_write_rollback(st, c);
-        return IDEM_ENOMEM;
-    }
+    memset(n, 0, sizeof(*n));
     n->done = done;
     n->arg = arg;
     rc = release_into_batch(st, c, err, errlen);
-    if (rc < 0) {
-        free(n);
+    if (rc < 0)
         return rc;
-    }
     pthread_mutex_lock(&g->mu);
     n->next = g->batch->notices;
     g->batch->notices = n;
@@ -1349,21 +1351,21 @@ static void runner_stop(struct sq_group *g)
 }
 
 /*
- * write_run without a waiting thread: the job is queued with a notice, and `done` is told by
- * whoever ran it (the writer's holder, or the runner) once its batch ends, or at once when it
- * rolled back or failed -- never by this thread.
+ * write_run without a waiting thread: the job is queued with a notice, both in the caller's
+ * `slot`, and `done` is told by whoever ran it (the writer's holder, or the runner) once its batch
+ * ends, or at once when it rolled back or failed -- never by this thread.
  */
-int idem__sq_write_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags,
-                             idem__commit_done done, void *done_arg, char *err, size_t errlen)
+int idem__sq_write_run_async(struct idem_store *st, struct idem__job_slot *slot, idem__tx_fn fn,
+                             void *arg, unsigned flags, idem__commit_done done, void *done_arg,
+                             char *err, size_t errlen)
 {
     struct sq_group *g = st->backend;
-    struct sq_job *j = calloc(1, sizeof(*j));
-    struct sq_notice *n = calloc(1, sizeof(*n));
-    const char *why = idem_strerror(IDEM_ENOMEM);
-    int rc = IDEM_ENOMEM;
+    struct sq_async *a = (struct sq_async *)slot->mem;
+    struct sq_job *j = &a->job;
+    struct sq_notice *n = &a->notice;
 
-    if (!j || !n)
-        goto fail;
+    memset(j, 0, sizeof(*j));
+    memset(n, 0, sizeof(*n));
     j->fn = fn;
     j->arg = arg;
     j->flags = flags;
@@ -1372,14 +1374,15 @@ int idem__sq_write_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, u
     n->arg = done_arg;
     pthread_mutex_lock(&g->mu);
     if (g->runner_stop) {
-        rc = IDEM_EUNAVAIL;
-        why = "sqlite: the store is closing";
-        goto unlock_fail;
+        pthread_mutex_unlock(&g->mu);
+        idem__fmt(err, errlen, "%s", "sqlite: the store is closing");
+        return IDEM_EUNAVAIL;
     }
     if (!g->runner_started) {
         if (pthread_create(&g->runner, NULL, runner_main, g) != 0) {
-            why = "sqlite: cannot start the store's runner thread";
-            goto unlock_fail;
+            pthread_mutex_unlock(&g->mu);
+            idem__fmt(err, errlen, "%s", "sqlite: cannot start the store's runner thread");
+            return IDEM_ENOMEM;
         }
         g->runner_started = 1;
     }
@@ -1389,11 +1392,4 @@ int idem__sq_write_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, u
         g->wake_runner = 1;
     group_unlock(g);
     return 0;
-unlock_fail:
-    pthread_mutex_unlock(&g->mu);
-fail:
-    free(j);
-    free(n);
-    idem__fmt(err, errlen, "%s", why);
-    return rc;
 }

@@ -361,8 +361,8 @@ void idem__store_count_commit(struct idem_store *st, uint64_t ntx, int64_t t0)
     atomic_fetch_add(&st->durable_commit_ns, (uint64_t)(clock_mono_ns() - t0));
 }
 
-int idem__tx_commit_async(struct idem_tx *tx, idem__commit_done done, void *arg, char *err,
-                          size_t errlen)
+int idem__tx_commit_async(struct idem_tx *tx, struct idem__job_slot *slot, idem__commit_done done,
+                          void *arg, char *err, size_t errlen)
 {
     int rc;
 
@@ -370,7 +370,7 @@ int idem__tx_commit_async(struct idem_tx *tx, idem__commit_done done, void *arg,
         return IDEM_EINVAL;
     if (tx->grouped && tx->st->vt->write_commit_async) {
         /* (the store counts it in write_commits once it is durable) */
-        rc = tx->st->vt->write_commit_async(tx->st, tx->conn, done, arg, err, errlen);
+        rc = tx->st->vt->write_commit_async(tx->st, tx->conn, slot, done, arg, err, errlen);
         free(tx);
         return rc;
     }
@@ -412,14 +412,15 @@ int idem__tx_runs_async(const struct idem_store *st)
     return st->vt->write_run_async != NULL;
 }
 
-int idem__tx_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags,
-                       idem__commit_done done, void *done_arg, char *err, size_t errlen)
+int idem__tx_run_async(struct idem_store *st, struct idem__job_slot *slot, idem__tx_fn fn,
+                       void *arg, unsigned flags, idem__commit_done done, void *done_arg, char *err,
+                       size_t errlen)
 {
     if (!st->vt->write_run_async) {
         idem__fmt(err, errlen, "%s", "this store cannot run a transaction without waiting");
         return IDEM_EINVAL;
     }
-    return st->vt->write_run_async(st, fn, arg, flags, done, done_arg, err, errlen);
+    return st->vt->write_run_async(st, slot, fn, arg, flags, done, done_arg, err, errlen);
 }
 
 void idem_tx_rollback(struct idem_tx *tx)

@@ -66,11 +66,13 @@ int idem__sq_read_gate(struct idem_conn *c);
 int idem__sq_write_begin(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
 int idem__sq_write_commit(struct idem_store *st, struct idem_conn *c, char *err, size_t errlen);
 void idem__sq_write_rollback(struct idem_store *st, struct idem_conn *c);
-int idem__sq_write_commit_async(struct idem_store *st, struct idem_conn *c, idem__commit_done done,
-                                void *arg, char *err, size_t errlen);
+int idem__sq_write_commit_async(struct idem_store *st, struct idem_conn *c,
+                                struct idem__job_slot *slot, idem__commit_done done, void *arg,
+                                char *err, size_t errlen);
 int idem__sq_write_run(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags, char *err,
                        size_t errlen);
-int idem__sq_write_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags,
-                             idem__commit_done done, void *done_arg, char *err, size_t errlen);
+int idem__sq_write_run_async(struct idem_store *st, struct idem__job_slot *slot, idem__tx_fn fn,
+                             void *arg, unsigned flags, idem__commit_done done, void *done_arg,
+                             char *err, size_t errlen);
 
 #endif /* IDEM_STORE_SQLITE_H */

@@ -63,6 +63,9 @@ struct batch_job {
     void *done_arg;
     int rc; /* fn's word in the batch: 0 or IDEM__TX_DISCARD */
 };
+/* (in its caller's slot: nothing is allocated per job, and the job is gone once told) */
+_Static_assert(sizeof(struct batch_job) <= sizeof(struct idem__job_slot),
+               "struct idem__job_slot is too small for a batch's job");
 
 struct idem__batcher {
     pthread_mutex_t mu;
@@ -73,10 +76,10 @@ struct idem__batcher {
     pthread_t thread[RUNNERS];
 };
 
+/* Tells job `j` how it ended; `j` (its caller's memory) may be gone after. */
 static void tell(struct batch_job *j, int rc, const char *errmsg)
 {
     j->done(j->done_arg, rc, errmsg);
-    free(j);
 }
 
 static void tell_all(struct batch_job *jobs, int rc, const char *errmsg)
@@ -266,21 +269,19 @@ static struct idem__batcher *batcher_get(struct idem_store *st)
     return b;
 }
 
-int idem__batch_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags,
-                          idem__commit_done done, void *done_arg, char *err, size_t errlen)
+int idem__batch_run_async(struct idem_store *st, struct idem__job_slot *slot, idem__tx_fn fn,
+                          void *arg, unsigned flags, idem__commit_done done, void *done_arg,
+                          char *err, size_t errlen)
 {
     struct idem__batcher *b = batcher_get(st);
-    struct batch_job *j = calloc(1, sizeof(*j));
+    struct batch_job *j = (struct batch_job *)slot->mem;
     const char *why = idem_strerror(IDEM_ENOMEM);
     int rc = IDEM_ENOMEM;
 
     (void)flags; /* every job may run again alone (see the top of this file) */
-    if (!b || !j)
+    if (!b)
         goto fail;
-    j->fn = fn;
-    j->arg = arg;
-    j->done = done;
-    j->done_arg = done_arg;
+    *j = (struct batch_job){NULL, fn, arg, done, done_arg, 0};
     pthread_mutex_lock(&b->mu);
     if (b->stop) {
         rc = IDEM_EUNAVAIL;
@@ -302,7 +303,6 @@ int idem__batch_run_async(struct idem_store *st, idem__tx_fn fn, void *arg, unsi
 unlock_fail:
     pthread_mutex_unlock(&b->mu);
 fail:
-    free(j);
     idem__fmt(err, errlen, "%s", why);
     return rc;
 }

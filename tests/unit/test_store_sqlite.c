@@ -225,7 +225,8 @@ enum { ASYNC_JOBS = 90 };
 
 struct async_job {
     struct job_arg a;
-    atomic_int told; /* times its callback ran */
+    struct idem__job_slot slot; /* the store's, until told */
+    atomic_int told;            /* times its callback ran */
     int rc;
     int on_caller;   /* told on the thread that queued it */
     int row_visible; /* a kept row was readable when it was told */
@@ -253,7 +254,7 @@ static int async_queue(struct async_job *j, struct idem_store *st, enum job_kind
     j->a = (struct job_arg){st, kind, "", 0};
     snprintf(j->a.id, sizeof j->a.id, "%s", id);
     j->caller = pthread_self();
-    return idem__tx_run_async(st, job_fn, &j->a, 0, async_job_done, j, err, sizeof err);
+    return idem__tx_run_async(st, &j->slot, job_fn, &j->a, 0, async_job_done, j, err, sizeof err);
 }
 
 static int async_told(struct async_job *jobs, int n)
