@@ -1,5 +1,5 @@
 /*
- * fuzz_journal.c - libFuzzer harness for the client journal reader (src/client/journal.c): a
+ * fuzz_journal.c - libFuzzer harness for the client journal reader (lib/client/journal.c): a
  * journal is a file any process of the user may have written, damaged by a crash or a full disk.
  * The input is the file.  It is opened, an intent is looked up and journaled, and the table is
  * read back; then the journal is compacted and read again.

@@ -58,7 +58,7 @@ function(idem_deb_pc_files)
   file(RELATIVE_PATH IDEM_PC_TO_PREFIX /prefix/${IDEM_DEB_LIBDIR}/pkgconfig /prefix)
   set(IDEM_CLIENT_PC_TO_PREFIX ${IDEM_PC_TO_PREFIX})
   configure_file(${CMAKE_SOURCE_DIR}/cmake/idem.pc.in ${deb_gen}/idem.pc @ONLY)
-  configure_file(${CMAKE_SOURCE_DIR}/src/client/idem-client.pc.in ${deb_gen}/idem-client.pc
+  configure_file(${CMAKE_SOURCE_DIR}/lib/client/idem-client.pc.in ${deb_gen}/idem-client.pc
                  @ONLY)
 endfunction()
 idem_deb_pc_files()

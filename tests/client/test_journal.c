@@ -1,11 +1,11 @@
 /*
- * test_journal.c - the intent journal (src/client/journal.c).  The journal is what keeps a
+ * test_journal.c - the intent journal (lib/client/journal.c).  The journal is what keeps a
  * re-run command from becoming a second purchase, so the tests pin what it promises: a round
  * trip through the file, one fsync after each append (and the whole record on disk by then),
  * processes sharing one file, and every kind of damage - a last line cut short, a flipped byte,
  * a wrong length, an unknown record - reported with the file and line, never skipped.
  */
-#include "internal.h"
+#include "client_internal.h"
 #include "t.h"
 
 #include <errno.h>

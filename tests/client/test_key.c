@@ -1,5 +1,5 @@
 /*
- * test_key.c - the keys libidem-client sends (src/client/key.c).  A generated key must be a
+ * test_key.c - the keys libidem-client sends (lib/client/key.c).  A generated key must be a
  * well-formed UUID version 4 (RFC 9562: version nibble 4, variant bits 10) with fresh random bits
  * each time; a caller's key must be one a server takes verbatim, which is checked against
  * libidem's own parser (idem_key_parse) so that the client and the server never disagree on what

@@ -1,10 +1,10 @@
 /*
- * test_policy.c - the retry policy of libidem-client (src/client/policy.c, rng.c), pinned by
+ * test_policy.c - the retry policy of libidem-client (lib/client/policy.c, rng.c), pinned by
  * tables: which answers and transport errors are retried, the backoff ceilings, that full jitter
  * stays inside [0, ceiling] and is reproducible from a seed, and Retry-After in its seconds and
  * HTTP-date forms (garbage is ignored, never guessed at).
  */
-#include "internal.h"
+#include "client_internal.h"
 #include "t.h"
 
 #include <curl/curl.h>

@@ -6,7 +6,7 @@
  * pauses follow Retry-After, the caps stop the loop, the callback sees each attempt, the seed
  * makes the jitter reproducible, and the journal holds the key before the first request arrives.
  */
-#include "internal.h"
+#include "client_internal.h"
 #include "ascii.h"
 #include "t.h"
 

@@ -3,7 +3,7 @@
  * the call went (attempts, time, key, why it stopped).  Bodies and headers come from strangers,
  * so every buffer here has a cap; a server cannot make the client swallow all memory.
  */
-#include "internal.h"
+#include "client_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -5,7 +5,7 @@
  * seedable generator (xoshiro256**, seeded through splitmix64) that lives in each client handle:
  * no global rand() state that another library could disturb or that would tie threads together.
  */
-#include "internal.h"
+#include "client_internal.h"
 
 #include <errno.h>
 #include <sys/random.h>

@@ -5,7 +5,7 @@
  * is checked against the shape every server accepts verbatim as a bare token, the same rule as
  * libidem's idem_key_parse, so what the journal records is exactly what the server stores.
  */
-#include "internal.h"
+#include "client_internal.h"
 
 #include <string.h>
 

@@ -4,7 +4,7 @@
  * the one IDEM_CLIENT_ERRNO_MAP list in client.h, so a new code cannot be added without its
  * sentence and its name.
  */
-#include "internal.h"
+#include "client_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

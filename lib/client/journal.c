@@ -11,7 +11,7 @@
  * and line number and stops every call: a journal that silently dropped a record could hand out
  * a fresh key for an intent that already ran, which is the one thing it exists to prevent.
  */
-#include "internal.h"
+#include "client_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -5,7 +5,7 @@
  * bytes will get the same answer, or worse, a second execution), the full-jitter backoff that
  * keeps a crowd of clients from retrying in lockstep, and Retry-After in both of its forms.
  */
-#include "internal.h"
+#include "client_internal.h"
 
 #include <curl/curl.h>
 #include <string.h>

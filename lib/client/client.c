@@ -5,7 +5,7 @@
  * decisions themselves (what is transient, how long to wait) are policy.c's; this file only
  * measures, sleeps, reports each attempt and keeps libcurl's handle.
  */
-#include "internal.h"
+#include "client_internal.h"
 
 #include <curl/curl.h>
 #include <stdlib.h>
