@@ -1,12 +1,12 @@
 /*
  * chaos.c - `idem-check chaos`: the command line and the run.  It starts provider-sim and one or
  * more orderd instances on one store (or attaches to running ones), puts the fault-injecting
- * proxy (proxy.c) in front of orderd (and, with webhooks on, a second one between provider-sim's
- * webhooks and orderd), turns on provider faults, drives N business intents from M threads with
- * libidem-client (each intent one fresh key, retried with that key through the proxy; some sent
- * twice at once), kills a random orderd with SIGKILL on a schedule and brings it back on the same
- * port and store (and, with --failover-every, fails the database over: chaos_failover.c), then
- * has chaos_audit.c audit that every intent took effect exactly once and chaos_report.c print
+ * proxy (fault_proxy.c) in front of orderd (and, with webhooks on, a second one between
+ * provider-sim's webhooks and orderd), turns on provider faults, drives N business intents from M
+ * threads with libidem-client (each intent one fresh key, retried with that key through the proxy;
+ * some sent twice at once), kills a random orderd with SIGKILL on a schedule and brings it back on
+ * the same port and store (and, with --failover-every, fails the database over: chaos_failover.c),
+ * then has chaos_audit.c audit that every intent took effect exactly once and chaos_report.c print
  * the verdict.  docs/chaos.md is the user's side.
  */
 #include <errno.h>

@@ -1,8 +1,8 @@
 /*
  * chaos.h - what the parts of `idem-check chaos` share: a small random generator (rand() is
- * banned; this one is seeded from the OpenSSL CSPRNG), the fault-injecting TCP proxy (proxy.c),
- * the state of one run, and the entry points of its parts: the command line and the drive
- * (chaos.c), the processes it starts and kills (chaos_procs.c), the exactly-once audit
+ * banned; this one is seeded from the OpenSSL CSPRNG), the fault-injecting TCP proxy
+ * (fault_proxy.c), the state of one run, and the entry points of its parts: the command line and
+ * the drive (chaos.c), the processes it starts and kills (chaos_procs.c), the exactly-once audit
  * (chaos_audit.c), what the audit reads, in pages (chaos_read.c), the database failovers during
  * the drive (chaos_failover.c), and the verdict (chaos_report.c).  docs/chaos.md is the user's
  * side of it.
@@ -27,7 +27,7 @@
 #define CK_PAGE_SIZE_MAX 1000
 #define CK_ORDERS_PAGE_MAX 100
 
-/* ---- the proxy (proxy.c) ---------------------------------------------------------------------
+/* ---- the proxy (fault_proxy.c) ---------------------------------------------------------------
  */
 
 enum ck_balance { CK_BALANCE_RR, CK_BALANCE_RANDOM };

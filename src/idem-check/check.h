@@ -1,7 +1,7 @@
 /*
  * check.h - what the parts of idem-check share: the few allocation helpers a program may die in,
- * the raw HTTP exchange over libcurl (http.c), the verdicts and their report (report.c), and the
- * conformance checklist (conformance.c).  idem-check judges an API from the outside, so nothing
+ * the raw HTTP exchange over libcurl (raw_http.c), the verdicts and their report (report.c), and
+ * the conformance checklist (conformance.c).  idem-check judges an API from the outside, so nothing
  * here knows orderd: only URLs, bodies, bearer tokens and what came back on the wire.
  */
 #ifndef IDEM_CHECK_H
@@ -42,7 +42,7 @@ struct ck_buf {
 void ck_buf_add(struct ck_buf *b, const void *p, size_t n);
 void ck_buf_release(struct ck_buf *b);
 
-/* ---- HTTP (http.c) ----------------------------------------------------------------------------
+/* ---- HTTP (raw_http.c) ------------------------------------------------------------------------
  */
 
 /* One request, described by borrowed strings that must live until the exchange returns. */

@@ -23,7 +23,7 @@
 #include <jansson.h>
 
 #include "app.h"
-#include "http.h"
+#include "intake.h"
 #include "idemcall.h"
 #include "log.h"
 #include "metrics.h"

@@ -80,8 +80,8 @@ static void render_outbox(const struct idem_rows *counts, struct strbuf *sb)
 
 /*
  * The webhook inbox: provider events ever accepted (each event id once), by type and by what
- * became of them (webhooks.c decides "applied" or "ignored" in the transaction that records the
- * id).  Unlike orderd_webhooks_total it is durable and the same on every instance, so a checker
+ * became of them (webhook_receiver.c decides "applied" or "ignored" in the transaction that records
+ * the id).  Unlike orderd_webhooks_total it is durable and the same on every instance, so a checker
  * can take a difference across kills and instances; the retention sweep of the inbox leaves it.
  * The label values are the fixed set the schema's triggers count by (schema.c, step 5).
  */

@@ -20,7 +20,7 @@
 #include "config.h"
 #include "db.h"
 #include "flag_file.h"
-#include "http.h"
+#include "intake.h"
 #include "outbox.h"
 #include "schema.h"
 #include "serve.h"

@@ -35,7 +35,7 @@
 #include "checkout.h"
 #include "cursor.h"
 #include "db.h"
-#include "http.h"
+#include "intake.h"
 #include "idem_answer.h"
 #include "idemcall.h"
 #include "order_doc.h"

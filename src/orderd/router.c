@@ -14,13 +14,13 @@
 #include "app.h"
 #include "auth.h"
 #include "health.h"
-#include "http.h"
+#include "intake.h"
 #include "idemcall.h"
 #include "orders.h"
 #include "profile.h"
 #include "response.h"
 #include "util.h"
-#include "webhooks.h"
+#include "webhook_receiver.h"
 #include "banned.h"
 
 enum key_policy { KEY_IGNORED, KEY_OPTIONAL, KEY_REQUIRED };

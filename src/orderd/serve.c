@@ -20,7 +20,7 @@
 #include "auth.h"
 #include "config.h"
 #include "db.h"
-#include "http.h"
+#include "intake.h"
 #include "log.h"
 #include "metrics.h"
 #include "outbox.h"

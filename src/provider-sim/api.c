@@ -11,7 +11,7 @@
 
 #include "faults.h"
 #include "handlers.h"
-#include "http.h"
+#include "sim_server.h"
 #include "sim.h"
 #include "sim_util.h"
 #include "banned.h"

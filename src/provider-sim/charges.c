@@ -18,7 +18,7 @@
 
 #include "handlers.h"
 #include "sim_util.h"
-#include "webhooks.h"
+#include "webhook_sender.h"
 #include "banned.h"
 
 #define AMOUNT_MAX 100000000000LL

@@ -13,7 +13,7 @@
 
 #include "idem/idem.h"
 
-#include "http.h"
+#include "sim_server.h"
 #include "sim.h"
 
 /* What an effect answers: stored with the key and sent, the same for every retry. */

@@ -15,10 +15,10 @@
 #include "faults.h"
 #include "idem_answer.h"
 #include "handlers.h"
-#include "http.h"
+#include "sim_server.h"
 #include "sim.h"
 #include "sim_util.h"
-#include "webhooks.h"
+#include "webhook_sender.h"
 #include "banned.h"
 
 void exec_json(struct exec_result *out, int status, const json_t *doc)

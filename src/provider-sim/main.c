@@ -17,12 +17,12 @@
 #include "idem/idem.h"
 
 #include "faults.h"
-#include "http.h"
+#include "sim_server.h"
 #include "schema.h"
 #include "signals.h"
 #include "sim.h"
 #include "sim_util.h"
-#include "webhooks.h"
+#include "webhook_sender.h"
 #include "banned.h"
 
 #define EXIT_USAGE 2

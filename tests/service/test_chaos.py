@@ -1,5 +1,5 @@
 """
-test_chaos.py - `idem-check chaos` (src/idem-check/chaos*.c, proxy.c, docs/chaos.md).  Short runs
+test_chaos.py - `idem-check chaos` (src/idem-check/chaos*.c, fault_proxy.c, docs/chaos.md).  Short runs
 with every fault kind on must end with a clean verdict: every intent one order, one charge, one
 confirmation email, every webhook event accepted by orderd; nothing duplicated, lost or unsettled:
 

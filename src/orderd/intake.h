@@ -1,9 +1,9 @@
 /*
- * http.h - orderd's face to HTTP: the request and server of src/http/http_server.h, served
+ * intake.h - orderd's face to HTTP: the request and server of src/http/http_server.h, served
  * through router_dispatch(), with each answered request recorded in the metrics and the log.
  */
-#ifndef ORDERD_HTTP_H
-#define ORDERD_HTTP_H
+#ifndef ORDERD_INTAKE_H
+#define ORDERD_INTAKE_H
 
 #include <stddef.h>
 
@@ -26,4 +26,4 @@ int orderd_http_start(struct app *app, const char *listen, struct http_server **
 int orderd_metrics_start(struct app *app, const char *listen, struct http_server **out, char *err,
                          size_t errlen);
 
-#endif /* ORDERD_HTTP_H */
+#endif /* ORDERD_INTAKE_H */

@@ -1,12 +1,12 @@
 /*
- * webhooks.c - at-least-once event delivery (see webhooks.h).  Deliveries are rows, so a restart
- * of the simulator resumes them; each of WEBHOOK_SHARDS sender threads owns the rows of its shard,
- * so the copies of one event (spread over shards at random) really do arrive concurrently, which
- * is the case a receiver's dedupe must survive.  Every attempt is signed afresh with the time it
- * is sent at, as real providers do, so a receiver's timestamp window only ever sees fresh
- * signatures from us.
+ * webhook_sender.c - at-least-once event delivery (see webhook_sender.h).  Deliveries are rows, so
+ * a restart of the simulator resumes them; each of WEBHOOK_SHARDS sender threads owns the rows of
+ * its shard, so the copies of one event (spread over shards at random) really do arrive
+ * concurrently, which is the case a receiver's dedupe must survive.  Every attempt is signed afresh
+ * with the time it is sent at, as real providers do, so a receiver's timestamp window only ever
+ * sees fresh signatures from us.
  */
-#include "webhooks.h"
+#include "webhook_sender.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -1,6 +1,6 @@
 /*
- * proxy.c - the fault-injecting TCP proxy of `idem-check chaos`: it listens on 127.0.0.1 (port
- * chosen by the kernel) and forwards every connection to one of its upstreams (the orderd
+ * fault_proxy.c - the fault-injecting TCP proxy of `idem-check chaos`: it listens on 127.0.0.1
+ * (port chosen by the kernel) and forwards every connection to one of its upstreams (the orderd
  * instances, round robin or at random), whose ports may change while it runs (orderd restarted).
  * Per request it draws one fate:
  *

@@ -1,10 +1,10 @@
 /*
- * http.c - what orderd adds to the shared HTTP server (src/http/http_server.c): the head of a
+ * intake.c - what orderd adds to the shared HTTP server (src/http/http_server.c): the head of a
  * request is checked (route, bearer token, content type) before any body byte is read, from
  * the token cache on the event loop or from the store on a worker; complete requests go to the
  * router on a worker; every answered request is recorded in the metrics and the log.
  */
-#include "http.h"
+#include "intake.h"
 
 #include <string.h>
 

@@ -1,11 +1,11 @@
 /*
- * webhooks.h - events and their at-least-once delivery.  An effect records its event (and one
+ * webhook_sender.h - events and their at-least-once delivery.  An effect records its event (and one
  * delivery per copy the duplication fault asks for) in the same transaction as the effect; sender
  * threads POST due deliveries to the configured URL, signed, and retry with backoff until the
  * receiver answers 2xx.  Duplicates share the event id: that is what a receiver dedupes on.
  */
-#ifndef SIM_WEBHOOKS_H
-#define SIM_WEBHOOKS_H
+#ifndef SIM_WEBHOOK_SENDER_H
+#define SIM_WEBHOOK_SENDER_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -46,4 +46,4 @@ void webhooks_notify(struct webhooks *wh);
 int webhooks_sign(const char *secret, int64_t t, const void *body, size_t len,
                   char out[WEBHOOK_SIGNATURE_MAX]);
 
-#endif /* SIM_WEBHOOKS_H */
+#endif /* SIM_WEBHOOK_SENDER_H */

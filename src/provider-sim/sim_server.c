@@ -1,10 +1,10 @@
 /*
- * http.c - what provider-sim adds to the shared HTTP server (src/http/http_server.c):
+ * sim_server.c - what provider-sim adds to the shared HTTP server (src/http/http_server.c):
  * requests go to api_dispatch(), IPv4 only, the address reusable at once, a short stop; and the
  * one thing orderd's server never does on purpose, a response dropped after the handler ran
  * (api.c sets `drop`), so the client gets no answer although the effect is committed.
  */
-#include "http.h"
+#include "sim_server.h"
 
 #include "sim.h"
 #include "sim_util.h"

@@ -1,11 +1,11 @@
 /*
- * http.h - provider-sim's face to HTTP: the request, response and server of src/http/
+ * sim_server.h - provider-sim's face to HTTP: the request, response and server of src/http/
  * (http_server.h, response.h), served through api_dispatch().  A handler may set `drop` on its
  * response to close the connection without answering, which is how the "lost response" fault
  * looks to a client: the effect happened, no answer came.
  */
-#ifndef SIM_HTTP_H
-#define SIM_HTTP_H
+#ifndef SIM_SERVER_H
+#define SIM_SERVER_H
 
 #include <stddef.h>
 
@@ -25,4 +25,4 @@ int sim_http_start(struct sim *sim, const char *listen, struct http_server **out
 /* Answers one request (api.c). */
 void api_dispatch(struct sim *sim, const struct request *rq, struct response *resp);
 
-#endif /* SIM_HTTP_H */
+#endif /* SIM_SERVER_H */

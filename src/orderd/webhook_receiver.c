@@ -1,12 +1,12 @@
 /*
- * webhooks.c - the provider's webhooks (see webhooks.h).  The signature is checked on the raw
- * bytes before the body is even parsed (signature.c, in constant time), so a forger learns
- * nothing from how long a refusal took.  An event only moves an order along transitions
- * that are conditional on its current state (payments.h), and only for the charge or refund whose
+ * webhook_receiver.c - the provider's webhooks (see webhook_receiver.h).  The signature is checked
+ * on the raw bytes before the body is even parsed (signature.c, in constant time), so a forger
+ * learns nothing from how long a refusal took.  An event only moves an order along transitions that
+ * are conditional on its current state (payments.h), and only for the charge or refund whose
  * Idempotency-Key is the one orderd derived for that order: an event about anything else is
  * recorded and ignored.
  */
-#include "webhooks.h"
+#include "webhook_receiver.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -17,7 +17,7 @@
 
 #include "app.h"
 #include "db.h"
-#include "http.h"
+#include "intake.h"
 #include "idemcall.h"
 #include "metrics.h"
 #include "payments.h"

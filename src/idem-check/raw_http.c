@@ -1,7 +1,7 @@
 /*
- * http.c - raw HTTP exchanges over libcurl, one connection per request.  idem-check needs to send
- * exactly what a check describes (an empty header, a control character, a header twice), and to
- * send many requests at the same instant for the storm, so it drives libcurl's easy and multi
+ * raw_http.c - raw HTTP exchanges over libcurl, one connection per request.  idem-check needs to
+ * send exactly what a check describes (an empty header, a control character, a header twice), and
+ * to send many requests at the same instant for the storm, so it drives libcurl's easy and multi
  * interfaces itself rather than libidem-client, whose job is to retry and hide such things.
  */
 #include <ctype.h>
