@@ -10,11 +10,12 @@
 #include <openssl/crypto.h>
 
 #include "ascii.h"
-#include "idem_answer.h"
+#include "keyed_answer.h"
 #include "prom.h"
 #include "records.h"
 #include "strbuf.h"
 #include "util.h"
+#include "jdoc.h"
 #include "banned.h"
 
 static void metrics(struct gateway *gw, struct response *resp)
@@ -72,7 +73,7 @@ static void show_record(struct gateway *gw, const struct request *rq, struct res
     }
     rc = records_show(gw->engine, principal, operation, key, &doc);
     if (rc < 0) {
-        idem_answer_fail(resp, rc);
+        keyed_answer_fail(resp, rc);
     } else if (rc == 0) {
         response_problem(resp, 404, "not-found", "There is no record of this key.");
     } else {
@@ -101,7 +102,7 @@ static void list_records(struct gateway *gw, const struct request *rq, struct re
                          "state is unknown, in-flight or any; after is the next of an earlier "
                          "page.");
     } else if (rc < 0) {
-        idem_answer_fail(resp, rc);
+        keyed_answer_fail(resp, rc);
     } else {
         response_json(resp, 200, doc);
         json_decref(doc);
@@ -127,7 +128,7 @@ static void resolve_record(struct gateway *gw, const struct request *rq, struct 
     int status = 0;
 
     memset(&d, 0, sizeof d);
-    doc = rq->body ? json_load_bounded(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, NULL) : NULL;
+    doc = rq->body ? jdoc_load(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, NULL) : NULL;
     if (!doc ||
         json_unpack(doc, "{s:s,s:s,s:s,s:s,s?o}", "principal", &principal, "operation", &operation,
                     "key", &key, "decision", &decision, "response", &response) != 0) {
@@ -327,7 +328,7 @@ static void admin_handle(void *ctx, const struct request *rq, struct response *r
             response_json(resp, 200, doc);
             json_decref(doc);
         } else {
-            idem_answer_unavailable(resp, "The store does not answer.");
+            keyed_answer_unavailable(resp, "The store does not answer.");
         }
     } else if (strcmp(rq->path, "/metrics") == 0 && get) {
         metrics(gw, resp);

@@ -27,6 +27,7 @@
 #include <openssl/rsa.h>
 
 #include "util.h"
+#include "jdoc.h"
 #include "banned.h"
 
 /* The longest token read at all: checked before any decoding, so nothing larger costs work. */
@@ -362,7 +363,7 @@ static int b64url_decode(const char *in, size_t n, unsigned char *out, size_t *o
 static json_t *parse_object(const unsigned char *buf, size_t len)
 {
     json_error_t jerr;
-    json_t *doc = json_load_bounded((const char *)buf, len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *doc = jdoc_load((const char *)buf, len, JSON_REJECT_DUPLICATES, &jerr);
 
     if (doc != NULL && !json_is_object(doc)) {
         json_decref(doc);

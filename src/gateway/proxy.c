@@ -28,7 +28,7 @@
 
 #include "ascii.h"
 #include "error_format.h"
-#include "idem_answer.h"
+#include "keyed_answer.h"
 #include "request_key.h"
 #include "route.h"
 #include "strbuf.h"
@@ -359,7 +359,7 @@ static void answer_lost(const struct gw_route *r, int timed_out, const char *err
              "The request reached the upstream but no whole answer came back (%s), so whether it "
              "was executed is unknown. %s",
              err, next);
-    idem_answer_outcome_unknown(resp, timed_out ? 504 : 502, detail);
+    keyed_answer_outcome_unknown(resp, timed_out ? 504 : 502, detail);
     /* What a retry will be told: a held key answers 503 with this until it is resolved. */
     if (r->unknown == GW_UNKNOWN_HOLD)
         response_set_header(resp, "Retry-After", HOLD_RETRY_AFTER);
@@ -382,8 +382,8 @@ static void answer_no_claim(struct gateway *gw, const char *operation, const cha
                             struct response *resp)
 {
     log_msg(&gw->log, "error", "%s: cannot begin: %s", operation, why);
-    idem_answer_unavailable(resp, "The idempotency store cannot be reached; nothing was sent "
-                                  "upstream. Retry.");
+    keyed_answer_unavailable(resp, "The idempotency store cannot be reached; nothing was sent "
+                                   "upstream. Retry.");
 }
 
 static void log_unsettled(struct gateway *gw, const struct gw_route *r, int status,
@@ -637,12 +637,12 @@ static void run_unknown(struct gateway *gw, const struct request *rq, const stru
                      "An earlier attempt with this key reached the upstream and its outcome is "
                      "unknown; asking the upstream did not settle it (%s). Retry later.",
                      err);
-            idem_answer_outcome_unknown(resp, 503, detail);
+            keyed_answer_outcome_unknown(resp, 503, detail);
         }
         return;
     case GW_UNKNOWN_HOLD:
         mark_unknown(gw, call);
-        idem_answer_outcome_unknown(
+        keyed_answer_outcome_unknown(
             resp, 503,
             "An earlier attempt with this key reached the upstream and its outcome is unknown. "
             "It is held, and not sent again, until an operator resolves it.");
@@ -1257,7 +1257,7 @@ static enum http_loop_verdict proxy_on_loop(void *ctx, const struct request *rq,
     if (!n->keyed)
         return pass_on_loop(gw, rq, n, park, resp);
     op = gateway_op(gw, n->m.route);
-    if (idem_answer_lookup(gw->engine, op, n->principal, n->key, n->fp, resp))
+    if (keyed_answer_lookup(gw->engine, op, n->principal, n->key, n->fp, resp))
         return HTTP_LOOP_ANSWERED;
     /* The first request of this key is being forwarded here: wait for it holding no thread. */
     pk = xcalloc(1, sizeof *pk);
@@ -1329,8 +1329,8 @@ static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *r
         }
         n->watched_ms = rq->parked_ms;
         idem_watch_end(pk->watch);
-        if (idem_answer_lookup(gw->engine, gateway_op(gw, n->m.route), n->principal, n->key, n->fp,
-                               resp)) {
+        if (keyed_answer_lookup(gw->engine, gateway_op(gw, n->m.route), n->principal, n->key, n->fp,
+                                resp)) {
             if (resp->outcome && strcmp(resp->outcome, "replayed") == 0)
                 resp->outcome = "waited";
             v = HTTP_LOOP_ANSWERED;
@@ -1395,7 +1395,7 @@ static void proxy_handle(void *ctx, const struct request *rq, struct response *r
         answer_no_claim(gw, op->name, why, resp);
         return;
     }
-    if (idem_answer_settled(call, outcome, op, resp))
+    if (keyed_answer_settled(call, outcome, op, resp))
         goto out;
     if (outcome == IDEM_OUTCOME_EXECUTE) {
         /* The claim is durable at "forwarded" (the operation's claim_point). */
@@ -1404,7 +1404,7 @@ static void proxy_handle(void *ctx, const struct request *rq, struct response *r
         run_unknown(gw, rq, n, call, resp);
     } else {
         log_msg(&gw->log, "error", "%s: unexpected engine outcome %d", op->name, (int)outcome);
-        idem_answer_fail(resp, IDEM_ESTATE);
+        keyed_answer_fail(resp, IDEM_ESTATE);
     }
 out:
     idem_call_end(call);

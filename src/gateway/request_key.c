@@ -11,6 +11,7 @@
 #include <strings.h>
 
 #include "util.h"
+#include "jdoc.h"
 #include "banned.h"
 
 json_t *json_pointer_get(json_t *doc, const char *ptr)
@@ -61,7 +62,7 @@ json_t *json_pointer_get(json_t *doc, const char *ptr)
  */
 static json_t *parse_body(const char *body, size_t len)
 {
-    return json_load_bounded(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, NULL);
+    return jdoc_load(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, NULL);
 }
 
 int request_key_from_body(const struct gw_route *route, const char *body, size_t len,

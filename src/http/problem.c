@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "util.h"
+#include "jdoc.h"
 #include "banned.h"
 
 static const struct {
@@ -100,7 +101,7 @@ char *problem_body_ext(int status, const char *code, const char *detail, const j
     json_object_set_new(doc, "code", xcheck(json_string(code)));
     if (extra != NULL)
         json_object_foreach((json_t *)extra, name, value) json_object_set(doc, name, value);
-    text = json_text(doc, len);
+    text = jdoc_text(doc, len);
     json_decref(doc);
     return text;
 }

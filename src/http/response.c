@@ -11,6 +11,7 @@
 #include <strings.h>
 
 #include "util.h"
+#include "jdoc.h"
 #include "banned.h"
 
 void response_init(struct response *r)
@@ -115,7 +116,7 @@ void response_json(struct response *r, int status, const json_t *doc)
     free(r->body);
     r->status = status;
     r->problem = NULL;
-    r->body = json_text(doc, &r->body_len);
+    r->body = jdoc_text(doc, &r->body_len);
     response_set_header(r, "Content-Type", CONTENT_TYPE_JSON);
 }
 

@@ -39,7 +39,7 @@ void health_check(const struct call_ctx *cx, struct response *resp)
     if (rc == 0)
         rc = idem_tx_exec(tx, "SELECT 1", 0, NULL, &rows);
     if (rc < 0) {
-        idem_answer_unavailable(resp, "The store does not answer.");
+        keyed_answer_unavailable(resp, "The store does not answer.");
         goto out;
     }
     doc = xcheck(json_pack("{s:s, s:s}", "status", "ok", "store", idem_store_kind(app->store)));

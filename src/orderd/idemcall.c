@@ -12,10 +12,11 @@
 #include <strings.h>
 
 #include "app.h"
-#include "idem_answer.h"
+#include "keyed_answer.h"
 #include "response.h"
 #include "router.h"
 #include "util.h"
+#include "jdoc.h"
 #include "banned.h"
 
 /* `doc` as the stored response: staged in the open phase, or completed (staged and committed). */
@@ -24,7 +25,7 @@ static int store_json(struct idem_call *call, int status, const json_t *doc, con
 {
     struct idem_header hdrs[2] = {{"Content-Type", CONTENT_TYPE_JSON}, {"Location", location}};
     size_t len = 0;
-    char *body = json_text(doc, &len);
+    char *body = jdoc_text(doc, &len);
     int rc;
 
     if (commit)
@@ -54,7 +55,7 @@ int idemcall_complete_problem(struct idem_call *call, int status, const char *co
 
 int idemcall_outcome_unknown(struct response *resp, const char *detail)
 {
-    idem_answer_outcome_unknown(resp, 503, detail);
+    keyed_answer_outcome_unknown(resp, 503, detail);
     return IDEMCALL_ANSWERED;
 }
 
@@ -89,7 +90,7 @@ int idemcall_stage_problem(struct idem_call *call, int status, const char *code,
 int idemcall_lookup(const struct call_ctx *cx, const struct idem_operation *op,
                     struct response *resp)
 {
-    return idem_answer_lookup(cx->app->engine, op, cx->principal, cx->key, cx->fp, resp);
+    return keyed_answer_lookup(cx->app->engine, op, cx->principal, cx->key, cx->fp, resp);
 }
 
 /* Where a deferred commit's answer goes. */
@@ -122,11 +123,11 @@ static void deferred_committed(struct idem_call *call, int rc, void *arg)
         atomic_compare_exchange_strong(&d->state, &pending, DEFERRED_HANDED_BACK))
         return;
     if (rc == 0) {
-        idem_answer_stored(call, d->resp);
+        keyed_answer_stored(call, d->resp);
     } else {
         log_msg(&d->app->log, "error", "%s: %s: %s", d->operation, idem_err_name(rc),
                 idem_call_errmsg(call) ? idem_call_errmsg(call) : "");
-        idem_answer_fail(d->resp, rc);
+        keyed_answer_fail(d->resp, rc);
     }
     idem_call_end(call);
     http_server_complete(d->completion);
@@ -188,11 +189,11 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
         rc = idem_call_begin(app->engine, op, cx->principal, cx->key, cx->fp, &call, &outcome);
         if (rc < 0) {
             log_msg(&app->log, "error", "%s: cannot begin: %s", op->name, idem_err_name(rc));
-            idem_answer_unavailable(resp, "The idempotency store cannot be reached; nothing was "
-                                          "done. Retry.");
+            keyed_answer_unavailable(resp, "The idempotency store cannot be reached; nothing was "
+                                           "done. Retry.");
             goto out;
         }
-        if (idem_answer_settled(call, outcome, op, resp))
+        if (keyed_answer_settled(call, outcome, op, resp))
             goto out;
         switch (outcome) {
         case IDEM_OUTCOME_EXECUTE:
@@ -200,7 +201,7 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
             resp->outcome = "executed";
             rc = run(cx, call, outcome, arg, resp);
             if (rc == 0) {
-                idem_answer_stored(call, resp);
+                keyed_answer_stored(call, resp);
                 goto out;
             }
             if (rc == IDEMCALL_ANSWERED) {
@@ -217,7 +218,7 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
                         idem_call_errmsg(call) ? idem_call_errmsg(call) : "");
             idem_call_abort(call);
             if (rc != IDEM_ELEASE) {
-                idem_answer_fail(resp, rc);
+                keyed_answer_fail(resp, rc);
                 goto out;
             }
             idem_call_end(call);
@@ -226,12 +227,12 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
         case IDEM_OUTCOME_NONE:
         default:
             log_msg(&app->log, "error", "%s: unexpected engine outcome %d", op->name, (int)outcome);
-            idem_answer_fail(resp, IDEM_ESTATE);
+            keyed_answer_fail(resp, IDEM_ESTATE);
             goto out;
         }
     }
     /* Lost the lease twice: someone else is working on it. */
-    idem_answer_in_progress(resp, 1, 0);
+    keyed_answer_in_progress(resp, 1, 0);
 out:
     idem_call_end(call);
 }

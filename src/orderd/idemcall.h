@@ -13,7 +13,7 @@
 
 #include "idem/idem.h"
 
-#include "idem_answer.h" /* idem_answer_unavailable(), _in_progress(), _fail() */
+#include "keyed_answer.h" /* keyed_answer_unavailable(), _in_progress(), _fail() */
 
 struct call_ctx;
 struct response;

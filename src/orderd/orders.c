@@ -36,7 +36,7 @@
 #include "cursor.h"
 #include "db.h"
 #include "intake.h"
-#include "idem_answer.h"
+#include "keyed_answer.h"
 #include "idemcall.h"
 #include "order_doc.h"
 #include "response.h"
@@ -591,7 +591,7 @@ static void create_without_record(const struct call_ctx *cx, const struct create
     response_set_header(resp, "Location", location);
 out:
     if (rc < 0)
-        idem_answer_fail(resp, rc);
+        keyed_answer_fail(resp, rc);
     json_decref(doc);
     idem_tx_rollback(tx);
 }
@@ -780,13 +780,13 @@ int orders_create_finish(struct create_async *ca, struct response *resp)
 
     if (ca->rc == 0) {
         resp->outcome = "executed";
-        idem_answer_stored(ca->call, resp);
+        keyed_answer_stored(ca->call, resp);
     } else if (ca->rc == IDEM_CALL_ASK_BEGIN || ca->rc == IDEM_ECONFLICT) {
         answered = 0; /* a record, or an order of the key, is there: the blocking way answers */
     } else {
         log_msg(&ca->app->log, "error", "orders.create: %s: %s", idem_err_name(ca->rc),
                 idem_call_errmsg(ca->call) ? idem_call_errmsg(ca->call) : "");
-        idem_answer_fail(resp, ca->rc);
+        keyed_answer_fail(resp, ca->rc);
     }
     idem_call_end(ca->call);
     create_async_free(ca);
@@ -809,7 +809,7 @@ void orders_get(const struct call_ctx *cx, struct response *resp)
             db_exec(cx->app, tx, "SELECT " ORDER_COLS " FROM orders WHERE id = $1 AND user_id = $2",
                     2, params, &rows);
     if (rc < 0) {
-        idem_answer_fail(resp, rc);
+        keyed_answer_fail(resp, rc);
         goto out;
     }
     if (idem_rows_count(rows) == 0) {
@@ -854,7 +854,7 @@ void orders_list(const struct call_ctx *cx, struct response *resp)
     snprintf(fetch, sizeof fetch, "%lld", (long long)limit + 1);
     rc = idem_tx_begin(cx->app->store, 0, &tx);
     if (rc < 0) {
-        idem_answer_fail(resp, rc);
+        keyed_answer_fail(resp, rc);
         goto out;
     }
     params[0] = cx->principal;
@@ -875,7 +875,7 @@ void orders_list(const struct call_ctx *cx, struct response *resp)
                      4, params, &rows);
     }
     if (rc < 0) {
-        idem_answer_fail(resp, rc);
+        keyed_answer_fail(resp, rc);
         goto out;
     }
     n = idem_rows_count(rows);

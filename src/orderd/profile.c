@@ -165,7 +165,7 @@ static void profile_without_key(const struct call_ctx *cx, const struct profile_
     response_json(resp, 200, doc);
 out:
     if (rc < 0)
-        idem_answer_fail(resp, rc);
+        keyed_answer_fail(resp, rc);
     json_decref(doc);
     idem_tx_rollback(tx);
 }

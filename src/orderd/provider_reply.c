@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "util.h"
+#include "jdoc.h"
 #include "banned.h"
 
 void provider_reply_clear(struct provider_reply *r)
@@ -46,7 +47,7 @@ void provider_reply_read(struct provider_reply *r, long status, const char *body
 {
     r->status = status;
     json_decref(r->doc);
-    r->doc = len > 0 ? json_load_bounded(body, len, 0, NULL) : NULL;
+    r->doc = len > 0 ? jdoc_load(body, len, 0, NULL) : NULL;
     r->outcome = classify(status, r->doc);
     if (r->outcome != PROVIDER_OK)
         snprintf(r->detail, sizeof r->detail, "HTTP %ld %.*s", status, (int)(len < 180 ? len : 180),

@@ -21,6 +21,7 @@
 #include "response.h"
 #include "util.h"
 #include "webhook_receiver.h"
+#include "jdoc.h"
 #include "banned.h"
 
 enum key_policy { KEY_IGNORED, KEY_OPTIONAL, KEY_REQUIRED };
@@ -227,7 +228,7 @@ static int check_auth(struct call_ctx *cx, struct response *resp, int may_block)
     }
     if (rc < 0) {
         log_msg(&cx->app->log, "error", "token lookup failed: %s", idem_err_name(rc));
-        idem_answer_unavailable(resp, "The store cannot be reached; nothing was done. Retry.");
+        keyed_answer_unavailable(resp, "The store cannot be reached; nothing was done. Retry.");
         goto out;
     }
     if (rc > 0) {
@@ -350,9 +351,9 @@ static int check_json(struct call_ctx *cx, const struct route *rt, struct respon
     }
     if (keep && rq->body_len > 0) {
         /* Numbers as doubles, as JCS reads them: 2 and 2.0 are the same quantity. */
-        cx->body = json_load_bounded(
-            rq->body, rq->body_len,
-            JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &jerr);
+        cx->body =
+            jdoc_load(rq->body, rq->body_len,
+                      JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &jerr);
         if (cx->body == NULL) {
             snprintf(detail, sizeof detail, "The body must be JSON: %s.", jerr.text);
             response_problem(resp, 400, "invalid-json", detail);

@@ -25,6 +25,7 @@
 #include "router.h"
 #include "signature.h"
 #include "util.h"
+#include "jdoc.h"
 #include "banned.h"
 
 #define EVENT_ID_MAX 128
@@ -127,8 +128,7 @@ void webhooks_provider(const struct call_ctx *cx, struct response *resp)
         resp->outcome = "rejected";
         goto out;
     }
-    event = rq->body_len ? json_load_bounded(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, &jerr)
-                         : NULL;
+    event = rq->body_len ? jdoc_load(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, &jerr) : NULL;
     event_id = string_at(event, "id", NULL);
     type = string_at(event, "type", NULL);
     object = json_object_get(json_object_get(event, "data"), "object");
@@ -185,7 +185,7 @@ void webhooks_provider(const struct call_ctx *cx, struct response *resp)
     goto out;
 fail:
     /* Nothing committed: the provider retries, and the retry is not a duplicate. */
-    idem_answer_fail(resp, rc);
+    keyed_answer_fail(resp, rc);
 out:
     idem_rows_free(rows);
     idem_tx_rollback(tx);

@@ -14,6 +14,7 @@
 #include "sim_server.h"
 #include "sim.h"
 #include "sim_util.h"
+#include "jdoc.h"
 #include "banned.h"
 
 /* ---- faults and health ------------------------------------------------------------------- */
@@ -58,9 +59,8 @@ static void faults_endpoint(struct sim *sim, const struct request *rq, struct re
         goto out;
     }
     if (strcmp(rq->method, "POST") == 0) {
-        doc = rq->body_len
-                  ? json_load_bounded(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, &jerr)
-                  : NULL;
+        doc =
+            rq->body_len ? jdoc_load(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, &jerr) : NULL;
         if (doc == NULL) {
             response_problem(resp, 400, "invalid-json", "Send a JSON object of settings.");
             goto out;

@@ -19,6 +19,7 @@
 #include "handlers.h"
 #include "sim_util.h"
 #include "webhook_sender.h"
+#include "jdoc.h"
 #include "banned.h"
 
 #define AMOUNT_MAX 100000000000LL
@@ -219,7 +220,7 @@ static int exec_charge(struct sim *sim, struct idem_call *call, enum idem_outcom
     }
     new_id("ch_", id, sizeof id);
     created = clock_wall_ms();
-    meta_text = json_text(meta, NULL);
+    meta_text = jdoc_text(meta, NULL);
     snprintf(amount_text, sizeof amount_text, "%" PRId64, amount);
     snprintf(created_text, sizeof created_text, "%" PRId64, created);
     params[0] = id;
@@ -361,7 +362,7 @@ static int exec_refund(struct sim *sim, struct idem_call *call, enum idem_outcom
     }
     new_id("re_", id, sizeof id);
     created = clock_wall_ms();
-    meta_text = json_text(meta, NULL);
+    meta_text = jdoc_text(meta, NULL);
     snprintf(amount_text, sizeof amount_text, "%" PRId64, amount);
     snprintf(created_text, sizeof created_text, "%" PRId64, created);
     params[0] = id;

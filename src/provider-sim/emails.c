@@ -13,6 +13,7 @@
 
 #include "handlers.h"
 #include "sim_util.h"
+#include "jdoc.h"
 #include "banned.h"
 
 #define EMAIL_COLS "id, idem_key, recipient, subject, template, body_text, metadata, created_ms"
@@ -87,7 +88,7 @@ static int exec_email(struct sim *sim, struct idem_call *call, enum idem_outcome
     order = json_object_get(meta, "orderId");
     new_id("em_", id, sizeof id);
     created = clock_wall_ms();
-    meta_text = json_text(meta, NULL);
+    meta_text = jdoc_text(meta, NULL);
     snprintf(created_text, sizeof created_text, "%" PRId64, created);
     snprintf(reference, sizeof reference, "%.100s:%.200s", tmpl,
              json_is_string(order) ? json_string_value(order) : "");

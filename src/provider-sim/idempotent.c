@@ -13,19 +13,20 @@
 #include "idem/idem.h"
 
 #include "faults.h"
-#include "idem_answer.h"
+#include "keyed_answer.h"
 #include "handlers.h"
 #include "sim_server.h"
 #include "sim.h"
 #include "sim_util.h"
 #include "webhook_sender.h"
+#include "jdoc.h"
 #include "banned.h"
 
 void exec_json(struct exec_result *out, int status, const json_t *doc)
 {
     free(out->body);
     out->status = status;
-    out->body = json_text(doc, &out->body_len);
+    out->body = jdoc_text(doc, &out->body_len);
     out->content_type = "application/json";
 }
 
@@ -97,7 +98,7 @@ void idempotent_post(struct sim *sim, const struct request *rq, struct response 
         response_problem(resp, 400, "invalid-json", "A JSON body is required.");
         goto out;
     }
-    body = json_load_bounded(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, &jerr);
+    body = jdoc_load(rq->body, rq->body_len, JSON_REJECT_DUPLICATES, &jerr);
     if (body == NULL || !json_is_object(body)) {
         snprintf(detail, sizeof detail, "The body must be a JSON object: %s.",
                  body ? "not an object" : jerr.text);
@@ -136,7 +137,7 @@ void idempotent_post(struct sim *sim, const struct request *rq, struct response 
     switch (outcome) {
     case IDEM_OUTCOME_REPLAY:
         atomic_fetch_add(&c->replayed, 1);
-        idem_answer_stored(call, resp);
+        keyed_answer_stored(call, resp);
         response_set_header(resp, "Idempotent-Replayed", "true");
         break;
     case IDEM_OUTCOME_MISMATCH:
@@ -171,7 +172,7 @@ void idempotent_post(struct sim *sim, const struct request *rq, struct response 
         }
         atomic_fetch_add(&c->executed, 1);
         webhooks_notify(sim->webhooks);
-        idem_answer_stored(call, resp);
+        keyed_answer_stored(call, resp);
         break;
     case IDEM_OUTCOME_NONE:
     default:

@@ -24,6 +24,7 @@
 #include "sim.h"
 #include "clock.h"
 #include "sim_util.h"
+#include "jdoc.h"
 #include "banned.h"
 
 #define WEBHOOK_SHARDS 4
@@ -94,7 +95,7 @@ int webhooks_enqueue(struct sim *sim, struct idem_tx *tx, const char *type, cons
     new_id("evt_", event_id, sizeof event_id);
     event = xcheck(json_pack("{s:s, s:s, s:I, s:{s:O}}", "id", event_id, "type", type, "created",
                              (json_int_t)(now / 1000), "data", "object", object));
-    payload = json_text(event, NULL);
+    payload = jdoc_text(event, NULL);
     snprintf(created, sizeof created, "%" PRId64, now);
     params[0] = event_id;
     params[1] = type;

@@ -6,8 +6,6 @@
  */
 #include "util.h"
 
-#include "idem/idem.h"
-
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -205,26 +203,4 @@ size_t utf8_length(const char *s)
             n++;
     }
     return n;
-}
-
-char *json_text(const json_t *doc, size_t *len)
-{
-    char *text = xcheck(json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER));
-
-    if (len != NULL)
-        *len = strlen(text);
-    return text;
-}
-
-json_t *json_load_bounded(const char *text, size_t len, size_t flags, json_error_t *err)
-{
-    if (idem_json_nesting(text, len) > IDEM_JSON_MAX_DEPTH) {
-        if (err) {
-            memset(err, 0, sizeof *err);
-            snprintf(err->text, sizeof err->text, "JSON is nested more than %d levels deep",
-                     IDEM_JSON_MAX_DEPTH);
-        }
-        return NULL;
-    }
-    return json_loadb(text, len, flags, err);
 }

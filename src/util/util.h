@@ -2,16 +2,14 @@
  * util.h - the small helpers orderd and provider-sim both lean on: allocation that dies with a
  * message instead of returning NULL (a service that cannot allocate a few bytes cannot answer
  * anyone truthfully), hex, random bytes, clocks, UTC timestamps, strict number parsing of
- * untrusted text and compact JSON text.  Part of idem_util (src/util/), the programs' static
- * library.
+ * untrusted text.  Part of idem_util (src/util/), the programs' static library, which links
+ * nothing of idem's: JSON text in and out is src/http/jdoc.h.
  */
 #ifndef IDEM_UTIL_UTIL_H
 #define IDEM_UTIL_UTIL_H
 
 #include <stddef.h>
 #include <stdint.h>
-
-#include <jansson.h>
 
 #include "ascii.h" /* hex_encode, hex_value, ascii_ncaseeq */
 
@@ -75,15 +73,5 @@ int parse_int64(const char *s, int64_t min, int64_t max, int64_t *out);
 
 /* Number of code points of the UTF-8 string `s` (continuation bytes are not counted). */
 size_t utf8_length(const char *s);
-
-/* Compact JSON text of `doc`, members in insertion order (new, free()); `len` may be NULL. */
-char *json_text(const json_t *doc, size_t *len);
-
-/*
- * json_loadb() for untrusted text: nesting deeper than IDEM_JSON_MAX_DEPTH (64) is refused before
- * jansson recurses into it (it would go 2048 levels deep on a worker's stack), with a sentence in
- * err->text like any parse error.
- */
-json_t *json_load_bounded(const char *text, size_t len, size_t flags, json_error_t *err);
 
 #endif /* IDEM_UTIL_UTIL_H */

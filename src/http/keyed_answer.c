@@ -1,15 +1,15 @@
 /*
- * idem_answer.c - the one mapping of libidem's outcomes to HTTP (idem_answer.h), shared by orderd
+ * keyed_answer.c - the one mapping of libidem's outcomes to HTTP (keyed_answer.h), shared by orderd
  * and idem-gateway so that their replays, refusals and requests to retry cannot drift apart.
  */
-#include "idem_answer.h"
+#include "keyed_answer.h"
 
 #include <stdio.h>
 
 #include "util.h"
 #include "banned.h"
 
-void idem_answer_stored(const struct idem_call *call, struct response *resp)
+void keyed_answer_stored(const struct idem_call *call, struct response *resp)
 {
     const void *body;
     size_t len = 0;
@@ -26,7 +26,7 @@ void idem_answer_stored(const struct idem_call *call, struct response *resp)
     }
 }
 
-void idem_answer_in_progress(struct response *resp, int retry_after_s, int recovering)
+void keyed_answer_in_progress(struct response *resp, int retry_after_s, int recovering)
 {
     json_t *ext = NULL;
     char ra[16];
@@ -49,15 +49,15 @@ void idem_answer_in_progress(struct response *resp, int retry_after_s, int recov
     resp->outcome = "in_progress";
 }
 
-int idem_answer_settled(const struct idem_call *call, enum idem_outcome outcome,
-                        const struct idem_operation *op, struct response *resp)
+int keyed_answer_settled(const struct idem_call *call, enum idem_outcome outcome,
+                         const struct idem_operation *op, struct response *resp)
 {
     char detail[320];
     int64_t hours = op->ttl_ms > 0 ? op->ttl_ms / 3600000 : 24;
 
     switch (outcome) {
     case IDEM_OUTCOME_REPLAY:
-        idem_answer_stored(call, resp);
+        keyed_answer_stored(call, resp);
         response_set_header(resp, "Idempotent-Replayed", "true");
         resp->outcome = idem_call_waited(call) ? "waited" : "replayed";
         return 1;
@@ -76,41 +76,41 @@ int idem_answer_settled(const struct idem_call *call, enum idem_outcome outcome,
         resp->outcome = "mismatch";
         return 1;
     case IDEM_OUTCOME_IN_PROGRESS:
-        idem_answer_in_progress(resp, idem_call_retry_after_s(call), idem_call_recovering(call));
+        keyed_answer_in_progress(resp, idem_call_retry_after_s(call), idem_call_recovering(call));
         return 1;
     default:
         return 0;
     }
 }
 
-int idem_answer_lookup(struct idem_engine *eng, const struct idem_operation *op,
-                       const char *principal, const char *key, const unsigned char fp[IDEM_FP_LEN],
-                       struct response *resp)
+int keyed_answer_lookup(struct idem_engine *eng, const struct idem_operation *op,
+                        const char *principal, const char *key, const unsigned char fp[IDEM_FP_LEN],
+                        struct response *resp)
 {
     struct idem_call *call = NULL;
     enum idem_outcome outcome = IDEM_OUTCOME_NONE;
     int answered = 0;
 
     if (idem_call_lookup(eng, op, principal, key, fp, &call, &outcome) == 0 && call != NULL)
-        answered = idem_answer_settled(call, outcome, op, resp);
+        answered = keyed_answer_settled(call, outcome, op, resp);
     idem_call_end(call);
     return answered;
 }
 
-void idem_answer_unavailable(struct response *resp, const char *detail)
+void keyed_answer_unavailable(struct response *resp, const char *detail)
 {
     response_set_header(resp, "Retry-After", "1");
     response_problem(resp, 503, "idempotency-store-unavailable", detail);
     resp->outcome = "error";
 }
 
-void idem_answer_fail(struct response *resp, int rc)
+void keyed_answer_fail(struct response *resp, int rc)
 {
     if (rc == IDEM_EUNAVAIL) {
         /* Not "nothing was done": a COMMIT whose answer was lost may have committed. */
-        idem_answer_unavailable(resp, "The store did not answer in time, so the request did not "
-                                      "finish. Retry with the same Idempotency-Key: it runs once, "
-                                      "or returns its stored result.");
+        keyed_answer_unavailable(resp, "The store did not answer in time, so the request did not "
+                                       "finish. Retry with the same Idempotency-Key: it runs once, "
+                                       "or returns its stored result.");
     } else {
         response_problem(resp, 500, "internal-error",
                          "The request failed and was rolled back; nothing was stored. Retry.");
@@ -118,7 +118,7 @@ void idem_answer_fail(struct response *resp, int rc)
     }
 }
 
-void idem_answer_outcome_unknown(struct response *resp, int status, const char *detail)
+void keyed_answer_outcome_unknown(struct response *resp, int status, const char *detail)
 {
     response_set_header(resp, "Retry-After", "1");
     response_problem(resp, status, "outcome-unknown", detail);

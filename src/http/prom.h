@@ -1,9 +1,9 @@
 /*
  * prom.h - Prometheus text for what libidem counts, written alike by orderd and idem-gateway
- * under their own metric prefix.  Part of idem_util (src/util/).
+ * under their own metric prefix.  Part of idem_http (src/http/).
  */
-#ifndef IDEM_UTIL_PROM_H
-#define IDEM_UTIL_PROM_H
+#ifndef IDEM_HTTP_PROM_H
+#define IDEM_HTTP_PROM_H
 
 struct idem_engine;
 struct idem_store;
@@ -24,4 +24,4 @@ void prom_replay_cache(struct strbuf *sb, const char *prefix, struct idem_engine
  */
 void prom_store(struct strbuf *sb, const char *prefix, const struct idem_store *st);
 
-#endif /* IDEM_UTIL_PROM_H */
+#endif /* IDEM_HTTP_PROM_H */
