@@ -235,18 +235,6 @@ static int bad(const char *fmt, const char *arg)
     return CK_EXIT_USAGE;
 }
 
-static int num(const char *s, long lo, long hi, long *out)
-{
-    char *end = NULL;
-    long v;
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 static int rate(const char *s, double *out)
 {
     char *end = NULL;
@@ -284,7 +272,7 @@ static int parse_url(const char *s, size_t len, char *url, size_t cap, uint32_t 
     host[colon - s] = '\0';
     memcpy(portbuf, colon + 1, len - (size_t)(colon - s) - 1);
     portbuf[len - (size_t)(colon - s) - 1] = '\0';
-    if (num(portbuf, 1, 65535, &p) < 0)
+    if (ck_parse_long(portbuf, 1, 65535, &p) < 0)
         return -1;
     if (strcmp(host, "localhost") == 0)
         in.s_addr = htonl(0x7f000001u);
@@ -399,7 +387,7 @@ static int parse(int argc, char **argv, struct chaos *cx)
             o->db = optarg;
             break;
         case O_INST:
-            if (num(optarg, 1, CK_MAX_INSTANCES, &o->instances) < 0)
+            if (ck_parse_long(optarg, 1, CK_MAX_INSTANCES, &o->instances) < 0)
                 return bad("--instances wants a number from 1 to 8, not '%s'", optarg);
             o->instances_set = 1;
             break;
@@ -415,7 +403,7 @@ static int parse(int argc, char **argv, struct chaos *cx)
             o->no_webhooks = 1;
             break;
         case O_HOOKDUP:
-            if (num(optarg, 1, 10, &o->webhook_dup) < 0)
+            if (ck_parse_long(optarg, 1, 10, &o->webhook_dup) < 0)
                 return bad("--webhook-dup wants a number from 1 to 10, not '%s'", optarg);
             o->webhook_dup_set = 1;
             break;
@@ -438,27 +426,27 @@ static int parse(int argc, char **argv, struct chaos *cx)
             o->token = optarg;
             break;
         case O_INT:
-            if (num(optarg, 1, 10000000, &o->intents) < 0)
+            if (ck_parse_long(optarg, 1, 10000000, &o->intents) < 0)
                 return bad("--intents wants a number from 1 to 10000000, not '%s'", optarg);
             break;
         case O_CLI:
-            if (num(optarg, 1, 256, &o->clients) < 0)
+            if (ck_parse_long(optarg, 1, 256, &o->clients) < 0)
                 return bad("--clients wants a number from 1 to 256, not '%s'", optarg);
             break;
         case O_MAX:
-            if (num(optarg, 1, 86400, &o->max_time_s) < 0)
+            if (ck_parse_long(optarg, 1, 86400, &o->max_time_s) < 0)
                 return bad("--max-time wants seconds from 1 to 86400, not '%s'", optarg);
             break;
         case O_GRACE:
-            if (num(optarg, 1, 3600, &o->grace_s) < 0)
+            if (ck_parse_long(optarg, 1, 3600, &o->grace_s) < 0)
                 return bad("--grace wants seconds from 1 to 3600, not '%s'", optarg);
             break;
         case O_KILL:
-            if (num(optarg, 1, 86400, &o->kill_every_s) < 0)
+            if (ck_parse_long(optarg, 1, 86400, &o->kill_every_s) < 0)
                 return bad("--kill-every wants seconds from 1 to 86400, not '%s'", optarg);
             break;
         case O_FOEVERY:
-            if (num(optarg, 1, 86400, &o->failover_every_s) < 0)
+            if (ck_parse_long(optarg, 1, 86400, &o->failover_every_s) < 0)
                 return bad("--failover-every wants seconds from 1 to 86400, not '%s'", optarg);
             break;
         case O_FOCMD:
@@ -467,7 +455,7 @@ static int parse(int argc, char **argv, struct chaos *cx)
             o->failover_cmd = optarg;
             break;
         case O_PAGE:
-            if (num(optarg, 1, CK_PAGE_SIZE_MAX, &o->page_size) < 0)
+            if (ck_parse_long(optarg, 1, CK_PAGE_SIZE_MAX, &o->page_size) < 0)
                 return bad("--audit-page-size wants a number from 1 to 1000, not '%s'", optarg);
             break;
         case O_DROP:
@@ -585,14 +573,14 @@ static char **child_env(const char *secret)
 
     while (environ && environ[n])
         n++;
-    env = ck_xmalloc((n + 3) * sizeof(*env));
+    env = xmalloc((n + 3) * sizeof(*env));
     for (i = 0; i < n; i++)
         if (strncmp(environ[i], names[0], strlen(names[0])) != 0 &&
             strncmp(environ[i], names[1], strlen(names[1])) != 0)
-            env[k++] = ck_xstrdup(environ[i]);
+            env[k++] = xstrdup(environ[i]);
     for (i = 0; i < 2 && secret; i++) {
         size_t len = strlen(names[i]) + strlen(secret) + 1;
-        env[k] = ck_xmalloc(len);
+        env[k] = xmalloc(len);
         snprintf(env[k], len, "%s%s", names[i], secret);
         k++;
     }
@@ -683,7 +671,7 @@ static void drive(struct chaos *cx, pthread_t *killer, int *have_killer)
         atomic_store(&cx->stop_drive, 1);
     if (cx->o.kill_every_s > 0)
         *have_killer = pthread_create(killer, NULL, killer_main, cx) == 0;
-    th = ck_xmalloc((size_t)cx->o.clients * sizeof(*th));
+    th = xmalloc((size_t)cx->o.clients * sizeof(*th));
     for (k = 0; k < cx->o.clients; k++) {
         atomic_fetch_add(&cx->alive, 1);
         if (pthread_create(&th[k], NULL, client_main, cx) != 0) {
@@ -721,7 +709,7 @@ static int make_workdir(struct chaos *cx)
 
 int ck_chaos_main(int argc, char **argv)
 {
-    struct chaos *cx = ck_xmalloc(sizeof(*cx));
+    struct chaos *cx = xmalloc(sizeof(*cx));
     struct ck_audit au;
     struct ck_chaos_verdict v;
     pthread_t killer;
@@ -776,7 +764,7 @@ int ck_chaos_main(int argc, char **argv)
     if (rc != 0)
         goto out;
 
-    cx->in = ck_xmalloc((size_t)cx->o.intents * sizeof(*cx->in));
+    cx->in = xmalloc((size_t)cx->o.intents * sizeof(*cx->in));
     memset(cx->in, 0, (size_t)cx->o.intents * sizeof(*cx->in));
     for (k = 0; k < cx->o.intents; k++)
         cx->in[k].key = ck_random_key();

@@ -167,9 +167,8 @@ static char *get_metrics(const struct chaos *cx, int i, char *why, size_t cap)
     rq.method = "GET";
     rq.url = url;
     ck_http_perform(&rq, &rs, 1, 10000);
-    if (rs.status == 200 && rs.body.data) {
-        page = rs.body.data; /* NUL-terminated; taken over from the response */
-        rs.body.data = NULL;
+    if (rs.status == 200 && rs.body.sb.buf) {
+        page = strbuf_detach(&rs.body.sb, NULL); /* taken over from the response */
     } else {
         snprintf(why, cap, "GET %s answered %ld", url, rs.status);
     }
@@ -323,7 +322,7 @@ int ck_audit_before(struct chaos *cx, char *why, size_t cap)
     rows = ck_list_orders(cx, &n, why, cap);
     if (!rows)
         return -1;
-    cx->before_ids = ck_xmalloc((n ? n : 1) * sizeof(*cx->before_ids));
+    cx->before_ids = xmalloc((n ? n : 1) * sizeof(*cx->before_ids));
     cx->n_before = n;
     cx->paid_before = 0;
     for (i = 0; i < n; i++) {

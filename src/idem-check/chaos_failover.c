@@ -210,7 +210,7 @@ static size_t begin_failover(struct ck_failovers *fo, int kind, long long *start
     pthread_mutex_lock(&fo->lock);
     if (fo->n == fo->cap) {
         fo->cap = fo->cap ? fo->cap * 2 : 8;
-        fo->f = ck_xrealloc(fo->f, fo->cap * sizeof(*fo->f));
+        fo->f = xrealloc(fo->f, fo->cap * sizeof(*fo->f));
     }
     i = fo->n++;
     memset(&fo->f[i], 0, sizeof(fo->f[i]));
@@ -249,7 +249,7 @@ static int run_failover(struct chaos *cx, int kind)
 {
     struct ck_failovers *fo = cx->fo;
     size_t len = strlen(cx->o.failover_cmd) + sizeof(" \"$1\"");
-    char *script = ck_xmalloc(len);
+    char *script = xmalloc(len);
     int log_fd, null_fd, signo = 0, timed_out = 0, status = -1;
     long long start, took;
     size_t i = begin_failover(fo, kind, &start);
@@ -316,7 +316,7 @@ static void *failover_main(void *arg)
 
 int ck_failover_start(struct chaos *cx)
 {
-    struct ck_failovers *fo = ck_xmalloc(sizeof(*fo));
+    struct ck_failovers *fo = xmalloc(sizeof(*fo));
 
     memset(fo, 0, sizeof(*fo));
     pthread_mutex_init(&fo->lock, NULL);

@@ -94,7 +94,7 @@ static char *env_var(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
-    return ck_xstrdup(buf);
+    return xstrdup(buf);
 }
 
 static int has_prefix(const char *s, const char *prefix)
@@ -115,12 +115,12 @@ static char **lb_env(const struct chaos *cx)
 
     while (cx->envp && cx->envp[n])
         n++;
-    env = ck_xmalloc((n + CK_MAX_INSTANCES + 5) * sizeof(*env));
+    env = xmalloc((n + CK_MAX_INSTANCES + 5) * sizeof(*env));
     for (i = 0; i < n; i++)
         if (!has_prefix(cx->envp[i], "IDEM_LB_") && !has_prefix(cx->envp[i], "IDEM_ORDERD_") &&
             !has_prefix(cx->envp[i], "ORDERD_WEBHOOK_SECRET=") &&
             !has_prefix(cx->envp[i], "PROVIDER_SIM_WEBHOOK_SECRET="))
-            env[k++] = ck_xstrdup(cx->envp[i]);
+            env[k++] = xstrdup(cx->envp[i]);
     for (i = 0; i < CK_MAX_INSTANCES; i++) {
         const struct ck_instance *in = &cx->inst[i % (size_t)cx->n_inst];
         char host[INET_ADDRSTRLEN];
@@ -132,8 +132,8 @@ static char **lb_env(const struct chaos *cx)
     }
     env[k++] = env_var("IDEM_LB_BIND=fd@%d", LB_FD);
     env[k++] = env_var("IDEM_LB_STATS=%s", cx->lb.sock);
-    env[k++] = ck_xstrdup("IDEM_LB_LOG=stdout");
-    env[k++] = ck_xstrdup("IDEM_LB_KEEP_USER=1");
+    env[k++] = xstrdup("IDEM_LB_LOG=stdout");
+    env[k++] = xstrdup("IDEM_LB_KEEP_USER=1");
     env[k] = NULL;
     return env;
 }
@@ -352,7 +352,7 @@ void ck_haproxy_read_stats(struct chaos *cx)
     memset(lb->sessions, 0, sizeof(lb->sessions));
     memset(lb->failed, 0, sizeof(lb->failed));
     memset(lb->downs, 0, sizeof(lb->downs));
-    for (line = out.data; line && *line; line = next) {
+    for (line = out.sb.buf; line && *line; line = next) {
         next = strchr(line, '\n');
         if (next)
             *next++ = '\0';

@@ -28,14 +28,14 @@ static void describe_failure(const char *url, const struct ck_response *r, char 
 
     if (r->body.dropped > 0) {
         snprintf(why, cap, "GET %s: an answer of %zu bytes, over idem-check's limit of %zu", url,
-                 r->body.len + r->body.dropped, ck_body_limit());
+                 r->body.sb.len + r->body.dropped, ck_body_limit());
         return;
     }
     ck_response_describe(r, what, sizeof(what));
     if (r->transport_failed)
         snprintf(why, cap, "GET %s: %s", url, what);
     else
-        snprintf(why, cap, "GET %s answered %ld (%zu bytes): %s", url, r->status, r->body.len,
+        snprintf(why, cap, "GET %s answered %ld (%zu bytes): %s", url, r->status, r->body.sb.len,
                  what);
 }
 
@@ -57,14 +57,14 @@ json_t *ck_get_json(struct chaos *cx, const char *url, const char *token, char *
     }
     for (attempt = 1; attempt <= READ_ATTEMPTS; attempt++) {
         ck_http_perform(&rq, &rs, 1, READ_TIMEOUT_MS);
-        if (rs.body.len + rs.body.dropped > cx->largest_answer)
-            cx->largest_answer = rs.body.len + rs.body.dropped;
+        if (rs.body.sb.len + rs.body.dropped > cx->largest_answer)
+            cx->largest_answer = rs.body.sb.len + rs.body.dropped;
         if (rs.status == 200 && rs.body.dropped == 0) {
             snprintf(err.text, sizeof(err.text), "an empty body");
-            doc = rs.body.data ? json_loadb(rs.body.data, rs.body.len, 0, &err) : NULL;
+            doc = rs.body.sb.buf ? json_loadb(rs.body.sb.buf, rs.body.sb.len, 0, &err) : NULL;
             if (!json_is_object(doc))
                 snprintf(why, cap, "GET %s: 200, but %zu bytes that are not a JSON object (%s)",
-                         url, rs.body.len, doc ? "another JSON value" : err.text);
+                         url, rs.body.sb.len, doc ? "another JSON value" : err.text);
             ck_response_release(&rs);
             break;
         }
@@ -125,7 +125,7 @@ static int orders_page(struct chaos *cx, const char *url, struct ck_order **rows
         struct ck_order *r;
         if (*n == *cap) {
             *cap = *cap ? *cap * 2 : 256;
-            *rows = ck_xrealloc(*rows, *cap * sizeof(**rows));
+            *rows = xrealloc(*rows, *cap * sizeof(**rows));
         }
         r = &(*rows)[(*n)++];
         memset(r, 0, sizeof(*r));
@@ -174,7 +174,7 @@ struct ck_order *ck_list_orders(struct chaos *cx, size_t *n_out, char *why, size
         rows[i].before = cx->n_before > 0 && bsearch(rows[i].id, cx->before_ids, cx->n_before,
                                                      sizeof(*cx->before_ids), cmp_id) != NULL;
     *n_out = n;
-    return rows ? rows : ck_xmalloc(1);
+    return rows ? rows : xmalloc(1);
 }
 
 static long int_at(json_t *doc, const char *a, const char *b)

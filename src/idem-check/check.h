@@ -1,5 +1,5 @@
 /*
- * check.h - what the parts of idem-check share: the few allocation helpers a program may die in,
+ * check.h - what the parts of idem-check share: idem_util's allocators and buffers,
  * the raw HTTP exchange over libcurl (raw_http.c), the verdicts and their report (report.c), and
  * the conformance checklist (conformance.c).  idem-check judges an API from the outside, so nothing
  * here knows orderd: only URLs, bodies, bearer tokens and what came back on the wire.
@@ -20,11 +20,16 @@ enum {
     CK_EXIT_UNREACHABLE = 3, /* the API did not answer at all */
 };
 
-/* ---- memory (util.c): a program may die on allocation failure, the library may not ---------- */
+/*
+ * Memory: idem_util's allocators (util.h: xmalloc(), xstrdup(), ...), which die with
+ * "idem-check: fatal: out of memory" and exit 1: a checker that cannot allocate has nothing
+ * useful left to say.  Growable buffers are idem_util's strbuf.
+ */
+#include "strbuf.h"
+#include "util.h"
 
-void *ck_xmalloc(size_t n);
-void *ck_xrealloc(void *p, size_t n);
-char *ck_xstrdup(const char *s);
+/* `s` as a decimal integer from `lo` to `hi` into *out (0), or -1: util.h's parse_int64(). */
+int ck_parse_long(const char *s, long lo, long hi, long *out);
 /* A new random key "idem-check-<32 hex>" from the OpenSSL CSPRNG; the caller frees it. */
 char *ck_random_key(void);
 /* The clocks and the sleep: common/clock.h's clock_mono_ms(), clock_sleep_ms()... */
@@ -32,10 +37,8 @@ char *ck_random_key(void);
 
 /* A growable byte buffer with a cap: bodies and headers come from strangers (curl's dynbuf). */
 struct ck_buf {
-    char *data; /* NUL-terminated, NULL while empty */
-    size_t len;
-    size_t cap;
-    size_t limit; /* bytes kept at most; the rest is counted in `dropped` */
+    struct strbuf sb; /* sb.buf NUL-terminated, NULL while empty */
+    size_t limit;     /* bytes kept at most; the rest is counted in `dropped` */
     size_t dropped;
 };
 

@@ -64,7 +64,7 @@ static void post(struct run *run, const char *who, const char *body, const char 
 static char *key_line(const char *key)
 {
     size_t n = strlen("Idempotency-Key: ") + strlen(key) + 1;
-    char *line = ck_xmalloc(n);
+    char *line = xmalloc(n);
     snprintf(line, n, "Idempotency-Key: %s", key);
     return line;
 }
@@ -84,7 +84,7 @@ static json_t *reversed(const json_t *v)
         const char *k;
         json_t *m;
         json_t *out = json_object();
-        keys = ck_xmalloc((n ? n : 1) * sizeof(*keys));
+        keys = xmalloc((n ? n : 1) * sizeof(*keys));
         json_object_foreach((json_t *)v, k, m) keys[i++] = k;
         while (i > 0) {
             i--;
@@ -112,7 +112,7 @@ static char *reordered_body(const char *body)
 
     if (text) {
         size_t n = strlen(text) + 3;
-        out = ck_xmalloc(n);
+        out = xmalloc(n);
         snprintf(out, n, " %s\n", text);
     }
     free(text);
@@ -157,7 +157,7 @@ static json_t *fetch_count(struct run *run, char *why, size_t cap)
         snprintf(why, cap, "GET --count-url: %s", ev);
         goto out;
     }
-    doc = json_loadb(r.body.data ? r.body.data : "", r.body.len, JSON_DECODE_ANY, NULL);
+    doc = json_loadb(r.body.sb.buf ? r.body.sb.buf : "", r.body.sb.len, JSON_DECODE_ANY, NULL);
     if (json_is_array(doc) || json_is_number(doc)) {
         found = json_incref(doc);
     } else if (json_is_object(doc)) {
@@ -268,7 +268,7 @@ static void judge_replay(struct run *run, const char *id, const char *title, con
     if (!ck_response_same(&r, &run->first))
         ck_report_add(run->rep, id, title, CK_FAIL,
                       "status or body differs from the first response (HTTP %ld, %zu bytes): %s",
-                      run->first.status, run->first.body.len, ev);
+                      run->first.status, run->first.body.sb.len, ev);
     else if (!ck_response_replayed(&r))
         ck_report_add(run->rep, id, title, CK_WARN,
                       "byte-identical, but no 'Idempotent-Replayed: true': %s", ev);
@@ -356,8 +356,8 @@ static void check_storm(struct run *run)
 {
     static const char title[] = "parallel same-key requests -> one execution, others replay or 409";
     size_t n = (size_t)run->opt->storm;
-    struct ck_request *reqs = ck_xmalloc(n * sizeof(*reqs));
-    struct ck_response *rs = ck_xmalloc(n * sizeof(*rs));
+    struct ck_request *reqs = xmalloc(n * sizeof(*reqs));
+    struct ck_response *rs = xmalloc(n * sizeof(*rs));
     char *key = ck_random_key();
     char *line = key_line(key);
     json_t *before = NULL, *after = NULL;
@@ -504,7 +504,7 @@ int ck_conformance_run(const struct ck_conformance_options *opt, struct ck_repor
     run.opt = opt;
     run.rep = rep;
     n = strlen(opt->url) + strlen(opt->path) + 1;
-    run.target = ck_xmalloc(n);
+    run.target = xmalloc(n);
     snprintf(run.target, n, "%.*s%s",
              (int)(strlen(opt->url) - (opt->url[0] && opt->url[strlen(opt->url) - 1] == '/')),
              opt->url, opt->path);

@@ -289,7 +289,7 @@ static void handle(struct ck_proxy *p, int fd)
         close_rst(fd);
         return;
     }
-    c = ck_xmalloc(sizeof(*c));
+    c = xmalloc(sizeof(*c));
     c->p = p;
     c->client = fd;
     c->up = upfd;

@@ -15,6 +15,8 @@
 #include "check.h"
 #include "banned.h"
 
+const char program_name[] = "idem-check"; /* util.h: die() and the allocators' messages */
+
 #define DEFAULT_BODY "{\"productId\":\"p-1024\",\"quantity\":1}"
 
 static void usage(FILE *f)
@@ -66,18 +68,6 @@ static int bad_usage(const char *fmt, const char *arg)
     fprintf(stderr, fmt, arg);
     fputs("\n(try: idem-check conformance --help)\n", stderr);
     return CK_EXIT_USAGE;
-}
-
-static int parse_long(const char *s, long lo, long hi, long *out)
-{
-    char *end = NULL;
-    long v;
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno || end == s || *end != '\0' || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
 }
 
 /*
@@ -181,12 +171,12 @@ static int conformance(int argc, char **argv)
             opt.count_url = optarg;
             break;
         case O_STORM:
-            if (parse_long(optarg, 2, 500, &v) < 0)
+            if (ck_parse_long(optarg, 2, 500, &v) < 0)
                 return bad_usage("--storm wants a number from 2 to 500, not '%s'", optarg);
             opt.storm = (int)v;
             break;
         case O_TIMEOUT:
-            if (parse_long(optarg, 1, 3600, &v) < 0)
+            if (ck_parse_long(optarg, 1, 3600, &v) < 0)
                 return bad_usage("--timeout wants seconds from 1 to 3600, not '%s'", optarg);
             opt.timeout_ms = v * 1000;
             break;
@@ -230,7 +220,7 @@ static int conformance(int argc, char **argv)
         fputs("idem-check: cannot initialise libcurl\n", stderr);
         return CK_EXIT_FAIL;
     }
-    rep = ck_xmalloc(sizeof(*rep));
+    rep = xmalloc(sizeof(*rep));
     memset(rep, 0, sizeof(*rep));
     rc = ck_conformance_run(&opt, rep, why, sizeof(why));
     if (rc == CK_EXIT_UNREACHABLE) {
@@ -240,7 +230,7 @@ static int conformance(int argc, char **argv)
     rc = ck_report_failed(rep) ? CK_EXIT_FAIL : CK_EXIT_OK;
     {
         size_t n = strlen(opt.url) + strlen(opt.path) + 8;
-        target = ck_xmalloc(n);
+        target = xmalloc(n);
         snprintf(target, n, "POST %s%s", opt.url, opt.path);
     }
     if (json)

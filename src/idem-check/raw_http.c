@@ -50,7 +50,7 @@ static size_t on_header(char *p, size_t size, size_t n, void *userdata)
     size_t len = size * n;
 
     if (len >= 5 && memcmp(p, "HTTP/", 5) == 0)
-        r->head.len = 0;
+        strbuf_reset(&r->head.sb); /* a later response's head: keep the final one */
     ck_buf_add(&r->head, p, len);
     return len;
 }
@@ -126,7 +126,7 @@ static void finish(struct exchange *x, CURLcode rc)
 void ck_http_perform(const struct ck_request *reqs, struct ck_response *out, size_t n,
                      long timeout_ms)
 {
-    struct exchange *xs = ck_xmalloc(n * sizeof(*xs));
+    struct exchange *xs = xmalloc(n * sizeof(*xs));
     CURLM *multi = curl_multi_init();
     int running = 0;
     CURLMsg *msg;
@@ -182,8 +182,8 @@ void ck_response_release(struct ck_response *r)
 int ck_response_header(const struct ck_response *r, const char *name, char *buf, size_t cap)
 {
     size_t nlen = strlen(name);
-    const char *p = r->head.data;
-    const char *end = p ? p + r->head.len : NULL;
+    const char *p = r->head.sb.buf;
+    const char *end = p ? p + r->head.sb.len : NULL;
 
     if (cap)
         buf[0] = '\0';
@@ -217,9 +217,9 @@ int ck_response_replayed(const struct ck_response *r)
 
 int ck_response_same(const struct ck_response *a, const struct ck_response *b)
 {
-    if (a->status != b->status || a->body.len != b->body.len)
+    if (a->status != b->status || a->body.sb.len != b->body.sb.len)
         return 0;
-    return a->body.len == 0 || memcmp(a->body.data, b->body.data, a->body.len) == 0;
+    return a->body.sb.len == 0 || memcmp(a->body.sb.buf, b->body.sb.buf, a->body.sb.len) == 0;
 }
 
 void ck_response_describe(const struct ck_response *r, char *buf, size_t cap)
@@ -244,14 +244,14 @@ void ck_response_describe(const struct ck_response *r, char *buf, size_t cap)
                 at += (size_t)w;
         }
     }
-    take = r->body.len < 120 ? r->body.len : 120;
+    take = r->body.sb.len < 120 ? r->body.sb.len : 120;
     for (size_t i = 0; i < take; i++) {
-        unsigned char c = (unsigned char)r->body.data[i];
+        unsigned char c = (unsigned char)r->body.sb.buf[i];
         excerpt[i] = (c < 0x20 || c >= 0x7f) ? '.' : (char)c;
     }
     excerpt[take] = '\0';
     snprintf(buf, cap, "HTTP %ld [%s] %s%s", r->status, hdrs, excerpt,
-             r->body.len > take ? "..." : "");
+             r->body.sb.len > take ? "..." : "");
 }
 
 size_t ck_body_limit(void)

@@ -1,8 +1,7 @@
 /*
- * util.c - the small helpers every part of idem-check uses: allocation that dies with a message
- * (a checker that cannot allocate has nothing useful left to say), capped buffers for what a
- * server sends back, random keys from the CSPRNG so that every run uses keys no earlier run has
- * used, and a sleep.
+ * util.c - the small helpers every part of idem-check uses: capped buffers for what a server
+ * sends back, random keys from the CSPRNG so that every run uses keys no earlier run has
+ * used, and the chaos run's seeded random numbers.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,34 +15,14 @@
 #include "clock.h"
 #include "banned.h"
 
-static void die_oom(void)
+int ck_parse_long(const char *s, long lo, long hi, long *out)
 {
-    fputs("idem-check: out of memory\n", stderr);
-    exit(CK_EXIT_FAIL);
-}
+    int64_t v;
 
-void *ck_xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p)
-        die_oom();
-    return p;
-}
-
-void *ck_xrealloc(void *p, size_t n)
-{
-    void *q = realloc(p, n ? n : 1);
-    if (!q)
-        die_oom();
-    return q;
-}
-
-char *ck_xstrdup(const char *s)
-{
-    size_t n = strlen(s) + 1;
-    char *d = ck_xmalloc(n);
-    memcpy(d, s, n);
-    return d;
+    if (parse_int64(s, lo, hi, &v) < 0)
+        return -1;
+    *out = (long)v;
+    return 0;
 }
 
 char *ck_random_key(void)
@@ -51,7 +30,7 @@ char *ck_random_key(void)
     static const char hex[] = "0123456789abcdef";
     static const char prefix[] = "idem-check-";
     unsigned char raw[16];
-    char *key = ck_xmalloc(sizeof(prefix) + 2 * sizeof(raw));
+    char *key = xmalloc(sizeof(prefix) + 2 * sizeof(raw));
     size_t at = sizeof(prefix) - 1;
 
     if (RAND_bytes(raw, (int)sizeof(raw)) != 1) {
@@ -69,29 +48,13 @@ char *ck_random_key(void)
 
 void ck_buf_add(struct ck_buf *b, const void *p, size_t n)
 {
-    size_t room = b->limit > b->len ? b->limit - b->len : 0;
-    size_t take = n < room ? n : room;
-
-    b->dropped += n - take;
-    if (take == 0)
-        return;
-    if (b->len + take + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + take + 1)
-            cap *= 2;
-        b->data = ck_xrealloc(b->data, cap);
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, p, take);
-    b->len += take;
-    b->data[b->len] = '\0';
+    b->dropped += strbuf_add_capped(&b->sb, p, n, b->limit);
 }
 
 void ck_buf_release(struct ck_buf *b)
 {
-    free(b->data);
-    b->data = NULL;
-    b->len = b->cap = b->dropped = 0;
+    strbuf_release(&b->sb);
+    b->dropped = 0;
 }
 
 /* ---- random numbers ------------------------------------------------------------------------- */

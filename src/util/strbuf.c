@@ -37,6 +37,16 @@ void strbuf_add(struct strbuf *sb, const void *data, size_t len)
     sb->buf[sb->len] = '\0';
 }
 
+size_t strbuf_add_capped(struct strbuf *sb, const void *data, size_t len, size_t limit)
+{
+    size_t room = limit > sb->len ? limit - sb->len : 0;
+    size_t take = len < room ? len : room;
+
+    if (take > 0)
+        strbuf_add(sb, data, take);
+    return len - take;
+}
+
 void strbuf_adds(struct strbuf *sb, const char *s)
 {
     strbuf_add(sb, s, strlen(s));

@@ -23,6 +23,11 @@ struct strbuf {
 /* Makes room for `extra` more bytes (and the NUL): the buffer does not move while they come. */
 void strbuf_grow(struct strbuf *sb, size_t extra);
 void strbuf_add(struct strbuf *sb, const void *data, size_t len);
+/*
+ * strbuf_add() of what fits while the buffer holds at most `limit` bytes, for bytes from
+ * strangers; returns how many of `len` did not fit (and were not added).
+ */
+size_t strbuf_add_capped(struct strbuf *sb, const void *data, size_t len, size_t limit);
 void strbuf_adds(struct strbuf *sb, const char *s);
 void strbuf_addch(struct strbuf *sb, char c);
 void strbuf_addf(struct strbuf *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
