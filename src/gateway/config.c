@@ -3,12 +3,11 @@
  * API into struct gw_config, every value checked against what the gateway can honour before the
  * program opens a socket or the store.
  *
- * The text is parsed twice.  A first pass over libyaml's events refuses what the document API
- * would silently accept: aliases (yaml_parser_load resolves them into shared nodes, which would
- * make the tree a graph and lets a few bytes stand for a large config), a second document, and
- * nesting deeper than any config needs (so nothing below ever walks a hostile depth).  The second
- * pass loads the document, and the walk below reads each mapping through collect(): unknown and
- * duplicate keys are refused there, in document order, so every later step sees one value per key.
+ * The text is loaded by the programs' one strict YAML reader (src/util/strict_yaml.c), which
+ * refuses what libyaml's document API would silently accept: aliases, a second document, nesting
+ * deeper than any config needs (MAX_DEPTH).  The walk below reads each mapping through collect():
+ * unknown and duplicate keys are refused there, in document order, so every later step sees one
+ * value per key.
  *
  * Every message is one line, "<file>:<line>: <path>: <what is wrong, what is expected>", with the
  * line of the node at fault (libyaml's start_mark.line + 1).
@@ -26,6 +25,7 @@
 
 #include <yaml.h>
 
+#include "strict_yaml.h"
 #include "util.h"
 #include "banned.h"
 
@@ -194,51 +194,7 @@ static void fmt_size(int64_t bytes, char *out, size_t cap)
         snprintf(out, cap, "%lld bytes", (long long)bytes);
 }
 
-/* libyaml's own sentence for text it cannot parse, at the line it stopped. */
-static int syntax_error(struct loader *ld, const yaml_parser_t *p, const char *text, size_t len)
-{
-    size_t line = p->problem_mark.line, i;
-
-    if (p->error == YAML_MEMORY_ERROR)
-        die("out of memory");
-    if (p->error == YAML_READER_ERROR) {
-        /* The reader reports a byte offset (bad UTF-8, a control character), not a mark. */
-        line = 0;
-        for (i = 0; i < p->problem_offset && i < len; i++)
-            line += text[i] == '\n';
-    }
-    if (p->context != NULL)
-        return fail(ld, (int)line + 1, "invalid YAML: %s %s", p->problem ? p->problem : "error",
-                    p->context);
-    return fail(ld, (int)line + 1, "invalid YAML: %s", p->problem ? p->problem : "error");
-}
-
 /* ---- nodes ----------------------------------------------------------------------------------- */
-
-static int line_of(const yaml_node_t *n)
-{
-    return (int)n->start_mark.line + 1;
-}
-
-static const char *scalar(const yaml_node_t *n)
-{
-    return (const char *)n->data.scalar.value;
-}
-
-/* YAML's null: an empty or ~ / null plain scalar ("key:" with nothing after it). */
-static int is_null(const yaml_node_t *n)
-{
-    static const char *const nulls[] = {"", "~", "null", "Null", "NULL"};
-    size_t i;
-
-    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
-        return 0;
-    for (i = 0; i < COUNT(nulls); i++) {
-        if (strcmp(scalar(n), nulls[i]) == 0)
-            return 1;
-    }
-    return 0;
-}
 
 /* What a node is, for "expected X, not Y". */
 static const char *describe(const yaml_node_t *n, char out[EXCERPT + 8])
@@ -249,9 +205,9 @@ static const char *describe(const yaml_node_t *n, char out[EXCERPT + 8])
         return "a mapping";
     if (n->type == YAML_SEQUENCE_NODE)
         return "a list";
-    if (is_null(n))
+    if (strict_yaml_is_null(n))
         return "an empty value";
-    snprintf(out, EXCERPT + 8, "\"%s\"", excerpt(scalar(n), shown));
+    snprintf(out, EXCERPT + 8, "\"%s\"", excerpt(strict_yaml_text(n), shown));
     return out;
 }
 
@@ -290,9 +246,9 @@ static int collect(struct loader *ld, const yaml_node_t *map, const char *where,
         snprintf(place, sizeof place, "at the top level");
     if (map->type != YAML_MAPPING_NODE) {
         if (where[0] != '\0')
-            return fail(ld, line_of(map), "%s: expected a mapping, not %s", where,
+            return fail(ld, strict_yaml_line(map), "%s: expected a mapping, not %s", where,
                         describe(map, what));
-        return fail(ld, line_of(map), "expected a mapping at the top level, not %s",
+        return fail(ld, strict_yaml_line(map), "expected a mapping at the top level, not %s",
                     describe(map, what));
     }
     for (i = 0; i < nkeys && i < MAX_KEYS; i++) {
@@ -303,11 +259,13 @@ static int collect(struct loader *ld, const yaml_node_t *map, const char *where,
         yaml_node_t *k = node_at(ld, pair->key), *v = node_at(ld, pair->value);
 
         if (k == NULL || v == NULL)
-            return fail(ld, line_of(map), "malformed YAML document");
-        if (k->type != YAML_SCALAR_NODE || is_null(k))
-            return fail(ld, line_of(k), "expected a key name %s, not %s", place, describe(k, what));
+            return fail(ld, strict_yaml_line(map), "malformed YAML document");
+        if (k->type != YAML_SCALAR_NODE || strict_yaml_is_null(k))
+            return fail(ld, strict_yaml_line(k), "expected a key name %s, not %s", place,
+                        describe(k, what));
         for (i = 0; i < nkeys && i < MAX_KEYS; i++) {
-            if (k->data.scalar.length == strlen(keys[i]) && strcmp(scalar(k), keys[i]) == 0)
+            if (k->data.scalar.length == strlen(keys[i]) &&
+                strcmp(strict_yaml_text(k), keys[i]) == 0)
                 break;
         }
         if (i == nkeys || i == MAX_KEYS) {
@@ -317,12 +275,12 @@ static int collect(struct loader *ld, const yaml_node_t *map, const char *where,
                 snprintf(expected + used, sizeof expected - used, "%s%s", i ? ", " : "", keys[i]);
                 used += strlen(expected + used);
             }
-            return fail(ld, line_of(k), "unknown key \"%s\" %s; expected one of: %s",
-                        excerpt(scalar(k), shown), place, expected);
+            return fail(ld, strict_yaml_line(k), "unknown key \"%s\" %s; expected one of: %s",
+                        excerpt(strict_yaml_text(k), shown), place, expected);
         }
         if (key_nodes[i] != NULL)
-            return fail(ld, line_of(k), "duplicate key \"%s\" %s (first at line %d)", keys[i],
-                        place, line_of(key_nodes[i]));
+            return fail(ld, strict_yaml_line(k), "duplicate key \"%s\" %s (first at line %d)",
+                        keys[i], place, strict_yaml_line(key_nodes[i]));
         key_nodes[i] = k;
         values[i] = v;
     }
@@ -333,9 +291,10 @@ static int missing(struct loader *ld, const yaml_node_t *map, const char *where,
                    const char *example)
 {
     if (where[0] == '\0')
-        return fail(ld, line_of(map), "missing required key \"%s\" at the top level (%s)", key,
-                    example);
-    return fail(ld, line_of(map), "%s: missing required key \"%s\" (%s)", where, key, example);
+        return fail(ld, strict_yaml_line(map), "missing required key \"%s\" at the top level (%s)",
+                    key, example);
+    return fail(ld, strict_yaml_line(map), "%s: missing required key \"%s\" (%s)", where, key,
+                example);
 }
 
 /* A scalar that is not null and holds no NUL byte; `what` says what was expected. */
@@ -344,11 +303,13 @@ static int want_text(struct loader *ld, const yaml_node_t *n, const char *path, 
 {
     char shown[EXCERPT + 8];
 
-    if (n->type != YAML_SCALAR_NODE || is_null(n))
-        return fail(ld, line_of(n), "%s: expected %s, not %s", path, what, describe(n, shown));
-    if (strlen(scalar(n)) != n->data.scalar.length)
-        return fail(ld, line_of(n), "%s: expected %s; the value holds a NUL byte", path, what);
-    *out = scalar(n);
+    if (n->type != YAML_SCALAR_NODE || strict_yaml_is_null(n))
+        return fail(ld, strict_yaml_line(n), "%s: expected %s, not %s", path, what,
+                    describe(n, shown));
+    if (strlen(strict_yaml_text(n)) != n->data.scalar.length)
+        return fail(ld, strict_yaml_line(n), "%s: expected %s; the value holds a NUL byte", path,
+                    what);
+    *out = strict_yaml_text(n);
     return 0;
 }
 
@@ -372,7 +333,8 @@ static int want_bool(struct loader *ld, const yaml_node_t *n, const char *path, 
             return 0;
         }
     }
-    return fail(ld, line_of(n), "%s: expected true or false, not %s", path, describe(n, shown));
+    return fail(ld, strict_yaml_line(n), "%s: expected true or false, not %s", path,
+                describe(n, shown));
 }
 
 static int want_int(struct loader *ld, const yaml_node_t *n, const char *path, int64_t min,
@@ -385,7 +347,8 @@ static int want_int(struct loader *ld, const yaml_node_t *n, const char *path, i
     if (want_text(ld, n, path, what, &s) != 0)
         return -1;
     if (parse_int64(s, min, max, out) != 0)
-        return fail(ld, line_of(n), "%s: expected %s, not %s", path, what, describe(n, shown));
+        return fail(ld, strict_yaml_line(n), "%s: expected %s, not %s", path, what,
+                    describe(n, shown));
     return 0;
 }
 
@@ -435,12 +398,13 @@ static int want_scaled(struct loader *ld, const yaml_node_t *n, const char *path
     if (want_text(ld, n, path, sc->what, &s) != 0)
         return -1;
     if (parse_scaled(s, sc->units, sc->nunits, out) != 0)
-        return fail(ld, line_of(n), "%s: expected %s, not %s", path, sc->what, describe(n, shown));
+        return fail(ld, strict_yaml_line(n), "%s: expected %s, not %s", path, sc->what,
+                    describe(n, shown));
     if (*out < min || *out > max) {
         sc->show(min, lo, sizeof lo);
         sc->show(max, hi, sizeof hi);
-        return fail(ld, line_of(n), "%s: expected a %s from %s to %s, not %s", path, sc->kind, lo,
-                    hi, describe(n, shown));
+        return fail(ld, strict_yaml_line(n), "%s: expected a %s from %s to %s, not %s", path,
+                    sc->kind, lo, hi, describe(n, shown));
     }
     return 0;
 }
@@ -485,7 +449,7 @@ static int want_header_name(struct loader *ld, const yaml_node_t *n, const char 
     if (want_text(ld, n, path, what, out) != 0)
         return -1;
     if (!is_token(*out))
-        return fail(ld, line_of(n), "%s: expected %s (an HTTP token), not %s", path, what,
+        return fail(ld, strict_yaml_line(n), "%s: expected %s (an HTTP token), not %s", path, what,
                     describe(n, shown));
     return 0;
 }
@@ -513,7 +477,7 @@ static int want_pointers(struct loader *ld, const yaml_node_t *n, const char *pa
     size_t i;
 
     if (n->type != YAML_SEQUENCE_NODE || nitems(n) == 0 || nitems(n) > MAX_POINTERS)
-        return fail(ld, line_of(n),
+        return fail(ld, strict_yaml_line(n),
                     "%s: expected a list of 1 to %d JSON pointers such as "
                     "[/requestId], not %s",
                     path, MAX_POINTERS,
@@ -525,12 +489,12 @@ static int want_pointers(struct loader *ld, const yaml_node_t *n, const char *pa
 
         snprintf(item_path, sizeof item_path, "%s[%zu]", path, i);
         if (item == NULL)
-            return fail(ld, line_of(n), "malformed YAML document");
+            return fail(ld, strict_yaml_line(n), "malformed YAML document");
         /* A pointer may be "": a quoted empty string, which is not YAML's null. */
         if (want_text(ld, item, item_path, what, &s) != 0)
             return -1;
         if (!is_json_pointer(s))
-            return fail(ld, line_of(item), "%s: expected %s, not %s", item_path, what,
+            return fail(ld, strict_yaml_line(item), "%s: expected %s, not %s", item_path, what,
                         describe(item, shown));
         (*out)[i] = xstrdup(s);
         *count = i + 1;
@@ -626,7 +590,7 @@ static int load_listen(struct loader *ld, const yaml_node_t *n, const char *path
         if (want_text(ld, n, path, "an address such as 127.0.0.1:8080", &s) != 0)
             return -1;
         if (http_listen_split(s, host, sizeof host, &port, why, sizeof why) != 0)
-            return fail(ld, line_of(n), "%s: %s", path, why);
+            return fail(ld, strict_yaml_line(n), "%s: %s", path, why);
     }
     *out = xstrdup(s);
     return 0;
@@ -650,7 +614,8 @@ static int read_secret_file(struct loader *ld, const yaml_node_t *n, const char 
         return -1;
     *file = beside_config(ld->name, written);
     if (read_file(*file, KEY_FILE_MAX_BYTES, 1, text, len, why, sizeof why) != 0)
-        return fail(ld, line_of(n), "%s: cannot read %s: %s", path, excerpt(*file, shown), why);
+        return fail(ld, strict_yaml_line(n), "%s: cannot read %s: %s", path, excerpt(*file, shown),
+                    why);
     return 0;
 }
 
@@ -683,7 +648,7 @@ static int load_admin_token(struct loader *ld, const yaml_node_t *n, struct gw_c
     for (i = 0; i < len && text[i] > 0x20 && text[i] < 0x7f; i++)
         ;
     if (len < ADMIN_TOKEN_MIN || i != len) {
-        fail(ld, line_of(n),
+        fail(ld, strict_yaml_line(n),
              "admin_token_file: %s must hold a token of at least %d visible ASCII characters "
              "on its first line (e.g. openssl rand -hex 32)",
              excerpt(file, shown), ADMIN_TOKEN_MIN);
@@ -709,7 +674,8 @@ static int load_store(struct loader *ld, const yaml_node_t *n, struct gw_config 
         /* The store opens the rest: only the kind is told apart here. */
         if (strncmp(s, "sqlite:", 7) != 0 && strncmp(s, "postgres://", 11) != 0 &&
             strncmp(s, "postgresql://", 13) != 0 && strchr(s, '=') == NULL)
-            return fail(ld, line_of(n), "store: expected %s, not %s", what, describe(n, shown));
+            return fail(ld, strict_yaml_line(n), "store: expected %s, not %s", what,
+                        describe(n, shown));
     }
     cfg->store = xstrdup(s);
     return 0;
@@ -727,37 +693,40 @@ static int load_upstream_url(struct loader *ld, const yaml_node_t *n, struct gw_
     if (want_text(ld, n, "upstream.url", what, &url) != 0)
         return -1;
     if (ascii_ncaseeq(url, "https://", 8))
-        return fail(ld, line_of(n),
+        return fail(ld, strict_yaml_line(n),
                     "upstream.url: https upstreams are not supported; put the "
                     "gateway next to the service");
     if (!ascii_ncaseeq(url, "http://", 7))
-        return fail(ld, line_of(n), "upstream.url: expected %s, not %s", what, describe(n, shown));
+        return fail(ld, strict_yaml_line(n), "upstream.url: expected %s, not %s", what,
+                    describe(n, shown));
     authority = url + 7;
     alen = strcspn(authority, "/?#");
     rest = authority + alen;
     if (memchr(authority, '@', alen) != NULL)
-        return fail(ld, line_of(n),
+        return fail(ld, strict_yaml_line(n),
                     "upstream.url: no user information (user@) is allowed; "
                     "expected %s",
                     what);
     if (rest[0] != '\0' && strcmp(rest, "/") != 0)
-        return fail(ld, line_of(n),
+        return fail(ld, strict_yaml_line(n),
                     "upstream.url: expected %s without a path, query or "
                     "fragment (requests keep their own path), not %s",
                     what, describe(n, shown));
     if (alen >= sizeof hostport)
-        return fail(ld, line_of(n), "upstream.url: the host is too long");
+        return fail(ld, strict_yaml_line(n), "upstream.url: the host is too long");
     memcpy(hostport, authority, alen);
     hostport[alen] = '\0';
     if (http_listen_split(hostport, host, sizeof host, &port, why, sizeof why) != 0 || port == 0)
-        return fail(ld, line_of(n), "upstream.url: expected %s with a port from 1 to 65535, not %s",
-                    what, describe(n, shown));
+        return fail(ld, strict_yaml_line(n),
+                    "upstream.url: expected %s with a port from 1 to 65535, not %s", what,
+                    describe(n, shown));
     /* Nothing is resolved here, but a host no resolver accepts is a typo worth saying now. */
     if (hostport[0] == '['
             ? strspn(host, "0123456789abcdefABCDEF:.") != strlen(host) || strchr(host, ':') == NULL
             : strspn(host, "0123456789abcdefghijklmnopqrstuvwxyz"
                            "ABCDEFGHIJKLMNOPQRSTUVWXYZ.-_") != strlen(host))
-        return fail(ld, line_of(n), "upstream.url: \"%s\" is not a host name or an IP address",
+        return fail(ld, strict_yaml_line(n),
+                    "upstream.url: \"%s\" is not a host name or an IP address",
                     excerpt(host, shown));
     cfg->upstream_url = xstrndup(url, 7 + alen); /* without the trailing '/' */
     cfg->upstream_host = xstrdup(host);
@@ -814,7 +783,7 @@ static int load_upstream(struct loader *ld, const yaml_node_t *map, struct gw_co
                       &s) != 0)
             return -1;
         if (strcmp(s, "fresh") != 0 && strcmp(s, "pooled") != 0)
-            return fail(ld, line_of(v[KEYED_CONNECTIONS]),
+            return fail(ld, strict_yaml_line(v[KEYED_CONNECTIONS]),
                         "upstream.keyed_connections: expected pooled or fresh, not %s",
                         describe(v[KEYED_CONNECTIONS], shown));
         cfg->upstream_keyed_fresh = strcmp(s, "fresh") == 0;
@@ -843,7 +812,7 @@ static int load_jwt_key(struct loader *ld, const yaml_node_t *n, const char *pat
             len--;
         key[len] = '\0';
         if (len < 32) {
-            fail(ld, line_of(n),
+            fail(ld, strict_yaml_line(n),
                  "%s: %s holds %zu bytes; an HS256 secret needs at least 32 "
                  "(e.g. openssl rand -base64 48)",
                  path, excerpt(file, shown), len);
@@ -851,8 +820,9 @@ static int load_jwt_key(struct loader *ld, const yaml_node_t *n, const char *pat
         }
     } else {
         if (strlen(key) != len || strstr(key, "-----BEGIN PUBLIC KEY-----") == NULL) {
-            fail(ld, line_of(n), "%s: %s is not a PEM public key (-----BEGIN PUBLIC KEY-----)",
-                 path, excerpt(file, shown));
+            fail(ld, strict_yaml_line(n),
+                 "%s: %s is not a PEM public key (-----BEGIN PUBLIC KEY-----)", path,
+                 excerpt(file, shown));
             goto out;
         }
     }
@@ -883,16 +853,16 @@ static int load_jwt(struct loader *ld, const yaml_node_t *map, struct gw_config 
     if (want_text(ld, v[ALG], "principal.jwt.alg", "HS256 or RS256", &s) != 0)
         return -1;
     if (strcmp(s, "HS256") != 0 && strcmp(s, "RS256") != 0)
-        return fail(ld, line_of(v[ALG]), "principal.jwt.alg: expected HS256 or RS256, not %s",
-                    describe(v[ALG], shown));
+        return fail(ld, strict_yaml_line(v[ALG]),
+                    "principal.jwt.alg: expected HS256 or RS256, not %s", describe(v[ALG], shown));
     hs256 = strcmp(s, "HS256") == 0;
     cfg->jwt_alg = hs256 ? GW_JWT_HS256 : GW_JWT_RS256;
     if (hs256 && v[PUBLIC_KEY_FILE] != NULL)
-        return fail(ld, line_of(v[PUBLIC_KEY_FILE]),
+        return fail(ld, strict_yaml_line(v[PUBLIC_KEY_FILE]),
                     "principal.jwt.public_key_file: only for "
                     "alg RS256; HS256 takes secret_file");
     if (!hs256 && v[SECRET_FILE] != NULL)
-        return fail(ld, line_of(v[SECRET_FILE]),
+        return fail(ld, strict_yaml_line(v[SECRET_FILE]),
                     "principal.jwt.secret_file: only for alg HS256; "
                     "RS256 takes public_key_file");
     if (hs256 && v[SECRET_FILE] == NULL)
@@ -934,12 +904,12 @@ static int load_principal(struct loader *ld, const yaml_node_t *n, struct gw_con
     int last_line = 0;
 
     /* config.h's shorthand: `principal: authorization`. */
-    if (n->type == YAML_SCALAR_NODE && strcmp(scalar(n), "authorization") == 0) {
+    if (n->type == YAML_SCALAR_NODE && strcmp(strict_yaml_text(n), "authorization") == 0) {
         cfg->principal = GW_PRINCIPAL_AUTHORIZATION;
         return 0;
     }
     if (n->type != YAML_MAPPING_NODE)
-        return fail(ld, line_of(n),
+        return fail(ld, strict_yaml_line(n),
                     "principal: expected a mapping with one of header, "
                     "authorization or jwt, not %s",
                     describe(n, shown));
@@ -949,12 +919,13 @@ static int load_principal(struct loader *ld, const yaml_node_t *n, struct gw_con
     for (i = 0; i < COUNT(keys); i++) {
         if (v[i] != NULL) {
             given++;
-            if (line_of(v[i]) > last_line)
-                last_line = line_of(v[i]);
+            if (strict_yaml_line(v[i]) > last_line)
+                last_line = strict_yaml_line(v[i]);
         }
     }
     if (given == 0)
-        return fail(ld, line_of(n), "principal: expected one of header, authorization or jwt");
+        return fail(ld, strict_yaml_line(n),
+                    "principal: expected one of header, authorization or jwt");
     if (given > 1)
         return fail(ld, last_line, "principal: give only one of header, authorization and jwt");
     if (v[HEADER] != NULL) {
@@ -962,7 +933,7 @@ static int load_principal(struct loader *ld, const yaml_node_t *n, struct gw_con
             return -1;
         /* A raw credential must not become a scope, stored in clear in every record. */
         if (ascii_caseeq(s, "Authorization"))
-            return fail(ld, line_of(v[HEADER]),
+            return fail(ld, strict_yaml_line(v[HEADER]),
                         "principal.header: Authorization holds a "
                         "credential; use principal.authorization: sha256, "
                         "which keys on its SHA-256");
@@ -972,7 +943,7 @@ static int load_principal(struct loader *ld, const yaml_node_t *n, struct gw_con
         if (want_text(ld, v[AUTHORIZATION], "principal.authorization", "sha256", &s) != 0)
             return -1;
         if (strcmp(s, "sha256") != 0)
-            return fail(ld, line_of(v[AUTHORIZATION]),
+            return fail(ld, strict_yaml_line(v[AUTHORIZATION]),
                         "principal.authorization: expected sha256 "
                         "(the only digest offered), not %s",
                         describe(v[AUTHORIZATION], shown));
@@ -1025,7 +996,7 @@ static int load_limits(struct loader *ld, const yaml_node_t *map, struct gw_conf
             if (strncmp(why, "--", 2) == 0 && strncmp(why + 2, limit_flags[i], flag_len) == 0 &&
                 why[2 + flag_len] == ' ')
                 sentence = why + 3 + flag_len;
-            return fail(ld, line_of(v[i]), "%s: %s", path, sentence);
+            return fail(ld, strict_yaml_line(v[i]), "%s: %s", path, sentence);
         }
     }
     return 0;
@@ -1084,7 +1055,7 @@ static int check_template(struct loader *ld, const yaml_node_t *n, const char *w
     size_t len, prev_len;
 
     if (path[0] != '/')
-        return fail(ld, line_of(n), "%s: the path must start with '/'", where);
+        return fail(ld, strict_yaml_line(n), "%s: the path must start with '/'", where);
     while (*seg == '/') {
         seg++;
         *w++ = '/';
@@ -1092,13 +1063,13 @@ static int check_template(struct loader *ld, const yaml_node_t *n, const char *w
         /* Requests are matched with "//", a trailing '/' and dot segments resolved (route.c). */
         if ((len == 0 && strcmp(path, "/") != 0) || (len == 1 && seg[0] == '.') ||
             (len == 2 && seg[0] == '.' && seg[1] == '.'))
-            return fail(ld, line_of(n),
+            return fail(ld, strict_yaml_line(n),
                         "%s: \"%.*s\" has an empty, \".\" or \"..\" segment; request paths are "
                         "matched with those resolved, so write the path without them",
                         where, EXCERPT, path);
         if (memchr(seg, '{', len) != NULL || memchr(seg, '}', len) != NULL) {
             if (len < 3 || seg[0] != '{' || seg[len - 1] != '}' || !is_param_name(seg + 1, len - 2))
-                return fail(ld, line_of(n),
+                return fail(ld, strict_yaml_line(n),
                             "%s: a path parameter is a whole segment {name} with "
                             "name [A-Za-z_][A-Za-z0-9_]*, not \"%.*s\"",
                             where, (int)(len > EXCERPT ? EXCERPT : len), seg);
@@ -1106,18 +1077,18 @@ static int check_template(struct loader *ld, const yaml_node_t *n, const char *w
             for (prev = path; prev < seg - 1; prev += 1 + prev_len) {
                 prev_len = strcspn(prev + 1, "/");
                 if (prev_len == len && memcmp(prev + 1, seg, len) == 0)
-                    return fail(ld, line_of(n), "%s: the parameter %.*s appears twice", where,
-                                (int)len, seg);
+                    return fail(ld, strict_yaml_line(n), "%s: the parameter %.*s appears twice",
+                                where, (int)len, seg);
             }
             memcpy(w, "{}", 2);
             w += 2;
         } else {
             for (p = seg; p < seg + len; p++) {
                 if (*p == '?')
-                    return fail(ld, line_of(n), "%s: no query string ('?') in a route's path",
-                                where);
+                    return fail(ld, strict_yaml_line(n),
+                                "%s: no query string ('?') in a route's path", where);
                 if (!is_pchar(*p) || (*p == '%' && (hex_value(p[1]) < 0 || hex_value(p[2]) < 0)))
-                    return fail(ld, line_of(n),
+                    return fail(ld, strict_yaml_line(n),
                                 "%s: byte 0x%02x is not allowed in a path "
                                 "(RFC 3986: letters, digits, -._~!$&'()*+,;=:@ "
                                 "and %%XX)",
@@ -1147,11 +1118,11 @@ static int load_match(struct loader *ld, const yaml_node_t *n, const char *path,
     if (want_text(ld, n, path, what, &s) != 0)
         return -1;
     if (strlen(s) > MAX_MATCH_LEN)
-        return fail(ld, line_of(n), "%s: longer than %d bytes", path, MAX_MATCH_LEN);
+        return fail(ld, strict_yaml_line(n), "%s: longer than %d bytes", path, MAX_MATCH_LEN);
     sp = strchr(s, ' ');
     mlen = sp != NULL ? (size_t)(sp - s) : 0;
     if (sp == NULL || mlen == 0 || strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZ") != mlen)
-        return fail(ld, line_of(n),
+        return fail(ld, strict_yaml_line(n),
                     "%s: expected %s (an upper-case method, a space, the path), "
                     "not %s",
                     path, what, describe(n, shown));
@@ -1163,13 +1134,13 @@ static int load_match(struct loader *ld, const yaml_node_t *n, const char *path,
         return -1;
     for (i = 0; i < index; i++) {
         if (strcmp(ld->seen[i].shape, shape) == 0)
-            return fail(ld, line_of(n),
+            return fail(ld, strict_yaml_line(n),
                         "%s: \"%s\" is the same route as routes[%zu] at line %d "
                         "(parameters match any segment, and paths match ignoring case)",
                         path, excerpt(s, shown), i, ld->seen[i].match_line);
     }
     ld->seen[index].shape = xstrdup(shape);
-    ld->seen[index].match_line = line_of(n);
+    ld->seen[index].match_line = strict_yaml_line(n);
     return 0;
 }
 
@@ -1187,17 +1158,18 @@ static int load_operation(struct loader *ld, const yaml_node_t *n, const char *p
     len = strlen(s);
     if (len == 0 || len > MAX_OPERATION_LEN ||
         strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != len)
-        return fail(ld, line_of(n), "%s: expected %s, not %s", path, what, describe(n, shown));
+        return fail(ld, strict_yaml_line(n), "%s: expected %s, not %s", path, what,
+                    describe(n, shown));
     /* The operation is the scope's middle part: two routes sharing it would share records. */
     for (i = 0; i < index; i++) {
         if (strcmp(cfg->routes[i].operation, s) == 0)
-            return fail(ld, line_of(n),
+            return fail(ld, strict_yaml_line(n),
                         "%s: \"%s\" is already the operation of routes[%zu] at "
                         "line %d; each route needs its own",
                         path, s, i, ld->seen[i].operation_line);
     }
     cfg->routes[index].operation = xstrdup(s);
-    ld->seen[index].operation_line = line_of(n);
+    ld->seen[index].operation_line = strict_yaml_line(n);
     return 0;
 }
 
@@ -1218,7 +1190,9 @@ static int load_key(struct loader *ld, const yaml_node_t *map, const char *path,
     }
     if (v[HEADER] != NULL && v[BODY] != NULL)
         return fail(
-            ld, line_of(v[BODY]) > line_of(v[HEADER]) ? line_of(v[BODY]) : line_of(v[HEADER]),
+            ld,
+            strict_yaml_line(v[BODY]) > strict_yaml_line(v[HEADER]) ? strict_yaml_line(v[BODY])
+                                                                    : strict_yaml_line(v[HEADER]),
             "%s: header and body are mutually exclusive; the key comes from one place", path);
     if (v[BODY] != NULL) {
         snprintf(sub, sizeof sub, "%s.body", path);
@@ -1243,15 +1217,15 @@ static int load_fingerprint(struct loader *ld, const yaml_node_t *n, const char 
         r->fp_body = GW_FP_BODY_POINTERS;
         return want_pointers(ld, n, path, &r->fp_pointers, &r->nfp_pointers);
     }
-    if (n->type == YAML_SCALAR_NODE && strcmp(scalar(n), "body") == 0) {
+    if (n->type == YAML_SCALAR_NODE && strcmp(strict_yaml_text(n), "body") == 0) {
         r->fp_body = GW_FP_BODY_ALL;
         return 0;
     }
-    if (n->type == YAML_SCALAR_NODE && strcmp(scalar(n), "none") == 0) {
+    if (n->type == YAML_SCALAR_NODE && strcmp(strict_yaml_text(n), "none") == 0) {
         r->fp_body = GW_FP_BODY_NONE;
         return 0;
     }
-    return fail(ld, line_of(n),
+    return fail(ld, strict_yaml_line(n),
                 "%s: expected body, none or a list of JSON pointers such as "
                 "[/amount, /currency], not %s",
                 path, describe(n, shown));
@@ -1283,7 +1257,7 @@ static int load_statuses(struct loader *ld, const yaml_node_t *n, const char *pa
     int cls, k;
 
     if (n->type != YAML_SEQUENCE_NODE || nitems(n) == 0)
-        return fail(ld, line_of(n),
+        return fail(ld, strict_yaml_line(n),
                     "%s: expected a non-empty list of statuses such as [2xx, "
                     "404], not %s",
                     path, n->type == YAML_SEQUENCE_NODE ? "an empty list" : describe(n, shown));
@@ -1293,7 +1267,7 @@ static int load_statuses(struct loader *ld, const yaml_node_t *n, const char *pa
 
         snprintf(item_path, sizeof item_path, "%s[%zu]", path, i);
         if (item == NULL)
-            return fail(ld, line_of(n), "malformed YAML document");
+            return fail(ld, strict_yaml_line(n), "malformed YAML document");
         if (want_text(ld, item, item_path, what, &s) != 0)
             return -1;
         if (strlen(s) == 3 && s[0] >= '1' && s[0] <= '9' && (s[1] == 'x' || s[1] == 'X') &&
@@ -1302,21 +1276,21 @@ static int load_statuses(struct loader *ld, const yaml_node_t *n, const char *pa
             if (cls == 5)
                 goto no_5xx;
             if (cls > 5)
-                return fail(ld, line_of(item), "%s: expected %s, not %s", item_path, what,
+                return fail(ld, strict_yaml_line(item), "%s: expected %s, not %s", item_path, what,
                             describe(item, shown));
             for (k = cls * 100; k < cls * 100 + 100; k++)
                 r->store_status[k] = 1;
             continue;
         }
         if (parse_int64(s, 100, GW_STATUS_LIMIT - 1, &status) != 0)
-            return fail(ld, line_of(item), "%s: expected %s, not %s", item_path, what,
+            return fail(ld, strict_yaml_line(item), "%s: expected %s, not %s", item_path, what,
                         describe(item, shown));
         if (status >= 500)
             goto no_5xx;
         r->store_status[status] = 1;
         continue;
     no_5xx:
-        return fail(ld, line_of(item),
+        return fail(ld, strict_yaml_line(item),
                     "%s: 5xx answers are never stored: a retry must be able "
                     "to run again",
                     item_path);
@@ -1339,7 +1313,7 @@ static int load_header_names(struct loader *ld, const yaml_node_t *n, const char
     const char *s, *why;
 
     if (n->type != YAML_SEQUENCE_NODE || nitems(n) > MAX_STORE_HEADERS)
-        return fail(ld, line_of(n),
+        return fail(ld, strict_yaml_line(n),
                     "%s: expected a list of at most %d header names such as %s, not %s", path,
                     MAX_STORE_HEADERS, example,
                     n->type == YAML_SEQUENCE_NODE ? "a longer list" : describe(n, shown));
@@ -1349,14 +1323,14 @@ static int load_header_names(struct loader *ld, const yaml_node_t *n, const char
 
         snprintf(item_path, sizeof item_path, "%s[%zu]", path, i);
         if (item == NULL)
-            return fail(ld, line_of(n), "malformed YAML document");
+            return fail(ld, strict_yaml_line(n), "malformed YAML document");
         if (want_header_name(ld, item, item_path, &s) != 0)
             return -1;
         if (refused && (why = refused(s, buf, sizeof buf)) != NULL)
-            return fail(ld, line_of(item), "%s: %s", item_path, why);
+            return fail(ld, strict_yaml_line(item), "%s: %s", item_path, why);
         for (size_t j = 0; j < i; j++) {
             if (ascii_caseeq(s, (*names)[j]))
-                return fail(ld, line_of(item), "%s: %s is listed twice", item_path, s);
+                return fail(ld, strict_yaml_line(item), "%s: %s is listed twice", item_path, s);
         }
         (*names)[(*count)++] = xstrdup(s);
     }
@@ -1430,7 +1404,7 @@ static int load_reconcile(struct loader *ld, const yaml_node_t *n, const char *p
     if (want_text(ld, n, path, what, &s) != 0)
         return -1;
     if (strncmp(s, "GET /", 5) != 0)
-        return fail(ld, line_of(n),
+        return fail(ld, strict_yaml_line(n),
                     "%s: expected %s (the upstream answers it 2xx when the request "
                     "was done, 404 when not), not %s",
                     path, what, describe(n, shown));
@@ -1438,20 +1412,21 @@ static int load_reconcile(struct loader *ld, const yaml_node_t *n, const char *p
         if (*p == '{') {
             close = p + 1 + strcspn(p + 1, "{}");
             if (*close != '}')
-                return fail(ld, line_of(n), "%s: a '{' without its '}'", path);
+                return fail(ld, strict_yaml_line(n), "%s: a '{' without its '}'", path);
             len = (size_t)(close - p - 1);
             if (!(len == 3 && memcmp(p + 1, "key", 3) == 0) &&
                 !(is_param_name(p + 1, len) && has_param(r->path, p + 1, len)))
-                return fail(ld, line_of(n), "%s: {%.*s} is neither {key} nor a parameter of %s",
-                            path, (int)(len > EXCERPT ? EXCERPT : len), p + 1,
-                            excerpt(r->path, shown));
+                return fail(ld, strict_yaml_line(n),
+                            "%s: {%.*s} is neither {key} nor a parameter of %s", path,
+                            (int)(len > EXCERPT ? EXCERPT : len), p + 1, excerpt(r->path, shown));
             p = close;
             continue;
         }
         if (*p == '}')
-            return fail(ld, line_of(n), "%s: a '}' without its '{'", path);
+            return fail(ld, strict_yaml_line(n), "%s: a '}' without its '{'", path);
         if ((unsigned char)*p <= 0x20 || (unsigned char)*p >= 0x7f || *p == '#')
-            return fail(ld, line_of(n), "%s: byte 0x%02x is not allowed; percent-encode it", path,
+            return fail(ld, strict_yaml_line(n),
+                        "%s: byte 0x%02x is not allowed; percent-encode it", path,
                         (unsigned)(unsigned char)*p);
     }
     r->unknown = GW_UNKNOWN_RECONCILE;
@@ -1478,16 +1453,17 @@ static int load_on_unknown(struct loader *ld, const yaml_node_t *n, const char *
         snprintf(sub, sizeof sub, "%s.reconcile", path);
         return load_reconcile(ld, v[0], sub, r);
     }
-    if (n->type == YAML_SCALAR_NODE && strcmp(scalar(n), "hold") == 0) {
+    if (n->type == YAML_SCALAR_NODE && strcmp(strict_yaml_text(n), "hold") == 0) {
         r->unknown = GW_UNKNOWN_HOLD;
         return 0;
     }
-    if (n->type == YAML_SCALAR_NODE && strcmp(scalar(n), "resend") == 0) {
+    if (n->type == YAML_SCALAR_NODE && strcmp(strict_yaml_text(n), "resend") == 0) {
         r->unknown = GW_UNKNOWN_RESEND;
         return 0;
     }
-    return fail(ld, line_of(n), "%s: expected hold, resend or {reconcile: \"GET /path\"}, not %s",
-                path, describe(n, shown));
+    return fail(ld, strict_yaml_line(n),
+                "%s: expected hold, resend or {reconcile: \"GET /path\"}, not %s", path,
+                describe(n, shown));
 }
 
 static int load_route(struct loader *ld, const yaml_node_t *map, struct gw_config *cfg,
@@ -1521,7 +1497,7 @@ static int load_route(struct loader *ld, const yaml_node_t *map, struct gw_confi
     size_t i;
 
     snprintf(where, sizeof where, "routes[%zu]", index);
-    r->line = line_of(map);
+    r->line = strict_yaml_line(map);
     r->key_required = 1;
     r->key_source = GW_KEY_HEADER;
     r->fp_body = GW_FP_BODY_ALL;
@@ -1574,7 +1550,7 @@ static int load_route(struct loader *ld, const yaml_node_t *map, struct gw_confi
         if (r->lease_ms <= cfg->upstream_timeout_ms) {
             fmt_duration(r->lease_ms, a, sizeof a);
             fmt_duration(cfg->upstream_timeout_ms, b, sizeof b);
-            return fail(ld, line_of(v[LEASE]),
+            return fail(ld, strict_yaml_line(v[LEASE]),
                         "%s: %s is not longer than upstream.timeout (%s): "
                         "the lease must outlive the upstream timeout",
                         path, a, b);
@@ -1625,7 +1601,7 @@ static int load_route(struct loader *ld, const yaml_node_t *map, struct gw_confi
         if ((size_t)x > cfg->max_response_bytes) {
             fmt_size(x, a, sizeof a);
             fmt_size((int64_t)cfg->max_response_bytes, b, sizeof b);
-            return fail(ld, line_of(v[MAX_STORED_BODY]),
+            return fail(ld, strict_yaml_line(v[MAX_STORED_BODY]),
                         "%s: %s is more than "
                         "upstream.max_response_size (%s)",
                         path, a, b);
@@ -1646,13 +1622,13 @@ static int load_routes(struct loader *ld, const yaml_node_t *n, int have_princip
     size_t i, count;
 
     if (n->type != YAML_SEQUENCE_NODE)
-        return fail(ld, line_of(n), "routes: expected a list of routes (- match: ...), not %s",
-                    describe(n, shown));
+        return fail(ld, strict_yaml_line(n),
+                    "routes: expected a list of routes (- match: ...), not %s", describe(n, shown));
     count = nitems(n);
     if (count > MAX_ROUTES)
-        return fail(ld, line_of(n), "routes: %zu routes; at most %d", count, MAX_ROUTES);
+        return fail(ld, strict_yaml_line(n), "routes: %zu routes; at most %d", count, MAX_ROUTES);
     if (count > 0 && !have_principal)
-        return fail(ld, line_of(n),
+        return fail(ld, strict_yaml_line(n),
                     "routes need a principal (the first part of every scope): "
                     "add principal.header, principal.authorization or "
                     "principal.jwt");
@@ -1664,7 +1640,7 @@ static int load_routes(struct loader *ld, const yaml_node_t *n, int have_princip
         yaml_node_t *item = item_at(ld, n, i);
 
         if (item == NULL)
-            return fail(ld, line_of(n), "malformed YAML document");
+            return fail(ld, strict_yaml_line(n), "malformed YAML document");
         if (load_route(ld, item, cfg, i) != 0)
             return -1;
     }
@@ -1676,14 +1652,14 @@ static int load_routes(struct loader *ld, const yaml_node_t *n, int have_princip
 static int load_error_format(struct loader *ld, const yaml_node_t *n, struct gw_config *cfg)
 {
     char shown[EXCERPT + 8];
-    const char *s = n->type == YAML_SCALAR_NODE ? scalar(n) : "";
+    const char *s = n->type == YAML_SCALAR_NODE ? strict_yaml_text(n) : "";
 
     if (strcmp(s, "problem") == 0)
         cfg->error_format = GW_ERRORS_PROBLEM;
     else if (strcmp(s, "stripe") == 0)
         cfg->error_format = GW_ERRORS_STRIPE;
     else
-        return fail(ld, line_of(n), "error_format: expected problem or stripe, not %s",
+        return fail(ld, strict_yaml_line(n), "error_format: expected problem or stripe, not %s",
                     describe(n, shown));
     return 0;
 }
@@ -1701,7 +1677,7 @@ static int load_instance(struct loader *ld, const yaml_node_t *n, struct gw_conf
     len = strlen(s);
     if (len == 0 || len > 64 ||
         strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != len)
-        return fail(ld, line_of(n), "instance: expected %s (at most 64), not %s", what,
+        return fail(ld, strict_yaml_line(n), "instance: expected %s (at most 64), not %s", what,
                     describe(n, shown));
     cfg->instance = xstrdup(s);
     return 0;
@@ -1732,7 +1708,7 @@ static int load_document(struct loader *ld, struct gw_config *cfg)
     yaml_node_t *v[COUNT(keys)];
     int64_t x = 0;
 
-    if (root == NULL || is_null(root))
+    if (root == NULL || strict_yaml_is_null(root))
         return fail(ld, 1, "empty config; expected a mapping with at least upstream");
     if (collect(ld, root, "", keys, COUNT(keys), v) != 0)
         return -1;
@@ -1780,71 +1756,14 @@ static int load_document(struct loader *ld, struct gw_config *cfg)
     return 0;
 }
 
-/*
- * The pass over libyaml's events that refuses what its document loader would accept: aliases, a
- * second document, hostile nesting.  Syntax errors surface here first.
- */
-static int prescan(struct loader *ld, const char *text, size_t len)
-{
-    yaml_parser_t parser;
-    yaml_event_t ev;
-    int depth = 0, documents = 0, rc = -1, bad, done = 0;
-    char shown[EXCERPT + 4];
-
-    if (!yaml_parser_initialize(&parser))
-        die("out of memory");
-    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
-    while (!done) {
-        if (!yaml_parser_parse(&parser, &ev)) {
-            syntax_error(ld, &parser, text, len);
-            goto out;
-        }
-        bad = 0;
-        switch (ev.type) {
-        case YAML_ALIAS_EVENT:
-            bad = fail(ld, (int)ev.start_mark.line + 1,
-                       "aliases (*%s) are not supported; write the value out",
-                       excerpt((const char *)ev.data.alias.anchor, shown));
-            break;
-        case YAML_DOCUMENT_START_EVENT:
-            if (++documents > 1)
-                bad = fail(ld, (int)ev.start_mark.line + 1,
-                           "a second YAML document; the config is one document");
-            break;
-        case YAML_SEQUENCE_START_EVENT:
-        case YAML_MAPPING_START_EVENT:
-            if (++depth > MAX_DEPTH)
-                bad = fail(ld, (int)ev.start_mark.line + 1,
-                           "nested deeper than %d levels; a config needs 5", MAX_DEPTH);
-            break;
-        case YAML_SEQUENCE_END_EVENT:
-        case YAML_MAPPING_END_EVENT:
-            depth--;
-            break;
-        case YAML_STREAM_END_EVENT:
-            done = 1;
-            break;
-        default:
-            break;
-        }
-        yaml_event_delete(&ev);
-        if (bad)
-            goto out;
-    }
-    rc = 0;
-out:
-    yaml_parser_delete(&parser);
-    return rc;
-}
-
 int gw_config_parse(const char *name, const char *text, size_t len, struct gw_config **out,
                     char *err, size_t errlen)
 {
     struct loader ld;
-    yaml_parser_t parser;
+    struct strict_yaml_refusal why;
     yaml_document_t doc;
     struct gw_config *cfg = NULL;
-    int parser_ready = 0, doc_ready = 0, rc = -1;
+    int doc_ready = 0, rc = -1;
     size_t i;
 
     memset(&ld, 0, sizeof ld);
@@ -1860,14 +1779,8 @@ int gw_config_parse(const char *name, const char *text, size_t len, struct gw_co
         fail(&ld, 0, "larger than 1MiB; a gateway config is a few KiB");
         goto out;
     }
-    if (prescan(&ld, text, len) != 0)
-        goto out;
-    if (!yaml_parser_initialize(&parser))
-        die("out of memory");
-    parser_ready = 1;
-    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
-    if (!yaml_parser_load(&parser, &doc)) {
-        syntax_error(&ld, &parser, text, len);
+    if (strict_yaml_load(text, len, MAX_DEPTH, &doc, &why) != 0) {
+        fail(&ld, why.line, "%s", why.text);
         goto out;
     }
     doc_ready = 1;
@@ -1886,8 +1799,6 @@ out:
     free(ld.seen);
     if (doc_ready)
         yaml_document_delete(&doc);
-    if (parser_ready)
-        yaml_parser_delete(&parser);
     return rc;
 }
 

@@ -1,6 +1,6 @@
 /*
- * flag_file.c - long options from a flat YAML mapping (flag_file.h).  libyaml's event parser is
- * enough for a mapping of scalars, and lets each refusal name the line it is about.
+ * flag_file.c - long options from a flat YAML mapping (flag_file.h), loaded by the programs' one
+ * strict YAML reader (strict_yaml.c): each refusal names the line it is about.
  */
 #include "flag_file.h"
 
@@ -12,6 +12,7 @@
 #include <yaml.h>
 
 #include "strbuf.h"
+#include "strict_yaml.h"
 #include "util.h"
 #include "banned.h"
 
@@ -47,102 +48,101 @@ void flag_file_free(char **args, int nargs)
     free(args);
 }
 
+/* A flag file is a few lines; a larger one is not one. */
+#define FLAG_FILE_MAX_BYTES ((size_t)1 << 20)
+/* The mapping and a value, and room to say "a value, not a list" of a nested one. */
+#define FLAG_FILE_MAX_DEPTH 4
+
+/* The whole file, NUL-terminated (new), or NULL with errno set (EFBIG: over the cap). */
+static char *read_whole(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    struct strbuf sb = STRBUF_INIT;
+    char chunk[4096];
+    size_t n;
+    int e;
+
+    if (f == NULL)
+        return NULL;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0 && sb.len <= FLAG_FILE_MAX_BYTES)
+        strbuf_add(&sb, chunk, n);
+    e = ferror(f) ? EIO : sb.len > FLAG_FILE_MAX_BYTES ? EFBIG : 0;
+    fclose(f);
+    if (e != 0) {
+        strbuf_release(&sb);
+        errno = e;
+        return NULL;
+    }
+    strbuf_addch(&sb, '\0');
+    sb.len--;
+    return strbuf_detach(&sb, len);
+}
+
+/* The "--name=value" of each pair of mapping `root`, in order, or -1 with `err` set. */
+static int read_options(yaml_document_t *doc, const yaml_node_t *root, const char *path,
+                        const struct option *known, const char *exclude, char ***args, int *nargs,
+                        char *err, size_t errlen)
+{
+    const yaml_node_pair_t *pair;
+
+    if (root->type != YAML_MAPPING_NODE)
+        return failed(err, errlen, path, (size_t)strict_yaml_line(root),
+                      "a mapping of option names to values is expected%s", "");
+    for (pair = root->data.mapping.pairs.start; pair < root->data.mapping.pairs.top; pair++) {
+        const yaml_node_t *k = yaml_document_get_node(doc, pair->key);
+        const yaml_node_t *v = yaml_document_get_node(doc, pair->value);
+        struct strbuf arg = STRBUF_INIT;
+        const char *name;
+
+        if (k == NULL || v == NULL || k->type != YAML_SCALAR_NODE)
+            return failed(err, errlen, path, (size_t)strict_yaml_line(k ? k : root),
+                          "a mapping of option names to values is expected%s", "");
+        name = strict_yaml_text(k);
+        if (!known_option(known, exclude, name))
+            return failed(err, errlen, path, (size_t)strict_yaml_line(k), "unknown option '%s'",
+                          name);
+        for (int i = 0; i < *nargs; i++) {
+            size_t len = strlen(name);
+            if (strncmp((*args)[i] + 2, name, len) == 0 && (*args)[i][2 + len] == '=')
+                return failed(err, errlen, path, (size_t)strict_yaml_line(k), "'%s' is given twice",
+                              name);
+        }
+        if (v->type != YAML_SCALAR_NODE)
+            return failed(err, errlen, path, (size_t)strict_yaml_line(v),
+                          "%s: a value, not a list or a mapping", name);
+        strbuf_addf(&arg, "--%s=%s", name, strict_yaml_text(v));
+        *args = xrealloc(*args, (size_t)(*nargs + 1) * sizeof **args);
+        (*args)[(*nargs)++] = strbuf_detach(&arg, NULL);
+    }
+    return 0;
+}
+
 int flag_file_load(const char *path, const struct option *known, const char *exclude, char ***args,
                    int *nargs, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    yaml_parser_t parser;
-    yaml_event_t ev;
+    struct strict_yaml_refusal why;
+    yaml_document_t doc;
+    const yaml_node_t *root;
     char **out = NULL;
-    int n = 0, depth = 0, rc = 0, done = 0;
-    char *key = NULL; /* the name waiting for its value */
-    size_t key_line = 0;
+    size_t len = 0;
+    char *text = read_whole(path, &len);
+    int n = 0, rc = 0;
 
     *args = NULL;
     *nargs = 0;
-    if (f == NULL)
-        return failed(err, errlen, path, 0, "cannot read it: %s", strerror(errno));
-    if (!yaml_parser_initialize(&parser))
-        die("libyaml: out of memory");
-    yaml_parser_set_input_file(&parser, f);
-    while (rc == 0 && !done) {
-        size_t line;
-
-        if (!yaml_parser_parse(&parser, &ev)) {
-            rc = failed(err, errlen, path, parser.problem_mark.line + 1, "not YAML: %s",
-                        parser.problem ? parser.problem : "a syntax error");
-            break;
-        }
-        line = ev.start_mark.line + 1;
-        switch (ev.type) {
-        case YAML_STREAM_END_EVENT:
-            done = 1;
-            break;
-        case YAML_DOCUMENT_START_EVENT:
-            if (depth < 0)
-                rc = failed(err, errlen, path, line, "one document only%s", "");
-            break;
-        case YAML_DOCUMENT_END_EVENT:
-            depth = -1; /* a second document is refused at its start */
-            break;
-        case YAML_MAPPING_START_EVENT:
-        case YAML_SEQUENCE_START_EVENT:
-            if (depth == 0 && ev.type == YAML_MAPPING_START_EVENT)
-                depth = 1;
-            else if (key != NULL)
-                rc = failed(err, errlen, path, line, "%s: a value, not a list or a mapping", key);
-            else
-                rc = failed(err, errlen, path, line,
-                            "a mapping of option names to values is expected%s", "");
-            break;
-        case YAML_MAPPING_END_EVENT:
-            depth = 0;
-            break;
-        case YAML_ALIAS_EVENT:
-            rc = failed(err, errlen, path, line, "aliases (*%s) are not supported",
-                        (const char *)ev.data.alias.anchor);
-            break;
-        case YAML_SCALAR_EVENT: {
-            const char *text = (const char *)ev.data.scalar.value;
-            if (depth != 1) {
-                /* A document that is one empty scalar is an empty file with a comment. */
-                if (depth == 0 && ev.data.scalar.length == 0 && ev.data.scalar.plain_implicit)
-                    break;
-                rc = failed(err, errlen, path, line,
-                            "a mapping of option names to values is expected%s", "");
-            } else if (key == NULL) {
-                if (!known_option(known, exclude, text)) {
-                    rc = failed(err, errlen, path, line, "unknown option '%s'", text);
-                    break;
-                }
-                for (int i = 0; i < n; i++) {
-                    size_t len = strlen(text);
-                    if (strncmp(out[i] + 2, text, len) == 0 && out[i][2 + len] == '=')
-                        rc = failed(err, errlen, path, line, "'%s' is given twice", text);
-                }
-                key = xstrdup(text);
-                key_line = line;
-            } else {
-                struct strbuf arg = STRBUF_INIT;
-                size_t len = 0;
-                strbuf_addf(&arg, "--%s=%s", key, text);
-                out = xrealloc(out, (size_t)(n + 1) * sizeof *out);
-                out[n++] = strbuf_detach(&arg, &len);
-                free(key);
-                key = NULL;
-            }
-            break;
-        }
-        default:
-            break;
-        }
-        yaml_event_delete(&ev);
+    if (text == NULL)
+        return failed(err, errlen, path, 0, "cannot read it: %s",
+                      errno == EFBIG ? "larger than 1 MiB" : strerror(errno));
+    if (strict_yaml_load(text, len, FLAG_FILE_MAX_DEPTH, &doc, &why) != 0) {
+        free(text);
+        return failed(err, errlen, path, (size_t)why.line, "%s", why.text);
     }
-    if (rc == 0 && key != NULL)
-        rc = failed(err, errlen, path, key_line, "%s has no value", key);
-    free(key);
-    yaml_parser_delete(&parser);
-    fclose(f);
+    root = yaml_document_get_root_node(&doc);
+    /* No root: an empty file, or only comments.  So is one empty plain scalar. */
+    if (root != NULL && !(root->type == YAML_SCALAR_NODE && strict_yaml_is_null(root)))
+        rc = read_options(&doc, root, path, known, exclude, &out, &n, err, errlen);
+    yaml_document_delete(&doc);
+    free(text);
     if (rc != 0) {
         flag_file_free(out, n);
         return -1;

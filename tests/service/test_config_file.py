@@ -60,7 +60,9 @@ def test_mistakes_in_the_file_are_refused_with_file_and_line(_):
         ("help: yes\n", ":1: unknown option 'help'"),
         ("config: other.conf\n", ":1: unknown option 'config'"),
         ("lease-ms: &a 5\nwait-ms: *a\n", ":2: aliases (*a) are not supported"),
-        ("listen: \"127.0.0.1\n", "not YAML"),
+        ("listen: \"127.0.0.1\n", "invalid YAML"),
+        ("listen: 127.0.0.1:0\n---\nwait-ms: 5\n", ":2: a second YAML document"),
+        ("db-pool: [[[[[1]]]]]\n", ":1: nested deeper than 4 levels"),
         ("db-pool: 0\n", "--db-pool must be an integer from 1 to 1024, not '0'"),
     ]
     for text, want in cases:
