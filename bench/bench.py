@@ -19,7 +19,6 @@ Environment: IDEM_TEST_PG_URI / IDEM_TEST_PG_BIN (set by with_pg.sh): without th
 PostgreSQL columns say "not measured".  BENCH_KEEP=1 keeps the temp directory (logs, databases).
 """
 
-import argparse
 import datetime
 import http.client
 import json
@@ -30,7 +29,6 @@ import resource
 import select
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -39,6 +37,20 @@ import threading
 import time
 import urllib.parse
 import uuid
+
+# The parts the three benchmarks share (gateway_bench.py and peers_bench.py reach them as B.<name>
+# too): processes, HTTP and /metrics, PostgreSQL, /proc, the numbers' print.
+from bench_fmt import fmt_ms, fmt_rate, fmt_ratio  # noqa: F401
+from bench_http import (created, http_call, metric, metrics, metrics_or_none,  # noqa: F401
+                        order_headers, split_url, wrk_result)
+from bench_pg import PgWaitSampler, pg_bin, pg_uri_with_db, pg_wal_stats, psql  # noqa: F401
+from bench_proc_stats import (MIB, TidWatcher, busy_share, child_pids, cpu_busy,  # noqa: F401
+                              cpu_seconds, fd_count, machine_cpu, parse_trace_summary,
+                              read_loadavg, read_status, smaps_breakdown, tree_cpu_seconds,
+                              voluntary_switches)
+from bench_procs import (LISTEN_RE, NGINX_WORKERS, BenchError, Proc, arg_parser,  # noqa: F401
+                         free_port, parse_args, raise_nofile, run_to_end, say, stop_perf,
+                         write_nginx_conf)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -58,10 +70,8 @@ SLOW_ATTACKERS = 1000
 SLOW_SOURCES = ["127.0.0.%d" % i for i in range(2, 10)]  # 125 each, under the cap of 256
 SLOW_LEGIT_CONNECTIONS = 4
 SLOW_TRICKLE_S = 1.0
-NGINX_WORKERS = 2
 NOFILE_WANT = 65536
 DEADLINE_S = 1800  # a hard stop for the whole run, far above its expected ~6 minutes
-MIB = 1024 * 1024
 
 # Issue 13's targets.
 T_FRESH_SHARE = 0.30    # S1 on SQLite ÷ static ceiling
@@ -84,246 +94,8 @@ I7_ON_OFF_P50 = 1.10
 T_SPREAD_ON_OFF_P50 = 1.10
 SPREAD_PRODUCTS = 1000
 
-LISTEN_RE = re.compile(r"listening on (http://[0-9.]+:\d+)")
-
-
-class BenchError(Exception):
-    """A step that could not run; the message says which and why."""
-
-
-def say(msg):
-    print("bench: " + msg, flush=True)
-
-
-def run_to_end(b, deadline_s, first=None):
-    """Runs bench `b` (after `first()`, if given) within `deadline_s` seconds (SIGALRM; SIGTERM
-    ends it too), always cleaning up after it; the exit status: 0, 1 (failed), 130 (interrupted).
-    bench.py, gateway_bench.py and peers_bench.py end so."""
-    def on_signal(signum, frame):
-        raise KeyboardInterrupt("signal %d" % signum)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGALRM, on_signal)
-    signal.alarm(deadline_s)
-    try:
-        if first is not None:
-            first()
-        b.run()
-    except BenchError as e:
-        say("failed: %s" % e)
-        return 1
-    except KeyboardInterrupt as e:
-        say("interrupted (%s)" % e)
-        return 130
-    finally:
-        signal.alarm(0)
-        b.cleanup()
-    return 0
-
-
-# ---- processes --------------------------------------------------------------------------------
-
-class Proc:
-    """A server this run started: stopped by its PID, and only that PID."""
-
-    def __init__(self, name, cmd, logpath, env=None):
-        self.name = name
-        self.cmd = cmd
-        self.logpath = logpath
-        self.log = open(logpath, "wb")
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, env=env,
-                                  stdin=subprocess.DEVNULL)
-        self.url = None
-
-    @property
-    def pid(self):
-        return self.p.pid
-
-    def wait_listening(self, timeout=20.0):
-        """Reads the one "listening on URL" line the servers print on stdout."""
-        deadline = time.monotonic() + timeout
-        buf = b""
-        while time.monotonic() < deadline:
-            r, _, _ = select.select([self.p.stdout], [], [], 0.2)
-            if r:
-                chunk = os.read(self.p.stdout.fileno(), 4096)
-                if not chunk:
-                    break
-                buf += chunk
-                m = LISTEN_RE.search(buf.decode("utf-8", "replace"))
-                if m:
-                    self.url = m.group(1)
-                    return self.url
-            elif self.p.poll() is not None:
-                break
-        self.stop()
-        raise BenchError("%s did not start: %s" % (self.name, self.tail()))
-
-    def wait_port(self, port, timeout=20.0):
-        """For a server that prints nothing (nginx): waits until 127.0.0.1:port accepts."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.p.poll() is not None:
-                break
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
-                self.url = "http://127.0.0.1:%d" % port
-                return self.url
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise BenchError("%s did not start: %s" % (self.name, self.tail()))
-
-    def tail(self, n=5):
-        try:
-            with open(self.logpath, "rb") as f:
-                lines = f.read().decode("utf-8", "replace").splitlines()
-            return " | ".join(lines[-n:]) or "(no log)"
-        except OSError:
-            return "(no log)"
-
-    def stop(self):
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(20)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait(5)
-        if self.p.stdout:
-            self.p.stdout.close()
-        self.log.close()
-
-
-# ---- HTTP -------------------------------------------------------------------------------------
-
-def write_nginx_conf(d, comment, http_rest):
-    """
-    Writes d/nginx.conf for a bench run: NGINX_WORKERS workers, logs and temp paths under `d`
-    (made, readable by nginx's workers), access log off, long keep-alive, then `http_rest` inside
-    the http block (the servers).  Returns (conf, d).
-    """
-    for sub in ("", "logs", "tmp"):
-        os.makedirs(os.path.join(d, sub), exist_ok=True)
-    os.chmod(d, 0o755)  # nginx's workers may run as another user; they need the tmp paths
-    conf = os.path.join(d, "nginx.conf")
-    with open(conf, "w") as f:
-        f.write("""# written by %(comment)s
-worker_processes %(workers)d;
-pid %(d)s/nginx.pid;
-error_log %(d)s/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    server_tokens off;
-    keepalive_requests 10000000;
-    keepalive_timeout 60s;
-    client_body_temp_path %(d)s/tmp/body;
-    proxy_temp_path %(d)s/tmp/proxy;
-    fastcgi_temp_path %(d)s/tmp/fastcgi;
-    uwsgi_temp_path %(d)s/tmp/uwsgi;
-    scgi_temp_path %(d)s/tmp/scgi;
-%(rest)s}
-""" % {"comment": comment, "workers": NGINX_WORKERS, "d": d, "rest": http_rest})
-    return conf, d
-
-
-def split_url(url):
-    u = urllib.parse.urlsplit(url)
-    return u.hostname, u.port
-
-
-def http_call(url, method, path, body=None, headers=None, conn=None, timeout=30):
-    """One request; returns (status, headers dict lower-cased, body bytes)."""
-    own = conn is None
-    if own:
-        host, port = split_url(url)
-        conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    try:
-        conn.request(method, path, body=body, headers=headers or {})
-        r = conn.getresponse()
-        data = r.read()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
-    finally:
-        if own:
-            conn.close()
-
-
-def order_headers(token, key):
-    return {"Authorization": "Bearer " + token, "Content-Type": "application/json",
-            "Idempotency-Key": key}
-
-
-def metrics(url):
-    """orderd's /metrics as {(name, frozenset(labels)): value}."""
-    status, _, body = http_call(url, "GET", "/metrics")
-    if status != 200:
-        raise BenchError("GET /metrics answered %d" % status)
-    out = {}
-    for line in body.decode("utf-8", "replace").splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$', line)
-        if not m:
-            continue
-        labels = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
-        try:
-            out[(m.group(1), labels)] = float(m.group(3))
-        except ValueError:
-            pass
-    return out
-
-
-def metric(samples, name, **labels):
-    want = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
-
-
-def created(samples, outcome):
-    return metric(samples, "orderd_requests_total", operation="orders.create", outcome=outcome)
-
-
-# ---- PostgreSQL -------------------------------------------------------------------------------
-
-def pg_bin(program):
-    return os.path.join(os.environ.get("IDEM_TEST_PG_BIN") or "/usr/lib/postgresql/15/bin",
-                        program)
-
-
-def psql(uri, sql, timeout=60):
-    p = subprocess.run([pg_bin("psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d",
-                        uri, "-c", sql], capture_output=True, timeout=timeout)
-    if p.returncode != 0:
-        raise BenchError("psql %r: %s" % (sql[:80], p.stderr.decode("utf-8", "replace")))
-    return p.stdout.decode("utf-8", "replace").strip()
-
-
-def pg_uri_with_db(uri, dbname):
-    u = urllib.parse.urlsplit(uri)
-    return urllib.parse.urlunsplit((u.scheme, u.netloc, "/" + dbname, u.query, u.fragment))
-
-
-def pg_wal_stats(admin_uri):
-    """Cluster-wide WAL syncs and commits so far (pg_stat_wal, pg_stat_database)."""
-    row = psql(admin_uri, "SELECT (SELECT wal_sync FROM pg_stat_wal), "
-                          "(SELECT sum(xact_commit) FROM pg_stat_database)")
-    sync, commits = row.split("|")
-    return int(sync), int(commits)
-
 
 # ---- the run ----------------------------------------------------------------------------------
-
-def fmt_rate(v):
-    return "—" if v is None else ("%.0f" % v)
-
-
-def fmt_ms(v):
-    if v is None:
-        return "—"
-    return "%.2f" % v if v < 10 else "%.1f" % v if v < 100 else "%.0f" % v
-
-
-def fmt_ratio(v):
-    return "—" if v is None else "%.2f×" % v
 
 
 class Bench:
@@ -363,6 +135,38 @@ class Bench:
         except BenchError:
             self.procs.remove(p)
             raise
+        return p
+
+    def start_gateway_route(self, name, gateway_bin, upstream_url, store_uri, principal, path,
+                            operation):
+        """
+        idem-gateway (`gateway_bin`) with one route, POST `path` as `operation`, in front of
+        `upstream_url`, its records in `store_uri`; `principal` is the one line of its principal
+        block ("header: X-Consumer-Id").  Its admin URL is p.admin.  gateway_bench.py and
+        peers_bench.py start theirs so.
+        """
+        d = os.path.join(self.tmp, name)
+        os.makedirs(d, exist_ok=True)
+        admin_port = free_port()
+        conf = os.path.join(d, "gateway.yaml")
+        with open(conf, "w") as f:
+            f.write("""# written by bench/bench.py
+listen: 127.0.0.1:0
+admin_listen: 127.0.0.1:%(admin)d
+store: %(store)s
+upstream:
+  url: %(up)s
+principal:
+  %(principal)s
+limits:
+  max_connections_per_ip: -1
+routes:
+  - match: POST %(path)s
+    operation: %(op)s
+""" % {"admin": admin_port, "store": json.dumps(store_uri), "up": upstream_url,
+                "principal": principal, "path": path, "op": operation})
+        p = self.start(name, [gateway_bin, "serve", "--config", conf])
+        p.admin = "http://127.0.0.1:%d" % admin_port
         return p
 
     def stop(self, p):
@@ -1207,12 +1011,7 @@ class Bench:
         finally:
             if pg:
                 out["pg_waits"] = pg.stop()
-            perf.send_signal(signal.SIGINT)
-            try:
-                perf.wait(180)
-            except subprocess.TimeoutExpired:
-                perf.kill()
-                perf.wait(5)
+            stop_perf(perf)
             watcher.stop()
         n = max(out.get("requests", 0), 1)
         out["cpu_us_per_req"] = out["cpu_s"] * 1e6 / n
@@ -2048,304 +1847,6 @@ unset multiplot
         self.write()
 
 
-class TidWatcher(threading.Thread):
-    """Collects the thread ids of a process while it runs (threads started meanwhile count)."""
-
-    def __init__(self, pid):
-        super().__init__(daemon=True)
-        self.pid = pid
-        self.tids = set()
-        self.halt = threading.Event()
-
-    def run(self):
-        while not self.halt.is_set():
-            try:
-                self.tids.update(int(t) for t in os.listdir("/proc/%d/task" % self.pid))
-            except OSError:
-                pass
-            self.halt.wait(0.02)
-
-    def stop(self):
-        self.halt.set()
-        if self.ident is not None:
-            self.join(5)
-
-
-class PgWaitSampler:
-    """
-    What the backends of one database are doing, sampled every 20 ms from pg_stat_activity by one
-    psql session: running, waiting on a lock, on the WAL, idle in a transaction (orderd is
-    working between two statements) or idle (waiting for orderd's next request).
-    """
-
-    QUERY = ("SELECT state, coalesce(wait_event_type, '-'), coalesce(wait_event, '-'), count(*) "
-             "FROM pg_stat_activity WHERE datname = current_database() AND pid <> "
-             "pg_backend_pid() AND backend_type = 'client backend' GROUP BY 1, 2, 3;\n"
-             "SELECT pg_sleep(0.02);\n")
-
-    def __init__(self, uri, max_samples=1500):
-        self.uri = uri
-        self.max_samples = max_samples
-        self.p = None
-
-    def start(self):
-        self.p = subprocess.Popen([pg_bin("psql"), "-X", "-q", "-A", "-t", "-d", self.uri],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL)
-        self.out = []
-        self.reader = threading.Thread(target=lambda: self.out.append(self.p.stdout.read()),
-                                       daemon=True)
-        self.reader.start()
-        self.writer = threading.Thread(target=self.feed, daemon=True)
-        self.halt = threading.Event()
-        self.writer.start()
-
-    def feed(self):
-        try:
-            for _ in range(self.max_samples):
-                if self.halt.is_set():
-                    break
-                self.p.stdin.write(self.QUERY.encode())
-                self.p.stdin.flush()
-                time.sleep(0.02)
-            self.p.stdin.close()
-        except (BrokenPipeError, ValueError):
-            pass
-
-    def stop(self):
-        """Returns {"state / wait": share of the samples}."""
-        self.halt.set()
-        self.writer.join(10)
-        try:
-            self.p.wait(20)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait(5)
-        self.reader.join(5)
-        counts = {}
-        text = b"".join(x for x in self.out if x).decode("utf-8", "replace")
-        for ln in text.splitlines():
-            parts = ln.split("|")
-            if len(parts) != 4:
-                continue
-            state, wtype, wev, n = parts
-            label = state if wtype == "-" else "%s, waiting on %s:%s" % (state, wtype, wev)
-            counts[label] = counts.get(label, 0) + int(n)
-        total = sum(counts.values()) or 1
-        return {k: v / total for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
-
-
-def parse_trace_summary(path, tids):
-    """`perf trace -s` output, summed over the threads in `tids`: {syscall: [calls, ms]}."""
-    calls = {}
-    keep = False
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for ln in f:
-                m = re.match(r"^\s*(.*) \((\d+)\), (\d+) events", ln)
-                if m:
-                    keep = int(m.group(2)) in tids
-                    continue
-                m = re.match(r"^\s+([a-z_0-9]+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s", ln)
-                if m and keep:
-                    c = calls.setdefault(m.group(1), [0, 0.0])
-                    c[0] += int(m.group(2))
-                    c[1] += float(m.group(4))
-    except OSError:
-        pass
-    return calls
-
-
-def metrics_or_none(url):
-    try:
-        return metrics(url) if url else None
-    except (OSError, BenchError, http.client.HTTPException):
-        return None
-
-
-def read_status(pid):
-    out = {}
-    try:
-        with open("/proc/%d/status" % pid) as f:
-            for ln in f:
-                k, _, v = ln.partition(":")
-                if k in ("VmHWM", "VmRSS", "Threads"):
-                    out[k] = int(v.split()[0])
-    except OSError:
-        pass
-    return out
-
-
-def smaps_breakdown(pid):
-    """
-    Resident memory of a process by kind of mapping, in KiB: {kind: [mappings, rss_kib]}.
-    Thread stacks (event loops, workers, store threads) are told by glibc's 8 MiB default size,
-    malloc's per-thread arenas by their 64 MiB alignment.
-    """
-    out = {}
-    cur = None
-    try:
-        with open("/proc/%d/smaps" % pid) as f:
-            for ln in f:
-                first = ln.split(None, 1)[0]
-                if "-" in first and not first.endswith(":"):
-                    parts = ln.split()
-                    lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                    path = parts[5] if len(parts) > 5 else ""
-                    size_kib = (hi - lo) // 1024
-                    if path.startswith("/"):
-                        kind = "files (code, libraries)"
-                    elif path == "[heap]":
-                        kind = "main malloc heap"
-                    elif path.startswith("["):
-                        kind = "other (%s)" % path.strip("[]")
-                    elif 8000 <= size_kib <= 8200:
-                        kind = "thread stacks (8 MiB)"
-                    elif lo % (64 * MIB) == 0:
-                        kind = "malloc thread arenas"
-                    else:
-                        kind = "other anonymous"
-                    cur = out.setdefault(kind, [0, 0])
-                    cur[0] += 1
-                elif first == "Rss:" and cur is not None:
-                    cur[1] += int(ln.split()[1])
-    except OSError:
-        pass
-    return out
-
-
-def cpu_seconds(pid):
-    """utime + stime of a process so far, in seconds."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def voluntary_switches(pid):
-    """Voluntary context switches of all a process's threads so far (0 when it is gone)."""
-    total = 0
-    try:
-        tids = os.listdir("/proc/%d/task" % pid)
-    except OSError:
-        return 0
-    for tid in tids:
-        try:
-            with open("/proc/%d/task/%s/status" % (pid, tid)) as f:
-                for line in f:
-                    if line.startswith("voluntary_ctxt_switches:"):
-                        total += int(line.split()[1])
-        except (OSError, ValueError):
-            pass
-    return total
-
-
-def tree_cpu_seconds(pid):
-    """cpu_seconds of a process and of its children (nginx: the master and its workers)."""
-    return cpu_seconds(pid) + sum(cpu_seconds(c) for c in child_pids(pid))
-
-
-def child_pids(pid):
-    out = []
-    try:
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open("/proc/%s/stat" % name) as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(name))
-            except (OSError, IndexError, ValueError):
-                pass
-    except OSError:
-        pass
-    return out
-
-
-def fd_count(pid):
-    """Open descriptors of a process (its connections, with a few files and pipes)."""
-    try:
-        return len(os.listdir("/proc/%d/fd" % pid))
-    except OSError:
-        return 0
-
-
-def wrk_result(j, conns, seconds):
-    """bench/lua/common.lua's BENCH_JSON line as the numbers the report uses."""
-    errors = j["err_connect"] + j["err_read"] + j["err_write"] + j["err_timeout"]
-    return {"rps": j["requests"] / max(j["duration_us"] / 1e6, 1e-9),
-            "p50_ms": j["p50_us"] / 1000, "p90_ms": j["p90_us"] / 1000,
-            "p99_ms": j["p99_us"] / 1000, "max_ms": j["max_us"] / 1000,
-            "requests": j["requests"], "non2xx": j["err_status"], "socket_errors": errors,
-            "socket_errors_by_kind": {k[4:]: j[k] for k in ("err_connect", "err_read",
-                                                            "err_write", "err_timeout")},
-            "connections": conns, "seconds": seconds}
-
-
-def machine_cpu():
-    """(all jiffies, idle + iowait jiffies) of the machine so far, from /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return sum(v), v[3] + v[4]
-    except (OSError, ValueError, IndexError):
-        return 0, 0
-
-
-def busy_share(m0, m1):
-    return 1.0 - (m1[1] - m0[1]) / max(m1[0] - m0[0], 1)
-
-
-def raise_nofile(want):
-    """Raises this process's open-file limit (inherited by every child) towards `want`, as far
-    as the hard limit goes: `ulimit -n` semantics.  Returns the soft limit now in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY:
-        want = min(want, hard)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-            soft = want
-        except (ValueError, OSError):
-            pass
-    return soft
-
-
-def free_port():
-    """A loopback port free right now (for nginx, which cannot be told to pick one)."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
-
-
-def cpu_busy(seconds):
-    """The share of all CPUs that was busy (not idle or waiting for I/O) over `seconds`."""
-    def sample():
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return sum(v), v[3] + v[4]
-    try:
-        t0, i0 = sample()
-        time.sleep(seconds)
-        t1, i1 = sample()
-        return 1.0 - (i1 - i0) / max(t1 - t0, 1)
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
-def read_loadavg():
-    try:
-        with open("/proc/loadavg") as f:
-            return float(f.read().split()[0])
-    except (OSError, ValueError):
-        return 0.0
-
-
 def read_head():
     """The checked-out commit, read from .git without running git (best effort)."""
     try:
@@ -2368,23 +1869,10 @@ def read_head():
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    ap.add_argument("--bin", default=os.path.join(REPO, "build-bench", "bin"))
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
-    ap.add_argument("--seconds", type=float, default=5.0, help="length of each load run")
-    ap.add_argument("--connections", type=int, default=16, help="wrk connections (S1, S2, S4)")
-    ap.add_argument("--no-profile", dest="profile", action="store_false",
-                    help="skip the profiles of targets not met")
+    ap = arg_parser(__doc__, connections=16, wait_idle=60.0)
     ap.add_argument("--stores", default="sqlite,postgresql",
                     help="which stores to run (comma-separated), for a partial run by hand")
-    ap.add_argument("--wait-idle", type=float, default=60.0,
-                    help="wait up to this many seconds for the machine to be idle first")
-    args = ap.parse_args()
-    if args.seconds < 2 or args.seconds > 60:
-        ap.error("--seconds must be 2..60")
-    for tool in ("wrk",):
-        if not shutil.which(tool):
-            ap.error("%s is not installed (scripts/deps.sh bench)" % tool)
+    args = parse_args(ap)
 
     # 10,000 connections need as many descriptors in wrk and in orderd (which raises its own
     # soft limit to fit --max-connections, within the hard limit it inherits from here).

@@ -25,7 +25,6 @@ PID.  Standard library only; the helpers are bench/bench.py's.  docs/bench.md ("
 BENCH_KEEP=1 keeps the temp directory (configs, logs, the SQLite file, perf data).
 """
 
-import argparse
 import json
 import os
 import re
@@ -39,6 +38,8 @@ import uuid
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench as B  # noqa: E402  (bench/bench.py: processes, wrk, nginx, PostgreSQL, /proc)
+from bench_fmt import fmt_ms, fmt_rate, fmt_ratio, fmt_us, mean  # noqa: E402
+from bench_procs import nginx_path  # noqa: E402
 
 LUA_GATEWAY = os.path.join(HERE, "lua", "gateway.lua")
 ROUTE_PATH = "/v1/things"
@@ -59,21 +60,6 @@ T28_CPU_US = 70     # the gateway's CPU per request
 T28_FUTEX = 4       # futex calls of the gateway's threads per request
 
 say = B.say
-fmt_rate, fmt_ms, fmt_ratio = B.fmt_rate, B.fmt_ms, B.fmt_ratio
-
-
-def fmt_us(v):
-    return "—" if v is None else "%.0f" % v
-
-
-def nginx_path():
-    return shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx")
-                                     else None)
-
-
-def mean(xs):
-    xs = [x for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else None
 
 
 class GatewayBench(B.Bench):
@@ -103,28 +89,8 @@ class GatewayBench(B.Bench):
 
     def start_gateway(self, name, store_uri):
         """idem-gateway with one route (POST /v1/things) in front of the upstream."""
-        d = os.path.join(self.tmp, name)
-        os.makedirs(d, exist_ok=True)
-        admin_port = B.free_port()
-        conf = os.path.join(d, "gateway.yaml")
-        with open(conf, "w") as f:
-            f.write("""# written by bench/gateway_bench.py
-listen: 127.0.0.1:0
-admin_listen: 127.0.0.1:%(admin)d
-store: %(store)s
-upstream:
-  url: %(up)s
-principal:
-  header: X-Consumer-Id
-limits:
-  max_connections_per_ip: -1
-routes:
-  - match: POST %(path)s
-    operation: %(op)s
-""" % {"admin": admin_port, "store": json.dumps(store_uri), "up": self.upstream.url,
-                "path": ROUTE_PATH, "op": OPERATION})
-        p = self.start(name, [self.gateway, "serve", "--config", conf])
-        p.admin = "http://127.0.0.1:%d" % admin_port
+        p = self.start_gateway_route(name, self.gateway, self.upstream.url, store_uri,
+                                     "header: X-Consumer-Id", ROUTE_PATH, OPERATION)
         # A keyed POST executes once and replays; an unrouted GET passes through.
         key = "probe-" + uuid.uuid4().hex[:8]
         for want in ("executed", "replayed"):
@@ -477,7 +443,7 @@ routes:
         try:
             res = load()
         finally:
-            self.perf_stop(perf)
+            B.stop_perf(perf)
             log.close()
         out = {"requests": res["requests"], "rps": res["rps"],
                "gateway_cpu_us_per_req": res["cpu_us_per_req"].get("gateway")}
@@ -509,22 +475,13 @@ routes:
             watcher.start()
             res = load()
         finally:
-            self.perf_stop(perf)
+            B.stop_perf(perf)
             watcher.stop()
         n = max(res["requests"], 1)
         calls = B.parse_trace_summary(path, watcher.tids)
         top = sorted(calls.items(), key=lambda kv: -kv[1][0])[:12]
         return {"requests": res["requests"], "rps": res["rps"],
                 "syscalls_per_req": {k: [c / n, ms / n] for k, (c, ms) in top}}
-
-    @staticmethod
-    def perf_stop(perf):
-        perf.send_signal(signal.SIGINT)
-        try:
-            perf.wait(180)
-        except subprocess.TimeoutExpired:
-            perf.kill()
-            perf.wait(5)
 
     # -- the report --
 
@@ -701,20 +658,8 @@ routes:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    ap.add_argument("--bin", default=os.path.join(B.REPO, "build-bench", "bin"))
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
-    ap.add_argument("--seconds", type=float, default=5.0, help="length of each load run")
-    ap.add_argument("--connections", type=int, default=16, help="wrk connections")
-    ap.add_argument("--no-profile", dest="profile", action="store_false",
-                    help="skip the profiles of targets not met")
-    ap.add_argument("--wait-idle", type=float, default=30.0,
-                    help="wait up to this many seconds for the machine to be idle first")
-    args = ap.parse_args()
-    if args.seconds < 2 or args.seconds > 60:
-        ap.error("--seconds must be 2..60")
-    if not shutil.which("wrk"):
-        ap.error("wrk is not installed (scripts/deps.sh bench)")
+    ap = B.arg_parser(__doc__, connections=16, wait_idle=30.0)
+    args = B.parse_args(ap)
     for prog in ("idem-gateway", "static_http"):
         if not os.access(os.path.join(args.bin, prog), os.X_OK):
             ap.error("%s is not in %s (cmake --build build-bench --target idem-gateway "

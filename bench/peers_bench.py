@@ -35,7 +35,6 @@ JavaScript on one thread, so one process uses at most one of the cores orderd an
 BENCH_KEEP=1 keeps the temp directory (logs, configs, SQLite files).
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -48,6 +47,7 @@ import uuid
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench as B  # noqa: E402  (bench/bench.py: processes, orderd, tokens, wrk, /proc, metrics)
+from bench_fmt import mean  # noqa: E402
 
 PEERS = os.path.join(HERE, "peers")
 SERVER_JS = os.path.join(PEERS, "server.js")
@@ -69,11 +69,6 @@ SERVERS = {
     "node-plain": ("node:http alone, no idempotency", "—", False),
 }
 ORDER = ["orderd", "gateway", "redis-peer", "node-plain"]
-
-
-def mean(xs):
-    xs = [x for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else None
 
 
 def npm_install():
@@ -170,29 +165,9 @@ class PeersBench(B.Bench):
 
     def start_gateway(self, upstream):
         """idem-gateway, one route POST /api/orders, in front of `upstream` (the plain server)."""
-        d = os.path.join(self.tmp, "gateway")
-        os.makedirs(d, exist_ok=True)
-        admin_port = B.free_port()
-        conf = os.path.join(d, "gateway.yaml")
-        with open(conf, "w") as f:
-            f.write("""# written by bench/peers_bench.py
-listen: 127.0.0.1:0
-admin_listen: 127.0.0.1:%(admin)d
-store: %(store)s
-upstream:
-  url: %(up)s
-principal:
-  authorization: sha256
-limits:
-  max_connections_per_ip: -1
-routes:
-  - match: POST %(path)s
-    operation: %(op)s
-""" % {"admin": admin_port, "store": json.dumps("sqlite:" + os.path.join(d, "gateway.db")),
-                "up": upstream.url, "path": PATH, "op": OPERATION})
-        p = self.start("gateway", [self.gateway_bin, "serve", "--config", conf])
-        p.admin = "http://127.0.0.1:%d" % admin_port
-        return p
+        store = "sqlite:" + os.path.join(self.tmp, "gateway.db")
+        return self.start_gateway_route("gateway", self.gateway_bin, upstream.url, store,
+                                        "authorization: sha256", PATH, OPERATION)
 
     def probe(self, name, p, token, idempotent):
         """A keyed POST twice: 201 both times; the second a replay of the first where keyed."""
@@ -610,27 +585,16 @@ routes:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    ap.add_argument("--bin", default=os.path.join(B.REPO, "build-bench", "bin"))
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
-    ap.add_argument("--seconds", type=float, default=5.0, help="length of each load run")
-    ap.add_argument("--connections", type=int, default=64, help="wrk connections")
+    ap = B.arg_parser(__doc__, connections=64, wait_idle=30.0, profile=False)
     ap.add_argument("--rounds", type=int, default=2,
                     help="fresh and replay runs of every server, order reversed every other round")
     ap.add_argument("--node-workers", type=int, default=1,
                     help="Node processes per Node server (node:cluster); 1: plain node server.js")
-    ap.add_argument("--wait-idle", type=float, default=30.0,
-                    help="wait up to this many seconds for the machine to be idle first")
-    args = ap.parse_args()
-    if args.seconds < 2 or args.seconds > 60:
-        ap.error("--seconds must be 2..60")
+    args = B.parse_args(ap, (("wrk", "wrk"), ("redis-server", "redis-server"), ("node", "nodejs")))
     if not 1 <= args.rounds <= 10:
         ap.error("--rounds must be 1..10")
     if not 1 <= args.node_workers <= 8:
         ap.error("--node-workers must be 1..8")
-    for tool, pkg in (("wrk", "wrk"), ("redis-server", "redis-server"), ("node", "nodejs")):
-        if not shutil.which(tool):
-            ap.error("%s is not installed (scripts/deps.sh bench installs %s)" % (tool, pkg))
     for prog in ("orderd", "idem-gateway"):
         if not os.access(os.path.join(args.bin, prog), os.X_OK):
             ap.error("%s is not in %s (cmake --build <dir> --target orderd idem-gateway)" % (
