@@ -65,7 +65,7 @@ test-tsan: deps
 	@CC=clang cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DIDEM_TSAN=ON >/dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TESTS) -- --no-print-directory
 	@cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest $(CTEST_FLAGS) \
-		-R '^(contract\.|pg\.test_store_pg$$|unit\.test_(engine|replay_cache|store_sqlite)$$)'
+		-R '^(contract\.|pg\.store_pg$$|unit\.(engine|replay_cache|store_sqlite)$$)'
 
 # Longer fuzzing by hand: make fuzz FUZZ_SECONDS=600
 FUZZ_SECONDS ?= 300

@@ -11,7 +11,7 @@ PKGS="build-essential cmake pkg-config clang clang-format libclang-rt-14-dev pyt
       dpkg-dev file lintian
       patroni etcd-server python3-psycopg2 haproxy iptables python3-urllib3"
 
-# iptables: service-pg.test_pg_cluster drops PostgreSQL's packets on loopback (a silent network).
+# iptables: service-pg.pg_cluster drops PostgreSQL's packets on loopback (a silent network).
 # python3-urllib3: the retrying Python client of tests/service/test_gateway_clients.py (its Retry,
 # run by Debian's /usr/bin/python3).
 

@@ -18,7 +18,7 @@ The audit must not be vacuous (an extra order fails the run, and so does an orde
 every webhook), and bad command lines exit 2, an unreachable attached service 3.
 
 Store: on SQLite idem-check makes orderd's file in its own temp directory; under with_pg.sh
-(service-pg.test_chaos) each run gets a fresh PostgreSQL database (--db, or the attached orderd's).
+(service-pg.chaos) each run gets a fresh PostgreSQL database (--db, or the attached orderd's).
 """
 
 import atexit
@@ -287,7 +287,7 @@ def test_attach_without_the_inbox_gauge_falls_back(ctx):
 
 
 # A stand-in for a failover command (tests/ha/failover.sh fails a real cluster over, in
-# ha.test_chaos_failover): `sh FAKE MODE KIND` notes KIND; in mode "ok" it succeeds, in mode
+# ha.chaos_failover): `sh FAKE MODE KIND` notes KIND; in mode "ok" it succeeds, in mode
 # "kill-fails" the kill does not (exit 3).
 FAKE_FAILOVER = """echo "$2" >>"$(dirname "$0")/kinds-$1"
 sleep 0.2

@@ -15,8 +15,8 @@ Also: the shipped file passes `haproxy -c` and carries the settings docs/ha.md e
 HAProxy refuses exits 3 naming its log; --haproxy-config with --attach (and the other misuses) is a
 usage error.
 
-Store: SQLite (three processes on one WAL file) as service.test_haproxy_chaos, and a fresh
-PostgreSQL database as service-pg.test_haproxy_chaos, the deployment the configuration is for.
+Store: SQLite (three processes on one WAL file) as service.haproxy_chaos, and a fresh
+PostgreSQL database as service-pg.haproxy_chaos, the deployment the configuration is for.
 """
 
 import atexit

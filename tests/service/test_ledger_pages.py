@@ -15,7 +15,7 @@ reading everything it audits in bounded pages (src/idem-check/chaos_read.c):
     over idem-check's 1 MiB limit) fails as incomplete, naming the request, what came back and how
     large, instead of counting every order unsettled; and prints no progress line to a pipe.
 
-Store: provider-sim's SQLite file, or, under with_pg.sh (service-pg.test_ledger_pages), a fresh
+Store: provider-sim's SQLite file, or, under with_pg.sh (service-pg.ledger_pages), a fresh
 PostgreSQL database for provider-sim and for orderd.
 """
 

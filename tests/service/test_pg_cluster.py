@@ -24,7 +24,7 @@ Several stateless instances behind a load balancer must give the answers one ins
       the kernel's 15 minutes of retransmissions; once the packets flow again the instance
       recovers by itself, and every key retried makes exactly one order.
 
-Runs only under tests/pg/with_pg.sh (CTest: service-pg.test_pg_cluster); without
+Runs only under tests/pg/with_pg.sh (CTest: service-pg.pg_cluster); without
 IDEM_TEST_PG_URI it FAILS: this test exists to prove the PostgreSQL store, it must not skip.
 """
 
@@ -64,7 +64,7 @@ class Cluster:
                 "IDEM_TEST_PG_URI / IDEM_TEST_PG_DATA are not set: this test needs the throw-away "
                 "PostgreSQL cluster of tests/pg/with_pg.sh; run it as "
                 "`sh tests/pg/with_pg.sh python3 tests/service/test_pg_cluster.py` (CTest: "
-                "service-pg.test_pg_cluster).  It does not skip: it is what proves the "
+                "service-pg.pg_cluster).  It does not skip: it is what proves the "
                 "PostgreSQL store.")
         self.db_uri, self.db_name = pg_create_database("cluster")
         # The background completer is off on these three, so a stalled record is finished by a

@@ -8,7 +8,7 @@ wrong password, malformed string), usage errors, and every --help -- must not co
 form the string had it (plain, percent-encoded, quoted).  The password here is a real one: the
 test gives a role a SCRAM password and makes the cluster ask for it on TCP.
 
-Runs only under tests/pg/with_pg.sh (CTest: service-pg.test_pg_dsn); without IDEM_TEST_PG_URI it
+Runs only under tests/pg/with_pg.sh (CTest: service-pg.pg_dsn); without IDEM_TEST_PG_URI it
 FAILS with a message saying so.
 """
 
@@ -43,7 +43,7 @@ class Ctx:
             raise TestFailure(
                 "IDEM_TEST_PG_URI / IDEM_TEST_PG_DATA are not set: run under tests/pg/with_pg.sh "
                 "(`sh tests/pg/with_pg.sh python3 tests/service/test_pg_dsn.py`; CTest: "
-                "service-pg.test_pg_dsn).  This test does not skip.")
+                "service-pg.pg_dsn).  This test does not skip.")
         self.admin = admin
         self.port = int(os.environ["IDEM_TEST_PG_PORT"])
         self.db_uri, self.db_name = pg_create_database("dsn")

@@ -23,7 +23,7 @@ that the text and the test cannot part ways:
     on the other gateway is a replay, and with the gateway that ran the request stopped, HAProxy's
     own re-send (retry-on conn-failure, redispatch) is answered by the other one with the replay.
 
-Runs only under tests/pg/with_pg.sh (CTest: service-pg.test_pg_gateways); without
+Runs only under tests/pg/with_pg.sh (CTest: service-pg.pg_gateways); without
 IDEM_TEST_PG_URI it FAILS with a message saying so.
 """
 
@@ -172,7 +172,7 @@ class Ctx:
             raise TestFailure(
                 "IDEM_TEST_PG_URI / IDEM_TEST_PG_DATA are not set: run under tests/pg/with_pg.sh "
                 "(`sh tests/pg/with_pg.sh python3 tests/service/test_pg_gateways.py`; CTest: "
-                "service-pg.test_pg_gateways).  This test does not skip.")
+                "service-pg.pg_gateways).  This test does not skip.")
         self.pg_port = int(os.environ["IDEM_TEST_PG_PORT"])
         self.tmp = tempfile.mkdtemp(prefix="idem-pg-gateways-")
         # The password comes from gateway.env only: none inherited, no ~/.pgpass.
