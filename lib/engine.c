@@ -18,6 +18,11 @@
  * the engine's replay cache (replay_cache.c): a replay, or a refusal of the same key with another
  * request, is then answered from memory with no store access at all.  What makes that safe is the
  * entry's lifetime, which must end before the record's retention does; see cache_lifetime().
+ *
+ * Why one file of ~2,000 lines: it is one state machine, and every transition (claim, wait,
+ * takeover, phase, completion, the calls that do not wait) reads and sets the same fields of a
+ * call under the same rules; split, each rule would have to be stated twice.  What is not the
+ * state machine has its own file: the replay cache, records, keys, fingerprints, the stores.
  */
 #include "internal.h"
 #include "replay_cache.h"

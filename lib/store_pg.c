@@ -24,6 +24,10 @@
  * Each pooled connection is used by one thread at a time (libpq allows that) and keeps its
  * prepared statements.  Passwords never reach a message: messages name the server by host, port,
  * database and user, and any password the connection string holds is scrubbed from libpq's text.
+ *
+ * Why ~1,600 lines: this is the store's function table, one function per entry of struct
+ * idem_store_vtab with its SQL beside it, as store_sqlite.c is SQLite's; the machinery under it
+ * has files of its own (pg_pipeline.c, pg_listen.c, tx_batch.c, migrate.c).
  */
 #include "store_pg.h"
 #include "ascii.h" /* common/ascii.h: ascii_ncaseeq for the savepoint keywords */
