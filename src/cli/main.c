@@ -6,17 +6,22 @@
  * (cli.h).  Flags are parsed into a struct cli_config that run.c receives.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "idem/client.h"
 #include "ascii.h"
 
 #include "cli.h"
+#include "util.h" /* src/util: read_fd_capped, parse_int64, xstrdup */
 #include "banned.h"
+
+const char program_name[] = "idem"; /* util.h: die() and the allocators' messages */
 
 #define BODY_MAX ((size_t)64 << 20)
 
@@ -195,88 +200,43 @@ static int parse_seconds(const char *s, int64_t *ms)
 
 static int parse_int(const char *s, long lo, long hi, int *out)
 {
-    char *end = NULL;
-    long v;
+    int64_t v;
 
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi)
+    if (parse_int64(s, lo, hi, &v) < 0)
         return -1;
     *out = (int)v;
-    return 0;
-}
-
-/* Reads all of `f` into a new buffer (capped at BODY_MAX).  Returns 0, or -1 with errno. */
-static int read_all(FILE *f, char **out, size_t *out_len)
-{
-    char *buf = NULL, *nb;
-    size_t len = 0, cap = 0, got;
-
-    for (;;) {
-        if (len == cap) {
-            if (cap >= BODY_MAX) {
-                free(buf);
-                errno = EFBIG;
-                return -1;
-            }
-            cap = cap ? cap * 2 : 8192;
-            nb = realloc(buf, cap + 1);
-            if (!nb) {
-                free(buf);
-                errno = ENOMEM;
-                return -1;
-            }
-            buf = nb;
-        }
-        got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) {
-            if (ferror(f)) {
-                free(buf);
-                errno = EIO;
-                return -1;
-            }
-            break;
-        }
-    }
-    buf[len] = '\0';
-    *out = buf;
-    *out_len = len;
     return 0;
 }
 
 /* -d DATA, -d @FILE, -d @-.  Returns 0, or an exit code with the reason on stderr. */
 static int load_body(const char *arg, struct cli_config *cfg)
 {
-    FILE *f;
-    int rc;
+    int fd, rc;
 
     if (arg[0] != '@') {
         cfg->body_len = strlen(arg);
-        cfg->body = malloc(cfg->body_len + 1);
-        if (!cfg->body) {
-            fputs("idem: out of memory\n", stderr);
-            return CLI_EXIT_LOCAL;
-        }
-        memcpy(cfg->body, arg, cfg->body_len + 1);
+        cfg->body = xstrdup(arg);
         return 0;
     }
     if (strcmp(arg, "@-") == 0) {
-        if (read_all(stdin, &cfg->body, &cfg->body_len) < 0) {
+        if (read_fd_capped(STDIN_FILENO, BODY_MAX, &cfg->body, &cfg->body_len) < 0) {
             fprintf(stderr, "idem: cannot read the body from stdin: %s\n",
                     errno == EFBIG ? "larger than 64 MiB" : strerror(errno));
             return CLI_EXIT_LOCAL;
         }
         return 0;
     }
-    f = fopen(arg + 1, "rb");
-    if (!f) {
+    fd = open(arg + 1, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
         fprintf(stderr, "idem: cannot open body file %s: %s\n", arg + 1, strerror(errno));
         return CLI_EXIT_LOCAL;
     }
-    rc = read_all(f, &cfg->body, &cfg->body_len);
-    fclose(f);
+    rc = read_fd_capped(fd, BODY_MAX, &cfg->body, &cfg->body_len);
+    if (rc < 0)
+        rc = -errno; /* (kept over close()) */
+    close(fd);
     if (rc < 0) {
+        errno = -rc;
         fprintf(stderr, "idem: cannot read body file %s: %s\n", arg + 1,
                 errno == EFBIG ? "larger than 64 MiB" : strerror(errno));
         return CLI_EXIT_LOCAL;

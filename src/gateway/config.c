@@ -517,51 +517,25 @@ static int read_file(const char *path, size_t cap, int regular_only, char **out,
                      char *why, size_t whylen)
 {
     struct stat st;
-    char *buf = NULL;
     char limit[32];
-    size_t len = 0;
-    ssize_t r;
     int fd, rc = -1;
 
     fd = open(path, O_RDONLY | O_CLOEXEC | (regular_only ? O_NONBLOCK : 0));
     if (fd < 0) {
         snprintf(why, whylen, "%s", strerror(errno));
-        goto out;
+        return -1;
     }
     if (regular_only && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
         snprintf(why, whylen, "not a regular file");
-        goto out;
+    } else if (read_fd_capped(fd, cap, out, out_len) == 0) {
+        rc = 0;
+    } else if (errno == EFBIG) {
+        fmt_size((int64_t)cap, limit, sizeof limit);
+        snprintf(why, whylen, "larger than %s", limit);
+    } else {
+        snprintf(why, whylen, "%s", strerror(errno));
     }
-    buf = xmalloc(cap + 2);
-    for (;;) {
-        r = read(fd, buf + len, cap + 1 - len);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            snprintf(why, whylen, "%s", strerror(errno));
-            goto out;
-        }
-        if (r == 0)
-            break;
-        len += (size_t)r;
-        if (len > cap) {
-            fmt_size((int64_t)cap, limit, sizeof limit);
-            snprintf(why, whylen, "larger than %s", limit);
-            goto out;
-        }
-    }
-    buf[len] = '\0';
-    *out = buf;
-    *out_len = len;
-    buf = NULL;
-    rc = 0;
-out:
-    if (buf != NULL) {
-        explicit_bzero(buf, len); /* it may be a secret */
-        free(buf);
-    }
-    if (fd >= 0)
-        close(fd);
+    close(fd);
     return rc;
 }
 

@@ -5,9 +5,11 @@
 #include "flag_file.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <yaml.h>
 
@@ -56,26 +58,18 @@ void flag_file_free(char **args, int nargs)
 /* The whole file, NUL-terminated (new), or NULL with errno set (EFBIG: over the cap). */
 static char *read_whole(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    struct strbuf sb = STRBUF_INIT;
-    char chunk[4096];
-    size_t n;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    char *text = NULL;
     int e;
 
-    if (f == NULL)
+    if (fd < 0)
         return NULL;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0 && sb.len <= FLAG_FILE_MAX_BYTES)
-        strbuf_add(&sb, chunk, n);
-    e = ferror(f) ? EIO : sb.len > FLAG_FILE_MAX_BYTES ? EFBIG : 0;
-    fclose(f);
-    if (e != 0) {
-        strbuf_release(&sb);
-        errno = e;
-        return NULL;
-    }
-    strbuf_addch(&sb, '\0');
-    sb.len--;
-    return strbuf_detach(&sb, len);
+    if (read_fd_capped(fd, FLAG_FILE_MAX_BYTES, &text, len) != 0)
+        text = NULL;
+    e = errno;
+    close(fd);
+    errno = e;
+    return text;
 }
 
 /* The "--name=value" of each pair of mapping `root`, in order, or -1 with `err` set. */

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/uio.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <openssl/evp.h>
 #include <openssl/rand.h>
@@ -110,6 +111,43 @@ void sha256_bytes(const void *data, size_t len, unsigned char out[SHA256_BYTES])
     if (EVP_Digest(data, len, out, &n, sha256_fetched ? sha256_fetched : EVP_sha256(), NULL) != 1 ||
         n != SHA256_BYTES)
         die("OpenSSL SHA-256 failed");
+}
+
+int read_fd_capped(int fd, size_t max, char **out, size_t *len)
+{
+    size_t have = 0, cap = max < 4096 ? max + 1 : 4096;
+    char *buf = xmalloc(cap + 1);
+    ssize_t r;
+    int e = 0;
+
+    for (;;) {
+        if (have == cap) {
+            cap = cap > max / 2 ? max + 1 : cap * 2;
+            buf = xrealloc(buf, cap + 1);
+        }
+        r = read(fd, buf + have, cap - have);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            e = r < 0 ? errno : 0;
+            break;
+        }
+        have += (size_t)r;
+        if (have > max) {
+            e = EFBIG;
+            break;
+        }
+    }
+    if (e != 0) {
+        explicit_bzero(buf, have);
+        free(buf);
+        errno = e;
+        return -1;
+    }
+    buf[have] = '\0';
+    *out = buf;
+    *len = have;
+    return 0;
 }
 
 int fd_wait(int fd, short events, int64_t deadline_ms)

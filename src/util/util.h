@@ -57,6 +57,13 @@ void sha256_bytes(const void *data, size_t len, unsigned char out[SHA256_BYTES])
  */
 int fd_wait(int fd, short events, int64_t deadline_ms);
 
+/*
+ * Reads `fd` to its end into a new NUL-terminated buffer of at most `max` bytes: 0 with *out and
+ * *len, or -1 with errno (EFBIG: more than `max` bytes; else the read's own).  A buffer given up
+ * is wiped first, since what it held may be a secret.  Dies if memory runs out.
+ */
+int read_fd_capped(int fd, size_t max, char **out, size_t *len);
+
 /* Moves `*iov` (`*n` buffers) past `done` bytes a writev() or sendmsg() took. */
 struct iovec;
 void iov_advance(struct iovec **iov, int *n, size_t done);
