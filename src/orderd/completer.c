@@ -25,15 +25,13 @@
  */
 static int flagged(const struct app *app, int create, const char *principal, const char *key)
 {
-    struct idem_tx *tx = NULL;
     struct idem_rows *rows = NULL;
     const char *params[2] = {principal, key};
     int yes = 0;
 
     if (app->provider == NULL || app->cfg->reconciler_interval_ms <= 0)
         return 0;
-    if (idem_tx_begin(app->store, 0, &tx) == 0 &&
-        db_exec(app, tx,
+    if (db_read(app,
                 create ? "SELECT 1 FROM orders WHERE user_id = $1 AND idem_key = $2 AND "
                          "payment_check_ms IS NOT NULL"
                        : "SELECT 1 FROM refunds WHERE flag_principal = $1 AND flag_key = $2 AND "
@@ -41,7 +39,6 @@ static int flagged(const struct app *app, int create, const char *principal, con
                 2, params, &rows) == 0)
         yes = idem_rows_count(rows) > 0;
     idem_rows_free(rows);
-    idem_tx_rollback(tx);
     return yes;
 }
 

@@ -170,7 +170,6 @@ static void *deliver_slice(void *arg)
 
 int outbox_relay_run(struct app *app, int *items)
 {
-    struct idem_tx *tx = NULL;
     struct idem_rows *rows = NULL;
     struct message msgs[RELAY_BATCH];
     struct slice slices[RELAY_THREADS];
@@ -187,13 +186,10 @@ int outbox_relay_run(struct app *app, int *items)
         return 0;
     snprintf(now, sizeof now, "%" PRId64, clock_wall_ms());
     params[0] = now;
-    rc = idem_tx_begin(app->store, 0, &tx);
-    if (rc == 0)
-        rc = db_exec(app, tx,
-                     "SELECT id, payload, attempts FROM outbox WHERE status = 'pending' AND "
-                     "next_attempt_ms <= CAST($1 AS BIGINT) ORDER BY next_attempt_ms LIMIT 32",
-                     1, params, &rows);
-    idem_tx_rollback(tx);
+    rc = db_read(app,
+                 "SELECT id, payload, attempts FROM outbox WHERE status = 'pending' AND "
+                 "next_attempt_ms <= CAST($1 AS BIGINT) ORDER BY next_attempt_ms LIMIT 32",
+                 1, params, &rows);
     if (rc < 0)
         goto out;
     n = (size_t)idem_rows_count(rows);

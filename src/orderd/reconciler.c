@@ -112,7 +112,6 @@ out:
 
 int reconciler_run(struct app *app, int *items)
 {
-    struct idem_tx *tx = NULL;
     struct idem_rows *orders = NULL, *refunds = NULL;
     const char *params[1];
     char now[24];
@@ -124,20 +123,17 @@ int reconciler_run(struct app *app, int *items)
         return 0;
     snprintf(now, sizeof now, "%" PRId64, clock_wall_ms());
     params[0] = now;
-    rc = idem_tx_begin(app->store, 0, &tx);
+    rc = db_read(app,
+                 "SELECT id, user_id, idem_key FROM orders WHERE status = 'pending_payment' "
+                 "AND payment_check_ms IS NOT NULL AND payment_check_ms <= CAST($1 AS BIGINT) "
+                 "ORDER BY payment_check_ms LIMIT 16",
+                 1, params, &orders);
     if (rc == 0)
-        rc = db_exec(app, tx,
-                     "SELECT id, user_id, idem_key FROM orders WHERE status = 'pending_payment' "
-                     "AND payment_check_ms IS NOT NULL AND payment_check_ms <= CAST($1 AS BIGINT) "
-                     "ORDER BY payment_check_ms LIMIT 16",
-                     1, params, &orders);
-    if (rc == 0)
-        rc = db_exec(app, tx,
+        rc = db_read(app,
                      "SELECT order_id, flag_principal, flag_key FROM refunds WHERE status = "
                      "'requested' AND check_ms IS NOT NULL AND check_ms <= CAST($1 AS BIGINT) "
                      "ORDER BY check_ms LIMIT 16",
                      1, params, &refunds);
-    idem_tx_rollback(tx);
     n = idem_rows_count(orders);
     for (i = 0; rc == 0 && i < n; i++) {
         rc = reconcile(app, 1, db_text(orders, i, 0), idem_rows_get(orders, i, 1),
