@@ -11,6 +11,7 @@
  */
 #include "config.h"
 #include "ascii.h"
+#include "fuzz.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -18,21 +19,10 @@
 #include <string.h>
 #include <strings.h>
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 /* What die() (src/util) calls this program, as every program linking idem_util defines it. */
 const char program_name[] = "fuzz_gateway_config";
 
 #define NAME "fuzz.yaml"
-
-#define CHECK(cond, what)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "fuzz_gateway_config: invariant broken: %s (%s:%d)\n", what, __FILE__, \
-                    __LINE__);                                                                     \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static void check_route(const struct gw_config *cfg, const struct gw_route *r)
 {

@@ -20,6 +20,7 @@
  */
 #include "principal.h"
 #include "ascii.h"
+#include "fuzz.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -34,19 +35,9 @@
 #include <openssl/pem.h>
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* What die() (src/util) calls this program, as every program linking idem_util defines it. */
 const char program_name[] = "fuzz_gateway_jwt";
-
-#define CHECK(cond, what)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "fuzz_gateway_jwt: invariant broken: %s (%s:%d)\n", what, __FILE__,    \
-                    __LINE__);                                                                     \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
 
 /* The seeds in fuzz/seeds/fuzz_gateway_jwt are signed with this secret (its 32 ASCII bytes). */
 static const char SECRET[] = "idem-fuzz-gateway-jwt-secret-32b";

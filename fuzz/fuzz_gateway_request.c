@@ -18,19 +18,9 @@
 
 #include "config.h"
 #include "route.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "fuzz.h"
 
 const char program_name[] = "fuzz_gateway_request";
-
-#define CHECK(cond, what)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "fuzz_gateway_request: invariant broken: %s (%s:%d)\n", what,          \
-                    __FILE__, __LINE__);                                                           \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static const char config_text[] = "upstream: {url: 'http://127.0.0.1:9000'}\n"
                                   "principal: {header: X-Consumer-Id}\n"

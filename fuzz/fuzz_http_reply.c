@@ -10,24 +10,14 @@
  * and empty for a HEAD; a result, once reached, does not change; the reader never stalls.
  */
 #include "http_client.h"
+#include "fuzz.h"
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 const char program_name[] = "fuzz_http_reply";
-
-#define CHECK(cond, what)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "fuzz_http_reply: invariant broken: %s (%s:%d)\n", what, __FILE__,     \
-                    __LINE__);                                                                     \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static void check_reply(const struct http_reply *rep, size_t max_body, int head)
 {

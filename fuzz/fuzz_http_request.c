@@ -22,6 +22,7 @@
 #include "http_server.h"
 #include "ascii.h"
 #include "request_parser.h"
+#include "fuzz.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -29,19 +30,8 @@
 #include <string.h>
 #include <strings.h>
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 /* What die() (src/util) calls this program, as every program linking idem_util defines it. */
 const char program_name[] = "fuzz_http_request";
-
-#define CHECK(cond, what)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "fuzz_http_request: invariant broken: %s (%s:%d)\n", what, __FILE__,   \
-                    __LINE__);                                                                     \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
 {

@@ -5,14 +5,13 @@
  * and no raw control bytes, and canonicalising it again gives the very same bytes (idempotence).
  */
 #include "idem/idem.h"
+#include "fuzz.h"
 
 #include <jansson.h>
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

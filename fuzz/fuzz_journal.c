@@ -9,6 +9,7 @@
  * it is found again, with the same key, after a compaction too.
  */
 #include "idem/client.h"
+#include "fuzz.h"
 
 #include <fcntl.h>
 #include <stdint.h>
@@ -16,17 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond, what)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "fuzz_journal: invariant broken: %s (%s:%d)\n", what, __FILE__,        \
-                    __LINE__);                                                                     \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static char path[64];
 

@@ -5,12 +5,11 @@
  * quoting an accepted key as an sf-string parses back to the same key.
  */
 #include "idem/idem.h"
+#include "fuzz.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* Quotes `key` as an RFC 8941 sf-string; `buf` has room for the worst case (every char escaped). */
 static size_t quote(const char *key, char *buf)

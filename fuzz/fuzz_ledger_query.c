@@ -12,24 +12,14 @@
  * one) and the very `after` it was given; a refused one says why.
  */
 #include "ledger_query.h"
+#include "fuzz.h"
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 const char program_name[] = "fuzz_ledger_query";
-
-#define CHECK(cond, what)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "fuzz_ledger_query: invariant broken: %s (%s:%d)\n", what, __FILE__,   \
-                    __LINE__);                                                                     \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
 
 /* RFC 3629 UTF-8, written apart from the code under test. */
 static int utf8_ok(const unsigned char *s, size_t len)

@@ -21,21 +21,12 @@
 #include "http_server.h"
 #include "request_parser.h"
 #include "router.h"
+#include "fuzz.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 
 /* What die() and the log lines call this program (src/util/util.h). */
 const char program_name[] = "fuzz_orderd_request";
-
-#define CHECK(cond, what)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "fuzz_orderd_request: invariant broken: %s (%s:%d)\n", what, __FILE__, \
-                    __LINE__);                                                                     \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static struct orderd_config cfg;
 static struct app app;

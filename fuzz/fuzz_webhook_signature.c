@@ -11,6 +11,7 @@
  * the accepting path is fuzzed too.
  */
 #include "signature.h"
+#include "fuzz.h"
 
 #include <inttypes.h>
 #include <stdint.h>
@@ -20,22 +21,11 @@
 
 #include <openssl/hmac.h>
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 const char program_name[] = "fuzz_webhook_signature";
 
 #define SECRET "whsec_fuzz_0123456789abcdef"
 #define NOW 1764700000
 #define TOLERANCE 300
-
-#define CHECK(cond, what)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "fuzz_webhook_signature: invariant broken: %s (%s:%d)\n", what,        \
-                    __FILE__, __LINE__);                                                           \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static void hmac_hex(long long t, const char *body, size_t len, char hex[65])
 {
