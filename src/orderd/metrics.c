@@ -165,6 +165,16 @@ void metrics_orphan_payment(struct metrics *m, enum orphan_result r)
     pthread_mutex_unlock(&m->mu);
 }
 
+/* A counter family with one label: `name`{`label`="names[i]"} values[i], for i < n. */
+static void counters(struct strbuf *sb, const char *name, const char *help, const char *label,
+                     const char *const *names, const uint64_t *values, size_t n)
+{
+    strbuf_addf(sb, "# HELP %s %s\n# TYPE %s counter\n", name, help, name);
+    for (size_t i = 0; i < n; i++)
+        strbuf_addf(sb, "%s{%s=\"%s\"} %llu\n", name, label, names[i],
+                    (unsigned long long)values[i]);
+}
+
 /* The worker, provider and webhook series of a snapshot. */
 static void render_background(struct strbuf *sb, const struct metrics *snap)
 {
@@ -180,22 +190,14 @@ static void render_background(struct strbuf *sb, const struct metrics *snap)
     for (w = 0; w < WORKER_COUNT; w++)
         strbuf_addf(sb, "orderd_worker_interval_seconds{worker=\"%s\"} %.3f\n", worker_names[w],
                     (double)snap->worker_interval_ms[w] / 1000.0);
-    strbuf_adds(sb, "# HELP orderd_worker_runs_total Runs of the worker (one bounded batch "
-                    "each).\n# TYPE orderd_worker_runs_total counter\n");
-    for (w = 0; w < WORKER_COUNT; w++)
-        strbuf_addf(sb, "orderd_worker_runs_total{worker=\"%s\"} %llu\n", worker_names[w],
-                    (unsigned long long)snap->worker_runs[w]);
-    strbuf_adds(sb, "# HELP orderd_worker_items_total Records settled (completer, reconciler), "
-                    "messages sent (outbox), records deleted (sweeper).\n"
-                    "# TYPE orderd_worker_items_total counter\n");
-    for (w = 0; w < WORKER_COUNT; w++)
-        strbuf_addf(sb, "orderd_worker_items_total{worker=\"%s\"} %llu\n", worker_names[w],
-                    (unsigned long long)snap->worker_items[w]);
-    strbuf_adds(sb, "# HELP orderd_worker_failures_total Runs that stopped on an error.\n"
-                    "# TYPE orderd_worker_failures_total counter\n");
-    for (w = 0; w < WORKER_COUNT; w++)
-        strbuf_addf(sb, "orderd_worker_failures_total{worker=\"%s\"} %llu\n", worker_names[w],
-                    (unsigned long long)snap->worker_failures[w]);
+    counters(sb, "orderd_worker_runs_total", "Runs of the worker (one bounded batch each).",
+             "worker", worker_names, snap->worker_runs, WORKER_COUNT);
+    counters(sb, "orderd_worker_items_total",
+             "Records settled (completer, reconciler), messages sent (outbox), records deleted "
+             "(sweeper).",
+             "worker", worker_names, snap->worker_items, WORKER_COUNT);
+    counters(sb, "orderd_worker_failures_total", "Runs that stopped on an error.", "worker",
+             worker_names, snap->worker_failures, WORKER_COUNT);
     strbuf_adds(sb, "# HELP orderd_worker_last_run_timestamp_seconds When the worker last ran "
                     "(0: never).\n# TYPE orderd_worker_last_run_timestamp_seconds gauge\n");
     for (w = 0; w < WORKER_COUNT; w++)
@@ -208,17 +210,12 @@ static void render_background(struct strbuf *sb, const struct metrics *snap)
             strbuf_addf(sb, "orderd_provider_calls_total{call=\"%s\",outcome=\"%s\"} %llu\n",
                         pcall_names[c], presult_names[r],
                         (unsigned long long)snap->provider_calls[c][r]);
-    strbuf_adds(sb, "# HELP orderd_webhooks_total Provider webhooks by what became of them.\n"
-                    "# TYPE orderd_webhooks_total counter\n");
-    for (r = 0; r < WEBHOOK_COUNT; r++)
-        strbuf_addf(sb, "orderd_webhooks_total{result=\"%s\"} %llu\n", webhook_names[r],
-                    (unsigned long long)snap->webhooks[r]);
-    strbuf_adds(sb, "# HELP orderd_orphan_payments_total Orders whose record was swept while "
-                    "their payment was unknown, settled from the order row by the reconciler.\n"
-                    "# TYPE orderd_orphan_payments_total counter\n");
-    for (r = 0; r < ORPHAN_COUNT; r++)
-        strbuf_addf(sb, "orderd_orphan_payments_total{result=\"%s\"} %llu\n", orphan_names[r],
-                    (unsigned long long)snap->orphans[r]);
+    counters(sb, "orderd_webhooks_total", "Provider webhooks by what became of them.", "result",
+             webhook_names, snap->webhooks, WEBHOOK_COUNT);
+    counters(sb, "orderd_orphan_payments_total",
+             "Orders whose record was swept while their payment was unknown, settled from the "
+             "order row by the reconciler.",
+             "result", orphan_names, snap->orphans, ORPHAN_COUNT);
 }
 
 char *metrics_render(struct metrics *m, size_t *len)
