@@ -67,4 +67,13 @@ static inline int ascii_caseeq(const char *a, const char *b)
     return 0;
 }
 
+/* The entry of `names` (`n` of them) that is `name` ignoring ASCII case, or NULL. */
+static inline const char *ascii_caseeq_any(const char *name, const char *const *names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ascii_caseeq(name, names[i]))
+            return names[i];
+    return NULL;
+}
+
 #endif /* IDEM_COMMON_ASCII_H */

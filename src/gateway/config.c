@@ -1315,16 +1315,6 @@ static int load_header_names(struct loader *ld, const yaml_node_t *n, const char
     return 0;
 }
 
-/* The entry of `names` that is header name `name` (ASCII case aside), or NULL. */
-static const char *header_in(const char *name, const char *const *names, size_t n)
-{
-    for (size_t j = 0; j < n; j++) {
-        if (ascii_caseeq(name, names[j]))
-            return names[j];
-    }
-    return NULL;
-}
-
 /* Why a response header may not be stored and replayed (in `buf` if need be), or NULL. */
 static const char *not_storable(const char *name, char *buf, size_t len)
 {
@@ -1337,7 +1327,7 @@ static const char *not_storable(const char *name, char *buf, size_t len)
                "cookie again";
     if (ascii_caseeq(name, "Content-Length"))
         return "Content-Length is not stored: a replay sends the length of the stored body";
-    if ((name = header_in(name, hop_by_hop, COUNT(hop_by_hop))) == NULL)
+    if ((name = ascii_caseeq_any(name, hop_by_hop, COUNT(hop_by_hop))) == NULL)
         return NULL;
     snprintf(buf, len,
              "%s is a hop-by-hop header: it describes one connection, not the answer, so it is "
@@ -1362,7 +1352,7 @@ static const char *not_scopable(const char *name, char *buf, size_t len)
         "Content-Length", "Expect",         "Authorization",     "Idempotency-Key",
         "Content-Type",   "X-Forwarded-For"};
 
-    if ((name = header_in(name, taken, COUNT(taken))) == NULL)
+    if ((name = ascii_caseeq_any(name, taken, COUNT(taken))) == NULL)
         return NULL;
     snprintf(buf, len,
              "%s cannot be a scope header: it says how the request travels or what it is (the "

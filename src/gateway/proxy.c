@@ -107,9 +107,8 @@ static int hop_by_hop(const char *name, const char *connection)
                                         "Expect",
                                         "Date"};
 
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (ascii_caseeq(name, names[i]))
-            return 1;
+    if (ascii_caseeq_any(name, names, sizeof names / sizeof names[0]))
+        return 1;
     return connection && token_listed(connection, name);
 }
 
