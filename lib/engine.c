@@ -148,9 +148,6 @@ struct idem_call {
     unsigned char fp[IDEM_FP_LEN];
 
     struct idem_tx *tx; /* the open phase, if any */
-    /* idem_call_commit_async(): told once the commit is durable or failed. */
-    idem_call_done async_done;
-    void *async_arg;
     /*
      * The step in flight without a waiting thread (idem_call_begin_async, _complete_async,
      * _run_async, _commit_async; one at a time): the engine's side in `async`, the store's job in
@@ -161,6 +158,10 @@ struct idem_call {
         struct claim_async claim;
         struct complete_async complete;
         struct run_async run;
+        struct {
+            idem_call_done done; /* idem_call_commit_async(): told once durable or failed */
+            void *arg;
+        } commit;
     } async;
     struct idem__job_slot job_slot;
     int record_durable; /* the record exists beyond the open phase (committed) */
@@ -1556,13 +1557,9 @@ int idem_call_commit(struct idem_call *call)
 static void response_committed_async(void *arg, int rc, const char *errmsg)
 {
     struct idem_call *call = arg;
-    idem_call_done done = call->async_done;
-    void *done_arg = call->async_arg;
 
     rc = response_committed(call, rc, errmsg);
-    call->async_done = NULL;
-    call->async_arg = NULL;
-    done(call, rc, done_arg);
+    call->async.commit.done(call, rc, call->async.commit.arg); /* (the call may be gone after) */
 }
 
 int idem_call_commit_async(struct idem_call *call, idem_call_done done, void *arg)
@@ -1576,17 +1573,14 @@ int idem_call_commit_async(struct idem_call *call, idem_call_done done, void *ar
     rc = commit_ready(call);
     if (rc < 0)
         return rc;
-    call->async_done = done;
-    call->async_arg = arg;
+    call->async.commit.done = done;
+    call->async.commit.arg = arg;
     tx = call->tx;
     call->tx = NULL;
     rc = idem__tx_commit_async(tx, &call->job_slot, response_committed_async, call, err,
                                sizeof(err));
-    if (rc < 0) {
-        call->async_done = NULL;
-        call->async_arg = NULL;
+    if (rc < 0)
         return response_committed(call, rc, err[0] ? err : NULL);
-    }
     return 0;
 }
 
