@@ -244,15 +244,14 @@ static int load_body(const char *arg, struct cli_config *cfg)
     return 0;
 }
 
+/* `a` then `b`, new (util.h's allocators: out of memory ends the CLI with exit 1). */
 static char *concat(const char *a, const char *b)
 {
     size_t na = strlen(a), nb = strlen(b);
-    char *p = malloc(na + nb + 1);
+    char *p = xmalloc(na + nb + 1);
 
-    if (p) {
-        memcpy(p, a, na);
-        memcpy(p + na, b, nb + 1);
-    }
+    memcpy(p, a, na);
+    memcpy(p + na, b, nb + 1);
     return p;
 }
 
@@ -262,9 +261,9 @@ static char *journal_path(const char *given)
     const char *env = getenv("IDEM_JOURNAL"), *base;
 
     if (given)
-        return concat(given, "");
+        return xstrdup(given);
     if (env && env[0])
-        return concat(env, "");
+        return xstrdup(env);
     base = getenv("XDG_STATE_HOME");
     if (base && base[0] == '/')
         return concat(base, "/idem/journal");
@@ -304,12 +303,7 @@ static int request_command(const struct command *cmd, int argc, char **argv)
 
     memset(&cfg, 0, sizeof cfg);
     cfg.method = cmd->method;
-    cfg.headers = calloc((size_t)argc + 1, sizeof *cfg.headers);
-    if (!cfg.headers) {
-        fputs("idem: out of memory\n", stderr);
-        rc = CLI_EXIT_LOCAL;
-        goto out;
-    }
+    cfg.headers = xcalloc((size_t)argc + 1, sizeof *cfg.headers);
     optind = 1;
     opterr = 0;
     for (;;) {
@@ -439,11 +433,6 @@ static int request_command(const struct command *cmd, int argc, char **argv)
             goto out;
         }
         cfg.auth_header = concat("Authorization: Bearer ", token);
-        if (!cfg.auth_header) {
-            fputs("idem: out of memory\n", stderr);
-            rc = CLI_EXIT_LOCAL;
-            goto out;
-        }
         cfg.headers[cfg.nheaders++] = cfg.auth_header;
     }
     if (cfg.intent) {
