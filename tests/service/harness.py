@@ -25,9 +25,11 @@ import atexit
 import http.client
 import json
 import os
+import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -217,6 +219,31 @@ class store_locked:
                 self._psql.wait()
             self._psql = None
         return False
+
+
+def free_port():
+    """
+    A loopback port free now, for a server that must be told its port before it starts (another
+    process is given it first: a webhook URL, an upstream).  Drawn below the kernel's ephemeral
+    range, so a process binding port 0 meanwhile -- provider-sim starting between this choice and
+    orderd's bind, as once happened under ctest -j -- is never handed it; and it stays reserved
+    that way across a restart of the server that holds it.
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(10000, max(ephemeral_low, 10001))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise TestFailure("no free loopback port below %d after 200 tries" % ephemeral_low)
 
 
 def _describe_exit(rc):

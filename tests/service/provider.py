@@ -16,13 +16,12 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
-from harness import BIN, Server, TestFailure, _tail, wait_until  # noqa: F401 - re-exported for the tests
+from harness import BIN, Server, TestFailure, _tail, free_port, wait_until  # noqa: F401 - re-exported for the tests
 
 PROVIDER_SIM = os.path.join(BIN, "provider-sim")
 START_TIMEOUT_S = 15.0
@@ -30,13 +29,6 @@ LISTEN_RE = re.compile(r"provider-sim: listening on http://([^:/\s]+):(\d+)")
 WEBHOOK_SECRET = "whsec_test_" + "0123456789abcdef"
 
 _live = []
-
-
-def free_port():
-    """A loopback port that was free a moment ago (for a server that must know it up front)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def sign(body, secret=WEBHOOK_SECRET, t=None):

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import BIN, expect_eq, test  # noqa: E402
 from gateway_harness import Gateway, Upstream, expect  # noqa: E402
-from provider import free_port  # noqa: E402
+from harness import free_port  # noqa: E402
 
 LISTENING = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)")
 

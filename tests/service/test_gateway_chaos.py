@@ -114,7 +114,7 @@ def run_intent(proxy, intent, rng, stop):
 @test
 def chaos_through_the_gateway_never_executes_a_key_twice(ctx):
     up = Upstream()
-    port = harness_free_port()
+    port = harness.free_port()
     gw = Gateway(up, routes=ROUTES, upstream_timeout="1s", listen_port=port)
     rng = random.Random(14)
     proxy = FaultProxy("127.0.0.1", port, default=FORWARD)
@@ -199,15 +199,6 @@ def chaos_through_the_gateway_never_executes_a_key_twice(ctx):
         proxy.close()
         gw.close()
         up.close()
-
-
-def harness_free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 if __name__ == "__main__":
