@@ -10,47 +10,12 @@
 #include <string.h>
 
 #include "clock.h"
+#include "err_text.h"
 #include "fmt.h"
 
-const char *idem_strerror(int err)
-{
-    const char *text = "unknown error";
-
-    switch (err) {
-    case IDEM_OK:
-        text = "success";
-        break;
-#define IDEM__ERR_TEXT(name, code, sentence)                                                       \
-    case IDEM_##name:                                                                              \
-        text = sentence;                                                                           \
-        break;
-        IDEM_ERRNO_MAP(IDEM__ERR_TEXT)
-#undef IDEM__ERR_TEXT
-    default:
-        break;
-    }
-    return text;
-}
-
-const char *idem_err_name(int err)
-{
-    const char *name = "IDEM_UNKNOWN";
-
-    switch (err) {
-    case IDEM_OK:
-        name = "IDEM_OK";
-        break;
-#define IDEM__ERR_NAME(ename, code, sentence)                                                      \
-    case IDEM_##ename:                                                                             \
-        name = "IDEM_" #ename;                                                                     \
-        break;
-        IDEM_ERRNO_MAP(IDEM__ERR_NAME)
-#undef IDEM__ERR_NAME
-    default:
-        break;
-    }
-    return name;
-}
+/* idem_strerror and idem_err_name, over IDEM_ERRNO_MAP (common/err_text.h). */
+#define ERR_TEXT_PREFIX "IDEM_"
+ERR_TEXT_DEFINE(IDEM_ERRNO_MAP, idem_strerror, idem_err_name)
 
 void idem_free(void *p)
 {

@@ -12,48 +12,13 @@
 
 #include "ascii.h"
 #include "clock.h"
+#include "err_text.h"
 #include "fmt.h"
 #include "banned.h"
 
-const char *idem_client_strerror(int err)
-{
-    const char *text = "unknown error";
-
-    switch (err) {
-    case IDEM_CLIENT_OK:
-        text = "success";
-        break;
-#define IDEM_CLIENT__ERR_TEXT(name, code, sentence)                                                \
-    case IDEM_CLIENT_##name:                                                                       \
-        text = sentence;                                                                           \
-        break;
-        IDEM_CLIENT_ERRNO_MAP(IDEM_CLIENT__ERR_TEXT)
-#undef IDEM_CLIENT__ERR_TEXT
-    default:
-        break;
-    }
-    return text;
-}
-
-const char *idem_client_err_name(int err)
-{
-    const char *name = "IDEM_CLIENT_UNKNOWN";
-
-    switch (err) {
-    case IDEM_CLIENT_OK:
-        name = "IDEM_CLIENT_OK";
-        break;
-#define IDEM_CLIENT__ERR_NAME(ename, code, sentence)                                               \
-    case IDEM_CLIENT_##ename:                                                                      \
-        name = "IDEM_CLIENT_" #ename;                                                              \
-        break;
-        IDEM_CLIENT_ERRNO_MAP(IDEM_CLIENT__ERR_NAME)
-#undef IDEM_CLIENT__ERR_NAME
-    default:
-        break;
-    }
-    return name;
-}
+/* idem_client_strerror and idem_client_err_name, over IDEM_CLIENT_ERRNO_MAP (err_text.h). */
+#define ERR_TEXT_PREFIX "IDEM_CLIENT_"
+ERR_TEXT_DEFINE(IDEM_CLIENT_ERRNO_MAP, idem_client_strerror, idem_client_err_name)
 
 void idem_client_free(void *p)
 {
