@@ -36,26 +36,16 @@ export PROVIDER_SIM_WEBHOOK_SECRET="$secret"
 "$orderd" migrate --db "$db" >/dev/null
 token=$("$orderd" token create --db "$db" --user demo)
 
-sim_pid=""
-orderd_pid=""
-stop() {
-    trap - EXIT INT TERM
-    [ -n "$orderd_pid" ] && kill "$orderd_pid" 2>/dev/null || true
-    [ -n "$sim_pid" ] && kill "$sim_pid" 2>/dev/null || true
-    wait 2>/dev/null || true
-}
-trap stop EXIT
-trap 'stop; exit 0' INT TERM
-
-. "$root/scripts/wait_up.sh"
+. "$root/scripts/services.sh"
 
 "$sim" --listen "127.0.0.1:$pport" --db sqlite:./var/provider-sim.db \
     --webhook-url "$url/webhooks/provider" >var/provider-sim.log 2>&1 &
-sim_pid=$!
+started $!
 wait_up "$purl/healthz" provider-sim
 
 "$orderd" serve --listen "127.0.0.1:$port" --db "$db" --provider "$purl" &
 orderd_pid=$!
+started "$orderd_pid"
 wait_up "$url/healthz" orderd
 
 key="order-$(date +%Y%m%d-%H%M%S)"

@@ -42,24 +42,14 @@ routes:
       reconcile: "GET /v1/payments?requestKey={key}"
 YAML
 
-up_pid=""
-gw_pid=""
-stop() {
-    trap - EXIT INT TERM
-    [ -n "$gw_pid" ] && kill "$gw_pid" 2>/dev/null || true
-    [ -n "$up_pid" ] && kill "$up_pid" 2>/dev/null || true
-    wait 2>/dev/null || true
-}
-trap stop EXIT
-trap 'stop; exit 0' INT TERM
-
-. "$root/scripts/wait_up.sh"
+. "$root/scripts/services.sh"
 
 python3 examples/payments_upstream.py --port "$uport" >var/upstream.log 2>&1 &
-up_pid=$!
+started $!
 wait_up "$uurl/v1/payments" upstream
 "$gateway" serve --config var/gateway.yaml 2>var/gateway.log &
 gw_pid=$!
+started "$gw_pid"
 wait_up "http://127.0.0.1:$aport/healthz" gateway
 
 key="pay-$(date +%Y%m%d-%H%M%S)"

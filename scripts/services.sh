@@ -1,0 +1,30 @@
+# services.sh - sourced by the run scripts (run.sh, run_gateway.sh) before they start anything:
+#   started PID      remembers a service just started with &; all are stopped, newest first,
+#                    when the script ends, Ctrl-C included
+#   wait_up URL NAME waits up to 10 s until URL answers 2xx, and otherwise names NAME's log
+#                    (var/NAME.log) and exits 1
+pids=""
+started() {
+    pids="$1 $pids"
+}
+stop() {
+    trap - EXIT INT TERM
+    for pid in $pids; do
+        kill "$pid" 2>/dev/null || true
+    done
+    wait 2>/dev/null || true
+}
+trap stop EXIT
+trap 'stop; exit 0' INT TERM
+
+wait_up() {
+    i=0
+    while ! curl -fs -o /dev/null "$1" 2>/dev/null; do
+        i=$((i + 1))
+        if [ "$i" -gt 100 ]; then
+            echo "run: $2 did not come up on $1; see var/$2.log" >&2
+            exit 1
+        fi
+        sleep 0.1
+    done
+}
