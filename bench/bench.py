@@ -35,7 +35,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.parse
 import uuid
 
 # The parts the three benchmarks share (gateway_bench.py and peers_bench.py reach them as B.<name>
@@ -96,6 +95,23 @@ SPREAD_PRODUCTS = 1000
 
 
 # ---- the run ----------------------------------------------------------------------------------
+
+
+# What a scenario's row of the report says beside its rate, for each field the run measured.
+SCENARIO_NOTES = (
+    ("executed", lambda x: "executed by the server %d, answered within the run %d" % (
+        x["executed"], x["requests"])),
+    ("cpu_us_per_req", lambda x: "orderd CPU %.0f µs/request" % x["cpu_us_per_req"]),
+    ("p50_runs_ms", lambda x: "the better of 2 runs (p50 %s ms), each on a fresh database" %
+     " and ".join(fmt_ms(v) for v in x["p50_runs_ms"])),
+    ("wrk_cpu_us_per_req", lambda x: "wrk CPU %.0f µs/request, machine %.0f%% busy" % (
+        x["wrk_cpu_us_per_req"], x["machine_busy"] * 100)),
+    ("replayed", lambda x: "replayed by the server %d, answered within the run %d" % (
+        x["replayed"], x["requests"])),
+    ("wal_syncs_per_req", lambda x: "WAL syncs/request %.2f" % x["wal_syncs_per_req"]),
+    ("charges_ok", lambda x: "charges ok %d, ledger charges %s emails %s clean %s" % (
+        x["charges_ok"], x.get("ledger_charges"), x.get("ledger_emails"), x.get("ledger_clean"))),
+)
 
 
 class Bench:
@@ -1149,14 +1165,20 @@ routes:
 
     # -- the report --
 
-    def write(self):
+    def write_json(self, prefix):
+        """Writes the results as OUT/PREFIX-TIME.json; returns OUT/PREFIX-TIME for the rest."""
         out_dir = os.path.abspath(self.args.out)
         os.makedirs(out_dir, exist_ok=True)
-        base = os.path.join(out_dir, "bench-" + self.ts)
+        base = os.path.join(out_dir, prefix + "-" + self.ts)
         self.r["meta"]["wall_s"] = time.monotonic() - self.started
         self.r["meta"]["loadavg_end"] = read_loadavg()
         with open(base + ".json", "w") as f:
             json.dump(self.r, f, indent=1, default=str)
+        return base
+
+    def write(self):
+        base = self.write_json("bench")
+        out_dir = os.path.dirname(base)
         chart = self.chart(base)
         for path, img in ((base + ".md", os.path.basename(chart) if chart else None),
                           (os.path.join(out_dir, "latest.md"), "latest.svg" if chart else None)):
@@ -1322,26 +1344,7 @@ unset multiplot
                 if "rps" not in x:
                     continue
                 checks = ["non-2xx %d" % x["non2xx"], "socket errors %d" % x["socket_errors"]]
-                if "executed" in x:
-                    checks.append("executed by the server %d, answered within the run %d" % (
-                        x["executed"], x["requests"]))
-                if "cpu_us_per_req" in x:
-                    checks.append("orderd CPU %.0f µs/request" % x["cpu_us_per_req"])
-                if "p50_runs_ms" in x:
-                    checks.append("the better of 2 runs (p50 %s ms), each on a fresh database" %
-                                  " and ".join(fmt_ms(v) for v in x["p50_runs_ms"]))
-                if "wrk_cpu_us_per_req" in x:
-                    checks.append("wrk CPU %.0f µs/request, machine %.0f%% busy" % (
-                        x["wrk_cpu_us_per_req"], x["machine_busy"] * 100))
-                if "replayed" in x:
-                    checks.append("replayed by the server %d, answered within the run %d" % (
-                        x["replayed"], x["requests"]))
-                if "wal_syncs_per_req" in x:
-                    checks.append("WAL syncs/request %.2f" % x["wal_syncs_per_req"])
-                if "charges_ok" in x:
-                    checks.append("charges ok %d, ledger charges %s emails %s clean %s" % (
-                        x["charges_ok"], x.get("ledger_charges"), x.get("ledger_emails"),
-                        x.get("ledger_clean")))
+                checks += [text(x) for field, text in SCENARIO_NOTES if field in x]
                 L.append("| %s | %s | %s | %s | %s | %s | %s |" % (
                     label, store, fmt_rate(x["rps"]), fmt_ms(x["p50_ms"]), fmt_ms(x["p90_ms"]),
                     fmt_ms(x["p99_ms"]), "; ".join(checks)))

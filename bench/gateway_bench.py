@@ -25,7 +25,6 @@ PID.  Standard library only; the helpers are bench/bench.py's.  docs/bench.md ("
 BENCH_KEEP=1 keeps the temp directory (configs, logs, the SQLite file, perf data).
 """
 
-import json
 import os
 import re
 import shutil
@@ -614,13 +613,7 @@ class GatewayBench(B.Bench):
         return out
 
     def write(self):
-        out_dir = os.path.abspath(self.args.out)
-        os.makedirs(out_dir, exist_ok=True)
-        base = os.path.join(out_dir, "gateway-" + self.ts)
-        self.r["meta"]["wall_s"] = time.monotonic() - self.started
-        self.r["meta"]["loadavg_end"] = B.read_loadavg()
-        with open(base + ".json", "w") as f:
-            json.dump(self.r, f, indent=1, default=str)
+        base = self.write_json("gateway")
         text = self.markdown()
         with open(base + ".md", "w") as f:
             f.write(text)

@@ -536,13 +536,7 @@ class PeersBench(B.Bench):
         return "\n".join(L) + "\n"
 
     def write(self):
-        out_dir = os.path.abspath(self.args.out)
-        os.makedirs(out_dir, exist_ok=True)
-        base = os.path.join(out_dir, "peers-" + self.ts)
-        self.r["meta"]["wall_s"] = time.monotonic() - self.started
-        self.r["meta"]["loadavg_end"] = B.read_loadavg()
-        with open(base + ".json", "w") as f:
-            json.dump(self.r, f, indent=1, default=str)
+        base = self.write_json("peers")
         with open(base + ".md", "w") as f:
             f.write(self.markdown())
         return base + ".md"
