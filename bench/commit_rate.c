@@ -24,6 +24,7 @@
 #include <sqlite3.h>
 
 #include "clock.h" /* common/clock.h */
+#include "latency.h"
 #include "banned.h"
 
 #define THREADS_MAX 64
@@ -48,7 +49,7 @@ struct worker {
     pthread_barrier_t *start;
     int64_t commits;
     int64_t errors;
-    uint32_t *lat_us; /* one sample per commit, capped at SAMPLES_MAX */
+    int64_t *lat_us; /* one sample per commit, capped at SAMPLES_MAX */
     size_t nlat;
     size_t cap;
     char err[256];
@@ -63,7 +64,7 @@ static void note_error(struct worker *w, const char *what, const char *detail)
 
 static void keep_sample(struct worker *w, int64_t ns)
 {
-    uint32_t *grown;
+    int64_t *grown;
     size_t cap;
 
     if (w->nlat == w->cap) {
@@ -76,7 +77,7 @@ static void keep_sample(struct worker *w, int64_t ns)
         w->lat_us = grown;
         w->cap = cap;
     }
-    w->lat_us[w->nlat++] = (uint32_t)(ns / 1000);
+    w->lat_us[w->nlat++] = ns / 1000;
 }
 
 /* ---- SQLite ---------------------------------------------------------------------------------- */
@@ -301,23 +302,6 @@ out:
 
 /* ---- main ------------------------------------------------------------------------------------ */
 
-static int cmp_u32(const void *a, const void *b)
-{
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-
-    return x < y ? -1 : x > y;
-}
-
-static uint32_t percentile(const uint32_t *v, size_t n, double p)
-{
-    size_t i;
-
-    if (n == 0)
-        return 0;
-    i = (size_t)(p * (double)(n - 1) + 0.5);
-    return v[i < n ? i : n - 1];
-}
-
 static int usage(void)
 {
     fprintf(stderr, "usage: commit_rate sqlite:PATH | postgresql://... [--threads N] "
@@ -379,7 +363,7 @@ int main(int argc, char **argv)
     pthread_barrier_t start;
     char settings[256] = "";
     char err[512] = "";
-    uint32_t *all = NULL;
+    int64_t *all = NULL;
     size_t nall = 0;
     int64_t commits = 0, errors = 0, t0, elapsed;
     const char *first_err = "";
@@ -436,12 +420,13 @@ int main(int argc, char **argv)
         memcpy(all + nall, w[i].lat_us, w[i].nlat * sizeof *all);
         nall += w[i].nlat;
     }
-    qsort(all, nall, sizeof *all, cmp_u32);
+    latency_sort(all, nall);
     printf("{\"store\":\"%s\",\"threads\":%d,\"seconds\":%.3f,\"commits\":%lld,\"errors\":%lld,"
-           "\"rate\":%.1f,\"p50_us\":%u,\"p99_us\":%u,%s}\n",
+           "\"rate\":%.1f,\"p50_us\":%lld,\"p99_us\":%lld,%s}\n",
            o.pg ? "postgresql" : "sqlite", o.threads, (double)elapsed / 1e9, (long long)commits,
            (long long)errors, (double)commits / ((double)elapsed / 1e9),
-           percentile(all, nall, 0.50), percentile(all, nall, 0.99), settings);
+           (long long)latency_at(all, nall, 0.50), (long long)latency_at(all, nall, 0.99),
+           settings);
     if (first_err[0] != '\0')
         fprintf(stderr, "commit_rate: first error: %s\n", first_err);
     rc = commits > 0 ? 0 : 1;

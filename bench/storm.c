@@ -28,6 +28,7 @@
 
 #include "ascii.h"
 #include "clock.h" /* common/clock.h */
+#include "latency.h"
 #include "banned.h"
 
 #define REQUESTS_MAX 4096
@@ -179,21 +180,10 @@ static int run(struct conn *cs, int n)
     return failed;
 }
 
-static int cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-
-    return x < y ? -1 : x > y;
-}
-
+/* The p-quantile of the n sorted latencies v (ns) in ms; -1 when there are none. */
 static double pct_ms(const int64_t *v, int n, double p)
 {
-    int i;
-
-    if (n == 0)
-        return -1;
-    i = (int)(p * (double)(n - 1) + 0.5);
-    return (double)v[i < n ? i : n - 1] / 1e6;
+    return n > 0 ? (double)latency_at(v, (size_t)n, p) / 1e6 : -1;
 }
 
 static void conn_clear(struct conn *c)
@@ -285,8 +275,8 @@ int main(int argc, char **argv)
             statuses[0]++;
         }
     }
-    qsort(lat, (size_t)first, sizeof *lat, cmp_i64);
-    qsort(lone_lat, (size_t)nl, sizeof *lone_lat, cmp_i64);
+    latency_sort(lat, (size_t)first);
+    latency_sort(lone_lat, (size_t)nl);
     printf("{\"requests\":%d,\"answered\":%d,\"failed\":%d,\"replayed_header\":%d,\"p50_ms\":%.3f,"
            "\"p99_ms\":%.3f,\"max_ms\":%.3f,\"lone\":%d,\"lone_p50_ms\":%.3f,\"lone_max_ms\":%.3f,"
            "\"statuses\":{",
