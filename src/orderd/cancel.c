@@ -24,23 +24,6 @@
 #include "util.h"
 #include "banned.h"
 
-static int complete_order(struct app *app, struct idem_call *call, const char *order_id)
-{
-    json_t *doc = NULL;
-    int rc = 0;
-
-    if (idem_call_tx(call) == NULL)
-        rc = idem_call_phase_begin(call);
-    if (rc == 0)
-        rc = order_read(app, idem_call_tx(call), order_id, &doc);
-    if (rc == 0 && doc == NULL)
-        rc = IDEM_ESTATE;
-    if (rc == 0)
-        rc = idemcall_complete_json(call, 200, doc, NULL);
-    json_decref(doc);
-    return rc;
-}
-
 /* Ask (lookup by key) and/or refund; *ok = refunded, with *refund_id (new) or a refusal detail. */
 static int refund(struct app *app, const char *order_id, const struct refund_row *rf, int ask_first,
                   char **refund_id, char *detail, size_t cap)
@@ -102,7 +85,7 @@ int cancel_refund_settle(struct app *app, struct idem_call *call, const char *or
     if (rc < 0)
         goto out;
     if (!rf.found || strcmp(rf.status, "requested") != 0) {
-        rc = complete_order(app, call, order_id);
+        rc = order_complete_call(app, call, order_id, 0);
         goto out;
     }
     if (app->provider != NULL)
@@ -122,7 +105,7 @@ int cancel_refund_settle(struct app *app, struct idem_call *call, const char *or
         rc = refunds_mark_done(app, idem_call_tx(call), order_id, verdict, refund_id,
                                verdict ? NULL : detail, NULL);
     if (rc == 0)
-        rc = complete_order(app, call, order_id);
+        rc = order_complete_call(app, call, order_id, 0);
 out:
     free(refund_id);
     return rc;
@@ -156,7 +139,7 @@ static int cancel_begin(const struct call_ctx *cx, struct idem_call *call, struc
         rc = db_exec(app, tx, "UPDATE orders SET status = 'cancelled' WHERE id = $1", 1, params,
                      NULL);
         if (rc == 0)
-            rc = complete_order(app, call, o.id);
+            rc = order_complete_call(app, call, o.id, 0);
     } else if (strcmp(o.status, "paid") == 0) {
         rc = refunds_request(app, tx, &o);
         if (rc == 0)
@@ -167,7 +150,7 @@ static int cancel_begin(const struct call_ctx *cx, struct idem_call *call, struc
         rc = idem_call_advance(call, POINT_REFUND_REQUESTED, o.id);
         *go_refund = rc == 0;
     } else if (strcmp(o.status, "cancelled") == 0) {
-        rc = complete_order(app, call, o.id);
+        rc = order_complete_call(app, call, o.id, 0);
     } else if (strcmp(o.status, "pending_payment") == 0) {
         response_set_header(resp, "Retry-After", "1");
         response_problem(resp, 409, "order-payment-pending",

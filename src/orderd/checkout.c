@@ -36,29 +36,6 @@
 
 enum verdict { VERDICT_PAID, VERDICT_DECLINED, VERDICT_UNKNOWN };
 
-/* Completes the call with the order as it is now: 201 and its Location. */
-static int complete_order(struct app *app, struct idem_call *call, const char *order_id)
-{
-    char location[128];
-    json_t *doc = NULL;
-    int rc = 0;
-
-    if (idem_call_tx(call) == NULL)
-        rc = idem_call_phase_begin(call);
-    if (rc == 0)
-        rc = order_read(app, idem_call_tx(call), order_id, &doc);
-    if (rc == 0 && doc == NULL) {
-        log_msg(&app->log, "error", "orders.create: order %s of the record is missing", order_id);
-        rc = IDEM_ESTATE;
-    }
-    if (rc == 0) {
-        order_location(order_id, location, sizeof location);
-        rc = idemcall_complete_json(call, 201, doc, location);
-    }
-    json_decref(doc);
-    return rc;
-}
-
 static int complete_declined(struct idem_call *call, const char *order_id)
 {
     json_t *ext = xcheck(json_pack("{s:s}", "orderId", order_id));
@@ -199,7 +176,7 @@ int checkout_settle(struct app *app, struct idem_call *call, const char *order_i
     }
     if (strcmp(o.status, "pending_payment") != 0) {
         /* No payment involved ("created"), or settled already by another path. */
-        rc = complete_order(app, call, order_id);
+        rc = order_complete_call(app, call, order_id, 1);
         goto out;
     }
     if (app->provider == NULL) {
@@ -227,7 +204,7 @@ int checkout_settle(struct app *app, struct idem_call *call, const char *order_i
     if (strcmp(o.status, "payment_failed") == 0)
         rc = complete_declined(call, order_id);
     else
-        rc = complete_order(app, call, order_id);
+        rc = order_complete_call(app, call, order_id, 1);
 out:
     json_decref(ch);
     return rc;

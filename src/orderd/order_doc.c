@@ -8,6 +8,7 @@
 
 #include "app.h"
 #include "db.h"
+#include "idemcall.h"
 #include "util.h"
 #include "banned.h"
 
@@ -52,5 +53,27 @@ int order_read(const struct app *app, struct idem_tx *tx, const char *id, json_t
     if (rc == 0 && idem_rows_count(rows) > 0)
         *doc = order_json(rows, 0);
     idem_rows_free(rows);
+    return rc;
+}
+
+int order_complete_call(struct app *app, struct idem_call *call, const char *id, int created)
+{
+    char location[128];
+    json_t *doc = NULL;
+    int rc = 0;
+
+    if (idem_call_tx(call) == NULL)
+        rc = idem_call_phase_begin(call);
+    if (rc == 0)
+        rc = order_read(app, idem_call_tx(call), id, &doc);
+    if (rc == 0 && doc == NULL) {
+        log_msg(&app->log, "error", "order %s of the record is missing", id);
+        rc = IDEM_ESTATE;
+    }
+    if (rc == 0) {
+        order_location(id, location, sizeof location);
+        rc = idemcall_complete_json(call, created ? 201 : 200, doc, created ? location : NULL);
+    }
+    json_decref(doc);
     return rc;
 }

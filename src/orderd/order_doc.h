@@ -42,4 +42,11 @@ void order_location(const char *id, char *buf, size_t cap);
  */
 int order_read(const struct app *app, struct idem_tx *tx, const char *id, json_t **doc);
 
+/*
+ * Completes `call` with order `id` as it is now, read in the call's phase (begun here if it is
+ * not yet): 201 with its Location when `created`, else 200.  An order the record names but the
+ * table lacks is logged and answered IDEM_ESTATE.  Returns 0 or a negative IDEM_E*.
+ */
+int order_complete_call(struct app *app, struct idem_call *call, const char *id, int created);
+
 #endif /* ORDERD_ORDER_DOC_H */
