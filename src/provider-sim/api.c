@@ -11,6 +11,7 @@
 
 #include "faults.h"
 #include "handlers.h"
+#include "resource.h"
 #include "sim_server.h"
 #include "sim.h"
 #include "sim_util.h"
@@ -103,34 +104,46 @@ static const char *item_id(const char *path, const char *collection)
     return (*id != '\0' && strchr(id, '/') == NULL) ? id : NULL;
 }
 
+/* The objects: POST creates, GET lists the collection or reads one object. */
+static const struct sim_resource *const resources[] = {&charges_resource, &refunds_resource,
+                                                       &emails_resource};
+
+/* Serves `p` if it is an object's collection or one object; 0 if it is neither. */
+static int resource_route(struct sim *sim, const struct request *rq, struct response *resp, int get,
+                          int post)
+{
+    const struct sim_resource *res;
+    const char *p = rq->path;
+    const char *id;
+    size_t i;
+
+    for (i = 0; i < sizeof resources / sizeof resources[0]; i++) {
+        res = resources[i];
+        if (strcmp(p, res->path) == 0 && post)
+            res->create(sim, rq, resp);
+        else if (strcmp(p, res->path) == 0 && get)
+            resource_list(sim, res, rq, resp);
+        else if ((id = item_id(p, res->path)) != NULL && get)
+            resource_get(sim, res, resp, id);
+        else if (strcmp(p, res->path) == 0 || item_id(p, res->path) != NULL)
+            response_problem(resp, 405, "method-not-allowed", "This method is not allowed here.");
+        else
+            continue;
+        return 1;
+    }
+    return 0;
+}
+
 void api_dispatch(struct sim *sim, const struct request *rq, struct response *resp)
 {
     const char *m = rq->method;
     const char *p = rq->path;
-    const char *id;
     int get = strcmp(m, "GET") == 0 || strcmp(m, "HEAD") == 0;
     int post = strcmp(m, "POST") == 0;
 
-    if (strcmp(p, "/v1/charges") == 0 && (get || post)) {
-        if (post)
-            charges_create(sim, rq, resp);
-        else
-            charges_list(sim, rq, resp);
-    } else if ((id = item_id(p, "/v1/charges")) != NULL && get) {
-        charges_get(sim, rq, resp, id);
-    } else if (strcmp(p, "/v1/refunds") == 0 && (get || post)) {
-        if (post)
-            refunds_create(sim, rq, resp);
-        else
-            refunds_list(sim, rq, resp);
-    } else if ((id = item_id(p, "/v1/refunds")) != NULL && get) {
-        refunds_get(sim, rq, resp, id);
-    } else if (strcmp(p, "/v1/emails") == 0 && (get || post)) {
-        if (post)
-            emails_create(sim, rq, resp);
-        else
-            emails_list(sim, rq, resp);
-    } else if (strcmp(p, "/v1/ledger") == 0 && get) {
+    if (resource_route(sim, rq, resp, get, post))
+        return;
+    if (strcmp(p, "/v1/ledger") == 0 && get) {
         ledger_get(sim, rq, resp);
     } else if (strcmp(p, "/v1/ledger/references") == 0 && get) {
         ledger_references(sim, rq, resp);
@@ -138,10 +151,8 @@ void api_dispatch(struct sim *sim, const struct request *rq, struct response *re
         faults_endpoint(sim, rq, resp);
     } else if (strcmp(p, "/healthz") == 0 && get) {
         healthz(sim, resp);
-    } else if (strcmp(p, "/v1/charges") == 0 || strcmp(p, "/v1/refunds") == 0 ||
-               strcmp(p, "/v1/emails") == 0 || strcmp(p, "/v1/faults") == 0 ||
-               strcmp(p, "/v1/ledger") == 0 || strcmp(p, "/v1/ledger/references") == 0 ||
-               item_id(p, "/v1/charges") != NULL || item_id(p, "/v1/refunds") != NULL) {
+    } else if (strcmp(p, "/v1/faults") == 0 || strcmp(p, "/v1/ledger") == 0 ||
+               strcmp(p, "/v1/ledger/references") == 0) {
         response_problem(resp, 405, "method-not-allowed", "This method is not allowed here.");
     } else {
         response_problem(resp, 404, "not-found", "There is nothing at this path.");

@@ -17,6 +17,7 @@
 #include "idem/idem.h"
 
 #include "handlers.h"
+#include "resource.h"
 #include "sim_util.h"
 #include "webhook_sender.h"
 #include "jdoc.h"
@@ -29,25 +30,6 @@
 #define REFUND_COLS "id, idem_key, charge_id, amount, currency, metadata, created_ms"
 
 /* ---- shared ------------------------------------------------------------------------------- */
-
-static json_t *metadata_of(const char *text)
-{
-    json_t *m = text ? json_loads(text, 0, NULL) : NULL;
-
-    if (!json_is_object(m)) {
-        json_decref(m);
-        m = xcheck(json_object());
-    }
-    return m;
-}
-
-static int64_t row_int(const struct idem_rows *rows, int r, int c)
-{
-    int64_t v = 0;
-
-    parse_int64(idem_rows_get(rows, r, c), INT64_MIN, INT64_MAX, &v);
-    return v;
-}
 
 static json_t *text_or_null(const char *s)
 {
@@ -70,11 +52,11 @@ static json_t *charge_doc(const char *id, const char *key, int64_t amount, const
 /* The charge in row `r` of a result selected with CHARGE_COLS (new). */
 static json_t *charge_row(const struct idem_rows *rows, int r)
 {
-    json_t *meta = metadata_of(idem_rows_get(rows, r, 8));
-    json_t *doc =
-        charge_doc(idem_rows_get(rows, r, 0), idem_rows_get(rows, r, 1), row_int(rows, r, 2),
-                   idem_rows_get(rows, r, 3), idem_rows_get(rows, r, 4), idem_rows_get(rows, r, 5),
-                   idem_rows_get(rows, r, 6), idem_rows_get(rows, r, 7), meta, row_int(rows, r, 9));
+    json_t *meta = resource_metadata(idem_rows_get(rows, r, 8));
+    json_t *doc = charge_doc(
+        idem_rows_get(rows, r, 0), idem_rows_get(rows, r, 1), resource_int(rows, r, 2),
+        idem_rows_get(rows, r, 3), idem_rows_get(rows, r, 4), idem_rows_get(rows, r, 5),
+        idem_rows_get(rows, r, 6), idem_rows_get(rows, r, 7), meta, resource_int(rows, r, 9));
 
     json_decref(meta);
     return doc;
@@ -91,52 +73,13 @@ static json_t *refund_doc(const char *id, const char *key, const char *charge, i
 
 static json_t *refund_row(const struct idem_rows *rows, int r)
 {
-    json_t *meta = metadata_of(idem_rows_get(rows, r, 5));
-    json_t *doc =
-        refund_doc(idem_rows_get(rows, r, 0), idem_rows_get(rows, r, 1), idem_rows_get(rows, r, 2),
-                   row_int(rows, r, 3), idem_rows_get(rows, r, 4), meta, row_int(rows, r, 6));
+    json_t *meta = resource_metadata(idem_rows_get(rows, r, 5));
+    json_t *doc = refund_doc(idem_rows_get(rows, r, 0), idem_rows_get(rows, r, 1),
+                             idem_rows_get(rows, r, 2), resource_int(rows, r, 3),
+                             idem_rows_get(rows, r, 4), meta, resource_int(rows, r, 6));
 
     json_decref(meta);
     return doc;
-}
-
-/* A read-only query answered as one object (get) or as {"object":"list","data":[...]}. */
-static void query(struct sim *sim, struct response *resp, const char *sql, int nparams,
-                  const char *const *params, json_t *(*row_fn)(const struct idem_rows *, int),
-                  int single, const char *missing_code)
-{
-    struct idem_tx *tx = NULL;
-    struct idem_rows *rows = NULL;
-    json_t *doc = NULL, *list = NULL;
-    int i, n, rc;
-
-    rc = idem_tx_begin(sim->store, 0, &tx);
-    if (rc == 0)
-        rc = idem_tx_exec(tx, sql, nparams, params, &rows);
-    if (rc < 0) {
-        response_set_header(resp, "Retry-After", "1");
-        response_problem(resp, 503, "provider-unavailable", "The store did not answer. Retry.");
-        goto out;
-    }
-    n = idem_rows_count(rows);
-    if (single) {
-        if (n == 0) {
-            response_problem(resp, 404, missing_code, "There is no object with this id.");
-            goto out;
-        }
-        doc = row_fn(rows, 0);
-    } else {
-        list = xcheck(json_array());
-        for (i = 0; i < n; i++)
-            json_array_append_new(list, row_fn(rows, i));
-        doc = xcheck(json_pack("{s:s, s:O}", "object", "list", "data", list));
-    }
-    response_json(resp, 200, doc);
-out:
-    json_decref(list);
-    json_decref(doc);
-    idem_rows_free(rows);
-    idem_tx_rollback(tx);
 }
 
 static const char *reference_of(const json_t *metadata)
@@ -264,31 +207,14 @@ void charges_create(struct sim *sim, const struct request *rq, struct response *
     idempotent_post(sim, rq, resp, &sim->op_charges, "/v1/charges", validate_charge, exec_charge);
 }
 
-void charges_get(struct sim *sim, const struct request *rq, struct response *resp, const char *id)
-{
-    const char *params[1] = {id};
-
-    (void)rq;
-    query(sim, resp, "SELECT " CHARGE_COLS " FROM charges WHERE id = $1", 1, params, charge_row, 1,
-          "charge-not-found");
-}
-
-void charges_list(struct sim *sim, const struct request *rq, struct response *resp)
-{
-    const char *key = request_query(rq, "idempotency_key");
-    const char *params[1] = {key};
-
-    if (key != NULL)
-        query(sim, resp,
-              "SELECT " CHARGE_COLS " FROM charges WHERE idem_key = $1 ORDER BY "
-              "created_ms, id",
-              1, params, charge_row, 0, NULL);
-    else
-        query(sim, resp,
-              "SELECT " CHARGE_COLS " FROM charges ORDER BY created_ms DESC, id DESC "
-              "LIMIT 100",
-              0, NULL, charge_row, 0, NULL);
-}
+const struct sim_resource charges_resource = {
+    .path = "/v1/charges",
+    .table = "charges",
+    .cols = CHARGE_COLS,
+    .row = charge_row,
+    .missing_code = "charge-not-found",
+    .create = charges_create,
+};
 
 /* ---- refunds ------------------------------------------------------------------------------- */
 
@@ -348,8 +274,8 @@ static int exec_refund(struct sim *sim, struct idem_call *call, enum idem_outcom
                      NULL);
         goto out;
     }
-    charged = row_int(rows, 0, 0);
-    refunded = row_int(rows, 0, 3);
+    charged = resource_int(rows, 0, 0);
+    refunded = resource_int(rows, 0, 3);
     snprintf(currency, sizeof currency, "%s", idem_rows_get(rows, 0, 1));
     amount = charged - refunded;
     json_whole(json_object_get(body, "amount"), 1, AMOUNT_MAX, &amount);
@@ -396,37 +322,13 @@ void refunds_create(struct sim *sim, const struct request *rq, struct response *
     idempotent_post(sim, rq, resp, &sim->op_refunds, "/v1/refunds", validate_refund, exec_refund);
 }
 
-void refunds_get(struct sim *sim, const struct request *rq, struct response *resp, const char *id)
-{
-    const char *params[1] = {id};
-
-    (void)rq;
-    query(sim, resp, "SELECT " REFUND_COLS " FROM refunds WHERE id = $1", 1, params, refund_row, 1,
-          "not-found");
-}
-
-void refunds_list(struct sim *sim, const struct request *rq, struct response *resp)
-{
-    const char *key = request_query(rq, "idempotency_key");
-    const char *charge = request_query(rq, "charge");
-    const char *params[1];
-
-    if (key != NULL) {
-        params[0] = key;
-        query(sim, resp,
-              "SELECT " REFUND_COLS " FROM refunds WHERE idem_key = $1 ORDER BY "
-              "created_ms, id",
-              1, params, refund_row, 0, NULL);
-    } else if (charge != NULL) {
-        params[0] = charge;
-        query(sim, resp,
-              "SELECT " REFUND_COLS " FROM refunds WHERE charge_id = $1 ORDER BY "
-              "created_ms, id",
-              1, params, refund_row, 0, NULL);
-    } else {
-        query(sim, resp,
-              "SELECT " REFUND_COLS " FROM refunds ORDER BY created_ms DESC, id DESC "
-              "LIMIT 100",
-              0, NULL, refund_row, 0, NULL);
-    }
-}
+const struct sim_resource refunds_resource = {
+    .path = "/v1/refunds",
+    .table = "refunds",
+    .cols = REFUND_COLS,
+    .row = refund_row,
+    .missing_code = "not-found",
+    .filter_param = "charge",
+    .filter_column = "charge_id",
+    .create = refunds_create,
+};

@@ -12,6 +12,7 @@
 #include "idem/idem.h"
 
 #include "handlers.h"
+#include "resource.h"
 #include "sim_util.h"
 #include "jdoc.h"
 #include "banned.h"
@@ -26,6 +27,18 @@ static json_t *email_doc(const char *id, const char *key, const char *to, const 
                             "email", "to", to, "subject", subject, "template", template_name,
                             "status", "sent", "metadata", metadata, "idempotency_key", key,
                             "created", (json_int_t)(created_ms / 1000)));
+}
+
+/* The email in row `r` of a result selected with EMAIL_COLS (new). */
+static json_t *email_row(const struct idem_rows *rows, int r)
+{
+    json_t *meta = resource_metadata(idem_rows_get(rows, r, 6));
+    json_t *doc = email_doc(idem_rows_get(rows, r, 0), idem_rows_get(rows, r, 1),
+                            idem_rows_get(rows, r, 2), idem_rows_get(rows, r, 3),
+                            idem_rows_get(rows, r, 4), meta, resource_int(rows, r, 7));
+
+    json_decref(meta);
+    return doc;
 }
 
 static int string_field(const json_t *body, const char *name, int required, char *detail,
@@ -121,49 +134,11 @@ void emails_create(struct sim *sim, const struct request *rq, struct response *r
     idempotent_post(sim, rq, resp, &sim->op_emails, "/v1/emails", validate_email, exec_email);
 }
 
-void emails_list(struct sim *sim, const struct request *rq, struct response *resp)
-{
-    const char *key = request_query(rq, "idempotency_key");
-    const char *params[1] = {key};
-    struct idem_tx *tx = NULL;
-    struct idem_rows *rows = NULL;
-    json_t *list = NULL, *doc = NULL, *meta;
-    int64_t created;
-    int i, n, rc;
-
-    rc = idem_tx_begin(sim->store, 0, &tx);
-    if (rc == 0 && key != NULL)
-        rc = idem_tx_exec(tx, "SELECT " EMAIL_COLS " FROM emails WHERE idem_key = $1", 1, params,
-                          &rows);
-    else if (rc == 0)
-        rc = idem_tx_exec(tx,
-                          "SELECT " EMAIL_COLS " FROM emails ORDER BY created_ms DESC, id DESC "
-                          "LIMIT 100",
-                          0, NULL, &rows);
-    if (rc < 0) {
-        response_problem(resp, 503, "provider-unavailable", "The store did not answer. Retry.");
-        goto out;
-    }
-    list = xcheck(json_array());
-    n = idem_rows_count(rows);
-    for (i = 0; i < n; i++) {
-        meta = json_loads(idem_rows_get(rows, i, 6), 0, NULL);
-        if (!json_is_object(meta)) {
-            json_decref(meta);
-            meta = xcheck(json_object());
-        }
-        created = 0;
-        parse_int64(idem_rows_get(rows, i, 7), 0, INT64_MAX, &created);
-        json_array_append_new(list, email_doc(idem_rows_get(rows, i, 0), idem_rows_get(rows, i, 1),
-                                              idem_rows_get(rows, i, 2), idem_rows_get(rows, i, 3),
-                                              idem_rows_get(rows, i, 4), meta, created));
-        json_decref(meta);
-    }
-    doc = xcheck(json_pack("{s:s, s:O}", "object", "list", "data", list));
-    response_json(resp, 200, doc);
-out:
-    json_decref(list);
-    json_decref(doc);
-    idem_rows_free(rows);
-    idem_tx_rollback(tx);
-}
+const struct sim_resource emails_resource = {
+    .path = "/v1/emails",
+    .table = "emails",
+    .cols = EMAIL_COLS,
+    .row = email_row,
+    .missing_code = "email-not-found",
+    .create = emails_create,
+};

@@ -47,17 +47,12 @@ void exec_problem(struct exec_result *out, int status, const char *code, const c
 /* The metadata member of a body: an object (new reference), {} when absent. */
 json_t *body_metadata(const json_t *body);
 
-/* charges.c */
+/* The objects, their idempotent POSTs and their GETs (resource.h): charges.c, emails.c. */
+struct sim_resource;
+extern const struct sim_resource charges_resource, refunds_resource, emails_resource;
 void charges_create(struct sim *sim, const struct request *rq, struct response *resp);
-void charges_get(struct sim *sim, const struct request *rq, struct response *resp, const char *id);
-void charges_list(struct sim *sim, const struct request *rq, struct response *resp);
 void refunds_create(struct sim *sim, const struct request *rq, struct response *resp);
-void refunds_get(struct sim *sim, const struct request *rq, struct response *resp, const char *id);
-void refunds_list(struct sim *sim, const struct request *rq, struct response *resp);
-
-/* emails.c */
 void emails_create(struct sim *sim, const struct request *rq, struct response *resp);
-void emails_list(struct sim *sim, const struct request *rq, struct response *resp);
 
 /* ledger.c */
 void ledger_get(struct sim *sim, const struct request *rq, struct response *resp);

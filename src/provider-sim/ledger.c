@@ -90,6 +90,30 @@ static int count_dups(struct idem_tx *tx, const char *group_sql, const char *kin
     return rc;
 }
 
+/*
+ * Flags the duplicate `kind`s of `table`: two rows under one Idempotency-Key, and, with
+ * `ref_where` (a condition, may be ""; NULL: no reference check), two rows of one reference.
+ * `into` (may be NULL) gets every count under byKey and byReference when `with_keys` and
+ * `with_refs` ask for them.
+ */
+static int effect_dups(struct idem_tx *tx, const char *table, const char *kind,
+                       const char *ref_where, json_t *into, int with_keys, int with_refs,
+                       json_t *dups)
+{
+    char sql[256];
+    int rc;
+
+    /* Constant SQL only: the table and the condition are literals of this file. */
+    snprintf(sql, sizeof sql, "SELECT idem_key, COUNT(*) FROM %s GROUP BY idem_key", table);
+    rc = count_dups(tx, sql, kind, "key", with_keys ? into : NULL, "byKey", dups);
+    if (rc < 0 || ref_where == NULL)
+        return rc;
+    snprintf(sql, sizeof sql,
+             "SELECT reference, COUNT(*) FROM %s WHERE %sreference IS NOT NULL GROUP BY reference",
+             table, ref_where);
+    return count_dups(tx, sql, kind, "reference", with_refs ? into : NULL, "byReference", dups);
+}
+
 void ledger_get(struct sim *sim, const struct request *rq, struct response *resp)
 {
     struct sim_counters *c = &sim->counters;
@@ -122,13 +146,8 @@ void ledger_get(struct sim *sim, const struct request *rq, struct response *resp
                                (json_int_t)cell_int(r, 0, 2)));
     idem_rows_free(r);
     r = NULL;
-    rc = count_dups(tx, "SELECT idem_key, COUNT(*) FROM charges GROUP BY idem_key", "charge", "key",
-                    with_keys ? charges : NULL, "byKey", dups);
-    if (rc == 0)
-        rc = count_dups(tx,
-                        "SELECT reference, COUNT(*) FROM charges WHERE status = 'succeeded' AND "
-                        "reference IS NOT NULL GROUP BY reference",
-                        "charge", "reference", with_refs ? charges : NULL, "byReference", dups);
+    rc = effect_dups(tx, "charges", "charge", "status = 'succeeded' AND ", charges, with_keys,
+                     with_refs, dups);
     if (rc < 0)
         goto fail;
 
@@ -140,8 +159,7 @@ void ledger_get(struct sim *sim, const struct request *rq, struct response *resp
                                (json_int_t)cell_int(r, 0, 1)));
     idem_rows_free(r);
     r = NULL;
-    rc = count_dups(tx, "SELECT idem_key, COUNT(*) FROM refunds GROUP BY idem_key", "refund", "key",
-                    with_keys ? refunds : NULL, "byKey", dups);
+    rc = effect_dups(tx, "refunds", "refund", NULL, refunds, with_keys, with_refs, dups);
     if (rc < 0)
         goto fail;
     rc = run(tx,
@@ -176,13 +194,7 @@ void ledger_get(struct sim *sim, const struct request *rq, struct response *resp
     json_object_set_new(emails, "byTemplate", map);
     idem_rows_free(r);
     r = NULL;
-    rc = count_dups(tx, "SELECT idem_key, COUNT(*) FROM emails GROUP BY idem_key", "email", "key",
-                    with_keys ? emails : NULL, "byKey", dups);
-    if (rc == 0)
-        rc = count_dups(tx,
-                        "SELECT reference, COUNT(*) FROM emails WHERE reference IS NOT NULL "
-                        "GROUP BY reference",
-                        "email", "reference", with_refs ? emails : NULL, "byReference", dups);
+    rc = effect_dups(tx, "emails", "email", "", emails, with_keys, with_refs, dups);
     if (rc < 0)
         goto fail;
 

@@ -11,7 +11,8 @@ between a real orderd and a real provider-sim:
 - webhooks delivered three times are applied once; a bad signature is 401 and applies nothing;
 - cancelling twice, the provider down during the first, refunds exactly once;
 - the "profile changed" email goes out only when something changed; a parked email comes back
-  with `orderd outbox retry`.
+  with `orderd outbox retry`;
+- provider-sim reads back every object it made, by id, by key and by filter.
 
 Every test starts its own provider-sim and orderd (fresh databases), so they do not interfere.
 """
@@ -641,6 +642,42 @@ def test_order_whose_record_was_swept_while_unpaid_still_ends_paid(_):
         expect(again.replayed and again.body == late.body, "then replayed: %s" % again.describe())
         expect_eq(len(prov.charges_by_key(charge_key(oid))), 1, "charges of the order's key")
         expect_clean(prov, "orphan orders")
+
+
+@test
+def test_provider_reads_back_each_object_by_id_key_and_filter(_):
+    """What a client's reconciler asks provider-sim: every object it made (charge, refund, email)
+    by its id, by its Idempotency-Key and (refunds) by their charge; a 404 with the object's own
+    code for an unknown id; 405 for a method the path does not take."""
+    with Provider(name="prov-reads") as prov:
+        made = {}
+        for path, body in (("/v1/charges", {"amount": 900, "currency": "EUR", "source": "tok_ok"}),
+                           ("/v1/emails", {"to": "a@example.com", "subject": "s", "template": "t"})):
+            key = new_key("read")
+            status, doc = prov.call("POST", path, body, {"Idempotency-Key": key})
+            expect_eq(status, 201, "POST %s: %r" % (path, doc))
+            made[path] = (doc, key)
+        charge = made["/v1/charges"][0]
+        key = new_key("read-refund")
+        status, doc = prov.call("POST", "/v1/refunds", {"charge": charge["id"], "amount": 400},
+                                {"Idempotency-Key": key})
+        expect_eq(status, 201, "POST /v1/refunds: %r" % doc)
+        made["/v1/refunds"] = (doc, key)
+        for path, (doc, key) in made.items():
+            status, got = prov.call("GET", "%s/%s" % (path, doc["id"]))
+            expect_eq((status, got), (200, doc), "GET %s/%s" % (path, doc["id"]))
+            status, got = prov.call("GET", "%s?idempotency_key=%s" % (path, key))
+            expect_eq((status, got["data"]), (200, [doc]), "GET %s by its key" % path)
+            status, got = prov.call("GET", path)
+            expect(status == 200 and doc in got["data"], "GET %s lists it: %r" % (path, got))
+            status, got = prov.call("PUT", "%s/%s" % (path, doc["id"]))
+            expect_eq(status, 405, "PUT %s/%s" % (path, doc["id"]))
+        status, got = prov.call("GET", "/v1/refunds?charge=" + charge["id"])
+        expect_eq((status, got["data"]), (200, [made["/v1/refunds"][0]]), "refunds of the charge")
+        for path, code in (("/v1/charges", "charge-not-found"), ("/v1/refunds", "not-found"),
+                           ("/v1/emails", "email-not-found")):
+            status, got = prov.call("GET", path + "/nope")
+            expect_eq((status, got.get("code")), (404, code), "GET %s/nope" % path)
 
 
 def faults_from(prov, source, body=None):
