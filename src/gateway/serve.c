@@ -20,6 +20,7 @@
 
 #include "admin.h"
 #include "gateway.h"
+#include "periodic.h"
 #include "proxy.h"
 #include "signals.h"
 #include "util.h"
@@ -28,60 +29,23 @@
 /* Records deleted per sweep transaction. */
 #define SWEEP_BATCH 500
 
-struct sweeper {
-    struct gateway *gw;
-    int interval_s;
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cond;
-    int stop;
-    int running;
-};
-
-static void *sweeper_main(void *arg)
+/* Deletes the expired records, SWEEP_BATCH per transaction, until none is left. */
+static void sweep(struct periodic *p, void *ctx)
 {
-    struct sweeper *sw = arg;
+    struct gateway *gw = ctx;
+    int total = 0, deleted = SWEEP_BATCH, rc;
 
-    pthread_mutex_lock(&sw->mu);
-    while (!sw->stop) {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += sw->interval_s;
-        while (!sw->stop && pthread_cond_timedwait(&sw->cond, &sw->mu, &until) == 0)
-            ;
-        if (sw->stop)
+    while (deleted == SWEEP_BATCH && !periodic_stopping(p)) {
+        deleted = 0;
+        rc = idem_engine_sweep(gw->engine, SWEEP_BATCH, &deleted);
+        if (rc < 0) {
+            log_msg(&gw->log, "warn", "sweep: %s", idem_strerror(rc));
             break;
-        pthread_mutex_unlock(&sw->mu);
-        for (int total = 0;;) {
-            int deleted = 0;
-            int rc = idem_engine_sweep(sw->gw->engine, SWEEP_BATCH, &deleted);
-            if (rc < 0) {
-                log_msg(&sw->gw->log, "warn", "sweep: %s", idem_strerror(rc));
-                break;
-            }
-            total += deleted;
-            if (deleted < SWEEP_BATCH) {
-                if (total > 0)
-                    log_msg(&sw->gw->log, "info", "sweep: %d expired records deleted", total);
-                break;
-            }
         }
-        pthread_mutex_lock(&sw->mu);
+        total += deleted;
     }
-    pthread_mutex_unlock(&sw->mu);
-    return NULL;
-}
-
-static void sweeper_stop(struct sweeper *sw)
-{
-    if (!sw->running)
-        return;
-    pthread_mutex_lock(&sw->mu);
-    sw->stop = 1;
-    pthread_cond_signal(&sw->cond);
-    pthread_mutex_unlock(&sw->mu);
-    pthread_join(sw->thread, NULL);
-    sw->running = 0;
+    if (total > 0)
+        log_msg(&gw->log, "info", "sweep: %d expired records deleted", total);
 }
 
 /*
@@ -167,7 +131,7 @@ static void release_earlier_process(struct gateway *gw, const char *prefix)
 int serve_run(const struct gw_config *cfg, const struct serve_options *so)
 {
     struct gateway gw;
-    struct sweeper sw;
+    struct periodic sweeper = {0};
     struct http_server_options popts, aopts;
     struct http_server *pub = NULL, *adm = NULL;
     struct idem_store_options store_opts = {.pool_size = so->db_pool};
@@ -185,7 +149,6 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     memset(&gw, 0, sizeof gw);
     pthread_mutex_init(&gw.steps_mu, NULL);
     pthread_cond_init(&gw.steps_cv, NULL);
-    memset(&sw, 0, sizeof sw);
     stop_signals_block(&stop_signals); /* before any thread, so every thread inherits it */
     gw.cfg = cfg;
     gw.log.format = so->log_format;
@@ -250,16 +213,10 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
         }
     }
     release_earlier_process(&gw, owner);
-    if (so->sweep_interval_s > 0) {
-        sw.gw = &gw;
-        sw.interval_s = so->sweep_interval_s;
-        pthread_mutex_init(&sw.mu, NULL);
-        pthread_cond_init(&sw.cond, NULL);
-        if (pthread_create(&sw.thread, NULL, sweeper_main, &sw) != 0) {
-            log_msg(&gw.log, "error", "cannot start the sweeper");
-            goto out;
-        }
-        sw.running = 1;
+    if (so->sweep_interval_s > 0 &&
+        periodic_start(&sweeper, (int64_t)so->sweep_interval_s * 1000, sweep, &gw) != 0) {
+        log_msg(&gw.log, "error", "cannot start the sweeper");
+        goto out;
     }
 
     printf("idem-gateway: listening on %s (admin %s)\n", http_server_url(pub),
@@ -273,11 +230,7 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
 out:
     http_server_stop(pub);
     http_server_stop(adm);
-    sweeper_stop(&sw);
-    if (sw.interval_s > 0) {
-        pthread_mutex_destroy(&sw.mu);
-        pthread_cond_destroy(&sw.cond);
-    }
+    periodic_stop(&sweeper);
     idem_engine_free(gw.engine);
     idem_store_close(gw.store);
     if (serving_fd >= 0)

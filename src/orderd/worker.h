@@ -8,10 +8,10 @@
 #ifndef ORDERD_WORKER_H
 #define ORDERD_WORKER_H
 
-#include <pthread.h>
 #include <stdint.h>
 
 #include "metrics.h"
+#include "periodic.h"
 
 struct app;
 
@@ -19,14 +19,8 @@ struct app;
 typedef int (*worker_fn)(struct app *app, int *items);
 
 struct worker {
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int stop;
-    int inited;
-    int running;
+    struct periodic periodic; /* the thread; unused while the worker is off */
     enum worker_id id;
-    int64_t interval_ms;
     int full_batch; /* items at which a run is considered full (run again at once) */
     worker_fn fn;
     struct app *app;

@@ -23,6 +23,7 @@
 
 #include "sim.h"
 #include "clock.h"
+#include "periodic.h"
 #include "sim_util.h"
 #include "jdoc.h"
 #include "banned.h"
@@ -340,19 +341,14 @@ static void *sender_loop(void *arg)
 int webhooks_start(struct sim *sim, const char *url, const char *secret, struct webhooks **out)
 {
     struct webhooks *wh = xcheck(calloc(1, sizeof *wh));
-    pthread_condattr_t attr;
     int i;
 
     *out = NULL;
     wh->sim = sim;
     wh->url = url;
     wh->secret = secret;
-    if (pthread_mutex_init(&wh->mu, NULL) != 0 || pthread_condattr_init(&attr) != 0)
-        die("cannot initialise a mutex");
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    if (pthread_cond_init(&wh->cv, &attr) != 0)
-        die("cannot initialise a condition variable");
-    pthread_condattr_destroy(&attr);
+    if (pthread_mutex_init(&wh->mu, NULL) != 0 || cond_init_monotonic(&wh->cv) != 0)
+        die("cannot initialise a mutex or a condition variable");
     for (i = 0; i < WEBHOOK_SHARDS; i++) {
         wh->senders[i].wh = wh;
         wh->senders[i].shard = i;

@@ -18,6 +18,7 @@ request it gets, and counts): what a user of the gateway relies on.
   - the gateway killed with SIGKILL mid-request and restarted: the retry is held, not re-run;
   - requests on no route, and keyless requests on an optional route, are passed through as
     they came (path and query undecoded, hop-by-hop headers dropped, X-Forwarded-For added);
+  - the sweeper deletes records whose retention ended, and only those;
   - the admin listener's /healthz, /readyz and /metrics.
 """
 
@@ -849,6 +850,39 @@ def a_held_key_is_shown_and_resolved_by_an_operator(ctx):
     code, out, err = keys_cli(gw, "resolve", "--principal", "alice", "--operation", "nope",
                               "--key", k2, "--decision", "not-executed")
     expect(code == 2 and "no route" in err, "an unknown operation: %d %r" % (code, err))
+
+@test
+def the_sweeper_deletes_records_whose_retention_ended(ctx):
+    # Retention (docs/gateway.md): a background sweep deletes expired records every
+    # --sweep-interval-s; a record still within its retention stays.
+    up = ctx["up"]
+    routes = """
+  - match: POST /v1/things
+    operation: things.create
+    retention: 1s
+  - match: POST /v1/orders/{id}/refunds
+    operation: refunds.create
+"""
+    gw = Gateway(up, routes=routes, args=["--sweep-interval-s", "1"], name="gateway-sweep")
+    gw.start()
+    try:
+        short, kept = key("swept"), key("kept")
+        expect_eq(gw.request("POST", "/v1/things", {"n": 1}, key=short).status, 201, "short")
+        expect_eq(gw.request("POST", "/v1/orders/o1/refunds", {"n": 1}, key=kept).status, 201,
+                  "kept")
+
+        def record(operation, k):
+            return gw.admin("GET", "/records?principal=alice&operation=%s&key=%s" % (operation, k))
+
+        def swept():
+            with open(gw.stderr_path, "rb") as f:
+                return b"sweep: 1 expired records deleted" in f.read()
+        harness.wait_until("the sweeper to delete the expired record", swept, timeout_s=20)
+        expect_eq(record("things.create", short).status, 404, "the expired record, swept")
+        expect_eq(record("refunds.create", kept).status, 200, "the record within retention")
+    finally:
+        gw.close()
+
 
 @test
 def admin_listener_health_ready_metrics(ctx):
