@@ -49,6 +49,17 @@ const char *http_reply_header(const struct http_reply *reply, const char *name)
     return NULL;
 }
 
+/* Appends a piece of a field name or value to the head; -1 once it is over its cap. */
+static int add_to_head(struct http_reply_reader *r, const char *at, size_t len)
+{
+    if (r->head.len + len > HTTP_REPLY_MAX_HEAD) {
+        r->too_many = 1;
+        return -1;
+    }
+    strbuf_add(&r->head, at, len);
+    return 0;
+}
+
 static int on_field(http_parser *hp, const char *at, size_t len)
 {
     struct http_reply_reader *r = hp->data;
@@ -65,12 +76,7 @@ static int on_field(http_parser *hp, const char *at, size_t len)
         r->nfields++;
         r->in_value = 0;
     }
-    if (r->head.len + len > HTTP_REPLY_MAX_HEAD) {
-        r->too_many = 1;
-        return -1;
-    }
-    strbuf_add(&r->head, at, len);
-    return 0;
+    return add_to_head(r, at, len);
 }
 
 static int on_value(http_parser *hp, const char *at, size_t len)
@@ -85,12 +91,7 @@ static int on_value(http_parser *hp, const char *at, size_t len)
         r->offs[r->nfields - 1][1] = r->head.len;
         r->in_value = 1;
     }
-    if (r->head.len + len > HTTP_REPLY_MAX_HEAD) {
-        r->too_many = 1;
-        return -1;
-    }
-    strbuf_add(&r->head, at, len);
-    return 0;
+    return add_to_head(r, at, len);
 }
 
 static int on_headers_complete(http_parser *hp)

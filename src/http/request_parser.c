@@ -521,38 +521,44 @@ void request_parser_release(struct request_parser *p)
     reset_request(p);
 }
 
+/* The problem each reason to stop answers. */
+static const struct stop_problem {
+    int status;
+    const char *code;
+    const char *detail;
+} stop_problems[] = {
+    [STOP_HEAD_TOO_LARGE] = {431, "request-header-too-large",
+                             "The request line and header fields are over this server's limit."},
+    [STOP_BODY_TOO_LARGE] = {413, "body-too-large", REQUEST_BODY_TOO_LARGE},
+    [STOP_BAD_TARGET] = {400, "bad-request", "The request target is not a valid path."},
+    [STOP_TARGET_BYTE] = {400, "bad-request",
+                          "The request target holds a byte RFC 3986 does not allow: white space, "
+                          "a control character, a byte over 0x7F, one of \"#<>\\^`{|}, or a '%' "
+                          "without two hex digits after it. Percent-encode it."},
+    [STOP_CONNECT] = {501, "method-not-implemented", "CONNECT is not served here: no tunnels."},
+    [STOP_TRANSFER_CODING] = {501, "transfer-coding-not-implemented",
+                              "Transfer-Encoding may only be chunked here; send the body with "
+                              "another coding as Content-Encoding."},
+    [STOP_BAD_FIELD_NAME] = {400, "bad-request",
+                             "A header field name is not a token (no white space before the "
+                             "colon)."},
+    [STOP_BAD_FIELD_VALUE] = {400, "bad-request",
+                              "A header field value holds a control character."},
+    [STOP_BAD_VERSION] = {505, "http-version-not-supported",
+                          "Only HTTP/1.0 and HTTP/1.1 are spoken here."},
+};
+
 /* Turns a stopped parser into the problem to answer. */
 static enum request_parse_result parse_error(struct request_parser *p)
 {
     enum http_errno e = HTTP_PARSER_ERRNO(&p->hp);
-    int reason = p->stop;
+    int reason = e == HPE_HEADER_OVERFLOW ? STOP_HEAD_TOO_LARGE : p->stop;
+    const struct stop_problem *sp = &stop_problems[reason];
 
-    if (reason == STOP_HEAD_TOO_LARGE || e == HPE_HEADER_OVERFLOW)
-        fail(p, 431, "request-header-too-large",
-             "The request line and header fields are over this server's limit.");
-    else if (reason == STOP_BODY_TOO_LARGE)
-        fail(p, 413, "body-too-large",
-             p->limits.body_too_large ? p->limits.body_too_large : REQUEST_BODY_TOO_LARGE);
-    else if (reason == STOP_BAD_TARGET)
-        fail(p, 400, "bad-request", "The request target is not a valid path.");
-    else if (reason == STOP_CONNECT)
-        fail(p, 501, "method-not-implemented", "CONNECT is not served here: no tunnels.");
-    else if (reason == STOP_TRANSFER_CODING)
-        fail(p, 501, "transfer-coding-not-implemented",
-             "Transfer-Encoding may only be chunked here; send the body with another coding as "
-             "Content-Encoding.");
-    else if (reason == STOP_TARGET_BYTE)
-        fail(p, 400, "bad-request",
-             "The request target holds a byte RFC 3986 does not allow: white space, a control "
-             "character, a byte over 0x7F, one of \"#<>\\^`{|}, or a '%' without two hex digits "
-             "after it. Percent-encode it.");
-    else if (reason == STOP_BAD_FIELD_NAME)
-        fail(p, 400, "bad-request",
-             "A header field name is not a token (no white space before the colon).");
-    else if (reason == STOP_BAD_FIELD_VALUE)
-        fail(p, 400, "bad-request", "A header field value holds a control character.");
-    else if (reason == STOP_BAD_VERSION)
-        fail(p, 505, "http-version-not-supported", "Only HTTP/1.0 and HTTP/1.1 are spoken here.");
+    if (reason == STOP_BODY_TOO_LARGE && p->limits.body_too_large)
+        fail(p, sp->status, sp->code, p->limits.body_too_large);
+    else if (reason != STOP_NONE)
+        fail(p, sp->status, sp->code, sp->detail);
     else if (e == HPE_INVALID_METHOD)
         fail(p, 501, "method-not-implemented", "This server does not know the request method.");
     else if (e == HPE_UNEXPECTED_CONTENT_LENGTH)
