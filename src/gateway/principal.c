@@ -623,27 +623,17 @@ static int principal_from_jwt(const struct principal_verifier *v, principal_head
     if (b64url_decode(tok + dot2 + 1, tok_len - dot2 - 1, dec + used, &sig_len) != 0)
         goto not_b64;
 
+    /* Each step runs only if every one before it passed: the claims are read once signed. */
     hdr = parse_object(hdr_bytes, hdr_len);
-    if (hdr == NULL) {
-        *why = "token header is not a JSON object";
-        goto out;
-    }
-    *why = check_header(v, hdr);
-    if (*why != NULL)
-        goto out;
+    *why = hdr == NULL ? "token header is not a JSON object" : check_header(v, hdr);
     /* The signing input is the encoded header and claims as sent, dot included. */
-    *why = check_signature(v, tok, dot2, sig, sig_len);
-    if (*why != NULL)
-        goto out;
-    claims = parse_object(claim_bytes, claim_len);
-    if (claims == NULL) {
+    if (*why == NULL)
+        *why = check_signature(v, tok, dot2, sig, sig_len);
+    if (*why == NULL && (claims = parse_object(claim_bytes, claim_len)) == NULL)
         *why = "token claims are not a JSON object";
-        goto out;
-    }
-    *why = check_claims(v, claims, now_s, out);
-    if (*why != NULL)
-        goto out;
-    rc = 0;
+    if (*why == NULL)
+        *why = check_claims(v, claims, now_s, out);
+    rc = *why == NULL ? 0 : -1;
     goto out;
 not_b64:
     *why = "token is not base64url";
