@@ -9,8 +9,9 @@
 
 #include <string.h>
 
-/* The refusal sentence below spells the limit out; keep the two in step. */
-_Static_assert(IDEM_KEY_MAX == 255, "update \"key is longer than 255 characters\"");
+#include "key_rule.h"
+
+_Static_assert(IDEM_KEY_MAX == KEY_RULE_MAX, "one length rule for both ends (common/key_rule.h)");
 
 static int is_ows(char c)
 {
@@ -131,14 +132,9 @@ int idem_key_parse(const char *value, size_t len, char out[IDEM_KEY_MAX + 1], co
     if (rc < 0)
         goto out;
     rc = IDEM_EKEY;
-    if (n == 0) {
-        reason = "key is empty";
+    reason = key_length_problem(n);
+    if (reason != NULL)
         goto out;
-    }
-    if (n > IDEM_KEY_MAX) {
-        reason = "key is longer than 255 characters";
-        goto out;
-    }
     out[n] = '\0';
     rc = 0;
 out:

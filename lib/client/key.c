@@ -9,10 +9,11 @@
 
 #include <string.h>
 
+#include "key_rule.h"
 #include "banned.h"
 
-/* The sentence below spells the limit out; keep the two in step. */
-_Static_assert(IDEM_CLIENT_KEY_MAX == 255, "update \"key is longer than 255 characters\"");
+_Static_assert(IDEM_CLIENT_KEY_MAX == KEY_RULE_MAX,
+               "one length rule for both ends (common/key_rule.h)");
 
 int idem_client_key_new(char out[IDEM_CLIENT_UUID_LEN + 1])
 {
@@ -48,14 +49,9 @@ int idem_client_key_check(const char *key, const char **why)
         goto out;
     }
     n = strlen(key);
-    if (n == 0) {
-        reason = "key is empty";
+    reason = key_length_problem(n);
+    if (reason != NULL)
         goto out;
-    }
-    if (n > IDEM_CLIENT_KEY_MAX) {
-        reason = "key is longer than 255 characters";
-        goto out;
-    }
     if (key[0] == '"') {
         reason = "key starts with a double quote";
         goto out;
