@@ -185,12 +185,9 @@ static int usage_error(const char *cmd, const char *fmt, const char *arg)
 /* Parses a decimal number of seconds (fractions allowed) into milliseconds, 1 ms .. 1 day. */
 static int parse_seconds(const char *s, int64_t *ms)
 {
-    char *end = NULL;
     double v;
 
-    errno = 0;
-    v = strtod(s, &end);
-    if (errno != 0 || end == s || *end != '\0' || !(v > 0) || v > 86400.0)
+    if (parse_double(s, 0.0, 86400.0, &v) != 0 || !(v > 0))
         return -1;
     *ms = (int64_t)(v * 1000.0 + 0.5);
     if (*ms < 1)

@@ -235,18 +235,6 @@ static int bad(const char *fmt, const char *arg)
     return CK_EXIT_USAGE;
 }
 
-static int rate(const char *s, double *out)
-{
-    char *end = NULL;
-    double v;
-    errno = 0;
-    v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= 0.0 && v <= 1.0))
-        return -1;
-    *out = v;
-    return 0;
-}
-
 /*
  * "http://HOST:PORT" with an optional "/" at the end; HOST an IPv4 address or "localhost" (the
  * proxy speaks plain TCP to it).  Fills the normalised URL, the address and the port; 0 or -1.
@@ -470,8 +458,16 @@ static int parse(int argc, char **argv, struct chaos *cx)
                         : c == O_DUP   ? &o->dup_rate
                         : c == O_LOST  ? &o->lost_rate
                                        : &o->fail_rate;
-            if (rate(optarg, d) < 0)
-                return bad("a rate is a number from 0 to 1, not '%s'", optarg);
+            const struct option *f = lo;
+            char msg[300];
+
+            if (parse_double(optarg, 0.0, 1.0, d) < 0) {
+                while (f->name != NULL && f->val != c)
+                    f++;
+                snprintf(msg, sizeof msg, "--%s must be a number from 0 to 1, not '%s'",
+                         f->name ? f->name : "rate", optarg);
+                return bad("%s", msg);
+            }
             o->lost_set |= c == O_LOST;
             o->fail_set |= c == O_5XX;
             break;

@@ -131,7 +131,7 @@ static int ms_flag(const char *flag, const char *arg, int64_t min, int64_t *out)
 
 static int rate_flag(const char *flag, const char *arg, double *out)
 {
-    if (parse_rate(arg, out) != 0)
+    if (parse_double(arg, 0.0, 1.0, out) != 0)
         return usage_error("--%s must be a number from 0 to 1, not '%s'", flag, arg);
     return -1;
 }

@@ -4,7 +4,6 @@
  */
 #include "sim_util.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -35,21 +34,6 @@ double random_unit(void)
 
     random_bytes((unsigned char *)&v, sizeof v);
     return (double)(v >> 11) / 9007199254740992.0; /* 53 random bits / 2^53 */
-}
-
-int parse_rate(const char *s, double *out)
-{
-    char *end = NULL;
-    double v;
-
-    if (s == NULL || *s == '\0' || *s == ' ')
-        return -1;
-    errno = 0;
-    v = strtod(s, &end);
-    if (errno != 0 || end == NULL || *end != '\0' || !isfinite(v) || v < 0.0 || v > 1.0)
-        return -1;
-    *out = v;
-    return 0;
 }
 
 int json_whole(const json_t *v, int64_t min, int64_t max, int64_t *out)

@@ -23,9 +23,6 @@ void new_id(const char *prefix, char *out, size_t cap);
 /* A uniform random number in [0, 1) from OpenSSL's CSPRNG. */
 double random_unit(void);
 
-/* The whole of `s` as a number in [0, 1]; 0 and *out, or -1. */
-int parse_rate(const char *s, double *out);
-
 /* A JSON number that is a whole number in [min, max] (jansson integers or reals). */
 int json_whole(const json_t *v, int64_t min, int64_t max, int64_t *out);
 

@@ -7,6 +7,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -230,6 +231,22 @@ int parse_int64(const char *s, int64_t min, int64_t max, int64_t *out)
     rc = 0;
 out:
     return rc;
+}
+
+int parse_double(const char *s, double min, double max, double *out)
+{
+    char *end = NULL;
+    double v;
+
+    /* Decimal only: strtod would also skip white space and read "inf", "nan" and hex. */
+    if (s == NULL || *s == '\0' || s[strspn(s, "0123456789.eE+-")] != '\0')
+        return -1;
+    errno = 0;
+    v = strtod(s, &end);
+    if (errno != 0 || end == s || *end != '\0' || !isfinite(v) || v < min || v > max)
+        return -1;
+    *out = v;
+    return 0;
 }
 
 size_t utf8_length(const char *s)

@@ -78,6 +78,12 @@ void iso8601_ms(int64_t ms, char out[ISO8601_LEN + 1]);
  */
 int parse_int64(const char *s, int64_t min, int64_t max, int64_t *out);
 
+/*
+ * Parses the whole of `s` as a finite decimal number in [min, max] ("0.5", "-1", "2e3"; not
+ * " 1", "inf" or "1x").  Returns 0 and *out, or -1.
+ */
+int parse_double(const char *s, double min, double max, double *out);
+
 /* Number of code points of the UTF-8 string `s` (continuation bytes are not counted). */
 size_t utf8_length(const char *s);
 

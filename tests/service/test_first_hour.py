@@ -129,6 +129,29 @@ def a_store_path_s_missing_directories_are_made(ctx):
 
 
 @test
+def number_flags_take_plain_decimal_numbers_only(ctx):
+    # One parser (parse_double) behind every fractional flag: provider-sim's rates, idem-check
+    # chaos's rates and the idem CLI's seconds.  strtod alone would take each of these.
+    sim = os.path.join(BIN, "provider-sim")
+    idem = os.path.join(BIN, "idem")
+    for bad in ("inf", "nan", " 0.5", "0.5x", "0x1p-1", "1.5", ""):
+        p = subprocess.run([sim, "--fail-rate", bad], capture_output=True, timeout=30)
+        expect(p.returncode == 2 and b"--fail-rate must be a number from 0 to 1, not '%s'"
+               % bad.encode() in p.stderr, "provider-sim --fail-rate %r: %d %r"
+               % (bad, p.returncode, p.stderr))
+    for bad in ("nan", "inf", "0x10", "0", "90000"):
+        p = subprocess.run([idem, "get", "http://127.0.0.1:9/x", "--max-time", bad],
+                           capture_output=True, timeout=30)
+        expect(p.returncode == 2 and b"--max-time" in p.stderr, "idem --max-time %r: %d %r"
+               % (bad, p.returncode, p.stderr))
+    for bad in ("nan", "-0.1", "1e9"):
+        p = subprocess.run([os.path.join(BIN, "idem-check"), "chaos", "--drop-rate", bad],
+                           capture_output=True, timeout=30)
+        expect(p.returncode == 2 and b"--drop-rate" in p.stderr, "idem-check chaos --drop-rate "
+               "%r: %d %r" % (bad, p.returncode, p.stderr))
+
+
+@test
 def option_mistakes_get_one_right_line_and_version_works_everywhere(ctx):
     gw = os.path.join(BIN, "idem-gateway")
     orderd = os.path.join(BIN, "orderd")
