@@ -31,7 +31,7 @@ static int flagged(const struct app *app, int create, const char *principal, con
 
     if (app->provider == NULL || app->cfg->reconciler_interval_ms <= 0)
         return 0;
-    if (db_read(app,
+    if (db_read(app, NULL,
                 create ? "SELECT 1 FROM orders WHERE user_id = $1 AND idem_key = $2 AND "
                          "payment_check_ms IS NOT NULL"
                        : "SELECT 1 FROM refunds WHERE flag_principal = $1 AND flag_key = $2 AND "

@@ -45,18 +45,21 @@ int db_exec(const struct app *app, struct idem_tx *tx, const char *sql, int npar
     return rc;
 }
 
-int db_read(const struct app *app, const char *sql, int nparams, const char *const *params,
-            struct idem_rows **rows)
+int db_read(const struct app *app, struct idem_tx *tx, const char *sql, int nparams,
+            const char *const *params, struct idem_rows **rows)
 {
-    struct idem_tx *tx = NULL;
-    int rc = idem_tx_begin(app->store, 0, &tx);
+    struct idem_tx *own = NULL;
+    int rc;
 
+    if (tx != NULL)
+        return db_exec(app, tx, sql, nparams, params, rows);
+    rc = idem_tx_begin(app->store, 0, &own);
     if (rc < 0) {
         log_msg(&app->log, "error", "cannot begin a read (%s): %.120s", idem_err_name(rc), sql);
         return rc;
     }
-    rc = db_exec(app, tx, sql, nparams, params, rows);
-    idem_tx_rollback(tx);
+    rc = db_exec(app, own, sql, nparams, params, rows);
+    idem_tx_rollback(own);
     return rc;
 }
 

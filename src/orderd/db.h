@@ -26,11 +26,12 @@ int db_exec(const struct app *app, struct idem_tx *tx, const char *sql, int npar
             const char *const *params, struct idem_rows **rows);
 
 /*
- * One read in a read transaction of its own (the background threads' lists of what is due):
- * db_exec() between idem_tx_begin(store, 0) and its rollback, logging a failure of either.
+ * One read in `tx`, or, when `tx` is NULL, in a read transaction of its own (the background
+ * threads' lists of what is due; a lookup made outside a call): db_exec() between
+ * idem_tx_begin(store, 0) and its rollback, logging a failure of either.
  */
-int db_read(const struct app *app, const char *sql, int nparams, const char *const *params,
-            struct idem_rows **rows);
+int db_read(const struct app *app, struct idem_tx *tx, const char *sql, int nparams,
+            const char *const *params, struct idem_rows **rows);
 
 /*
  * Masks, in place, whatever in `text` may be a password: the password of every URI's user info

@@ -186,7 +186,7 @@ int outbox_relay_run(struct app *app, int *items)
         return 0;
     snprintf(now, sizeof now, "%" PRId64, clock_wall_ms());
     params[0] = now;
-    rc = db_read(app,
+    rc = db_read(app, NULL,
                  "SELECT id, payload, attempts FROM outbox WHERE status = 'pending' AND "
                  "next_attempt_ms <= CAST($1 AS BIGINT) ORDER BY next_attempt_ms LIMIT 32",
                  1, params, &rows);

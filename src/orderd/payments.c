@@ -38,22 +38,16 @@ static void copy(char *dst, size_t cap, const char *src)
 int payments_load(const struct app *app, struct idem_tx *tx, const char *order_id,
                   struct order_pay *o)
 {
-    struct idem_tx *own = NULL;
     struct idem_rows *rows = NULL;
     const char *params[1] = {order_id};
-    int rc = 0;
+    int rc;
 
     memset(o, 0, sizeof *o);
-    if (tx == NULL) {
-        rc = idem_tx_begin(app->store, 0, &own);
-        tx = own;
-    }
-    if (rc == 0)
-        rc = db_exec(app, tx,
-                     "SELECT id, user_id, idem_key, status, product_id, currency, "
-                     "payment_source, charge_id, refund_status, quantity, amount FROM orders "
-                     "WHERE id = $1",
-                     1, params, &rows);
+    rc = db_read(app, tx,
+                 "SELECT id, user_id, idem_key, status, product_id, currency, "
+                 "payment_source, charge_id, refund_status, quantity, amount FROM orders "
+                 "WHERE id = $1",
+                 1, params, &rows);
     if (rc == 0 && idem_rows_count(rows) > 0) {
         o->found = 1;
         copy(o->id, sizeof o->id, db_text(rows, 0, 0));
@@ -69,7 +63,6 @@ int payments_load(const struct app *app, struct idem_tx *tx, const char *order_i
         o->amount = db_int(rows, 0, 10);
     }
     idem_rows_free(rows);
-    idem_tx_rollback(own);
     return rc;
 }
 
@@ -240,20 +233,14 @@ int payments_flag_unknown(const struct app *app, const char *order_id)
 int refunds_load(const struct app *app, struct idem_tx *tx, const char *order_id,
                  struct refund_row *r)
 {
-    struct idem_tx *own = NULL;
     struct idem_rows *rows = NULL;
     const char *params[1] = {order_id};
-    int rc = 0;
+    int rc;
 
     memset(r, 0, sizeof *r);
-    if (tx == NULL) {
-        rc = idem_tx_begin(app->store, 0, &own);
-        tx = own;
-    }
-    if (rc == 0)
-        rc = db_exec(app, tx,
-                     "SELECT status, charge_id, currency, amount FROM refunds WHERE order_id = $1",
-                     1, params, &rows);
+    rc = db_read(app, tx,
+                 "SELECT status, charge_id, currency, amount FROM refunds WHERE order_id = $1", 1,
+                 params, &rows);
     if (rc == 0 && idem_rows_count(rows) > 0) {
         r->found = 1;
         copy(r->status, sizeof r->status, db_text(rows, 0, 0));
@@ -262,7 +249,6 @@ int refunds_load(const struct app *app, struct idem_tx *tx, const char *order_id
         r->amount = db_int(rows, 0, 3);
     }
     idem_rows_free(rows);
-    idem_tx_rollback(own);
     return rc;
 }
 

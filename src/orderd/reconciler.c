@@ -123,13 +123,13 @@ int reconciler_run(struct app *app, int *items)
         return 0;
     snprintf(now, sizeof now, "%" PRId64, clock_wall_ms());
     params[0] = now;
-    rc = db_read(app,
+    rc = db_read(app, NULL,
                  "SELECT id, user_id, idem_key FROM orders WHERE status = 'pending_payment' "
                  "AND payment_check_ms IS NOT NULL AND payment_check_ms <= CAST($1 AS BIGINT) "
                  "ORDER BY payment_check_ms LIMIT 16",
                  1, params, &orders);
     if (rc == 0)
-        rc = db_read(app,
+        rc = db_read(app, NULL,
                      "SELECT order_id, flag_principal, flag_key FROM refunds WHERE status = "
                      "'requested' AND check_ms IS NOT NULL AND check_ms <= CAST($1 AS BIGINT) "
                      "ORDER BY check_ms LIMIT 16",
