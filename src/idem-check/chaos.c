@@ -1,16 +1,15 @@
 /*
- * chaos.c - `idem-check chaos`: the command line and the run.  It starts provider-sim and one or
- * more orderd instances on one store (or attaches to running ones), puts the fault-injecting
- * proxy (fault_proxy.c) in front of orderd (and, with webhooks on, a second one between
- * provider-sim's webhooks and orderd), turns on provider faults, drives N business intents from M
- * threads with libidem-client (each intent one fresh key, retried with that key through the proxy;
- * some sent twice at once), kills a random orderd with SIGKILL on a schedule and brings it back on
- * the same port and store (and, with --failover-every, fails the database over: chaos_failover.c),
- * then has chaos_audit.c audit that every intent took effect exactly once and chaos_report.c print
- * the verdict.  docs/chaos.md is the user's side.
+ * chaos.c - `idem-check chaos`: the run, from the options main.c parsed.  It starts provider-sim
+ * and one or more orderd instances on one store (or attaches to running ones), puts the
+ * fault-injecting proxy (fault_proxy.c) in front of orderd (and, with webhooks on, a second one
+ * between provider-sim's webhooks and orderd), turns on provider faults, drives N business intents
+ * from M threads with libidem-client (each intent one fresh key, retried with that key through the
+ * proxy; some sent twice at once), kills a random orderd with SIGKILL on a schedule and brings it
+ * back on the same port and store (and, with --failover-every, fails the database over:
+ * chaos_failover.c), then has chaos_audit.c audit that every intent took effect exactly once and
+ * chaos_report.c print the verdict.  docs/chaos.md is the user's side.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,412 +148,6 @@ static void progress(struct chaos *cx, int final)
     fprintf(stderr, "\r[%s] %ld/%ld intents, %ld retries, %ld kills%s", bar, done, n,
             atomic_load(&cx->retries), atomic_load(&cx->kills), final ? "\n" : "");
     fflush(stderr);
-}
-
-/* ---- command line --------------------------------------------------------------------------- */
-
-static void usage(FILE *f)
-{
-    fputs("usage: idem-check chaos --orderd-bin PATH --provider-bin PATH [options]\n"
-          "       idem-check chaos --attach --orderd-url URL[,URL...] --token T\n"
-          "                        [--provider-url URL] [options]\n"
-          "\n"
-          "Starts provider-sim and N orderd instances on one store on 127.0.0.1 (or, with\n"
-          "--attach, uses running ones), a fault-injecting proxy in front of orderd, and drives\n"
-          "business intents (POST /api/orders, one fresh Idempotency-Key each) through it with\n"
-          "libidem-client, under dropped responses, connection resets, requests cut mid-body,\n"
-          "duplicated sends, provider faults, duplicated webhooks and kill -9 of orderd; then\n"
-          "audits that every intent made exactly one order, one charge and one confirmation\n"
-          "email, and that every webhook event was accepted (docs/chaos.md).\n"
-          "\n"
-          "what runs:\n"
-          "  --orderd-bin PATH       the orderd program (required unless --attach)\n"
-          "  --provider-bin PATH     the provider-sim program (required unless --attach)\n"
-          "  --db URI                orderd's store, sqlite:PATH or postgresql://...\n"
-          "                          (default: sqlite in a new temp dir)\n"
-          "  --instances N           orderd processes on that one store, 1..8 (default 1)\n"
-          "  --balance rr|random     how the proxy spreads connections over them (default rr)\n"
-          "  --no-webhooks           provider-sim sends no webhooks (default: on, through a\n"
-          "                          second fault proxy to the instances)\n"
-          "  --webhook-dup N         deliver every webhook event N times, 1..10 (default 2)\n"
-          "  --haproxy-config FILE   start HAProxy with FILE (docs/ops/haproxy.cfg) between\n"
-          "                          the proxy and the instances: its retry-on re-sends what\n"
-          "                          failed on one instance to another (addresses in\n"
-          "                          IDEM_ORDERD_1..8, IDEM_LB_BIND, IDEM_LB_STATS)\n"
-          "  --haproxy-bin PATH      the haproxy program (default: haproxy, in PATH or in\n"
-          "                          /usr/sbin)\n"
-          "attaching to running services (nothing is started or killed):\n"
-          "  --attach                use running services instead of starting them\n"
-          "  --orderd-url URL[,URL]  orderd instance(s) of one service, http://IPv4:PORT\n"
-          "  --token T               bearer token of a user nothing else uses during the run\n"
-          "  --provider-url URL      provider-sim: its faults and ledger (optional; without\n"
-          "                          it no provider fault and no ledger audit)\n"
-          "load:\n"
-          "  --intents N             business intents (default 300)\n"
-          "  --clients M             concurrent client threads (default 8)\n"
-          "  --max-time S            stop starting intents after S seconds (default 60)\n"
-          "  --grace S               after the drive, how long the audit waits for the\n"
-          "                          service to settle what is pending (default 30)\n",
-          f);
-    /* Two strings: one would pass the 4095 characters C99 compilers must support. */
-    fputs("faults (rates are 0..1):\n"
-          "  --drop-rate R           share of proxied requests whose response is dropped\n"
-          "  --reset-rate R          share of proxied requests reset before forwarding\n"
-          "  --cut-rate R            share of proxied requests cut mid-body: headers and part\n"
-          "                          of the body forwarded, then both sides reset\n"
-          "  --dup-rate R            share of intents also sent by a second, concurrent sender\n"
-          "  --provider-lost-rate R  provider-sim: effect done, response lost\n"
-          "  --provider-5xx-rate R   provider-sim: 503 before anything runs\n"
-          "  --kill-every S          kill -9 a random orderd every S seconds and restart it\n"
-          "  --failover-every S      every S seconds of the drive, fail the database over\n"
-          "                          with --failover-cmd: switchover, kill, switchover, ...\n"
-          "  --failover-cmd CMD      run as /bin/sh -c 'CMD \"$1\"' with $1 switchover or\n"
-          "                          kill; returns once the database takes writes again\n"
-          "                          (at most 180 s; its output in the work dir's\n"
-          "                          failover.log)\n"
-          "audit:\n"
-          "  --audit-page-size N     references per page of provider-sim's ledger, 1..1000\n"
-          "                          (default 1000), and orders per page of orderd's list\n"
-          "                          (at most 100); small values are for tests\n"
-          "output:\n"
-          "  --json                  one JSON object instead of the table\n"
-          "  -h, --help              this help\n"
-          "\n"
-          "exit codes: 0 clean, 1 something duplicated, lost or unsettled (or a webhook not\n"
-          "            accepted, or orderd could not be restarted, or a failover command\n"
-          "            failed), 2 bad usage,\n"
-          "            3 the services could not be started (or reached, with --attach)\n",
-          f);
-}
-
-static int bad(const char *fmt, const char *arg)
-{
-    fputs("idem-check chaos: ", stderr);
-    fprintf(stderr, fmt, arg);
-    fputs("\n(try: idem-check chaos --help)\n", stderr);
-    return CK_EXIT_USAGE;
-}
-
-/*
- * "http://HOST:PORT" with an optional "/" at the end; HOST an IPv4 address or "localhost" (the
- * proxy speaks plain TCP to it).  Fills the normalised URL, the address and the port; 0 or -1.
- */
-static int parse_url(const char *s, size_t len, char *url, size_t cap, uint32_t *addr, int *port)
-{
-    char host[64], portbuf[8];
-    const char *colon;
-    struct in_addr in;
-    long p;
-
-    if (len < 8 || strncmp(s, "http://", 7) != 0)
-        return -1;
-    s += 7;
-    len -= 7;
-    if (len > 0 && s[len - 1] == '/')
-        len--;
-    colon = memchr(s, ':', len);
-    if (!colon || (size_t)(colon - s) >= sizeof(host) || colon == s ||
-        len - (size_t)(colon - s) - 1 >= sizeof(portbuf) || len - (size_t)(colon - s) - 1 == 0)
-        return -1;
-    memcpy(host, s, (size_t)(colon - s));
-    host[colon - s] = '\0';
-    memcpy(portbuf, colon + 1, len - (size_t)(colon - s) - 1);
-    portbuf[len - (size_t)(colon - s) - 1] = '\0';
-    if (ck_parse_long(portbuf, 1, 65535, &p) < 0)
-        return -1;
-    if (strcmp(host, "localhost") == 0)
-        in.s_addr = htonl(0x7f000001u);
-    else if (inet_pton(AF_INET, host, &in) != 1)
-        return -1;
-    *addr = in.s_addr;
-    *port = (int)p;
-    snprintf(url, cap, "http://%s:%d", host, *port);
-    return 0;
-}
-
-/* The comma-separated --orderd-url list into cx->inst; 0 or a usage error. */
-static int parse_orderd_urls(struct chaos *cx, const char *list)
-{
-    const char *p = list;
-    cx->n_inst = 0;
-    while (*p) {
-        const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        struct ck_instance *in;
-        if (cx->n_inst == CK_MAX_INSTANCES)
-            return bad("--orderd-url takes at most 8 URLs, not '%s'", list);
-        in = &cx->inst[cx->n_inst];
-        if (parse_url(p, len, in->url, sizeof(in->url), &in->addr, &in->port) < 0)
-            return bad("--orderd-url wants http://IPv4:PORT[,http://IPv4:PORT...], not '%s'", list);
-        in->pid = -1;
-        cx->n_inst++;
-        p += len;
-        if (*p == ',')
-            p++;
-    }
-    return cx->n_inst > 0 ? 0 : bad("--orderd-url is empty%s", "");
-}
-
-static int parse(int argc, char **argv, struct chaos *cx)
-{
-    enum {
-        O_ORD = 256,
-        O_PROV,
-        O_DB,
-        O_INT,
-        O_CLI,
-        O_MAX,
-        O_DROP,
-        O_RESET,
-        O_CUT,
-        O_DUP,
-        O_LOST,
-        O_5XX,
-        O_KILL,
-        O_JSON,
-        O_INST,
-        O_BAL,
-        O_NOHOOK,
-        O_HOOKDUP,
-        O_ATTACH,
-        O_OURL,
-        O_PURL,
-        O_TOKEN,
-        O_GRACE,
-        O_PAGE,
-        O_LBCFG,
-        O_LBBIN,
-        O_FOEVERY,
-        O_FOCMD
-    };
-    static const struct option lo[] = {
-        {"orderd-bin", required_argument, NULL, O_ORD},
-        {"provider-bin", required_argument, NULL, O_PROV},
-        {"db", required_argument, NULL, O_DB},
-        {"instances", required_argument, NULL, O_INST},
-        {"balance", required_argument, NULL, O_BAL},
-        {"no-webhooks", no_argument, NULL, O_NOHOOK},
-        {"webhook-dup", required_argument, NULL, O_HOOKDUP},
-        {"haproxy-config", required_argument, NULL, O_LBCFG},
-        {"haproxy-bin", required_argument, NULL, O_LBBIN},
-        {"attach", no_argument, NULL, O_ATTACH},
-        {"orderd-url", required_argument, NULL, O_OURL},
-        {"provider-url", required_argument, NULL, O_PURL},
-        {"token", required_argument, NULL, O_TOKEN},
-        {"intents", required_argument, NULL, O_INT},
-        {"clients", required_argument, NULL, O_CLI},
-        {"max-time", required_argument, NULL, O_MAX},
-        {"grace", required_argument, NULL, O_GRACE},
-        {"drop-rate", required_argument, NULL, O_DROP},
-        {"reset-rate", required_argument, NULL, O_RESET},
-        {"cut-rate", required_argument, NULL, O_CUT},
-        {"dup-rate", required_argument, NULL, O_DUP},
-        {"provider-lost-rate", required_argument, NULL, O_LOST},
-        {"provider-5xx-rate", required_argument, NULL, O_5XX},
-        {"kill-every", required_argument, NULL, O_KILL},
-        {"failover-every", required_argument, NULL, O_FOEVERY},
-        {"failover-cmd", required_argument, NULL, O_FOCMD},
-        {"audit-page-size", required_argument, NULL, O_PAGE},
-        {"json", no_argument, NULL, O_JSON},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    struct chaos_opts *o = &cx->o;
-    int c;
-    opterr = 0;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
-        switch (c) {
-        case O_ORD:
-            o->orderd_bin = optarg;
-            break;
-        case O_PROV:
-            o->provider_bin = optarg;
-            break;
-        case O_DB:
-            o->db = optarg;
-            break;
-        case O_INST:
-            if (ck_parse_long(optarg, 1, CK_MAX_INSTANCES, &o->instances) < 0)
-                return bad("--instances wants a number from 1 to 8, not '%s'", optarg);
-            o->instances_set = 1;
-            break;
-        case O_BAL:
-            if (strcmp(optarg, "rr") == 0)
-                o->balance = CK_BALANCE_RR;
-            else if (strcmp(optarg, "random") == 0)
-                o->balance = CK_BALANCE_RANDOM;
-            else
-                return bad("--balance is rr or random, not '%s'", optarg);
-            break;
-        case O_NOHOOK:
-            o->no_webhooks = 1;
-            break;
-        case O_HOOKDUP:
-            if (ck_parse_long(optarg, 1, 10, &o->webhook_dup) < 0)
-                return bad("--webhook-dup wants a number from 1 to 10, not '%s'", optarg);
-            o->webhook_dup_set = 1;
-            break;
-        case O_ATTACH:
-            o->attach = 1;
-            break;
-        case O_LBCFG:
-            o->haproxy_config = optarg;
-            break;
-        case O_LBBIN:
-            o->haproxy_bin = optarg;
-            break;
-        case O_OURL:
-            o->orderd_urls = optarg;
-            break;
-        case O_PURL:
-            o->provider_url = optarg;
-            break;
-        case O_TOKEN:
-            o->token = optarg;
-            break;
-        case O_INT:
-            if (ck_parse_long(optarg, 1, 10000000, &o->intents) < 0)
-                return bad("--intents wants a number from 1 to 10000000, not '%s'", optarg);
-            break;
-        case O_CLI:
-            if (ck_parse_long(optarg, 1, 256, &o->clients) < 0)
-                return bad("--clients wants a number from 1 to 256, not '%s'", optarg);
-            break;
-        case O_MAX:
-            if (ck_parse_long(optarg, 1, 86400, &o->max_time_s) < 0)
-                return bad("--max-time wants seconds from 1 to 86400, not '%s'", optarg);
-            break;
-        case O_GRACE:
-            if (ck_parse_long(optarg, 1, 3600, &o->grace_s) < 0)
-                return bad("--grace wants seconds from 1 to 3600, not '%s'", optarg);
-            break;
-        case O_KILL:
-            if (ck_parse_long(optarg, 1, 86400, &o->kill_every_s) < 0)
-                return bad("--kill-every wants seconds from 1 to 86400, not '%s'", optarg);
-            break;
-        case O_FOEVERY:
-            if (ck_parse_long(optarg, 1, 86400, &o->failover_every_s) < 0)
-                return bad("--failover-every wants seconds from 1 to 86400, not '%s'", optarg);
-            break;
-        case O_FOCMD:
-            if (!optarg[0] || strspn(optarg, " \t") == strlen(optarg))
-                return bad("--failover-cmd wants a command, not '%s'", optarg);
-            o->failover_cmd = optarg;
-            break;
-        case O_PAGE:
-            if (ck_parse_long(optarg, 1, CK_PAGE_SIZE_MAX, &o->page_size) < 0)
-                return bad("--audit-page-size wants a number from 1 to 1000, not '%s'", optarg);
-            break;
-        case O_DROP:
-        case O_RESET:
-        case O_CUT:
-        case O_DUP:
-        case O_LOST:
-        case O_5XX: {
-            double *d = c == O_DROP    ? &o->drop_rate
-                        : c == O_RESET ? &o->reset_rate
-                        : c == O_CUT   ? &o->cut_rate
-                        : c == O_DUP   ? &o->dup_rate
-                        : c == O_LOST  ? &o->lost_rate
-                                       : &o->fail_rate;
-            const struct option *f = lo;
-            char msg[300];
-
-            if (parse_double(optarg, 0.0, 1.0, d) < 0) {
-                while (f->name != NULL && f->val != c)
-                    f++;
-                snprintf(msg, sizeof msg, "--%s must be a number from 0 to 1, not '%s'",
-                         f->name ? f->name : "rate", optarg);
-                return bad("%s", msg);
-            }
-            o->lost_set |= c == O_LOST;
-            o->fail_set |= c == O_5XX;
-            break;
-        }
-        case O_JSON:
-            o->json = 1;
-            break;
-        case 'h':
-            usage(stdout);
-            return -1;
-        case ':':
-            return bad("%s needs a value", argv[optind - 1]);
-        default:
-            return bad("unknown option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind < argc)
-        return bad("unexpected argument '%s'", argv[optind]);
-    if (o->drop_rate + o->reset_rate + o->cut_rate > 0.9)
-        return bad("%s", "--drop-rate, --reset-rate and --cut-rate together must stay at or "
-                         "below 0.9");
-    if (o->fail_rate + o->lost_rate > 0.9)
-        return bad("%s", "the provider rates together must stay at or below 0.9");
-    if (o->no_webhooks && o->webhook_dup_set)
-        return bad("%s", "--webhook-dup and --no-webhooks contradict each other");
-    /* A failover is the database's: the same with --attach as with services started here. */
-    if (o->failover_every_s && !o->failover_cmd)
-        return bad("%s", "--failover-every needs --failover-cmd, the command that fails the "
-                         "database over");
-    if (o->failover_cmd && !o->failover_every_s)
-        return bad("%s", "--failover-cmd needs --failover-every, how often to run it");
-    if (o->attach) {
-        /* Nothing is started or killed: the flags that would do so are mistakes. */
-        if (o->kill_every_s)
-            return bad("%s", "--kill-every needs processes idem-check started; with --attach "
-                             "nothing is started or killed");
-        if (o->instances_set)
-            return bad("%s", "--instances starts orderd processes; with --attach, list the "
-                             "running instances in --orderd-url");
-        if (o->orderd_bin || o->provider_bin || o->db)
-            return bad("%s", "--orderd-bin, --provider-bin and --db start services; with "
-                             "--attach nothing is started");
-        if (o->no_webhooks)
-            return bad("%s", "--no-webhooks configures a provider-sim idem-check starts; with "
-                             "--attach webhooks are as provider-sim was started");
-        if (o->haproxy_config || o->haproxy_bin)
-            return bad("%s", "--haproxy-config starts HAProxy on the orderd instances "
-                             "idem-check starts; with --attach nothing is started");
-        if (!o->orderd_urls || !o->token)
-            return bad("%s", "--attach needs --orderd-url and --token");
-        if (!o->token[0] || strpbrk(o->token, " \r\n"))
-            return bad("%s", "--token must be one non-empty bearer token");
-        if (!o->provider_url && (o->lost_set || o->fail_set || o->webhook_dup_set))
-            return bad("%s", "provider faults and --webhook-dup need --provider-url");
-        if (parse_orderd_urls(cx, o->orderd_urls) != 0)
-            return CK_EXIT_USAGE;
-        if (o->provider_url) {
-            uint32_t a;
-            int p;
-            if (parse_url(o->provider_url, strlen(o->provider_url), cx->provider_url,
-                          sizeof(cx->provider_url), &a, &p) < 0)
-                return bad("--provider-url wants http://IPv4:PORT, not '%s'", o->provider_url);
-        }
-        snprintf(cx->token, sizeof(cx->token), "%s", o->token);
-        return 0;
-    }
-    if (o->orderd_urls || o->provider_url || o->token)
-        return bad("%s", "--orderd-url, --provider-url and --token are for --attach");
-    if (!o->orderd_bin || !o->provider_bin)
-        return bad("%s", "--orderd-bin and --provider-bin are required (or --attach)");
-    if (access(o->orderd_bin, X_OK) != 0)
-        return bad("--orderd-bin '%s' is not an executable", o->orderd_bin);
-    if (access(o->provider_bin, X_OK) != 0)
-        return bad("--provider-bin '%s' is not an executable", o->provider_bin);
-    if (o->db && strncmp(o->db, "sqlite:", 7) != 0 && strncmp(o->db, "postgres", 8) != 0)
-        return bad("--db wants sqlite:PATH or postgresql://..., not '%s'", o->db);
-    if (o->haproxy_bin && !o->haproxy_config)
-        return bad("%s", "--haproxy-bin needs --haproxy-config");
-    if (o->haproxy_config) {
-        char why[PATH_MAX + 200];
-        if (access(o->haproxy_config, R_OK) != 0)
-            return bad("--haproxy-config '%s' is not a readable file", o->haproxy_config);
-        if (ck_haproxy_find_bin(cx, why, sizeof(why)) < 0)
-            return bad("%s", why);
-    }
-    cx->n_inst = (int)o->instances;
-    return 0;
 }
 
 /* ---- the run -------------------------------------------------------------------------------- */
@@ -703,9 +296,26 @@ static int make_workdir(struct chaos *cx)
     return 0;
 }
 
-int ck_chaos_main(int argc, char **argv)
+struct chaos *ck_chaos_new(void)
 {
     struct chaos *cx = xmalloc(sizeof(*cx));
+
+    memset(cx, 0, sizeof(*cx));
+    cx->provider_pid = -1;
+    cx->lb.pid = -1;
+    cx->tty = isatty(STDERR_FILENO);
+    pthread_mutex_init(&cx->lock, NULL);
+    return cx;
+}
+
+void ck_chaos_free(struct chaos *cx)
+{
+    pthread_mutex_destroy(&cx->lock);
+    free(cx);
+}
+
+int ck_chaos_run(struct chaos *cx)
+{
     struct ck_audit au;
     struct ck_chaos_verdict v;
     pthread_t killer;
@@ -714,26 +324,8 @@ int ck_chaos_main(int argc, char **argv)
     long long t0 = clock_mono_ms();
     char failover_why[PATH_MAX + 1024];
 
-    memset(cx, 0, sizeof(*cx));
     memset(&au, 0, sizeof(au));
     memset(&v, 0, sizeof(v));
-    cx->o.intents = 300;
-    cx->o.clients = 8;
-    cx->o.max_time_s = 60;
-    cx->o.grace_s = 30;
-    cx->o.instances = 1;
-    cx->o.webhook_dup = 2;
-    cx->o.page_size = CK_PAGE_SIZE_MAX;
-    cx->provider_pid = -1;
-    cx->lb.pid = -1;
-    cx->tty = isatty(STDERR_FILENO);
-    pthread_mutex_init(&cx->lock, NULL);
-    rc = parse(argc, argv, cx);
-    if (rc != 0) {
-        pthread_mutex_destroy(&cx->lock);
-        free(cx);
-        return rc < 0 ? CK_EXIT_OK : rc;
-    }
     rc = CK_EXIT_SETUP;
     if (!cx->o.attach) {
         char *secret = NULL;
@@ -819,7 +411,6 @@ out:
     ck_free_env(cx->envp);
     if (curl_on)
         ck_http_global_cleanup();
-    pthread_mutex_destroy(&cx->lock);
-    free(cx);
+    ck_chaos_free(cx);
     return rc;
 }

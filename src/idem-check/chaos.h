@@ -338,7 +338,12 @@ void ck_print_table(struct chaos *cx, const struct ck_audit *au, const struct ck
 void ck_print_json(struct chaos *cx, const struct ck_audit *au, const struct ck_chaos_verdict *v,
                    double secs, int rc);
 
-/* `idem-check chaos ...` (argv[0] is "chaos"); returns the exit code. */
-int ck_chaos_main(int argc, char **argv);
+/* chaos.c */
+/* A run with nothing set, for main.c to fill from the command line (new). */
+struct chaos *ck_chaos_new(void);
+/* Frees a run that is not going to be started. */
+void ck_chaos_free(struct chaos *cx);
+/* Runs the chaos check `cx` describes, prints the verdict, frees `cx`; returns the exit code. */
+int ck_chaos_run(struct chaos *cx);
 
 #endif /* IDEM_CHECK_CHAOS_H */
