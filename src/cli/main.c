@@ -303,10 +303,7 @@ static int request_command(const struct command *cmd, int argc, char **argv)
     cfg.headers = xcalloc((size_t)argc + 1, sizeof *cfg.headers);
     optind = 1;
     opterr = 0;
-    for (;;) {
-        opt = getopt_long(argc, argv, ":d:H:ivh", request_options, NULL);
-        if (opt == -1)
-            break;
+    while ((opt = getopt_long(argc, argv, ":d:H:ivh", request_options, NULL)) != -1) {
         switch (opt) {
         case 'd':
             if (!cmd->bodied) {
@@ -457,8 +454,7 @@ static int journal_command(int argc, char **argv)
     char *path = NULL;
     int opt, rc;
     int compact = 0;
-    long long days = 7;
-    char *end = NULL;
+    int64_t days = 7;
 
     if (argc > 1 && strcmp(argv[1], "compact") == 0) {
         compact = 1;
@@ -467,18 +463,13 @@ static int journal_command(int argc, char **argv)
     }
     optind = 1;
     opterr = 0;
-    for (;;) {
-        opt = getopt_long(argc, argv, ":h", opts, NULL);
-        if (opt == -1)
-            break;
+    while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (opt) {
         case OPT_JOURNAL:
             jpath = optarg;
             break;
         case OPT_OLDER_THAN_DAYS:
-            errno = 0;
-            days = strtoll(optarg, &end, 10);
-            if (!compact || errno != 0 || end == optarg || *end != '\0' || days < 1 || days > 36500)
+            if (!compact || parse_int64(optarg, 1, 36500, &days) != 0)
                 return usage_error("journal", "%s",
                                    "--older-than-days takes 1..36500 days, with 'compact'");
             break;
@@ -497,8 +488,7 @@ static int journal_command(int argc, char **argv)
     if (!path)
         return usage_error("journal", "%s",
                            "no journal path: set --journal, $IDEM_JOURNAL or $HOME");
-    rc = compact ? cli_journal_compact(path, (int64_t)days * 24 * 3600 * 1000)
-                 : cli_journal_list(path);
+    rc = compact ? cli_journal_compact(path, days * 24 * 3600 * 1000) : cli_journal_list(path);
     free(path);
     return rc;
 }
