@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "capped_buf.h"
+
 /* Neither the body nor its canonical form may exceed this; bodies are a few MiB at most. */
 #define JCS_MAX_BYTES ((size_t)16 * 1024 * 1024)
 
@@ -24,11 +26,6 @@
 #define JCS_EXACT_INT 9007199254740992.0
 
 /* A growable output buffer with a hard cap (curl's dynbuf). */
-struct jcs_buf {
-    char *p;
-    size_t len, cap;
-};
-
 /* One member of an object, gathered so the members can be sorted before they are written. */
 struct jcs_member {
     const char *name;
@@ -36,36 +33,12 @@ struct jcs_member {
     json_t *value;
 };
 
-static int buf_put(struct jcs_buf *b, const char *s, size_t n)
+/* Appends n bytes of the canonical text: IDEM_ETOOBIG past JCS_MAX_BYTES, or IDEM_ENOMEM. */
+static int buf_put(struct capped_buf *b, const char *s, size_t n)
 {
-    int rc = 0;
-    size_t want, ncap;
-    char *np;
+    int rc = capped_buf_add(b, s, n);
 
-    if (n > JCS_MAX_BYTES - b->len) {
-        rc = IDEM_ETOOBIG;
-        goto out;
-    }
-    want = b->len + n + 1; /* room for the final NUL, which the cap does not count */
-    if (want > b->cap) {
-        ncap = b->cap ? b->cap : 256;
-        while (ncap < want)
-            ncap *= 2;
-        if (ncap > JCS_MAX_BYTES + 1)
-            ncap = JCS_MAX_BYTES + 1;
-        np = realloc(b->p, ncap);
-        if (!np) {
-            rc = IDEM_ENOMEM;
-            goto out;
-        }
-        b->p = np;
-        b->cap = ncap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-out:
-    return rc;
+    return rc == 0 ? 0 : rc == CAPPED_BUF_TOO_BIG ? IDEM_ETOOBIG : IDEM_ENOMEM;
 }
 
 /* ---- numbers -------------------------------------------------------------------------------- */
@@ -279,7 +252,7 @@ out:
 /* ---- strings -------------------------------------------------------------------------------- */
 
 /* RFC 8785 §3.2.2.2: escape only what JSON requires, with the short forms where they exist. */
-static int put_string(struct jcs_buf *b, const char *s, size_t n)
+static int put_string(struct capped_buf *b, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
     int rc;
@@ -410,9 +383,9 @@ static int compare_members(const void *pa, const void *pb)
 
 /* ---- the walk ------------------------------------------------------------------------------- */
 
-static int put_value(struct jcs_buf *b, json_t *v, int depth, const char **why);
+static int put_value(struct capped_buf *b, json_t *v, int depth, const char **why);
 
-static int put_object(struct jcs_buf *b, json_t *obj, int depth, const char **why)
+static int put_object(struct capped_buf *b, json_t *obj, int depth, const char **why)
 {
     int rc = 0;
     struct jcs_member *m = NULL;
@@ -457,7 +430,7 @@ out:
     return rc;
 }
 
-static int put_array(struct jcs_buf *b, json_t *arr, int depth, const char **why)
+static int put_array(struct capped_buf *b, json_t *arr, int depth, const char **why)
 {
     int rc;
     size_t i, n = json_array_size(arr);
@@ -480,7 +453,7 @@ out:
  * Writes one value.  `depth` counts the arrays and objects around v; the limit is checked before
  * descending, so the recursion is bounded by IDEM_JSON_MAX_DEPTH whatever jansson accepted.
  */
-static int put_value(struct jcs_buf *b, json_t *v, int depth, const char **why)
+static int put_value(struct capped_buf *b, json_t *v, int depth, const char **why)
 {
     int rc = 0, len;
     char num[40];
@@ -597,7 +570,7 @@ int idem_jcs_canonicalize(const void *json, size_t len, char **out, size_t *out_
     const char *reason = NULL;
     json_t *root = NULL;
     json_error_t err;
-    struct jcs_buf b = {NULL, 0, 0};
+    struct capped_buf b = {.limit = JCS_MAX_BYTES};
 
     if (out)
         *out = NULL;
@@ -631,13 +604,13 @@ int idem_jcs_canonicalize(const void *json, size_t len, char **out, size_t *out_
         reason = "out of memory";
     if (rc < 0)
         goto out;
-    *out = b.p;
+    *out = b.data;
     if (out_len)
         *out_len = b.len;
-    b.p = NULL;
+    b.data = NULL;
 out:
     json_decref(root);
-    free(b.p);
+    free(b.data);
     if (why)
         *why = rc < 0 ? reason : NULL;
     return rc;

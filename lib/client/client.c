@@ -42,7 +42,7 @@ struct attempt_ctx {
 static size_t on_body(char *p, size_t size, size_t n, void *arg)
 {
     struct attempt_ctx *ax = arg;
-    int rc = idem_client__buf_add(&ax->resp->body, p, size * n);
+    int rc = idem_client__body_add(ax->resp, p, size * n);
 
     if (rc < 0) {
         ax->failed = rc;

@@ -20,6 +20,7 @@
 
 /* The clocks (monotonic for pauses and deadlines, the wall for journal timestamps) and the
  * sleep are common/clock.h's clock_*(). */
+#include "capped_buf.h"
 #include "clock.h"
 /* snprintf into a fixed message buffer; never overflows, always NUL-terminates. */
 void idem_client__fmt(char *buf, size_t cap, const char *fmt, ...)
@@ -97,24 +98,13 @@ void idem_client__journal_set_compact_bytes(struct idem_client_journal *j, size_
 /* ---- responses (response.c) -------------------------------------------------------------------
  */
 
-/* A byte buffer with a cap, for bodies and header lines that come from strangers. */
-struct idem_client__buf {
-    char *data;
-    size_t len;
-    size_t cap;
-    size_t limit;
-};
-
-/* Appends `len` bytes (kept NUL-terminated).  Returns 0, IDEM_CLIENT_ETOOBIG past the limit, or
- * IDEM_CLIENT_ENOMEM. */
-int idem_client__buf_add(struct idem_client__buf *b, const void *p, size_t len);
-void idem_client__buf_reset(struct idem_client__buf *b);
-void idem_client__buf_release(struct idem_client__buf *b);
+/* Adds to a response's body (common/capped_buf.h): 0, IDEM_CLIENT_ETOOBIG or _ENOMEM. */
+int idem_client__body_add(struct idem_client_response *r, const void *p, size_t len);
 
 struct idem_client_response {
     int status;
     char *status_line;
-    struct idem_client__buf body;
+    struct capped_buf body; /* capped at the options' max_response_bytes */
     char **header_lines;
     size_t nheaders;
     size_t headers_cap;

@@ -14,44 +14,11 @@
 #define MAX_HEADER_LINES 256
 #define MAX_HEADER_LINE 16384
 
-int idem_client__buf_add(struct idem_client__buf *b, const void *p, size_t len)
+int idem_client__body_add(struct idem_client_response *r, const void *p, size_t len)
 {
-    size_t need, ncap;
-    char *d;
+    int rc = capped_buf_add(&r->body, p, len);
 
-    if (len > b->limit || b->len > b->limit - len)
-        return IDEM_CLIENT_ETOOBIG;
-    need = b->len + len + 1;
-    if (need > b->cap) {
-        ncap = b->cap ? b->cap : 1024;
-        while (ncap < need)
-            ncap *= 2;
-        d = realloc(b->data, ncap);
-        if (!d)
-            return IDEM_CLIENT_ENOMEM;
-        b->data = d;
-        b->cap = ncap;
-    }
-    if (len > 0)
-        memcpy(b->data + b->len, p, len);
-    b->len += len;
-    b->data[b->len] = '\0';
-    return 0;
-}
-
-void idem_client__buf_reset(struct idem_client__buf *b)
-{
-    b->len = 0;
-    if (b->data)
-        b->data[0] = '\0';
-}
-
-void idem_client__buf_release(struct idem_client__buf *b)
-{
-    free(b->data);
-    b->data = NULL;
-    b->len = 0;
-    b->cap = 0;
+    return rc == 0 ? 0 : rc == CAPPED_BUF_TOO_BIG ? IDEM_CLIENT_ETOOBIG : IDEM_CLIENT_ENOMEM;
 }
 
 struct idem_client_response *idem_client__response_new(size_t limit)
@@ -78,7 +45,7 @@ static void clear_headers(struct idem_client_response *r)
 void idem_client__response_reset(struct idem_client_response *r)
 {
     clear_headers(r);
-    idem_client__buf_reset(&r->body);
+    capped_buf_reset(&r->body);
     free(r->error);
     r->error = NULL;
 }
@@ -222,7 +189,7 @@ void idem_client_response_free(struct idem_client_response *r)
         return;
     clear_headers(r);
     free(r->header_lines);
-    idem_client__buf_release(&r->body);
+    capped_buf_release(&r->body);
     free(r->key);
     free(r->reason);
     free(r->error);
