@@ -461,13 +461,13 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
     int c;
 
     /* The defaults chaos_usage() states. */
-    o->intents = 300;
-    o->clients = 8;
-    o->max_time_s = 60;
-    o->grace_s = 30;
-    o->instances = 1;
-    o->webhook_dup = 2;
-    o->page_size = CK_PAGE_SIZE_MAX;
+    *o = (struct chaos_opts){.intents = 300,
+                             .clients = 8,
+                             .max_time_s = 60,
+                             .grace_s = 30,
+                             .instances = 1,
+                             .webhook_dup = 2,
+                             .page_size = CK_PAGE_SIZE_MAX};
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
