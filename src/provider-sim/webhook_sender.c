@@ -48,7 +48,7 @@ struct webhooks {
     const char *secret;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int stop;
+    atomic_int stop; /* set under mu, with a broadcast; read anywhere */
     uint64_t wakeups;
     struct sender senders[WEBHOOK_SHARDS];
 };
@@ -301,16 +301,6 @@ out:
     return n;
 }
 
-static int stopping(struct webhooks *wh)
-{
-    int stop;
-
-    pthread_mutex_lock(&wh->mu);
-    stop = wh->stop;
-    pthread_mutex_unlock(&wh->mu);
-    return stop;
-}
-
 static void *sender_loop(void *arg)
 {
     struct sender *s = arg;
@@ -323,13 +313,13 @@ static void *sender_loop(void *arg)
         log_msg(&sim_log, "error", "webhook sender %d: curl_easy_init failed", s->shard);
         return NULL;
     }
-    while (!stopping(wh)) {
+    while (!atomic_load(&wh->stop)) {
         if (deliver_due(s, curl) > 0)
             continue;
         deadline = clock_deadline(CLOCK_MONOTONIC, WEBHOOK_IDLE_MS);
         pthread_mutex_lock(&wh->mu);
         seen = wh->wakeups;
-        while (!wh->stop && wh->wakeups == seen)
+        while (!atomic_load(&wh->stop) && wh->wakeups == seen)
             if (pthread_cond_timedwait(&wh->cv, &wh->mu, &deadline) == ETIMEDOUT)
                 break;
         pthread_mutex_unlock(&wh->mu);
@@ -369,7 +359,7 @@ void webhooks_stop(struct webhooks *wh)
     if (wh == NULL)
         return;
     pthread_mutex_lock(&wh->mu);
-    wh->stop = 1;
+    atomic_store(&wh->stop, 1);
     pthread_cond_broadcast(&wh->cv);
     pthread_mutex_unlock(&wh->mu);
     for (i = 0; i < WEBHOOK_SHARDS; i++)
