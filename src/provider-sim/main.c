@@ -261,8 +261,8 @@ static void operation_init(struct idem_operation *op, const char *name)
 
 static int run(const struct sim_config *cfg)
 {
-    struct sim sim;
-    struct idem_store_options so;
+    struct sim sim = {0};
+    struct idem_store_options so = {.pool_size = 16};
     struct http_server *srv = NULL;
     sigset_t stop_signals;
     char err[512];
@@ -270,7 +270,6 @@ static int run(const struct sim_config *cfg)
     int status = 1;
     int rc;
 
-    memset(&sim, 0, sizeof sim);
     stop_signals_block(&stop_signals);
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         log_msg(&sim_log, "error", "curl_global_init failed");
@@ -282,8 +281,6 @@ static int run(const struct sim_config *cfg)
     operation_init(&sim.op_refunds, "refunds.create");
     operation_init(&sim.op_emails, "emails.create");
 
-    memset(&so, 0, sizeof so);
-    so.pool_size = 16;
     rc = idem_store_open(cfg->db, &so, &sim.store, &errmsg);
     if (rc < 0) {
         log_msg(&sim_log, "error", "cannot open the store: %s",
