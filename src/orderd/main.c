@@ -634,28 +634,29 @@ static void config_defaults(struct orderd_config *cfg)
     const char *hooks = getenv("ORDERD_TEST_HOOKS");
     const char *secret = getenv("ORDERD_WEBHOOK_SECRET");
 
-    memset(cfg, 0, sizeof *cfg);
-    cfg->listen = ORDERD_DEFAULT_LISTEN;
-    cfg->db = ORDERD_DEFAULT_DB;
-    cfg->db_pool = ORDERD_DEFAULT_POOL;
-    cfg->sync = IDEM_SYNC_FULL;
-    cfg->log_format = LOG_TEXT;
-    cfg->lease_ms = ORDERD_DEFAULT_LEASE_MS;
-    cfg->wait_ms = ORDERD_DEFAULT_WAIT_MS;
-    cfg->sweep_interval_s = ORDERD_DEFAULT_SWEEP_S;
-    cfg->replay_cache_mb = ORDERD_DEFAULT_REPLAY_CACHE_MB;
-    cfg->test_hooks = hooks != NULL && strcmp(hooks, "1") == 0;
-    cfg->provider_timeout_ms = ORDERD_DEFAULT_PROVIDER_TIMEOUT_MS;
-    cfg->webhook_secret = secret != NULL && secret[0] != '\0' ? secret : NULL;
-    cfg->webhook_tolerance_s = ORDERD_DEFAULT_WEBHOOK_TOLERANCE_S;
-    cfg->completer_interval_ms = ORDERD_DEFAULT_COMPLETER_MS;
-    cfg->reconciler_interval_ms = ORDERD_DEFAULT_RECONCILER_MS;
-    cfg->reconcile_after_ms = ORDERD_DEFAULT_RECONCILE_AFTER_MS;
-    cfg->outbox_interval_ms = ORDERD_DEFAULT_OUTBOX_MS;
-    cfg->outbox_max_attempts = ORDERD_DEFAULT_OUTBOX_ATTEMPTS;
-    cfg->outbox_backoff_max_ms = ORDERD_DEFAULT_OUTBOX_BACKOFF_MAX_MS;
-    cfg->outbox_retention_s = ORDERD_DEFAULT_OUTBOX_RETENTION_S;
-    cfg->inbox_retention_s = ORDERD_DEFAULT_INBOX_RETENTION_S;
+    *cfg = (struct orderd_config){
+        .listen = ORDERD_DEFAULT_LISTEN,
+        .db = ORDERD_DEFAULT_DB,
+        .db_pool = ORDERD_DEFAULT_POOL,
+        .sync = IDEM_SYNC_FULL,
+        .log_format = LOG_TEXT,
+        .lease_ms = ORDERD_DEFAULT_LEASE_MS,
+        .wait_ms = ORDERD_DEFAULT_WAIT_MS,
+        .sweep_interval_s = ORDERD_DEFAULT_SWEEP_S,
+        .replay_cache_mb = ORDERD_DEFAULT_REPLAY_CACHE_MB,
+        .test_hooks = hooks != NULL && strcmp(hooks, "1") == 0,
+        .provider_timeout_ms = ORDERD_DEFAULT_PROVIDER_TIMEOUT_MS,
+        .webhook_secret = secret != NULL && secret[0] != '\0' ? secret : NULL,
+        .webhook_tolerance_s = ORDERD_DEFAULT_WEBHOOK_TOLERANCE_S,
+        .completer_interval_ms = ORDERD_DEFAULT_COMPLETER_MS,
+        .reconciler_interval_ms = ORDERD_DEFAULT_RECONCILER_MS,
+        .reconcile_after_ms = ORDERD_DEFAULT_RECONCILE_AFTER_MS,
+        .outbox_interval_ms = ORDERD_DEFAULT_OUTBOX_MS,
+        .outbox_max_attempts = ORDERD_DEFAULT_OUTBOX_ATTEMPTS,
+        .outbox_backoff_max_ms = ORDERD_DEFAULT_OUTBOX_BACKOFF_MAX_MS,
+        .outbox_retention_s = ORDERD_DEFAULT_OUTBOX_RETENTION_S,
+        .inbox_retention_s = ORDERD_DEFAULT_INBOX_RETENTION_S,
+    };
 }
 
 /* `orderd token list` and `orderd token revoke`. */
