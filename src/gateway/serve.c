@@ -130,13 +130,23 @@ static void release_earlier_process(struct gateway *gw, const char *prefix)
 
 int serve_run(const struct gw_config *cfg, const struct serve_options *so)
 {
-    struct gateway gw;
+    struct gateway gw = {0};
     struct periodic sweeper = {0};
     struct http_server_options popts, aopts;
     struct http_server *pub = NULL, *adm = NULL;
     struct idem_store_options store_opts = {.pool_size = so->db_pool};
-    struct idem_engine_options eng_opts;
-    struct http_client_options uo;
+    struct idem_engine_options eng_opts = {
+        .replay_cache_bytes =
+            so->replay_cache_mb > 0 ? (int64_t)so->replay_cache_mb << 20 : IDEM_REPLAY_CACHE_OFF,
+    };
+    struct http_client_options uo = {
+        .host = cfg->upstream_host,
+        .port = cfg->upstream_port,
+        .connect_timeout_ms = cfg->upstream_connect_timeout_ms,
+        .timeout_ms = cfg->upstream_timeout_ms,
+        .max_idle = cfg->upstream_max_connections,
+        .max_response_bytes = cfg->max_response_bytes,
+    };
     char owner[256];
     size_t owner_prefix;
     int serving_fd = -2;
@@ -146,7 +156,6 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     int status = 1;
     int rc;
 
-    memset(&gw, 0, sizeof gw);
     pthread_mutex_init(&gw.steps_mu, NULL);
     pthread_cond_init(&gw.steps_cv, NULL);
     stop_signals_block(&stop_signals); /* before any thread, so every thread inherits it */
@@ -160,13 +169,6 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
         log_msg(&gw.log, "error", "%s", err);
         goto out;
     }
-    memset(&uo, 0, sizeof uo);
-    uo.host = cfg->upstream_host;
-    uo.port = cfg->upstream_port;
-    uo.connect_timeout_ms = cfg->upstream_connect_timeout_ms;
-    uo.timeout_ms = cfg->upstream_timeout_ms;
-    uo.max_idle = cfg->upstream_max_connections;
-    uo.max_response_bytes = cfg->max_response_bytes;
     if (upstream_new(&uo, &gw.upstream, err, sizeof err) != 0) {
         log_msg(&gw.log, "error", "%s", err);
         goto out;
@@ -176,9 +178,6 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
         log_msg(&gw.log, "error", "cannot open the store: %s", errmsg ? errmsg : idem_strerror(rc));
         goto out;
     }
-    memset(&eng_opts, 0, sizeof eng_opts);
-    eng_opts.replay_cache_bytes =
-        so->replay_cache_mb > 0 ? (int64_t)so->replay_cache_mb << 20 : IDEM_REPLAY_CACHE_OFF;
     owner_prefix = owner_name(cfg, owner, sizeof owner);
     eng_opts.owner = owner;
     rc = idem_engine_new(gw.store, &eng_opts, &gw.engine);
