@@ -164,6 +164,8 @@ static const char fk_at_commit_postgres[] =
 #define INBOX_RESULT_LABEL(R)                                                                      \
     "CASE WHEN " R " IN ('applied', 'ignored') THEN " R " ELSE 'other' END"
 #define INBOX_NAME(T, R) "'inbox:' || " INBOX_TYPE_LABEL(T) " || ':' || " INBOX_RESULT_LABEL(R)
+/* The SQL below is laid out as it reads; clang-format would fold each macro into a staircase. */
+/* clang-format off */
 #define COUNTS_TABLE                                                                               \
     "CREATE TABLE counts ("                                                                        \
     "  name TEXT NOT NULL,"                                                                        \
@@ -174,10 +176,9 @@ static const char fk_at_commit_postgres[] =
     "INSERT INTO counts (name, shard, value)"                                                      \
     "  SELECT 'outbox:' || status, 0, COUNT(*) FROM outbox GROUP BY status;"                       \
     "INSERT INTO counts (name, shard, value)"                                                      \
-    "  SELECT n, 0, COUNT(*) FROM (SELECT " INBOX_NAME(                                            \
-        "type", "result") " AS n FROM inbox"                                                       \
-                          "  WHERE result <> 'received') t GROUP BY n;"                            \
-                          "CREATE INDEX inbox_received ON inbox (received_at);"
+    "  SELECT n, 0, COUNT(*) FROM (SELECT " INBOX_NAME("type", "result") " AS n FROM inbox"       \
+    "  WHERE result <> 'received') t GROUP BY n;"                                                  \
+    "CREATE INDEX inbox_received ON inbox (received_at);"
 
 /* SQLite: one shard; `value = value + d` on the row of (name, 0) when COND holds. */
 #define SQ_ADD_IF(NAME, D, COND)                                                                   \
@@ -185,28 +186,27 @@ static const char fk_at_commit_postgres[] =
     " ON CONFLICT (name, shard) DO UPDATE SET value = value + excluded.value;"
 #define SQ_ADD(NAME, D) SQ_ADD_IF(NAME, D, "1")
 
-static const char counts_sqlite[] =
-    COUNTS_TABLE "CREATE TRIGGER outbox_counts_insert AFTER INSERT ON outbox BEGIN " SQ_ADD(
-        "'outbox:' || NEW.status",
-        "1") "END;"
-             "CREATE TRIGGER outbox_counts_update AFTER UPDATE OF status ON outbox"
-             " WHEN OLD.status <> NEW.status BEGIN " SQ_ADD("'outbox:' || OLD.status", "-1") SQ_ADD(
-                 "'outbox:' || NEW.status",
-                 "1") "END;"
-                      "CREATE TRIGGER outbox_counts_delete AFTER DELETE ON outbox BEGIN " SQ_ADD(
-                          "'outbox:' || OLD.status",
-                          "-1") "END;"
-                                "CREATE TRIGGER inbox_counts_insert AFTER INSERT ON inbox WHEN "
-                                "NEW.result <> 'received' BEGIN " SQ_ADD(
-                                    INBOX_NAME("NEW.type", "NEW.result"),
-                                    "1") "END;"
-                                         "CREATE TRIGGER inbox_counts_update AFTER UPDATE OF "
-                                         "result ON inbox"
-                                         " WHEN OLD.result <> NEW.result BEGIN " SQ_ADD_IF(
-                                             INBOX_NAME("OLD.type", "OLD.result"), "-1",
-                                             "OLD.result <> 'received'")
-                                             SQ_ADD(INBOX_NAME("NEW.type", "NEW.result"),
-                                                    "1") "END";
+static const char counts_sqlite[] = COUNTS_TABLE
+    "CREATE TRIGGER outbox_counts_insert AFTER INSERT ON outbox BEGIN "
+        SQ_ADD("'outbox:' || NEW.status", "1")
+    "END;"
+    "CREATE TRIGGER outbox_counts_update AFTER UPDATE OF status ON outbox"
+    " WHEN OLD.status <> NEW.status BEGIN "
+        SQ_ADD("'outbox:' || OLD.status", "-1")
+        SQ_ADD("'outbox:' || NEW.status", "1")
+    "END;"
+    "CREATE TRIGGER outbox_counts_delete AFTER DELETE ON outbox BEGIN "
+        SQ_ADD("'outbox:' || OLD.status", "-1")
+    "END;"
+    "CREATE TRIGGER inbox_counts_insert AFTER INSERT ON inbox WHEN "
+    "NEW.result <> 'received' BEGIN "
+        SQ_ADD(INBOX_NAME("NEW.type", "NEW.result"), "1")
+    "END;"
+    "CREATE TRIGGER inbox_counts_update AFTER UPDATE OF result ON inbox"
+    " WHEN OLD.result <> NEW.result BEGIN "
+        SQ_ADD_IF(INBOX_NAME("OLD.type", "OLD.result"), "-1", "OLD.result <> 'received'")
+        SQ_ADD(INBOX_NAME("NEW.type", "NEW.result"), "1")
+    "END";
 
 /* PostgreSQL: the shard of the backend; a change of status adds to both rows in name order. */
 static const char counts_postgres[] = COUNTS_TABLE
@@ -234,17 +234,15 @@ static const char counts_postgres[] = COUNTS_TABLE
     "CREATE FUNCTION orderd_inbox_counts() RETURNS trigger LANGUAGE plpgsql AS $$"
     " BEGIN"
     "  PERFORM orderd_count_move("
-    "    CASE WHEN TG_OP = 'UPDATE' AND OLD.result <> 'received' THEN " INBOX_NAME(
-        "OLD.type",
-        "OLD.result") " END,"
-                      "    CASE WHEN NEW.result <> 'received' THEN " INBOX_NAME(
-                          "NEW.type",
-                          "NEW.result") " END);"
-                                        "  RETURN NULL;"
-                                        " END $$;"
-                                        "CREATE TRIGGER inbox_counts AFTER INSERT OR UPDATE OF "
-                                        "result ON inbox"
-                                        "  FOR EACH ROW EXECUTE FUNCTION orderd_inbox_counts()";
+    "    CASE WHEN TG_OP = 'UPDATE' AND OLD.result <> 'received' THEN "
+             INBOX_NAME("OLD.type", "OLD.result") " END,"
+    "    CASE WHEN NEW.result <> 'received' THEN "
+             INBOX_NAME("NEW.type", "NEW.result") " END);"
+    "  RETURN NULL;"
+    " END $$;"
+    "CREATE TRIGGER inbox_counts AFTER INSERT OR UPDATE OF result ON inbox"
+    "  FOR EACH ROW EXECUTE FUNCTION orderd_inbox_counts()";
+/* clang-format on */
 
 static const struct idem_migration steps[] = {
     {1, "business tables", tables_sqlite, tables_postgres},
