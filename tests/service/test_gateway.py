@@ -851,11 +851,11 @@ def a_held_key_is_shown_and_resolved_by_an_operator(ctx):
                               "--key", k2, "--decision", "not-executed")
     expect(code == 2 and "no route" in err, "an unknown operation: %d %r" % (code, err))
 
+
 @test
 def the_sweeper_deletes_records_whose_retention_ended(ctx):
     # Retention (docs/gateway.md): a background sweep deletes expired records every
     # --sweep-interval-s; a record still within its retention stays.
-    up = ctx["up"]
     routes = """
   - match: POST /v1/things
     operation: things.create
@@ -863,9 +863,8 @@ def the_sweeper_deletes_records_whose_retention_ended(ctx):
   - match: POST /v1/orders/{id}/refunds
     operation: refunds.create
 """
-    gw = Gateway(up, routes=routes, args=["--sweep-interval-s", "1"], name="gateway-sweep")
-    gw.start()
-    try:
+    with Gateway(ctx["up"], routes=routes, args=["--sweep-interval-s", "1"],
+                 name="gateway-sweep") as gw:
         short, kept = key("swept"), key("kept")
         expect_eq(gw.request("POST", "/v1/things", {"n": 1}, key=short).status, 201, "short")
         expect_eq(gw.request("POST", "/v1/orders/o1/refunds", {"n": 1}, key=kept).status, 201,
@@ -880,8 +879,6 @@ def the_sweeper_deletes_records_whose_retention_ended(ctx):
         harness.wait_until("the sweeper to delete the expired record", swept, timeout_s=20)
         expect_eq(record("things.create", short).status, 404, "the expired record, swept")
         expect_eq(record("refunds.create", kept).status, 200, "the record within retention")
-    finally:
-        gw.close()
 
 
 @test
