@@ -458,7 +458,7 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
         {NULL, 0, NULL, 0},
     };
     struct chaos_opts *o = &cx->o;
-    int c;
+    int c, li = 0;
 
     /* The defaults chaos_usage() states. */
     *o = (struct chaos_opts){.intents = 300,
@@ -470,7 +470,7 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
                              .page_size = CK_PAGE_SIZE_MAX};
     opterr = 0;
     optind = 1;
-    while ((c = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", lo, &li)) != -1) {
         switch (c) {
         case O_ORD:
             o->orderd_bin = optarg;
@@ -574,14 +574,11 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
                         : c == O_DUP   ? &o->dup_rate
                         : c == O_LOST  ? &o->lost_rate
                                        : &o->fail_rate;
-            const struct option *f = lo;
             char msg[300];
 
             if (parse_double(optarg, 0.0, 1.0, d) < 0) {
-                while (f->name != NULL && f->val != c)
-                    f++;
                 snprintf(msg, sizeof msg, "--%s must be a number from 0 to 1, not '%s'",
-                         f->name ? f->name : "rate", optarg);
+                         lo[li].name, optarg);
                 return usage_error("chaos", "%s", msg);
             }
             o->lost_set |= c == O_LOST;
