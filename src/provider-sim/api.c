@@ -113,22 +113,24 @@ static int resource_route(struct sim *sim, const struct request *rq, struct resp
                           int post)
 {
     const struct sim_resource *res;
-    const char *p = rq->path;
     const char *id;
     size_t i;
+    int collection;
 
     for (i = 0; i < sizeof resources / sizeof resources[0]; i++) {
         res = resources[i];
-        if (strcmp(p, res->path) == 0 && post)
-            res->create(sim, rq, resp);
-        else if (strcmp(p, res->path) == 0 && get)
-            resource_list(sim, res, rq, resp);
-        else if ((id = item_id(p, res->path)) != NULL && get)
-            resource_get(sim, res, resp, id);
-        else if (strcmp(p, res->path) == 0 || item_id(p, res->path) != NULL)
-            response_problem(resp, 405, "method-not-allowed", "This method is not allowed here.");
-        else
+        collection = strcmp(rq->path, res->path) == 0;
+        id = collection ? NULL : item_id(rq->path, res->path);
+        if (!collection && id == NULL)
             continue;
+        if (collection && post)
+            res->create(sim, rq, resp);
+        else if (collection && get)
+            resource_list(sim, res, rq, resp);
+        else if (id != NULL && get)
+            resource_get(sim, res, resp, id);
+        else
+            response_problem(resp, 405, "method-not-allowed", "This method is not allowed here.");
         return 1;
     }
     return 0;
