@@ -31,11 +31,12 @@ static inline int capped_buf_add(struct capped_buf *b, const void *p, size_t len
         return CAPPED_BUF_TOO_BIG;
     need = b->len + len + 1;
     if (need > b->cap) {
-        for (ncap = b->cap ? b->cap : 256; ncap < need; ncap *= 2)
-            ;
+        ncap = b->cap ? b->cap : 256;
+        while (ncap < need)
+            ncap *= 2;
         if (ncap > b->limit + 1)
             ncap = b->limit + 1;
-        d = (char *)realloc(b->data, ncap);
+        d = realloc(b->data, ncap);
         if (d == NULL)
             return CAPPED_BUF_NO_MEMORY;
         b->data = d;
