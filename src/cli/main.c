@@ -6,7 +6,6 @@
  * (cli.h).  Flags are parsed into a struct cli_config that run.c receives.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +17,7 @@
 #include "ascii.h"
 
 #include "cli.h"
-#include "util.h" /* src/util: read_fd_capped, parse_int64, xstrdup */
+#include "util.h" /* src/util: read_file_capped, parse_int64, xstrdup */
 #include "banned.h"
 
 const char program_name[] = "idem"; /* util.h: die() and the allocators' messages */
@@ -208,8 +207,6 @@ static int parse_int(const char *s, long lo, long hi, int *out)
 /* -d DATA, -d @FILE, -d @-.  Returns 0, or an exit code with the reason on stderr. */
 static int load_body(const char *arg, struct cli_config *cfg)
 {
-    int fd, rc;
-
     if (arg[0] != '@') {
         cfg->body_len = strlen(arg);
         cfg->body = xstrdup(arg);
@@ -223,17 +220,7 @@ static int load_body(const char *arg, struct cli_config *cfg)
         }
         return 0;
     }
-    fd = open(arg + 1, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        fprintf(stderr, "idem: cannot open body file %s: %s\n", arg + 1, strerror(errno));
-        return CLI_EXIT_LOCAL;
-    }
-    rc = read_fd_capped(fd, BODY_MAX, &cfg->body, &cfg->body_len);
-    if (rc < 0)
-        rc = -errno; /* (kept over close()) */
-    close(fd);
-    if (rc < 0) {
-        errno = -rc;
+    if (read_file_capped(arg + 1, BODY_MAX, &cfg->body, &cfg->body_len) < 0) {
         fprintf(stderr, "idem: cannot read body file %s: %s\n", arg + 1,
                 errno == EFBIG ? "larger than 64 MiB" : strerror(errno));
         return CLI_EXIT_LOCAL;

@@ -5,11 +5,9 @@
 #include "flag_file.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <yaml.h>
 
@@ -54,23 +52,6 @@ void flag_file_free(char **args, int nargs)
 #define FLAG_FILE_MAX_BYTES ((size_t)1 << 20)
 /* The mapping and a value, and room to say "a value, not a list" of a nested one. */
 #define FLAG_FILE_MAX_DEPTH 4
-
-/* The whole file, NUL-terminated (new), or NULL with errno set (EFBIG: over the cap). */
-static char *read_whole(const char *path, size_t *len)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    char *text = NULL;
-    int e;
-
-    if (fd < 0)
-        return NULL;
-    if (read_fd_capped(fd, FLAG_FILE_MAX_BYTES, &text, len) != 0)
-        text = NULL;
-    e = errno;
-    close(fd);
-    errno = e;
-    return text;
-}
 
 /* The "--name=value" of each pair of mapping `root`, in order, or -1 with `err` set. */
 static int read_options(yaml_document_t *doc, const yaml_node_t *root, const char *path,
@@ -119,12 +100,12 @@ int flag_file_load(const char *path, const struct option *known, const char *exc
     const yaml_node_t *root;
     char **out = NULL;
     size_t len = 0;
-    char *text = read_whole(path, &len);
+    char *text = NULL;
     int n = 0, rc = 0;
 
     *args = NULL;
     *nargs = 0;
-    if (text == NULL)
+    if (read_file_capped(path, FLAG_FILE_MAX_BYTES, &text, &len) != 0)
         return failed(err, errlen, path, 0, "cannot read it: %s",
                       errno == EFBIG ? "larger than 1 MiB" : strerror(errno));
     if (strict_yaml_load(text, len, FLAG_FILE_MAX_DEPTH, &doc, &why) != 0) {

@@ -7,6 +7,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
@@ -149,6 +150,20 @@ int read_fd_capped(int fd, size_t max, char **out, size_t *len)
     *out = buf;
     *len = have;
     return 0;
+}
+
+int read_file_capped(const char *path, size_t max, char **out, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int rc, e;
+
+    if (fd < 0)
+        return -1;
+    rc = read_fd_capped(fd, max, out, len);
+    e = errno;
+    close(fd);
+    errno = e;
+    return rc;
 }
 
 int fd_wait(int fd, short events, int64_t deadline_ms)

@@ -64,6 +64,9 @@ int fd_wait(int fd, short events, int64_t deadline_ms);
  */
 int read_fd_capped(int fd, size_t max, char **out, size_t *len);
 
+/* read_fd_capped() of the file at `path`: 0, or -1 with errno (the open's, or the read's). */
+int read_file_capped(const char *path, size_t max, char **out, size_t *len);
+
 /* Moves `*iov` (`*n` buffers) past `done` bytes a writev() or sendmsg() took. */
 struct iovec;
 void iov_advance(struct iovec **iov, int *n, size_t done);
