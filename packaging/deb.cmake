@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # deb.cmake - the Debian packages of `make deb` (issue 17), made by CPack's DEB generator from
 # the build tree `make build` made (cd build && cpack):
 #
@@ -140,6 +141,7 @@ endforeach()
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME idem)
 set(CPACK_PACKAGE_VENDOR "idem")
+set(CPACK_RESOURCE_FILE_LICENSE ${PROJECT_SOURCE_DIR}/LICENSE)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGE_CONTACT "${IDEM_DEB_MAINTAINER}")
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
