@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The README's two commands.  Each installs what is missing, configures, builds, then runs or tests.
 #   make run    provider-sim + orderd on SQLite (./var/), a demo user and order; Ctrl-C stops both
 #   make test   every test (SQLite and a throw-away PostgreSQL), then again under ASan+UBSan + fuzzers,

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """
 bench.py - issue 13's benchmark: how close orderd's fresh orders and replays come to the HTTP
 layer's own ceiling, how that ceiling compares with nginx, what a same-key storm, 10,000

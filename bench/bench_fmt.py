@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 bench_fmt.py - how the benchmark reports print their numbers.
 """

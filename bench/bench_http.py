@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 bench_http.py - the HTTP the benchmarks speak besides wrk's load: one request, orderd's
 headers, a server's /metrics page read into samples, and wrk's JSON line (bench/lua/common.lua)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 bench_pg.py - PostgreSQL for the benchmarks: psql of the throw-away cluster
 tests/pg/with_pg.sh started, its WAL statistics, and a sampler of what the backends wait on.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 bench_proc_stats.py - what /proc says of a process under load, for the reports' CPU,
 context-switch, memory and descriptor figures: its threads, CPU seconds, voluntary switches,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 bench_procs.py - the processes a benchmark run starts and stops, shared by bench.py,
 gateway_bench.py and peers_bench.py: each server is stopped by its PID and only that PID, a run

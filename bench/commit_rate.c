@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * commit_rate.c - the raw durable commit rate of a store, the yardstick of issue 7's group-commit
  * target.  Every transaction inserts one small row and is made durable before the next one of

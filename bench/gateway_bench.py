@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """
 gateway_bench.py - issue 14's benchmark: what idem-gateway costs in front of an upstream that
 answers at once (bench/static_http.c), against that upstream alone and against nginx's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * latency.h - the latency percentiles the bench programs print (commit_rate.c, storm.c): the
  * samples are sorted once with latency_sort, then read with latency_at.  Header-only, as each

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * static_http.c - the HTTP ceiling of the replay and fresh-order targets: orderd's own server
  * layer (src/http/http_server.c: the same event loops, parser, limits and response writer) with

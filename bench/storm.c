@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * storm.c - S3 of issue 7: N requests with ONE Idempotency-Key released together, and the lone
  * request they are compared with.  A load generator written in a scripting language measures

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ascii.h - locale-free ASCII helpers, written once for every part of idem: hex digits both
  * ways, and case-insensitive comparisons for header names and keywords (strcasecmp and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * banned.h - functions no part of idem may call (after git's banned.h): libidem, libidem-client,
  * orderd, provider-sim and the idem CLI all compile against this one list.  Each entry either

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * capped_buf.h - a growable byte buffer with a cap, always NUL-terminated, written once for the
  * two libraries: libidem's canonical JSON (jcs.c) and libidem-client's response bodies.  It

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * clock.h - reading a clock and sleeping, written once for every part of idem, under one name
  * each (clock_mono_ms, clock_wall_ms, clock_sleep_ms...): the two libraries must not share a

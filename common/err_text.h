@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * err_text.h - an error code's name and sentence, looked up in a table built from a library's
  * X-macro list (IDEM_ERRNO_MAP, IDEM_CLIENT_ERRNO_MAP).  Both libraries define their strerror and

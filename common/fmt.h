@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fmt.h - bounded formatting into a fixed message buffer, written once for libidem (idem__fmt)
  * and libidem-client (idem_client__fmt), which wrap it under their own names (see clock.h for

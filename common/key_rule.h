@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * key_rule.h - how long an Idempotency-Key may be, and the sentences that refuse one that is not,
  * for both ends: libidem's parser of the header field (lib/key.c) and libidem-client's check of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * embed.c - the smallest service that embeds libidem: one idempotent "create payment" request,
  * handled twice with the same key.  The first run claims the key, writes the business row in the

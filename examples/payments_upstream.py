@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """
 payments_upstream.py - a tiny payments API that is NOT idempotent, for `make run-gateway`: every
 POST /v1/payments creates a new payment, however many times the same request is sent.  Put

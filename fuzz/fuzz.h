@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz.h - what every libFuzzer harness of fuzz/ shares: the entry point's declaration and
  * CHECK(), which aborts -- so libFuzzer keeps the input as a crash -- when an invariant a harness

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_cursor.c - libFuzzer harness for orderd's page cursor (src/orderd/cursor.c): the
  * `cursor` query argument of GET /api/orders comes back from clients.  The input is the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_gateway_config.c - libFuzzer harness for idem-gateway's config reader
  * (src/gateway/config.c): libyaml and the walk over its document, on text an operator writes but

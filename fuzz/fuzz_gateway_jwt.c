@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_gateway_jwt.c - libFuzzer harness for idem-gateway's principal (src/gateway/principal.c),
  * whose JWT reader is the gateway's first code to decode a stranger's bytes.  The input is the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_gateway_request.c - libFuzzer harness for what idem-gateway reads of a client's request
  * before it claims a record: the route of a path (src/gateway/route.c), the key from JSON pointers

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_http_reply.c - libFuzzer harness for the HTTP layer's answer reader
  * (src/http/http_client.c), which parses whatever an upstream sends back: idem-gateway stores and

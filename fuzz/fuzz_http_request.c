@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_http_request.c - libFuzzer harness for the programs' request parser
  * (src/http/request_parser.c), the first code that reads a stranger's bytes.  The input is fed the

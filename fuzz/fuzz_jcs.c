@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_jcs.c - libFuzzer harness for idem_jcs_canonicalize().  Canonical JSON is what request
  * fingerprints hash, so besides memory errors it checks the properties the fingerprint depends

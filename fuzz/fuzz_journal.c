@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_journal.c - libFuzzer harness for the client journal reader (lib/client/journal.c): a
  * journal is a file any process of the user may have written, damaged by a crash or a full disk.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_key.c - libFuzzer harness for idem_key_parse().  The parser reads a header value from a
  * stranger into a fixed buffer, so besides memory errors it checks what callers rely on: an

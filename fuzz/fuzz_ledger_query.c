@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_ledger_query.c - libFuzzer harness for provider-sim's reading of the query arguments of
  * GET /v1/ledger/references (src/provider-sim/ledger_query.c): `kind`, `after` and `limit` come

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_orderd_request.c - libFuzzer harness for a whole HTTP request through orderd: the request
  * parser of the HTTP layer, then orderd's router and handlers (src/orderd/), on a real SQLite

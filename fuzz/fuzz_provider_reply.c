@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_provider_reply.c - libFuzzer harness for what orderd makes of a payment provider's answer
  * (src/orderd/provider_reply.c): a provider is another party, and a proxy or a fault between the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_webhook_signature.c - libFuzzer harness for orderd's webhook signature check
  * (src/orderd/signature.c): the Provider-Signature header and the raw body come from whoever can

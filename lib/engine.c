@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * engine.c - the record state machine: claim, replay, mismatch, wait, take over, phases.
  *

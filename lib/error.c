@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * error.c - the words behind libidem's error codes, and the small helpers every other file of the
  * library leans on (clocks, sleeping, bounded formatting, copying).  The texts come from the one

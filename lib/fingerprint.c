@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fingerprint.c - the request fingerprint.  A retry must carry the same request as the first
  * attempt; a client that reuses a key for a different request is refused instead of being

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * internal.h - what libidem's own files share and the public header does not show: the store
  * backend table (a store is a swappable backend, as SQLite's sqlite3_vfs), the record as the

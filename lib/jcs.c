@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * jcs.c - RFC 8785 JSON Canonicalization Scheme.  Two requests mean the same thing when their
  * bodies are the same JSON value, whatever the member order, white space, escapes or number

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * key.c - parsing of the Idempotency-Key header field.  The key comes from a stranger and ends up
  * in a database primary key, in logs and in error messages, so it is held to a narrow shape: an

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * migrate.c - the one migration driver both stores run: libidem's own schema when a store opens
  * a connection, and an application's steps (idem_store_migrate).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * pg_listen.c - waking waiting duplicates across processes with LISTEN/NOTIFY.
  *

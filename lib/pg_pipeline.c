@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * pg_pipeline.c - the PostgreSQL store's round trips: several statements sent as one libpq
  * pipeline, and the statements nobody waits for held back to go out with the next one.

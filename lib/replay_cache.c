@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * replay_cache.c - a bounded, sharded, thread-safe LRU of completed records' responses (see
  * replay_cache.h for what it is for and why it is safe).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * replay_cache.h - the engine's in-memory copy of completed records' responses, so that a replay
  * touches no store.  A completed record never changes until retention deletes it, so its response

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * rows.c - the result of one statement, as text, the same for every store.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sqlite_commit.c - the SQLite store's commit pipeline: every write transaction of a process runs
  * on its one writer connection, as a savepoint of a batch that concurrent callers share; batches

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * store.c - what every store shares: picking the backend from a URI, the bounded connection pool,
  * and the transaction handle the application runs its own SQL through.

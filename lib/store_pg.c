@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * store_pg.c - the PostgreSQL store: many service instances, one truth.
  *

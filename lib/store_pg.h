@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * store_pg.h - what the PostgreSQL store's files share, and nothing else includes:
  * store_pg.c (connections, transactions, the application's and the records' statements,

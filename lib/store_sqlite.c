@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * store_sqlite.c - the SQLite store: one file, zero set-up, the embedded default.
  *

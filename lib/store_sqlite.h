@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * store_sqlite.h - what the SQLite store's two files share: its connection, the helpers that open
  * and drive one (store_sqlite.c), and the group commit that every write goes through

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tx_batch.c - whole transactions of callers that do not wait, several to one database
  * transaction, on a thread of the store's: write_run_async for a store without a group commit

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # install_units.cmake - run by `cmake --install` (packaging/CMakeLists.txt): the systemd units with
 # the paths of the install prefix, and the config files of /etc/idem unless they are there
 # already (an operator's edits are kept).  IDEM_PACKAGING_DIR is packaging/.

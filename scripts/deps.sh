@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Installs the Debian packages idem needs to build, run and test, when any is missing.
 # Used by `make run` and `make test` (and by `make bench`, with the group `bench`), so a fresh
 # Debian 12 machine needs nothing by hand.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # run.sh - what `make run` starts once the build is done: provider-sim (the payment + email
 # provider simulator, ./var/provider-sim.db) and orderd on SQLite (./var/orderd.db) charging
 # through it, with a demo user.  It then places one order and shows the whole flow: the order

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # run_gateway.sh - what `make run-gateway` starts once the build is done: a small payments API
 # that is NOT idempotent (examples/payments_upstream.py, every POST makes a new payment) and
 # idem-gateway in front of it on SQLite (./var/gateway.db).  It sends one payment twice with the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # services.sh - sourced by the run scripts (run.sh, run_gateway.sh) before they start anything:
 #   started PID      remembers a service just started with &; all are stopped, newest first,
 #                    when the script ends, Ctrl-C included

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_repeat.sh BUILD_DIR RUNS [REGEX] - runs the ctest tests matching REGEX (default: the service
 # suites, SQLite and PostgreSQL) RUNS times in BUILD_DIR and reports every test that failed in any
 # run, with how many runs it failed and where each failing run's output is.  A test that fails once

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # format_test.sh - every C file of the project is formatted as .clang-format says, so a change
 # never mixes its substance with reformatting and a reader meets one layout everywhere.
 # Usage: format_test.sh SOURCE_DIR   (clang-format: scripts/deps.sh installs it)

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Installs libidem into a temporary prefix, builds examples/embed.c against it with pkg-config
 # only (as a user would), runs it twice, and checks that the second run replays.
 set -eu

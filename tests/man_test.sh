@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # man_test.sh - the manual pages in docs/: every program has one, each renders without a groff
 # warning (what `man` would show a user as garbage or silently drop), through man-db's `man -l`
 # too at the usual terminal widths, and each names every option its program's --help lists.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * t.h - the smallest test harness that still says what failed: CHECK records a failure with its
  * file and line and goes on, so one run reports every broken expectation; t_done() sets the exit

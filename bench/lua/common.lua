@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- common.lua - what every bench/lua script shares: the order body, the headers, and the one
 -- machine-readable summary line (BENCH_JSON {...}) that bench/bench.py reads from wrk's output.
 -- wrk gives each of its threads its own Lua state, so per-thread values (the thread number that

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- fresh.lua - S1 / S4: POST /api/orders with a new Idempotency-Key on every request, so every
 -- request claims a record and creates an order.  Keys are TAG-<thread>-<n>: wrk's Lua state is
 -- per thread, so the thread number keeps two threads from sending the same key.

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- replay.lua - S2, the RSS run, the static ceiling and nginx: POST /api/orders cycling over NKEYS
 -- keys TAG-0 .. TAG-<NKEYS-1> that bench.py created before with the same body, so every request
 -- to orderd is a replay of a completed record; the static server and nginx get the very same

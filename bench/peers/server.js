@@ -1,4 +1,5 @@
 #!/usr/bin/env node
+// SPDX-License-Identifier: Apache-2.0
 // server.js - the Node peers of `make bench-peers` (bench/peers_bench.py, docs/bench.md "Node
 // peers"): one node:http server that does what orderd's create does in spirit, with or without
 // the @node-idempotency middleware.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * client.h - the one public header of libidem-client, the client half of idem.
  *

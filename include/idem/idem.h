@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * idem.h - the one public header of libidem, the idempotency engine.
  *

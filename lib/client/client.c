@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * client.c - the retry loop over libcurl.  One call journals the intent's key (when there is an
  * intent), then sends the same method, URL, headers, key and body bytes until an answer is final,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * internal.h - what libidem-client's own files share and client.h does not show: the jitter
  * generator, the retry policy's pure functions (so the unit tests in tests/client/ can pin them

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * error.c - the words behind libidem-client's error codes, and the few helpers every other file
  * of the client leans on (clocks, sleeping, bounded formatting, copying).  The texts come from

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * journal.c - the intent journal: the client's memory of which key belongs to which business
  * intent, kept on disk before the first byte goes out.  If the process is killed mid-request and

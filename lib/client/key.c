@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * key.c - the keys a client sends.  A generated key is a UUID version 4 from the kernel's CSPRNG:
  * 122 random bits make a collision with another client's key (the server scopes keys by user,

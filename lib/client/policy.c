@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * policy.c - when to retry and how long to wait, as pure functions.  The retry loop in client.c
  * only asks these questions, so the whole policy can be pinned by a table in the unit tests:

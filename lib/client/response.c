@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * response.c - what came back: the final attempt's status line, header lines and body, plus how
  * the call went (attempts, time, key, why it stopped).  Bodies and headers come from strangers,

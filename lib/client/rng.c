@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * rng.c - the two sources of randomness of the client, kept apart on purpose.  Keys must be
  * unguessable and unique across machines, so they come from the kernel's CSPRNG.  Jitter only has

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cli.h - what the idem command line (main.c) hands to the code that runs a request (run.c):
  * one explicit configuration struct, and the exit codes scripts rely on.

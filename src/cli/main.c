@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * main.c - the idem command line: `post`, `put`, `get`, `delete`, `journal`, `--help`,
  * `--version`.  It reads like curl on purpose (-d, -H, -i, -v), so the one thing a user has to

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * run.c - what one idem command does once its flags are parsed: open the journal (for an
  * intent), give the request its key, hand it to libidem-client, say what each attempt did (-v),

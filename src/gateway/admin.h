@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * admin.h - idem-gateway's admin listener (loopback by default, `admin_listen`): GET /healthz
  * (the process answers), GET /readyz (the store answers too), GET /metrics (Prometheus text),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * config.c - idem-gateway's configuration reader (config.h): YAML text through libyaml's document
  * API into struct gw_config, every value checked against what the gateway can honour before the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * config.h - idem-gateway's configuration: a YAML file (read with libyaml, Debian's libyaml-0-2)
  * that names the listeners, the store, the upstream, where the principal comes from, and the

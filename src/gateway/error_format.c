@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * error_format.c - the gateway's own errors as Stripe's clients read them (error_format.h).
  *

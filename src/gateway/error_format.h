@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * error_format.h - the errors idem-gateway answers itself, in the format its clients read
  * (`error_format` in the config, docs/gateway.md).

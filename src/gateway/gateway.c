@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * gateway.c - the routes' libidem operations (gateway.h), for the proxy, the admin listener and
  * the command line alike.

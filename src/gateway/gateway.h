@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * gateway.h - what one idem-gateway process holds while it serves: the config, the store and the
  * engine over it, the upstream client, the principal verifier, one libidem operation per route,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * main.c - idem-gateway's command line: `serve`, `check-config`, `keys show|resolve`, `--help`,
  * `--version`.

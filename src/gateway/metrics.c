@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * metrics.c - idem-gateway's counters (metrics.h): a table of atomics per route and outcome, and
  * two latency histograms with the same buckets, rendered in the Prometheus text format.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * metrics.h - idem-gateway's counters for Prometheus (GET /metrics on the admin listener): per
  * route and outcome, how requests ended; how long the upstream took; how long the store took to

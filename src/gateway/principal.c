@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * principal.c - who is calling (principal.h): the value of a header an auth layer in front sets,
  * the SHA-256 of the Authorization header, or the `sub` of a JWT verified here with OpenSSL 3

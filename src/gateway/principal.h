@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * principal.h - who is calling, for idem-gateway's scopes (principal + operation + key): one
  * caller can never be answered with another's stored response.  Three sources, chosen in the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * proxy.c - idem-gateway's request path (proxy.h).
  *

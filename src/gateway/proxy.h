@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * proxy.h - idem-gateway's request path, as the HTTP layer's hooks (http_server.h):
  *

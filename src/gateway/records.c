@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * records.c - showing and resolving gateway records (records.h), through libidem only: the
  * resolution is a recovery (idem_call_recover) that either completes the record or forgets it,

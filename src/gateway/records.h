@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * records.h - an operator's view of the gateway's records, shared by the admin listener
  * (GET /records, POST /records/resolve) and the command line (`idem-gateway keys show|resolve`):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * request_key.c - a request's idempotency key from its body, and its fingerprint
  * (request_key.h).  libidem does the hashing (idem_fingerprint: every field length-prefixed) and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * request_key.h - the two things idem-gateway derives from a request's bytes before it may claim
  * a record: the idempotency key (from a header, or from JSON pointers into the body) and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * route.h - which configured route a request is on: its method, and its path split into segments
  * against the route's template ("/v1/orders/{id}/refunds"), a {name} segment taking any one

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * serve.c - `idem-gateway serve` (serve.h).  As in orderd, nothing is served before it can be
  * answered truthfully: the store is open and migrated and the engine made before the listeners

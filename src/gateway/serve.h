@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * serve.h - `idem-gateway serve`: open the store, make the engine, listen on the public and the
  * admin addresses, sweep expired records in the background, stop on SIGINT / SIGTERM.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * upstream.c - the gateway's HTTP/1.1 client of its one upstream (upstream.h).  On a worker:
  * connect with a deadline, write the request, read the answer with the HTTP layer's reader, keep

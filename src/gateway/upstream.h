@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * upstream.h - idem-gateway's client of the upstream API: one HTTP/1.1 exchange, either blocking
  * a worker of the HTTP layer (keyed requests, whose record is claimed and settled around it) or

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * http_client.c - the HTTP layer's client side (http_client.h): the answer reader every client
  * shares, and exchanges started from an event loop that never block it.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * http_client.h - the HTTP layer's client side, for a program that forwards requests
  * (idem-gateway):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * http_server.c - the event-driven server of http_server.h.  Each loop thread runs a libuv loop
  * with its own listening socket (SO_REUSEPORT: the kernel spreads new connections over the

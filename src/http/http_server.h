@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * http_server.h - the programs' HTTP server: a few event-loop threads (libuv) own every socket
  * and parse requests (request_parser.h); handlers that block (store statements, provider calls)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * jdoc.c - JSON documents in and out of the programs (jdoc.h).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * jdoc.h - JSON documents in and out of the programs: the compact text of a document, and
  * untrusted text parsed with its nesting bounded first by libidem's scan (idem_json_nesting), so

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * keyed_answer.c - the one mapping of libidem's outcomes to HTTP (keyed_answer.h), shared by orderd
  * and idem-gateway so that their replays, refusals and requests to retry cannot drift apart.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * keyed_answer.h - libidem's outcomes as HTTP answers, the same in every program that keeps
  * records (orderd, idem-gateway): a replay is the stored response byte for byte with

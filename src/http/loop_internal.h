@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * loop_internal.h - what the HTTP layer's own client (http_client.c) needs of the event loops
  * (http_server.c): the loop of the calling thread, and a hook to close what it keeps on a loop

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * problem.c - building problem documents (problem.h).  One table holds the titles of both
  * services' codes (docs/http-api.md, docs/provider-sim.md): a code raised by both, such as

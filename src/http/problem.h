@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * problem.h - RFC 9457 problem documents, as orderd and provider-sim both answer errors:
  * {"type":"/problems/<code>","title","status","detail","code"} with Content-Type

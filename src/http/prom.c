@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * prom.c - Prometheus text for what libidem counts (prom.h).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * prom.h - Prometheus text for what libidem counts, written alike by orderd and idem-gateway
  * under their own metric prefix.  Part of idem_http (src/http/).

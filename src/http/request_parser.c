@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * request_parser.c - http-parser's callbacks, and the caps and decoding around them
  * (request_parser.h says why the layer exists).  http-parser hands over the URL and each header

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * request_parser.h - one HTTP/1.1 request read from untrusted bytes, with no socket in sight:
  * nodejs http-parser (Debian's libhttp-parser) does the grammar; this layer keeps what a handler

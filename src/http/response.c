@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * response.c - building the responses of response.h: headers set once by name, bodies copied,
  * JSON and problem documents serialised compactly in insertion order.  A replay passes through

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * response.h - an HTTP response as the programs' handlers build it, before it meets
  * the HTTP server (http_server.c): status, a few headers, the body bytes, plus what orderd's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * chaos.c - `idem-check chaos`: the run, from the options main.c parsed.  It starts provider-sim
  * and one or more orderd instances on one store (or attaches to running ones), puts the

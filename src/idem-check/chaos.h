@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * chaos.h - what the parts of `idem-check chaos` share: a small random generator (rand() is
  * banned; this one is seeded from the OpenSSL CSPRNG), the fault-injecting TCP proxy

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * chaos_audit.c - the exactly-once audit of a chaos run, from the outside: orderd's HTTP API (the
  * user's orders, a replay of every intent's key) and provider-sim's ledger (charges, confirmation

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * chaos_failover.c - `idem-check chaos --failover-every S --failover-cmd CMD`: the database fails
  * over during the drive.  A thread waits S seconds, runs CMD through /bin/sh with one argument,

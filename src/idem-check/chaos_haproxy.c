@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * chaos_haproxy.c - `idem-check chaos --haproxy-config FILE`: a real load balancer between the
  * fault proxy and the orderd instances, so that the chain is clients -> fault proxy (drops,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * chaos_procs.c - the processes of a chaos run: provider-sim, `orderd token create`, and the
  * orderd instances on one store, each started on 127.0.0.1 (port 0 the first time, read from its

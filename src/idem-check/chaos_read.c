@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * chaos_read.c - what the chaos audit reads from orderd and provider-sim, in answers of bounded
  * size, so that the audit of 100,000 intents needs no more memory per read than that of 300: the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * chaos_report.c - the verdict of a chaos run: a table for people, or one JSON object for
  * machines (--json).  Both carry the same numbers: what was driven, which faults were injected

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * check.h - what the parts of idem-check share: idem_util's allocators and buffers,
  * the raw HTTP exchange over libcurl (raw_http.c), the verdicts and their report (report.c), and

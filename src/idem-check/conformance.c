@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * conformance.c - the checklist of `idem-check conformance`: the HTTP semantics of
  * docs/http-api.md, checked from the outside against any API that takes an Idempotency-Key.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fault_proxy.c - the fault-injecting TCP proxy of `idem-check chaos`: it listens on 127.0.0.1
  * (port chosen by the kernel) and forwards every connection to one of its upstreams (the orderd

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * main.c - the idem-check command line: parses the options of a mode (conformance, chaos), runs
  * it (conformance.c, chaos.c) and turns its verdicts into a report and an exit code.

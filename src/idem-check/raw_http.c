@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * raw_http.c - raw HTTP exchanges over libcurl, one connection per request.  idem-check needs to
  * send exactly what a check describes (an empty header, a control character, a header twice), and

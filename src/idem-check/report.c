@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * report.c - the verdicts of a run and their two renderings: a table for people, and one JSON
  * object for machines (CI, dashboards), both carrying the evidence each verdict rests on so that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * util.c - the small helpers every part of idem-check uses: capped buffers for what a server
  * sends back, random keys from the CSPRNG so that every run uses keys no earlier run has

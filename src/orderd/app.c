@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * app.c - making and freeing what one orderd holds (app.h), shared by `serve` and the request
  * fuzzer (fuzz/fuzz_orderd_request.c), so that both run orderd as it is configured.

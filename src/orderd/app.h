@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * app.h - the server context: what every request handler may use, built once by serve.c and
  * passed down explicitly (no global server struct).  Handlers read it; the parts that change

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * auth.c - bearer tokens: creating them (`orderd token create`) and resolving a request's
  * Authorization header to a user id.  Only SHA-256 hashes are stored and looked up: the token

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * auth.h - bearer tokens.  A token is "idem_" followed by 64 hex digits of 32 random bytes; the
  * store keeps only its SHA-256, so a copy of the database does not hand out live credentials.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cancel.c - cancelling an order (see cancel.h).  An order whose payment is not settled yet
  * (pending_payment) cannot be cancelled: its charge may still land, and a cancel now would leave

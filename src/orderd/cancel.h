@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cancel.h - POST /api/orders/{id}/cancel, an idempotent state transition with a compensation:
  * cancelling a paid order refunds it through the provider, with a key derived from the order

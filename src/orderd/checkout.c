@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * checkout.c - the payment phases of orders.create (see checkout.h):
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * checkout.h - what happens to an order after phase 1 ("order_created") committed: the charge
  * through the provider, between phases, with the key derived from the order; then the last

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * completer.c - finishes stalled records (see recovery.h).  The library lists records whose lease
  * expired (idem_engine_stalled) and hands one over without the request's fingerprint

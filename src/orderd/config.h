@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * config.h - everything `orderd serve` can be told on its command line, in one struct that is
  * filled once by main.c and then passed down read-only.  Keeping it explicit (no global server

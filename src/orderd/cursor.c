@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cursor.c - the page cursor of GET /api/orders (cursor.h).
  */

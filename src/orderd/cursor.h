@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cursor.h - the page cursor of GET /api/orders: the hex of "created_at|id" of the last order of
  * the previous page.  It comes back from clients, so the decoder treats it as untrusted bytes

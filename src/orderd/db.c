@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * db.c - thin helpers over libidem's store calls (see db.h).  Opening creates the directory of
  * an SQLite file, so `orderd serve` works on a fresh checkout; values come back as text from

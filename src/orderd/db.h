@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * db.h - the store as orderd uses it: opening it, and running the handlers' SQL through one
  * wrapper that logs a failed statement with the store's own detail, so a 500 in the request log

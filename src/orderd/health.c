@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * health.c - GET /healthz asks the store a trivial question, so "ok" means requests can be
  * served, not merely that the process is alive; GET /metrics renders the counters, and the

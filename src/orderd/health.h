@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * health.h - the operator's endpoints: GET /healthz and GET /metrics (no auth).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * idemcall.c - the one place that maps libidem's outcomes to HTTP (see idemcall.h).  Keeping it
  * apart from the handlers means orders and profiles cannot drift in how they replay, refuse or

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * idemcall.h - the engine's outcomes as HTTP.  An idempotent handler validates its request,
  * then hands idemcall_handle() a function that runs the operation's phases; this file claims or

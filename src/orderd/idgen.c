@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * idgen.c - time-ordered order ids (see idgen.h).  The layout follows UUIDv7's idea: time
  * first, then a counter, then randomness.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * idgen.h - order ids: "ord_" and 32 hex digits.  The first 12 digits are the creation time in
  * milliseconds, the next 4 a sequence within that millisecond, the last 16 random: ids created

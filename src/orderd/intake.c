@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * intake.c - what orderd adds to the shared HTTP server (src/http/http_server.c): the head of a
  * request is checked (route, bearer token, content type) before any body byte is read, from

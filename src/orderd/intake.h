@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * intake.h - orderd's face to HTTP: the request and server of src/http/http_server.h, served
  * through router_dispatch(), with each answered request recorded in the metrics and the log.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * main.c - orderd's command line: `serve`, `token create`, `migrate`, `outbox list|retry`,
  * `--help`, `--version`.

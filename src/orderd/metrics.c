@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * metrics.c - the counters behind GET /metrics.  The label values are a fixed, small set
  * (operations and outcomes named in docs/http-api.md), so the series live in plain arrays and a

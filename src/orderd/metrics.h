@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * metrics.h - what orderd counts for Prometheus: requests by (operation, outcome) and request
  * durations by operation; the background workers (runs, items, failures, last run); calls to the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * order_doc.c - the order's public JSON shape (see order_doc.h).  Payment fields appear only once
  * they have a value, so an order of a server without a provider looks exactly as it always did.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * order_doc.h - an order as the API shows it.  The create, get, list and cancel endpoints, the
  * payment phases and the recovery workers all answer with the same shape, so it is built in one

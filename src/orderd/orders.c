@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * orders.c - the orders endpoints.  Creating an order is a list of atomic phases, each one
  * database transaction that also moves the idempotency record's recovery point:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * orders.h - the orders endpoints: create (idempotent, two phases), list, get, cancel
  * (idempotent state transition).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * outbox.c - the outbox and its relay (see outbox.h).  A batch is fanned out over a few threads,
  * each bounded by the provider timeout, so one slow message does not hold up the rest and a run

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * outbox.h - the transactional outbox.  An email is a row written in the same transaction as the
  * change that causes it (an order paid, a profile changed), so it exists exactly when the change

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * payments.c - the state transitions of payments.h.  SQL is written once for SQLite and
  * PostgreSQL: text parameters, CAST where a number is meant, ON CONFLICT DO NOTHING for rows that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * payments.h - the business state of money, as transitions on orders, payments and refunds rows.
  * Four paths may settle the same order: the request itself, a client's retry, a recovery worker,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * profile.c - PUT /api/me/profile.  Set semantics make the operation naturally idempotent: the
  * same body twice leaves the same state.  What a key adds is the same *answer*: "changed" is

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * profile.h - PUT /api/me/profile: set semantics, idempotent with or without a key.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * provider.c - the provider client (see provider.h) on libcurl.  One easy handle per call keeps
  * the client free of shared state between connection threads; connection reuse does not matter

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * provider.h - orderd's client of the payment + email provider (provider-sim, or a real one with
  * the same API).  Every call that has an effect carries an Idempotency-Key derived from orderd's

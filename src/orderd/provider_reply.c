@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * provider_reply.c - what orderd makes of a provider's answer (provider.h): kept apart from the
  * libcurl client so that the part reading untrusted bytes is fuzzed alone

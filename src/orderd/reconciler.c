@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * reconciler.c - settles unknown outcomes by asking the provider (see recovery.h).  An order or a
  * refund is flagged when a call about it got no answer; once its check time comes, the reconciler

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * recovery.h - the two workers that finish what requests started (docs/orderd.md, and
  * docs/libidem.md on phases and recovery points):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * router.c - the route table and the checks every request passes before its handler runs, in
  * the order docs/http-api.md fixes: route -> auth -> content type -> body size -> key -> JSON.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * router.h - from a request to a handler: the route table of docs/http-api.md and the checks
  * every request passes, in the contract's order, before any business code runs: route (404,

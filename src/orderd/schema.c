@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * schema.c - the tables orderd's business logic writes, next to libidem's records in the same
  * store, so one transaction covers both.  Each step is given in both dialects (SQLite today,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * schema.h - orderd's business tables, as versioned libidem migrations of component "orderd".
  */

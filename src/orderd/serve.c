@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * serve.c - `orderd serve`.  Start-up is ordered so that nothing is served before it can be
  * answered truthfully: open the store, apply migrations, make the engine, listen, and only then

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * serve.h - `orderd serve`: the server's whole life, from opening the store to a clean stop on
  * SIGINT or SIGTERM.

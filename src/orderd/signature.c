@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * signature.c - the provider's webhook signature (signature.h).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * signature.h - the provider's webhook signature: "Provider-Signature: t=<unix seconds>,
  * v1=<hex HMAC-SHA256 of "<t>.<raw body>">" (several v1 while the provider rotates its secret).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sweeper.c - retention.  Three kinds of rows end here, each in batches of SWEEP_BATCH so one
  * sweep never holds the store's write lock for long (a full batch means more are due, so the next

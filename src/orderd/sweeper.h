@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sweeper.h - the retention sweeper, a background worker (worker.h): deletes idempotency records,
  * sent outbox messages and webhook inbox entries whose retention ended, in small batches.

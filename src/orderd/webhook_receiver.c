@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * webhook_receiver.c - the provider's webhooks (see webhook_receiver.h).  The signature is checked
  * on the raw bytes before the body is even parsed (signature.c, in constant time), so a forger

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * webhook_receiver.h - POST /webhooks/provider: the provider's events (charge.succeeded,
  * refund.succeeded), delivered at least once.  Signed with HMAC-SHA256 over "<timestamp>.<body>"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * worker.c - what every orderd background worker does on its tick (see worker.h): runs that drain
  * a backlog, each counted in /metrics.  The thread and its pause are src/util/periodic.c's.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * worker.h - a background worker: one thread that runs a bounded batch every interval until the
  * server stops.  Each run does at most a fixed amount of work (its batch) with every external call

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * api.c - provider-sim's routes: each path and method to its handler (charges.c, emails.c), the
  * fault settings endpoint and /healthz.  The handlers' idempotent POSTs go through the one glue

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * charges.c - money: charges and refunds.  A charge's source decides its fate (tok_ok succeeds,
  * tok_declined is declined with 402, tok_slow succeeds after slow_ms); a refund gives back at most

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * emails.c - the mail service: POST /v1/emails sends (records) one email per Idempotency-Key.  A
  * sender that relays an outbox uses the outbox row's id as the key, so a relay that retries after

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * faults.c - the fault settings behind --latency-ms, --fail-rate, ... and POST /v1/faults.  An
  * update is validated completely before anything changes, so a half-applied fault profile never

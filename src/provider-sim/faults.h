@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * faults.h - what can go wrong on purpose.  The settings start from the command line and can be
  * changed at run time (POST /v1/faults), so one test can turn a fault on, watch the client cope,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * handlers.h - provider-sim's endpoints and the one glue every idempotent POST goes through
  * (idempotent.c): Idempotency-Key, JSON body, validation, the 5xx and latency faults, libidem's

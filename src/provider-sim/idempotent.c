@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * idempotent.c - the glue of every idempotent POST of provider-sim (handlers.h).  The order of
  * the checks is the one docs/http-api.md gives orderd: key, JSON, validation (400s, never stored),

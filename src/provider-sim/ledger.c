@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ledger.c - GET /v1/ledger, the audit a test (or a person) reads after a storm: every charge,
  * refund and email counted in total and per Idempotency-Key, with any duplicate effect flagged:

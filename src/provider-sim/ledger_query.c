@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ledger_query.c - the query arguments of GET /v1/ledger/references (ledger_query.h).  They come
  * from anyone who can reach the port, so every one is checked before it reaches the store: the

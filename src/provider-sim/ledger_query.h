@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ledger_query.h - what a request for one page of GET /v1/ledger/references asks: which
  * per-reference counts (charges or emails), from after which reference, how many.  Kept apart

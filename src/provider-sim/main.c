@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * main.c - provider-sim's command line and lifecycle.  A payment + email provider simulator that
  * honours its own Idempotency-Key (with libidem, in its own SQLite file), sends duplicated,

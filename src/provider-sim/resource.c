@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * resource.c - the GETs of provider-sim's objects (see resource.h), each one read-only
  * transaction.  The SQL is put together from the struct sim_resource's literals only, never from

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * resource.h - the read side of provider-sim's objects (charges, refunds, emails): one object by
  * id, and the lists a client's reconciler asks for (by Idempotency-Key, by a filter, the latest).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * schema.c - provider-sim's tables, next to libidem's records in the same store so that an effect
  * (a charge row, its webhook event and deliveries) commits in the same transaction as the stored

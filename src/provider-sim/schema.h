@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * schema.h - provider-sim's migrations (component "provider-sim"), applied at start-up.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sim.h - provider-sim's configuration and its context: what the command line said, and what every
  * request handler may use (the store, the idempotency engine, the fault settings, the webhook

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sim_server.c - what provider-sim adds to the shared HTTP server (src/http/http_server.c):
  * requests go to api_dispatch(), IPv4 only, the address reusable at once, a short stop; and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sim_server.h - provider-sim's face to HTTP: the request, response and server of src/http/
  * (http_server.h, response.h), served through api_dispatch().  A handler may set `drop` on its

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sim_util.c - the helpers of sim_util.h, kept apart so each concept file (charges, webhooks,
  * faults) reads as that concept only.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sim_util.h - the helpers only provider-sim needs, on top of the ones it shares with orderd
  * (src/util/util.h, included here): the log on stderr, random ids and rates from OpenSSL, and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * webhook_sender.c - at-least-once event delivery (see webhook_sender.h).  Deliveries are rows, so
  * a restart of the simulator resumes them; each of WEBHOOK_SHARDS sender threads owns the rows of

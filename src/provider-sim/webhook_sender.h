@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * webhook_sender.h - events and their at-least-once delivery.  An effect records its event (and one
  * delivery per copy the duplication fault asks for) in the same transaction as the effect; sender

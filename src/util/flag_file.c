@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * flag_file.c - long options from a flat YAML mapping (flag_file.h), loaded by the programs' one
  * strict YAML reader (strict_yaml.c): each refusal names the line it is about.

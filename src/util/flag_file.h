@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * flag_file.h - a program's long options read from a YAML file, for a service's config in /etc:
  * one `name: value` per option, `listen: 127.0.0.1:8080` standing for --listen 127.0.0.1:8080.

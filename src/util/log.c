@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * log.c - writes a program's log lines (orderd, idem-gateway) to stderr.  Each line is assembled in
  * memory first and written with one call, so lines written at once (event loops, workers,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * log.h - a program's log on stderr (orderd's, idem-gateway's): one line per request (what a person
  * tails, or a collector parses in the JSON form), and a few lines about the process itself (start,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * periodic.c - the loop of every periodic background thread (see periodic.h).
  */

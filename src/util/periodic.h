@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * periodic.h - a background thread that runs a function every interval until it is stopped:
  * orderd's workers (completer, reconciler, outbox relay, sweeper) and idem-gateway's sweeper.

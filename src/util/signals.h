@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * signals.h - how the programs stop: SIGINT and SIGTERM are blocked in every thread and taken
  * synchronously by the main thread with sigwait(), so no signal handler and no global flag are

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * strbuf.c - the growable buffer of strbuf.h.  Every string the programs assemble piecewise goes
  * through here, so that no caller writes into a fixed array with an unchecked length.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * strbuf.h - a growable byte buffer (git's strbuf), for text whose size is not known up front:
  * the Prometheus page, log lines, request bodies.  Growth dies on allocation failure; callers

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * strict_yaml.c - the programs' one YAML reader (strict_yaml.h).  The text is parsed twice: a
  * pass over libyaml's events refuses aliases, a second document and deep nesting -- what the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * strict_yaml.h - YAML text as one libyaml document, refused where libyaml's document loader
  * would silently accept what no config means: an alias (yaml_parser_load resolves it into a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * util.c - the small helpers of util.h, shared by orderd's and provider-sim's files.  They live
  * apart so that each concept file (orders, auth, charges...) reads as that concept only.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * util.h - the small helpers orderd and provider-sim both lean on: allocation that dies with a
  * message instead of returning NULL (a service that cannot allocate a few bytes cannot answer

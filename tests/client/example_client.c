@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * example_client.c - the example of docs/client.md, built by tests/client/install_test.sh against
  * the installed libidem-client with pkg-config only, as a user would.  It places one order for the

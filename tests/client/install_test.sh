@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Installs the build into a temporary prefix and builds tests/client/example_client.c against the
 # installed libidem-client with pkg-config only (shared and static), as a user would.  It runs the
 # shared build against a closed loopback port: the journal must hold the intent's key afterwards,

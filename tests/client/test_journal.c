@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_journal.c - the intent journal (lib/client/journal.c).  The journal is what keeps a
  * re-run command from becoming a second purchase, so the tests pin what it promises: a round

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_key.c - the keys libidem-client sends (lib/client/key.c).  A generated key must be a
  * well-formed UUID version 4 (RFC 9562: version nibble 4, variant bits 10) with fresh random bits

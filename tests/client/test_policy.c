@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_policy.c - the retry policy of libidem-client (lib/client/policy.c, rng.c), pinned by
  * tables: which answers and transport errors are retried, the backoff ceilings, that full jitter

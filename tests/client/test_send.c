@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_send.c - idem_client_send() end to end against a scripted HTTP server on 127.0.0.1 (a
  * thread in this process).  The server answers each connection as the script says - a status

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * store_contract.c - the store contract suite: the behaviour every store must show, written once
  * and run against each store (`store_contract sqlite`; `store_contract postgresql` with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_config.c - idem-gateway's config reader (src/gateway/config.c): examples/gateway.yaml
  * loads with the values it spells out, a minimal file gets every default, and each class of

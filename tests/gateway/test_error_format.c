@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_error_format.c - the gateway's own errors as Stripe's SDKs read them (error_format.c):
  * the status that picks the SDK's error class, the envelope, Stripe-Should-Retry by whether a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_principal.c - src/gateway/principal.c: the three principal sources, and JWTs made here with
  * OpenSSL (an HS256 secret, an RSA-2048 key generated for the run) so that every check of the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_request_key.c - a request's fingerprint and body key as idem-gateway derives them
  * (src/gateway/request_key.c): a retry that differs only in JSON key order or white space has the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_route.c - which route a request is on (src/gateway/route.c), read as lenient upstream
  * routers read a path: a trailing '/', any case, "//", dot segments (also encoded), ";params", a

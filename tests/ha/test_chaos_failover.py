@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """
 test_chaos_failover.py - `idem-check chaos --failover-every S --failover-cmd CMD` on the Patroni
 cluster of tests/ha/with_ha.sh (issue 16; docs/ha.md, "Chaos with failovers").  Three orderd

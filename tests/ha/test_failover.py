@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """
 test_failover.py - orderd on a Patroni cluster of three PostgreSQL nodes (tests/ha/with_ha.sh,
 issue 16), its store URI naming all three with target_session_attrs=read-write.  While clients

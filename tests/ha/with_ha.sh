@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # with_ha.sh - runs a command against a throw-away PostgreSQL 15 cluster of three nodes managed by
 # Patroni, with etcd as its store, then removes all of it (issue 16; docs/ha.md).
 #

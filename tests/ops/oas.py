@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 oas.py - reading and checking the OpenAPI documents of docs/openapi/ (issue 17), for
 test_openapi.py.

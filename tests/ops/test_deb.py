@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 test_deb.py - the Debian packages of `make deb` (issue 17; packaging/deb.cmake).
 

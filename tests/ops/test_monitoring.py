@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 test_monitoring.py - the alert rules and the dashboard of docs/ops/ (issue 17) work with what
 orderd and idem-gateway really export.

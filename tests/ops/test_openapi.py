@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 test_openapi.py - the OpenAPI 3.1 documents of docs/openapi/ are valid, complete, and true
 (issue 17).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 test_systemd.py - the systemd units of packaging/systemd/ (issue 17), as far as a machine without
 systemd as PID 1 can check them.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_store_pg.c - what only the PostgreSQL store has, against a real server (run it through
  * tests/pg/with_pg.sh, which exports IDEM_TEST_PG_*).  The behaviour both stores share is proven

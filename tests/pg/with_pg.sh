@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # with_pg.sh - runs a command against a throw-away PostgreSQL cluster, then removes the cluster.
 #
 #   sh tests/pg/with_pg.sh COMMAND [ARGS...]

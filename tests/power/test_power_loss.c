@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_power_loss.c - simulated power loss under the SQLite store, the way SQLite's own crash
  * tests do it: what a power cut keeps of a file is what was last fsync'd, plus any subset of the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 faultproxy.py - a small fault-injecting TCP proxy for loopback service tests.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 gateway_harness.py - what the idem-gateway service tests share: a real `idem-gateway` on a
 loopback port with its config in a temp dir and its store (SQLite, or a fresh PostgreSQL database

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 harness.py - what every service test shares: a real `orderd` on a loopback port, a small HTTP
 client that shows exactly what came back, users with tokens, and a tiny test runner.

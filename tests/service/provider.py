@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 provider.py - provider-sim for the service tests: start it on a loopback port with its own SQLite
 file, change its faults at run time, read its ledger, stop it, kill it, bring it back on the same

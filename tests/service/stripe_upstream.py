@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 stripe_upstream.py - a small Stripe-shaped API for the gateway's client tests
 (test_gateway_clients.py): what Stripe's SDKs talk to, WITHOUT Stripe's own idempotency.  Every

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 test_chaos.py - `idem-check chaos` (src/idem-check/chaos*.c, fault_proxy.c, docs/chaos.md).  Short runs
 with every fault kind on must end with a clean verdict: every intent one order, one charge, one

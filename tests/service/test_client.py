@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 test_client.py - the `idem` CLI (libidem-client) against a real orderd, over real HTTP, with
 faults made by tests/service/faultproxy.py.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """
 test_config_file.py - `orderd serve --config FILE` (docs/orderd.md, "Config file"): the options of
 a YAML file, one `name: value` per option, as if given first on the command line, so that a flag

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 test_conformance.py - `idem-check conformance` (src/idem-check, docs/idem-check.md) against a real
 orderd, and against a toy API that ignores Idempotency-Key altogether.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 test_crash.py - kill -9 in the middle of the traffic, restart on the same database, retry.
 

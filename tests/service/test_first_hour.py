@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """
 test_first_hour.py - what a new user or an operator meets in the first hour (issue 31), with the
 real programs: every server refuses a port another process holds; a token made in a new database

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """
 test_gateway.py - idem-gateway in front of an upstream that is not idempotent (it executes every
 request it gets, and counts): what a user of the gateway relies on.

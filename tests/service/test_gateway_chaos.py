@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """
 test_gateway_chaos.py - idem-gateway under chaos, audited at the upstream: clients with retries
 send intents through a fault proxy (answers dropped after the gateway executed, connections

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """
 test_gateway_clients.py - idem-gateway driven by REAL retrying clients, not by a test's own
 requests: the official Stripe Node.js SDK (npm `stripe` 23.2.0, clients/stripe_client.js: its

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """
 test_gateway_failopen.py - idem-gateway never lets a request the upstream runs as a keyed write
 slip past unkeyed (issue 29), over real HTTP on loopback, in front of the counting upstream of

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """
 test_gateway_streams.py - slow readers cannot take idem-gateway's workers (issue 29): an answer
 too large to hold is streamed by a worker, so clients that never read them would hold every

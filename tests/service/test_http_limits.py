@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 test_http_limits.py - what a hostile or clumsy client gets from orderd's HTTP layer
 (src/http/http_server.c): every refusal a problem+json with its code, sent before the server reads

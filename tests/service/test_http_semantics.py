@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 test_http_semantics.py - every rule of docs/http-api.md, one test each, against a real orderd
 over real HTTP.

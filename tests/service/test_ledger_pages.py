@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 test_ledger_pages.py - the audit at scale (issue 18): provider-sim's per-reference ledger in pages
 (GET /v1/ledger/references, src/provider-sim/ledger.c, ledger_query.c) and `idem-check chaos`

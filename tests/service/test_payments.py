@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 test_payments.py - external side effects that happen exactly once (issue 4), over real HTTP
 between a real orderd and a real provider-sim:

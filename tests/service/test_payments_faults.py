@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 test_payments_faults.py - the fault run of issue 4: 500 orders while the provider loses 20% of its
 responses after charging, answers 10% of its POSTs with a 5xx, adds latency, and delivers every

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """
 test_pg_cluster.py - three orderd instances on one PostgreSQL database behave as one service.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """
 test_pg_dsn.py - `orderd --db` takes libpq URIs and key=value strings, and never shows a password.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """
 test_pg_gateways.py - docs/ops.md, "Two gateways on one PostgreSQL", done as the text says it.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 test_replay_cache.py - replays answered from memory: libidem's replay cache and orderd's bearer
 token cache (docs/libidem.md, docs/orderd.md).

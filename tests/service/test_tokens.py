@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """
 test_tokens.py - bearer tokens as an operator handles them (issue 15, item 8):
 

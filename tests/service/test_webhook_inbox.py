@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """
 test_webhook_inbox.py - orderd's webhook inbox as /metrics shows it
 (orderd_webhook_inbox_events_total, docs/orderd.md): counted in the store, in the transaction that

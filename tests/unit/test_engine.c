@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_engine.c - the engine's edges that the store contract suite does not walk: bad arguments,
  * calls in the wrong state, policy defaults, and a store URI that names nothing.  (The state

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_error.c - error texts and the small helpers of lib/error.c.  Programs print these names
  * and sentences in logs and HTTP problem details, so every code of IDEM_ERRNO_MAP must have both,

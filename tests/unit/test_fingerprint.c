@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_fingerprint.c - request fingerprints (lib/fingerprint.c).  A fingerprint that changes for
  * the same request turns a retry into a 422; one that stays the same for different requests

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_jcs.c - RFC 8785 canonicalisation (lib/jcs.c).  The fingerprint of every request rests on
  * this text being the same for the same JSON value and different for different ones, so the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_key.c - Idempotency-Key parsing (lib/key.c).  The key becomes part of a primary key and
  * shows up in logs, so the table below pins both sides: every shape a client may legitimately

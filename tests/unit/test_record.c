@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_record.c - the stored response headers: only the allow list (the default one or an
  * operation's own) is kept, values that could

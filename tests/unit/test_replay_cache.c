@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_replay_cache.c - lib/replay_cache.c on its own (hits, replacement, the byte bound and LRU
  * eviction, lifetimes, references that outlive eviction, many threads at once), then the engine's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_store_sqlite.c - what the SQLite store must refuse at its own level, below the engine's
  * public API, where a race would otherwise need luck to show: a takeover is fenced on the

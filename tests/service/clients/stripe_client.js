@@ -1,4 +1,5 @@
 #!/usr/bin/env node
+// SPDX-License-Identifier: Apache-2.0
 // stripe_client.js - drives an API with the official Stripe Node.js SDK (npm package `stripe`),
 // its own retries included, for tests/service/test_gateway_clients.py.
 //

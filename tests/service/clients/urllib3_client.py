@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """
 urllib3_client.py - a Python client that retries as urllib3's Retry does, for
 tests/service/test_gateway_clients.py.  Run by Debian's /usr/bin/python3 with Debian's
