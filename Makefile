@@ -9,12 +9,17 @@ ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 CTEST_FLAGS ?= --output-on-failure -j $(JOBS)
 
-.PHONY: all deps build run run-gateway test test-fast test-asan test-tsan fuzz bench clean
+.PHONY: all deps deps-test build run run-gateway test test-fast test-asan test-tsan fuzz bench clean
 
 all: build
 
+# What building and running need (make build, make run, make run-gateway), and on top of it what
+# the tests need (a PostgreSQL server, Patroni, clang's sanitizers, lintian, ...): scripts/deps.sh.
 deps:
 	@scripts/deps.sh
+
+deps-test:
+	@scripts/deps.sh test
 
 build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
@@ -28,15 +33,15 @@ run-gateway: build
 	@scripts/run_gateway.sh
 
 # The plain build's suite, then the whole suite again under ASan+UBSan (clang) with the fuzzers.
-test: build
+test: deps-test build
 	@cd $(BUILD) && ctest $(CTEST_FLAGS)
 	@$(MAKE) --no-print-directory test-asan
 	@$(MAKE) --no-print-directory test-tsan
 
-test-fast: build
+test-fast: deps-test build
 	@cd $(BUILD) && ctest $(CTEST_FLAGS)
 
-test-asan: deps
+test-asan: deps-test
 	@CC=clang cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=ON \
 		-DIDEM_FUZZ=ON >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) -- --no-print-directory
@@ -56,13 +61,13 @@ power-loss: build
 N ?= 3
 TESTS ?= ^service(-pg)?\.
 .PHONY: test-repeat
-test-repeat: $(if $(filter $(BUILD),build),build)
+test-repeat: deps-test $(if $(filter $(BUILD),build),build)
 	@scripts/test_repeat.sh $(BUILD) $(N) '$(TESTS)'
 
 # The engine, the replay cache and both stores' contract suites (group commit, LISTEN/NOTIFY
 # wake-ups, the async commit) under ThreadSanitizer: the parts where threads share state.
 TSAN_TESTS = store_contract test_store_pg test_engine test_replay_cache test_store_sqlite
-test-tsan: deps
+test-tsan: deps-test
 	@CC=clang cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DIDEM_TSAN=ON >/dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TESTS) -- --no-print-directory
 	@cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest $(CTEST_FLAGS) \
@@ -70,7 +75,7 @@ test-tsan: deps
 
 # Longer fuzzing by hand: make fuzz FUZZ_SECONDS=600
 FUZZ_SECONDS ?= 300
-fuzz: deps
+fuzz: deps-test
 	@CC=clang cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=ON \
 		-DIDEM_FUZZ=ON -DIDEM_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) -- --no-print-directory
@@ -126,7 +131,7 @@ bench-peers:
 # 6 minutes on 2 cores.  The drive stops at CHAOS_FAILOVER_INTENTS or after 300 s.
 CHAOS_FAILOVER_INTENTS ?= 15000
 .PHONY: chaos-failover
-chaos-failover: build
+chaos-failover: deps-test build
 	@sh tests/ha/with_ha.sh sh -c '$(BUILD)/bin/idem-check chaos \
 		--orderd-bin $(BUILD)/bin/orderd --provider-bin $(BUILD)/bin/provider-sim \
 		--db "$$IDEM_TEST_HA_URI" --instances 3 --kill-every 3 \

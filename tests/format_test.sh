@@ -2,12 +2,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # format_test.sh - every C file of the project is formatted as .clang-format says, so a change
 # never mixes its substance with reformatting and a reader meets one layout everywhere.
-# Usage: format_test.sh SOURCE_DIR   (clang-format: scripts/deps.sh installs it)
+# Usage: format_test.sh SOURCE_DIR   (clang-format: scripts/deps.sh test installs it)
 # To fix what it reports: clang-format -i FILE (or git clang-format for a change's lines).
 set -eu
 src=$1
 command -v clang-format >/dev/null 2>&1 || {
-    echo "clang-format is not installed: run scripts/deps.sh" >&2
+    echo "clang-format is not installed: run scripts/deps.sh test" >&2
     exit 1
 }
 cd "$src"

@@ -30,7 +30,7 @@ fi
 PGBIN=${IDEM_PG_BIN:-/usr/lib/postgresql/15/bin}
 for tool in patroni patronictl etcd; do
     if ! command -v "$tool" >/dev/null 2>&1; then
-        echo "with_ha.sh: no $tool (Debian packages patroni and etcd-server; scripts/deps.sh" \
+        echo "with_ha.sh: no $tool (Debian packages patroni and etcd-server; scripts/deps.sh test" \
              "installs them)" >&2
         exit 1
     fi

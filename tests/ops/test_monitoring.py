@@ -12,7 +12,7 @@ orderd and idem-gateway really export.
                 exports; every metric an alert uses is on the dashboard.
 
 `test_monitoring.py alert` or `... dashboard` runs one half (ctest ops.alerts, ops.dashboard).
-promtool comes from Debian's `prometheus` package (scripts/deps.sh).
+promtool comes from Debian's `prometheus` package (scripts/deps.sh test).
 """
 
 import json
@@ -53,7 +53,7 @@ PROMQL_WORDS = {
 def promtool():
     path = shutil.which("promtool")
     if not path:
-        fail("promtool is not installed (Debian package prometheus): run scripts/deps.sh")
+        fail("promtool is not installed (Debian package prometheus): run scripts/deps.sh test")
     return path
 
 

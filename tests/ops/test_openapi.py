@@ -18,7 +18,7 @@ test_openapi.py - the OpenAPI 3.1 documents of docs/openapi/ are valid, complete
    documented in gateway-admin.yaml and matches it.
 
 Run with Debian's python3 (CTest does: /usr/bin/python3), which has python3-jsonschema and
-python3-yaml (scripts/deps.sh).
+python3-yaml (scripts/deps.sh test).
 """
 
 import copy

@@ -28,7 +28,7 @@ fi
 PGBIN=${IDEM_PG_BIN:-/usr/lib/postgresql/15/bin}
 if [ ! -x "$PGBIN/initdb" ] || [ ! -x "$PGBIN/pg_ctl" ]; then
     echo "with_pg.sh: no PostgreSQL server in $PGBIN (Debian package \`postgresql\`;" \
-         "scripts/deps.sh installs it, or set IDEM_PG_BIN)" >&2
+         "scripts/deps.sh test installs it, or set IDEM_PG_BIN)" >&2
     exit 1
 fi
 

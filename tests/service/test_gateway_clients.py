@@ -28,7 +28,7 @@ the caller (`principal.authorization: sha256`), `error_format: stripe`, `scope_h
   - urllib3's Retry, 30 intents through DROP/RESET faults: one charge per intent.
 
 Needs node with the stripe package in `npm root -g` and /usr/bin/python3 with urllib3
-(scripts/deps.sh installs both).
+(scripts/deps.sh test installs both).
 """
 
 import json
@@ -52,7 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STRIPE_CLIENT = os.path.join(HERE, "clients", "stripe_client.js")
 URLLIB3_CLIENT = os.path.join(HERE, "clients", "urllib3_client.py")
 STRIPE_VERSION_PINNED = "23.2.0"
-# The urllib3 client runs on Debian's Python, with Debian's python3-urllib3 (scripts/deps.sh).
+# The urllib3 client runs on Debian's Python, with Debian's python3-urllib3 (scripts/deps.sh test).
 DEBIAN_PYTHON = "/usr/bin/python3"
 
 API_KEYS = ["sk_test_%s_%s" % (n, uuid.uuid4().hex[:16]) for n in ("alpha", "beta", "gamma")]
@@ -104,12 +104,12 @@ _node_env = None
 
 def node_env():
     """The environment node runs the SDK in: NODE_PATH is npm's global root, where
-    scripts/deps.sh installed the pinned stripe package."""
+    scripts/deps.sh test installed the pinned stripe package."""
     global _node_env
     if _node_env is None:
         node, npm = shutil.which("node"), shutil.which("npm")
         if node is None or npm is None:
-            harness.fail("node and npm are needed (scripts/deps.sh)")
+            harness.fail("node and npm are needed (scripts/deps.sh test)")
         root = subprocess.run([npm, "root", "-g"], capture_output=True, timeout=60,
                               text=True).stdout.strip()
         pkg = os.path.join(root, "stripe", "package.json")
@@ -119,7 +119,7 @@ def node_env():
         except (OSError, ValueError):
             version = None
         if version != STRIPE_VERSION_PINNED:
-            harness.fail("the stripe npm package %s is needed in %s (found %s): run scripts/deps.sh"
+            harness.fail("the stripe npm package %s is needed in %s (found %s): run scripts/deps.sh test"
                          % (STRIPE_VERSION_PINNED, root, version))
         _node_env = dict(os.environ, NODE_PATH=root)
     return _node_env
@@ -217,7 +217,7 @@ def expect_sdk_error(res, cls, status, raw_type, code, should_retry, what):
 def run_urllib3(url, intents, close=True, timeout=90):
     """clients/urllib3_client.py on Debian's Python: {intent: result}."""
     if not os.path.exists(DEBIAN_PYTHON):
-        harness.fail("%s is needed for the urllib3 client (scripts/deps.sh)" % DEBIAN_PYTHON)
+        harness.fail("%s is needed for the urllib3 client (scripts/deps.sh test)" % DEBIAN_PYTHON)
     cmd = [DEBIAN_PYTHON, URLLIB3_CLIENT, "--url", url, "--total", "5", "--backoff", "0.05",
            "--read-timeout", "8", "--threads", "8"]
     if close:

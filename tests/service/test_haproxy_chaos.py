@@ -52,10 +52,10 @@ DRIVE_S = 15
 
 
 def haproxy():
-    """The haproxy program (in /usr/sbin, off a user's PATH); scripts/deps.sh installs it."""
+    """The haproxy program (in /usr/sbin, off a user's PATH); scripts/deps.sh test installs it."""
     path = shutil.which("haproxy") or "/usr/sbin/haproxy"
     if not os.access(path, os.X_OK):
-        fail("haproxy is not installed (Debian package `haproxy`; scripts/deps.sh installs it)")
+        fail("haproxy is not installed (Debian package `haproxy`; scripts/deps.sh test installs it)")
     return path
 
 

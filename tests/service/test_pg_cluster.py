@@ -745,7 +745,7 @@ SILENT_ANSWER_S = 25.0
 class SilentPort:
     """
     Every packet to or from a loopback TCP port dropped (iptables, INPUT on lo), both ways: a peer
-    that neither answers nor closes.  Needs root (make test runs as root; scripts/deps.sh installs
+    that neither answers nor closes.  Needs root (make test runs as root; scripts/deps.sh test installs
     iptables).  The rules go on leaving the block, whatever happens in it.
     """
 

@@ -377,7 +377,7 @@ def read_text(path):
 def haproxy_bin():
     path = shutil.which("haproxy") or "/usr/sbin/haproxy"
     if not os.access(path, os.X_OK):
-        fail("haproxy is not installed (Debian package `haproxy`; scripts/deps.sh installs it)")
+        fail("haproxy is not installed (Debian package `haproxy`; scripts/deps.sh test installs it)")
     return path
 
 

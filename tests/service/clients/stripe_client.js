@@ -40,7 +40,7 @@ let Stripe;
 try {
   Stripe = require('stripe');
 } catch (e) {
-  process.stderr.write('stripe_client: cannot load the stripe package (run scripts/deps.sh; ' +
+  process.stderr.write('stripe_client: cannot load the stripe package (run scripts/deps.sh test; ' +
                        'NODE_PATH=$(npm root -g)): ' + e.message + '\n');
   process.exit(3);
 }

@@ -3,7 +3,7 @@
 """
 urllib3_client.py - a Python client that retries as urllib3's Retry does, for
 tests/service/test_gateway_clients.py.  Run by Debian's /usr/bin/python3 with Debian's
-python3-urllib3 (scripts/deps.sh installs it); urllib3 1.26 and 2.x alike.
+python3-urllib3 (scripts/deps.sh test installs it); urllib3 1.26 and 2.x alike.
 
   urllib3_client.py --url http://127.0.0.1:PORT [--intents FILE] [--total 5] [--backoff 0.05]
                     [--read-timeout 5] [--threads 8] [--close]
@@ -34,7 +34,7 @@ try:
     from urllib3.util.retry import Retry
 except ImportError as e:
     sys.stderr.write("urllib3_client: cannot import urllib3 (apt-get install python3-urllib3; "
-                     "scripts/deps.sh): %s\n" % e)
+                     "scripts/deps.sh test): %s\n" % e)
     sys.exit(3)
 
 _print_lock = threading.Lock()
