@@ -656,6 +656,20 @@ static int load_store(struct loader *ld, const yaml_node_t *n, struct gw_config 
             return fail(ld, strict_yaml_line(n), "store: expected %s, not %s", what,
                         describe(n, shown));
     }
+    if (strncmp(s, "sqlite:", 7) == 0) {
+        /* "sqlite:PATH", "sqlite://PATH" or "sqlite:///ABS": a relative PATH is beside the config,
+         * so serve, check-config and keys open one file whichever directory they run in. */
+        const char *path = s + 7;
+        if (strncmp(path, "//", 2) == 0)
+            path += 2;
+        if (*path == '\0')
+            return fail(ld, strict_yaml_line(n), "store: sqlite: names no file");
+        cfg->store_file = beside_config(ld->name, path);
+        cfg->store = xmalloc(strlen(cfg->store_file) + 8);
+        memcpy(cfg->store, "sqlite:", 7);
+        memcpy(cfg->store + 7, cfg->store_file, strlen(cfg->store_file) + 1);
+        return 0;
+    }
     cfg->store = xstrdup(s);
     return 0;
 }
@@ -1834,6 +1848,7 @@ void gw_config_free(struct gw_config *cfg)
         explicit_bzero(cfg->admin_token, strlen(cfg->admin_token));
     free(cfg->admin_token);
     free(cfg->store);
+    free(cfg->store_file);
     free(cfg->instance);
     free(cfg->upstream_url);
     free(cfg->upstream_host);

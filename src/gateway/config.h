@@ -121,6 +121,7 @@ struct gw_config {
     char *admin_listen; /* "127.0.0.1:8081" (default); loopback unless written otherwise */
     char *admin_token;  /* admin_token_file's token, or NULL: the admin API asks for none */
     char *store;        /* "sqlite:gateway.db" (default) or a PostgreSQL URI */
+    char *store_file; /* a SQLite store's file (beside the config when written relative), or NULL */
     /*
      * This gateway's name among those sharing a PostgreSQL store ("gw-a"), or NULL.  Leases are
      * written as "<instance>:<pid>:<random>", so a restarted instance knows its earlier process's

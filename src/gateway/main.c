@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * main.c - idem-gateway's command line: `serve`, `check-config`, `keys show|resolve`, `--help`,
+ * main.c - idem-gateway's command line: `serve`, `check-config`, `keys list|show|resolve`,
+ * `--help`,
  * `--version`.
  * As in orderd, a wrong flag or value is named on stderr with exit status 2, a failure at run
  * time exits with 1; a config file with a mistake is one line naming the file, the line and what
@@ -12,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "idem/idem.h"
 
@@ -69,10 +72,11 @@ static const char usage_serve_end[] = "  -h, --help               show this help
 static const char usage_check[] =
     "Usage: idem-gateway check-config --config FILE [--no-store]\n"
     "\n"
-    "Reads FILE as idem-gateway serve would and prints 'FILE: ok (N routes)', or the first\n"
-    "mistake as 'FILE:LINE: what is wrong' with exit status 2.  Then opens the store as serve\n"
-    "would (an SQLite file and its directories are made; libidem's tables are applied):\n"
-    "one that cannot be opened is said with exit status 1.\n"
+    "Reads FILE as idem-gateway serve would; the first mistake is 'FILE:LINE: what is wrong'\n"
+    "with exit status 2.  Then opens the store as serve would (libidem's tables applied); one\n"
+    "that cannot be opened is said with exit status 1.  An SQLite store serve has not made yet\n"
+    "is not made: the directory it would go in must be writable.  A relative sqlite: path is\n"
+    "beside FILE.  'FILE: ok (N routes)' is printed only when all of it holds.\n"
     "\n"
     "Options:\n"
     "  --config FILE  the YAML config\n"
@@ -88,7 +92,8 @@ static const char usage_keys[] =
     "                                 [--body TEXT | --body-file FILE]\n"
     "       idem-gateway keys resolve ... --decision not-executed\n"
     "\n"
-    "Reads the store named in FILE directly (the gateway may be running or not).\n"
+    "Reads the store named in FILE directly (the gateway may be running or not); a relative\n"
+    "sqlite: path is beside FILE, and a store that is not there is an error, never made.\n"
     "list prints, as JSON, the records not completed whose state is --state (default unknown:\n"
     "the held keys an operator must resolve), at most --limit of them looked at (default\n"
     "100, at most 1000), and \"next\": the --after of the next page (null after the last).\n"
@@ -263,6 +268,58 @@ static int cmd_serve(int argc, char **argv)
     return status;
 }
 
+/*
+ * Whether a SQLite store's file is there: check-config and keys read the store serve writes and
+ * never create one, so a config read from the wrong place cannot pass for an empty store.  0 when
+ * it exists (or the store is PostgreSQL's); -1 after saying which path was looked at.
+ */
+static int store_file_exists(const struct gw_config *cfg, const char *cmd)
+{
+    struct stat st;
+
+    if (cfg->store_file == NULL || stat(cfg->store_file, &st) == 0)
+        return 0;
+    fprintf(stderr,
+            "idem-gateway %s: no store at %s: %s (serve creates it there on its first start)\n",
+            cmd, cfg->store_file, strerror(errno));
+    return -1;
+}
+
+/*
+ * check-config on a SQLite store serve has not made yet: the nearest directory of its path that
+ * exists must be one serve can write.  0, or -1 after saying why.
+ */
+static int store_file_creatable(const char *path, const char *file)
+{
+    char dir[4096];
+    char *slash;
+
+    if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir) {
+        fprintf(stderr, "%s: the store's path is too long\n", file);
+        return -1;
+    }
+    for (;;) {
+        slash = strrchr(dir, '/');
+        if (slash == NULL) {
+            snprintf(dir, sizeof dir, ".");
+        } else if (slash == dir) {
+            dir[1] = '\0';
+        } else {
+            *slash = '\0';
+        }
+        if (access(dir, F_OK) == 0)
+            break;
+        if (slash == NULL || slash == dir)
+            break;
+    }
+    if (access(dir, W_OK | X_OK) != 0) {
+        fprintf(stderr, "%s: the store %s cannot be made: %s: %s\n", file, path, dir,
+                strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 static int cmd_check(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -303,18 +360,29 @@ static int cmd_check(int argc, char **argv)
         fprintf(stderr, "%s\n", err);
         return EXIT_USAGE;
     }
-    printf("%s: ok (%zu route%s)\n", file, cfg->nroutes, cfg->nroutes == 1 ? "" : "s");
     admin_warn(cfg, stderr);
-    /* The store as serve opens it: a path the gateway cannot write fails here, not at start. */
+    /*
+     * The store as serve opens it, so a store the gateway cannot open fails here, not at start;
+     * a SQLite file serve has not made yet is not made here (its directory is checked instead).
+     */
     memset(&so, 0, sizeof so);
     so.pool_size = 1;
-    if (!no_store && idem_store_open(cfg->store, &so, &store, &errmsg) < 0) {
+    if (no_store) {
+        /* the config alone */
+    } else if (cfg->store_file != NULL && access(cfg->store_file, F_OK) != 0) {
+        if (store_file_creatable(cfg->store_file, file) != 0)
+            status = 1;
+    } else if (idem_store_open(cfg->store, &so, &store, &errmsg) < 0) {
         fprintf(stderr, "%s: the store cannot be opened: %s\n", file,
                 errmsg ? errmsg : "unknown error");
         status = 1;
     }
     idem_free(errmsg);
     idem_store_close(store);
+    /* "ok" only once everything checked holds. */
+    if (status == 0)
+        printf("%s: ok (%zu route%s%s)\n", file, cfg->nroutes, cfg->nroutes == 1 ? "" : "s",
+               no_store ? ", store not checked" : "");
     gw_config_free(cfg);
     return status;
 }
@@ -380,6 +448,8 @@ static int keys_store_connect(struct keys_store *k)
     char *errmsg = NULL;
     int status = 0;
 
+    if (store_file_exists(k->cfg, "keys") != 0)
+        return 1;
     if (idem_store_open(k->cfg->store, &so, &k->store, &errmsg) < 0 ||
         idem_engine_new(k->store, &eo, &k->eng) < 0) {
         fprintf(stderr, "idem-gateway keys: cannot open the store: %s\n",

@@ -302,12 +302,69 @@ def check_config_opens_the_store_as_serve_would(ctx):
         gw = os.path.join(BIN, "idem-gateway")
         p = subprocess.run(as_another_user([gw, "check-config", "--config", conf]),
                            capture_output=True, timeout=30)
-        expect_eq(p.stdout, ("%s: ok (1 route)\n" % conf).encode(), "the file is fine")
-        expect(p.returncode == 1 and b"the store cannot be opened" in p.stderr and
-               b"Permission denied" in p.stderr, "but its store cannot be made: %r" % p.stderr)
+        expect_eq(p.stdout, b"", "no 'ok' for a config whose store cannot be made")
+        expect(p.returncode == 1 and b"cannot be made" in p.stderr and
+               b"Permission denied" in p.stderr, "its store cannot be made: %r" % p.stderr)
         p = subprocess.run(as_another_user([gw, "check-config", "--config", conf, "--no-store"]),
                            capture_output=True, timeout=30)
         expect_eq(p.returncode, 0, "--no-store checks the file only")
+        expect_eq(p.stdout, ("%s: ok (1 route, store not checked)\n" % conf).encode(),
+                  "and says what it did not check")
+        # A store that is there but is not a database: the file is fine, the whole is not.
+        with open(os.path.join(tmp, "garbage.db"), "wb") as f:
+            f.write(b"not a database" * 512)
+        with open(conf, "w") as f:
+            f.write("store: sqlite:garbage.db\nupstream: {url: 'http://127.0.0.1:9'}\n"
+                    "principal: {header: X-Consumer-Id}\n")
+        p = subprocess.run([gw, "check-config", "--config", conf], capture_output=True, timeout=30)
+        expect(p.returncode == 1 and p.stdout == b"" and b"the store cannot be opened" in p.stderr,
+               "ok is said only when everything checked holds: %r %r" % (p.stdout, p.stderr))
+
+
+@test
+def every_command_reads_the_store_serve_writes(ctx):
+    # A relative store path is beside the config file, for serve, check-config and keys alike,
+    # whichever directory each runs in; the read-only commands never make a store.
+    with tempfile.TemporaryDirectory() as tmp:
+        conf_dir, elsewhere = os.path.join(tmp, "etc"), os.path.join(tmp, "elsewhere")
+        os.mkdir(conf_dir)
+        os.mkdir(elsewhere)
+        conf = os.path.join(conf_dir, "gateway.yaml")
+        store = os.path.join(conf_dir, "gw.db")
+        with open(conf, "w") as f:
+            f.write("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nstore: sqlite:gw.db\n"
+                    "upstream: {url: 'http://127.0.0.1:9'}\nprincipal: {header: X-Consumer-Id}\n"
+                    "routes:\n  - match: POST /v1/payments\n    operation: payments.create\n")
+        gw = os.path.join(BIN, "idem-gateway")
+
+        def run(*args):
+            return subprocess.run([gw] + list(args) + ["--config", conf], cwd=elsewhere,
+                                  capture_output=True, timeout=30)
+        p = run("check-config")
+        expect(p.returncode == 0 and b"ok (1 route)" in p.stdout, "check-config: %r" % (p,))
+        p = run("keys", "list")
+        expect(p.returncode == 1 and ("no store at %s" % store).encode() in p.stderr,
+               "keys list on a store serve has not made names the path it looked at: %r" % (p,))
+        p = run("keys", "show", "--principal", "a", "--operation", "payments.create", "--key", "k")
+        expect(p.returncode == 1 and ("no store at %s" % store).encode() in p.stderr,
+               "keys show likewise: %r" % (p,))
+        expect_eq(sorted(os.listdir(elsewhere)), [], "and nothing was made where they ran")
+        expect_eq(sorted(os.listdir(conf_dir)), ["gateway.yaml"], "nor beside the config")
+
+        server, _ = start([gw, "serve", "--config", conf], cwd=elsewhere)
+        try:
+            expect(server.poll() is None, "serve runs")
+            expect(os.path.exists(store), "serve made its store beside the config")
+            p = run("keys", "list")
+            expect(p.returncode == 0 and json.loads(p.stdout) == {"records": [], "next": None},
+                   "keys list reads serve's store from another directory: %r" % (p,))
+            p = subprocess.run([gw, "keys", "list", "--config", os.path.relpath(conf, "/")],
+                               cwd="/", capture_output=True, timeout=30)
+            expect_eq(p.returncode, 0, "and with a relative --config from yet another: %r" % (p,))
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+        expect_eq(sorted(os.listdir(elsewhere)), [], "no stray store where serve ran")
 
 
 @test
