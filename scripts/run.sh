@@ -36,6 +36,8 @@ export PROVIDER_SIM_WEBHOOK_SECRET="$secret"
 
 "$orderd" migrate --db "$db" >/dev/null
 token=$("$orderd" token create --db "$db" --user demo)
+# The README's requests read it from here: TOKEN=$(cat var/demo.token)
+(umask 077 && printf '%s\n' "$token" >var/demo.token)
 
 . "$root/scripts/services.sh"
 
@@ -44,7 +46,8 @@ token=$("$orderd" token create --db "$db" --user demo)
 started $!
 wait_up "$purl/healthz" provider-sim
 
-"$orderd" serve --listen "127.0.0.1:$port" --db "$db" --provider "$purl" &
+# Its log goes to a file, so the demo's text below reads in one piece.
+"$orderd" serve --listen "127.0.0.1:$port" --db "$db" --provider "$purl" >var/orderd.log 2>&1 &
 orderd_pid=$!
 started "$orderd_pid"
 wait_up "$url/healthz" orderd
@@ -52,9 +55,9 @@ wait_up "$url/healthz" orderd
 key="order-$(date +%Y%m%d-%H%M%S)"
 cat <<EOF
 
-  orderd (idem's reference service) on $url, store $db
+  orderd (idem's reference service) on $url, store $db, log in var/orderd.log
   provider-sim (payments + emails) on $purl, log in var/provider-sim.log
-  demo user: demo    token: $token
+  demo user: demo    token: $token   (also in var/demo.token)
 
   1. An order; the Idempotency-Key makes it safe to retry:
 
@@ -68,7 +71,12 @@ EOF
 curl -s -i -X POST "$url/api/orders" -H "Authorization: Bearer $token" \
     -H 'Content-Type: application/json' -H "Idempotency-Key: $key" \
     -d '{"productId":"p-1024","quantity":2}' | sed 's/^/    /'
-sleep 1
+# The outbox relay sends the email a moment after the answer: wait for it, at most 10 s.
+i=0
+while [ "$i" -lt 100 ] && ! curl -s "$purl/v1/emails" | grep -q '"idempotency_key"'; do
+    i=$((i + 1))
+    sleep 0.1
+done
 echo
 echo
 echo "  2. The charge at the provider (its key is derived from the order):"
@@ -96,8 +104,13 @@ cat <<EOF
 
     curl -s -X POST $purl/v1/faults -d '{"lost_rate":0.5}'
 
+  The same order from the idem CLI, which keeps one key per intent:
+
+    export IDEM_TOKEN=\$(cat var/demo.token)
+    build/bin/idem post $url/api/orders -d '{"productId":"p-1024","quantity":2}' --intent first-order -i
+
   Outbox: $orderd outbox list --db $db
-  Ctrl-C stops both.
+  orderd's log: tail -f var/orderd.log      Ctrl-C stops both.
 
 EOF
 wait "$orderd_pid" || true
