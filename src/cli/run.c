@@ -52,6 +52,30 @@ static void report_attempt(const struct idem_client_attempt *a, void *arg)
     fputc('\n', stderr);
 }
 
+/*
+ * A 422 idempotency-key-reused speaks of keys; the person at the terminal may never have chosen
+ * one.  Say it in the terms of the command line: the intent (or --key) already ran another request.
+ */
+static void explain_key_reused(const struct idem_client_response *r, const struct cli_config *cfg,
+                               const char *key)
+{
+    const char *body = idem_client_response_body(r, NULL); /* NUL-terminated */
+
+    if (idem_client_response_status(r) != 422 || body == NULL ||
+        strstr(body, "idempotency-key-reused") == NULL)
+        return;
+    if (cfg->intent)
+        fprintf(stderr,
+                "idem: intent \"%s\" already sent another request (its key %s is bound to the "
+                "first one); to send this one, name a new --intent\n",
+                cfg->intent, key);
+    else
+        fprintf(stderr,
+                "idem: --key %s was already used for another request; to send this one, leave "
+                "--key out (a new key is made) or give another\n",
+                key);
+}
+
 static int exit_for_status(int status)
 {
     if (status >= 200 && status <= 299)
@@ -276,6 +300,7 @@ int cli_run(const struct cli_config *cfg)
                 (long long)idem_client_response_elapsed_ms(resp));
     switch (outcome) {
     case IDEM_CLIENT_OUTCOME_FINAL:
+        explain_key_reused(resp, cfg, key);
         rc = exit_for_status(idem_client_response_status(resp));
         break;
     case IDEM_CLIENT_OUTCOME_EXHAUSTED:

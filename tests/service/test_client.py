@@ -273,6 +273,8 @@ def test_final_4xx_is_not_retried(ctx):
     expect_eq(res.attempts[0].status, 422, "status")
     expect_eq(res.attempts[0].action, "final", "action")
     expect(b'"code":"idempotency-key-reused"' in res.out, "stdout: %r" % res.out)
+    expect(("--key %s was already used for another request" % key) in res.err,
+           "the CLI says it in its own terms: %r" % res.err)
     # No token: 401 is final too; an unknown product (422, stored) as well.
     res = idem(["post", ctx.url(), "-d", ORDER, "-v"])
     expect_rc(res, EXIT_4XX, "401")
@@ -282,6 +284,17 @@ def test_final_4xx_is_not_retried(ctx):
     expect_rc(res, EXIT_4XX, "unknown product")
     expect_eq([a.status for a in res.attempts], [422], "attempts for unknown-product")
     expect_eq(len(user.all_orders()), 1, "orders")
+    # An intent that ran one request, asked to send another: name a new --intent.
+    with tempfile.TemporaryDirectory() as tmp:
+        journal = os.path.join(tmp, "journal")
+        args = ["post", ctx.url(), "--token", user.token, "--journal", journal,
+                "--intent", "reused-intent"]
+        expect_rc(idem(args + ["-d", ORDER]), 0, "the intent's first request")
+        res = idem(args + ["-d", '{"productId":"p-1024","quantity":3}'])
+        expect_rc(res, EXIT_4XX, "another request under the same intent")
+        expect('intent "reused-intent" already sent another request' in res.err and
+               "name a new --intent" in res.err and "new key" not in res.err,
+               "a user who never chose a key is told to name a new --intent: %r" % res.err)
 
 
 @test
