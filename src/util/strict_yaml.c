@@ -28,7 +28,28 @@ static int refuse(struct strict_yaml_refusal *why, int line, const char *fmt, ..
     return -1;
 }
 
-/* libyaml's own sentence for text it cannot parse, at the line it stopped. */
+/*
+ * What libyaml's sentence means for most people who meet it: the indentation of the line it
+ * stopped at (0-based `line`), and a tab there in particular, which YAML does not indent with.
+ */
+static const char *syntax_hint(const yaml_parser_t *p, const char *text, size_t len, size_t line)
+{
+    size_t i = 0, n = 0;
+
+    if (p->error != YAML_SCANNER_ERROR && p->error != YAML_PARSER_ERROR)
+        return "";
+    if ((p->context && strstr(p->context, "quoted")) ||
+        (p->problem && strstr(p->problem, "quoted")))
+        return " (a quote is not closed)";
+    while (n < line && i < len)
+        n += text[i++] == '\n';
+    for (; i < len && (text[i] == ' ' || text[i] == '\t'); i++)
+        if (text[i] == '\t')
+            return " (this line is indented with a tab: YAML indents with spaces only)";
+    return " (check the indentation of this line and of the one above it)";
+}
+
+/* libyaml's own sentence for text it cannot parse, at the line it stopped, and a hint. */
 static int syntax_error(const yaml_parser_t *p, const char *text, size_t len,
                         struct strict_yaml_refusal *why)
 {
@@ -42,8 +63,9 @@ static int syntax_error(const yaml_parser_t *p, const char *text, size_t len,
         for (size_t i = 0; i < p->problem_offset && i < len; i++)
             line += text[i] == '\n';
     }
-    return refuse(why, (int)line + 1, "invalid YAML: %s%s%s", p->problem ? p->problem : "error",
-                  p->context ? " " : "", p->context ? p->context : "");
+    return refuse(why, (int)line + 1, "invalid YAML: %s%s%s%s", p->problem ? p->problem : "error",
+                  p->context ? " " : "", p->context ? p->context : "",
+                  syntax_hint(p, text, len, line));
 }
 
 /* The pass over libyaml's events that refuses what its document loader would accept. */

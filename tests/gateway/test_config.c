@@ -436,7 +436,12 @@ static void test_document_errors(void)
     CHECK_REFUSED("listen: 127.0.0.1:1\n", "t.yaml:1: ", "missing required key \"upstream\"");
     CHECK_REFUSED("upstream: [\n", "t.yaml:2: ", "invalid YAML: ");
     CHECK_REFUSED("upstream:\n  url: x\n url: y\n", "t.yaml:3: ", "invalid YAML: ");
-    CHECK_REFUSED("a: 'unterminated\n", "t.yaml:2: ", "invalid YAML: ");
+    CHECK_REFUSED("a: 'unterminated\n", "t.yaml:2: ", "(a quote is not closed)");
+    /* The two mistakes people make most, named as such. */
+    CHECK_REFUSED("upstream:\n  url: x\n timeout: 3s\n",
+                  "t.yaml:3: ", "(check the indentation of this line and of the one above it)");
+    CHECK_REFUSED("upstream:\n\turl: x\n", "t.yaml:2: ",
+                  "(this line is indented with a tab: YAML indents with spaces only)");
     CHECK(refused("t.yaml", "a: \xff\n", 6, "t.yaml:1: ", "invalid YAML: "));
     CHECK(refused("t.yaml", "a: 1\nb: \0\n", 10, "t.yaml:2: ", "invalid YAML: "));
     CHECK_REFUSED("---\nupstream: {url: 'http://h:1'}\n---\nlisten: x\n",
