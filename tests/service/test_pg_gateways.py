@@ -18,7 +18,7 @@ that the text and the test cannot part ways:
     front of one upstream that does not dedupe and counts what it executes: one keyed request
     sent to both, one after the other and 16 copies at once, runs upstream once, and every client
     gets the same bytes, all but one marked Idempotent-Replayed;
-  - its HAProxy snippet (frontend and backend, addresses replaced), added to Debian's haproxy.cfg
+  - its HAProxy snippet (frontend and backend, addresses replaced), alone, without Debian's
     defaults: the health checks on the admin listeners pass (with `admin_token_file` set, as the
     text asks of a listener checked from another host), a retry through HAProxy that lands
     on the other gateway is a replay, and with the gateway that ran the request stopped, HAProxy's
@@ -421,14 +421,13 @@ def haproxy_as_the_doc_configures_it_sends_a_retry_to_the_other_gateway(ctx):
     sock = os.path.join(ctx.tmp, "haproxy.sock")
     cfg = os.path.join(ctx.tmp, "haproxy.cfg")
     with open(cfg, "w") as f:
-        # Debian's /etc/haproxy/haproxy.cfg, without its chroot, user, syslog and daemon (HAProxy
-        # runs in the foreground here, as this test's user), then the doc's snippet.
-        f.write("global\n    stats socket %s mode 600 level admin\n\n"
-                "defaults\n    mode http\n    option httplog\n    option dontlognull\n"
-                "    timeout connect 5000\n    timeout client 50000\n    timeout server 50000\n\n"
-                % sock + snippet + "\n")
+        # A global section for the admin socket only (HAProxy runs in the foreground here, as this
+        # test's user) and no defaults: the doc's snippet must be complete by itself.
+        f.write("global\n    stats socket %s mode 600 level admin\n\n" % sock + snippet + "\n")
     check = subprocess.run([haproxy_bin(), "-c", "-f", cfg], capture_output=True, timeout=30)
     expect_eq(check.returncode, 0, "haproxy -c on the doc's snippet: %s" % check.stderr.decode())
+    expect(b"WARNING" not in check.stdout + check.stderr,
+           "haproxy -c has no warning for the snippet alone: %s" % (check.stdout + check.stderr))
     log = open(os.path.join(ctx.tmp, "haproxy.log"), "wb")
     ctx.haproxy = subprocess.Popen([haproxy_bin(), "-db", "-f", cfg], stdout=log,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
