@@ -220,7 +220,7 @@ static int loopback_host(const char *host, size_t len)
     return 1;
 }
 
-/* The host part of a Host header or of admin_listen ("[::1]:8081" -> "[::1]"): its length. */
+/* The host part of a Host header or of admin_listen ("[::1]:8181" -> "[::1]"): its length. */
 static size_t host_part(const char *hostport)
 {
     const char *end;

@@ -55,8 +55,8 @@
 #define HOUR_MS (60 * MINUTE_MS)
 #define DAY_MS (24 * HOUR_MS)
 
-#define DEFAULT_LISTEN "127.0.0.1:8080"
-#define DEFAULT_ADMIN_LISTEN "127.0.0.1:8081"
+#define DEFAULT_LISTEN "127.0.0.1:8180" /* clear of orderd (8080) and provider-sim (8090) */
+#define DEFAULT_ADMIN_LISTEN "127.0.0.1:8181"
 #define DEFAULT_STORE "sqlite:gateway.db"
 #define DEFAULT_CONNECT_TIMEOUT_MS (2 * SECOND_MS)
 #define DEFAULT_TIMEOUT_MS (30 * SECOND_MS)
@@ -566,7 +566,7 @@ static int load_listen(struct loader *ld, const yaml_node_t *n, const char *path
     uint16_t port;
 
     if (n != NULL) {
-        if (want_text(ld, n, path, "an address such as 127.0.0.1:8080", &s) != 0)
+        if (want_text(ld, n, path, "an address such as 127.0.0.1:8180", &s) != 0)
             return -1;
         if (http_listen_split(s, host, sizeof host, &port, why, sizeof why) != 0)
             return fail(ld, strict_yaml_line(n), "%s: %s", path, why);

@@ -117,8 +117,8 @@ struct gw_route {
 struct gw_config {
     char *file; /* as given to gw_config_load, for messages */
 
-    char *listen;       /* "127.0.0.1:8080" (default) */
-    char *admin_listen; /* "127.0.0.1:8081" (default); loopback unless written otherwise */
+    char *listen;       /* "127.0.0.1:8180" (default) */
+    char *admin_listen; /* "127.0.0.1:8181" (default); loopback unless written otherwise */
     char *admin_token;  /* admin_token_file's token, or NULL: the admin API asks for none */
     char *store;        /* "sqlite:gateway.db" (default) or a PostgreSQL URI */
     char *store_file; /* a SQLite store's file (beside the config when written relative), or NULL */

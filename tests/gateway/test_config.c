@@ -139,8 +139,8 @@ static void test_example(void)
         return;
     }
     CHECK_STR(cfg->file, EXAMPLE);
-    CHECK_STR(cfg->listen, "127.0.0.1:8080");
-    CHECK_STR(cfg->admin_listen, "127.0.0.1:8081");
+    CHECK_STR(cfg->listen, "127.0.0.1:8180");
+    CHECK_STR(cfg->admin_listen, "127.0.0.1:8181");
     CHECK_STR(cfg->store, "sqlite:/var/lib/idem-gateway/gateway.db");
     CHECK_STR(cfg->upstream_url, "http://127.0.0.1:9000");
     CHECK_STR(cfg->upstream_host, "127.0.0.1");
@@ -246,8 +246,8 @@ static void test_defaults(void)
     if (cfg == NULL)
         return;
     CHECK_STR(cfg->file, "t.yaml");
-    CHECK_STR(cfg->listen, "127.0.0.1:8080");
-    CHECK_STR(cfg->admin_listen, "127.0.0.1:8081");
+    CHECK_STR(cfg->listen, "127.0.0.1:8180");
+    CHECK_STR(cfg->admin_listen, "127.0.0.1:8181");
     CHECK_STR(cfg->store, "sqlite:gateway.db");
     CHECK_STR(cfg->upstream_url, "http://127.0.0.1:9000");
     CHECK_STR(cfg->upstream_host, "127.0.0.1");

@@ -407,7 +407,7 @@ def haproxy_as_the_doc_configures_it_sends_a_retry_to_the_other_gateway(ctx):
     expect(len(ctx.gateways) == 2 and all(g.alive() for g in ctx.gateways),
            "both gateways run (the test before started them)")
     snippet = ctx.haproxy_snippet
-    for needle in ("10.0.0.11:8088", "10.0.0.12:8088", "check port 8081", "retry-on conn-failure",
+    for needle in ("10.0.0.11:8180", "10.0.0.12:8180", "check port 8181", "retry-on conn-failure",
                    "option redispatch", "option httpchk GET /healthz", "default_backend"):
         expect(needle in snippet, "the doc's HAProxy snippet has %r" % needle)
     bind = re.search(r"^\s*bind (\S+)\s*$", snippet, re.M)
@@ -415,9 +415,9 @@ def haproxy_as_the_doc_configures_it_sends_a_retry_to_the_other_gateway(ctx):
     lb_port = free_port_on(("127.0.0.1",))
     snippet = (snippet.replace(bind.group(0), bind.group(0).replace(bind.group(1),
                                                                     "127.0.0.1:%d" % lb_port))
-               .replace("10.0.0.11:8088", "%s:%d" % (HOSTS[0], ctx.gw_port))
-               .replace("10.0.0.12:8088", "%s:%d" % (HOSTS[1], ctx.gw_port))
-               .replace("check port 8081", "check port %d" % ctx.admin_port))
+               .replace("10.0.0.11:8180", "%s:%d" % (HOSTS[0], ctx.gw_port))
+               .replace("10.0.0.12:8180", "%s:%d" % (HOSTS[1], ctx.gw_port))
+               .replace("check port 8181", "check port %d" % ctx.admin_port))
     sock = os.path.join(ctx.tmp, "haproxy.sock")
     cfg = os.path.join(ctx.tmp, "haproxy.cfg")
     with open(cfg, "w") as f:
