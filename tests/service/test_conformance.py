@@ -28,7 +28,8 @@ from harness import BIN, Server, expect, expect_eq, fail, run, test  # noqa: E40
 IDEM_CHECK = os.path.join(BIN, "idem-check")
 
 EXPECTED_CHECKS = [
-    "missing-key", "key-empty", "key-too-long", "key-control-char", "key-twice", "first-request",
+    "missing-key", "key-empty", "key-too-long", "key-control-char", "key-unterminated", "key-twice",
+    "first-request",
     "replay", "replay-reordered", "different-body", "other-user-scope", "storm",
     "validation-not-stored", "retry-after-409",
 ]

@@ -227,11 +227,16 @@ def idem_check_checks_the_quick_start_gateway(ctx):
                 [os.path.join(BIN, "idem-check"), "conformance", "--url",
                  "http://127.0.0.1:%d" % gport, "--path", "/v1/payments",
                  "--header", "X-Consumer-Id: acct_1", "--header2", "X-Consumer-Id: acct_2",
-                 "--body", '{"amount":500}', "--invalid-body", '{"amount":-1}', "--json"],
+                 "--body", '{"amount":500}', "--invalid-body", '{"amount":-1}',
+                 "--count-url", "http://127.0.0.1:%d/v1/payments" % uport, "--json"],
                 capture_output=True, timeout=120)
             expect_eq(p.returncode, 0, "idem-check conformance through the gateway: %s %s"
                       % (p.stdout.decode()[-2000:], p.stderr.decode()))
-            verdicts = {c["id"]: c["result"] for c in json.loads(p.stdout)["checks"]}
+            checks = json.loads(p.stdout)["checks"]
+            verdicts = {c["id"]: c["result"] for c in checks}
+            storm = json.dumps([c for c in checks if c["id"] == "storm"])
+            expect("1 new effect(s) counted" in storm,
+                   "the storm counted one execution upstream: %s" % storm)
             expect(sum(1 for v in verdicts.values() if v == "PASS") >= 8 and
                    all(v in ("PASS", "SKIP") for v in verdicts.values()), "%s" % verdicts)
             # A caller the gateway does not know: one clear failure, not a wrong verdict per check.
