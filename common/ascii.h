@@ -77,4 +77,18 @@ static inline const char *ascii_caseeq_any(const char *name, const char *const *
     return NULL;
 }
 
+/*
+ * Narrows [*s, *s + *len) to the field value RFC 9110 (section 5.5) means: without the optional
+ * white space (SP, HTAB) around it.  A header value as sent may carry it; the value does not.
+ */
+static inline void ascii_trim_ows(const char **s, size_t *len)
+{
+    while (*len > 0 && (**s == ' ' || **s == '\t')) {
+        (*s)++;
+        (*len)--;
+    }
+    while (*len > 0 && ((*s)[*len - 1] == ' ' || (*s)[*len - 1] == '\t'))
+        (*len)--;
+}
+
 #endif /* IDEM_COMMON_ASCII_H */

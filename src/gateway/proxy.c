@@ -30,6 +30,7 @@
 #include "ascii.h"
 #include "error_format.h"
 #include "keyed_answer.h"
+#include "method_override.h"
 #include "request_key.h"
 #include "route.h"
 #include "strbuf.h"
@@ -1195,48 +1196,27 @@ static int routed(const struct gw_config *cfg, const char *method, const struct 
 }
 
 /*
- * A request that asks the upstream to run another method than its own -- a method-override
- * header (method_override_headers), a `_method` query argument or form field (Express's
- * method-override, Rails, Laravel, Symfony) -- where either method is on a route would run a keyed
- * handler unkeyed, or be keyed as what it is not: refused with 400 method-override-refused, before
- * anything is forwarded.  Returns 1 with `resp` the refusal.
+ * Whether a keyed route covers the request's path, for any method: there a method override (of
+ * any source, method_override.c) could run a keyed handler unkeyed, or key a request as what it
+ * is not.  Returns 1 with `resp` the refusal.
  */
 static int refuse_method_override(const struct gateway *gw, const struct request *rq,
                                   const struct note *n, struct response *resp)
 {
     const struct gw_config *cfg = gw->cfg;
-    const char *ct = request_header(rq, "Content-Type");
-    const char *v = NULL, *how = NULL;
-    char form[32], method[32], detail[400];
-    size_t i;
+    int covered = n && n->m.route;
 
-    for (i = 0; i < cfg->nmethod_override_headers && v == NULL; i++)
-        if ((v = request_header(rq, cfg->method_override_headers[i])) != NULL)
-            how = cfg->method_override_headers[i];
-    if (v == NULL && (v = request_query(rq, "_method")) != NULL)
-        how = "a _method query argument";
-    if (v == NULL && ct != NULL && rq->body != NULL &&
-        ascii_ncaseeq(ct, "application/x-www-form-urlencoded", 33) &&
-        request_form_value(rq->body, rq->body_len, "_method", form, sizeof form) >= 0) {
-        v = form;
-        how = "a _method form field";
+    for (size_t i = 0; i < cfg->nroutes && !covered; i++) {
+        size_t j = 0;
+        while (j < i && strcmp(cfg->routes[j].method, cfg->routes[i].method) != 0)
+            j++;
+        if (j == i) /* each method once */
+            covered = routed(cfg, cfg->routes[i].method, rq);
     }
-    if (v == NULL)
+    if (!covered)
         return 0;
-    for (i = 0; v[i] != '\0' && i + 1 < sizeof method; i++)
-        method[i] = ascii_upper(v[i]);
-    method[i] = '\0';
-    if (strcmp(method, rq->method) == 0)
-        return 0; /* the method itself: nothing changes */
-    if (!(n && n->m.route) && !routed(cfg, method, rq))
-        return 0;
-    snprintf(detail, sizeof detail,
-             "This gateway keeps idempotency records for requests to this path, and %s asks the "
-             "upstream to run this %s as %s, which would pass them by. Send the method itself.",
-             how, rq->method, method);
-    response_problem(resp, 400, "method-override-refused", detail);
-    resp->outcome = "refused";
-    return 1;
+    return method_override_refuse(rq, cfg->method_override_headers, cfg->nmethod_override_headers,
+                                  cfg->max_body, resp) != 0;
 }
 
 static enum http_loop_verdict proxy_on_loop(void *ctx, const struct request *rq,

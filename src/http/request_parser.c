@@ -185,12 +185,7 @@ static int on_header_value(http_parser *hp, const char *at, size_t len)
     return 0;
 }
 
-/*
- * Decodes %XX in place over [s, s+len) ('+' too when `plus`), writing the result at `out` (which
- * may be `s`).  Returns the decoded length, or -1 when a NUL would come out.  A '%' that starts
- * no valid escape is kept as it is.
- */
-static long percent_decode(const char *s, size_t len, char *out, int plus)
+long request_percent_decode(const char *s, size_t len, char *out, int plus)
 {
     size_t i, o = 0;
     int hi, lo;
@@ -223,7 +218,7 @@ static long add_decoded(struct request_parser *p, size_t off, size_t len, int pl
     long dl;
 
     strbuf_add(&p->head, p->head.buf + off, len);
-    dl = percent_decode(p->head.buf + start, len, p->head.buf + start, plus);
+    dl = request_percent_decode(p->head.buf + start, len, p->head.buf + start, plus);
     if (dl < 0)
         return -1;
     p->head.len = start + (size_t)dl;
@@ -244,7 +239,7 @@ long request_form_value(const char *body, size_t len, const char *name, char *ou
             long dl;
             if (vlen >= outlen)
                 return -1;
-            dl = percent_decode(body + i + nlen + 1, vlen, out, 1);
+            dl = request_percent_decode(body + i + nlen + 1, vlen, out, 1);
             if (dl < 0)
                 return -1;
             out[dl] = '\0';

@@ -132,6 +132,13 @@ int request_parser_started(const struct request_parser *p);
 int request_parser_keep_alive(const struct request_parser *p);
 
 /*
+ * Decodes %XX over [s, s+len) ('+' too when `plus`), writing the result at `out` (which may be
+ * `s`; it needs `len` bytes).  Returns the decoded length, or -1 when a NUL would come out.  A
+ * '%' that starts no valid escape is kept as it is.
+ */
+long request_percent_decode(const char *s, size_t len, char *out, int plus);
+
+/*
  * The value of the field `name` in an application/x-www-form-urlencoded `body` (the first one;
  * '+' and %XX decoded) into `out`: its length, or -1 when there is none or it does not fit.
  */

@@ -19,13 +19,17 @@ gateway_harness.py (which does not dedupe, so a second execution shows):
     can have connections of their own.
 """
 
+import gzip
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import threading
+import types
 import uuid
+import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,10 +64,11 @@ def teardown(ctx):
 
 
 def raw_request(gw, request_line, headers=(), body=b""):
-    """Sends `request_line` (bytes, as is) with `headers`, reads one answer: a harness.Response."""
+    """Sends `request_line` (bytes, as is) with `headers` (values as sent, white space and all),
+    reads one answer: a harness.Response."""
     head = request_line + b"\r\nHost: gw\r\nX-Consumer-Id: alice\r\n"
     for name, value in headers:
-        head += ("%s: %s\r\n" % (name, value)).encode()
+        head += ("%s:%s\r\n" % (name, value if value[:1] in (" ", "\t") else " " + value)).encode()
     if not any(name.lower() == "transfer-encoding" for name, _ in headers):
         head += b"Content-Length: %d\r\n" % len(body)
     head += b"Connection: close\r\n\r\n"
@@ -172,6 +177,142 @@ def a_method_override_onto_a_keyed_route_is_refused(ctx):
     expect_fresh(r, 201, "an override to the method itself")
     r = gw.request("POST", "/v2/else", {"n": 1}, headers={"X-HTTP-Method-Override": "PUT"})
     expect_eq(r.status, 201, "an override on an unrouted path is passed through")
+
+
+# Each asks to run a POST as PUT in a way some framework honours (those marked [express], the
+# Express upstream below): a value not trimmed or a list, a source behind one that names the
+# method itself, a duplicate, a field name encoded or mangled, a JSON or compressed body.
+# (what, query, header fields, body)
+OVERRIDE_VARIANTS = [
+    ("a header, trailing white space [express]", b"", [("X-HTTP-Method-Override", "PUT \t")], b""),
+    ("a header's list, PUT first [express]", b"", [("X-HTTP-Method-Override", "PUT, POST")], b""),
+    ("a header's list, PUT second", b"", [("X-HTTP-Method-Override", "POST,PUT")], b""),
+    ("a second header field", b"", [("X-HTTP-Method-Override", "POST"),
+                                    ("X-HTTP-Method-Override", "PUT")], b""),
+    ("the method itself in a header, PUT in the query [express]", b"?_method=PUT",
+     [("X-HTTP-Method-Override", "POST")], b""),
+    ("a second query argument", b"?_method=POST&_method=PUT", [], b""),
+    ("a form field name encoded [express]", b"", [("Content-Type", "application/x-www-form-urlencoded")],
+     b"%5Fmethod=PUT"),
+    ("a form field name partly encoded [express]", b"",
+     [("Content-Type", "application/x-www-form-urlencoded")], b"_%6Dethod=PUT"),
+    ("a form array [express]", b"", [("Content-Type", "application/x-www-form-urlencoded")],
+     b"_method[]=PUT"),
+    ("PHP's .method", b"", [("Content-Type", "application/x-www-form-urlencoded")],
+     b".method=PUT"),
+    ("PHP's space method", b"", [("Content-Type", "application/x-www-form-urlencoded")],
+     b"+method=PUT"),
+    ("a form with no Content-Type (Rack)", b"", [], b"_method=PUT"),
+    ("a second form field", b"", [("Content-Type", "application/x-www-form-urlencoded")],
+     b"_method=POST&_method=PUT"),
+    ("a JSON body [express]", b"", [("Content-Type", "application/json")], b'{"_method": "PUT"}'),
+    ("a gzip form [express]", b"", [("Content-Type", "application/x-www-form-urlencoded"),
+                          ("Content-Encoding", "gzip")], gzip.compress(b"_method=PUT")),
+    ("a gzip JSON body [express]", b"", [("Content-Type", "application/json"),
+                               ("Content-Encoding", "gzip")], gzip.compress(b'{"_method":"PUT"}')),
+    ("a deflate form [express]", b"", [("Content-Type", "application/x-www-form-urlencoded"),
+                             ("Content-Encoding", "deflate")], zlib.compress(b"_method=PUT")),
+]
+
+
+@test
+def every_override_source_and_spelling_is_refused(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    before = up.count
+    for what, query, headers, body in OVERRIDE_VARIANTS:
+        for path in (b"/v1/things/7", b"/v1/things"):  # onto a keyed PUT; away from a keyed POST
+            r = raw_request(gw, b"POST " + path + query + b" HTTP/1.1",
+                            headers + [("Idempotency-Key", key())], body)
+            expect_problem(r, 400, "method-override-refused", "%s, POST %s" % (what, path))
+    expect_eq(up.count, before, "nothing forwarded")
+    # A body the gateway cannot read on such a path is refused; a body it can, without an
+    # override, goes on.
+    r = raw_request(gw, b"POST /v1/things/7 HTTP/1.1",
+                    [("Content-Type", "application/x-www-form-urlencoded"),
+                     ("Content-Encoding", "br")], b"\x0b\x05\x80_method=PUT\x03")
+    expect_problem(r, 415, "unsupported-media-type", "an unknown Content-Encoding")
+    expect_eq(up.count, before, "nothing forwarded")
+    r = raw_request(gw, b"POST /v1/things/7 HTTP/1.1",
+                    [("Content-Type", "application/x-www-form-urlencoded"),
+                     ("Content-Encoding", "gzip")], gzip.compress(b"a=1&b=POST"))
+    expect_eq(r.status, 201, "a gzip form without an override: %s" % r.describe(200))
+    # The same on a path no route covers: passed on as sent.
+    r = raw_request(gw, b"POST /v2/else HTTP/1.1", [("Content-Encoding", "br")], b"xyz")
+    expect_eq(r.status, 201, "an unknown coding on an unrouted path: %s" % r.describe(200))
+
+
+class ExpressUpstream:
+    """tests/service/clients/express_override.js: Express with method-override, as documented."""
+
+    def __init__(self):
+        node, npm = shutil.which("node"), shutil.which("npm")
+        if node is None or npm is None:
+            harness.fail("node and npm are needed (scripts/deps.sh)")
+        root = subprocess.run([npm, "root", "-g"], capture_output=True, timeout=60,
+                              text=True).stdout.strip()
+        for pkg in ("express", "method-override"):
+            if not os.path.isdir(os.path.join(root, pkg)):
+                harness.fail("the %s npm package is needed in %s: run scripts/deps.sh" % (pkg, root))
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "clients",
+                              "express_override.js")
+        self.proc = subprocess.Popen([node, script], stdout=subprocess.PIPE,
+                                     env=dict(os.environ, NODE_PATH=root))
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith("port "):
+            self.close()
+            harness.fail("the Express upstream did not start: %r" % line)
+        self.host, self.port = "127.0.0.1", int(line.split()[1])
+        self.url = "http://127.0.0.1:%d" % self.port
+
+    def runs(self, order):
+        r = raw_request(self, b"GET /runs/" + order.encode() + b" HTTP/1.1")
+        return r.json()["runs"]
+
+    def close(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@test
+def express_with_method_override_never_runs_a_keyed_put_unkeyed(ctx):
+    ex = ExpressUpstream()
+    gw = Gateway(ex, name="gateway-express", routes="""
+  - match: PUT /v1/orders/{order_id}
+    operation: orders.put
+""")
+    try:
+        gw.start()
+        # Through the gateway, a keyed PUT runs once and is replayed.
+        k = key("put")
+        first = gw.request("PUT", "/v1/orders/o-keyed", {"n": 1}, key=k)
+        expect_fresh(first, 201, "a keyed PUT")
+        expect_replay(gw.request("PUT", "/v1/orders/o-keyed", {"n": 1}, key=k), first, "its retry")
+        expect_eq(ex.runs("o-keyed"), 1, "the PUT handler's runs")
+        for i, (what, query, headers, body) in enumerate(OVERRIDE_VARIANTS):
+            if "[express]" not in what:
+                continue
+            order = "o%d" % i
+            line = b"POST /v1/orders/" + order.encode() + query + b" HTTP/1.1"
+            # Sent to Express itself, each runs the PUT handler: the variant is real.
+            r = raw_request(ex, line, headers, body)
+            expect_eq((r.status, r.json().get("ran")), (201, "PUT"),
+                      "%s, straight to Express: %s" % (what, r.describe(200)))
+            # Through the gateway, without a key, it is refused and never reaches Express.
+            for attempt in range(2):
+                r = raw_request(gw, line, headers, body)
+                expect_problem(r, 400, "method-override-refused",
+                               "%s through the gateway, attempt %d" % (what, attempt + 1))
+            expect_eq(ex.runs(order), 1, "%s: the PUT handler ran only when sent to it" % what)
+        # A plain POST to the same path is no PUT: passed through, unkeyed, as the upstream's.
+        r = gw.request("POST", "/v1/orders/o-post", {"n": 1})
+        expect_eq((r.status, r.json().get("ran")), (200, "POST"), "a plain POST")
+    finally:
+        gw.close()
+        ex.close()
 
 
 @test
