@@ -32,6 +32,7 @@
 #include "keyed_answer.h"
 #include "method_override.h"
 #include "request_key.h"
+#include "request_scope.h"
 #include "route.h"
 #include "strbuf.h"
 #include "util.h"
@@ -74,22 +75,6 @@ static void note_free(void *p)
 
 /* ---- headers ------------------------------------------------------------------------------ */
 
-/* Whether `list` (a Connection header's value) names `name` as one of its tokens. */
-static int token_listed(const char *list, const char *name)
-{
-    size_t n = strlen(name);
-
-    while (list && *list) {
-        size_t len;
-        list += strspn(list, " \t,");
-        len = strcspn(list, " \t,");
-        if (len == n && ascii_ncaseeq(list, name, n))
-            return 1;
-        list += len;
-    }
-    return 0;
-}
-
 /*
  * Headers that belong to one connection, not to the message (RFC 9110, section 7.6.1), plus the
  * ones the gateway writes itself: never passed on in either direction.
@@ -111,7 +96,7 @@ static int hop_by_hop(const char *name, const char *connection)
 
     if (ascii_caseeq_any(name, names, sizeof names / sizeof names[0]))
         return 1;
-    return connection && token_listed(connection, name);
+    return connection && http_list_has_token(connection, name);
 }
 
 /* `key` as an RFC 8941 sf-string, the form libidem parses back. */
@@ -534,28 +519,6 @@ static void forward_and_settle(struct gateway *gw, const struct request *rq, con
 
 /* ---- unknown outcomes --------------------------------------------------------------------- */
 
-/* Appends `s` percent-encoded for a path segment or query value (unreserved bytes stay). */
-static void add_pct_n(struct strbuf *out, const char *s, size_t n)
-{
-    static const char digits[] = "0123456789ABCDEF";
-
-    for (const unsigned char *p = (const unsigned char *)s; p < (const unsigned char *)s + n; p++) {
-        if ((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
-            *p == '-' || *p == '.' || *p == '_' || *p == '~') {
-            strbuf_addch(out, (char)*p);
-        } else {
-            strbuf_addch(out, '%');
-            strbuf_addch(out, digits[*p >> 4]);
-            strbuf_addch(out, digits[*p & 15]);
-        }
-    }
-}
-
-static void add_pct(struct strbuf *out, const char *s)
-{
-    add_pct_n(out, s, strlen(s));
-}
-
 /*
  * The reconcile target: the route's template with {key} and its {params} substituted.  The
  * config checked that every placeholder is one of those.
@@ -574,7 +537,7 @@ static void reconcile_target(const struct note *n, struct strbuf *out)
         }
         len = (size_t)(close - t - 1);
         if (len == 3 && strncmp(t + 1, "key", 3) == 0) {
-            add_pct(out, n->key);
+            strbuf_add_pct(out, n->key, strlen(n->key));
         } else {
             /* The k-th {name} of the route's path is params[k]. */
             const char *p = r->path;
@@ -587,7 +550,7 @@ static void reconcile_target(const struct note *n, struct strbuf *out)
                 p = e ? e + 1 : p + 1;
             }
             if (p && k < n->m.nparams)
-                add_pct(out, n->m.params[k]);
+                strbuf_add_pct(out, n->m.params[k], strlen(n->m.params[k]));
         }
         t = close + 1;
     }
@@ -666,52 +629,6 @@ static const char *principal_header(void *arg, const char *name, size_t *len)
     return v;
 }
 
-/*
- * The route's scope headers joined to the principal: ";<Name>=<value>" per header in the route's
- * order (";<Name>" when absent), the value percent-encoded but for unreserved bytes, so no value
- * can pass for another part.  Returns 0, or -1 with `resp` the refusal (a header sent twice, a
- * scope too long).
- */
-static int scope_principal(const struct request *rq, const struct gw_route *r,
-                           char principal[IDEM_SCOPE_PART_MAX + 1], struct response *resp)
-{
-    struct strbuf sb = STRBUF_INIT;
-    char detail[300];
-    int rc = 0;
-
-    if (r->nscope_headers == 0)
-        return 0;
-    strbuf_adds(&sb, principal);
-    for (size_t i = 0; i < r->nscope_headers && rc == 0; i++) {
-        const char *v = NULL;
-        size_t vlen = 0;
-        int count = request_header_count(rq, r->scope_headers[i], &v, &vlen);
-
-        strbuf_addch(&sb, ';');
-        strbuf_adds(&sb, r->scope_headers[i]);
-        if (count > 1) {
-            snprintf(detail, sizeof detail,
-                     "%s decides whose record this request is: send it once.", r->scope_headers[i]);
-            rc = -1;
-        } else if (count == 1) {
-            strbuf_addch(&sb, '=');
-            add_pct_n(&sb, v, vlen);
-        }
-    }
-    if (rc == 0 && sb.len > IDEM_SCOPE_PART_MAX) {
-        snprintf(detail, sizeof detail,
-                 "The caller and its scope headers come to %zu bytes; at most %d.", sb.len,
-                 IDEM_SCOPE_PART_MAX);
-        rc = -1;
-    }
-    if (rc == 0)
-        memcpy(principal, sb.buf, sb.len + 1);
-    else
-        response_problem(resp, 400, "bad-request", detail);
-    strbuf_release(&sb);
-    return rc;
-}
-
 static enum http_head_verdict proxy_on_head(void *ctx, struct request *rq, struct response *resp,
                                             int may_block)
 {
@@ -719,9 +636,10 @@ static enum http_head_verdict proxy_on_head(void *ctx, struct request *rq, struc
     const struct gw_config *cfg = gw->cfg;
     const struct gw_route *r;
     struct note *n = xcalloc(1, sizeof *n);
-    const char *why = NULL;
+    const char *why = NULL, *hidden;
     const char *v = NULL;
     size_t vlen = 0;
+    char detail[300];
     int count;
 
     (void)may_block; /* nothing here blocks */
@@ -734,14 +652,17 @@ static enum http_head_verdict proxy_on_head(void *ctx, struct request *rq, struc
     n->route_index = (size_t)(r - cfg->routes);
     resp->operation = r->operation;
 
-    /* The caller's header would be dropped on the way (hop-by-hop) yet decide the scope here. */
-    if (cfg->principal == GW_PRINCIPAL_HEADER &&
-        token_listed(request_header(rq, "Connection"), cfg->principal_header)) {
-        char detail[300];
+    /*
+     * A header the gateway reads, named in Connection, would be dropped on the way (hop-by-hop):
+     * the upstream would act on a request other than the one judged here -- another caller or
+     * account, no override -- and its answer would be stored under this one's scope.
+     */
+    hidden = request_scope_hidden(rq, cfg, r);
+    if (hidden != NULL) {
         snprintf(detail, sizeof detail,
-                 "%s, which says who is calling, is named in Connection, so it would not reach "
-                 "the upstream. Do not list it there.",
-                 cfg->principal_header);
+                 "%s, which this gateway reads to keep idempotency records, is named in "
+                 "Connection, so it would not reach the upstream. Do not list it there.",
+                 hidden);
         response_problem(resp, 400, "bad-request", detail);
         resp->outcome = "refused";
         return HTTP_HEAD_ANSWER;
@@ -760,7 +681,8 @@ static enum http_head_verdict proxy_on_head(void *ctx, struct request *rq, struc
         resp->outcome = "refused";
         return HTTP_HEAD_ANSWER;
     }
-    if (scope_principal(rq, r, n->principal, resp) != 0) {
+    if (request_scope_principal(rq, r, n->principal, detail, sizeof detail) != 0) {
+        response_problem(resp, 400, "bad-request", detail);
         resp->outcome = "refused";
         return HTTP_HEAD_ANSWER;
     }

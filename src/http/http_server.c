@@ -356,6 +356,30 @@ const char *request_header(const struct request *rq, const char *name)
     return v;
 }
 
+int http_list_has_token(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+
+    while (list && *list) {
+        size_t len;
+        list += strspn(list, " \t,");
+        len = strcspn(list, " \t,");
+        if (len == n && ascii_ncaseeq(list, name, n))
+            return 1;
+        list += len;
+    }
+    return 0;
+}
+
+int request_connection_lists(const struct request *rq, const char *name)
+{
+    for (size_t i = 0; i < rq->nfields; i++)
+        if (ascii_caseeq(rq->fields[i].name, "Connection") &&
+            http_list_has_token(rq->fields[i].value, name))
+            return 1;
+    return 0;
+}
+
 const char *request_query(const struct request *rq, const char *name)
 {
     size_t i;

@@ -39,6 +39,15 @@ const char *request_header(const struct request *rq, const char *name);
 int request_header_count(const struct request *rq, const char *name, const char **first,
                          size_t *first_len);
 
+/* Whether `list` (a comma-separated header value such as Connection's) names token `name`. */
+int http_list_has_token(const char *list, const char *name);
+
+/*
+ * Whether any Connection field of `rq` names `name`: a header it lists is hop-by-hop, dropped by
+ * the next proxy on the way.
+ */
+int request_connection_lists(const struct request *rq, const char *name);
+
 /* The value of query argument `name` ("" for "?name"), or NULL when absent; borrowed. */
 const char *request_query(const struct request *rq, const char *name);
 

@@ -104,6 +104,24 @@ void strbuf_add_uint(struct strbuf *sb, unsigned long long v)
     strbuf_add(sb, digits + n, sizeof digits - n);
 }
 
+void strbuf_add_pct(struct strbuf *sb, const void *s, size_t len)
+{
+    static const char digits[] = "0123456789ABCDEF";
+    const unsigned char *p = s;
+
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = p[i];
+        if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+            c == '-' || c == '.' || c == '_' || c == '~') {
+            strbuf_addch(sb, (char)c);
+        } else {
+            strbuf_addch(sb, '%');
+            strbuf_addch(sb, digits[c >> 4]);
+            strbuf_addch(sb, digits[c & 15]);
+        }
+    }
+}
+
 void strbuf_reset(struct strbuf *sb)
 {
     sb->len = 0;

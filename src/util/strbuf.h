@@ -32,6 +32,11 @@ size_t strbuf_add_capped(struct strbuf *sb, const void *data, size_t len, size_t
 void strbuf_adds(struct strbuf *sb, const char *s);
 void strbuf_addch(struct strbuf *sb, char c);
 void strbuf_addf(struct strbuf *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/*
+ * Appends `len` bytes of `s` percent-encoded for a path segment, a query value or a name's part:
+ * unreserved bytes (RFC 3986) stay, every other byte is %XX.
+ */
+void strbuf_add_pct(struct strbuf *sb, const void *s, size_t len);
 /* Appends `v` in decimal, without printf's cost (response heads and log lines, per request). */
 void strbuf_add_uint(struct strbuf *sb, unsigned long long v);
 /* Hands the bytes out (new, free with free(); never NULL) and empties `sb`. */

@@ -9,10 +9,15 @@ gateway_harness.py (which does not dedupe, so a second execution shows):
     ";params", ".json", %2F) is keyed: one execution per key, forwarded as sent; without a key it
     is refused, not passed;
   - a request target with a byte outside RFC 3986 is refused, nothing forwarded;
-  - a method override (header, `_method` argument or form field) onto a keyed route is refused;
+  - a method override from any source (headers, `_method` in the query, a form or a JSON body,
+    compressed or not), in any spelling, on a path a route covers is refused; Express with
+    method-override, the documented upstream, runs each variant when sent to it, never through;
   - the upstream gets the key the gateway used, in its canonical form, never the client's own;
   - a reconcile query carries the fixed header set, not the retry's other headers;
   - a principal header is trimmed, cannot claim another source's space, and is not hop-by-hop;
+  - a scope header's value is trimmed (one account however padded), and no header the gateway
+    reads (principal, key, scope, override, Content-Type, Content-Encoding) may be named in
+    Connection;
   - the admin API refuses web pages (Origin, a Host not loopback) and resolutions that are not
     JSON or are 5xx, can require a bearer token, and a listener off loopback is warned about;
   - an upstream connection that carried bytes nobody asked for is not reused, and keyed requests
@@ -43,6 +48,9 @@ ROUTES = DEFAULT_ROUTES + """
   - match: POST /v1/tenant/{id}/refunds
     operation: tenant.refunds
     on_unknown: {reconcile: "GET /lookup?key={key}", headers: [X-Api-Version]}
+  - match: POST /v1/charges
+    operation: charges.create
+    scope_headers: [Stripe-Account]
 """
 
 
@@ -398,6 +406,52 @@ def a_principal_is_one_caller_however_it_is_sent(ctx):
     expect_problem(r, 400, "bad-request", "the principal's header named in Connection")
     expect_eq(up.count, before, "nothing forwarded")
     expect_eq(up.executions(k), 1, "executions")
+
+
+# ---- scope headers and Connection ------------------------------------------------------------
+
+@test
+def a_scope_header_is_one_account_however_it_is_padded(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    k = key("acct")
+    json_body = [("Content-Type", "application/json"), ("Idempotency-Key", k)]
+    first = raw_request(gw, b"POST /v1/charges HTTP/1.1",
+                        json_body + [("Stripe-Account", "acct_1")], b'{"n": 1}')
+    expect_fresh(first, 201, "acct_1")
+    # White space around a header's value is not part of it (RFC 9110): one account, a replay.
+    for value in ("acct_1 ", "acct_1\t", " \tacct_1 \t"):
+        r = raw_request(gw, b"POST /v1/charges HTTP/1.1",
+                        json_body + [("Stripe-Account", value)], b'{"n": 1}')
+        expect_replay(r, first, "Stripe-Account %r" % value)
+    expect_eq(up.executions(k), 1, "executions for acct_1")
+    # Another account is another scope: it runs.
+    r = raw_request(gw, b"POST /v1/charges HTTP/1.1", json_body + [("Stripe-Account", "acct_2")],
+                    b'{"n": 1}')
+    expect_fresh(r, 201, "acct_2")
+
+
+@test
+def a_header_the_gateway_reads_may_not_be_named_in_connection(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    before = up.count
+    # A proxy on the way drops what Connection names: the upstream would act as the platform (no
+    # Stripe-Account), without the override or the body's type the gateway judged, while the
+    # record is kept under what the gateway read.
+    for listed in ("Stripe-Account", "stripe-account, keep-alive", "Idempotency-Key",
+                   "X-Consumer-Id", "X-HTTP-Method-Override", "Content-Type", "Content-Encoding"):
+        r = raw_request(gw, b"POST /v1/charges HTTP/1.1",
+                        [("Content-Type", "application/json"), ("Idempotency-Key", key()),
+                         ("Stripe-Account", "acct_9"), ("X-HTTP-Method-Override", "POST"),
+                         ("Connection", listed)], b'{"n": 1}')
+        expect_problem(r, 400, "bad-request", "Connection: %s" % listed)
+        expect(listed.split(",")[0].lower() in r.json()["detail"].lower(),
+               "the detail names %s: %s" % (listed, r.describe(300)))
+    expect_eq(up.count, before, "nothing forwarded")
+    # Connection naming anything else is as it was.
+    r = raw_request(gw, b"POST /v1/charges HTTP/1.1",
+                    [("Content-Type", "application/json"), ("Idempotency-Key", key()),
+                     ("Stripe-Account", "acct_9"), ("Connection", "X-Trace")], b'{"n": 1}')
+    expect_fresh(r, 201, "Connection: X-Trace")
 
 
 # ---- what passes through ---------------------------------------------------------------------
