@@ -146,12 +146,13 @@ static void resolve_record(struct gateway *gw, const struct request *rq, struct 
         if (!response ||
             json_unpack(response, "{s:i,s?o,s?s%}", "status", &status, "headers", &headers, "body",
                         &body, &body_len) != 0 ||
-            status < 100 || status > 499 || (headers && !json_is_object(headers)) ||
+            status < RECORDS_STATUS_MIN || status > RECORDS_STATUS_MAX ||
+            (headers && !json_is_object(headers)) ||
             (headers && json_object_size(headers) > sizeof h / sizeof h[0])) {
-            /* 5xx says "nothing happened, retry": never stored, so never an answer to resolve. */
             response_problem(resp, 400, "validation-failed",
-                             "\"executed\" needs \"response\": {\"status\": 100..499 (a 5xx is "
-                             "never stored), \"headers\": {name: value}, \"body\": text}.");
+                             "\"executed\" needs \"response\": {\"status\": 200..499 (a 1xx is "
+                             "no final answer, a 5xx is never stored), \"headers\": {name: "
+                             "value}, \"body\": text}.");
             goto out;
         }
         d.executed = 1;

@@ -607,8 +607,8 @@ static int cmd_keys(int argc, char **argv)
             decision = optarg;
             break;
         case OPT_STATUS:
-            /* 5xx says "nothing happened, retry": never stored, so never a resolution. */
-            if (int_flag("keys", "status", optarg, 100, 499, &status_code) != 0)
+            if (int_flag("keys", "status", optarg, RECORDS_STATUS_MIN, RECORDS_STATUS_MAX,
+                         &status_code) != 0)
                 return EXIT_USAGE;
             break;
         case OPT_HEADER: {

@@ -24,6 +24,14 @@
 int records_show(struct idem_engine *eng, const char *principal, const char *operation,
                  const char *key, json_t **doc);
 
+/*
+ * The statuses a resolution may store, for the admin API and the CLI alike: a 5xx says "nothing
+ * happened, retry", so it is never stored; a 1xx is no final answer (every retry would get a bare
+ * "100 Continue" and wait for one that never comes).
+ */
+#define RECORDS_STATUS_MIN 200
+#define RECORDS_STATUS_MAX 499
+
 /* What an operator says happened to a request whose outcome was unknown. */
 struct records_decision {
     int executed; /* 1: it ran upstream, store `status` etc.; 0: it did not, release the key */

@@ -19,7 +19,7 @@ gateway_harness.py (which does not dedupe, so a second execution shows):
     reads (principal, key, scope, override, Content-Type, Content-Encoding) may be named in
     Connection;
   - the admin API refuses web pages (Origin, a Host not loopback) and resolutions that are not
-    JSON or are 5xx, can require a bearer token, and a listener off loopback is warned about;
+    JSON or are 1xx or 5xx (the CLI too), can require a bearer token, and a listener off loopback is warned about;
   - an upstream connection that carried bytes nobody asked for is not reused, and keyed requests
     can have connections of their own.
 """
@@ -526,6 +526,17 @@ def the_admin_api_refuses_web_pages_and_needs_json(ctx):
     expect_problem(r, 400, "validation-failed", "a resolution with status 599")
     r = gw.admin("POST", "/records/resolve", resolution(k, 503))
     expect_problem(r, 400, "validation-failed", "a resolution with status 503")
+    # A 1xx is no final answer: every retry would get a bare "100 Continue" and wait on.
+    for status in (100, 101, 199):
+        r = gw.admin("POST", "/records/resolve", resolution(k, status))
+        expect_problem(r, 400, "validation-failed", "a resolution with status %d" % status)
+    expect_eq(record_state(gw, k), "unknown", "none of them resolved the key")
+    p = subprocess.run([gw.program, "keys", "resolve", "--config", gw.config_path,
+                        "--principal", "alice", "--operation", "things.create", "--key", k,
+                        "--decision", "executed", "--status", "101"],
+                       capture_output=True, timeout=30)
+    expect(p.returncode == 2 and b"status" in p.stderr,
+           "keys resolve --status 101 is refused: %r %r" % (p.returncode, p.stderr))
     expect_eq(gw.admin("POST", "/records/resolve", resolution(k)).status, 200, "a good one")
     expect_eq(record_state(gw, k), "completed", "resolved")
 
