@@ -131,12 +131,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     CHECK(key[k] >= 0x20 && key[k] <= 0x7e, "a key of printable ASCII");
             }
         }
-        CHECK(request_fingerprint(&m, "POST", ct, body, blen, fp1, &why) == 0, "a fingerprint");
-        CHECK(request_fingerprint(&m, "POST", ct, body, blen, fp2, &why) == 0 &&
+        CHECK(request_fingerprint(&m, "POST", paths[r], ct, body, blen, fp1, &why) == 0,
+              "a fingerprint");
+        CHECK(request_fingerprint(&m, "POST", paths[r], ct, body, blen, fp2, &why) == 0 &&
                   memcmp(fp1, fp2, IDEM_FP_LEN) == 0,
               "the same request, the same fingerprint");
         if (m.route->fp_body == GW_FP_BODY_NONE) {
-            CHECK(request_fingerprint(&m, "POST", ct, "", 0, fp2, &why) == 0 &&
+            CHECK(request_fingerprint(&m, "POST", paths[r], ct, "", 0, fp2, &why) == 0 &&
                       memcmp(fp1, fp2, IDEM_FP_LEN) == 0,
                   "fingerprint: none ignores the body");
         }

@@ -1456,11 +1456,21 @@ static int load_on_unknown(struct loader *ld, const yaml_node_t *n, const char *
 static int load_route(struct loader *ld, const yaml_node_t *map, struct gw_config *cfg,
                       size_t index)
 {
-    static const char *const keys[] = {
-        "match",         "operation",       "key",        "fingerprint",
-        "retention",     "lease",           "wait",       "store_statuses",
-        "store_headers", "max_stored_body", "on_unknown", "case_sensitive",
-        "scope_headers", "store_retryable"};
+    static const char *const keys[] = {"match",
+                                       "operation",
+                                       "key",
+                                       "fingerprint",
+                                       "retention",
+                                       "lease",
+                                       "wait",
+                                       "store_statuses",
+                                       "store_headers",
+                                       "max_stored_body",
+                                       "on_unknown",
+                                       "case_sensitive",
+                                       "scope_headers",
+                                       "store_retryable",
+                                       "fingerprint_query"};
     enum {
         MATCH,
         OPERATION,
@@ -1475,7 +1485,8 @@ static int load_route(struct loader *ld, const yaml_node_t *map, struct gw_confi
         ON_UNKNOWN,
         CASE_SENSITIVE,
         SCOPE_HEADERS,
-        STORE_RETRYABLE
+        STORE_RETRYABLE,
+        FINGERPRINT_QUERY
     };
     struct gw_route *r = &cfg->routes[index];
     yaml_node_t *v[COUNT(keys)];
@@ -1488,6 +1499,7 @@ static int load_route(struct loader *ld, const yaml_node_t *map, struct gw_confi
     r->key_required = 1;
     r->key_source = GW_KEY_HEADER;
     r->fp_body = GW_FP_BODY_ALL;
+    r->fp_query = 1;
     r->retention_ms = DEFAULT_RETENTION_MS;
     r->lease_ms = cfg->upstream_timeout_ms + DEFAULT_LEASE_MARGIN_MS;
     r->wait_ms = DEFAULT_WAIT_MS;
@@ -1570,6 +1582,10 @@ static int load_route(struct loader *ld, const yaml_node_t *map, struct gw_confi
             r->store_headers[r->nstore_headers++] = xstrdup(stripe_store_headers[i]);
     }
 
+    snprintf(path, sizeof path, "%s.fingerprint_query", where);
+    if (v[FINGERPRINT_QUERY] != NULL &&
+        want_bool(ld, v[FINGERPRINT_QUERY], path, &r->fp_query) != 0)
+        return -1;
     snprintf(path, sizeof path, "%s.store_retryable", where);
     if (v[STORE_RETRYABLE] != NULL &&
         want_bool(ld, v[STORE_RETRYABLE], path, &r->store_retryable) != 0)

@@ -74,6 +74,11 @@ struct gw_route {
     enum gw_fp_body fp_body;
     char **fp_pointers; /* GW_FP_BODY_POINTERS */
     size_t nfp_pointers;
+    /*
+     * 1 (default): the query string, as sent, is part of the fingerprint, so a retry with another
+     * `?amount=` is a mismatch, not a replay.  0: left out (`fingerprint_query: false`).
+     */
+    int fp_query;
 
     int64_t retention_ms; /* record retention (24 h) */
     int64_t lease_ms;     /* lease of the gateway forwarding a request (upstream timeout + 10 s) */

@@ -751,8 +751,8 @@ static int prepare(const struct request *rq, struct note *n, struct response *re
         if (!n->keyed)
             return 0;
     }
-    if (request_fingerprint(&n->m, rq->method, request_header(rq, "Content-Type"), rq->body,
-                            rq->body_len, n->fp, &why) != 0) {
+    if (request_fingerprint(&n->m, rq->method, rq->target, request_header(rq, "Content-Type"),
+                            rq->body, rq->body_len, n->fp, &why) != 0) {
         response_problem(resp, 500, "internal-error", why);
         resp->outcome = "error";
         return -1;

@@ -143,12 +143,32 @@ static const char *body_digest(const char *body, size_t len, char raw[7 + 2 * SH
     return raw;
 }
 
-static int compute_fingerprint(const struct route_match *m, const char *method,
+/*
+ * "query:<the query string as sent>" when the route fingerprints a request's query and it has
+ * one, else NULL: one more length-prefixed field, last.  Absent when there is no query, so a
+ * request without one keeps the fingerprint it always had.  New; free() it.
+ */
+static char *query_field(const struct gw_route *r, const char *target)
+{
+    const char *q = r->fp_query && target ? strchr(target, '?') : NULL;
+    size_t n;
+    char *f;
+
+    if (q == NULL || q[1] == '\0')
+        return NULL;
+    n = strlen(q + 1);
+    f = xmalloc(6 + n + 1);
+    memcpy(f, "query:", 6);
+    memcpy(f + 6, q + 1, n + 1);
+    return f;
+}
+
+static int compute_fingerprint(const struct route_match *m, const char *method, const char *query,
                                const char *content_type, const char *body, size_t len,
                                unsigned char fp[IDEM_FP_LEN], const char **why)
 {
     const struct gw_route *r = m->route;
-    const char *params[ROUTE_MAX_PARAMS + 1];
+    const char *params[ROUTE_MAX_PARAMS + 2];
     size_t np = m->nparams;
     char raw[7 + 2 * SHA256_BYTES + 1];
     json_t *doc = NULL, *picked = NULL;
@@ -186,10 +206,16 @@ static int compute_fingerprint(const struct route_match *m, const char *method,
         fp_body = picked_text;
         fp_len = strlen(picked_text);
     }
+    if (query)
+        params[np++] = query;
     rc = idem_fingerprint(method, r->path, params, np, fp_body, fp_len, fp, why);
     if (rc < 0 && rc != IDEM_ENOMEM && fp_body == body) {
         /* Not JSON after all, or JSON RFC 8785 refuses (a number beyond a double): its bytes. */
+        if (query)
+            np--;
         params[np++] = body_digest(body, len, raw);
+        if (query)
+            params[np++] = query;
         rc = idem_fingerprint(method, r->path, params, np, NULL, 0, fp, why);
     }
     rc = rc < 0 ? -1 : 0;
@@ -203,11 +229,11 @@ out:
 /*
  * The fingerprints this thread computed last, by a digest of everything they depend on: the
  * route's template and body policy, the method, the path parameters, whether the body is JSON,
- * and the SHA-256 of its bytes.  A storm of retries sends the same bytes again and again, and
- * hashing them costs a fraction of parsing and canonicalising them.  Direct-mapped and per
- * thread (the event loops compute fingerprints): no lock; a collision of slots only evicts, and
- * an entry answers only the same digest.  Only what parses JSON is remembered; the other
- * policies are a hash already.
+ * the SHA-256 of its bytes, and the query when it counts.  A storm of retries sends the same bytes
+ * again and again, and hashing them costs a fraction of parsing and canonicalising them.
+ * Direct-mapped and per thread (the event loops compute fingerprints): no lock; a collision of
+ * slots only evicts, and an entry answers only the same digest.  Only what parses JSON is
+ * remembered; the other policies are a hash already.
  */
 #define MEMO_SLOTS 64
 #define MEMO_MAX_POINTERS 8
@@ -218,11 +244,11 @@ static _Thread_local struct {
 } memo[MEMO_SLOTS];
 
 /* The digest `memo` is keyed by into `in`; 0, or -1 when this request is not remembered. */
-static int memo_digest(const struct route_match *m, const char *method, int json, const char *body,
-                       size_t len, unsigned char in[IDEM_FP_LEN])
+static int memo_digest(const struct route_match *m, const char *method, const char *query, int json,
+                       const char *body, size_t len, unsigned char in[IDEM_FP_LEN])
 {
     const struct gw_route *r = m->route;
-    const char *fields[ROUTE_MAX_PARAMS + MEMO_MAX_POINTERS + 3];
+    const char *fields[ROUTE_MAX_PARAMS + MEMO_MAX_POINTERS + 4];
     char raw[7 + 2 * SHA256_BYTES + 1];
     const char *why;
     size_t n = m->nparams;
@@ -236,27 +262,35 @@ static int memo_digest(const struct route_match *m, const char *method, int json
         fields[n++] = r->fp_pointers[i];
     fields[n++] = json ? "json" : "bytes";
     fields[n++] = body_digest(body, len, raw);
+    fields[n++] = query ? query : "no query";
     return idem_fingerprint(method, r->path, fields, n, NULL, 0, in, &why) == 0 ? 0 : -1;
 }
 
-int request_fingerprint(const struct route_match *m, const char *method, const char *content_type,
-                        const char *body, size_t len, unsigned char fp[IDEM_FP_LEN],
-                        const char **why)
+int request_fingerprint(const struct route_match *m, const char *method, const char *target,
+                        const char *content_type, const char *body, size_t len,
+                        unsigned char fp[IDEM_FP_LEN], const char **why)
 {
     unsigned char in[IDEM_FP_LEN];
+    char *query = query_field(m->route, target);
     size_t slot;
+    int rc = 0;
 
-    if (memo_digest(m, method, is_json_type(content_type), body, len, in) != 0)
-        return compute_fingerprint(m, method, content_type, body, len, fp, why);
+    if (memo_digest(m, method, query, is_json_type(content_type), body, len, in) != 0) {
+        rc = compute_fingerprint(m, method, query, content_type, body, len, fp, why);
+        goto out;
+    }
     slot = (size_t)(in[0] | (unsigned)in[1] << 8) % MEMO_SLOTS;
     if (memo[slot].used && memcmp(memo[slot].in, in, sizeof in) == 0) {
         memcpy(fp, memo[slot].fp, IDEM_FP_LEN);
-        return 0;
+        goto out;
     }
-    if (compute_fingerprint(m, method, content_type, body, len, fp, why) != 0)
-        return -1;
+    rc = compute_fingerprint(m, method, query, content_type, body, len, fp, why);
+    if (rc != 0)
+        goto out;
     memcpy(memo[slot].in, in, sizeof in);
     memcpy(memo[slot].fp, fp, IDEM_FP_LEN);
     memo[slot].used = 1;
-    return 0;
+out:
+    free(query);
+    return rc;
 }

@@ -31,12 +31,13 @@ int request_key_from_body(const struct gw_route *route, const char *body, size_t
                           char key[IDEM_KEY_MAX + 1], const char **why);
 
 /*
- * The fingerprint of a request on `m`'s route.  `content_type` may be NULL.  Returns 0; -1 only
- * when memory runs out (*why says so).
+ * The fingerprint of a request on `m`'s route.  `target` is the request target as sent (its query
+ * string counts unless the route says fingerprint_query: false); `content_type` may be NULL.
+ * Returns 0; -1 only when memory runs out (*why says so).
  */
-int request_fingerprint(const struct route_match *m, const char *method, const char *content_type,
-                        const char *body, size_t len, unsigned char fp[IDEM_FP_LEN],
-                        const char **why);
+int request_fingerprint(const struct route_match *m, const char *method, const char *target,
+                        const char *content_type, const char *body, size_t len,
+                        unsigned char fp[IDEM_FP_LEN], const char **why);
 
 /*
  * The value at RFC 6901 pointer `ptr` in `doc` ("" is the whole document), or NULL.  Borrowed

@@ -277,6 +277,7 @@ static void test_defaults(void)
     CHECK(r->key_pointers == NULL && r->nkey_pointers == 0);
     CHECK_INT(r->fp_body, GW_FP_BODY_ALL);
     CHECK(r->fp_pointers == NULL && r->nfp_pointers == 0);
+    CHECK_INT(r->fp_query, 1);
     CHECK_INT(r->retention_ms, 86400000);
     CHECK_INT(r->lease_ms, 40000);
     CHECK_INT(r->wait_ms, 2000);
@@ -350,6 +351,7 @@ static void test_values(void)
                    "    operation: items.untag-new\n"
                    "    key: {body: ['', /a~0b~1c]}\n"
                    "    fingerprint: [/x]\n"
+                   "    fingerprint_query: false\n"
                    "    lease: 1m\n"
                    "    max_stored_body: 512KiB\n"
                    "  - match: POST /v1/items/{item_id}/tags/{tag}\n" /* another method */
@@ -400,6 +402,7 @@ static void test_values(void)
         CHECK_STR(r->key_pointers[1], "/a~0b~1c");
     }
     CHECK_INT(r->fp_body, GW_FP_BODY_POINTERS);
+    CHECK_INT(r->fp_query, 0);
     CHECK_INT(r->lease_ms, 60000);
     r = &cfg->routes[2];
     CHECK_INT(r->key_required, 0);
@@ -547,6 +550,8 @@ static void test_type_errors(void)
     CHECK_REFUSED("upstream: {url: 'http://h:1'}\nprincipal: {header: X}\nroutes:\n- 1\n",
                   "t.yaml:4: ", "routes[0]: expected a mapping, not \"1\"");
     /* A NUL in a quoted value, and a message that stays one line whatever the value holds. */
+    CHECK_REFUSED(MINIMAL "    fingerprint_query: 3\n",
+                  "t.yaml:8: ", "routes[0].fingerprint_query: expected");
     CHECK_REFUSED(MINIMAL "    fingerprint: \"bo\\0dy\"\n", "t.yaml:8: ",
                   "routes[0].fingerprint: expected body, none or a list of JSON pointers");
     CHECK_REFUSED("upstream: {url: 'http://h:1'}\nprincipal: {header: \"X\\0Y\"}\n", "t.yaml:2: ",

@@ -32,7 +32,10 @@ const char program_name[] = "gateway_test_request_key";
     "    operation: payments.create\n"                                                             \
     "    key:\n"                                                                                   \
     "      body: [/requestId, /meta/id]\n"                                                         \
-    "    fingerprint: [/amount, /currency]\n"
+    "    fingerprint: [/amount, /currency]\n"                                                      \
+    "  - match: POST /v1/search\n"                                                                 \
+    "    operation: search.create\n"                                                               \
+    "    fingerprint_query: false\n"
 
 #define JSON "application/json"
 
@@ -53,7 +56,7 @@ static void fp_of(const char *method, const char *path, const char *ct, const ch
         CHECK(0);
         return;
     }
-    CHECK_INT(request_fingerprint(&m, method, ct, body, strlen(body), fp, &why), 0);
+    CHECK_INT(request_fingerprint(&m, method, path, ct, body, strlen(body), fp, &why), 0);
     idem_fingerprint_hex(fp, hex);
     route_match_clear(&m);
 }
@@ -90,6 +93,39 @@ static void test_fingerprints(void)
     CHECK(strcmp(as_text, first[0]) != 0);
     fp_of("POST", "/v1/orders/o-1/refunds", "text/plain", bodies[1], again);
     CHECK(strcmp(again, as_text) != 0);
+}
+
+/*
+ * The query string counts, as sent: a retry with another `?amount=` is another request, the same
+ * query is the same request (from memory or not), and a request without one (or with a bare '?')
+ * keeps the fingerprint it had.  `fingerprint_query: false` leaves it out.
+ */
+static void test_query_counts(void)
+{
+    static const char *const cts[] = {JSON, "text/plain"};
+    char none[2 * IDEM_FP_LEN + 1], bare[2 * IDEM_FP_LEN + 1], a1[2 * IDEM_FP_LEN + 1];
+    char a2[2 * IDEM_FP_LEN + 1], again[2 * IDEM_FP_LEN + 1];
+
+    for (size_t i = 0; i < 2; i++) {
+        fp_of("POST", "/v1/orders/o-1/refunds", cts[i], "{\"n\":1}", none);
+        fp_of("POST", "/v1/orders/o-1/refunds?", cts[i], "{\"n\":1}", bare);
+        fp_of("POST", "/v1/orders/o-1/refunds?amount=1", cts[i], "{\"n\":1}", a1);
+        fp_of("POST", "/v1/orders/o-1/refunds?amount=2", cts[i], "{\"n\":1}", a2);
+        CHECK_STR(bare, none);
+        CHECK(strcmp(a1, none) != 0);
+        CHECK(strcmp(a2, a1) != 0);
+        for (int round = 0; round < 2; round++) {
+            fp_of("POST", "/v1/orders/o-1/refunds?amount=1", cts[i], "{\"n\":1}", again);
+            CHECK_STR(again, a1);
+            fp_of("POST", "/v1/orders/o-1/refunds", cts[i], "{\"n\":1}", again);
+            CHECK_STR(again, none);
+        }
+    }
+    fp_of("POST", "/v1/search?q=a", JSON, "{}", a1);
+    fp_of("POST", "/v1/search?q=b", JSON, "{}", a2);
+    fp_of("POST", "/v1/search", JSON, "{}", none);
+    CHECK_STR(a1, none);
+    CHECK_STR(a2, none);
 }
 
 static void test_pointer_policy(void)
@@ -167,6 +203,7 @@ int main(void)
         return 1;
     }
     test_fingerprints();
+    test_query_counts();
     test_pointer_policy();
     test_memory_follows_the_policy();
     test_key_from_body();

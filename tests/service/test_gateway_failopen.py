@@ -12,6 +12,8 @@ gateway_harness.py (which does not dedupe, so a second execution shows):
   - a method override from any source (headers, `_method` in the query, a form or a JSON body,
     compressed or not), in any spelling, on a path a route covers is refused; Express with
     method-override, the documented upstream, runs each variant when sent to it, never through;
+  - the query string is part of the fingerprint (a changed `?amount=` is 422), unless the route
+    says `fingerprint_query: false`;
   - the upstream gets the key the gateway used, in its canonical form, never the client's own;
   - a reconcile query carries the fixed header set, not the retry's other headers;
   - a principal header is trimmed, cannot claim another source's space, and is not hop-by-hop;
@@ -51,6 +53,9 @@ ROUTES = DEFAULT_ROUTES + """
   - match: POST /v1/charges
     operation: charges.create
     scope_headers: [Stripe-Account]
+  - match: POST /v1/search
+    operation: search.create
+    fingerprint_query: false
 """
 
 
@@ -339,6 +344,34 @@ def method_override_headers_are_configurable(ctx):
         expect_eq(up.count, before + 1, "forwarded")
     finally:
         gw.close()
+
+
+# ---- the query in the fingerprint ------------------------------------------------------------
+
+@test
+def a_retry_with_another_query_is_another_request(ctx):
+    gw, up = ctx["gw"], ctx["up"]
+    k = key("query")
+    first = gw.request("POST", "/v1/things?amount=100", {"n": 1}, key=k)
+    expect_fresh(first, 201, "?amount=100")
+    expect_replay(gw.request("POST", "/v1/things?amount=100", {"n": 1}, key=k), first,
+                  "the same query again")
+    for target in ("/v1/things?amount=999", "/v1/things", "/v1/things?amount=100&x=1"):
+        r = gw.request("POST", target, {"n": 1}, key=k)
+        expect_problem(r, 422, "idempotency-key-reused", "the retry sent to %s" % target)
+    expect_eq(up.executions(k), 1, "executions")
+    # Without a query, a retry is a replay as ever (a bare '?' is no query).
+    k = key("noquery")
+    first = gw.request("POST", "/v1/things", {"n": 1}, key=k)
+    expect_fresh(first, 201, "no query")
+    expect_replay(gw.request("POST", "/v1/things?", {"n": 1}, key=k), first, "a bare '?'")
+    # A route with fingerprint_query: false leaves it out.
+    k = key("search")
+    first = gw.request("POST", "/v1/search?page=1", {"n": 1}, key=k)
+    expect_fresh(first, 201, "?page=1")
+    expect_replay(gw.request("POST", "/v1/search?page=2", {"n": 1}, key=k), first,
+                  "?page=2 with fingerprint_query: false")
+    expect_eq(up.executions(k), 1, "executions")
 
 
 # ---- the key the upstream sees ---------------------------------------------------------------
