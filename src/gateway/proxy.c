@@ -1126,8 +1126,15 @@ static int refuse_method_override(const struct gateway *gw, const struct request
                                   const struct note *n, struct response *resp)
 {
     const struct gw_config *cfg = gw->cfg;
-    int covered = n && n->m.route;
+    int covered = n && n->m.route, sources = rq->body_len > 0 || strchr(rq->target, '?') != NULL;
 
+    /* Nothing to read (no body, no query, no override header): no route lookups either. */
+    for (size_t i = 0; i < rq->nfields && !sources; i++)
+        sources =
+            ascii_caseeq_any(rq->fields[i].name, (const char *const *)cfg->method_override_headers,
+                             cfg->nmethod_override_headers) != NULL;
+    if (!sources)
+        return 0;
     for (size_t i = 0; i < cfg->nroutes && !covered; i++) {
         size_t j = 0;
         while (j < i && strcmp(cfg->routes[j].method, cfg->routes[i].method) != 0)
