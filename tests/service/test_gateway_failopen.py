@@ -456,6 +456,11 @@ def a_scope_header_is_one_account_however_it_is_padded(ctx):
         r = raw_request(gw, b"POST /v1/charges HTTP/1.1",
                         json_body + [("Stripe-Account", value)], b'{"n": 1}')
         expect_replay(r, first, "Stripe-Account %r" % value)
+    # The key's value likewise (the principal's: a_principal_is_one_caller_however_it_is_sent).
+    r = raw_request(gw, b"POST /v1/charges HTTP/1.1",
+                    [("Content-Type", "application/json"), ("Idempotency-Key", " %s\t" % k),
+                     ("Stripe-Account", "acct_1")], b'{"n": 1}')
+    expect_replay(r, first, "the key padded with white space")
     expect_eq(up.executions(k), 1, "executions for acct_1")
     # Another account is another scope: it runs.
     r = raw_request(gw, b"POST /v1/charges HTTP/1.1", json_body + [("Stripe-Account", "acct_2")],
