@@ -66,14 +66,15 @@ static void check_value(struct scan *sc, const char *how, const char *v, size_t 
  * Whether a decoded form field name is `_method` as some framework reads it: PHP turns ' ' and
  * '.' into '_' (after dropping leading spaces; both readings are taken, so ` method` and
  * ` _method` are `_method`), PHP, qs (Express) and Rack read `_method[]` and `_method[x]` as
- * `_method`; case is ignored (no framework needs it, and refusing more is safe).
+ * `_method`, and PHP reads a name up to a NUL byte; case is ignored (no framework needs it, and
+ * refusing more is safe).
  */
 static int is_method_name_from(const char *name, size_t len, size_t i)
 {
     static const char want[] = "_method";
     size_t k = 0;
 
-    for (; i < len && name[i] != '['; i++, k++) {
+    for (; i < len && name[i] != '[' && name[i] != '\0'; i++, k++) {
         char c = name[i] == ' ' || name[i] == '.' ? '_' : name[i];
         if (k >= sizeof want - 1 || ascii_lower(c) != want[k])
             return 0;
@@ -93,7 +94,8 @@ static int is_method_name(const char *name, size_t len)
 /*
  * Each `name=value` of a query or form in [s, s+len), split at '&' and ';' (Rack 2 splits a query
  * at both), names and values percent-decoded with '+' as a space.  A name is read up to an
- * escaped NUL, as PHP does; a value holding one is no method.  `scratch` holds `len` bytes.
+ * escaped NUL (or a raw one), as PHP does; a value holding one is no method.  `scratch` holds
+ * `len` bytes.
  */
 static void scan_form(struct scan *sc, const char *how, const char *s, size_t len, char *scratch)
 {

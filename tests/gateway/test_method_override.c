@@ -242,6 +242,17 @@ static void test_inflation_is_bounded(void)
     free(plain);
 }
 
+/* PHP reads a field name up to a NUL byte, sent as it is or escaped. */
+static void test_nul_in_a_name(void)
+{
+    static const char body[] = "a=1&_method\0x=PUT";
+    struct response resp;
+
+    CHECK_INT(run("POST", "/t", "", body, sizeof body - 1, 1024, &resp), 400);
+    CHECK_STR(resp.problem, "method-override-refused");
+    response_clear(&resp);
+}
+
 /* The detail names the source and what it asked for. */
 static void test_detail(void)
 {
@@ -260,6 +271,7 @@ int main(void)
 {
     test_cases();
     test_inflation_is_bounded();
+    test_nul_in_a_name();
     test_detail();
     return t_done();
 }
