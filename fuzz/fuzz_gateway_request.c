@@ -179,12 +179,17 @@ static void headers_and_overrides(struct request *rq)
     CHECK(rc == 0 || rc == 400 || rc == 413 || rc == 415, "a refusal's status");
     if (rc != 0)
         CHECK(resp.status == rc && resp.problem != NULL, "a refusal is a problem");
-    for (size_t i = 0; i < rq->nfields; i++)
-        sources +=
-            ascii_caseeq_any(rq->fields[i].name, (const char *const *)cfg->method_override_headers,
-                             cfg->nmethod_override_headers) != NULL;
-    if (sources == 0 && strchr(rq->target, '?') == NULL && rq->body_len == 0)
+    sources =
+        method_override_possible(rq, cfg->method_override_headers, cfg->nmethod_override_headers);
+    if (!sources)
         CHECK(rc == 0, "nothing to read, nothing refused");
+    for (size_t i = 0; i < rq->nfields && !sources; i++)
+        CHECK(ascii_caseeq_any(rq->fields[i].name,
+                               (const char *const *)cfg->method_override_headers,
+                               cfg->nmethod_override_headers) == NULL,
+              "an override header is something to read");
+    CHECK(sources || (strchr(rq->target, '?') == NULL && rq->body_len == 0),
+          "a query or a body is something to read");
     response_clear(&resp);
     response_clear(&again);
 }

@@ -250,6 +250,35 @@ out:
     return rc;
 }
 
+/*
+ * The entry of `headers` that field name `name` is, or NULL: ASCII case ignored, and '_' the same
+ * as '-' (CGI, PHP and Rack see both as HTTP_X_HTTP_METHOD_OVERRIDE).
+ */
+static const char *override_header(const char *name, char *const *headers, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const char *a = name, *b = headers[i];
+        for (; *a && *b; a++, b++) {
+            char x = *a == '_' ? '-' : ascii_lower(*a), y = *b == '_' ? '-' : ascii_lower(*b);
+            if (x != y)
+                break;
+        }
+        if (*a == '\0' && *b == '\0')
+            return headers[i];
+    }
+    return NULL;
+}
+
+int method_override_possible(const struct request *rq, char *const *headers, size_t n)
+{
+    if (rq->body_len > 0 || (rq->target && strchr(rq->target, '?') != NULL))
+        return 1;
+    for (size_t f = 0; f < rq->nfields; f++)
+        if (override_header(rq->fields[f].name, headers, n) != NULL)
+            return 1;
+    return 0;
+}
+
 static int refuse(struct response *resp, int status, const char *code, const char *detail)
 {
     response_problem(resp, status, code, detail);
@@ -351,7 +380,7 @@ int method_override_refuse(const struct request *rq, char *const *headers, size_
     sc.own = rq->method;
     /* Every field of every override header, duplicates included. */
     for (size_t f = 0; f < rq->nfields && !sc.found; f++) {
-        const char *name = ascii_caseeq_any(rq->fields[f].name, (const char *const *)headers, n);
+        const char *name = override_header(rq->fields[f].name, headers, n);
         if (name != NULL)
             check_value(&sc, name, rq->fields[f].value, rq->fields[f].value_len);
     }

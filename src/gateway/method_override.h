@@ -17,12 +17,19 @@
 #include "http_server.h"
 
 /*
+ * Whether `rq` carries anything method_override_refuse() reads: a field of one of the `n`
+ * `headers`, a query, a body.  Without any, it could only say 0, so a caller may skip what it
+ * costs to decide whether the path is one to look at.
+ */
+int method_override_possible(const struct request *rq, char *const *headers, size_t n);
+
+/*
  * Looks at every override source of `rq`: each field of the headers named in `headers` (`n` of
- * them, ASCII case ignored), every `_method` argument of the query, and, in its body (inflated
- * when its Content-Encoding is gzip or deflate, up to `max_body` bytes), every `_method` field of
- * a form (a body with no Content-Type is read as one) or the top-level `_method` member of a JSON
- * object.  A value is trimmed of white space and split at commas; every item that is not empty
- * must be `rq->method` (ASCII case ignored).
+ * them, ASCII case ignored, '_' read as '-' as CGI, PHP and Rack do), every `_method` argument of
+ * the query, and, in its body (inflated when its Content-Encoding is gzip or deflate, up to
+ * `max_body` bytes), every `_method` field of a form (a body with no Content-Type is read as one)
+ * or the top-level `_method` member of a JSON object.  A value is trimmed of white space and split
+ * at commas; every item that is not empty must be `rq->method` (ASCII case ignored).
  *
  * Returns 0 when nothing asks for another method.  Otherwise the status of the refusal, with
  * `resp` the problem: 400 method-override-refused (a source names another method), 415

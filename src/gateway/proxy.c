@@ -667,6 +667,16 @@ static enum http_head_verdict proxy_on_head(void *ctx, struct request *rq, struc
         resp->outcome = "refused";
         return HTTP_HEAD_ANSWER;
     }
+    hidden = request_scope_twin(rq, cfg, r);
+    if (hidden != NULL) {
+        snprintf(detail, sizeof detail,
+                 "The request sends %s also under a name with '_' for '-', which CGI, PHP and "
+                 "Rack upstreams read as the same header. Send it once, as %s.",
+                 hidden, hidden);
+        response_problem(resp, 400, "bad-request", detail);
+        resp->outcome = "refused";
+        return HTTP_HEAD_ANSWER;
+    }
 
     if (principal_of(gw->principals, principal_header, rq, (int64_t)time(NULL), n->principal,
                      &why) != 0) {
@@ -1126,14 +1136,10 @@ static int refuse_method_override(const struct gateway *gw, const struct request
                                   const struct note *n, struct response *resp)
 {
     const struct gw_config *cfg = gw->cfg;
-    int covered = n && n->m.route, sources = rq->body_len > 0 || strchr(rq->target, '?') != NULL;
+    int covered = n && n->m.route;
 
     /* Nothing to read (no body, no query, no override header): no route lookups either. */
-    for (size_t i = 0; i < rq->nfields && !sources; i++)
-        sources =
-            ascii_caseeq_any(rq->fields[i].name, (const char *const *)cfg->method_override_headers,
-                             cfg->nmethod_override_headers) != NULL;
-    if (!sources)
+    if (!method_override_possible(rq, cfg->method_override_headers, cfg->nmethod_override_headers))
         return 0;
     for (size_t i = 0; i < cfg->nroutes && !covered; i++) {
         size_t j = 0;

@@ -51,6 +51,41 @@ int request_scope_principal(const struct request *rq, const struct gw_route *r,
     return rc;
 }
 
+/* Whether field name `name` is `want` spelled with some '_' for '-' (ASCII case ignored). */
+static int twin_of(const char *name, const char *want)
+{
+    int underscore = 0;
+
+    for (; *name && *want; name++, want++) {
+        if (*name == '_' && *want == '-')
+            underscore = 1;
+        else if (ascii_lower(*name) != ascii_lower(*want))
+            return 0;
+    }
+    return underscore && *name == '\0' && *want == '\0';
+}
+
+static int has_twin(const struct request *rq, const char *want)
+{
+    for (size_t i = 0; i < rq->nfields; i++)
+        if (twin_of(rq->fields[i].name, want))
+            return 1;
+    return 0;
+}
+
+const char *request_scope_twin(const struct request *rq, const struct gw_config *cfg,
+                               const struct gw_route *r)
+{
+    if (cfg->principal == GW_PRINCIPAL_HEADER && has_twin(rq, cfg->principal_header))
+        return cfg->principal_header;
+    if (r->key_source == GW_KEY_HEADER && has_twin(rq, r->key_header))
+        return r->key_header;
+    for (size_t i = 0; i < r->nscope_headers; i++)
+        if (has_twin(rq, r->scope_headers[i]))
+            return r->scope_headers[i];
+    return NULL;
+}
+
 const char *request_scope_hidden(const struct request *rq, const struct gw_config *cfg,
                                  const struct gw_route *r)
 {

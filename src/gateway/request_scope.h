@@ -36,4 +36,14 @@ int request_scope_principal(const struct request *rq, const struct gw_route *r,
 const char *request_scope_hidden(const struct request *rq, const struct gw_config *cfg,
                                  const struct gw_route *r);
 
+/*
+ * The first header the gateway reads of a request on route `r` -- the principal's, the key, the
+ * scope headers -- that `rq` also sends under a name differing only by '_' for '-'
+ * (`Stripe_Account`).  CGI, PHP and Rack read both names as one (HTTP_STRIPE_ACCOUNT), so such an
+ * upstream could act on a value the gateway never read.  NULL when there is none; borrowed from
+ * `cfg` and `r`.
+ */
+const char *request_scope_twin(const struct request *rq, const struct gw_config *cfg,
+                               const struct gw_route *r);
+
 #endif /* IDEM_GATEWAY_REQUEST_SCOPE_H */

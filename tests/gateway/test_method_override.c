@@ -49,6 +49,9 @@ static const struct tcase cases[] = {
     {"POST", "/t", "X-Method-Override: POST\nX-HTTP-Method: DELETE\n", "", PLAIN, 400,
      "method-override-refused"},
     {"POST", "/t", "X-Other: PUT\n", "", PLAIN, 0, NULL},
+    /* CGI, PHP and Rack read '_' in a header's name as '-'. */
+    {"POST", "/t", "X_HTTP_Method_Override: PUT\n", "", PLAIN, 400, "method-override-refused"},
+    {"POST", "/t", "X-HTTP_METHOD: PUT\n", "", PLAIN, 400, "method-override-refused"},
     /* A header naming the method itself hides nothing behind it. */
     {"POST", "/t?_method=PUT", "X-HTTP-Method-Override: POST\n", "", PLAIN, 400,
      "method-override-refused"},

@@ -4,7 +4,8 @@
  * value is trimmed of white space (`acct_1`, `acct_1 `, `acct_1<TAB>` are one account) and
  * percent-encoded, absent and sent twice are told apart; and every header the gateway reads of a
  * request -- the principal's (or Authorization), the key, the scope, the overrides, the body's
- * type and coding -- is found when any Connection field names it, in any case and list position.
+ * type and coding -- is found when any Connection field names it, in any case and list position;
+ * one sent also under a name with '_' for '-' is found.
  */
 #include "request_scope.h"
 
@@ -136,6 +137,36 @@ static void test_connection_may_not_name_what_the_gateway_reads(void)
     }
 }
 
+/* A name with '_' for '-' is the same header to CGI, PHP and Rack. */
+static void test_underscore_twins(void)
+{
+    static const struct {
+        const char *headers;
+        const char *twin; /* NULL: none */
+    } cases[] = {
+        {"Stripe_Account: acct_9\n", "Stripe-Account"},
+        {"Stripe-Account: acct_1\nstripe_account: acct_9\n", "Stripe-Account"},
+        {"X_Consumer-Id: bob\n", "X-Consumer-Id"},
+        {"Request_Key: k\n", "Request-Key"},
+        {"X_Tenant: t\n", "X-Tenant"},
+        {"Stripe-Account: acct_1\nX-Consumer-Id: a\n", NULL},
+        {"Stripe_Accounts: x\nStripe__Account: x\nIdempotency_Key: k\n", NULL},
+    };
+
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct fake f;
+        const char *twin;
+
+        fake_init(&f, cases[i].headers);
+        twin = request_scope_twin(&f.rq, cfg, &cfg->routes[0]);
+        if (cases[i].twin == NULL)
+            CHECK(twin == NULL);
+        else
+            CHECK(twin != NULL && strcmp(twin, cases[i].twin) == 0);
+        free(f.copy);
+    }
+}
+
 /* With the Authorization source (or a JWT), Authorization is what says who is calling. */
 static void test_authorization_principal(void)
 {
@@ -169,6 +200,7 @@ int main(void)
     }
     test_scope_values_are_trimmed();
     test_connection_may_not_name_what_the_gateway_reads();
+    test_underscore_twins();
     test_authorization_principal();
     gw_config_free(cfg);
     return t_done();

@@ -17,9 +17,9 @@ gateway_harness.py (which does not dedupe, so a second execution shows):
   - the upstream gets the key the gateway used, in its canonical form, never the client's own;
   - a reconcile query carries the fixed header set, not the retry's other headers;
   - a principal header is trimmed, cannot claim another source's space, and is not hop-by-hop;
-  - a scope header's value is trimmed (one account however padded), and no header the gateway
+  - a scope header's value is trimmed (one account however padded), no header the gateway
     reads (principal, key, scope, override, Content-Type, Content-Encoding) may be named in
-    Connection;
+    Connection, nor sent also under a name with '_' for '-';
   - the admin API refuses web pages (Origin, a Host not loopback) and resolutions that are not
     JSON or are 1xx or 5xx (the CLI too), can require a bearer token, and a listener off loopback is warned about;
   - an upstream connection that carried bytes nobody asked for is not reused, and keyed requests
@@ -200,6 +200,7 @@ OVERRIDE_VARIANTS = [
     ("a header, trailing white space [express]", b"", [("X-HTTP-Method-Override", "PUT \t")], b""),
     ("a header's list, PUT first [express]", b"", [("X-HTTP-Method-Override", "PUT, POST")], b""),
     ("a header's list, PUT second", b"", [("X-HTTP-Method-Override", "POST,PUT")], b""),
+    ("a header's name with '_' (CGI, PHP, Rack)", b"", [("X_HTTP_Method_Override", "PUT")], b""),
     ("a second header field", b"", [("X-HTTP-Method-Override", "POST"),
                                     ("X-HTTP-Method-Override", "PUT")], b""),
     ("the method itself in a header, PUT in the query [express]", b"?_method=PUT",
@@ -484,6 +485,15 @@ def a_header_the_gateway_reads_may_not_be_named_in_connection(ctx):
         expect_problem(r, 400, "bad-request", "Connection: %s" % listed)
         expect(listed.split(",")[0].lower() in r.json()["detail"].lower(),
                "the detail names %s: %s" % (listed, r.describe(300)))
+    expect_eq(up.count, before, "nothing forwarded")
+    # CGI, PHP and Rack read Stripe_Account as Stripe-Account: the upstream could act for acct_9
+    # while the gateway keys the platform (or acct_1).
+    for fields in ([("Stripe_Account", "acct_9")],
+                   [("Stripe-Account", "acct_1"), ("stripe_account", "acct_9")]):
+        r = raw_request(gw, b"POST /v1/charges HTTP/1.1",
+                        [("Content-Type", "application/json"), ("Idempotency-Key", key())] + fields,
+                        b'{"n": 1}')
+        expect_problem(r, 400, "bad-request", "%s" % fields)
     expect_eq(up.count, before, "nothing forwarded")
     # Connection naming anything else is as it was.
     r = raw_request(gw, b"POST /v1/charges HTTP/1.1",
