@@ -617,7 +617,10 @@ static void run_unknown(struct gateway *gw, const struct request *rq, const stru
 
 /* ---- the hooks ---------------------------------------------------------------------------- */
 
-/* A header for the principal: only when sent exactly once (a second copy is someone's trick). */
+/*
+ * A header for the principal: only when sent exactly once (a second copy is someone's trick), and
+ * without the white space around it (RFC 9110), whichever the source: `Bearer t ` is `Bearer t`.
+ */
 static const char *principal_header(void *arg, const char *name, size_t *len)
 {
     const char *v = NULL;
@@ -625,6 +628,7 @@ static const char *principal_header(void *arg, const char *name, size_t *len)
 
     if (request_header_count(arg, name, &v, &l) != 1)
         return NULL;
+    ascii_trim_ows(&v, &l);
     *len = l;
     return v;
 }

@@ -470,6 +470,32 @@ def a_scope_header_is_one_account_however_it_is_padded(ctx):
 
 
 @test
+def an_authorization_principal_is_one_caller_however_it_is_padded(ctx):
+    up = ctx["up"]
+    gw = Gateway(up, routes=ROUTES, principal="authorization: sha256", name="gateway-auth-trim")
+    try:
+        gw.start()
+        k = key("auth")
+        first = raw_request(gw, b"POST /v1/things HTTP/1.1",
+                            [("Content-Type", "application/json"), ("Idempotency-Key", k),
+                             ("Authorization", "Bearer sk_test_1")], b'{"n": 1}')
+        expect_fresh(first, 201, "Bearer sk_test_1")
+        for value in ("Bearer sk_test_1 ", "Bearer sk_test_1\t", " bearer  sk_test_1"):
+            r = raw_request(gw, b"POST /v1/things HTTP/1.1",
+                            [("Content-Type", "application/json"), ("Idempotency-Key", k),
+                             ("Authorization", value)], b'{"n": 1}')
+            expect_replay(r, first, "Authorization %r" % value)
+        expect_eq(up.executions(k), 1, "executions")
+        r = raw_request(gw, b"POST /v1/things HTTP/1.1",
+                        [("Content-Type", "application/json"), ("Idempotency-Key", key()),
+                         ("Authorization", "Bearer sk_test_1"), ("Connection", "Authorization")],
+                        b'{"n": 1}')
+        expect_problem(r, 400, "bad-request", "Authorization named in Connection")
+    finally:
+        gw.close()
+
+
+@test
 def a_header_the_gateway_reads_may_not_be_named_in_connection(ctx):
     gw, up = ctx["gw"], ctx["up"]
     before = up.count
