@@ -36,6 +36,7 @@ upstream:
   timeout: 10s
 principal:
   header: X-Consumer-Id
+unrouted_keys: refuse
 routes:
   - match: POST /v1/payments
     operation: payments.create

@@ -15,6 +15,7 @@
 #include "prom.h"
 #include "records.h"
 #include "strbuf.h"
+#include "unrouted.h"
 #include "util.h"
 #include "jdoc.h"
 #include "banned.h"
@@ -30,6 +31,7 @@ static void metrics(struct gateway *gw, struct response *resp)
     for (size_t i = 0; i < gw->cfg->nroutes; i++)
         names[i] = gw->cfg->routes[i].operation;
     gw_metrics_render(gw->metrics, names, &out);
+    unrouted_render(gw->unrouted, &out);
     free(names);
     prom_replay_cache(&out, "idem_gateway", gw->engine);
     prom_store(&out, "idem_gateway", gw->store);

@@ -1686,13 +1686,29 @@ static int load_instance(struct loader *ld, const yaml_node_t *n, struct gw_conf
     return 0;
 }
 
+/* What becomes of a request with a key on no route: `pass` (with a warning) or `refuse`. */
+static int load_unrouted_keys(struct loader *ld, const yaml_node_t *n, struct gw_config *cfg)
+{
+    char shown[EXCERPT + 8];
+    const char *s;
+
+    if (want_text(ld, n, "unrouted_keys", "pass or refuse", &s) != 0)
+        return -1;
+    if (strcmp(s, "pass") != 0 && strcmp(s, "refuse") != 0)
+        return fail(ld, strict_yaml_line(n), "unrouted_keys: expected pass or refuse, not %s",
+                    describe(n, shown));
+    cfg->unrouted_keys = strcmp(s, "refuse") == 0 ? GW_UNROUTED_REFUSE : GW_UNROUTED_PASS;
+    return 0;
+}
+
 static int load_document(struct loader *ld, struct gw_config *cfg)
 {
     static const char *const keys[] = {
         "listen",           "admin_listen",  "store",
         "upstream",         "max_body_size", "principal",
         "limits",           "routes",        "method_override_headers",
-        "admin_token_file", "error_format",  "instance"};
+        "admin_token_file", "error_format",  "instance",
+        "unrouted_keys"};
     enum {
         LISTEN,
         ADMIN_LISTEN,
@@ -1705,7 +1721,8 @@ static int load_document(struct loader *ld, struct gw_config *cfg)
         METHOD_OVERRIDE_HEADERS,
         ADMIN_TOKEN_FILE,
         ERROR_FORMAT,
-        INSTANCE
+        INSTANCE,
+        UNROUTED_KEYS
     };
     yaml_node_t *root = yaml_document_get_root_node(ld->doc);
     yaml_node_t *v[COUNT(keys)];
@@ -1743,6 +1760,8 @@ static int load_document(struct loader *ld, struct gw_config *cfg)
     if (v[INSTANCE] != NULL && load_instance(ld, v[INSTANCE], cfg) != 0)
         return -1;
     if (v[ROUTES] != NULL && load_routes(ld, v[ROUTES], v[PRINCIPAL] != NULL, cfg) != 0)
+        return -1;
+    if (v[UNROUTED_KEYS] != NULL && load_unrouted_keys(ld, v[UNROUTED_KEYS], cfg) != 0)
         return -1;
     if (v[METHOD_OVERRIDE_HEADERS] != NULL) {
         if (load_header_names(ld, v[METHOD_OVERRIDE_HEADERS], "method_override_headers",

@@ -119,6 +119,12 @@ struct gw_route {
     size_t nreconcile_headers;
 };
 
+/* A request that carries an idempotency key to a method and path no route takes. */
+enum gw_unrouted {
+    GW_UNROUTED_PASS,   /* passed through, with a warning in the log (default) */
+    GW_UNROUTED_REFUSE, /* 400 idempotency-key-unrouted, naming the routes */
+};
+
 struct gw_config {
     char *file; /* as given to gw_config_load, for messages */
 
@@ -160,6 +166,7 @@ struct gw_config {
 
     struct gw_route *routes;
     size_t nroutes;
+    enum gw_unrouted unrouted_keys; /* `unrouted_keys`: pass (default) or refuse */
 
     /*
      * Headers that ask the upstream to run another method (X-HTTP-Method-Override...): refused,

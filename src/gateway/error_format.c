@@ -40,6 +40,7 @@ static const struct style styles[] = {
      RETRY_YES},
     {"idempotency-key-missing", 400, "invalid_request_error", NULL, RETRY_NO},
     {"idempotency-key-invalid", 400, "invalid_request_error", NULL, RETRY_NO},
+    {"idempotency-key-unrouted", 400, "invalid_request_error", NULL, RETRY_NO},
     {"unauthorized", 401, "authentication_error", NULL, RETRY_NO},
     {"forbidden", 403, "permission_error", NULL, RETRY_NO},
     {"idempotency-store-unavailable", 0, "api_error", NULL, RETRY_YES},

@@ -36,6 +36,7 @@ struct gateway {
     struct idem_operation *ops; /* ops[i] is cfg->routes[i]'s operation */
     struct logger log;
     struct gw_metrics *metrics;
+    struct unrouted *unrouted; /* requests with a key on no route: warned, counted, refused */
     struct http_server *public_server; /* the proxy's listener, for its counters in /metrics */
     /*
      * A fresh key's store steps run on the store's thread (proxy.c, "a fresh key on the event

@@ -35,6 +35,7 @@
 #include "request_scope.h"
 #include "route.h"
 #include "strbuf.h"
+#include "unrouted.h"
 #include "util.h"
 #include "banned.h"
 
@@ -650,8 +651,13 @@ static enum http_head_verdict proxy_on_head(void *ctx, struct request *rq, struc
     rq->note = n;
     rq->note_free = note_free;
     n->route_index = cfg->nroutes;
-    if (!route_find(cfg, rq->method, rq->target, &n->m))
+    if (!route_find(cfg, rq->method, rq->target, &n->m)) {
+        /* A write that carries a key no route reads: said, counted, refused if so configured. */
+        const char *key_header = unrouted_key_header(gw->unrouted, rq);
+        if (key_header != NULL && unrouted_note(gw->unrouted, &gw->log, rq, key_header, resp))
+            return HTTP_HEAD_ANSWER;
         return HTTP_HEAD_CONTINUE; /* proxied untouched */
+    }
     r = n->m.route;
     n->route_index = (size_t)(r - cfg->routes);
     resp->operation = r->operation;

@@ -24,6 +24,7 @@
 #include "periodic.h"
 #include "proxy.h"
 #include "signals.h"
+#include "unrouted.h"
 #include "util.h"
 #include "banned.h"
 
@@ -163,6 +164,7 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     gw.cfg = cfg;
     gw.log.format = so->log_format;
     gw.metrics = gw_metrics_new(cfg->nroutes);
+    gw.unrouted = unrouted_new(cfg);
     gw.ops = gateway_ops_new(cfg);
 
     /* Only routes ask who is calling: a gateway with none passes everything through. */
@@ -238,6 +240,7 @@ out:
     upstream_free(gw.upstream);
     principal_verifier_free(gw.principals);
     gw_metrics_free(gw.metrics);
+    unrouted_free(gw.unrouted);
     free(gw.ops);
     pthread_cond_destroy(&gw.steps_cv);
     pthread_mutex_destroy(&gw.steps_mu);

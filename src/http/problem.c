@@ -57,6 +57,7 @@ static const struct {
     {"charge-not-refundable", "Charge cannot be refunded"},
     {"charge-already-refunded", "Charge already refunded"},
     /* idem-gateway (docs/gateway.md). */
+    {"idempotency-key-unrouted", "Idempotency-Key sent where no route keeps records"},
     {"upstream-unavailable", "Upstream unavailable"},
     {"upstream-timeout", "Upstream did not answer in time"},
     {"upstream-bad-reply", "Upstream gave no valid answer"},

@@ -157,6 +157,7 @@ static void test_example(void)
     CHECK_INT(cfg->limits.max_connections_per_ip, 256);
     CHECK_INT(cfg->limits.head_timeout_ms, 10000);
     CHECK_INT(cfg->limits.workers, 64);
+    CHECK_INT(cfg->unrouted_keys, GW_UNROUTED_REFUSE);
     CHECK_INT(cfg->limits.body_timeout_ms, 0); /* not set: the server's default */
     CHECK_INT(cfg->limits.loops, 0);
     CHECK_INT(cfg->nroutes, 3);
@@ -439,6 +440,9 @@ static void test_document_errors(void)
     CHECK_REFUSED("listen: 127.0.0.1:1\n", "t.yaml:1: ", "missing required key \"upstream\"");
     CHECK_REFUSED("upstream: [\n", "t.yaml:2: ", "invalid YAML: ");
     CHECK_REFUSED("upstream:\n  url: x\n url: y\n", "t.yaml:3: ", "invalid YAML: ");
+    /* unrouted_keys: pass (default) or refuse, nothing else. */
+    CHECK_REFUSED("upstream: {url: 'http://h:1'}\nunrouted_keys: warn\n",
+                  "t.yaml:2: ", "unrouted_keys: expected pass or refuse, not \"warn\"");
     CHECK_REFUSED("a: 'unterminated\n", "t.yaml:2: ", "(a quote is not closed)");
     /* The two mistakes people make most, named as such. */
     CHECK_REFUSED("upstream:\n  url: x\n timeout: 3s\n",

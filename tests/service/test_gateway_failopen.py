@@ -347,6 +347,69 @@ def method_override_headers_are_configurable(ctx):
         gw.close()
 
 
+# ---- a key on no route -------------------------------------------------------------------------
+
+def unrouted_count(gw):
+    for name, _, value in harness.parse_metrics(gw.admin("GET", "/metrics").body.decode()):
+        if name == "idem_gateway_unrouted_keys_total":
+            return value
+    harness.fail("/metrics has no idem_gateway_unrouted_keys_total")
+
+
+def log_of(gw):
+    with open(gw.stderr_path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+@test
+def a_key_sent_where_no_route_reads_it_is_warned_about(ctx):
+    # A route typo (POST /tickets for an API at /api/tickets): the key is the clearest sign.
+    up, gw = ctx["up"], ctx["gw"]
+    before, count = up.count, unrouted_count(gw)
+    k = key("typo")
+    for _ in range(3):
+        r = gw.request("POST", "/api/tickets", {"n": 1}, key=k)
+        expect_eq(r.status, 201, "passed through by default")
+    expect_eq(up.count, before + 3, "and so run three times: what the warning is about")
+    expect_eq(unrouted_count(gw), count + 3, "each counted in /metrics")
+    gw.request("POST", "/api/tickets/2", {"n": 1}, key=k)
+    gw.request("GET", "/api/tickets", key=k)  # a read with a key is not a typo's sign
+    gw.request("POST", "/api/other", {"n": 1})  # nor a write without one
+
+    def warnings():  # this test's paths (the gateway is shared with the tests before it)
+        return [ln for ln in log_of(gw).splitlines() if "no route takes it" in ln and "/api/" in ln]
+    harness.wait_until("the warnings in the log", lambda: len(warnings()) >= 2, describe=log_of)
+    lines = warnings()
+    expect_eq(len([ln for ln in lines if "POST /api/tickets " in ln]), 1,
+              "one warning per method and path, not one per request: %s" % lines)
+    expect(any("POST /api/tickets/2 " in ln for ln in lines), "another path, its own: %s" % lines)
+    expect(all("POST /v1/things" in ln and "Idempotency-Key" in ln for ln in lines),
+           "naming the key header and the routes there are: %s" % lines)
+    expect_eq(len(lines), 2, "no warning for the read or the request without a key: %s" % lines)
+    expect_eq(unrouted_count(gw), count + 4, "the read and the keyless write are not counted")
+
+
+@test
+def unrouted_keys_refuse_turns_such_a_request_away(ctx):
+    up = ctx["up"]
+    gw = Gateway(up, routes=ROUTES, extra="unrouted_keys: refuse\n", name="gateway-unrouted")
+    try:
+        gw.start()
+        before = up.count
+        r = gw.request("POST", "/api/tickets", {"n": 1}, key=key("typo"))
+        expect_problem(r, 400, "idempotency-key-unrouted", "a key no route reads")
+        detail = json.loads(r.body)["detail"]
+        expect("POST /v1/things" in detail and "Idempotency-Key" in detail,
+               "the problem names the header and the routes: %r" % detail)
+        expect_eq(up.count, before, "nothing forwarded")
+        r = gw.request("POST", "/api/tickets", {"n": 1})
+        expect_eq(r.status, 201, "a request without a key is passed through as always")
+        r = gw.request("POST", "/v1/things", {"n": 1}, key=key())
+        expect_eq(r.status, 201, "a routed request is keyed as always")
+    finally:
+        gw.close()
+
+
 # ---- the query in the fingerprint ------------------------------------------------------------
 
 @test
