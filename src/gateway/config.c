@@ -1168,14 +1168,24 @@ static int load_operation(struct loader *ld, const yaml_node_t *n, const char *p
 
 static int load_key(struct loader *ld, const yaml_node_t *map, const char *path, struct gw_route *r)
 {
-    static const char *const keys[] = {"required", "header", "body"};
-    enum { REQUIRED, HEADER, BODY };
+    static const char *const keys[] = {"required", "header", "body", "forward"};
+    enum { REQUIRED, HEADER, BODY, FORWARD };
     yaml_node_t *v[COUNT(keys)];
-    char sub[96];
+    char sub[96], shown[EXCERPT + 8];
     const char *s;
 
     if (collect(ld, map, path, keys, COUNT(keys), v) != 0)
         return -1;
+    r->key_forward_token = v[BODY] == NULL;
+    if (v[FORWARD] != NULL) {
+        snprintf(sub, sizeof sub, "%s.forward", path);
+        if (want_text(ld, v[FORWARD], sub, "token or sf-string", &s) != 0)
+            return -1;
+        if (strcmp(s, "token") != 0 && strcmp(s, "sf-string") != 0)
+            return fail(ld, strict_yaml_line(v[FORWARD]), "%s: expected token or sf-string, not %s",
+                        sub, describe(v[FORWARD], shown));
+        r->key_forward_token = strcmp(s, "token") == 0;
+    }
     if (v[REQUIRED] != NULL) {
         snprintf(sub, sizeof sub, "%s.required", path);
         if (want_bool(ld, v[REQUIRED], sub, &r->key_required) != 0)
@@ -1497,6 +1507,7 @@ static int load_route(struct loader *ld, const yaml_node_t *map, struct gw_confi
     snprintf(where, sizeof where, "routes[%zu]", index);
     r->line = strict_yaml_line(map);
     r->key_required = 1;
+    r->key_forward_token = 1;
     r->key_source = GW_KEY_HEADER;
     r->fp_body = GW_FP_BODY_ALL;
     r->fp_query = 1;

@@ -66,6 +66,13 @@ struct gw_route {
     int case_sensitive; /* 0 (default): literal path segments match ignoring ASCII case */
 
     int key_required; /* 1 (default): a request without a key is 400 */
+    /*
+     * `key.forward`: how the upstream gets the key as Idempotency-Key.  1 (token; the default
+     * for a key from a header): bare, as a client sends it, when it reads back the same so
+     * (no quote first, no space or comma), else as an sf-string; 0 (sf-string; the default for a
+     * key from the body): always an RFC 8941 sf-string ("k-1").
+     */
+    int key_forward_token;
     enum gw_key_source key_source;
     char *key_header;    /* GW_KEY_HEADER: the header's name ("Idempotency-Key") */
     char **key_pointers; /* GW_KEY_BODY: RFC 6901 pointers, "/requestId" */

@@ -112,6 +112,20 @@ static void sf_string(const char *key, struct strbuf *out)
     strbuf_addch(out, '"');
 }
 
+/*
+ * The key as the upstream gets it: with `token`, bare when it reads back as the same key so (as
+ * libidem's parser reads a bare key: not starting with a quote, no space or comma), which is how
+ * clients send keys; else, and always without `token`, as an sf-string.  Either way one key has
+ * one form, whichever way each retry wrote it.
+ */
+static void key_as_forwarded(const char *key, int token, struct strbuf *out)
+{
+    if (token && key[0] != '"' && strpbrk(key, " ,") == NULL)
+        strbuf_adds(out, key);
+    else
+        sf_string(key, out);
+}
+
 /* What a request sent upstream is for. */
 enum forward_kind {
     FORWARD_REQUEST, /* the client's request: its method, target, headers and body */
@@ -142,7 +156,7 @@ static int lookup_header(const struct gw_config *cfg, const struct gw_route *r, 
 /*
  * The request as the upstream gets it (`urq`): `method` `target`, its own headers minus hop-by-hop
  * ones plus ours, and its body unless it is a lookup.  A keyed request carries the key the gateway
- * used as `Idempotency-Key`, in its canonical form (an RFC 8941 sf-string), in place of any the
+ * used as `Idempotency-Key`, in one form per key (key_as_forwarded), in place of any the
  * client sent: an upstream that dedupes on it sees one key for every retry however the client
  * wrote it, and never a key the gateway did not use.  The strings it points to live until
  * forwarded_release().
@@ -188,7 +202,7 @@ static void forwarded_build(const struct gateway *gw, const struct request *rq,
     f->h[f->n].value = f->xff.buf;
     f->n++;
     if (keyed) {
-        sf_string(n->key, &f->key);
+        key_as_forwarded(n->key, n->m.route->key_forward_token, &f->key);
         f->h[f->n].name = "Idempotency-Key";
         f->h[f->n].value = f->key.buf;
         f->n++;

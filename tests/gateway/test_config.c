@@ -440,6 +440,10 @@ static void test_document_errors(void)
     CHECK_REFUSED("listen: 127.0.0.1:1\n", "t.yaml:1: ", "missing required key \"upstream\"");
     CHECK_REFUSED("upstream: [\n", "t.yaml:2: ", "invalid YAML: ");
     CHECK_REFUSED("upstream:\n  url: x\n url: y\n", "t.yaml:3: ", "invalid YAML: ");
+    /* key.forward: token or sf-string. */
+    CHECK_REFUSED("upstream: {url: 'http://h:1'}\nprincipal: {header: X}\nroutes:\n"
+                  "  - {match: POST /a, operation: a, key: {forward: quoted}}\n",
+                  "t.yaml:4: ", "routes[0].key.forward: expected token or sf-string");
     /* unrouted_keys: pass (default) or refuse, nothing else. */
     CHECK_REFUSED("upstream: {url: 'http://h:1'}\nunrouted_keys: warn\n",
                   "t.yaml:2: ", "unrouted_keys: expected pass or refuse, not \"warn\"");

@@ -56,6 +56,9 @@ ROUTES = DEFAULT_ROUTES + """
   - match: POST /v1/search
     operation: search.create
     fingerprint_query: false
+  - match: POST /v1/quoted
+    operation: quoted.create
+    key: {forward: sf-string}
 """
 
 
@@ -451,7 +454,18 @@ def the_upstream_gets_the_key_the_gateway_used_in_one_form(ctx):
     r = gw.request("POST", "/v1/resend", {"n": 1}, key='"%s"' % k)
     expect_eq(r.status, 201, "the retry, its key written as an sf-string, is sent again")
     again = up.last_request()["headers"].get("Idempotency-Key")
-    expect_eq((sent, again), ('"%s"' % k, '"%s"' % k), "the key as the upstream got it, twice")
+    expect_eq((sent, again), (k, k), "the key as the upstream got it, twice: bare, as sent")
+    # A key that reads back as another bare (a space, a comma) goes as an sf-string, every time.
+    for odd in ('"%s x"' % key("space"), '"%s,x"' % key("comma")):
+        expect_eq(gw.request("POST", "/v1/things", {"n": 1}, key=odd).status, 201, odd)
+        expect_eq(up.last_request()["headers"].get("Idempotency-Key"), odd,
+                  "a key that is no bare token, quoted")
+    # key.forward: sf-string quotes every key, however the client wrote it.
+    bare, quoted = key("quoted"), key("quoted")
+    for written, k2 in ((bare, bare), ('"%s"' % quoted, quoted)):
+        expect_eq(gw.request("POST", "/v1/quoted", {"n": 1}, key=written).status, 201, "quoted")
+        expect_eq(up.last_request()["headers"].get("Idempotency-Key"), '"%s"' % k2,
+                  "key.forward: sf-string, the key written %s" % written)
     # A route whose key is in the body: the client's own Idempotency-Key header never goes on.
     bk = key("body")
     r = gw.request("POST", "/v1/bodykey", {"requestId": bk}, headers={"Idempotency-Key": "other"})
