@@ -490,12 +490,17 @@ static int session_setup(struct idem_conn *c)
     /*
      * A commit must be on disk before it is acknowledged: orderd charges a card after phase 1's
      * commit, and a phase 1 lost in a crash would be run again with a new order id, so a new
-     * charge.  A server, database or role set to synchronous_commit=off would break that, so
-     * this session turns it back on (the stronger remote_* settings of a replicated cluster are
-     * kept).  A missing lock_timeout gets the store's.
+     * charge.  Only `on` (the WAL flushed here, and on the synchronous standbys when there are
+     * any) and the stronger `remote_apply` say so.  `off` acknowledges before the local flush;
+     * `local` and `remote_write` flush here but not on a synchronous standby (remote_write waits
+     * only for the standby's write to its OS), so after a failover to that standby an
+     * acknowledged commit may be gone and its key would run again.  A server, database or role
+     * set to any of those three gets `on` for this session.  A missing lock_timeout gets the
+     * store's.
      */
     res = PQexecParams(c->pg,
-                       "SELECT CASE WHEN current_setting('synchronous_commit') = 'off'"
+                       "SELECT CASE WHEN current_setting('synchronous_commit')"
+                       " NOT IN ('on', 'remote_apply')"
                        " THEN set_config('synchronous_commit', 'on', false) END,"
                        " CASE WHEN current_setting('lock_timeout') = '0'"
                        " THEN set_config('lock_timeout', $1, false) END",

@@ -1026,44 +1026,68 @@ static const struct idem_migration schema[] = {
 };
 
 /*
- * A role (or database, or server) set to synchronous_commit=off must not make the store
- * acknowledge commits before they are on disk: every session of the store turns it back on.
+ * A role or database (or server) set to a synchronous_commit weaker than `on` must not make the
+ * store acknowledge commits before they are flushed on every node a failover may promote: every
+ * session of the store turns `off`, `local` and `remote_write` back to `on`, and keeps the
+ * stronger `remote_apply`.
  */
 static void test_synchronous_commit(void)
 {
+    static const struct {
+        const char *where; /* ROLE or DATABASE */
+        const char *value;
+        const char *session; /* what the store's sessions must run with */
+    } cases[] = {
+        {"ROLE", "off", "on"},          {"ROLE", "local", "on"},
+        {"ROLE", "remote_write", "on"}, {"ROLE", "remote_apply", "remote_apply"},
+        {"DATABASE", "local", "on"},    {"DATABASE", "remote_write", "on"},
+    };
     struct idem_store *st = open_uri(pg_uri, 2), *st2 = NULL;
     struct idem_tx *tx = NULL;
     struct idem_rows *r = NULL;
+    char sql[256], want[64];
 
-    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
-    CHECK_INT(
-        idem_tx_exec(tx, "ALTER ROLE CURRENT_USER SET synchronous_commit = off", 0, NULL, NULL), 0);
-    CHECK_INT(idem_tx_commit(tx), 0);
-    st2 = open_uri(pg_uri, 2); /* new sessions: the role's setting applies to them */
-    for (int write = 0; write < 2; write++) {
-        CHECK_INT(idem_tx_begin(st2, write, &tx), 0);
-        CHECK_INT(idem_tx_exec(tx, "SHOW synchronous_commit", 0, NULL, &r), 0);
-        CHECK_STR(idem_rows_get(r, 0, 0), "on");
-        idem_rows_free(r);
-        r = NULL;
-        /* The role really says off: a session of its own sees it. */
-        CHECK_INT(idem_tx_exec(tx,
-                               "SELECT setting FROM pg_db_role_setting s, unnest(s.setconfig) "
-                               "setting WHERE s.setrole = (SELECT oid FROM pg_roles WHERE "
-                               "rolname = current_user)",
-                               0, NULL, &r),
-                  0);
-        CHECK_INT(idem_rows_count(r), 1);
-        CHECK_STR(idem_rows_get(r, 0, 0), "synchronous_commit=off");
-        idem_rows_free(r);
-        r = NULL;
-        idem_tx_rollback(tx);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        /* (DDL takes no parameters: the database's name comes in through format()) */
+        snprintf(sql, sizeof sql,
+                 "DO $$BEGIN EXECUTE format('ALTER %s %%I SET synchronous_commit = %s', %s);"
+                 " END$$",
+                 cases[i].where, cases[i].value,
+                 strcmp(cases[i].where, "ROLE") == 0 ? "current_user" : "current_database()");
+        CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+        CHECK_INT(idem_tx_exec(tx, sql, 0, NULL, NULL), 0);
+        CHECK_INT(idem_tx_commit(tx), 0);
+        st2 = open_uri(pg_uri, 2); /* new sessions: the setting applies to them */
+        for (int write = 0; write < 2; write++) {
+            CHECK_INT(idem_tx_begin(st2, write, &tx), 0);
+            CHECK_INT(idem_tx_exec(tx, "SHOW synchronous_commit", 0, NULL, &r), 0);
+            CHECK_STR(idem_rows_get(r, 0, 0), cases[i].session);
+            idem_rows_free(r);
+            r = NULL;
+            /* The role or database really says so: the catalogue holds it. */
+            CHECK_INT(idem_tx_exec(tx,
+                                   "SELECT setting FROM pg_db_role_setting s, unnest(s.setconfig) "
+                                   "setting WHERE s.setrole = (SELECT oid FROM pg_roles WHERE "
+                                   "rolname = current_user) OR s.setdatabase = (SELECT oid FROM "
+                                   "pg_database WHERE datname = current_database())",
+                                   0, NULL, &r),
+                      0);
+            CHECK_INT(idem_rows_count(r), 1);
+            snprintf(want, sizeof want, "synchronous_commit=%s", cases[i].value);
+            CHECK_STR(idem_rows_get(r, 0, 0), want);
+            idem_rows_free(r);
+            r = NULL;
+            idem_tx_rollback(tx);
+        }
+        idem_store_close(st2);
+        snprintf(sql, sizeof sql,
+                 "DO $$BEGIN EXECUTE format('ALTER %s %%I RESET synchronous_commit', %s); END$$",
+                 cases[i].where,
+                 strcmp(cases[i].where, "ROLE") == 0 ? "current_user" : "current_database()");
+        CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+        CHECK_INT(idem_tx_exec(tx, sql, 0, NULL, NULL), 0);
+        CHECK_INT(idem_tx_commit(tx), 0);
     }
-    idem_store_close(st2);
-    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
-    CHECK_INT(idem_tx_exec(tx, "ALTER ROLE CURRENT_USER RESET synchronous_commit", 0, NULL, NULL),
-              0);
-    CHECK_INT(idem_tx_commit(tx), 0);
     idem_store_close(st);
 }
 
