@@ -33,10 +33,13 @@
  *   - a member of a batch (write_commit, write_run, write_run_async) is told when its batch is
  *     durable; so is a member that rolled back or failed (it read the batch's earlier members and
  *     everything committed before), and write_rollback waits likewise for the batch it was in;
- *   - a read on a pooled connection (idem__sq_read_gate) ends by reading `started` -- any commit
- *     it could see had raised it before its COMMIT made its frames visible -- and waits until
- *     `durable` reaches it: for this process's syncer, or, after SYNC_WAIT_MS, it fsyncs the WAL
- *     itself (the commit may be another process's, or of one that died before its fsync).
+ *   - every statement on a pooled connection (idem__sq_read_gate), in a read transaction or not,
+ *     ends by reading `started` -- any commit it could see had raised it before its COMMIT made
+ *     its frames visible; in a transaction, the value read once its snapshot was taken -- and
+ *     waits until `durable` reaches it: for this process's syncer, or it fsyncs the WAL itself
+ *     (the commit may be another process's, or of one that died before its fsync).  Its rows
+ *     are handed over only then, since a caller may answer from them before the transaction
+ *     ends, and once the store stopped every statement fails, the writer's too.
  * The marks themselves need no durability: at open, the first connection fsyncs the WAL, the
  * database file and the directory, and marks everything committed before as durable.
  */
@@ -676,9 +679,34 @@ int idem__sq_read_gate(struct idem_conn *c)
     uint64_t seen;
     int rc;
 
-    if (c->writer || !c->st || !(g = c->st->backend) || !g->marks || !sqlite3_get_autocommit(c->db))
-        return 0; /* (inside a read transaction: its end is gated) */
-    seen = atomic_load(&g->marks->started);
+    if (!c->st || !(g = c->st->backend) || !g->marks)
+        return 0;
+    if (atomic_load(&g->stopped)) {
+        /* Whatever it read: a stopped store vouches for nothing until it is opened again. */
+        idem__fmt(c->errmsg, sizeof(c->errmsg), "%s", g->stop_msg);
+        return IDEM_EUNAVAIL;
+    }
+    if (c->writer)
+        return 0; /* (what the writer reads is told with its batch, once durable) */
+    if (sqlite3_get_autocommit(c->db)) {
+        seen = atomic_load(&g->marks->started);
+    } else {
+        /*
+         * Inside a read transaction every statement reads the snapshot its first read of the
+         * database took: the `started` read once that snapshot exists covers every commit in it
+         * (each raised `started` before its COMMIT made its frames visible), and later statements
+         * see nothing newer.  So each statement is gated -- an answer may be given from its rows
+         * before the transaction ends, and a rollback's word is lost (idem_tx_rollback) -- and a
+         * later one waits for nothing the first did not.
+         */
+        if (!c->snap_marked && sqlite3_txn_state(c->db, "main") != SQLITE_TXN_NONE) {
+            c->snap_seen = atomic_load(&g->marks->started);
+            c->snap_marked = 1;
+        }
+        if (!c->snap_marked)
+            return 0; /* (nothing of the database read yet) */
+        seen = c->snap_seen;
+    }
     if (atomic_load(&g->marks->durable) >= seen && !atomic_load(&g->stopped))
         return 0;
     pthread_mutex_lock(&g->mu);

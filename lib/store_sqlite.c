@@ -386,22 +386,35 @@ static int sq_conn_ok(struct idem_conn *c)
 static int sq_begin(struct idem_conn *c, int write)
 {
     (void)write;
+    c->snap_marked = 0;
     return idem__sq_run_simple(c, "BEGIN", "begin");
 }
 
-/* A read transaction's end returns once what it read is durable (idem__sq_read_gate). */
+/*
+ * Ends a pooled connection's transaction with `sql` once what it read is durable: gated on its
+ * snapshot (idem__sq_read_gate) before the end lets go of it, so commits made since are not
+ * waited for.  Every statement was gated already; this adds the stopped store's refusal for a
+ * transaction that ends with a COMMIT, which then rolls back instead.
+ */
+static int sq_end(struct idem_conn *c, const char *sql, const char *what)
+{
+    int gate = idem__sq_read_gate(c);
+    int rc = 0;
+
+    if (!sqlite3_get_autocommit(c->db))
+        rc = idem__sq_run_simple(c, gate < 0 ? "ROLLBACK" : sql, what);
+    c->snap_marked = 0;
+    return rc < 0 ? rc : gate;
+}
+
 static int sq_commit(struct idem_conn *c)
 {
-    int rc = idem__sq_run_simple(c, "COMMIT", "commit");
-    return rc < 0 ? rc : idem__sq_read_gate(c);
+    return sq_end(c, "COMMIT", "commit");
 }
 
 static int sq_rollback(struct idem_conn *c)
 {
-    int rc = 0;
-    if (!sqlite3_get_autocommit(c->db))
-        rc = idem__sq_run_simple(c, "ROLLBACK", "rollback");
-    return rc < 0 ? rc : idem__sq_read_gate(c);
+    return sq_end(c, "ROLLBACK", "rollback");
 }
 
 /* Binds the caller's text parameters through the statement's $k map. */

@@ -29,6 +29,12 @@ struct idem_conn {
     int writer;            /* the group's writer (its reads are gated by its batch) */
     char errmsg[IDEM_ERRMSG_MAX];
     int broken;
+    /*
+     * A pooled connection's read transaction: whether it has its snapshot yet, and the shared
+     * `started` mark read once it had (idem__sq_read_gate).
+     */
+    int snap_marked;
+    uint64_t snap_seen;
     uint64_t clock;
     struct cached_stmt cache[STMT_CACHE];
 };
@@ -58,9 +64,10 @@ void idem__sq_group_free(struct idem_store *st);
  */
 int idem__sq_pipeline_open(struct idem_store *st, char *err, size_t errlen);
 /*
- * After a read on pooled connection `c` outside a transaction, or the end of its transaction:
- * returns once every commit the read could have seen is durable (0), or IDEM_EUNAVAIL with why
- * in c->errmsg when the store stopped after a failed fsync.
+ * After every statement on connection `c` (and before a pooled connection's transaction ends):
+ * returns once every commit the statement could have seen is durable (0), or IDEM_EUNAVAIL with
+ * why in c->errmsg when the store stopped after a failed fsync -- on the writer too, whose reads
+ * are otherwise gated by its batch.
  */
 int idem__sq_read_gate(struct idem_conn *c);
 

@@ -11,16 +11,47 @@
  * statement each, without a savepoint of their own); and the same without
  * a thread waiting for them (write_run_async), told by the store's own thread.
  */
+#define _GNU_SOURCE /* syscall() */
 #include "internal.h"
 #include "t.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+/*
+ * The disk, as far as these tests need it: this program defines fdatasync() (which libidem's
+ * syncer calls; an executable's definition interposes on the C library's), so a test can make it
+ * fail, and see which file it was asked to flush.
+ */
+static _Atomic int fdatasync_fails;      /* while set, every fdatasync fails with EIO */
+static _Atomic unsigned long synced_ino; /* the inode of the last file flushed */
+static _Atomic unsigned long synced_dev; /* and its device */
+static _Atomic int synced_unlinked;      /* flushes of a file no name points to any more */
+
+int fdatasync(int fd)
+{
+    struct stat sb;
+
+    if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        atomic_store(&synced_ino, (unsigned long)sb.st_ino);
+        atomic_store(&synced_dev, (unsigned long)sb.st_dev);
+        if (sb.st_nlink == 0)
+            atomic_fetch_add(&synced_unlinked, 1);
+    }
+    if (atomic_load(&fdatasync_fails)) {
+        errno = EIO;
+        return -1;
+    }
+    return (int)syscall(SYS_fdatasync, fd);
+}
 
 static const struct idem_migration biz[] = {
     {1, "rows", "CREATE TABLE biz (id TEXT PRIMARY KEY)", "CREATE TABLE biz (id TEXT PRIMARY KEY)"},
@@ -356,6 +387,64 @@ static void jobs_without_a_waiting_thread(const char *dir)
     }
 }
 
+/*
+ * Once an fsync failed the store is stopped, and every read fails until it is opened again,
+ * whichever way the read ends: also a statement inside a read transaction whose rows a caller
+ * answers from before the transaction ends (orderd's GET /api/orders/{id}), which would otherwise
+ * return a commit whose fsync failed -- one a power cut takes back.
+ */
+static void stopped_store_fails_every_read(const char *dir)
+{
+    struct idem_store *st = NULL;
+    struct idem_tx *tx = NULL, *rd = NULL;
+    struct idem_rows *r = NULL;
+    const char *kept[] = {"kept"}, *lost[] = {"lost"};
+    char uri[160];
+
+    snprintf(uri, sizeof uri, "sqlite:%s/stop.db", dir);
+    CHECK_INT(idem_store_open(uri, NULL, &st, NULL), 0);
+    CHECK_INT(idem_store_migrate(st, "unit", biz, 1, NULL, NULL), 0);
+    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+    CHECK_INT(idem_tx_exec(tx, "INSERT INTO biz (id) VALUES ($1)", 1, kept, NULL), 0);
+    CHECK_INT(idem_tx_commit(tx), 0);
+    /* A read transaction that read before the failure, and goes on reading after it. */
+    CHECK_INT(idem_tx_begin(st, 0, &rd), 0);
+    CHECK_INT(idem_tx_exec(rd, "SELECT id FROM biz WHERE id = $1", 1, kept, &r), 0);
+    CHECK_INT(idem_rows_count(r), 1);
+    idem_rows_free(r);
+    r = NULL;
+
+    atomic_store(&fdatasync_fails, 1);
+    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+    CHECK_INT(idem_tx_exec(tx, "INSERT INTO biz (id) VALUES ($1)", 1, lost, NULL), 0);
+    CHECK_INT(idem_tx_commit(tx), IDEM_EUNAVAIL); /* its COMMIT ran, its fsync failed */
+    atomic_store(&fdatasync_fails, 0);
+
+    CHECK_INT(idem_tx_exec(rd, "SELECT id FROM biz WHERE id = $1", 1, kept, &r), IDEM_EUNAVAIL);
+    CHECK(r == NULL);
+    CHECK_INT(idem_tx_commit(rd), IDEM_EUNAVAIL);
+    /* As orders_get reads: a read transaction, its statement, an answer from its rows. */
+    CHECK_INT(idem_tx_begin(st, 0, &rd), 0);
+    CHECK_INT(idem_tx_exec(rd, "SELECT id FROM biz WHERE id = $1", 1, lost, &r), IDEM_EUNAVAIL);
+    CHECK(r == NULL);
+    idem_rows_free(r);
+    r = NULL;
+    CHECK_INT(idem_tx_exec(rd, "SELECT id FROM biz WHERE id = $1", 1, kept, &r), IDEM_EUNAVAIL);
+    idem_rows_free(r);
+    r = NULL;
+    idem_tx_rollback(rd);
+    CHECK_INT(biz_has(st, "kept"), -1); /* a statement of its own */
+    CHECK_INT(biz_has(st, "lost"), -1);
+    CHECK_INT(idem_tx_begin(st, 1, &tx), IDEM_EUNAVAIL); /* and nothing more is written */
+    idem_store_close(st);
+
+    /* Opened again: its first connection fsyncs the WAL, and the store vouches for it again. */
+    st = NULL;
+    CHECK_INT(idem_store_open(uri, NULL, &st, NULL), 0);
+    CHECK_INT(biz_has(st, "kept"), 1);
+    idem_store_close(st);
+}
+
 int main(void)
 {
     char dir[] = "/tmp/idem-unit-sq-XXXXXX";
@@ -407,6 +496,7 @@ int main(void)
     whole_transactions(st);
     queued_job_times_out(dir);
     jobs_without_a_waiting_thread(dir);
+    stopped_store_fails_every_read(dir);
     idem_engine_free(eng);
     idem_store_close(st);
     {
