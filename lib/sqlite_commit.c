@@ -192,6 +192,7 @@ struct sq_group {
     /* The pipeline (NULL marks: none, each COMMIT is as durable as its synchronous setting). */
     struct sq_marks *marks;
     int marks_fd;               /* holds an OFD read lock while the store is open */
+    pthread_mutex_t wal_mu;     /* held by whoever checks, reopens or fsyncs wal_fd */
     int wal_fd;                 /* our own descriptor on the -wal file, for fsync */
     int dir_fd;                 /* the directory holding it */
     int committing;             /* a COMMIT runs whose batch is not yet in the syncer's list */
@@ -366,6 +367,7 @@ void idem__sq_group_free(struct idem_store *st)
     pthread_cond_destroy(&g->runner_cv);
     pthread_cond_destroy(&g->syncer_cv);
     pthread_cond_destroy(&g->durable_cv);
+    pthread_mutex_destroy(&g->wal_mu);
     pthread_mutex_destroy(&g->mu);
     free(g);
     st->backend = NULL;
@@ -384,6 +386,10 @@ int idem__sq_group_get(struct idem_store *st)
         if (!g || pthread_mutex_init(&g->mu, NULL) != 0) {
             free(g);
             rc = IDEM_ENOMEM;
+        } else if (pthread_mutex_init(&g->wal_mu, NULL) != 0) {
+            pthread_mutex_destroy(&g->mu);
+            free(g);
+            rc = IDEM_ENOMEM;
         } else {
             cvs[0] = &g->writer_cv;
             cvs[1] = &g->batch_cv;
@@ -395,6 +401,7 @@ int idem__sq_group_get(struct idem_store *st)
             if (ncv < 5) {
                 while (ncv > 0)
                     pthread_cond_destroy(cvs[--ncv]);
+                pthread_mutex_destroy(&g->wal_mu);
                 pthread_mutex_destroy(&g->mu);
                 free(g);
                 rc = IDEM_ENOMEM;
@@ -537,19 +544,77 @@ static void store_stop_locked(struct sq_group *g, const char *msg)
 }
 
 /*
- * fdatasync()s the WAL through our own descriptor (g->mu not held) and raises `durable` to the
- * `committed` read before it began.  Returns 0, or -1 with why in `msg`.
+ * Makes g->wal_fd the file that is named -wal now (g->wal_mu held).  Every connection of the
+ * store keeps the WAL (SQLITE_FCNTL_PERSIST_WAL, store_sqlite.c), but a connection of another
+ * program on the file may not: when the last connection to the file closes, SQLite checkpoints
+ * the WAL into the database file and deletes it, and the next one makes a new WAL -- a new inode,
+ * which an fsync through the old descriptor would never reach.  So before each fsync the
+ * descriptor's inode is compared with the name's (a deleted file's inode is never reused while
+ * the descriptor holds it), and when they differ the new WAL is opened and, once, fsync'd with
+ * the database file (what the checkpoint copied there; SQLite syncs it too, unless that program
+ * ran with synchronous=OFF) and the directory (the new WAL's name).  A WAL replaced between this
+ * check and the fsync that follows held only commits that its checkpoint copied into the
+ * database file.  Returns 0, or -1 with why in `msg`.
+ */
+static int wal_follow(struct sq_group *g, char *msg, size_t msglen)
+{
+    const char *path = g->st->target;
+    char name[4096];
+    struct stat held, now;
+    int fd, db;
+
+    idem__fmt(name, sizeof name, "%s-wal", path);
+    if (fstat(g->wal_fd, &held) != 0)
+        goto sys_fail;
+    if (stat(name, &now) == 0 && now.st_dev == held.st_dev && now.st_ino == held.st_ino)
+        return 0;
+    fd = open(name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno != ENOENT)
+        goto sys_fail;
+    db = open(path, O_RDONLY | O_CLOEXEC);
+    if (db < 0 || fsync(db) != 0) {
+        idem__fmt(name, sizeof name, "%s", path);
+        if (db >= 0)
+            close(db);
+        if (fd >= 0)
+            close(fd);
+        goto sys_fail;
+    }
+    close(db);
+    if (fd >= 0) { /* (else none now: the next one is checked at the next fsync) */
+        close(g->wal_fd);
+        g->wal_fd = fd;
+    }
+    if (fsync(g->dir_fd) != 0 && errno != EINVAL) {
+        idem__sq_dir_of(path, name, sizeof name);
+        goto sys_fail;
+    }
+    return 0;
+sys_fail:
+    idem__fmt(msg, msglen, "fsync of %s failed: %s", name, strerror(errno));
+    return -1;
+}
+
+/*
+ * fdatasync()s the WAL through our own descriptor (g->mu not held), once it is the file named
+ * -wal (wal_follow), and raises `durable` to the `committed` read before it began.  Returns 0, or
+ * -1 with why in `msg`.
  */
 static int wal_sync(struct sq_group *g, char *msg, size_t msglen)
 {
     uint64_t upto = atomic_load(&g->marks->committed);
+    int rc;
 
-    if (fdatasync(g->wal_fd) != 0) {
+    pthread_mutex_lock(&g->wal_mu);
+    rc = wal_follow(g, msg, msglen);
+    if (rc == 0 && fdatasync(g->wal_fd) != 0) {
         idem__fmt(msg, msglen, "fsync of %s-wal failed: %s", g->st->target, strerror(errno));
-        return -1;
+        rc = -1;
     }
-    mark_raise(&g->marks->durable, upto);
-    return 0;
+    pthread_mutex_unlock(&g->wal_mu);
+    if (rc == 0)
+        mark_raise(&g->marks->durable, upto);
+    return rc;
 }
 
 /*

@@ -308,7 +308,7 @@ int idem__sq_open(struct idem_store *st, struct idem_conn **out, char *err, size
     int rc = IDEM_EUNAVAIL;
     struct idem_conn *c = NULL;
     char pragma[192], why[IDEM_ERRMSG_MAX];
-    int first;
+    int first, persist = 1;
 
     *out = NULL;
     if (create_private(st->target, err, errlen) < 0)
@@ -349,6 +349,17 @@ int idem__sq_open(struct idem_store *st, struct idem_conn **out, char *err, size
     rc = idem__sq_run_simple(c, pragma, "configure");
     if (rc < 0)
         goto fail_msg;
+    /*
+     * The WAL stays when the last connection closes (it is checkpointed and truncated, not
+     * deleted): the syncer fsyncs it through a descriptor of its own, which a new WAL, a new
+     * inode, would leave behind (sqlite_commit.c, wal_follow, checks it anyway).
+     */
+    if (sqlite3_file_control(c->db, "main", SQLITE_FCNTL_PERSIST_WAL, &persist) != SQLITE_OK &&
+        st->target[0] != ':' && strncmp(st->target, "file:", 5) != 0) {
+        rc = IDEM_ESTORE;
+        idem__fmt(c->errmsg, sizeof(c->errmsg), "%s", "sqlite: cannot keep the WAL file");
+        goto fail_msg;
+    }
     rc = idem__migrate(&idem__sqlite_vtab, c, "libidem", idem_schema,
                        sizeof(idem_schema) / sizeof(idem_schema[0]), NULL, why, sizeof(why));
     if (rc < 0) {

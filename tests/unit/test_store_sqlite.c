@@ -13,6 +13,7 @@
  */
 #define _GNU_SOURCE /* syscall() */
 #include "internal.h"
+#include "store_sqlite.h"
 #include "t.h"
 
 #include <errno.h>
@@ -445,6 +446,81 @@ static void stopped_store_fails_every_read(const char *dir)
     idem_store_close(st);
 }
 
+/* Closes every connection the store holds: the pooled ones as if each broke, then the writer. */
+static void close_every_connection(struct idem_store *st)
+{
+    struct idem_tx *tx = NULL;
+    char err[IDEM_ERRMSG_MAX];
+
+    while (st->nidle > 0) {
+        struct idem_conn *c = NULL;
+        CHECK_INT(idem__store_acquire(st, &c, err, sizeof err), 0);
+        c->broken = 1;
+        idem__store_release(st, c); /* (a broken connection is closed, not pooled) */
+    }
+    CHECK_INT(st->nopen, 0);
+    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+    idem__sq_fail_next_rollback = 1;
+    idem_tx_rollback(tx); /* the writer breaks, and is closed */
+}
+
+/* Commits a row, and checks that the fsync that made it durable was of the WAL named now. */
+static void commit_syncs_the_live_wal(struct idem_store *st, const char *wal, const char *id)
+{
+    struct idem_tx *tx = NULL;
+    const char *p[] = {id};
+    struct stat now;
+
+    atomic_store(&synced_unlinked, 0);
+    atomic_store(&synced_ino, 0);
+    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+    CHECK_INT(idem_tx_exec(tx, "INSERT INTO biz (id) VALUES ($1)", 1, p, NULL), 0);
+    CHECK_INT(idem_tx_commit(tx), 0);
+    CHECK_INT(stat(wal, &now), 0);
+    CHECK_INT(atomic_load(&synced_unlinked), 0);
+    CHECK_INT(atomic_load(&synced_ino), now.st_ino);
+    CHECK_INT(atomic_load(&synced_dev), now.st_dev);
+}
+
+/*
+ * When the last connection to the file closes, SQLite checkpoints the WAL and, unless told to
+ * keep it, deletes it; the next connection makes a new one.  The syncer's fsync must then reach
+ * the new WAL, not the deleted file its descriptor was opened on -- whether the last connection
+ * was the store's own (every connection of the store keeps the WAL) or another program's.
+ */
+static void syncer_follows_the_wal(const char *dir)
+{
+    struct idem_store *st = NULL;
+    sqlite3 *other = NULL;
+    char uri[180], path[160], wal[170];
+    struct stat sb;
+
+    snprintf(path, sizeof path, "%s/wal.db", dir);
+    snprintf(wal, sizeof wal, "%s-wal", path);
+    snprintf(uri, sizeof uri, "sqlite:%s", path);
+    CHECK_INT(idem_store_open(uri, NULL, &st, NULL), 0);
+    CHECK_INT(idem_store_migrate(st, "unit", biz, 1, NULL, NULL), 0);
+    commit_syncs_the_live_wal(st, wal, "first");
+
+    /* The store's own connections close last: the WAL stays. */
+    close_every_connection(st);
+    CHECK_INT(stat(wal, &sb), 0);
+    commit_syncs_the_live_wal(st, wal, "after-own-close");
+
+    /* Another program's connection, which does not keep the WAL, closes last. */
+    CHECK_INT(sqlite3_open_v2(path, &other, SQLITE_OPEN_READWRITE, NULL), SQLITE_OK);
+    CHECK_INT(sqlite3_exec(other, "SELECT count(*) FROM biz", NULL, NULL, NULL), SQLITE_OK);
+    close_every_connection(st);
+    CHECK_INT(sqlite3_close(other), SQLITE_OK);
+    CHECK(stat(wal, &sb) != 0); /* deleted */
+    commit_syncs_the_live_wal(st, wal, "after-foreign-close");
+
+    CHECK_INT(biz_has(st, "first") + biz_has(st, "after-own-close") +
+                  biz_has(st, "after-foreign-close"),
+              3);
+    idem_store_close(st);
+}
+
 int main(void)
 {
     char dir[] = "/tmp/idem-unit-sq-XXXXXX";
@@ -497,6 +573,7 @@ int main(void)
     queued_job_times_out(dir);
     jobs_without_a_waiting_thread(dir);
     stopped_store_fails_every_read(dir);
+    syncer_follows_the_wal(dir);
     idem_engine_free(eng);
     idem_store_close(st);
     {
