@@ -265,9 +265,9 @@ struct idem_store_vtab {
      * instead of a pooled connection: `write_begin` lends the store's one writer connection with
      * the caller's work isolated in a savepoint; `write_commit` releases the savepoint into the
      * current batch and returns only once that batch is durable (or failed: every member then
-     * fails); `write_rollback` undoes the caller's savepoint alone, and returns once what the
-     * caller could have read is durable.  Errors go to `err`, since the writer's own message
-     * buffer belongs to whoever holds it next.
+     * fails); `write_rollback` undoes the caller's savepoint alone, and
+     * returns once what the caller could have read is durable.  Errors go to `err`, since the
+     * writer's own message buffer belongs to whoever holds it next.
      */
     int (*write_begin)(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
     int (*write_commit)(struct idem_store *st, struct idem_conn *c, char *err, size_t errlen);
@@ -275,11 +275,10 @@ struct idem_store_vtab {
     /*
      * Optional, with the three above: `write_commit` without the wait.  The savepoint is released
      * into the current batch and the call returns; `done(arg, rc, errmsg)` runs once the batch is
-     * durable (rc 0) or failed, on the thread that made it durable (the store's syncer; without
-     * the pipeline whichever thread committed it, possibly this one before the call returns),
-     * outside the store's locks.  A negative return means the release itself
-     * failed: the savepoint was rolled back and `done` is never called.  The store counts it in
-     * st->write_commits once durable.
+     * durable (rc 0) or failed, on the store's notifier thread (sqlite_commit.c), which holds
+     * nothing of the store's meanwhile: `done` may use the store, even block.  A negative return
+     * means the release itself failed: the savepoint was rolled back and `done` is never called.
+     * The store counts it in st->write_commits once durable.
      */
     int (*write_commit_async)(struct idem_store *st, struct idem_conn *c,
                               struct idem__job_slot *slot, idem__commit_done done, void *arg,
@@ -300,9 +299,10 @@ struct idem_store_vtab {
      * `done(arg, rc, errmsg)` runs once: rc 0 once the batch holding `fn`'s writes is durable,
      * IDEM__TX_DISCARD when `fn` asked for a rollback, or a negative code -- the last two also
      * only once the batch `fn` ran in is durable (what `fn` read may come from it).  `done` runs
-     * outside the group's mutex, on the store's syncer (or a thread holding the writer), so it
-     * must not block nor use the store.  `arg` and `slot` must live until then.  A negative
-     * return: nothing was queued, `done` is not called.
+     * on a thread of the store's that holds nothing of it meanwhile (SQLite: its notifier;
+     * PostgreSQL: the runner, its connection given back), so it may use the store, even block.
+     * `arg` and `slot` must live until then.  A negative return: nothing was queued, `done` is
+     * not called.
      */
     int (*write_run_async)(struct idem_store *st, struct idem__job_slot *slot, idem__tx_fn fn,
                            void *arg, unsigned flags, idem__commit_done done, void *done_arg,

@@ -3,7 +3,9 @@
  * sqlite_commit.c - the SQLite store's commit pipeline: every write transaction of a process runs
  * on its one writer connection, as a savepoint of a batch that concurrent callers share; batches
  * commit back to back, and a syncer thread makes them durable with one fsync of the WAL for all
- * the batches that committed while the previous fsync ran.
+ * the batches that committed while the previous fsync ran.  The callbacks of members that did not
+ * wait run on a notifier thread that holds nothing of the store (notifier_main), so a callback
+ * may write and wait for the syncer like any thread.
  *
  * Why the writer never waits for the disk.  With synchronous=FULL, SQLite fsyncs the WAL inside
  * COMMIT, so the writer is held across the fsync and a batch costs (its statements) + (fsync).
@@ -181,9 +183,21 @@ struct sq_group {
     /* Wake-ups decided under mu, sent by group_unlock() once mu is dropped. */
     int wake_writer;
     int wake_batch;
-    struct sq_notice *notices; /* of finished batches, sent by group_unlock() likewise */
+    struct sq_notice *notices; /* of finished batches, handed to the notifier likewise */
     struct sq_job *wake_jobs;  /* jobs to wake, likewise */
     int wake_runner;
+    /*
+     * The notifier: the one thread that runs the callbacks of members that did not wait
+     * (write_commit_async, write_run_async), in the order their batches ended.
+     */
+    struct sq_notice *told_head; /* handed over by group_unlock(), not yet run */
+    struct sq_notice **told_tail;
+    int notifying; /* it runs callbacks now, g->mu dropped */
+    int wake_notifier;
+    pthread_cond_t notifier_cv;
+    pthread_t notifier;
+    int notifier_started;
+    int notifier_stop;
     /* The runner: runs the queue and commits for jobs that have no thread (write_run_async). */
     pthread_cond_t runner_cv;
     pthread_t runner;
@@ -229,19 +243,29 @@ static void group_unlock(struct sq_group *g)
     const int writer = g->wake_writer;
     const int batch = g->wake_batch;
     const int runner = g->wake_runner;
-    struct sq_notice *n = g->notices, *next;
     struct sq_job *jobs[32];
     size_t njobs = 0;
 
     const int syncer = g->wake_syncer;
     const int durable = g->wake_durable;
+    int notifier;
 
+    /* The notices of ended batches go to the notifier (see notifier_main for why). */
+    while (g->notices) {
+        struct sq_notice *n = g->notices;
+        g->notices = n->next;
+        n->next = NULL;
+        *g->told_tail = n;
+        g->told_tail = &n->next;
+        g->wake_notifier = 1;
+    }
+    notifier = g->wake_notifier;
     g->wake_writer = 0;
     g->wake_batch = 0;
     g->wake_runner = 0;
     g->wake_syncer = 0;
     g->wake_durable = 0;
-    g->notices = NULL;
+    g->wake_notifier = 0;
     /*
      * The jobs to wake are taken off the list here: once g->mu is dropped a job may be listed
      * again (its links are the list's), and once told, be gone.
@@ -263,6 +287,8 @@ static void group_unlock(struct sq_group *g)
         pthread_cond_signal(&g->syncer_cv);
     if (durable)
         pthread_cond_broadcast(&g->durable_cv);
+    if (notifier)
+        pthread_cond_signal(&g->notifier_cv);
     for (size_t i = 0; i < njobs; i++) {
         pthread_cond_signal(&jobs[i]->cv);
         atomic_fetch_sub(&jobs[i]->wakes_unsent, 1); /* `jobs[i]` may be gone after this */
@@ -270,12 +296,6 @@ static void group_unlock(struct sq_group *g)
     if (njobs == sizeof(jobs) / sizeof(jobs[0])) { /* more may wait: send them too */
         pthread_mutex_lock(&g->mu);
         group_unlock(g);
-    }
-    for (; n; n = next) {
-        next = n->next;
-        if (n->rc == 0) /* a whole transaction of its member's, durable */
-            atomic_fetch_add(&g->st->write_commits, 1);
-        n->done(n->arg, n->rc, n->rc < 0 ? n->errmsg : NULL); /* (then gone: the caller's) */
     }
 }
 
@@ -286,7 +306,7 @@ static void group_unlock(struct sq_group *g)
 static int group_flush_locked(struct sq_group *g)
 {
     if (!g->wake_writer && !g->wake_batch && !g->wake_runner && !g->wake_jobs && !g->notices &&
-        !g->wake_syncer && !g->wake_durable)
+        !g->wake_syncer && !g->wake_durable && !g->wake_notifier)
         return 0;
     group_unlock(g);
     pthread_mutex_lock(&g->mu);
@@ -330,7 +350,9 @@ static void job_notify_locked(struct sq_group *g, struct sq_job *j)
 
 static void runner_stop(struct sq_group *g);
 static void syncer_stop(struct sq_group *g);
+static void notifier_stop(struct sq_group *g);
 static void writer_release_locked(struct sq_group *g);
+static void writer_free_locked(struct sq_group *g);
 
 static void batch_commit_locked(struct sq_group *g);
 
@@ -342,12 +364,22 @@ void idem__sq_group_free(struct idem_store *st)
         return;
     runner_stop(g);
     pthread_mutex_lock(&g->mu);
-    if (g->writer && g->batch) {
-        writer_take_locked(g);
+    /* (a callback may hold the writer: it may write like any thread) */
+    g->waiting++;
+    while (g->busy)
+        pthread_cond_wait(&g->writer_cv, &g->mu);
+    g->waiting--;
+    writer_take_locked(g);
+    if (g->writer && g->batch)
         batch_commit_locked(g); /* its members that did not wait are told */
-    }
+    writer_free_locked(g);
     group_unlock(g);
-    syncer_stop(g); /* once it made every committed batch durable and told its members */
+    /*
+     * The syncer leaves once it made every committed batch durable and the notifier ran every
+     * callback (a callback may write, and wait for a round of the syncer); then the notifier.
+     */
+    syncer_stop(g);
+    notifier_stop(g);
     if (g->writer) {
         if (!sqlite3_get_autocommit(g->writer->db))
             idem__sq_run_simple(g->writer, "COMMIT", "group commit at close");
@@ -367,6 +399,7 @@ void idem__sq_group_free(struct idem_store *st)
     pthread_cond_destroy(&g->runner_cv);
     pthread_cond_destroy(&g->syncer_cv);
     pthread_cond_destroy(&g->durable_cv);
+    pthread_cond_destroy(&g->notifier_cv);
     pthread_mutex_destroy(&g->wal_mu);
     pthread_mutex_destroy(&g->mu);
     free(g);
@@ -380,7 +413,7 @@ int idem__sq_group_get(struct idem_store *st)
     pthread_mutex_lock(&st->mu);
     if (!st->backend) {
         struct sq_group *g = calloc(1, sizeof(*g));
-        pthread_cond_t *cvs[5];
+        pthread_cond_t *cvs[6];
         int ncv = 0;
 
         if (!g || pthread_mutex_init(&g->mu, NULL) != 0) {
@@ -396,9 +429,10 @@ int idem__sq_group_get(struct idem_store *st)
             cvs[2] = &g->runner_cv;
             cvs[3] = &g->syncer_cv;
             cvs[4] = &g->durable_cv;
-            while (ncv < 5 && pthread_cond_init(cvs[ncv], NULL) == 0)
+            cvs[5] = &g->notifier_cv;
+            while (ncv < 6 && pthread_cond_init(cvs[ncv], NULL) == 0)
                 ncv++;
-            if (ncv < 5) {
+            if (ncv < 6) {
                 while (ncv > 0)
                     pthread_cond_destroy(cvs[--ncv]);
                 pthread_mutex_destroy(&g->wal_mu);
@@ -409,6 +443,7 @@ int idem__sq_group_get(struct idem_store *st)
                 g->st = st;
                 g->jobs_tail = &g->jobs;
                 g->sync_tail = &g->sync_head;
+                g->told_tail = &g->told_head;
                 g->marks_fd = g->wal_fd = g->dir_fd = -1;
                 st->backend = g;
                 rc = 1;
@@ -619,8 +654,8 @@ static int wal_sync(struct sq_group *g, char *msg, size_t msglen)
 
 /*
  * The syncer: while batches wait in its list, one fsync of the WAL for all of them, then their
- * members are told (their notices run here).  At the store's close it leaves once the list is
- * empty.
+ * members are told (threads woken; notices handed to the notifier, which runs their callbacks).
+ * At the store's close it leaves once the list is empty and the notifier has run every callback.
  */
 static void *syncer_main(void *arg)
 {
@@ -669,7 +704,8 @@ static void *syncer_main(void *arg)
             pthread_mutex_lock(&g->mu);
             continue;
         }
-        if (g->syncer_stop)
+        /* (a callback still to run, or running, may write: its batch needs a round) */
+        if (g->syncer_stop && !g->committing && !g->told_head && !g->notifying)
             break;
         pthread_cond_wait(&g->syncer_cv, &g->mu);
     }
@@ -701,6 +737,71 @@ static void syncer_stop(struct sq_group *g)
 }
 
 /*
+ * The notifier: runs the callbacks of the members that did not wait, once their batch ended.
+ *
+ * Why a thread of their own.  A callback may use libidem like any other thread -- orderd's ends
+ * its call, and ending a call whose record is durable but unfinished releases it, a blocking
+ * write that waits for a round of the syncer.  Run on the syncer, that write would wait for the
+ * thread it runs on; run by the writer's holder, for the writer it holds.  Nothing of the store
+ * waits for this thread: it holds no lock and no writer while a callback runs, and is told only
+ * through its queue.  So a callback that blocks delays the callbacks queued behind it, and never
+ * the store.  The answer a callback gives was made durable by the fsync of the syncer's round
+ * that ended its batch, before its notice was queued here.
+ */
+static void *notifier_main(void *arg)
+{
+    struct sq_group *g = arg;
+
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        if (g->told_head) {
+            struct sq_notice *n = g->told_head, *next;
+
+            g->told_head = NULL;
+            g->told_tail = &g->told_head;
+            g->notifying = 1;
+            pthread_mutex_unlock(&g->mu);
+            for (; n; n = next) {
+                next = n->next;
+                if (n->rc == 0) /* a whole transaction of its member's, durable */
+                    atomic_fetch_add(&g->st->write_commits, 1);
+                n->done(n->arg, n->rc, n->rc < 0 ? n->errmsg : NULL); /* (then gone) */
+            }
+            pthread_mutex_lock(&g->mu);
+            g->notifying = 0;
+            if (g->syncer_stop) /* it may be waiting for the callbacks to end */
+                g->wake_syncer = 1;
+            group_unlock(g);
+            pthread_mutex_lock(&g->mu);
+            continue;
+        }
+        if (g->notifier_stop)
+            break;
+        pthread_cond_wait(&g->notifier_cv, &g->mu);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+/* Starts the notifier if it is not running (g->mu held): 0, or IDEM_ENOMEM with why in `err`. */
+static int notifier_start_locked(struct sq_group *g, char *err, size_t errlen)
+{
+    if (g->notifier_started)
+        return 0;
+    if (pthread_create(&g->notifier, NULL, notifier_main, g) != 0) {
+        idem__fmt(err, errlen, "%s", "sqlite: cannot start the store's notifier thread");
+        return IDEM_ENOMEM;
+    }
+    g->notifier_started = 1;
+    return 0;
+}
+
+static void notifier_stop(struct sq_group *g)
+{
+    group_thread_stop(g, &g->notifier_stop, &g->notifier_started, &g->wake_notifier, &g->notifier);
+}
+
+/*
  * Waits until every commit a caller may have seen is durable (g->mu held): until `durable`
  * reaches `seen`, the `started` read after the caller's reads.  While this process has a commit
  * on its way to the syncer, its round will do; otherwise the commit is another process's (or of
@@ -719,7 +820,7 @@ static int durable_wait_locked(struct sq_group *g, uint64_t seen, char *err, siz
             return 0;
         if (group_flush_locked(g)) /* (the wake-up of the syncer, perhaps) */
             continue;
-        /* (a notice that reads runs on the syncer: it cannot wait for itself) */
+        /* (the syncer, running jobs with the writer after its round, cannot wait for itself) */
         if ((g->committing || g->sync_head || g->syncing) &&
             !(g->syncer_started && pthread_equal(pthread_self(), g->syncer))) {
             g->durable_waiters++;
@@ -1308,6 +1409,13 @@ int idem__sq_write_commit_async(struct idem_store *st, struct idem_conn *c,
     memset(n, 0, sizeof(*n));
     n->done = done;
     n->arg = arg;
+    pthread_mutex_lock(&g->mu);
+    rc = notifier_start_locked(g, err, errlen);
+    pthread_mutex_unlock(&g->mu);
+    if (rc < 0) {
+        idem__sq_write_rollback(st, c);
+        return rc;
+    }
     rc = release_into_batch(st, c, err, errlen);
     if (rc < 0)
         return rc;
@@ -1479,6 +1587,10 @@ int idem__sq_write_run_async(struct idem_store *st, struct idem__job_slot *slot,
             return IDEM_ENOMEM;
         }
         g->runner_started = 1;
+    }
+    if (notifier_start_locked(g, err, errlen) < 0) {
+        pthread_mutex_unlock(&g->mu);
+        return IDEM_ENOMEM;
     }
     *g->jobs_tail = j;
     g->jobs_tail = &j->next;

@@ -9,9 +9,12 @@
  * idem_call_complete_async() and idem_call_run_async() give the store a job (idem__tx_fn) and a
  * notice instead.  Each of this file's runner threads (two) takes every job queued while it was
  * busy as one batch, runs the jobs back to back in one transaction on one connection, commits
- * once, and then tells each job's notice: one COMMIT -- one WAL flush on the server -- per batch
- * instead of one per request, and no thread of the caller's waiting.  Measured on orderd's
- * create (docs/postgres.md, "Batches"): about half the server's CPU per order and half orderd's.
+ * once, gives the connection back and then tells each job's notice: one COMMIT -- one WAL flush
+ * on the server -- per batch instead of one per request, and no thread of the caller's waiting.
+ * A notice's callback runs on the runner while it holds nothing of the store's, so it may use
+ * libidem as any thread may (a blocking call only delays that runner's next batch).  Measured on
+ * orderd's create (docs/postgres.md, "Batches"): about half the server's CPU per order and half
+ * orderd's.
  *
  * Why no answer can come from a write a crash could take back:
  * - A job's notice is told only once the batch's COMMIT was acknowledged.  The server
@@ -62,7 +65,8 @@ struct batch_job {
     void *arg;
     idem__commit_done done;
     void *done_arg;
-    int rc; /* fn's word in the batch: 0 or IDEM__TX_DISCARD */
+    int rc;                       /* fn's word in the batch: 0 or IDEM__TX_DISCARD; then its end */
+    char errmsg[IDEM_ERRMSG_MAX]; /* why it failed, kept until it is told */
 };
 /* (in its caller's slot: nothing is allocated per job, and the job is gone once told) */
 _Static_assert(sizeof(struct batch_job) <= sizeof(struct idem__job_slot),
@@ -77,18 +81,36 @@ struct idem__batcher {
     pthread_t thread[RUNNERS];
 };
 
-/* Tells job `j` how it ended; `j` (its caller's memory) may be gone after. */
-static void tell(struct batch_job *j, int rc, const char *errmsg)
+/*
+ * Notes how job `j` ended and moves it to `*told`, the jobs whose callbacks run_batch() calls once
+ * it gave its connection back: a callback may use libidem like any thread, e.g. end its call with a
+ * write of its own, and must not wait for a connection of the pool that this runner still holds.
+ */
+static void tell(struct batch_job ***told, struct batch_job *j, int rc, const char *errmsg)
 {
-    j->done(j->done_arg, rc, errmsg);
+    j->rc = rc;
+    idem__fmt(j->errmsg, sizeof(j->errmsg), "%s", errmsg ? errmsg : "");
+    j->next = NULL;
+    **told = j;
+    *told = &j->next;
 }
 
-static void tell_all(struct batch_job *jobs, int rc, const char *errmsg)
+static void tell_all(struct batch_job ***told, struct batch_job *jobs, int rc, const char *errmsg)
 {
     while (jobs) {
         struct batch_job *next = jobs->next;
-        tell(jobs, rc, errmsg);
+        tell(told, jobs, rc, errmsg);
         jobs = next;
+    }
+}
+
+/* Runs the callbacks of the jobs told (`j` and its list); each job may be gone after its own. */
+static void told_run(struct batch_job *j)
+{
+    while (j) {
+        struct batch_job *next = j->next;
+        j->done(j->done_arg, j->rc, j->rc < 0 ? j->errmsg : NULL);
+        j = next;
     }
 }
 
@@ -96,7 +118,8 @@ static void tell_all(struct batch_job *jobs, int rc, const char *errmsg)
  * Runs job `j` in a transaction of its own on `c` and tells it how it ended.  Returns whether
  * the connection was lost.
  */
-static int run_alone(struct idem_store *st, struct idem_conn *c, struct batch_job *j)
+static int run_alone(struct idem_store *st, struct idem_conn *c, struct batch_job *j,
+                     struct batch_job ***told)
 {
     const struct idem_store_vtab *vt = st->vt;
     char err[IDEM_ERRMSG_MAX] = "";
@@ -105,7 +128,7 @@ static int run_alone(struct idem_store *st, struct idem_conn *c, struct batch_jo
 
     if (rc < 0) {
         idem__fmt(err, sizeof(err), "cannot begin a write transaction: %s", vt->errmsg(c));
-        tell(j, rc, err);
+        tell(told, j, rc, err);
         return !vt->conn_ok(c);
     }
     if (vt->whole_tx)
@@ -121,7 +144,7 @@ static int run_alone(struct idem_store *st, struct idem_conn *c, struct batch_jo
         idem__fmt(err, sizeof(err), "%s", vt->errmsg(c));
     if (rc != 0)
         vt->rollback(c);
-    tell(j, rc, rc < 0 ? err : NULL);
+    tell(told, j, rc, rc < 0 ? err : NULL);
     return !vt->conn_ok(c);
 }
 
@@ -132,7 +155,7 @@ static int run_alone(struct idem_store *st, struct idem_conn *c, struct batch_jo
  * alone.
  */
 static int run_together(struct idem_store *st, struct idem_conn *c, struct batch_job *jobs,
-                        char *err, size_t errlen)
+                        struct batch_job ***told, char *err, size_t errlen)
 {
     const struct idem_store_vtab *vt = st->vt;
     uint64_t kept = 0;
@@ -160,7 +183,7 @@ static int run_together(struct idem_store *st, struct idem_conn *c, struct batch
             idem__store_count_commit(st, kept, t0);
             while (jobs) {
                 struct batch_job *next = jobs->next;
-                tell(jobs, jobs->rc, NULL);
+                tell(told, jobs, jobs->rc, NULL);
                 jobs = next;
             }
             return 1;
@@ -171,38 +194,42 @@ static int run_together(struct idem_store *st, struct idem_conn *c, struct batch
     if (vt->conn_ok(c))
         return 0;
     /* Lost: nothing of the batch committed, or -- the COMMIT's answer lost -- maybe all of it. */
-    tell_all(jobs, rc == IDEM_ENOMEM ? rc : IDEM_EUNAVAIL, err);
+    tell_all(told, jobs, rc == IDEM_ENOMEM ? rc : IDEM_EUNAVAIL, err);
     return 2;
 }
 
 /*
- * Runs one batch and tells each of its jobs.  Returns whether the store's connection was lost
- * (`err` says why): the jobs queued meanwhile waited as long as a request of their own would have.
+ * Runs one batch and tells each of its jobs, once its connection is back in the pool.  Returns
+ * whether the store's connection was lost (`err` says why): the jobs queued meanwhile waited as
+ * long as a request of their own would have.
  */
 static int run_batch(struct idem_store *st, struct batch_job *jobs, char *err, size_t errlen)
 {
+    struct batch_job *told = NULL, **told_tail = &told;
     struct idem_conn *c = NULL;
-    int lost = 0, told = 0;
+    int lost = 0, ended = 0;
     int rc = idem__store_acquire(st, &c, err, errlen);
 
     if (rc < 0) {
-        tell_all(jobs, rc, err);
+        tell_all(&told_tail, jobs, rc, err);
+        told_run(told);
         return rc == IDEM_EUNAVAIL;
     }
-    if (jobs->next && (told = run_together(st, c, jobs, err, errlen)) != 0) {
-        lost = told == 2;
+    if (jobs->next && (ended = run_together(st, c, jobs, &told_tail, err, errlen)) != 0) {
+        lost = ended == 2;
         jobs = NULL;
     }
     while (jobs && !lost) {
         struct batch_job *next = jobs->next;
         jobs->next = NULL;
-        lost = run_alone(st, c, jobs);
+        lost = run_alone(st, c, jobs, &told_tail);
         jobs = next;
         if (lost)
             idem__fmt(err, errlen, "%s", st->vt->errmsg(c));
     }
-    tell_all(jobs, IDEM_EUNAVAIL, err);
+    tell_all(&told_tail, jobs, IDEM_EUNAVAIL, err);
     idem__store_release(st, c);
+    told_run(told);
     return lost;
 }
 
@@ -215,7 +242,7 @@ static void *runner_main(void *arg)
     pthread_mutex_lock(&b->mu);
     for (;;) {
         char err[IDEM_ERRMSG_MAX] = "";
-        struct batch_job *jobs, **cut;
+        struct batch_job *jobs, **cut, *told, **told_tail;
         int n = 0, lost;
 
         while (!b->head && !b->stop)
@@ -238,7 +265,10 @@ static void *runner_main(void *arg)
             b->head = NULL;
             b->tail = &b->head;
             pthread_mutex_unlock(&b->mu);
-            tell_all(jobs, IDEM_EUNAVAIL, err);
+            told = NULL;
+            told_tail = &told;
+            tell_all(&told_tail, jobs, IDEM_EUNAVAIL, err);
+            told_run(told);
             pthread_mutex_lock(&b->mu);
         }
     }
@@ -282,7 +312,12 @@ int idem__batch_run_async(struct idem_store *st, struct idem__job_slot *slot, id
     (void)flags; /* every job may run again alone (see the top of this file) */
     if (!b)
         goto fail;
-    *j = (struct batch_job){NULL, fn, arg, done, done_arg, 0};
+    j->next = NULL;
+    j->fn = fn;
+    j->arg = arg;
+    j->done = done;
+    j->done_arg = done_arg;
+    j->rc = 0;
     pthread_mutex_lock(&b->mu);
     if (b->stop) {
         rc = IDEM_EUNAVAIL;

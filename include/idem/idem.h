@@ -396,6 +396,20 @@ IDEM_API int idem_call_begin(struct idem_engine *eng, const struct idem_operatio
  */
 IDEM_API const char *idem_call_begin_error(void);
 
+/*
+ * The callbacks of the asynchronous calls (idem_call_begin_async, idem_call_run_async,
+ * idem_call_commit_async, idem_call_complete_async) run on a thread of the store's, never on the
+ * caller's, once the step is durable (or failed): on SQLite the store's notifier thread, after
+ * the fsync that covers the step; on PostgreSQL the runner thread whose COMMIT was acknowledged
+ * (idem_call_commit_async: the calling thread, before it returns).  That thread holds no lock,
+ * connection or writer of the store while a callback runs, and the store never waits for it, so
+ * a callback may call any libidem function, blocking ones too: end its call (which releases a
+ * record that did not complete, a write), end another call, begin one.  While it runs, though,
+ * the callbacks behind it wait (SQLite: every callback of the store; PostgreSQL: the next batch
+ * of that runner), so hand the work back to your own thread and return; and never wait in a
+ * callback for what only another callback of the store would bring.
+ */
+
 /* Told by idem_call_begin_async() how the claim ended. */
 typedef void (*idem_call_begun)(struct idem_call *call, int rc, enum idem_outcome outcome,
                                 void *arg);
@@ -406,12 +420,11 @@ typedef void (*idem_call_begun)(struct idem_call *call, int rc, enum idem_outcom
  * a whole transaction without a thread waiting for it (both stores: SQLite's group commit,
  * PostgreSQL's runner, which puts the claims and completions queued meanwhile in one transaction).
  *
- * Returns 1 when the claim is under way: `begun(call, rc, outcome, arg)` then runs once, on
- * another thread (the store's, possibly while it holds the store's writer), and must neither
- * block nor call libidem: hand the call back to your own thread.  outcome EXECUTE: the claim is
+ * Returns 1 when the claim is under way: `begun(call, rc, outcome, arg)` then runs once, on a
+ * thread of the store's (the callback rule, above): hand the call back to your own thread.
+ * outcome EXECUTE: the claim is
  * durable at op->claim_point, exactly as after idem_call_begin(); outcome NONE with rc 0: a
- * record of the scope exists already, so end the call and ask idem_call_begin() (which may
- * block: not from `begun`) what it is;
+ * record of the scope exists already, so end the call and ask idem_call_begin() what it is;
  * rc < 0: the claim failed (idem_call_errmsg() says why; answer 503, nothing ran).  The call is
  * the caller's in every case, to end with idem_call_end().  Until `begun` runs, duplicates of
  * this engine wait for the call as for any call in flight.
@@ -501,7 +514,7 @@ typedef int (*idem_call_run)(struct idem_call *call, void *arg);
  * that speculates, PostgreSQL, first tries without the read: a record there fails the batch's
  * COMMIT, and the run goes again alone, reading); when there is none it runs `run(call, arg)`
  * with the phase open, as after EXECUTE, and commits what `run` staged.  Then `done(call, rc, arg)`
- * runs once, on another thread (the store's), and must not block: rc 0 once the response is
+ * runs once, on a thread of the store's (the callback rule, above): rc 0 once the response is
  * durable, the call completed as after idem_call_commit(); IDEM_CALL_ASK_BEGIN when a record of the
  * key was there (or another process's claim came first): nothing of `run` was kept -- end the call
  * and ask idem_call_begin(); a negative code when `run` or the commit failed (nothing was stored).
@@ -521,13 +534,14 @@ IDEM_API int idem_call_run_async(struct idem_engine *eng, const struct idem_oper
  * idem_call_commit() without waiting for durability where the store can (SQLite's group commit:
  * the phase joins the current batch and the call returns).  `done(call, rc, arg)` runs once the
  * batch is durable (rc 0: the call is completed and its response readable, exactly as after
- * idem_call_commit()) or failed (rc < 0), on whichever thread committed the batch -- possibly
- * this one, before idem_call_commit_async() returns -- and must not block for long.  Until
+ * idem_call_commit()) or failed (rc < 0), on a thread of the store's or, on a store without
+ * group commit, on this one before idem_call_commit_async() returns (the callback rule, above);
+ * ending the call there is fine.  Until
  * `done` runs the call belongs to the engine: do not use or end it.  Duplicates stay waiting
  * and nothing is answered from the replay cache before the commit is durable.  Returns 0 when
  * `done` will run (or ran), or a negative code when the commit failed at once (then `done` is not
- * called and the call is as after a failed idem_call_commit()).  Stores without group commit
- * commit synchronously and call `done` before returning.
+ * called and the call is as after a failed idem_call_commit()). Stores
+ * without group commit commit synchronously and call `done` before returning.
  */
 IDEM_API int idem_call_commit_async(struct idem_call *call, idem_call_done done, void *arg);
 
@@ -544,10 +558,10 @@ IDEM_API int idem_call_complete(struct idem_call *call, int status,
 /*
  * idem_call_complete() of a call with no phase open (a claim at op->claim_point, a resumed
  * record) without blocking the calling thread: the completion is one whole transaction, which
- * the store runs on a thread of its own.  `done(call, rc, arg)` runs once, on that thread, with
- * rc as idem_call_complete() would return (0: durable, the response readable; IDEM_ELEASE: another
- * owner took the lease over, nothing stored), and must neither block nor call libidem (it may run
- * while that thread holds the store's writer).  Until then the call belongs to the engine.  Returns
+ * the store runs on a thread of its own.  `done(call, rc, arg)` runs once, on a thread of the
+ * store's (the callback rule, above), with rc as idem_call_complete() would return (0: durable,
+ * the response readable; IDEM_ELEASE: another owner took the lease over, nothing stored).  Until
+ * then the call belongs to the engine.  Returns
  * 0 when `done` will run, or a negative code when nothing was done (IDEM_ESTATE with a phase open,
  * or once completed; `done` is not called).
  */

@@ -16,6 +16,7 @@
 #include "t.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1770,6 +1771,120 @@ static void test_begin_async(struct idem_engine *eng, struct idem_store *st)
     idem_engine_free(nocache);
 }
 
+/* ---- 9e. callbacks that block, and a commit that fails alone ------------------------------- */
+
+/*
+ * A callback of the asynchronous calls runs on a thread of the store's, and may use libidem like
+ * any other thread: end its call (which releases a durable record that did not complete, a
+ * blocking write) or another one.  It must never wait for the thread it runs on: a deadlock
+ * there would hang every later write of the process, so a watchdog ends the run instead.
+ */
+static const struct idem_operation phased_op = {
+    .name = "contract.phased", .lease_ms = 60000, .wait_ms = 100};
+
+static void watchdog_fired(int sig)
+{
+    static const char msg[] = "store_contract: a callback deadlocked the store (watchdog)\n";
+
+    (void)sig;
+    if (write(2, msg, sizeof msg - 1) < 0) {
+        /* (nothing more to say) */
+    }
+    _exit(1);
+}
+
+struct ending {
+    struct idem_call *other; /* ended by the callback too, before its own call (NULL: none) */
+    int rc;
+    atomic_int told;
+};
+
+static void end_in_callback(struct idem_call *call, int rc, void *arg)
+{
+    struct ending *e = arg;
+
+    e->rc = rc;
+    idem_call_end(e->other);
+    idem_call_end(call);
+    atomic_store(&e->told, 1);
+}
+
+/* Begins `key` of phased_op and moves it to "created": a durable record, not completed. */
+static struct idem_call *phased_created(struct idem_engine *eng, const char *key)
+{
+    unsigned char fp[IDEM_FP_LEN];
+    struct idem_call *call = NULL;
+    enum idem_outcome oc;
+
+    fp_of("{\"phased\":1}", fp);
+    CHECK_INT(idem_call_begin(eng, &phased_op, "alice", key, fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_advance(call, "created", NULL), 0);
+    return call;
+}
+
+/* The record of `key` was released: the next request resumes it at once, at "created". */
+static void expect_released(struct idem_engine *eng, const char *key)
+{
+    unsigned char fp[IDEM_FP_LEN];
+    struct idem_call *call = NULL;
+    enum idem_outcome oc = IDEM_OUTCOME_NONE;
+
+    fp_of("{\"phased\":1}", fp);
+    CHECK_INT(idem_call_begin(eng, &phased_op, "alice", key, fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_RESUME);
+    CHECK_STR(idem_call_recovery_point(call), "created");
+    CHECK_INT(idem_call_complete(call, 200, NULL, 0, "resumed", 7), 0);
+    idem_call_end(call);
+}
+
+/* Ends the run if a callback deadlocked the store, instead of hanging it: armed for `s`. */
+static void watchdog_arm(struct sigaction *old, unsigned s)
+{
+    struct sigaction sa;
+
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = watchdog_fired;
+    sigaction(SIGALRM, &sa, old);
+    alarm(s);
+}
+
+static void watchdog_disarm(const struct sigaction *old)
+{
+    alarm(0);
+    sigaction(SIGALRM, old, NULL);
+}
+
+static void test_callbacks_may_block(struct idem_engine *eng)
+{
+    struct sigaction old;
+    struct ending ended = {0};
+    struct idem_call *x, *y;
+    unsigned char fp[IDEM_FP_LEN];
+
+    watchdog_arm(&old, 60);
+    /*
+     * A callback that ends another call holding a durable, unfinished record: the release is a
+     * blocking write, made from the store's thread.
+     */
+    x = phased_created(eng, "cb-x");
+    y = phased_created(eng, "cb-y");
+    CHECK_INT(idem_call_phase_begin(y), 0);
+    CHECK_INT(idem_call_stage(y, 201, NULL, 0, "y", 1), 0);
+    ended.other = x;
+    CHECK_INT(idem_call_commit_async(y, end_in_callback, &ended), 0);
+    T_WAIT_UNTIL(atomic_load(&ended.told), "the commit's callback to end both calls");
+    CHECK_INT(ended.rc, 0);
+    expect_released(eng, "cb-x");
+    fp_of("{\"phased\":1}", fp);
+    expect_replay(eng, &phased_op, "cb-y", fp, 201, "y");
+    /* Nothing of the store is stuck: a write of a thread of our own still commits. */
+    x = phased_created(eng, "cb-after");
+    CHECK_INT(idem_call_complete(x, 200, NULL, 0, "after", 5), 0);
+    idem_call_end(x);
+    watchdog_disarm(&old);
+}
+
 static void *migrate_one(void *arg)
 {
     int *rc = arg;
@@ -1952,6 +2067,7 @@ int main(int argc, char **argv)
     test_one_phase(eng, st);
     test_begin_async(eng, st);
     test_run_async(eng, st);
+    test_callbacks_may_block(eng);
     test_unfinished_listing(eng, st);
     test_migrate_race();
 
