@@ -265,7 +265,8 @@ struct idem_store_vtab {
      * instead of a pooled connection: `write_begin` lends the store's one writer connection with
      * the caller's work isolated in a savepoint; `write_commit` releases the savepoint into the
      * current batch and returns only once that batch is durable (or failed: every member then
-     * fails); `write_rollback` undoes the caller's savepoint alone, and
+     * fails; a member whose writes would fail the batch's COMMIT, a foreign key left unresolved,
+     * fails alone before it joins); `write_rollback` undoes the caller's savepoint alone, and
      * returns once what the caller could have read is durable.  Errors go to `err`, since the
      * writer's own message buffer belongs to whoever holds it next.
      */
@@ -277,8 +278,9 @@ struct idem_store_vtab {
      * into the current batch and the call returns; `done(arg, rc, errmsg)` runs once the batch is
      * durable (rc 0) or failed, on the store's notifier thread (sqlite_commit.c), which holds
      * nothing of the store's meanwhile: `done` may use the store, even block.  A negative return
-     * means the release itself failed: the savepoint was rolled back and `done` is never called.
-     * The store counts it in st->write_commits once durable.
+     * means the release itself failed (e.g. the caller's writes left a foreign key unresolved):
+     * the savepoint was rolled back and `done` is never called.  The store counts it in
+     * st->write_commits once durable.
      */
     int (*write_commit_async)(struct idem_store *st, struct idem_conn *c,
                               struct idem__job_slot *slot, idem__commit_done done, void *arg,

@@ -1002,6 +1002,26 @@ static int writer_ready(struct sq_group *g, char *err, size_t errlen)
 }
 
 /*
+ * Whether the member that just ran on the writer `w` left a foreign key unresolved: one declared
+ * DEFERRABLE INITIALLY DEFERRED (or any, under PRAGMA defer_foreign_keys) is checked only by the
+ * COMMIT, which would then fail for the whole batch -- every member's writes lost for one
+ * member's.  Every member is checked before its writes join the batch, so the batch holds none
+ * and a count above zero is this member's own: it fails as the COMMIT of a transaction of its own
+ * would, and its savepoint is rolled back like that of a statement that failed.  Returns 0, or
+ * IDEM_ESTORE with why in `msg`.
+ */
+static int member_keys_check(struct idem_conn *w, char *msg, size_t msglen)
+{
+    int now = 0, high = 0;
+
+    if (sqlite3_db_status(w->db, SQLITE_DBSTATUS_DEFERRED_FKS, &now, &high, 0) != SQLITE_OK ||
+        now == 0)
+        return 0;
+    idem__fmt(msg, msglen, "%s", "sqlite: commit: FOREIGN KEY constraint failed");
+    return IDEM_ESTORE;
+}
+
+/*
  * Runs one job in its own savepoint of the open batch on the writer `w` (held, g->mu not held);
  * a one-statement job (IDEM__TX_ONE_STATEMENT) without one: there is nothing of it to undo.
  */
@@ -1027,6 +1047,9 @@ static void job_run(struct idem_conn *w, struct sq_job *j)
         idem__fmt(j->errmsg, sizeof(j->errmsg),
                   "sqlite: the shared write transaction was rolled back: %s", w->errmsg);
         rc = IDEM_EUNAVAIL;
+    } else if (rc == 0 && (rc = member_keys_check(w, j->errmsg, sizeof(j->errmsg))) < 0) {
+        if (!own_savepoint) /* (nothing undoes it: the batch must not commit) */
+            w->broken = 1;
     } else if (rc == 0 && own_savepoint) {
         rc = idem__sq_run_simple(w, "RELEASE idem_tx", "commit");
     }
@@ -1070,6 +1093,8 @@ static void jobs_run_rerunnable(struct idem_conn *w, struct sq_job *list)
                 idem__fmt(j->errmsg, sizeof(j->errmsg),
                           "sqlite: the shared write transaction was rolled back: %s", w->errmsg);
                 j->rc = IDEM_EUNAVAIL;
+            } else if (j->rc == 0) {
+                j->rc = member_keys_check(w, j->errmsg, sizeof(j->errmsg));
             }
             if (j->rc < 0) {
                 if (j->errmsg[0] == '\0')
@@ -1360,6 +1385,11 @@ static int release_into_batch(struct idem_store *st, struct idem_conn *c, char *
                   c->errmsg);
         idem__sq_write_rollback(st, c);
         return IDEM_EUNAVAIL;
+    }
+    rc = member_keys_check(c, err, errlen);
+    if (rc < 0) {
+        idem__sq_write_rollback(st, c);
+        return rc;
     }
     rc = idem__sq_run_simple(c, "RELEASE idem_tx", "commit");
     if (rc < 0) {

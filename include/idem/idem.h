@@ -540,7 +540,8 @@ IDEM_API int idem_call_run_async(struct idem_engine *eng, const struct idem_oper
  * `done` runs the call belongs to the engine: do not use or end it.  Duplicates stay waiting
  * and nothing is answered from the replay cache before the commit is durable.  Returns 0 when
  * `done` will run (or ran), or a negative code when the commit failed at once (then `done` is not
- * called and the call is as after a failed idem_call_commit()). Stores
+ * called and the call is as after a failed idem_call_commit(); on SQLite so does a phase whose
+ * writes leave a foreign key unresolved, which would fail the COMMIT of the batch it joins). Stores
  * without group commit commit synchronously and call `done` before returning.
  */
 IDEM_API int idem_call_commit_async(struct idem_call *call, idem_call_done done, void *arg);

@@ -1782,6 +1782,16 @@ static void test_begin_async(struct idem_engine *eng, struct idem_store *st)
 static const struct idem_operation phased_op = {
     .name = "contract.phased", .lease_ms = 60000, .wait_ms = 100};
 
+static const struct idem_migration fk_schema[] = {
+    {1, "rows whose parent is checked at COMMIT",
+     "CREATE TABLE fk_parent (id TEXT PRIMARY KEY);"
+     " CREATE TABLE fk_child (id TEXT PRIMARY KEY,"
+     " parent TEXT REFERENCES fk_parent (id) DEFERRABLE INITIALLY DEFERRED)",
+     "CREATE TABLE fk_parent (id TEXT PRIMARY KEY);"
+     " CREATE TABLE fk_child (id TEXT PRIMARY KEY,"
+     " parent TEXT REFERENCES fk_parent (id) DEFERRABLE INITIALLY DEFERRED)"},
+};
+
 static void watchdog_fired(int sig)
 {
     static const char msg[] = "store_contract: a callback deadlocked the store (watchdog)\n";
@@ -1838,6 +1848,21 @@ static void expect_released(struct idem_engine *eng, const char *key)
     idem_call_end(call);
 }
 
+static int fk_rows(struct idem_store *st)
+{
+    struct idem_tx *tx = NULL;
+    struct idem_rows *r = NULL;
+    int n = -1;
+
+    if (idem_tx_begin(st, 0, &tx) < 0)
+        return -1;
+    if (idem_tx_exec(tx, "SELECT count(*) FROM fk_child", 0, NULL, &r) == 0)
+        n = atoi(idem_rows_get(r, 0, 0));
+    idem_rows_free(r);
+    idem_tx_rollback(tx);
+    return n;
+}
+
 /* Ends the run if a callback deadlocked the store, instead of hanging it: armed for `s`. */
 static void watchdog_arm(struct sigaction *old, unsigned s)
 {
@@ -1882,6 +1907,64 @@ static void test_callbacks_may_block(struct idem_engine *eng)
     x = phased_created(eng, "cb-after");
     CHECK_INT(idem_call_complete(x, 200, NULL, 0, "after", 5), 0);
     idem_call_end(x);
+    watchdog_disarm(&old);
+}
+
+/*
+ * A phase whose COMMIT would fail (a foreign key checked only then), with claims queued behind
+ * it meanwhile (on SQLite they join its batch), and a callback that ends it: the phase fails
+ * alone, as it would in a transaction of its own, its record is released, and the claims are
+ * durable -- one member's failure is not its batch's.
+ */
+#define FK_NEIGHBOURS 4
+
+static void test_commit_fails_alone(struct idem_engine *eng, struct idem_store *st)
+{
+    struct sigaction old;
+    struct ending failed = {0};
+    struct async_step nb[FK_NEIGHBOURS];
+    struct idem_call *z;
+    unsigned char fp[IDEM_FP_LEN];
+    const char *child[] = {"orphan", "no-such-parent"};
+    char key[32];
+    int rc;
+
+    watchdog_arm(&old, 60);
+    CHECK_INT(idem_store_migrate(st, "contract-fk", fk_schema, 1, NULL, NULL), 0);
+    z = phased_created(eng, "cb-z");
+    CHECK_INT(idem_call_phase_begin(z), 0);
+    CHECK_INT(idem_tx_exec(idem_call_tx(z), "INSERT INTO fk_child (id, parent) VALUES ($1, $2)", 2,
+                           child, NULL),
+              0);
+    CHECK_INT(idem_call_stage(z, 201, NULL, 0, "z", 1), 0);
+    fp_of("{\"async\":1}", fp);
+    for (int i = 0; i < FK_NEIGHBOURS; i++) {
+        memset(&nb[i], 0, sizeof nb[i]);
+        snprintf(key, sizeof key, "cb-nb-%d", i);
+        CHECK_INT(idem_call_begin_async(eng, &point_op, "alice", key, fp, async_begun, &nb[i]), 1);
+    }
+    rc = idem_call_commit_async(z, end_in_callback, &failed);
+    if (rc == 0) {
+        T_WAIT_UNTIL(atomic_load(&failed.told), "the failed commit's callback to end its call");
+        rc = failed.rc;
+    } else {
+        idem_call_end(z); /* (refused at once: the call is ours to end) */
+    }
+    CHECK(rc < 0);
+    for (int i = 0; i < FK_NEIGHBOURS; i++) {
+        CHECK(async_wait(&nb[i]));
+        CHECK_INT(nb[i].rc, 0);
+        CHECK_INT(nb[i].outcome, IDEM_OUTCOME_EXECUTE);
+        if (nb[i].rc == 0)
+            CHECK_INT(idem_call_complete(nb[i].call, 200, NULL, 0, "nb", 2), 0);
+        idem_call_end(nb[i].call);
+    }
+    for (int i = 0; i < FK_NEIGHBOURS; i++) {
+        snprintf(key, sizeof key, "cb-nb-%d", i);
+        expect_replay(eng, &point_op, key, fp, 200, "nb");
+    }
+    CHECK_INT(fk_rows(st), 0);
+    expect_released(eng, "cb-z");
     watchdog_disarm(&old);
 }
 
@@ -2068,6 +2151,7 @@ int main(int argc, char **argv)
     test_begin_async(eng, st);
     test_run_async(eng, st);
     test_callbacks_may_block(eng);
+    test_commit_fails_alone(eng, st);
     test_unfinished_listing(eng, st);
     test_migrate_race();
 

@@ -9,7 +9,10 @@
  * run by the writer's holder (idem__tx_run): one that fails or asks for a rollback leaves nothing,
  * its neighbours in the same batch keep theirs, from many threads at once (half of them one
  * statement each, without a savepoint of their own); and the same without
- * a thread waiting for them (write_run_async), told by the store's own thread.
+ * a thread waiting for them (write_run_async), told by the store's own thread.  A job whose
+ * writes would fail the batch's COMMIT (a deferred foreign key) fails alone.  A store whose fsync
+ * failed answers no read, inside a read transaction either; and the syncer's fsync reaches the
+ * WAL that is named -wal now, after the last connection to the file closed.
  */
 #define _GNU_SOURCE /* syscall() */
 #include "internal.h"
@@ -446,6 +449,96 @@ static void stopped_store_fails_every_read(const char *dir)
     idem_store_close(st);
 }
 
+/* ---- a member whose writes would fail the batch's COMMIT ---------------------------------- */
+
+static const struct idem_migration fk_tables[] = {
+    {1, "rows whose parent is checked at COMMIT",
+     "CREATE TABLE fk_parent (id TEXT PRIMARY KEY);"
+     " CREATE TABLE fk_child (id TEXT PRIMARY KEY,"
+     " parent TEXT REFERENCES fk_parent (id) DEFERRABLE INITIALLY DEFERRED)",
+     NULL},
+};
+
+struct fk_job {
+    struct idem_store *st;
+    const char *id;
+    int orphan; /* also inserts a child of no parent: the COMMIT would refuse it */
+    struct idem__job_slot slot;
+    atomic_int told;
+    int rc;
+};
+
+static int fk_job_fn(struct idem_conn *c, void *arg)
+{
+    struct fk_job *j = arg;
+    const char *p[] = {j->id}, *child[] = {j->id, "no-such-parent"};
+    int rc = j->st->vt->exec(c, "INSERT INTO biz (id) VALUES ($1)", 1, p, NULL);
+
+    if (rc == 0 && j->orphan)
+        rc =
+            j->st->vt->exec(c, "INSERT INTO fk_child (id, parent) VALUES ($1, $2)", 2, child, NULL);
+    return rc;
+}
+
+static void fk_job_done(void *arg, int rc, const char *errmsg)
+{
+    struct fk_job *j = arg;
+
+    (void)errmsg;
+    j->rc = rc;
+    atomic_fetch_add(&j->told, 1);
+}
+
+static int fk_told(struct fk_job *jobs, int n)
+{
+    int told = 0;
+
+    for (int i = 0; i < n; i++)
+        told += atomic_load(&jobs[i].told);
+    return told;
+}
+
+/*
+ * Jobs queued while a thread holds the writer join its batch when it lets go: rerunnable ones
+ * (sharing one savepoint) and ones with a savepoint each.  One of each leaves a foreign key
+ * unresolved, which only the batch's COMMIT would find, failing every member: each fails alone
+ * instead, as its own COMMIT would, and the others are durable.
+ */
+static void orphans_fail_alone(const char *dir)
+{
+    enum { N = 6 };
+    static struct fk_job jobs[N];
+    static const char *const ids[N] = {"r-keep-1", "r-orphan", "r-keep-2",
+                                       "s-keep-1", "s-orphan", "s-keep-2"};
+    struct idem_store *st = NULL;
+    struct idem_tx *holder = NULL;
+    const char *held[] = {"holder"};
+    char uri[160], err[IDEM_ERRMSG_MAX];
+
+    snprintf(uri, sizeof uri, "sqlite:%s/fk.db", dir);
+    CHECK_INT(idem_store_open(uri, NULL, &st, NULL), 0);
+    CHECK_INT(idem_store_migrate(st, "unit", biz, 1, NULL, NULL), 0);
+    CHECK_INT(idem_store_migrate(st, "unit-fk", fk_tables, 1, NULL, NULL), 0);
+    CHECK_INT(idem_tx_begin(st, 1, &holder), 0);
+    CHECK_INT(idem_tx_exec(holder, "INSERT INTO biz (id) VALUES ($1)", 1, held, NULL), 0);
+    for (int i = 0; i < N; i++) {
+        jobs[i] =
+            (struct fk_job){.st = st, .id = ids[i], .orphan = strstr(ids[i], "orphan") != NULL};
+        CHECK_INT(idem__tx_run_async(st, &jobs[i].slot, fk_job_fn, &jobs[i],
+                                     i < N / 2 ? IDEM__TX_RERUNNABLE : 0, fk_job_done, &jobs[i],
+                                     err, sizeof err),
+                  0);
+    }
+    CHECK_INT(idem_tx_commit(holder), 0); /* the jobs run into its batch before it commits */
+    T_WAIT_UNTIL(fk_told(jobs, N) == N, "every job told");
+    for (int i = 0; i < N; i++) {
+        CHECK_INT(jobs[i].rc, jobs[i].orphan ? IDEM_ESTORE : 0);
+        CHECK_INT(biz_has(st, ids[i]), jobs[i].orphan ? 0 : 1);
+    }
+    CHECK_INT(biz_has(st, "holder"), 1);
+    idem_store_close(st);
+}
+
 /* Closes every connection the store holds: the pooled ones as if each broke, then the writer. */
 static void close_every_connection(struct idem_store *st)
 {
@@ -574,6 +667,7 @@ int main(void)
     jobs_without_a_waiting_thread(dir);
     stopped_store_fails_every_read(dir);
     syncer_follows_the_wal(dir);
+    orphans_fail_alone(dir);
     idem_engine_free(eng);
     idem_store_close(st);
     {
