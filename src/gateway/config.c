@@ -745,6 +745,11 @@ static int load_upstream(struct loader *ld, const yaml_node_t *map, struct gw_co
     cfg->upstream_timeout_ms = (int)DEFAULT_TIMEOUT_MS;
     cfg->upstream_max_connections = DEFAULT_UPSTREAM_CONNECTIONS;
     cfg->max_response_bytes = (size_t)DEFAULT_MAX_RESPONSE;
+    /*
+     * A connection an upstream sent a stray answer on can look idle at any check before reuse
+     * (the answer may come later), so keyed requests, whose answers are stored, get their own.
+     */
+    cfg->upstream_keyed_fresh = 1;
     if (collect(ld, map, "upstream", keys, COUNT(keys), v) != 0)
         return -1;
     if (v[URL] == NULL)

@@ -155,8 +155,8 @@ struct gw_config {
     int upstream_connect_timeout_ms; /* 2000 */
     int upstream_timeout_ms;         /* request sent to the end of the answer (30000) */
     int upstream_max_connections;    /* kept open to the upstream (64) */
-    int upstream_keyed_fresh;        /* keyed_connections: fresh: a new connection per keyed
-                                        request, never reused (default pooled) */
+    int upstream_keyed_fresh;        /* keyed_connections: fresh (default): a new connection per
+                                        keyed request, never reused; 0 with pooled */
     size_t max_response_bytes;       /* largest answer passed through (16 MiB) */
     size_t max_body;                 /* largest request body, 413 above (1 MiB) */
 
