@@ -295,21 +295,17 @@ static int storable(const struct gw_route *r, const struct http_reply *ur)
 }
 
 /*
- * Completes the record with a problem saying the upstream acted but its answer was not kept
- * (too large to store): a retry learns that, and never runs the request again.
- */
-/*
+ * What a record whose answer was too large to store holds instead: a problem saying the upstream
+ * acted but its answer was not kept, so a retry learns that and never runs the request again.
  * `size`: the response's length, or UINT64_MAX for "more than `at_least`" (streamed, unknown).
- * Stored in the gateway's error format, with its Content-Type (and Stripe-Should-Retry).
+ * In the gateway's error format: `styled` (response_clear() it) and its headers in h (borrowed
+ * from it; the count is returned).
  */
-static int complete_not_stored(const struct gateway *gw, const struct gw_route *r,
-                               struct idem_call *call, uint64_t size, size_t at_least)
+static size_t not_stored_answer(const struct gateway *gw, const struct gw_route *r, uint64_t size,
+                                size_t at_least, struct response *styled, struct idem_header h[2])
 {
-    struct idem_header h[2];
-    struct response styled;
     char detail[300], how_large[64];
     size_t nh = 0;
-    int rc;
 
     if (size == UINT64_MAX)
         snprintf(how_large, sizeof how_large, "over %zu bytes", at_least);
@@ -319,12 +315,23 @@ static int complete_not_stored(const struct gateway *gw, const struct gw_route *
              "The request was executed, but its response (%s) was too large to store, so it "
              "cannot be replayed. Read the result from the API itself.",
              how_large);
-    response_init(&styled);
-    response_problem(&styled, 410, "response-not-stored", detail);
-    gw_errors_restyle(gw->cfg->error_format, r, 1, NULL, &styled);
-    for (size_t i = 0; i < styled.nheaders && nh < 2; i++)
-        h[nh++] = (struct idem_header){styled.headers[i].name, styled.headers[i].value};
-    rc = idem_call_complete(call, styled.status, h, nh, styled.body, styled.body_len);
+    response_init(styled);
+    response_problem(styled, 410, "response-not-stored", detail);
+    gw_errors_restyle(gw->cfg->error_format, r, 1, NULL, styled);
+    for (size_t i = 0; i < styled->nheaders && nh < 2; i++)
+        h[nh++] = (struct idem_header){styled->headers[i].name, styled->headers[i].value};
+    return nh;
+}
+
+/* Completes the record with not_stored_answer(). */
+static int complete_not_stored(const struct gateway *gw, const struct gw_route *r,
+                               struct idem_call *call, uint64_t size, size_t at_least)
+{
+    struct idem_header h[2];
+    struct response styled;
+    size_t nh = not_stored_answer(gw, r, size, at_least, &styled, h);
+    int rc = idem_call_complete(call, styled.status, h, nh, styled.body, styled.body_len);
+
     response_clear(&styled);
     return rc;
 }
@@ -1000,7 +1007,11 @@ static enum http_loop_verdict to_worker(struct note *n, struct parked *pk, int s
     n->settled = settled;
     snprintf(n->err, sizeof n->err, "%s", pk->err);
     free(pk);
-    return HTTP_LOOP_HANDOFF; /* it holds the record's lease: never refused */
+    /*
+     * It holds the record's lease: never refused.  Settled already, what is left of a large
+     * answer is a stream, which waits for a worker streams may hold (http_server.h).
+     */
+    return settled && n->reply.rest != NULL ? HTTP_LOOP_STREAM : HTTP_LOOP_HANDOFF;
 }
 
 static enum http_loop_verdict fresh_on_loop(struct gateway *gw, const struct note *n,
@@ -1047,24 +1058,37 @@ static enum http_loop_verdict fresh_forward(struct gateway *gw, const struct req
     return park_again(pk, park, upstream_backstop(gw, pk));
 }
 
-/* The answer is in: store it without a worker when it is stored whole, else settle on one. */
+/*
+ * The answer is in: store it without a worker when it is stored whole, or when it is streamed
+ * (the record then says "not stored" before a stream worker relays it); else settle on a worker.
+ */
 static enum http_loop_verdict fresh_settle(struct gateway *gw, struct note *n, struct parked *pk,
                                            struct http_park *park)
 {
     const struct gw_route *r = n->m.route;
-    struct idem_header *h;
+    struct idem_header *h, not_stored[2];
+    struct response styled;
+    int streamed = pk->res == HTTP_FETCH_OK && storable(r, &pk->reply) && pk->reply.rest != NULL;
     int rc;
 
-    if (!stores_whole(r, pk->res, &pk->reply))
+    if (!streamed && !stores_whole(r, pk->res, &pk->reply))
         return to_worker(n, pk, 0);
-    h = reply_headers(&pk->reply);
     pthread_mutex_lock(&gw->steps_mu);
     pk->stored = 0;
     pthread_mutex_unlock(&gw->steps_mu);
     pk->step = PARK_COMPLETE;
-    rc = idem_call_complete_async(pk->call, pk->reply.status, h, pk->reply.nheaders, pk->reply.body,
-                                  pk->reply.body_len, complete_done, pk);
-    free(h);
+    if (streamed) {
+        size_t nh = not_stored_answer(gw, r, http_body_stream_length(pk->reply.rest),
+                                      r->max_stored_body, &styled, not_stored);
+        rc = idem_call_complete_async(pk->call, styled.status, not_stored, nh, styled.body,
+                                      styled.body_len, complete_done, pk);
+        response_clear(&styled);
+    } else {
+        h = reply_headers(&pk->reply);
+        rc = idem_call_complete_async(pk->call, pk->reply.status, h, pk->reply.nheaders,
+                                      pk->reply.body, pk->reply.body_len, complete_done, pk);
+        free(h);
+    }
     if (rc == 0)
         return park_again(pk, park, STEP_CHECK_MS);
     log_unsettled(gw, r, pk->reply.status, pk->call);
@@ -1127,6 +1151,8 @@ static enum http_loop_verdict fresh_on_unpark(struct gateway *gw, const struct r
             log_unsettled(gw, r, pk->reply.status, pk->call);
             return to_worker(n, pk, 1); /* ending a call that holds a lease may block */
         }
+        if (pk->reply.rest != NULL)
+            return to_worker(n, pk, 1); /* settled: a stream worker relays the rest */
         resp->outcome = "executed";
         relay(&pk->reply, resp);
         http_reply_clear(&pk->reply);
@@ -1252,7 +1278,7 @@ static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *r
             /* Too large to hold: a worker streams it (proxy_handle), the loop must not block. */
             n->reply = pk->reply;
             free(pk);
-            return HTTP_LOOP_HANDOFF; /* the upstream acted: never refused */
+            return HTTP_LOOP_STREAM; /* the upstream acted: never refused */
         } else {
             answer_passed(pk->res, &pk->reply, pk->err, resp);
         }
@@ -1297,7 +1323,8 @@ static void proxy_handle(void *ctx, const struct request *rq, struct response *r
         n->call = NULL;
         if (n->settled) {
             resp->outcome = "executed";
-            relay(&n->reply, resp);
+            if (relay(&n->reply, resp) == 0 && n->reply.rest != NULL)
+                stream_rest(gw, rq, n->m.route->operation, n->reply.rest, resp);
             http_reply_clear(&n->reply);
         } else {
             settle_and_stream(gw, rq, n, call, n->res, &n->reply, n->err, resp);

@@ -86,7 +86,8 @@ static const int state_list[CONN_NSTATES] = {0, 1, 2, -1, 3, 4, -1, -1, 5, 6};
 #define DONE_JOB 1  /* a worker finished its job */
 #define DONE_WAKE 2 /* http_server_unpark() */
 
-enum job { JOB_HEAD, JOB_HANDLE };
+/* JOB_STREAM: a handler that streams its answer (HTTP_LOOP_STREAM), run on a stream worker. */
+enum job { JOB_HEAD, JOB_HANDLE, JOB_STREAM };
 
 struct http_loop;
 
@@ -125,6 +126,7 @@ struct conn {
     /* A body its handler streams from its worker (http_stream_begin), STREAM_*; 0: none. */
     int stream;
     int stream_reserved; /* holds a stream slot (http_stream_reserve, http_stream_begin) */
+    int stream_worker;   /* a JOB_HANDLE's worker that began a stream: counted as streaming */
     int stream_chunked, stream_body;
     uint64_t stream_length, stream_sent;
     uint64_t stream_out;      /* bytes written to the socket since http_stream_begin, head too */
@@ -212,6 +214,13 @@ struct http_server {
     struct conn *qhead, *qtail;
     int qlen;
     int qstop;
+    /*
+     * JOB_STREAMs wait apart, and run on at most stream_workers workers at once (every worker
+     * but one): a keyed request needing a worker never waits behind clients reading slowly.
+     */
+    struct conn *sqhead, *sqtail;
+    int nstreaming; /* workers streaming now (qmu) */
+    int stream_workers;
 
     pthread_mutex_t ipmu;
     struct ip_slot *ips[IP_BUCKETS];
@@ -455,8 +464,8 @@ static int stream_take(struct conn *c, int force)
 
     if (c->stream_reserved)
         return 0;
-    /* Every worker but one: keyed requests that need a worker always find one. */
-    cap_all = srv->nworkers > 1 ? srv->nworkers - 1 : 1;
+    /* The workers streams may hold: keyed requests that need a worker always find one. */
+    cap_all = srv->stream_workers;
     pthread_mutex_lock(&srv->ipmu);
     pp = c->counted ? ip_find(srv, c->ip) : NULL;
     if (!force && (srv->nstreams >= cap_all ||
@@ -972,6 +981,13 @@ int http_stream_begin(const struct request *rq, const struct response *resp, uin
     c->stream_out = 0;
     c->stream_waited_ms = 0;
     (void)stream_take(c, 1); /* counted, even over the caps: see http_stream_reserve() */
+    if (c->job == JOB_HANDLE) {
+        /* Not begun as a stream: its worker counts as streaming all the same (take_job). */
+        pthread_mutex_lock(&c->lp->srv->qmu);
+        c->lp->srv->nstreaming++;
+        pthread_mutex_unlock(&c->lp->srv->qmu);
+        c->stream_worker = 1;
+    }
     format_date(time(NULL), date);
     add_head(c, resp, keep, framing, length, date, &out);
     iov.iov_base = out.buf;
@@ -1070,24 +1086,43 @@ static const struct request *current_request(struct conn *c)
 
 /* ---- the worker pool ------------------------------------------------------------------------- */
 
+/*
+ * The next job a worker may take (under qmu), or NULL: any other job first, then a stream while
+ * fewer than stream_workers are streaming.
+ */
+static struct conn *take_job(struct http_server *srv)
+{
+    struct conn *c = srv->qhead;
+
+    if (c != NULL) {
+        srv->qhead = c->qnext;
+        if (srv->qhead == NULL)
+            srv->qtail = NULL;
+        srv->qlen--;
+        return c;
+    }
+    c = srv->sqhead;
+    if (c == NULL || srv->nstreaming >= srv->stream_workers)
+        return NULL;
+    srv->sqhead = c->qnext;
+    if (srv->sqhead == NULL)
+        srv->sqtail = NULL;
+    srv->nstreaming++;
+    return c;
+}
+
 static void *worker_main(void *arg)
 {
     struct http_server *srv = arg;
     const struct http_server_options *o = &srv->opts;
     struct conn *c;
-    int drop;
+    int drop, streamed;
 
     for (;;) {
         pthread_mutex_lock(&srv->qmu);
-        while (srv->qhead == NULL && !srv->qstop)
+        while ((c = take_job(srv)) == NULL &&
+               !(srv->qstop && srv->qhead == NULL && srv->sqhead == NULL))
             pthread_cond_wait(&srv->qcond, &srv->qmu);
-        c = srv->qhead;
-        if (c != NULL) {
-            srv->qhead = c->qnext;
-            if (srv->qhead == NULL)
-                srv->qtail = NULL;
-            srv->qlen--;
-        }
         pthread_mutex_unlock(&srv->qmu);
         if (c == NULL)
             break;
@@ -1103,8 +1138,17 @@ static void *worker_main(void *arg)
         o->handle(o->ctx, request_parser_request(&c->rp), &c->resp);
         /* Read once, before letting go: past the decrement the connection may be reused. */
         drop = c->resp.deferred ? 1 : 2;
+        streamed = c->job == JOB_STREAM || c->stream_worker;
+        c->stream_worker = 0;
         if (atomic_fetch_sub(&c->job_refs, drop) == drop)
             loop_push(c, DONE_JOB);
+        if (streamed) {
+            /* A stream waiting for a worker may take this one now. */
+            pthread_mutex_lock(&srv->qmu);
+            srv->nstreaming--;
+            pthread_cond_broadcast(&srv->qcond);
+            pthread_mutex_unlock(&srv->qmu);
+        }
     }
     return NULL;
 }
@@ -1119,7 +1163,16 @@ static int submit(struct conn *c, enum job job, int always)
     int rc = -1;
 
     pthread_mutex_lock(&srv->qmu);
-    if (always || srv->qlen < srv->opts.limits.queue) {
+    if (job == JOB_STREAM) { /* never refused: counted apart, see take_job() */
+        c->job = job;
+        c->qnext = NULL;
+        if (srv->sqtail != NULL)
+            srv->sqtail->qnext = c;
+        else
+            srv->sqhead = c;
+        srv->sqtail = c;
+        rc = 0;
+    } else if (always || srv->qlen < srv->opts.limits.queue) {
         c->job = job;
         c->qnext = NULL;
         if (srv->qtail != NULL)
@@ -1275,7 +1328,7 @@ static void dispatch(struct conn *c, enum http_loop_verdict v, int keep)
     }
     response_clear(&c->resp);
     response_init(&c->resp);
-    if (submit(c, JOB_HANDLE, v == HTTP_LOOP_HANDOFF) != 0)
+    if (submit(c, v == HTTP_LOOP_STREAM ? JOB_STREAM : JOB_HANDLE, v == HTTP_LOOP_HANDOFF) != 0)
         send_problem(c, rq, 503, "server-busy", "Every worker is busy; retry shortly.", keep);
 }
 
@@ -1929,6 +1982,7 @@ int http_server_start(const struct http_server_options *opts, const char *listen
     }
 
     srv->nworkers = srv->opts.limits.workers;
+    srv->stream_workers = srv->nworkers > 1 ? srv->nworkers - 1 : 1;
     srv->workers = xcalloc((size_t)srv->nworkers, sizeof *srv->workers);
     for (i = 0; i < srv->nworkers; i++) {
         if (pthread_create(&srv->workers[i], NULL, worker_main, srv) != 0)

@@ -108,6 +108,13 @@ enum http_loop_verdict {
      * upstream that acted): never refused.  As many as there are requests parked.
      */
     HTTP_LOOP_HANDOFF,
+    /*
+     * on_unpark only: as HTTP_LOOP_HANDOFF, for a handler that streams a large answer
+     * (http_stream_begin): it runs on one of the workers streams may hold, every worker but one,
+     * and waits for one of those when they are all streaming, so that clients that read slowly
+     * never hold the worker every other request needs.
+     */
+    HTTP_LOOP_STREAM,
 };
 
 /* How on_loop parks a request. */

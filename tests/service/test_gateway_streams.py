@@ -4,8 +4,9 @@
 test_gateway_streams.py - slow readers cannot take idem-gateway's workers (issue 29): an answer
 too large to hold is streamed by a worker, so clients that never read them would hold every
 worker.  Passed-through GET streams are capped per client address and at every worker but one
-(the one over is 503 server-busy at once, and keyed requests are still answered, streamed ones
-too); a reader that trickles is cut once it falls under --stream-min-rate, not held for ever; a
+(the one over is 503 server-busy at once, and keyed requests are still answered); streams that
+cannot be refused (a POST's, a keyed one's) wait for one of those workers instead of taking the
+last; a reader that trickles is cut once it falls under --stream-min-rate, not held for ever; a
 reader whose upstream is the slow side is not.
 """
 
@@ -127,25 +128,64 @@ def streams_nobody_reads_leave_a_worker_for_keyed_requests(ctx):
             else:
                 expect_busy(read_response(s), "stream %d, over every worker but one" % i)
                 expect(time.monotonic() - t0 < 5, "refused at once, not after a wait")
-        # A keyed request is answered promptly, and so is one whose answer needs the free worker
-        # (streamed, over max_stored_body) on either store.
+        # A keyed request is answered promptly on either store.
         t0 = time.monotonic()
         r = gw.request("POST", "/v1/things", {"n": 1}, key=key("streams"), timeout=20)
         expect_fresh(r, 201, "a keyed request beside the streams")
         expect(time.monotonic() - t0 < 5, "answered in %.1f s" % (time.monotonic() - t0))
-        t0 = time.monotonic()
+        # A keyed answer too large to store is never refused (the upstream acted): its record
+        # says so at once, so a retry is told so, and it streams once a stream's worker is free.
         k = key("streams-big")
         s = send(gw, "POST", "/v1/things", "big:%d" % KEYED_BIG, k=k)
         held.append(s)
-        status, headers, rest = read_head(s)
-        expect_eq(status, 200, "a keyed answer streamed beside the streams")
-        expect_whole(s, rest, headers, KEYED_BIG, "the keyed streamed answer")
-        expect(time.monotonic() - t0 < 5, "streamed in %.1f s" % (time.monotonic() - t0))
-        # Over the cap or not, a keyed answer goes out (the upstream acted): never kept, so a
-        # retry is told so.
+        harness.wait_until("the keyed request to reach the upstream", lambda: up.executions(k) == 1)
+        t0 = time.monotonic()
         r = gw.request("POST", "/v1/things", {"n": 1}, key=k)
         expect_problem(r, 410, "response-not-stored", "a retry of the streamed keyed answer")
+        expect(time.monotonic() - t0 < 5, "told in %.1f s" % (time.monotonic() - t0))
+        held[0].close()
+        status, headers, rest = read_head(s)
+        expect_eq(status, 200, "a keyed answer streamed once a stream ended")
+        expect_whole(s, rest, headers, KEYED_BIG, "the keyed streamed answer")
         expect_eq(up.executions(k), 1, "executions of the streamed keyed request")
+    finally:
+        for s in held:
+            s.close()
+        gw.close()
+
+
+@test
+def streams_that_cannot_be_refused_leave_a_worker_for_keyed_requests(ctx):
+    # A passed-through POST's answer is never refused (the upstream acted on it), so four clients
+    # that never read theirs could hold all four workers: streams run on every worker but one and
+    # the fourth waits for one of those, while a keyed request that needs a worker (its answer is
+    # not stored: settled there) takes the one left, within its deadline.
+    up = ctx["up"]
+    gw = Gateway(up, args=["--http-workers", "4"], name="gateway-post-streams")
+    held = []
+    try:
+        gw.start()
+        for i in range(4):
+            held.append(send(gw, "POST", "/v2/exports/%d" % i, "big:%d" % BIG, rcvbuf=4096))
+        harness.wait_until("the four exports to reach the upstream", lambda: sum(
+            1 for r in list(up.requests) if r["path"].startswith("/v2/exports/")) == 4)
+        t0 = time.monotonic()
+        r = gw.request("POST", "/v1/things", {"n": 1}, key=key("beside"), timeout=10,
+                       headers={"X-Test-Mode": "status:500"})
+        expect_eq(r.status, 500, "the keyed request's answer beside the streams")
+        expect(time.monotonic() - t0 < 3, "answered in %.1f s" % (time.monotonic() - t0))
+        # The fourth stream was held back, not refused: it begins once another one ends.
+        begun, waiting = [], []
+        for s in held:
+            s.settimeout(0.5)
+            try:
+                begun.append((read_head(s)[0], s))
+            except socket.timeout:
+                waiting.append(s)
+        expect_eq([st for st, _ in begun], [200, 200, 200], "streams begun beside the free worker")
+        begun[0][1].close()
+        waiting[0].settimeout(30)
+        expect_eq(read_head(waiting[0])[0], 200, "the fourth stream, once a worker is free")
     finally:
         for s in held:
             s.close()
