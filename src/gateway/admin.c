@@ -34,6 +34,8 @@ static void metrics(struct gateway *gw, struct response *resp)
     unrouted_render(gw->unrouted, &out);
     free(names);
     prom_replay_cache(&out, "idem_gateway", gw->engine);
+    if (gw->quota)
+        quota_render(gw->quota, "idem_gateway", clock_wall_ms(), &out);
     prom_store(&out, "idem_gateway", gw->store);
     if (srv) {
         struct http_server_stats st;

@@ -68,6 +68,12 @@
 #define DEFAULT_WAIT_MS (2 * SECOND_MS)
 #define DEFAULT_MAX_STORED_BODY MIB
 #define DEFAULT_KEY_HEADER "Idempotency-Key"
+/* What one caller may make the gateway keep (principal_limits), and all of them together. */
+#define DEFAULT_KEYS_IN_FLIGHT 128
+#define DEFAULT_NEW_KEYS_PER_SECOND 100
+#define DEFAULT_PRINCIPAL_STORED GIB
+#define DEFAULT_TRACKED 10000
+#define DEFAULT_MAX_STORED (16 * GIB)
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -1000,6 +1006,45 @@ static int load_limits(struct loader *ld, const yaml_node_t *map, struct gw_conf
     return 0;
 }
 
+/*
+ * `principal_limits:` what one caller may make the gateway keep; 0 turns a limit off.  The
+ * defaults are far above what a client that retries (rather than floods) needs.
+ */
+static int load_principal_limits(struct loader *ld, const yaml_node_t *map, struct gw_config *cfg)
+{
+    static const char *const keys[] = {"keys_in_flight", "new_keys_per_second", "stored_bytes",
+                                       "tracked"};
+    enum { KEYS_IN_FLIGHT, NEW_KEYS_PER_SECOND, STORED_BYTES, TRACKED };
+    yaml_node_t *v[COUNT(keys)];
+    int64_t x;
+
+    if (collect(ld, map, "principal_limits", keys, COUNT(keys), v) != 0)
+        return -1;
+    if (v[KEYS_IN_FLIGHT] != NULL) {
+        if (want_int(ld, v[KEYS_IN_FLIGHT], "principal_limits.keys_in_flight", 0, 1000000, &x) != 0)
+            return -1;
+        cfg->limit_keys_in_flight = (int)x;
+    }
+    if (v[NEW_KEYS_PER_SECOND] != NULL) {
+        if (want_int(ld, v[NEW_KEYS_PER_SECOND], "principal_limits.new_keys_per_second", 0, 1000000,
+                     &x) != 0)
+            return -1;
+        cfg->limit_new_keys_per_second = (int)x;
+    }
+    if (v[STORED_BYTES] != NULL) {
+        if (want_size(ld, v[STORED_BYTES], "principal_limits.stored_bytes", 0, 1024 * 1024 * GIB,
+                      &x) != 0)
+            return -1;
+        cfg->limit_stored_bytes = (uint64_t)x;
+    }
+    if (v[TRACKED] != NULL) {
+        if (want_int(ld, v[TRACKED], "principal_limits.tracked", 1, 10000000, &x) != 0)
+            return -1;
+        cfg->limit_tracked = (int)x;
+    }
+    return 0;
+}
+
 /* ---- routes ---------------------------------------------------------------------------------- */
 
 static int is_param_name(const char *s, size_t n)
@@ -1720,11 +1765,11 @@ static int load_unrouted_keys(struct loader *ld, const yaml_node_t *n, struct gw
 static int load_document(struct loader *ld, struct gw_config *cfg)
 {
     static const char *const keys[] = {
-        "listen",           "admin_listen",  "store",
-        "upstream",         "max_body_size", "principal",
-        "limits",           "routes",        "method_override_headers",
-        "admin_token_file", "error_format",  "instance",
-        "unrouted_keys"};
+        "listen",           "admin_listen",     "store",
+        "upstream",         "max_body_size",    "principal",
+        "limits",           "routes",           "method_override_headers",
+        "admin_token_file", "error_format",     "instance",
+        "principal_limits", "max_stored_bytes", "unrouted_keys"};
     enum {
         LISTEN,
         ADMIN_LISTEN,
@@ -1738,6 +1783,8 @@ static int load_document(struct loader *ld, struct gw_config *cfg)
         ADMIN_TOKEN_FILE,
         ERROR_FORMAT,
         INSTANCE,
+        PRINCIPAL_LIMITS,
+        MAX_STORED_BYTES,
         UNROUTED_KEYS
     };
     yaml_node_t *root = yaml_document_get_root_node(ld->doc);
@@ -1770,6 +1817,18 @@ static int load_document(struct loader *ld, struct gw_config *cfg)
         return -1;
     if (v[LIMITS] != NULL && load_limits(ld, v[LIMITS], cfg) != 0)
         return -1;
+    cfg->limit_keys_in_flight = DEFAULT_KEYS_IN_FLIGHT;
+    cfg->limit_new_keys_per_second = DEFAULT_NEW_KEYS_PER_SECOND;
+    cfg->limit_stored_bytes = (uint64_t)DEFAULT_PRINCIPAL_STORED;
+    cfg->limit_tracked = DEFAULT_TRACKED;
+    cfg->max_stored_bytes = (uint64_t)DEFAULT_MAX_STORED;
+    if (v[PRINCIPAL_LIMITS] != NULL && load_principal_limits(ld, v[PRINCIPAL_LIMITS], cfg) != 0)
+        return -1;
+    if (v[MAX_STORED_BYTES] != NULL) {
+        if (want_size(ld, v[MAX_STORED_BYTES], "max_stored_bytes", 0, 1024 * 1024 * GIB, &x) != 0)
+            return -1;
+        cfg->max_stored_bytes = (uint64_t)x;
+    }
     /* Before the routes: their default store_headers depend on it. */
     if (v[ERROR_FORMAT] != NULL && load_error_format(ld, v[ERROR_FORMAT], cfg) != 0)
         return -1;

@@ -171,6 +171,16 @@ struct gw_config {
 
     struct http_limits limits; /* `limits:` mapping, same names as the serve flags with '_' */
 
+    /*
+     * `principal_limits:` what one caller may make the gateway keep (quota.h); 0: no limit.
+     * `max_stored_bytes`: the stored answers of every caller together.
+     */
+    int limit_keys_in_flight;      /* keyed requests of one principal at once (128) */
+    int limit_new_keys_per_second; /* records one principal starts a second (100) */
+    uint64_t limit_stored_bytes;   /* stored answers of one principal (1 GiB) */
+    int limit_tracked;             /* principals accounted at once (10000) */
+    uint64_t max_stored_bytes;     /* stored answers of every principal (16 GiB) */
+
     struct gw_route *routes;
     size_t nroutes;
     enum gw_unrouted unrouted_keys; /* `unrouted_keys`: pass (default) or refuse */

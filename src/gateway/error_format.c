@@ -54,6 +54,9 @@ static const struct style styles[] = {
     {"upstream-response-too-large", 0, "api_error", NULL, RETRY_NO},
     {"response-not-stored", 0, "api_error", NULL, RETRY_NO},
     {"outcome-unknown", 0, "api_error", NULL, RETRY_UNKNOWN},
+    {"too-many-requests", 429, "rate_limit_error", NULL, RETRY_YES},
+    {"stored-bytes-exceeded", 429, "rate_limit_error", NULL, RETRY_YES},
+    {"store-full", 0, "api_error", NULL, RETRY_YES},
 };
 
 static const struct style *style_of(const char *problem, int status)

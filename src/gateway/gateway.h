@@ -18,6 +18,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "principal.h"
+#include "quota.h"
 #include "upstream.h"
 
 /*
@@ -37,6 +38,7 @@ struct gateway {
     struct logger log;
     struct gw_metrics *metrics;
     struct unrouted *unrouted; /* requests with a key on no route: warned, counted, refused */
+    struct quota *quota;       /* what each caller may make it keep (principal_limits) */
     struct http_server *public_server; /* the proxy's listener, for its counters in /metrics */
     /*
      * A fresh key's store steps run on the store's thread (proxy.c, "a fresh key on the event

@@ -50,6 +50,9 @@ struct note {
     int key_in_body;                         /* the key is read once the body is in */
     int prepared;                            /* key and fingerprint are known */
     char principal[IDEM_SCOPE_PART_MAX + 1]; /* with the route's scope headers */
+    size_t caller_len;                       /* principal[0..caller_len): the caller alone */
+    struct quota *quota;                     /* admitted (admit()): in flight until note_free */
+    struct quota_slot *slot;
     char key[IDEM_KEY_MAX + 1];
     unsigned char fp[IDEM_FP_LEN];
     /*
@@ -69,6 +72,7 @@ static void note_free(void *p)
 {
     struct note *n = p;
     route_match_clear(&n->m);
+    quota_release(n->quota, n->slot);
     http_reply_clear(&n->reply);
     idem_call_end(n->call); /* only when the worker never ran */
     free(n);
@@ -273,6 +277,90 @@ static void answer_not_sent(struct response *resp, const char *err)
     response_problem(resp, 502, "upstream-unavailable", detail);
 }
 
+/* ---- the caller's limits ------------------------------------------------------------------ */
+
+/*
+ * Before a keyed request claims its record: the caller's limits and the stored-bytes budget
+ * (quota.h).  Returns 0, the request counted in flight until it ends, or -1 with `resp` the
+ * refusal (nothing claimed, nothing sent).  Once per request.
+ */
+static int admit(struct gateway *gw, struct note *n, struct response *resp)
+{
+    const struct gw_config *cfg = gw->cfg;
+    char detail[300], after[16];
+    int retry_after = 1;
+    enum quota_verdict v;
+
+    if (n->quota != NULL)
+        return 0;
+    v = quota_admit(gw->quota, n->principal, n->caller_len, clock_wall_ms(), &n->slot,
+                    &retry_after);
+    switch (v) {
+    case QUOTA_OK:
+        n->quota = gw->quota;
+        return 0;
+    case QUOTA_IN_FLIGHT:
+        snprintf(detail, sizeof detail,
+                 "This caller has %d keyed requests running, as many as it may; retry once one "
+                 "has been answered.",
+                 cfg->limit_keys_in_flight);
+        response_problem(resp, 429, "too-many-requests", detail);
+        break;
+    case QUOTA_RATE:
+        snprintf(detail, sizeof detail,
+                 "This caller starts new idempotency keys faster than the %d a second it may. "
+                 "Retry later.",
+                 cfg->limit_new_keys_per_second);
+        response_problem(resp, 429, "too-many-requests", detail);
+        break;
+    case QUOTA_STORED:
+        snprintf(detail, sizeof detail,
+                 "This caller's stored answers take %llu bytes, as many as it may keep; new keys "
+                 "are refused until some of its records expire.",
+                 (unsigned long long)cfg->limit_stored_bytes);
+        response_problem(resp, 429, "stored-bytes-exceeded", detail);
+        break;
+    case QUOTA_TOTAL:
+        snprintf(detail, sizeof detail,
+                 "The gateway's stored answers take %llu bytes, as many as it may keep; new keys "
+                 "are refused until records expire. Nothing was sent.",
+                 (unsigned long long)cfg->max_stored_bytes);
+        response_problem(resp, 507, "store-full", detail);
+        break;
+    case QUOTA_BUSY:
+        response_problem(resp, 503, "server-busy",
+                         "Too many callers have keyed requests running right now. Retry.");
+        break;
+    }
+    snprintf(after, sizeof after, "%d", retry_after);
+    response_set_header(resp, "Retry-After", after);
+    resp->outcome = "refused";
+    return -1;
+}
+
+/* The bytes of an upstream answer as a record holds them: status line, header fields, body. */
+static uint64_t reply_bytes(const struct http_reply *ur)
+{
+    uint64_t n = 16 + ur->body_len;
+
+    for (size_t i = 0; i < ur->nheaders; i++)
+        n += strlen(ur->headers[i].name) + strlen(ur->headers[i].value) + 4;
+    return n;
+}
+
+/* What a record "not stored" holds (not_stored_answer's problem), as counted. */
+#define NOT_STORED_BYTES 512
+
+/* A record of the request was completed holding `answer` bytes: counted against its caller. */
+static void count_stored(const struct note *n, uint64_t answer)
+{
+    if (n->quota == NULL)
+        return;
+    quota_stored(n->quota, n->slot,
+                 answer + strlen(n->principal) + strlen(n->key) + QUOTA_RECORD_OVERHEAD,
+                 clock_wall_ms() + n->m.route->retention_ms);
+}
+
 /* ---- the record's end states -------------------------------------------------------------- */
 
 /*
@@ -440,6 +528,8 @@ static void settle(struct gateway *gw, const struct note *n, struct idem_call *c
         }
         if (rc < 0)
             log_unsettled(gw, r, ur->status, call);
+        else if (storable(r, ur))
+            count_stored(n, stores_whole(r, res, ur) ? reply_bytes(ur) : NOT_STORED_BYTES);
         relay(ur, resp);
         return;
     case HTTP_FETCH_TOO_LARGE:
@@ -447,6 +537,8 @@ static void settle(struct gateway *gw, const struct note *n, struct idem_call *c
         if (rc < 0)
             log_msg(&gw->log, "error", "%s: cannot settle a record: %s", r->operation,
                     idem_call_errmsg(call));
+        else
+            count_stored(n, NOT_STORED_BYTES);
         response_problem(resp, 502, "upstream-response-too-large", err);
         resp->outcome = "executed";
         return;
@@ -722,6 +814,7 @@ static enum http_head_verdict proxy_on_head(void *ctx, struct request *rq, struc
         resp->outcome = "refused";
         return HTTP_HEAD_ANSWER;
     }
+    n->caller_len = strlen(n->principal); /* the limits are the caller's, whatever its scope */
     if (request_scope_principal(rq, r, n->principal, detail, sizeof detail) != 0) {
         response_problem(resp, 400, "bad-request", detail);
         resp->outcome = "refused";
@@ -1123,6 +1216,7 @@ static enum http_loop_verdict fresh_on_unpark(struct gateway *gw, const struct r
             free(pk);
             return HTTP_LOOP_WORKER;
         }
+        quota_new_key(n->quota, n->slot, clock_wall_ms());
         return fresh_forward(gw, rq, n, pk, park);
     case PARK_FORWARD:
         if (!pk->ended) {
@@ -1151,6 +1245,7 @@ static enum http_loop_verdict fresh_on_unpark(struct gateway *gw, const struct r
             log_unsettled(gw, r, pk->reply.status, pk->call);
             return to_worker(n, pk, 1); /* ending a call that holds a lease may block */
         }
+        count_stored(n, pk->reply.rest != NULL ? NOT_STORED_BYTES : reply_bytes(&pk->reply));
         if (pk->reply.rest != NULL)
             return to_worker(n, pk, 1); /* settled: a stream worker relays the rest */
         resp->outcome = "executed";
@@ -1233,6 +1328,8 @@ static enum http_loop_verdict proxy_on_loop(void *ctx, const struct request *rq,
         return park_again(pk, park, (int)op->wait_ms);
     }
     free(pk);
+    if (admit(gw, n, resp) != 0)
+        return HTTP_LOOP_ANSWERED;
     return fresh_on_loop(gw, n, op, park, resp);
 }
 
@@ -1352,6 +1449,8 @@ static void proxy_handle(void *ctx, const struct request *rq, struct response *r
         parked.wait_ms = op->wait_ms > n->watched_ms ? op->wait_ms - n->watched_ms : 1;
         op = &parked;
     }
+    if (admit(gw, n, resp) != 0)
+        return;
     t0 = clock_mono_ns();
     rc = idem_call_begin(gw->engine, op, n->principal, n->key, n->fp, &call, &outcome);
     gw_metrics_store(gw->metrics, (double)(clock_mono_ns() - t0) / 1e9);
@@ -1365,6 +1464,7 @@ static void proxy_handle(void *ctx, const struct request *rq, struct response *r
         goto out;
     if (outcome == IDEM_OUTCOME_EXECUTE) {
         /* The claim is durable at "forwarded" (the operation's claim_point). */
+        quota_new_key(n->quota, n->slot, clock_wall_ms());
         forward_and_settle(gw, rq, n, call, resp);
     } else if (outcome == IDEM_OUTCOME_RESUME) {
         run_unknown(gw, rq, n, call, resp);

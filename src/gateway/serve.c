@@ -130,6 +130,77 @@ static void release_earlier_process(struct gateway *gw, const char *prefix)
                 prefix);
 }
 
+/*
+ * The callers' limits (quota.h), with the bytes the store's records hold now counted in, per
+ * principal and expiry, so a restart keeps what each caller stored: one statement at start.  A
+ * record's principal is the caller's with its route's scope headers appended (";Name=value",
+ * values percent-encoded): they are taken off, since the limits are the caller's.
+ */
+static struct quota *quota_from_store(struct gateway *gw)
+{
+    const struct gw_config *cfg = gw->cfg;
+    struct quota_limits ql = {
+        .keys_in_flight = cfg->limit_keys_in_flight,
+        .new_keys_per_second = cfg->limit_new_keys_per_second,
+        .stored_bytes = cfg->limit_stored_bytes,
+        .total_stored_bytes = cfg->max_stored_bytes,
+        .tracked = cfg->limit_tracked,
+    };
+    struct quota *q;
+    struct idem_tx *tx = NULL;
+    struct idem_rows *rows = NULL;
+    char width[24], now[24], overhead[24];
+    const char *params[3] = {width, now, overhead};
+    int64_t now_ms = clock_wall_ms();
+    int rc;
+
+    for (size_t i = 0; i < cfg->nroutes; i++)
+        if (cfg->routes[i].retention_ms > ql.window_ms)
+            ql.window_ms = cfg->routes[i].retention_ms;
+    q = quota_new(&ql);
+    snprintf(width, sizeof width, "%lld", (long long)quota_bucket_ms(q));
+    snprintf(now, sizeof now, "%lld", (long long)now_ms);
+    snprintf(overhead, sizeof overhead, "%d", QUOTA_RECORD_OVERHEAD);
+    rc = idem_tx_begin(gw->store, 0, &tx);
+    if (rc == 0)
+        rc = idem_tx_exec(tx,
+                          "SELECT principal, operation, expires_ms / CAST($1 AS BIGINT) AS b,"
+                          " SUM(COALESCE(LENGTH(response_body), 0) +"
+                          " COALESCE(LENGTH(response_headers), 0) + LENGTH(idem_key) +"
+                          " LENGTH(principal) + CAST($3 AS BIGINT))"
+                          " FROM idem_records WHERE expires_ms > CAST($2 AS BIGINT)"
+                          " GROUP BY principal, operation, b",
+                          3, params, &rows);
+    if (rc < 0)
+        log_msg(&gw->log, "warn",
+                "cannot count the bytes the store's records hold (%s): the callers' limits "
+                "count from zero",
+                tx ? idem_tx_errmsg(tx) : idem_strerror(rc));
+    for (int i = 0; rc == 0 && i < idem_rows_count(rows); i++) {
+        const char *principal = idem_rows_get(rows, i, 0);
+        const char *operation = idem_rows_get(rows, i, 1);
+        const char *bucket = idem_rows_get(rows, i, 2);
+        const char *bytes = idem_rows_get(rows, i, 3);
+        const struct gw_route *r = NULL;
+        size_t len;
+
+        if (!principal || !operation || !bucket || !bytes)
+            continue;
+        for (size_t j = 0; j < cfg->nroutes && r == NULL; j++)
+            if (strcmp(cfg->routes[j].operation, operation) == 0)
+                r = &cfg->routes[j];
+        len = strlen(principal);
+        for (size_t k = 0; r != NULL && k < r->nscope_headers; k++)
+            while (len > 0 && principal[--len] != ';')
+                ;
+        quota_add_stored(q, r ? principal : NULL, len, strtoull(bytes, NULL, 10),
+                         (strtoll(bucket, NULL, 10) + 1) * quota_bucket_ms(q) - 1, now_ms);
+    }
+    idem_rows_free(rows);
+    idem_tx_rollback(tx);
+    return q;
+}
+
 int serve_run(const struct gw_config *cfg, const struct serve_options *so)
 {
     struct gateway gw = {0};
@@ -189,6 +260,7 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
         goto out;
     }
     owner[owner_prefix] = '\0'; /* "<instance>:" */
+    gw.quota = quota_from_store(&gw);
 
     proxy_server_options(&gw, &popts);
     if (http_server_start(&popts, cfg->listen, &pub, err, sizeof err) != 0) {
@@ -241,6 +313,7 @@ out:
     principal_verifier_free(gw.principals);
     gw_metrics_free(gw.metrics);
     unrouted_free(gw.unrouted);
+    quota_free(gw.quota);
     free(gw.ops);
     pthread_cond_destroy(&gw.steps_cv);
     pthread_mutex_destroy(&gw.steps_mu);
