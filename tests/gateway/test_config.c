@@ -644,6 +644,45 @@ static void test_limits_errors(void)
                   "t.yaml:2: ", "limits: expected a mapping");
 }
 
+/* principal_limits and max_stored_bytes: their defaults, values, 0 for none, and refusals. */
+static void test_principal_limits(void)
+{
+    struct gw_config *cfg = parse_ok("upstream: {url: 'http://h:1'}\n");
+
+    CHECK(cfg != NULL);
+    if (cfg != NULL) {
+        CHECK_INT(cfg->upstream_keyed_fresh, 1);
+        CHECK_INT(cfg->limit_keys_in_flight, 128);
+        CHECK_INT(cfg->limit_new_keys_per_second, 100);
+        CHECK_INT(cfg->limit_stored_bytes, 1 << 30);
+        CHECK_INT(cfg->limit_tracked, 10000);
+        CHECK_INT(cfg->max_stored_bytes, 16LL << 30);
+        gw_config_free(cfg);
+    }
+    cfg = parse_ok("upstream: {url: 'http://h:1', keyed_connections: pooled}\n"
+                   "principal_limits: {keys_in_flight: 0, new_keys_per_second: 7,\n"
+                   "                   stored_bytes: 20KiB, tracked: 3}\n"
+                   "max_stored_bytes: 0\n");
+    CHECK(cfg != NULL);
+    if (cfg != NULL) {
+        CHECK_INT(cfg->upstream_keyed_fresh, 0);
+        CHECK_INT(cfg->limit_keys_in_flight, 0);
+        CHECK_INT(cfg->limit_new_keys_per_second, 7);
+        CHECK_INT(cfg->limit_stored_bytes, 20 * 1024);
+        CHECK_INT(cfg->limit_tracked, 3);
+        CHECK_INT(cfg->max_stored_bytes, 0);
+        gw_config_free(cfg);
+    }
+    CHECK_REFUSED("upstream: {url: 'http://h:1'}\nprincipal_limits:\n  keys_in_flight: -1\n",
+                  "t.yaml:3: ", "principal_limits.keys_in_flight: ");
+    CHECK_REFUSED("upstream: {url: 'http://h:1'}\nprincipal_limits:\n  tracked: 0\n",
+                  "t.yaml:3: ", "principal_limits.tracked: ");
+    CHECK_REFUSED("upstream: {url: 'http://h:1'}\nprincipal_limits:\n  per_hour: 5\n",
+                  "t.yaml:3: ", "per_hour");
+    CHECK_REFUSED("upstream: {url: 'http://h:1'}\nmax_stored_bytes: lots\n",
+                  "t.yaml:2: ", "max_stored_bytes: expected a size");
+}
+
 static void test_route_errors(void)
 {
     /* Durations. */
@@ -1078,6 +1117,7 @@ int main(void)
     test_upstream_errors();
     test_principal_errors();
     test_limits_errors();
+    test_principal_limits();
     test_route_errors();
     test_client_conventions();
     test_route_cap();
