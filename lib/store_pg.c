@@ -284,6 +284,43 @@ static int state_class(const char *state, const char *cls)
 }
 
 /*
+ * After a "permission denied" (42501), the statement that fixes it, for the role this store logs
+ * in as: "permission denied for schema public" becomes "...; as the owner or a superuser: GRANT
+ * CREATE ON SCHEMA public TO idem_gateway".  The object's name comes from the server's message.
+ */
+static void add_grant_hint(struct idem_conn *c, const char *primary)
+{
+    static const struct {
+        const char *object; /* as the server's message names it */
+        const char *grant;  /* what the store's statements need on it */
+    } kinds[] = {
+        {"for schema ", "GRANT USAGE, CREATE ON SCHEMA"},
+        {"for table ", "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE"},
+        {"for sequence ", "GRANT USAGE ON SEQUENCE"},
+        {"for database ", "GRANT CONNECT, CREATE ON DATABASE"},
+        {"for function ", "GRANT EXECUTE ON FUNCTION"},
+    };
+    const char *user = PQuser(c->pg);
+    size_t len = strlen(c->errmsg);
+
+    for (size_t i = 0; primary && i < sizeof kinds / sizeof kinds[0]; i++) {
+        const char *at = strstr(primary, kinds[i].object);
+        size_t n;
+        if (at == NULL)
+            continue;
+        at += strlen(kinds[i].object);
+        n = strcspn(at, " \t\r\n");
+        idem__fmt(c->errmsg + len, sizeof(c->errmsg) - len,
+                  "; as the object's owner or a superuser: %s %.*s TO %s", kinds[i].grant, (int)n,
+                  at, user && user[0] ? user : "<the store's role>");
+        return;
+    }
+    idem__fmt(c->errmsg + len, sizeof(c->errmsg) - len,
+              "; grant the role %s the privilege named above (GRANT ... TO %s)",
+              user && user[0] ? user : "<the store's role>", user && user[0] ? user : "...");
+}
+
+/*
  * Turns a failed result into an IDEM_E* code and a message.  Connection failures (no SQLSTATE,
  * class 08, administrator or crash shutdown) mark the connection broken so the pool drops it.
  */
@@ -296,6 +333,8 @@ int idem__pg_fail_res(struct idem_conn *c, const PGresult *res, const char *what
     if (!primary && res)
         primary = PQresultErrorMessage(res);
     idem__pg_set_msg(c, what, primary && primary[0] ? primary : PQerrorMessage(c->pg), state);
+    if (state && idem__pg_state_is(state, "42501"))
+        add_grant_hint(c, primary);
     if (!state || PQstatus(c->pg) != CONNECTION_OK || state_class(state, "08") ||
         idem__pg_state_is(state, "57P01") || idem__pg_state_is(state, "57P02") ||
         idem__pg_state_is(state, "57P03")) {

@@ -1091,6 +1091,61 @@ static void test_synchronous_commit(void)
     idem_store_close(st);
 }
 
+/* Runs `sql` (DDL) on `st` in a transaction of its own. */
+static void exec_ddl(struct idem_store *st, const char *sql)
+{
+    struct idem_tx *tx = NULL;
+
+    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
+    CHECK_INT(idem_tx_exec(tx, sql, 0, NULL, NULL), 0);
+    CHECK_INT(idem_tx_commit(tx), 0);
+}
+
+/*
+ * A role short of a privilege gets the GRANT that gives it, for the object PostgreSQL named: on
+ * PostgreSQL 15 a role that does not own the database may not create in `public`, and a role that
+ * did not make libidem's tables may not use them until granted.
+ */
+static void test_permission_hint(void)
+{
+    const char *port = getenv("IDEM_TEST_PG_PORT");
+    struct idem_store *su = open_uri(pg_uri, 1), *st = NULL;
+    char uri[256];
+    char *err = NULL;
+
+    exec_ddl(su, "DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'idem_nopriv')"
+                 " THEN CREATE ROLE idem_nopriv LOGIN; END IF; END$$");
+    snprintf(uri, sizeof uri, "postgresql://idem_nopriv@127.0.0.1:%s/idemtest", port);
+    /* libidem's tables, made by another role, in `public` where this one may look. */
+    CHECK(idem_store_open(uri, NULL, &st, &err) < 0);
+    CHECK(err != NULL && strstr(err, "permission denied for table idem_") != NULL &&
+          strstr(err, "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE idem_") != NULL &&
+          strstr(err, " TO idem_nopriv") != NULL);
+    if (err)
+        fprintf(stderr, "  (as told: %s)\n", err);
+    idem_free(err);
+    err = NULL;
+    /* A schema of its own it may not create in, as `public` is on PostgreSQL 15. */
+    exec_ddl(su, "CREATE SCHEMA IF NOT EXISTS nopriv_s");
+    exec_ddl(su, "GRANT USAGE ON SCHEMA nopriv_s TO idem_nopriv");
+    exec_ddl(su, "ALTER ROLE idem_nopriv SET search_path = nopriv_s");
+    CHECK(idem_store_open(uri, NULL, &st, &err) < 0);
+    CHECK(err != NULL && strstr(err, "permission denied for schema nopriv_s") != NULL &&
+          strstr(err, "GRANT USAGE, CREATE ON SCHEMA nopriv_s TO idem_nopriv") != NULL);
+    if (err)
+        fprintf(stderr, "  (as told: %s)\n", err);
+    idem_free(err);
+    err = NULL;
+    /* And the GRANT it names is the one that was missing. */
+    exec_ddl(su, "GRANT USAGE, CREATE ON SCHEMA nopriv_s TO idem_nopriv");
+    CHECK_INT(idem_store_open(uri, NULL, &st, &err), 0);
+    idem_store_close(st);
+    exec_ddl(su, "DROP SCHEMA nopriv_s CASCADE");
+    exec_ddl(su, "DROP OWNED BY idem_nopriv");
+    exec_ddl(su, "DROP ROLE idem_nopriv");
+    idem_store_close(su);
+}
+
 int main(void)
 {
     struct idem_store *st = NULL;
@@ -1114,6 +1169,7 @@ int main(void)
     test_notify_payload(eng);
     test_sqlstates(st);
     test_synchronous_commit();
+    test_permission_hint();
     test_deferred_statements(st, eng);
     test_idle_connections_closed();
     test_lost_after_last_answer();
