@@ -267,12 +267,12 @@ struct idem_store_vtab {
      * current batch and returns only once that batch is durable (or failed: every member then
      * fails; a member whose writes would fail the batch's COMMIT, a foreign key left unresolved,
      * fails alone before it joins); `write_rollback` undoes the caller's savepoint alone, and
-     * returns once what the caller could have read is durable.  Errors go to `err`, since the
-     * writer's own message buffer belongs to whoever holds it next.
+     * returns once what the caller could have read is durable (0), or can never be (IDEM_EUNAVAIL).
+     * Errors go to `err`, since the writer's own message buffer belongs to whoever holds it next.
      */
     int (*write_begin)(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
     int (*write_commit)(struct idem_store *st, struct idem_conn *c, char *err, size_t errlen);
-    void (*write_rollback)(struct idem_store *st, struct idem_conn *c);
+    int (*write_rollback)(struct idem_store *st, struct idem_conn *c);
     /*
      * Optional, with the three above: `write_commit` without the wait.  The savepoint is released
      * into the current batch and the call returns; `done(arg, rc, errmsg)` runs once the batch is

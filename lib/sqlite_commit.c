@@ -1335,11 +1335,11 @@ static void batch_wait_locked(struct sq_group *g, struct sq_batch *b)
 
 _Atomic int idem__sq_fail_next_rollback;
 
-void idem__sq_write_rollback(struct idem_store *st, struct idem_conn *c)
+int idem__sq_write_rollback(struct idem_store *st, struct idem_conn *c)
 {
     struct sq_group *g = st->backend;
     struct sq_batch *b;
-    int rc;
+    int rc, vouched = 0;
 
     if (!sqlite3_get_autocommit(c->db)) {
         rc = atomic_exchange(&idem__sq_fail_next_rollback, 0)
@@ -1362,14 +1362,19 @@ void idem__sq_write_rollback(struct idem_store *st, struct idem_conn *c)
         b->refs++;
     writer_release_locked(g);
     if (b) {
+        /* Its batch durable: what the caller read of its earlier members is too. */
         batch_wait_locked(g, b);
+        vouched = b->rc;
         if (--b->refs == 0)
             free(b);
     } else if (g->marks) {
         char err[IDEM_ERRMSG_MAX];
-        (void)durable_wait_locked(g, atomic_load(&g->marks->started), err, sizeof(err));
+        vouched = durable_wait_locked(g, atomic_load(&g->marks->started), err, sizeof(err));
     }
+    if (atomic_load(&g->stopped))
+        vouched = IDEM_EUNAVAIL;
     group_unlock(g);
+    return vouched < 0 ? IDEM_EUNAVAIL : 0;
 }
 
 /*

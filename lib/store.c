@@ -424,19 +424,23 @@ int idem__tx_run_async(struct idem_store *st, struct idem__job_slot *slot, idem_
     return st->vt->write_run_async(st, slot, fn, arg, flags, done, done_arg, err, errlen);
 }
 
-void idem_tx_rollback(struct idem_tx *tx)
+int idem_tx_rollback(struct idem_tx *tx)
 {
+    int rc = 0;
+
     if (!tx)
-        return;
+        return 0;
     if (tx->lent)
         ; /* the job's runner rolls back what the job wrote when it fails */
     else if (tx->grouped)
-        tx->st->vt->write_rollback(tx->st, tx->conn);
+        rc = tx->st->vt->write_rollback(tx->st, tx->conn);
     else {
-        tx->st->vt->rollback(tx->conn);
+        /* A read gate's IDEM_EUNAVAIL is the answer: what was read is not vouched for. */
+        rc = tx->st->vt->rollback(tx->conn);
         idem__store_release(tx->st, tx->conn);
     }
     free(tx);
+    return rc == IDEM_EUNAVAIL ? rc : 0;
 }
 
 /* Whether `sql` begins with the keyword ROLLBACK (inside a transaction: ROLLBACK TO ...). */
@@ -516,9 +520,12 @@ int idem_store_records_unfinished(struct idem_store *st, const char *operation,
     if (rc < 0)
         return rc;
     rc = idem_tx_exec(tx, st->vt->unfinished_sql, 6, params, &rows);
-    idem_tx_rollback(tx);
-    if (rc < 0)
+    if (idem_tx_rollback(tx) < 0 && rc == 0)
+        rc = IDEM_EUNAVAIL;
+    if (rc < 0) {
+        idem_rows_free(rows);
         return rc;
+    }
     for (int i = 0; i < idem_rows_count(rows) && n < limit; i++) {
         const char *op = idem_rows_get(rows, i, 0), *pr = idem_rows_get(rows, i, 1);
         const char *k = idem_rows_get(rows, i, 2), *point = idem_rows_get(rows, i, 3);

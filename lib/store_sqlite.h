@@ -73,7 +73,7 @@ int idem__sq_read_gate(struct idem_conn *c);
 
 int idem__sq_write_begin(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
 int idem__sq_write_commit(struct idem_store *st, struct idem_conn *c, char *err, size_t errlen);
-void idem__sq_write_rollback(struct idem_store *st, struct idem_conn *c);
+int idem__sq_write_rollback(struct idem_store *st, struct idem_conn *c);
 int idem__sq_write_commit_async(struct idem_store *st, struct idem_conn *c,
                                 struct idem__job_slot *slot, idem__commit_done done, void *arg,
                                 char *err, size_t errlen);

@@ -236,8 +236,13 @@ IDEM_API int idem_tx_begin(struct idem_store *st, int write, struct idem_tx **ou
 /* Commits durably and frees the handle (also on failure).  A failed commit rolled back. */
 IDEM_API int idem_tx_commit(struct idem_tx *tx);
 
-/* Rolls back and frees the handle.  NULL is a no-op. */
-IDEM_API void idem_tx_rollback(struct idem_tx *tx);
+/*
+ * Rolls back and frees the handle (also on failure).  NULL is a no-op (0).  Returns 0 once what
+ * the transaction read is durable, so an answer may be made from it; IDEM_EUNAVAIL when it may
+ * not be: the store stopped (an fsync failed) or the batch whose writes it read failed its
+ * COMMIT.  An answer made from the transaction's reads must then not be given (answer 503).
+ */
+IDEM_API int idem_tx_rollback(struct idem_tx *tx);
 
 /*
  * Runs one statement with `nparams` text parameters.  `rows` may be NULL when no result is

@@ -60,7 +60,14 @@ int db_read(const struct app *app, struct idem_tx *tx, const char *sql, int npar
         return rc;
     }
     rc = db_exec(app, own, sql, nparams, params, rows);
-    idem_tx_rollback(own);
+    if (idem_tx_rollback(own) < 0 && rc >= 0) {
+        /* What it read may not be durable: nothing may be answered from it. */
+        if (rows) {
+            idem_rows_free(*rows);
+            *rows = NULL;
+        }
+        rc = IDEM_EUNAVAIL;
+    }
     return rc;
 }
 

@@ -591,10 +591,12 @@ static void create_without_record(const struct call_ctx *cx, const struct create
     response_json(resp, 201, doc);
     response_set_header(resp, "Location", location);
 out:
+    /* A refusal read in the write transaction is given once what it read is durable. */
+    if (idem_tx_rollback(tx) < 0 && rc == 0)
+        rc = IDEM_EUNAVAIL;
     if (rc < 0)
         keyed_answer_fail(resp, rc);
     json_decref(doc);
-    idem_tx_rollback(tx);
 }
 
 /*
@@ -820,9 +822,11 @@ void orders_get(const struct call_ctx *cx, struct response *resp)
     doc = order_json(rows, 0);
     response_json(resp, 200, doc);
 out:
+    /* The answer stands only if what it was read from is durable (an fsync may have failed). */
+    if (idem_tx_rollback(tx) < 0)
+        keyed_answer_fail(resp, IDEM_EUNAVAIL);
     json_decref(doc);
     idem_rows_free(rows);
-    idem_tx_rollback(tx);
 }
 
 /* ---- GET /api/orders ------------------------------------------------------------------------- */
@@ -890,9 +894,10 @@ void orders_list(const struct call_ctx *cx, struct response *resp)
     json_object_set_new(doc, "nextCursor", next ? xcheck(json_string(next)) : json_null());
     response_json(resp, 200, doc);
 out:
+    if (idem_tx_rollback(tx) < 0)
+        keyed_answer_fail(resp, IDEM_EUNAVAIL);
     free(next);
     json_decref(list);
     json_decref(doc);
     idem_rows_free(rows);
-    idem_tx_rollback(tx);
 }
