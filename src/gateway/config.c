@@ -1393,16 +1393,12 @@ static int load_header_names(struct loader *ld, const yaml_node_t *n, const char
 /* Why a response header may not be stored and replayed (in `buf` if need be), or NULL. */
 static const char *not_storable(const char *name, char *buf, size_t len)
 {
-    static const char *const hop_by_hop[] = {
-        "Connection", "Keep-Alive", "Transfer-Encoding",  "TE",
-        "Trailer",    "Upgrade",    "Proxy-Authenticate", "Proxy-Authorization"};
-
     if (ascii_caseeq(name, "Set-Cookie"))
         return "Set-Cookie is never stored: a replayed answer must not hand out a session "
                "cookie again";
     if (ascii_caseeq(name, "Content-Length"))
         return "Content-Length is not stored: a replay sends the length of the stored body";
-    if ((name = ascii_caseeq_any(name, hop_by_hop, COUNT(hop_by_hop))) == NULL)
+    if ((name = http_hop_by_hop(name)) == NULL)
         return NULL;
     snprintf(buf, len,
              "%s is a hop-by-hop header: it describes one connection, not the answer, so it is "
@@ -1421,13 +1417,11 @@ static int load_store_headers(struct loader *ld, const yaml_node_t *n, const cha
 /* Why a request header cannot be part of the scope, or NULL. */
 static const char *not_scopable(const char *name, char *buf, size_t len)
 {
-    static const char *const taken[] = {
-        "Connection",     "Keep-Alive",     "Transfer-Encoding", "TE",
-        "Trailer",        "Upgrade",        "Proxy-Connection",  "Proxy-Authorization",
-        "Content-Length", "Expect",         "Authorization",     "Idempotency-Key",
-        "Content-Type",   "X-Forwarded-For"};
+    static const char *const taken[] = {"Content-Length",  "Expect",       "Authorization",
+                                        "Idempotency-Key", "Content-Type", "X-Forwarded-For"};
+    const char *hop = http_hop_by_hop(name);
 
-    if ((name = ascii_caseeq_any(name, taken, COUNT(taken))) == NULL)
+    if ((name = hop ? hop : ascii_caseeq_any(name, taken, COUNT(taken))) == NULL)
         return NULL;
     snprintf(buf, len,
              "%s cannot be a scope header: it says how the request travels or what it is (the "

@@ -81,27 +81,26 @@ static void note_free(void *p)
 /* ---- headers ------------------------------------------------------------------------------ */
 
 /*
- * Headers that belong to one connection, not to the message (RFC 9110, section 7.6.1), plus the
- * ones the gateway writes itself: never passed on in either direction.
+ * Headers that belong to one connection, not to the message (http_hop_by_hop(), and `listed`: one
+ * that a Connection field of the message names), plus the ones the gateway writes itself: never
+ * passed on in either direction.
  */
-static int hop_by_hop(const char *name, const char *connection)
+static int hop_by_hop(const char *name, int listed)
 {
-    static const char *const names[] = {"Connection",
-                                        "Keep-Alive",
-                                        "Proxy-Connection",
-                                        "TE",
-                                        "Trailer",
-                                        "Transfer-Encoding",
-                                        "Upgrade",
-                                        "Proxy-Authenticate",
-                                        "Proxy-Authorization",
-                                        "Content-Length",
-                                        "Expect",
-                                        "Date"};
+    static const char *const ours[] = {"Content-Length", "Expect", "Date"};
 
-    if (ascii_caseeq_any(name, names, sizeof names / sizeof names[0]))
-        return 1;
-    return connection && http_list_has_token(connection, name);
+    return listed || http_hop_by_hop(name) != NULL ||
+           ascii_caseeq_any(name, ours, sizeof ours / sizeof ours[0]) != NULL;
+}
+
+/* Whether any Connection field of the upstream's answer names `name`. */
+static int reply_connection_lists(const struct http_reply *ur, const char *name)
+{
+    for (size_t i = 0; i < ur->nheaders; i++)
+        if (ascii_caseeq(ur->headers[i].name, "Connection") &&
+            http_list_has_token(ur->headers[i].value, name))
+            return 1;
+    return 0;
 }
 
 /* `key` as an RFC 8941 sf-string, the form libidem parses back. */
@@ -176,7 +175,6 @@ static void forwarded_build(const struct gateway *gw, const struct request *rq,
                             const struct note *n, const char *method, const char *target,
                             enum forward_kind kind, struct forwarded *f)
 {
-    const char *connection = request_header(rq, "Connection");
     const char *xff = NULL;
     int keyed = n && n->keyed;
 
@@ -184,7 +182,7 @@ static void forwarded_build(const struct gateway *gw, const struct request *rq,
     f->h = xcalloc(rq->nfields + 2, sizeof *f->h);
     for (size_t i = 0; i < rq->nfields; i++) {
         const char *name = rq->fields[i].name;
-        if (hop_by_hop(name, connection))
+        if (hop_by_hop(name, request_connection_lists(rq, name)))
             continue;
         if (ascii_caseeq(name, "X-Forwarded-For")) {
             xff = rq->fields[i].value; /* the first one; extended below */
@@ -235,7 +233,6 @@ static void forwarded_release(struct forwarded *f)
  */
 static int relay(struct http_reply *ur, struct response *resp)
 {
-    const char *connection = http_reply_header(ur, "Connection");
     const char *length = http_reply_header(ur, "Content-Length");
     char *end = NULL;
     long long announced;
@@ -248,7 +245,7 @@ static int relay(struct http_reply *ur, struct response *resp)
             resp->head_length = announced;
     }
     for (size_t i = 0; i < ur->nheaders; i++) {
-        if (hop_by_hop(ur->headers[i].name, connection))
+        if (hop_by_hop(ur->headers[i].name, reply_connection_lists(ur, ur->headers[i].name)))
             continue;
         if (response_add_header(resp, ur->headers[i].name, ur->headers[i].value) != 0) {
             response_clear(resp);

@@ -380,6 +380,15 @@ int http_list_has_token(const char *list, const char *name)
     return 0;
 }
 
+const char *http_hop_by_hop(const char *name)
+{
+    static const char *const names[] = {
+        "Connection",        "Keep-Alive",         "Proxy-Connection",   "TE", "Trailer", "Upgrade",
+        "Transfer-Encoding", "Proxy-Authenticate", "Proxy-Authorization"};
+
+    return ascii_caseeq_any(name, names, sizeof names / sizeof names[0]);
+}
+
 int request_connection_lists(const struct request *rq, const char *name)
 {
     for (size_t i = 0; i < rq->nfields; i++)

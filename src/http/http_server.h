@@ -43,6 +43,14 @@ int request_header_count(const struct request *rq, const char *name, const char 
 int http_list_has_token(const char *list, const char *name);
 
 /*
+ * Whether `name` is a hop-by-hop header: one that describes a connection, not the message (RFC
+ * 9110, section 7.6.1, with the obsolete Keep-Alive and Proxy-Connection), and so is never passed
+ * on, stored or replayed.  Its usual spelling ("Transfer-Encoding"), or NULL.  Headers a
+ * Connection field lists are hop-by-hop too: ask request_connection_lists() for those.
+ */
+const char *http_hop_by_hop(const char *name);
+
+/*
  * Whether any Connection field of `rq` names `name`: a header it lists is hop-by-hop, dropped by
  * the next proxy on the way.
  */

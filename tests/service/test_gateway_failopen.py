@@ -350,6 +350,19 @@ def method_override_headers_are_configurable(ctx):
         gw.close()
 
 
+@test
+def a_header_any_connection_field_lists_is_not_forwarded(ctx):
+    # Connection may come as several fields; a header the second one names is hop-by-hop too.
+    up, gw = ctx["up"], ctx["gw"]
+    r = raw_request(gw, b"POST /v2/else HTTP/1.1",
+                    [("Connection", "keep-alive"), ("Connection", "X-Secret"), ("X-Secret", "s"),
+                     ("X-Kept", "k")], b"{}x")
+    expect_eq(r.status, 201, "passed through")
+    hdrs = {k.lower(): v for k, v in up.last_request()["headers"].items()}
+    expect("x-secret" not in hdrs and hdrs.get("x-kept") == "k",
+           "a header named in the second Connection field is dropped: %s" % hdrs)
+
+
 # ---- a key on no route -------------------------------------------------------------------------
 
 def unrouted_count(gw):
