@@ -69,8 +69,8 @@
 #define DEFAULT_MAX_STORED_BODY MIB
 #define DEFAULT_KEY_HEADER "Idempotency-Key"
 /* What one caller may make the gateway keep (principal_limits), and all of them together. */
-#define DEFAULT_KEYS_IN_FLIGHT 128
-#define DEFAULT_NEW_KEYS_PER_SECOND 100
+#define DEFAULT_KEYS_IN_FLIGHT 512
+#define DEFAULT_NEW_KEYS_PER_SECOND 1000
 #define DEFAULT_PRINCIPAL_STORED GIB
 #define DEFAULT_TRACKED 10000
 #define DEFAULT_MAX_STORED (16 * GIB)

@@ -652,8 +652,8 @@ static void test_principal_limits(void)
     CHECK(cfg != NULL);
     if (cfg != NULL) {
         CHECK_INT(cfg->upstream_keyed_fresh, 1);
-        CHECK_INT(cfg->limit_keys_in_flight, 128);
-        CHECK_INT(cfg->limit_new_keys_per_second, 100);
+        CHECK_INT(cfg->limit_keys_in_flight, 512);
+        CHECK_INT(cfg->limit_new_keys_per_second, 1000);
         CHECK_INT(cfg->limit_stored_bytes, 1 << 30);
         CHECK_INT(cfg->limit_tracked, 10000);
         CHECK_INT(cfg->max_stored_bytes, 16LL << 30);
