@@ -8,10 +8,12 @@
  * The disk model.  This program defines fsync() and fdatasync() itself, so libsqlite3 and
  * libidem call these (an executable's definition interposes on the C library's): for a file in
  * the test directory, a sync copies the file as it is to FILE.durable -- what a power cut keeps
- * from then on -- instead of asking the kernel; a sync of the directory lists the names it holds
- * (dir.names).  A cut (power_cut) rebuilds each file from its durable copy, taking each 512-byte
- * sector written since with probability one half, and removes the -shm file (memory, not disk),
- * any file never synced and any file whose name the directory's last sync did not hold.
+ * from then on -- instead of asking the kernel; a WAL's sync takes 2 ms, as a disk's flush does,
+ * and covers what the file held when it began; a sync of the directory lists the names it holds
+ * and their inodes (dir.names).  A cut (power_cut) rebuilds each file from its durable copy,
+ * taking each 512-byte sector written since with probability one half, and removes the -shm file
+ * (memory, not disk), any file never synced and any file whose name the directory's last sync did
+ * not hold for that very file (a WAL deleted at a close and made again since is gone).
  *
  * Each round forks processes that use one store through libidem's public API and report, on a
  * pipe, what a client or the outside world could have seen: an answer ("A key status body", once
@@ -37,14 +39,17 @@
  *             a store that did not make the WAL durable at open answers from commits that the
  *             power cut then takes back;
  *   live      a reading process opened before the writers reads their newest keys while they
- *             commit, and all die at once: it reads commits the writers' syncers may not have
- *             made durable yet (sqlite_commit.c: a read is gated on the shared marks).
+ *             commit; then the writers freeze (SIGSTOP) and it reads on, and all die at once: it
+ *             reads commits the writers' syncers had not made durable yet (sqlite_commit.c: a
+ *             read is gated on the shared marks).
  * Every fourth round starts a new database file (its creation must be durable too).
  *
  * First, once: a failed fsync of the WAL stops the store (the commit it was for, every later write
  * and every read fail until the store is opened again; an fsync is never retried).
  *
- *   test_power_loss [--rounds N] [--seed S]   (make test runs a short one; make power-loss longer)
+ *   test_power_loss [--rounds N] [--seed S] [--fail-fast]
+ * (make test runs a short one, make power-loss a longer one; --fail-fast ends the run with the
+ * first round that fails, as tests/mutate/mutate.py runs it)
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -81,6 +86,7 @@
 #define MAX_PROCS (WRITER_PROCS + 1)
 #define ACK_SLOTS (1 << 17) /* answers of one round, at most */
 #define READ_MAX 600        /* keys of each kind a reader process reads after the crash */
+#define WAL_SYNC_NS 2000000 /* what a sync of a WAL takes, as a disk's flush would */
 
 static char dir[PATH_MAX];         /* files under it are modelled */
 static char db[PATH_MAX + 16];     /* DIR/pN.db */
@@ -203,7 +209,8 @@ static int model_file(const char *name)
     size_t n = strlen(name);
 
     return strcmp(name, "model.lock") == 0 || strcmp(name, "dir.names") == 0 ||
-           (n > 8 && strcmp(name + n - 8, ".durable") == 0) ||
+           strcmp(name, "model.seq") == 0 || (n > 8 && strcmp(name + n - 8, ".durable") == 0) ||
+           (n > 12 && strcmp(name + n - 12, ".durable.seq") == 0) ||
            (n > 4 && strcmp(name + n - 4, ".tmp") == 0);
 }
 
@@ -227,21 +234,60 @@ static void model_unlock(int lfd)
     pthread_mutex_unlock(&model_mu);
 }
 
-/* A sync of `path`: all of it is what a power cut keeps now. */
-static void keep_durable(const char *path)
+/* A small counter kept in file `path` (the model's lock held): its value, and with `set` stored. */
+static uint64_t counter_file(const char *path, uint64_t set)
 {
-    char durable[PATH_MAX + 16];
+    size_t len;
+    unsigned char *buf = slurp(path, &len);
+    uint64_t v = 0;
+    char text[32];
+
+    if (buf && len > 0 && len < sizeof text) {
+        memcpy(text, buf, len);
+        text[len] = '\0';
+        v = strtoull(text, NULL, 10);
+    }
+    free(buf);
+    if (set) {
+        int n = snprintf(text, sizeof text, "%llu", (unsigned long long)set);
+        spill(path, (const unsigned char *)text, (size_t)n);
+    }
+    return v;
+}
+
+/*
+ * A sync of `path`: all of it as it is now is what a power cut keeps once the sync returns.  A
+ * WAL's sync takes `flush_ns` first, as a disk's flush does: a process killed meanwhile made
+ * nothing durable, and what was written in the meantime is not covered.  Syncs of several
+ * processes end in any order; the copy a later-begun sync took is never replaced by an older one.
+ */
+static void keep_durable(const char *path, long flush_ns)
+{
+    char durable[PATH_MAX + 16], seq_path[PATH_MAX + 16], model_seq[PATH_MAX + 16];
     unsigned char *buf;
+    uint64_t seq;
     size_t len;
     int lfd;
 
     snprintf(durable, sizeof durable, "%s.durable", path);
+    snprintf(seq_path, sizeof seq_path, "%s.durable.seq", path);
+    snprintf(model_seq, sizeof model_seq, "%s/model.seq", dir);
     lfd = model_lock();
+    seq = counter_file(model_seq, 0) + 1;
+    counter_file(model_seq, seq);
     buf = slurp(path, &len);
-    if (buf) {
-        spill(durable, buf, len);
-        free(buf);
+    model_unlock(lfd);
+    if (flush_ns > 0) {
+        struct timespec flush = {0, flush_ns};
+        while (nanosleep(&flush, &flush) != 0 && errno == EINTR)
+            ;
     }
+    lfd = model_lock();
+    if (buf && counter_file(seq_path, 0) < seq) {
+        spill(durable, buf, len);
+        counter_file(seq_path, seq);
+    }
+    free(buf);
     model_unlock(lfd);
 }
 
@@ -260,12 +306,12 @@ static void keep_names(void)
     if (!d)
         die(dir);
     while ((e = readdir(d)) != NULL) {
-        size_t n = strlen(e->d_name);
-        if (e->d_name[0] == '.' || model_file(e->d_name) || len + n + 2 > sizeof names)
+        char line[320];
+        int n = snprintf(line, sizeof line, "%s %llu\n", e->d_name, (unsigned long long)e->d_ino);
+        if (e->d_name[0] == '.' || model_file(e->d_name) || n < 0 || len + (size_t)n > sizeof names)
             continue;
-        memcpy(names + len, e->d_name, n);
-        names[len + n] = '\n';
-        len += n + 1;
+        memcpy(names + len, line, (size_t)n);
+        len += (size_t)n;
     }
     closedir(d);
     snprintf(path, sizeof path, "%s/dir.names", dir);
@@ -273,21 +319,28 @@ static void keep_names(void)
     model_unlock(lfd);
 }
 
-/* Whether the directory's last sync held the name of `path`. */
+/*
+ * Whether the directory's last sync held the name of `path`, for the file it names now (a file
+ * deleted and made again since has a new inode: the name on the disk is still the old file's).
+ */
 static int name_durable(const char *path)
 {
-    char names_path[PATH_MAX + 16];
+    char names_path[PATH_MAX + 16], want[320];
     const char *base = strrchr(path, '/') + 1;
-    size_t len, n = strlen(base);
     unsigned char *names;
+    struct stat now;
+    size_t len;
     int found = 0;
 
+    if (stat(path, &now) != 0)
+        return 0;
+    snprintf(want, sizeof want, "%s %llu", base, (unsigned long long)now.st_ino);
     snprintf(names_path, sizeof names_path, "%s/dir.names", dir);
     names = slurp(names_path, &len);
-    for (size_t at = 0; names && at + n < len + 1 && !found;) {
+    for (size_t at = 0, n = strlen(want); names && at < len && !found;) {
         const unsigned char *nl = memchr(names + at, '\n', len - at);
         size_t end = nl ? (size_t)(nl - names) : len;
-        found = end - at == n && memcmp(names + at, base, n) == 0;
+        found = end - at == n && memcmp(names + at, want, n) == 0;
         at = end + 1;
     }
     free(names);
@@ -331,7 +384,7 @@ static int modelled_sync(int fd, const char *name)
     if (die_in_wal_sync > 0 && n > 4 && strcmp(path + n - 4, "-wal") == 0 &&
         grew_since_sync(fd, path) && rand() % die_in_wal_sync == 0)
         _exit(9);
-    keep_durable(path);
+    keep_durable(path, n > 4 && strcmp(path + n - 4, "-wal") == 0 ? WAL_SYNC_NS : 0);
     return 0;
 }
 
@@ -385,7 +438,7 @@ static void power_cut_file(const char *path)
             memcpy(out + s, now + s, n);
     }
     spill(path, out, out_len);
-    spill(durable, out, out_len);
+    spill(durable, out, out_len); /* (its .seq stays: a later sync's copy is newer) */
     free(now);
     free(kept);
     free(out);
@@ -400,6 +453,7 @@ static void power_cut(void)
     power_cut_file(path);
     snprintf(path, sizeof path, "%s-shm", db);
     unlink(path);
+    keep_names(); /* what is left is what the disk holds (the files rebuilt are new inodes) */
 }
 
 /* ---- the workers ------------------------------------------------------------------------------
@@ -837,7 +891,7 @@ static void live_reader_entry(int round, unsigned seed)
         uint64_t n = atomic_load(&sh->next[k]);
         if (n == 0)
             continue;
-        key_name(round, k, n - 1 - rand_r(&seed) % (n < 4 ? n : 4), key, sizeof key);
+        key_name(round, k, n - 1 - rand_r(&seed) % (n < 16 ? n : 16), key, sizeof key);
         read_key(eng, st, key);
     }
 }
@@ -1244,7 +1298,7 @@ static int failed_fsync_stops_the_store(void)
 
 int main(int argc, char **argv)
 {
-    int rounds = 12, bad = 0;
+    int rounds = 12, bad = 0, fail_fast = 0;
     unsigned seed = (unsigned)time(NULL);
     size_t answered = 0, readers_answered = 0, by_kind[KINDS] = {0}, upstream = 0, reads = 0;
     struct acks a = {0};
@@ -1255,8 +1309,10 @@ int main(int argc, char **argv)
             rounds = atoi(argv[++i]);
         else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
             seed = (unsigned)strtoul(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--fail-fast") == 0)
+            fail_fast = 1;
         else {
-            fprintf(stderr, "usage: test_power_loss [--rounds N] [--seed S]\n");
+            fprintf(stderr, "usage: test_power_loss [--rounds N] [--seed S] [--fail-fast]\n");
             return 2;
         }
     }
@@ -1276,6 +1332,8 @@ int main(int argc, char **argv)
     fflush(stdout);
     snprintf(db, sizeof db, "%s/stop.db", dir);
     bad += failed_fsync_stops_the_store();
+    if (bad > 0 && fail_fast)
+        rounds = 0;
 
     for (int round = 0; round < rounds; round++) {
         pid_t pids[MAX_PROCS];
@@ -1312,6 +1370,17 @@ int main(int argc, char **argv)
             /* Killed while they work: some answers in, then a random moment. */
             run_for(pids, np, p[0], &a, 10000, 0, 1);
             run_for(pids, np, p[0], &a, 20 + rand() % 300, 0, 0);
+            if (live) {
+                /*
+                 * The writers freeze (as a process the scheduler leaves aside, or one about to
+                 * be killed), their last commits not yet made durable by their syncers, while the
+                 * reader goes on reading their newest keys: it must make what it read durable
+                 * before it answers.
+                 */
+                for (int i = 1; i < np; i++)
+                    kill(pids[i], SIGSTOP);
+                run_for(pids, 1, p[0], &a, 20 + rand() % 60, 0, 0);
+            }
             for (int i = 0; i < np; i++) /* all at once, then reaped */
                 kill(pids[i], SIGKILL);
             for (int i = 0; i < np; i++)
@@ -1334,6 +1403,10 @@ int main(int argc, char **argv)
             answered += n;
             if (reader || live)
                 readers_answered += n;
+        }
+        if (round_bad > 0 && fail_fast) {
+            rounds = round + 1;
+            break;
         }
     }
     printf("test_power_loss: %zu keys answered (%zu in rounds with a reading process), "
