@@ -38,6 +38,7 @@ SQ = "lib/sqlite_commit.c"
 STORE_SQ = "lib/store_sqlite.c"
 PG = "lib/store_pg.c"
 TMP = None  # the tests' TMPDIR, under the scratch directory
+SUMMARY = ("rounds, seed", "keys answered", "answered by kind", "FAILED (seed")
 
 # name, what it breaks, [(file, anchor, replacement)], tests that may catch it (in order), quick
 MUTANTS = [
@@ -86,7 +87,7 @@ MUTANTS = [
           "        free(b);\n",
           "    writer_release_locked(g);\n"
           "    rc = 0; /* MUTANT: answered before COMMIT (the batch's reference is leaked) */\n")],
-        ["power", "contract.sqlite"],
+        ["power-cuts", "power", "contract.sqlite"],
         False,
     ),
     (
@@ -95,7 +96,7 @@ MUTANTS = [
         [(SQ,
           "    if (fdatasync(g->wal_fd) != 0) {\n",
           "    if (0) { /* MUTANT: no fsync */\n")],
-        ["power", "contract.sqlite"],
+        ["power-cuts", "power", "contract.sqlite"],
         False,
     ),
     (
@@ -211,9 +212,9 @@ def run(cmd, cwd, timeout, env=None):
 
 
 def test_command(test, tree, build, rounds):
-    if test == "power":
+    if test in ("power", "power-cuts"):
         return [os.path.join(build, "bin", "test_power_loss"), "--rounds", str(rounds),
-                "--fail-fast"], 300
+                "--fail-fast"] + (["--cuts-only"] if test == "power-cuts" else []), 300
     if test == "contract.sqlite":
         return [os.path.join(build, "bin", "store_contract"), "sqlite"], 300
     if test == "contract.postgresql":
@@ -321,7 +322,8 @@ def main():
                         caught += 1
                         by = test + (" (timeout)" if rc == "timeout" else "")
                         first = [ln for ln in out.splitlines()
-                                 if "test_power_loss: " in ln or "FAIL" in ln][1:3]
+                                 if ("test_power_loss: " in ln or "FAIL" in ln) and
+                                 not any(w in ln for w in SUMMARY)][:2]
                         for ln in first:
                             log(f"    {name}: {ln[:160]}")
                         break
