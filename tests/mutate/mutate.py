@@ -74,6 +74,23 @@ MUTANTS = [
         False,
     ),
     (
+        "claim-forwarded-before-fsync",
+        "idem-gateway's store steps -- a claim at a claim point, after which it forwards the "
+        "request upstream, and a completion with no phase open (one-statement jobs of "
+        "idem_call_begin_async and _complete_async) -- told once run into the batch, before its "
+        "COMMIT and fsync",
+        [(SQ,
+          "            if (j->notice && j->rc == 0) {\n"
+          "                /* Its notice is told with the batch's; the job itself is spent. */\n",
+          "            if (j->notice && j->rc == 0 && (j->flags & IDEM__TX_ONE_STATEMENT)) {\n"
+          "                job_notify_locked(g, j); /* MUTANT: a claim told before COMMIT */\n"
+          "                g->members++;\n"
+          "            } else if (j->notice && j->rc == 0) {\n"
+          "                /* Its notice is told with the batch's; the job itself is spent. */\n")],
+        ["power", "contract.sqlite"],
+        False,
+    ),
+    (
         "answer-before-commit",
         "idem_tx_commit (and every blocking phase end) returns once its savepoint is released "
         "into the batch, before the batch's COMMIT and fsync",
