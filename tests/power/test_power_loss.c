@@ -184,6 +184,35 @@ static unsigned char *slurp(const char *path, size_t *len)
     return buf ? buf : malloc(1);
 }
 
+/*
+ * Reads all of the file open as `fd` into a new buffer (*len bytes), through that descriptor: a
+ * descriptor of our own on a database file, once closed, would drop every POSIX lock this process
+ * holds on it (SQLite's), and another process could then take a live journal for a hot one.
+ */
+static unsigned char *slurp_fd(int fd, size_t *len)
+{
+    struct stat sb;
+    unsigned char *buf;
+    size_t have = 0;
+
+    *len = 0;
+    if (fstat(fd, &sb) != 0)
+        return NULL;
+    buf = malloc((size_t)sb.st_size + 1);
+    if (!buf)
+        die("malloc");
+    while (have < (size_t)sb.st_size) {
+        ssize_t r = pread(fd, buf + have, (size_t)sb.st_size - have, (off_t)have);
+        if (r < 0)
+            die("pread");
+        if (r == 0)
+            break;
+        have += (size_t)r;
+    }
+    *len = have;
+    return buf;
+}
+
 static void spill(const char *path, const unsigned char *buf, size_t len)
 {
     char tmp[PATH_MAX + 64];
@@ -262,7 +291,7 @@ static uint64_t counter_file(const char *path, uint64_t set)
  * nothing durable, and what was written in the meantime is not covered.  Syncs of several
  * processes end in any order; the copy a later-begun sync took is never replaced by an older one.
  */
-static void keep_durable(const char *path, long flush_ns)
+static void keep_durable(const char *path, int fd, long flush_ns)
 {
     char durable[PATH_MAX + 16], seq_path[PATH_MAX + 16], model_seq[PATH_MAX + 16];
     unsigned char *buf;
@@ -276,7 +305,7 @@ static void keep_durable(const char *path, long flush_ns)
     lfd = model_lock();
     seq = counter_file(model_seq, 0) + 1;
     counter_file(model_seq, seq);
-    buf = slurp(path, &len);
+    buf = slurp_fd(fd, &len);
     model_unlock(lfd);
     if (flush_ns > 0) {
         struct timespec flush = {0, flush_ns};
@@ -385,7 +414,7 @@ static int modelled_sync(int fd, const char *name)
     if (die_in_wal_sync > 0 && n > 4 && strcmp(path + n - 4, "-wal") == 0 &&
         grew_since_sync(fd, path) && rand() % die_in_wal_sync == 0)
         _exit(9);
-    keep_durable(path, n > 4 && strcmp(path + n - 4, "-wal") == 0 ? WAL_SYNC_NS : 0);
+    keep_durable(path, fd, n > 4 && strcmp(path + n - 4, "-wal") == 0 ? WAL_SYNC_NS : 0);
     return 0;
 }
 
@@ -1179,13 +1208,17 @@ static int check(const struct acks *a)
     return bad;
 }
 
+/* Processes that could not open the store (exit status 4): said in the summary, not hidden. */
+static int failed_opens;
+
 static void dead(pid_t pid)
 {
-    int status;
+    int status = 0;
 
     kill(pid, SIGKILL);
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
+    failed_opens += WIFEXITED(status) && WEXITSTATUS(status) == 4;
 }
 
 /*
@@ -1418,9 +1451,10 @@ int main(int argc, char **argv)
            "%d lost, doubled or wrong after %d power cuts, %.1f s\n",
            answered, readers_answered, bad, rounds, (double)(clock_mono_ms() - began) / 1000.0);
     printf("test_power_loss: answered by kind: %zu two-phase, %zu committed async, %zu run async, "
-           "%zu claimed async; %zu sent upstream, %zu business rows read by a GET\n",
+           "%zu claimed async; %zu sent upstream, %zu business rows read by a GET; %d processes "
+           "could not open the store\n",
            by_kind[K_TWO_PHASE], by_kind[K_DEFERRED], by_kind[K_RUN], by_kind[K_CLAIM], upstream,
-           reads);
+           reads, failed_opens);
     free(a.slot);
     if (bad == 0) {
         char cmd[PATH_MAX + 32];
