@@ -111,7 +111,7 @@ MUTANTS = [
         "syncer-skips-fsync",
         "the syncer calls batches durable without its fsync of the WAL",
         [(SQ,
-          "    if (fdatasync(g->wal_fd) != 0) {\n",
+          "    if (rc == 0 && fdatasync(g->wal_fd) != 0) {\n",
           "    if (0) { /* MUTANT: no fsync */\n")],
         ["power-cuts", "power", "contract.sqlite"],
         False,
