@@ -1098,8 +1098,8 @@ static int check_key(struct idem_engine *eng, struct idem_store *st, const struc
         if (idem_call_begin(eng, &ops[k], "tester", e->key, fp, &call, &outcome) != 0 ||
             outcome != IDEM_OUTCOME_REPLAY) {
             fprintf(stderr,
-                    "test_power_loss: %s was answered, and after the power cut its record is "
-                    "gone (outcome %d)\n",
+                    "test_power_loss: %s was answered, and after the power cut it does not "
+                    "replay (outcome %d: 1 no record, 5 a claim not completed)\n",
                     e->key, (int)outcome);
             bad++;
         } else {
