@@ -52,7 +52,7 @@ test-asan: deps-test
 #   make power-loss POWER_ROUNDS=2000
 POWER_ROUNDS ?= 400
 .PHONY: power-loss
-power-loss: build
+power-loss: deps-test build
 	@$(BUILD)/bin/test_power_loss --rounds $(POWER_ROUNDS)
 
 # Mutation testing of the durability proof (docs/testing.md, "Mutants"): each deliberate bug of
@@ -60,7 +60,7 @@ power-loss: build
 # tests run on it; every mutant must be caught.  make test runs a fast subset (mutate.quick).
 MUTATE_ROUNDS ?= 24
 .PHONY: mutate
-mutate: build
+mutate: deps-test build
 	@python3 tests/mutate/mutate.py --rounds $(MUTATE_ROUNDS) --work $(BUILD)/mutate
 
 # Flaky tests show here before a user meets them: the service suites (or any ctest regex in
