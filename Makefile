@@ -101,7 +101,7 @@ BENCH_BUILD ?= build-bench
 BENCH_SECONDS ?= 5
 BENCH_TARGETS = orderd commit_rate static_http storm idem-gateway \
 	$(if $(wildcard src/provider-sim/CMakeLists.txt),provider-sim)
-# Issue 28's comparison with the Node peers (bench-peers below), run last by make bench too.
+# The comparison with the Node peers (bench-peers below), run last by make bench too.
 PEERS_BENCH = python3 bench/peers_bench.py --bin $(BENCH_BUILD)/bin --out bench/results \
 	--seconds $(BENCH_SECONDS)
 bench:
@@ -113,7 +113,7 @@ bench:
 		--seconds $(BENCH_SECONDS)
 	@$(PEERS_BENCH)
 
-# idem-gateway's benchmark (docs/bench.md, "idem-gateway (issue 14)"): the gateway against its
+# idem-gateway's benchmark (docs/bench.md, "idem-gateway"): the gateway against its
 # upstream alone and against nginx proxy_pass, same build tree, about 2 minutes.
 .PHONY: bench-gateway
 bench-gateway:
@@ -125,7 +125,7 @@ bench-gateway:
 	@sh tests/pg/with_pg.sh python3 bench/gateway_bench.py --bin $(BENCH_BUILD)/bin \
 		--out bench/results --seconds $(BENCH_SECONDS)
 
-# Issue 28's comparison (docs/bench.md, "Node peers (issue 28)"): orderd and idem-gateway (SQLite)
+# The comparison with Node peers (docs/bench.md, "Node peers"): orderd and idem-gateway (SQLite)
 # beside a Node server with the @node-idempotency middleware on Redis (no persistence) and the same
 # server without idempotency, fresh keys and replays, wrk -t2 -c64, in one run (about 2 minutes);
 # make bench ends with it too.  Its report: bench/results/peers-<UTC time>.md.

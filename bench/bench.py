@@ -916,27 +916,27 @@ routes:
         if "S1" in sq and "static" in sq:
             ratio = sq["S1"]["rps"] / sq["static"]["rps"]
             t.append({"id": "i28-fresh", "store": "sqlite",
-                      "target": "(issue 28) S1 ≥ %.2f× the static HTTP ceiling" % T28_FRESH_SHARE,
+                      "target": "S1 ≥ %.2f× the static HTTP ceiling" % T28_FRESH_SHARE,
                       "measured": "%.0f ÷ %.0f req/s" % (sq["S1"]["rps"], sq["static"]["rps"]),
                       "ratio": ratio, "met": ratio >= T28_FRESH_SHARE})
         for store, res in st.items():
             s1 = res.get("S1", {})
             if "cpu_us_per_req" in s1:
                 t.append({"id": "i28-cpu", "store": store,
-                          "target": "(issue 28) orderd CPU per fresh order ≤ %d µs" % T28_CPU_US,
+                          "target": "orderd CPU per fresh order ≤ %d µs" % T28_CPU_US,
                           "measured": "%.0f µs" % s1["cpu_us_per_req"],
                           "ratio": s1["cpu_us_per_req"] / T28_CPU_US,
                           "met": s1["cpu_us_per_req"] <= T28_CPU_US})
             if "writer_busy_us_per_req" in s1:
                 w = s1["writer_busy_us_per_req"]
                 t.append({"id": "i28-writer", "store": store,
-                          "target": "(issue 28) the store's writer held ≤ %d µs per fresh order" %
+                          "target": "the store's writer held ≤ %d µs per fresh order" %
                           T28_WRITER_US,
                           "measured": "%.0f µs (orderd_store_writer_busy_seconds_total)" % w,
                           "ratio": w / T28_WRITER_US, "met": w <= T28_WRITER_US})
             if "vcs_per_req" in s1:
                 t.append({"id": "i28-vcs", "store": store,
-                          "target": "(issue 28) ≤ %g voluntary context switch per fresh order" %
+                          "target": "≤ %g voluntary context switch per fresh order" %
                           T28_VCS,
                           "measured": "%.2f (orderd's threads, /proc/PID/task/*/status)" %
                           s1["vcs_per_req"],
@@ -946,7 +946,7 @@ routes:
         if "S1s" in pg:
             rps = pg["S1s"]["rps"]
             t.append({"id": "i28-pg-spread", "store": "postgresql",
-                      "target": "(issue 28) S1 over %s products ≥ 3× 0f30a55's %.0f req/s" % (
+                      "target": "S1 over %s products ≥ 3× 0f30a55's %.0f req/s" % (
                           "{:,}".format(SPREAD_PRODUCTS), T28_PG_SPREAD_RPS / 3),
                       "measured": "%.0f req/s (a figure of another run and day: read it with "
                       "the machine's noise)" % rps,
@@ -1306,7 +1306,7 @@ unset multiplot
         if img:
             L.append("![throughput and latency](%s)" % img)
             L.append("")
-        L.append("## Targets (issue 13)")
+        L.append("## Targets")
         L.append("")
         L.append("| target | store | measured | ratio | |")
         L.append("|---|---|---|---|---|")

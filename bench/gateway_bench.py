@@ -18,7 +18,7 @@ drift of other work on the machine cancels.  A target not met is profiled afterw
 scenario runs again: `perf record --call-graph dwarf -p <gateway pid>` and `perf trace -s -p`.
 Everything listens on 127.0.0.1, every load is bounded in time, every process is stopped by its
 PID.  Standard library only; the helpers are bench/bench.py's.  docs/bench.md ("idem-gateway
-(issue 14)") says what each number means.
+") says what each number means.
 
   python3 bench/gateway_bench.py --bin build-bench/bin [--out bench/results] [--seconds 5]
                                  [--connections 16] [--no-profile] [--wait-idle 30]
@@ -277,7 +277,7 @@ class GatewayBench(B.Bench):
 
     def futex_per_request(self, gw):
         """
-        futex calls per fresh keyed request (issue 28): `strace -c -e trace=futex` on every
+        futex calls per fresh keyed request: `strace -c -e trace=futex` on every
         thread of the gateway during a short fresh-key run of its own.  strace slows the calls it
         counts, so read the count per request, never the run's rate.  None without strace.
         """
@@ -317,20 +317,20 @@ class GatewayBench(B.Bench):
         if not s:
             return
         self.r["targets"].append({
-            "id": "i28-fresh", "target": "(issue 28) F: fresh keyed requests, SQLite, ≥ %.2f× "
+            "id": "i28-fresh", "target": "F: fresh keyed requests, SQLite, ≥ %.2f× "
             "nginx proxy_pass" % T28_FRESH, "ratio": s["ratio"], "want": T28_FRESH,
             "met": s["ratio"] >= T28_FRESH and not s["problems"],
             "measured": "%.0f ÷ %.0f req/s" % (s["gateway_rps"], s["reference_rps"])})
         cpu = s["runs"][1]["cpu_us_per_req"].get("gateway")
         if cpu is not None:
             self.r["targets"].append({
-                "id": "i28-cpu", "target": "(issue 28) the gateway's CPU per fresh request ≤ %d µs"
+                "id": "i28-cpu", "target": "the gateway's CPU per fresh request ≤ %d µs"
                 % T28_CPU_US, "ratio": cpu / T28_CPU_US, "want": 1.0, "met": cpu <= T28_CPU_US,
                 "measured": "%.0f µs" % cpu})
         fx = self.r.get("futex")
         if fx:
             self.r["targets"].append({
-                "id": "i28-futex", "target": "(issue 28) ≤ %d futex calls per fresh request"
+                "id": "i28-futex", "target": "≤ %d futex calls per fresh request"
                 % T28_FUTEX, "ratio": fx["per_request"] / T28_FUTEX, "want": 1.0,
                 "met": fx["per_request"] <= T28_FUTEX,
                 "measured": "%.1f (strace -c, %d threads, %d requests)" % (
@@ -487,7 +487,7 @@ class GatewayBench(B.Bench):
 
     def markdown(self):
         r, m = self.r, self.r["meta"]
-        L = ["# idem-gateway benchmark (issue 14), %s" % self.ts, "",
+        L = ["# idem-gateway benchmark, %s" % self.ts, "",
              "%s; %d cores, %s RAM; kernel %s; %s; nginx %s; commit %s. %d connections, wrk %d "
              "threads, %g s per run; the machine was %.0f%% busy with other work right before "
              "the run (load average %.2f at the start, %.2f at the end)." % (
@@ -621,7 +621,7 @@ class GatewayBench(B.Bench):
         return base + ".md", text
 
     def summary(self):
-        L = ["", "idem-gateway (issue 14), %d connections, %g s per run:" % (self.conns,
+        L = ["", "idem-gateway, %d connections, %g s per run:" % (self.conns,
                                                                             self.seconds)]
         for t in self.r["targets"]:
             L.append("  %-9s %-72s %6s  %s" % ("MET" if t["met"] else "NOT MET", t["target"],

@@ -18,7 +18,7 @@ and S2 (bench/lua/fresh.lua: a new Idempotency-Key per request; bench/lua/replay
 created first, then every request a replay), wrk -t2 -c64 (--connections), --seconds per run.
 Each round runs every server once with fresh keys, then every idempotent one with replays; the
 order is reversed in every other round, so a steady drift of other work on the machine moves every
-server's mean alike.  Targets (issue 28): orderd fresh ≥ 0.8× redis-peer fresh, gateway fresh ≥
+server's mean alike.  Targets: orderd fresh ≥ 0.8× redis-peer fresh, gateway fresh ≥
 0.8× redis-peer fresh, as the ratio of the means over the rounds; met only if every run of both
 sides answered only 2xx, had no socket error, and the servers' own counters agree (fresh runs
 executed, replay runs replayed).
@@ -461,7 +461,7 @@ class PeersBench(B.Bench):
 
     def markdown(self):
         r, m = self.r, self.r["meta"]
-        L = ["# orderd and idem-gateway beside Node peers (issue 28), %s" % self.ts, "",
+        L = ["# orderd and idem-gateway beside Node peers, %s" % self.ts, "",
              "%s; %d cores, %s RAM; kernel %s; %s; node %s; redis-server %s; "
              "@node-idempotency/core %s, storage-adapter-redis %s, redis (client) %s; commit %s. "
              "wrk -t%d -c%d, %g s per run, %d round(s); %d Node process(es) per Node server; the "
@@ -484,7 +484,7 @@ class PeersBench(B.Bench):
              "@node-idempotency/core on the Redis storage adapter, wired as its Express "
              "middleware), redis-server with `--save '' --appendonly no`. Plain: "
              "`bench/peers/server.js`. Durable: the answer leaves only once what it reports is "
-             "on disk. See docs/bench.md, \"Node peers (issue 28)\".", "",
+             "on disk. See docs/bench.md, \"Node peers\".", "",
              "## Targets", "", "| target | measured | ratio | per round | met |",
              "|---|---|---|---|---|"]
         for t in r["targets"]:
@@ -543,7 +543,7 @@ class PeersBench(B.Bench):
         return base + ".md"
 
     def summary(self):
-        L = ["", "orderd and idem-gateway beside the Node peers (issue 28), wrk -t%d -c%d, %g s "
+        L = ["", "orderd and idem-gateway beside the Node peers, wrk -t%d -c%d, %g s "
              "per run, %d round(s), %d Node process(es) per Node server:" % (
                  B.WRK_THREADS, self.conns, self.seconds, self.rounds, self.node_workers),
              "", "  %-58s %12s %12s  %s" % ("", "fresh req/s", "replay req/s", "durable")]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """
-slowloris.py - the two clients of bench.py's slowloris scenario (issue 13), each run as its own
+slowloris.py - the two clients of bench.py's slowloris scenario, each run as its own
 process so neither slows the other's measurements.  Python's standard library only; one thread,
 non-blocking sockets, selectors.
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-# deb.cmake - the Debian packages of `make deb` (issue 17), made by CPack's DEB generator from
+# deb.cmake - the Debian packages of `make deb`, made by CPack's DEB generator from
 # the build tree `make build` made (cd build && cpack):
 #
 #   libidem0         libidem.so.0 (the engine and its SQLite and PostgreSQL stores)

@@ -1,5 +1,5 @@
 -- SPDX-License-Identifier: Apache-2.0
--- gateway.lua - bench/gateway_bench.py's load (issue 14): one request shape, sent alike to
+-- gateway.lua - bench/gateway_bench.py's load: one request shape, sent alike to
 -- idem-gateway, to its upstream directly and to nginx's proxy_pass, so the two sides of every
 -- ratio get the very same bytes.
 --   wrk -s bench/lua/gateway.lua URL -- MODE METHOD PATH CONSUMER KEY
