@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """
-bench.py - issue 13's benchmark: how close orderd's fresh orders and replays come to the HTTP
+bench.py - the benchmark: how close orderd's fresh orders and replays come to the HTTP
 layer's own ceiling, how that ceiling compares with nginx, what a same-key storm, 10,000
 keep-alive connections and a slowloris cost, all against baselines taken in the same run, with a
 profile of whatever keeps a target out of reach.
@@ -788,7 +788,7 @@ routes:
     # -- targets --
 
     def targets(self):
-        """Issue 13's targets (met / not met), and issue 7's old ones as information."""
+        """The targets (met / not met), and the group-commit readings as information."""
         t, info = [], []
         st = self.r["stores"]
         sq = st.get("sqlite", {})
@@ -872,13 +872,13 @@ routes:
         # Issue 7's targets, as information: the same data, no verdict.
         if "S1" in sq and "commit_before" in sq:
             ref = (sq["commit_before"]["rate"] + sq["commit_after"]["rate"]) / 2
-            info.append({"what": "S1 ÷ the 1-thread durable commit rate (issue 7: ≥ %g×)" %
+            info.append({"what": "S1 ÷ the 1-thread durable commit rate (the group-commit aim: ≥ %g×)" %
                          I7_GROUP_COMMIT, "store": "sqlite",
                          "measured": "%.0f req/s ÷ %.0f commits/s" % (sq["S1"]["rps"], ref),
                          "ratio": sq["S1"]["rps"] / ref})
         for store, res in st.items():
             if "S1" in res and "rps" in res.get("S1off", {}):
-                info.append({"what": "S1 p50 idempotency on ÷ off (issue 7: ≤ %.2f×)" %
+                info.append({"what": "S1 p50 idempotency on ÷ off (the old aim: ≤ %.2f×)" %
                              I7_ON_OFF_P50, "store": store,
                              "measured": "%s ÷ %s ms" % (fmt_ms(res["S1"]["p50_ms"]),
                                                          fmt_ms(res["S1off"]["p50_ms"])),
@@ -1316,7 +1316,7 @@ unset multiplot
                                                      fmt_ratio(t["ratio"]), met))
         L.append("")
         if r.get("info"):
-            L.append("Information, no verdict (issue 7's targets, and S1 on PostgreSQL):")
+            L.append("Information, no verdict (the group-commit readings, and S1 on PostgreSQL):")
             L.append("")
             L.append("| reading | store | measured | ratio |")
             L.append("|---|---|---|---|")
@@ -1473,7 +1473,7 @@ unset multiplot
         sq = st.get("sqlite", {})
         if "commit_before" in sq:
             L.append("| commit rate, sqlite, 1 thread, right before / after S1 (the reference "
-                     "of issue 7's group-commit reading is their mean) | %s / %s | | | |" % (
+                     "of the group-commit reading is their mean) | %s / %s | | | |" % (
                          fmt_rate(sq["commit_before"]["rate"]),
                          fmt_rate(sq["commit_after"]["rate"])))
         L.append("")

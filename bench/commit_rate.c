@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * commit_rate.c - the raw durable commit rate of a store, the yardstick of issue 7's group-commit
+ * commit_rate.c - the raw durable commit rate of a store, the yardstick of the group-commit
  * target.  Every transaction inserts one small row and is made durable before the next one of
  * its thread starts: SQLite in WAL mode with synchronous=FULL (BEGIN IMMEDIATE; INSERT; COMMIT,
  * one fsync of the WAL per commit), PostgreSQL through libpq (one INSERT in autocommit, one WAL

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """
-gateway_bench.py - issue 14's benchmark: what idem-gateway costs in front of an upstream that
+gateway_bench.py - the gateway's benchmark: what idem-gateway costs in front of an upstream that
 answers at once (bench/static_http.c), against that upstream alone and against nginx's
 proxy_pass to it, as ratios of runs taken in the same session, A-B-A.
 

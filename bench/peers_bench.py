@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """
-peers_bench.py - issue 28's side-by-side comparison: fresh-key and replay throughput of orderd and
+peers_bench.py - the side-by-side comparison: fresh-key and replay throughput of orderd and
 of idem-gateway against Node servers that do the same work, in one run, on the same cores.
 
   orderd        orderd serve on SQLite (synchronous=FULL, its defaults), POST /api/orders:

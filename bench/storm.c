@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * storm.c - S3 of issue 7: N requests with ONE Idempotency-Key released together, and the lone
+ * storm.c - S3: N requests with ONE Idempotency-Key released together, and the lone
  * request they are compared with.  A load generator written in a scripting language measures
  * its own scheduling when 200 responses arrive at once, so this is one C thread with epoll:
  * every connection is opened first, then all requests are written back to back (well under a
