@@ -297,6 +297,50 @@ class Upstream:
         self.httpd.server_close()
 
 
+class HandUpstream:
+    """
+    An upstream that speaks HTTP/1.1 by hand, on its own socket, so that a test can make it
+    misbehave as some upstreams do.  It numbers the connections it accepts (`conns`) and serves
+    each on a thread of its own with `self._serve(conn, n)`, which a subclass writes; close()
+    closes the listener and every connection still open.
+    """
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.lock = threading.Lock()
+        self.conns = 0
+        self.open = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.conns += 1
+                n = self.conns
+                self.open.append(c)
+            threading.Thread(target=self._serve, args=(c, n), daemon=True).start()
+
+    def _serve(self, c, n):
+        raise NotImplementedError
+
+    def close(self):
+        self.sock.close()
+        with self.lock:
+            for c in self.open:
+                try:
+                    c.close()
+                except OSError:
+                    pass
+
+
 # ---- the gateway -------------------------------------------------------------------------------
 
 DEFAULT_ROUTES = """

@@ -33,7 +33,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import types
 import uuid
 import zlib
@@ -42,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import harness  # noqa: E402
 from harness import expect_eq, expect_fresh, expect_problem, expect_replay, test  # noqa: E402
-from gateway_harness import DEFAULT_ROUTES, Gateway, Upstream, expect  # noqa: E402
+from gateway_harness import DEFAULT_ROUTES, Gateway, HandUpstream, Upstream, expect  # noqa: E402
 
 ROUTES = DEFAULT_ROUTES + """
   - match: PUT /v1/things/{id}
@@ -763,7 +762,7 @@ def an_admin_listener_off_loopback_is_warned_about(ctx):
 
 # ---- upstream connections --------------------------------------------------------------------
 
-class RawUpstream:
+class RawUpstream(HandUpstream):
     """
     An upstream that speaks HTTP/1.1 by hand, to misbehave as some do.  Every request is answered
     200 {"conn": C, "path": P} (C numbers the connections it accepted).  After a request to a path
@@ -774,28 +773,8 @@ class RawUpstream:
     """
 
     def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.url = "http://127.0.0.1:%d" % self.port
-        self.conns = 0
+        super().__init__()
         self.seen = []  # (connection, path) of every request read
-        self.lock = threading.Lock()
-        self.open = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            with self.lock:
-                self.conns += 1
-                n = self.conns
-                self.open.append(c)
-            threading.Thread(target=self._serve, args=(c, n), daemon=True).start()
 
     @staticmethod
     def _answer(conn, path):
@@ -846,14 +825,6 @@ class RawUpstream:
         finally:
             c.close()
 
-    def close(self):
-        self.sock.close()
-        with self.lock:
-            for c in self.open:
-                try:
-                    c.close()
-                except OSError:
-                    pass
 
 
 @test

@@ -19,14 +19,13 @@ import json
 import os
 import socket
 import sys
-import threading
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import harness  # noqa: E402
 from harness import expect_eq, expect_replay, test  # noqa: E402
-from gateway_harness import DEFAULT_ROUTES, Gateway, expect  # noqa: E402
+from gateway_harness import DEFAULT_ROUTES, Gateway, HandUpstream, expect  # noqa: E402
 
 # The unasked answer goes out once the next request's bytes arrive, or after this long.
 LATE_S = 1.0
@@ -36,7 +35,7 @@ def key(prefix="k"):
     return "%s-%s" % (prefix, uuid.uuid4().hex[:12])
 
 
-class StrayUpstream:
+class StrayUpstream(HandUpstream):
     """
     An upstream speaking HTTP/1.1 by hand.  Every request is answered 200 {"conn": C, "path": P,
     "key": K} (C numbers its connections, K is the Idempotency-Key it got).  After a request with
@@ -47,27 +46,8 @@ class StrayUpstream:
     """
 
     def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
-        self.lock = threading.Lock()
-        self.conns = 0
+        super().__init__()
         self.strays = 0  # unasked answers sent
-        self.open = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            with self.lock:
-                self.conns += 1
-                n = self.conns
-                self.open.append(c)
-            threading.Thread(target=self._serve, args=(c, n), daemon=True).start()
 
     @staticmethod
     def _answer(doc):
@@ -128,15 +108,6 @@ class StrayUpstream:
             return
         finally:
             c.close()
-
-    def close(self):
-        self.sock.close()
-        with self.lock:
-            for c in self.open:
-                try:
-                    c.close()
-                except OSError:
-                    pass
 
 
 def expect_own_answer(gw, k, body, what, mode=None):
