@@ -331,6 +331,17 @@ class HandUpstream:
     def _serve(self, c, n):
         raise NotImplementedError
 
+    @staticmethod
+    def _past_body(c, buf, length):
+        """What follows a body of `length` bytes at the start of `buf` (read from `c` as needed),
+        or None when the peer closed first."""
+        while len(buf) < length:
+            piece = c.recv(65536)
+            if not piece:
+                return None
+            buf += piece
+        return buf[length:]
+
     def close(self):
         self.sock.close()
         with self.lock:

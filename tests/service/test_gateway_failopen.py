@@ -808,12 +808,9 @@ class RawUpstream(HandUpstream):
                 if path == "/early":
                     c.sendall(answer)  # the body stays unread: it is the next "request"
                     continue
-                while len(buf) < length:
-                    piece = c.recv(65536)
-                    if not piece:
-                        return
-                    buf += piece
-                buf = buf[length:]
+                buf = self._past_body(c, buf, length)
+                if buf is None:
+                    return
                 if path == "/hidden":
                     held = answer
                 elif path.endswith("/trail"):

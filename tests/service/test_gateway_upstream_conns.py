@@ -96,12 +96,9 @@ class StrayUpstream(HandUpstream):
                     c.sendall(answer)  # the body stays unread: it starts the next "request"
                     early = True
                     continue
-                while len(buf) < length:
-                    piece = c.recv(65536)
-                    if not piece:
-                        return
-                    buf += piece
-                buf = buf[length:]
+                buf = self._past_body(c, buf, length)
+                if buf is None:
+                    return
                 c.sendall(answer)
                 late = mode == "late"
         except OSError:
