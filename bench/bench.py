@@ -73,7 +73,7 @@ SLOW_TRICKLE_S = 1.0
 NOFILE_WANT = 65536
 DEADLINE_S = 1800  # a hard stop for the whole run, far above its expected ~6 minutes
 
-# Issue 13's targets.
+# The targets of the HTTP layer and the record.
 T_FRESH_SHARE = 0.30    # S1 on SQLite ÷ static ceiling
 T_REPLAY_SHARE = 0.85   # S2 ÷ static ceiling, per store
 T_NGINX_SHARE = 0.9     # static ceiling ÷ nginx
@@ -81,16 +81,16 @@ T_STORM_P99 = 3.0       # S3 p99 ÷ lone request
 T_RSS_MIB = 64          # VmHWM with RSS_CONNECTIONS
 T_SLOW_P99 = 5.0        # legitimate p99 with ÷ without the slowloris
 T_CPU_US = 60           # orderd CPU per fresh order (an aim)
-# Issue 28's, for orderd (the gateway's are bench/gateway_bench.py's, the Node peers' peers_bench's).
+# The fresh-path targets for orderd (the gateway's are bench/gateway_bench.py's, the Node peers' peers_bench's).
 T28_FRESH_SHARE = 0.20  # S1 on SQLite ÷ static ceiling
 T28_CPU_US = 100        # orderd CPU per fresh order
 T28_VCS = 1.0           # voluntary context switches of orderd's threads per fresh order
 T28_WRITER_US = 50      # SQLite's writer held per fresh order
 T28_PG_SPREAD_RPS = 3 * 1636  # S1 spread on PostgreSQL: 3× a transaction per order (docs/bench.md)
-# Issue 7's targets, still reported as information.
+# Older targets, still reported as information.
 I7_GROUP_COMMIT = 6.0
 I7_ON_OFF_P50 = 1.10
-# Issue 16's: S1 p50 with the record ÷ without, orders spread over SPREAD_PRODUCTS products.
+# S1 p50 with the record ÷ without, orders spread over SPREAD_PRODUCTS products.
 T_SPREAD_ON_OFF_P50 = 1.10
 SPREAD_PRODUCTS = 1000
 
@@ -869,7 +869,7 @@ routes:
                           fmt_ms(b["p99_ms"]), fmt_ms(a["p99_ms"]), errors, b["non2xx"],
                           b["socket_errors"], sl["attack_open"]),
                       "ratio": ratio, "met": ratio <= T_SLOW_P99 and errors == 0})
-        # Issue 7's targets, as information: the same data, no verdict.
+        # The older targets, as information: the same data, no verdict.
         if "S1" in sq and "commit_before" in sq:
             ref = (sq["commit_before"]["rate"] + sq["commit_after"]["rate"]) / 2
             info.append({"what": "S1 ÷ the 1-thread durable commit rate (the group-commit aim: ≥ %g×)" %
@@ -911,7 +911,7 @@ routes:
         self.r["info"] = info
 
     def targets_issue28(self, t, st):
-        """Issue 28's targets for orderd's fresh orders (a commit pipeline, not a hand-off chain)."""
+        """The targets for orderd's fresh orders (a commit pipeline, not a hand-off chain)."""
         sq = st.get("sqlite", {})
         if "S1" in sq and "static" in sq:
             ratio = sq["S1"]["rps"] / sq["static"]["rps"]

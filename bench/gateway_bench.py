@@ -50,11 +50,11 @@ REPLAY_KEY = "gw-replay-1"
 PERF_FREQ = 499  # samples per second and thread, each with 8 KiB of stack for DWARF unwinding
 DEADLINE_S = 900  # a hard stop for the whole run, far above its expected ~2 minutes
 
-# Issue 14's targets: the gateway's throughput ÷ the reference's, same session.
+# The targets: the gateway's throughput ÷ the reference's, same session.
 T_REPLAY = 1.0   # replays ÷ the upstream answering the same request directly
 T_FRESH = 0.5    # fresh keyed requests (SQLite, durable) ÷ nginx proxy_pass
 T_PASS = 0.8     # unkeyed pass-through ÷ nginx proxy_pass
-# Issue 28's, for a fresh keyed request through the gateway on SQLite.
+# The fresh-path targets for a fresh keyed request through the gateway on SQLite.
 T28_FRESH = 0.40    # F ÷ nginx proxy_pass
 T28_CPU_US = 70     # the gateway's CPU per request
 T28_FUTEX = 4       # futex calls of the gateway's threads per request
@@ -312,7 +312,7 @@ class GatewayBench(B.Bench):
         return {"calls": calls, "requests": n, "per_request": calls / n, "threads": len(tids)}
 
     def targets_issue28(self):
-        """Issue 28's bars for a fresh keyed request through the gateway on SQLite."""
+        """The bars for a fresh keyed request through the gateway on SQLite."""
         s = self.r["scenarios"].get("fresh-sqlite")
         if not s:
             return
@@ -407,7 +407,7 @@ class GatewayBench(B.Bench):
     # -- profiles --
 
     def profiles(self):
-        # (issue 28's rows share their scenario with F, profiled under its id)
+        # (the fresh-path rows share their scenario with F, profiled under its id)
         unmet = [t["id"] for t in self.r["targets"]
                  if not t["met"] and t["id"] in self.r["scenarios"]]
         if not unmet:
@@ -566,7 +566,7 @@ class GatewayBench(B.Bench):
         cores = self.r["meta"].get("cores") or 2
         for t in self.r["targets"]:
             if t["met"] or t["id"] not in self.r["scenarios"]:
-                continue  # (issue 28's rows: read under F's)
+                continue  # (the fresh-path rows: read under F's)
             s = self.r["scenarios"][t["id"]]
             g = s["runs"][1]
             refs = (s["runs"][0], s["runs"][2])

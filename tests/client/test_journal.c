@@ -254,7 +254,7 @@ static void test_shared_file(void)
     idem_client_journal_close(b);
 }
 
-/* ---- scale and compaction (issue 15, item 10) ------------------------------------------------
+/* ---- scale and compaction ------------------------------------------------
  */
 
 /* 20,000 fsyncs would make the test about the disk, not the journal. */

@@ -837,7 +837,7 @@ static void test_stage(struct idem_engine *eng, struct idem_store *st)
     expect_replay(nocache, &op, "stage-3", fp, 202, "again");
 
     /*
-     * Issue 15, item 3: staged, rolled back past the stage, then committed without staging again:
+     * Staged, rolled back past the stage, then committed without staging again:
      * the commit fails (IDEM_ESTATE) instead of reporting a completed call; nothing is cached, and
      * the record is still processing in the open phase, which a new stage then completes.  A
      * rollback to a savepoint taken after the stage leaves the stage, and the commit, alone.

@@ -1,7 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
 # failover.sh - fails the Patroni cluster of tests/ha/with_ha.sh over, once, and returns when it is
-# healthy again (issue 16; docs/ha.md).  `idem-check chaos --failover-cmd 'sh tests/ha/failover.sh'`
+# healthy again (docs/ha.md).  `idem-check chaos --failover-cmd 'sh tests/ha/failover.sh'`
 # runs it with `switchover` and `kill` in turn.
 #
 #   sh tests/ha/failover.sh switchover|kill

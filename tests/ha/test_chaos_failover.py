@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """
 test_chaos_failover.py - `idem-check chaos --failover-every S --failover-cmd CMD` on the Patroni
-cluster of tests/ha/with_ha.sh (issue 16; docs/ha.md, "Chaos with failovers").  Three orderd
+cluster of tests/ha/with_ha.sh (docs/ha.md, "Chaos with failovers").  Three orderd
 instances on the cluster's multi-host URI behind HAProxy with the shipped docs/ops/haproxy.cfg
 (retry-on all-retryable-errors, redispatch, retries 3), one instance killed -9 every 5 s, dropped
 responses, resets, cuts, duplicated sends and provider faults, and every 15 s of the drive the

@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """
-test_failover.py - orderd on a Patroni cluster of three PostgreSQL nodes (tests/ha/with_ha.sh,
-issue 16), its store URI naming all three with target_session_attrs=read-write.  While clients
+test_failover.py - orderd on a Patroni cluster of three PostgreSQL nodes (tests/ha/with_ha.sh), its store URI naming all three with target_session_attrs=read-write.  While clients
 keep ordering (each key retried until it gets a final answer, as a client of docs/http-api.md
 does), the primary changes twice: a Patroni switchover, then the new primary's node dies (kill -9
 of its Patroni agent and its postmaster), so the survivors elect a new leader once its key expires

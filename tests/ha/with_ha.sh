@@ -1,7 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
 # with_ha.sh - runs a command against a throw-away PostgreSQL 15 cluster of three nodes managed by
-# Patroni, with etcd as its store, then removes all of it (issue 16; docs/ha.md).
+# Patroni, with etcd as its store, then removes all of it (docs/ha.md).
 #
 #   sh tests/ha/with_ha.sh COMMAND [ARGS...]
 #

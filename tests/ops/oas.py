@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-oas.py - reading and checking the OpenAPI documents of docs/openapi/ (issue 17), for
+oas.py - reading and checking the OpenAPI documents of docs/openapi/, for
 test_openapi.py.
 
 Validation uses Debian's python3-jsonschema (Draft 2020-12) and python3-yaml, against the OpenAPI

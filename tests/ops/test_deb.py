@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-test_deb.py - the Debian packages of `make deb` (issue 17; packaging/deb.cmake).
+test_deb.py - the Debian packages of `make deb` (packaging/deb.cmake).
 
 CPack makes them from the build tree into a scratch directory, then:
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-test_monitoring.py - the alert rules and the dashboard of docs/ops/ (issue 17) work with what
+test_monitoring.py - the alert rules and the dashboard of docs/ops/ work with what
 orderd and idem-gateway really export.
 
   alert...      docs/ops/alerts.yml passes `promtool check rules`; its unit tests

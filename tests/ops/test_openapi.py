@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-test_openapi.py - the OpenAPI 3.1 documents of docs/openapi/ are valid, complete, and true
-(issue 17).
+test_openapi.py - the OpenAPI 3.1 documents of docs/openapi/ are valid, complete, and true.
 
 1. Both documents validate against the OpenAPI 3.1 JSON Schema with python3-jsonschema, and pass
    the checks the schema cannot make (oas.py); a broken copy of each is refused, so the

@@ -1,14 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-test_systemd.py - the systemd units of packaging/systemd/ (issue 17), as far as a machine without
+test_systemd.py - the systemd units of packaging/systemd/, as far as a machine without
 systemd as PID 1 can check them.
 
 `cmake --install` puts the programs, the manual pages, the units (their paths rewritten for the
 prefix), the sysusers.d file and /etc/idem's files into a temporary prefix; then:
 
   units...   `systemd-analyze verify` accepts both installed units with nothing to say (their
-             programs exist, their Documentation= man pages are found); they carry the settings
-             issue 17 asks for; the sysusers.d file makes the two system users in a scratch root;
+             programs exist, their Documentation= man pages are found); they carry the hardening
+             settings of packaging/systemd/; the sysusers.d file makes the two system users in a scratch root;
              `systemd-analyze security --offline` rates them, and docs/ops.md reports that score.
   stop...    orderd and idem-gateway are started as their unit starts them (its ExecStart, its
              EnvironmentFile, ExecStartPre), a request is kept in flight, the unit's KillSignal is

@@ -389,7 +389,7 @@ def test_truncated_journal_is_reported(ctx):
 
 @test
 def test_journal_compact_drops_old_finished_intents_only(ctx):
-    # Issue 15, item 10: `idem journal compact` keeps what a retry may still need.
+    # `idem journal compact` keeps what a retry may still need.
     user = ctx.server.new_user("cli-compact")
     journal = ctx.journal("compact")
     for intent in ("done-1", "done-2"):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """
-test_first_hour.py - what a new user or an operator meets in the first hour (issue 31), with the
+test_first_hour.py - what a new user or an operator meets in the first hour, with the
 real programs: every server refuses a port another process holds; a token made in a new database
 says so; SQLite's failures to open say the system's reason and name the -wal and -shm files;
 Retry-After is a wait a client can act on; idem-check checks a gateway whose callers are named by

@@ -590,7 +590,7 @@ def stream_through(gw, mode, k, read_kib=None, path="/v1/things"):
 
 @test
 def answers_larger_than_the_store_cap_stream_through_in_bounded_memory(ctx):
-    # Issue 14: "a response over the store cap is streamed through".  64 MiB, four times the
+    # A response over the store cap is streamed through.  64 MiB, four times the
     # gateway's in-memory cap (upstream.max_response_size, 16 MiB): with Content-Length, and
     # chunked.  Byte for byte, the gateway's memory flat, the record "not stored", the retry 410,
     # one execution each.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """
-test_gateway_conventions.py - idem-gateway speaks its clients' conventions (issue 30), over real
+test_gateway_conventions.py - idem-gateway speaks its clients' conventions, over real
 HTTP on loopback, in front of the counting upstream of gateway_harness.py (which does not dedupe,
 so a second execution shows):
 

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """
 test_gateway_failopen.py - idem-gateway never lets a request the upstream runs as a keyed write
-slip past unkeyed (issue 29), over real HTTP on loopback, in front of the counting upstream of
+slip past unkeyed, over real HTTP on loopback, in front of the counting upstream of
 gateway_harness.py (which does not dedupe, so a second execution shows):
 
   - a path an upstream router reads as a keyed route's (trailing '/', any case, "//", dot segments,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """
-test_gateway_streams.py - slow readers cannot take idem-gateway's workers (issue 29): an answer
+test_gateway_streams.py - slow readers cannot take idem-gateway's workers: an answer
 too large to hold is streamed by a worker, so clients that never read them would hold every
 worker.  Passed-through GET streams are capped per client address and at every worker but one
 (the one over is 503 server-busy at once, and keyed requests are still answered); streams that

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-test_haproxy_chaos.py - a real load balancer that retries (issue 16): `idem-check chaos
+test_haproxy_chaos.py - a real load balancer that retries: `idem-check chaos
 --haproxy-config docs/ops/haproxy.cfg` puts HAProxy (Debian 12's 2.6, the shipped example
 configuration, unchanged) between its fault proxy and three orderd instances on one store:
 

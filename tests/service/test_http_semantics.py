@@ -844,7 +844,7 @@ def profile_emails(server, user):
 
 @test
 def test_concurrent_identical_profile_puts_change_once_and_email_old_address(ctx):
-    # Issue 15, item 5: 16 identical PUTs at once (no key, so nothing dedupes them but the write
+    # 16 identical PUTs at once (no key, so nothing dedupes them but the write
     # itself) -> one says changed and queues one email; on PostgreSQL they all read the old row at
     # once unless the write decides.
     import threading
@@ -880,7 +880,7 @@ def test_concurrent_identical_profile_puts_change_once_and_email_old_address(ctx
 
 @test
 def test_metrics_on_their_own_listener(ctx):
-    # Issue 15, item 7 (the listener part): with --metrics-listen, a scraper reads /metrics on a
+    # With --metrics-listen, a scraper reads /metrics on a
     # loopback listener of its own, and the API's listener no longer serves it.
     import re as _re
     import http.client as _hc

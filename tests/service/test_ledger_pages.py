@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-test_ledger_pages.py - the audit at scale (issue 18): provider-sim's per-reference ledger in pages
+test_ledger_pages.py - the audit at scale: provider-sim's per-reference ledger in pages
 (GET /v1/ledger/references, src/provider-sim/ledger.c, ledger_query.c) and `idem-check chaos`
 reading everything it audits in bounded pages (src/idem-check/chaos_read.c):
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-test_payments.py - external side effects that happen exactly once (issue 4), over real HTTP
+test_payments.py - external side effects that happen exactly once, over real HTTP
 between a real orderd and a real provider-sim:
 
 - an order is charged once and confirmed by one email; a declined card is a stored 402 that
@@ -557,7 +557,7 @@ def test_sqlite_sync_normal_is_refused_with_a_provider(_):
 
 @test
 def test_provider_refuses_json_nested_too_deep_before_parsing_it(_):
-    # Issue 15, item 12: 65 levels is one too many; 100,000 would cost a recursive parser its
+    # 65 levels is one too many; 100,000 would cost a recursive parser its
     # stack.  Both are a plain 400 invalid-json that says why, and the provider stays up.
     with Provider(name="deep") as prov:
         for depth in (65, 100000):
@@ -572,7 +572,7 @@ def test_provider_refuses_json_nested_too_deep_before_parsing_it(_):
 
 @test
 def test_outbox_list_escapes_what_users_and_providers_wrote(_):
-    # Issue 15, item 9: a recipient or a provider's error text with ESC or a newline must not
+    # a recipient or a provider's error text with ESC or a newline must not
     # drive the operator's terminal or forge a line of `orderd outbox list`.
     s = Server(name="outbox-esc")
     with s:
@@ -599,7 +599,7 @@ def sweep_record(server, key):
 
 @test
 def test_order_whose_record_was_swept_while_unpaid_still_ends_paid(_):
-    # Issue 15, item 6.  The provider refuses every charge (503, nothing done), so the order waits
+    # The provider refuses every charge (503, nothing done), so the order waits
     # with its payment unknown; its record is then swept.  Before, the reconciler only looked the
     # charge up, found none, and flagged the order again for ever, and a late retry was stored
     # as 200 with the unpaid order.  Now both roll forward: the charge is made with the order's
@@ -699,7 +699,7 @@ def faults_from(prov, source, body=None):
 
 @test
 def test_provider_faults_only_from_the_clients_it_names(_):
-    # Issue 15, item 13: /v1/faults is a test harness's switch, not anyone's.  Loopback (any
+    # /v1/faults is a test harness's switch, not anyone's.  Loopback (any
     # 127.x) by default; --faults-from narrows it (here to 127.0.0.1, so 127.0.0.2 is refused).
     with Provider(name="faults-default") as prov:
         expect_eq(faults_from(prov, "127.0.0.2")[0], 200, "127.0.0.2, loopback by default")

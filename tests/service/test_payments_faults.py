@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """
-test_payments_faults.py - the fault run of issue 4: 500 orders while the provider loses 20% of its
+test_payments_faults.py - the fault run: 500 orders while the provider loses 20% of its
 responses after charging, answers 10% of its POSTs with a 5xx, adds latency, and delivers every
 webhook twice.  Clients retry with the same keys (a 503 outcome-unknown, a 409 and a dropped
 connection are all retried).  Once the workers have run, the provider's ledger must show exactly

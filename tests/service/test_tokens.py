@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """
-test_tokens.py - bearer tokens as an operator handles them (issue 15, item 8):
+test_tokens.py - bearer tokens as an operator handles them:
 
   - `orderd token list` shows every token by id (the first 12 hex digits of its SHA-256), date
     and user, or one user's; nothing printed can be used to authenticate;

@@ -2,10 +2,10 @@
 /*
  * test_store_sqlite.c - what the SQLite store must refuse at its own level, below the engine's
  * public API, where a race would otherwise need luck to show: a takeover is fenced on the
- * fingerprint the caller read (issue 15, item 4), so a record swept and claimed afresh by another
+ * fingerprint the caller read, so a record swept and claimed afresh by another
  * request between that read and the takeover is never resumed as if it were the caller's; and a
  * savepoint rollback that fails breaks the writer, so the aborted transaction's writes are never
- * committed with the next member of the group commit (issue 15, item 2).  And whole transactions
+ * committed with the next member of the group commit.  And whole transactions
  * run by the writer's holder (idem__tx_run): one that fails or asks for a rollback leaves nothing,
  * its neighbours in the same batch keep theirs, from many threads at once (half of them one
  * statement each, without a savepoint of their own); and the same without
