@@ -383,7 +383,7 @@ void idem__sq_group_free(struct idem_store *st)
     if (g->writer) {
         if (!sqlite3_get_autocommit(g->writer->db))
             idem__sq_run_simple(g->writer, "COMMIT", "group commit at close");
-        idem__sq_close(g->writer);
+        idem__sq_conn_close(g->writer);
     }
     free(g->batch);
     if (g->marks)
@@ -580,7 +580,7 @@ static void store_stop_locked(struct sq_group *g, const char *msg)
 
 /*
  * Makes g->wal_fd the file that is named -wal now (g->wal_mu held).  Every connection of the
- * store keeps the WAL (SQLITE_FCNTL_PERSIST_WAL, store_sqlite.c), but a connection of another
+ * store keeps the WAL (SQLITE_FCNTL_PERSIST_WAL, sqlite_conn.c), but a connection of another
  * program on the file may not: when the last connection to the file closes, SQLite checkpoints
  * the WAL into the database file and deletes it, and the next one makes a new WAL -- a new inode,
  * which an fsync through the old descriptor would never reach.  So before each fsync the
@@ -1248,7 +1248,7 @@ static void writer_release_locked(struct sq_group *g)
                                 "sqlite: the writer connection broke");
         if (!sqlite3_get_autocommit(w->db))
             idem__sq_run_simple(w, "ROLLBACK", "rollback");
-        idem__sq_close(w);
+        idem__sq_conn_close(w);
         g->writer = NULL;
     }
     writer_free_locked(g);

@@ -39,213 +39,6 @@ static const struct idem_migration idem_schema[] = {
      NULL},
 };
 
-/*
- * What SQLite's message leaves out of a failure to open, read or write a file, after `msg`:
- * the system's reason ("unable to open database file" says nothing of "Permission denied"),
- * and for a read-only database, that SQLite writes two files beside it.
- */
-static void describe_failure(sqlite3 *db, const char *target, const char *msg, char *out,
-                             size_t outlen)
-{
-    int primary = sqlite3_extended_errcode(db) & 0xff;
-    int sys = sqlite3_system_errno(db);
-
-    if (sys != 0 && (primary == SQLITE_CANTOPEN || primary == SQLITE_IOERR ||
-                     primary == SQLITE_READONLY || primary == SQLITE_FULL))
-        idem__fmt(out, outlen, "%s (%s)", msg, strerror(sys));
-    else
-        idem__fmt(out, outlen, "%s", msg);
-    if (primary == SQLITE_READONLY || primary == SQLITE_CANTOPEN) {
-        size_t n = strlen(out);
-        idem__fmt(out + n, outlen - n,
-                  "; SQLite needs to write %s, and %s-wal and %s-shm beside it, so their "
-                  "directory must be writable too",
-                  target, target, target);
-    }
-}
-
-static int fail(struct idem_conn *c, int rc, const char *what)
-{
-    int code = sqlite3_extended_errcode(c->db);
-    int primary = code & 0xff;
-    char msg[IDEM_ERRMSG_MAX];
-
-    idem__fmt(msg, sizeof(msg), "sqlite: %s: %s", what, sqlite3_errmsg(c->db));
-    describe_failure(c->db, sqlite3_db_filename(c->db, "main"), msg, c->errmsg, sizeof(c->errmsg));
-    if (rc != IDEM_ESTORE)
-        return rc;
-    if (code == SQLITE_CONSTRAINT_UNIQUE || code == SQLITE_CONSTRAINT_PRIMARYKEY)
-        return IDEM_ECONFLICT;
-    if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED)
-        return IDEM_EUNAVAIL;
-    if (primary == SQLITE_NOMEM)
-        return IDEM_ENOMEM;
-    if (primary == SQLITE_IOERR || primary == SQLITE_CORRUPT || primary == SQLITE_CANTOPEN ||
-        primary == SQLITE_FULL || primary == SQLITE_NOTADB) {
-        c->broken = 1;
-        return IDEM_EUNAVAIL;
-    }
-    return IDEM_ESTORE;
-}
-
-static void cache_entry_clear(struct cached_stmt *e)
-{
-    sqlite3_finalize(e->stmt);
-    free(e->sql);
-    free(e->map);
-    memset(e, 0, sizeof(*e));
-}
-
-/*
- * Finds or prepares `sql`.  Parameters are written $1..$n for both stores; SQLite treats "$1" as
- * a named parameter, so each slot is mapped to the caller's index once, at prepare time.
- */
-static int prepare(struct idem_conn *c, const char *sql, struct cached_stmt **out)
-{
-    struct cached_stmt *victim = &c->cache[0];
-    struct cached_stmt fresh = {0};
-    int rc = IDEM_ESTORE;
-
-    for (int i = 0; i < STMT_CACHE; i++) {
-        struct cached_stmt *e = &c->cache[i];
-        if (e->sql && strcmp(e->sql, sql) == 0) {
-            e->used = ++c->clock;
-            sqlite3_reset(e->stmt);
-            sqlite3_clear_bindings(e->stmt);
-            *out = e;
-            return 0;
-        }
-        if (e->used < victim->used)
-            victim = e;
-    }
-    if (sqlite3_prepare_v3(c->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &fresh.stmt, NULL) !=
-        SQLITE_OK) {
-        rc = fail(c, IDEM_ESTORE, "prepare");
-        goto out;
-    }
-    fresh.nmap = sqlite3_bind_parameter_count(fresh.stmt);
-    if (fresh.nmap > 0) {
-        fresh.map = calloc((size_t)fresh.nmap, sizeof(int));
-        if (!fresh.map) {
-            rc = IDEM_ENOMEM;
-            goto out;
-        }
-    }
-    for (int i = 0; i < fresh.nmap; i++) {
-        const char *name = sqlite3_bind_parameter_name(fresh.stmt, i + 1);
-        char *end = NULL;
-        /* The store's own statements use ?N, which SQLite binds to slot N directly. */
-        if (!name || name[0] == '?') {
-            fresh.map[i] = i;
-            continue;
-        }
-        long k = name && name[0] == '$' ? strtol(name + 1, &end, 10) : 0;
-        if (k < 1 || !end || *end != '\0') {
-            idem__fmt(c->errmsg, sizeof(c->errmsg),
-                      "sqlite: parameters must be written $1, $2, ... (got %s)", name ? name : "?");
-            rc = IDEM_EINVAL;
-            goto out;
-        }
-        fresh.map[i] = (int)k - 1;
-    }
-    fresh.sql = idem__strdup(sql);
-    if (!fresh.sql) {
-        rc = IDEM_ENOMEM;
-        goto out;
-    }
-    cache_entry_clear(victim);
-    fresh.used = ++c->clock;
-    *victim = fresh;
-    memset(&fresh, 0, sizeof(fresh));
-    *out = victim;
-    rc = 0;
-out:
-    cache_entry_clear(&fresh);
-    return rc;
-}
-
-/*
- * Runs `sql` without parameters or rows.  One statement (BEGIN, SAVEPOINT, RELEASE, COMMIT: the
- * ones every write runs) goes through the connection's statement cache, so it is not parsed
- * again each time; a script of several runs through sqlite3_exec().
- */
-int idem__sq_run_simple(struct idem_conn *c, const char *sql, const char *what)
-{
-    char *err = NULL;
-    if (!strchr(sql, ';')) {
-        struct cached_stmt *e = NULL;
-        int rc = prepare(c, sql, &e);
-        if (rc < 0)
-            return rc;
-        int step = sqlite3_step(e->stmt);
-        while (step == SQLITE_ROW) /* a PRAGMA or a migration may answer rows nobody reads */
-            step = sqlite3_step(e->stmt);
-        if (step != SQLITE_DONE)
-            rc = fail(c, IDEM_ESTORE, what);
-        sqlite3_reset(e->stmt);
-        return rc;
-    }
-    if (sqlite3_exec(c->db, sql, NULL, NULL, &err) != SQLITE_OK) {
-        int rc = fail(c, IDEM_ESTORE, what);
-        if (err) {
-            char msg[IDEM_ERRMSG_MAX];
-            idem__fmt(msg, sizeof(msg), "sqlite: %s: %s", what, err);
-            describe_failure(c->db, sqlite3_db_filename(c->db, "main"), msg, c->errmsg,
-                             sizeof(c->errmsg));
-        }
-        sqlite3_free(err);
-        return rc;
-    }
-    return 0;
-}
-
-void idem__sq_close(struct idem_conn *c)
-{
-    if (!c)
-        return;
-    for (int i = 0; i < STMT_CACHE; i++)
-        cache_entry_clear(&c->cache[i]);
-    sqlite3_close_v2(c->db);
-    free(c);
-}
-
-/*
- * A new database file is created readable by its owner only: it holds token hashes, emails and
- * stored responses.  SQLite gives its -wal and -shm files the database file's mode.  An existing
- * file keeps the mode it has.  Missing directories of its path are made (0755).  Returns 0, or
- * IDEM_EUNAVAIL with why in `err`.
- */
-static int create_private(const char *path, char *err, size_t errlen)
-{
-    char dir[4096];
-    int fd;
-
-    if (path[0] == ':' || strncmp(path, "file:", 5) == 0)
-        return 0;
-    /* Its directories first, as mkdir -p: "sqlite:/var/lib/idem/gateway.db" works as written. */
-    if (strlen(path) < sizeof dir) {
-        idem__fmt(dir, sizeof dir, "%s", path);
-        for (char *p = strchr(dir + 1, '/'); p != NULL; p = strchr(p + 1, '/')) {
-            *p = '\0';
-            if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-                idem__fmt(err, errlen, "sqlite: cannot create the directory %s of %s: %s", dir,
-                          path, strerror(errno));
-                return IDEM_EUNAVAIL;
-            }
-            *p = '/';
-        }
-    }
-    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd >= 0)
-        close(fd);
-    else if (errno != EEXIST) {
-        /* Said here: SQLite would go on to try read-only and report only "unable to open". */
-        idem__fmt(err, errlen, "sqlite: cannot create %s: %s", path, strerror(errno));
-        return IDEM_EUNAVAIL;
-    }
-    return 0;
-}
-
 void idem__sq_dir_of(const char *path, char *out, size_t n)
 {
     char *slash;
@@ -307,64 +100,26 @@ int idem__sq_open(struct idem_store *st, struct idem_conn **out, char *err, size
 {
     int rc = IDEM_EUNAVAIL;
     struct idem_conn *c = NULL;
-    char pragma[192], why[IDEM_ERRMSG_MAX];
-    int first, persist = 1;
+    char why[IDEM_ERRMSG_MAX];
+    int first;
 
     *out = NULL;
-    if (create_private(st->target, err, errlen) < 0)
-        return IDEM_EUNAVAIL;
     first = idem__sq_group_get(st);
     if (first < 0)
         return IDEM_ENOMEM;
     if (first == 1 && st->opts.sync != IDEM_SYNC_NORMAL &&
         sync_existing_files(st->target, err, errlen) < 0)
         return IDEM_EUNAVAIL;
-    c = calloc(1, sizeof(*c));
-    if (!c)
-        return IDEM_ENOMEM;
-    c->st = st;
-    if (sqlite3_open_v2(st->target, &c->db,
-                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                        NULL) != SQLITE_OK) {
-        char msg[IDEM_ERRMSG_MAX];
-        idem__fmt(msg, sizeof(msg), "sqlite: cannot open %s: %s", st->target,
-                  c->db ? sqlite3_errmsg(c->db) : "out of memory");
-        if (c->db)
-            describe_failure(c->db, st->target, msg, err, errlen);
-        else
-            idem__fmt(err, errlen, "%s", msg);
-        goto out;
-    }
-    sqlite3_extended_result_codes(c->db, 1);
-    sqlite3_busy_timeout(c->db, st->opts.busy_timeout_ms);
-    /*
-     * temp_store=MEMORY keeps the savepoint journals of group commit (the pages a savepoint
-     * changed, kept so that it alone can roll back) in memory instead of a temporary file:
-     * without it every page a transaction touches is written out once more.
-     */
-    idem__fmt(pragma, sizeof(pragma),
-              "PRAGMA journal_mode=WAL; PRAGMA synchronous=%s; PRAGMA foreign_keys=ON;"
-              " PRAGMA temp_store=MEMORY;",
-              st->opts.sync == IDEM_SYNC_NORMAL ? "NORMAL" : "FULL");
-    rc = idem__sq_run_simple(c, pragma, "configure");
+    rc = idem__sq_conn_open(st, &c, err, errlen);
     if (rc < 0)
-        goto fail_msg;
-    /*
-     * The WAL stays when the last connection closes (it is checkpointed and truncated, not
-     * deleted): the syncer fsyncs it through a descriptor of its own, which a new WAL, a new
-     * inode, would leave behind (sqlite_commit.c, wal_follow, checks it anyway).
-     */
-    if (sqlite3_file_control(c->db, "main", SQLITE_FCNTL_PERSIST_WAL, &persist) != SQLITE_OK &&
-        st->target[0] != ':' && strncmp(st->target, "file:", 5) != 0) {
-        rc = IDEM_ESTORE;
-        idem__fmt(c->errmsg, sizeof(c->errmsg), "%s", "sqlite: cannot keep the WAL file");
-        goto fail_msg;
-    }
+        return rc;
     rc = idem__migrate(&idem__sqlite_vtab, c, "libidem", idem_schema,
                        sizeof(idem_schema) / sizeof(idem_schema[0]), NULL, why, sizeof(why));
     if (rc < 0) {
-        idem__fmt(c->errmsg, sizeof(c->errmsg), "%s", why);
-        goto fail_msg;
+        idem__fmt(err, errlen, "%s (%s)", why, st->target);
+        if (rc != IDEM_ENOMEM)
+            rc = IDEM_EUNAVAIL;
+        goto out;
     }
     if (first == 1 && st->opts.sync != IDEM_SYNC_NORMAL &&
         (rc = idem__sq_pipeline_open(st, err, errlen)) < 0)
@@ -372,13 +127,8 @@ int idem__sq_open(struct idem_store *st, struct idem_conn **out, char *err, size
     *out = c;
     c = NULL;
     rc = 0;
-    goto out;
-fail_msg:
-    idem__fmt(err, errlen, "%s (%s)", c->errmsg, st->target);
-    if (rc != IDEM_ENOMEM)
-        rc = IDEM_EUNAVAIL;
 out:
-    idem__sq_close(c);
+    idem__sq_conn_close(c);
     return rc;
 }
 
@@ -443,7 +193,7 @@ static int bind_params(struct idem_conn *c, struct cached_stmt *e, int nparams,
         src = params[k] ? sqlite3_bind_text(e->stmt, i + 1, params[k], -1, SQLITE_STATIC)
                         : sqlite3_bind_null(e->stmt, i + 1);
         if (src != SQLITE_OK)
-            return fail(c, IDEM_ESTORE, "bind");
+            return idem__sq_fail(c, IDEM_ESTORE, "bind");
     }
     return 0;
 }
@@ -458,7 +208,7 @@ static int sq_exec(struct idem_conn *c, const char *sql, int nparams, const char
     size_t *lens = NULL;
     int step;
 
-    rc = prepare(c, sql, &e);
+    rc = idem__sq_prepare(c, sql, &e);
     if (rc < 0)
         goto out;
     rc = bind_params(c, e, nparams, params);
@@ -493,7 +243,7 @@ static int sq_exec(struct idem_conn *c, const char *sql, int nparams, const char
             goto out;
     }
     if (step != SQLITE_DONE) {
-        rc = fail(c, IDEM_ESTORE, "step");
+        rc = idem__sq_fail(c, IDEM_ESTORE, "step");
         goto out;
     }
     if (r)
@@ -522,13 +272,13 @@ static int record_stmt(struct idem_conn *c, const char *sql, const struct idem_s
                        sqlite3_stmt **out)
 {
     struct cached_stmt *e = NULL;
-    int rc = prepare(c, sql, &e);
+    int rc = idem__sq_prepare(c, sql, &e);
     if (rc < 0)
         return rc;
     if (sqlite3_bind_text(e->stmt, 1, s->principal, -1, SQLITE_STATIC) != SQLITE_OK ||
         sqlite3_bind_text(e->stmt, 2, s->operation, -1, SQLITE_STATIC) != SQLITE_OK ||
         sqlite3_bind_text(e->stmt, 3, s->key, -1, SQLITE_STATIC) != SQLITE_OK)
-        return fail(c, IDEM_ESTORE, "bind");
+        return idem__sq_fail(c, IDEM_ESTORE, "bind");
     *out = e->stmt;
     return 0;
 }
@@ -539,7 +289,7 @@ static int step_done(struct idem_conn *c, sqlite3_stmt *stmt, const char *what, 
     int step = sqlite3_step(stmt);
     int rc = 0;
     if (step != SQLITE_DONE)
-        rc = fail(c, IDEM_ESTORE, what);
+        rc = idem__sq_fail(c, IDEM_ESTORE, what);
     else if (changes)
         *changes = sqlite3_changes(c->db);
     sqlite3_reset(stmt);
@@ -590,7 +340,7 @@ static int sq_record_insert(struct idem_conn *c, const struct idem_scope *s,
         sqlite3_bind_int64(stmt, 7, now) != SQLITE_OK ||
         sqlite3_bind_int64(stmt, 8, now + ttl_ms) != SQLITE_OK ||
         sqlite3_bind_text(stmt, 9, point, -1, SQLITE_STATIC) != SQLITE_OK)
-        return fail(c, IDEM_ESTORE, "bind");
+        return idem__sq_fail(c, IDEM_ESTORE, "bind");
     rc = step_done(c, stmt, "claim", &changes);
     *inserted = changes == 1;
     return rc;
@@ -627,7 +377,7 @@ static int sq_record_insert_completed(struct idem_conn *c, const struct idem_sco
         sqlite3_bind_blob64(stmt, 7, body ? body : "", body_len, SQLITE_STATIC) != SQLITE_OK ||
         sqlite3_bind_int64(stmt, 8, now) != SQLITE_OK ||
         sqlite3_bind_int64(stmt, 9, now + ttl_ms) != SQLITE_OK)
-        return fail(c, IDEM_ESTORE, "bind");
+        return idem__sq_fail(c, IDEM_ESTORE, "bind");
     rc = step_done(c, stmt, "claim completed", &changes);
     *inserted = changes == 1;
     return rc;
@@ -683,7 +433,7 @@ static int sq_record_get(struct idem_conn *c, const struct idem_scope *s, struct
         if (!rec->recovery_point || !rec->response_body)
             rc = IDEM_ENOMEM;
     } else if (step != SQLITE_DONE) {
-        rc = fail(c, IDEM_ESTORE, "read record");
+        rc = idem__sq_fail(c, IDEM_ESTORE, "read record");
     }
     sqlite3_reset(stmt);
     if (rc == 0 && rec->found) /* (an absence needs no gate: see record_get in internal.h) */
@@ -712,7 +462,7 @@ static int sq_record_takeover(struct idem_conn *c, const struct idem_scope *s,
         sqlite3_bind_int64(stmt, 5, now + lease_ms) != SQLITE_OK ||
         sqlite3_bind_int64(stmt, 6, now) != SQLITE_OK ||
         sqlite3_bind_blob(stmt, 7, fp, IDEM_FP_LEN, SQLITE_STATIC) != SQLITE_OK)
-        return fail(c, IDEM_ESTORE, "bind");
+        return idem__sq_fail(c, IDEM_ESTORE, "bind");
     rc = step_done(c, stmt, "take over lease", &changes);
     *won = changes == 1;
     return rc;
@@ -736,7 +486,7 @@ static int sq_record_advance(struct idem_conn *c, const struct idem_scope *s, co
             SQLITE_OK ||
         sqlite3_bind_int64(stmt, 6, clock_wall_ms() + lease_ms) != SQLITE_OK ||
         sqlite3_bind_text(stmt, 7, owner, -1, SQLITE_STATIC) != SQLITE_OK)
-        return fail(c, IDEM_ESTORE, "bind");
+        return idem__sq_fail(c, IDEM_ESTORE, "bind");
     rc = step_done(c, stmt, "advance record", &changes);
     *ok = changes == 1;
     return rc;
@@ -761,7 +511,7 @@ static int sq_record_complete(struct idem_conn *c, const struct idem_scope *s, c
         sqlite3_bind_text(stmt, 5, headers, -1, SQLITE_STATIC) != SQLITE_OK ||
         sqlite3_bind_blob64(stmt, 6, body ? body : "", body_len, SQLITE_STATIC) != SQLITE_OK ||
         sqlite3_bind_text(stmt, 7, owner, -1, SQLITE_STATIC) != SQLITE_OK)
-        return fail(c, IDEM_ESTORE, "bind");
+        return idem__sq_fail(c, IDEM_ESTORE, "bind");
     rc = step_done(c, stmt, "complete record", &changes);
     *ok = changes == 1;
     return rc;
@@ -777,7 +527,7 @@ static int sq_record_release(struct idem_conn *c, const struct idem_scope *s, co
     if (rc < 0)
         return rc;
     if (sqlite3_bind_text(stmt, 4, owner, -1, SQLITE_STATIC) != SQLITE_OK)
-        return fail(c, IDEM_ESTORE, "bind");
+        return idem__sq_fail(c, IDEM_ESTORE, "bind");
     return step_done(c, stmt, "release lease", NULL);
 }
 
@@ -789,14 +539,14 @@ static int sq_record_release_owned(struct idem_conn *c, const char *prefix, cons
                               " AND substr(lease_owner, 1, length(?1)) = ?1"
                               " AND substr(lease_owner, 1, length(?2)) <> ?2";
     struct cached_stmt *e = NULL;
-    int rc = prepare(c, sql, &e);
+    int rc = idem__sq_prepare(c, sql, &e);
 
     *released = 0;
     if (rc < 0)
         return rc;
     if (sqlite3_bind_text(e->stmt, 1, prefix, -1, SQLITE_STATIC) != SQLITE_OK ||
         sqlite3_bind_text(e->stmt, 2, except, -1, SQLITE_STATIC) != SQLITE_OK)
-        return fail(c, IDEM_ESTORE, "bind");
+        return idem__sq_fail(c, IDEM_ESTORE, "bind");
     return step_done(c, e->stmt, "release leases", released);
 }
 
@@ -813,7 +563,7 @@ static int sq_record_forget(struct idem_conn *c, const struct idem_scope *s, con
     if (rc < 0)
         return rc;
     if (sqlite3_bind_text(stmt, 4, owner, -1, SQLITE_STATIC) != SQLITE_OK)
-        return fail(c, IDEM_ESTORE, "bind");
+        return idem__sq_fail(c, IDEM_ESTORE, "bind");
     rc = step_done(c, stmt, "forget record", &changes);
     *ok = rc == 0 && changes == 1;
     return rc;
@@ -826,14 +576,14 @@ static int sq_record_sweep(struct idem_conn *c, int limit, int *deleted)
         " (SELECT principal, operation, idem_key FROM idem_records"
         "  WHERE expires_ms <= ?1 AND (status = 1 OR lease_expires_ms <= ?1) LIMIT ?2)";
     struct cached_stmt *e = NULL;
-    int rc = prepare(c, sql, &e);
+    int rc = idem__sq_prepare(c, sql, &e);
 
     *deleted = 0;
     if (rc < 0)
         return rc;
     if (sqlite3_bind_int64(e->stmt, 1, clock_wall_ms()) != SQLITE_OK ||
         sqlite3_bind_int(e->stmt, 2, limit) != SQLITE_OK)
-        return fail(c, IDEM_ESTORE, "bind");
+        return idem__sq_fail(c, IDEM_ESTORE, "bind");
     return step_done(c, e->stmt, "sweep", deleted);
 }
 
@@ -848,7 +598,7 @@ static int sq_record_stalled(struct idem_conn *c, const char *operation, int lim
     struct idem_stalled *list = NULL;
     size_t count = 0;
     int step;
-    int rc = prepare(c, sql, &e);
+    int rc = idem__sq_prepare(c, sql, &e);
 
     *out = NULL;
     *n = 0;
@@ -863,7 +613,7 @@ static int sq_record_stalled(struct idem_conn *c, const char *operation, int lim
         (operation ? sqlite3_bind_text(e->stmt, 2, operation, -1, SQLITE_STATIC)
                    : sqlite3_bind_null(e->stmt, 2)) != SQLITE_OK ||
         sqlite3_bind_int(e->stmt, 3, limit) != SQLITE_OK) {
-        rc = fail(c, IDEM_ESTORE, "bind");
+        rc = idem__sq_fail(c, IDEM_ESTORE, "bind");
         goto out;
     }
     while ((step = sqlite3_step(e->stmt)) == SQLITE_ROW && count < (size_t)limit) {
@@ -878,7 +628,7 @@ static int sq_record_stalled(struct idem_conn *c, const char *operation, int lim
         }
     }
     if (step != SQLITE_DONE && step != SQLITE_ROW)
-        rc = fail(c, IDEM_ESTORE, "list stalled records");
+        rc = idem__sq_fail(c, IDEM_ESTORE, "list stalled records");
 out:
     sqlite3_reset(e->stmt);
     if (rc == 0)
@@ -905,16 +655,16 @@ static int sq_schema_version(struct idem_conn *c, const char *component, int *ve
     if (sqlite3_table_column_metadata(c->db, "main", "idem_schema", "version", NULL, NULL, NULL,
                                       NULL, NULL) != SQLITE_OK)
         return 0;
-    rc = prepare(c, sql, &e);
+    rc = idem__sq_prepare(c, sql, &e);
     if (rc < 0)
         return rc;
     if (sqlite3_bind_text(e->stmt, 1, component, -1, SQLITE_STATIC) != SQLITE_OK)
-        return fail(c, IDEM_ESTORE, "bind");
+        return idem__sq_fail(c, IDEM_ESTORE, "bind");
     step = sqlite3_step(e->stmt);
     if (step == SQLITE_ROW)
         *version = sqlite3_column_int(e->stmt, 0);
     else if (step != SQLITE_DONE)
-        rc = fail(c, IDEM_ESTORE, "read schema version");
+        rc = idem__sq_fail(c, IDEM_ESTORE, "read schema version");
     sqlite3_reset(e->stmt);
     return rc;
 }
@@ -943,14 +693,14 @@ static int sq_schema_set(struct idem_conn *c, const char *component, int version
         " ON CONFLICT (component) DO UPDATE SET version = excluded.version,"
         " applied_ms = excluded.applied_ms";
     struct cached_stmt *e = NULL;
-    int rc = prepare(c, sql, &e);
+    int rc = idem__sq_prepare(c, sql, &e);
 
     if (rc < 0)
         return rc;
     if (sqlite3_bind_text(e->stmt, 1, component, -1, SQLITE_STATIC) != SQLITE_OK ||
         sqlite3_bind_int(e->stmt, 2, version) != SQLITE_OK ||
         sqlite3_bind_int64(e->stmt, 3, clock_wall_ms()) != SQLITE_OK)
-        return fail(c, IDEM_ESTORE, "bind");
+        return idem__sq_fail(c, IDEM_ESTORE, "bind");
     return step_done(c, e->stmt, "record migration", NULL);
 }
 
@@ -959,7 +709,7 @@ const struct idem_store_vtab idem__sqlite_vtab = {
     .unfinished_sql = IDEM__UNFINISHED_SQL("lower(hex(fingerprint))", "CAST($1 AS INTEGER)"),
     .claim_before_read = 1,
     .conn_open = idem__sq_open,
-    .conn_close = idem__sq_close,
+    .conn_close = idem__sq_conn_close,
     .errmsg = sq_errmsg,
     .conn_ok = sq_conn_ok,
     .begin = sq_begin,

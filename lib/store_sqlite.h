@@ -1,53 +1,21 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * store_sqlite.h - what the SQLite store's two files share: its connection, the helpers that open
- * and drive one (store_sqlite.c), and the group commit that every write goes through
- * (sqlite_commit.c).  Nothing outside these two files includes it; the engine sees the store only
- * through idem__sqlite_vtab.
+ * store_sqlite.h - what the SQLite store's two upper files share: the store's open of a pooled
+ * connection (store_sqlite.c), and the group commit that every write goes through
+ * (sqlite_commit.c).  Both stand on one connection layer (sqlite_conn.h).  Nothing outside the
+ * store's files includes it; the engine sees the store only through idem__sqlite_vtab.
  */
 #ifndef IDEM_STORE_SQLITE_H
 #define IDEM_STORE_SQLITE_H
 
-#include "internal.h"
-
-#include <sqlite3.h>
-#include <stdint.h>
-
-#define STMT_CACHE 48
-
-struct cached_stmt {
-    char *sql;
-    sqlite3_stmt *stmt;
-    int nmap;
-    int *map; /* parameter slot -> index into the caller's params ($k -> k-1) */
-    uint64_t used;
-};
-
-struct idem_conn {
-    sqlite3 *db;
-    struct idem_store *st; /* the store it belongs to */
-    int writer;            /* the group's writer (its reads are gated by its batch) */
-    char errmsg[IDEM_ERRMSG_MAX];
-    int broken;
-    /*
-     * A pooled connection's read transaction: whether it has its snapshot yet, and the shared
-     * `started` mark read once it had (idem__sq_read_gate).
-     */
-    int snap_marked;
-    uint64_t snap_seen;
-    uint64_t clock;
-    struct cached_stmt cache[STMT_CACHE];
-};
+#include "sqlite_conn.h"
 
 /* ---- store_sqlite.c ------------------------------------------------------------------------ */
 
 /* Opens a connection to st's file (made if missing, schema applied): 0 or IDEM_E*, why in err. */
 int idem__sq_open(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
-void idem__sq_close(struct idem_conn *c);
 /* The directory holding the file `path` ("." for a bare name) into `out`. */
 void idem__sq_dir_of(const char *path, char *out, size_t n);
-/* Runs `sql` (no parameters, no rows read); on failure the reason is in c->errmsg. */
-int idem__sq_run_simple(struct idem_conn *c, const char *sql, const char *what);
 
 /* ---- sqlite_commit.c: the group commit (struct idem_store_vtab's write_* members) ------------ */
 
