@@ -44,9 +44,24 @@
  *     ends, and once the store stopped every statement fails, the writer's too.
  * The marks themselves need no durability: at open, the first connection fsyncs the WAL, the
  * database file and the directory, and marks everything committed before as durable.
+ *
+ * Where it stands among the store's files (an arrow is a call, and none points up):
+ *
+ *     store_sqlite.c       the store's vtab: records, migrations, reads on pooled connections
+ *        |       |
+ *        |       v
+ *        |    sqlite_commit.c    the group commit: the writer, batches, syncer, read gate
+ *        |       |
+ *        v       v
+ *     sqlite_conn.c        a connection: opened and configured, its statements, its errors
+ *
+ * The group opens its writer as any connection (sqlite_conn.c) and runs only its own SQL on it:
+ * SAVEPOINT, RELEASE, ROLLBACK TO, BEGIN IMMEDIATE, COMMIT.  What a member writes is the store's
+ * business, run through the idem__tx_fn it was given.
  */
 #define _GNU_SOURCE /* F_OFD_SETLK: a lock of an open file description, not of the process */
-#include "store_sqlite.h"
+#include "sqlite_conn.h"
+#include "sqlite_commit.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -406,7 +421,66 @@ void idem__sq_group_free(struct idem_store *st)
     st->backend = NULL;
 }
 
-int idem__sq_group_get(struct idem_store *st)
+/* The directory holding the file `path` ("." for a bare name) into `out`. */
+static void dir_of(const char *path, char *out, size_t n)
+{
+    char *slash;
+
+    idem__fmt(out, n, "%s", path);
+    slash = strrchr(out, '/');
+    if (slash == out)
+        slash[1] = '\0';
+    else if (slash != NULL)
+        *slash = '\0';
+    else
+        idem__fmt(out, n, ".");
+}
+
+/*
+ * fsync()s the database's -wal file, the database file and their directory, as far as they exist.
+ * A process killed between writing a commit's WAL frames and their fsync leaves those frames in
+ * the page cache only: the next process reads them like any commit, so without this it could
+ * answer a replay from a record that a power loss would then take back -- and the retry after
+ * that would run a second time.  Run when a process opens the store, before anyone reads; once
+ * it returns, every commit any process made is durable or gone.  A failed fsync is not retried
+ * (the kernel may have dropped the pages it could not write): the store does not open.
+ */
+static int sync_existing_files(const char *path, char *err, size_t errlen)
+{
+    static const char *const suffixes[] = {"-wal", ""};
+    char name[4096];
+    int fd;
+
+    if (path[0] == ':' || strncmp(path, "file:", 5) == 0 || strlen(path) + 5 > sizeof name)
+        return 0;
+    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
+        idem__fmt(name, sizeof name, "%s%s", path, suffixes[i]);
+        fd = open(name, O_RDONLY | O_CLOEXEC);
+        if (fd < 0 && errno == ENOENT)
+            continue;
+        if (fd < 0 || fsync(fd) != 0) {
+            idem__fmt(err, errlen, "sqlite: cannot make %s durable: %s", name, strerror(errno));
+            if (fd >= 0)
+                close(fd);
+            return IDEM_EUNAVAIL;
+        }
+        close(fd);
+    }
+    dir_of(path, name, sizeof name);
+    fd = open(name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0 && fsync(fd) != 0 && errno != EINVAL) {
+        idem__fmt(err, errlen, "sqlite: cannot make the directory %s durable: %s", name,
+                  strerror(errno));
+        close(fd);
+        return IDEM_EUNAVAIL;
+    }
+    if (fd >= 0)
+        close(fd);
+    return 0;
+}
+
+/* Makes the store's group if it has none: 1 when this call made it, 0, or IDEM_ENOMEM. */
+static int group_get(struct idem_store *st)
 {
     int rc = 0;
 
@@ -452,6 +526,16 @@ int idem__sq_group_get(struct idem_store *st)
     }
     pthread_mutex_unlock(&st->mu);
     return rc;
+}
+
+int idem__sq_group_open(struct idem_store *st, char *err, size_t errlen)
+{
+    int made = group_get(st);
+
+    if (made == 1 && st->opts.sync != IDEM_SYNC_NORMAL &&
+        sync_existing_files(st->target, err, errlen) < 0)
+        return IDEM_EUNAVAIL;
+    return made;
 }
 
 /*
@@ -621,7 +705,7 @@ static int wal_follow(struct sq_group *g, char *msg, size_t msglen)
         g->wal_fd = fd;
     }
     if (fsync(g->dir_fd) != 0 && errno != EINVAL) {
-        idem__sq_dir_of(path, name, sizeof name);
+        dir_of(path, name, sizeof name);
         goto sys_fail;
     }
     return 0;
@@ -896,6 +980,8 @@ int idem__sq_pipeline_open(struct idem_store *st, char *err, size_t errlen)
     uint64_t upto;
     int fd, alone;
 
+    if (st->opts.sync == IDEM_SYNC_NORMAL)
+        return 0;
     if (path[0] == ':' || strncmp(path, "file:", 5) == 0 || strlen(path) + 10 > sizeof name)
         return 0;
     idem__fmt(name, sizeof name, "%s-idemsync", path);
@@ -922,7 +1008,7 @@ int idem__sq_pipeline_open(struct idem_store *st, char *err, size_t errlen)
     g->wal_fd = open(name, O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
     if (g->wal_fd < 0)
         goto sys_fail;
-    idem__sq_dir_of(path, name, sizeof name);
+    dir_of(path, name, sizeof name);
     g->dir_fd = open(name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (g->dir_fd < 0)
         goto sys_fail;
@@ -975,7 +1061,11 @@ static int writer_ready(struct sq_group *g, char *err, size_t errlen)
         return IDEM_EUNAVAIL;
     }
     if (!g->writer) {
-        rc = idem__sq_open(g->st, &g->writer, err, errlen);
+        /*
+         * A connection like the pool's, without their migration: the store's first connection
+         * applied libidem's schema before the store opened, so before anyone could write.
+         */
+        rc = idem__sq_conn_open(g->st, &g->writer, err, errlen);
         if (rc == 0)
             g->writer->writer = 1;
         /* The syncer makes its commits durable: COMMIT only writes the WAL. */

@@ -3,13 +3,16 @@
  * sqlite_conn.c - one connection to the SQLite store's file: opened and configured, its prepared
  * statements, and its failures said and mapped to IDEM_E* codes.
  *
- *     store_sqlite.c    the store's vtab: records, migrations, reads on pooled connections
- *           |      \
- *           |     sqlite_commit.c    the group commit: the writer, batches, syncer, read gate
- *           |      /
- *     sqlite_conn.c     a connection: opened and configured, its statements, its errors
- *           |
- *       libsqlite3
+ *     store_sqlite.c       the store's vtab: records, migrations, reads on pooled connections
+ *        |       |
+ *        |       v
+ *        |    sqlite_commit.c    the group commit: the writer, batches, syncer, read gate
+ *        |       |
+ *        v       v
+ *     sqlite_conn.c        a connection: opened and configured, its statements, its errors
+ *        |
+ *        v
+ *     libsqlite3           (which the two above call too, for what is SQLite's alone to say)
  *
  * The bottom layer, as SQLite's pager sits under its b-tree: the store's pooled connections and
  * the group commit's writer are both connections like this one, so what makes a connection lives

@@ -3,16 +3,19 @@
  * sqlite_conn.h - one connection to the SQLite store's file, the layer both of the store's upper
  * files stand on (sqlite_conn.c says why it is a layer of its own):
  *
- *     store_sqlite.c    the store's vtab: records, migrations, reads on pooled connections
- *           |      \
- *           |     sqlite_commit.c    the group commit: the writer, batches, syncer, read gate
- *           |      /
- *     sqlite_conn.c     a connection: opened and configured, its statements, its errors
- *           |
- *       libsqlite3
+ *     store_sqlite.c       the store's vtab: records, migrations, reads on pooled connections
+ *        |       |
+ *        |       v
+ *        |    sqlite_commit.c    the group commit: the writer, batches, syncer, read gate
+ *        |       |
+ *        v       v
+ *     sqlite_conn.c        a connection: opened and configured, its statements, its errors
+ *        |
+ *        v
+ *     libsqlite3           (which the two above call too, for what is SQLite's alone to say)
  *
- * Nothing outside the store's three files includes it; the engine sees the store only through
- * idem__sqlite_vtab.
+ * Nothing else in the library includes it; the engine sees the store only through its vtab
+ * (store_sqlite.c).
  */
 #ifndef IDEM_SQLITE_CONN_H
 #define IDEM_SQLITE_CONN_H
@@ -41,7 +44,8 @@ struct idem_conn {
     int broken; /* a failure of the file or the disk: never lent again (idem__sq_fail) */
     /*
      * A pooled connection's read transaction: whether it has its snapshot yet, and the shared
-     * `started` mark read once it had (sqlite_commit.c, idem__sq_read_gate).
+     * `started` mark read once it had: the group commit's read gate (sqlite_commit.c) keeps them,
+     * and the store clears snap_marked when such a transaction begins or ends.
      */
     int snap_marked;
     uint64_t snap_seen;

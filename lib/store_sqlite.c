@@ -11,17 +11,27 @@
  * key.  Reads run on pooled connections, each used by one thread at a time, and see committed
  * batches only.  Every connection keeps its prepared statements.  Leases are measured with this
  * machine's wall clock, which every process sharing the file shares too.
+ *
+ * The top of the store's three layers (an arrow is a call, and none points up):
+ *
+ *     store_sqlite.c       the store's vtab: records, migrations, reads on pooled connections
+ *        |       |
+ *        |       v
+ *        |    sqlite_commit.c    the group commit: the writer, batches, syncer, read gate
+ *        |       |
+ *        v       v
+ *     sqlite_conn.c        a connection: opened and configured, its statements, its errors
+ *
+ * This file holds the store's SQL (the record_* statements, the schema and its migrations) and
+ * the pooled connections' transactions; every write goes through the group commit's write_*
+ * calls, which the vtab hands to the engine as they are.
  */
-#include "store_sqlite.h"
+#include "sqlite_conn.h"
+#include "sqlite_commit.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <sqlite3.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 /* libidem's own schema, versioned like an application's. */
 static const struct idem_migration idem_schema[] = {
@@ -39,77 +49,21 @@ static const struct idem_migration idem_schema[] = {
      NULL},
 };
 
-void idem__sq_dir_of(const char *path, char *out, size_t n)
-{
-    char *slash;
-
-    idem__fmt(out, n, "%s", path);
-    slash = strrchr(out, '/');
-    if (slash == out)
-        slash[1] = '\0';
-    else if (slash != NULL)
-        *slash = '\0';
-    else
-        idem__fmt(out, n, ".");
-}
-
 /*
- * fsync()s the database's -wal file, the database file and their directory, as far as they exist.
- * A process killed between writing a commit's WAL frames and their fsync leaves those frames in
- * the page cache only: the next process reads them like any commit, so without this it could
- * answer a replay from a record that a power loss would then take back -- and the retry after
- * that would run a second time.  Run when a process opens the store, before anyone reads; once
- * it returns, every commit any process made is durable or gone.  A failed fsync is not retried
- * (the kernel may have dropped the pages it could not write): the store does not open.
+ * The vtab's conn_open: a connection of the pool (sqlite_conn.c), opened once the group is there
+ * (sqlite_commit.c), with libidem's schema applied.  The store's first one starts the group's
+ * commit pipeline.
  */
-static int sync_existing_files(const char *path, char *err, size_t errlen)
+static int sq_conn_open(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
 {
-    static const char *const suffixes[] = {"-wal", ""};
-    char name[4096];
-    int fd;
-
-    if (path[0] == ':' || strncmp(path, "file:", 5) == 0 || strlen(path) + 5 > sizeof name)
-        return 0;
-    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
-        idem__fmt(name, sizeof name, "%s%s", path, suffixes[i]);
-        fd = open(name, O_RDONLY | O_CLOEXEC);
-        if (fd < 0 && errno == ENOENT)
-            continue;
-        if (fd < 0 || fsync(fd) != 0) {
-            idem__fmt(err, errlen, "sqlite: cannot make %s durable: %s", name, strerror(errno));
-            if (fd >= 0)
-                close(fd);
-            return IDEM_EUNAVAIL;
-        }
-        close(fd);
-    }
-    idem__sq_dir_of(path, name, sizeof name);
-    fd = open(name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0 && fsync(fd) != 0 && errno != EINVAL) {
-        idem__fmt(err, errlen, "sqlite: cannot make the directory %s durable: %s", name,
-                  strerror(errno));
-        close(fd);
-        return IDEM_EUNAVAIL;
-    }
-    if (fd >= 0)
-        close(fd);
-    return 0;
-}
-
-int idem__sq_open(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
-{
-    int rc = IDEM_EUNAVAIL;
     struct idem_conn *c = NULL;
     char why[IDEM_ERRMSG_MAX];
-    int first;
+    int first, rc;
 
     *out = NULL;
-    first = idem__sq_group_get(st);
+    first = idem__sq_group_open(st, err, errlen);
     if (first < 0)
-        return IDEM_ENOMEM;
-    if (first == 1 && st->opts.sync != IDEM_SYNC_NORMAL &&
-        sync_existing_files(st->target, err, errlen) < 0)
-        return IDEM_EUNAVAIL;
+        return first;
     rc = idem__sq_conn_open(st, &c, err, errlen);
     if (rc < 0)
         return rc;
@@ -121,8 +75,7 @@ int idem__sq_open(struct idem_store *st, struct idem_conn **out, char *err, size
             rc = IDEM_EUNAVAIL;
         goto out;
     }
-    if (first == 1 && st->opts.sync != IDEM_SYNC_NORMAL &&
-        (rc = idem__sq_pipeline_open(st, err, errlen)) < 0)
+    if (first == 1 && (rc = idem__sq_pipeline_open(st, err, errlen)) < 0)
         goto out;
     *out = c;
     c = NULL;
@@ -708,7 +661,7 @@ const struct idem_store_vtab idem__sqlite_vtab = {
     .kind = "sqlite",
     .unfinished_sql = IDEM__UNFINISHED_SQL("lower(hex(fingerprint))", "CAST($1 AS INTEGER)"),
     .claim_before_read = 1,
-    .conn_open = idem__sq_open,
+    .conn_open = sq_conn_open,
     .conn_close = idem__sq_conn_close,
     .errmsg = sq_errmsg,
     .conn_ok = sq_conn_ok,

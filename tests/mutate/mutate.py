@@ -35,7 +35,6 @@ import tempfile
 import time
 
 SQ = "lib/sqlite_commit.c"
-STORE_SQ = "lib/store_sqlite.c"
 PG = "lib/store_pg.c"
 TMP = None  # the tests' TMPDIR, under the scratch directory
 SUMMARY = ("rounds, seed", "keys answered", "answered by kind", "FAILED (seed")
@@ -120,7 +119,7 @@ MUTANTS = [
         "no-wal-fsync-at-open",
         "a process that opens the store does not fsync the WAL that a killed process left "
         "(neither before SQLite opens it nor when the pipeline starts)",
-        [(STORE_SQ,
+        [(SQ,
           "        if (fd < 0 || fsync(fd) != 0) {\n",
           "        if (fd < 0 || (i != 0 && fsync(fd) != 0)) { /* MUTANT: not the -wal */\n"),
          (SQ,

@@ -16,7 +16,7 @@
  */
 #define _GNU_SOURCE /* syscall() */
 #include "internal.h"
-#include "store_sqlite.h"
+#include "sqlite_conn.h"
 #include "t.h"
 
 #include <errno.h>
