@@ -21,6 +21,7 @@
  * connection alike.
  */
 #include "sqlite_conn.h"
+#include "clock.h" /* common/clock.h: the pauses of configure() */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -238,6 +239,27 @@ static int create_private(const char *path, char *err, size_t errlen)
     return 0;
 }
 
+/*
+ * Runs the pragmas a connection opens with.  Switching a new file to WAL takes its exclusive
+ * lock, and when connections of several processes switch it together SQLite refuses some of them
+ * at once rather than call the busy handler (waiting could deadlock them); so a busy refusal is
+ * tried again, with growing pauses, until the store's busy timeout.
+ */
+static int configure(struct idem_conn *c, const char *pragma, int timeout_ms)
+{
+    int64_t deadline = clock_mono_ms() + timeout_ms;
+    int64_t pause_ms = 1;
+    int rc;
+
+    while ((rc = idem__sq_run_simple(c, pragma, "configure")) < 0 &&
+           (sqlite3_extended_errcode(c->db) & 0xff) == SQLITE_BUSY &&
+           clock_mono_ms() + pause_ms < deadline) {
+        clock_sleep_ms(pause_ms);
+        pause_ms = pause_ms < 32 ? pause_ms * 2 : pause_ms;
+    }
+    return rc;
+}
+
 int idem__sq_conn_open(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
 {
     int rc = IDEM_EUNAVAIL;
@@ -275,7 +297,7 @@ int idem__sq_conn_open(struct idem_store *st, struct idem_conn **out, char *err,
               "PRAGMA journal_mode=WAL; PRAGMA synchronous=%s; PRAGMA foreign_keys=ON;"
               " PRAGMA temp_store=MEMORY;",
               st->opts.sync == IDEM_SYNC_NORMAL ? "NORMAL" : "FULL");
-    rc = idem__sq_run_simple(c, pragma, "configure");
+    rc = configure(c, pragma, st->opts.busy_timeout_ms);
     if (rc < 0)
         goto fail_msg;
     /*

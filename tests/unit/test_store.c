@@ -8,7 +8,7 @@
  * statements by their first keyword only (the engine asks whether a staged response survived);
  * rolling back no transaction is nothing; a read transaction sees what write transactions
  * committed and not what they rolled back; and the store's statistics count write commits, not
- * rollbacks or reads.
+ * rollbacks or reads.  Stores opening one new file together all open.
  */
 #include "internal.h"
 #include "t.h"
@@ -270,6 +270,53 @@ static void test_stats_count_write_commits(void)
     idem_store_close(st);
 }
 
+/*
+ * Processes starting together on a store no one has opened yet: each opens the new file and
+ * switches it to WAL, and SQLite refuses some of those switches at once, without its busy
+ * handler.  Every open must still succeed within the busy timeout.
+ */
+struct opener {
+    char uri[256];
+    int rc;
+    char *err;
+};
+
+static void *open_alone(void *arg)
+{
+    struct opener *o = arg;
+    struct idem_store *st = NULL;
+
+    o->rc = idem_store_open(o->uri, NULL, &st, &o->err);
+    idem_store_close(st);
+    return NULL;
+}
+
+static void test_stores_opening_a_new_file_together_all_open(void)
+{
+    enum { ROUNDS = 40, THREADS = 4 };
+    int failed = 0;
+
+    for (int round = 0; round < ROUNDS; round++) {
+        struct opener o[THREADS];
+        pthread_t th[THREADS];
+
+        for (int i = 0; i < THREADS; i++) {
+            o[i] = (struct opener){.rc = 0};
+            snprintf(o[i].uri, sizeof o[i].uri, "sqlite:%s/new-%d.db", dir, round);
+            pthread_create(&th[i], NULL, open_alone, &o[i]);
+        }
+        for (int i = 0; i < THREADS; i++) {
+            pthread_join(th[i], NULL);
+            if (o[i].rc != 0) {
+                failed++;
+                fprintf(stderr, "round %d: %s\n", round, o[i].err ? o[i].err : "?");
+            }
+            idem_free(o[i].err);
+        }
+    }
+    CHECK_INT(failed, 0);
+}
+
 int main(void)
 {
     char cmd[64];
@@ -285,6 +332,7 @@ int main(void)
     test_no_transaction_rolls_back_as_nothing();
     test_a_read_transaction_sees_committed_rows();
     test_stats_count_write_commits();
+    test_stores_opening_a_new_file_together_all_open();
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", dir);
