@@ -41,10 +41,14 @@ out:
 
 int idem__rows_append(struct idem_rows *r, const char *const *vals, const size_t *lens)
 {
+    if (r->ncols == 0) { /* a row without columns (PostgreSQL's SELECT FROM t): counted only */
+        r->nrows++;
+        return 0;
+    }
     if (r->nrows == r->cap) {
         int cap = r->cap ? r->cap * 2 : 4;
         char **cells = realloc(r->cells, (size_t)cap * (size_t)r->ncols * sizeof(char *));
-        if (!cells && r->ncols > 0)
+        if (!cells)
             return IDEM_ENOMEM;
         r->cells = cells;
         r->cap = cap;

@@ -119,6 +119,19 @@ static void test_a_result_without_columns_has_no_cells(void)
     idem_rows_free(r);
 }
 
+/* PostgreSQL answers rows without columns (SELECT FROM t): counted, and no cell to read. */
+static void test_rows_without_columns_are_counted(void)
+{
+    struct idem_rows *r = NULL;
+
+    CHECK_INT(idem__rows_new(0, NULL, &r), 0);
+    for (int i = 0; i < 9; i++)
+        CHECK_INT(idem__rows_append(r, NULL, NULL), 0);
+    CHECK_INT(idem_rows_count(r), 9);
+    CHECK(idem_rows_get(r, 8, 0) == NULL);
+    idem_rows_free(r);
+}
+
 static void test_a_column_is_found_by_its_exact_name(void)
 {
     char first[] = "id";
@@ -169,6 +182,7 @@ int main(void)
     test_a_cell_out_of_range_reads_as_null();
     test_rows_keep_their_values_as_the_result_grows();
     test_a_result_without_columns_has_no_cells();
+    test_rows_without_columns_are_counted();
     test_a_column_is_found_by_its_exact_name();
     test_changed_counts_what_the_store_left();
     test_no_rows_read_as_empty_and_free_as_nothing();
