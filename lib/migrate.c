@@ -48,7 +48,8 @@ int idem__migrate(const struct idem_store_vtab *vt, struct idem_conn *c, const c
             idem__fmt(err, errlen, "migration %s %d has no %s form", component, steps[i].version,
                       dialect);
             vt->rollback(c);
-            return IDEM_EMIGRATE;
+            rc = IDEM_EMIGRATE;
+            break;
         }
         if (rc == 0)
             rc = vt->run_script(c, sql);

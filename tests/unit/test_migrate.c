@@ -193,8 +193,9 @@ static void test_a_step_without_sqlite_text_fails_naming_the_dialect(void)
     idem_free(err);
     err = NULL;
 
-    /* The steps before it apply; the version stops at the last of them. */
-    CHECK_INT(idem_store_migrate(st, "unit-dialect", pg_only, 2, NULL, &err), IDEM_EMIGRATE);
+    /* The steps before it apply, counted; the version stops at the last of them. */
+    CHECK_INT(idem_store_migrate(st, "unit-dialect", pg_only, 2, &applied, &err), IDEM_EMIGRATE);
+    CHECK_INT(applied, 1);
     CHECK(err && strstr(err, "SQLite"));
     idem_free(err);
     CHECK_STR(table_exists(st, "first_t", buf, sizeof buf), "1");
