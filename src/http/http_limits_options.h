@@ -1,0 +1,30 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * http_limits_options.h - the HTTP limit flags every serving program takes (--max-connections,
+ * --head-timeout-ms... http_server.h's HTTP_LIMITS_FLAGS) as a group of rows of its option table
+ * (src/util/options.h): OPT_HTTP_LIMITS(&limits) among the rows adds their block of --help and
+ * one row a flag, each value checked by http_limits_flag().
+ */
+#ifndef IDEM_HTTP_HTTP_LIMITS_OPTIONS_H
+#define IDEM_HTTP_HTTP_LIMITS_OPTIONS_H
+
+#include "http_server.h"
+#include "options.h"
+
+/*
+ * A limit row's callback.  The rows of a group carry no pointer of their own: the group's last
+ * row (its --help block) holds the struct http_limits, found by walking on over the group.
+ */
+option_callback http_limits_option;
+
+#define HTTP_LIMITS_OPTION_ROW(flag, field, min, max)                                              \
+    OPT_CALLBACK(0, flag, NULL, "N", NULL, http_limits_option),
+
+/* The group: `limits` (struct http_limits *) receives the flags' values. */
+#define OPT_HTTP_LIMITS(limits)                                                                    \
+    HTTP_LIMITS_FLAGS(HTTP_LIMITS_OPTION_ROW)                                                      \
+    {                                                                                              \
+        .kind = OPTION_TEXT, .help = http_limits_help, .value = (limits)                           \
+    }
+
+#endif /* IDEM_HTTP_HTTP_LIMITS_OPTIONS_H */
