@@ -4,11 +4,10 @@
  * `--help`, `--version`.
  * Every subcommand has its own --help; a wrong flag or value is named on stderr and exits with
  * status 2, a failure at run time exits with 1, so scripts can tell "you called me wrong" from
- * "it did not work".  Flags are parsed into a struct orderd_config that is passed down.
+ * "it did not work".  Each command's flags are one table of rows (src/util/options.h), parsed
+ * into a struct orderd_config that is passed down.
  */
 #include <errno.h>
-#include <getopt.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +20,9 @@
 #include "config.h"
 #include "db.h"
 #include "flag_file.h"
+#include "http_limits_options.h"
 #include "intake.h"
+#include "options.h"
 #include "outbox.h"
 #include "schema.h"
 #include "serve.h"
@@ -59,47 +60,7 @@ static const char usage_serve[] =
     "Runs the HTTP API until SIGINT or SIGTERM.  Once listening, prints one line\n"
     "'orderd: listening on http://HOST:PORT' on stdout; logs go to stderr.\n"
     "\n"
-    "Options:\n"
-    "  --config FILE            options from a YAML file, one 'name: value' per option\n"
-    "                           ('listen: 127.0.0.1:8080'); an option given here wins\n"
-    "  --listen HOST:PORT       address to listen on (default " ORDERD_DEFAULT_LISTEN ");\n"
-    "                           IPv6 as [::1]:8080; port 0 picks a free port\n"
-    "  --metrics-listen HOST:PORT  serve GET /metrics there (e.g. 127.0.0.1:9101) instead of\n"
-    "                           on --listen, so a scraper needs no access to the API\n"
-    "  --db URI                 store (default " ORDERD_DEFAULT_DB ")\n"
-    "  --db-pool N              store connections, 1..1024 (default 16)\n"
-    "  --sqlite-sync MODE       full|normal: SQLite durability (default full); normal does\n"
-    "                           not fsync every commit and is refused with --provider\n"
-    "  --log-format FORMAT      text|json (default text)\n"
-    "  --lease-ms N             lease of a request on its idempotency record (default 10000)\n"
-    "  --wait-ms N              how long a duplicate waits for the first request (default 2000)\n"
-    "  --sweep-interval-s N     seconds between retention sweeps, 0 to disable (default 60)\n"
-    "  --replay-cache-mb N      memory for completed responses replayed without the store,\n"
-    "                           0 to disable (default 8)\n"
-    "  --idempotency on|off     off: POST /api/orders runs without an idempotency record;\n"
-    "                           a benchmark baseline only, retries are NOT safe (default on)\n"
-    "Payments (without --provider, orders are not charged and stay \"created\"):\n"
-    "  --provider URL           payment + email provider, e.g. http://127.0.0.1:8090\n"
-    "  --provider-timeout-ms N  timeout of one provider call (default 5000)\n"
-    "  --webhook-secret S       HMAC key of POST /webhooks/provider (or ORDERD_WEBHOOK_SECRET)\n"
-    "  --webhook-tolerance-s N  accepted age of a webhook signature (default 300)\n"
-    "  --completer-interval-ms N    pause between completer runs, 0 disables (default 1000)\n"
-    "  --reconciler-interval-ms N   pause between reconciler runs, 0 disables (default 1000)\n"
-    "  --reconcile-after-ms N   an unknown outcome waits this long for the client's retry\n"
-    "                           before the reconciler asks the provider (default 2000)\n"
-    "  --outbox-interval-ms N   pause between outbox relay runs, 0 disables (default 250)\n"
-    "  --outbox-max-attempts N  failed deliveries before an email is parked (default 10)\n"
-    "  --outbox-backoff-max-ms N    cap of the relay's backoff between deliveries of one email\n"
-    "                           (250 ms doubling; default 60000)\n"
-    "  --outbox-retention-s N   sent emails are swept N s after sending, 0 keeps them\n"
-    "                           (default 604800, 7 days)\n"
-    "  --inbox-retention-s N    webhook inbox entries are swept N s after receipt, 0 keeps them;\n"
-    "                           must outlast the provider's redeliveries, at least 3600\n"
-    "                           (default 2592000, 30 days)\n"
-    "  -h, --help               show this help\n"
-    "\n"
-    "Environment: ORDERD_TEST_HOOKS=1 enables the X-Test-* request headers (tests only);\n"
-    "ORDERD_WEBHOOK_SECRET is the webhook secret when --webhook-secret is not given.\n";
+    "Options:\n";
 
 static const char usage_token[] =
     "Usage: orderd token create --db URI --user NAME\n"
@@ -114,12 +75,7 @@ static const char usage_token[] =
     "token itself, and prints how many.  The store forgets them at once; a running orderd\n"
     "stops accepting a revoked token within 5 seconds (its token cache).\n"
     "\n"
-    "Options:\n"
-    "  --db URI        store (default " ORDERD_DEFAULT_DB ")\n"
-    "  --user NAME     user name (create: required)\n"
-    "  --token-id ID   revoke: a token id from 'orderd token list'\n"
-    "  --token TOKEN   revoke: the token itself\n"
-    "  -h, --help      show this help\n";
+    "Options:\n";
 
 static const char usage_migrate[] =
     "Usage: orderd migrate --db URI\n"
@@ -127,9 +83,7 @@ static const char usage_migrate[] =
     "Applies orderd's database migrations (libidem's own schema included) and prints how many\n"
     "ran.  `orderd serve` does the same at start-up.\n"
     "\n"
-    "Options:\n"
-    "  --db URI       store (default " ORDERD_DEFAULT_DB ")\n"
-    "  -h, --help     show this help\n";
+    "Options:\n";
 
 static const char usage_outbox[] =
     "Usage: orderd outbox list [--db URI] [--status pending|sent|parked] [--limit N]\n"
@@ -139,102 +93,18 @@ static const char usage_outbox[] =
     "paid, a profile changed); `orderd serve --provider` delivers them.  A message that failed\n"
     "--outbox-max-attempts times is parked; `retry` queues it again with its attempts reset.\n"
     "\n"
-    "Options:\n"
-    "  --db URI       store (default " ORDERD_DEFAULT_DB ")\n"
-    "  --status S     list only messages in state S\n"
-    "  --limit N      list at most N messages, newest first (default 100)\n"
-    "  -h, --help     show this help\n";
+    "Options:\n";
 
-enum {
-    OPT_HELP = 'h',
-    OPT_LISTEN = 256,
-    OPT_DB,
-    OPT_DB_POOL,
-    OPT_SQLITE_SYNC,
-    OPT_LOG_FORMAT,
-    OPT_LEASE_MS,
-    OPT_WAIT_MS,
-    OPT_SWEEP,
-    OPT_USER,
-    OPT_PROVIDER,
-    OPT_PROVIDER_TIMEOUT,
-    OPT_WEBHOOK_SECRET,
-    OPT_WEBHOOK_TOLERANCE,
-    OPT_COMPLETER,
-    OPT_RECONCILER,
-    OPT_RECONCILE_AFTER,
-    OPT_OUTBOX_INTERVAL,
-    OPT_OUTBOX_ATTEMPTS,
-    OPT_OUTBOX_BACKOFF,
-    OPT_OUTBOX_RETENTION,
-    OPT_INBOX_RETENTION,
-    OPT_STATUS,
-    OPT_LIMIT,
-    OPT_IDEMPOTENCY,
-    OPT_CONFIG,
-    OPT_REPLAY_CACHE,
-    OPT_TOKEN_ID,
-    OPT_TOKEN,
-    OPT_METRICS_LISTEN,
-};
-
-static const struct option serve_options[] = {
-    {"config", required_argument, NULL, OPT_CONFIG},
-    {"listen", required_argument, NULL, OPT_LISTEN},
-    {"metrics-listen", required_argument, NULL, OPT_METRICS_LISTEN},
-    {"db", required_argument, NULL, OPT_DB},
-    {"db-pool", required_argument, NULL, OPT_DB_POOL},
-    {"sqlite-sync", required_argument, NULL, OPT_SQLITE_SYNC},
-    {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
-    {"lease-ms", required_argument, NULL, OPT_LEASE_MS},
-    {"wait-ms", required_argument, NULL, OPT_WAIT_MS},
-    {"sweep-interval-s", required_argument, NULL, OPT_SWEEP},
-    {"provider", required_argument, NULL, OPT_PROVIDER},
-    {"provider-timeout-ms", required_argument, NULL, OPT_PROVIDER_TIMEOUT},
-    {"webhook-secret", required_argument, NULL, OPT_WEBHOOK_SECRET},
-    {"webhook-tolerance-s", required_argument, NULL, OPT_WEBHOOK_TOLERANCE},
-    {"completer-interval-ms", required_argument, NULL, OPT_COMPLETER},
-    {"reconciler-interval-ms", required_argument, NULL, OPT_RECONCILER},
-    {"reconcile-after-ms", required_argument, NULL, OPT_RECONCILE_AFTER},
-    {"outbox-interval-ms", required_argument, NULL, OPT_OUTBOX_INTERVAL},
-    {"outbox-max-attempts", required_argument, NULL, OPT_OUTBOX_ATTEMPTS},
-    {"outbox-backoff-max-ms", required_argument, NULL, OPT_OUTBOX_BACKOFF},
-    {"outbox-retention-s", required_argument, NULL, OPT_OUTBOX_RETENTION},
-    {"inbox-retention-s", required_argument, NULL, OPT_INBOX_RETENTION},
-    {"idempotency", required_argument, NULL, OPT_IDEMPOTENCY},
-    {"replay-cache-mb", required_argument, NULL, OPT_REPLAY_CACHE},
-    HTTP_LIMITS_OPTIONS /* --max-connections and the other limits */
-    {"help", no_argument, NULL, OPT_HELP},
-    {NULL, 0, NULL, 0},
-};
-
-static const struct option outbox_options[] = {
-    {"db", required_argument, NULL, OPT_DB},
-    {"status", required_argument, NULL, OPT_STATUS},
-    {"limit", required_argument, NULL, OPT_LIMIT},
-    {"help", no_argument, NULL, OPT_HELP},
-    {NULL, 0, NULL, 0},
-};
-
-static const struct option token_options[] = {
-    {"db", required_argument, NULL, OPT_DB},
-    {"user", required_argument, NULL, OPT_USER},
-    {"token-id", required_argument, NULL, OPT_TOKEN_ID},
-    {"token", required_argument, NULL, OPT_TOKEN},
-    {"help", no_argument, NULL, OPT_HELP},
-    {NULL, 0, NULL, 0},
-};
-
-static const struct option migrate_options[] = {
-    {"db", required_argument, NULL, OPT_DB},
-    {"help", no_argument, NULL, OPT_HELP},
-    {NULL, 0, NULL, 0},
-};
+#define HELP_DB "store (default " ORDERD_DEFAULT_DB ")"
 
 /* What each command was told; `serve` uses all of it, the others the store part. */
 struct cli {
     const char *command; /* "serve", "token create", "migrate": for messages */
+    /* Its options' messages start with "orderd <command>"; what they quote is redacted. */
+    struct options opts;
+    char prog[64];
     struct orderd_config cfg;
+    const char *config; /* serve --config: read before the other options */
     const char *user;
     const char *token_id; /* token revoke --token-id */
     const char *token;    /* token revoke --token */
@@ -248,271 +118,144 @@ struct cli {
     int nconfig_args;
 };
 
-/*
- * Says what is wrong with the command line and returns EXIT_USAGE.  The message may quote an
- * argument, which may be a connection string: any password in it is masked (never truncated
- * first, so no half a URI escapes the masking).
- */
-static int usage_error(const struct cli *cli, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static int usage_error(const struct cli *cli, const char *fmt, ...)
+/* Names `command` for the messages of cli->opts ("orderd token create: ..."). */
+static void cli_command(struct cli *cli, const char *command)
 {
-    char *msg;
-    va_list ap, ap2;
-    int n;
-
-    va_start(ap, fmt);
-    va_copy(ap2, ap);
-    n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    msg = xmalloc(n > 0 ? (size_t)n + 1 : 1);
-    msg[0] = '\0';
-    if (n > 0)
-        vsnprintf(msg, (size_t)n + 1, fmt, ap2);
-    va_end(ap2);
-    db_redact_secrets(msg);
-    fprintf(stderr, "orderd %s: %s\nTry 'orderd %s --help'.\n", cli->command, msg, cli->command);
-    free(msg);
-    return EXIT_USAGE;
+    cli->command = command;
+    snprintf(cli->prog, sizeof cli->prog, "orderd %s", command);
+    cli->opts.prog = cli->prog;
+    cli->opts.redact = db_redact_secrets; /* an argument may be a connection string */
+    cli->opts.ctx = cli;
 }
 
-static const char *option_name(const struct option *opts, int val)
-{
-    for (; opts->name != NULL; opts++) {
-        if (opts->val == val)
-            return opts->name;
-    }
-    return "?";
-}
-
-static int number_flag(const struct cli *cli, const char *flag, const char *arg, int64_t min,
-                       int64_t max, int64_t *out)
-{
-    int rc = 0;
-
-    if (parse_int64(arg, min, max, out) != 0)
-        rc = usage_error(cli, "--%s must be an integer from %lld to %lld, not '%s'", flag,
-                         (long long)min, (long long)max, arg);
-    return rc;
-}
-
-/* Applies one parsed option to `cli`.  Returns -1 to go on, or an exit status. */
-static int apply_option(struct cli *cli, int c, const char *arg)
-{
-    struct orderd_config *cfg = &cli->cfg;
-    char host[256];
-    char err[320];
-    uint16_t port = 0;
-    int64_t v = 0;
-    int status = -1;
-
-    switch (c) {
-    case OPT_LISTEN:
-        if (http_listen_split(arg, host, sizeof host, &port, err, sizeof err) != 0)
-            status = usage_error(cli, "%s", err);
-        cfg->listen = arg;
-        break;
-    case OPT_METRICS_LISTEN:
-        if (http_listen_split(arg, host, sizeof host, &port, err, sizeof err) != 0)
-            status = usage_error(cli, "--metrics-listen: %s", err);
-        cfg->metrics_listen = arg;
-        break;
-    case OPT_DB:
-        cfg->db = arg;
-        break;
-    case OPT_USER:
-        cli->user = arg;
-        break;
-    case OPT_TOKEN_ID:
-        cli->token_id = arg;
-        break;
-    case OPT_TOKEN:
-        cli->token = arg;
-        break;
-    case OPT_DB_POOL:
-        if (number_flag(cli, "db-pool", arg, 1, 1024, &v) != 0)
-            status = EXIT_USAGE;
-        cfg->db_pool = (int)v;
-        break;
-    case OPT_SQLITE_SYNC:
-        if (strcmp(arg, "full") == 0)
-            cfg->sync = IDEM_SYNC_FULL;
-        else if (strcmp(arg, "normal") == 0)
-            cfg->sync = IDEM_SYNC_NORMAL;
-        else
-            status = usage_error(cli, "--sqlite-sync must be 'full' or 'normal', not '%s'", arg);
-        break;
-    case OPT_LOG_FORMAT:
-        if (strcmp(arg, "text") == 0)
-            cfg->log_format = LOG_TEXT;
-        else if (strcmp(arg, "json") == 0)
-            cfg->log_format = LOG_JSON;
-        else
-            status = usage_error(cli, "--log-format must be 'text' or 'json', not '%s'", arg);
-        break;
-    case OPT_LEASE_MS:
-        if (number_flag(cli, "lease-ms", arg, 1, 86400000, &v) != 0)
-            status = EXIT_USAGE;
-        cfg->lease_ms = v;
-        break;
-    case OPT_WAIT_MS:
-        if (number_flag(cli, "wait-ms", arg, 0, 600000, &v) != 0)
-            status = EXIT_USAGE;
-        cfg->wait_ms = v;
-        break;
-    case OPT_SWEEP:
-        if (number_flag(cli, "sweep-interval-s", arg, 0, 86400, &v) != 0)
-            status = EXIT_USAGE;
-        cfg->sweep_interval_s = (int)v;
-        break;
-    case OPT_REPLAY_CACHE:
-        if (number_flag(cli, "replay-cache-mb", arg, 0, 4096, &v) != 0)
-            status = EXIT_USAGE;
-        cfg->replay_cache_mb = (int)v;
-        break;
-    case OPT_PROVIDER:
-        if (strncmp(arg, "http://", 7) != 0 && strncmp(arg, "https://", 8) != 0)
-            status =
-                usage_error(cli, "--provider must be an http:// or https:// URL, not '%s'", arg);
-        cfg->provider = arg;
-        break;
-    case OPT_PROVIDER_TIMEOUT:
-        if (number_flag(cli, "provider-timeout-ms", arg, 10, 600000, &cfg->provider_timeout_ms) !=
-            0)
-            status = EXIT_USAGE;
-        break;
-    case OPT_WEBHOOK_SECRET:
-        if (arg[0] == '\0')
-            status = usage_error(cli, "--webhook-secret must not be empty");
-        cfg->webhook_secret = arg;
-        break;
-    case OPT_WEBHOOK_TOLERANCE:
-        if (number_flag(cli, "webhook-tolerance-s", arg, 1, 86400, &cfg->webhook_tolerance_s) != 0)
-            status = EXIT_USAGE;
-        break;
-    case OPT_COMPLETER:
-        if (number_flag(cli, "completer-interval-ms", arg, 0, 3600000,
-                        &cfg->completer_interval_ms) != 0)
-            status = EXIT_USAGE;
-        break;
-    case OPT_RECONCILER:
-        if (number_flag(cli, "reconciler-interval-ms", arg, 0, 3600000,
-                        &cfg->reconciler_interval_ms) != 0)
-            status = EXIT_USAGE;
-        break;
-    case OPT_RECONCILE_AFTER:
-        if (number_flag(cli, "reconcile-after-ms", arg, 1, 3600000, &cfg->reconcile_after_ms) != 0)
-            status = EXIT_USAGE;
-        break;
-    case OPT_OUTBOX_INTERVAL:
-        if (number_flag(cli, "outbox-interval-ms", arg, 0, 3600000, &cfg->outbox_interval_ms) != 0)
-            status = EXIT_USAGE;
-        break;
-    case OPT_OUTBOX_ATTEMPTS:
-        if (number_flag(cli, "outbox-max-attempts", arg, 1, 1000, &v) != 0)
-            status = EXIT_USAGE;
-        cfg->outbox_max_attempts = (int)v;
-        break;
-    case OPT_OUTBOX_BACKOFF:
-        if (number_flag(cli, "outbox-backoff-max-ms", arg, 250, 3600000,
-                        &cfg->outbox_backoff_max_ms) != 0)
-            status = EXIT_USAGE;
-        break;
-    case OPT_OUTBOX_RETENTION:
-        if (number_flag(cli, "outbox-retention-s", arg, 0, 3650LL * 86400,
-                        &cfg->outbox_retention_s) != 0)
-            status = EXIT_USAGE;
-        break;
-    case OPT_INBOX_RETENTION:
-        if (number_flag(cli, "inbox-retention-s", arg, 0, 3650LL * 86400,
-                        &cfg->inbox_retention_s) != 0)
-            status = EXIT_USAGE;
-        else if (cfg->inbox_retention_s > 0 &&
-                 cfg->inbox_retention_s < ORDERD_MIN_INBOX_RETENTION_S)
-            status = usage_error(cli,
-                                 "--inbox-retention-s must be 0 or at least %d: the inbox is the"
-                                 " dedupe of the provider's redelivered events",
-                                 ORDERD_MIN_INBOX_RETENTION_S);
-        break;
-    case OPT_STATUS:
-        if (strcmp(arg, "pending") != 0 && strcmp(arg, "sent") != 0 && strcmp(arg, "parked") != 0)
-            status = usage_error(cli, "--status must be pending, sent or parked, not '%s'", arg);
-        cli->status = arg;
-        break;
-    case OPT_LIMIT:
-        if (number_flag(cli, "limit", arg, 1, 100000, &cli->limit) != 0)
-            status = EXIT_USAGE;
-        break;
-    case OPT_CONFIG:
-        break; /* read before the other options (parse_serve_options) */
-    case OPT_IDEMPOTENCY:
-        if (strcmp(arg, "on") == 0)
-            cfg->idempotency_off = 0;
-        else if (strcmp(arg, "off") == 0)
-            cfg->idempotency_off = 1;
-        else
-            status = usage_error(cli, "--idempotency must be 'on' or 'off', not '%s'", arg);
-        break;
-    default:
-        status = usage_error(cli, "internal error: option %d", c);
-        break;
-    }
-    return status;
-}
-
-/*
- * Parses the options of one command.  Returns -1 to go on, or an exit status: 0 after --help,
- * EXIT_USAGE for a bad command line.
- */
 static void print_version(void)
 {
     printf("orderd %s (libidem %s)\n", IDEM_VERSION_STRING, IDEM_VERSION_STRING);
 }
 
-static int parse_options(struct cli *cli, int argc, char **argv, const struct option *opts,
-                         const char *usage)
+/* `orderd serve --version` (and every command's): the man page says it works everywhere. */
+static int version_option(struct options *o, const struct option_row *row, const char *arg)
 {
-    char shortopt[3] = {'-', '?', '\0'};
-    char err[320];
-    int status = -1;
-    int longindex = 0;
-    int c;
+    (void)o;
+    (void)row;
+    (void)arg;
+    print_version();
+    return 0;
+}
 
-    opterr = 0;
-    optind = 1;
-    while (status < 0) {
-        c = getopt_long(argc, argv, ":h", opts, &longindex);
-        if (c == -1)
-            break;
-        if (c == OPT_HELP) {
-            fputs(usage, stdout);
-            if (opts == serve_options)
-                printf("\n%s", http_limits_help);
-            status = 0;
-        } else if (c == ':' && optopt >= OPT_LISTEN) {
-            status = usage_error(cli, "option '--%s' needs a value", option_name(opts, optopt));
-        } else if (c == ':') {
-            status = usage_error(cli, "option '%s' needs a value", argv[optind - 1]);
-        } else if (c == '?' && optopt != 0 && optopt < OPT_LISTEN) {
-            shortopt[1] = (char)optopt;
-            status = usage_error(cli, "unknown option '%s'", shortopt);
-        } else if (c == '?' && strcmp(argv[optind - 1], "--version") == 0) {
-            print_version(); /* `orderd serve --version`: the man page says it works everywhere */
-            status = 0;
-        } else if (c == '?') {
-            status = usage_error(cli, "unknown option '%s'", argv[optind - 1]);
-        } else if (c == HTTP_LIMITS_OPT) {
-            if (http_limits_flag(&cli->cfg.http, opts[longindex].name, optarg, err, sizeof err) < 0)
-                status = usage_error(cli, "%s", err);
-        } else {
-            status = apply_option(cli, c, optarg);
-        }
-    }
-    if (status < 0 && cli->allow_arg && optind < argc)
-        cli->arg = argv[optind++];
-    if (status < 0 && optind < argc)
-        status = usage_error(cli, "unexpected argument '%s'", argv[optind]);
+static int listen_option(struct options *o, const struct option_row *row, const char *arg)
+{
+    char host[256];
+    char err[320];
+    uint16_t port = 0;
+
+    if (http_listen_split(arg, host, sizeof host, &port, err, sizeof err) != 0)
+        return strcmp(row->name, "listen") == 0 ? options_error(o, "%s", err)
+                                                : options_error(o, "--%s: %s", row->name, err);
+    *(const char **)row->value = arg;
+    return OPTIONS_CONTINUE;
+}
+
+static int sqlite_sync_option(struct options *o, const struct option_row *row, const char *arg)
+{
+    enum idem_sync *sync = row->value;
+
+    if (strcmp(arg, "full") == 0)
+        *sync = IDEM_SYNC_FULL;
+    else if (strcmp(arg, "normal") == 0)
+        *sync = IDEM_SYNC_NORMAL;
+    else
+        return options_error(o, "--sqlite-sync must be 'full' or 'normal', not '%s'", arg);
+    return OPTIONS_CONTINUE;
+}
+
+static int log_format_option(struct options *o, const struct option_row *row, const char *arg)
+{
+    enum log_format *format = row->value;
+
+    if (strcmp(arg, "text") == 0)
+        *format = LOG_TEXT;
+    else if (strcmp(arg, "json") == 0)
+        *format = LOG_JSON;
+    else
+        return options_error(o, "--log-format must be 'text' or 'json', not '%s'", arg);
+    return OPTIONS_CONTINUE;
+}
+
+static int idempotency_option(struct options *o, const struct option_row *row, const char *arg)
+{
+    int *off = row->value;
+
+    if (strcmp(arg, "on") == 0)
+        *off = 0;
+    else if (strcmp(arg, "off") == 0)
+        *off = 1;
+    else
+        return options_error(o, "--idempotency must be 'on' or 'off', not '%s'", arg);
+    return OPTIONS_CONTINUE;
+}
+
+static int provider_option(struct options *o, const struct option_row *row, const char *arg)
+{
+    if (strncmp(arg, "http://", 7) != 0 && strncmp(arg, "https://", 8) != 0)
+        return options_error(o, "--provider must be an http:// or https:// URL, not '%s'", arg);
+    *(const char **)row->value = arg;
+    return OPTIONS_CONTINUE;
+}
+
+static int webhook_secret_option(struct options *o, const struct option_row *row, const char *arg)
+{
+    if (arg[0] == '\0')
+        return options_error(o, "--webhook-secret must not be empty");
+    *(const char **)row->value = arg;
+    return OPTIONS_CONTINUE;
+}
+
+static int inbox_retention_option(struct options *o, const struct option_row *row, const char *arg)
+{
+    int64_t v = 0;
+
+    if (parse_int64(arg, 0, 3650LL * 86400, &v) != 0)
+        return options_error(o, "--%s must be an integer from %lld to %lld, not '%s'", row->name,
+                             0LL, 3650LL * 86400, arg);
+    if (v > 0 && v < ORDERD_MIN_INBOX_RETENTION_S)
+        return options_error(o,
+                             "--inbox-retention-s must be 0 or at least %d: the inbox is the"
+                             " dedupe of the provider's redelivered events",
+                             ORDERD_MIN_INBOX_RETENTION_S);
+    *(int64_t *)row->value = v;
+    return OPTIONS_CONTINUE;
+}
+
+static int status_option(struct options *o, const struct option_row *row, const char *arg)
+{
+    if (strcmp(arg, "pending") != 0 && strcmp(arg, "sent") != 0 && strcmp(arg, "parked") != 0)
+        return options_error(o, "--status must be pending, sent or parked, not '%s'", arg);
+    *(const char **)row->value = arg;
+    return OPTIONS_CONTINUE;
+}
+
+/* `--version` in every command's table, not in its --help. */
+#define OPT_VERSION_HIDDEN OPT_CALLBACK(0, "version", NULL, NULL, NULL, version_option)
+
+/*
+ * Parses the options of one command (cli->command named) after `rows`: -1 to go on, or an exit
+ * status: 0 after --help, EXIT_USAGE for a bad command line.
+ */
+static int parse_options(struct cli *cli, int argc, char **argv, const struct option_row *rows,
+                         const char *usage, int column)
+{
+    int status, next;
+
+    cli->opts.rows = rows;
+    cli->opts.usage = usage;
+    cli->opts.column = column;
+    status = options_parse(&cli->opts, argc, argv);
+    next = cli->opts.next;
+    if (status < 0 && cli->allow_arg && next < argc)
+        cli->arg = argv[next++];
+    if (status < 0 && next < argc)
+        status = options_error(&cli->opts, "unexpected argument '%s'", argv[next]);
     return status;
 }
 
@@ -522,7 +265,85 @@ static int parse_options(struct cli *cli, int argc, char **argv, const struct op
  */
 static int parse_serve_options(struct cli *cli, int argc, char **argv)
 {
-    const char *config = NULL;
+    struct orderd_config *cfg = &cli->cfg;
+    const struct option_row rows[] = {
+        OPT_STRING(0, "config", &cli->config, "FILE",
+                   "options from a YAML file, one 'name: value' per option\n"
+                   "('listen: 127.0.0.1:8080'); an option given here wins"),
+        OPT_CALLBACK(0, "listen", &cfg->listen, "HOST:PORT",
+                     "address to listen on (default " ORDERD_DEFAULT_LISTEN ");\n"
+                     "IPv6 as [::1]:8080; port 0 picks a free port",
+                     listen_option),
+        OPT_CALLBACK(0, "metrics-listen", &cfg->metrics_listen, "HOST:PORT",
+                     "serve GET /metrics there (e.g. 127.0.0.1:9101) instead of\n"
+                     "on --listen, so a scraper needs no access to the API",
+                     listen_option),
+        OPT_STRING(0, "db", &cfg->db, "URI", HELP_DB),
+        OPT_INT(0, "db-pool", &cfg->db_pool, "N", 1, 1024,
+                "store connections, 1..1024 (default 16)"),
+        OPT_CALLBACK(0, "sqlite-sync", &cfg->sync, "MODE",
+                     "full|normal: SQLite durability (default full); normal does\n"
+                     "not fsync every commit and is refused with --provider",
+                     sqlite_sync_option),
+        OPT_CALLBACK(0, "log-format", &cfg->log_format, "FORMAT", "text|json (default text)",
+                     log_format_option),
+        OPT_INT64(0, "lease-ms", &cfg->lease_ms, "N", 1, 86400000,
+                  "lease of a request on its idempotency record (default 10000)"),
+        OPT_INT64(0, "wait-ms", &cfg->wait_ms, "N", 0, 600000,
+                  "how long a duplicate waits for the first request (default 2000)"),
+        OPT_INT(0, "sweep-interval-s", &cfg->sweep_interval_s, "N", 0, 86400,
+                "seconds between retention sweeps, 0 to disable (default 60)"),
+        OPT_INT(0, "replay-cache-mb", &cfg->replay_cache_mb, "N", 0, 4096,
+                "memory for completed responses replayed without the store,\n"
+                "0 to disable (default 8)"),
+        OPT_CALLBACK(0, "idempotency", &cfg->idempotency_off, "on|off",
+                     "off: POST /api/orders runs without an idempotency record;\n"
+                     "a benchmark baseline only, retries are NOT safe (default on)",
+                     idempotency_option),
+        OPT_TEXT("Payments (without --provider, orders are not charged and stay \"created\"):\n"),
+        OPT_CALLBACK(0, "provider", &cfg->provider, "URL",
+                     "payment + email provider, e.g. http://127.0.0.1:8090", provider_option),
+        OPT_INT64(0, "provider-timeout-ms", &cfg->provider_timeout_ms, "N", 10, 600000,
+                  "timeout of one provider call (default 5000)"),
+        OPT_CALLBACK(0, "webhook-secret", &cfg->webhook_secret, "S",
+                     "HMAC key of POST /webhooks/provider (or ORDERD_WEBHOOK_SECRET)",
+                     webhook_secret_option),
+        OPT_INT64(0, "webhook-tolerance-s", &cfg->webhook_tolerance_s, "N", 1, 86400,
+                  "accepted age of a webhook signature (default 300)"),
+        OPT_INT64(0, "completer-interval-ms", &cfg->completer_interval_ms, "N", 0, 3600000,
+                  "pause between completer runs, 0 disables (default 1000)"),
+        OPT_INT64(0, "reconciler-interval-ms", &cfg->reconciler_interval_ms, "N", 0, 3600000,
+                  "pause between reconciler runs, 0 disables (default 1000)"),
+        OPT_INT64(0, "reconcile-after-ms", &cfg->reconcile_after_ms, "N", 1, 3600000,
+                  "an unknown outcome waits this long for the client's retry\n"
+                  "before the reconciler asks the provider (default 2000)"),
+        OPT_INT64(0, "outbox-interval-ms", &cfg->outbox_interval_ms, "N", 0, 3600000,
+                  "pause between outbox relay runs, 0 disables (default 250)"),
+        OPT_INT(0, "outbox-max-attempts", &cfg->outbox_max_attempts, "N", 1, 1000,
+                "failed deliveries before an email is parked (default 10)"),
+        OPT_INT64(0, "outbox-backoff-max-ms", &cfg->outbox_backoff_max_ms, "N", 250, 3600000,
+                  "cap of the relay's backoff between deliveries of one email\n"
+                  "(250 ms doubling; default 60000)"),
+        OPT_INT64(0, "outbox-retention-s", &cfg->outbox_retention_s, "N", 0, 3650LL * 86400,
+                  "sent emails are swept N s after sending, 0 keeps them\n"
+                  "(default 604800, 7 days)"),
+        OPT_CALLBACK(0, "inbox-retention-s", &cfg->inbox_retention_s, "N",
+                     "webhook inbox entries are swept N s after receipt, 0 keeps them;\n"
+                     "must outlast the provider's redeliveries, at least 3600\n"
+                     "(default 2592000, 30 days)",
+                     inbox_retention_option),
+        OPT_HELP("show this help"),
+        OPT_TEXT("\n"
+                 "Environment: ORDERD_TEST_HOOKS=1 enables the X-Test-* request headers (tests "
+                 "only);\n"
+                 "ORDERD_WEBHOOK_SECRET is the webhook secret when --webhook-secret is not "
+                 "given.\n"
+                 "\n"),
+        OPT_HTTP_LIMITS(&cfg->http), /* --max-connections and the other limits */
+        OPT_VERSION_HIDDEN,
+        OPT_END(),
+    };
+    struct option *known = NULL;
     char **from_file = NULL, **all;
     char err[600];
     int nfile = 0, status, i;
@@ -531,25 +352,74 @@ static int parse_serve_options(struct cli *cli, int argc, char **argv)
         if (strcmp(argv[i], "--") == 0)
             break;
         if (strncmp(argv[i], "--config=", 9) == 0)
-            config = argv[i] + 9;
+            cli->config = argv[i] + 9;
         else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
-            config = argv[++i];
+            cli->config = argv[++i];
     }
-    if (config != NULL &&
-        flag_file_load(config, serve_options, "config", &from_file, &nfile, err, sizeof err) != 0)
-        return usage_error(cli, "--config %s", err);
+    if (cli->config != NULL) {
+        known = options_longopts(rows);
+        status = flag_file_load(cli->config, known, "config", &from_file, &nfile, err, sizeof err);
+        free(known);
+        if (status != 0)
+            return options_error(&cli->opts, "--config %s", err);
+    }
     all = xcalloc((size_t)(argc + nfile + 1), sizeof *all);
     all[0] = argv[0];
     for (i = 0; i < nfile; i++)
         all[1 + i] = from_file[i];
     for (i = 1; i < argc; i++)
         all[nfile + i] = argv[i];
-    status = parse_options(cli, argc + nfile, all, serve_options, usage_serve);
+    status = parse_options(cli, argc + nfile, all, rows, usage_serve, 27);
     /* The configuration keeps pointers into the arguments: they live as long as the process. */
     cli->config_args = from_file;
     cli->nconfig_args = nfile;
     cli->config_argv = all;
     return status;
+}
+
+/* The options of `token create|list|revoke` (which of them a command takes is checked after). */
+static int parse_token_options(struct cli *cli, int argc, char **argv)
+{
+    const struct option_row rows[] = {
+        OPT_STRING(0, "db", &cli->cfg.db, "URI", HELP_DB),
+        OPT_STRING(0, "user", &cli->user, "NAME", "user name (create: required)"),
+        OPT_STRING(0, "token-id", &cli->token_id, "ID",
+                   "revoke: a token id from 'orderd token list'"),
+        OPT_STRING(0, "token", &cli->token, "TOKEN", "revoke: the token itself"),
+        OPT_HELP("show this help"),
+        OPT_VERSION_HIDDEN,
+        OPT_END(),
+    };
+
+    return parse_options(cli, argc, argv, rows, usage_token, 18);
+}
+
+static int parse_migrate_options(struct cli *cli, int argc, char **argv)
+{
+    const struct option_row rows[] = {
+        OPT_STRING(0, "db", &cli->cfg.db, "URI", HELP_DB),
+        OPT_HELP("show this help"),
+        OPT_VERSION_HIDDEN,
+        OPT_END(),
+    };
+
+    return parse_options(cli, argc, argv, rows, usage_migrate, 17);
+}
+
+static int parse_outbox_options(struct cli *cli, int argc, char **argv)
+{
+    const struct option_row rows[] = {
+        OPT_STRING(0, "db", &cli->cfg.db, "URI", HELP_DB),
+        OPT_CALLBACK(0, "status", &cli->status, "S", "list only messages in state S",
+                     status_option),
+        OPT_INT64(0, "limit", &cli->limit, "N", 1, 100000,
+                  "list at most N messages, newest first (default 100)"),
+        OPT_HELP("show this help"),
+        OPT_VERSION_HIDDEN,
+        OPT_END(),
+    };
+
+    return parse_options(cli, argc, argv, rows, usage_outbox, 17);
 }
 
 /*
@@ -694,50 +564,49 @@ static int command_token(struct cli *cli, int argc, char **argv)
 {
     int status;
 
-    cli->command = "token";
+    cli_command(cli, "token");
     if (argc >= 3 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0)) {
-        fputs(usage_token, stdout);
-        status = 0;
+        status = parse_token_options(cli, argc - 1, argv + 1);
         goto out;
     }
     if (argc < 3) {
-        status = usage_error(cli, "a subcommand is needed: 'create', 'list' or 'revoke'");
+        status = options_error(&cli->opts, "a subcommand is needed: 'create', 'list' or 'revoke'");
         goto out;
     }
     if (strcmp(argv[2], "list") == 0 || strcmp(argv[2], "revoke") == 0) {
         int revoke = strcmp(argv[2], "revoke") == 0;
-        cli->command = revoke ? "token revoke" : "token list";
-        status = parse_options(cli, argc - 2, argv + 2, token_options, usage_token);
+        cli_command(cli, revoke ? "token revoke" : "token list");
+        status = parse_token_options(cli, argc - 2, argv + 2);
         if (status >= 0)
             goto out;
         if (!revoke && (cli->token_id || cli->token)) {
-            status = usage_error(cli, "list takes --user only");
+            status = options_error(&cli->opts, "list takes --user only");
             goto out;
         }
         if (revoke && (cli->user != NULL) + (cli->token_id != NULL) + (cli->token != NULL) != 1) {
-            status = usage_error(cli, "name exactly one of --user, --token-id, --token");
+            status = options_error(&cli->opts, "name exactly one of --user, --token-id, --token");
             goto out;
         }
         status = run_token_admin(cli, revoke);
         goto out;
     }
     if (strcmp(argv[2], "create") != 0) {
-        status = usage_error(cli,
-                             "unknown subcommand '%s' (expected 'create', 'list' or "
-                             "'revoke')",
-                             argv[2]);
+        status = options_error(&cli->opts,
+                               "unknown subcommand '%s' (expected 'create', 'list' or "
+                               "'revoke')",
+                               argv[2]);
         goto out;
     }
-    cli->command = "token create";
-    status = parse_options(cli, argc - 2, argv + 2, token_options, usage_token);
+    cli_command(cli, "token create");
+    status = parse_token_options(cli, argc - 2, argv + 2);
     if (status >= 0)
         goto out;
     if (cli->token_id || cli->token) {
-        status = usage_error(cli, "create takes --user only");
+        status = options_error(&cli->opts, "create takes --user only");
         goto out;
     }
     if (cli->user == NULL || cli->user[0] == '\0') {
-        status = usage_error(cli, "--user NAME is required");
+        status = options_error(&cli->opts, "--user NAME is required");
         goto out;
     }
     status = run_token_create(cli);
@@ -782,24 +651,24 @@ static int command_outbox(struct cli *cli, int argc, char **argv)
     int retry = strcmp(sub, "retry") == 0;
     int status;
 
-    cli->command = "outbox";
+    cli_command(cli, "outbox");
     if (strcmp(sub, "--help") == 0 || strcmp(sub, "-h") == 0) {
-        fputs(usage_outbox, stdout);
-        return 0;
+        return parse_outbox_options(cli, argc - 1, argv + 1);
     }
     if (argc < 3)
-        return usage_error(cli, "a subcommand is needed: 'list' or 'retry'");
+        return options_error(&cli->opts, "a subcommand is needed: 'list' or 'retry'");
     if (!retry && strcmp(sub, "list") != 0)
-        return usage_error(cli, "unknown subcommand '%s' (expected 'list' or 'retry')", sub);
-    cli->command = retry ? "outbox retry" : "outbox list";
+        return options_error(&cli->opts, "unknown subcommand '%s' (expected 'list' or 'retry')",
+                             sub);
+    cli_command(cli, retry ? "outbox retry" : "outbox list");
     cli->allow_arg = retry;
-    status = parse_options(cli, argc - 2, argv + 2, outbox_options, usage_outbox);
+    status = parse_outbox_options(cli, argc - 2, argv + 2);
     if (status >= 0)
         return status;
     if (retry && (cli->arg == NULL || cli->arg[0] == '\0'))
-        return usage_error(cli, "the id of the message is needed: orderd outbox retry ID");
+        return options_error(&cli->opts, "the id of the message is needed: orderd outbox retry ID");
     if (retry && (cli->status != NULL || cli->limit > 0))
-        return usage_error(cli, "--status and --limit are options of 'outbox list'");
+        return options_error(&cli->opts, "--status and --limit are options of 'outbox list'");
     return run_outbox(cli, retry);
 }
 
@@ -821,26 +690,27 @@ int main(int argc, char **argv)
         print_version();
         status = 0;
     } else if (strcmp(cmd, "serve") == 0) {
-        cli.command = "serve";
+        cli_command(&cli, "serve");
         status = parse_serve_options(&cli, argc - 1, argv + 1);
         /* The baseline measures records against none, not payments: it never charges. */
         if (status < 0 && cli.cfg.idempotency_off && cli.cfg.provider != NULL)
-            status = usage_error(&cli, "--idempotency off cannot be used with --provider");
+            status = options_error(&cli.opts, "--idempotency off cannot be used with --provider");
         /*
          * A charge follows phase 1's commit: were that commit lost in a crash (normal does not
          * fsync every commit), the retry would make a new order, so a second charge.
          */
         if (status < 0 && cli.cfg.sync == IDEM_SYNC_NORMAL && cli.cfg.provider != NULL)
-            status = usage_error(&cli, "--sqlite-sync normal cannot be used with --provider: an "
-                                       "order must be on disk before its card is charged");
+            status =
+                options_error(&cli.opts, "--sqlite-sync normal cannot be used with --provider: an "
+                                         "order must be on disk before its card is charged");
         if (status < 0 && cli.cfg.idempotency_off)
             fprintf(stderr, "orderd: warn: --idempotency off: POST /api/orders keeps no "
                             "idempotency record, retries are NOT safe (benchmark baseline)\n");
         if (status < 0)
             status = serve_run(&cli.cfg);
     } else if (strcmp(cmd, "migrate") == 0) {
-        cli.command = "migrate";
-        status = parse_options(&cli, argc - 1, argv + 1, migrate_options, usage_migrate);
+        cli_command(&cli, "migrate");
+        status = parse_migrate_options(&cli, argc - 1, argv + 1);
         if (status < 0)
             status = run_migrate(&cli);
     } else if (strcmp(cmd, "token") == 0) {
