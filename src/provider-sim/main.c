@@ -6,9 +6,7 @@
  * and "charged, but the response was lost".  Exit codes as orderd's: 0 clean stop, 1 it did not
  * work, 2 wrong command line.
  */
-#include <getopt.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +16,8 @@
 #include "idem/idem.h"
 
 #include "faults.h"
+#include "http_limits_options.h"
+#include "options.h"
 #include "sim_server.h"
 #include "schema.h"
 #include "signals.h"
@@ -25,8 +25,6 @@
 #include "sim_util.h"
 #include "webhook_sender.h"
 #include "banned.h"
-
-#define EXIT_USAGE 2
 
 static const char usage[] =
     "Usage: provider-sim [options]\n"
@@ -36,218 +34,114 @@ static const char usage[] =
     "HMAC-SHA256.  Once listening, prints 'provider-sim: listening on http://HOST:PORT' on\n"
     "stdout; logs go to stderr.  SIGINT or SIGTERM stops it.\n"
     "\n"
-    "Options:\n"
-    "  --listen HOST:PORT          address (default " SIM_DEFAULT_LISTEN "); port 0 picks one\n"
-    "  --db sqlite:PATH            store (default " SIM_DEFAULT_DB ")\n"
-    "  --webhook-url URL           POST events here (charge.succeeded, refund.succeeded)\n"
-    "  --webhook-secret S          HMAC key for the Provider-Signature header (required with\n"
-    "                              --webhook-url; or set PROVIDER_SIM_WEBHOOK_SECRET)\n"
-    "  --webhook-backoff-max-ms N  longest pause between delivery attempts (default 2000)\n"
-    "  --webhook-timeout-ms N      timeout of one delivery attempt (default 5000)\n"
-    "Faults (also at run time: POST /v1/faults {\"lost_rate\":0.2,...}):\n"
-    "  --latency-ms N              added to every POST (default 0)\n"
-    "  --latency-jitter-ms N       plus a random 0..N ms (default 0)\n"
-    "  --fail-rate R               share of POSTs answered 503, nothing done (0..1, default 0)\n"
-    "  --lost-rate R               share of POSTs done, then the connection closed with no\n"
-    "                              response (0..1, default 0)\n"
-    "  --slow-ms N                 how long a tok_slow charge takes (default 3000)\n"
-    "  --webhook-dup N             deliver every event N times, 1..10 (default 1)\n"
-    "  --webhook-delay-ms N        wait before the first delivery (default 0)\n"
-    "  --faults-from WHO           who may use /v1/faults: loopback (default: 127.0.0.0/8 and\n"
-    "                              ::1), any, or a comma-separated list of client addresses\n"
-    "  -h, --help                  show this help\n"
-    "  --version                   show the version\n";
+    "Options:\n";
 
-enum {
-    OPT_HELP = 'h',
-    OPT_LISTEN = 256,
-    OPT_DB,
-    OPT_WEBHOOK_URL,
-    OPT_WEBHOOK_SECRET,
-    OPT_WEBHOOK_BACKOFF,
-    OPT_WEBHOOK_TIMEOUT,
-    OPT_LATENCY,
-    OPT_JITTER,
-    OPT_FAIL_RATE,
-    OPT_LOST_RATE,
-    OPT_SLOW,
-    OPT_DUP,
-    OPT_DELAY,
-    OPT_FAULTS_FROM,
-    OPT_VERSION,
-};
-
-static const struct option options[] = {
-    {"listen", required_argument, NULL, OPT_LISTEN},
-    {"db", required_argument, NULL, OPT_DB},
-    {"webhook-url", required_argument, NULL, OPT_WEBHOOK_URL},
-    {"webhook-secret", required_argument, NULL, OPT_WEBHOOK_SECRET},
-    {"webhook-backoff-max-ms", required_argument, NULL, OPT_WEBHOOK_BACKOFF},
-    {"webhook-timeout-ms", required_argument, NULL, OPT_WEBHOOK_TIMEOUT},
-    {"latency-ms", required_argument, NULL, OPT_LATENCY},
-    {"latency-jitter-ms", required_argument, NULL, OPT_JITTER},
-    {"fail-rate", required_argument, NULL, OPT_FAIL_RATE},
-    {"lost-rate", required_argument, NULL, OPT_LOST_RATE},
-    {"slow-ms", required_argument, NULL, OPT_SLOW},
-    {"webhook-dup", required_argument, NULL, OPT_DUP},
-    {"webhook-delay-ms", required_argument, NULL, OPT_DELAY},
-    {"faults-from", required_argument, NULL, OPT_FAULTS_FROM},
-    HTTP_LIMITS_OPTIONS /* --max-connections and the other limits */
-    {"help", no_argument, NULL, OPT_HELP},
-    {"version", no_argument, NULL, OPT_VERSION},
-    {NULL, 0, NULL, 0},
-};
-
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static int usage_error(const char *fmt, ...)
+static int version_option(struct options *o, const struct option_row *row, const char *arg)
 {
-    char msg[512];
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "provider-sim: %s\nTry 'provider-sim --help'.\n", msg);
-    return EXIT_USAGE;
+    (void)o;
+    (void)row;
+    (void)arg;
+    printf("provider-sim %s (libidem %s)\n", IDEM_VERSION_STRING, IDEM_VERSION_STRING);
+    return 0;
 }
 
-static const char *option_name(int val)
+static int faults_from_option(struct options *o, const struct option_row *row, const char *arg)
 {
-    const struct option *o;
-
-    for (o = options; o->name != NULL; o++)
-        if (o->val == val)
-            return o->name;
-    return "?";
+    if (arg[0] == '\0')
+        return options_error(o, "%s", "--faults-from needs loopback, any or addresses");
+    *(const char **)row->value = arg;
+    return OPTIONS_CONTINUE;
 }
 
-static int ms_flag(const char *flag, const char *arg, int64_t min, int64_t *out)
+static int listen_option(struct options *o, const struct option_row *row, const char *arg)
 {
-    if (parse_int64(arg, min, FAULTS_MAX_MS, out) != 0)
-        return usage_error("--%s must be an integer from %lld to %d, not '%s'", flag,
-                           (long long)min, FAULTS_MAX_MS, arg);
-    return -1;
+    const char *colon = strrchr(arg, ':');
+    int64_t port = 0;
+
+    if (colon == NULL || colon == arg || strchr(arg, ':') != colon ||
+        parse_int64(colon + 1, 0, 65535, &port) != 0)
+        return options_error(o, "--listen must be HOST:PORT (IPv4, port 0..65535), not '%s'", arg);
+    *(const char **)row->value = arg;
+    return OPTIONS_CONTINUE;
 }
 
-static int rate_flag(const char *flag, const char *arg, double *out)
+static int db_option(struct options *o, const struct option_row *row, const char *arg)
 {
-    if (parse_double(arg, 0.0, 1.0, out) != 0)
-        return usage_error("--%s must be a number from 0 to 1, not '%s'", flag, arg);
-    return -1;
+    if (strncmp(arg, "sqlite:", 7) != 0 && strncmp(arg, "postgres", 8) != 0)
+        return options_error(o, "--db must be sqlite:PATH (or a postgresql:// URI), not '%s'", arg);
+    *(const char **)row->value = arg;
+    return OPTIONS_CONTINUE;
 }
 
-/* Applies one option; returns -1 to go on, or an exit status. */
-static int apply_option(struct sim_config *cfg, int c, const char *arg)
+static int webhook_url_option(struct options *o, const struct option_row *row, const char *arg)
 {
-    struct fault_settings *f = &cfg->faults;
-    int64_t v = 0;
-    int status = -1;
+    if (strncmp(arg, "http://", 7) != 0 && strncmp(arg, "https://", 8) != 0)
+        return options_error(o, "--webhook-url must be an http:// or https:// URL, not '%s'", arg);
+    *(const char **)row->value = arg;
+    return OPTIONS_CONTINUE;
+}
 
-    switch (c) {
-    case OPT_FAULTS_FROM:
-        if (arg[0] == '\0')
-            status = usage_error("%s", "--faults-from needs loopback, any or addresses");
-        cfg->faults_from = arg;
-        break;
-    case OPT_LISTEN: {
-        const char *colon = strrchr(arg, ':');
-        if (colon == NULL || colon == arg || strchr(arg, ':') != colon ||
-            parse_int64(colon + 1, 0, 65535, &v) != 0)
-            status = usage_error("--listen must be HOST:PORT (IPv4, port 0..65535), not '%s'", arg);
-        cfg->listen = arg;
-        break;
-    }
-    case OPT_DB:
-        if (strncmp(arg, "sqlite:", 7) != 0 && strncmp(arg, "postgres", 8) != 0)
-            status =
-                usage_error("--db must be sqlite:PATH (or a postgresql:// URI), not '%s'", arg);
-        cfg->db = arg;
-        break;
-    case OPT_WEBHOOK_URL:
-        if (strncmp(arg, "http://", 7) != 0 && strncmp(arg, "https://", 8) != 0)
-            status = usage_error("--webhook-url must be an http:// or https:// URL, not '%s'", arg);
-        cfg->webhook_url = arg;
-        break;
-    case OPT_WEBHOOK_SECRET:
-        if (arg[0] == '\0')
-            status = usage_error("--webhook-secret must not be empty");
-        cfg->webhook_secret = arg;
-        break;
-    case OPT_WEBHOOK_BACKOFF:
-        status = ms_flag("webhook-backoff-max-ms", arg, 100, &cfg->webhook_backoff_max_ms);
-        break;
-    case OPT_WEBHOOK_TIMEOUT:
-        status = ms_flag("webhook-timeout-ms", arg, 100, &cfg->webhook_timeout_ms);
-        break;
-    case OPT_LATENCY:
-        status = ms_flag("latency-ms", arg, 0, &f->latency_ms);
-        break;
-    case OPT_JITTER:
-        status = ms_flag("latency-jitter-ms", arg, 0, &f->latency_jitter_ms);
-        break;
-    case OPT_SLOW:
-        status = ms_flag("slow-ms", arg, 0, &f->slow_ms);
-        break;
-    case OPT_DELAY:
-        status = ms_flag("webhook-delay-ms", arg, 0, &f->webhook_delay_ms);
-        break;
-    case OPT_FAIL_RATE:
-        status = rate_flag("fail-rate", arg, &f->fail_rate);
-        break;
-    case OPT_LOST_RATE:
-        status = rate_flag("lost-rate", arg, &f->lost_rate);
-        break;
-    case OPT_DUP:
-        if (parse_int64(arg, 1, FAULTS_MAX_DUP, &v) != 0)
-            status = usage_error("--webhook-dup must be an integer from 1 to %d, not '%s'",
-                                 FAULTS_MAX_DUP, arg);
-        f->webhook_dup = (int)v;
-        break;
-    default:
-        status = usage_error("internal error: option %d", c);
-        break;
-    }
-    return status;
+static int webhook_secret_option(struct options *o, const struct option_row *row, const char *arg)
+{
+    if (arg[0] == '\0')
+        return options_error(o, "--webhook-secret must not be empty");
+    *(const char **)row->value = arg;
+    return OPTIONS_CONTINUE;
 }
 
 static int parse_args(struct sim_config *cfg, int argc, char **argv)
 {
-    char err[320];
-    int status = -1;
-    int longindex = 0;
-    int c;
+    struct fault_settings *f = &cfg->faults;
+    const struct option_row rows[] = {
+        OPT_CALLBACK(0, "listen", &cfg->listen, "HOST:PORT",
+                     "address (default " SIM_DEFAULT_LISTEN "); port 0 picks one", listen_option),
+        OPT_CALLBACK(0, "db", &cfg->db, "sqlite:PATH", "store (default " SIM_DEFAULT_DB ")",
+                     db_option),
+        OPT_CALLBACK(0, "webhook-url", &cfg->webhook_url, "URL",
+                     "POST events here (charge.succeeded, refund.succeeded)", webhook_url_option),
+        OPT_CALLBACK(0, "webhook-secret", &cfg->webhook_secret, "S",
+                     "HMAC key for the Provider-Signature header (required with\n"
+                     "--webhook-url; or set PROVIDER_SIM_WEBHOOK_SECRET)",
+                     webhook_secret_option),
+        OPT_INT64(0, "webhook-backoff-max-ms", &cfg->webhook_backoff_max_ms, "N", 100,
+                  FAULTS_MAX_MS, "longest pause between delivery attempts (default 2000)"),
+        OPT_INT64(0, "webhook-timeout-ms", &cfg->webhook_timeout_ms, "N", 100, FAULTS_MAX_MS,
+                  "timeout of one delivery attempt (default 5000)"),
+        OPT_TEXT("Faults (also at run time: POST /v1/faults {\"lost_rate\":0.2,...}):\n"),
+        OPT_INT64(0, "latency-ms", &f->latency_ms, "N", 0, FAULTS_MAX_MS,
+                  "added to every POST (default 0)"),
+        OPT_INT64(0, "latency-jitter-ms", &f->latency_jitter_ms, "N", 0, FAULTS_MAX_MS,
+                  "plus a random 0..N ms (default 0)"),
+        OPT_DOUBLE(0, "fail-rate", &f->fail_rate, "R", 0.0, 1.0,
+                   "share of POSTs answered 503, nothing done (0..1, default 0)"),
+        OPT_DOUBLE(0, "lost-rate", &f->lost_rate, "R", 0.0, 1.0,
+                   "share of POSTs done, then the connection closed with no\n"
+                   "response (0..1, default 0)"),
+        OPT_INT64(0, "slow-ms", &f->slow_ms, "N", 0, FAULTS_MAX_MS,
+                  "how long a tok_slow charge takes (default 3000)"),
+        OPT_INT(0, "webhook-dup", &f->webhook_dup, "N", 1, FAULTS_MAX_DUP,
+                "deliver every event N times, 1..10 (default 1)"),
+        OPT_INT64(0, "webhook-delay-ms", &f->webhook_delay_ms, "N", 0, FAULTS_MAX_MS,
+                  "wait before the first delivery (default 0)"),
+        OPT_CALLBACK(0, "faults-from", &cfg->faults_from, "WHO",
+                     "who may use /v1/faults: loopback (default: 127.0.0.0/8 and\n"
+                     "::1), any, or a comma-separated list of client addresses",
+                     faults_from_option),
+        OPT_HELP("show this help"),
+        OPT_CALLBACK(0, "version", NULL, NULL, "show the version", version_option),
+        OPT_TEXT("\n"),
+        OPT_HTTP_LIMITS(&cfg->http), /* --max-connections and the other limits */
+        OPT_END(),
+    };
+    struct options o = {.prog = "provider-sim", .usage = usage, .rows = rows, .column = 30};
+    int status;
 
-    opterr = 0;
-    while (status < 0) {
-        c = getopt_long(argc, argv, ":h", options, &longindex);
-        if (c == -1)
-            break;
-        if (c == OPT_HELP) {
-            fputs(usage, stdout);
-            printf("\n%s", http_limits_help);
-            status = 0;
-        } else if (c == OPT_VERSION) {
-            printf("provider-sim %s (libidem %s)\n", IDEM_VERSION_STRING, IDEM_VERSION_STRING);
-            status = 0;
-        } else if (c == ':') {
-            status = optopt >= OPT_LISTEN
-                         ? usage_error("option '--%s' needs a value", option_name(optopt))
-                         : usage_error("option '%s' needs a value", argv[optind - 1]);
-        } else if (c == '?') {
-            status = usage_error("unknown option '%s'", argv[optind - 1]);
-        } else if (c == HTTP_LIMITS_OPT) {
-            if (http_limits_flag(&cfg->http, options[longindex].name, optarg, err, sizeof err) < 0)
-                status = usage_error("%s", err);
-        } else {
-            status = apply_option(cfg, c, optarg);
-        }
-    }
-    if (status < 0 && optind < argc)
-        status = usage_error("unexpected argument '%s'", argv[optind]);
+    status = options_parse(&o, argc, argv);
+    if (status < 0 && o.next < argc)
+        status = options_error(&o, "unexpected argument '%s'", argv[o.next]);
     if (status < 0 && cfg->webhook_url != NULL && cfg->webhook_secret == NULL)
-        status = usage_error("--webhook-url needs --webhook-secret (or "
-                             "PROVIDER_SIM_WEBHOOK_SECRET) to sign the deliveries");
+        status = options_error(&o, "--webhook-url needs --webhook-secret (or "
+                                   "PROVIDER_SIM_WEBHOOK_SECRET) to sign the deliveries");
     return status;
 }
 
