@@ -8,7 +8,6 @@
  * was expected (config.h).
  */
 #include <errno.h>
-#include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +20,8 @@
 #include "admin.h"
 #include "config.h"
 #include "gateway.h"
+#include "http_limits_options.h"
+#include "options.h"
 #include "records.h"
 #include "serve.h"
 #include "util.h"
@@ -58,16 +59,7 @@ static const char usage_serve[] =
     "'idem-gateway: listening on http://HOST:PORT (admin http://HOST:PORT)' on stdout;\n"
     "logs go to stderr.\n"
     "\n"
-    "Options:\n"
-    "  --config FILE            the YAML config (routes, upstream, store, principal)\n"
-    "  --log-format FORMAT      text|json (default text)\n"
-    "  --db-pool N              store connections, 1..1024 (default 16)\n"
-    "  --sweep-interval-s N     seconds between retention sweeps, 0 to disable (default 60)\n"
-    "  --replay-cache-mb N      memory for stored answers replayed without the store,\n"
-    "                           0 to disable (default 8)\n"
-    "The HTTP limit flags below override the config's `limits:`.\n";
-
-static const char usage_serve_end[] = "  -h, --help               show this help\n";
+    "Options:\n";
 
 static const char usage_check[] =
     "Usage: idem-gateway check-config --config FILE [--no-store]\n"
@@ -78,10 +70,7 @@ static const char usage_check[] =
     "is not made: the directory it would go in must be writable.  A relative sqlite: path is\n"
     "beside FILE.  'FILE: ok (N routes)' is printed only when all of it holds.\n"
     "\n"
-    "Options:\n"
-    "  --config FILE  the YAML config\n"
-    "  --no-store     check the file only, not the store\n"
-    "  -h, --help     show this help\n";
+    "Options:\n";
 
 static const char usage_keys[] =
     "Usage: idem-gateway keys list --config FILE [--state unknown|in-flight|any]\n"
@@ -105,64 +94,9 @@ static const char usage_keys[] =
     "record (the next retry runs).  Exit status 1 when the record is missing, completed, or\n"
     "being forwarded right now.\n"
     "\n"
-    "Options:\n"
-    "  --config FILE       the gateway's YAML config (its store and routes)\n"
-    "  --principal P       the caller, as the gateway derives it (a header's value,\n"
-    "                      sha256:<hex>, jwt:<sub>)\n"
-    "  --operation OP      the route's operation name\n"
-    "  --key K             the idempotency key, unquoted\n"
-    "  --decision D        executed | not-executed\n"
-    "  --status N          the answer's status (executed)\n"
-    "  --header 'N: V'     a header stored with it (repeatable; the route's store_headers apply)\n"
-    "  --body TEXT, --body-file FILE   its body\n"
-    "  -h, --help          show this help\n";
-
-enum {
-    OPT_CONFIG = 0x100,
-    OPT_LOG_FORMAT,
-    OPT_DB_POOL,
-    OPT_SWEEP,
-    OPT_REPLAY_CACHE,
-    OPT_VERSION,
-    OPT_NO_STORE,
-    OPT_STATE,
-    OPT_AFTER,
-    OPT_LIMIT,
-    OPT_PRINCIPAL,
-    OPT_OPERATION,
-    OPT_KEY,
-    OPT_DECISION,
-    OPT_STATUS,
-    OPT_HEADER,
-    OPT_BODY,
-    OPT_BODY_FILE,
-};
+    "Options:\n";
 
 #define KEYS_MAX_HEADERS 32
-
-static int usage_error(const char *command, const char *msg)
-{
-    fprintf(stderr, "idem-gateway %s: %s\nTry 'idem-gateway %s --help'.\n", command, msg, command);
-    return EXIT_USAGE;
-}
-
-/*
- * What getopt_long() (run with opterr 0 and an optstring starting ':') found wrong, as one line:
- * a missing value, or an unknown option named as it was written.
- */
-static int option_error(const char *command, int c, char **argv)
-{
-    char msg[300];
-    const char *arg = argv[optind - 1];
-
-    if (c == ':')
-        snprintf(msg, sizeof msg, "option '%s' needs a value", arg);
-    else if (optopt != 0 && optopt < 0x100)
-        snprintf(msg, sizeof msg, "unknown option '-%c'", optopt);
-    else
-        snprintf(msg, sizeof msg, "unknown option '%s'", arg);
-    return usage_error(command, msg);
-}
 
 static int print_version(void)
 {
@@ -170,89 +104,74 @@ static int print_version(void)
     return 0;
 }
 
-static int int_flag(const char *command, const char *flag, const char *arg, int64_t min,
-                    int64_t max, int *out)
+static int version_option(struct options *o, const struct option_row *row, const char *arg)
 {
-    int64_t v = 0;
-    char msg[200];
+    (void)o;
+    (void)row;
+    (void)arg;
+    return print_version();
+}
 
-    if (parse_int64(arg, min, max, &v) != 0) {
-        snprintf(msg, sizeof msg, "--%s must be an integer from %lld to %lld, not '%s'", flag,
-                 (long long)min, (long long)max, arg);
-        return usage_error(command, msg);
-    }
-    *out = (int)v;
-    return 0;
+/* `--version` in every command's table, not in its --help. */
+#define OPT_VERSION_HIDDEN OPT_CALLBACK(0, "version", NULL, NULL, NULL, version_option)
+
+static int log_format_option(struct options *o, const struct option_row *row, const char *arg)
+{
+    enum log_format *format = row->value;
+
+    if (strcmp(arg, "text") == 0)
+        *format = LOG_TEXT;
+    else if (strcmp(arg, "json") == 0)
+        *format = LOG_JSON;
+    else
+        return options_error(o, "--log-format must be 'text' or 'json'");
+    return OPTIONS_CONTINUE;
+}
+
+/* Parses a command's options into `rows`; refuses what is left.  As options_parse(). */
+static int parse_command(struct options *o, int argc, char **argv)
+{
+    int status = options_parse(o, argc, argv);
+
+    if (status < 0 && o->next < argc)
+        status = options_error(o, "unexpected argument '%s'", argv[o->next]);
+    return status;
 }
 
 static int cmd_serve(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"config", required_argument, NULL, OPT_CONFIG},
-        {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
-        {"db-pool", required_argument, NULL, OPT_DB_POOL},
-        {"sweep-interval-s", required_argument, NULL, OPT_SWEEP},
-        {"replay-cache-mb", required_argument, NULL, OPT_REPLAY_CACHE},
-        HTTP_LIMITS_OPTIONS /* --max-connections and the other limits */
-        {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, OPT_VERSION},
-        {NULL, 0, NULL, 0},
-    };
     struct serve_options so = {
         .log_format = LOG_TEXT, .sweep_interval_s = 60, .replay_cache_mb = 8, .db_pool = 16};
     struct http_limits flags_limits;
     const char *file = NULL;
+    const struct option_row rows[] = {
+        OPT_STRING(0, "config", &file, "FILE",
+                   "the YAML config (routes, upstream, store, principal)"),
+        OPT_CALLBACK(0, "log-format", &so.log_format, "FORMAT", "text|json (default text)",
+                     log_format_option),
+        OPT_INT(0, "db-pool", &so.db_pool, "N", 1, 1024, "store connections, 1..1024 (default 16)"),
+        OPT_INT(0, "sweep-interval-s", &so.sweep_interval_s, "N", 0, 86400,
+                "seconds between retention sweeps, 0 to disable (default 60)"),
+        OPT_INT(0, "replay-cache-mb", &so.replay_cache_mb, "N", 0, 65536,
+                "memory for stored answers replayed without the store,\n0 to disable (default 8)"),
+        OPT_TEXT("The HTTP limit flags below override the config's `limits:`.\n"),
+        OPT_HTTP_LIMITS(&flags_limits), /* --max-connections and the other limits */
+        OPT_HELP("show this help"),
+        OPT_VERSION_HIDDEN,
+        OPT_END(),
+    };
+    struct options o = {
+        .prog = "idem-gateway serve", .usage = usage_serve, .rows = rows, .column = 27};
     struct gw_config *cfg = NULL;
     char err[600];
-    int idx = 0, c, status;
+    int status;
 
     memset(&flags_limits, 0, sizeof flags_limits);
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, &idx)) != -1) {
-        switch (c) {
-        case OPT_VERSION:
-            return print_version();
-        case 'h':
-            fputs(usage_serve, stdout);
-            fputs(http_limits_help, stdout);
-            fputs(usage_serve_end, stdout);
-            return 0;
-        case OPT_CONFIG:
-            file = optarg;
-            break;
-        case OPT_LOG_FORMAT:
-            if (strcmp(optarg, "text") == 0)
-                so.log_format = LOG_TEXT;
-            else if (strcmp(optarg, "json") == 0)
-                so.log_format = LOG_JSON;
-            else
-                return usage_error("serve", "--log-format must be 'text' or 'json'");
-            break;
-        case OPT_DB_POOL:
-            if (int_flag("serve", "db-pool", optarg, 1, 1024, &so.db_pool) != 0)
-                return EXIT_USAGE;
-            break;
-        case OPT_SWEEP:
-            if (int_flag("serve", "sweep-interval-s", optarg, 0, 86400, &so.sweep_interval_s) != 0)
-                return EXIT_USAGE;
-            break;
-        case OPT_REPLAY_CACHE:
-            if (int_flag("serve", "replay-cache-mb", optarg, 0, 65536, &so.replay_cache_mb) != 0)
-                return EXIT_USAGE;
-            break;
-        case HTTP_LIMITS_OPT:
-            if (http_limits_flag(&flags_limits, opts[idx].name, optarg, err, sizeof err) < 0)
-                return usage_error("serve", err);
-            break;
-        default:
-            return option_error("serve", c, argv);
-        }
-    }
-    if (optind < argc)
-        return usage_error("serve", "unexpected argument");
+    status = parse_command(&o, argc, argv);
+    if (status >= 0)
+        return status;
     if (!file)
-        return usage_error("serve", "--config FILE is required");
+        return options_error(&o, "--config FILE is required");
     if (gw_config_load(file, &cfg, err, sizeof err) != 0) {
         fprintf(stderr, "idem-gateway: %s\n", err);
         return EXIT_USAGE;
@@ -322,40 +241,29 @@ static int store_file_creatable(const char *path, const char *file)
 
 static int cmd_check(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"config", required_argument, NULL, OPT_CONFIG},
-        {"no-store", no_argument, NULL, OPT_NO_STORE},
-        {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, OPT_VERSION},
-        {NULL, 0, NULL, 0},
-    };
     const char *file = NULL;
+    int no_store = 0, status = 0;
+    const struct option_row rows[] = {
+        OPT_STRING(0, "config", &file, "FILE", "the YAML config"),
+        OPT_FLAG(0, "no-store", &no_store, "check the file only, not the store"),
+        OPT_HELP("show this help"),
+        OPT_VERSION_HIDDEN,
+        OPT_END(),
+    };
+    struct options o = {
+        .prog = "idem-gateway check-config", .usage = usage_check, .rows = rows, .column = 17};
     struct gw_config *cfg = NULL;
     struct idem_store *store = NULL;
     struct idem_store_options so;
     char *errmsg = NULL;
     char err[600];
-    int c, no_store = 0, status = 0;
 
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-        if (c == 'h') {
-            fputs(usage_check, stdout);
-            return 0;
-        }
-        if (c == OPT_VERSION)
-            return print_version();
-        if (c == OPT_NO_STORE) {
-            no_store = 1;
-            continue;
-        }
-        if (c != OPT_CONFIG)
-            return option_error("check-config", c, argv);
-        file = optarg;
-    }
+    status = parse_command(&o, argc, argv);
+    if (status >= 0)
+        return status;
+    status = 0;
     if (!file)
-        return usage_error("check-config", "--config FILE is required");
+        return options_error(&o, "--config FILE is required");
     if (gw_config_load(file, &cfg, err, sizeof err) != 0) {
         fprintf(stderr, "%s\n", err);
         return EXIT_USAGE;
@@ -467,69 +375,108 @@ static void keys_store_close(struct keys_store *k)
     gw_config_free(k->cfg);
 }
 
-/* keys list: the held keys (or those in flight) of the store, a page at a time. */
-static int cmd_keys_list(int argc, char **argv)
+/* What the keys commands were told. */
+struct keys_args {
+    const char *file, *operation;
+    const char *state, *after;                                 /* list */
+    int limit;                                                 /* list; 0: not given */
+    const char *principal, *key, *decision, *body, *body_file; /* show, resolve */
+    int status_code;
+    char *header_copy[KEYS_MAX_HEADERS];
+    struct idem_header headers[KEYS_MAX_HEADERS];
+    size_t nheaders;
+};
+
+static int header_option(struct options *o, const struct option_row *row, const char *arg)
 {
-    static const struct option opts[] = {
-        {"config", required_argument, NULL, OPT_CONFIG},
-        {"state", required_argument, NULL, OPT_STATE},
-        {"operation", required_argument, NULL, OPT_OPERATION},
-        {"after", required_argument, NULL, OPT_AFTER},
-        {"limit", required_argument, NULL, OPT_LIMIT},
-        {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, OPT_VERSION},
-        {NULL, 0, NULL, 0},
+    struct keys_args *a = row->value;
+    const char *colon = strchr(arg, ':');
+    struct idem_header *h = &a->headers[a->nheaders];
+
+    if (!colon || colon == arg || a->nheaders == KEYS_MAX_HEADERS)
+        return options_error(o, "--header takes 'Name: value' (at most 32)");
+    a->header_copy[a->nheaders] = xstrdup(arg);
+    a->header_copy[a->nheaders][colon - arg] = '\0';
+    h->name = a->header_copy[a->nheaders];
+    h->value = a->header_copy[a->nheaders] + (colon - arg) + 1;
+    while (*h->value == ' ')
+        h->value++;
+    a->nheaders++;
+    return OPTIONS_CONTINUE;
+}
+
+static int state_option(struct options *o, const struct option_row *row, const char *arg)
+{
+    if (strcmp(arg, "unknown") != 0 && strcmp(arg, "in-flight") != 0 && strcmp(arg, "any") != 0)
+        return options_error(o, "--state is 'unknown', 'in-flight' or 'any'");
+    *(const char **)row->value = arg;
+    return OPTIONS_CONTINUE;
+}
+
+/*
+ * The options of `keys list|show|resolve` (argv[0] the subcommand), in one table as their
+ * --help is one; an option of the other kind of subcommand is refused.  As options_parse().
+ */
+static int keys_parse(struct keys_args *a, struct options *o, int list, int argc, char **argv)
+{
+    const struct option_row rows[] = {
+        OPT_STRING(0, "config", &a->file, "FILE",
+                   "the gateway's YAML config (its store and routes)"),
+        OPT_STRING(0, "principal", &a->principal, "P",
+                   "the caller, as the gateway derives it (a header's value,\n"
+                   "sha256:<hex>, jwt:<sub>)"),
+        OPT_STRING(0, "operation", &a->operation, "OP", "the route's operation name"),
+        OPT_STRING(0, "key", &a->key, "K", "the idempotency key, unquoted"),
+        OPT_STRING(0, "decision", &a->decision, "D", "executed | not-executed"),
+        OPT_INT(0, "status", &a->status_code, "N", RECORDS_STATUS_MIN, RECORDS_STATUS_MAX,
+                "the answer's status (executed)"),
+        OPT_CALLBACK(0, "header", a, "'N: V'",
+                     "a header stored with it (repeatable; the route's store_headers apply)",
+                     header_option),
+        OPT_STRING(0, "body", &a->body, "TEXT", NULL),
+        OPT_STRING(0, "body-file", &a->body_file, "FILE", NULL),
+        OPT_TEXT("  --body TEXT, --body-file FILE   its body\n"),
+        /* list's, said in the usage's synopsis and text */
+        OPT_CALLBACK(0, "state", &a->state, "S", NULL, state_option),
+        OPT_STRING(0, "after", &a->after, "CURSOR", NULL),
+        OPT_INT(0, "limit", &a->limit, "N", 1, 1000, NULL),
+        OPT_HELP("show this help"),
+        OPT_VERSION_HIDDEN,
+        OPT_END(),
     };
-    const char *file = NULL, *state = "unknown", *operation = NULL, *after = NULL;
+    int status;
+
+    o->rows = rows;
+    status = parse_command(o, argc, argv);
+    if (status < 0 && list &&
+        (a->principal || a->key || a->decision || a->status_code || a->nheaders || a->body ||
+         a->body_file))
+        status = options_error(o, "--principal, --key, --decision, --status, --header, --body "
+                                  "and --body-file are options of show and resolve");
+    if (status < 0 && !list && (a->state || a->after || a->limit))
+        status = options_error(o, "--state, --after and --limit are options of list");
+    return status;
+}
+
+/* keys list: the held keys (or those in flight) of the store, a page at a time. */
+static int cmd_keys_list(struct keys_args *a, struct options *o)
+{
     struct keys_store k;
     json_t *doc = NULL;
     char *text;
-    int c, limit = 100, rc, status;
+    int rc, status;
 
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'h':
-            fputs(usage_keys, stdout);
-            return 0;
-        case OPT_VERSION:
-            return print_version();
-        case OPT_CONFIG:
-            file = optarg;
-            break;
-        case OPT_STATE:
-            state = optarg;
-            if (strcmp(state, "unknown") != 0 && strcmp(state, "in-flight") != 0 &&
-                strcmp(state, "any") != 0)
-                return usage_error("keys", "--state is 'unknown', 'in-flight' or 'any'");
-            break;
-        case OPT_OPERATION:
-            operation = optarg;
-            break;
-        case OPT_AFTER:
-            after = optarg;
-            break;
-        case OPT_LIMIT:
-            if (int_flag("keys", "limit", optarg, 1, 1000, &limit) != 0)
-                return EXIT_USAGE;
-            break;
-        default:
-            return option_error("keys", c, argv);
-        }
-    }
-    if (optind < argc)
-        return usage_error("keys", "unexpected argument");
-    if (!file)
-        return usage_error("keys", "--config FILE is required");
-    status = keys_store_load(file, &k);
+    if (!a->file)
+        return options_error(o, "--config FILE is required");
+    status = keys_store_load(a->file, &k);
     if (status == 0)
         status = keys_store_connect(&k);
     if (status != 0)
         goto out;
-    rc = records_list(k.store, state, operation, after, limit, &doc);
+    rc = records_list(k.store, a->state ? a->state : "unknown", a->operation, a->after,
+                      a->limit ? a->limit : 100, &doc);
     if (rc == IDEM_EINVAL) {
-        status = usage_error("keys", "--after is not a cursor this command printed");
+        status = options_error(o, "--after is not a cursor this command printed");
     } else if (rc < 0) {
         fprintf(stderr, "idem-gateway keys: %s\n", idem_strerror(rc));
         status = 1;
@@ -546,110 +493,58 @@ out:
 
 static int cmd_keys(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"config", required_argument, NULL, OPT_CONFIG},
-        {"principal", required_argument, NULL, OPT_PRINCIPAL},
-        {"operation", required_argument, NULL, OPT_OPERATION},
-        {"key", required_argument, NULL, OPT_KEY},
-        {"decision", required_argument, NULL, OPT_DECISION},
-        {"status", required_argument, NULL, OPT_STATUS},
-        {"header", required_argument, NULL, OPT_HEADER},
-        {"body", required_argument, NULL, OPT_BODY},
-        {"body-file", required_argument, NULL, OPT_BODY_FILE},
-        {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, OPT_VERSION},
-        {NULL, 0, NULL, 0},
-    };
-    const char *file = NULL, *principal = NULL, *operation = NULL, *key = NULL;
-    const char *decision = NULL, *body = NULL, *body_file = NULL;
-    char *header_copy[KEYS_MAX_HEADERS];
-    struct idem_header headers[KEYS_MAX_HEADERS];
-    size_t nheaders = 0;
-    int status_code = 0, show, c, status = 1;
+    struct keys_args a = {0};
+    struct options o = {.prog = "idem-gateway keys", .usage = usage_keys, .column = 22};
+    int show, list, status = 1;
     struct keys_store k = {0};
     struct idem_operation *ops = NULL;
     char *file_body = NULL;
     char err[600];
 
     if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
-        fputs(usage_keys, argc < 2 ? stderr : stdout);
-        return argc < 2 ? EXIT_USAGE : 0;
+        if (argc < 2) {
+            fputs(usage_keys, stderr);
+            return EXIT_USAGE;
+        }
+        return keys_parse(&a, &o, 0, argc, argv);
     }
-    if (strcmp(argv[1], "list") == 0)
-        return cmd_keys_list(argc - 1, argv + 1);
-    if (strcmp(argv[1], "show") != 0 && strcmp(argv[1], "resolve") != 0)
-        return usage_error("keys", "the subcommand is 'list', 'show' or 'resolve'");
+    list = strcmp(argv[1], "list") == 0;
+    if (!list && strcmp(argv[1], "show") != 0 && strcmp(argv[1], "resolve") != 0)
+        return options_error(&o, "the subcommand is 'list', 'show' or 'resolve'");
     show = strcmp(argv[1], "show") == 0;
-    argc--;
-    argv++;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'h':
-            fputs(usage_keys, stdout);
-            return 0;
-        case OPT_VERSION:
-            return print_version();
-        case OPT_CONFIG:
-            file = optarg;
-            break;
-        case OPT_PRINCIPAL:
-            principal = optarg;
-            break;
-        case OPT_OPERATION:
-            operation = optarg;
-            break;
-        case OPT_KEY:
-            key = optarg;
-            break;
-        case OPT_DECISION:
-            decision = optarg;
-            break;
-        case OPT_STATUS:
-            if (int_flag("keys", "status", optarg, RECORDS_STATUS_MIN, RECORDS_STATUS_MAX,
-                         &status_code) != 0)
-                return EXIT_USAGE;
-            break;
-        case OPT_HEADER: {
-            char *colon = strchr(optarg, ':');
-            if (!colon || colon == optarg || nheaders == KEYS_MAX_HEADERS)
-                return usage_error("keys", "--header takes 'Name: value' (at most 32)");
-            header_copy[nheaders] = xstrdup(optarg);
-            header_copy[nheaders][colon - optarg] = '\0';
-            headers[nheaders].name = header_copy[nheaders];
-            headers[nheaders].value = header_copy[nheaders] + (colon - optarg) + 1;
-            while (*headers[nheaders].value == ' ')
-                headers[nheaders].value++;
-            nheaders++;
-            break;
-        }
-        case OPT_BODY:
-            body = optarg;
-            break;
-        case OPT_BODY_FILE:
-            body_file = optarg;
-            break;
-        default:
-            return option_error("keys", c, argv);
-        }
+    status = keys_parse(&a, &o, list, argc - 1, argv + 1);
+    if (status >= 0)
+        goto out;
+    if (list) {
+        status = cmd_keys_list(&a, &o);
+        goto out;
     }
-    if (!file || !principal || !operation || !key)
-        return usage_error("keys", "--config, --principal, --operation and --key are required");
-    if (!show &&
-        (!decision || (strcmp(decision, "executed") != 0 && strcmp(decision, "not-executed") != 0)))
-        return usage_error("keys", "--decision is 'executed' or 'not-executed'");
-    if (!show && strcmp(decision, "executed") == 0 && status_code == 0)
-        return usage_error("keys", "--decision executed needs --status");
-    if (body && body_file)
-        return usage_error("keys", "--body and --body-file exclude each other");
-    if (keys_store_load(file, &k) != 0) {
+    status = 1;
+    if (!a.file || !a.principal || !a.operation || !a.key) {
+        status = options_error(&o, "--config, --principal, --operation and --key are required");
+        goto out;
+    }
+    if (!show && (!a.decision || (strcmp(a.decision, "executed") != 0 &&
+                                  strcmp(a.decision, "not-executed") != 0))) {
+        status = options_error(&o, "--decision is 'executed' or 'not-executed'");
+        goto out;
+    }
+    if (!show && strcmp(a.decision, "executed") == 0 && a.status_code == 0) {
+        status = options_error(&o, "--decision executed needs --status");
+        goto out;
+    }
+    if (a.body && a.body_file) {
+        status = options_error(&o, "--body and --body-file exclude each other");
+        goto out;
+    }
+    if (keys_store_load(a.file, &k) != 0) {
         status = EXIT_USAGE;
         goto out;
     }
     ops = gateway_ops_new(k.cfg);
-    if (!records_find_op(k.cfg, ops, operation)) {
-        fprintf(stderr, "idem-gateway keys: no route of %s has operation '%s'\n", file, operation);
+    if (!records_find_op(k.cfg, ops, a.operation)) {
+        fprintf(stderr, "idem-gateway keys: no route of %s has operation '%s'\n", a.file,
+                a.operation);
         status = EXIT_USAGE;
         goto out;
     }
@@ -657,11 +552,11 @@ static int cmd_keys(int argc, char **argv)
         goto out;
     if (show) {
         json_t *doc = NULL;
-        int rc = records_show(k.eng, principal, operation, key, &doc);
+        int rc = records_show(k.eng, a.principal, a.operation, a.key, &doc);
         if (rc < 0) {
             fprintf(stderr, "idem-gateway keys: %s\n", idem_strerror(rc));
         } else if (rc == 0) {
-            fprintf(stderr, "idem-gateway keys: no record of key '%s'\n", key);
+            fprintf(stderr, "idem-gateway keys: no record of key '%s'\n", a.key);
         } else {
             char *text = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
             printf("%s\n", text ? text : "{}");
@@ -680,32 +575,32 @@ static int cmd_keys(int argc, char **argv)
         };
         enum records_result r;
         size_t flen = 0;
-        if (body_file) {
-            file_body = read_body_file(body_file, &flen, err, sizeof err);
+        if (a.body_file) {
+            file_body = read_body_file(a.body_file, &flen, err, sizeof err);
             if (!file_body) {
                 fprintf(stderr, "idem-gateway keys: %s\n", err);
                 goto out;
             }
         }
-        d.executed = strcmp(decision, "executed") == 0;
-        d.status = status_code;
-        d.headers = headers;
-        d.nheaders = nheaders;
-        d.body = file_body ? file_body : body;
-        d.body_len = file_body ? flen : body ? strlen(body) : 0;
+        d.executed = strcmp(a.decision, "executed") == 0;
+        d.status = a.status_code;
+        d.headers = a.headers;
+        d.nheaders = a.nheaders;
+        d.body = file_body ? file_body : a.body;
+        d.body_len = file_body ? flen : a.body ? strlen(a.body) : 0;
         err[0] = '\0';
-        r = records_resolve(k.eng, records_find_op(k.cfg, ops, operation), principal, key, &d, err,
-                            sizeof err);
+        r = records_resolve(k.eng, records_find_op(k.cfg, ops, a.operation), a.principal, a.key, &d,
+                            err, sizeof err);
         if (r == RECORDS_RESOLVED) {
-            printf("%s: %s\n", key, decision);
+            printf("%s: %s\n", a.key, a.decision);
             status = 0;
         } else {
             fprintf(stderr, "idem-gateway keys: %s%s%s\n", result_text[r], err[0] ? ": " : "", err);
         }
     }
 out:
-    for (size_t i = 0; i < nheaders; i++)
-        free(header_copy[i]);
+    for (size_t i = 0; i < a.nheaders; i++)
+        free(a.header_copy[i]);
     free(file_body);
     free(ops);
     keys_store_close(&k);
