@@ -7,7 +7,6 @@
  * (cli.h).  Flags are parsed into a struct cli_config that run.c receives.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +17,7 @@
 #include "ascii.h"
 
 #include "cli.h"
+#include "options.h"
 #include "util.h" /* src/util: read_file_capped, parse_int64, xstrdup */
 #include "banned.h"
 
@@ -52,23 +52,14 @@ static const char usage_main[] =
     "\n"
     "See 'man idem' (docs/idem.1) for the details.\n";
 
-static const char usage_request[] =
-    "Usage: idem %s URL [options]\n"
-    "\n"
-    "%s"
-    "Prints the final answer's body on stdout.\n"
-    "\n"
-    "Options:\n"
-    "%s"
-    "  -H, --header 'K: V'      add a request header (repeatable)\n"
-    "  --token T                send 'Authorization: Bearer T' (default: $IDEM_TOKEN)\n"
-    "%s"
-    "  --max-attempts N         attempts in all, 1..1000 (default 5)\n"
-    "  --max-time S             seconds for all attempts and pauses (default 60)\n"
-    "  --attempt-timeout S      seconds for one attempt (default 30)\n"
-    "  -i, --include            print the status line and headers before the body\n"
-    "  -v, --verbose            print each attempt on stderr: number, status, pause, reason\n"
-    "  -h, --help               show this help\n"
+static const char usage_request[] = "Usage: idem %s URL [options]\n"
+                                    "\n"
+                                    "%s"
+                                    "Prints the final answer's body on stdout.\n"
+                                    "\n"
+                                    "Options:\n";
+
+static const char usage_request_end[] =
     "\n"
     "Retried: connection errors, timeouts, 409 in progress, 429, 502, 503, 504, after a pause\n"
     "with exponential backoff and full jitter, or Retry-After if longer.  Not retried: every\n"
@@ -76,17 +67,15 @@ static const char usage_request[] =
     "Exit codes: 0 2xx, 1 local failure, 2 bad usage, 3 final 4xx, 4 other final answer,\n"
     "5 retries exhausted, 6 transport failure, 7 journal error.\n";
 
-static const char help_body[] =
-    "  -d, --data DATA          request body, sent byte for byte; @FILE reads a file, @- stdin;\n"
-    "                           Content-Type: application/json unless -H sets another\n";
-
-static const char help_key[] =
-    "  --key K                  the Idempotency-Key to send (default: a new UUIDv4)\n"
-    "  --intent NAME            journal the key under NAME before sending; the same NAME\n"
-    "                           again reuses that key, so a re-run is a retry (and an intent\n"
-    "                           already answered is sent again: the server replays its answer)\n"
-    "  --journal PATH           the journal (default $IDEM_JOURNAL, else\n"
-    "                           ${XDG_STATE_HOME:-~/.local/state}/idem/journal)\n";
+/* The help of the options only some commands have (-d: a body; the others: a key). */
+static const char help_body[] = "request body, sent byte for byte; @FILE reads a file, @- stdin;\n"
+                                "Content-Type: application/json unless -H sets another";
+static const char help_key[] = "the Idempotency-Key to send (default: a new UUIDv4)";
+static const char help_intent[] = "journal the key under NAME before sending; the same NAME\n"
+                                  "again reuses that key, so a re-run is a retry (and an intent\n"
+                                  "already answered is sent again: the server replays its answer)";
+static const char help_journal[] = "the journal (default $IDEM_JOURNAL, else\n"
+                                   "${XDG_STATE_HOME:-~/.local/state}/idem/journal)";
 
 static const char usage_journal[] =
     "Usage: idem journal [--journal PATH]\n"
@@ -102,38 +91,7 @@ static const char usage_journal[] =
     "idempotency keys (a dropped intent run again gets a new key).  The journal also compacts\n"
     "itself (N = 7) when an append takes it past 16 MiB.\n"
     "\n"
-    "Options:\n"
-    "  --journal PATH         the journal (default $IDEM_JOURNAL, else\n"
-    "                         ${XDG_STATE_HOME:-~/.local/state}/idem/journal)\n"
-    "  --older-than-days N    compact: what 'old' means, 1..36500 (default 7)\n"
-    "  -h, --help             show this help\n";
-
-enum {
-    OPT_TOKEN = 256,
-    OPT_OLDER_THAN_DAYS,
-    OPT_KEY,
-    OPT_INTENT,
-    OPT_JOURNAL,
-    OPT_MAX_ATTEMPTS,
-    OPT_MAX_TIME,
-    OPT_ATTEMPT_TIMEOUT,
-};
-
-static const struct option request_options[] = {
-    {"data", required_argument, NULL, 'd'},
-    {"header", required_argument, NULL, 'H'},
-    {"token", required_argument, NULL, OPT_TOKEN},
-    {"key", required_argument, NULL, OPT_KEY},
-    {"intent", required_argument, NULL, OPT_INTENT},
-    {"journal", required_argument, NULL, OPT_JOURNAL},
-    {"max-attempts", required_argument, NULL, OPT_MAX_ATTEMPTS},
-    {"max-time", required_argument, NULL, OPT_MAX_TIME},
-    {"attempt-timeout", required_argument, NULL, OPT_ATTEMPT_TIMEOUT},
-    {"include", no_argument, NULL, 'i'},
-    {"verbose", no_argument, NULL, 'v'},
-    {"help", no_argument, NULL, 'h'},
-    {NULL, 0, NULL, 0},
-};
+    "Options:\n";
 
 /* The request commands, and what each may send. */
 struct command {
@@ -167,21 +125,6 @@ static const struct command *find_command(const char *name)
     return NULL;
 }
 
-static void print_request_usage(const struct command *cmd)
-{
-    printf(usage_request, cmd->name, cmd->what, cmd->bodied ? help_body : "",
-           cmd->keyed ? help_key : "");
-}
-
-/* Names what is wrong on stderr, with the way to the help; returns the usage exit code. */
-static int usage_error(const char *cmd, const char *fmt, const char *arg)
-{
-    fputs("idem: ", stderr);
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nTry 'idem %s%s--help'.\n", cmd ? cmd : "", cmd ? " " : "");
-    return CLI_EXIT_USAGE;
-}
-
 /* Parses a decimal number of seconds (fractions allowed) into milliseconds, 1 ms .. 1 day. */
 static int parse_seconds(const char *s, int64_t *ms)
 {
@@ -192,16 +135,6 @@ static int parse_seconds(const char *s, int64_t *ms)
     *ms = (int64_t)(v * 1000.0 + 0.5);
     if (*ms < 1)
         *ms = 1;
-    return 0;
-}
-
-static int parse_int(const char *s, long lo, long hi, int *out)
-{
-    int64_t v;
-
-    if (parse_int64(s, lo, hi, &v) < 0)
-        return -1;
-    *out = (int)v;
     return 0;
 }
 
@@ -277,205 +210,203 @@ static int has_header(const struct cli_config *cfg, const char *name)
     return 0;
 }
 
+/* What one request command was told, for its options' callbacks (options.ctx). */
+struct request_args {
+    const struct command *cmd;
+    struct cli_config cfg;
+    const char *token; /* --token, else $IDEM_TOKEN */
+    const char *jpath; /* --journal */
+};
+
+static int data_option(struct options *o, const struct option_row *row, const char *arg)
+{
+    struct request_args *r = o->ctx;
+    int rc;
+
+    (void)row;
+    if (!r->cmd->bodied)
+        return options_error(o, "a %s sends no body (-d)", r->cmd->method);
+    if (r->cfg.body)
+        return options_error(o, "%s", "-d given twice");
+    rc = load_body(arg, &r->cfg);
+    return rc != 0 ? rc : OPTIONS_CONTINUE;
+}
+
+static int header_option(struct options *o, const struct option_row *row, const char *arg)
+{
+    struct request_args *r = o->ctx;
+
+    (void)row;
+    if (!strchr(arg, ':') || arg[0] == ':' || strchr(arg, '\n') || strchr(arg, '\r'))
+        return options_error(o, "bad header \"%s\": expected 'Name: value'", arg);
+    r->cfg.headers[r->cfg.nheaders++] = arg;
+    return OPTIONS_CONTINUE;
+}
+
+static int key_option(struct options *o, const struct option_row *row, const char *arg)
+{
+    struct request_args *r = o->ctx;
+    const char *why = NULL;
+
+    if (!r->cmd->keyed && strcmp(row->name, "journal") != 0)
+        return options_error(o, "a %s sends no Idempotency-Key (--%s)", r->cmd->method, row->name);
+    if (strcmp(row->name, "key") == 0) {
+        if (idem_client_key_check(arg, &why) < 0)
+            return options_error(o, "bad --key: %s", why);
+        r->cfg.key = arg;
+    } else if (strcmp(row->name, "intent") == 0) {
+        if (arg[0] == '\0' || strlen(arg) > IDEM_CLIENT_INTENT_MAX)
+            return options_error(o, "%s", "--intent must be 1 to 255 bytes");
+        r->cfg.intent = arg;
+    } else {
+        if (arg[0] == '\0')
+            return options_error(o, "%s", "--journal needs a path");
+        r->jpath = arg;
+    }
+    return OPTIONS_CONTINUE;
+}
+
+/* --max-time, --attempt-timeout: seconds (fractions allowed) into milliseconds. */
+static int seconds_option(struct options *o, const struct option_row *row, const char *arg)
+{
+    if (parse_seconds(arg, row->value) < 0)
+        return options_error(o, "--%s must be seconds in (0, 86400], not \"%s\"", row->name, arg);
+    return OPTIONS_CONTINUE;
+}
+
 /* Parses the options of post/put/delete/get (argv[0] is the command) and runs the request. */
 static int request_command(const struct command *cmd, int argc, char **argv)
 {
     int rc = CLI_EXIT_USAGE;
-    struct cli_config cfg;
-    const char *token = getenv("IDEM_TOKEN"), *jpath = NULL, *why = NULL;
-    const char *name = cmd->name;
-    int opt;
+    struct request_args r = {.cmd = cmd, .token = getenv("IDEM_TOKEN")};
+    struct cli_config *cfg = &r.cfg;
+    const char *body_help = cmd->bodied ? help_body : NULL;
+    const char *key_help = cmd->keyed ? help_key : NULL;
+    const char *intent_help = cmd->keyed ? help_intent : NULL;
+    const char *journal_help = cmd->keyed ? help_journal : NULL;
+    const struct option_row rows[] = {
+        OPT_CALLBACK('d', "data", NULL, "DATA", body_help, data_option),
+        OPT_CALLBACK('H', "header", NULL, "'K: V'", "add a request header (repeatable)",
+                     header_option),
+        OPT_STRING(0, "token", &r.token, "T",
+                   "send 'Authorization: Bearer T' (default: $IDEM_TOKEN)"),
+        OPT_CALLBACK(0, "key", NULL, "K", key_help, key_option),
+        OPT_CALLBACK(0, "intent", NULL, "NAME", intent_help, key_option),
+        OPT_CALLBACK(0, "journal", NULL, "PATH", journal_help, key_option),
+        OPT_INT(0, "max-attempts", &cfg->max_attempts, "N", 1, 1000,
+                "attempts in all, 1..1000 (default 5)"),
+        OPT_CALLBACK(0, "max-time", &cfg->max_time_ms, "S",
+                     "seconds for all attempts and pauses (default 60)", seconds_option),
+        OPT_CALLBACK(0, "attempt-timeout", &cfg->attempt_timeout_ms, "S",
+                     "seconds for one attempt (default 30)", seconds_option),
+        OPT_FLAG('i', "include", &cfg->include,
+                 "print the status line and headers before the body"),
+        OPT_FLAG('v', "verbose", &cfg->verbose,
+                 "print each attempt on stderr: number, status, pause, reason"),
+        OPT_HELP("show this help"),
+        OPT_TEXT(usage_request_end),
+        OPT_END(),
+    };
+    char prog[32], usage[512];
+    struct options o = {.prog = prog, .usage = usage, .rows = rows, .column = 27, .ctx = &r};
 
-    memset(&cfg, 0, sizeof cfg);
-    cfg.method = cmd->method;
-    cfg.headers = xcalloc((size_t)argc + 1, sizeof *cfg.headers);
-    optind = 1;
-    opterr = 0;
-    while ((opt = getopt_long(argc, argv, ":d:H:ivh", request_options, NULL)) != -1) {
-        switch (opt) {
-        case 'd':
-            if (!cmd->bodied) {
-                rc = usage_error(name, "%s sends no body (-d)", name);
-                goto out;
-            }
-            if (cfg.body) {
-                rc = usage_error(name, "%s", "-d given twice");
-                goto out;
-            }
-            rc = load_body(optarg, &cfg);
-            if (rc != 0)
-                goto out;
-            rc = CLI_EXIT_USAGE;
-            break;
-        case 'H':
-            if (!strchr(optarg, ':') || optarg[0] == ':' || strchr(optarg, '\n') ||
-                strchr(optarg, '\r')) {
-                rc = usage_error(name, "bad header \"%s\": expected 'Name: value'", optarg);
-                goto out;
-            }
-            cfg.headers[cfg.nheaders++] = optarg;
-            break;
-        case OPT_TOKEN:
-            token = optarg;
-            break;
-        case OPT_KEY:
-            if (!cmd->keyed) {
-                rc = usage_error(name, "%s sends no Idempotency-Key (--key)", name);
-                goto out;
-            }
-            if (idem_client_key_check(optarg, &why) < 0) {
-                rc = usage_error(name, "bad --key: %s", why);
-                goto out;
-            }
-            cfg.key = optarg;
-            break;
-        case OPT_INTENT:
-            if (!cmd->keyed) {
-                rc = usage_error(name, "%s sends no Idempotency-Key (--intent)", name);
-                goto out;
-            }
-            if (optarg[0] == '\0' || strlen(optarg) > IDEM_CLIENT_INTENT_MAX) {
-                rc = usage_error(name, "%s", "--intent must be 1 to 255 bytes");
-                goto out;
-            }
-            cfg.intent = optarg;
-            break;
-        case OPT_JOURNAL:
-            if (optarg[0] == '\0') {
-                rc = usage_error(name, "%s", "--journal needs a path");
-                goto out;
-            }
-            jpath = optarg;
-            break;
-        case OPT_MAX_ATTEMPTS:
-            if (parse_int(optarg, 1, 1000, &cfg.max_attempts) < 0) {
-                rc = usage_error(name, "--max-attempts must be 1..1000, not \"%s\"", optarg);
-                goto out;
-            }
-            break;
-        case OPT_MAX_TIME:
-            if (parse_seconds(optarg, &cfg.max_time_ms) < 0) {
-                rc = usage_error(name, "--max-time must be seconds in (0, 86400], not \"%s\"",
-                                 optarg);
-                goto out;
-            }
-            break;
-        case OPT_ATTEMPT_TIMEOUT:
-            if (parse_seconds(optarg, &cfg.attempt_timeout_ms) < 0) {
-                rc = usage_error(
-                    name, "--attempt-timeout must be seconds in (0, 86400], not \"%s\"", optarg);
-                goto out;
-            }
-            break;
-        case 'i':
-            cfg.include = 1;
-            break;
-        case 'v':
-            cfg.verbose = 1;
-            break;
-        case 'h':
-            print_request_usage(cmd);
-            rc = CLI_EXIT_OK;
+    snprintf(prog, sizeof prog, "idem %s", cmd->name);
+    snprintf(usage, sizeof usage, usage_request, cmd->name, cmd->what);
+    cfg->method = cmd->method;
+    cfg->headers = xcalloc((size_t)argc + 1, sizeof *cfg->headers);
+    rc = options_parse(&o, argc, argv);
+    if (rc >= 0)
+        goto out;
+    rc = CLI_EXIT_USAGE;
+    if (o.next >= argc) {
+        rc = options_error(&o, "the %s needs a URL", cmd->method);
+        goto out;
+    }
+    if (o.next + 1 < argc) {
+        rc = options_error(&o, "unexpected argument \"%s\"", argv[o.next + 1]);
+        goto out;
+    }
+    cfg->url = argv[o.next];
+    if (cfg->key && cfg->intent) {
+        rc = options_error(&o, "%s",
+                           "--key and --intent exclude each other: an intent's key comes from "
+                           "the journal");
+        goto out;
+    }
+    if (has_header(cfg, "Idempotency-Key")) {
+        rc = options_error(&o, "%s", "set the key with --key or --intent, not with -H");
+        goto out;
+    }
+    if (r.token && r.token[0]) {
+        if (strchr(r.token, '\n') || strchr(r.token, '\r')) {
+            rc = options_error(&o, "%s", "the token holds a line break");
             goto out;
-        case ':':
-            rc = usage_error(name, "option %s needs a value", argv[optind - 1]);
+        }
+        if (has_header(cfg, "Authorization")) {
+            rc = options_error(&o, "%s",
+                               "--token (or $IDEM_TOKEN) and -H 'Authorization: ...' both given");
             goto out;
-        default:
-            rc = usage_error(name, "unknown option %s", argv[optind - 1]);
+        }
+        cfg->auth_header = concat("Authorization: Bearer ", r.token);
+        cfg->headers[cfg->nheaders++] = cfg->auth_header;
+    }
+    if (cfg->intent) {
+        cfg->journal_path = journal_path(r.jpath);
+        if (!cfg->journal_path) {
+            rc = options_error(&o, "%s", "no journal path: set --journal, $IDEM_JOURNAL or $HOME");
             goto out;
         }
     }
-    if (optind >= argc) {
-        rc = usage_error(name, "%s needs a URL", name);
-        goto out;
-    }
-    if (optind + 1 < argc) {
-        rc = usage_error(name, "unexpected argument \"%s\"", argv[optind + 1]);
-        goto out;
-    }
-    cfg.url = argv[optind];
-    if (cfg.key && cfg.intent) {
-        rc = usage_error(name, "%s",
-                         "--key and --intent exclude each other: an intent's key comes from "
-                         "the journal");
-        goto out;
-    }
-    if (has_header(&cfg, "Idempotency-Key")) {
-        rc = usage_error(name, "%s", "set the key with --key or --intent, not with -H");
-        goto out;
-    }
-    if (token && token[0]) {
-        if (strchr(token, '\n') || strchr(token, '\r')) {
-            rc = usage_error(name, "%s", "the token holds a line break");
-            goto out;
-        }
-        if (has_header(&cfg, "Authorization")) {
-            rc = usage_error(name, "%s",
-                             "--token (or $IDEM_TOKEN) and -H 'Authorization: ...' both given");
-            goto out;
-        }
-        cfg.auth_header = concat("Authorization: Bearer ", token);
-        cfg.headers[cfg.nheaders++] = cfg.auth_header;
-    }
-    if (cfg.intent) {
-        cfg.journal_path = journal_path(jpath);
-        if (!cfg.journal_path) {
-            rc = usage_error(name, "%s", "no journal path: set --journal, $IDEM_JOURNAL or $HOME");
-            goto out;
-        }
-    }
-    rc = cli_run(&cfg);
+    rc = cli_run(cfg);
 out:
-    config_release(&cfg);
+    config_release(cfg);
     return rc;
+}
+
+static int older_than_option(struct options *o, const struct option_row *row, const char *arg)
+{
+    const int *compact = o->ctx;
+
+    if (!*compact || parse_int64(arg, 1, 36500, row->value) != 0)
+        return options_error(o, "%s", "--older-than-days takes 1..36500 days, with 'compact'");
+    return OPTIONS_CONTINUE;
 }
 
 static int journal_command(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"journal", required_argument, NULL, OPT_JOURNAL},
-        {"older-than-days", required_argument, NULL, OPT_OLDER_THAN_DAYS},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
     const char *jpath = NULL;
-    char *path = NULL;
-    int opt, rc;
-    int compact = 0;
     int64_t days = 7;
+    int compact = 0;
+    const struct option_row rows[] = {
+        OPT_STRING(0, "journal", &jpath, "PATH",
+                   "the journal (default $IDEM_JOURNAL, else\n"
+                   "${XDG_STATE_HOME:-~/.local/state}/idem/journal)"),
+        OPT_CALLBACK(0, "older-than-days", &days, "N",
+                     "compact: what 'old' means, 1..36500 (default 7)", older_than_option),
+        OPT_HELP("show this help"),
+        OPT_END(),
+    };
+    struct options o = {.prog = "idem journal",
+                        .usage = usage_journal,
+                        .rows = rows,
+                        .column = 25,
+                        .ctx = &compact};
+    char *path = NULL;
+    int rc;
 
     if (argc > 1 && strcmp(argv[1], "compact") == 0) {
         compact = 1;
         argc--;
         argv++;
     }
-    optind = 1;
-    opterr = 0;
-    while ((opt = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-        switch (opt) {
-        case OPT_JOURNAL:
-            jpath = optarg;
-            break;
-        case OPT_OLDER_THAN_DAYS:
-            if (!compact || parse_int64(optarg, 1, 36500, &days) != 0)
-                return usage_error("journal", "%s",
-                                   "--older-than-days takes 1..36500 days, with 'compact'");
-            break;
-        case 'h':
-            fputs(usage_journal, stdout);
-            return CLI_EXIT_OK;
-        case ':':
-            return usage_error("journal", "option %s needs a value", argv[optind - 1]);
-        default:
-            return usage_error("journal", "unknown option %s", argv[optind - 1]);
-        }
-    }
-    if (optind < argc)
-        return usage_error("journal", "unexpected argument \"%s\"", argv[optind]);
+    rc = options_parse(&o, argc, argv);
+    if (rc >= 0)
+        return rc;
+    if (o.next < argc)
+        return options_error(&o, "unexpected argument \"%s\"", argv[o.next]);
     path = journal_path(jpath);
     if (!path)
-        return usage_error("journal", "%s",
-                           "no journal path: set --journal, $IDEM_JOURNAL or $HOME");
+        return options_error(&o, "%s", "no journal path: set --journal, $IDEM_JOURNAL or $HOME");
     rc = compact ? cli_journal_compact(path, days * 24 * 3600 * 1000) : cli_journal_list(path);
     free(path);
     return rc;
@@ -483,6 +414,8 @@ static int journal_command(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    static char help_flag[] = "--help";
+    const struct options top = {.prog = "idem"}; /* for the messages of no command */
     const struct command *cmd;
     const char *name;
 
@@ -493,15 +426,13 @@ int main(int argc, char **argv)
     name = argv[1];
     if (strcmp(name, "help") == 0 && argc > 2) {
         /* `idem help post` is `idem post --help`. */
-        if (strcmp(argv[2], "journal") == 0) {
-            fputs(usage_journal, stdout);
-            return CLI_EXIT_OK;
-        }
+        char *help[] = {argv[2], help_flag, NULL};
+        if (strcmp(argv[2], "journal") == 0)
+            return journal_command(2, help);
         cmd = find_command(argv[2]);
         if (!cmd)
-            return usage_error(NULL, "unknown command \"%s\"", argv[2]);
-        print_request_usage(cmd);
-        return CLI_EXIT_OK;
+            return options_error(&top, "unknown command \"%s\"", argv[2]);
+        return request_command(cmd, 2, help);
     }
     if (strcmp(name, "-h") == 0 || strcmp(name, "--help") == 0 || strcmp(name, "help") == 0) {
         fputs(usage_main, stdout);
@@ -515,6 +446,6 @@ int main(int argc, char **argv)
         return journal_command(argc - 1, argv + 1);
     cmd = find_command(name);
     if (!cmd)
-        return usage_error(NULL, "unknown command \"%s\"", name);
+        return options_error(&top, "unknown command \"%s\"", name);
     return request_command(cmd, argc - 1, argv + 1);
 }
