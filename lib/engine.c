@@ -23,8 +23,10 @@
  * Why one file of ~2,000 lines: it is one state machine, and every transition (claim, wait,
  * takeover, phase, completion, the calls that do not wait) reads and sets the same fields of a
  * call under the same rules; split, each rule would have to be stated twice.  What is not the
- * state machine has its own file: the replay cache, records, keys, fingerprints, the stores.
+ * state machine has its own file: the replay cache, the registry of scopes in flight in this
+ * process (inflight.c), records, keys, fingerprints, the stores.
  */
+#include "inflight.h"
 #include "internal.h"
 #include "replay_cache.h"
 
@@ -46,8 +48,6 @@
 #define DEFAULT_REPLAY_CACHE_BYTES ((int64_t)8 << 20)
 /* A cache entry dies this much before its record would, at most (clock steps, rate drift). */
 #define CACHE_SLACK_MS 1000
-/* Buckets of the in-flight table (scopes being claimed or executed in this process). */
-#define INFLIGHT_BUCKETS 256
 
 #define TAKEN_HINTS 64
 
@@ -57,33 +57,13 @@ struct idem_engine {
     atomic_ullong next_call;
     struct idem__rcache *cache; /* NULL: off */
 
-    /* Wakes waiting duplicates when any record changes in this process. */
-    pthread_mutex_t mu;
-    pthread_cond_t changed;
-    uint64_t epoch;
-    /* Calls of this engine that claim or execute a scope, chained by hash of the scope (mu). */
-    struct idem_call *inflight[INFLIGHT_BUCKETS];
-    /* Watches of scopes in flight (idem_watch_inflight), chained by the same hash (mu). */
-    struct idem_watch *watches[INFLIGHT_BUCKETS];
+    /* Scopes this engine's calls claim or execute; wakes waiters when a record changes here. */
+    struct idem__inflight *inflight;
     /* Scopes lately found taken by a call that did not read first (learn_taken_scope). */
     struct taken_hint {
         _Atomic uint64_t scope_hash;
         _Atomic int64_t until_ms;
     } taken[TAKEN_HINTS];
-};
-
-/* A waiter that holds no thread: told by callback when its scope leaves flight. */
-enum watch_state { WATCH_WAITING, WATCH_FIRING, WATCH_DONE };
-
-struct idem_watch {
-    struct idem_engine *eng;
-    struct idem_watch *next;
-    char *principal, *operation, *key;
-    struct idem_scope scope;
-    unsigned bucket;
-    enum watch_state state;
-    void (*changed)(void *arg);
-    void *arg;
 };
 
 /*
@@ -179,10 +159,8 @@ struct idem_call {
     /* Taken before our claim's insert, so the record is no older; 0: resumed, age unknown. */
     int64_t claimed_mono_ms;
 
-    /* In the engine's in-flight table: same-process duplicates wait for this call in memory. */
-    int inflight;
-    unsigned inflight_bucket;
-    struct idem_call *inflight_next;
+    /* In the engine's in-flight registry: same-process duplicates wait for this call in memory. */
+    struct idem__inflight_entry inflight;
 
     /* A REPLAY answered from the replay cache: the response is this entry's (a reference). */
     const struct idem__rentry *cached;
@@ -243,12 +221,9 @@ int idem_engine_new(struct idem_store *st, const struct idem_engine_options *opt
         goto out;
     eng->st = st;
     atomic_init(&eng->next_call, 1);
-    if (pthread_mutex_init(&eng->mu, NULL) != 0)
+    rc = idem__inflight_new(&eng->inflight);
+    if (rc < 0)
         goto out;
-    if (pthread_cond_init(&eng->changed, NULL) != 0) {
-        pthread_mutex_destroy(&eng->mu);
-        goto out;
-    }
     *out = eng;
     eng = NULL;
     rc = 0;
@@ -265,8 +240,7 @@ void idem_engine_free(struct idem_engine *eng)
 {
     if (!eng)
         return;
-    pthread_cond_destroy(&eng->changed);
-    pthread_mutex_destroy(&eng->mu);
+    idem__inflight_free(eng->inflight);
     idem__rcache_free(eng->cache);
     free(eng->owner);
     free(eng);
@@ -277,59 +251,16 @@ const char *idem_engine_owner(const struct idem_engine *eng)
     return eng ? eng->owner : NULL;
 }
 
-static void inflight_unlink(struct idem_call *call);
-static int same_scope(const struct idem_scope *a, const struct idem_scope *b);
-
-/*
- * Takes the watches of `leaving`'s scope out of the table, as a list to fire (eng->mu held).  A
- * watch taken here is FIRING: idem_watch_end() waits for its callback to return.
- */
-static struct idem_watch *watches_take(struct idem_call *leaving)
-{
-    struct idem_engine *eng = leaving->eng;
-    struct idem_watch **pp = &eng->watches[leaving->inflight_bucket];
-    struct idem_watch *fire = NULL, *w;
-
-    while ((w = *pp) != NULL) {
-        if (same_scope(&w->scope, &leaving->scope)) {
-            *pp = w->next;
-            w->state = WATCH_FIRING;
-            w->next = fire;
-            fire = w;
-        } else {
-            pp = &w->next;
-        }
-    }
-    return fire;
-}
+/* ---- changes in this process: the in-flight registry (inflight.c) ------------------------ */
 
 /*
  * A record changed in this process: wakes every waiter.  `leaving`, if not NULL, is a call whose
  * scope leaves flight at the same moment (it completed, was released, or executes nothing); its
- * watches are called, outside the mutex.
+ * watches are called.
  */
 static void notify_changed(struct idem_engine *eng, struct idem_call *leaving)
 {
-    struct idem_watch *fire = NULL, *w, *next;
-
-    pthread_mutex_lock(&eng->mu);
-    if (leaving && leaving->inflight)
-        fire = watches_take(leaving);
-    if (leaving)
-        inflight_unlink(leaving);
-    eng->epoch++;
-    pthread_mutex_unlock(&eng->mu);
-    /* After the unlock: waiters woken under the mutex would only block on it again. */
-    pthread_cond_broadcast(&eng->changed);
-    for (w = fire; w; w = next) {
-        next = w->next;
-        w->changed(w->arg);
-        pthread_mutex_lock(&eng->mu);
-        w->state = WATCH_DONE;
-        pthread_mutex_unlock(&eng->mu);
-    }
-    if (fire)
-        pthread_cond_broadcast(&eng->changed); /* an idem_watch_end() may wait for a callback */
+    idem__inflight_changed(eng->inflight, leaving ? &leaving->inflight : NULL);
 }
 
 /*
@@ -338,122 +269,9 @@ static void notify_changed(struct idem_engine *eng, struct idem_call *leaving)
  */
 static void wait_for_change(struct idem_engine *eng, const struct idem_scope *s, int64_t ms)
 {
-    struct timespec ts;
-    uint64_t seen;
-
     if (eng->st->vt->wait_change && eng->st->vt->wait_change(eng->st, s, ms) == 0)
         return;
-    ts = idem__deadline_ms(ms);
-    pthread_mutex_lock(&eng->mu);
-    seen = eng->epoch;
-    while (eng->epoch == seen)
-        if (pthread_cond_timedwait(&eng->changed, &eng->mu, &ts) == ETIMEDOUT)
-            break;
-    pthread_mutex_unlock(&eng->mu);
-}
-
-/* ---- in-flight scopes ---------------------------------------------------------------------
- *
- * A storm of duplicates in one process would otherwise all read the store, all try to claim and
- * lose, and all poll.  Instead the first call of a scope enters it in the engine's in-flight
- * table; later calls of the same scope wait on the engine's condition variable until it leaves
- * (completed, released, or found it had nothing to execute), then find the response in the
- * replay cache -- or, if it is not there, go the normal way through the store.  The wait is
- * bounded by the operation's wait_ms, after which they too go the normal way (and get 409 if
- * the first is still running).
- */
-
-static unsigned scope_bucket(const struct idem_scope *s)
-{
-    uint32_t h = 2166136261u; /* FNV-1a over the three parts, each with its NUL */
-    const char *parts[3] = {s->principal, s->operation, s->key};
-
-    for (int i = 0; i < 3; i++) {
-        const unsigned char *p = (const unsigned char *)parts[i];
-        do {
-            h = (h ^ *p) * 16777619u;
-        } while (*p++);
-    }
-    return h % INFLIGHT_BUCKETS;
-}
-
-static int same_scope(const struct idem_scope *a, const struct idem_scope *b)
-{
-    return strcmp(a->key, b->key) == 0 && strcmp(a->principal, b->principal) == 0 &&
-           strcmp(a->operation, b->operation) == 0;
-}
-
-/* Whether another call of this engine has the scope in flight (eng->mu held). */
-static int inflight_busy(const struct idem_engine *eng, const struct idem_scope *s, unsigned b)
-{
-    for (const struct idem_call *c = eng->inflight[b]; c; c = c->inflight_next)
-        if (same_scope(&c->scope, s))
-            return 1;
-    return 0;
-}
-
-static void inflight_add_locked(struct idem_call *call, unsigned b)
-{
-    call->inflight = 1;
-    call->inflight_bucket = b;
-    call->inflight_next = call->eng->inflight[b];
-    call->eng->inflight[b] = call;
-}
-
-/*
- * Enters the call's scope in flight, first waiting (until `deadline`, monotonic) while another
- * call of this engine has it.  *waited says whether it waited; after the deadline the call goes
- * on without entering.
- */
-static void inflight_enter(struct idem_call *call, int64_t deadline, int *waited)
-{
-    struct idem_engine *eng = call->eng;
-    unsigned b = scope_bucket(&call->scope);
-
-    *waited = 0;
-    pthread_mutex_lock(&eng->mu);
-    while (inflight_busy(eng, &call->scope, b)) {
-        int64_t left = deadline - clock_mono_ms();
-        struct timespec ts;
-        if (left <= 0)
-            break;
-        *waited = 1;
-        ts = idem__deadline_ms(left);
-        pthread_cond_timedwait(&eng->changed, &eng->mu, &ts);
-    }
-    if (!inflight_busy(eng, &call->scope, b))
-        inflight_add_locked(call, b);
-    pthread_mutex_unlock(&eng->mu);
-}
-
-/* inflight_enter() without the wait: returns whether the call entered (nobody had the scope). */
-static int inflight_try_enter(struct idem_call *call)
-{
-    struct idem_engine *eng = call->eng;
-    unsigned b = scope_bucket(&call->scope);
-    int entered;
-
-    pthread_mutex_lock(&eng->mu);
-    entered = !inflight_busy(eng, &call->scope, b);
-    if (entered)
-        inflight_add_locked(call, b);
-    pthread_mutex_unlock(&eng->mu);
-    return entered;
-}
-
-/* Takes the call's scope out of flight, if it is in (eng->mu held). */
-static void inflight_unlink(struct idem_call *call)
-{
-    if (!call->inflight)
-        return;
-    for (struct idem_call **pp = &call->eng->inflight[call->inflight_bucket]; *pp;
-         pp = &(*pp)->inflight_next) {
-        if (*pp == call) {
-            *pp = call->inflight_next;
-            break;
-        }
-    }
-    call->inflight = 0;
+    idem__inflight_wait_change(eng->inflight, ms);
 }
 
 /* Why the last idem_call_begin() of this thread failed (idem_call_begin_error). */
@@ -803,6 +621,7 @@ static int call_new(struct idem_engine *eng, const struct idem_operation *op, co
     call->scope.principal = call->principal;
     call->scope.operation = call->operation;
     call->scope.key = call->key;
+    call->inflight.scope = &call->scope;
     call->ttl_ms = op->ttl_ms > 0 ? op->ttl_ms : DEFAULT_TTL_MS;
     call->lease_ms = op->lease_ms > 0 ? op->lease_ms : DEFAULT_LEASE_MS;
     call->wait_ms = op->wait_ms > 0 ? op->wait_ms : DEFAULT_WAIT_MS;
@@ -853,7 +672,7 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
         return rc;
     deadline = recover ? clock_mono_ms() : clock_mono_ms() + call->wait_ms;
     if (!recover)
-        inflight_enter(call, deadline, &call->waited);
+        idem__inflight_enter(eng->inflight, &call->inflight, deadline, &call->waited);
 
     for (int round = 0;; round++) {
         if (round >= CLAIM_ROUNDS_MAX) {
@@ -958,7 +777,7 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
         pause = pause * 2 > POLL_MAX_MS ? POLL_MAX_MS : pause * 2;
     }
     /* Only a call that executes keeps its scope in flight; the others let their waiters go. */
-    if (call->inflight && *outcome != IDEM_OUTCOME_EXECUTE && *outcome != IDEM_OUTCOME_RESUME)
+    if (call->inflight.in && *outcome != IDEM_OUTCOME_EXECUTE && *outcome != IDEM_OUTCOME_RESUME)
         notify_changed(eng, call);
     *out = call;
     call = NULL;
@@ -1022,7 +841,7 @@ static int async_call_new(struct idem_engine *eng, const struct idem_operation *
     rc = call_new(eng, op, principal, key, fp, out);
     if (rc < 0)
         return rc;
-    if (!inflight_try_enter(*out)) {
+    if (!idem__inflight_try_enter(eng->inflight, &(*out)->inflight)) {
         idem_call_end(*out);
         *out = NULL;
         return 0;
@@ -1079,73 +898,18 @@ int idem_watch_inflight(struct idem_engine *eng, const struct idem_operation *op
                         const char *principal, const char *key, void (*changed)(void *arg),
                         void *arg, struct idem_watch **out)
 {
-    struct idem_watch *w;
-    int busy;
+    const struct idem_scope s = {principal, op ? op->name : NULL, key};
 
     if (out)
         *out = NULL;
     if (!eng || !op || !op->name || !principal || !key || !changed || !out)
         return IDEM_EINVAL;
-    w = calloc(1, sizeof(*w));
-    if (!w)
-        return IDEM_ENOMEM;
-    w->principal = idem__strdup(principal);
-    w->operation = idem__strdup(op->name);
-    w->key = idem__strdup(key);
-    if (!w->principal || !w->operation || !w->key) {
-        w->eng = NULL;
-        idem_watch_end(w);
-        return IDEM_ENOMEM;
-    }
-    w->eng = eng;
-    w->scope.principal = w->principal;
-    w->scope.operation = w->operation;
-    w->scope.key = w->key;
-    w->bucket = scope_bucket(&w->scope);
-    w->changed = changed;
-    w->arg = arg;
-    pthread_mutex_lock(&eng->mu);
-    busy = inflight_busy(eng, &w->scope, w->bucket);
-    if (busy) {
-        w->next = eng->watches[w->bucket];
-        eng->watches[w->bucket] = w;
-    }
-    pthread_mutex_unlock(&eng->mu);
-    if (!busy) {
-        w->eng = NULL; /* never entered: nothing to unlink */
-        idem_watch_end(w);
-        return 0;
-    }
-    *out = w;
-    return 1;
+    return idem__inflight_watch(eng->inflight, &s, changed, arg, out);
 }
 
 void idem_watch_end(struct idem_watch *w)
 {
-    struct idem_engine *eng;
-
-    if (!w)
-        return;
-    eng = w->eng;
-    if (eng) {
-        pthread_mutex_lock(&eng->mu);
-        if (w->state == WATCH_WAITING) {
-            for (struct idem_watch **pp = &eng->watches[w->bucket]; *pp; pp = &(*pp)->next) {
-                if (*pp == w) {
-                    *pp = w->next;
-                    break;
-                }
-            }
-            w->state = WATCH_DONE;
-        }
-        while (w->state == WATCH_FIRING)
-            pthread_cond_wait(&eng->changed, &eng->mu);
-        pthread_mutex_unlock(&eng->mu);
-    }
-    free(w->principal);
-    free(w->operation);
-    free(w->key);
-    free(w);
+    idem__inflight_watch_end(w);
 }
 
 int idem_call_recover(struct idem_engine *eng, const struct idem_operation *op,
@@ -1881,7 +1645,7 @@ void idem_call_end(struct idem_call *call)
         return;
     if (call->tx || (call->record_durable && !call->completed))
         idem_call_abort(call);
-    if (call->inflight)
+    if (call->inflight.in)
         notify_changed(call->eng, call);
     idem__rcache_release(call->cached);
     idem__record_clear(&call->rec);
