@@ -25,11 +25,78 @@
  * call under the same rules; split, each rule would have to be stated twice.  What is not the
  * state machine has its own file: the replay cache, the registry of scopes in flight in this
  * process (inflight.c), records, keys, fingerprints, the stores.
+ *
+ * THE STATES OF A CALL (enum call_state)
+ *
+ *   CALL_NEW         Being decided: inside idem_call_begin()/_recover() (call_start), or made for
+ *                    an asynchronous step not handed to the store yet.  Never the application's.
+ *   CALL_CACHED      Answered from the replay cache alone, before any store access (cached_call):
+ *                    a REPLAY whose response is the cache entry's (call->cached), or a MISMATCH.
+ *                    It has no scope and owns no record: only its answer may be read.
+ *   CALL_IDLE        Holds nothing in the store -- no lease, no phase, no response: begin answered
+ *                    MISMATCH, IN_PROGRESS or NONE, or the call gave its claim up (abort, forget, a
+ *                    fence or a commit that failed before the record was durable).
+ *   CALL_CLAIMED     Holds the record's lease, durably, with no phase open: a claim committed at
+ *                    the operation's claim_point, a takeover (RESUME), a phase that advanced.
+ *   CALL_IN_PHASE    A phase is open (call->tx): the claim's own transaction after EXECUTE (the
+ *                    record inserted in it, or -- claim_deferred, a one-phase call -- not even
+ *                    that yet), or one idem_call_phase_begin() opened.
+ *   CALL_STAGED      The open phase holds a response idem_call_stage() wrote (call->staged_*),
+ *                    not committed yet.
+ *   CALL_CLAIMING    idem_call_begin_async(): the store runs the claim.
+ *   CALL_RUNNING     idem_call_run_async(): the store's writer runs the whole phase.
+ *   CALL_COMPLETING  idem_call_complete_async(): the store runs the completion.
+ *   CALL_COMMITTING  idem_call_commit_async(): the staged phase's commit is on its way to disk.
+ *   CALL_COMPLETED   Holds a stored response: a REPLAY read from the store (or from the replay
+ *                    cache after waiting for a duplicate), or this call's own completion.
+ *
+ * In the four asynchronous states the call is the engine's until its callback: the application
+ * may not touch it.  The transitions, and the functions that make them:
+ *
+ *   NEW -> CACHED                    cached_call(): the replay cache holds the key
+ *   NEW -> COMPLETED                 call_start(): REPLAY
+ *   NEW -> IDLE                      call_start(): MISMATCH, IN_PROGRESS, NONE
+ *   NEW -> IN_PHASE                  try_claim(), defer_claim(): EXECUTE
+ *   NEW -> CLAIMED                   claim_job_ended() (EXECUTE at a claim_point),
+ *                                    call_start() after try_takeover() (RESUME)
+ *   NEW -> CLAIMING                  idem_call_begin_async()
+ *   CLAIMING -> CLAIMED | IDLE       claim_async_done(): claimed, or not
+ *   NEW -> RUNNING                   idem_call_run_async()
+ *   RUNNING -> IN_PHASE -> STAGED    run_job_run(): the application's run, on the store's writer,
+ *     -> RUNNING                     then the phase's writes handed to the writer's batch
+ *   RUNNING -> COMPLETED | IDLE      run_async_done(): committed, or nothing kept
+ *   CLAIMED | IDLE -> IN_PHASE       idem_call_phase_begin()
+ *   IN_PHASE | STAGED -> STAGED      stage_response() (idem_call_stage, idem_call_complete)
+ *   STAGED -> IN_PHASE               stage_response() failing in the store (the phase stays
+ *                                    open), commit_ready() finding the stage rolled back
+ *   IN_PHASE -> CLAIMED              commit_phase() (idem_call_advance)
+ *   IN_PHASE | STAGED -> CLAIMED | IDLE    rollback_phase() (abort, forget, a fence that failed),
+ *                                    commit_phase() and response_committed() when COMMIT fails
+ *   STAGED -> COMPLETED              response_committed() (idem_call_commit, _complete)
+ *   STAGED -> COMMITTING             idem_call_commit_async()
+ *   COMMITTING -> COMPLETED | CLAIMED | IDLE    response_committed_async()
+ *   CLAIMED | IDLE -> COMPLETED      complete_at_once() (idem_call_complete, no phase open)
+ *   CLAIMED | IDLE -> COMPLETING     idem_call_complete_async()
+ *   COMPLETING -> COMPLETED | CLAIMED | IDLE    complete_async_done()
+ *   CLAIMED -> IDLE                  idem_call_abort() (the lease released), idem_call_forget()
+ *   any but the asynchronous four -> (freed)    idem_call_end()
+ *
+ * "CLAIMED | IDLE" where a phase or a step ends without completing is call_settle()'s choice,
+ * by call->record_durable: whether the store holds the record beyond the phase, so that the call
+ * holds its lease.  Facts that are not states stay fields of the call: record_durable and
+ * claim_deferred within a phase, waited, recovering, speculated, the registry entry (inflight.c).
+ *
+ * Every public entry asserts, with assert_call_state(), that the call is in a state it allows,
+ * and that the fields agree with that state (call_state_holds()); Debug and sanitizer builds
+ * check it, NDEBUG ones compile it out.  An entry returns IDEM_ESTATE in the states the API says
+ * it does: those are allowed.  What is asserted is that the application holds the call (not
+ * NEW, no asynchronous step under way) and, in the callbacks, that the step is the one expected.
  */
 #include "inflight.h"
 #include "internal.h"
 #include "replay_cache.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <openssl/rand.h>
 #include <stdatomic.h>
@@ -116,8 +183,24 @@ struct run_async {
     int runs;  /* how often the store ran it (a neighbour's failure runs it again) */
 };
 
+/* Where a call is (see the top of this file). */
+enum call_state {
+    CALL_NEW,
+    CALL_CACHED,
+    CALL_IDLE,
+    CALL_CLAIMED,
+    CALL_IN_PHASE,
+    CALL_STAGED,
+    CALL_CLAIMING,
+    CALL_RUNNING,
+    CALL_COMPLETING,
+    CALL_COMMITTING,
+    CALL_COMPLETED,
+};
+
 struct idem_call {
     struct idem_engine *eng;
+    enum call_state state;
     struct idem_scope scope;
     char *principal, *operation, *key;
     char owner[320];
@@ -128,7 +211,7 @@ struct idem_call {
     int one_phase;           /* the operation's: a fresh key's record is written by its phase */
     unsigned char fp[IDEM_FP_LEN];
 
-    struct idem_tx *tx; /* the open phase, if any */
+    struct idem_tx *tx; /* the open phase: IN_PHASE, STAGED */
     /*
      * The step in flight without a waiting thread (idem_call_begin_async, _complete_async,
      * _run_async, _commit_async; one at a time): the engine's side in `async`, the store's job in
@@ -145,14 +228,13 @@ struct idem_call {
         } commit;
     } async;
     struct idem__job_slot job_slot;
-    int record_durable; /* the record exists beyond the open phase (committed) */
+    int record_durable; /* the record exists beyond the open phase (committed): CLAIMED, not IDLE */
     /*
      * A one-phase call's open phase, whose record is not in the store yet: the phase's first
      * record write inserts it (completed, or processing at an advance's point).
      */
     int claim_deferred;
     int speculated; /* a one-phase call run without reading first (one_phase_speculates) */
-    int completed;
     int waited;
     int recovering; /* IN_PROGRESS: the lease holder is a recovery worker */
     int retry_after_s;
@@ -172,7 +254,7 @@ struct idem_call {
     int staged_status;
     char *staged_headers;      /* the allow-listed headers, encoded */
     unsigned staged_rollbacks; /* the tx's ROLLBACK TO count when the response was staged */
-    void *staged_body;         /* NUL-terminated; not NULL exactly while a response is staged */
+    void *staged_body;         /* NUL-terminated; not NULL from STAGED until the commit ended */
     size_t staged_body_len;
 
     struct idem_record rec; /* last state read, or what this call stored */
@@ -180,6 +262,84 @@ struct idem_call {
     size_t nheaders;
     char errmsg[IDEM_ERRMSG_MAX];
 };
+
+#define CALL_IN(state) (1u << (state))
+/* The states in which the application holds a call: every entry but the callbacks allows them. */
+#define CALL_HELD                                                                                  \
+    (CALL_IN(CALL_CACHED) | CALL_IN(CALL_IDLE) | CALL_IN(CALL_CLAIMED) | CALL_IN(CALL_IN_PHASE) |  \
+     CALL_IN(CALL_STAGED) | CALL_IN(CALL_COMPLETED))
+
+#ifdef NDEBUG
+#define assert_call_state(call, allowed) ((void)0)
+#else
+static const char *const call_state_names[] = {
+    "NEW",      "CACHED",  "IDLE",       "CLAIMED",    "IN_PHASE",  "STAGED",
+    "CLAIMING", "RUNNING", "COMPLETING", "COMMITTING", "COMPLETED",
+};
+
+/* Whether the call's fields agree with its state (the invariants of the table at the top). */
+static int call_state_holds(const struct idem_call *call)
+{
+    switch (call->state) {
+    case CALL_NEW:
+        return 1;
+    case CALL_CACHED:
+        return !call->principal && !call->tx && !call->record_durable;
+    case CALL_IDLE:
+        return call->principal && !call->tx && !call->record_durable && !call->staged_body;
+    case CALL_CLAIMED:
+        return call->principal && !call->tx && call->record_durable && !call->staged_body;
+    case CALL_IN_PHASE:
+        return call->tx && !call->staged_body;
+    case CALL_STAGED:
+        return call->tx && call->staged_body;
+    case CALL_CLAIMING:
+    case CALL_RUNNING:
+    case CALL_COMPLETING:
+    case CALL_COMMITTING:
+        return call->principal && !call->tx;
+    case CALL_COMPLETED:
+        return !call->tx && !call->staged_body && !call->claim_deferred;
+    }
+    return 0;
+}
+
+static void call_state_check(const struct idem_call *call, unsigned allowed, const char *entry)
+{
+    if (!(allowed & CALL_IN(call->state)) || !call_state_holds(call))
+        fprintf(stderr, "libidem: %s() on a call in state %s%s\n", entry,
+                call_state_names[call->state],
+                allowed & CALL_IN(call->state) ? " whose fields disagree with it" : "");
+    assert(allowed & CALL_IN(call->state));
+    assert(call_state_holds(call));
+}
+
+/* That `call` is in one of the `allowed` states (a mask of CALL_IN()), and as that state says. */
+#define assert_call_state(call, allowed) call_state_check((call), (allowed), __func__)
+#endif
+
+/*
+ * Where a call stands when a phase or a step ended without completing it: holding the record's
+ * lease if the store has the record beyond the phase, else nothing.
+ */
+static void call_settle(struct idem_call *call)
+{
+    call->state = call->record_durable ? CALL_CLAIMED : CALL_IDLE;
+}
+
+/* Whether the call holds a response: completed, or a REPLAY answered from the replay cache. */
+static int call_completed(const struct idem_call *call)
+{
+    return call->state == CALL_COMPLETED || call->cached;
+}
+
+/* Whether a phase is open (call->tx), a response staged in it or not. */
+static int call_in_phase(const struct idem_call *call)
+{
+    return call->state == CALL_IN_PHASE || call->state == CALL_STAGED;
+}
+
+static void call_free(struct idem_call *call);
 
 int idem_engine_new(struct idem_store *st, const struct idem_engine_options *opts,
                     struct idem_engine **out)
@@ -434,6 +594,7 @@ static int try_claim(struct idem_call *call, int *claimed)
         return rc;
     }
     call->tx = tx;
+    call->state = CALL_IN_PHASE;
     return 0;
 }
 
@@ -450,6 +611,7 @@ static int defer_claim(struct idem_call *call)
     if (rc < 0)
         return call_fail(call, rc, "begin phase", call->tx ? NULL : "no store connection");
     call->claim_deferred = 1;
+    call->state = CALL_IN_PHASE;
     return 0;
 }
 
@@ -472,8 +634,10 @@ static int claim_job_ended(struct idem_call *call, const struct claim_job *j, in
     if (rc < 0)
         return call_fail(call, rc, "claim", err);
     *claimed = rc == 0 && j->claimed;
-    if (*claimed)
+    if (*claimed) {
         call->record_durable = 1;
+        call->state = CALL_CLAIMED;
+    }
     return 0;
 }
 
@@ -595,7 +759,7 @@ static int cached_call(struct idem_engine *eng, const struct idem_operation *op,
     call->eng = eng;
     call->retry_after_s = 1;
     call->cached = hit;
-    call->completed = hit != NULL;
+    call->state = CALL_CACHED;
     *outcome = oc;
     *out = call;
     return 1;
@@ -615,7 +779,7 @@ static int call_new(struct idem_engine *eng, const struct idem_operation *op, co
     call->operation = idem__strdup(op->name);
     call->key = idem__strdup(key);
     if (!call->principal || !call->operation || !call->key) {
-        idem_call_end(call);
+        call_free(call);
         return IDEM_ENOMEM;
     }
     call->scope.principal = call->principal;
@@ -682,7 +846,7 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
         /* A duplicate that waited for the first request of its scope finds its answer in memory. */
         if ((round > 0 || call->waited) && !recover &&
             cache_answer(eng, &call->scope, call->fp, &call->cached, outcome)) {
-            call->completed = call->cached != NULL;
+            call->state = call->cached ? CALL_COMPLETED : CALL_IDLE;
             break;
         }
         /*
@@ -702,8 +866,10 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
             call->speculated = 1;
         }
 
-        if (!call->rec.found && recover)
+        if (!call->rec.found && recover) {
+            call->state = CALL_IDLE;
             break; /* nothing to recover: outcome NONE */
+        }
         if (!call->rec.found) {
             int claimed = 0;
             if (claim_lost) {
@@ -741,6 +907,7 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
         if (recover)
             memcpy(call->fp, call->rec.fp, IDEM_FP_LEN);
         if (memcmp(call->rec.fp, call->fp, IDEM_FP_LEN) != 0) {
+            call->state = CALL_IDLE;
             *outcome = IDEM_OUTCOME_MISMATCH;
             break;
         }
@@ -748,7 +915,7 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
             rc = load_response(call);
             if (rc < 0)
                 goto out;
-            call->completed = 1;
+            call->state = CALL_COMPLETED;
             *outcome = IDEM_OUTCOME_REPLAY;
             break;
         }
@@ -759,6 +926,7 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
                 goto out;
             if (won) {
                 call->record_durable = 1;
+                call->state = CALL_CLAIMED;
                 *outcome = IDEM_OUTCOME_RESUME;
                 break;
             }
@@ -769,6 +937,7 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
         if (left <= 0) {
             call->retry_after_s = retry_after_from_lease(&call->rec);
             call->recovering = owner_is_recovery(call->rec.lease_owner);
+            call->state = CALL_IDLE;
             *outcome = IDEM_OUTCOME_IN_PROGRESS;
             break;
         }
@@ -779,12 +948,13 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
     /* Only a call that executes keeps its scope in flight; the others let their waiters go. */
     if (call->inflight.in && *outcome != IDEM_OUTCOME_EXECUTE && *outcome != IDEM_OUTCOME_RESUME)
         notify_changed(eng, call);
+    assert_call_state(call, CALL_HELD); /* decided */
     *out = call;
     call = NULL;
 out:
     if (call && rc < 0)
         idem__fmt(begin_error, sizeof(begin_error), "%s", call->errmsg);
-    idem_call_end(call);
+    call_free(call);
     return rc;
 }
 
@@ -808,7 +978,9 @@ static void claim_async_done(void *arg, int rc, const char *errmsg)
     enum idem_outcome outcome = IDEM_OUTCOME_NONE;
     int claimed = 0;
 
+    assert_call_state(call, CALL_IN(CALL_CLAIMING));
     rc = claim_job_ended(call, &a->job, rc, errmsg, &claimed);
+    call_settle(call); /* CLAIMED when it won, else IDLE */
     if (rc == 0 && claimed) {
         rc = claim_won(call, a->claim_mono);
         if (rc == 0)
@@ -842,7 +1014,7 @@ static int async_call_new(struct idem_engine *eng, const struct idem_operation *
     if (rc < 0)
         return rc;
     if (!idem__inflight_try_enter(eng->inflight, &(*out)->inflight)) {
-        idem_call_end(*out);
+        call_free(*out);
         *out = NULL;
         return 0;
     }
@@ -869,10 +1041,11 @@ int idem_call_begin_async(struct idem_engine *eng, const struct idem_operation *
         return rc;
     a = &call->async.claim;
     *a = (struct claim_async){{call, 0}, clock_mono_ms(), begun, arg};
+    call->state = CALL_CLAIMING;
     rc = idem__tx_run_async(eng->st, &call->job_slot, claim_job_run, &a->job,
                             IDEM__TX_ONE_STATEMENT, claim_async_done, call, err, sizeof(err));
     if (rc < 0) {
-        idem_call_end(call);
+        call_free(call);
         return rc;
     }
     return 1;
@@ -921,7 +1094,10 @@ int idem_call_recover(struct idem_engine *eng, const struct idem_operation *op,
 
 int idem_call_recovering(const struct idem_call *call)
 {
-    return call ? call->recovering : 0;
+    if (!call)
+        return 0;
+    assert_call_state(call, CALL_HELD);
+    return call->recovering;
 }
 
 int idem_engine_stalled(struct idem_engine *eng, const char *operation, int limit,
@@ -997,20 +1173,25 @@ int idem_call_phase_begin(struct idem_call *call)
     int rc;
     if (!call)
         return IDEM_EINVAL;
-    if (call->tx || call->completed)
+    assert_call_state(call, CALL_HELD);
+    if (call_in_phase(call) || call_completed(call))
         return call_fail(call, IDEM_ESTATE, "phase begin",
-                         call->tx ? "a phase is already open" : "the call is completed");
-    if (!call->principal) /* answered from the replay cache: it owns no record */
+                         call_in_phase(call) ? "a phase is already open" : "the call is completed");
+    if (call->state == CALL_CACHED) /* a MISMATCH from the replay cache: no scope, no record */
         return call_fail(call, IDEM_ESTATE, "phase begin", "the call owns no record");
     rc = idem_tx_begin(call->eng->st, 1, &call->tx);
     if (rc < 0)
         return call_fail(call, rc, "phase begin", NULL);
+    call->state = CALL_IN_PHASE;
     return 0;
 }
 
 struct idem_tx *idem_call_tx(struct idem_call *call)
 {
-    return call ? call->tx : NULL;
+    if (!call)
+        return NULL;
+    assert_call_state(call, CALL_HELD);
+    return call->tx;
 }
 
 /* Drops the staged response, if any: the phase that held it ended without storing it. */
@@ -1031,6 +1212,7 @@ static void rollback_phase(struct idem_call *call)
     call->tx = NULL;
     call->claim_deferred = 0;
     unstage(call);
+    call_settle(call);
 }
 
 /*
@@ -1040,11 +1222,12 @@ static void rollback_phase(struct idem_call *call)
 static int fence_failed(struct idem_call *call, const char *what)
 {
     int rc = call_fail(call, IDEM_ELEASE, what,
-                       call->staged_body ? "the record is not processing under this call's lease: "
-                                           "another owner took it over, or the response staged in "
-                                           "this phase is still in place (roll back to a savepoint "
-                                           "taken before it first)"
-                                         : "another owner took the lease over");
+                       call->state == CALL_STAGED
+                           ? "the record is not processing under this call's lease: "
+                             "another owner took it over, or the response staged in "
+                             "this phase is still in place (roll back to a savepoint "
+                             "taken before it first)"
+                           : "another owner took the lease over");
     rollback_phase(call);
     return rc;
 }
@@ -1053,9 +1236,10 @@ static int fence_failed(struct idem_call *call, const char *what)
 static int deferred_claim_lost(struct idem_call *call, const char *what)
 {
     int rc = call_fail(call, IDEM_ELEASE, what,
-                       call->staged_body ? "the response staged in this phase is still in place "
-                                           "(roll back to a savepoint taken before it first)"
-                                         : "another request claimed the key first");
+                       call->state == CALL_STAGED
+                           ? "the response staged in this phase is still in place "
+                             "(roll back to a savepoint taken before it first)"
+                           : "another request claimed the key first");
     rollback_phase(call);
     learn_taken_key(call);
     return rc;
@@ -1071,9 +1255,12 @@ static int commit_phase(struct idem_call *call, const char *what)
     call->claim_deferred = 0;
     unstage(call);
     notify_changed(call->eng, NULL);
-    if (rc < 0)
+    if (rc < 0) {
+        call_settle(call);
         return call_fail(call, rc, what, err[0] ? err : NULL);
+    }
     call->record_durable = 1;
+    call->state = CALL_CLAIMED;
     return 0;
 }
 
@@ -1086,7 +1273,8 @@ int idem_call_advance(struct idem_call *call, const char *point, const char *dat
 
     if (!call || !point)
         return IDEM_EINVAL;
-    if (!call->tx)
+    assert_call_state(call, CALL_HELD);
+    if (!call_in_phase(call))
         return call_fail(call, IDEM_ESTATE, "advance", "no phase is open");
     st = call->eng->st;
     p = idem__strdup(point);
@@ -1189,6 +1377,7 @@ static int stage_response(struct idem_call *call, int status, const struct idem_
     if (rc < 0) {
         call_fail(call, rc, "stage response", st->vt->errmsg(idem__tx_conn(call->tx)));
         unstage(call);
+        call->state = CALL_IN_PHASE;
         goto out;
     }
     if (!ok) {
@@ -1202,6 +1391,7 @@ static int stage_response(struct idem_call *call, int status, const struct idem_
     call->staged_headers = text;
     call->staged_body = copy;
     call->staged_body_len = body_len;
+    call->state = CALL_STAGED;
     text = NULL;
     copy = NULL;
 out:
@@ -1229,13 +1419,14 @@ static int response_committed(struct idem_call *call, int rc, const char *errmsg
         int taken = rc == IDEM_ELEASE && call->claim_deferred;
         call->claim_deferred = 0;
         unstage(call);
+        call_settle(call);
         rc = call_fail(call, rc, "commit response", errmsg);
         if (taken)
             learn_taken_key(call);
         return rc;
     }
     call->claim_deferred = 0;
-    call->completed = 1;
+    call->state = CALL_COMPLETED;
     call->rec.status = IDEM_REC_COMPLETED;
     call->rec.response_status = call->staged_status;
     free(call->rec.response_headers);
@@ -1264,9 +1455,10 @@ int idem_call_stage(struct idem_call *call, int status, const struct idem_header
 {
     if (!call || !response_args_ok(status, headers, nheaders, body, body_len))
         return IDEM_EINVAL;
-    if (call->completed)
+    assert_call_state(call, CALL_HELD);
+    if (call_completed(call))
         return call_fail(call, IDEM_ESTATE, "stage response", "the call is completed");
-    if (!call->tx)
+    if (!call_in_phase(call))
         return call_fail(call, IDEM_ESTATE, "stage response", "no phase is open");
     return stage_response(call, status, headers, nheaders, body, body_len);
 }
@@ -1283,11 +1475,11 @@ static int commit_ready(struct idem_call *call)
     struct idem_record rec;
     int rc, still;
 
-    if (call->completed)
+    if (call_completed(call))
         return call_fail(call, IDEM_ESTATE, "commit response", "the call is completed");
-    if (!call->tx || !call->staged_body)
+    if (call->state != CALL_STAGED)
         return call_fail(call, IDEM_ESTATE, "commit response",
-                         call->tx ? "no response is staged" : "no phase is open");
+                         call_in_phase(call) ? "no response is staged" : "no phase is open");
     if (idem__tx_rollbacks(call->tx) == call->staged_rollbacks)
         return 0;
     st = call->eng->st;
@@ -1300,6 +1492,7 @@ static int commit_ready(struct idem_call *call)
         return call_fail(call, rc, "commit response", st->vt->errmsg(idem__tx_conn(call->tx)));
     if (!still) {
         unstage(call);
+        call->state = CALL_IN_PHASE;
         return call_fail(call, IDEM_ESTATE, "commit response",
                          "the staged response was rolled back (ROLLBACK TO a savepoint taken "
                          "before idem_call_stage): stage it again, or abort");
@@ -1314,6 +1507,7 @@ int idem_call_commit(struct idem_call *call)
 
     if (!call)
         return IDEM_EINVAL;
+    assert_call_state(call, CALL_HELD);
     rc = commit_ready(call);
     return rc < 0 ? rc : commit_response(call);
 }
@@ -1323,6 +1517,7 @@ static void response_committed_async(void *arg, int rc, const char *errmsg)
 {
     struct idem_call *call = arg;
 
+    assert_call_state(call, CALL_IN(CALL_COMMITTING));
     rc = response_committed(call, rc, errmsg);
     call->async.commit.done(call, rc, call->async.commit.arg); /* (the call may be gone after) */
 }
@@ -1335,6 +1530,7 @@ int idem_call_commit_async(struct idem_call *call, idem_call_done done, void *ar
 
     if (!call || !done)
         return IDEM_EINVAL;
+    assert_call_state(call, CALL_HELD);
     rc = commit_ready(call);
     if (rc < 0)
         return rc;
@@ -1342,6 +1538,7 @@ int idem_call_commit_async(struct idem_call *call, idem_call_done done, void *ar
     call->async.commit.arg = arg;
     tx = call->tx;
     call->tx = NULL;
+    call->state = CALL_COMMITTING;
     rc = idem__tx_commit_async(tx, &call->job_slot, response_committed_async, call, err,
                                sizeof(err));
     if (rc < 0)
@@ -1380,6 +1577,7 @@ static int complete_job_ended(struct complete_job *j, int rc, const char *err)
     if (rc == IDEM__TX_DISCARD) {
         free(j->headers);
         free(j->body);
+        call_settle(call);
         return call_fail(call, IDEM_ELEASE, "complete", "another owner took the lease over");
     }
     unstage(call);
@@ -1393,9 +1591,9 @@ static int complete_job_ended(struct complete_job *j, int rc, const char *err)
 /* Whether `call` (no phase open) may still be completed; IDEM_ESTATE otherwise. */
 static int phaseless_completable(struct idem_call *call)
 {
-    if (call->completed)
+    if (call_completed(call))
         return call_fail(call, IDEM_ESTATE, "complete", "the call is completed");
-    if (!call->principal) /* answered from the replay cache: it owns no record */
+    if (call->state == CALL_CACHED) /* a MISMATCH from the replay cache: no scope, no record */
         return call_fail(call, IDEM_ESTATE, "complete", "the call owns no record");
     return 0;
 }
@@ -1424,6 +1622,7 @@ static void complete_async_done(void *arg, int rc, const char *errmsg)
     struct idem_call *call = arg;
     struct complete_async *a = &call->async.complete;
 
+    assert_call_state(call, CALL_IN(CALL_COMPLETING));
     rc = complete_job_ended(&a->job, rc, errmsg);
     a->done(call, rc, a->arg); /* (the call may be gone after) */
 }
@@ -1438,7 +1637,8 @@ int idem_call_complete_async(struct idem_call *call, int status, const struct id
 
     if (!call || !done || !response_args_ok(status, headers, nheaders, body, body_len))
         return IDEM_EINVAL;
-    if (call->tx)
+    assert_call_state(call, CALL_HELD);
+    if (call_in_phase(call))
         return call_fail(call, IDEM_ESTATE, "complete", "a phase is open");
     rc = phaseless_completable(call);
     if (rc < 0)
@@ -1452,13 +1652,16 @@ int idem_call_complete_async(struct idem_call *call, int status, const struct id
     a->done = done;
     a->arg = arg;
     rc = complete_job_init(&a->job, call, status, headers, nheaders, body, body_len);
-    if (rc == 0)
+    if (rc == 0) {
+        call->state = CALL_COMPLETING;
         rc =
             idem__tx_run_async(call->eng->st, &call->job_slot, complete_job_run, &a->job,
                                IDEM__TX_ONE_STATEMENT, complete_async_done, call, err, sizeof(err));
+    }
     if (rc < 0) {
         free(a->job.headers);
         free(a->job.body);
+        call_settle(call);
         return call_fail(call, rc, "complete", err[0] ? err : NULL);
     }
     return 0;
@@ -1471,7 +1674,8 @@ int idem_call_complete(struct idem_call *call, int status, const struct idem_hea
 
     if (!call || !response_args_ok(status, headers, nheaders, body, body_len))
         return IDEM_EINVAL;
-    if (!call->tx) { /* (a completed call has none) */
+    assert_call_state(call, CALL_HELD);
+    if (!call_in_phase(call)) { /* (a completed call has no phase) */
         rc = phaseless_completable(call);
         return rc < 0 ? rc : complete_at_once(call, status, headers, nheaders, body, body_len);
     }
@@ -1493,6 +1697,7 @@ static int run_job_run(struct idem_conn *c, void *arg)
     struct idem_record rec;
     int rc;
 
+    assert_call_state(call, CALL_IN(CALL_RUNNING));
     /* Run again from the start if a neighbour's failure undid this run (IDEM__TX_RERUNNABLE). */
     a->found = 0;
     unstage(call);
@@ -1512,10 +1717,13 @@ static int run_job_run(struct idem_conn *c, void *arg)
             return IDEM__TX_DISCARD;
     }
     rc = idem__tx_lend(st, c, &call->tx);
-    if (rc == 0)
+    if (rc == 0) {
+        call->state = CALL_IN_PHASE; /* the application's run sees the phase as after EXECUTE */
         rc = claim_won(call, clock_mono_ms());
+    }
     if (rc < 0) {
         rollback_phase(call); /* (lent: only the handle goes; the runner undoes the writes) */
+        call->state = CALL_RUNNING;
         return call_fail(call, rc, "run", NULL);
     }
     call->claim_deferred = 1;
@@ -1527,6 +1735,7 @@ static int run_job_run(struct idem_conn *c, void *arg)
         call->tx = NULL;
     }
     call->claim_deferred = 0;
+    call->state = CALL_RUNNING; /* the batch's commit decides */
     if (rc < 0)
         unstage(call);
     return rc;
@@ -1541,10 +1750,12 @@ static void run_async_done(void *arg, int rc, const char *errmsg)
     void *done_arg = a->arg;
     int found = a->found;
 
+    assert_call_state(call, CALL_IN(CALL_RUNNING));
     if (rc == IDEM__TX_DISCARD || (rc == IDEM_ELEASE && !found)) {
         /* A record was there, or another process's insert came first: nothing was kept. */
         learn_taken_scope(call->eng, &call->scope);
         unstage(call);
+        call_settle(call); /* (IDLE: nothing of it is durable) */
         rc = IDEM_CALL_ASK_BEGIN;
     } else {
         rc = response_committed(call, rc, errmsg);
@@ -1570,10 +1781,11 @@ int idem_call_run_async(struct idem_engine *eng, const struct idem_operation *op
         return rc;
     a = &call->async.run;
     *a = (struct run_async){call, run, done, arg, 0, 0};
+    call->state = CALL_RUNNING;
     rc = idem__tx_run_async(eng->st, &call->job_slot, run_job_run, a, IDEM__TX_RERUNNABLE,
                             run_async_done, call, err, sizeof(err));
     if (rc < 0) {
-        idem_call_end(call);
+        call_free(call);
         return rc;
     }
     return 1;
@@ -1586,16 +1798,18 @@ void idem_call_abort(struct idem_call *call)
 
     if (!call)
         return;
+    assert_call_state(call, CALL_HELD);
     st = call->eng->st;
-    if (call->tx)
+    if (call_in_phase(call))
         rollback_phase(call);
-    /* A claim that never committed vanished with the rollback; a durable one is released. */
-    if (call->record_durable && !call->completed && idem_tx_begin(st, 1, &tx) == 0) {
+    /* A claim that never committed vanished with the rollback (IDLE); a durable one is released. */
+    if (call->state == CALL_CLAIMED && idem_tx_begin(st, 1, &tx) == 0) {
         if (st->vt->record_release(idem__tx_conn(tx), &call->scope, call->owner) == 0)
             idem_tx_commit(tx);
         else
             idem_tx_rollback(tx);
         call->record_durable = 0;
+        call->state = CALL_IDLE;
     }
     notify_changed(call->eng, call);
 }
@@ -1609,12 +1823,13 @@ int idem_call_forget(struct idem_call *call)
 
     if (!call)
         return IDEM_EINVAL;
-    if (call->completed || (!call->tx && !call->record_durable))
+    assert_call_state(call, CALL_HELD);
+    if (call->state != CALL_CLAIMED && !call_in_phase(call))
         return call_fail(call, IDEM_ESTATE, "forget", "the call holds no record's lease");
     st = call->eng->st;
-    if (call->tx)
+    if (call_in_phase(call))
         rollback_phase(call);
-    if (!call->record_durable) {
+    if (call->state == CALL_IDLE) {
         notify_changed(call->eng, call);
         return 0; /* the claim never committed: it is gone with the rollback */
     }
@@ -1635,15 +1850,17 @@ int idem_call_forget(struct idem_call *call)
     if (rc < 0)
         return call_fail(call, rc, "forget", "commit failed");
     call->record_durable = 0;
+    call->state = CALL_IDLE;
     notify_changed(call->eng, call);
     return 0;
 }
 
-void idem_call_end(struct idem_call *call)
+/* Frees the call, in any state: what holds a phase or a lease gives it up first. */
+static void call_free(struct idem_call *call)
 {
     if (!call)
         return;
-    if (call->tx || (call->record_durable && !call->completed))
+    if (call_in_phase(call) || call->state == CALL_CLAIMED)
         idem_call_abort(call);
     if (call->inflight.in)
         notify_changed(call->eng, call);
@@ -1657,29 +1874,52 @@ void idem_call_end(struct idem_call *call)
     free(call);
 }
 
+void idem_call_end(struct idem_call *call)
+{
+    if (!call)
+        return;
+    assert_call_state(call, CALL_HELD);
+    call_free(call);
+}
+
 const char *idem_call_recovery_point(const struct idem_call *call)
 {
-    return call && call->rec.recovery_point ? call->rec.recovery_point : "";
+    if (!call)
+        return "";
+    assert_call_state(call, CALL_HELD);
+    return call->rec.recovery_point ? call->rec.recovery_point : "";
 }
 
 const char *idem_call_recovery_data(const struct idem_call *call)
 {
-    return call ? call->rec.recovery_data : NULL;
+    if (!call)
+        return NULL;
+    assert_call_state(call, CALL_HELD);
+    return call->rec.recovery_data;
 }
 
 int idem_call_waited(const struct idem_call *call)
 {
-    return call ? call->waited : 0;
+    if (!call)
+        return 0;
+    assert_call_state(call, CALL_HELD);
+    return call->waited;
 }
 
 int idem_call_retry_after_s(const struct idem_call *call)
 {
-    return call ? call->retry_after_s : 1;
+    if (!call)
+        return 1;
+    assert_call_state(call, CALL_HELD);
+    return call->retry_after_s;
 }
 
 int idem_call_response_status(const struct idem_call *call)
 {
-    if (!call || !call->completed)
+    if (!call)
+        return 0;
+    assert_call_state(call, CALL_HELD);
+    if (!call_completed(call))
         return 0;
     return call->cached ? call->cached->status : call->rec.response_status;
 }
@@ -1689,10 +1929,12 @@ const void *idem_call_response_body(const struct idem_call *call, size_t *len)
     const void *body = NULL;
     size_t n = 0;
 
-    if (call && call->completed && call->cached) {
+    if (call)
+        assert_call_state(call, CALL_HELD);
+    if (call && call->cached) { /* (a REPLAY from the replay cache) */
         body = call->cached->body;
         n = call->cached->body_len;
-    } else if (call && call->completed) {
+    } else if (call && call_completed(call)) {
         body = call->rec.response_body;
         n = call->rec.response_body_len;
     }
@@ -1703,7 +1945,10 @@ const void *idem_call_response_body(const struct idem_call *call, size_t *len)
 
 size_t idem_call_response_header_count(const struct idem_call *call)
 {
-    if (!call || !call->completed)
+    if (!call)
+        return 0;
+    assert_call_state(call, CALL_HELD);
+    if (!call_completed(call))
         return 0;
     return call->cached ? call->cached->nheaders : call->nheaders;
 }
@@ -1717,7 +1962,10 @@ const struct idem_header *idem_call_response_header(const struct idem_call *call
 
 const char *idem_call_errmsg(const struct idem_call *call)
 {
-    return call ? call->errmsg : "no call";
+    if (!call)
+        return "no call";
+    assert_call_state(call, CALL_HELD);
+    return call->errmsg;
 }
 
 int idem_record_inspect(struct idem_engine *eng, const char *principal, const char *operation,
