@@ -154,7 +154,7 @@ static int load_body(const char *arg, struct cli_config *cfg)
         }
         return 0;
     }
-    if (read_file_capped(arg + 1, BODY_MAX, &cfg->body, &cfg->body_len) < 0) {
+    if (read_file_capped(arg + 1, BODY_MAX, 0, &cfg->body, &cfg->body_len) < 0) {
         fprintf(stderr, "idem: cannot read body file %s: %s\n", arg + 1,
                 errno == EFBIG ? "larger than 64 MiB" : strerror(errno));
         return CLI_EXIT_LOCAL;

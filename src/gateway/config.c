@@ -20,13 +20,10 @@
 #include "config.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <yaml.h>
 
@@ -516,34 +513,25 @@ static int want_pointers(struct loader *ld, const yaml_node_t *n, const char *pa
 /* ---- files ----------------------------------------------------------------------------------- */
 
 /*
- * Reads all of `path`, at most `cap` bytes, into a new NUL-terminated buffer (the bytes may hold
- * NULs).  `regular_only` refuses FIFOs and devices, which could block or never end.  Returns 0, or
- * -1 with the reason in `why`.
+ * read_file_capped() (src/util) with the reason put in words in `why`: the key files are read with
+ * READ_FILE_REGULAR, since a FIFO or a device could block the start or never end.
  */
-static int read_file(const char *path, size_t cap, int regular_only, char **out, size_t *out_len,
-                     char *why, size_t whylen)
+static int read_or_say_why(const char *path, size_t cap, unsigned flags, char **out,
+                           size_t *out_len, char *why, size_t whylen)
 {
-    struct stat st;
     char limit[32];
-    int fd, rc = -1;
 
-    fd = open(path, O_RDONLY | O_CLOEXEC | (regular_only ? O_NONBLOCK : 0));
-    if (fd < 0) {
-        snprintf(why, whylen, "%s", strerror(errno));
-        return -1;
-    }
-    if (regular_only && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
-        snprintf(why, whylen, "not a regular file");
-    } else if (read_fd_capped(fd, cap, out, out_len) == 0) {
-        rc = 0;
-    } else if (errno == EFBIG) {
+    if (read_file_capped(path, cap, flags, out, out_len) == 0)
+        return 0;
+    if (errno == EFBIG) {
         fmt_size((int64_t)cap, limit, sizeof limit);
         snprintf(why, whylen, "larger than %s", limit);
+    } else if (errno == EINVAL && (flags & READ_FILE_REGULAR) != 0) {
+        snprintf(why, whylen, "not a regular file");
     } else {
         snprintf(why, whylen, "%s", strerror(errno));
     }
-    close(fd);
-    return rc;
+    return -1;
 }
 
 /* `path` as written, or, when relative, relative to the config file's directory (new). */
@@ -598,7 +586,8 @@ static int read_secret_file(struct loader *ld, const yaml_node_t *n, const char 
     if (want_text(ld, n, path, "a file name", &written) != 0)
         return -1;
     *file = beside_config(ld->name, written);
-    if (read_file(*file, KEY_FILE_MAX_BYTES, 1, text, len, why, sizeof why) != 0)
+    if (read_or_say_why(*file, KEY_FILE_MAX_BYTES, READ_FILE_REGULAR, text, len, why, sizeof why) !=
+        0)
         return fail(ld, strict_yaml_line(n), "%s: cannot read %s: %s", path, excerpt(*file, shown),
                     why);
     return 0;
@@ -1902,7 +1891,7 @@ int gw_config_load(const char *path, struct gw_config **out, char *err, size_t e
     int rc;
 
     *out = NULL;
-    if (read_file(path, CONFIG_MAX_BYTES, 0, &text, &len, why, sizeof why) != 0) {
+    if (read_or_say_why(path, CONFIG_MAX_BYTES, 0, &text, &len, why, sizeof why) != 0) {
         memset(&ld, 0, sizeof ld);
         ld.name = path;
         ld.err = err;

@@ -106,7 +106,7 @@ int flag_file_load(const char *path, const struct option *known, const char *exc
 
     *args = NULL;
     *nargs = 0;
-    if (read_file_capped(path, FLAG_FILE_MAX_BYTES, &text, &len) != 0)
+    if (read_file_capped(path, FLAG_FILE_MAX_BYTES, 0, &text, &len) != 0)
         return failed(err, errlen, path, 0, "cannot read it: %s",
                       errno == EFBIG ? "larger than 1 MiB" : strerror(errno));
     if (strict_yaml_load(text, len, FLAG_FILE_MAX_DEPTH, &doc, &why) != 0) {

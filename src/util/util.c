@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -153,15 +154,22 @@ int read_fd_capped(int fd, size_t max, char **out, size_t *len)
     return 0;
 }
 
-int read_file_capped(const char *path, size_t max, char **out, size_t *len)
+int read_file_capped(const char *path, size_t max, unsigned flags, char **out, size_t *len)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int regular = (flags & READ_FILE_REGULAR) != 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | (regular ? O_NONBLOCK : 0));
+    struct stat st;
     int rc, e;
 
     if (fd < 0)
         return -1;
-    rc = read_fd_capped(fd, max, out, len);
-    e = errno;
+    if (regular && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+        rc = -1;
+        e = EINVAL;
+    } else {
+        rc = read_fd_capped(fd, max, out, len);
+        e = errno;
+    }
     close(fd);
     errno = e;
     return rc;

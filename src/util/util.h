@@ -65,8 +65,14 @@ int fd_wait(int fd, short events, int64_t deadline_ms);
  */
 int read_fd_capped(int fd, size_t max, char **out, size_t *len);
 
-/* read_fd_capped() of the file at `path`: 0, or -1 with errno (the open's, or the read's). */
-int read_file_capped(const char *path, size_t max, char **out, size_t *len);
+/*
+ * read_fd_capped() of the file at `path`: 0, or -1 with errno (the open's, or the read's).  With
+ * READ_FILE_REGULAR, a path that is not a regular file (a FIFO or a device, which could block or
+ * never end; a directory) is refused with EINVAL, and the open itself never waits for a FIFO's
+ * writer.  Without it, anything that can be read is: `-d @<(cmd)` reads a pipe.
+ */
+#define READ_FILE_REGULAR 1u
+int read_file_capped(const char *path, size_t max, unsigned flags, char **out, size_t *len);
 
 /* Moves `*iov` (`*n` buffers) past `done` bytes a writev() or sendmsg() took. */
 struct iovec;
