@@ -6,21 +6,27 @@
  *
  * The text is loaded by the programs' one strict YAML reader (src/util/strict_yaml.c), which
  * refuses what libyaml's document API would silently accept: aliases, a second document, nesting
- * deeper than any config needs (MAX_DEPTH).  The walk below reads each mapping through collect():
- * unknown and duplicate keys are refused there, in document order, so every later step sees one
- * value per key.
+ * deeper than any config needs (MAX_DEPTH).  Every key is then a row of a table, one table per
+ * mapping (the top level, upstream, principal, principal.jwt, principal_limits, a route, its key,
+ * its on_unknown), as Redis's static_configs[] is for redis.conf: the row names the key, its type,
+ * bounds and default and the field it fills, or a reader of its own for a value of another shape.
+ * read_section() reads a mapping by its rows: collect() refuses unknown and duplicate keys in
+ * document order, then each row is read (or defaulted) in the table's order, then the section's
+ * rules across its own keys run.  What a key means for another section's (a route's lease and
+ * upstream.timeout) is checked once, in check_rules(), after the whole document.  Adding a key is
+ * adding a row (and its line in docs/gateway.md's reference, which the tests hold to the rows).
  *
  * Every message is one line, "<file>:<line>: <path>: <what is wrong, what is expected>", with the
  * line of the node at fault (libyaml's start_mark.line + 1).
  *
- * Why ~1,900 lines: one reader of one document, section by section (listen, store, upstream,
- * principal, limits, routes), every section through the same few helpers (collect(), want_*(),
- * fail()); the generic YAML part is src/util/strict_yaml.c.
+ * Why ~2,200 lines: the checks of values that are more than a number (route templates, URLs,
+ * header lists, reconcile queries) are most of it; the generic YAML part is src/util/strict_yaml.c.
  */
 #include "config.h"
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,43 +58,29 @@
 #define HOUR_MS (60 * MINUTE_MS)
 #define DAY_MS (24 * HOUR_MS)
 
-#define DEFAULT_LISTEN "127.0.0.1:8180" /* clear of orderd (8080) and provider-sim (8090) */
-#define DEFAULT_ADMIN_LISTEN "127.0.0.1:8181"
-#define DEFAULT_STORE "sqlite:gateway.db"
-#define DEFAULT_CONNECT_TIMEOUT_MS (2 * SECOND_MS)
-#define DEFAULT_TIMEOUT_MS (30 * SECOND_MS)
-#define DEFAULT_UPSTREAM_CONNECTIONS 64
-#define DEFAULT_MAX_RESPONSE (16 * MIB)
-#define DEFAULT_MAX_BODY MIB
-#define DEFAULT_RETENTION_MS DAY_MS
-#define DEFAULT_LEASE_MARGIN_MS (10 * SECOND_MS) /* over the upstream timeout */
-#define DEFAULT_WAIT_MS (2 * SECOND_MS)
-#define DEFAULT_MAX_STORED_BODY MIB
-#define DEFAULT_KEY_HEADER "Idempotency-Key"
-/* What one caller may make the gateway keep (principal_limits), and all of them together. */
-#define DEFAULT_KEYS_IN_FLIGHT 512
-#define DEFAULT_NEW_KEYS_PER_SECOND 1000
-#define DEFAULT_PRINCIPAL_STORED GIB
-#define DEFAULT_TRACKED 10000
-#define DEFAULT_MAX_STORED (16 * GIB)
+/* The upstream may answer until its timeout; a forward's lease lasts this much longer by default.
+ */
+#define LEASE_MARGIN_MS (10 * SECOND_MS)
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-static const char *const default_store_headers[] = {"Content-Type", "Location", "ETag", "Link"};
+static const char *const default_store_headers[] = {"Content-Type", "Location", "ETag", "Link",
+                                                    NULL};
 /* With error_format: stripe, replays also keep what Stripe's clients log and check. */
-static const char *const stripe_store_headers[] = {"Request-Id", "Stripe-Version"};
+static const char *const stripe_store_headers[] = {"Request-Id", "Stripe-Version", NULL};
 /* The method-override headers of Express's method-override, Symfony, Rails and Google's APIs. */
-static const char *const default_method_override_headers[] = {"X-HTTP-Method-Override",
-                                                              "X-HTTP-Method", "X-Method-Override"};
+static const char *const default_method_override_headers[] = {
+    "X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override", NULL};
 
 /* Statuses of 2xx and 4xx that are not stored by default: each says nothing about the write. */
 static const int default_unstored[] = {400, 401, 403, 408, 413, 415, 429};
 
-/* What later routes are compared with. */
+/* What later routes are compared with, and what the rules pass needs of each route. */
 struct seen_route {
     char *shape;        /* "POST /v1/orders/{}/refunds": the match with its parameters blanked */
     int match_line;     /* where that match is written */
     int operation_line; /* and that operation */
+    yaml_node_t *values[MAX_KEYS]; /* its keys' nodes, by row of route_keys[] (NULL: absent) */
 };
 
 struct loader {
@@ -96,9 +88,92 @@ struct loader {
     yaml_document_t *doc;
     char *err;
     size_t errlen;
+    struct gw_config *cfg;   /* being filled */
+    size_t route;            /* the route being read, for the readers of its keys */
     struct seen_route *seen; /* per route read so far, for the duplicate checks */
     size_t nseen;
 };
+
+/*
+ * The keys of the file: one row each, per mapping (a section), as Redis's static_configs[] reads
+ * redis.conf.  A row names its key, its type and bounds, its default and the field it fills (an
+ * offset into the section's struct), or the reader of its own for a value of another shape.  The
+ * rows' order is the order of "expected one of:" in messages, and the order the keys are read in.
+ * What one key's value means for another's (a lease longer than upstream.timeout) is checked once
+ * the whole document is read, in check_rules().
+ */
+enum key_type {
+    KEY_BOOL,     /* true or false, into an int */
+    KEY_INT,      /* an integer in [min, max], into an int */
+    KEY_DURATION, /* milliseconds in [min, max] (500ms, 30s, 15m, 24h, 7d; bare: ms) */
+    KEY_SIZE,     /* bytes in [min, max] (512KiB, 1MiB, 1GiB; bare: bytes) */
+    KEY_TEXT,     /* any text, into a char * (new) */
+    KEY_ENUM,     /* one of the row's words, into an int-sized field */
+    KEY_SECTION,  /* a mapping read by its own rows (`sub`) into the same struct */
+    KEY_CUSTOM,   /* its own reader (`read`) */
+};
+
+#define KEY_REQUIRED 1u /* absent: "missing required key" with `example` */
+#define KEY_DERIVED 2u  /* absent: no default here, check_rules() or the section's rules set it */
+#define KEY_LIST 4u     /* a list of mappings, each read by `sub` ("routes[]") */
+#define KEY_FORM 8u     /* `sub` is one form of this key's value, documented with the key */
+#define KEY_OPEN 16u    /* its keys are another table's (limits: the HTTP layer's flags) */
+#define KEY_READS_DEFAULT 32u /* a custom row whose reader applies its default (given n NULL) */
+
+struct word {
+    const char *word;
+    int value;
+};
+
+struct conf_key;
+struct conf_section;
+
+/*
+ * A custom row's reader: `n` is the value at `path`, or NULL when the key is absent and the row
+ * is KEY_READS_DEFAULT (its default: def_text, def_list).  `base` is the section's struct.
+ */
+typedef int (*key_reader)(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                          const char *path, void *base);
+
+struct conf_key {
+    const char *name;
+    enum key_type type;
+    unsigned flags;
+    size_t offset, size;            /* the field in the section's struct (FIELD_OF) */
+    size_t count_offset;            /* a list's count, its strings being at `offset` (LIST) */
+    int64_t min, max;               /* KEY_INT, KEY_DURATION, KEY_SIZE */
+    int64_t def;                    /* their default, and a KEY_BOOL's */
+    const char *def_text;           /* KEY_ENUM's default word; a custom row's default value */
+    const char *const *def_list;    /* a list's default, NULL-terminated */
+    const char *doc;                /* a default that is no value ("the host's name") */
+    const char *what;               /* KEY_TEXT, KEY_ENUM: what is expected, "pass or refuse" */
+    const char *example;            /* KEY_REQUIRED: what to write, for "missing required key" */
+    const struct word *words;       /* KEY_ENUM, up to {NULL} */
+    const struct conf_section *sub; /* KEY_SECTION; a custom row's mapping of its own */
+    key_reader read;                /* KEY_CUSTOM */
+};
+
+struct conf_section {
+    const struct conf_key *keys;
+    size_t nkeys;
+    /*
+     * Rules across this section's own keys, once every row is read (values[i]: keys[i]'s node, or
+     * NULL; `map` NULL when the section is absent), or NULL.
+     */
+    int (*rules)(struct loader *ld, const yaml_node_t *map, const char *where,
+                 yaml_node_t *const *values, void *base);
+};
+
+#define FIELD_OF(type, f) .offset = offsetof(type, f), .size = sizeof(((type *)0)->f)
+#define CFG(f) FIELD_OF(struct gw_config, f)
+#define ROUTE(f) FIELD_OF(struct gw_route, f)
+#define LIST(type, f) .offset = offsetof(type, f), .count_offset = offsetof(type, n##f)
+/* clang-format off */
+#define SECTION(rows, rules) {rows, COUNT(rows), rules}
+/* clang-format on */
+
+static int read_section(struct loader *ld, const struct conf_section *sec, const yaml_node_t *map,
+                        const char *where, void *base);
 
 /* ---- messages -------------------------------------------------------------------------------- */
 
@@ -236,17 +311,17 @@ static yaml_node_t *item_at(struct loader *ld, const yaml_node_t *n, size_t i)
 }
 
 /*
- * Reads mapping `map` whose keys may be `keys`: values[i] is the value of keys[i], or NULL.  An
- * unknown key, a repeated key or a key that is not a name is an error.  `where` names the mapping
- * in messages ("routes[2]"; "" for the top level).
+ * Reads mapping `map` whose keys are the rows of `sec`: values[i] is the value of row i, or NULL.
+ * An unknown key, a repeated key or a key that is not a name is an error.  `where` names the
+ * mapping in messages ("routes[2]"; "" for the top level).
  */
 static int collect(struct loader *ld, const yaml_node_t *map, const char *where,
-                   const char *const *keys, size_t nkeys, yaml_node_t **values)
+                   const struct conf_section *sec, yaml_node_t **values)
 {
     yaml_node_t *key_nodes[MAX_KEYS];
     const yaml_node_pair_t *pair;
     char place[96], expected[256], what[EXCERPT + 8], shown[EXCERPT + 4];
-    size_t i, used;
+    size_t i, used, nkeys = sec->nkeys;
 
     if (where[0] != '\0')
         snprintf(place, sizeof place, "in %s", where);
@@ -272,15 +347,16 @@ static int collect(struct loader *ld, const yaml_node_t *map, const char *where,
             return fail(ld, strict_yaml_line(k), "expected a key name %s, not %s", place,
                         describe(k, what));
         for (i = 0; i < nkeys && i < MAX_KEYS; i++) {
-            if (k->data.scalar.length == strlen(keys[i]) &&
-                strcmp(strict_yaml_text(k), keys[i]) == 0)
+            if (k->data.scalar.length == strlen(sec->keys[i].name) &&
+                strcmp(strict_yaml_text(k), sec->keys[i].name) == 0)
                 break;
         }
         if (i == nkeys || i == MAX_KEYS) {
             expected[0] = '\0';
             used = 0;
             for (i = 0; i < nkeys && used < sizeof expected; i++) {
-                snprintf(expected + used, sizeof expected - used, "%s%s", i ? ", " : "", keys[i]);
+                snprintf(expected + used, sizeof expected - used, "%s%s", i ? ", " : "",
+                         sec->keys[i].name);
                 used += strlen(expected + used);
             }
             return fail(ld, strict_yaml_line(k), "unknown key \"%s\" %s; expected one of: %s",
@@ -288,7 +364,7 @@ static int collect(struct loader *ld, const yaml_node_t *map, const char *where,
         }
         if (key_nodes[i] != NULL)
             return fail(ld, strict_yaml_line(k), "duplicate key \"%s\" %s (first at line %d)",
-                        keys[i], place, strict_yaml_line(key_nodes[i]));
+                        sec->keys[i].name, place, strict_yaml_line(key_nodes[i]));
         key_nodes[i] = k;
         values[i] = v;
     }
@@ -550,13 +626,19 @@ static char *beside_config(const char *config, const char *path)
     return joined;
 }
 
-/* ---- upstream and listeners ------------------------------------------------------------------ */
+/* ---- readers of the top level's own keys ----------------------------------------------------- */
 
-static int load_listen(struct loader *ld, const yaml_node_t *n, const char *path,
-                       const char *fallback, char **out)
+static char **field_text(const struct conf_key *row, void *base)
+{
+    return (char **)((char *)base + row->offset);
+}
+
+/* `listen`, `admin_listen`: HOST:PORT as the HTTP layer takes it (absent: the row's default). */
+static int read_listen(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                       const char *path, void *base)
 {
     char host[256], why[256];
-    const char *s = fallback;
+    const char *s = row->def_text;
     uint16_t port;
 
     if (n != NULL) {
@@ -565,7 +647,7 @@ static int load_listen(struct loader *ld, const yaml_node_t *n, const char *path
         if (http_listen_split(s, host, sizeof host, &port, why, sizeof why) != 0)
             return fail(ld, strict_yaml_line(n), "%s: %s", path, why);
     }
-    *out = xstrdup(s);
+    *field_text(row, base) = xstrdup(s);
     return 0;
 }
 
@@ -606,14 +688,15 @@ static void secret_free(char *text, size_t len)
  * `admin_token_file`: the admin API's bearer token, the file's first line less trailing white
  * space, at least ADMIN_TOKEN_MIN bytes of visible ASCII (a relative path is beside the config).
  */
-static int load_admin_token(struct loader *ld, const yaml_node_t *n, struct gw_config *cfg)
+static int read_admin_token(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                            const char *path, void *base)
 {
     char shown[EXCERPT + 4];
     char *file = NULL, *text = NULL;
     size_t read = 0, len, i;
     int rc = -1;
 
-    if (read_secret_file(ld, n, "admin_token_file", &file, &text, &read) != 0)
+    if (read_secret_file(ld, n, path, &file, &text, &read) != 0)
         goto out;
     len = strcspn(text, "\r\n");
     while (len > 0 && (text[len - 1] == ' ' || text[len - 1] == '\t'))
@@ -623,12 +706,12 @@ static int load_admin_token(struct loader *ld, const yaml_node_t *n, struct gw_c
         ;
     if (len < ADMIN_TOKEN_MIN || i != len) {
         fail(ld, strict_yaml_line(n),
-             "admin_token_file: %s must hold a token of at least %d visible ASCII characters "
+             "%s: %s must hold a token of at least %d visible ASCII characters "
              "on its first line (e.g. openssl rand -hex 32)",
-             excerpt(file, shown), ADMIN_TOKEN_MIN);
+             path, excerpt(file, shown), ADMIN_TOKEN_MIN);
         goto out;
     }
-    cfg->admin_token = xstrdup(text);
+    *field_text(row, base) = xstrdup(text);
     rc = 0;
 out:
     secret_free(text, read);
@@ -636,30 +719,32 @@ out:
     return rc;
 }
 
-static int load_store(struct loader *ld, const yaml_node_t *n, struct gw_config *cfg)
+/* `store`: only the kind is told apart here (the store opens the rest); absent: the default. */
+static int read_store(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                      const char *path, void *base)
 {
     static const char what[] = "sqlite:PATH, a postgresql:// URI or a libpq key=value string";
+    struct gw_config *cfg = base;
     char shown[EXCERPT + 8];
-    const char *s = DEFAULT_STORE;
+    const char *s = row->def_text;
 
     if (n != NULL) {
-        if (want_text(ld, n, "store", what, &s) != 0)
+        if (want_text(ld, n, path, what, &s) != 0)
             return -1;
-        /* The store opens the rest: only the kind is told apart here. */
         if (strncmp(s, "sqlite:", 7) != 0 && strncmp(s, "postgres://", 11) != 0 &&
             strncmp(s, "postgresql://", 13) != 0 && strchr(s, '=') == NULL)
-            return fail(ld, strict_yaml_line(n), "store: expected %s, not %s", what,
+            return fail(ld, strict_yaml_line(n), "%s: expected %s, not %s", path, what,
                         describe(n, shown));
     }
     if (strncmp(s, "sqlite:", 7) == 0) {
         /* "sqlite:PATH", "sqlite://PATH" or "sqlite:///ABS": a relative PATH is beside the config,
          * so serve, check-config and keys open one file whichever directory they run in. */
-        const char *path = s + 7;
-        if (strncmp(path, "//", 2) == 0)
-            path += 2;
-        if (*path == '\0')
-            return fail(ld, strict_yaml_line(n), "store: sqlite: names no file");
-        cfg->store_file = beside_config(ld->name, path);
+        const char *file = s + 7;
+        if (strncmp(file, "//", 2) == 0)
+            file += 2;
+        if (*file == '\0')
+            return fail(ld, strict_yaml_line(n), "%s: sqlite: names no file", path);
+        cfg->store_file = beside_config(ld->name, file);
         cfg->store = xmalloc(strlen(cfg->store_file) + 8);
         memcpy(cfg->store, "sqlite:", 7);
         memcpy(cfg->store + 7, cfg->store_file, strlen(cfg->store_file) + 1);
@@ -669,52 +754,51 @@ static int load_store(struct loader *ld, const yaml_node_t *n, struct gw_config 
     return 0;
 }
 
-/* "http://HOST:PORT" or "http://[V6]:PORT", an optional trailing '/', nothing else. */
-static int load_upstream_url(struct loader *ld, const yaml_node_t *n, struct gw_config *cfg)
+/* `upstream.url`: "http://HOST:PORT" or "http://[V6]:PORT", an optional trailing '/', no more. */
+static int read_upstream_url(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                             const char *path, void *base)
 {
     static const char what[] = "http://HOST:PORT or http://[V6]:PORT";
+    struct gw_config *cfg = base;
     char hostport[300], host[256], why[256], shown[EXCERPT + 8];
     const char *url, *authority, *rest;
     size_t alen;
     uint16_t port = 0;
 
-    if (want_text(ld, n, "upstream.url", what, &url) != 0)
+    (void)row;
+    if (want_text(ld, n, path, what, &url) != 0)
         return -1;
     if (ascii_ncaseeq(url, "https://", 8))
         return fail(ld, strict_yaml_line(n),
-                    "upstream.url: https upstreams are not supported; put the "
-                    "gateway next to the service");
+                    "%s: https upstreams are not supported; put the gateway next to the service",
+                    path);
     if (!ascii_ncaseeq(url, "http://", 7))
-        return fail(ld, strict_yaml_line(n), "upstream.url: expected %s, not %s", what,
+        return fail(ld, strict_yaml_line(n), "%s: expected %s, not %s", path, what,
                     describe(n, shown));
     authority = url + 7;
     alen = strcspn(authority, "/?#");
     rest = authority + alen;
     if (memchr(authority, '@', alen) != NULL)
         return fail(ld, strict_yaml_line(n),
-                    "upstream.url: no user information (user@) is allowed; "
-                    "expected %s",
-                    what);
+                    "%s: no user information (user@) is allowed; expected %s", path, what);
     if (rest[0] != '\0' && strcmp(rest, "/") != 0)
         return fail(ld, strict_yaml_line(n),
-                    "upstream.url: expected %s without a path, query or "
+                    "%s: expected %s without a path, query or "
                     "fragment (requests keep their own path), not %s",
-                    what, describe(n, shown));
+                    path, what, describe(n, shown));
     if (alen >= sizeof hostport)
-        return fail(ld, strict_yaml_line(n), "upstream.url: the host is too long");
+        return fail(ld, strict_yaml_line(n), "%s: the host is too long", path);
     memcpy(hostport, authority, alen);
     hostport[alen] = '\0';
     if (http_listen_split(hostport, host, sizeof host, &port, why, sizeof why) != 0 || port == 0)
-        return fail(ld, strict_yaml_line(n),
-                    "upstream.url: expected %s with a port from 1 to 65535, not %s", what,
-                    describe(n, shown));
+        return fail(ld, strict_yaml_line(n), "%s: expected %s with a port from 1 to 65535, not %s",
+                    path, what, describe(n, shown));
     /* Nothing is resolved here, but a host no resolver accepts is a typo worth saying now. */
     if (hostport[0] == '['
             ? strspn(host, "0123456789abcdefABCDEF:.") != strlen(host) || strchr(host, ':') == NULL
             : strspn(host, "0123456789abcdefghijklmnopqrstuvwxyz"
                            "ABCDEFGHIJKLMNOPQRSTUVWXYZ.-_") != strlen(host))
-        return fail(ld, strict_yaml_line(n),
-                    "upstream.url: \"%s\" is not a host name or an IP address",
+        return fail(ld, strict_yaml_line(n), "%s: \"%s\" is not a host name or an IP address", path,
                     excerpt(host, shown));
     cfg->upstream_url = xstrndup(url, 7 + alen); /* without the trailing '/' */
     cfg->upstream_host = xstrdup(host);
@@ -722,71 +806,31 @@ static int load_upstream_url(struct loader *ld, const yaml_node_t *n, struct gw_
     return 0;
 }
 
-static int load_upstream(struct loader *ld, const yaml_node_t *map, struct gw_config *cfg)
+/* `instance`: a name of letters, digits, '.', '_' and '-' (it starts lease owner names). */
+static int read_instance(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                         const char *path, void *base)
 {
-    static const char *const keys[] = {"url",
-                                       "connect_timeout",
-                                       "timeout",
-                                       "max_connections",
-                                       "max_response_size",
-                                       "keyed_connections"};
-    enum { URL, CONNECT_TIMEOUT, TIMEOUT, MAX_CONNECTIONS, MAX_RESPONSE_SIZE, KEYED_CONNECTIONS };
-    yaml_node_t *v[COUNT(keys)];
+    static const char what[] = "a name of letters, digits, '.', '_' and '-' such as gw-a";
     char shown[EXCERPT + 8];
     const char *s;
-    int64_t x;
+    size_t len;
 
-    cfg->upstream_connect_timeout_ms = (int)DEFAULT_CONNECT_TIMEOUT_MS;
-    cfg->upstream_timeout_ms = (int)DEFAULT_TIMEOUT_MS;
-    cfg->upstream_max_connections = DEFAULT_UPSTREAM_CONNECTIONS;
-    cfg->max_response_bytes = (size_t)DEFAULT_MAX_RESPONSE;
-    /*
-     * A connection an upstream sent a stray answer on can look idle at any check before reuse
-     * (the answer may come later), so keyed requests, whose answers are stored, get their own.
-     */
-    cfg->upstream_keyed_fresh = 1;
-    if (collect(ld, map, "upstream", keys, COUNT(keys), v) != 0)
+    if (want_text(ld, n, path, what, &s) != 0)
         return -1;
-    if (v[URL] == NULL)
-        return missing(ld, map, "upstream", "url", "url: http://HOST:PORT");
-    if (load_upstream_url(ld, v[URL], cfg) != 0)
-        return -1;
-    if (v[CONNECT_TIMEOUT] != NULL) {
-        if (want_duration(ld, v[CONNECT_TIMEOUT], "upstream.connect_timeout", 1, HOUR_MS, &x) != 0)
-            return -1;
-        cfg->upstream_connect_timeout_ms = (int)x;
-    }
-    if (v[TIMEOUT] != NULL) {
-        if (want_duration(ld, v[TIMEOUT], "upstream.timeout", 1, DAY_MS, &x) != 0)
-            return -1;
-        cfg->upstream_timeout_ms = (int)x;
-    }
-    if (v[MAX_CONNECTIONS] != NULL) {
-        if (want_int(ld, v[MAX_CONNECTIONS], "upstream.max_connections", 1, 10000, &x) != 0)
-            return -1;
-        cfg->upstream_max_connections = (int)x;
-    }
-    if (v[MAX_RESPONSE_SIZE] != NULL) {
-        if (want_size(ld, v[MAX_RESPONSE_SIZE], "upstream.max_response_size", 1, GIB, &x) != 0)
-            return -1;
-        cfg->max_response_bytes = (size_t)x;
-    }
-    if (v[KEYED_CONNECTIONS] != NULL) {
-        if (want_text(ld, v[KEYED_CONNECTIONS], "upstream.keyed_connections", "pooled or fresh",
-                      &s) != 0)
-            return -1;
-        if (strcmp(s, "fresh") != 0 && strcmp(s, "pooled") != 0)
-            return fail(ld, strict_yaml_line(v[KEYED_CONNECTIONS]),
-                        "upstream.keyed_connections: expected pooled or fresh, not %s",
-                        describe(v[KEYED_CONNECTIONS], shown));
-        cfg->upstream_keyed_fresh = strcmp(s, "fresh") == 0;
-    }
+    len = strlen(s);
+    if (len == 0 || len > 64 ||
+        strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != len)
+        return fail(ld, strict_yaml_line(n), "%s: expected %s (at most 64), not %s", path, what,
+                    describe(n, shown));
+    *field_text(row, base) = xstrdup(s);
     return 0;
 }
 
 /* ---- principal ------------------------------------------------------------------------------- */
 
-static int load_jwt_key(struct loader *ld, const yaml_node_t *n, const char *path, int hs256,
+/* `principal.jwt.secret_file` (hs256) or `public_key_file`: the key's bytes, checked for its alg.
+ */
+static int read_jwt_key(struct loader *ld, const yaml_node_t *n, const char *path, int hs256,
                         struct gw_config *cfg)
 {
     char shown[EXCERPT + 4];
@@ -829,124 +873,85 @@ out:
     return rc;
 }
 
-static int load_jwt(struct loader *ld, const yaml_node_t *map, struct gw_config *cfg)
+/* `alg` is read first (its row comes first): each key file belongs to one alg. */
+static int read_jwt_secret(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                           const char *path, void *base)
 {
-    static const char *const keys[] = {"alg",    "secret_file", "public_key_file",
-                                       "issuer", "audience",    "require_exp"};
-    enum { ALG, SECRET_FILE, PUBLIC_KEY_FILE, ISSUER, AUDIENCE, REQUIRE_EXP };
-    yaml_node_t *v[COUNT(keys)];
-    char shown[EXCERPT + 8];
-    const char *s;
-    int hs256;
+    struct gw_config *cfg = base;
 
-    if (collect(ld, map, "principal.jwt", keys, COUNT(keys), v) != 0)
+    (void)row;
+    if (cfg->jwt_alg != GW_JWT_HS256)
+        return fail(ld, strict_yaml_line(n), "%s: only for alg HS256; RS256 takes public_key_file",
+                    path);
+    return read_jwt_key(ld, n, path, 1, cfg);
+}
+
+static int read_jwt_public_key(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                               const char *path, void *base)
+{
+    struct gw_config *cfg = base;
+
+    (void)row;
+    if (cfg->jwt_alg != GW_JWT_RS256)
+        return fail(ld, strict_yaml_line(n), "%s: only for alg RS256; HS256 takes secret_file",
+                    path);
+    return read_jwt_key(ld, n, path, 0, cfg);
+}
+
+static int read_principal_header(struct loader *ld, const struct conf_key *row,
+                                 const yaml_node_t *n, const char *path, void *base)
+{
+    struct gw_config *cfg = base;
+    const char *s;
+
+    (void)row;
+    if (want_header_name(ld, n, path, &s) != 0)
         return -1;
-    if (v[ALG] == NULL)
-        return missing(ld, map, "principal.jwt", "alg", "HS256 or RS256");
-    if (want_text(ld, v[ALG], "principal.jwt.alg", "HS256 or RS256", &s) != 0)
-        return -1;
-    if (strcmp(s, "HS256") != 0 && strcmp(s, "RS256") != 0)
-        return fail(ld, strict_yaml_line(v[ALG]),
-                    "principal.jwt.alg: expected HS256 or RS256, not %s", describe(v[ALG], shown));
-    hs256 = strcmp(s, "HS256") == 0;
-    cfg->jwt_alg = hs256 ? GW_JWT_HS256 : GW_JWT_RS256;
-    if (hs256 && v[PUBLIC_KEY_FILE] != NULL)
-        return fail(ld, strict_yaml_line(v[PUBLIC_KEY_FILE]),
-                    "principal.jwt.public_key_file: only for "
-                    "alg RS256; HS256 takes secret_file");
-    if (!hs256 && v[SECRET_FILE] != NULL)
-        return fail(ld, strict_yaml_line(v[SECRET_FILE]),
-                    "principal.jwt.secret_file: only for alg HS256; "
-                    "RS256 takes public_key_file");
-    if (hs256 && v[SECRET_FILE] == NULL)
-        return missing(ld, map, "principal.jwt", "secret_file", "alg HS256 needs the secret");
-    if (!hs256 && v[PUBLIC_KEY_FILE] == NULL)
-        return missing(ld, map, "principal.jwt", "public_key_file",
-                       "alg RS256 needs the PEM public key");
-    if (hs256 && load_jwt_key(ld, v[SECRET_FILE], "principal.jwt.secret_file", 1, cfg) != 0)
-        return -1;
-    if (!hs256 &&
-        load_jwt_key(ld, v[PUBLIC_KEY_FILE], "principal.jwt.public_key_file", 0, cfg) != 0)
-        return -1;
-    if (v[ISSUER] != NULL) {
-        if (want_text(ld, v[ISSUER], "principal.jwt.issuer", "the issuer (iss) expected", &s) != 0)
-            return -1;
-        cfg->jwt_issuer = xstrdup(s);
-    }
-    if (v[AUDIENCE] != NULL) {
-        if (want_text(ld, v[AUDIENCE], "principal.jwt.audience", "the audience (aud) expected",
-                      &s) != 0)
-            return -1;
-        cfg->jwt_audience = xstrdup(s);
-    }
-    cfg->jwt_require_exp = 1;
-    if (v[REQUIRE_EXP] != NULL &&
-        want_bool(ld, v[REQUIRE_EXP], "principal.jwt.require_exp", &cfg->jwt_require_exp) != 0)
-        return -1;
+    /* A raw credential must not become a scope, stored in clear in every record. */
+    if (ascii_caseeq(s, "Authorization"))
+        return fail(ld, strict_yaml_line(n),
+                    "%s: Authorization holds a credential; use principal.authorization: sha256, "
+                    "which keys on its SHA-256",
+                    path);
+    cfg->principal = GW_PRINCIPAL_HEADER;
+    cfg->principal_header = xstrdup(s);
     return 0;
 }
 
-static int load_principal(struct loader *ld, const yaml_node_t *n, struct gw_config *cfg)
+static int read_principal_authorization(struct loader *ld, const struct conf_key *row,
+                                        const yaml_node_t *n, const char *path, void *base)
 {
-    static const char *const keys[] = {"header", "authorization", "jwt"};
-    enum { HEADER, AUTHORIZATION, JWT };
-    yaml_node_t *v[COUNT(keys)];
+    struct gw_config *cfg = base;
     char shown[EXCERPT + 8];
     const char *s;
-    size_t i, given = 0;
-    int last_line = 0;
 
-    /* config.h's shorthand: `principal: authorization`. */
+    (void)row;
+    if (want_text(ld, n, path, "sha256", &s) != 0)
+        return -1;
+    if (strcmp(s, "sha256") != 0)
+        return fail(ld, strict_yaml_line(n),
+                    "%s: expected sha256 (the only digest offered), not %s", path,
+                    describe(n, shown));
+    cfg->principal = GW_PRINCIPAL_AUTHORIZATION;
+    return 0;
+}
+
+/* `principal`: a mapping of one source, or the shorthand `principal: authorization`. */
+static int read_principal(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                          const char *path, void *base)
+{
+    struct gw_config *cfg = base;
+    char shown[EXCERPT + 8];
+
     if (n->type == YAML_SCALAR_NODE && strcmp(strict_yaml_text(n), "authorization") == 0) {
         cfg->principal = GW_PRINCIPAL_AUTHORIZATION;
         return 0;
     }
     if (n->type != YAML_MAPPING_NODE)
         return fail(ld, strict_yaml_line(n),
-                    "principal: expected a mapping with one of header, "
-                    "authorization or jwt, not %s",
+                    "%s: expected a mapping with one of header, authorization or jwt, not %s", path,
                     describe(n, shown));
-    if (collect(ld, n, "principal", keys, COUNT(keys), v) != 0)
-        return -1;
-    /* Two given: point at the later one. */
-    for (i = 0; i < COUNT(keys); i++) {
-        if (v[i] != NULL) {
-            given++;
-            if (strict_yaml_line(v[i]) > last_line)
-                last_line = strict_yaml_line(v[i]);
-        }
-    }
-    if (given == 0)
-        return fail(ld, strict_yaml_line(n),
-                    "principal: expected one of header, authorization or jwt");
-    if (given > 1)
-        return fail(ld, last_line, "principal: give only one of header, authorization and jwt");
-    if (v[HEADER] != NULL) {
-        if (want_header_name(ld, v[HEADER], "principal.header", &s) != 0)
-            return -1;
-        /* A raw credential must not become a scope, stored in clear in every record. */
-        if (ascii_caseeq(s, "Authorization"))
-            return fail(ld, strict_yaml_line(v[HEADER]),
-                        "principal.header: Authorization holds a "
-                        "credential; use principal.authorization: sha256, "
-                        "which keys on its SHA-256");
-        cfg->principal = GW_PRINCIPAL_HEADER;
-        cfg->principal_header = xstrdup(s);
-    } else if (v[AUTHORIZATION] != NULL) {
-        if (want_text(ld, v[AUTHORIZATION], "principal.authorization", "sha256", &s) != 0)
-            return -1;
-        if (strcmp(s, "sha256") != 0)
-            return fail(ld, strict_yaml_line(v[AUTHORIZATION]),
-                        "principal.authorization: expected sha256 "
-                        "(the only digest offered), not %s",
-                        describe(v[AUTHORIZATION], shown));
-        cfg->principal = GW_PRINCIPAL_AUTHORIZATION;
-    } else {
-        cfg->principal = GW_PRINCIPAL_JWT;
-        if (load_jwt(ld, v[JWT], cfg) != 0)
-            return -1;
-    }
-    return 0;
+    return read_section(ld, row->sub, n, path, base);
 }
 
 /* ---- limits ---------------------------------------------------------------------------------- */
@@ -955,30 +960,38 @@ static int load_principal(struct loader *ld, const yaml_node_t *n, struct gw_con
 static const char *const limit_flags[] = {HTTP_LIMITS_FLAGS(LIMIT_FLAG_NAME)};
 #undef LIMIT_FLAG_NAME
 
-/* `limits:` takes the serve flags' names with '_' for '-'; http_limits_flag() checks the values. */
-static int load_limits(struct loader *ld, const yaml_node_t *map, struct gw_config *cfg)
+/*
+ * `limits:` takes the serve flags' names with '_' for '-'; http_limits_flag() checks the values,
+ * so these rows are made here from the HTTP layer's table rather than written twice.
+ */
+static int read_limits(struct loader *ld, const struct conf_key *row, const yaml_node_t *map,
+                       const char *where, void *base)
 {
+    struct gw_config *cfg = base;
     char names[COUNT(limit_flags)][40];
-    const char *keys[COUNT(limit_flags)];
+    struct conf_key rows[COUNT(limit_flags)];
+    const struct conf_section sec = {rows, COUNT(rows), NULL};
     yaml_node_t *v[COUNT(limit_flags)];
-    char path[64], why[256];
+    char path[96], why[256];
     const char *s, *sentence;
     size_t i, j, flag_len;
 
+    (void)row;
+    memset(rows, 0, sizeof rows);
     for (i = 0; i < COUNT(limit_flags); i++) {
         snprintf(names[i], sizeof names[i], "%s", limit_flags[i]);
         for (j = 0; names[i][j] != '\0'; j++) {
             if (names[i][j] == '-')
                 names[i][j] = '_';
         }
-        keys[i] = names[i];
+        rows[i].name = names[i];
     }
-    if (collect(ld, map, "limits", keys, COUNT(keys), v) != 0)
+    if (collect(ld, map, where, &sec, v) != 0)
         return -1;
     for (i = 0; i < COUNT(limit_flags); i++) {
         if (v[i] == NULL)
             continue;
-        snprintf(path, sizeof path, "limits.%s", keys[i]);
+        snprintf(path, sizeof path, "%.40s.%.39s", where, names[i]);
         if (want_text(ld, v[i], path, "an integer", &s) != 0)
             return -1;
         why[0] = '\0';
@@ -991,45 +1004,6 @@ static int load_limits(struct loader *ld, const yaml_node_t *map, struct gw_conf
                 sentence = why + 3 + flag_len;
             return fail(ld, strict_yaml_line(v[i]), "%s: %s", path, sentence);
         }
-    }
-    return 0;
-}
-
-/*
- * `principal_limits:` what one caller may make the gateway keep; 0 turns a limit off.  The
- * defaults are far above what a client that retries (rather than floods) needs.
- */
-static int load_principal_limits(struct loader *ld, const yaml_node_t *map, struct gw_config *cfg)
-{
-    static const char *const keys[] = {"keys_in_flight", "new_keys_per_second", "stored_bytes",
-                                       "tracked"};
-    enum { KEYS_IN_FLIGHT, NEW_KEYS_PER_SECOND, STORED_BYTES, TRACKED };
-    yaml_node_t *v[COUNT(keys)];
-    int64_t x;
-
-    if (collect(ld, map, "principal_limits", keys, COUNT(keys), v) != 0)
-        return -1;
-    if (v[KEYS_IN_FLIGHT] != NULL) {
-        if (want_int(ld, v[KEYS_IN_FLIGHT], "principal_limits.keys_in_flight", 0, 1000000, &x) != 0)
-            return -1;
-        cfg->limit_keys_in_flight = (int)x;
-    }
-    if (v[NEW_KEYS_PER_SECOND] != NULL) {
-        if (want_int(ld, v[NEW_KEYS_PER_SECOND], "principal_limits.new_keys_per_second", 0, 1000000,
-                     &x) != 0)
-            return -1;
-        cfg->limit_new_keys_per_second = (int)x;
-    }
-    if (v[STORED_BYTES] != NULL) {
-        if (want_size(ld, v[STORED_BYTES], "principal_limits.stored_bytes", 0, 1024 * 1024 * GIB,
-                      &x) != 0)
-            return -1;
-        cfg->limit_stored_bytes = (uint64_t)x;
-    }
-    if (v[TRACKED] != NULL) {
-        if (want_int(ld, v[TRACKED], "principal_limits.tracked", 1, 10000000, &x) != 0)
-            return -1;
-        cfg->limit_tracked = (int)x;
     }
     return 0;
 }
@@ -1138,15 +1112,17 @@ static int check_template(struct loader *ld, const yaml_node_t *n, const char *w
 }
 
 /* "METHOD /path/template": an upper-case method, one space, a path; unique among the routes. */
-static int load_match(struct loader *ld, const yaml_node_t *n, const char *path,
-                      struct gw_config *cfg, size_t index)
+static int read_match(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                      const char *path, void *base)
 {
     static const char what[] = "\"METHOD /path\" such as \"POST /v1/orders/{id}/refunds\"";
-    struct gw_route *r = &cfg->routes[index];
+    struct gw_route *r = base;
+    size_t index = ld->route;
     char shape[MAX_MATCH_LEN + 8], shown[EXCERPT + 8];
     const char *s, *sp;
     size_t mlen, i;
 
+    (void)row;
     if (want_text(ld, n, path, what, &s) != 0)
         return -1;
     if (strlen(s) > MAX_MATCH_LEN)
@@ -1176,15 +1152,18 @@ static int load_match(struct loader *ld, const yaml_node_t *n, const char *path,
     return 0;
 }
 
-static int load_operation(struct loader *ld, const yaml_node_t *n, const char *path,
-                          struct gw_config *cfg, size_t index)
+static int read_operation(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                          const char *path, void *base)
 {
     static const char what[] = "an operation name such as payments.create ([A-Za-z0-9._-], at "
                                "most 64)";
+    struct gw_route *r = base;
+    size_t index = ld->route;
     char shown[EXCERPT + 8];
     const char *s;
     size_t i, len;
 
+    (void)row;
     if (want_text(ld, n, path, what, &s) != 0)
         return -1;
     len = strlen(s);
@@ -1194,83 +1173,74 @@ static int load_operation(struct loader *ld, const yaml_node_t *n, const char *p
                     describe(n, shown));
     /* The operation is the scope's middle part: two routes sharing it would share records. */
     for (i = 0; i < index; i++) {
-        if (strcmp(cfg->routes[i].operation, s) == 0)
+        if (strcmp(ld->cfg->routes[i].operation, s) == 0)
             return fail(ld, strict_yaml_line(n),
                         "%s: \"%s\" is already the operation of routes[%zu] at "
                         "line %d; each route needs its own",
                         path, s, i, ld->seen[i].operation_line);
     }
-    cfg->routes[index].operation = xstrdup(s);
+    r->operation = xstrdup(s);
     ld->seen[index].operation_line = strict_yaml_line(n);
     return 0;
 }
 
-static int load_key(struct loader *ld, const yaml_node_t *map, const char *path, struct gw_route *r)
+static int read_key_header(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                           const char *path, void *base)
 {
-    static const char *const keys[] = {"required", "header", "body", "forward"};
-    enum { REQUIRED, HEADER, BODY, FORWARD };
-    yaml_node_t *v[COUNT(keys)];
-    char sub[96], shown[EXCERPT + 8];
     const char *s;
 
-    if (collect(ld, map, path, keys, COUNT(keys), v) != 0)
+    if (want_header_name(ld, n, path, &s) != 0)
         return -1;
-    r->key_forward_token = v[BODY] == NULL;
-    if (v[FORWARD] != NULL) {
-        snprintf(sub, sizeof sub, "%s.forward", path);
-        if (want_text(ld, v[FORWARD], sub, "token or sf-string", &s) != 0)
-            return -1;
-        if (strcmp(s, "token") != 0 && strcmp(s, "sf-string") != 0)
-            return fail(ld, strict_yaml_line(v[FORWARD]), "%s: expected token or sf-string, not %s",
-                        sub, describe(v[FORWARD], shown));
-        r->key_forward_token = strcmp(s, "token") == 0;
-    }
-    if (v[REQUIRED] != NULL) {
-        snprintf(sub, sizeof sub, "%s.required", path);
-        if (want_bool(ld, v[REQUIRED], sub, &r->key_required) != 0)
-            return -1;
-    }
-    if (v[HEADER] != NULL && v[BODY] != NULL)
-        return fail(
-            ld,
-            strict_yaml_line(v[BODY]) > strict_yaml_line(v[HEADER]) ? strict_yaml_line(v[BODY])
-                                                                    : strict_yaml_line(v[HEADER]),
-            "%s: header and body are mutually exclusive; the key comes from one place", path);
-    if (v[BODY] != NULL) {
-        snprintf(sub, sizeof sub, "%s.body", path);
-        r->key_source = GW_KEY_BODY;
-        return want_pointers(ld, v[BODY], sub, &r->key_pointers, &r->nkey_pointers);
-    }
-    if (v[HEADER] != NULL) {
-        snprintf(sub, sizeof sub, "%s.header", path);
-        if (want_header_name(ld, v[HEADER], sub, &s) != 0)
-            return -1;
-        r->key_header = xstrdup(s);
-    }
+    *field_text(row, base) = xstrdup(s);
     return 0;
 }
 
-static int load_fingerprint(struct loader *ld, const yaml_node_t *n, const char *path,
-                            struct gw_route *r)
+static int read_key_body(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                         const char *path, void *base)
 {
+    struct gw_route *r = base;
+
+    (void)row;
+    r->key_source = GW_KEY_BODY;
+    return want_pointers(ld, n, path, &r->key_pointers, &r->nkey_pointers);
+}
+
+/* The words a scalar value may be, or NULL (the text compared as C text, as written). */
+static const struct word *find_word(const struct word *words, const char *s)
+{
+    for (; words->word != NULL; words++) {
+        if (strcmp(s, words->word) == 0)
+            return words;
+    }
+    return NULL;
+}
+
+static const struct word fingerprint_words[] = {
+    {"body", GW_FP_BODY_ALL}, {"none", GW_FP_BODY_NONE}, {NULL, 0}};
+
+/* `fingerprint`: body, none, or a list of JSON pointers. */
+static int read_fingerprint(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                            const char *path, void *base)
+{
+    struct gw_route *r = base;
+    const struct word *w = NULL;
     char shown[EXCERPT + 8];
 
-    if (n->type == YAML_SEQUENCE_NODE) {
+    if (n != NULL && n->type == YAML_SEQUENCE_NODE) {
         r->fp_body = GW_FP_BODY_POINTERS;
         return want_pointers(ld, n, path, &r->fp_pointers, &r->nfp_pointers);
     }
-    if (n->type == YAML_SCALAR_NODE && strcmp(strict_yaml_text(n), "body") == 0) {
-        r->fp_body = GW_FP_BODY_ALL;
-        return 0;
-    }
-    if (n->type == YAML_SCALAR_NODE && strcmp(strict_yaml_text(n), "none") == 0) {
-        r->fp_body = GW_FP_BODY_NONE;
-        return 0;
-    }
-    return fail(ld, strict_yaml_line(n),
-                "%s: expected body, none or a list of JSON pointers such as "
-                "[/amount, /currency], not %s",
-                path, describe(n, shown));
+    if (n == NULL)
+        w = find_word(fingerprint_words, row->def_text);
+    else if (n->type == YAML_SCALAR_NODE)
+        w = find_word(fingerprint_words, strict_yaml_text(n));
+    if (w == NULL)
+        return fail(ld, strict_yaml_line(n),
+                    "%s: expected body, none or a list of JSON pointers such as "
+                    "[/amount, /currency], not %s",
+                    path, describe(n, shown));
+    r->fp_body = (enum gw_fp_body)w->value;
+    return 0;
 }
 
 static void default_statuses(struct gw_route *r)
@@ -1287,17 +1257,26 @@ static void default_statuses(struct gw_route *r)
         r->store_status[default_unstored[i]] = 0;
 }
 
-/* A list of classes ("2xx") and statuses (404): exactly the statuses stored; never a 5xx. */
-static int load_statuses(struct loader *ld, const yaml_node_t *n, const char *path,
-                         struct gw_route *r)
+/*
+ * `store_statuses`: a list of classes ("2xx") and statuses (404), exactly the statuses stored;
+ * never a 5xx.  Absent: default_statuses().
+ */
+static int read_statuses(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                         const char *path, void *base)
 {
     static const char what[] = "a status class such as 2xx or a status from 100 to 499";
+    struct gw_route *r = base;
     char item_path[96], shown[EXCERPT + 8];
     const char *s;
     int64_t status;
     size_t i;
     int cls, k;
 
+    (void)row;
+    if (n == NULL) {
+        default_statuses(r);
+        return 0;
+    }
     if (n->type != YAML_SEQUENCE_NODE || nitems(n) == 0)
         return fail(ld, strict_yaml_line(n),
                     "%s: expected a non-empty list of statuses such as [2xx, "
@@ -1396,13 +1375,6 @@ static const char *not_storable(const char *name, char *buf, size_t len)
     return buf;
 }
 
-static int load_store_headers(struct loader *ld, const yaml_node_t *n, const char *path,
-                              struct gw_route *r)
-{
-    return load_header_names(ld, n, path, "[Content-Type, Location]", not_storable,
-                             &r->store_headers, &r->nstore_headers);
-}
-
 /* Why a request header cannot be part of the scope, or NULL. */
 static const char *not_scopable(const char *name, char *buf, size_t len)
 {
@@ -1419,18 +1391,81 @@ static const char *not_scopable(const char *name, char *buf, size_t len)
     return buf;
 }
 
+/* A list's fields: the strings at the row's offset, their count at its count_offset. */
+static char ***list_names(const struct conf_key *row, void *base)
+{
+    return (char ***)((char *)base + row->offset);
+}
+
+static size_t *list_count(const struct conf_key *row, void *base)
+{
+    return (size_t *)((char *)base + row->count_offset);
+}
+
+/* A copy of the row's default list, and `extra` after it (absent key). */
+static void default_names(const struct conf_key *row, const char *const *extra, void *base)
+{
+    char ***names = list_names(row, base);
+    size_t *count = list_count(row, base);
+    size_t n = 0, m = 0, i;
+
+    while (row->def_list[n] != NULL)
+        n++;
+    while (extra != NULL && extra[m] != NULL)
+        m++;
+    *names = xcalloc(n + m + 1, sizeof **names);
+    for (i = 0; i < n; i++)
+        (*names)[(*count)++] = xstrdup(row->def_list[i]);
+    for (i = 0; i < m; i++)
+        (*names)[(*count)++] = xstrdup(extra[i]);
+}
+
+static int read_store_headers(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                              const char *path, void *base)
+{
+    return load_header_names(ld, n, path, "[Content-Type, Location]", not_storable,
+                             list_names(row, base), list_count(row, base));
+}
+
+static int read_scope_headers(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                              const char *path, void *base)
+{
+    return load_header_names(ld, n, path, "[Stripe-Account]", not_scopable, list_names(row, base),
+                             list_count(row, base));
+}
+
+static int read_reconcile_headers(struct loader *ld, const struct conf_key *row,
+                                  const yaml_node_t *n, const char *path, void *base)
+{
+    return load_header_names(ld, n, path, "[X-Tenant]", NULL, list_names(row, base),
+                             list_count(row, base));
+}
+
+static int read_method_override_headers(struct loader *ld, const struct conf_key *row,
+                                        const yaml_node_t *n, const char *path, void *base)
+{
+    if (n == NULL) {
+        default_names(row, NULL, base);
+        return 0;
+    }
+    return load_header_names(ld, n, path, "[X-HTTP-Method-Override]", NULL, list_names(row, base),
+                             list_count(row, base));
+}
+
 /*
- * "GET /path?query" with placeholders {key} and the route's own {params} only: the gateway fills
- * them in, and any other name in braces would be sent as written.
+ * `on_unknown.reconcile`: "GET /path?query" with placeholders {key} and the route's own {params}
+ * only: the gateway fills them in, and any other name in braces would be sent as written.
  */
-static int load_reconcile(struct loader *ld, const yaml_node_t *n, const char *path,
-                          struct gw_route *r)
+static int read_reconcile(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                          const char *path, void *base)
 {
     static const char what[] = "\"GET /path\" such as \"GET /v1/orders?requestId={key}\"";
+    struct gw_route *r = base;
     char shown[EXCERPT + 8];
     const char *s, *p, *close;
     size_t len;
 
+    (void)row;
     if (want_text(ld, n, path, what, &s) != 0)
         return -1;
     if (strncmp(s, "GET /", 5) != 0)
@@ -1464,221 +1499,45 @@ static int load_reconcile(struct loader *ld, const yaml_node_t *n, const char *p
     return 0;
 }
 
-static int load_on_unknown(struct loader *ld, const yaml_node_t *n, const char *path,
-                           struct gw_route *r)
+static const struct word unknown_words[] = {
+    {"hold", GW_UNKNOWN_HOLD}, {"resend", GW_UNKNOWN_RESEND}, {NULL, 0}};
+
+/* `on_unknown`: hold, resend, or the mapping of a reconcile query (`sub`). */
+static int read_on_unknown(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                           const char *path, void *base)
 {
-    static const char *const keys[] = {"reconcile", "headers"};
-    yaml_node_t *v[COUNT(keys)];
-    char sub[96], shown[EXCERPT + 8];
+    struct gw_route *r = base;
+    const struct word *w = NULL;
+    char shown[EXCERPT + 8];
 
-    if (n->type == YAML_MAPPING_NODE) {
-        if (collect(ld, n, path, keys, COUNT(keys), v) != 0)
-            return -1;
-        if (v[0] == NULL)
-            return missing(ld, n, path, "reconcile", "reconcile: \"GET /path?id={key}\"");
-        snprintf(sub, sizeof sub, "%s.headers", path);
-        if (v[1] != NULL && load_header_names(ld, v[1], sub, "[X-Tenant]", NULL,
-                                              &r->reconcile_headers, &r->nreconcile_headers) != 0)
-            return -1;
-        snprintf(sub, sizeof sub, "%s.reconcile", path);
-        return load_reconcile(ld, v[0], sub, r);
-    }
-    if (n->type == YAML_SCALAR_NODE && strcmp(strict_yaml_text(n), "hold") == 0) {
-        r->unknown = GW_UNKNOWN_HOLD;
-        return 0;
-    }
-    if (n->type == YAML_SCALAR_NODE && strcmp(strict_yaml_text(n), "resend") == 0) {
-        r->unknown = GW_UNKNOWN_RESEND;
-        return 0;
-    }
-    return fail(ld, strict_yaml_line(n),
-                "%s: expected hold, resend or {reconcile: \"GET /path\"}, not %s", path,
-                describe(n, shown));
-}
-
-static int load_route(struct loader *ld, const yaml_node_t *map, struct gw_config *cfg,
-                      size_t index)
-{
-    static const char *const keys[] = {"match",
-                                       "operation",
-                                       "key",
-                                       "fingerprint",
-                                       "retention",
-                                       "lease",
-                                       "wait",
-                                       "store_statuses",
-                                       "store_headers",
-                                       "max_stored_body",
-                                       "on_unknown",
-                                       "case_sensitive",
-                                       "scope_headers",
-                                       "store_retryable",
-                                       "fingerprint_query"};
-    enum {
-        MATCH,
-        OPERATION,
-        KEY,
-        FINGERPRINT,
-        RETENTION,
-        LEASE,
-        WAIT,
-        STORE_STATUSES,
-        STORE_HEADERS,
-        MAX_STORED_BODY,
-        ON_UNKNOWN,
-        CASE_SENSITIVE,
-        SCOPE_HEADERS,
-        STORE_RETRYABLE,
-        FINGERPRINT_QUERY
-    };
-    struct gw_route *r = &cfg->routes[index];
-    yaml_node_t *v[COUNT(keys)];
-    char where[32], path[64], a[32], b[32];
-    int64_t x = 0;
-    size_t i;
-
-    snprintf(where, sizeof where, "routes[%zu]", index);
-    r->line = strict_yaml_line(map);
-    r->key_required = 1;
-    r->key_forward_token = 1;
-    r->key_source = GW_KEY_HEADER;
-    r->fp_body = GW_FP_BODY_ALL;
-    r->fp_query = 1;
-    r->retention_ms = DEFAULT_RETENTION_MS;
-    r->lease_ms = cfg->upstream_timeout_ms + DEFAULT_LEASE_MARGIN_MS;
-    r->wait_ms = DEFAULT_WAIT_MS;
-    r->max_stored_body = cfg->max_response_bytes < (size_t)DEFAULT_MAX_STORED_BODY
-                             ? cfg->max_response_bytes
-                             : (size_t)DEFAULT_MAX_STORED_BODY;
-    r->unknown = GW_UNKNOWN_HOLD;
-    if (collect(ld, map, where, keys, COUNT(keys), v) != 0)
-        return -1;
-
-    if (v[MATCH] == NULL)
-        return missing(ld, map, where, "match", "match: POST /v1/payments");
-    snprintf(path, sizeof path, "%s.match", where);
-    if (load_match(ld, v[MATCH], path, cfg, index) != 0)
-        return -1;
-    if (v[OPERATION] == NULL)
-        return missing(ld, map, where, "operation", "operation: payments.create");
-    snprintf(path, sizeof path, "%s.operation", where);
-    if (load_operation(ld, v[OPERATION], path, cfg, index) != 0)
-        return -1;
-
-    snprintf(path, sizeof path, "%s.case_sensitive", where);
-    if (v[CASE_SENSITIVE] != NULL &&
-        want_bool(ld, v[CASE_SENSITIVE], path, &r->case_sensitive) != 0)
-        return -1;
-
-    snprintf(path, sizeof path, "%s.key", where);
-    if (v[KEY] != NULL && load_key(ld, v[KEY], path, r) != 0)
-        return -1;
-    if (r->key_source == GW_KEY_HEADER && r->key_header == NULL)
-        r->key_header = xstrdup(DEFAULT_KEY_HEADER);
-
-    snprintf(path, sizeof path, "%s.fingerprint", where);
-    if (v[FINGERPRINT] != NULL && load_fingerprint(ld, v[FINGERPRINT], path, r) != 0)
-        return -1;
-
-    snprintf(path, sizeof path, "%s.retention", where);
-    if (v[RETENTION] != NULL &&
-        want_duration(ld, v[RETENTION], path, SECOND_MS, 366 * DAY_MS, &r->retention_ms) != 0)
-        return -1;
-
-    snprintf(path, sizeof path, "%s.lease", where);
-    if (v[LEASE] != NULL) {
-        if (want_duration(ld, v[LEASE], path, 1, 7 * DAY_MS, &r->lease_ms) != 0)
-            return -1;
-        /* A lease that ends while the upstream may still answer lets a retry forward again. */
-        if (r->lease_ms <= cfg->upstream_timeout_ms) {
-            fmt_duration(r->lease_ms, a, sizeof a);
-            fmt_duration(cfg->upstream_timeout_ms, b, sizeof b);
-            return fail(ld, strict_yaml_line(v[LEASE]),
-                        "%s: %s is not longer than upstream.timeout (%s): "
-                        "the lease must outlive the upstream timeout",
-                        path, a, b);
-        }
-    }
-
-    snprintf(path, sizeof path, "%s.wait", where);
-    if (v[WAIT] != NULL && want_duration(ld, v[WAIT], path, 1, 60 * SECOND_MS, &r->wait_ms) != 0)
-        return -1;
-
-    snprintf(path, sizeof path, "%s.store_statuses", where);
-    if (v[STORE_STATUSES] != NULL) {
-        if (load_statuses(ld, v[STORE_STATUSES], path, r) != 0)
-            return -1;
-    } else {
-        default_statuses(r);
-    }
-
-    snprintf(path, sizeof path, "%s.store_headers", where);
-    if (v[STORE_HEADERS] != NULL) {
-        if (load_store_headers(ld, v[STORE_HEADERS], path, r) != 0)
-            return -1;
-    } else {
-        size_t nstripe = cfg->error_format == GW_ERRORS_STRIPE ? COUNT(stripe_store_headers) : 0;
-        r->store_headers =
-            xcalloc(COUNT(default_store_headers) + nstripe, sizeof *r->store_headers);
-        for (i = 0; i < COUNT(default_store_headers); i++)
-            r->store_headers[r->nstore_headers++] = xstrdup(default_store_headers[i]);
-        for (i = 0; i < nstripe; i++)
-            r->store_headers[r->nstore_headers++] = xstrdup(stripe_store_headers[i]);
-    }
-
-    snprintf(path, sizeof path, "%s.fingerprint_query", where);
-    if (v[FINGERPRINT_QUERY] != NULL &&
-        want_bool(ld, v[FINGERPRINT_QUERY], path, &r->fp_query) != 0)
-        return -1;
-    snprintf(path, sizeof path, "%s.store_retryable", where);
-    if (v[STORE_RETRYABLE] != NULL &&
-        want_bool(ld, v[STORE_RETRYABLE], path, &r->store_retryable) != 0)
-        return -1;
-
-    snprintf(path, sizeof path, "%s.scope_headers", where);
-    if (v[SCOPE_HEADERS] != NULL &&
-        load_header_names(ld, v[SCOPE_HEADERS], path, "[Stripe-Account]", not_scopable,
-                          &r->scope_headers, &r->nscope_headers) != 0)
-        return -1;
-
-    snprintf(path, sizeof path, "%s.max_stored_body", where);
-    if (v[MAX_STORED_BODY] != NULL) {
-        if (want_size(ld, v[MAX_STORED_BODY], path, 1, GIB, &x) != 0)
-            return -1;
-        if ((size_t)x > cfg->max_response_bytes) {
-            fmt_size(x, a, sizeof a);
-            fmt_size((int64_t)cfg->max_response_bytes, b, sizeof b);
-            return fail(ld, strict_yaml_line(v[MAX_STORED_BODY]),
-                        "%s: %s is more than "
-                        "upstream.max_response_size (%s)",
-                        path, a, b);
-        }
-        r->max_stored_body = (size_t)x;
-    }
-
-    snprintf(path, sizeof path, "%s.on_unknown", where);
-    if (v[ON_UNKNOWN] != NULL && load_on_unknown(ld, v[ON_UNKNOWN], path, r) != 0)
-        return -1;
+    if (n != NULL && n->type == YAML_MAPPING_NODE)
+        return read_section(ld, row->sub, n, path, base);
+    if (n == NULL)
+        w = find_word(unknown_words, row->def_text);
+    else if (n->type == YAML_SCALAR_NODE)
+        w = find_word(unknown_words, strict_yaml_text(n));
+    if (w == NULL)
+        return fail(ld, strict_yaml_line(n),
+                    "%s: expected hold, resend or {reconcile: \"GET /path\"}, not %s", path,
+                    describe(n, shown));
+    r->unknown = (enum gw_unknown_mode)w->value;
     return 0;
 }
 
-static int load_routes(struct loader *ld, const yaml_node_t *n, int have_principal,
-                       struct gw_config *cfg)
+/* `routes`: a list of mappings, each read by the route's rows (`sub`). */
+static int read_routes(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                       const char *path, void *base)
 {
-    char shown[EXCERPT + 8];
+    struct gw_config *cfg = base;
+    char shown[EXCERPT + 8], where[32];
     size_t i, count;
 
     if (n->type != YAML_SEQUENCE_NODE)
-        return fail(ld, strict_yaml_line(n),
-                    "routes: expected a list of routes (- match: ...), not %s", describe(n, shown));
+        return fail(ld, strict_yaml_line(n), "%s: expected a list of routes (- match: ...), not %s",
+                    path, describe(n, shown));
     count = nitems(n);
     if (count > MAX_ROUTES)
-        return fail(ld, strict_yaml_line(n), "routes: %zu routes; at most %d", count, MAX_ROUTES);
-    if (count > 0 && !have_principal)
-        return fail(ld, strict_yaml_line(n),
-                    "routes need a principal (the first part of every scope): "
-                    "add principal.header, principal.authorization or "
-                    "principal.jwt");
+        return fail(ld, strict_yaml_line(n), "%s: %zu routes; at most %d", path, count, MAX_ROUTES);
     cfg->routes = xcalloc(count, sizeof *cfg->routes);
     cfg->nroutes = count;
     ld->seen = xcalloc(count, sizeof *ld->seen);
@@ -1688,152 +1547,454 @@ static int load_routes(struct loader *ld, const yaml_node_t *n, int have_princip
 
         if (item == NULL)
             return fail(ld, strict_yaml_line(n), "malformed YAML document");
-        if (load_route(ld, item, cfg, i) != 0)
+        snprintf(where, sizeof where, "%s[%zu]", path, i);
+        cfg->routes[i].line = strict_yaml_line(item);
+        ld->route = i;
+        if (read_section(ld, row->sub, item, where, &cfg->routes[i]) != 0)
             return -1;
+    }
+    return 0;
+}
+
+/* The sections' rules (after the rows, which name them). */
+static int jwt_rules(struct loader *ld, const yaml_node_t *map, const char *where,
+                     yaml_node_t *const *values, void *base);
+static int principal_rules(struct loader *ld, const yaml_node_t *map, const char *where,
+                           yaml_node_t *const *values, void *base);
+static int key_rules(struct loader *ld, const yaml_node_t *map, const char *where,
+                     yaml_node_t *const *values, void *base);
+static int route_rules(struct loader *ld, const yaml_node_t *map, const char *where,
+                       yaml_node_t *const *values, void *base);
+static int check_rules(struct loader *ld, const yaml_node_t *map, const char *where,
+                       yaml_node_t *const *values, void *base);
+
+/* ---- the rows -------------------------------------------------------------------------------- */
+
+/*
+ * Rows of the common types, as Redis's createIntConfig(): name, field, bounds, default.  The
+ * tables read best a row a line (or two), so clang-format leaves them alone.
+ */
+/* clang-format off */
+#define BOOL_KEY(n, field, d) {.name = n, .type = KEY_BOOL, field, .def = d}
+#define INT_KEY(n, field, lo, hi, d) \
+    {.name = n, .type = KEY_INT, field, .min = lo, .max = hi, .def = d}
+#define DURATION_KEY(n, field, lo, hi, d) \
+    {.name = n, .type = KEY_DURATION, field, .min = lo, .max = hi, .def = d}
+#define SIZE_KEY(n, field, lo, hi, d) \
+    {.name = n, .type = KEY_SIZE, field, .min = lo, .max = hi, .def = d}
+#define ENUM_KEY(n, field, w, d, expected) \
+    {.name = n, .type = KEY_ENUM, field, .words = w, .def_text = d, .what = expected}
+#define TEXT_KEY(n, field, expected) {.name = n, .type = KEY_TEXT, field, .what = expected}
+#define SECTION_KEY(n, s) {.name = n, .type = KEY_SECTION, .sub = s}
+#define CUSTOM_KEY(n, reader) {.name = n, .type = KEY_CUSTOM, .read = reader}
+
+static const struct word keyed_connections_words[] = {{"pooled", 0}, {"fresh", 1}, {NULL, 0}};
+static const struct word jwt_alg_words[] = {
+    {"HS256", GW_JWT_HS256}, {"RS256", GW_JWT_RS256}, {NULL, 0}};
+static const struct word forward_words[] = {{"token", 1}, {"sf-string", 0}, {NULL, 0}};
+static const struct word error_format_words[] = {
+    {"problem", GW_ERRORS_PROBLEM}, {"stripe", GW_ERRORS_STRIPE}, {NULL, 0}};
+static const struct word unrouted_words[] = {
+    {"pass", GW_UNROUTED_PASS}, {"refuse", GW_UNROUTED_REFUSE}, {NULL, 0}};
+
+static const struct conf_key upstream_keys[] = {
+    {.name = "url", .type = KEY_CUSTOM, .flags = KEY_REQUIRED, .example = "url: http://HOST:PORT",
+     .read = read_upstream_url},
+    DURATION_KEY("connect_timeout", CFG(upstream_connect_timeout_ms), 1, HOUR_MS, 2 * SECOND_MS),
+    /* Request sent to the end of the answer. */
+    DURATION_KEY("timeout", CFG(upstream_timeout_ms), 1, DAY_MS, 30 * SECOND_MS),
+    INT_KEY("max_connections", CFG(upstream_max_connections), 1, 10000, 64),
+    SIZE_KEY("max_response_size", CFG(max_response_bytes), 1, GIB, 16 * MIB),
+    /*
+     * A connection an upstream sent a stray answer on can look idle at any check before reuse
+     * (the answer may come later), so keyed requests, whose answers are stored, get their own.
+     */
+    ENUM_KEY("keyed_connections", CFG(upstream_keyed_fresh), keyed_connections_words, "fresh",
+             "pooled or fresh"),
+};
+static const struct conf_section upstream_section = SECTION(upstream_keys, NULL);
+
+/* `alg` first: the key files' readers check that they belong to it. */
+static const struct conf_key jwt_keys[] = {
+    {.name = "alg", .type = KEY_ENUM, .flags = KEY_REQUIRED, CFG(jwt_alg), .words = jwt_alg_words,
+     .what = "HS256 or RS256", .example = "HS256 or RS256"},
+    CUSTOM_KEY("secret_file", read_jwt_secret),
+    CUSTOM_KEY("public_key_file", read_jwt_public_key),
+    TEXT_KEY("issuer", CFG(jwt_issuer), "the issuer (iss) expected"),
+    TEXT_KEY("audience", CFG(jwt_audience), "the audience (aud) expected"),
+    BOOL_KEY("require_exp", CFG(jwt_require_exp), 1),
+};
+static const struct conf_section jwt_section = SECTION(jwt_keys, jwt_rules);
+
+static const struct conf_key principal_keys[] = {
+    CUSTOM_KEY("header", read_principal_header),
+    CUSTOM_KEY("authorization", read_principal_authorization),
+    SECTION_KEY("jwt", &jwt_section),
+};
+static const struct conf_section principal_section = SECTION(principal_keys, principal_rules);
+
+/*
+ * What one caller may make the gateway keep; 0 turns a limit off.  The defaults are far above
+ * what a client that retries (rather than floods) needs.
+ */
+static const struct conf_key principal_limits_keys[] = {
+    INT_KEY("keys_in_flight", CFG(limit_keys_in_flight), 0, 1000000, 512),
+    INT_KEY("new_keys_per_second", CFG(limit_new_keys_per_second), 0, 1000000, 1000),
+    SIZE_KEY("stored_bytes", CFG(limit_stored_bytes), 0, 1024 * 1024 * GIB, GIB),
+    INT_KEY("tracked", CFG(limit_tracked), 1, 10000000, 10000),
+};
+static const struct conf_section principal_limits_section = SECTION(principal_limits_keys, NULL);
+
+/* What `header` and `forward` are when not written follows from `body` (key_rules()). */
+static const struct conf_key key_keys[] = {
+    BOOL_KEY("required", ROUTE(key_required), 1),
+    {.name = "header", .type = KEY_CUSTOM, .flags = KEY_DERIVED, ROUTE(key_header),
+     .def_text = "Idempotency-Key", .read = read_key_header},
+    CUSTOM_KEY("body", read_key_body),
+    {.name = "forward", .type = KEY_ENUM, .flags = KEY_DERIVED, ROUTE(key_forward_token),
+     .words = forward_words, .def_text = "token", .what = "token or sf-string"},
+};
+static const struct conf_section key_section = SECTION(key_keys, key_rules);
+
+static const struct conf_key on_unknown_keys[] = {
+    {.name = "reconcile", .type = KEY_CUSTOM, .flags = KEY_REQUIRED,
+     .example = "reconcile: \"GET /path?id={key}\"", .read = read_reconcile},
+    {.name = "headers", .type = KEY_CUSTOM, LIST(struct gw_route, reconcile_headers),
+     .read = read_reconcile_headers},
+};
+static const struct conf_section on_unknown_section = SECTION(on_unknown_keys, NULL);
+
+static const struct conf_key route_keys[] = {
+    {.name = "match", .type = KEY_CUSTOM, .flags = KEY_REQUIRED,
+     .example = "match: POST /v1/payments", .read = read_match},
+    {.name = "operation", .type = KEY_CUSTOM, .flags = KEY_REQUIRED,
+     .example = "operation: payments.create", .read = read_operation},
+    SECTION_KEY("key", &key_section),
+    {.name = "fingerprint", .type = KEY_CUSTOM, .flags = KEY_READS_DEFAULT, .def_text = "body",
+     .read = read_fingerprint},
+    DURATION_KEY("retention", ROUTE(retention_ms), SECOND_MS, 366 * DAY_MS, DAY_MS),
+    /* check_rules(): it outlives upstream.timeout, by LEASE_MARGIN_MS when not written. */
+    {.name = "lease", .type = KEY_DURATION, .flags = KEY_DERIVED, ROUTE(lease_ms), .min = 1,
+     .max = 7 * DAY_MS, .doc = "upstream.timeout + 10s"},
+    DURATION_KEY("wait", ROUTE(wait_ms), 1, 60 * SECOND_MS, 2 * SECOND_MS),
+    {.name = "store_statuses", .type = KEY_CUSTOM, .flags = KEY_READS_DEFAULT,
+     .doc = "2xx, 4xx but 400 401 403 408 413 415 429", .read = read_statuses},
+    /* check_rules(): with error_format: stripe, stripe_store_headers join the default. */
+    {.name = "store_headers", .type = KEY_CUSTOM, .flags = KEY_DERIVED,
+     LIST(struct gw_route, store_headers), .def_list = default_store_headers,
+     .read = read_store_headers},
+    /* check_rules(): at most upstream.max_response_size. */
+    SIZE_KEY("max_stored_body", ROUTE(max_stored_body), 1, GIB, MIB),
+    {.name = "on_unknown", .type = KEY_CUSTOM, .flags = KEY_READS_DEFAULT | KEY_FORM,
+     .def_text = "hold", .sub = &on_unknown_section, .read = read_on_unknown},
+    BOOL_KEY("case_sensitive", ROUTE(case_sensitive), 0),
+    {.name = "scope_headers", .type = KEY_CUSTOM, LIST(struct gw_route, scope_headers),
+     .read = read_scope_headers},
+    BOOL_KEY("store_retryable", ROUTE(store_retryable), 0),
+    BOOL_KEY("fingerprint_query", ROUTE(fp_query), 1),
+};
+static const struct conf_section route_section = SECTION(route_keys, route_rules);
+
+static const struct conf_key top_keys[] = {
+    /* Clear of orderd (8080) and provider-sim (8090). */
+    {.name = "listen", .type = KEY_CUSTOM, .flags = KEY_READS_DEFAULT, CFG(listen),
+     .def_text = "127.0.0.1:8180", .read = read_listen},
+    {.name = "admin_listen", .type = KEY_CUSTOM, .flags = KEY_READS_DEFAULT, CFG(admin_listen),
+     .def_text = "127.0.0.1:8181", .read = read_listen},
+    {.name = "store", .type = KEY_CUSTOM, .flags = KEY_READS_DEFAULT,
+     .def_text = "sqlite:gateway.db", .read = read_store},
+    {.name = "upstream", .type = KEY_SECTION, .flags = KEY_REQUIRED,
+     .example = "upstream: url: http://HOST:PORT", .sub = &upstream_section},
+    SIZE_KEY("max_body_size", CFG(max_body), 1, 64 * MIB, MIB),
+    {.name = "principal", .type = KEY_CUSTOM, .doc = "required with routes",
+     .sub = &principal_section, .read = read_principal},
+    {.name = "limits", .type = KEY_CUSTOM, .flags = KEY_OPEN, .read = read_limits},
+    {.name = "routes", .type = KEY_CUSTOM, .flags = KEY_LIST, .sub = &route_section,
+     .read = read_routes},
+    {.name = "method_override_headers", .type = KEY_CUSTOM, .flags = KEY_READS_DEFAULT,
+     LIST(struct gw_config, method_override_headers), .def_list = default_method_override_headers,
+     .read = read_method_override_headers},
+    {.name = "admin_token_file", .type = KEY_CUSTOM, CFG(admin_token), .read = read_admin_token},
+    ENUM_KEY("error_format", CFG(error_format), error_format_words, "problem", "problem or stripe"),
+    {.name = "instance", .type = KEY_CUSTOM, CFG(instance), .doc = "the host's name",
+     .read = read_instance},
+    SECTION_KEY("principal_limits", &principal_limits_section),
+    /* The stored answers of every caller together. */
+    SIZE_KEY("max_stored_bytes", CFG(max_stored_bytes), 0, 1024 * 1024 * GIB, 16 * GIB),
+    ENUM_KEY("unrouted_keys", CFG(unrouted_keys), unrouted_words, "pass", "pass or refuse"),
+};
+static const struct conf_section top_section = SECTION(top_keys, check_rules);
+/* clang-format on */
+
+_Static_assert(COUNT(top_keys) <= MAX_KEYS && COUNT(route_keys) <= MAX_KEYS &&
+                   COUNT(limit_flags) <= MAX_KEYS,
+               "collect() reads at most MAX_KEYS keys of a mapping");
+
+/* ---- reading rows ---------------------------------------------------------------------------- */
+
+static const struct conf_key *row_named(const struct conf_section *sec, const char *name)
+{
+    size_t i;
+
+    for (i = 0; i < sec->nkeys; i++) {
+        if (strcmp(sec->keys[i].name, name) == 0)
+            return &sec->keys[i];
+    }
+    abort(); /* a name of this file's own tables */
+}
+
+/* The node of key `name` among a section's `values` (collect()'s), or NULL. */
+static yaml_node_t *value_of(const struct conf_section *sec, yaml_node_t *const *values,
+                             const char *name)
+{
+    return values[row_named(sec, name) - sec->keys];
+}
+
+static void set_number(const struct conf_key *row, void *base, int64_t v)
+{
+    char *field = (char *)base + row->offset;
+    int small = (int)v;
+
+    if (row->size == sizeof small)
+        memcpy(field, &small, sizeof small);
+    else
+        memcpy(field, &v, sizeof v);
+}
+
+/* One key's value `n` (NULL: absent) at `path` into the section's struct `base`. */
+static int read_value(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                      const char *path, void *base)
+{
+    const struct word *w;
+    char shown[EXCERPT + 8];
+    const char *s;
+    int64_t x = row->def;
+    int b = 0;
+
+    if (n == NULL && (row->flags & KEY_DERIVED) != 0)
+        return 0;
+    switch (row->type) {
+    case KEY_BOOL:
+        if (n != NULL) {
+            if (want_bool(ld, n, path, &b) != 0)
+                return -1;
+            x = b;
+        }
+        break;
+    case KEY_INT:
+        if (n != NULL && want_int(ld, n, path, row->min, row->max, &x) != 0)
+            return -1;
+        break;
+    case KEY_DURATION:
+        if (n != NULL && want_duration(ld, n, path, row->min, row->max, &x) != 0)
+            return -1;
+        break;
+    case KEY_SIZE:
+        if (n != NULL && want_size(ld, n, path, row->min, row->max, &x) != 0)
+            return -1;
+        break;
+    case KEY_TEXT:
+        if (n == NULL)
+            return 0;
+        if (want_text(ld, n, path, row->what, &s) != 0)
+            return -1;
+        *field_text(row, base) = xstrdup(s);
+        return 0;
+    case KEY_ENUM:
+        s = row->def_text;
+        if (n != NULL && want_text(ld, n, path, row->what, &s) != 0)
+            return -1;
+        if (s == NULL)
+            return 0;
+        w = find_word(row->words, s);
+        if (w == NULL)
+            return fail(ld, strict_yaml_line(n), "%s: expected %s, not %s", path, row->what,
+                        describe(n, shown));
+        x = w->value;
+        break;
+    case KEY_SECTION:
+        return read_section(ld, row->sub, n, path, base);
+    case KEY_CUSTOM:
+        if (n == NULL && (row->flags & KEY_READS_DEFAULT) == 0)
+            return 0;
+        return row->read(ld, row, n, path, base);
+    }
+    set_number(row, base, x);
+    return 0;
+}
+
+/*
+ * Reads mapping `map` (NULL: absent, every row's default) at `where` by the rows of `sec` into
+ * `base`: unknown and repeated keys refused, required ones present, then each row in order, then
+ * the section's rules.
+ */
+static int read_section(struct loader *ld, const struct conf_section *sec, const yaml_node_t *map,
+                        const char *where, void *base)
+{
+    yaml_node_t *v[MAX_KEYS];
+    char path[96];
+    size_t i;
+
+    memset(v, 0, sizeof v);
+    if (map != NULL && collect(ld, map, where, sec, v) != 0)
+        return -1;
+    for (i = 0; map != NULL && i < sec->nkeys; i++) {
+        if ((sec->keys[i].flags & KEY_REQUIRED) != 0 && v[i] == NULL)
+            return missing(ld, map, where, sec->keys[i].name, sec->keys[i].example);
+    }
+    for (i = 0; i < sec->nkeys; i++) {
+        if (where[0] != '\0')
+            snprintf(path, sizeof path, "%s.%s", where, sec->keys[i].name);
+        else
+            snprintf(path, sizeof path, "%s", sec->keys[i].name);
+        if (read_value(ld, &sec->keys[i], v[i], path, base) != 0)
+            return -1;
+    }
+    return sec->rules != NULL ? sec->rules(ld, map, where, v, base) : 0;
+}
+
+/* The alg's own key file, once the section is read (given: the rows checked it belongs). */
+static int jwt_rules(struct loader *ld, const yaml_node_t *map, const char *where,
+                     yaml_node_t *const *values, void *base)
+{
+    struct gw_config *cfg = base;
+
+    if (map == NULL)
+        return 0;
+    if (cfg->jwt_alg == GW_JWT_HS256 && value_of(&jwt_section, values, "secret_file") == NULL)
+        return missing(ld, map, where, "secret_file", "alg HS256 needs the secret");
+    if (cfg->jwt_alg == GW_JWT_RS256 && value_of(&jwt_section, values, "public_key_file") == NULL)
+        return missing(ld, map, where, "public_key_file", "alg RS256 needs the PEM public key");
+    return 0;
+}
+
+/* Exactly one source; two given: point at the later one. */
+static int principal_rules(struct loader *ld, const yaml_node_t *map, const char *where,
+                           yaml_node_t *const *values, void *base)
+{
+    size_t i, given = 0;
+    int last_line = 0;
+
+    for (i = 0; i < principal_section.nkeys; i++) {
+        if (values[i] != NULL) {
+            given++;
+            if (strict_yaml_line(values[i]) > last_line)
+                last_line = strict_yaml_line(values[i]);
+        }
+    }
+    if (given == 0)
+        return fail(ld, strict_yaml_line(map), "%s: expected one of header, authorization or jwt",
+                    where);
+    if (given > 1)
+        return fail(ld, last_line, "%s: give only one of header, authorization and jwt", where);
+    if (value_of(&principal_section, values, "jwt") != NULL)
+        ((struct gw_config *)base)->principal = GW_PRINCIPAL_JWT;
+    return 0;
+}
+
+/*
+ * The key comes from one place; what is not written follows from where: the header's name, and
+ * how the key is forwarded (bare when it came from a header, as clients send it).
+ */
+static int key_rules(struct loader *ld, const yaml_node_t *map, const char *where,
+                     yaml_node_t *const *values, void *base)
+{
+    struct gw_route *r = base;
+    int header_line, body_line;
+
+    (void)map;
+    if (values[1] != NULL && values[2] != NULL) {
+        header_line = strict_yaml_line(values[1]);
+        body_line = strict_yaml_line(values[2]);
+        return fail(ld, body_line > header_line ? body_line : header_line,
+                    "%s: header and body are mutually exclusive; the key comes from one place",
+                    where);
+    }
+    if (values[3] == NULL)
+        r->key_forward_token = r->key_source != GW_KEY_BODY;
+    if (r->key_source == GW_KEY_HEADER && r->key_header == NULL)
+        r->key_header = xstrdup(row_named(&key_section, "header")->def_text);
+    return 0;
+}
+
+/* A route's nodes, for check_rules(). */
+static int route_rules(struct loader *ld, const yaml_node_t *map, const char *where,
+                       yaml_node_t *const *values, void *base)
+{
+    (void)map;
+    (void)where;
+    (void)base;
+    memcpy(ld->seen[ld->route].values, values, sizeof ld->seen[ld->route].values);
+    return 0;
+}
+
+/* ---- rules across keys ------------------------------------------------------------------- */
+
+/*
+ * What keys mean for keys of other sections, once the whole document is read (the top level's
+ * rules): routes need a principal; a route's lease outlives upstream.timeout and its stored body
+ * fits upstream.max_response_size, their defaults following from those; error_format: stripe
+ * adds the headers Stripe's clients check to the default store_headers.
+ */
+static int check_rules(struct loader *ld, const yaml_node_t *map, const char *where,
+                       yaml_node_t *const *values, void *base)
+{
+    struct gw_config *cfg = base;
+    const yaml_node_t *routes = value_of(&top_section, values, "routes");
+    const yaml_node_t *lease, *stored;
+    struct gw_route *r;
+    char path[64], a[32], b[32];
+    size_t i;
+
+    (void)map;
+    (void)where;
+    if (cfg->nroutes > 0 && value_of(&top_section, values, "principal") == NULL)
+        return fail(ld, strict_yaml_line(routes),
+                    "routes need a principal (the first part of every scope): "
+                    "add principal.header, principal.authorization or "
+                    "principal.jwt");
+    for (i = 0; i < cfg->nroutes; i++) {
+        r = &cfg->routes[i];
+        lease = value_of(&route_section, ld->seen[i].values, "lease");
+        stored = value_of(&route_section, ld->seen[i].values, "max_stored_body");
+        if (lease == NULL) {
+            r->lease_ms = cfg->upstream_timeout_ms + LEASE_MARGIN_MS;
+        } else if (r->lease_ms <= cfg->upstream_timeout_ms) {
+            /* A lease that ends while the upstream may still answer lets a retry forward again. */
+            snprintf(path, sizeof path, "routes[%zu].lease", i);
+            fmt_duration(r->lease_ms, a, sizeof a);
+            fmt_duration(cfg->upstream_timeout_ms, b, sizeof b);
+            return fail(ld, strict_yaml_line(lease),
+                        "%s: %s is not longer than upstream.timeout (%s): "
+                        "the lease must outlive the upstream timeout",
+                        path, a, b);
+        }
+        if (stored == NULL) {
+            if (r->max_stored_body > cfg->max_response_bytes)
+                r->max_stored_body = cfg->max_response_bytes;
+        } else if (r->max_stored_body > cfg->max_response_bytes) {
+            snprintf(path, sizeof path, "routes[%zu].max_stored_body", i);
+            fmt_size((int64_t)r->max_stored_body, a, sizeof a);
+            fmt_size((int64_t)cfg->max_response_bytes, b, sizeof b);
+            return fail(ld, strict_yaml_line(stored),
+                        "%s: %s is more than upstream.max_response_size (%s)", path, a, b);
+        }
+        if (value_of(&route_section, ld->seen[i].values, "store_headers") == NULL)
+            default_names(row_named(&route_section, "store_headers"),
+                          cfg->error_format == GW_ERRORS_STRIPE ? stripe_store_headers : NULL, r);
     }
     return 0;
 }
 
 /* ---- the document ---------------------------------------------------------------------------- */
 
-static int load_error_format(struct loader *ld, const yaml_node_t *n, struct gw_config *cfg)
-{
-    char shown[EXCERPT + 8];
-    const char *s = n->type == YAML_SCALAR_NODE ? strict_yaml_text(n) : "";
-
-    if (strcmp(s, "problem") == 0)
-        cfg->error_format = GW_ERRORS_PROBLEM;
-    else if (strcmp(s, "stripe") == 0)
-        cfg->error_format = GW_ERRORS_STRIPE;
-    else
-        return fail(ld, strict_yaml_line(n), "error_format: expected problem or stripe, not %s",
-                    describe(n, shown));
-    return 0;
-}
-
-/* A name of letters, digits, '.', '_' and '-' (it starts lease owner names, before a ':'). */
-static int load_instance(struct loader *ld, const yaml_node_t *n, struct gw_config *cfg)
-{
-    static const char what[] = "a name of letters, digits, '.', '_' and '-' such as gw-a";
-    char shown[EXCERPT + 8];
-    const char *s;
-    size_t len;
-
-    if (want_text(ld, n, "instance", what, &s) != 0)
-        return -1;
-    len = strlen(s);
-    if (len == 0 || len > 64 ||
-        strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != len)
-        return fail(ld, strict_yaml_line(n), "instance: expected %s (at most 64), not %s", what,
-                    describe(n, shown));
-    cfg->instance = xstrdup(s);
-    return 0;
-}
-
-/* What becomes of a request with a key on no route: `pass` (with a warning) or `refuse`. */
-static int load_unrouted_keys(struct loader *ld, const yaml_node_t *n, struct gw_config *cfg)
-{
-    char shown[EXCERPT + 8];
-    const char *s;
-
-    if (want_text(ld, n, "unrouted_keys", "pass or refuse", &s) != 0)
-        return -1;
-    if (strcmp(s, "pass") != 0 && strcmp(s, "refuse") != 0)
-        return fail(ld, strict_yaml_line(n), "unrouted_keys: expected pass or refuse, not %s",
-                    describe(n, shown));
-    cfg->unrouted_keys = strcmp(s, "refuse") == 0 ? GW_UNROUTED_REFUSE : GW_UNROUTED_PASS;
-    return 0;
-}
-
 static int load_document(struct loader *ld, struct gw_config *cfg)
 {
-    static const char *const keys[] = {
-        "listen",           "admin_listen",     "store",
-        "upstream",         "max_body_size",    "principal",
-        "limits",           "routes",           "method_override_headers",
-        "admin_token_file", "error_format",     "instance",
-        "principal_limits", "max_stored_bytes", "unrouted_keys"};
-    enum {
-        LISTEN,
-        ADMIN_LISTEN,
-        STORE,
-        UPSTREAM,
-        MAX_BODY_SIZE,
-        PRINCIPAL,
-        LIMITS,
-        ROUTES,
-        METHOD_OVERRIDE_HEADERS,
-        ADMIN_TOKEN_FILE,
-        ERROR_FORMAT,
-        INSTANCE,
-        PRINCIPAL_LIMITS,
-        MAX_STORED_BYTES,
-        UNROUTED_KEYS
-    };
     yaml_node_t *root = yaml_document_get_root_node(ld->doc);
-    yaml_node_t *v[COUNT(keys)];
-    int64_t x = 0;
 
     if (root == NULL || strict_yaml_is_null(root))
         return fail(ld, 1, "empty config; expected a mapping with at least upstream");
-    if (collect(ld, root, "", keys, COUNT(keys), v) != 0)
-        return -1;
-    /* The upstream first: routes' defaults and bounds (lease, max_stored_body) depend on it. */
-    if (v[UPSTREAM] == NULL)
-        return missing(ld, root, "", "upstream", "upstream: url: http://HOST:PORT");
-    if (load_upstream(ld, v[UPSTREAM], cfg) != 0)
-        return -1;
-    if (load_listen(ld, v[LISTEN], "listen", DEFAULT_LISTEN, &cfg->listen) != 0 ||
-        load_listen(ld, v[ADMIN_LISTEN], "admin_listen", DEFAULT_ADMIN_LISTEN,
-                    &cfg->admin_listen) != 0 ||
-        load_store(ld, v[STORE], cfg) != 0)
-        return -1;
-    if (v[ADMIN_TOKEN_FILE] != NULL && load_admin_token(ld, v[ADMIN_TOKEN_FILE], cfg) != 0)
-        return -1;
-    cfg->max_body = (size_t)DEFAULT_MAX_BODY;
-    if (v[MAX_BODY_SIZE] != NULL) {
-        if (want_size(ld, v[MAX_BODY_SIZE], "max_body_size", 1, 64 * MIB, &x) != 0)
-            return -1;
-        cfg->max_body = (size_t)x;
-    }
-    if (v[PRINCIPAL] != NULL && load_principal(ld, v[PRINCIPAL], cfg) != 0)
-        return -1;
-    if (v[LIMITS] != NULL && load_limits(ld, v[LIMITS], cfg) != 0)
-        return -1;
-    cfg->limit_keys_in_flight = DEFAULT_KEYS_IN_FLIGHT;
-    cfg->limit_new_keys_per_second = DEFAULT_NEW_KEYS_PER_SECOND;
-    cfg->limit_stored_bytes = (uint64_t)DEFAULT_PRINCIPAL_STORED;
-    cfg->limit_tracked = DEFAULT_TRACKED;
-    cfg->max_stored_bytes = (uint64_t)DEFAULT_MAX_STORED;
-    if (v[PRINCIPAL_LIMITS] != NULL && load_principal_limits(ld, v[PRINCIPAL_LIMITS], cfg) != 0)
-        return -1;
-    if (v[MAX_STORED_BYTES] != NULL) {
-        if (want_size(ld, v[MAX_STORED_BYTES], "max_stored_bytes", 0, 1024 * 1024 * GIB, &x) != 0)
-            return -1;
-        cfg->max_stored_bytes = (uint64_t)x;
-    }
-    /* Before the routes: their default store_headers depend on it. */
-    if (v[ERROR_FORMAT] != NULL && load_error_format(ld, v[ERROR_FORMAT], cfg) != 0)
-        return -1;
-    if (v[INSTANCE] != NULL && load_instance(ld, v[INSTANCE], cfg) != 0)
-        return -1;
-    if (v[ROUTES] != NULL && load_routes(ld, v[ROUTES], v[PRINCIPAL] != NULL, cfg) != 0)
-        return -1;
-    if (v[UNROUTED_KEYS] != NULL && load_unrouted_keys(ld, v[UNROUTED_KEYS], cfg) != 0)
-        return -1;
-    if (v[METHOD_OVERRIDE_HEADERS] != NULL) {
-        if (load_header_names(ld, v[METHOD_OVERRIDE_HEADERS], "method_override_headers",
-                              "[X-HTTP-Method-Override]", NULL, &cfg->method_override_headers,
-                              &cfg->nmethod_override_headers) != 0)
-            return -1;
-    } else {
-        cfg->method_override_headers =
-            xcalloc(COUNT(default_method_override_headers) + 1, sizeof(char *));
-        for (size_t i = 0; i < COUNT(default_method_override_headers); i++)
-            cfg->method_override_headers[i] = xstrdup(default_method_override_headers[i]);
-        cfg->nmethod_override_headers = COUNT(default_method_override_headers);
-    }
-    return 0;
+    return read_section(ld, &top_section, root, "", cfg);
 }
 
 int gw_config_parse(const char *name, const char *text, size_t len, struct gw_config **out,
@@ -1867,6 +2028,7 @@ int gw_config_parse(const char *name, const char *text, size_t len, struct gw_co
     ld.doc = &doc;
     cfg = xcalloc(1, sizeof *cfg);
     cfg->file = xstrdup(ld.name);
+    ld.cfg = cfg;
     if (load_document(&ld, cfg) != 0)
         goto out;
     *out = cfg;
@@ -1952,4 +2114,83 @@ void gw_config_free(struct gw_config *cfg)
     free(cfg->jwt_issuer);
     free(cfg->jwt_audience);
     free(cfg);
+}
+
+/* ---- the rows, for the reference ------------------------------------------------------------- */
+
+/* The default as docs/gateway.md's reference writes it. */
+static void default_shown(const struct conf_key *row, char *out, size_t cap)
+{
+    size_t i, used;
+
+    out[0] = '\0';
+    if ((row->flags & KEY_REQUIRED) != 0) {
+        snprintf(out, cap, "required");
+    } else if (row->doc != NULL) {
+        snprintf(out, cap, "%s", row->doc);
+    } else if (row->def_list != NULL) {
+        snprintf(out, cap, "[");
+        for (i = 0; row->def_list[i] != NULL; i++) {
+            used = strlen(out);
+            snprintf(out + used, cap - used, "%s%s", i ? ", " : "", row->def_list[i]);
+        }
+        used = strlen(out);
+        snprintf(out + used, cap - used, "]");
+    } else if (row->def_text != NULL) {
+        snprintf(out, cap, "%s", row->def_text);
+    } else if (row->type == KEY_BOOL) {
+        snprintf(out, cap, "%s", row->def ? "true" : "false");
+    } else if (row->type == KEY_INT) {
+        snprintf(out, cap, "%lld", (long long)row->def);
+    } else if (row->type == KEY_DURATION) {
+        fmt_duration(row->def, out, cap);
+    } else if (row->type == KEY_SIZE) {
+        fmt_size(row->def, out, cap);
+    }
+}
+
+static void list_keys(const struct conf_section *sec, const char *prefix, struct gw_config_key *out,
+                      size_t cap, size_t *n)
+{
+    static const char *const types[] = {"bool", "integer", "duration", "size",
+                                        "text", "word",    "section",  "custom"};
+    const struct conf_key *row;
+    struct gw_config_key *k;
+    char path[sizeof out->path];
+    size_t i;
+
+    for (i = 0; i < sec->nkeys; i++) {
+        row = &sec->keys[i];
+        snprintf(path, sizeof path, "%s%s%s%s", prefix, prefix[0] ? "." : "", row->name,
+                 (row->flags & KEY_LIST)   ? "[]"
+                 : (row->flags & KEY_OPEN) ? ".*"
+                                           : "");
+        if (row->type != KEY_SECTION && (row->flags & KEY_LIST) == 0) {
+            if (*n < cap) {
+                k = &out[*n];
+                memset(k, 0, sizeof *k);
+                memcpy(k->path, path, sizeof path);
+                k->type = types[row->type];
+                default_shown(row, k->def, sizeof k->def);
+                k->bounded =
+                    row->type == KEY_INT || row->type == KEY_DURATION || row->type == KEY_SIZE;
+                k->min = row->min;
+                k->max = row->max;
+                k->has_value = (row->type <= KEY_SIZE) && (row->flags & KEY_DERIVED) == 0;
+                k->def_value = row->def;
+                k->field_size = row->size;
+            }
+            (*n)++;
+        }
+        if (row->sub != NULL && (row->flags & KEY_FORM) == 0)
+            list_keys(row->sub, path, out, cap, n);
+    }
+}
+
+size_t gw_config_keys(struct gw_config_key *out, size_t cap)
+{
+    size_t n = 0;
+
+    list_keys(&top_section, "", out, cap, &n);
+    return n;
 }

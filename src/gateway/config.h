@@ -206,4 +206,22 @@ int gw_config_parse(const char *name, const char *text, size_t len, struct gw_co
 
 void gw_config_free(struct gw_config *cfg);
 
+/*
+ * One key a config file may hold, as config.c's table of rows has it: for the reference
+ * (docs/gateway.md) and the tests that hold the two together.
+ */
+struct gw_config_key {
+    char path[64];    /* "upstream.timeout", "routes[].key.header", "limits.*" */
+    const char *type; /* "bool", "integer", "duration", "size", "text", "word" or "custom" */
+    char def[160];    /* the default as the reference writes it: "30s", "required", "" for none */
+    int bounded;      /* integer, duration (ms), size (bytes): in [min, max] */
+    int64_t min, max;
+    int has_value; /* def_value is the default (a number or a bool, not derived) */
+    int64_t def_value;
+    size_t field_size; /* of the struct field a number goes into (0: none) */
+};
+
+/* Fills at most `cap` of `out` (in the rows' order) and returns how many keys there are. */
+size_t gw_config_keys(struct gw_config_key *out, size_t cap);
+
 #endif /* IDEM_GATEWAY_CONFIG_H */
