@@ -3,8 +3,10 @@
  * test_config.c - idem-gateway's config reader (src/gateway/config.c): examples/gateway.yaml
  * loads with the values it spells out, a minimal file gets every default, and each class of
  * mistake is refused with the file, the line of the node at fault and words that say what was
- * expected.  Inline text goes through gw_config_parse; files (the example, JWT key files, a missing
- * config) through gw_config_load in a temporary directory.  Runs in tests/gateway.
+ * expected; every key of the reader's table is in docs/gateway.md's reference with its default,
+ * and every bounded one is refused one past its bounds.  Inline text goes through gw_config_parse;
+ * files (the example, JWT key files, a missing config) through gw_config_load in a temporary
+ * directory.  Runs in tests/gateway.
  */
 #include "config.h"
 
@@ -1102,6 +1104,227 @@ static void test_client_conventions(void)
                   "t.yaml:8: ", "routes[0].store_retryable: expected");
 }
 
+/* ---- the table of keys ----------------------------------------------------------------------- */
+
+#define REFERENCE "../../docs/gateway.md"
+#define MAX_TABLE_KEYS 128
+
+/* A row of the reference's table: the key and its default cell, as written. */
+struct doc_row {
+    char path[64];
+    char def[400];
+    int used;
+};
+
+/* The rows of docs/gateway.md's "Config reference" table; how many, -1 if it cannot be read. */
+static int read_reference(struct doc_row *rows, int cap)
+{
+    char line[4096];
+    FILE *f = fopen(REFERENCE, "r");
+    int in_section = 0, n = 0;
+
+    if (f == NULL)
+        return -1;
+    while (fgets(line, sizeof line, f) != NULL) {
+        char *path, *path_end, *cell, *cell_end;
+
+        if (strncmp(line, "## ", 3) == 0)
+            in_section = strncmp(line, "## Config reference", 19) == 0;
+        if (!in_section || strncmp(line, "| `", 3) != 0 || n == cap)
+            continue;
+        path = line + 3;
+        path_end = strchr(path, '`');
+        cell = path_end != NULL ? strchr(path_end, '|') : NULL;
+        cell_end = cell != NULL ? strchr(cell + 1, '|') : NULL;
+        if (cell_end == NULL)
+            continue;
+        snprintf(rows[n].path, sizeof rows[n].path, "%.*s", (int)(path_end - path), path);
+        cell++;
+        while (*cell == ' ')
+            cell++;
+        while (cell_end > cell && cell_end[-1] == ' ')
+            cell_end--;
+        snprintf(rows[n].def, sizeof rows[n].def, "%.*s", (int)(cell_end - cell), cell);
+        rows[n].used = 0;
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
+/* "30s", "24h", "500ms", "1MiB", "16GiB", "64" as the config reads them; -1 if none of those. */
+static long long scaled(const char *s)
+{
+    static const struct {
+        const char *suffix;
+        long long scale;
+    } units[] = {{"ms", 1},          {"s", 1000},        {"m", 60000},
+                 {"h", 3600000},     {"d", 86400000},    {"KiB", 1LL << 10},
+                 {"MiB", 1LL << 20}, {"GiB", 1LL << 30}, {"", 1}};
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    size_t i;
+
+    if (end == s)
+        return -1;
+    for (i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].suffix) == 0)
+            return v * units[i].scale;
+    }
+    return -1;
+}
+
+/* Whether the reference's default cell says what the row's default is. */
+static int same_default(const struct gw_config_key *k, const char *cell)
+{
+    char quoted[200], value[200];
+    size_t n;
+
+    if (strcmp(cell, k->def) == 0)
+        return 1;
+    snprintf(quoted, sizeof quoted, "`%s`", k->def);
+    n = strlen(quoted);
+    if (strcmp(cell, quoted) == 0 || (strncmp(cell, quoted, n) == 0 && cell[n] == ' '))
+        return 1;
+    /* A number may be written in another unit: 24h is 1d. */
+    if (k->has_value && (strcmp(k->type, "duration") == 0 || strcmp(k->type, "size") == 0) &&
+        cell[0] == '`' && strlen(cell) > 2 && strlen(cell) < sizeof value) {
+        snprintf(value, sizeof value, "%.*s", (int)strlen(cell) - 2, cell + 1);
+        return scaled(value) == (long long)k->def_value;
+    }
+    return 0;
+}
+
+/*
+ * Every row's default is within its bounds and goes into a field of a size the reader writes;
+ * every key is a row of the reference's table with the same default, and the table names no key
+ * the reader does not take.
+ */
+static void test_key_table(void)
+{
+    struct gw_config_key keys[MAX_TABLE_KEYS];
+    struct doc_row doc[MAX_TABLE_KEYS];
+    size_t n = gw_config_keys(keys, MAX_TABLE_KEYS), i;
+    int ndoc = read_reference(doc, MAX_TABLE_KEYS), j, found;
+
+    CHECK(n > 40 && n <= MAX_TABLE_KEYS);
+    CHECK(ndoc > 40);
+    if (n > MAX_TABLE_KEYS)
+        n = MAX_TABLE_KEYS;
+    for (i = 0; i < n; i++) {
+        const struct gw_config_key *k = &keys[i];
+
+        if (k->bounded && k->has_value && (k->def_value < k->min || k->def_value > k->max)) {
+            fprintf(stderr, "%s: default %lld not in [%lld, %lld]\n", k->path,
+                    (long long)k->def_value, (long long)k->min, (long long)k->max);
+            CHECK(0);
+        }
+        if (k->has_value)
+            CHECK(k->field_size == 4 || k->field_size == 8);
+        found = 0;
+        for (j = 0; j < ndoc && !found; j++) {
+            if (strcmp(doc[j].path, k->path) != 0)
+                continue;
+            found = doc[j].used = 1;
+            if (!same_default(k, doc[j].def)) {
+                fprintf(stderr, "%s: the reference's default is \"%s\", the row's \"%s\"\n",
+                        k->path, doc[j].def, k->def);
+                CHECK(0);
+            }
+        }
+        if (!found) {
+            fprintf(stderr, "%s: not in the reference (%s)\n", k->path, REFERENCE);
+            CHECK(0);
+        }
+    }
+    for (j = 0; j < ndoc; j++) {
+        if (!doc[j].used) {
+            fprintf(stderr, "%s: in the reference, but no key of the reader\n", doc[j].path);
+            CHECK(0);
+        }
+    }
+}
+
+/*
+ * `value` written for key `path` ("upstream.timeout", "routes[].wait") in the smallest file that
+ * has that section: the text, the line of the value and the key's path in messages.
+ */
+static int key_file(const char *path, const char *value, char *text, size_t cap, int *line,
+                    char *shown, size_t shown_cap)
+{
+    const char *dot = strrchr(path, '.');
+
+    if (strncmp(path, "routes[].", 9) == 0 && strchr(path + 9, '.') == NULL) {
+        snprintf(text, cap, MINIMAL "    %s: %s\n", path + 9, value);
+        snprintf(shown, shown_cap, "routes[0].%s", path + 9);
+        *line = 8;
+    } else if (strncmp(path, "upstream.", 9) == 0) {
+        snprintf(text, cap, "upstream:\n  url: http://h:1\n  %s: %s\n", path + 9, value);
+        snprintf(shown, shown_cap, "%s", path);
+        *line = 3;
+    } else if (dot == NULL) {
+        snprintf(text, cap, "upstream: {url: 'http://h:1'}\n%s: %s\n", path, value);
+        snprintf(shown, shown_cap, "%s", path);
+        *line = 2;
+    } else if (strchr(path, '.') == dot && strchr(path, '[') == NULL) {
+        snprintf(text, cap, "upstream: {url: 'http://h:1'}\n%.*s:\n  %s: %s\n", (int)(dot - path),
+                 path, dot + 1, value);
+        snprintf(shown, shown_cap, "%s", path);
+        *line = 3;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/*
+ * Every bounded key: its default written out is taken, one past either bound is refused with the
+ * line and the key's path, and so is a value of the wrong type.
+ */
+static void test_key_bounds(void)
+{
+    struct gw_config_key keys[MAX_TABLE_KEYS];
+    size_t n = gw_config_keys(keys, MAX_TABLE_KEYS), i, tried = 0;
+    char text[1024], shown[96], value[32], prefix[32], part[160];
+    struct gw_config *cfg;
+    int line;
+
+    if (n > MAX_TABLE_KEYS)
+        n = MAX_TABLE_KEYS;
+    for (i = 0; i < n; i++) {
+        const struct gw_config_key *k = &keys[i];
+
+        if (!k->bounded)
+            continue;
+        if (k->has_value) {
+            snprintf(value, sizeof value, "%lld", (long long)k->def_value);
+            if (key_file(k->path, value, text, sizeof text, &line, shown, sizeof shown)) {
+                cfg = parse_ok(text);
+                CHECK(cfg != NULL);
+                gw_config_free(cfg);
+            }
+        }
+        if (!key_file(k->path, "x", text, sizeof text, &line, shown, sizeof shown))
+            continue;
+        tried++;
+        snprintf(prefix, sizeof prefix, "t.yaml:%d: ", line);
+        snprintf(part, sizeof part, "%s: expected a", shown);
+        CHECK_REFUSED(text, prefix, part);
+        snprintf(value, sizeof value, "%lld", (long long)k->max + 1);
+        key_file(k->path, value, text, sizeof text, &line, shown, sizeof shown);
+        snprintf(part, sizeof part, "%s: expected a%s %s from ", shown,
+                 strcmp(k->type, "integer") == 0 ? "n" : "", k->type);
+        CHECK_REFUSED(text, prefix, part);
+        CHECK_REFUSED(text, prefix, value);
+        if (k->min > 0) {
+            snprintf(value, sizeof value, "%lld", (long long)k->min - 1);
+            key_file(k->path, value, text, sizeof text, &line, shown, sizeof shown);
+            CHECK_REFUSED(text, prefix, part);
+        }
+    }
+    CHECK(tried >= 14);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/gateway_test_config.XXXXXX");
@@ -1123,6 +1346,8 @@ int main(void)
     test_route_cap();
     test_truncation();
     test_files();
+    test_key_table();
+    test_key_bounds();
     if (rmdir(tmpdir) != 0)
         perror(tmpdir);
     return t_done();
