@@ -56,9 +56,9 @@ struct note {
     char key[IDEM_KEY_MAX + 1];
     unsigned char fp[IDEM_FP_LEN];
     /*
-     * What the event loop hands a worker with the request (proxy_on_unpark): an answer too large
-     * to hold, passed through (its reply.rest, to stream); or a fresh key's exchange to settle,
-     * with its `call` (fresh_on_unpark).
+     * What the event loop hands a worker with the request: a fresh key's exchange to settle,
+     * with its `call` (fresh_on_unpark); its reply.rest, when the answer is too large to hold,
+     * goes back to the loop to stream (stream_rest).
      */
     struct http_reply reply;
     struct idem_call *call;
@@ -578,42 +578,73 @@ static enum http_fetch_result exchange(struct gateway *gw, const struct request 
 }
 
 /*
- * The rest of an answer too large to hold, from the upstream to the client as it comes (on a
- * worker: both sides may block, each for its own timeout per stall).  A keyed request's record is
- * settled already ("not stored"), so whatever happens to this stream a retry is answered 410 and
- * nothing runs twice.  A stream that breaks (the upstream stalls or cuts it, the client stops
- * reading) ends the client's connection, so it sees a body cut short, never a whole one.
+ * The rest of an answer too large to hold, from the upstream to the client as it comes: the
+ * server's event loop pulls it (struct http_body_source), reading the upstream's socket when it
+ * is readable and only as fast as the client takes the bytes, so no thread waits on either side
+ * -- each for its own timeout per stall.  A keyed request's record is settled already ("not
+ * stored"), so whatever happens to this stream a retry is answered 410 and nothing runs twice.  A
+ * stream that breaks (the upstream stalls or cuts it, the client stops reading) ends the client's
+ * connection, so it sees a body cut short, never a whole one.
  */
-static void stream_rest(struct gateway *gw, const struct request *rq, const char *what,
-                        struct http_body_stream *st, struct response *resp)
-{
-    struct strbuf piece = STRBUF_INIT;
+struct rest_source {
+    struct http_body_source src; /* first: the server's pointer is to it */
+    struct http_body_stream *st;
+    struct gateway *gw;
+    const char *what; /* static, or a route's operation: both outlive the stream */
     char err[300];
-    int got = 1;
+};
 
-    if (http_stream_begin(rq, resp, http_body_stream_length(st)) == 0 &&
-        http_stream_write(rq, resp->body, resp->body_len) == 0) {
-        while ((got = http_body_stream_next(st, &piece, err, sizeof err)) > 0) {
-            if (http_stream_write(rq, piece.buf, piece.len) != 0)
-                break;
-            strbuf_reset(&piece);
-        }
-    }
-    if (got < 0)
-        log_msg(&gw->log, "warn", "%s: a streamed answer ended short: %s", what, err);
-    http_stream_end(rq, got == 0);
-    strbuf_release(&piece);
+static enum http_source_step rest_proceed(struct http_body_source *src, struct strbuf *into,
+                                          int *wait_fd)
+{
+    struct rest_source *rs = (struct rest_source *)src;
+    enum http_source_step step = http_body_stream_step(rs->st, into, rs->err, sizeof rs->err);
+
+    if (step == HTTP_SOURCE_WAIT)
+        *wait_fd = rs->st->fd;
+    return step;
 }
 
-/* settle(), then the rest of an answer too large to hold, to the client (on a worker). */
-static void settle_and_stream(struct gateway *gw, const struct request *rq, const struct note *n,
-                              struct idem_call *call, enum http_fetch_result res,
-                              struct http_reply *ur, const char *err, struct response *resp)
+static void rest_stop(struct http_body_source *src, enum http_source_end how)
+{
+    struct rest_source *rs = (struct rest_source *)src;
+
+    if (how == HTTP_SOURCE_STALLED)
+        snprintf(rs->err, sizeof rs->err, "the upstream stopped sending the body for %d ms",
+                 rs->st->timeout_ms);
+    else if (how == HTTP_SOURCE_FAILED && rs->err[0] == '\0')
+        snprintf(rs->err, sizeof rs->err, "%s", "the body is not the length it announced");
+    if (how == HTTP_SOURCE_FAILED || how == HTTP_SOURCE_STALLED)
+        log_msg(&rs->gw->log, "warn", "%s: a streamed answer ended short: %s", rs->what, rs->err);
+    http_body_stream_close(rs->st);
+    free(rs);
+}
+
+/* Makes `resp` (relay()ed from `ur`) stream the rest of `ur`'s body, which it takes. */
+static void stream_rest(struct gateway *gw, const char *what, struct http_reply *ur,
+                        struct response *resp)
+{
+    struct rest_source *rs = xcalloc(1, sizeof *rs);
+
+    rs->src.proceed = rest_proceed;
+    rs->src.stop = rest_stop;
+    rs->src.stall_ms = ur->rest->timeout_ms;
+    rs->st = ur->rest;
+    ur->rest = NULL;
+    rs->gw = gw;
+    rs->what = what;
+    response_stream(resp, &rs->src, http_body_stream_length(rs->st));
+}
+
+/* settle(), then the rest of an answer too large to hold, for the loop to stream. */
+static void settle_and_stream(struct gateway *gw, const struct note *n, struct idem_call *call,
+                              enum http_fetch_result res, struct http_reply *ur, const char *err,
+                              struct response *resp)
 {
     settle(gw, n, call, res, ur, err, resp);
     /* Unless the answer could not be passed on (relay() made it a 502), the rest follows. */
     if (ur->rest != NULL && resp->status == ur->status)
-        stream_rest(gw, rq, n->m.route->operation, ur->rest, resp);
+        stream_rest(gw, n->m.route->operation, ur, resp);
     http_reply_clear(ur);
 }
 
@@ -625,7 +656,7 @@ static void forward_and_settle(struct gateway *gw, const struct request *rq, con
     enum http_fetch_result res;
 
     res = exchange(gw, rq, n, rq->method, rq->target, FORWARD_REQUEST, 1, &ur, err, sizeof err);
-    settle_and_stream(gw, rq, n, call, res, &ur, err, resp);
+    settle_and_stream(gw, n, call, res, &ur, err, resp);
 }
 
 /* ---- unknown outcomes --------------------------------------------------------------------- */
@@ -1097,11 +1128,8 @@ static enum http_loop_verdict to_worker(struct note *n, struct parked *pk, int s
     n->settled = settled;
     snprintf(n->err, sizeof n->err, "%s", pk->err);
     free(pk);
-    /*
-     * It holds the record's lease: never refused.  Settled already, what is left of a large
-     * answer is a stream, which waits for a worker streams may hold (http_server.h).
-     */
-    return settled && n->reply.rest != NULL ? HTTP_LOOP_STREAM : HTTP_LOOP_HANDOFF;
+    /* It holds the record's lease: never refused. */
+    return HTTP_LOOP_HANDOFF;
 }
 
 static enum http_loop_verdict fresh_on_loop(struct gateway *gw, const struct note *n,
@@ -1150,7 +1178,7 @@ static enum http_loop_verdict fresh_forward(struct gateway *gw, const struct req
 
 /*
  * The answer is in: store it without a worker when it is stored whole, or when it is streamed
- * (the record then says "not stored" before a stream worker relays it); else settle on a worker.
+ * (the record then says "not stored" before the loop streams it); else settle on a worker.
  */
 static enum http_loop_verdict fresh_settle(struct gateway *gw, struct note *n, struct parked *pk,
                                            struct http_park *park)
@@ -1243,10 +1271,10 @@ static enum http_loop_verdict fresh_on_unpark(struct gateway *gw, const struct r
             return to_worker(n, pk, 1); /* ending a call that holds a lease may block */
         }
         count_stored(n, pk->reply.rest != NULL ? NOT_STORED_BYTES : reply_bytes(&pk->reply));
-        if (pk->reply.rest != NULL)
-            return to_worker(n, pk, 1); /* settled: a stream worker relays the rest */
         resp->outcome = "executed";
-        relay(&pk->reply, resp);
+        /* Settled: what is left of a large answer, the loop streams (no thread waits). */
+        if (relay(&pk->reply, resp) == 0 && pk->reply.rest != NULL)
+            stream_rest(gw, r->operation, &pk->reply, resp);
         http_reply_clear(&pk->reply);
         idem_call_end(pk->call);
         free(pk);
@@ -1358,8 +1386,8 @@ static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *r
         } else if (pk->reply.rest != NULL && n != NULL && strcmp(rq->method, "GET") == 0 &&
                    http_stream_reserve(rq) != 0) {
             /*
-             * Too many streams (this client's, or all but one worker's): clients that never read
-             * would hold every worker.  A GET may be asked again: 503, retry.  (Another method's
+             * Too many streams (this client's, or all clients'): each holds an upstream
+             * connection and a buffer.  A GET may be asked again: 503, retry.  (Another method's
              * answer goes out whatever the count -- the upstream acted on it -- held to the
              * minimum rate like every stream.)
              */
@@ -1369,10 +1397,10 @@ static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *r
                              "Too many large answers are being streamed to this client (or to "
                              "all clients) right now. Retry.");
         } else if (pk->reply.rest != NULL && n != NULL) {
-            /* Too large to hold: a worker streams it (proxy_handle), the loop must not block. */
-            n->reply = pk->reply;
-            free(pk);
-            return HTTP_LOOP_STREAM; /* the upstream acted: never refused */
+            /* Too large to hold: the loop streams it (the upstream acted: never refused). */
+            resp->outcome = "passed";
+            if (relay(&pk->reply, resp) == 0)
+                stream_rest(gw, "a request passed through", &pk->reply, resp);
         } else {
             answer_passed(pk->res, &pk->reply, pk->err, resp);
         }
@@ -1418,20 +1446,12 @@ static void proxy_handle(void *ctx, const struct request *rq, struct response *r
         if (n->settled) {
             resp->outcome = "executed";
             if (relay(&n->reply, resp) == 0 && n->reply.rest != NULL)
-                stream_rest(gw, rq, n->m.route->operation, n->reply.rest, resp);
+                stream_rest(gw, n->m.route->operation, &n->reply, resp);
             http_reply_clear(&n->reply);
         } else {
-            settle_and_stream(gw, rq, n, call, n->res, &n->reply, n->err, resp);
+            settle_and_stream(gw, n, call, n->res, &n->reply, n->err, resp);
         }
         idem_call_end(call);
-        return;
-    }
-    if (n && n->reply.rest) {
-        /* A request passed through whose answer is too large to hold (proxy_on_unpark). */
-        resp->outcome = "passed";
-        if (relay(&n->reply, resp) == 0)
-            stream_rest(gw, rq, "a request passed through", n->reply.rest, resp);
-        http_reply_clear(&n->reply);
         return;
     }
     /* on_loop passed every other request through itself, and prepared this one. */

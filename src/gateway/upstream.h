@@ -54,7 +54,7 @@ struct upstream_request {
  * HTTP_FETCH_TOO_LARGE (status and headers); `err` receives a sentence on every other result.
  * A body over `hold_max` bytes (0: the upstream's max_response_bytes) is TOO_LARGE -- unless
  * `may_stream`: then the answer is HTTP_FETCH_OK with the head and the body's first bytes in
- * `resp`, and the rest in resp->rest (http_body_stream_next()).
+ * `resp`, and the rest in resp->rest (read by the event loop: http_body_stream_step()).
  */
 enum http_fetch_result upstream_exchange(struct upstream *up, const struct upstream_request *rq,
                                          size_t hold_max, int may_stream, struct http_reply *resp,

@@ -12,6 +12,7 @@
 #include "ascii.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <netdb.h>
 #include <poll.h>
@@ -248,7 +249,11 @@ void http_reply_reader_take(struct http_reply_reader *r, struct http_reply *out)
 struct http_body_stream *http_body_stream_new(struct http_reply_reader *r, int fd, int timeout_ms)
 {
     struct http_body_stream *st = xcalloc(1, sizeof *st);
+    int flags = fcntl(fd, F_GETFL);
 
+    /* Read by an event loop (http_body_stream_step) or a thread that waits in poll: either way. */
+    if (flags >= 0 && !(flags & O_NONBLOCK))
+        (void)fcntl(fd, F_SETFL, flags | O_NONBLOCK);
     st->fd = fd;
     st->reader = *r;
     st->reader.hp.data = &st->reader; /* the parser's callbacks find the reader there */
@@ -262,8 +267,8 @@ uint64_t http_body_stream_length(const struct http_body_stream *st)
     return http_reply_reader_length(&st->reader);
 }
 
-int http_body_stream_next(struct http_body_stream *st, struct strbuf *into, char *err,
-                          size_t errlen)
+enum http_source_step http_body_stream_step(struct http_body_stream *st, struct strbuf *into,
+                                            char *err, size_t errlen)
 {
     char buf[65536];
 
@@ -271,23 +276,11 @@ int http_body_stream_next(struct http_body_stream *st, struct strbuf *into, char
         ssize_t n = read(st->fd, buf, sizeof buf);
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            /* The timeout is per stall, not for the whole body: a large one takes its time. */
-            int w = fd_wait(st->fd, POLLIN, clock_mono_ms() + st->timeout_ms);
-            if (w == 0) {
-                snprintf(err, errlen, "the upstream stopped sending the body for %d ms",
-                         st->timeout_ms);
-                return -1;
-            }
-            if (w < 0) {
-                snprintf(err, errlen, "poll: %s", strerror(errno));
-                return -1;
-            }
-            continue;
-        }
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return HTTP_SOURCE_WAIT;
         if (n < 0) {
             snprintf(err, errlen, "reading the body: %s", strerror(errno));
-            return -1;
+            return HTTP_SOURCE_ERROR;
         }
         switch (http_reply_reader_feed(&st->reader, buf, (size_t)n)) {
         case HTTP_REPLY_DONE:
@@ -297,21 +290,48 @@ int http_body_stream_next(struct http_body_stream *st, struct strbuf *into, char
         case HTTP_REPLY_STREAM:
             if (n == 0) {
                 snprintf(err, errlen, "the upstream closed the connection within the body");
-                return -1;
+                return HTTP_SOURCE_ERROR;
             }
             break;
         case HTTP_REPLY_TOO_LARGE:
         case HTTP_REPLY_BAD:
             snprintf(err, errlen, "the upstream's body is not valid HTTP: %s",
                      http_reply_reader_error(&st->reader));
-            return -1;
+            return HTTP_SOURCE_ERROR;
         }
         if (st->reader.body.len > 0) {
             http_reply_reader_take_body(&st->reader, into);
-            return 1;
+            return HTTP_SOURCE_DATA;
         }
     }
-    return 0;
+    return HTTP_SOURCE_END;
+}
+
+int http_body_stream_next(struct http_body_stream *st, struct strbuf *into, char *err,
+                          size_t errlen)
+{
+    for (;;) {
+        enum http_source_step step = http_body_stream_step(st, into, err, errlen);
+        int w;
+
+        if (step == HTTP_SOURCE_DATA)
+            return 1;
+        if (step == HTTP_SOURCE_END)
+            return 0;
+        if (step == HTTP_SOURCE_ERROR)
+            return -1;
+        /* The timeout is per stall, not for the whole body: a large one takes its time. */
+        w = fd_wait(st->fd, POLLIN, clock_mono_ms() + st->timeout_ms);
+        if (w == 0) {
+            snprintf(err, errlen, "the upstream stopped sending the body for %d ms",
+                     st->timeout_ms);
+            return -1;
+        }
+        if (w < 0) {
+            snprintf(err, errlen, "poll: %s", strerror(errno));
+            return -1;
+        }
+    }
 }
 
 void http_body_stream_close(struct http_body_stream *st)
@@ -585,7 +605,7 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         http_reply_clear(&reply);
         return;
     case HTTP_REPLY_STREAM: {
-        /* The rest is for a thread that may block: the socket goes along, the handle closes. */
+        /* The rest is read from the socket apart (a dup): it goes along, the handle closes. */
         uv_os_fd_t fd = -1;
         http_reply_reader_take(&c->rr, &reply);
         if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)

@@ -24,6 +24,7 @@
 
 #include <http_parser.h>
 
+#include "response.h"
 #include "strbuf.h"
 
 /* A pooled connection older than this is closed rather than reused (upstreams close idle ones). */
@@ -58,7 +59,7 @@ struct http_reply {
     int timed_out;  /* HTTP_FETCH_UNKNOWN because the timeout passed (not a reset or a close) */
     /*
      * Set when the exchange was allowed to stream and the body is over its cap: `body` holds
-     * its first bytes, the rest is read from here (http_body_stream_next).  Closed by
+     * its first bytes, the rest is read from here (http_body_stream_step or _next).  Closed by
      * http_reply_clear() unless taken (set to NULL).
      */
     struct http_body_stream *rest;
@@ -126,7 +127,7 @@ void http_reply_reader_take(struct http_reply_reader *r, struct http_reply *out)
 const char *http_reply_reader_error(const struct http_reply_reader *r);
 void http_reply_reader_release(struct http_reply_reader *r);
 
-/* ---- the rest of a streamed answer, read by a thread that may block ------------------------ */
+/* ---- the rest of a streamed answer ----------------------------------------------------------- */
 
 struct http_body_stream {
     int fd; /* the upstream connection, never pooled again */
@@ -148,6 +149,15 @@ uint64_t http_body_stream_length(const struct http_body_stream *st);
  */
 int http_body_stream_next(struct http_body_stream *st, struct strbuf *into, char *err,
                           size_t errlen);
+/*
+ * The same without blocking, for an event loop (a struct http_body_source): HTTP_SOURCE_DATA
+ * when bytes were appended, HTTP_SOURCE_WAIT when none are there yet (st->fd becomes readable
+ * when they are: the stall timeout is the caller's to keep), HTTP_SOURCE_END when the body is
+ * whole, HTTP_SOURCE_ERROR with a sentence in `err`.  The descriptor must be non-blocking
+ * (http_body_stream_new() makes it so).
+ */
+enum http_source_step http_body_stream_step(struct http_body_stream *st, struct strbuf *into,
+                                            char *err, size_t errlen);
 /* Closes the connection and frees; NULL is a no-op. */
 void http_body_stream_close(struct http_body_stream *st);
 
@@ -189,9 +199,9 @@ typedef void (*http_fetch_done)(void *arg, enum http_fetch_result res, struct ht
  * when the exchange ends.  Only on an event-loop thread of an HTTP server; never blocks.  An
  * answer whose body is over `hold_max` bytes (0: max_response_bytes) is HTTP_FETCH_TOO_LARGE --
  * unless HTTP_FETCH_MAY_STREAM: then the exchange ends, as soon as the head is in and the body
- * is known to be over it, as HTTP_FETCH_OK with reply->rest: the rest of the body is for a
- * thread that may block to read.  Returns 0 with *fetch (for http_fetch_cancel, valid until
- * `done` runs), or -1 off a loop thread.
+ * is known to be over it, as HTTP_FETCH_OK with reply->rest: the rest of the body, read on the
+ * loop without blocking (http_body_stream_step) or by a thread that may block.  Returns 0 with
+ * *fetch (for http_fetch_cancel, valid until `done` runs), or -1 off a loop thread.
  */
 int http_fetch_start(struct http_client *cl, const char *head, size_t head_len, const char *body,
                      size_t body_len, size_t hold_max, unsigned flags, http_fetch_done done,

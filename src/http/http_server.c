@@ -16,9 +16,9 @@
  * time, so that the client reads the answer instead of a reset.
  *
  * Why one file of ~2,000 lines: a connection's states (head, body, handler, worker, write,
- * linger) and its deadline lists are one state machine owned by its loop, and every transition
- * touches both; the parts that are not it have their own files (request_parser.c, response.c,
- * http_client.c).
+ * stream, linger) and its deadline lists are one state machine owned by its loop, and every
+ * transition touches both; the parts that are not it have their own files (request_parser.c,
+ * response.c, http_client.c).
  */
 #include "http_server.h"
 #include "ascii.h"
@@ -37,9 +37,7 @@
 #include <strings.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
-#include <poll.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -64,32 +62,55 @@
 #define IP_BUCKETS 1024
 
 enum conn_state {
-    CONN_IDLE,    /* waiting for the first byte of a request */
-    CONN_HEAD,    /* request line and header fields arriving */
-    CONN_BODY,    /* body arriving */
-    CONN_WORKING, /* on a worker (or queued for one): the loop does not read */
-    CONN_WRITING, /* the response is being written */
-    CONN_LINGER,  /* answered, write side shut, dropping what the client still sends */
-    CONN_CLOSING, /* uv_close() called */
-    CONN_NEW,     /* accepted, not placed yet */
-    CONN_PARKED,  /* the program parked the request on the loop (on_loop): no thread held */
-    CONN_FRESH,   /* accepted, no byte yet: the head deadline, not the idle one, applies */
+    CONN_IDLE,      /* waiting for the first byte of a request */
+    CONN_HEAD,      /* request line and header fields arriving */
+    CONN_BODY,      /* body arriving */
+    CONN_WORKING,   /* on a worker (or queued for one): the loop does not read */
+    CONN_WRITING,   /* the response is being written */
+    CONN_LINGER,    /* answered, write side shut, dropping what the client still sends */
+    CONN_CLOSING,   /* uv_close() called */
+    CONN_NEW,       /* accepted, not placed yet */
+    CONN_PARKED,    /* the program parked the request on the loop (on_loop): no thread held */
+    CONN_FRESH,     /* accepted, no byte yet: the head deadline, not the idle one, applies */
+    CONN_STREAMING, /* a streamed body is being written (struct stream) */
     CONN_NSTATES
 };
 
-/* The deadline list a state puts a connection in; -1: none. */
-static const int state_list[CONN_NSTATES] = {0, 1, 2, -1, 3, 4, -1, -1, 5, 6};
-#define NLISTS 7
-#define LIST_PARKED 5 /* its deadlines differ per request: the tick looks at every entry */
+/*
+ * The deadline lists a connection sits in, one per state that has a deadline.  In each list
+ * but the last two every entry has the same timeout, so the list is in deadline order.
+ */
+enum deadline_list {
+    LIST_NONE = -1,
+    LIST_IDLE,   /* idle_timeout_ms */
+    LIST_HEAD,   /* head_timeout_ms */
+    LIST_BODY,   /* body_timeout_ms */
+    LIST_WRITE,  /* write_timeout_ms */
+    LIST_LINGER, /* LINGER_MS */
+    LIST_FRESH,  /* head_timeout_ms, from the accept */
+    /* Deadlines that differ per connection: the tick looks at every entry. */
+    LIST_PARKED,    /* the program's park timeout */
+    LIST_STREAMING, /* a stream's stalls and minimum rate (stream_check) */
+    NLISTS
+};
+
+static const enum deadline_list state_list[CONN_NSTATES] = {
+    [CONN_IDLE] = LIST_IDLE,           [CONN_HEAD] = LIST_HEAD,
+    [CONN_BODY] = LIST_BODY,           [CONN_WORKING] = LIST_NONE,
+    [CONN_WRITING] = LIST_WRITE,       [CONN_LINGER] = LIST_LINGER,
+    [CONN_CLOSING] = LIST_NONE,        [CONN_NEW] = LIST_NONE,
+    [CONN_PARKED] = LIST_PARKED,       [CONN_FRESH] = LIST_FRESH,
+    [CONN_STREAMING] = LIST_STREAMING,
+};
 
 /* Why a connection is on its loop's `done` list (several may be true at once). */
 #define DONE_JOB 1  /* a worker finished its job */
 #define DONE_WAKE 2 /* http_server_unpark() */
 
-/* JOB_STREAM: a handler that streams its answer (HTTP_LOOP_STREAM), run on a stream worker. */
-enum job { JOB_HEAD, JOB_HANDLE, JOB_STREAM };
+enum job { JOB_HEAD, JOB_HANDLE };
 
 struct http_loop;
+struct stream;
 
 struct conn {
     uv_tcp_t tcp; /* first: a uv_handle_t * of it is the conn */
@@ -123,14 +144,8 @@ struct conn {
     uv_shutdown_t sd;
     char *out;
     size_t drained;
-    /* A body its handler streams from its worker (http_stream_begin), STREAM_*; 0: none. */
-    int stream;
-    int stream_reserved; /* holds a stream slot (http_stream_reserve, http_stream_begin) */
-    int stream_worker;   /* a JOB_HANDLE's worker that began a stream: counted as streaming */
-    int stream_chunked, stream_body;
-    uint64_t stream_length, stream_sent;
-    uint64_t stream_out;      /* bytes written to the socket since http_stream_begin, head too */
-    int64_t stream_waited_ms; /* time spent waiting for the client to take them (stream_wait) */
+    struct stream *st;   /* in CONN_STREAMING (and until it is closed after a cut stream) */
+    int stream_reserved; /* holds a stream slot (http_stream_reserve, or the stream's start) */
 
     char peer[INET6_ADDRSTRLEN];
     unsigned char ip[16];
@@ -190,8 +205,6 @@ int http_loop_at_stop(void (*fn)(void *arg), void *arg)
  * start is no offence).
  */
 #define STREAM_RATE_GRACE_MS 10000
-/* A stream waiting for its client looks at what the client took this often. */
-#define STREAM_WAIT_SLICE_MS 1000
 
 struct ip_slot {
     struct ip_slot *next;
@@ -214,13 +227,6 @@ struct http_server {
     struct conn *qhead, *qtail;
     int qlen;
     int qstop;
-    /*
-     * JOB_STREAMs wait apart, and run on at most stream_workers workers at once (every worker
-     * but one): a keyed request needing a worker never waits behind clients reading slowly.
-     */
-    struct conn *sqhead, *sqtail;
-    int nstreaming; /* workers streaming now (qmu) */
-    int stream_workers;
 
     pthread_mutex_t ipmu;
     struct ip_slot *ips[IP_BUCKETS];
@@ -280,6 +286,8 @@ void http_limits_resolve(struct http_limits *l)
         l->stream_min_rate = HTTP_DEFAULT_STREAM_MIN_RATE;
     if (l->streams_per_ip == 0)
         l->streams_per_ip = HTTP_DEFAULT_STREAMS_PER_IP;
+    if (l->max_streams == 0)
+        l->max_streams = HTTP_DEFAULT_MAX_STREAMS;
 }
 
 const char http_limits_help[] =
@@ -300,7 +308,9 @@ const char http_limits_help[] =
     "  --stream-min-rate N      bytes/s a client must take a streamed answer at once the server\n"
     "                           has waited 10 s for it, or it is cut; -1 for none (default 16384)\n"
     "  --streams-per-ip N       streamed answers one client address may read at once, 503\n"
-    "                           beyond; -1 for no cap (default 4)\n";
+    "                           beyond; -1 for no cap (default 4)\n"
+    "  --max-streams N          streamed answers all clients may read at once, 503 beyond; -1\n"
+    "                           for no cap (default 1024)\n";
 
 int http_limits_flag(struct http_limits *l, const char *name, const char *value, char *err,
                      size_t errlen)
@@ -463,7 +473,7 @@ static void ip_release(struct http_server *srv, const unsigned char ip[16])
 
 /*
  * Takes a stream slot for c: 0, or -1 when the caps are reached (unless `force`: a stream its
- * handler cannot refuse still counts, so the streams that can be refused leave the worker).
+ * handler cannot refuse still counts, so that the streams that can be refused are).
  */
 static int stream_take(struct conn *c, int force)
 {
@@ -473,11 +483,10 @@ static int stream_take(struct conn *c, int force)
 
     if (c->stream_reserved)
         return 0;
-    /* The workers streams may hold: keyed requests that need a worker always find one. */
-    cap_all = srv->stream_workers;
+    cap_all = srv->opts.limits.max_streams;
     pthread_mutex_lock(&srv->ipmu);
     pp = c->counted ? ip_find(srv, c->ip) : NULL;
-    if (!force && (srv->nstreams >= cap_all ||
+    if (!force && ((cap_all > 0 && srv->nstreams >= cap_all) ||
                    (pp != NULL && *pp != NULL && srv->opts.limits.streams_per_ip > 0 &&
                     (*pp)->streams >= srv->opts.limits.streams_per_ip))) {
         rc = -1;
@@ -518,9 +527,9 @@ static void stream_unreserve(struct conn *c)
 
 static void list_unlink(struct http_loop *lp, struct conn *c)
 {
-    int l = state_list[c->state];
+    enum deadline_list l = state_list[c->state];
 
-    if (l < 0)
+    if (l == LIST_NONE)
         return;
     if (c->prev != NULL)
         c->prev->next = c->next;
@@ -536,14 +545,14 @@ static void list_unlink(struct http_loop *lp, struct conn *c)
 static void set_state(struct conn *c, enum conn_state st)
 {
     struct http_loop *lp = c->lp;
-    int l = state_list[st];
+    enum deadline_list l = state_list[st];
 
     list_unlink(lp, c);
     atomic_fetch_sub(&lp->in_state[c->state], 1);
     c->state = st;
     atomic_fetch_add(&lp->in_state[st], 1);
     c->since = uv_now(&lp->uv);
-    if (l >= 0) {
+    if (l != LIST_NONE) {
         c->prev = lp->tail[l];
         c->next = NULL;
         if (lp->tail[l] != NULL)
@@ -577,6 +586,8 @@ static uint64_t state_timeout(const struct http_server *srv, enum conn_state st)
 
 /* ---- closing --------------------------------------------------------------------------------- */
 
+static void stream_release(struct conn *c, enum http_source_end how);
+
 static void conn_free(struct conn *c)
 {
     request_parser_release(&c->rp);
@@ -594,6 +605,8 @@ static void on_closed(uv_handle_t *h)
     int queued;
 
     atomic_fetch_sub(&lp->in_state[c->state], 1);
+    if (c->st != NULL)
+        stream_release(c, HTTP_SOURCE_CLIENT); /* cut: the client went, or was cut off */
     stream_unreserve(c);
     if (c->counted)
         ip_release(srv, c->ip);
@@ -695,6 +708,7 @@ static const char *http_date(struct http_loop *lp)
 }
 
 static void process_input(struct conn *c);
+static void stream_start(struct conn *c, const struct request *rq, int keep_alive);
 static void dispatch(struct conn *c, enum http_loop_verdict v, int keep);
 static void start_reading(struct conn *c);
 static void stop_reading(struct conn *c);
@@ -802,6 +816,10 @@ static void send_response(struct conn *c, const struct request *rq, int keep_ali
     int head_only = rq->method != NULL && strcmp(rq->method, "HEAD") == 0;
     int no_body, n;
 
+    if (r->stream != NULL && !c->resp.drop) {
+        stream_start(c, rq, keep_alive);
+        return;
+    }
     stream_unreserve(c); /* reserved for a stream that did not happen (a 502 instead) */
     if (lp->srv->opts.before_send != NULL)
         lp->srv->opts.before_send(lp->srv->opts.ctx, rq, &c->resp);
@@ -853,103 +871,54 @@ static void send_problem(struct conn *c, const struct request *rq, int status, c
     send_response(c, rq, keep_alive);
 }
 
-/* ---- a body its handler streams (http_stream_begin) --------------------------------------- */
-
-#define STREAM_OPEN 1
-#define STREAM_ENDED 2
-#define STREAM_FAILED 3
-
-/* Bytes of the stream its client has taken: written, less what is still in our send queue. */
-static uint64_t stream_taken(const struct conn *c, int fd)
-{
-    uint64_t taken = c->stream_out;
-#ifdef SIOCOUTQ
-    int queued = 0;
-
-    if (ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0)
-        taken = (uint64_t)queued < taken ? taken - (uint64_t)queued : 0;
-#else
-    (void)fd;
-#endif
-    return taken;
-}
+/* ---- a streamed body, written by the loop -------------------------------------------------- */
 
 /*
- * Waits until the client's socket takes more of a stream: 0, or -1 when the client is given up
- * on.  It may take no byte for the write timeout (a stall); and once the stream has waited
- * STREAM_RATE_GRACE_MS for its client in all, it may wait only as long as what the client took
- * covers at stream_min_rate -- so a client that reads a few bytes now and then cannot hold a
- * worker for ever, each stall short of the timeout.  Only the time spent waiting for the client
- * counts: an upstream slow to give the bytes is not the client's doing (and a keyed answer cut is
- * lost).  The wait goes in slices, each looking at what the client took meanwhile: the kernel
- * says the socket is writable only once a third of its buffer is free, which a steady reader
- * may take longer than the timeout to read.
+ * A body too large to hold (struct response's `stream`), pulled from its source one piece at a
+ * time: the next piece is asked for only once the last one is in the kernel, so what a stream
+ * holds is one piece, whatever the client's pace, and neither side holds a thread.  A source that
+ * has nothing yet names a descriptor to wait for (the upstream's socket), watched on this loop.
  */
-static int stream_wait(struct conn *c, int fd)
-{
-    const struct http_limits *l = &c->lp->srv->opts.limits;
-    int64_t stalled_since = clock_mono_ms(), now, wait, allowed;
-    uint64_t taken = stream_taken(c, fd), t;
-    int ready;
-
-    for (;;) {
-        now = clock_mono_ms();
-        wait = stalled_since + l->write_timeout_ms - now;
-        if (l->stream_min_rate > 0) {
-            allowed = (int64_t)(taken * 1000 / (uint64_t)l->stream_min_rate);
-            if (allowed < STREAM_RATE_GRACE_MS)
-                allowed = STREAM_RATE_GRACE_MS;
-            if (allowed - c->stream_waited_ms < wait)
-                wait = allowed - c->stream_waited_ms;
-        }
-        if (wait <= 0)
-            return -1;
-        if (wait > STREAM_WAIT_SLICE_MS)
-            wait = STREAM_WAIT_SLICE_MS;
-        ready = fd_wait(fd, POLLOUT, now + wait);
-        c->stream_waited_ms += clock_mono_ms() - now;
-        if (ready != 0)
-            return ready > 0 ? 0 : -1;
-        t = stream_taken(c, fd);
-        if (t > taken) {
-            taken = t;
-            stalled_since = clock_mono_ms();
-        }
-    }
-}
+struct stream {
+    struct http_body_source *src;
+    struct stream_poll *poll; /* while the source is waited for (and after: reused) */
+    struct strbuf piece;      /* framed bytes being written: one uv_write at a time */
+    struct strbuf data;       /* what the source gave, before its framing */
+    uv_write_t wr;
+    int writing; /* `piece` is being written */
+    int waiting; /* for the source's descriptor */
+    int ended;   /* the source said END (the last chunk is in `piece`, or out) */
+    int chunked, body;
+    int reported;
+    int over;                 /* `how` is said */
+    enum http_source_end how; /* how it ended */
+    uint64_t length, sent;    /* the body's announced length (UINT64_MAX: unknown), sent so far */
+    uint64_t out;             /* bytes in the kernel, head and framing too */
+    uint64_t taken;           /* of those, what the client took, when last looked at */
+    uint64_t write_since;     /* loop time the write under way began */
+    uint64_t progress_at;     /* loop time the client last took more */
+    uint64_t waited_ms;       /* time spent waiting for the client, writes under way excluded */
+    uint64_t wait_since;      /* loop time the source began to be waited for */
+};
 
 /*
- * Writes all of `iov` to the client from the worker that holds `c` (the loop neither reads nor
- * writes a connection in CONN_WORKING), waiting for progress as long as stream_wait() allows: a
- * client that stops reading, or reads too slowly, is given up on.  0, or -1.
+ * The watcher of a source's descriptor.  Allocated apart, so that its close (which libuv
+ * finishes later) outlives the stream; its `data` marks it for close_any(), which leaves it to
+ * its connection's close.
  */
-static int stream_send(struct conn *c, struct iovec *iov, int n)
+struct stream_poll {
+    uv_poll_t h;
+    struct conn *c;
+    int fd;
+};
+
+static char stream_poll_mark;
+
+static void stream_pump(struct conn *c);
+
+static void stream_poll_closed(uv_handle_t *h)
 {
-    uv_os_fd_t fd;
-
-    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) != 0)
-        return -1;
-    while (n > 0) {
-        struct msghdr mh;
-        ssize_t w;
-
-        memset(&mh, 0, sizeof mh);
-        mh.msg_iov = iov;
-        mh.msg_iovlen = (size_t)n;
-        w = sendmsg(fd, &mh, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            if (stream_wait(c, fd) != 0)
-                return -1;
-            continue;
-        }
-        if (w <= 0)
-            return -1;
-        c->stream_out += (uint64_t)w;
-        iov_advance(&iov, &n, (size_t)w);
-    }
-    return 0;
+    free(h);
 }
 
 /* A stop's grace is over: a stream still going is cut, so the stop ends in bounded time. */
@@ -960,123 +929,314 @@ static int stream_past_grace(const struct conn *c)
     return d != 0 && clock_mono_ns() > d;
 }
 
-int http_stream_begin(const struct request *rq, const struct response *resp, uint64_t length)
+/* Tells the program the answer went (or was cut): the request log and metrics, once. */
+static void stream_report(struct conn *c)
 {
-    struct conn *c = rq->completion;
-    struct strbuf out = STRBUF_INIT;
-    struct iovec iov;
-    enum framing framing;
-    char date[48];
-    int keep, rc;
+    struct http_loop *lp = c->lp;
+    const struct http_server_options *o = &lp->srv->opts;
 
-    if (c == NULL || c->stream != 0)
+    if (c->st->reported)
+        return;
+    c->st->reported = 1;
+    if (c->report && o->answered != NULL && !lp->halted)
+        o->answered(o->ctx, request_parser_request(&c->rp), &c->resp,
+                    (double)(clock_mono_ns() - c->start_ns) / 1e9);
+}
+
+/* Frees the stream of `c` and stops its source with `how` (unless it ended otherwise first). */
+static void stream_release(struct conn *c, enum http_source_end how)
+{
+    struct stream *st = c->st;
+
+    if (!st->over)
+        st->how = how;
+    st->over = 1;
+    stream_report(c);
+    if (st->poll != NULL && !uv_is_closing((uv_handle_t *)&st->poll->h))
+        uv_close((uv_handle_t *)&st->poll->h, stream_poll_closed);
+    /* The watcher is stopped before the source closes its descriptor. */
+    st->src->stop(st->src, st->how);
+    strbuf_release(&st->piece);
+    strbuf_release(&st->data);
+    free(st);
+    c->st = NULL;
+    stream_unreserve(c);
+}
+
+/*
+ * The stream ended: whole, the connection goes on as after any answer; cut, it closes (after
+ * the write under way is cancelled), so the client sees a body cut short, never a whole one.
+ */
+static void stream_finish(struct conn *c, enum http_source_end how)
+{
+    struct stream *st = c->st;
+
+    if (!st->over)
+        st->how = how;
+    st->over = 1;
+    if (how != HTTP_SOURCE_WHOLE) {
+        stream_report(c);
+        conn_close(c); /* on_closed releases the stream */
+        return;
+    }
+    stream_release(c, how);
+    set_state(c, CONN_WRITING);
+    written(c, 0);
+}
+
+static void stream_written(uv_write_t *wr, int status)
+{
+    struct conn *c = wr->data;
+    struct stream *st = c->st;
+    uint64_t now = uv_now(&c->lp->uv);
+
+    st->writing = 0;
+    if (c->state == CONN_CLOSING)
+        return; /* cut: on_closed releases the stream */
+    st->waited_ms += now - st->write_since;
+    if (status < 0) {
+        stream_finish(c, HTTP_SOURCE_CLIENT);
+        return;
+    }
+    st->out += st->piece.len;
+    strbuf_reset(&st->piece);
+    stream_pump(c);
+}
+
+static void stream_readable(uv_poll_t *h, int status, int events)
+{
+    struct stream_poll *p = (struct stream_poll *)h;
+    struct conn *c = p->c;
+
+    (void)status; /* an error on the descriptor: the source's next read says what */
+    (void)events;
+    uv_poll_stop(h);
+    if (c->state == CONN_CLOSING)
+        return; /* cut: on_closed releases the stream */
+    c->st->waiting = 0;
+    stream_pump(c);
+}
+
+/* Waits, on the loop, for the source's descriptor `fd` to be readable.  0, or -1. */
+static int stream_wait_source(struct conn *c, int fd)
+{
+    struct stream *st = c->st;
+
+    if (st->poll != NULL && st->poll->fd != fd) {
+        uv_close((uv_handle_t *)&st->poll->h, stream_poll_closed);
+        st->poll = NULL;
+    }
+    if (st->poll == NULL) {
+        struct stream_poll *p = xcalloc(1, sizeof *p);
+
+        if (uv_poll_init(&c->lp->uv, &p->h, fd) != 0) {
+            free(p);
+            return -1;
+        }
+        p->h.data = &stream_poll_mark;
+        p->c = c;
+        p->fd = fd;
+        st->poll = p;
+    }
+    if (uv_poll_start(&st->poll->h, UV_READABLE, stream_readable) != 0)
         return -1;
-    keep = request_parser_keep_alive(&c->rp) && !atomic_load(&c->lp->srv->stopping);
-    if (length != UINT64_MAX) {
+    st->waiting = 1;
+    st->wait_since = uv_now(&c->lp->uv);
+    return 0;
+}
+
+/* `len` bytes of the body into `piece`, framed as a chunk when the body is chunked. */
+static void stream_frame(struct stream *st, const void *data, size_t len)
+{
+    char size[24];
+
+    if (len == 0)
+        return;
+    if (st->chunked) {
+        strbuf_add(&st->piece, size, (size_t)snprintf(size, sizeof size, "%zx\r\n", len));
+        strbuf_add(&st->piece, data, len);
+        strbuf_add(&st->piece, "\r\n", 2);
+    } else {
+        strbuf_add(&st->piece, data, len);
+    }
+    st->sent += len;
+}
+
+static void stream_write(struct conn *c)
+{
+    struct stream *st = c->st;
+    uv_buf_t buf = uv_buf_init(st->piece.buf, (unsigned int)st->piece.len);
+
+    st->writing = 1;
+    st->write_since = uv_now(&c->lp->uv);
+    st->wr.data = c;
+    if (uv_write(&st->wr, (uv_stream_t *)&c->tcp, &buf, 1, stream_written) != 0) {
+        st->writing = 0;
+        stream_finish(c, HTTP_SOURCE_CLIENT);
+    }
+}
+
+/* Writes what is ready, or asks the source for the next piece, until something is under way. */
+static void stream_pump(struct conn *c)
+{
+    struct stream *st = c->st;
+    enum http_source_step step;
+    int fd;
+
+    while (!st->writing && !st->waiting) {
+        if (st->piece.len > 0) {
+            stream_write(c);
+            return;
+        }
+        if (st->ended) {
+            stream_finish(c, HTTP_SOURCE_WHOLE);
+            return;
+        }
+        if (stream_past_grace(c)) {
+            stream_finish(c, HTTP_SOURCE_CLIENT);
+            return;
+        }
+        fd = -1;
+        strbuf_reset(&st->data);
+        step = st->src->proceed(st->src, &st->data, &fd);
+        if (step == HTTP_SOURCE_DATA) {
+            if (st->length != UINT64_MAX && st->length - st->sent < st->data.len) {
+                stream_finish(c, HTTP_SOURCE_FAILED); /* more than it announced */
+                return;
+            }
+            stream_frame(st, st->data.buf, st->data.len);
+        } else if (step == HTTP_SOURCE_WAIT) {
+            if (fd < 0 || stream_wait_source(c, fd) != 0)
+                stream_finish(c, HTTP_SOURCE_FAILED);
+            return;
+        } else if (step == HTTP_SOURCE_END &&
+                   (st->length == UINT64_MAX || st->sent == st->length)) {
+            st->ended = 1;
+            if (st->chunked)
+                strbuf_add(&st->piece, "0\r\n\r\n", 5);
+        } else {
+            stream_finish(c, HTTP_SOURCE_FAILED); /* an error, or whole short of its length */
+            return;
+        }
+    }
+}
+
+/*
+ * Begins the answer of `c` whose response has a `stream`: the head (and the body's first bytes,
+ * in `body`) now, the rest as the client takes it.
+ */
+static void stream_start(struct conn *c, const struct request *rq, int keep_alive)
+{
+    struct http_loop *lp = c->lp;
+    struct response *r = &c->resp;
+    struct stream *st = xcalloc(1, sizeof *st);
+    int head_only = rq->method != NULL && strcmp(rq->method, "HEAD") == 0;
+    int no_body = r->status == 204 || r->status == 304 || (r->status >= 100 && r->status < 200);
+    enum framing framing;
+
+    st->src = r->stream;
+    r->stream = NULL;
+    st->length = r->stream_length;
+    (void)stream_take(c, 1); /* counted, even over the caps: see http_stream_reserve() */
+    if (atomic_load(&lp->srv->stopping))
+        keep_alive = 0;
+    if (st->length != UINT64_MAX) {
         framing = FRAME_LENGTH;
     } else if (c->rp.hp.http_major == 1 && c->rp.hp.http_minor >= 1) {
         framing = FRAME_CHUNKED;
     } else {
         framing = FRAME_CLOSE;
-        keep = 0;
+        keep_alive = 0;
     }
-    c->keep_alive = keep;
-    c->stream_chunked = framing == FRAME_CHUNKED;
-    c->stream_body = !(rq->method != NULL && strcmp(rq->method, "HEAD") == 0) &&
-                     !(resp->status == 204 || resp->status == 304 ||
-                       (resp->status >= 100 && resp->status < 200));
-    c->stream_length = length;
-    c->stream_sent = 0;
-    c->stream_out = 0;
-    c->stream_waited_ms = 0;
-    (void)stream_take(c, 1); /* counted, even over the caps: see http_stream_reserve() */
-    if (c->job == JOB_HANDLE) {
-        /* Not begun as a stream: its worker counts as streaming all the same (take_job). */
-        pthread_mutex_lock(&c->lp->srv->qmu);
-        c->lp->srv->nstreaming++;
-        pthread_mutex_unlock(&c->lp->srv->qmu);
-        c->stream_worker = 1;
+    c->keep_alive = keep_alive;
+    st->chunked = framing == FRAME_CHUNKED;
+    st->body = !head_only && !no_body;
+    add_head(c, r, keep_alive, framing, st->length, http_date(lp), &st->piece);
+    c->st = st;
+    set_state(c, CONN_STREAMING);
+    st->progress_at = uv_now(&lp->uv);
+    if (!st->body) {
+        st->ended = 1; /* the head alone */
+    } else if (r->body_len > 0) {
+        if (st->length != UINT64_MAX && r->body_len > st->length) {
+            stream_finish(c, HTTP_SOURCE_FAILED);
+            return;
+        }
+        stream_frame(st, r->body, r->body_len);
     }
-    format_date(time(NULL), date);
-    add_head(c, resp, keep, framing, length, date, &out);
-    iov.iov_base = out.buf;
-    iov.iov_len = out.len;
-    rc = stream_send(c, &iov, 1);
-    strbuf_release(&out);
-    c->stream = rc == 0 ? STREAM_OPEN : STREAM_FAILED;
-    return rc;
+    stream_pump(c);
 }
 
-int http_stream_write(const struct request *rq, const void *data, size_t len)
+/* Bytes of the stream its client has taken: in the kernel, less what is still in its queue. */
+static uint64_t stream_taken(const struct conn *c)
 {
-    struct conn *c = rq->completion;
-    struct iovec iov[3];
-    char size[24];
-    int n = 0;
+    const struct stream *st = c->st;
+    uint64_t in_kernel = st->out;
+    uv_os_fd_t fd;
 
-    if (c == NULL || c->stream != STREAM_OPEN)
-        return -1;
-    if (!c->stream_body || len == 0)
-        return 0;
+    if (st->writing) {
+        size_t queued = uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp);
+
+        in_kernel += st->piece.len > queued ? st->piece.len - queued : 0;
+    }
+#ifdef SIOCOUTQ
+    int unsent = 0;
+
+    if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) == 0 && ioctl(fd, SIOCOUTQ, &unsent) == 0 &&
+        unsent > 0)
+        return (uint64_t)unsent < in_kernel ? in_kernel - (uint64_t)unsent : 0;
+#else
+    (void)fd;
+#endif
+    return in_kernel;
+}
+
+/*
+ * A stream's deadlines, on each tick.  Its client may take no byte for the write timeout (a
+ * stall); and once the stream has waited STREAM_RATE_GRACE_MS for its client in all, only as long
+ * as what the client took covers at stream_min_rate -- so a client that reads a few bytes now
+ * and then cannot hold a stream for ever, each stall short of the timeout.  Only the time spent
+ * waiting for the client counts: a source slow to give the bytes is not the client's doing (and
+ * a keyed answer cut is lost).  The source may keep it waiting for its stall_ms.
+ */
+static void stream_check(struct conn *c, uint64_t now)
+{
+    const struct http_limits *l = &c->lp->srv->opts.limits;
+    struct stream *st = c->st;
+
     if (stream_past_grace(c)) {
-        c->stream = STREAM_FAILED;
-        return -1;
-    }
-    if (c->stream_chunked) {
-        iov[n].iov_base = size;
-        iov[n++].iov_len = (size_t)snprintf(size, sizeof size, "%zx\r\n", len);
-    }
-    iov[n].iov_base = (void *)data;
-    iov[n++].iov_len = len;
-    if (c->stream_chunked) {
-        iov[n].iov_base = (void *)"\r\n";
-        iov[n++].iov_len = 2;
-    }
-    if (stream_send(c, iov, n) != 0) {
-        c->stream = STREAM_FAILED;
-        return -1;
-    }
-    c->stream_sent += len;
-    return 0;
-}
-
-int http_stream_end(const struct request *rq, int whole)
-{
-    struct conn *c = rq->completion;
-    struct iovec iov = {.iov_base = (void *)"0\r\n\r\n", .iov_len = 5};
-
-    if (c == NULL || c->stream != STREAM_OPEN)
-        return -1;
-    if (!whole ||
-        (c->stream_body && c->stream_length != UINT64_MAX && c->stream_sent != c->stream_length)) {
-        c->stream = STREAM_FAILED;
-        return whole ? -1 : 0;
-    }
-    if (c->stream_body && c->stream_chunked && stream_send(c, &iov, 1) != 0) {
-        c->stream = STREAM_FAILED;
-        return -1;
-    }
-    c->stream = STREAM_ENDED;
-    return 0;
-}
-
-/* A streamed response is out (or failed): report it, then keep the connection or close it. */
-static void stream_done(struct conn *c, const struct request *rq)
-{
-    struct http_loop *lp = c->lp;
-    int ok = c->stream == STREAM_ENDED;
-
-    c->stream = 0;
-    stream_unreserve(c);
-    if (c->report && lp->srv->opts.answered != NULL)
-        lp->srv->opts.answered(lp->srv->opts.ctx, rq, &c->resp,
-                               (double)(clock_mono_ns() - c->start_ns) / 1e9);
-    if (!ok) {
-        conn_close(c); /* the client sees the body cut short */
+        stream_finish(c, HTTP_SOURCE_CLIENT);
         return;
     }
-    set_state(c, CONN_WRITING);
-    written(c, 0);
+    if (st->waiting && st->src->stall_ms > 0 &&
+        now - st->wait_since >= (uint64_t)st->src->stall_ms) {
+        stream_finish(c, HTTP_SOURCE_STALLED);
+        return;
+    }
+    if (st->writing) {
+        uint64_t taken = stream_taken(c), waited, allowed, since;
+
+        if (taken > st->taken) {
+            st->taken = taken;
+            st->progress_at = now;
+        }
+        since = st->progress_at > st->write_since ? st->progress_at : st->write_since;
+        if (now - since >= (uint64_t)l->write_timeout_ms) {
+            atomic_fetch_add(&c->lp->srv->st_timeouts, 1);
+            stream_finish(c, HTTP_SOURCE_CLIENT);
+            return;
+        }
+        waited = st->waited_ms + (now - st->write_since);
+        if (l->stream_min_rate > 0) {
+            allowed = st->taken * 1000 / (uint64_t)l->stream_min_rate;
+            if (allowed < STREAM_RATE_GRACE_MS)
+                allowed = STREAM_RATE_GRACE_MS;
+            if (waited >= allowed) {
+                atomic_fetch_add(&c->lp->srv->st_timeouts, 1);
+                stream_finish(c, HTTP_SOURCE_CLIENT);
+            }
+        }
+    }
 }
 
 /* The request as far as it was read, or a stub when not even its head was. */
@@ -1095,10 +1255,7 @@ static const struct request *current_request(struct conn *c)
 
 /* ---- the worker pool ------------------------------------------------------------------------- */
 
-/*
- * The next job a worker may take (under qmu), or NULL: any other job first, then a stream while
- * fewer than stream_workers are streaming.
- */
+/* The next job for a worker (under qmu), or NULL. */
 static struct conn *take_job(struct http_server *srv)
 {
     struct conn *c = srv->qhead;
@@ -1108,15 +1265,7 @@ static struct conn *take_job(struct http_server *srv)
         if (srv->qhead == NULL)
             srv->qtail = NULL;
         srv->qlen--;
-        return c;
     }
-    c = srv->sqhead;
-    if (c == NULL || srv->nstreaming >= srv->stream_workers)
-        return NULL;
-    srv->sqhead = c->qnext;
-    if (srv->sqhead == NULL)
-        srv->sqtail = NULL;
-    srv->nstreaming++;
     return c;
 }
 
@@ -1125,12 +1274,11 @@ static void *worker_main(void *arg)
     struct http_server *srv = arg;
     const struct http_server_options *o = &srv->opts;
     struct conn *c;
-    int drop, streamed;
+    int drop;
 
     for (;;) {
         pthread_mutex_lock(&srv->qmu);
-        while ((c = take_job(srv)) == NULL &&
-               !(srv->qstop && srv->qhead == NULL && srv->sqhead == NULL))
+        while ((c = take_job(srv)) == NULL && !(srv->qstop && srv->qhead == NULL))
             pthread_cond_wait(&srv->qcond, &srv->qmu);
         pthread_mutex_unlock(&srv->qmu);
         if (c == NULL)
@@ -1147,17 +1295,8 @@ static void *worker_main(void *arg)
         o->handle(o->ctx, request_parser_request(&c->rp), &c->resp);
         /* Read once, before letting go: past the decrement the connection may be reused. */
         drop = c->resp.deferred ? 1 : 2;
-        streamed = c->job == JOB_STREAM || c->stream_worker;
-        c->stream_worker = 0;
         if (atomic_fetch_sub(&c->job_refs, drop) == drop)
             loop_push(c, DONE_JOB);
-        if (streamed) {
-            /* A stream waiting for a worker may take this one now. */
-            pthread_mutex_lock(&srv->qmu);
-            srv->nstreaming--;
-            pthread_cond_broadcast(&srv->qcond);
-            pthread_mutex_unlock(&srv->qmu);
-        }
     }
     return NULL;
 }
@@ -1172,16 +1311,7 @@ static int submit(struct conn *c, enum job job, int always)
     int rc = -1;
 
     pthread_mutex_lock(&srv->qmu);
-    if (job == JOB_STREAM) { /* never refused: counted apart, see take_job() */
-        c->job = job;
-        c->qnext = NULL;
-        if (srv->sqtail != NULL)
-            srv->sqtail->qnext = c;
-        else
-            srv->sqhead = c;
-        srv->sqtail = c;
-        rc = 0;
-    } else if (always || srv->qlen < srv->opts.limits.queue) {
+    if (always || srv->qlen < srv->opts.limits.queue) {
         c->job = job;
         c->qnext = NULL;
         if (srv->qtail != NULL)
@@ -1337,7 +1467,7 @@ static void dispatch(struct conn *c, enum http_loop_verdict v, int keep)
     }
     response_clear(&c->resp);
     response_init(&c->resp);
-    if (submit(c, v == HTTP_LOOP_STREAM ? JOB_STREAM : JOB_HANDLE, v == HTTP_LOOP_HANDOFF) != 0)
+    if (submit(c, JOB_HANDLE, v == HTTP_LOOP_HANDOFF) != 0)
         send_problem(c, rq, 503, "server-busy", "Every worker is busy; retry shortly.", keep);
 }
 
@@ -1464,7 +1594,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         conn_close(c);
         return;
     }
-    if (c->state == CONN_WRITING) {
+    if (c->state == CONN_WRITING || c->state == CONN_STREAMING) {
         /* The next pipelined request waits for this response to be out; not without bound. */
         keep_rest(c, buf->base, (size_t)nread);
         if (c->in_len > READ_CHUNK)
@@ -1501,10 +1631,6 @@ static void job_done(struct conn *c)
     if (c->job == JOB_HEAD) {
         if (act_on_head(c, c->verdict, 1) == 0)
             process_input(c);
-        return;
-    }
-    if (c->stream != 0) {
-        stream_done(c, rq);
         return;
     }
     if (c->resp.drop) {
@@ -1579,7 +1705,7 @@ static void on_tick(uv_timer_t *t)
     struct http_loop *lp = t->data;
     uint64_t now = uv_now(&lp->uv);
     struct conn *c, *next;
-    int l;
+    enum deadline_list l;
     enum conn_state st;
 
     for (c = lp->head[LIST_PARKED]; c != NULL; c = next) {
@@ -1587,9 +1713,13 @@ static void on_tick(uv_timer_t *t)
         if (c->park_deadline <= now)
             unpark(c, 1);
     }
+    for (c = lp->head[LIST_STREAMING]; c != NULL; c = next) {
+        next = c->next;
+        stream_check(c, now);
+    }
     for (st = CONN_IDLE; st < CONN_NSTATES; st++) {
         l = state_list[st];
-        if (l < 0 || l == LIST_PARKED)
+        if (l == LIST_NONE || l == LIST_PARKED || l == LIST_STREAMING)
             continue;
         /* Each expiry leaves the list (a new state, or closing), so the loop advances. */
         while ((c = lp->head[l]) != NULL && c->since + state_timeout(lp->srv, st) <= now)
@@ -1686,9 +1816,9 @@ static void begin_stop(struct http_loop *lp)
         lp->closing_listener = 1;
         uv_close((uv_handle_t *)&lp->listener, NULL);
     }
-    while ((c = lp->head[state_list[CONN_IDLE]]) != NULL)
+    while ((c = lp->head[LIST_IDLE]) != NULL)
         conn_close(c);
-    while ((c = lp->head[state_list[CONN_FRESH]]) != NULL)
+    while ((c = lp->head[LIST_FRESH]) != NULL)
         conn_close(c);
     /* Each is told once per turn: one parked again goes to the list's end. */
     for (int n = atomic_load(&lp->in_state[CONN_PARKED]); n > 0 && lp->head[LIST_PARKED]; n--)
@@ -1718,6 +1848,9 @@ static void close_any(uv_handle_t *h, void *arg)
 {
     (void)arg;
     if (uv_is_closing(h))
+        return;
+    /* A stream's watcher is closed with its connection (stream_release). */
+    if (h->data == &stream_poll_mark)
         return;
     /* A connection's handle points at itself (the listener's at its loop): its close frees it. */
     if (h->type == UV_TCP && h->data == (void *)h)
@@ -1991,7 +2124,6 @@ int http_server_start(const struct http_server_options *opts, const char *listen
     }
 
     srv->nworkers = srv->opts.limits.workers;
-    srv->stream_workers = srv->nworkers > 1 ? srv->nworkers - 1 : 1;
     srv->workers = xcalloc((size_t)srv->nworkers, sizeof *srv->workers);
     for (i = 0; i < srv->nworkers; i++) {
         if (pthread_create(&srv->workers[i], NULL, worker_main, srv) != 0)
@@ -2034,7 +2166,7 @@ static int requests_in_flight(const struct http_server *srv)
 
         n += atomic_load(&lp->in_state[CONN_HEAD]) + atomic_load(&lp->in_state[CONN_BODY]) +
              atomic_load(&lp->in_state[CONN_WORKING]) + atomic_load(&lp->in_state[CONN_WRITING]) +
-             atomic_load(&lp->in_state[CONN_PARKED]);
+             atomic_load(&lp->in_state[CONN_PARKED]) + atomic_load(&lp->in_state[CONN_STREAMING]);
     }
     return n;
 }

@@ -84,6 +84,7 @@ struct http_limits {
     int queue;                  /* requests waiting for a worker before 503 (4096) */
     int stream_min_rate;        /* bytes/s a client must take a streamed answer at (16384; -1) */
     int streams_per_ip;         /* streamed answers one client address may hold at once (4; -1) */
+    int max_streams;            /* streamed answers all clients may hold at once (1024; -1) */
 };
 
 #define HTTP_DEFAULT_MAX_CONNECTIONS 10000
@@ -96,6 +97,7 @@ struct http_limits {
 #define HTTP_DEFAULT_WORKERS 64
 #define HTTP_DEFAULT_STREAM_MIN_RATE 16384
 #define HTTP_DEFAULT_STREAMS_PER_IP 4
+#define HTTP_DEFAULT_MAX_STREAMS 1024
 #define HTTP_DEFAULT_QUEUE 4096
 
 /* What on_head decided. */
@@ -116,13 +118,6 @@ enum http_loop_verdict {
      * upstream that acted): never refused.  As many as there are requests parked.
      */
     HTTP_LOOP_HANDOFF,
-    /*
-     * on_unpark only: as HTTP_LOOP_HANDOFF, for a handler that streams a large answer
-     * (http_stream_begin): it runs on one of the workers streams may hold, every worker but one,
-     * and waits for one of those when they are all streaming, so that clients that read slowly
-     * never hold the worker every other request needs.
-     */
-    HTTP_LOOP_STREAM,
 };
 
 /* How on_loop parks a request. */
@@ -153,37 +148,24 @@ void http_server_unpark(void *token);
 void http_server_complete(void *completion);
 
 /*
- * Before a handler streams a large answer to `rq`'s client (on the loop, before handing it to a
- * worker): takes one of the streams the server lets run at once.  0, or -1 when the client's
- * address holds `streams_per_ip` of them already, or the streams hold every worker but one (so
- * that a stalled reader can never take the worker other requests need): answer 503 then, without
- * a worker.  The slot is given back when the request's answer ends.  A stream begun without it
- * (one that cannot be refused) takes a slot all the same in http_stream_begin(), over the caps
- * if need be, so that the streams that can be refused are.
+ * Before a handler answers `rq` with a streamed body (response_stream(); on the loop, before it
+ * forwards anything): takes one of the streams the server lets run at once.  0, or -1 when the
+ * client's address holds `streams_per_ip` of them already, or all clients `max_streams`: answer
+ * 503 then.  The slot is given back when the request's answer ends.  A stream begun without it
+ * (one that cannot be refused: the upstream acted) takes a slot all the same when its head is
+ * sent, over the caps if need be, so that the streams that can be refused are.
+ *
+ * A streamed body is written by the event loop, not by the handler's worker (which is free as
+ * soon as `handle` returns): the loop asks the source for the next piece only once the last is
+ * in the kernel, waits for a source that has nothing yet on its descriptor, and cuts the stream
+ * -- the connection closes, so the client sees a body cut short, never a whole one -- when the
+ * client takes no byte for the write timeout, when, once it has waited 10 s for the client in
+ * all, the bytes the client took do not cover that waiting at stream_min_rate (only the waiting
+ * for the client counts, not for the source), when the source stalls past its stall_ms or fails,
+ * and when a stop's grace ends.  The server reports the response (`answered`) when the stream
+ * ends.  HEAD and 1xx/204/304 answers get the head alone.
  */
 int http_stream_reserve(const struct request *rq);
-
-/*
- * A response whose body is too large to hold, streamed by its handler while it runs (on its
- * worker, before `handle` returns; not with resp->deferred).  http_stream_begin() writes the
- * status line and header fields of `resp` (its body is not sent: write it first with
- * http_stream_write() if it holds the body's start) and frames a body of `length` bytes, or of
- * unknown length (UINT64_MAX): chunked to an HTTP/1.1 client, to the close for HTTP/1.0.  Then
- * http_stream_write() for each piece, and http_stream_end() with whole 1 when every byte was
- * written (with a length, exactly that many) or 0 to give up: the connection is then closed, so
- * the client sees a body cut short, never a whole one.  Each call blocks the worker until its
- * bytes are out, waiting at most the write timeout for each bit of progress, and in all, once it
- * has waited 10 s for the client, no longer than the bytes the client took cover at
- * stream_min_rate (a client that stops reading, or trickles, is cut off; so is a stream still
- * going when a stop's grace ends).  The server then
- * reports the response (`answered`) and keeps or closes the connection; `resp` is not sent
- * again.  Each returns 0, or -1 when the client is gone, stalled or the stop's grace is over:
- * stop reading the source then, and end with whole 0.  HEAD and 1xx/204/304 answers get the
- * head alone.
- */
-int http_stream_begin(const struct request *rq, const struct response *resp, uint64_t length);
-int http_stream_write(const struct request *rq, const void *data, size_t len);
-int http_stream_end(const struct request *rq, int whole);
 
 /* What a program serves, and the few ways orderd and provider-sim listen differently. */
 struct http_server_options {
@@ -219,7 +201,7 @@ struct http_server_options {
                                         void *data, int timed_out, struct http_park *park);
     /*
      * May be NULL.  Called on a loop thread with every response the server is about to send
-     * whole (its own refusals too, but not a streamed body's head): a program restyles its own
+     * whole (its own refusals too, but not a streamed answer's head): a program restyles its own
      * errors here (resp->problem).  Must not block.
      */
     void (*before_send)(void *ctx, const struct request *rq, struct response *resp);
@@ -267,7 +249,8 @@ void http_limits_resolve(struct http_limits *limits);
     X("http-workers", workers, 1, 4096)                                                            \
     X("http-queue", queue, 1, 1000000)                                                             \
     X("stream-min-rate", stream_min_rate, -1, 1000000000)                                          \
-    X("streams-per-ip", streams_per_ip, -1, 1000000)
+    X("streams-per-ip", streams_per_ip, -1, 1000000)                                               \
+    X("max-streams", max_streams, -1, 1000000)
 
 /* getopt_long entries for those flags, all returning `val` (the name tells them apart). */
 #define HTTP_LIMITS_OPTION(name, field, min, max) {name, required_argument, NULL, HTTP_LIMITS_OPT},

@@ -32,7 +32,17 @@ void response_clear(struct response *r)
         free(r->headers[i].name); /* the value lives in the same block */
     free(r->headers);
     free(r->principal);
+    if (r->stream != NULL)
+        r->stream->stop(r->stream, HTTP_SOURCE_CLIENT); /* never sent */
     memset(r, 0, sizeof *r);
+}
+
+void response_stream(struct response *r, struct http_body_source *src, uint64_t length)
+{
+    if (r->stream != NULL)
+        r->stream->stop(r->stream, HTTP_SOURCE_CLIENT);
+    r->stream = src;
+    r->stream_length = length;
 }
 
 /* A header is one allocation, "name\0value\0": half the allocations of two copies. */
