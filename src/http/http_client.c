@@ -32,7 +32,7 @@
 /* Loops a client keeps pools for (servers run at most 8 loops each; the admin server has one). */
 #define MAX_POOLS 16
 
-/* ---- the reply and its reader ------------------------------------------------------------ */
+/* ---- the reply and its reader ---------------------------------------------------------------- */
 
 void http_reply_clear(struct http_reply *reply)
 {
@@ -244,7 +244,7 @@ void http_reply_reader_take(struct http_reply_reader *r, struct http_reply *out)
         out->body = strbuf_detach(&r->body, &out->body_len);
 }
 
-/* ---- the rest of a streamed answer ------------------------------------------------------- */
+/* ---- the rest of a streamed answer ----------------------------------------------------------- */
 
 struct http_body_stream *http_body_stream_new(struct http_reply_reader *r, int fd, int timeout_ms)
 {
@@ -343,7 +343,7 @@ void http_body_stream_close(struct http_body_stream *st)
     free(st);
 }
 
-/* ---- fetching from an event loop --------------------------------------------------------- */
+/* ---- fetching from an event loop ------------------------------------------------------------- */
 
 struct fconn;
 

@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * loop_internal.h - what the HTTP layer's own client (http_client.c) needs of the event loops
- * (http_server.c): the loop of the calling thread, and a hook to close what it keeps on a loop
- * before the loop's handles are closed at stop.  Not for programs: they never see libuv.
+ * loop_internal.h - the event loops' insides, for the HTTP layer's own files.  First what its
+ * client (http_client.c) needs: the loop of the calling thread, and a hook to close what it keeps
+ * on a loop before the loop's handles are closed at stop.  Then what the server's files share
+ * (http_server.c, and listen.c, deadlines.c, http1.c, workers.c, stream.c beside it): a
+ * connection, a loop, the server, and the calls between them, prefixed http__.  Not for
+ * programs: they never see libuv.
  */
 #ifndef IDEM_HTTP_LOOP_INTERNAL_H
 #define IDEM_HTTP_LOOP_INTERNAL_H
@@ -18,5 +21,220 @@ uv_loop_t *http_loop_current(void);
  * loop runs once more to call them).  Returns 0, or -1 off a loop thread or when full.
  */
 int http_loop_at_stop(void (*fn)(void *arg), void *arg);
+
+/* ---- the server's own ---------------------------------------------------------------------- */
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "http_server.h"
+#include "strbuf.h"
+
+#define LOOPS_MAX 8 /* as HTTP_LIMITS_FLAGS' http-threads */
+#define READ_CHUNK ((size_t)64 * 1024)
+#define TICK_MS 100
+#define LISTEN_BACKLOG 4096
+/* A refused request's unread body is dropped for at most this long, and this many bytes. */
+#define LINGER_MS 5000
+#define LINGER_MAX_BYTES ((size_t)64 << 20)
+#define IP_BUCKETS 1024
+
+enum conn_state {
+    CONN_IDLE,      /* waiting for the first byte of a request */
+    CONN_HEAD,      /* request line and header fields arriving */
+    CONN_BODY,      /* body arriving */
+    CONN_WORKING,   /* on a worker (or queued for one): the loop does not read */
+    CONN_WRITING,   /* the response is being written */
+    CONN_LINGER,    /* answered, write side shut, dropping what the client still sends */
+    CONN_CLOSING,   /* uv_close() called */
+    CONN_NEW,       /* accepted, not placed yet */
+    CONN_PARKED,    /* the program parked the request on the loop (on_loop): no thread held */
+    CONN_FRESH,     /* accepted, no byte yet: the head deadline, not the idle one, applies */
+    CONN_STREAMING, /* a streamed body is being written (struct stream) */
+    CONN_NSTATES
+};
+
+/*
+ * The deadline lists a connection sits in, one per state that has a deadline.  In each list
+ * but the last two every entry has the same timeout, so the list is in deadline order.
+ */
+enum deadline_list {
+    LIST_NONE = -1,
+    LIST_IDLE,   /* idle_timeout_ms */
+    LIST_HEAD,   /* head_timeout_ms */
+    LIST_BODY,   /* body_timeout_ms */
+    LIST_WRITE,  /* write_timeout_ms */
+    LIST_LINGER, /* LINGER_MS */
+    LIST_FRESH,  /* head_timeout_ms, from the accept */
+    /* Deadlines that differ per connection: the tick looks at every entry. */
+    LIST_PARKED,    /* the program's park timeout */
+    LIST_STREAMING, /* a stream's stalls and minimum rate (http__stream_check) */
+    NLISTS
+};
+
+/* Why a connection is on its loop's `done` list (several may be true at once). */
+#define DONE_JOB 1  /* a worker finished its job */
+#define DONE_WAKE 2 /* http_server_unpark() */
+
+enum job { JOB_HEAD, JOB_HANDLE };
+
+struct http_loop;
+struct stream;
+
+struct conn {
+    uv_tcp_t tcp; /* first: a uv_handle_t * of it is the conn */
+    struct http_loop *lp;
+    enum conn_state state;
+    struct conn *prev, *next; /* in the deadline list of `state` */
+    uint64_t since;           /* loop time the state began */
+    struct conn *qnext;       /* in the worker queue, then in the loop's done list */
+    int done_flags;           /* DONE_*: why it is on the done list (lp->mu) */
+    _Atomic int job_refs;     /* the worker and a deferred answer: the last one hands it back */
+    int queued;               /* on the done list (lp->mu) */
+    int free_later;           /* closed while on the done list: freed when taken off it */
+    enum job job;
+    void *park_data;        /* the program's, while parked */
+    int must_finish;        /* parked with http_park.must_finish: counted in the server's */
+    uint64_t park_deadline; /* loop time */
+    enum http_head_verdict verdict;
+
+    struct request_parser rp;
+    struct request rq_stub; /* for a request refused before its head was read */
+    char *in;               /* bytes read, not parsed yet (a pipelined request) */
+    size_t in_len;
+
+    struct response resp;
+    int64_t start_ns;
+    int keep_alive; /* after this response */
+    int report;     /* a request came (even a malformed one): tell `answered` */
+    int reading;
+    int parsing; /* inside parse(): it goes on by itself after a response written at once */
+    uv_write_t wr;
+    uv_shutdown_t sd;
+    char *out;
+    size_t drained;
+    struct stream *st;   /* in CONN_STREAMING (and until it is closed after a cut stream) */
+    int stream_reserved; /* holds a stream slot (http_stream_reserve, or the stream's start) */
+
+    char peer[INET6_ADDRSTRLEN];
+    unsigned char ip[16];
+    int counted; /* holds a slot in the per-address table */
+};
+
+struct http_loop {
+    struct http_server *srv;
+    uv_loop_t uv;
+    uv_tcp_t listener;
+    uv_async_t wake;
+    uv_timer_t tick;
+    uv_prepare_t before_wait; /* opts.before_wait, each turn before the loop polls */
+    pthread_t thread;
+    int started;
+
+    pthread_mutex_t mu; /* guards `done` */
+    struct conn *done;
+
+    struct conn *head[NLISTS], *tail[NLISTS];
+    _Atomic int in_state[CONN_NSTATES]; /* read by the stopping thread */
+    int closing_listener;
+    _Atomic int halted; /* set by http_server_stop(), read by the loop */
+    char date[48];
+    time_t date_at;
+    /* What else lives on this loop (http_client.c's pools), closed before its handles are. */
+    struct {
+        void (*fn)(void *arg);
+        void *arg;
+    } at_stop[4];
+    int nat_stop;
+    char buf[READ_CHUNK];
+};
+
+struct ip_slot {
+    struct ip_slot *next;
+    unsigned char ip[16];
+    int count;
+    int streams; /* http_stream_reserve()d */
+};
+
+struct http_server {
+    struct http_server_options opts;
+    char url[128];
+    char body_too_large[96]; /* the 413's detail for opts.max_body */
+    int nloops;
+    struct http_loop *loops;
+
+    pthread_t *workers;
+    int nworkers;
+    pthread_mutex_t qmu;
+    pthread_cond_t qcond;
+    struct conn *qhead, *qtail;
+    int qlen;
+    int qstop;
+
+    pthread_mutex_t ipmu;
+    struct ip_slot *ips[IP_BUCKETS];
+    int nstreams; /* http_stream_reserve()d, all clients (ipmu) */
+    _Atomic int nconns;
+
+    _Atomic int stopping;
+    _Atomic int64_t stop_deadline_ns; /* the end of a stop's grace: streams are cut there */
+    _Atomic int parked_must_finish;   /* parked requests a stop waits for past its grace */
+    int64_t stop_quiet_ns;            /* past the grace, since when nothing was finishing */
+    _Atomic uint64_t st_open, st_refused, st_timeouts, st_heads, st_queue_full;
+};
+
+/* How a response's body is delimited. */
+enum framing {
+    FRAME_LENGTH,  /* Content-Length: the body's length (or none, for a status without a body) */
+    FRAME_CHUNKED, /* Transfer-Encoding: chunked (a streamed body of unknown length) */
+    FRAME_CLOSE,   /* the end of the connection (the same, to an HTTP/1.0 client) */
+};
+
+/* http_server.c: connections, reading, answering, the loops */
+void http__server_log(const struct http_server *srv, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void http__conn_close(struct conn *c);
+void http__loop_push(struct conn *c, int why);
+void http__start_reading(struct conn *c);
+void http__stop_reading(struct conn *c);
+void http__written(struct conn *c, int status);
+void http__send_problem(struct conn *c, const struct request *rq, int status, const char *code,
+                        const char *detail, int keep_alive);
+const struct request *http__current_request(struct conn *c);
+void http__unpark(struct conn *c, int timed_out);
+void http__begin_stop(struct http_loop *lp);
+
+/* deadlines.c */
+void http__set_state(struct conn *c, enum conn_state st);
+void http__on_tick(uv_timer_t *t);
+
+/* http1.c */
+const char *http__http_date(struct http_loop *lp);
+void http__add_head(const struct conn *c, const struct response *r, int keep_alive,
+                    enum framing framing, unsigned long long length, const char *date,
+                    struct strbuf *out);
+
+/* listen.c */
+struct ip_slot **http__ip_find(struct http_server *srv, const unsigned char ip[16]);
+void http__ip_release(struct http_server *srv, const unsigned char ip[16]);
+void http__on_connection(uv_stream_t *server, int status);
+int http__listen_socket(const struct sockaddr *sa, socklen_t salen);
+int http__address_taken(const struct sockaddr *sa, socklen_t salen);
+int http__resolve_listen(const char *listen, int ipv6, struct sockaddr_storage *ss,
+                         socklen_t *sslen, char *err, size_t errlen);
+void http__raise_fd_limit(const struct http_server *srv);
+
+/* workers.c */
+void *http__worker_main(void *arg);
+int http__submit(struct conn *c, enum job job, int always);
+
+/* stream.c */
+void http__stream_start(struct conn *c, const struct request *rq, int keep_alive);
+void http__stream_check(struct conn *c, uint64_t now);
+void http__stream_release(struct conn *c, enum http_source_end how);
+void http__stream_unreserve(struct conn *c);
+int http__stream_handle(const uv_handle_t *h);
 
 #endif /* IDEM_HTTP_LOOP_INTERNAL_H */
