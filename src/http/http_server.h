@@ -12,7 +12,9 @@
  * token there), can answer on the loop without a hand-off (on_loop: replays from memory), and can
  * park a request on the loop, holding no thread, until another thread wakes it (a duplicate waits
  * for the first request of its key: http_server_unpark), as many times as its work has steps
- * (idem-gateway: the claim's commit, the upstream's answer, the completion's commit).
+ * (idem-gateway: the claim's commit, the upstream's answer, the completion's commit).  A body too
+ * large to hold is left as a source (response_stream()) that the loop writes out as the client
+ * reads it, so a slow reader holds a buffer, not a worker (http_stream_reserve()).
  *
  * Handlers never see libuv or http-parser; they read the request through the accessors below and
  * fill a struct response (response.h).
