@@ -9,6 +9,9 @@
  * counts notifications per bucket of scope hashes and wakes the waiters of that bucket; when its
  * connection drops it reconnects with growing pauses, and meanwhile waits say they cannot wait,
  * so the engine polls.  A lost notification costs a waiter only its next poll.
+ *
+ * Layer: above pg_conn.c, below store_pg.c, whose wait_change this file is and whose close stops
+ * the listener (store_pg.h lists the layers).
  */
 #include "store_pg.h"
 #include "clock.h" /* common/clock.h: clock_deadline for the listener's monotonic condvar */

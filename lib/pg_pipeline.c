@@ -10,6 +10,10 @@
  * completion of a record this transaction inserted with the COMMIT.  A deferred statement that
  * fails is reported by the statement (or the COMMIT) it went out with, which then did not run:
  * PostgreSQL skips the rest of a pipeline after an error, up to its Sync.
+ *
+ * Layer: above pg_conn.c (a session's messages and error codes), below store_pg.c and nothing
+ * else (store_pg.h lists the layers).  It runs what its caller describes -- a statement's text,
+ * or a struct pg_stmt of the caller's own table -- and knows no statement of the store's.
  */
 #include "store_pg.h"
 
@@ -22,15 +26,15 @@ struct pipe_q idem__pg_q_simple(const char *sql, const char *what)
     return q;
 }
 
-struct pipe_q idem__pg_q_prepare_rec(enum rec_stmt k, const char *what)
+struct pipe_q idem__pg_q_prepare(const struct pg_stmt *stmt, const char *what)
 {
     struct pipe_q q = {.what = what,
-                       .sql = idem__pg_rec_sql[k].sql,
-                       .name = idem__pg_rec_sql[k].name,
+                       .sql = stmt->sql,
+                       .name = stmt->name,
                        .prepare = 1,
-                       .nparams = idem__pg_rec_sql[k].nparams,
-                       .types = idem__pg_rec_sql[k].types,
-                       .rec = (int)k + 1};
+                       .nparams = stmt->nparams,
+                       .types = stmt->types,
+                       .mark = 1u << stmt->id};
     return q;
 }
 
@@ -99,16 +103,14 @@ int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
         all[nall++] = idem__pg_q_simple("BEGIN ISOLATION LEVEL READ COMMITTED", "begin");
     for (int i = 0; i < c->ndefer; i++) {
         const struct deferred *d = &c->defer[i];
-        if (!d->sql && !(c->prepared & (1u << d->rec)))
-            all[nall++] = idem__pg_q_prepare_rec((enum rec_stmt)d->rec, d->what);
+        if (!d->sql && !(c->prepared & (1u << d->stmt->id)))
+            all[nall++] = idem__pg_q_prepare(d->stmt, d->what);
         if (d->sql) {
             all[nall++] = idem__pg_q_simple(d->sql, d->what);
         } else {
-            all[nall] =
-                idem__pg_q_exec(idem__pg_rec_sql[d->rec].name, idem__pg_rec_sql[d->rec].nparams,
-                                (const char *const *)d->vals, d->lens, d->fmts, 0, d->what);
-            all[nall++].fenced = d->rec == RS_ADVANCE_DEFERRED || d->rec == RS_COMPLETE_DEFERRED ||
-                                 d->rec == RS_INSERT_COMPLETED_DEFERRED;
+            all[nall] = idem__pg_q_exec(d->stmt->name, d->stmt->nparams,
+                                        (const char *const *)d->vals, d->lens, d->fmts, 0, d->what);
+            all[nall++].fenced = d->stmt->fenced;
         }
     }
     nd = nall;
@@ -141,8 +143,7 @@ int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
         case PGRES_TUPLES_OK:
             if (i < nall && !all[i].ok) {
                 all[i].ok = 1;
-                if (all[i].rec)
-                    c->prepared |= 1u << (all[i].rec - 1); /* known to the session from now */
+                c->prepared |= all[i].mark; /* known to the session from now */
                 all[i].res = res;
                 res = NULL;
             }
@@ -230,11 +231,11 @@ int idem__pg_defer_simple(struct idem_conn *c, const char *sql, const char *what
 }
 
 /*
- * Holds back record statement k with a copy of its parameters (texts, or bytes where lens[i] is
- * set) for the next pipeline; 0, or IDEM_ENOMEM.
+ * Holds back `stmt` (borrowed: it must outlive the transaction) with a copy of its parameters
+ * (texts, or bytes where lens[i] is set) for the next pipeline; 0, or IDEM_ENOMEM.
  */
-int idem__pg_defer_rec(struct idem_conn *c, enum rec_stmt k, const char *const *vals,
-                       const int *lens, const int *fmts, const char *what)
+int idem__pg_defer_stmt(struct idem_conn *c, const struct pg_stmt *stmt, const char *const *vals,
+                        const int *lens, const int *fmts, const char *what)
 {
     struct deferred *d;
     int rc;
@@ -243,7 +244,7 @@ int idem__pg_defer_rec(struct idem_conn *c, enum rec_stmt k, const char *const *
         return rc;
     d = &c->defer[c->ndefer];
     memset(d, 0, sizeof(*d));
-    for (int i = 0; i < idem__pg_rec_sql[k].nparams && i < DEFER_PARAMS; i++) {
+    for (int i = 0; i < stmt->nparams && i < DEFER_PARAMS; i++) {
         size_t len = vals[i] == NULL ? 0 : lens && lens[i] ? (size_t)lens[i] : strlen(vals[i]);
         if (vals[i] == NULL)
             continue;
@@ -259,7 +260,7 @@ int idem__pg_defer_rec(struct idem_conn *c, enum rec_stmt k, const char *const *
         d->lens[i] = lens ? lens[i] : 0;
         d->fmts[i] = fmts ? fmts[i] : 0;
     }
-    d->rec = (int)k;
+    d->stmt = stmt;
     d->what = what;
     c->ndefer++;
     if (c->in_tx)

@@ -28,7 +28,10 @@
  *
  * Why ~1,600 lines: this is the store's function table, one function per entry of struct
  * idem_store_vtab with its SQL beside it, as store_sqlite.c is SQLite's; the machinery under it
- * has files of its own (pg_pipeline.c, pg_listen.c, tx_batch.c, migrate.c).
+ * has files of its own (pg_conn.c, pg_pipeline.c, pg_listen.c, tx_batch.c, migrate.c).
+ *
+ * Layer: the top of the PostgreSQL store, over every file just named (store_pg.h lists the
+ * layers); only store.c, which picks the backend, names it, through idem__pg_vtab.
  */
 #include "store_pg.h"
 #include "ascii.h" /* common/ascii.h: ascii_ncaseeq for the savepoint keywords */
@@ -124,14 +127,38 @@ static const struct idem_migration idem_schema[] = {
 /* An update whose answer is not read: it fails (division by zero) if it changed no row. */
 #define FENCED(update) "WITH u AS (" update " RETURNING 1) SELECT 1 / count(*)::int4 FROM u"
 
-const struct rec_sql idem__pg_rec_sql[RS_COUNT] = {
+/* The store's own statements: rec_sql[k] describes statement k, whose id is k. */
+enum rec_stmt {
+    RS_CLAIM,
+    RS_GET,
+    RS_TAKEOVER,
+    RS_ADVANCE,
+    RS_COMPLETE,
+    RS_ADVANCE_DEFERRED,
+    RS_COMPLETE_DEFERRED,
+    RS_INSERT_COMPLETED,
+    RS_INSERT_COMPLETED_DEFERRED,
+    RS_RELEASE,
+    RS_RELEASE_OWNED,
+    RS_FORGET,
+    RS_SWEEP,
+    RS_STALLED,
+    RS_NOTIFY,
+    RS_VERSION,
+    RS_SET_VERSION,
+    RS_COUNT
+};
+_Static_assert(RS_COUNT <= 32, "a statement's id is its bit in c->prepared");
+
+static const struct pg_stmt rec_sql[RS_COUNT] = {
     /*
      * The primary key decides: a new key is inserted, an existing one is left alone -- unless its
      * retention ended and no live lease protects it, in which case the key is new again.  Under
      * READ COMMITTED, a concurrent claimer of the same key waits here for the first one's
      * transaction, then sees its row (committed) and changes nothing, or inserts (rolled back).
      */
-    [RS_CLAIM] = {"idem_claim",
+    [RS_CLAIM] = {RS_CLAIM,
+                  "idem_claim",
                   "WITH t AS (SELECT " DB_NOW_MS " AS now)"
                   " INSERT INTO idem_records AS r (principal, operation, idem_key, fingerprint,"
                   " status, recovery_point, lease_owner, lease_expires_ms, created_ms, expires_ms)"
@@ -148,22 +175,24 @@ const struct rec_sql idem__pg_rec_sql[RS_COUNT] = {
                   {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_TEXT, OID_INT8, OID_INT8,
                    OID_TEXT}},
     /* One row always: the database's time, and the record's columns (NULL when there is none). */
-    [RS_GET] = {"idem_get",
+    [RS_GET] = {RS_GET,
+                "idem_get",
                 "SELECT t.now, r.status::int4, r.fingerprint, r.recovery_point, r.recovery_data,"
                 " r.lease_owner, r.lease_expires_ms, r.response_status, r.response_headers,"
                 " r.response_body, r.expires_ms, r.created_ms"
                 " FROM (SELECT " DB_NOW_MS " AS now) t LEFT JOIN idem_records r ON " SCOPE_WHERE,
                 3,
                 {OID_TEXT, OID_TEXT, OID_TEXT}},
-    [RS_TAKEOVER] = {"idem_takeover",
+    [RS_TAKEOVER] = {RS_TAKEOVER,
+                     "idem_takeover",
                      "UPDATE idem_records r SET lease_owner = $4, lease_expires_ms = t.now + $5"
                      " FROM (SELECT " DB_NOW_MS " AS now) t"
                      " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_expires_ms <= t.now"
                      " AND r.fingerprint = $6",
                      6,
                      {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_INT8, OID_BYTEA}},
-    [RS_ADVANCE] = {"idem_advance", ADVANCE_SQL, 7, ADVANCE_TYPES},
-    [RS_COMPLETE] = {"idem_complete", COMPLETE_SQL, 7, COMPLETE_TYPES},
+    [RS_ADVANCE] = {RS_ADVANCE, "idem_advance", ADVANCE_SQL, 7, ADVANCE_TYPES},
+    [RS_COMPLETE] = {RS_COMPLETE, "idem_complete", COMPLETE_SQL, 7, COMPLETE_TYPES},
     /*
      * The two above sent without waiting for their answer (deferred): for the record this very
      * transaction inserted (the row is this transaction's until it ends, so the update must
@@ -172,25 +201,31 @@ const struct rec_sql idem__pg_rec_sql[RS_COUNT] = {
      * transaction and the COMMIT that follows in the same pipeline (IDEM_ELEASE): a record this
      * call does not hold is never changed, even unchecked.
      */
-    [RS_ADVANCE_DEFERRED] = {"idem_advance_deferred", FENCED(ADVANCE_SQL), 7, ADVANCE_TYPES},
-    [RS_COMPLETE_DEFERRED] = {"idem_complete_deferred", FENCED(COMPLETE_SQL), 7, COMPLETE_TYPES},
-    [RS_INSERT_COMPLETED] = {"idem_insert_completed", INSERT_COMPLETED_SQL, 8,
+    [RS_ADVANCE_DEFERRED] = {RS_ADVANCE_DEFERRED, "idem_advance_deferred", FENCED(ADVANCE_SQL), 7,
+                             ADVANCE_TYPES, 1},
+    [RS_COMPLETE_DEFERRED] = {RS_COMPLETE_DEFERRED, "idem_complete_deferred", FENCED(COMPLETE_SQL),
+                              7, COMPLETE_TYPES, 1},
+    [RS_INSERT_COMPLETED] = {RS_INSERT_COMPLETED, "idem_insert_completed", INSERT_COMPLETED_SQL, 8,
                              INSERT_COMPLETED_TYPES},
     /* Sent with the COMMIT: a key another caller holds fails it (IDEM_ELEASE), as above. */
-    [RS_INSERT_COMPLETED_DEFERRED] = {"idem_insert_completed_deferred",
-                                      FENCED(INSERT_COMPLETED_SQL), 8, INSERT_COMPLETED_TYPES},
-    [RS_RELEASE] = {"idem_release",
+    [RS_INSERT_COMPLETED_DEFERRED] = {RS_INSERT_COMPLETED_DEFERRED,
+                                      "idem_insert_completed_deferred",
+                                      FENCED(INSERT_COMPLETED_SQL), 8, INSERT_COMPLETED_TYPES, 1},
+    [RS_RELEASE] = {RS_RELEASE,
+                    "idem_release",
                     "UPDATE idem_records r SET lease_expires_ms = 0"
                     " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $4",
                     4,
                     {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT}},
-    [RS_RELEASE_OWNED] = {"idem_release_owned",
+    [RS_RELEASE_OWNED] = {RS_RELEASE_OWNED,
+                          "idem_release_owned",
                           "UPDATE idem_records SET lease_expires_ms = 0"
                           " WHERE status = 0 AND lease_expires_ms > 0"
                           " AND starts_with(lease_owner, $1) AND NOT starts_with(lease_owner, $2)",
                           2,
                           {OID_TEXT, OID_TEXT}},
-    [RS_FORGET] = {"idem_forget",
+    [RS_FORGET] = {RS_FORGET,
+                   "idem_forget",
                    "DELETE FROM idem_records r"
                    " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $4",
                    4,
@@ -203,9 +238,11 @@ const struct rec_sql idem__pg_rec_sql[RS_COUNT] = {
      * transaction that wrote nothing but a notification commits without waiting for a flush
      * (xact.c, RecordTransactionCommit), so it holds that lock only for a moment.
      */
-    [RS_NOTIFY] = {"idem_notify", "SELECT pg_notify('" NOTIFY_CHANNEL "', $1)", 1, {OID_TEXT}},
+    [RS_NOTIFY] =
+        {RS_NOTIFY, "idem_notify", "SELECT pg_notify('" NOTIFY_CHANNEL "', $1)", 1, {OID_TEXT}},
     /* SKIP LOCKED: sweepers of several instances, and claims reviving a key, never queue here. */
-    [RS_SWEEP] = {"idem_sweep",
+    [RS_SWEEP] = {RS_SWEEP,
+                  "idem_sweep",
                   "DELETE FROM idem_records WHERE (principal, operation, idem_key) IN"
                   " (SELECT principal, operation, idem_key"
                   "  FROM idem_records, (SELECT " DB_NOW_MS " AS now) t"
@@ -213,7 +250,8 @@ const struct rec_sql idem__pg_rec_sql[RS_COUNT] = {
                   "  LIMIT $1 FOR UPDATE OF idem_records SKIP LOCKED)",
                   1,
                   {OID_INT4}},
-    [RS_STALLED] = {"idem_stalled",
+    [RS_STALLED] = {RS_STALLED,
+                    "idem_stalled",
                     "SELECT principal, operation, idem_key, recovery_point"
                     " FROM idem_records, (SELECT " DB_NOW_MS " AS now) t"
                     " WHERE status = 0 AND lease_expires_ms <= t.now"
@@ -221,11 +259,13 @@ const struct rec_sql idem__pg_rec_sql[RS_COUNT] = {
                     " ORDER BY lease_expires_ms LIMIT $2",
                     2,
                     {OID_TEXT, OID_INT4}},
-    [RS_VERSION] = {"idem_schema_version",
+    [RS_VERSION] = {RS_VERSION,
+                    "idem_schema_version",
                     "SELECT version FROM idem_schema WHERE component = $1",
                     1,
                     {OID_TEXT}},
-    [RS_SET_VERSION] = {"idem_schema_set",
+    [RS_SET_VERSION] = {RS_SET_VERSION,
+                        "idem_schema_set",
                         "INSERT INTO idem_schema (component, version, applied_ms)"
                         " VALUES ($1, $2, " DB_NOW_MS ")"
                         " ON CONFLICT (component) DO UPDATE SET version = excluded.version,"
@@ -234,133 +274,7 @@ const struct rec_sql idem__pg_rec_sql[RS_COUNT] = {
                         {OID_TEXT, OID_INT4}},
 };
 
-/* ---- messages -------------------------------------------------------------------------------- */
-
-/*
- * Replaces every occurrence of `secret` in `buf` by asterisks ("***", or as many as the secret has
- * characters when it is shorter, so the text never grows), and line breaks by spaces.
- */
-static void scrub(char *buf, const char *secret)
-{
-    size_t n = secret ? strlen(secret) : 0;
-    size_t stars = n < 3 ? n : 3;
-    char *p;
-
-    for (p = buf; *p; p++)
-        if (*p == '\n' || *p == '\r' || *p == '\t')
-            *p = ' ';
-    while (p > buf && p[-1] == ' ')
-        *--p = '\0';
-    if (n == 0)
-        return;
-    p = buf;
-    while ((p = strstr(p, secret)) != NULL) {
-        memmove(p + stars, p + n, strlen(p + n) + 1);
-        memset(p, '*', stars);
-        p += stars;
-    }
-}
-
-/* Leaves "postgresql: <what>: <libpq's words>" in c->errmsg, without the password. */
-void idem__pg_set_msg(struct idem_conn *c, const char *what, const char *detail, const char *state)
-{
-    if (state && state[0])
-        idem__fmt(c->errmsg, sizeof(c->errmsg), "postgresql: %s: %s (SQLSTATE %s)", what,
-                  detail && detail[0] ? detail : "failed", state);
-    else
-        idem__fmt(c->errmsg, sizeof(c->errmsg), "postgresql: %s: %s", what,
-                  detail && detail[0] ? detail : "failed");
-    scrub(c->errmsg, c->sh ? c->sh->secret : NULL);
-}
-
-int idem__pg_state_is(const char *state, const char *code)
-{
-    return strcmp(state, code) == 0;
-}
-
-static int state_class(const char *state, const char *cls)
-{
-    return strncmp(state, cls, 2) == 0;
-}
-
-/*
- * After a "permission denied" (42501), the statement that fixes it, for the role this store logs
- * in as: "permission denied for schema public" becomes "...; as the owner or a superuser: GRANT
- * CREATE ON SCHEMA public TO idem_gateway".  The object's name comes from the server's message.
- */
-static void add_grant_hint(struct idem_conn *c, const char *primary)
-{
-    static const struct {
-        const char *object; /* as the server's message names it */
-        const char *grant;  /* what the store's statements need on it */
-    } kinds[] = {
-        {"for schema ", "GRANT USAGE, CREATE ON SCHEMA"},
-        {"for table ", "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE"},
-        {"for sequence ", "GRANT USAGE ON SEQUENCE"},
-        {"for database ", "GRANT CONNECT, CREATE ON DATABASE"},
-        {"for function ", "GRANT EXECUTE ON FUNCTION"},
-    };
-    const char *user = PQuser(c->pg);
-    size_t len = strlen(c->errmsg);
-
-    for (size_t i = 0; primary && i < sizeof kinds / sizeof kinds[0]; i++) {
-        const char *at = strstr(primary, kinds[i].object);
-        size_t n;
-        if (at == NULL)
-            continue;
-        at += strlen(kinds[i].object);
-        n = strcspn(at, " \t\r\n");
-        idem__fmt(c->errmsg + len, sizeof(c->errmsg) - len,
-                  "; as the object's owner or a superuser: %s %.*s TO %s", kinds[i].grant, (int)n,
-                  at, user && user[0] ? user : "<the store's role>");
-        return;
-    }
-    idem__fmt(c->errmsg + len, sizeof(c->errmsg) - len,
-              "; grant the role %s the privilege named above (GRANT ... TO %s)",
-              user && user[0] ? user : "<the store's role>", user && user[0] ? user : "...");
-}
-
-/*
- * Turns a failed result into an IDEM_E* code and a message.  Connection failures (no SQLSTATE,
- * class 08, administrator or crash shutdown) mark the connection broken so the pool drops it.
- */
-int idem__pg_fail_res(struct idem_conn *c, const PGresult *res, const char *what)
-{
-    const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-    const char *primary = res ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
-
-    idem__fmt(c->sqlstate, sizeof(c->sqlstate), "%s", state ? state : "");
-    if (!primary && res)
-        primary = PQresultErrorMessage(res);
-    idem__pg_set_msg(c, what, primary && primary[0] ? primary : PQerrorMessage(c->pg), state);
-    if (state && idem__pg_state_is(state, "42501"))
-        add_grant_hint(c, primary);
-    if (!state || PQstatus(c->pg) != CONNECTION_OK || state_class(state, "08") ||
-        idem__pg_state_is(state, "57P01") || idem__pg_state_is(state, "57P02") ||
-        idem__pg_state_is(state, "57P03")) {
-        c->broken = 1;
-        return IDEM_EUNAVAIL;
-    }
-    if (idem__pg_state_is(state, "23505"))
-        return IDEM_ECONFLICT;
-    /* Transient: serialization failure, deadlock, lock or statement timeout, resources. */
-    if (idem__pg_state_is(state, "40001") || idem__pg_state_is(state, "40P01") ||
-        idem__pg_state_is(state, "55P03") || idem__pg_state_is(state, "57014") ||
-        state_class(state, "53") || state_class(state, "58"))
-        return IDEM_EUNAVAIL;
-    return IDEM_ESTORE;
-}
-
-/* 0 if `res` is a success, else idem__pg_fail_res().  Never frees `res`. */
-int idem__pg_check(struct idem_conn *c, const PGresult *res, const char *what)
-{
-    ExecStatusType s = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
-
-    if (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK)
-        return 0;
-    return idem__pg_fail_res(c, res, what);
-}
-
+/* Whether a failed statement may run again (rec_run): a lost connection, a transient conflict. */
 static int retryable(const struct idem_conn *c)
 {
     return c->broken || idem__pg_state_is(c->sqlstate, "40001") ||
@@ -368,12 +282,6 @@ static int retryable(const struct idem_conn *c)
 }
 
 /* ---- connecting ------------------------------------------------------------------------------ */
-
-void idem__pg_notice_ignore(void *arg, const char *message)
-{
-    (void)arg;
-    (void)message; /* "relation already exists, skipping" and friends must not reach stderr */
-}
 
 /*
  * Parses the connection string once, to refuse a malformed one early, to learn the password that
@@ -427,7 +335,7 @@ static int shared_new(const char *conninfo, int lock_timeout_ms, struct pg_share
     if (!sh->conninfo || !sh->display)
         goto out;
     if (sh->secret)
-        scrub(sh->display, sh->secret);
+        idem__pg_scrub(sh->display, sh->secret);
     /* Before "dbname" (the expanded user string), so any of them the user sets wins. */
     sh->keys[n] = "client_encoding";
     sh->vals[n++] = "UTF8";
@@ -511,44 +419,6 @@ static void cache_reset(struct idem_conn *c)
         c->cache[i].prepared = 0;
 }
 
-/*
- * Settings of the session, applied after every (re)connect.  A lock wait is bounded by the
- * store's busy timeout, as sqlite3_busy_timeout bounds SQLite's: a claim stuck behind a hung
- * transaction gives up (IDEM_EUNAVAIL, a 503) instead of holding a request forever.  A
- * lock_timeout the user configured for the role or in `options` is left alone.
- */
-static int session_setup(struct idem_conn *c)
-{
-    char ms[32];
-    const char *params[1] = {ms};
-    PGresult *res = NULL;
-    int rc;
-
-    PQsetNoticeProcessor(c->pg, idem__pg_notice_ignore, NULL);
-    idem__fmt(ms, sizeof(ms), "%d", c->sh->lock_timeout_ms);
-    /*
-     * A commit must be on disk before it is acknowledged: orderd charges a card after phase 1's
-     * commit, and a phase 1 lost in a crash would be run again with a new order id, so a new
-     * charge.  Only `on` (the WAL flushed here, and on the synchronous standbys when there are
-     * any) and the stronger `remote_apply` say so.  `off` acknowledges before the local flush;
-     * `local` and `remote_write` flush here but not on a synchronous standby (remote_write waits
-     * only for the standby's write to its OS), so after a failover to that standby an
-     * acknowledged commit may be gone and its key would run again.  A server, database or role
-     * set to any of those three gets `on` for this session.  A missing lock_timeout gets the
-     * store's.
-     */
-    res = PQexecParams(c->pg,
-                       "SELECT CASE WHEN current_setting('synchronous_commit')"
-                       " NOT IN ('on', 'remote_apply')"
-                       " THEN set_config('synchronous_commit', 'on', false) END,"
-                       " CASE WHEN current_setting('lock_timeout') = '0'"
-                       " THEN set_config('lock_timeout', $1, false) END",
-                       1, NULL, params, NULL, NULL, 0);
-    rc = idem__pg_check(c, res, "configure session");
-    PQclear(res);
-    return rc;
-}
-
 /* Reconnects a broken connection with the same parameters; the session starts afresh. */
 static int reconnect(struct idem_conn *c)
 {
@@ -562,7 +432,7 @@ static int reconnect(struct idem_conn *c)
     c->in_tx = 0;
     idem__pg_deferred_clear(c);
     cache_reset(c);
-    return session_setup(c);
+    return idem__pg_session_setup(c);
 }
 
 static void pg_close(struct idem_conn *c)
@@ -591,17 +461,9 @@ static int pg_open(struct idem_store *st, struct idem_conn **out, char *err, siz
     if (!c)
         return IDEM_ENOMEM;
     c->sh = sh;
-    c->pg = PQconnectdbParams(sh->keys, sh->vals, 1);
-    if (!c->pg) {
-        rc = IDEM_ENOMEM;
+    rc = idem__pg_connect(c);
+    if (rc < 0 && !c->pg)
         goto out;
-    }
-    if (PQstatus(c->pg) != CONNECTION_OK) {
-        idem__pg_set_msg(c, "cannot connect", PQerrorMessage(c->pg), NULL);
-        rc = IDEM_EUNAVAIL;
-        goto fail_msg;
-    }
-    rc = session_setup(c);
     if (rc < 0)
         goto fail_msg;
     rc = idem__migrate(&idem__pg_vtab, c, "libidem", idem_schema,
@@ -700,11 +562,10 @@ static int pg_commit(struct idem_conn *c)
     }
     q[n++] = idem__pg_q_simple("COMMIT", "commit");
     if (c->nnotify > 0 && !(c->prepared & (1u << RS_NOTIFY)))
-        q[n++] = idem__pg_q_prepare_rec(RS_NOTIFY, "notify");
+        q[n++] = idem__pg_q_prepare(&rec_sql[RS_NOTIFY], "notify");
     for (int i = 0; i < c->nnotify; i++) {
         vals[i][0] = c->notify[i];
-        q[n++] =
-            idem__pg_q_exec(idem__pg_rec_sql[RS_NOTIFY].name, 1, vals[i], NULL, NULL, 0, "notify");
+        q[n++] = idem__pg_q_exec(rec_sql[RS_NOTIFY].name, 1, vals[i], NULL, NULL, 0, "notify");
     }
     for (int i = 1; i < n; i++)
         q[i].optional = 1; /* the notifications (and their preparation): best effort */
@@ -1106,9 +967,9 @@ static int rec_run(struct idem_conn *c, enum rec_stmt k, const char *const *vals
             rc = IDEM_EUNAVAIL;
         } else {
             if (!(c->prepared & (1u << k)))
-                q[n++] = idem__pg_q_prepare_rec(k, what);
-            q[n++] = idem__pg_q_exec(idem__pg_rec_sql[k].name, idem__pg_rec_sql[k].nparams, vals,
-                                     lens, fmts, binary, what);
+                q[n++] = idem__pg_q_prepare(&rec_sql[k], what);
+            q[n++] = idem__pg_q_exec(rec_sql[k].name, rec_sql[k].nparams, vals, lens, fmts, binary,
+                                     what);
             rc = idem__pg_pipe_run(c, q, n, &failed);
             for (int i = 0; i < n - 1; i++)
                 PQclear(q[i].res);
@@ -1210,7 +1071,7 @@ static int write_response(struct idem_conn *c, const struct idem_scope *s, enum 
     }
     lens[body_col] = (int)body_len;
     if (defer) {
-        rc = idem__pg_defer_rec(c, k_deferred, vals, lens, fmts, what);
+        rc = idem__pg_defer_stmt(c, &rec_sql[k_deferred], vals, lens, fmts, what);
         if (rc == 0) {
             *ok = 1;
             notify_after_commit(c, s);
@@ -1372,7 +1233,8 @@ static int pg_record_advance(struct idem_conn *c, const struct idem_scope *s, co
          * The record this transaction inserted: ours until the transaction ends, and still
          * processing after this, so a later completion may be deferred too.
          */
-        rc = idem__pg_defer_rec(c, RS_ADVANCE_DEFERRED, vals, NULL, NULL, "advance record");
+        rc = idem__pg_defer_stmt(c, &rec_sql[RS_ADVANCE_DEFERRED], vals, NULL, NULL,
+                                 "advance record");
         *ok = rc == 0;
         return rc;
     }
@@ -1552,8 +1414,8 @@ static int pg_schema_version(struct idem_conn *c, const char *component, int *ve
     *version = 0;
     if (!c->in_tx) {
         /* Outside a transaction a missing table costs nothing; there is no plan to prepare. */
-        res = PQexecParams(c->pg, idem__pg_rec_sql[RS_VERSION].sql, 1,
-                           idem__pg_rec_sql[RS_VERSION].types, vals, NULL, NULL, 0);
+        res = PQexecParams(c->pg, rec_sql[RS_VERSION].sql, 1, rec_sql[RS_VERSION].types, vals, NULL,
+                           NULL, 0);
         rc = idem__pg_check(c, res, "read schema version");
         if (rc < 0 && idem__pg_state_is(c->sqlstate, "42P01"))
             rc = 0; /* undefined_table: nothing was ever migrated */

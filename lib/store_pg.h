@@ -1,9 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * store_pg.h - what the PostgreSQL store's files share, and nothing else includes:
- * store_pg.c (connections, transactions, the application's and the records' statements,
- * migrations), pg_pipeline.c (one round trip for several statements; statements held back for
- * the next one) and pg_listen.c (LISTEN/NOTIFY: waking the duplicates of every process).
+ * store_pg.h - what the PostgreSQL store's files share, and nothing else includes.  Its layers,
+ * bottom up, each file calling only those below it: pg_conn.c (a session: connecting, messages,
+ * SQLSTATE -> IDEM_E*), pg_pipeline.c (one round trip for several statements; statements held
+ * back for the next one), pg_listen.c (LISTEN/NOTIFY: waking the duplicates of every process),
+ * tx_batch.c (several jobs to a transaction: tx_batch.h) and, on top, store_pg.c (the store's
+ * function table: connections, transactions, the application's and the records' statements,
+ * migrations).
  */
 #ifndef IDEM_STORE_PG_H
 #define IDEM_STORE_PG_H
@@ -72,6 +75,22 @@ struct app_stmt {
 };
 
 /*
+ * A statement of the store's own, prepared once per session under `name`.  Its caller hands the
+ * pipeline this description (a static table of the caller's) and the pipeline runs what it says.
+ */
+#define STMT_PARAMS 8
+struct pg_stmt {
+    int id; /* 0 to 31, one per statement: its bit in c->prepared */
+    const char *name;
+    const char *sql;
+    int nparams;
+    Oid types[STMT_PARAMS];
+    /* An update sent without waiting for its answer that fails (a division by zero) when it
+     * changed nothing: its failure means the record is not this call's (IDEM_ELEASE). */
+    int fenced;
+};
+
+/*
  * A statement whose answer nobody waits for, held back to go out in the pipeline of the next one
  * that needs its answer (see "pipelines" below): the application's SAVEPOINT, RELEASE and
  * ROLLBACK TO, and the completion of a record this transaction inserted (the BEGIN is only a
@@ -83,7 +102,8 @@ struct app_stmt {
 struct deferred {
     const char *what; /* names it in a message */
     char *sql;        /* a parameterless statement (owned), or NULL for: */
-    int rec;          /* the record statement rec_sql[rec], with these parameters (owned) */
+    const struct pg_stmt
+        *stmt; /* the statement (borrowed: static), with these parameters (owned) */
     char *vals[DEFER_PARAMS];
     int lens[DEFER_PARAMS];
     int fmts[DEFER_PARAMS];
@@ -106,7 +126,7 @@ struct idem_conn {
     int claimed_open;
     int whole; /* a whole transaction (idem__tx_run): only its COMMIT follows its statements */
     int batch; /* a batch's transaction (tx_batch.c): a failed statement may doom it */
-    unsigned prepared;  /* bit k: record statement k is prepared in this session */
+    unsigned prepared;  /* bit k: the session knows the struct pg_stmt whose id is k */
     char notify[4][17]; /* scopes (hashes) to announce once the transaction commits */
     int nnotify;
     uint64_t clock;
@@ -114,42 +134,16 @@ struct idem_conn {
     struct app_stmt cache[STMT_CACHE];
 };
 
-/* ---- the store's own statements (their text: store_pg.c) ------------------------------------- */
+/* ---- a session: connecting, messages (pg_conn.c) --------------------------------------------- */
 
-enum rec_stmt {
-    RS_CLAIM,
-    RS_GET,
-    RS_TAKEOVER,
-    RS_ADVANCE,
-    RS_COMPLETE,
-    RS_ADVANCE_DEFERRED,
-    RS_COMPLETE_DEFERRED,
-    RS_INSERT_COMPLETED,
-    RS_INSERT_COMPLETED_DEFERRED,
-    RS_RELEASE,
-    RS_RELEASE_OWNED,
-    RS_FORGET,
-    RS_SWEEP,
-    RS_STALLED,
-    RS_NOTIFY,
-    RS_VERSION,
-    RS_SET_VERSION,
-    RS_COUNT
-};
-
-struct rec_sql {
-    const char *name;
-    const char *sql;
-    int nparams;
-    Oid types[8];
-};
-
-extern const struct rec_sql idem__pg_rec_sql[RS_COUNT];
-
-/* ---- messages (store_pg.c) ------------------------------------------------------------------- */
-
+/* Connects c (its c->sh says where) and sets its session up; a failure's message is left in c. */
+int idem__pg_connect(struct idem_conn *c);
+/* The session's settings, applied after every (re)connect. */
+int idem__pg_session_setup(struct idem_conn *c);
 /* Leaves "what: detail" (the password scrubbed) and the SQLSTATE `state` (or "") in c. */
 void idem__pg_set_msg(struct idem_conn *c, const char *what, const char *detail, const char *state);
+/* Replaces `secret` in `buf` by asterisks, and line breaks by spaces (the text never grows). */
+void idem__pg_scrub(char *buf, const char *secret);
 /* Whether SQLSTATE `state` is `code`. */
 int idem__pg_state_is(const char *state, const char *code);
 /* The IDEM_E* of a failed result, with its message left in c (a lost connection marks c broken). */
@@ -177,17 +171,17 @@ struct pipe_q {
     const char *const *vals;
     const int *lens;
     const int *fmts;
-    int binary;   /* its result in binary */
-    int optional; /* its failure is not the pipeline's (best-effort notifications) */
-    int fenced;   /* RS_*_DEFERRED: a division by zero means the record is not ours */
-    int rec;      /* with `prepare`: record statement rec - 1 (its bit in c->prepared), or 0 */
+    int binary;    /* its result in binary */
+    int optional;  /* its failure is not the pipeline's (best-effort notifications) */
+    int fenced;    /* a division by zero means the record is not ours (struct pg_stmt) */
+    unsigned mark; /* with `prepare`: its bit in c->prepared once the session knows it, or 0 */
     int ok;
     PGresult *res;
 };
 
-/* A parameterless statement; record statement k's preparation; a prepared statement's run. */
+/* A parameterless statement; a statement's preparation; a prepared statement's run. */
 struct pipe_q idem__pg_q_simple(const char *sql, const char *what);
-struct pipe_q idem__pg_q_prepare_rec(enum rec_stmt k, const char *what);
+struct pipe_q idem__pg_q_prepare(const struct pg_stmt *stmt, const char *what);
 struct pipe_q idem__pg_q_exec(const char *name, int nparams, const char *const *vals,
                               const int *lens, const int *fmts, int binary, const char *what);
 /* Sends what is deferred, then q[0..n), then a Sync, in one round trip (see pg_pipeline.c). */
@@ -196,10 +190,10 @@ int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
 void idem__pg_deferred_clear(struct idem_conn *c);
 /* Sends what is deferred, alone. */
 int idem__pg_flush_deferred(struct idem_conn *c);
-/* Hold back a parameterless statement, or record statement k with copies of its parameters. */
+/* Hold back a parameterless statement, or `stmt` (borrowed) with copies of its parameters. */
 int idem__pg_defer_simple(struct idem_conn *c, const char *sql, const char *what);
-int idem__pg_defer_rec(struct idem_conn *c, enum rec_stmt k, const char *const *vals,
-                       const int *lens, const int *fmts, const char *what);
+int idem__pg_defer_stmt(struct idem_conn *c, const struct pg_stmt *stmt, const char *const *vals,
+                        const int *lens, const int *fmts, const char *what);
 /* Begins a transaction whose BEGIN goes out with its first statement. */
 void idem__pg_defer_begin(struct idem_conn *c);
 /* Forgets the connection's transaction (ended or abandoned): nothing held back, no notices. */

@@ -19,9 +19,9 @@
  * Why no answer can come from a write a crash could take back:
  * - A job's notice is told only once the batch's COMMIT was acknowledged.  The server
  *   acknowledges a COMMIT only after its WAL is flushed (every session of the store runs with
- *   synchronous_commit on: store_pg.c, session_setup) and makes a transaction visible to other
- *   sessions only then, so nobody, here or in another process, reads a job's writes before they
- *   are durable; and the caller answers only from the notice.
+ *   synchronous_commit on: pg_conn.c, idem__pg_session_setup) and makes a transaction visible
+ *   to other sessions only then, so nobody, here or in another process, reads a job's writes
+ *   before they are durable; and the caller answers only from the notice.
  * - A job that fails (a negative code: a statement's error, a fence or a key another process
  *   holds found by a later statement or the COMMIT) rolls the whole batch back.  Each job of the
  *   batch then runs again alone, in a transaction of its own, and is told its own outcome.  Jobs
