@@ -333,13 +333,12 @@ struct idem_store {
     const struct idem_store_vtab *vt;
     char *target; /* backend-specific: the SQLite path, or the libpq conninfo */
     struct idem_store_options opts;
-    void *backend; /* per-store state of the backend (PostgreSQL: its listener), or NULL */
+    void *backend; /* per-store state of the backend (PostgreSQL: listener, batcher), or NULL */
 
     _Atomic uint64_t write_commits;     /* idem_store_stats() */
     _Atomic uint64_t durable_commits;   /* counted by the backend when it groups commits */
     _Atomic uint64_t durable_commit_ns; /* the time those commits took, likewise */
     _Atomic uint64_t writer_busy_ns;    /* SQLite: the time its one writer was held */
-    struct idem__batcher *batcher;      /* tx_batch.c's runner, made on first use, or NULL */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -400,17 +399,6 @@ int idem__tx_runs_async(const struct idem_store *st);
 int idem__tx_run_async(struct idem_store *st, struct idem__job_slot *slot, idem__tx_fn fn,
                        void *arg, unsigned flags, idem__commit_done done, void *done_arg, char *err,
                        size_t errlen);
-
-/*
- * write_run_async for a store without a group commit of its own (tx_batch.c): the job joins the
- * queue of the store's runner thread, which runs what was queued as one transaction and tells
- * each job once that transaction committed (or each job alone, should one of them fail).
- * idem__batch_stop() ends the runner after the queue drained (idem_store_close).
- */
-int idem__batch_run_async(struct idem_store *st, struct idem__job_slot *slot, idem__tx_fn fn,
-                          void *arg, unsigned flags, idem__commit_done done, void *done_arg,
-                          char *err, size_t errlen);
-void idem__batch_stop(struct idem_store *st);
 
 /*
  * Applies the steps of `component` newer than its recorded version, each in a transaction of its

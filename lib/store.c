@@ -1,16 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * store.c - what every store shares: picking the backend from a URI, the bounded connection pool,
- * and the transaction handle the application runs its own SQL through.
+ * store.c - what every store shares: picking the backend from a URI, and the transaction handle
+ * the application runs its own SQL through, over a connection of the store's bounded pool
+ * (pool.c).
  *
- * The pool is bounded so a burst of requests queues for a connection instead of opening hundreds;
- * a request that cannot get one within the busy timeout gets IDEM_EUNAVAIL and its client a 503,
- * which is safe: nothing ran.
+ * Layer: the top of the stores, under the engine.  It names each backend's table
+ * (idem__sqlite_vtab, idem__pg_vtab) and calls the pool below it; no backend names anything of
+ * this file's, and it knows nothing of a backend's own machinery (the PostgreSQL store's batcher
+ * is made and stopped by that store).
  */
 #include "internal.h"
 #include "ascii.h"
 
-#include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,7 +140,6 @@ void idem_store_close(struct idem_store *st)
 {
     if (!st)
         return;
-    idem__batch_stop(st); /* (its jobs still use the pool) */
     if (st->vt && st->vt->store_close)
         st->vt->store_close(st);
     for (int i = 0; i < st->nidle; i++)
@@ -169,61 +169,6 @@ void idem_store_stats(const struct idem_store *st, struct idem_store_stats *out)
     out->durable_commits = st ? atomic_load(&st->durable_commits) : 0;
     out->durable_commit_ns = st ? atomic_load(&st->durable_commit_ns) : 0;
     out->writer_busy_ns = st ? atomic_load(&st->writer_busy_ns) : 0;
-}
-
-int idem__store_acquire(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
-{
-    struct timespec deadline;
-    int rc = 0;
-
-    *out = NULL;
-    deadline = idem__deadline_ms(st->opts.busy_timeout_ms);
-    pthread_mutex_lock(&st->mu);
-    while (st->nidle == 0 && st->nopen >= st->opts.pool_size) {
-        if (pthread_cond_timedwait(&st->cv, &st->mu, &deadline) == ETIMEDOUT && st->nidle == 0 &&
-            st->nopen >= st->opts.pool_size) {
-            pthread_mutex_unlock(&st->mu);
-            idem__fmt(err, errlen, "no store connection free within %d ms (pool of %d)",
-                      st->opts.busy_timeout_ms, st->opts.pool_size);
-            return IDEM_EUNAVAIL;
-        }
-    }
-    if (st->nidle > 0) {
-        *out = st->idle[--st->nidle];
-        pthread_mutex_unlock(&st->mu);
-        return 0;
-    }
-    st->nopen++;
-    pthread_mutex_unlock(&st->mu);
-
-    /* Opening may take a while (a network round trip for PostgreSQL): not under the lock. */
-    rc = st->vt->conn_open(st, out, err, errlen);
-    if (rc < 0) {
-        pthread_mutex_lock(&st->mu);
-        st->nopen--;
-        pthread_mutex_unlock(&st->mu);
-        pthread_cond_signal(&st->cv);
-        if (rc != IDEM_ENOMEM)
-            rc = IDEM_EUNAVAIL;
-    }
-    return rc;
-}
-
-void idem__store_release(struct idem_store *st, struct idem_conn *c)
-{
-    if (!c)
-        return;
-    if (!st->vt->conn_ok(c)) {
-        st->vt->conn_close(c);
-        pthread_mutex_lock(&st->mu);
-        st->nopen--;
-    } else {
-        pthread_mutex_lock(&st->mu);
-        st->idle[st->nidle++] = c;
-    }
-    pthread_mutex_unlock(&st->mu);
-    /* After the unlock: a waiter woken under the mutex would only block on it again. */
-    pthread_cond_signal(&st->cv);
 }
 
 int idem_store_migrate(struct idem_store *st, const char *component,
@@ -353,13 +298,6 @@ int idem__tx_commit_err(struct idem_tx *tx, char *err, size_t errlen)
     idem__store_release(tx->st, tx->conn);
     free(tx);
     return rc;
-}
-
-void idem__store_count_commit(struct idem_store *st, uint64_t ntx, int64_t t0)
-{
-    atomic_fetch_add(&st->write_commits, ntx);
-    atomic_fetch_add(&st->durable_commits, 1);
-    atomic_fetch_add(&st->durable_commit_ns, (uint64_t)(clock_mono_ns() - t0));
 }
 
 int idem__tx_commit_async(struct idem_tx *tx, struct idem__job_slot *slot, idem__commit_done done,

@@ -34,6 +34,7 @@
  * layers); only store.c, which picks the backend, names it, through idem__pg_vtab.
  */
 #include "store_pg.h"
+#include "tx_batch.h"
 #include "ascii.h" /* common/ascii.h: ascii_ncaseeq for the savepoint keywords */
 
 #include <errno.h>
@@ -395,9 +396,35 @@ out:
     return rc;
 }
 
-/* The store's shared state, made by the first connection (idem_store_open, before anyone else). */
+/* The batcher's connections and commits: the store's pool and counters (pool.c). */
+static int pool_acquire(void *st, struct idem_conn **out, char *err, size_t errlen)
+{
+    return idem__store_acquire(st, out, err, errlen);
+}
+
+static void pool_release(void *st, struct idem_conn *c)
+{
+    idem__store_release(st, c);
+}
+
+static void pool_committed(void *st, uint64_t ntx, int64_t t0)
+{
+    idem__store_count_commit(st, ntx, t0);
+}
+
+static void shared_free(struct pg_shared *sh);
+
+/*
+ * The store's shared state, made by the first connection (idem_store_open, before anyone else):
+ * what connections need, the listener's state and the batcher.
+ */
 static int shared_get(struct idem_store *st, struct pg_shared **out, char *err, size_t errlen)
 {
+    const struct idem__batch_source pool = {.vt = &idem__pg_vtab,
+                                            .acquire = pool_acquire,
+                                            .release = pool_release,
+                                            .committed = pool_committed,
+                                            .ctx = st};
     int rc = 0;
 
     pthread_mutex_lock(&st->mu);
@@ -405,7 +432,11 @@ static int shared_get(struct idem_store *st, struct pg_shared **out, char *err, 
         struct pg_shared *sh = NULL;
         rc = shared_new(st->target, st->opts.busy_timeout_ms, &sh, err, errlen);
         if (rc == 0)
+            rc = idem__batcher_open(&pool, &sh->batcher);
+        if (rc == 0)
             st->backend = sh;
+        else
+            shared_free(sh);
     }
     *out = st->backend;
     pthread_mutex_unlock(&st->mu);
@@ -1486,6 +1517,8 @@ static void shared_free(struct pg_shared *sh)
 {
     if (!sh)
         return;
+    /* First: its jobs still use the store, its pool and its listener. */
+    idem__batcher_close(sh->batcher);
     idem__pg_listener_stop(sh);
     if (sh->wake[0] >= 0)
         close(sh->wake[0]);
@@ -1497,6 +1530,16 @@ static void shared_free(struct pg_shared *sh)
     free(sh->secret);
     free(sh->display);
     free(sh);
+}
+
+/* write_run_async: the job joins the store's batcher (tx_batch.c). */
+static int pg_write_run_async(struct idem_store *st, struct idem__job_slot *slot, idem__tx_fn fn,
+                              void *arg, unsigned flags, idem__commit_done done, void *done_arg,
+                              char *err, size_t errlen)
+{
+    struct pg_shared *sh = st->backend;
+
+    return idem__batch_run_async(sh->batcher, slot, fn, arg, flags, done, done_arg, err, errlen);
 }
 
 static void pg_store_close(struct idem_store *st)
@@ -1536,6 +1579,6 @@ const struct idem_store_vtab idem__pg_vtab = {
     .wait_change = idem__pg_wait_change,
     .whole_tx = pg_whole_tx,
     .batch_tx = pg_batch_tx,
-    .write_run_async = idem__batch_run_async,
+    .write_run_async = pg_write_run_async,
     .store_close = pg_store_close,
 };

@@ -42,7 +42,7 @@
 /* The database's clock in milliseconds: leases and retention are measured with it, never ours. */
 #define DB_NOW_MS "(extract(epoch from clock_timestamp()) * 1000)::bigint"
 
-/* ---- per-store state: how to connect, and the listener that wakes waiting duplicates --------- */
+/* ---- per-store state: how to connect, the listener, the batcher ----------------------------- */
 
 struct pg_shared {
     /* libpq keywords: our defaults come before the user's string, so the user's settings win. */
@@ -62,6 +62,10 @@ struct pg_shared {
     pthread_t thread;
     uint64_t epoch; /* bumped when the listener (re)connects or loses its connection */
     uint64_t bucket[WAIT_BUCKETS]; /* notifications seen, by scope hash */
+
+    /* write_run_async's runner threads (tx_batch.h): made with this, stopped at the store's close
+     */
+    struct idem__batcher *batcher;
 };
 
 /* ---- connections ----------------------------------------------------------------------------- */

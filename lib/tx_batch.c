@@ -38,8 +38,14 @@
  *   (batch_tx: store_pg.c, 100 ms): the batch that gives up rolls back and its jobs run alone,
  *   as above, so a cycle costs 100 ms and not a second.  Nothing else changes with two: each
  *   batch is a transaction like any other, and the server orders them.
+ *
+ * Layer: the PostgreSQL store's own (store_pg.h lists its layers).  store_pg.c makes the batcher
+ * when the store opens and stops it when the store closes, and hands it all it runs on: the
+ * backend's functions, a source of connections (the store's pool) and whom to tell of a commit.
+ * So this file calls no other file of libidem's but through what it was handed, and a unit test
+ * runs it on a backend of its own (tests/unit/test_tx_batch.c).
  */
-#include "internal.h"
+#include "tx_batch.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -73,6 +79,7 @@ _Static_assert(sizeof(struct batch_job) <= sizeof(struct idem__job_slot),
                "struct idem__job_slot is too small for a batch's job");
 
 struct idem__batcher {
+    struct idem__batch_source src; /* where its jobs run (borrowed pieces) */
     pthread_mutex_t mu;
     pthread_cond_t cv; /* the runner waits here for jobs */
     struct batch_job *head, **tail;
@@ -118,10 +125,10 @@ static void told_run(struct batch_job *j)
  * Runs job `j` in a transaction of its own on `c` and tells it how it ended.  Returns whether
  * the connection was lost.
  */
-static int run_alone(struct idem_store *st, struct idem_conn *c, struct batch_job *j,
+static int run_alone(const struct idem__batch_source *src, struct idem_conn *c, struct batch_job *j,
                      struct batch_job ***told)
 {
-    const struct idem_store_vtab *vt = st->vt;
+    const struct idem_store_vtab *vt = src->vt;
     char err[IDEM_ERRMSG_MAX] = "";
     int64_t t0;
     int rc = vt->begin(c, 1);
@@ -138,7 +145,7 @@ static int run_alone(struct idem_store *st, struct idem_conn *c, struct batch_jo
         t0 = clock_mono_ns();
         rc = vt->commit(c);
         if (rc == 0)
-            idem__store_count_commit(st, 1, t0);
+            src->committed(src->ctx, 1, t0);
     }
     if (rc < 0)
         idem__fmt(err, sizeof(err), "%s", vt->errmsg(c));
@@ -154,10 +161,10 @@ static int run_alone(struct idem_store *st, struct idem_conn *c, struct batch_jo
  * the batch rolled back with nothing of it committed and the connection still good: run each
  * alone.
  */
-static int run_together(struct idem_store *st, struct idem_conn *c, struct batch_job *jobs,
-                        struct batch_job ***told, char *err, size_t errlen)
+static int run_together(const struct idem__batch_source *src, struct idem_conn *c,
+                        struct batch_job *jobs, struct batch_job ***told, char *err, size_t errlen)
 {
-    const struct idem_store_vtab *vt = st->vt;
+    const struct idem_store_vtab *vt = src->vt;
     uint64_t kept = 0;
     int64_t t0;
     int rc = vt->begin(c, 1);
@@ -180,7 +187,7 @@ static int run_together(struct idem_store *st, struct idem_conn *c, struct batch
         t0 = clock_mono_ns();
         rc = vt->commit(c);
         if (rc == 0) {
-            idem__store_count_commit(st, kept, t0);
+            src->committed(src->ctx, kept, t0);
             while (jobs) {
                 struct batch_job *next = jobs->next;
                 tell(told, jobs, jobs->rc, NULL);
@@ -203,32 +210,33 @@ static int run_together(struct idem_store *st, struct idem_conn *c, struct batch
  * whether the store's connection was lost (`err` says why): the jobs queued meanwhile waited as
  * long as a request of their own would have.
  */
-static int run_batch(struct idem_store *st, struct batch_job *jobs, char *err, size_t errlen)
+static int run_batch(const struct idem__batch_source *src, struct batch_job *jobs, char *err,
+                     size_t errlen)
 {
     struct batch_job *told = NULL, **told_tail = &told;
     struct idem_conn *c = NULL;
     int lost = 0, ended = 0;
-    int rc = idem__store_acquire(st, &c, err, errlen);
+    int rc = src->acquire(src->ctx, &c, err, errlen);
 
     if (rc < 0) {
         tell_all(&told_tail, jobs, rc, err);
         told_run(told);
         return rc == IDEM_EUNAVAIL;
     }
-    if (jobs->next && (ended = run_together(st, c, jobs, &told_tail, err, errlen)) != 0) {
+    if (jobs->next && (ended = run_together(src, c, jobs, &told_tail, err, errlen)) != 0) {
         lost = ended == 2;
         jobs = NULL;
     }
     while (jobs && !lost) {
         struct batch_job *next = jobs->next;
         jobs->next = NULL;
-        lost = run_alone(st, c, jobs, &told_tail);
+        lost = run_alone(src, c, jobs, &told_tail);
         jobs = next;
         if (lost)
-            idem__fmt(err, errlen, "%s", st->vt->errmsg(c));
+            idem__fmt(err, errlen, "%s", src->vt->errmsg(c));
     }
     tell_all(&told_tail, jobs, IDEM_EUNAVAIL, err);
-    idem__store_release(st, c);
+    src->release(src->ctx, c);
     told_run(told);
     return lost;
 }
@@ -236,8 +244,7 @@ static int run_batch(struct idem_store *st, struct batch_job *jobs, char *err, s
 /* The runner: takes what was queued as one batch, runs it, and again; at close, drains. */
 static void *runner_main(void *arg)
 {
-    struct idem_store *st = arg;
-    struct idem__batcher *b = st->batcher;
+    struct idem__batcher *b = arg;
 
     pthread_mutex_lock(&b->mu);
     for (;;) {
@@ -257,7 +264,7 @@ static void *runner_main(void *arg)
         if (!b->head)
             b->tail = &b->head;
         pthread_mutex_unlock(&b->mu);
-        lost = run_batch(st, jobs, err, sizeof(err));
+        lost = run_batch(&b->src, jobs, err, sizeof(err));
         pthread_mutex_lock(&b->mu);
         if (lost) {
             /* What queued meanwhile waited as long as a lone transaction's failure takes. */
@@ -276,42 +283,37 @@ static void *runner_main(void *arg)
     return NULL;
 }
 
-/* The store's batcher, made on first use; NULL when it cannot be. */
-static struct idem__batcher *batcher_get(struct idem_store *st)
+int idem__batcher_open(const struct idem__batch_source *src, struct idem__batcher **out)
 {
-    struct idem__batcher *b;
+    struct idem__batcher *b = calloc(1, sizeof(*b));
 
-    pthread_mutex_lock(&st->mu);
-    b = st->batcher;
-    if (!b && (b = calloc(1, sizeof(*b))) != NULL) {
-        if (pthread_mutex_init(&b->mu, NULL) != 0) {
-            free(b);
-            b = NULL;
-        } else if (pthread_cond_init(&b->cv, NULL) != 0) {
-            pthread_mutex_destroy(&b->mu);
-            free(b);
-            b = NULL;
-        } else {
-            b->tail = &b->head;
-            st->batcher = b;
-        }
+    *out = NULL;
+    if (!b)
+        return IDEM_ENOMEM;
+    if (pthread_mutex_init(&b->mu, NULL) != 0) {
+        free(b);
+        return IDEM_ENOMEM;
     }
-    pthread_mutex_unlock(&st->mu);
-    return b;
+    if (pthread_cond_init(&b->cv, NULL) != 0) {
+        pthread_mutex_destroy(&b->mu);
+        free(b);
+        return IDEM_ENOMEM;
+    }
+    b->src = *src;
+    b->tail = &b->head;
+    *out = b;
+    return 0;
 }
 
-int idem__batch_run_async(struct idem_store *st, struct idem__job_slot *slot, idem__tx_fn fn,
+int idem__batch_run_async(struct idem__batcher *b, struct idem__job_slot *slot, idem__tx_fn fn,
                           void *arg, unsigned flags, idem__commit_done done, void *done_arg,
                           char *err, size_t errlen)
 {
-    struct idem__batcher *b = batcher_get(st);
     struct batch_job *j = (struct batch_job *)slot->mem;
     const char *why = idem_strerror(IDEM_ENOMEM);
     int rc = IDEM_ENOMEM;
 
     (void)flags; /* every job may run again alone (see the top of this file) */
-    if (!b)
-        goto fail;
     j->next = NULL;
     j->fn = fn;
     j->arg = arg;
@@ -325,7 +327,7 @@ int idem__batch_run_async(struct idem_store *st, struct idem__job_slot *slot, id
         goto unlock_fail;
     }
     while (b->started < RUNNERS &&
-           pthread_create(&b->thread[b->started], NULL, runner_main, st) == 0)
+           pthread_create(&b->thread[b->started], NULL, runner_main, b) == 0)
         b->started++;
     if (b->started == 0) {
         why = "cannot start the store's runner thread";
@@ -338,14 +340,12 @@ int idem__batch_run_async(struct idem_store *st, struct idem__job_slot *slot, id
     return 0;
 unlock_fail:
     pthread_mutex_unlock(&b->mu);
-fail:
     idem__fmt(err, errlen, "%s", why);
     return rc;
 }
 
-void idem__batch_stop(struct idem_store *st)
+void idem__batcher_close(struct idem__batcher *b)
 {
-    struct idem__batcher *b = st->batcher;
     int started;
 
     if (!b)
@@ -360,5 +360,4 @@ void idem__batch_stop(struct idem_store *st)
     pthread_cond_destroy(&b->cv);
     pthread_mutex_destroy(&b->mu);
     free(b);
-    st->batcher = NULL;
 }
