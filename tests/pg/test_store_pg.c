@@ -7,10 +7,11 @@
  * key, a waiting duplicate woken by another instance's commit through LISTEN/NOTIFY, SQLSTATEs
  * mapped to IDEM_E* codes, statements sent together with the next one (deferred) failing as if
  * sent alone, pooled connections the server closed, a connection lost after a pipeline's last
- * answer (its COMMIT done, its end not seen), and a server restart that the pool and the listener
- * survive.
+ * answer (its COMMIT done, its end not seen), a server restart that the pool and the listener
+ * survive, and the store's batcher, which its close stops once every job given to it was told.
  */
 #include "idem/idem.h"
+#include "internal.h" /* lib/: idem__tx_run_async, to give the batcher jobs of the test's own */
 #include "t.h"
 
 #include <arpa/inet.h>
@@ -1146,6 +1147,48 @@ static void test_permission_hint(void)
     idem_store_close(su);
 }
 
+/* ---- the store's batcher ------------------------------------------------------------------ */
+
+struct close_job {
+    struct idem__job_slot slot;
+    _Atomic int told;
+    _Atomic int rc;
+};
+
+static int close_job_run(struct idem_conn *c, void *arg)
+{
+    (void)arg;
+    return idem__pg_vtab.exec(c, "SELECT 1", 0, NULL, NULL);
+}
+
+static void close_job_done(void *arg, int rc, const char *errmsg)
+{
+    struct close_job *j = arg;
+
+    (void)errmsg;
+    atomic_store(&j->rc, rc);
+    atomic_fetch_add(&j->told, 1);
+}
+
+static void test_the_batcher_stops_with_the_store(void)
+{
+    enum { N = 40 };
+    static struct close_job jobs[N];
+    struct idem_store *st = open_uri(pg_uri, 2);
+    char err[IDEM_ERRMSG_MAX] = "";
+
+    for (int i = 0; i < N; i++)
+        CHECK_INT(idem__tx_run_async(st, &jobs[i].slot, close_job_run, &jobs[i], 0, close_job_done,
+                                     &jobs[i], err, sizeof(err)),
+                  0);
+    /* At once: the close waits for the queue to drain, and each job is told exactly once. */
+    idem_store_close(st);
+    for (int i = 0; i < N; i++) {
+        CHECK_INT(atomic_load(&jobs[i].told), 1);
+        CHECK_INT(atomic_load(&jobs[i].rc), 0);
+    }
+}
+
 int main(void)
 {
     struct idem_store *st = NULL;
@@ -1177,6 +1220,7 @@ int main(void)
     test_cross_instance_wake(st, "first");
     test_restart(st, eng);
     test_cross_instance_wake(st, "after-restart");
+    test_the_batcher_stops_with_the_store();
 
     idem_engine_free(eng);
     idem_store_close(st);

@@ -1,0 +1,201 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_pg_pipeline.c - lib/pg_pipeline.c on one session of a real server (run it through
+ * tests/pg/with_pg.sh, which exports IDEM_TEST_PG_URI), below the store: statements sent as one
+ * pipeline answer in order; one that fails stops those after it; statements held back go out with
+ * the next one, which reports their failure; a fenced one that changes nothing is IDEM_ELEASE; a
+ * statement the caller describes is prepared once per session; a BEGIN held back never reaches
+ * the server when nothing follows it.
+ */
+#include "store_pg.h"
+#include "t.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct pg_shared sh;
+
+static struct idem_conn *session(void)
+{
+    struct idem_conn *c = calloc(1, sizeof(*c));
+
+    if (!c)
+        exit(1);
+    c->sh = &sh;
+    if (idem__pg_connect(c) < 0) {
+        fprintf(stderr, "cannot connect: %s\n", c->errmsg);
+        exit(1);
+    }
+    return c;
+}
+
+static void session_end(struct idem_conn *c)
+{
+    idem__pg_deferred_clear(c);
+    PQfinish(c->pg);
+    free(c);
+}
+
+static int int_of(const struct pipe_q *q)
+{
+    return q->ok && q->res && PQntuples(q->res) == 1 ? atoi(PQgetvalue(q->res, 0, 0)) : -1;
+}
+
+static void clear(struct pipe_q *q, int n)
+{
+    for (int i = 0; i < n; i++)
+        PQclear(q[i].res);
+}
+
+static void test_a_pipelines_statements_answer_in_order(void)
+{
+    struct idem_conn *c = session();
+    struct pipe_q q[3] = {idem__pg_q_simple("SELECT 1", "one"),
+                          idem__pg_q_simple("SELECT 2", "two"),
+                          idem__pg_q_simple("SELECT 3", "three")};
+    int failed = 7;
+
+    CHECK_INT(idem__pg_pipe_run(c, q, 3, &failed), 0);
+    CHECK_INT(failed, -1);
+    CHECK_INT(int_of(&q[0]), 1);
+    CHECK_INT(int_of(&q[1]), 2);
+    CHECK_INT(int_of(&q[2]), 3);
+    clear(q, 3);
+    session_end(c);
+}
+
+static void test_a_failed_statement_stops_the_ones_after_it(void)
+{
+    struct idem_conn *c = session();
+    struct pipe_q q[3] = {idem__pg_q_simple("SELECT 1", "one"),
+                          idem__pg_q_simple("SELECT 1 / 0", "divide"),
+                          idem__pg_q_simple("SELECT 3", "three")};
+    int failed = -1;
+
+    idem__pg_defer_begin(c);
+    CHECK_INT(idem__pg_pipe_run(c, q, 3, &failed), IDEM_ESTORE);
+    CHECK_INT(failed, 1);
+    CHECK_INT(q[0].ok, 1);
+    CHECK_INT(q[1].ok, 0);
+    CHECK_INT(q[2].ok, 0);
+    CHECK(strstr(c->errmsg, "divide:") != NULL && strstr(c->errmsg, "22012") != NULL);
+    CHECK_INT(c->broken, 0);
+    CHECK_INT(PQtransactionStatus(c->pg), PQTRANS_INERROR);
+    clear(q, 3);
+    CHECK_INT(idem__pg_run_simple(c, "ROLLBACK", "rollback"), 0);
+    idem__pg_tx_forget(c);
+    session_end(c);
+}
+
+static void test_a_held_back_statement_goes_out_with_the_next(void)
+{
+    struct idem_conn *c = session();
+    struct pipe_q q[1] = {idem__pg_q_simple("SELECT count(*) FROM pg_temp.held", "count")};
+    int failed;
+
+    /* Nothing reaches the server until a statement needs an answer. */
+    idem__pg_defer_begin(c);
+    CHECK_INT(idem__pg_defer_simple(c, "CREATE TEMP TABLE held (v int)", "create"), 0);
+    CHECK_INT(idem__pg_defer_simple(c, "INSERT INTO held VALUES (1), (2)", "insert"), 0);
+    CHECK_INT(PQtransactionStatus(c->pg), PQTRANS_IDLE);
+    CHECK_INT(c->ndefer, 2);
+    /* Then the BEGIN and both go out first, in the same round trip, in the order given. */
+    CHECK_INT(idem__pg_pipe_run(c, q, 1, &failed), 0);
+    CHECK_INT(int_of(&q[0]), 2);
+    CHECK_INT(c->ndefer, 0);
+    CHECK_INT(c->begin_deferred, 0);
+    CHECK_INT(PQtransactionStatus(c->pg), PQTRANS_INTRANS);
+    clear(q, 1);
+    CHECK_INT(idem__pg_run_simple(c, "ROLLBACK", "rollback"), 0);
+    idem__pg_tx_forget(c);
+    session_end(c);
+}
+
+static void test_a_held_back_failure_is_reported_by_the_next_statement(void)
+{
+    struct idem_conn *c = session();
+    struct pipe_q q[1] = {idem__pg_q_simple("SELECT 1", "next")};
+    int failed = 7;
+
+    idem__pg_defer_begin(c);
+    CHECK_INT(idem__pg_defer_simple(c, "SELECT * FROM no_such_table", "held"), 0);
+    CHECK_INT(idem__pg_pipe_run(c, q, 1, &failed), IDEM_ESTORE);
+    CHECK_INT(failed, -1); /* not one of the caller's: the held one */
+    CHECK_INT(q[0].ok, 0); /* it did not run */
+    CHECK(strstr(c->errmsg, "held:") != NULL && strstr(c->errmsg, "42P01") != NULL);
+    CHECK_INT(c->ndefer, 0); /* sent, so gone */
+    clear(q, 1);
+    CHECK_INT(idem__pg_run_simple(c, "ROLLBACK", "rollback"), 0);
+    idem__pg_tx_forget(c);
+    session_end(c);
+}
+
+/* A statement of the test's own, as store_pg.c describes its: it fails unless $1 is 7. */
+static const struct pg_stmt only_seven = {
+    .id = 5,
+    .name = "test_only_seven",
+    .sql = "SELECT 1 / (($1::int4 = 7)::int4)",
+    .nparams = 1,
+    .types = {23},
+    .fenced = 1,
+};
+
+static void test_a_described_statement_is_prepared_once_and_fenced(void)
+{
+    struct idem_conn *c = session();
+    char v[8] = "7";
+    const char *vals[1] = {v};
+    int failed;
+
+    idem__pg_defer_begin(c);
+    CHECK_INT(idem__pg_defer_stmt(c, &only_seven, vals, NULL, NULL, "seven"), 0);
+    v[0] = '8'; /* the pipeline holds a copy of the parameters */
+    CHECK_INT(idem__pg_flush_deferred(c), 0);
+    CHECK_INT(c->prepared, 1u << 5);
+    /* Again: not prepared a second time (the server would refuse: 42P05). */
+    vals[0] = "7";
+    CHECK_INT(idem__pg_defer_stmt(c, &only_seven, vals, NULL, NULL, "seven"), 0);
+    CHECK_INT(idem__pg_flush_deferred(c), 0);
+    /* Fenced: a division by zero means the record is not this call's. */
+    vals[0] = "8";
+    CHECK_INT(idem__pg_defer_stmt(c, &only_seven, vals, NULL, NULL, "seven"), 0);
+    CHECK_INT(idem__pg_pipe_run(c, NULL, 0, &failed), IDEM_ELEASE);
+    CHECK(strstr(c->errmsg, "no longer this call's") != NULL);
+    CHECK_INT(idem__pg_run_simple(c, "ROLLBACK", "rollback"), 0);
+    idem__pg_tx_forget(c);
+    session_end(c);
+}
+
+static void test_a_begin_with_nothing_after_it_never_reaches_the_server(void)
+{
+    struct idem_conn *c = session();
+
+    idem__pg_defer_begin(c);
+    CHECK_INT(c->in_tx, 1);
+    idem__pg_tx_forget(c);
+    CHECK_INT(c->in_tx, 0);
+    CHECK_INT(idem__pg_flush_deferred(c), 0);
+    CHECK_INT(PQtransactionStatus(c->pg), PQTRANS_IDLE);
+    session_end(c);
+}
+
+int main(void)
+{
+    const char *uri = getenv("IDEM_TEST_PG_URI");
+
+    if (!uri) {
+        fprintf(stderr, "run through tests/pg/with_pg.sh (IDEM_TEST_PG_URI is not set)\n");
+        return 1;
+    }
+    sh.keys[0] = "dbname";
+    sh.vals[0] = uri;
+    sh.lock_timeout_ms = 5000;
+    test_a_pipelines_statements_answer_in_order();
+    test_a_failed_statement_stops_the_ones_after_it();
+    test_a_held_back_statement_goes_out_with_the_next();
+    test_a_held_back_failure_is_reported_by_the_next_statement();
+    test_a_described_statement_is_prepared_once_and_fenced();
+    test_a_begin_with_nothing_after_it_never_reaches_the_server();
+    return t_done();
+}
