@@ -173,8 +173,8 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
                   " created_ms = excluded.created_ms, expires_ms = excluded.expires_ms"
                   " WHERE " RETENTION_LET_GO,
                   8,
-                  {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_TEXT, OID_INT8, OID_INT8,
-                   OID_TEXT}},
+                  {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_TEXT, OID_INT8, OID_INT8, OID_TEXT},
+                  0},
     /* One row always: the database's time, and the record's columns (NULL when there is none). */
     [RS_GET] = {RS_GET,
                 "idem_get",
@@ -183,7 +183,8 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
                 " r.response_body, r.expires_ms, r.created_ms"
                 " FROM (SELECT " DB_NOW_MS " AS now) t LEFT JOIN idem_records r ON " SCOPE_WHERE,
                 3,
-                {OID_TEXT, OID_TEXT, OID_TEXT}},
+                {OID_TEXT, OID_TEXT, OID_TEXT},
+                0},
     [RS_TAKEOVER] = {RS_TAKEOVER,
                      "idem_takeover",
                      "UPDATE idem_records r SET lease_owner = $4, lease_expires_ms = t.now + $5"
@@ -191,9 +192,10 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
                      " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_expires_ms <= t.now"
                      " AND r.fingerprint = $6",
                      6,
-                     {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_INT8, OID_BYTEA}},
-    [RS_ADVANCE] = {RS_ADVANCE, "idem_advance", ADVANCE_SQL, 7, ADVANCE_TYPES},
-    [RS_COMPLETE] = {RS_COMPLETE, "idem_complete", COMPLETE_SQL, 7, COMPLETE_TYPES},
+                     {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_INT8, OID_BYTEA},
+                     0},
+    [RS_ADVANCE] = {RS_ADVANCE, "idem_advance", ADVANCE_SQL, 7, ADVANCE_TYPES, 0},
+    [RS_COMPLETE] = {RS_COMPLETE, "idem_complete", COMPLETE_SQL, 7, COMPLETE_TYPES, 0},
     /*
      * The two above sent without waiting for their answer (deferred): for the record this very
      * transaction inserted (the row is this transaction's until it ends, so the update must
@@ -207,7 +209,7 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
     [RS_COMPLETE_DEFERRED] = {RS_COMPLETE_DEFERRED, "idem_complete_deferred", FENCED(COMPLETE_SQL),
                               7, COMPLETE_TYPES, 1},
     [RS_INSERT_COMPLETED] = {RS_INSERT_COMPLETED, "idem_insert_completed", INSERT_COMPLETED_SQL, 8,
-                             INSERT_COMPLETED_TYPES},
+                             INSERT_COMPLETED_TYPES, 0},
     /* Sent with the COMMIT: a key another caller holds fails it (IDEM_ELEASE), as above. */
     [RS_INSERT_COMPLETED_DEFERRED] = {RS_INSERT_COMPLETED_DEFERRED,
                                       "idem_insert_completed_deferred",
@@ -217,20 +219,23 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
                     "UPDATE idem_records r SET lease_expires_ms = 0"
                     " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $4",
                     4,
-                    {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT}},
+                    {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT},
+                    0},
     [RS_RELEASE_OWNED] = {RS_RELEASE_OWNED,
                           "idem_release_owned",
                           "UPDATE idem_records SET lease_expires_ms = 0"
                           " WHERE status = 0 AND lease_expires_ms > 0"
                           " AND starts_with(lease_owner, $1) AND NOT starts_with(lease_owner, $2)",
                           2,
-                          {OID_TEXT, OID_TEXT}},
+                          {OID_TEXT, OID_TEXT},
+                          0},
     [RS_FORGET] = {RS_FORGET,
                    "idem_forget",
                    "DELETE FROM idem_records r"
                    " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $4",
                    4,
-                   {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT}},
+                   {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT},
+                   0},
     /*
      * "This record may have changed", sent once the phase committed (pg_commit), as a
      * transaction of its own.  Not inside the phase: PostgreSQL serialises every notifying commit
@@ -240,7 +245,7 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
      * (xact.c, RecordTransactionCommit), so it holds that lock only for a moment.
      */
     [RS_NOTIFY] =
-        {RS_NOTIFY, "idem_notify", "SELECT pg_notify('" NOTIFY_CHANNEL "', $1)", 1, {OID_TEXT}},
+        {RS_NOTIFY, "idem_notify", "SELECT pg_notify('" NOTIFY_CHANNEL "', $1)", 1, {OID_TEXT}, 0},
     /* SKIP LOCKED: sweepers of several instances, and claims reviving a key, never queue here. */
     [RS_SWEEP] = {RS_SWEEP,
                   "idem_sweep",
@@ -250,7 +255,8 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
                   "  WHERE expires_ms <= t.now AND (status = 1 OR lease_expires_ms <= t.now)"
                   "  LIMIT $1 FOR UPDATE OF idem_records SKIP LOCKED)",
                   1,
-                  {OID_INT4}},
+                  {OID_INT4},
+                  0},
     [RS_STALLED] = {RS_STALLED,
                     "idem_stalled",
                     "SELECT principal, operation, idem_key, recovery_point"
@@ -259,12 +265,14 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
                     " AND ($1::text IS NULL OR operation = $1)"
                     " ORDER BY lease_expires_ms LIMIT $2",
                     2,
-                    {OID_TEXT, OID_INT4}},
+                    {OID_TEXT, OID_INT4},
+                    0},
     [RS_VERSION] = {RS_VERSION,
                     "idem_schema_version",
                     "SELECT version FROM idem_schema WHERE component = $1",
                     1,
-                    {OID_TEXT}},
+                    {OID_TEXT},
+                    0},
     [RS_SET_VERSION] = {RS_SET_VERSION,
                         "idem_schema_set",
                         "INSERT INTO idem_schema (component, version, applied_ms)"
@@ -272,7 +280,8 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
                         " ON CONFLICT (component) DO UPDATE SET version = excluded.version,"
                         " applied_ms = excluded.applied_ms",
                         2,
-                        {OID_TEXT, OID_INT4}},
+                        {OID_TEXT, OID_INT4},
+                        0},
 };
 
 /* Whether a failed statement may run again (rec_run): a lost connection, a transient conflict. */
