@@ -105,17 +105,21 @@ fuzz: deps-test
 # against SQLite, a throw-away PostgreSQL cluster and nginx, a report + chart in bench/results/.
 BENCH_BUILD ?= build-bench
 BENCH_SECONDS ?= 5
+# The benchmarks' throw-away PostgreSQL cluster loads pg_stat_statements (their reports' account
+# of each PostgreSQL run; the tests' clusters do not).
+BENCH_PG = IDEM_PG_SERVER_OPTS="-c shared_preload_libraries=pg_stat_statements" \
+	sh tests/pg/with_pg.sh
 BENCH_TARGETS = orderd commit_rate static_http storm idem-gateway \
 	$(if $(wildcard src/provider-sim/CMakeLists.txt),provider-sim)
 # The comparison with the Node peers (bench-peers below), run last by make bench too.
-PEERS_BENCH = python3 bench/peers_bench.py --bin $(BENCH_BUILD)/bin --out bench/results \
+PEERS_BENCH = $(BENCH_PG) python3 bench/peers_bench.py --bin $(BENCH_BUILD)/bin --out bench/results \
 	--seconds $(BENCH_SECONDS)
 bench:
 	@scripts/deps.sh bench
 	@cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=Release -DIDEM_BENCH=ON \
 		"-DCMAKE_C_FLAGS=-g -fno-omit-frame-pointer" >/dev/null
 	@cmake --build $(BENCH_BUILD) -j $(JOBS) --target $(BENCH_TARGETS) -- --no-print-directory
-	@sh tests/pg/with_pg.sh python3 bench/bench.py --bin $(BENCH_BUILD)/bin --out bench/results \
+	@$(BENCH_PG) python3 bench/bench.py --bin $(BENCH_BUILD)/bin --out bench/results \
 		--seconds $(BENCH_SECONDS)
 	@$(PEERS_BENCH)
 
@@ -128,7 +132,7 @@ bench-gateway:
 		"-DCMAKE_C_FLAGS=-g -fno-omit-frame-pointer" >/dev/null
 	@cmake --build $(BENCH_BUILD) -j $(JOBS) --target idem-gateway static_http \
 		-- --no-print-directory
-	@sh tests/pg/with_pg.sh python3 bench/gateway_bench.py --bin $(BENCH_BUILD)/bin \
+	@$(BENCH_PG) python3 bench/gateway_bench.py --bin $(BENCH_BUILD)/bin \
 		--out bench/results --seconds $(BENCH_SECONDS)
 
 # The comparison with Node peers (docs/bench.md, "Node peers"): orderd and idem-gateway (SQLite)

@@ -43,7 +43,9 @@ import uuid
 from bench_fmt import fmt_ms, fmt_rate, fmt_ratio  # noqa: F401
 from bench_http import (created, http_call, metric, metrics, metrics_or_none,  # noqa: F401
                         order_headers, split_url, wrk_result)
-from bench_pg import PgWaitSampler, pg_bin, pg_uri_with_db, pg_wal_stats, psql  # noqa: F401
+from bench_pg import (PgRunStats, PgWaitSampler, SyncStandby,  # noqa: F401
+                      cluster_cpu_seconds, pg_bin, pg_stats_markdown, pg_stats_summary,
+                      pg_uri_with_db, pg_wal_stats, postmaster_pid, psql)
 from bench_proc_stats import (MIB, TidWatcher, busy_share, child_pids, cpu_busy,  # noqa: F401
                               cpu_seconds, fd_count, machine_cpu, parse_trace_summary,
                               read_loadavg, read_status, smaps_breakdown, tree_cpu_seconds,
@@ -723,7 +725,14 @@ routes:
             if store == "sqlite":
                 res["commit_before"] = self.run_commit_rate(
                     "sqlite:" + os.path.join(self.tmp, "commit-rate.db"), 1, 2)
+            # PostgreSQL's own account of S1 (bench_pg.PgRunStats): statements, HOT, WAL, CPU.
+            pgs = PgRunStats(self.pg_admin, db) if store == "postgresql" else None
+            if pgs:
+                pgs.start()
             res["S1"] = self.s1(srv.url, srv.pid, tok, "s1")
+            if pgs:
+                res["S1"]["pg"] = pgs.stop(res["S1"]["executed"])
+                say("S1 postgresql, PostgreSQL's account: %s" % pg_stats_summary(res["S1"]["pg"]))
             if store == "sqlite":
                 res["commit_after"] = self.run_commit_rate(
                     "sqlite:" + os.path.join(self.tmp, "commit-rate.db"), 1, 2)
@@ -902,6 +911,25 @@ routes:
                     info.append(row)
         self.targets_issue28(t, st)
         pg = st.get("postgresql", {})
+        acc = pg.get("S1", {}).get("pg")
+        if acc:
+            if "cpu_us_per_key" in acc:
+                info.append({"what": "S1: PostgreSQL's CPU per fresh order (the cluster's "
+                                     "processes, /proc)", "store": "postgresql",
+                             "measured": "%.0f µs (%.2f s ÷ %d orders)" % (
+                                 acc["cpu_us_per_key"], acc["cpu_s"], acc["keys"]),
+                             "ratio": None})
+            hot = acc["idem_hot_share"]
+            info.append({"what": "S1: HOT share of the record's updates (pg_stat_user_tables)",
+                         "store": "postgresql",
+                         "measured": "%s of %d updates" % (
+                             "%.0f%%" % (hot * 100) if hot is not None else "—",
+                             acc["idem_updates"]), "ratio": None})
+            info.append({"what": "S1: WAL bytes per fresh order (pg_stat_wal)",
+                         "store": "postgresql",
+                         "measured": "%.0f B (%.1f records)" % (
+                             acc["wal"]["bytes_per_key"], acc["wal"]["records_per_key"]),
+                         "ratio": None})
         if "S1" in pg and "static" in pg:
             info.append({"what": "S1 fresh durable orders ÷ the static HTTP ceiling",
                          "store": "postgresql",
@@ -1316,7 +1344,8 @@ unset multiplot
                                                      fmt_ratio(t["ratio"]), met))
         L.append("")
         if r.get("info"):
-            L.append("Information, no verdict (the group-commit readings, and S1 on PostgreSQL):")
+            L.append("Information, no verdict (the group-commit readings, and S1 on PostgreSQL "
+                     "with PostgreSQL's own account of it):")
             L.append("")
             L.append("| reading | store | measured | ratio |")
             L.append("|---|---|---|---|")
@@ -1424,6 +1453,11 @@ unset multiplot
                      "/proc/PID/smaps):" % RSS_CONNECTIONS)
             L.append("")
             L.extend(self.rss_lines)
+            L.append("")
+        acc = r["stores"].get("postgresql", {}).get("S1", {}).get("pg")
+        if acc:
+            L.append("## PostgreSQL")
+            L.extend(pg_stats_markdown("orderd's S1 fresh orders", acc)[2:])
             L.append("")
         L.append("## Baselines (same run)")
         L.append("")

@@ -58,6 +58,10 @@ T_PASS = 0.8     # unkeyed pass-through ÷ nginx proxy_pass
 T28_FRESH = 0.40    # F ÷ nginx proxy_pass
 T28_CPU_US = 70     # the gateway's CPU per request
 T28_FUTEX = 4       # futex calls of the gateway's threads per request
+# A fresh keyed request through the gateway on PostgreSQL, by PostgreSQL's own account.
+T_PG_CPU_US = 45    # the CPU of the cluster's processes per fresh key
+T_PG_HOT = 0.90     # the share of the record's updates (completions) that are HOT
+T_PG_GW_CPU_US = 45  # the gateway's own CPU per fresh key
 
 say = B.say
 
@@ -150,11 +154,16 @@ class GatewayBench(B.Bench):
         """
         One wrk run of gateway.lua against `who` (a Proc: the gateway, the upstream or nginx),
         with the CPU each of our servers used per request meanwhile, and, for a gateway, what its
-        /metrics counted.
+        /metrics counted; for a gateway on PostgreSQL (who.pg_stats), PostgreSQL's own account
+        (res["pg"]).
         """
         servers = {"gateway": None, "upstream": self.upstream, "nginx": self.nginx}
         if getattr(who, "admin", None):
             servers["gateway"] = who
+        # A gateway on PostgreSQL: the cluster's own statistics of the run too (bench_pg.py).
+        pgs = getattr(who, "pg_stats", None)
+        if pgs is not None:
+            pgs.start()
         cpu0 = {k: self.cpu(p) for k, p in servers.items() if p is not None}
         m0 = B.metrics(who.admin) if servers["gateway"] else None
         res = self.wrk(who.url, LUA_GATEWAY, [mode, method, path, CONSUMER, key],
@@ -183,6 +192,9 @@ class GatewayBench(B.Bench):
                     lab = dict(labels)
                     res["outcomes"]["%s/%s" % (lab.get("operation") or "-",
                                                lab.get("outcome"))] = int(d)
+        if pgs is not None:
+            # PostgreSQL's figures are per key the gateway executed (a fresh key each).
+            res["pg"] = pgs.stop(res.get("outcomes", {}).get("%s/executed" % OPERATION) or n)
         return res
 
     def cpu(self, p):
@@ -265,6 +277,7 @@ class GatewayBench(B.Bench):
         if self.pg_admin:
             db = self.db_uri("postgresql", "gw")
             pg = self.start_gateway("gateway-postgresql", db)
+            pg.pg_stats = B.PgRunStats(self.pg_admin, db)
             try:
                 self.aba("fresh-postgresql", "F fresh keys, PostgreSQL", "nginx", self.nginx,
                          pg, "fresh", "POST", ROUTE_PATH, lambda: "p" + uuid.uuid4().hex[:8],
@@ -324,7 +337,7 @@ class GatewayBench(B.Bench):
         cpu = s["runs"][1]["cpu_us_per_req"].get("gateway")
         if cpu is not None:
             self.r["targets"].append({
-                "id": "i28-cpu", "target": "the gateway's CPU per fresh request ≤ %d µs"
+                "id": "i28-cpu", "target": "the gateway's CPU per fresh request, SQLite, ≤ %d µs"
                 % T28_CPU_US, "ratio": cpu / T28_CPU_US, "want": 1.0, "met": cpu <= T28_CPU_US,
                 "measured": "%.0f µs" % cpu})
         fx = self.r.get("futex")
@@ -335,6 +348,57 @@ class GatewayBench(B.Bench):
                 "met": fx["per_request"] <= T28_FUTEX,
                 "measured": "%.1f (strace -c, %d threads, %d requests)" % (
                     fx["per_request"], fx["threads"], fx["requests"])})
+
+    def targets_pg(self):
+        """The bars for a fresh key on PostgreSQL: its CPU, HOT completions, the gateway's CPU."""
+        s = self.r["scenarios"].get("fresh-postgresql")
+        if not s:
+            return
+        g = s["runs"][1]
+        pg = g.get("pg")
+        cpu = g["cpu_us_per_req"].get("gateway")
+        if cpu is not None:
+            self.r["targets"].append({
+                "id": "pg-gw-cpu", "target": "the gateway's CPU per fresh request, PostgreSQL, "
+                "≤ %d µs" % T_PG_GW_CPU_US, "ratio": cpu / T_PG_GW_CPU_US, "want": 1.0,
+                "met": cpu <= T_PG_GW_CPU_US, "measured": "%.0f µs" % cpu})
+        if not pg:
+            return
+        if "cpu_us_per_key" in pg:
+            c = pg["cpu_us_per_key"]
+            self.r["targets"].append({
+                "id": "pg-cpu", "target": "PostgreSQL's CPU per fresh gateway key ≤ %d µs" %
+                T_PG_CPU_US, "ratio": c / T_PG_CPU_US, "want": 1.0, "met": c <= T_PG_CPU_US,
+                "measured": "%.0f µs (%.2f s of the cluster's processes ÷ %d keys)" % (
+                    c, pg["cpu_s"], pg["keys"])})
+        hot = pg["idem_hot_share"]
+        self.r["targets"].append({
+            "id": "pg-hot", "target": "≥ %.0f%% of the record's updates (completions) HOT" % (
+                T_PG_HOT * 100), "ratio": hot / T_PG_HOT if hot is not None else None,
+            "want": 1.0, "met": hot is not None and hot >= T_PG_HOT,
+            "measured": "%s of %d updates of idem_* tables (pg_stat_user_tables)" % (
+                "%.0f%%" % (hot * 100) if hot is not None else "no update to measure",
+                pg["idem_updates"])})
+        w = pg["wal"]
+        self.r["info"].append({
+            "what": "F fresh keys on PostgreSQL: WAL bytes per key (pg_stat_wal, whole cluster)",
+            "measured": "%d bytes, %d records, %d full-page images ÷ %d keys" % (
+                w["bytes"], w["records"], w["fpi"], pg["keys"]),
+            "value": "%.0f B" % w["bytes_per_key"]})
+        self.r["info"].append({
+            "what": "F fresh keys on PostgreSQL: keys per commit (pg_stat_database)",
+            "measured": "%d keys ÷ %d commits" % (pg["keys"], pg["commits"]),
+            "value": "%.2f" % (pg["keys"] / max(pg["commits"], 1))})
+        if "statement_calls" in pg:
+            self.r["info"].append({
+                "what": "F fresh keys on PostgreSQL: statements per key, and their execution "
+                        "time per key (pg_stat_statements)",
+                "measured": "%d calls, %.0f ms ÷ %d keys" % (
+                    pg["statement_calls"], pg["statement_ms"], pg["keys"]),
+                "value": "%.2f, %.0f µs" % (pg["statement_calls"] / pg["keys"],
+                                             pg["statement_ms"] * 1e3 / pg["keys"])})
+        else:
+            self.note("pg_stat_statements was not read: %s" % pg.get("statements_missing"))
 
     def targets(self):
         sc = self.r["scenarios"]
@@ -380,6 +444,7 @@ class GatewayBench(B.Bench):
                         self.conns, c["commit_ms"], c["upstream_ms"], c["ceiling_rps"]),
                     "value": fmt_ratio(c["ceiling_rps"] / max(s["reference_rps"], 1e-9))})
         self.targets_issue28()
+        self.targets_pg()
         s = sc.get("fresh-postgresql")
         if s:
             self.r["info"].append({
@@ -533,6 +598,10 @@ class GatewayBench(B.Bench):
                              x["wrk_cpu_us_per_req"], x["machine_busy"] * 100,
                              ", ".join("%s %d" % kv for kv in sorted(
                                  x.get("outcomes", {}).items())) or "—"))
+        pg = r["scenarios"].get("fresh-postgresql", {}).get("runs", [{}] * 3)[1].get("pg")
+        if pg:
+            L += ["", "## PostgreSQL", ""] + B.pg_stats_markdown(
+                "the gateway's run of F fresh keys, PostgreSQL", pg)[3:]
         reading = self.reading()
         if reading:
             L += ["", "## Reading", ""] + reading

@@ -16,7 +16,11 @@
 #   IDEM_TEST_PG_OS_USER  the OS user the server must run as ("postgres" under root, else empty)
 #
 # and always stops the server and removes the directory afterwards, also when the command fails
-# or the script is interrupted.  The command's exit status is the script's.  A server that cannot
+# or the script is interrupted.  The command's exit status is the script's.
+#
+# IDEM_PG_SERVER_OPTS adds server options to the start (make bench's targets load
+# pg_stat_statements so: "-c shared_preload_libraries=pg_stat_statements"); unset, the cluster is
+# the tests' plain one.  A server that cannot
 # be started is a failure (exit 1), never a skip: the PostgreSQL store is only as good as its test.
 set -eu
 
@@ -89,7 +93,7 @@ port=""
 for attempt in 1 2 3 4 5; do
     candidate=$(free_port)
     if as_owner "$PGBIN/pg_ctl" -D "$data" -l "$tmp/server.log" -w -t 60 \
-            -o "-k $tmp -c listen_addresses=127.0.0.1 -p $candidate -c fsync=on" \
+            -o "-k $tmp -c listen_addresses=127.0.0.1 -p $candidate -c fsync=on ${IDEM_PG_SERVER_OPTS:-}" \
             start >/dev/null 2>&1; then
         port=$candidate
         started=1
