@@ -135,10 +135,12 @@ bench-gateway:
 	@$(BENCH_PG) python3 bench/gateway_bench.py --bin $(BENCH_BUILD)/bin \
 		--out bench/results --seconds $(BENCH_SECONDS)
 
-# The comparison with Node peers (docs/bench.md, "Node peers"): orderd and idem-gateway (SQLite)
-# beside a Node server with the @node-idempotency middleware on Redis (no persistence) and the same
-# server without idempotency, fresh keys and replays, wrk -t2 -c64, in one run (about 2 minutes);
-# make bench ends with it too.  Its report: bench/results/peers-<UTC time>.md.
+# The comparison with Node peers (docs/bench.md, "Node peers"): orderd and idem-gateway on SQLite
+# and on PostgreSQL (with_pg.sh's cluster) beside a Node server with the @node-idempotency
+# middleware on Redis (no persistence, and appendfsync always) and the same server without
+# idempotency, fresh keys and replays, wrk -t2 -c64, then the PostgreSQL rows again with a
+# synchronous standby, in one run (about 4 minutes); make bench ends with it too.  Its report:
+# bench/results/peers-<UTC time>.md.
 # The npm packages go into bench/peers/node_modules (npm ci) when missing; Redis is Debian's.
 #   make bench-peers BENCH_SECONDS=8     make bench-peers BENCH_BUILD=build-peers
 .PHONY: bench-peers

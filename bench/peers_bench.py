@@ -8,9 +8,13 @@ of idem-gateway against Node servers that do the same work, in one run, on the s
                 the one-phase create (no --provider), durable before it answers
   gateway       idem-gateway serve (SQLite store, its defaults) with one route, POST /api/orders,
                 principal `authorization: sha256`, in front of the plain Node server: durable
+  orderd-pg     orderd serve on a fresh database of the PostgreSQL cluster tests/pg/with_pg.sh
+  gateway-pg    started (IDEM_TEST_PG_URI), likewise; left out without it
   redis-peer    bench/peers/server.js --redis: node:http behind the @node-idempotency middleware
                 (@node-idempotency/core + storage-adapter-redis) on a redis-server this script
                 starts with no persistence (--save '' --appendonly no): not durable
+  redis-durable the same on a second redis-server with --appendonly yes --appendfsync always:
+                its claims are durable (the middleware stores the completion after the answer)
   node-plain    bench/peers/server.js: the same route with no idempotency (the gateway's upstream)
 
 Every server gets the very same request bytes from the very same wrk scripts as make bench's S1
@@ -18,17 +22,22 @@ and S2 (bench/lua/fresh.lua: a new Idempotency-Key per request; bench/lua/replay
 created first, then every request a replay), wrk -t2 -c64 (--connections), --seconds per run.
 Each round runs every server once with fresh keys, then every idempotent one with replays; the
 order is reversed in every other round, so a steady drift of other work on the machine moves every
-server's mean alike.  Targets: orderd fresh ≥ 0.8× redis-peer fresh, gateway fresh ≥
-0.8× redis-peer fresh, as the ratio of the means over the rounds; met only if every run of both
+server's mean alike.  Then, on PostgreSQL, a synchronous standby (bench_pg.SyncStandby: a
+plain streaming replica on the same machine) and the PostgreSQL servers' fresh keys again, each
+round beside a run of redis-durable (kind "fresh-sync").  Targets, as the ratio of the means over
+the rounds: orderd and gateway fresh ≥ 0.8× redis-peer; orderd-pg and gateway-pg fresh ≥ 0.7×
+redis-durable; gateway-pg with the standby ≥ 0.5× redis-durable; met only if every run of both
 sides answered only 2xx, had no socket error, and the servers' own counters agree (fresh runs
-executed, replay runs replayed).
+executed, replay runs replayed).  Every fresh run on PostgreSQL is also measured by PostgreSQL's
+own statistics (bench_pg.PgRunStats).
 
 Everything listens on 127.0.0.1, every load is bounded in time, every process is stopped by its
 PID; Redis runs in the temp dir.  The npm packages are installed into bench/peers/node_modules
 (npm ci, from bench/peers/package-lock.json) when missing.  Helpers are bench/bench.py's.
 
   python3 bench/peers_bench.py --bin build-bench/bin [--out bench/results] [--seconds 5]
-                               [--connections 64] [--rounds 2] [--node-workers 1] [--wait-idle 30]
+                               [--connections 64] [--rounds 2] [--node-workers 1] [--no-standby]
+                               [--wait-idle 30]
 
 --node-workers N runs each Node server as N processes (node:cluster) instead of one: Node runs
 JavaScript on one thread, so one process uses at most one of the cores orderd and the gateway use.
@@ -55,6 +64,8 @@ SERVER_JS = os.path.join(PEERS, "server.js")
 PATH = "/api/orders"
 OPERATION = "orders.create"
 TARGET = 0.8          # orderd and the gateway, fresh keys, ≥ 0.8× the Redis peer
+TARGET_PG = 0.7       # both on PostgreSQL, fresh keys, ≥ 0.7× the durable Redis peer
+TARGET_SYNC = 0.5     # the gateway on PostgreSQL with a synchronous standby, ≥ 0.5× likewise
 WARM_KEYS = B.WARM_KEYS
 DEADLINE_S = 1200     # a hard stop for the whole run, far above its expected ~2 minutes
 NPM_PACKAGES = ("@node-idempotency/core", "@node-idempotency/storage-adapter-redis", "redis")
@@ -66,10 +77,26 @@ fmt_rate, fmt_ms, fmt_ratio = B.fmt_rate, B.fmt_ms, B.fmt_ratio
 SERVERS = {
     "orderd": ("orderd, SQLite FULL", "yes", True),
     "gateway": ("idem-gateway (SQLite FULL) in front of plain node:http", "yes", True),
+    "orderd-pg": ("orderd, PostgreSQL", "yes", True),
+    "gateway-pg": ("idem-gateway (PostgreSQL) in front of plain node:http", "yes", True),
     "redis-peer": ("node:http + @node-idempotency + Redis (no persistence)", "no", True),
+    "redis-durable": ("node:http + @node-idempotency + Redis, appendfsync always",
+                      "claims (the completion is written after the answer)", True),
     "node-plain": ("node:http alone, no idempotency", "—", False),
 }
-ORDER = ["orderd", "gateway", "redis-peer", "node-plain"]
+ORDER_ALL = ["orderd", "gateway", "orderd-pg", "gateway-pg", "redis-peer", "redis-durable",
+             "node-plain"]
+PG_SERVERS = ("orderd-pg", "gateway-pg")
+# The runs with a synchronous standby: these servers, kind "fresh-sync".
+SYNC_SERVERS = ("gateway-pg", "orderd-pg")
+
+
+def is_orderd(name):
+    return name.startswith("orderd")
+
+
+def is_gateway(name):
+    return name.startswith("gateway")
 
 
 def npm_install():
@@ -130,6 +157,9 @@ class PeersBench(B.Bench):
         self.node_workers = args.node_workers
         self.r = {"runs": [], "targets": [], "info": [], "notes": [], "servers": {}}
         self.srv = {}
+        self.order = [n for n in ORDER_ALL if self.pg_admin or n not in PG_SERVERS]
+        self.postmaster = B.postmaster_pid() if self.pg_admin else None
+        self.standby = None
 
     def cleanup(self):
         # The last started first: the gateway before its upstream, the Redis peer before Redis.
@@ -138,18 +168,30 @@ class PeersBench(B.Bench):
 
     # -- servers --
 
-    def start_redis(self):
+    def start_redis(self, durable=False):
+        """
+        redis-server in the temp dir: with no persistence, or (durable) with its append-only
+        file fsynced before every write is acknowledged (appendonly yes, appendfsync always).
+        """
+        name = "redis-durable" if durable else "redis"
         port = B.free_port()
-        d = os.path.join(self.tmp, "redis")
+        d = os.path.join(self.tmp, name)
         os.makedirs(d, exist_ok=True)
-        p = self.start("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                                 "--save", "", "--appendonly", "no", "--dir", d,
-                                 "--logfile", os.path.join(d, "redis.log"),
-                                 "--daemonize", "no"], port=port)
+        persist = (["--appendonly", "yes", "--appendfsync", "always"] if durable else
+                   ["--appendonly", "no"])
+        p = self.start(name, ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                              "--save", ""] + persist + ["--dir", d,
+                              "--logfile", os.path.join(d, "redis.log"),
+                              "--daemonize", "no"], port=port)
         p.port = port
         save = redis_cmd(port, "CONFIG", "GET", "save")
         aof = redis_cmd(port, "CONFIG", "GET", "appendonly")
-        if "appendonly\r\n$2\r\nno" not in aof or "save\r\n$0\r\n" not in save:
+        if durable:
+            fsync = redis_cmd(port, "CONFIG", "GET", "appendfsync")
+            if "appendonly\r\n$3\r\nyes" not in aof or "always" not in fsync:
+                raise B.BenchError("redis-server (durable) has no appendfsync always: %r %r" % (
+                    aof, fsync))
+        elif "appendonly\r\n$2\r\nno" not in aof or "save\r\n$0\r\n" not in save:
             raise B.BenchError("redis-server has persistence on: %r %r" % (save, aof))
         info = redis_cmd(port, "INFO", "server")
         for ln in info.splitlines():
@@ -164,10 +206,9 @@ class PeersBench(B.Bench):
             cmd += ["--redis", "redis://127.0.0.1:%d" % redis.port]
         return self.start(name, cmd)
 
-    def start_gateway(self, upstream):
+    def start_gateway(self, name, upstream, store):
         """idem-gateway, one route POST /api/orders, in front of `upstream` (the plain server)."""
-        store = "sqlite:" + os.path.join(self.tmp, "gateway.db")
-        return self.start_gateway_route("gateway", self.gateway_bin, upstream.url, store,
+        return self.start_gateway_route(name, self.gateway_bin, upstream.url, store,
                                         "authorization: sha256", PATH, OPERATION)
 
     def probe(self, name, p, token, idempotent):
@@ -192,26 +233,44 @@ class PeersBench(B.Bench):
         db = self.db_uri("sqlite", "orderd")
         self.token_ = self.token(db, "bench")  # migrates the store first
         self.srv["orderd"] = self.start_orderd("orderd", db)
+        self.dbs = {}
+        if self.pg_admin:
+            # orderd's tokens are its store's: the same token value made in the PostgreSQL one.
+            self.dbs["orderd-pg"] = self.db_uri("postgresql", "orderd")
+            self.token_pg = self.token(self.dbs["orderd-pg"], "bench")
+            self.srv["orderd-pg"] = self.start_orderd("orderd-pg", self.dbs["orderd-pg"])
         self.redis = self.start_redis()
+        self.redis_durable = self.start_redis(durable=True)
         self.srv["node-plain"] = self.start_node("node-plain")
         self.srv["redis-peer"] = self.start_node("redis-peer", self.redis)
-        self.srv["gateway"] = self.start_gateway(self.srv["node-plain"])
-        for name in ORDER:
-            self.probe(name, self.srv[name], self.token_, SERVERS[name][2])
+        self.srv["redis-durable"] = self.start_node("redis-durable", self.redis_durable)
+        self.srv["gateway"] = self.start_gateway(
+            "gateway", self.srv["node-plain"], "sqlite:" + os.path.join(self.tmp, "gateway.db"))
+        if self.pg_admin:
+            self.dbs["gateway-pg"] = self.db_uri("postgresql", "gateway")
+            self.srv["gateway-pg"] = self.start_gateway("gateway-pg", self.srv["node-plain"],
+                                                        self.dbs["gateway-pg"])
+        for name in self.order:
+            self.probe(name, self.srv[name], self.tok(name), SERVERS[name][2])
             r[name] = {"what": SERVERS[name][0], "durable": SERVERS[name][1],
                        "pid": self.srv[name].pid, "url": self.srv[name].url}
-        say("servers: " + ", ".join("%s %s" % (n, self.srv[n].url) for n in ORDER) +
-            ", redis 127.0.0.1:%d" % self.redis.port)
+        say("servers: " + ", ".join("%s %s" % (n, self.srv[n].url) for n in self.order) +
+            ", redis 127.0.0.1:%d, 127.0.0.1:%d (durable)" % (self.redis.port,
+                                                              self.redis_durable.port))
+
+    def tok(self, name):
+        """The bearer token of a server's requests (orderd checks its own; the rest ignore it)."""
+        return self.token_pg if name == "orderd-pg" else self.token_
 
     # -- what each server counted --
 
     def counters(self, name):
         """{"executed": n, "replayed": n, "other": n} as the server itself counted its answers."""
         p = self.srv[name]
-        if name in ("orderd", "gateway"):
-            metric = "orderd_requests_total" if name == "orderd" else "idem_gateway_requests_total"
+        if is_orderd(name) or is_gateway(name):
+            metric = "orderd_requests_total" if is_orderd(name) else "idem_gateway_requests_total"
             out = {"executed": 0, "replayed": 0, "waited": 0, "other": 0}
-            for (n, labels), v in B.metrics(p.url if name == "orderd" else p.admin).items():
+            for (n, labels), v in B.metrics(p.url if is_orderd(name) else p.admin).items():
                 lab = dict(labels)
                 if n != metric or lab.get("operation") != OPERATION:
                     continue
@@ -229,8 +288,12 @@ class PeersBench(B.Bench):
                 j["completion_errors"]}
 
     def cpu(self, pid):
-        """CPU seconds of a server: with --node-workers > 1 a Node server's workers count too."""
-        node = {self.srv[n].pid for n in ("redis-peer", "node-plain") if n in self.srv}
+        """CPU seconds of a server: with --node-workers > 1 a Node server's workers count too;
+        a postmaster: the whole cluster's (bench_pg.cluster_cpu_seconds)."""
+        if pid == self.postmaster or (self.standby and pid == self.standby.postmaster):
+            return B.cluster_cpu_seconds(pid) or 0.0
+        node = {self.srv[n].pid for n in ("redis-peer", "redis-durable", "node-plain")
+                if n in self.srv}
         if pid in node and self.node_workers > 1:
             return B.tree_cpu_seconds(pid)
         return B.cpu_seconds(pid)
@@ -238,10 +301,16 @@ class PeersBench(B.Bench):
     def pids(self, name):
         """The processes whose CPU a request to `name` costs, besides wrk's."""
         out = {name: self.srv[name].pid}
-        if name == "gateway":
+        if is_gateway(name):
             out["upstream (node-plain)"] = self.srv["node-plain"].pid
         if name == "redis-peer":
             out["redis"] = self.redis.pid
+        if name == "redis-durable":
+            out["redis"] = self.redis_durable.pid
+        if name in PG_SERVERS and self.postmaster:
+            out["postgresql"] = self.postmaster
+            if self.standby:
+                out["standby"] = self.standby.postmaster
         return out
 
     # -- runs --
@@ -250,14 +319,20 @@ class PeersBench(B.Bench):
         p = self.srv[name]
         tag = tag or "%s%d%s" % (kind[0], rnd, uuid.uuid4().hex[:6])
         pids = self.pids(name)
+        # A fresh run on PostgreSQL: the cluster's own account of it too (bench_pg.py).
+        pgs = None
+        if name in PG_SERVERS and kind != "replay" and record:
+            pgs = B.PgRunStats(self.pg_admin, self.dbs[name],
+                               [self.standby.postmaster] if self.standby else ())
+            pgs.start()
         c0 = self.counters(name)
         cpu0 = {k: self.cpu(v) for k, v in pids.items()}
-        m0 = B.metrics(p.admin) if name == "gateway" else None
-        if kind == "fresh":
-            res = self.wrk(p.url, B.LUA_FRESH, [self.token_, tag], seconds=seconds)
-        else:
-            res = self.wrk(p.url, B.LUA_REPLAY, [self.token_, tag, str(WARM_KEYS)],
+        m0 = B.metrics(p.admin) if is_gateway(name) else None
+        if kind == "replay":
+            res = self.wrk(p.url, B.LUA_REPLAY, [self.tok(name), tag, str(WARM_KEYS)],
                            seconds=seconds)
+        else:
+            res = self.wrk(p.url, B.LUA_FRESH, [self.tok(name), tag], seconds=seconds)
         n = max(res["requests"], 1)
         res["cpu_us_per_req"] = {k: (self.cpu(v) - cpu0[k]) * 1e6 / n
                                  for k, v in pids.items()}
@@ -272,6 +347,8 @@ class PeersBench(B.Bench):
             res["durable_commits"] = delta("idem_gateway_store_durable_commits_total")
             res["commit_ms"] = (delta("idem_gateway_store_durable_commit_seconds_total") * 1e3 /
                                 max(res["durable_commits"], 1))
+        if pgs is not None:
+            res["pg"] = pgs.stop(res["counted"].get("executed") or n)
         # The share of the machine that neither wrk nor the servers of this run used: other work
         # on the shared cores (machine_busy is /proc/stat's, over the whole run).
         cores = os.cpu_count() or 2
@@ -282,7 +359,7 @@ class PeersBench(B.Bench):
         if not record:
             return res
         self.r["runs"].append(res)
-        say("%-7s r%d %-10s %7.0f req/s, p50 %s ms, p99 %s ms, non-2xx %d, socket errors %d, "
+        say("%-10s r%d %-13s %7.0f req/s, p50 %s ms, p99 %s ms, non-2xx %d, socket errors %d, "
             "counted %s%s" % (kind, rnd, name, res["rps"], fmt_ms(res["p50_ms"]),
                               fmt_ms(res["p99_ms"]), res["non2xx"], res["socket_errors"],
                               " ".join("%s %d" % kv for kv in res["counted"].items()),
@@ -300,7 +377,7 @@ class PeersBench(B.Bench):
         # A replay that arrives while another request with the same key is in flight waits for
         # it and is answered with the stored response: orderd and the gateway count it "waited"
         # (docs/orderd.md, "Metrics").
-        if res["kind"] == "fresh":
+        if res["kind"] != "replay":
             want, got, bad = "executed", c["executed"], c["replayed"] + c["waited"]
         else:
             want, got, bad = "replayed", c["replayed"] + c["waited"], c["executed"]
@@ -315,13 +392,13 @@ class PeersBench(B.Bench):
         """WARM_KEYS keys created (201 each) with replay.lua's key names; then checked to replay."""
         p = self.srv[name]
         tag = "rp" + uuid.uuid4().hex[:6]
-        self.warm(p.url, self.token_, tag, WARM_KEYS)
+        self.warm(p.url, self.tok(name), tag, WARM_KEYS)
         for i in (0, WARM_KEYS // 2, WARM_KEYS - 1):
             # (the Redis peer stores a completion after its answer: asked again until it replays)
             deadline = time.monotonic() + 5
             while True:
                 st, hdrs, _ = B.http_call(p.url, "POST", PATH, B.ORDER_BODY,
-                                          B.order_headers(self.token_, "%s-%d" % (tag, i)))
+                                          B.order_headers(self.tok(name), "%s-%d" % (tag, i)))
                 replayed = st == 201 and hdrs.get("idempotent-replayed") == "true"
                 if replayed or st not in (201, 409) or time.monotonic() > deadline:
                     break
@@ -335,16 +412,41 @@ class PeersBench(B.Bench):
         self.start_all()
         # A short unmeasured fresh-key run against each, so that no server (node's JIT, the
         # caches, SQLite's WAL) meets the measured load cold.
-        for name in ORDER:
+        for name in self.order:
             self.load(name, "fresh", 0, seconds=2, record=False)
-        replay_tags = {n: self.warm_replays(n) for n in ORDER if SERVERS[n][2]}
+        replay_tags = {n: self.warm_replays(n) for n in self.order if SERVERS[n][2]}
         for rnd in range(1, self.rounds + 1):
-            order = ORDER if rnd % 2 else list(reversed(ORDER))
+            order = self.order if rnd % 2 else list(reversed(self.order))
             for name in order:
                 self.load(name, "fresh", rnd)
             for name in order:
                 if SERVERS[name][2]:
                     self.load(name, "replay", rnd, tag=replay_tags[name])
+        if self.pg_admin and not self.args.no_standby:
+            self.sync_standby_runs()
+
+    def sync_standby_runs(self):
+        """
+        The PostgreSQL servers' fresh keys again with a synchronous standby on the same machine
+        (bench_pg.SyncStandby), beside runs of the durable Redis peer in the same minutes (the
+        order reversed every other round).
+        """
+        sb = B.SyncStandby(self.pg_admin)
+        try:
+            say("starting a synchronous standby (pg_basebackup -R, synchronous_standby_names)")
+            state = sb.start()
+            self.standby = sb
+            self.r["meta"]["standby"] = state
+            say("standby: %s" % state)
+            names = [n for n in SYNC_SERVERS if n in self.srv] + ["redis-durable"]
+            for rnd in range(1, self.rounds + 1):
+                for name in names if rnd % 2 else list(reversed(names)):
+                    self.load(name, "fresh-sync", rnd)
+        except B.BenchError as e:
+            self.note("the runs with a synchronous standby failed: %s" % e)
+        finally:
+            self.standby = None
+            sb.stop()
 
     # -- the verdicts --
 
@@ -356,22 +458,47 @@ class PeersBench(B.Bench):
         return mean([x["rps"] for x in rs]), rs
 
     def targets(self):
-        peer, peer_runs = self.rate("redis-peer", "fresh")
-        for name, label in (("orderd", "orderd fresh keys ≥ %.1f× the Redis peer" % TARGET),
-                            ("gateway", "idem-gateway (SQLite) in front of node:http, fresh keys "
-                                        "≥ %.1f× the Redis peer" % TARGET)):
-            mine, runs = self.rate(name, "fresh")
+        rows = [("orderd", "fresh", "redis-peer", TARGET,
+                 "orderd fresh keys ≥ %.1f× the Redis peer" % TARGET),
+                ("gateway", "fresh", "redis-peer", TARGET,
+                 "idem-gateway (SQLite) in front of node:http, fresh keys ≥ %.1f× the Redis "
+                 "peer" % TARGET)]
+        if self.pg_admin:
+            rows += [("gateway-pg", "fresh", "redis-durable", TARGET_PG,
+                      "idem-gateway (PostgreSQL) in front of node:http, fresh keys ≥ %.1f× the "
+                      "durable Redis peer" % TARGET_PG),
+                     ("orderd-pg", "fresh", "redis-durable", TARGET_PG,
+                      "orderd (PostgreSQL) fresh keys ≥ %.1f× the durable Redis peer" %
+                      TARGET_PG)]
+        if self.runs_of("gateway-pg", "fresh-sync"):
+            rows.append(("gateway-pg", "fresh-sync", "redis-durable", TARGET_SYNC,
+                         "idem-gateway (PostgreSQL, synchronous standby) fresh keys ≥ %.1f× the "
+                         "durable Redis peer" % TARGET_SYNC))
+        for name, kind, peer_name, want, label in rows:
+            mine, runs = self.rate(name, kind)
+            peer, peer_runs = self.rate(peer_name, kind)
             problems = [p for x in runs + peer_runs for p in
-                        ("%s fresh r%d: %s" % (x["server"], x["round"], q)
+                        ("%s %s r%d: %s" % (x["server"], x["kind"], x["round"], q)
                          for q in x["problems"])]
             ratio = mine / peer if mine and peer else None
             per_round = [a["rps"] / b["rps"] for a, b in zip(runs, peer_runs)]
             self.r["targets"].append({
-                "id": name, "target": label, "ratio": ratio, "want": TARGET,
-                "per_round": per_round, "measured": "%s ÷ %s req/s" % (fmt_rate(mine),
-                                                                      fmt_rate(peer)),
-                "met": ratio is not None and ratio >= TARGET and not problems,
+                "id": name, "kind": kind, "peer": peer_name, "target": label, "ratio": ratio,
+                "want": want, "per_round": per_round,
+                "measured": "%s ÷ %s req/s" % (fmt_rate(mine), fmt_rate(peer)),
+                "met": ratio is not None and ratio >= want and not problems,
                 "problems": problems})
+        for name in ("orderd-pg", "gateway-pg"):
+            if self.runs_of(name, "fresh-sync"):
+                mine, _ = self.rate(name, "fresh-sync")
+                alone, _ = self.rate(name, "fresh")
+                peer, _ = self.rate("redis-durable", "fresh-sync")
+                self.r["info"].append({
+                    "what": "%s fresh keys with a synchronous standby (÷ the durable Redis peer "
+                            "in the same minutes; ÷ itself without the standby)" % name,
+                    "value": "%s req/s (%s; %s)" % (fmt_rate(mine), fmt_ratio(
+                        mine / peer if mine and peer else None), fmt_ratio(
+                        mine / alone if mine and alone else None))})
         plain, _ = self.rate("node-plain", "fresh")
         info = self.r["info"]
         # Node runs JavaScript on one thread: a peer whose process uses a whole core is bound by it.
@@ -391,6 +518,19 @@ class PeersBench(B.Bench):
             if mine and plain:
                 info.append({"what": "%s fresh ÷ node:http alone" % name,
                              "value": fmt_ratio(mine / plain)})
+        durable, _ = self.rate("redis-durable", "fresh")
+        peer, _ = self.rate("redis-peer", "fresh")
+        if durable and peer:
+            info.append({"what": "durable Redis peer fresh ÷ the Redis peer without persistence "
+                                 "(what appendfsync always costs it)",
+                         "value": fmt_ratio(durable / peer)})
+        for name in PG_SERVERS:
+            runs = [x for x in self.runs_of(name, "fresh") + self.runs_of(name, "fresh-sync")
+                    if x.get("pg")]
+            for x in runs:
+                info.append({"what": "%s %s r%d, PostgreSQL's account" % (name, x["kind"],
+                                                                          x["round"]),
+                             "value": B.pg_stats_summary(x["pg"])})
         peer_r, _ = self.rate("redis-peer", "replay")
         for name in ("orderd", "gateway"):
             mine, _ = self.rate(name, "replay")
@@ -402,20 +542,20 @@ class PeersBench(B.Bench):
         """Per target not met: the CPU of one fresh request on each side, and waiting."""
         out = []
         cores = self.r["meta"].get("cores") or 2
-        peer_runs = self.runs_of("redis-peer", "fresh")
 
         def cpu(runs):
             keys = runs[0]["cpu_us_per_req"].keys() if runs else []
-            return {k: mean([x["cpu_us_per_req"][k] for x in runs]) for k in keys}
+            return {k: mean([x["cpu_us_per_req"].get(k) for x in runs]) for k in keys}
 
-        pc = cpu(peer_runs)
-        pw = mean([x["wrk_cpu_us_per_req"] for x in peer_runs]) or 0
         for t in self.r["targets"]:
             if t["met"]:
                 continue
-            runs = self.runs_of(t["id"], "fresh")
-            if not runs:
+            runs = self.runs_of(t["id"], t["kind"])
+            peer_runs = self.runs_of(t["peer"], t["kind"])
+            if not runs or not peer_runs:
                 continue
+            pc = cpu(peer_runs)
+            pw = mean([x["wrk_cpu_us_per_req"] for x in peer_runs]) or 0
             c = cpu(runs)
             w = mean([x["wrk_cpu_us_per_req"] for x in runs]) or 0
             busy = mean([x["machine_busy"] for x in runs])
@@ -424,7 +564,7 @@ class PeersBench(B.Bench):
             rps = mean([x["rps"] for x in runs])
             mine_all = sum(c.values()) + w
             peer_all = sum(pc.values()) + pw
-            line = ("- **%s**: %s. CPU per fresh request: %s, wrk %.0f µs (the Redis peer: %s, "
+            line = ("- **%s**: %s. CPU per fresh request: %s, wrk %.0f µs (the peer: %s, "
                     "wrk %.0f µs); %d cores ÷ all of it ≈ %.0f req/s (the peer ≈ %.0f). The "
                     "machine was %.0f%% busy, %.0f%% of it with other work (the peer's runs "
                     "%.0f%%, %.0f%%). " % (
@@ -446,7 +586,7 @@ class PeersBench(B.Bench):
                          "between threads. " % (self.conns, fmt_ms(p50),
                                                 self.conns * 1000 / max(p50 or 1e-9, 1e-9),
                                                 rps))
-            if t["id"] == "gateway":
+            if is_gateway(t["id"]):
                 cm = mean([x.get("commit_ms") for x in runs])
                 dc = mean([x.get("durable_commits", 0) / max(x["requests"], 1) for x in runs])
                 if cm is not None:
@@ -496,16 +636,20 @@ class PeersBench(B.Bench):
               "Means over the rounds, each round's run in brackets.", "",
               "| | fresh keys req/s | replays req/s | durable | fresh p50 / p99 ms | "
               "CPU µs per fresh request |", "|---|---|---|---|---|---|"]
-        for name in ORDER:
-            f, fr = self.rate(name, "fresh")
-            rp, rr = self.rate(name, "replay")
+        rows = [(n, "fresh", SERVERS[n][0]) for n in self.order]
+        rows += [(n, "fresh-sync", SERVERS[n][0] + (", synchronous standby" if n in PG_SERVERS
+                                                    else ", beside the standby runs"))
+                 for n in self.order if self.runs_of(n, "fresh-sync")]
+        for name, kind, what in rows:
+            f, fr = self.rate(name, kind)
+            rp, rr = self.rate(name, "replay") if kind == "fresh" else (None, [])
             cpu = {}
             for x in fr:
                 for k, v in x["cpu_us_per_req"].items():
                     cpu.setdefault(k, []).append(v)
             cpu["wrk"] = [x["wrk_cpu_us_per_req"] for x in fr]
             L.append("| %s | **%s** (%s) | %s | %s | %s / %s | %s |" % (
-                SERVERS[name][0], fmt_rate(f), " / ".join(fmt_rate(x["rps"]) for x in fr),
+                what, fmt_rate(f), " / ".join(fmt_rate(x["rps"]) for x in fr),
                 ("%s (%s)" % (fmt_rate(rp), " / ".join(fmt_rate(x["rps"]) for x in rr)))
                 if rr else "—", SERVERS[name][1],
                 fmt_ms(mean([x["p50_ms"] for x in fr])), fmt_ms(mean([x["p99_ms"] for x in fr])),
@@ -529,6 +673,19 @@ class PeersBench(B.Bench):
                 ", ".join("%s %d" % kv for kv in x["counted"].items()),
                 x["machine_busy"] * 100, x["other_busy"] * 100,
                 "; ".join(x["problems"]) or "—"))
+        pg_runs = [x for x in r["runs"] if x.get("pg")]
+        if pg_runs:
+            L += ["", "## PostgreSQL", "",
+                  "PostgreSQL's own account of the last fresh run of each server on it "
+                  "(pg_stat_statements, pg_stat_user_tables, pg_stat_wal, the cluster's CPU "
+                  "from /proc%s)." % (", the standby's included in the runs with it"
+                                      if self.r["meta"].get("standby") else "")]
+            last = {}
+            for x in pg_runs:
+                last[(x["server"], x["kind"])] = x
+            for (name, kind), x in last.items():
+                L += B.pg_stats_markdown("%s, %s, round %d" % (name, kind, x["round"]),
+                                         x["pg"])
         reading = self.reading()
         if reading:
             L += ["", "## Reading", ""] + reading
@@ -546,12 +703,18 @@ class PeersBench(B.Bench):
         L = ["", "orderd and idem-gateway beside the Node peers, wrk -t%d -c%d, %g s "
              "per run, %d round(s), %d Node process(es) per Node server:" % (
                  B.WRK_THREADS, self.conns, self.seconds, self.rounds, self.node_workers),
-             "", "  %-58s %12s %12s  %s" % ("", "fresh req/s", "replay req/s", "durable")]
-        for name in ORDER:
+             "", "  %-64s %12s %12s  %s" % ("", "fresh req/s", "replay req/s", "durable")]
+        for name in self.order:
             f, _ = self.rate(name, "fresh")
             rp, rr = self.rate(name, "replay")
-            L.append("  %-58s %12s %12s  %s" % (SERVERS[name][0], fmt_rate(f),
+            L.append("  %-64s %12s %12s  %s" % (SERVERS[name][0], fmt_rate(f),
                                                 fmt_rate(rp) if rr else "—", SERVERS[name][1]))
+        for name in self.order:
+            f, fr = self.rate(name, "fresh-sync")
+            if fr:
+                L.append("  %-64s %12s %12s" % (SERVERS[name][0] + (
+                    ", sync standby" if name in PG_SERVERS else ", same minutes"), fmt_rate(f),
+                    "—"))
         L.append("")
         for t in self.r["targets"]:
             L.append("  %-9s %-78s %6s  %s" % ("MET" if t["met"] else "NOT MET", t["target"],
@@ -583,6 +746,8 @@ def main():
     ap = B.arg_parser(__doc__, connections=64, wait_idle=30.0, profile=False)
     ap.add_argument("--rounds", type=int, default=2,
                     help="fresh and replay runs of every server, order reversed every other round")
+    ap.add_argument("--no-standby", action="store_true",
+                    help="skip the runs with a synchronous PostgreSQL standby")
     ap.add_argument("--node-workers", type=int, default=1,
                     help="Node processes per Node server (node:cluster); 1: plain node server.js")
     args = B.parse_args(ap, (("wrk", "wrk"), ("redis-server", "redis-server"), ("node", "nodejs")))
