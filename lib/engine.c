@@ -234,7 +234,7 @@ struct idem_call {
      * record write inserts it (completed, or processing at an advance's point).
      */
     int claim_deferred;
-    int speculated; /* a one-phase call run without reading first (one_phase_speculates) */
+    int speculated; /* a one-phase call run without reading first (IDEM__STORE_SPECULATES) */
     int waited;
     int recovering; /* IN_PROGRESS: the lease holder is a recovery worker */
     int retry_after_s;
@@ -429,7 +429,7 @@ static void notify_changed(struct idem_engine *eng, struct idem_call *leaving)
  */
 static void wait_for_change(struct idem_engine *eng, const struct idem_scope *s, int64_t ms)
 {
-    if (eng->st->vt->wait_change && eng->st->vt->wait_change(eng->st, s, ms) == 0)
+    if (eng->st->m->wait_change(eng->st, s, ms) == 0)
         return;
     idem__inflight_wait_change(eng->inflight, ms);
 }
@@ -490,9 +490,9 @@ static int read_record(struct idem_call *call)
     rc = idem__store_acquire(st, &conn, call->errmsg, sizeof(call->errmsg));
     if (rc < 0)
         return rc;
-    rc = st->vt->record_get(conn, &call->scope, &call->rec);
+    rc = st->cm->record_get(conn, &call->scope, &call->rec);
     if (rc < 0)
-        call_fail(call, rc, "read record", st->vt->errmsg(conn));
+        call_fail(call, rc, "read record", st->cm->errmsg(conn));
     idem__store_release(st, conn); /* before copying into the cache: the copy needs no store */
     if (rc == 0 && call->eng->cache && call->rec.found && call->rec.status == IDEM_REC_COMPLETED &&
         call->rec.response_body_len < idem__rcache_max_entry(call->eng->cache))
@@ -501,7 +501,7 @@ static int read_record(struct idem_call *call)
 }
 
 /*
- * A one-phase call that ran without reading first (one_phase_speculates) and found its key taken,
+ * A one-phase call that ran without reading first (IDEM__STORE_SPECULATES) and found its key taken,
  * or a run the store's thread found a record for (idem_call_run_async), leaves its scope in the
  * engine's hints for TAKEN_HINT_MS: the caller's next begin of that scope -- a caller retries at
  * once after IDEM_ELEASE or IDEM_CALL_ASK_BEGIN, often on another thread -- reads the record first
@@ -585,11 +585,11 @@ static int try_claim(struct idem_call *call, int *claimed)
     rc = idem_tx_begin(st, 1, &tx);
     if (rc < 0)
         return call_fail(call, rc, "begin claim", tx ? NULL : "no store connection");
-    rc = st->vt->record_insert(idem__tx_conn(tx), &call->scope, call->fp, call->owner,
+    rc = st->cm->record_insert(idem__tx_conn(tx), &call->scope, call->fp, call->owner,
                                call->lease_ms, call->ttl_ms, "", claimed);
     if (rc < 0 || !*claimed) {
         if (rc < 0)
-            call_fail(call, rc, "claim", st->vt->errmsg(idem__tx_conn(tx)));
+            call_fail(call, rc, "claim", st->cm->errmsg(idem__tx_conn(tx)));
         idem_tx_rollback(tx);
         return rc;
     }
@@ -620,7 +620,7 @@ static int claim_job_run(struct idem_conn *c, void *arg)
     struct claim_job *j = arg;
     struct idem_call *call = j->call;
     int rc =
-        call->eng->st->vt->record_insert(c, &call->scope, call->fp, call->owner, call->lease_ms,
+        call->eng->st->cm->record_insert(c, &call->scope, call->fp, call->owner, call->lease_ms,
                                          call->ttl_ms, call->claim_point, &j->claimed);
 
     return rc < 0 ? rc : j->claimed ? 0 : IDEM__TX_DISCARD;
@@ -681,14 +681,14 @@ static int try_takeover(struct idem_call *call, int *won)
     rc = idem_tx_begin(st, 1, &tx);
     if (rc < 0)
         return call_fail(call, rc, "begin takeover", NULL);
-    rc = st->vt->record_takeover(idem__tx_conn(tx), &call->scope, call->fp, call->owner,
+    rc = st->cm->record_takeover(idem__tx_conn(tx), &call->scope, call->fp, call->owner,
                                  call->lease_ms, won);
     if (rc == 0 && *won) {
         idem__record_clear(&call->rec);
-        rc = st->vt->record_get(idem__tx_conn(tx), &call->scope, &call->rec);
+        rc = st->cm->record_get(idem__tx_conn(tx), &call->scope, &call->rec);
     }
     if (rc < 0) {
-        call_fail(call, rc, "take over", st->vt->errmsg(idem__tx_conn(tx)));
+        call_fail(call, rc, "take over", st->cm->errmsg(idem__tx_conn(tx)));
         idem_tx_rollback(tx);
         *won = 0;
         return rc;
@@ -851,14 +851,14 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
         }
         /*
          * A fresh request claims first where the store wants it and the replay cache already
-         * said the key is not a completed one of this process (claim_before_read): the claim
+         * said the key is not a completed one of this process (IDEM__STORE_CLAIMS_FIRST): the claim
          * usually wins, and a read before it was work for nothing.  Otherwise, and on every
          * later round, the record is read first; an empty call->rec (round 0) claims.
          */
         if (round > 0 || recover || call->waited || !eng->cache ||
-            !eng->st->vt->claim_before_read ||
-            (call->one_phase &&
-             (!eng->st->vt->one_phase_speculates || key_known_taken(eng, &call->scope)))) {
+            !(eng->st->m->flags & IDEM__STORE_CLAIMS_FIRST) ||
+            (call->one_phase && (!(eng->st->m->flags & IDEM__STORE_SPECULATES) ||
+                                 key_known_taken(eng, &call->scope)))) {
             rc = read_record(call);
             if (rc < 0)
                 goto out;
@@ -1033,7 +1033,7 @@ int idem_call_begin_async(struct idem_engine *eng, const struct idem_operation *
     if (!eng || !op || !op->name || !principal || !key || !fp || !begun)
         return IDEM_EINVAL;
     /* Only a claim that needs no read first, and runs whole without a waiting thread. */
-    if (!op->claim_point || !eng->cache || !eng->st->vt->claim_before_read ||
+    if (!op->claim_point || !eng->cache || !(eng->st->m->flags & IDEM__STORE_CLAIMS_FIRST) ||
         !idem__tx_runs_async(eng->st))
         return 0;
     rc = async_call_new(eng, op, principal, key, fp, &call);
@@ -1115,12 +1115,10 @@ int idem_engine_stalled(struct idem_engine *eng, const char *operation, int limi
     if (!eng || !out || !n || limit < 0)
         return IDEM_EINVAL;
     st = eng->st;
-    if (!st->vt->record_stalled)
-        return IDEM_ESTATE;
     rc = idem__store_acquire(st, &conn, err, sizeof(err));
     if (rc < 0)
         return rc;
-    rc = st->vt->record_stalled(conn, operation, limit, out, n);
+    rc = st->cm->record_stalled(conn, operation, limit, out, n);
     idem__store_release(st, conn);
     return rc;
 }
@@ -1144,7 +1142,7 @@ int idem_engine_release_leases(struct idem_engine *eng, const char *owner_prefix
     rc = idem_tx_begin(st, 1, &tx);
     if (rc < 0)
         return rc;
-    rc = st->vt->record_release_owned(idem__tx_conn(tx), owner_prefix, except, &n);
+    rc = st->cm->record_release_owned(idem__tx_conn(tx), owner_prefix, except, &n);
     if (rc < 0) {
         idem_tx_rollback(tx);
         return rc;
@@ -1285,10 +1283,10 @@ int idem_call_advance(struct idem_call *call, const char *point, const char *dat
     }
     if (call->claim_deferred) {
         /* The record goes in now, processing, with the lease, then to its point as ever. */
-        rc = st->vt->record_insert(idem__tx_conn(call->tx), &call->scope, call->fp, call->owner,
+        rc = st->cm->record_insert(idem__tx_conn(call->tx), &call->scope, call->fp, call->owner,
                                    call->lease_ms, call->ttl_ms, "", &ok);
         if (rc < 0) {
-            call_fail(call, rc, "claim", st->vt->errmsg(idem__tx_conn(call->tx)));
+            call_fail(call, rc, "claim", st->cm->errmsg(idem__tx_conn(call->tx)));
             goto out;
         }
         if (!ok) {
@@ -1297,10 +1295,10 @@ int idem_call_advance(struct idem_call *call, const char *point, const char *dat
         }
         call->claim_deferred = 0;
     }
-    rc = st->vt->record_advance(idem__tx_conn(call->tx), &call->scope, call->owner, point, data,
+    rc = st->cm->record_advance(idem__tx_conn(call->tx), &call->scope, call->owner, point, data,
                                 call->lease_ms, &ok);
     if (rc < 0) {
-        call_fail(call, rc, "advance", st->vt->errmsg(idem__tx_conn(call->tx)));
+        call_fail(call, rc, "advance", st->cm->errmsg(idem__tx_conn(call->tx)));
         goto out;
     }
     if (!ok) {
@@ -1369,13 +1367,13 @@ static int stage_response(struct idem_call *call, int status, const struct idem_
     if (rc < 0)
         goto out;
     if (call->claim_deferred)
-        rc = st->vt->record_insert_completed(idem__tx_conn(call->tx), &call->scope, call->fp,
+        rc = st->cm->record_insert_completed(idem__tx_conn(call->tx), &call->scope, call->fp,
                                              call->ttl_ms, status, text, body, body_len, &ok);
     else
-        rc = st->vt->record_complete(idem__tx_conn(call->tx), &call->scope, call->owner, status,
+        rc = st->cm->record_complete(idem__tx_conn(call->tx), &call->scope, call->owner, status,
                                      text, body, body_len, &ok);
     if (rc < 0) {
-        call_fail(call, rc, "stage response", st->vt->errmsg(idem__tx_conn(call->tx)));
+        call_fail(call, rc, "stage response", st->cm->errmsg(idem__tx_conn(call->tx)));
         unstage(call);
         call->state = CALL_IN_PHASE;
         goto out;
@@ -1484,12 +1482,12 @@ static int commit_ready(struct idem_call *call)
         return 0;
     st = call->eng->st;
     memset(&rec, 0, sizeof(rec));
-    rc = st->vt->record_get(idem__tx_conn(call->tx), &call->scope, &rec);
+    rc = st->cm->record_get(idem__tx_conn(call->tx), &call->scope, &rec);
     still = rc == 0 && rec.found && rec.status == IDEM_REC_COMPLETED &&
             rec.response_status == call->staged_status;
     idem__record_clear(&rec);
     if (rc < 0)
-        return call_fail(call, rc, "commit response", st->vt->errmsg(idem__tx_conn(call->tx)));
+        return call_fail(call, rc, "commit response", st->cm->errmsg(idem__tx_conn(call->tx)));
     if (!still) {
         unstage(call);
         call->state = CALL_IN_PHASE;
@@ -1560,7 +1558,7 @@ static int complete_job_run(struct idem_conn *c, void *arg)
     struct complete_job *j = arg;
     struct idem_call *call = j->call;
     int ok = 0;
-    int rc = call->eng->st->vt->record_complete(c, &call->scope, call->owner, j->status, j->headers,
+    int rc = call->eng->st->cm->record_complete(c, &call->scope, call->owner, j->status, j->headers,
                                                 j->body, j->body_len, &ok);
 
     return rc < 0 ? rc : ok ? 0 : IDEM__TX_DISCARD;
@@ -1702,15 +1700,15 @@ static int run_job_run(struct idem_conn *c, void *arg)
     a->found = 0;
     unstage(call);
     /*
-     * A store that speculates (one_phase_speculates) skips the read the first time: the record
+     * A store that speculates (IDEM__STORE_SPECULATES) skips the read the first time: the record
      * inserted completed is checked by the COMMIT, and a key found taken there fails the batch,
      * whose runs then go again alone -- this one reading first.
      */
-    if (a->runs++ > 0 || !st->vt->one_phase_speculates ||
+    if (a->runs++ > 0 || !(st->m->flags & IDEM__STORE_SPECULATES) ||
         key_known_taken(call->eng, &call->scope)) {
-        rc = st->vt->record_get(c, &call->scope, &rec);
+        rc = st->cm->record_get(c, &call->scope, &rec);
         if (rc < 0)
-            return call_fail(call, rc, "read record", st->vt->errmsg(c));
+            return call_fail(call, rc, "read record", st->cm->errmsg(c));
         a->found = rec.found;
         idem__record_clear(&rec);
         if (a->found)
@@ -1804,7 +1802,7 @@ void idem_call_abort(struct idem_call *call)
         rollback_phase(call);
     /* A claim that never committed vanished with the rollback (IDLE); a durable one is released. */
     if (call->state == CALL_CLAIMED && idem_tx_begin(st, 1, &tx) == 0) {
-        if (st->vt->record_release(idem__tx_conn(tx), &call->scope, call->owner) == 0)
+        if (st->cm->record_release(idem__tx_conn(tx), &call->scope, call->owner) == 0)
             idem_tx_commit(tx);
         else
             idem_tx_rollback(tx);
@@ -1836,9 +1834,9 @@ int idem_call_forget(struct idem_call *call)
     rc = idem_tx_begin(st, 1, &tx);
     if (rc < 0)
         return call_fail(call, rc, "forget", "no store connection");
-    rc = st->vt->record_forget(idem__tx_conn(tx), &call->scope, call->owner, &ok);
+    rc = st->cm->record_forget(idem__tx_conn(tx), &call->scope, call->owner, &ok);
     if (rc < 0) {
-        call_fail(call, rc, "forget", st->vt->errmsg(idem__tx_conn(tx)));
+        call_fail(call, rc, "forget", st->cm->errmsg(idem__tx_conn(tx)));
         idem_tx_rollback(tx);
         return rc;
     }
@@ -1983,7 +1981,7 @@ int idem_record_inspect(struct idem_engine *eng, const char *principal, const ch
     rc = idem_tx_begin(eng->st, 0, &tx);
     if (rc < 0)
         return rc;
-    rc = eng->st->vt->record_get(idem__tx_conn(tx), &s, &rec);
+    rc = eng->st->cm->record_get(idem__tx_conn(tx), &s, &rec);
     idem_tx_rollback(tx);
     if (rc < 0 || !rec.found)
         goto out;
@@ -2058,7 +2056,7 @@ int idem_engine_sweep(struct idem_engine *eng, int limit, int *deleted)
     rc = idem_tx_begin(st, 1, &tx);
     if (rc < 0)
         return rc;
-    rc = st->vt->record_sweep(idem__tx_conn(tx), limit, &n);
+    rc = st->cm->record_sweep(idem__tx_conn(tx), limit, &n);
     if (rc < 0) {
         idem_tx_rollback(tx);
         return rc;

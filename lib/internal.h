@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * internal.h - what libidem's own files share and the public header does not show: the store
- * backend table (a store is a swappable backend, as SQLite's sqlite3_vfs), the record as the
- * engine and the stores exchange it, and small helpers.  Programs never include this file.
+ * backend's tables (a store is a swappable backend, as SQLite's sqlite3_vfs with its
+ * sqlite3_io_methods), the record as the engine and the stores exchange it, and small helpers.
+ * Programs never include this file.
  */
 #ifndef IDEM_INTERNAL_H
 #define IDEM_INTERNAL_H
@@ -80,17 +81,10 @@ int idem__headers_decode(char *text, struct idem_header **out, size_t *n);
 /* Splits `text` in place into `h` (room for one header per line); returns how many. */
 size_t idem__headers_split(char *text, struct idem_header *h);
 
-/* ---- the store backend table ---------------------------------------------------------------- */
+/* ---- the store backend tables ---------------------------------------------------------------- */
 
 struct idem_conn; /* one connection of a backend; defined by each backend */
 
-/*
- * What a store backend implements.  Every function takes a connection out of the store's pool;
- * record functions run inside the transaction the engine opened with `begin`, except `record_get`
- * which may run outside one.  On failure a function returns a negative IDEM_E* and leaves a
- * sentence in the connection's message buffer (`errmsg`).  Time is the store's own clock: a lease
- * expiry is computed and compared by the store, never by the caller.
- */
 /* Told when an asynchronous commit is durable (rc 0) or failed (errmsg says why). */
 typedef void (*idem__commit_done)(void *arg, int rc, const char *errmsg);
 
@@ -144,33 +138,62 @@ struct idem__job_slot {
     " OR (principal = $4 AND idem_key > $5))))"                                                    \
     " ORDER BY operation, principal, idem_key LIMIT $6"
 
-struct idem_store_vtab {
-    const char *kind;
-    /* IDEM__UNFINISHED_SQL in this store's dialect (run through idem_tx_exec). */
-    const char *unfinished_sql;
-    /*
-     * 1: a request whose key the replay cache does not know tries its claim before reading the
-     * record; 0: it reads first.  A claim that is not won is always followed by a read; without
-     * a replay cache every store reads first.  Claiming first suits both stores: most keys a
-     * cache does not know are new.  On SQLite a read costs a read transaction on a pooled
-     * connection that re-reads from the WAL the pages the writer changed, while the claim joins
-     * the writer's batch that runs anyway.  On PostgreSQL the claim's BEGIN goes out with it, so
-     * a new key costs one round trip instead of two; a retry that another instance answered
-     * first (a key this cache never saw) pays for it: the claim, its ROLLBACK, then the read.
-     */
-    int claim_before_read;
-    /*
-     * 1: a one-phase call whose key the replay cache does not know skips the read too: its phase
-     * runs at once, and the record's insert, sent with the COMMIT, meets an existing key there
-     * (IDEM_ELEASE, the phase rolled back), after which the caller's next begin of the key on
-     * that thread reads first and answers from the record.  A fresh key then costs the phase's own
-     * round trips and no read, where a read is a round trip of its own (PostgreSQL); a key this
-     * cache does not know yet exists pays the phase's work for nothing.
-     */
-    int one_phase_speculates;
+/*
+ * A store's capabilities that are policies rather than methods (struct idem_store_methods'
+ * `flags`).  They are bits of their own, not parts of a version, because they are independent of
+ * each other and of which methods a store has: a version orders what a table adds, while a store
+ * of any version may claim first or not, speculate or not.
+ *
+ * IDEM__STORE_CLAIMS_FIRST: a request whose key the replay cache does not know tries its claim
+ * before reading the record; without it, it reads first.  A claim that is not won is always
+ * followed by a read; without a replay cache every store reads first.  Claiming first suits both
+ * stores: most keys a cache does not know are new.  On SQLite a read costs a read transaction on
+ * a pooled connection that re-reads from the WAL the pages the writer changed, while the claim
+ * joins the writer's batch that runs anyway.  On PostgreSQL the claim's BEGIN goes out with it,
+ * so a new key costs one round trip instead of two; a retry that another instance answered first
+ * (a key this cache never saw) pays for it: the claim, its ROLLBACK, then the read.
+ *
+ * IDEM__STORE_SPECULATES: a one-phase call whose key the replay cache does not know skips the
+ * read too: its phase runs at once, and the record's insert, sent with the COMMIT, meets an
+ * existing key there (IDEM_ELEASE, the phase rolled back), after which the caller's next begin of
+ * the key on that thread reads first and answers from the record.  A fresh key then costs the
+ * phase's own round trips and no read, where a read is a round trip of its own (PostgreSQL); a
+ * key this cache does not know yet exists pays the phase's work for nothing.
+ */
+#define IDEM__STORE_CLAIMS_FIRST 1u
+#define IDEM__STORE_SPECULATES 2u
 
-    /* Opens a connection and applies libidem's schema (idempotent; safe to race). */
-    int (*conn_open)(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
+/*
+ * The versions of struct idem_store_methods; each has every method of the ones before it.
+ * IDEM__STORE_V_RUN_ASYNC: adds write_run_async.  IDEM__STORE_V_GROUP_COMMIT: adds the group
+ * commit methods (write_begin, write_commit, write_rollback, write_commit_async, write_run).
+ */
+#define IDEM__STORE_V_BASE 1
+#define IDEM__STORE_V_RUN_ASYNC 2
+#define IDEM__STORE_V_GROUP_COMMIT 3
+/*
+ * The versions of struct idem_conn_methods.  IDEM__CONN_V_COMMIT_CHECKS: adds whole_tx and
+ * batch_tx, for a connection that may leave a statement's check to the COMMIT.
+ */
+#define IDEM__CONN_V_BASE 1
+#define IDEM__CONN_V_COMMIT_CHECKS 2
+
+/*
+ * What a store backend implements, in two tables as SQLite's sqlite3_vfs and sqlite3_io_methods:
+ * the store's (below) opens connections and runs whole write transactions, the connection's
+ * runs one transaction's statements and records on a connection the pool lent.  Each table
+ * says its version; the engine calls a method only of a table whose version has it, so no
+ * method is ever NULL and none depends on another being set.
+ *
+ * Record functions run inside the transaction the engine opened with `begin`, except
+ * `record_get` which may run outside one.  On failure a function returns a negative IDEM_E* and
+ * leaves a sentence in the connection's message buffer (`errmsg`).  Time is the store's own
+ * clock: a lease expiry is computed and compared by the store, never by the caller.
+ */
+struct idem_conn_methods {
+    int version; /* IDEM__CONN_V_* */
+
+    /* ---- version 1 ---- */
     void (*conn_close)(struct idem_conn *c);
     const char *(*errmsg)(const struct idem_conn *c);
     /* Whether the connection is still usable after a failure (else the pool drops it). */
@@ -253,49 +276,49 @@ struct idem_store_vtab {
     int (*run_script)(struct idem_conn *c, const char *sql);
     int (*schema_set)(struct idem_conn *c, const char *component, int version);
 
+    /* ---- version 2 (IDEM__CONN_V_COMMIT_CHECKS), used by stores without group commit ---- */
     /*
-     * Optional (NULL: the engine waits on its own condition variable and polls).  Blocks until
-     * the record of `s` may have changed in any process sharing the store, or `timeout_ms`
-     * passed; a wake-up may be spurious.  Returns 0, or a negative code when the store cannot
-     * wait right now (the engine then falls back to polling).
+     * Told that the transaction just begun on `c` is a whole one (idem__tx_run), whose statements
+     * are followed by its COMMIT and nothing else.  A fenced statement may then be checked by the
+     * COMMIT instead of by a round trip of its own: should its fence fail, the COMMIT fails with
+     * IDEM_ELEASE and nothing of it stays.
+     */
+    void (*whole_tx)(struct idem_conn *c);
+    /*
+     * Told, after whole_tx, that the transaction just begun on `c` carries several jobs
+     * (idem__batch_run_async).  Any failed statement may then doom the whole transaction -- the
+     * batch rolls back and each job runs alone -- so a backend need not shield each statement
+     * from the others' failures (PostgreSQL skips the savepoint, a subtransaction, around each
+     * application statement).
+     */
+    void (*batch_tx)(struct idem_conn *c);
+};
+
+struct idem_store_methods {
+    int version;    /* IDEM__STORE_V_* */
+    unsigned flags; /* IDEM__STORE_CLAIMS_FIRST, IDEM__STORE_SPECULATES */
+    const char *kind;
+    /* IDEM__UNFINISHED_SQL in this store's dialect (run through idem_tx_exec). */
+    const char *unfinished_sql;
+    /* The table of every connection conn_open makes (kept in struct idem_store too). */
+    const struct idem_conn_methods *conn;
+
+    /* ---- version 1 ---- */
+    /* Opens a connection and applies libidem's schema (idempotent; safe to race). */
+    int (*conn_open)(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
+    /* Frees the backend's per-store state (st->backend) in idem_store_close. */
+    void (*store_close)(struct idem_store *st);
+    /*
+     * Blocks until the record of `s` may have changed in any process sharing the store, or
+     * `timeout_ms` passed; a wake-up may be spurious.  Returns 0, or a negative code when the
+     * store cannot wait (the engine then waits on its own condition variable and polls; SQLite
+     * always answers so, having no way to hear another process's commit).
      */
     int (*wait_change)(struct idem_store *st, const struct idem_scope *s, int64_t timeout_ms);
+
+    /* ---- version 2 (IDEM__STORE_V_RUN_ASYNC) ---- */
     /*
-     * Optional group commit (SQLite).  When set, every write transaction runs through these
-     * instead of a pooled connection: `write_begin` lends the store's one writer connection with
-     * the caller's work isolated in a savepoint; `write_commit` releases the savepoint into the
-     * current batch and returns only once that batch is durable (or failed: every member then
-     * fails; a member whose writes would fail the batch's COMMIT, a foreign key left unresolved,
-     * fails alone before it joins); `write_rollback` undoes the caller's savepoint alone, and
-     * returns once what the caller could have read is durable (0), or can never be (IDEM_EUNAVAIL).
-     * Errors go to `err`, since the writer's own message buffer belongs to whoever holds it next.
-     */
-    int (*write_begin)(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
-    int (*write_commit)(struct idem_store *st, struct idem_conn *c, char *err, size_t errlen);
-    int (*write_rollback)(struct idem_store *st, struct idem_conn *c);
-    /*
-     * Optional, with the three above: `write_commit` without the wait.  The savepoint is released
-     * into the current batch and the call returns; `done(arg, rc, errmsg)` runs once the batch is
-     * durable (rc 0) or failed, on the store's notifier thread (sqlite_commit.c), which holds
-     * nothing of the store's meanwhile: `done` may use the store, even block.  A negative return
-     * means the release itself failed (e.g. the caller's writes left a foreign key unresolved):
-     * the savepoint was rolled back and `done` is never called.  The store counts it in
-     * st->write_commits once durable.
-     */
-    int (*write_commit_async)(struct idem_store *st, struct idem_conn *c,
-                              struct idem__job_slot *slot, idem__commit_done done, void *arg,
-                              char *err, size_t errlen);
-    /*
-     * Optional, with the ones above: idem__tx_run() of a whole transaction.  `fn` runs in its own
-     * savepoint of the current batch on whichever thread holds the writer when it comes free
-     * (the caller sleeps meanwhile, instead of being handed the writer and running it itself),
-     * and the call returns as write_commit does: once the batch is durable, or failed.  It and
-     * write_run_async count what they commit in st->write_commits.
-     */
-    int (*write_run)(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags, char *err,
-                     size_t errlen);
-    /*
-     * Optional: write_run without a thread waiting (SQLite: its group commit's; PostgreSQL:
+     * idem__tx_run() without a thread waiting (SQLite: its group commit's; PostgreSQL:
      * idem__batch_run_async, several jobs to a transaction).  `fn` runs on whichever thread
      * holds the writer (or the store's own runner thread), never on the caller's, and
      * `done(arg, rc, errmsg)` runs once: rc 0 once the batch holding `fn`'s writes is durable,
@@ -309,28 +332,48 @@ struct idem_store_vtab {
     int (*write_run_async)(struct idem_store *st, struct idem__job_slot *slot, idem__tx_fn fn,
                            void *arg, unsigned flags, idem__commit_done done, void *done_arg,
                            char *err, size_t errlen);
+
+    /* ---- version 3 (IDEM__STORE_V_GROUP_COMMIT): the group commit methods (SQLite) ---- */
     /*
-     * Optional, for stores without write_run: told that the transaction just begun on `c` is a
-     * whole one (idem__tx_run), whose statements are followed by its COMMIT and nothing else.
-     * A fenced statement may then be checked by the COMMIT instead of by a round trip of its own:
-     * should its fence fail, the COMMIT fails with IDEM_ELEASE and nothing of it stays.
+     * Every write transaction runs through these instead of a pooled connection: `write_begin`
+     * lends the store's one writer connection with the caller's work isolated in a savepoint;
+     * `write_commit` releases the savepoint into the current batch and returns only once that
+     * batch is durable (or failed: every member then fails; a member whose writes would fail the
+     * batch's COMMIT, a foreign key left unresolved, fails alone before it joins);
+     * `write_rollback` undoes the caller's savepoint alone, and returns once what the caller
+     * could have read is durable (0), or can never be (IDEM_EUNAVAIL).  Errors go to `err`,
+     * since the writer's own message buffer belongs to whoever holds it next.
      */
-    void (*whole_tx)(struct idem_conn *c);
+    int (*write_begin)(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
+    int (*write_commit)(struct idem_store *st, struct idem_conn *c, char *err, size_t errlen);
+    int (*write_rollback)(struct idem_store *st, struct idem_conn *c);
     /*
-     * Optional, with whole_tx: told that the transaction just begun on `c` carries several jobs
-     * (idem__batch_run_async).  Any failed statement may then doom the whole transaction -- the
-     * batch rolls back and each job runs alone -- so a backend need not shield each statement
-     * from the others' failures (PostgreSQL skips the savepoint, a subtransaction, around each
-     * application statement).
+     * `write_commit` without the wait.  The savepoint is released into the current batch and
+     * the call returns; `done(arg, rc, errmsg)` runs once the batch is durable (rc 0) or failed,
+     * on the store's notifier thread (sqlite_commit.c), which holds nothing of the store's
+     * meanwhile: `done` may use the store, even block.  A negative return means the release
+     * itself failed (e.g. the caller's writes left a foreign key unresolved): the savepoint was
+     * rolled back and `done` is never called.  The store counts it in st->write_commits once
+     * durable.
      */
-    void (*batch_tx)(struct idem_conn *c);
-    /* Optional: frees the backend's per-store state (st->backend) in idem_store_close. */
-    void (*store_close)(struct idem_store *st);
+    int (*write_commit_async)(struct idem_store *st, struct idem_conn *c,
+                              struct idem__job_slot *slot, idem__commit_done done, void *arg,
+                              char *err, size_t errlen);
+    /*
+     * idem__tx_run() of a whole transaction.  `fn` runs in its own savepoint of the current
+     * batch on whichever thread holds the writer when it comes free (the caller sleeps
+     * meanwhile, instead of being handed the writer and running it itself), and the call returns
+     * as write_commit does: once the batch is durable, or failed.  It and write_run_async count
+     * what they commit in st->write_commits.
+     */
+    int (*write_run)(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flags, char *err,
+                     size_t errlen);
 };
 
 /* A store handle: the backend, its options and a bounded pool of connections. */
 struct idem_store {
-    const struct idem_store_vtab *vt;
+    const struct idem_store_methods *m;
+    const struct idem_conn_methods *cm; /* m->conn, one load nearer the engine's record calls */
     char *target; /* backend-specific: the SQLite path, or the libpq conninfo */
     struct idem_store_options opts;
     void *backend; /* per-store state of the backend (PostgreSQL: listener, batcher), or NULL */
@@ -349,7 +392,7 @@ struct idem_store {
 
 /* Lends a connection, opening one if the pool has room, waiting up to busy_timeout_ms. */
 int idem__store_acquire(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
-/* Returns a connection; a broken one (`vt->conn_ok` false) is closed instead. */
+/* Returns a connection; a broken one (`cm->conn_ok` false) is closed instead. */
 void idem__store_release(struct idem_store *st, struct idem_conn *c);
 
 /* The connection a transaction holds (record functions run on it inside the phase). */
@@ -405,15 +448,15 @@ int idem__tx_run_async(struct idem_store *st, struct idem__job_slot *slot, idem_
  * own (migrate.c).  0, or a negative code with the reason in `err`; *applied (optional): how
  * many steps this call applied.
  */
-int idem__migrate(const struct idem_store_vtab *vt, struct idem_conn *c, const char *component,
+int idem__migrate(const struct idem_store_methods *m, struct idem_conn *c, const char *component,
                   const struct idem_migration *steps, size_t n, int *applied, char *err,
                   size_t errlen);
 
 /* Counts `ntx` transactions made durable by one commit that began at clock_mono_ns() `t0`. */
 void idem__store_count_commit(struct idem_store *st, uint64_t ntx, int64_t t0);
 
-extern const struct idem_store_vtab idem__sqlite_vtab;
-extern const struct idem_store_vtab idem__pg_vtab;
+extern const struct idem_store_methods idem__sqlite_methods;
+extern const struct idem_store_methods idem__pg_methods;
 
 /* ---- result rows, built by the backends ----------------------------------------------------- */
 

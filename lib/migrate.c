@@ -16,51 +16,52 @@
 #include <string.h>
 
 /* The step's text in the dialect of this store, and the dialect's name for a message. */
-static const char *step_sql(const struct idem_store_vtab *vt, const struct idem_migration *step,
+static const char *step_sql(const struct idem_store_methods *m, const struct idem_migration *step,
                             const char **dialect)
 {
-    int sqlite = strcmp(vt->kind, "sqlite") == 0;
+    int sqlite = strcmp(m->kind, "sqlite") == 0;
 
     *dialect = sqlite ? "SQLite" : "PostgreSQL";
     return sqlite ? step->sqlite_sql : step->postgres_sql;
 }
 
-int idem__migrate(const struct idem_store_vtab *vt, struct idem_conn *c, const char *component,
+int idem__migrate(const struct idem_store_methods *m, struct idem_conn *c, const char *component,
                   const struct idem_migration *steps, size_t n, int *applied, char *err,
                   size_t errlen)
 {
+    const struct idem_conn_methods *cm = m->conn;
     int count = 0, version = 0;
-    int rc = vt->schema_version(c, component, &version); /* outside a transaction: no lock */
+    int rc = cm->schema_version(c, component, &version); /* outside a transaction: no lock */
 
     if (rc < 0)
-        idem__fmt(err, errlen, "%s: %s", component, vt->errmsg(c));
+        idem__fmt(err, errlen, "%s: %s", component, cm->errmsg(c));
     for (size_t i = 0; rc == 0 && i < n && version < steps[n - 1].version; i++) {
-        const char *dialect = "", *sql = step_sql(vt, &steps[i], &dialect);
+        const char *dialect = "", *sql = step_sql(m, &steps[i], &dialect);
 
-        rc = vt->migrate_begin(c);
+        rc = cm->migrate_begin(c);
         if (rc == 0)
-            rc = vt->schema_version(c, component, &version);
+            rc = cm->schema_version(c, component, &version);
         if (rc == 0 && version >= steps[i].version) {
-            vt->rollback(c); /* done already, by this process earlier or by another */
+            cm->rollback(c); /* done already, by this process earlier or by another */
             continue;
         }
         if (rc == 0 && !sql) {
             idem__fmt(err, errlen, "migration %s %d has no %s form", component, steps[i].version,
                       dialect);
-            vt->rollback(c);
+            cm->rollback(c);
             rc = IDEM_EMIGRATE;
             break;
         }
         if (rc == 0)
-            rc = vt->run_script(c, sql);
+            rc = cm->run_script(c, sql);
         if (rc == 0)
-            rc = vt->schema_set(c, component, steps[i].version);
+            rc = cm->schema_set(c, component, steps[i].version);
         if (rc == 0)
-            rc = vt->commit(c);
+            rc = cm->commit(c);
         if (rc < 0) {
             idem__fmt(err, errlen, "%s %d (%s): %s", component, steps[i].version,
-                      steps[i].name ? steps[i].name : "", vt->errmsg(c));
-            vt->rollback(c);
+                      steps[i].name ? steps[i].name : "", cm->errmsg(c));
+            cm->rollback(c);
             rc = IDEM_EMIGRATE;
             break;
         }

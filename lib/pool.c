@@ -42,7 +42,7 @@ int idem__store_acquire(struct idem_store *st, struct idem_conn **out, char *err
     pthread_mutex_unlock(&st->mu);
 
     /* Opening may take a while (a network round trip for PostgreSQL): not under the lock. */
-    rc = st->vt->conn_open(st, out, err, errlen);
+    rc = st->m->conn_open(st, out, err, errlen);
     if (rc < 0) {
         pthread_mutex_lock(&st->mu);
         st->nopen--;
@@ -58,8 +58,8 @@ void idem__store_release(struct idem_store *st, struct idem_conn *c)
 {
     if (!c)
         return;
-    if (!st->vt->conn_ok(c)) {
-        st->vt->conn_close(c);
+    if (!st->cm->conn_ok(c)) {
+        st->cm->conn_close(c);
         pthread_mutex_lock(&st->mu);
         st->nopen--;
     } else {

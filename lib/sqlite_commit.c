@@ -47,7 +47,7 @@
  *
  * Where it stands among the store's files (an arrow is a call, and none points up):
  *
- *     store_sqlite.c       the store's vtab: records, migrations, reads on pooled connections
+ *     store_sqlite.c       the store's tables: records, migrations, reads on pooled connections
  *        |       |
  *        |       v
  *        |    sqlite_commit.c    the group commit: the writer, batches, syncer, read gate

@@ -2,7 +2,7 @@
 /*
  * sqlite_commit.h - the SQLite store's group commit, as the store above it calls it:
  *
- *     store_sqlite.c       the store's vtab: records, migrations, reads on pooled connections
+ *     store_sqlite.c       the store's tables: records, migrations, reads on pooled connections
  *        |       |
  *        |       v
  *        |    sqlite_commit.c    the group commit: the writer, batches, syncer, read gate
@@ -10,7 +10,7 @@
  *        v       v
  *     sqlite_conn.c        a connection: opened and configured, its statements, its errors
  *
- * The write_* calls are struct idem_store_vtab's members of the same names; the rest is what the
+ * The write_* calls are struct idem_store_methods' members of the same names; the rest is what the
  * store's open and its reads need.  Only store_sqlite.c includes it.
  */
 #ifndef IDEM_SQLITE_COMMIT_H

@@ -3,7 +3,7 @@
  * sqlite_conn.c - one connection to the SQLite store's file: opened and configured, its prepared
  * statements, and its failures said and mapped to IDEM_E* codes.
  *
- *     store_sqlite.c       the store's vtab: records, migrations, reads on pooled connections
+ *     store_sqlite.c       the store's tables: records, migrations, reads on pooled connections
  *        |       |
  *        |       v
  *        |    sqlite_commit.c    the group commit: the writer, batches, syncer, read gate

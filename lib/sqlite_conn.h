@@ -3,7 +3,7 @@
  * sqlite_conn.h - one connection to the SQLite store's file, the layer both of the store's upper
  * files stand on (sqlite_conn.c says why it is a layer of its own):
  *
- *     store_sqlite.c       the store's vtab: records, migrations, reads on pooled connections
+ *     store_sqlite.c       the store's tables: records, migrations, reads on pooled connections
  *        |       |
  *        |       v
  *        |    sqlite_commit.c    the group commit: the writer, batches, syncer, read gate
@@ -14,7 +14,7 @@
  *        v
  *     libsqlite3           (which the two above call too, for what is SQLite's alone to say)
  *
- * Nothing else in the library includes it; the engine sees the store only through its vtab
+ * Nothing else in the library includes it; the engine sees the store only through its tables
  * (store_sqlite.c).
  */
 #ifndef IDEM_SQLITE_CONN_H

@@ -5,8 +5,8 @@
  * (pool.c).
  *
  * Layer: the top of the stores, under the engine.  It names each backend's table
- * (idem__sqlite_vtab, idem__pg_vtab) and calls the pool below it; no backend names anything of
- * this file's, and it knows nothing of a backend's own machinery (the PostgreSQL store's batcher
+ * (idem__sqlite_methods, idem__pg_methods) and calls the pool below it; no backend names anything
+ * of this file's, and it knows nothing of a backend's own machinery (the PostgreSQL store's batcher
  * is made and stopped by that store).
  */
 #include "internal.h"
@@ -99,10 +99,12 @@ int idem_store_open(const char *uri, const struct idem_store_options *opts, stru
             rc = IDEM_EURI;
             goto out;
         }
-        st->vt = &idem__sqlite_vtab;
+        st->m = &idem__sqlite_methods;
+        st->cm = idem__sqlite_methods.conn;
         st->target = idem__strdup(path);
     } else if (is_pg_target(uri)) {
-        st->vt = &idem__pg_vtab;
+        st->m = &idem__pg_methods;
+        st->cm = idem__pg_methods.conn;
         st->target = idem__strdup(uri);
     } else {
         idem__fmt(err, sizeof(err),
@@ -121,7 +123,7 @@ int idem_store_open(const char *uri, const struct idem_store_options *opts, stru
         goto out;
     }
     /* The first connection proves the store answers and applies libidem's schema. */
-    rc = st->vt->conn_open(st, &conn, err, sizeof(err));
+    rc = st->m->conn_open(st, &conn, err, sizeof(err));
     if (rc < 0)
         goto out;
     st->idle[st->nidle++] = conn;
@@ -140,10 +142,10 @@ void idem_store_close(struct idem_store *st)
 {
     if (!st)
         return;
-    if (st->vt && st->vt->store_close)
-        st->vt->store_close(st);
+    if (st->m)
+        st->m->store_close(st);
     for (int i = 0; i < st->nidle; i++)
-        st->vt->conn_close(st->idle[i]);
+        st->cm->conn_close(st->idle[i]);
     free(st->idle);
     free(st->target);
     pthread_cond_destroy(&st->cv);
@@ -153,12 +155,12 @@ void idem_store_close(struct idem_store *st)
 
 const char *idem_store_kind(const struct idem_store *st)
 {
-    return st && st->vt ? st->vt->kind : "none";
+    return st && st->m ? st->m->kind : "none";
 }
 
 const char *idem_store_sqlite_path(const struct idem_store *st)
 {
-    return st && st->vt == &idem__sqlite_vtab ? st->target : NULL;
+    return st && st->m == &idem__sqlite_methods ? st->target : NULL;
 }
 
 void idem_store_stats(const struct idem_store *st, struct idem_store_stats *out)
@@ -194,7 +196,7 @@ int idem_store_migrate(struct idem_store *st, const char *component,
     rc = idem__store_acquire(st, &conn, err, sizeof(err));
     if (rc < 0)
         goto out;
-    rc = idem__migrate(st->vt, conn, component, steps, n, &count, err, sizeof(err));
+    rc = idem__migrate(st->m, conn, component, steps, n, &count, err, sizeof(err));
 out:
     idem__store_release(st, conn);
     if (applied)
@@ -219,8 +221,8 @@ int idem_tx_begin(struct idem_store *st, int write, struct idem_tx **out)
         return IDEM_ENOMEM;
     tx->st = st;
     tx->write = write;
-    if (write && st->vt->write_begin) {
-        rc = st->vt->write_begin(st, &tx->conn, tx->errmsg, sizeof(tx->errmsg));
+    if (write && st->m->version >= IDEM__STORE_V_GROUP_COMMIT) {
+        rc = st->m->write_begin(st, &tx->conn, tx->errmsg, sizeof(tx->errmsg));
         if (rc < 0) {
             free(tx);
             return rc;
@@ -232,7 +234,7 @@ int idem_tx_begin(struct idem_store *st, int write, struct idem_tx **out)
     rc = idem__store_acquire(st, &tx->conn, tx->errmsg, sizeof(tx->errmsg));
     if (rc < 0)
         goto out;
-    rc = st->vt->begin(tx->conn, write);
+    rc = st->cm->begin(tx->conn, write);
     if (rc < 0)
         goto out;
     *out = tx;
@@ -279,7 +281,7 @@ int idem__tx_commit_err(struct idem_tx *tx, char *err, size_t errlen)
         return IDEM_ESTATE;
     }
     if (tx->grouped) {
-        rc = tx->st->vt->write_commit(tx->st, tx->conn, tx->errmsg, sizeof(tx->errmsg));
+        rc = tx->st->m->write_commit(tx->st, tx->conn, tx->errmsg, sizeof(tx->errmsg));
         if (rc == 0)
             atomic_fetch_add(&tx->st->write_commits, 1);
         else if (err)
@@ -288,13 +290,13 @@ int idem__tx_commit_err(struct idem_tx *tx, char *err, size_t errlen)
         return rc;
     }
     t0 = tx->write ? clock_mono_ns() : 0;
-    rc = tx->st->vt->commit(tx->conn);
+    rc = tx->st->cm->commit(tx->conn);
     if (rc == 0 && tx->write)
         idem__store_count_commit(tx->st, 1, t0); /* its commit is its durable commit */
     if (rc < 0 && err)
-        idem__fmt(err, errlen, "%s", tx->st->vt->errmsg(tx->conn));
+        idem__fmt(err, errlen, "%s", tx->st->cm->errmsg(tx->conn));
     if (rc < 0)
-        tx->st->vt->rollback(tx->conn);
+        tx->st->cm->rollback(tx->conn);
     idem__store_release(tx->st, tx->conn);
     free(tx);
     return rc;
@@ -307,9 +309,9 @@ int idem__tx_commit_async(struct idem_tx *tx, struct idem__job_slot *slot, idem_
 
     if (!tx || !done)
         return IDEM_EINVAL;
-    if (tx->grouped && tx->st->vt->write_commit_async) {
+    if (tx->grouped) {
         /* (the store counts it in write_commits once it is durable) */
-        rc = tx->st->vt->write_commit_async(tx->st, tx->conn, slot, done, arg, err, errlen);
+        rc = tx->st->m->write_commit_async(tx->st, tx->conn, slot, done, arg, err, errlen);
         free(tx);
         return rc;
     }
@@ -328,38 +330,38 @@ int idem__tx_run(struct idem_store *st, idem__tx_fn fn, void *arg, unsigned flag
     struct idem_tx *tx = NULL;
     int rc;
 
-    if (st->vt->write_run)
-        return st->vt->write_run(st, fn, arg, flags, err, errlen);
+    if (st->m->version >= IDEM__STORE_V_GROUP_COMMIT)
+        return st->m->write_run(st, fn, arg, flags, err, errlen);
     rc = idem_tx_begin(st, 1, &tx);
     if (rc < 0) {
         idem__fmt(err, errlen, "cannot begin a write transaction: %s", idem_strerror(rc));
         return rc;
     }
-    if (st->vt->whole_tx)
-        st->vt->whole_tx(tx->conn);
+    if (st->cm->version >= IDEM__CONN_V_COMMIT_CHECKS)
+        st->cm->whole_tx(tx->conn);
     rc = fn(tx->conn, arg);
     if (rc == 0)
         return idem__tx_commit_err(tx, err, errlen);
     if (rc < 0)
-        idem__fmt(err, errlen, "%s", st->vt->errmsg(tx->conn));
+        idem__fmt(err, errlen, "%s", st->cm->errmsg(tx->conn));
     idem_tx_rollback(tx);
     return rc;
 }
 
 int idem__tx_runs_async(const struct idem_store *st)
 {
-    return st->vt->write_run_async != NULL;
+    return st->m->version >= IDEM__STORE_V_RUN_ASYNC;
 }
 
 int idem__tx_run_async(struct idem_store *st, struct idem__job_slot *slot, idem__tx_fn fn,
                        void *arg, unsigned flags, idem__commit_done done, void *done_arg, char *err,
                        size_t errlen)
 {
-    if (!st->vt->write_run_async) {
+    if (!idem__tx_runs_async(st)) {
         idem__fmt(err, errlen, "%s", "this store cannot run a transaction without waiting");
         return IDEM_EINVAL;
     }
-    return st->vt->write_run_async(st, slot, fn, arg, flags, done, done_arg, err, errlen);
+    return st->m->write_run_async(st, slot, fn, arg, flags, done, done_arg, err, errlen);
 }
 
 int idem_tx_rollback(struct idem_tx *tx)
@@ -371,10 +373,10 @@ int idem_tx_rollback(struct idem_tx *tx)
     if (tx->lent)
         ; /* the job's runner rolls back what the job wrote when it fails */
     else if (tx->grouped)
-        rc = tx->st->vt->write_rollback(tx->st, tx->conn);
+        rc = tx->st->m->write_rollback(tx->st, tx->conn);
     else {
         /* A read gate's IDEM_EUNAVAIL is the answer: what was read is not vouched for. */
-        rc = tx->st->vt->rollback(tx->conn);
+        rc = tx->st->cm->rollback(tx->conn);
         idem__store_release(tx->st, tx->conn);
     }
     free(tx);
@@ -400,9 +402,9 @@ int idem_tx_exec(struct idem_tx *tx, const char *sql, int nparams, const char *c
         *rows = NULL;
     if (!tx || !sql || nparams < 0 || (nparams > 0 && !params))
         return IDEM_EINVAL;
-    rc = tx->st->vt->exec(tx->conn, sql, nparams, params, rows);
+    rc = tx->st->cm->exec(tx->conn, sql, nparams, params, rows);
     if (rc < 0)
-        idem__fmt(tx->errmsg, sizeof(tx->errmsg), "%s", tx->st->vt->errmsg(tx->conn));
+        idem__fmt(tx->errmsg, sizeof(tx->errmsg), "%s", tx->st->cm->errmsg(tx->conn));
     /* Counted whatever it returned: a failed one may still have undone something. */
     if (is_rollback(sql))
         tx->rollbacks++;
@@ -457,7 +459,7 @@ int idem_store_records_unfinished(struct idem_store *st, const char *operation,
     rc = idem_tx_begin(st, 0, &tx);
     if (rc < 0)
         return rc;
-    rc = idem_tx_exec(tx, st->vt->unfinished_sql, 6, params, &rows);
+    rc = idem_tx_exec(tx, st->m->unfinished_sql, 6, params, &rows);
     if (idem_tx_rollback(tx) < 0 && rc == 0)
         rc = IDEM_EUNAVAIL;
     if (rc < 0) {

@@ -26,12 +26,13 @@
  * prepared statements.  Passwords never reach a message: messages name the server by host, port,
  * database and user, and any password the connection string holds is scrubbed from libpq's text.
  *
- * Why ~1,600 lines: this is the store's function table, one function per entry of struct
- * idem_store_vtab with its SQL beside it, as store_sqlite.c is SQLite's; the machinery under it
- * has files of its own (pg_conn.c, pg_pipeline.c, pg_listen.c, tx_batch.c, migrate.c).
+ * Why ~1,600 lines: this is the store's two function tables, one function per entry of
+ * struct idem_store_methods and struct idem_conn_methods with its SQL beside it, as store_sqlite.c
+ * is SQLite's; the machinery under it has files of its own (pg_conn.c, pg_pipeline.c, pg_listen.c,
+ * tx_batch.c, migrate.c).
  *
  * Layer: the top of the PostgreSQL store, over every file just named (store_pg.h lists the
- * layers); only store.c, which picks the backend, names it, through idem__pg_vtab.
+ * layers); only store.c, which picks the backend, names it, through idem__pg_methods.
  */
 #include "store_pg.h"
 #include "tx_batch.h"
@@ -429,7 +430,7 @@ static void shared_free(struct pg_shared *sh);
  */
 static int shared_get(struct idem_store *st, struct pg_shared **out, char *err, size_t errlen)
 {
-    const struct idem__batch_source pool = {.vt = &idem__pg_vtab,
+    const struct idem__batch_source pool = {.cm = idem__pg_methods.conn,
                                             .acquire = pool_acquire,
                                             .release = pool_release,
                                             .committed = pool_committed,
@@ -506,7 +507,7 @@ static int pg_open(struct idem_store *st, struct idem_conn **out, char *err, siz
         goto out;
     if (rc < 0)
         goto fail_msg;
-    rc = idem__migrate(&idem__pg_vtab, c, "libidem", idem_schema,
+    rc = idem__migrate(&idem__pg_methods, c, "libidem", idem_schema,
                        sizeof(idem_schema) / sizeof(idem_schema[0]), NULL, why, sizeof(why));
     if (rc < 0) {
         idem__fmt(c->errmsg, sizeof(c->errmsg), "%s", why);
@@ -1557,12 +1558,8 @@ static void pg_store_close(struct idem_store *st)
     st->backend = NULL;
 }
 
-const struct idem_store_vtab idem__pg_vtab = {
-    .kind = "postgresql",
-    .unfinished_sql = IDEM__UNFINISHED_SQL("encode(fingerprint, 'hex')", DB_NOW_MS),
-    .claim_before_read = 1,
-    .one_phase_speculates = 1,
-    .conn_open = pg_open,
+static const struct idem_conn_methods pg_conn_methods = {
+    .version = IDEM__CONN_V_COMMIT_CHECKS,
     .conn_close = pg_close,
     .errmsg = pg_errmsg,
     .conn_ok = pg_conn_ok,
@@ -1585,9 +1582,18 @@ const struct idem_store_vtab idem__pg_vtab = {
     .schema_version = pg_schema_version,
     .run_script = pg_run_script,
     .schema_set = pg_schema_set,
-    .wait_change = idem__pg_wait_change,
     .whole_tx = pg_whole_tx,
     .batch_tx = pg_batch_tx,
-    .write_run_async = pg_write_run_async,
+};
+
+const struct idem_store_methods idem__pg_methods = {
+    .version = IDEM__STORE_V_RUN_ASYNC,
+    .flags = IDEM__STORE_CLAIMS_FIRST | IDEM__STORE_SPECULATES,
+    .kind = "postgresql",
+    .unfinished_sql = IDEM__UNFINISHED_SQL("encode(fingerprint, 'hex')", DB_NOW_MS),
+    .conn = &pg_conn_methods,
+    .conn_open = pg_open,
     .store_close = pg_store_close,
+    .wait_change = idem__pg_wait_change,
+    .write_run_async = pg_write_run_async,
 };

@@ -209,7 +209,7 @@ int idem__pg_run_simple(struct idem_conn *c, const char *sql, const char *what);
 
 /* FNV-1a over the scope: the notification's payload, and the waiters' bucket. */
 uint64_t idem__pg_scope_hash(const struct idem_scope *s);
-/* The vtab's wait_change: starts the store's listener thread on first use. */
+/* The store table's wait_change: starts the store's listener thread on first use. */
 int idem__pg_wait_change(struct idem_store *st, const struct idem_scope *s, int64_t timeout_ms);
 /* Stops the listener thread, if it runs (the store's close). */
 void idem__pg_listener_stop(struct pg_shared *sh);

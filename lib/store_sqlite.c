@@ -14,7 +14,7 @@
  *
  * The top of the store's three layers (an arrow is a call, and none points up):
  *
- *     store_sqlite.c       the store's vtab: records, migrations, reads on pooled connections
+ *     store_sqlite.c       the store's tables: records, migrations, reads on pooled connections
  *        |       |
  *        |       v
  *        |    sqlite_commit.c    the group commit: the writer, batches, syncer, read gate
@@ -24,7 +24,7 @@
  *
  * This file holds the store's SQL (the record_* statements, the schema and its migrations) and
  * the pooled connections' transactions; every write goes through the group commit's write_*
- * calls, which the vtab hands to the engine as they are.
+ * calls, which its store table hands to the engine as they are.
  */
 #include "sqlite_conn.h"
 #include "sqlite_commit.h"
@@ -50,8 +50,8 @@ static const struct idem_migration idem_schema[] = {
 };
 
 /*
- * The vtab's conn_open: a connection of the pool (sqlite_conn.c), opened once the group is there
- * (sqlite_commit.c), with libidem's schema applied.  The store's first one starts the group's
+ * The store table's conn_open: a connection of the pool (sqlite_conn.c), opened once the group is
+ * there (sqlite_commit.c), with libidem's schema applied.  The store's first one starts the group's
  * commit pipeline.
  */
 static int sq_conn_open(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
@@ -67,7 +67,7 @@ static int sq_conn_open(struct idem_store *st, struct idem_conn **out, char *err
     rc = idem__sq_conn_open(st, &c, err, errlen);
     if (rc < 0)
         return rc;
-    rc = idem__migrate(&idem__sqlite_vtab, c, "libidem", idem_schema,
+    rc = idem__migrate(&idem__sqlite_methods, c, "libidem", idem_schema,
                        sizeof(idem_schema) / sizeof(idem_schema[0]), NULL, why, sizeof(why));
     if (rc < 0) {
         idem__fmt(err, errlen, "%s (%s)", why, st->target);
@@ -657,11 +657,17 @@ static int sq_schema_set(struct idem_conn *c, const char *component, int version
     return step_done(c, e->stmt, "record migration", NULL);
 }
 
-const struct idem_store_vtab idem__sqlite_vtab = {
-    .kind = "sqlite",
-    .unfinished_sql = IDEM__UNFINISHED_SQL("lower(hex(fingerprint))", "CAST($1 AS INTEGER)"),
-    .claim_before_read = 1,
-    .conn_open = sq_conn_open,
+/* Another process's commit cannot be heard here: the engine waits on its own and polls. */
+static int sq_wait_change(struct idem_store *st, const struct idem_scope *s, int64_t timeout_ms)
+{
+    (void)st;
+    (void)s;
+    (void)timeout_ms;
+    return IDEM_EUNAVAIL;
+}
+
+static const struct idem_conn_methods sq_conn_methods = {
+    .version = IDEM__CONN_V_BASE,
     .conn_close = idem__sq_conn_close,
     .errmsg = sq_errmsg,
     .conn_ok = sq_conn_ok,
@@ -678,17 +684,27 @@ const struct idem_store_vtab idem__sqlite_vtab = {
     .record_release = sq_record_release,
     .record_release_owned = sq_record_release_owned,
     .record_forget = sq_record_forget,
-    .record_sweep = sq_record_sweep,
     .record_stalled = sq_record_stalled,
+    .record_sweep = sq_record_sweep,
     .migrate_begin = sq_migrate_begin,
     .schema_version = sq_schema_version,
     .run_script = sq_run_script,
     .schema_set = sq_schema_set,
+};
+
+const struct idem_store_methods idem__sqlite_methods = {
+    .version = IDEM__STORE_V_GROUP_COMMIT,
+    .flags = IDEM__STORE_CLAIMS_FIRST,
+    .kind = "sqlite",
+    .unfinished_sql = IDEM__UNFINISHED_SQL("lower(hex(fingerprint))", "CAST($1 AS INTEGER)"),
+    .conn = &sq_conn_methods,
+    .conn_open = sq_conn_open,
+    .store_close = idem__sq_group_free,
+    .wait_change = sq_wait_change,
+    .write_run_async = idem__sq_write_run_async,
     .write_begin = idem__sq_write_begin,
     .write_commit = idem__sq_write_commit,
     .write_rollback = idem__sq_write_rollback,
     .write_commit_async = idem__sq_write_commit_async,
     .write_run = idem__sq_write_run,
-    .write_run_async = idem__sq_write_run_async,
-    .store_close = idem__sq_group_free,
 };

@@ -128,31 +128,31 @@ static void told_run(struct batch_job *j)
 static int run_alone(const struct idem__batch_source *src, struct idem_conn *c, struct batch_job *j,
                      struct batch_job ***told)
 {
-    const struct idem_store_vtab *vt = src->vt;
+    const struct idem_conn_methods *cm = src->cm;
     char err[IDEM_ERRMSG_MAX] = "";
     int64_t t0;
-    int rc = vt->begin(c, 1);
+    int rc = cm->begin(c, 1);
 
     if (rc < 0) {
-        idem__fmt(err, sizeof(err), "cannot begin a write transaction: %s", vt->errmsg(c));
+        idem__fmt(err, sizeof(err), "cannot begin a write transaction: %s", cm->errmsg(c));
         tell(told, j, rc, err);
-        return !vt->conn_ok(c);
+        return !cm->conn_ok(c);
     }
-    if (vt->whole_tx)
-        vt->whole_tx(c);
+    if (cm->version >= IDEM__CONN_V_COMMIT_CHECKS)
+        cm->whole_tx(c);
     rc = j->fn(c, j->arg);
     if (rc == 0) {
         t0 = clock_mono_ns();
-        rc = vt->commit(c);
+        rc = cm->commit(c);
         if (rc == 0)
             src->committed(src->ctx, 1, t0);
     }
     if (rc < 0)
-        idem__fmt(err, sizeof(err), "%s", vt->errmsg(c));
+        idem__fmt(err, sizeof(err), "%s", cm->errmsg(c));
     if (rc != 0)
-        vt->rollback(c);
+        cm->rollback(c);
     tell(told, j, rc, rc < 0 ? err : NULL);
-    return !vt->conn_ok(c);
+    return !cm->conn_ok(c);
 }
 
 /*
@@ -164,18 +164,18 @@ static int run_alone(const struct idem__batch_source *src, struct idem_conn *c, 
 static int run_together(const struct idem__batch_source *src, struct idem_conn *c,
                         struct batch_job *jobs, struct batch_job ***told, char *err, size_t errlen)
 {
-    const struct idem_store_vtab *vt = src->vt;
+    const struct idem_conn_methods *cm = src->cm;
     uint64_t kept = 0;
     int64_t t0;
-    int rc = vt->begin(c, 1);
+    int rc = cm->begin(c, 1);
 
     if (rc == 0) {
         /* Only each job's COMMIT follows its statements, or the statements of the jobs after
          * it: a fence that fails there fails the batch, whose jobs then run alone. */
-        if (vt->whole_tx)
-            vt->whole_tx(c);
-        if (vt->batch_tx)
-            vt->batch_tx(c);
+        if (cm->version >= IDEM__CONN_V_COMMIT_CHECKS) {
+            cm->whole_tx(c);
+            cm->batch_tx(c);
+        }
         for (struct batch_job *j = jobs; j && rc == 0; j = j->next) {
             j->rc = j->fn(c, j->arg);
             if (j->rc < 0)
@@ -185,7 +185,7 @@ static int run_together(const struct idem__batch_source *src, struct idem_conn *
     }
     if (rc == 0) {
         t0 = clock_mono_ns();
-        rc = vt->commit(c);
+        rc = cm->commit(c);
         if (rc == 0) {
             src->committed(src->ctx, kept, t0);
             while (jobs) {
@@ -196,9 +196,9 @@ static int run_together(const struct idem__batch_source *src, struct idem_conn *
             return 1;
         }
     }
-    idem__fmt(err, errlen, "%s", vt->errmsg(c));
-    vt->rollback(c);
-    if (vt->conn_ok(c))
+    idem__fmt(err, errlen, "%s", cm->errmsg(c));
+    cm->rollback(c);
+    if (cm->conn_ok(c))
         return 0;
     /* Lost: nothing of the batch committed, or -- the COMMIT's answer lost -- maybe all of it. */
     tell_all(told, jobs, rc == IDEM_ENOMEM ? rc : IDEM_EUNAVAIL, err);
@@ -233,7 +233,7 @@ static int run_batch(const struct idem__batch_source *src, struct batch_job *job
         lost = run_alone(src, c, jobs, &told_tail);
         jobs = next;
         if (lost)
-            idem__fmt(err, errlen, "%s", src->vt->errmsg(c));
+            idem__fmt(err, errlen, "%s", src->cm->errmsg(c));
     }
     tell_all(&told_tail, jobs, IDEM_EUNAVAIL, err);
     src->release(src->ctx, c);

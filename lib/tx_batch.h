@@ -14,14 +14,14 @@
 
 /*
  * What a batcher's jobs run on, all borrowed until idem__batcher_close(): the backend's functions
- * (begin, commit, rollback, errmsg, conn_ok; whole_tx and batch_tx if set), where a runner gets a
- * connection for a batch and gives it back, and whom it tells what each COMMIT made durable.
+ * (begin, commit, rollback, errmsg, conn_ok; whole_tx and batch_tx by its version), where a runner
+ * gets a connection for a batch and gives it back, and whom it tells what each COMMIT made durable.
  */
 struct idem__batch_source {
-    const struct idem_store_vtab *vt;
+    const struct idem_conn_methods *cm;
     /* Lends a connection, waiting a bounded time; else a negative code, the reason in `err`. */
     int (*acquire)(void *ctx, struct idem_conn **out, char *err, size_t errlen);
-    /* Takes the connection back (a broken one, `vt->conn_ok` false, is to be closed). */
+    /* Takes the connection back (a broken one, `cm->conn_ok` false, is to be closed). */
     void (*release)(void *ctx, struct idem_conn *c);
     /* `ntx` jobs made durable by one COMMIT that began at clock_mono_ns() `t0`. */
     void (*committed)(void *ctx, uint64_t ntx, int64_t t0);

@@ -1158,7 +1158,7 @@ struct close_job {
 static int close_job_run(struct idem_conn *c, void *arg)
 {
     (void)arg;
-    return idem__pg_vtab.exec(c, "SELECT 1", 0, NULL, NULL);
+    return idem__pg_methods.conn->exec(c, "SELECT 1", 0, NULL, NULL);
 }
 
 static void close_job_done(void *arg, int rc, const char *errmsg)

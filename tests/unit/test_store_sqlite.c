@@ -128,16 +128,16 @@ static int job_fn(struct idem_conn *c, void *arg)
     int rc;
 
     if (a->one && a->kind == JOB_FAIL)
-        return a->st->vt->exec(c, "INSERT INTO biz (id) VALUES ($1)", 1, seed, NULL);
+        return a->st->cm->exec(c, "INSERT INTO biz (id) VALUES ($1)", 1, seed, NULL);
     if (a->one && a->kind == JOB_DISCARD) {
-        rc = a->st->vt->exec(c, "INSERT OR IGNORE INTO biz (id) VALUES ($1)", 1, seed, NULL);
+        rc = a->st->cm->exec(c, "INSERT OR IGNORE INTO biz (id) VALUES ($1)", 1, seed, NULL);
         return rc < 0 ? rc : IDEM__TX_DISCARD;
     }
-    rc = a->st->vt->exec(c, "INSERT INTO biz (id) VALUES ($1)", 1, p, NULL);
+    rc = a->st->cm->exec(c, "INSERT INTO biz (id) VALUES ($1)", 1, p, NULL);
     if (rc < 0)
         return rc;
     if (a->kind == JOB_FAIL)
-        return a->st->vt->exec(c, "INSERT INTO biz (id) VALUES ($1)", 1, seed, NULL);
+        return a->st->cm->exec(c, "INSERT INTO biz (id) VALUES ($1)", 1, seed, NULL);
     return a->kind == JOB_DISCARD ? IDEM__TX_DISCARD : 0;
 }
 
@@ -480,11 +480,11 @@ static int fk_job_fn(struct idem_conn *c, void *arg)
 {
     struct fk_job *j = arg;
     const char *p[] = {j->id}, *child[] = {j->id, "no-such-parent"};
-    int rc = j->st->vt->exec(c, "INSERT INTO biz (id) VALUES ($1)", 1, p, NULL);
+    int rc = j->st->cm->exec(c, "INSERT INTO biz (id) VALUES ($1)", 1, p, NULL);
 
     if (rc == 0 && j->orphan)
         rc =
-            j->st->vt->exec(c, "INSERT INTO fk_child (id, parent) VALUES ($1, $2)", 2, child, NULL);
+            j->st->cm->exec(c, "INSERT INTO fk_child (id, parent) VALUES ($1, $2)", 2, child, NULL);
     return rc;
 }
 
@@ -659,12 +659,12 @@ int main(void)
 
     /* A caller that read another fingerprint cannot take it over... */
     CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
-    CHECK_INT(st->vt->record_takeover(idem__tx_conn(tx), &scope, fp2, "intruder", 1000, &won), 0);
+    CHECK_INT(st->cm->record_takeover(idem__tx_conn(tx), &scope, fp2, "intruder", 1000, &won), 0);
     CHECK_INT(won, 0);
     idem_tx_rollback(tx);
     /* ...the one that read fp1 can. */
     CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
-    CHECK_INT(st->vt->record_takeover(idem__tx_conn(tx), &scope, fp1, "heir", 1000, &won), 0);
+    CHECK_INT(st->cm->record_takeover(idem__tx_conn(tx), &scope, fp1, "heir", 1000, &won), 0);
     CHECK_INT(won, 1);
     CHECK_INT(idem_tx_commit(tx), 0);
 

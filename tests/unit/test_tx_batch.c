@@ -87,13 +87,20 @@ static void fake_batch_tx(struct idem_conn *c)
     c->batch = 1;
 }
 
-static const struct idem_store_vtab fake_vt = {
-    .kind = "fake",
+/* A whole transaction changes nothing here: only a batch's is marked. */
+static void fake_whole_tx(struct idem_conn *c)
+{
+    (void)c;
+}
+
+static const struct idem_conn_methods fake_cm = {
+    .version = IDEM__CONN_V_COMMIT_CHECKS,
     .begin = fake_begin,
     .commit = fake_commit,
     .rollback = fake_rollback,
     .errmsg = fake_errmsg,
     .conn_ok = fake_conn_ok,
+    .whole_tx = fake_whole_tx,
     .batch_tx = fake_batch_tx,
 };
 
@@ -145,7 +152,7 @@ static void pool_committed(void *ctx, uint64_t ntx, int64_t t0)
 }
 
 static const struct idem__batch_source fake_source = {
-    .vt = &fake_vt,
+    .cm = &fake_cm,
     .acquire = pool_acquire,
     .release = pool_release,
     .committed = pool_committed,
