@@ -1153,19 +1153,6 @@ int idem_engine_release_leases(struct idem_engine *eng, const char *owner_prefix
     return rc;
 }
 
-void idem_stalled_free(struct idem_stalled *list, size_t n)
-{
-    if (!list)
-        return;
-    for (size_t i = 0; i < n; i++) {
-        free(list[i].principal);
-        free(list[i].operation);
-        free(list[i].key);
-        free(list[i].recovery_point);
-    }
-    free(list);
-}
-
 int idem_call_phase_begin(struct idem_call *call)
 {
     int rc;

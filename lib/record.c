@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * record.c - the stored response's headers, and freeing a record.
+ * record.c - the stored response's headers, and freeing a record and a list of stalled ones.
  *
  * Only allow-listed headers are kept with a response (by default Content-Type and Location; an
  * operation may name its own list, struct idem_operation): a replay must say the same thing as the
@@ -24,6 +24,23 @@ void idem__record_clear(struct idem_record *rec)
     free(rec->response_headers);
     free(rec->response_body);
     memset(rec, 0, sizeof(*rec));
+}
+
+/*
+ * Defined here, below the engine and the stores, so that a store's record_stalled frees a list it
+ * could not finish without calling up into the engine.
+ */
+void idem_stalled_free(struct idem_stalled *list, size_t n)
+{
+    if (!list)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        free(list[i].principal);
+        free(list[i].operation);
+        free(list[i].key);
+        free(list[i].recovery_point);
+    }
+    free(list);
 }
 
 /* The allow-listed spelling of `name`, or NULL when `allow` (NULL: the default list) lacks it. */

@@ -1397,21 +1397,6 @@ static int pg_record_sweep(struct idem_conn *c, int limit, int *deleted)
     return rc;
 }
 
-/*
- * Frees a list pg_record_stalled could not finish: idem_stalled_free's work, done here so that the
- * store does not call up into the engine that defines it.
- */
-static void stalled_free(struct idem_stalled *list, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        free(list[i].principal);
-        free(list[i].operation);
-        free(list[i].key);
-        free(list[i].recovery_point);
-    }
-    free(list);
-}
-
 static int pg_record_stalled(struct idem_conn *c, const char *operation, int limit,
                              struct idem_stalled **out, size_t *n)
 {
@@ -1453,7 +1438,7 @@ static int pg_record_stalled(struct idem_conn *c, const char *operation, int lim
     list = NULL;
 out:
     if (list)
-        stalled_free(list, count);
+        idem_stalled_free(list, count);
     PQclear(res);
     return rc;
 }
