@@ -59,7 +59,7 @@ static inline void capped_buf_reset(struct capped_buf *b)
 }
 
 /* Frees the bytes; the limit stays, so the buffer can be filled again. */
-static inline void capped_buf_release(struct capped_buf *b)
+static inline void capped_buf_clear(struct capped_buf *b)
 {
     free(b->data);
     *b = (struct capped_buf){.limit = b->limit};

@@ -190,8 +190,8 @@ static void headers_and_overrides(struct request *rq)
               "an override header is something to read");
     CHECK(sources || (strchr(rq->target, '?') == NULL && rq->body_len == 0),
           "a query or a body is something to read");
-    response_clear(&resp);
-    response_clear(&again);
+    response_release(&resp);
+    response_release(&again);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -153,13 +153,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (r == REQUEST_PARSE_COMPLETE) {
         /* As the server does: what the head check left is not the answer's. */
-        response_clear(&resp);
+        response_release(&resp);
         response_init(&resp);
         router_dispatch(&app, request_parser_request(&p), &resp);
         check_answer(&resp);
     }
 out:
-    response_clear(&resp);
+    response_release(&resp);
     request_parser_release(&p);
     free(buf);
     return 0;

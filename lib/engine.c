@@ -472,10 +472,10 @@ static void cache_fill_from_read(struct idem_call *call, int64_t read_mono_ms)
 {
     const struct idem_record *rec = &call->rec;
 
-    (void)idem__rcache_put(call->eng->cache, &call->scope, rec->fp, rec->response_status,
-                           rec->response_headers, rec->response_body, rec->response_body_len,
-                           cache_lifetime(read_mono_ms, rec->expires_ms - rec->store_now_ms,
-                                          rec->expires_ms - rec->created_ms));
+    (void)idem__rcache_insert(call->eng->cache, &call->scope, rec->fp, rec->response_status,
+                              rec->response_headers, rec->response_body, rec->response_body_len,
+                              cache_lifetime(read_mono_ms, rec->expires_ms - rec->store_now_ms,
+                                             rec->expires_ms - rec->created_ms));
 }
 
 /* Reads the record outside any transaction (a plain read; WAL readers never block writers). */
@@ -487,13 +487,13 @@ static int read_record(struct idem_call *call)
     int rc;
 
     idem__record_clear(&call->rec);
-    rc = idem__store_acquire(st, &conn, call->errmsg, sizeof(call->errmsg));
+    rc = idem__store_get(st, &conn, call->errmsg, sizeof(call->errmsg));
     if (rc < 0)
         return rc;
     rc = st->cm->record_get(conn, &call->scope, &call->rec);
     if (rc < 0)
         call_fail(call, rc, "read record", st->cm->errmsg(conn));
-    idem__store_release(st, conn); /* before copying into the cache: the copy needs no store */
+    idem__store_put(st, conn); /* before copying into the cache: the copy needs no store */
     if (rc == 0 && call->eng->cache && call->rec.found && call->rec.status == IDEM_REC_COMPLETED &&
         call->rec.response_body_len < idem__rcache_max_entry(call->eng->cache))
         cache_fill_from_read(call, t0);
@@ -568,7 +568,7 @@ static int cache_answer(struct idem_engine *eng, const struct idem_scope *s,
         *hit = e;
         *outcome = IDEM_OUTCOME_REPLAY;
     } else {
-        idem__rcache_release(e);
+        idem__rcache_put(e);
         *outcome = IDEM_OUTCOME_MISMATCH;
     }
     return 1;
@@ -753,7 +753,7 @@ static int cached_call(struct idem_engine *eng, const struct idem_operation *op,
         return 0;
     call = calloc(1, sizeof(*call));
     if (!call) {
-        idem__rcache_release(hit);
+        idem__rcache_put(hit);
         return IDEM_ENOMEM;
     }
     call->eng = eng;
@@ -1007,7 +1007,7 @@ static int async_call_new(struct idem_engine *eng, const struct idem_operation *
 
     *out = NULL;
     if (cache_answer(eng, &s, fp, &hit, &oc)) {
-        idem__rcache_release(hit);
+        idem__rcache_put(hit);
         return 0;
     }
     rc = call_new(eng, op, principal, key, fp, out);
@@ -1115,11 +1115,11 @@ int idem_engine_stalled(struct idem_engine *eng, const char *operation, int limi
     if (!eng || !out || !n || limit < 0)
         return IDEM_EINVAL;
     st = eng->st;
-    rc = idem__store_acquire(st, &conn, err, sizeof(err));
+    rc = idem__store_get(st, &conn, err, sizeof(err));
     if (rc < 0)
         return rc;
     rc = st->cm->record_stalled(conn, operation, limit, out, n);
-    idem__store_release(st, conn);
+    idem__store_put(st, conn);
     return rc;
 }
 
@@ -1394,7 +1394,7 @@ static int response_committed(struct idem_call *call, int rc, const char *errmsg
     if (rc == 0) {
         call->record_durable = 1;
         if (call->eng->cache && call->claimed_mono_ms)
-            (void)idem__rcache_put(
+            (void)idem__rcache_insert(
                 call->eng->cache, &call->scope, call->fp, call->staged_status, call->staged_headers,
                 call->staged_body, call->staged_body_len,
                 cache_lifetime(call->claimed_mono_ms, call->ttl_ms, call->ttl_ms));
@@ -1849,7 +1849,7 @@ static void call_free(struct idem_call *call)
         idem_call_abort(call);
     if (call->inflight.in)
         notify_changed(call->eng, call);
-    idem__rcache_release(call->cached);
+    idem__rcache_put(call->cached);
     idem__record_clear(&call->rec);
     unstage(call);
     free(call->headers);

@@ -247,11 +247,12 @@ struct idem_conn_methods {
     int (*record_complete)(struct idem_conn *c, const struct idem_scope *s, const char *owner,
                            int status, const char *headers, const void *body, size_t body_len,
                            int *ok);
-    /* Fenced on owner: expires the lease now, so the next request may resume at once. */
+    /* Fenced on owner: releases the lease, expired now, so the next request may resume at once. */
     int (*record_release)(struct idem_conn *c, const struct idem_scope *s, const char *owner);
     /*
-     * Expires now the live leases of processing records whose owner's name starts with `prefix`
-     * and not with `except` (idem_engine_release_leases); *released gets how many.
+     * Releases the leases of processing records whose owner's name starts with `prefix` and not
+     * with `except` (idem_engine_release_leases): the live ones expire now; *released gets how
+     * many.
      */
     int (*record_release_owned)(struct idem_conn *c, const char *prefix, const char *except,
                                 int *released);
@@ -390,10 +391,13 @@ struct idem_store {
     int nopen; /* idle + lent out */
 };
 
-/* Lends a connection, opening one if the pool has room, waiting up to busy_timeout_ms. */
-int idem__store_acquire(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
-/* Returns a connection; a broken one (`cm->conn_ok` false) is closed instead. */
-void idem__store_release(struct idem_store *st, struct idem_conn *c);
+/*
+ * The pool's pair, get and put as Linux's: lends a connection, opening one if the pool has room,
+ * waiting up to busy_timeout_ms.
+ */
+int idem__store_get(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen);
+/* Gives a connection back; a broken one (`cm->conn_ok` false) is closed instead. */
+void idem__store_put(struct idem_store *st, struct idem_conn *c);
 
 /* The connection a transaction holds (record functions run on it inside the phase). */
 struct idem_conn *idem__tx_conn(struct idem_tx *tx);

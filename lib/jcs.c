@@ -35,7 +35,7 @@ struct jcs_member {
 };
 
 /* Appends n bytes of the canonical text: IDEM_ETOOBIG past JCS_MAX_BYTES, or IDEM_ENOMEM. */
-static int buf_put(struct capped_buf *b, const char *s, size_t n)
+static int buf_add(struct capped_buf *b, const char *s, size_t n)
 {
     int rc = capped_buf_add(b, s, n);
 
@@ -262,7 +262,7 @@ static int put_string(struct capped_buf *b, const char *s, size_t n)
     size_t elen;
     unsigned char c;
 
-    rc = buf_put(b, "\"", 1);
+    rc = buf_add(b, "\"", 1);
     if (rc < 0)
         goto out;
     for (i = 0; i < n; i++) {
@@ -270,7 +270,7 @@ static int put_string(struct capped_buf *b, const char *s, size_t n)
         if (c >= 0x20 && c != '"' && c != '\\')
             continue;
         /* Flush the run of bytes that are written as they are (UTF-8 included). */
-        rc = buf_put(b, s + run, i - run);
+        rc = buf_add(b, s + run, i - run);
         if (rc < 0)
             goto out;
         run = i + 1;
@@ -307,14 +307,14 @@ static int put_string(struct capped_buf *b, const char *s, size_t n)
             elen = 6;
             break;
         }
-        rc = buf_put(b, esc, elen);
+        rc = buf_add(b, esc, elen);
         if (rc < 0)
             goto out;
     }
-    rc = buf_put(b, s + run, n - run);
+    rc = buf_add(b, s + run, n - run);
     if (rc < 0)
         goto out;
-    rc = buf_put(b, "\"", 1);
+    rc = buf_add(b, "\"", 1);
 out:
     return rc;
 }
@@ -412,20 +412,20 @@ static int put_object(struct capped_buf *b, json_t *obj, int depth, const char *
         n = i;
         qsort(m, n, sizeof *m, compare_members);
     }
-    rc = buf_put(b, "{", 1);
+    rc = buf_add(b, "{", 1);
     for (i = 0; rc == 0 && i < n; i++) {
         if (i)
-            rc = buf_put(b, ",", 1);
+            rc = buf_add(b, ",", 1);
         if (rc == 0)
             rc = put_string(b, m[i].name, m[i].name_len);
         if (rc == 0)
-            rc = buf_put(b, ":", 1);
+            rc = buf_add(b, ":", 1);
         if (rc == 0)
             rc = put_value(b, m[i].value, depth, why);
     }
     if (rc < 0)
         goto out;
-    rc = buf_put(b, "}", 1);
+    rc = buf_add(b, "}", 1);
 out:
     free(m);
     return rc;
@@ -436,16 +436,16 @@ static int put_array(struct capped_buf *b, json_t *arr, int depth, const char **
     int rc;
     size_t i, n = json_array_size(arr);
 
-    rc = buf_put(b, "[", 1);
+    rc = buf_add(b, "[", 1);
     for (i = 0; rc == 0 && i < n; i++) {
         if (i)
-            rc = buf_put(b, ",", 1);
+            rc = buf_add(b, ",", 1);
         if (rc == 0)
             rc = put_value(b, json_array_get(arr, i), depth, why);
     }
     if (rc < 0)
         goto out;
-    rc = buf_put(b, "]", 1);
+    rc = buf_add(b, "]", 1);
 out:
     return rc;
 }
@@ -484,16 +484,16 @@ static int put_value(struct capped_buf *b, json_t *v, int depth, const char **wh
             *why = "number is not finite as a double";
             goto out;
         }
-        rc = buf_put(b, num, (size_t)len);
+        rc = buf_add(b, num, (size_t)len);
         break;
     case JSON_TRUE:
-        rc = buf_put(b, "true", 4);
+        rc = buf_add(b, "true", 4);
         break;
     case JSON_FALSE:
-        rc = buf_put(b, "false", 5);
+        rc = buf_add(b, "false", 5);
         break;
     case JSON_NULL:
-        rc = buf_put(b, "null", 4);
+        rc = buf_add(b, "null", 4);
         break;
     }
 out:

@@ -16,7 +16,7 @@
 #include <errno.h>
 #include <stdatomic.h>
 
-int idem__store_acquire(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
+int idem__store_get(struct idem_store *st, struct idem_conn **out, char *err, size_t errlen)
 {
     struct timespec deadline;
     int rc = 0;
@@ -54,7 +54,7 @@ int idem__store_acquire(struct idem_store *st, struct idem_conn **out, char *err
     return rc;
 }
 
-void idem__store_release(struct idem_store *st, struct idem_conn *c)
+void idem__store_put(struct idem_store *st, struct idem_conn *c)
 {
     if (!c)
         return;

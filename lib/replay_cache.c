@@ -148,7 +148,7 @@ static void node_unref(struct node *n)
         free(n);
 }
 
-void idem__rcache_release(const struct idem__rentry *e)
+void idem__rcache_put(const struct idem__rentry *e)
 {
     /* pub is the first member: the entry is the node. */
     if (e)
@@ -324,9 +324,9 @@ size_t idem__rcache_max_entry(const struct idem__rcache *c)
     return c->shards[0].cap / 8;
 }
 
-int idem__rcache_put(struct idem__rcache *c, const struct idem_scope *s,
-                     const unsigned char fp[IDEM_FP_LEN], int status, const char *headers,
-                     const void *body, size_t body_len, int64_t lifetime_ms)
+int idem__rcache_insert(struct idem__rcache *c, const struct idem_scope *s,
+                        const unsigned char fp[IDEM_FP_LEN], int status, const char *headers,
+                        const void *body, size_t body_len, int64_t lifetime_ms)
 {
     const size_t plen = strlen(s->principal), olen = strlen(s->operation), klen = strlen(s->key);
     const size_t hlen = headers ? strlen(headers) : 0;

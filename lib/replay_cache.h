@@ -40,12 +40,12 @@ void idem__rcache_free(struct idem__rcache *c);
 
 /*
  * The entry of scope `s` if there is one whose lifetime has not ended: a new reference (release
- * it with idem__rcache_release), or NULL.  A hit makes the entry the most recently used.
+ * it with idem__rcache_put), or NULL.  A hit makes the entry the most recently used.
  */
 const struct idem__rentry *idem__rcache_get(struct idem__rcache *c, const struct idem_scope *s);
 
 /* Drops a reference from idem__rcache_get.  NULL is a no-op. */
-void idem__rcache_release(const struct idem__rentry *e);
+void idem__rcache_put(const struct idem__rentry *e);
 
 /*
  * Copies a completed record's response in, replacing any entry of the same scope, to answer for
@@ -54,9 +54,9 @@ void idem__rcache_release(const struct idem__rentry *e);
  * lifetime is not positive or the entry would take more than an eighth of its shard; least
  * recently used entries make room.  Returns 0 (also when nothing was kept) or IDEM_ENOMEM.
  */
-int idem__rcache_put(struct idem__rcache *c, const struct idem_scope *s,
-                     const unsigned char fp[IDEM_FP_LEN], int status, const char *headers,
-                     const void *body, size_t body_len, int64_t lifetime_ms);
+int idem__rcache_insert(struct idem__rcache *c, const struct idem_scope *s,
+                        const unsigned char fp[IDEM_FP_LEN], int status, const char *headers,
+                        const void *body, size_t body_len, int64_t lifetime_ms);
 
 /* The largest entry a put may keep, in bytes (scope, headers and body copies included). */
 size_t idem__rcache_max_entry(const struct idem__rcache *c);

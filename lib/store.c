@@ -193,12 +193,12 @@ int idem_store_migrate(struct idem_store *st, const char *component,
             return IDEM_EINVAL;
         }
     }
-    rc = idem__store_acquire(st, &conn, err, sizeof(err));
+    rc = idem__store_get(st, &conn, err, sizeof(err));
     if (rc < 0)
         goto out;
     rc = idem__migrate(st->m, conn, component, steps, n, &count, err, sizeof(err));
 out:
-    idem__store_release(st, conn);
+    idem__store_put(st, conn);
     if (applied)
         *applied = count;
     if (rc < 0)
@@ -231,7 +231,7 @@ int idem_tx_begin(struct idem_store *st, int write, struct idem_tx **out)
         *out = tx;
         return 0;
     }
-    rc = idem__store_acquire(st, &tx->conn, tx->errmsg, sizeof(tx->errmsg));
+    rc = idem__store_get(st, &tx->conn, tx->errmsg, sizeof(tx->errmsg));
     if (rc < 0)
         goto out;
     rc = st->cm->begin(tx->conn, write);
@@ -241,7 +241,7 @@ int idem_tx_begin(struct idem_store *st, int write, struct idem_tx **out)
     tx = NULL;
 out:
     if (tx) {
-        idem__store_release(st, tx->conn);
+        idem__store_put(st, tx->conn);
         free(tx);
     }
     return rc;
@@ -297,7 +297,7 @@ int idem__tx_commit_err(struct idem_tx *tx, char *err, size_t errlen)
         idem__fmt(err, errlen, "%s", tx->st->cm->errmsg(tx->conn));
     if (rc < 0)
         tx->st->cm->rollback(tx->conn);
-    idem__store_release(tx->st, tx->conn);
+    idem__store_put(tx->st, tx->conn);
     free(tx);
     return rc;
 }
@@ -377,7 +377,7 @@ int idem_tx_rollback(struct idem_tx *tx)
     else {
         /* A read gate's IDEM_EUNAVAIL is the answer: what was read is not vouched for. */
         rc = tx->st->cm->rollback(tx->conn);
-        idem__store_release(tx->st, tx->conn);
+        idem__store_put(tx->st, tx->conn);
     }
     free(tx);
     return rc == IDEM_EUNAVAIL ? rc : 0;

@@ -407,14 +407,14 @@ out:
 }
 
 /* The batcher's connections and commits: the store's pool and counters (pool.c). */
-static int pool_acquire(void *st, struct idem_conn **out, char *err, size_t errlen)
+static int pool_get(void *st, struct idem_conn **out, char *err, size_t errlen)
 {
-    return idem__store_acquire(st, out, err, errlen);
+    return idem__store_get(st, out, err, errlen);
 }
 
-static void pool_release(void *st, struct idem_conn *c)
+static void pool_put(void *st, struct idem_conn *c)
 {
-    idem__store_release(st, c);
+    idem__store_put(st, c);
 }
 
 static void pool_committed(void *st, uint64_t ntx, int64_t t0)
@@ -431,8 +431,8 @@ static void shared_free(struct pg_shared *sh);
 static int shared_get(struct idem_store *st, struct pg_shared **out, char *err, size_t errlen)
 {
     const struct idem__batch_source pool = {.cm = idem__pg_methods.conn,
-                                            .acquire = pool_acquire,
-                                            .release = pool_release,
+                                            .get = pool_get,
+                                            .put = pool_put,
                                             .committed = pool_committed,
                                             .ctx = st};
     int rc = 0;

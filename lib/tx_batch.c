@@ -216,7 +216,7 @@ static int run_batch(const struct idem__batch_source *src, struct batch_job *job
     struct batch_job *told = NULL, **told_tail = &told;
     struct idem_conn *c = NULL;
     int lost = 0, ended = 0;
-    int rc = src->acquire(src->ctx, &c, err, errlen);
+    int rc = src->get(src->ctx, &c, err, errlen);
 
     if (rc < 0) {
         tell_all(&told_tail, jobs, rc, err);
@@ -236,7 +236,7 @@ static int run_batch(const struct idem__batch_source *src, struct batch_job *job
             idem__fmt(err, errlen, "%s", src->cm->errmsg(c));
     }
     tell_all(&told_tail, jobs, IDEM_EUNAVAIL, err);
-    src->release(src->ctx, c);
+    src->put(src->ctx, c);
     told_run(told);
     return lost;
 }

@@ -20,9 +20,9 @@
 struct idem__batch_source {
     const struct idem_conn_methods *cm;
     /* Lends a connection, waiting a bounded time; else a negative code, the reason in `err`. */
-    int (*acquire)(void *ctx, struct idem_conn **out, char *err, size_t errlen);
+    int (*get)(void *ctx, struct idem_conn **out, char *err, size_t errlen);
     /* Takes the connection back (a broken one, `cm->conn_ok` false, is to be closed). */
-    void (*release)(void *ctx, struct idem_conn *c);
+    void (*put)(void *ctx, struct idem_conn *c);
     /* `ntx` jobs made durable by one COMMIT that began at clock_mono_ns() `t0`. */
     void (*committed)(void *ctx, uint64_t ntx, int64_t t0);
     void *ctx;

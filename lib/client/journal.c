@@ -144,7 +144,7 @@ static char *decode(const char *s, size_t len, int *nomem)
 /* ---- the in-memory table ----------------------------------------------------------------------
  */
 
-static void table_free(struct table *t)
+static void table_clear(struct table *t)
 {
     for (size_t i = 0; i < t->n; i++) {
         free((void *)t->items[i].name);
@@ -178,7 +178,7 @@ static struct idem_client_intent *find(const struct table *t, const char *name)
 }
 
 /* Indexes items[k] (its name is not in the table yet). */
-static void slot_put(struct table *t, size_t k)
+static void slot_index(struct table *t, size_t k)
 {
     size_t i = name_hash(t->items[k].name) & (t->nslots - 1);
     while (t->slots[i] != 0)
@@ -212,14 +212,14 @@ static struct idem_client_intent *table_add(struct table *t, char *name, char *k
         t->slots = slots;
         t->nslots = nslots;
         for (size_t k = 0; k < t->n; k++)
-            slot_put(t, k);
+            slot_index(t, k);
     }
     it = &t->items[t->n];
     memset(it, 0, sizeof *it);
     it->name = name;
     it->key = key;
     it->created_ms = created_ms;
-    slot_put(t, t->n);
+    slot_index(t, t->n);
     t->n++;
     return it;
 }
@@ -471,7 +471,7 @@ static int reload(struct idem_client_journal *j)
     rc = 0;
 swap:
     if (t == &fresh) {
-        table_free(&j->t);
+        table_clear(&j->t);
         j->t = fresh;
         memset(&fresh, 0, sizeof fresh);
     }
@@ -482,9 +482,9 @@ swap:
 bad:
     if (from > 0) {
         /* Found in an appended tail: read the file whole, for the damaged line's number. */
-        table_free(&j->t);
+        table_clear(&j->t);
         j->loaded = 0;
-        table_free(&fresh);
+        table_clear(&fresh);
         free(data);
         return reload(j);
     }
@@ -493,10 +493,10 @@ bad:
                      j->path, lineno, why);
 drop:
     /* Part of the tail may be in the table: start again from nothing next time. */
-    table_free(&j->t);
+    table_clear(&j->t);
     j->loaded = 0;
 out:
-    table_free(&fresh);
+    table_clear(&fresh);
     free(data);
     return rc;
 }
@@ -729,7 +729,7 @@ static int rewrite(struct idem_client_journal *j, int64_t cutoff_ms, size_t *dro
         rc = IDEM_CLIENT_EJOURNAL;
         goto fail;
     }
-    table_free(&j->t);
+    table_clear(&j->t);
     j->t = t;
     memset(&t, 0, sizeof t);
     j->loaded = size;
@@ -746,7 +746,7 @@ fail:
         close(fd);
         unlink(tmp);
     }
-    table_free(&t);
+    table_clear(&t);
     return rc;
 }
 
@@ -828,7 +828,7 @@ void idem_client_journal_close(struct idem_client_journal *j)
         return;
     if (j->fd >= 0)
         close(j->fd);
-    table_free(&j->t);
+    table_clear(&j->t);
     free(j->path);
     free(j);
 }

@@ -190,7 +190,7 @@ void idem_client_response_free(struct idem_client_response *r)
         return;
     clear_headers(r);
     free(r->header_lines);
-    capped_buf_release(&r->body);
+    capped_buf_clear(&r->body);
     free(r->key);
     free(r->reason);
     free(r->error);

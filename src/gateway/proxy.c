@@ -72,7 +72,7 @@ static void note_free(void *p)
 {
     struct note *n = p;
     route_match_clear(&n->m);
-    quota_release(n->quota, n->slot);
+    quota_put(n->quota, n->slot);
     http_reply_clear(&n->reply);
     idem_call_end(n->call); /* only when the worker never ran */
     free(n);
@@ -248,7 +248,7 @@ static int relay(struct http_reply *ur, struct response *resp)
         if (hop_by_hop(ur->headers[i].name, reply_connection_lists(ur, ur->headers[i].name)))
             continue;
         if (response_add_header(resp, ur->headers[i].name, ur->headers[i].value) != 0) {
-            response_clear(resp);
+            response_release(resp);
             response_init(resp);
             response_problem(resp, 502, "upstream-bad-reply",
                              "The upstream's answer has more header fields than the gateway "
@@ -383,7 +383,7 @@ static int storable(const struct gw_route *r, const struct http_reply *ur)
  * What a record whose answer was too large to store holds instead: a problem saying the upstream
  * acted but its answer was not kept, so a retry learns that and never runs the request again.
  * `size`: the response's length, or UINT64_MAX for "more than `at_least`" (streamed, unknown).
- * In the gateway's error format: `styled` (response_clear() it) and its headers in h (borrowed
+ * In the gateway's error format: `styled` (response_release() it) and its headers in h (borrowed
  * from it; the count is returned).
  */
 static size_t not_stored_answer(const struct gateway *gw, const struct gw_route *r, uint64_t size,
@@ -417,7 +417,7 @@ static int complete_not_stored(const struct gateway *gw, const struct gw_route *
     size_t nh = not_stored_answer(gw, r, size, at_least, &styled, h);
     int rc = idem_call_complete(call, styled.status, h, nh, styled.body, styled.body_len);
 
-    response_clear(&styled);
+    response_release(&styled);
     return rc;
 }
 
@@ -1200,7 +1200,7 @@ static enum http_loop_verdict fresh_settle(struct gateway *gw, struct note *n, s
                                       r->max_stored_body, &styled, not_stored);
         rc = idem_call_complete_async(pk->call, styled.status, not_stored, nh, styled.body,
                                       styled.body_len, complete_done, pk);
-        response_clear(&styled);
+        response_release(&styled);
     } else {
         h = reply_headers(&pk->reply);
         rc = idem_call_complete_async(pk->call, pk->reply.status, h, pk->reply.nheaders,

@@ -299,7 +299,7 @@ void quota_stored(struct quota *q, struct quota_slot *slot, uint64_t bytes, int6
     pthread_mutex_unlock(&q->mu);
 }
 
-void quota_release(struct quota *q, struct quota_slot *slot)
+void quota_put(struct quota *q, struct quota_slot *slot)
 {
     if (!q || !slot)
         return;

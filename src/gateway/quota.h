@@ -49,7 +49,7 @@ void quota_free(struct quota *q);
 
 /*
  * Before a keyed request of `principal` (`len` bytes) claims its record: QUOTA_OK with *slot, the
- * request now counted in flight until quota_release(), or why it may not, with *retry_after_s
+ * request now counted in flight until quota_put(), or why it may not, with *retry_after_s
  * (1 at least): when it may succeed.
  */
 enum quota_verdict quota_admit(struct quota *q, const char *principal, size_t len, int64_t now_ms,
@@ -62,7 +62,7 @@ void quota_new_key(struct quota *q, struct quota_slot *slot, int64_t now_ms);
 void quota_stored(struct quota *q, struct quota_slot *slot, uint64_t bytes, int64_t expires_ms);
 
 /* The request admitted with `slot` ended.  NULL is a no-op. */
-void quota_release(struct quota *q, struct quota_slot *slot);
+void quota_put(struct quota *q, struct quota_slot *slot);
 
 /*
  * What a record costs the store besides its answer's bytes (its key, scope, fingerprint, times,

@@ -168,7 +168,7 @@ static void view_build(const char *path, size_t len, int how, struct path_view *
     free(decoded);
 }
 
-static void view_free(struct path_view *v)
+static void view_release(struct path_view *v)
 {
     if (v->buf != v->small_buf) {
         free(v->buf);
@@ -276,10 +276,10 @@ int route_find(const struct gw_config *cfg, const char *method, const char *targ
                 for (int k = 0; k < n; k++)
                     m->params[k] = m->buf + (v.seg[params[k]] - v.buf);
             }
-            view_free(&v);
+            view_release(&v);
             return 1;
         }
-        view_free(&v);
+        view_release(&v);
     }
     return 0;
 }

@@ -71,7 +71,7 @@ int http_loop_at_stop(void (*fn)(void *arg), void *arg)
 static void conn_free(struct conn *c)
 {
     request_parser_release(&c->rp);
-    response_clear(&c->resp);
+    response_release(&c->resp);
     free(c->in);
     free(c->out);
     free(c);
@@ -89,7 +89,7 @@ static void on_closed(uv_handle_t *h)
         http__stream_release(c, HTTP_SOURCE_CLIENT); /* cut: the client went, or was cut off */
     http__stream_unreserve(c);
     if (c->counted)
-        http__ip_release(srv, c->ip);
+        http__ip_put(srv, c->ip);
     atomic_fetch_sub(&srv->nconns, 1);
     /* A late wake-up may still hold it on the done list: on_wake frees it then. */
     pthread_mutex_lock(&lp->mu);
@@ -156,7 +156,7 @@ void http__written(struct conn *c, int status)
         http__start_reading(c);
         return;
     }
-    response_clear(&c->resp);
+    response_release(&c->resp);
     response_init(&c->resp);
     http__set_state(c, CONN_IDLE);
     if (c->parsing)
@@ -238,7 +238,7 @@ static void send_response(struct conn *c, const struct request *rq, int keep_ali
 void http__send_problem(struct conn *c, const struct request *rq, int status, const char *code,
                         const char *detail, int keep_alive)
 {
-    response_clear(&c->resp);
+    response_release(&c->resp);
     response_init(&c->resp);
     if (status == 503) /* busy or full: a retry soon is welcome, and says when */
         response_set_header(&c->resp, "Retry-After", "1");
@@ -319,7 +319,7 @@ static int act_on_head(struct conn *c, enum http_head_verdict v, int on_worker)
     }
     if (v == HTTP_HEAD_BLOCKS) {
         /* A program that cannot decide even when it may block: refuse, safely. */
-        response_clear(&c->resp);
+        response_release(&c->resp);
         response_init(&c->resp);
         response_problem(&c->resp, 500, "internal-error", "The request could not be checked.");
         v = HTTP_HEAD_ANSWER;
@@ -340,7 +340,7 @@ static int head_arrived(struct conn *c)
     enum http_head_verdict v = HTTP_HEAD_CONTINUE;
 
     c->rp.rq.peer = c->peer;
-    response_clear(&c->resp);
+    response_release(&c->resp);
     response_init(&c->resp);
     if (o->on_head != NULL)
         v = o->on_head(o->ctx, rq, &c->resp, 0);
@@ -372,7 +372,7 @@ static void request_complete(struct conn *c)
     enum http_loop_verdict v = HTTP_LOOP_WORKER;
 
     /* What on_head may have left (a principal, headers) is not the answer's. */
-    response_clear(&c->resp);
+    response_release(&c->resp);
     response_init(&c->resp);
     if (o->on_loop != NULL)
         v = o->on_loop(o->ctx, rq, &c->resp, &park);
@@ -393,7 +393,7 @@ static void dispatch(struct conn *c, enum http_loop_verdict v, int keep)
         send_response(c, rq, keep);
         return;
     }
-    response_clear(&c->resp);
+    response_release(&c->resp);
     response_init(&c->resp);
     if (http__submit(c, JOB_HANDLE, v == HTTP_LOOP_HANDOFF) != 0)
         http__send_problem(c, rq, 503, "server-busy", "Every worker is busy; retry shortly.", keep);
@@ -419,7 +419,7 @@ void http__unpark(struct conn *c, int timed_out)
 
     unpark_begin(c);
     c->rp.rq.parked_ms += (long)(uv_now(&c->lp->uv) - c->since);
-    response_clear(&c->resp);
+    response_release(&c->resp);
     response_init(&c->resp);
     v = o->on_unpark(o->ctx, rq, &c->resp, data, timed_out, &park);
     if (v == HTTP_LOOP_PARKED) {

@@ -40,7 +40,7 @@ struct ip_slot **http__ip_find(struct http_server *srv, const unsigned char ip[1
 }
 
 /* Takes a slot for `ip`; 0, or -1 when the address holds its cap already. */
-static int ip_acquire(struct http_server *srv, const unsigned char ip[16])
+static int ip_get(struct http_server *srv, const unsigned char ip[16])
 {
     struct ip_slot **pp;
     int rc = 0;
@@ -60,7 +60,7 @@ static int ip_acquire(struct http_server *srv, const unsigned char ip[16])
     return rc;
 }
 
-void http__ip_release(struct http_server *srv, const unsigned char ip[16])
+void http__ip_put(struct http_server *srv, const unsigned char ip[16])
 {
     struct ip_slot **pp, *gone = NULL;
 
@@ -137,7 +137,7 @@ void http__on_connection(uv_stream_t *server, int status)
                            "This server holds as many connections as it may; retry shortly.", 0);
         return;
     }
-    if (ip_acquire(srv, c->ip) != 0) {
+    if (ip_get(srv, c->ip) != 0) {
         atomic_fetch_add(&srv->st_refused, 1);
         http__send_problem(c, http__current_request(c), 503, "too-many-connections",
                            "Your address holds as many connections as it may; close some, or retry "

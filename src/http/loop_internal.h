@@ -218,7 +218,7 @@ void http__add_head(const struct conn *c, const struct response *r, int keep_ali
 
 /* listen.c */
 struct ip_slot **http__ip_find(struct http_server *srv, const unsigned char ip[16]);
-void http__ip_release(struct http_server *srv, const unsigned char ip[16]);
+void http__ip_put(struct http_server *srv, const unsigned char ip[16]);
 void http__on_connection(uv_stream_t *server, int status);
 int http__listen_socket(const struct sockaddr *sa, socklen_t salen);
 int http__address_taken(const struct sockaddr *sa, socklen_t salen);

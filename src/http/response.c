@@ -23,7 +23,7 @@ void response_init(struct response *r)
     r->head_length = -1;
 }
 
-void response_clear(struct response *r)
+void response_release(struct response *r)
 {
     size_t i;
 

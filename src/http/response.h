@@ -82,7 +82,7 @@ struct response {
      * bytes in all (`body` included), or of unknown length (UINT64_MAX): the server frames it
      * with Content-Length, chunked, or to the close for HTTP/1.0, and the client sees a body cut
      * short (the connection closes) whenever it does not end whole.  Owned by the response: set
-     * it with response_stream(); response_clear() stops a source that was never sent.
+     * it with response_stream(); response_release() stops a source that was never sent.
      */
     struct http_body_source *stream;
     uint64_t stream_length;
@@ -103,7 +103,7 @@ struct response {
 /* An empty response: status 500, operation "other", until a handler says otherwise. */
 void response_init(struct response *r);
 /* Frees the body, the headers and the principal; `r` may be initialised again. */
-void response_clear(struct response *r);
+void response_release(struct response *r);
 
 /* Sets (replaces) a header; both strings are copied.  Dies past RESPONSE_MAX_HEADERS. */
 void response_set_header(struct response *r, const char *name, const char *value);

@@ -182,7 +182,7 @@ static char *cache_get(struct auth_cache *c, const unsigned char md[DIGEST_LEN])
     return user;
 }
 
-static void cache_put(struct auth_cache *c, const unsigned char md[DIGEST_LEN], const char *user)
+static void cache_insert(struct auth_cache *c, const unsigned char md[DIGEST_LEN], const char *user)
 {
     size_t i = slot_of(c, md);
     struct auth_slot *s = &c->slots[i];
@@ -296,7 +296,7 @@ int auth_principal(struct auth_cache *cache, struct idem_store *st, const char *
         goto out;
     }
     if (cache != NULL)
-        cache_put(cache, md, uid);
+        cache_insert(cache, md, uid);
     *user_id = xstrdup(uid);
     rc = 0;
 out:

@@ -59,7 +59,7 @@ static int is_stripe(const struct response *resp, int status, const char *type, 
         struct response r_;                                                                        \
         styled((code), (status), (unknown), (keyed), (method), &r_);                               \
         CHECK(is_stripe(&r_, (want_status), (type), (want_code), (retry)));                        \
-        response_clear(&r_);                                                                       \
+        response_release(&r_);                                                                     \
     } while (0)
 
 static void test_classes(void)
@@ -119,7 +119,7 @@ static void test_left_alone(void)
     CHECK_INT(r.status, 422);
     CHECK_STR(response_header(&r, "Content-Type"), "application/problem+json");
     CHECK(response_header(&r, "Stripe-Should-Retry") == NULL);
-    response_clear(&r);
+    response_release(&r);
 
     /* Anything but the gateway's own problem (an upstream's body, even problem+json). */
     response_init(&r);
@@ -130,14 +130,14 @@ static void test_left_alone(void)
     CHECK_INT(r.status, 409);
     CHECK_INT(r.body_len, 12);
     CHECK(response_header(&r, "Stripe-Should-Retry") == NULL);
-    response_clear(&r);
+    response_release(&r);
 
     /* No route (the server's own refusal before one was found). */
     response_init(&r);
     response_problem(&r, 431, "request-header-too-large", "what happened");
     gw_errors_restyle(GW_ERRORS_STRIPE, NULL, 0, NULL, &r);
     CHECK(is_stripe(&r, 400, "invalid_request_error", "request_header_too_large", "false"));
-    response_clear(&r);
+    response_release(&r);
 }
 
 int main(void)

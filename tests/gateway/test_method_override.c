@@ -218,7 +218,7 @@ static void test_cases(void)
         CHECK_INT(rc, c->status);
         if (c->status)
             CHECK_INT(resp.status, c->status);
-        response_clear(&resp);
+        response_release(&resp);
         free(body);
     }
 }
@@ -236,11 +236,11 @@ static void test_inflation_is_bounded(void)
     CHECK(len < 64 * 1024);
     CHECK_INT(run("POST", "/t", "Content-Encoding: gzip\n", gz, len, 1 << 20, &resp), 413);
     CHECK_STR(resp.problem, "body-too-large");
-    response_clear(&resp);
+    response_release(&resp);
     /* Within the bound it is read. */
     CHECK_INT(run("POST", "/t", "Content-Encoding: gzip\n", gz, len, 8 << 20, &resp), 400);
     CHECK_STR(resp.problem, "method-override-refused");
-    response_clear(&resp);
+    response_release(&resp);
     free(gz);
     free(plain);
 }
@@ -253,7 +253,7 @@ static void test_nul_in_a_name(void)
 
     CHECK_INT(run("POST", "/t", "", body, sizeof body - 1, 1024, &resp), 400);
     CHECK_STR(resp.problem, "method-override-refused");
-    response_clear(&resp);
+    response_release(&resp);
 }
 
 /* The detail names the source and what it asked for. */
@@ -264,10 +264,10 @@ static void test_detail(void)
     CHECK_INT(run("POST", "/t", "X-HTTP-Method: put , post\n", "", 0, 1024, &resp), 400);
     CHECK(resp.body &&
           strstr(resp.body, "X-HTTP-Method asks the upstream to run this POST as PUT"));
-    response_clear(&resp);
+    response_release(&resp);
     CHECK_INT(run("POST", "/t?_method=DELETE", "", "", 0, 1024, &resp), 400);
     CHECK(resp.body && strstr(resp.body, "a _method query argument"));
-    response_clear(&resp);
+    response_release(&resp);
 }
 
 int main(void)

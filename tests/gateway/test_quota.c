@@ -42,12 +42,12 @@ static void test_keys_in_flight(void)
     CHECK(c == NULL);
     CHECK_INT(after, 1);
     CHECK_INT(admit(q, "bob", T0, &d, &after), QUOTA_OK); /* another caller is not held back */
-    quota_release(q, a);
+    quota_put(q, a);
     CHECK_INT(admit(q, "alice", T0, &c, &after), QUOTA_OK);
-    quota_release(q, b);
-    quota_release(q, c);
-    quota_release(q, d);
-    quota_release(q, NULL);
+    quota_put(q, b);
+    quota_put(q, c);
+    quota_put(q, d);
+    quota_put(q, NULL);
     quota_free(q);
 }
 
@@ -60,19 +60,19 @@ static void test_new_keys_a_second(void)
     for (int i = 0; i < 2; i++) {
         CHECK_INT(admit(q, "alice", T0, &s, &after), QUOTA_OK);
         quota_new_key(q, s, T0);
-        quota_release(q, s);
+        quota_put(q, s);
     }
     CHECK_INT(admit(q, "alice", T0, &s, &after), QUOTA_RATE);
     CHECK_INT(after, 1);
     /* Admitted but no new key (a retry that met its record): nothing spent. */
     CHECK_INT(admit(q, "alice", T0 + 500, &s, &after), QUOTA_OK);
-    quota_release(q, s);
+    quota_put(q, s);
     CHECK_INT(admit(q, "alice", T0 + 500, &s, &after), QUOTA_OK);
     quota_new_key(q, s, T0 + 500);
-    quota_release(q, s);
+    quota_put(q, s);
     CHECK_INT(admit(q, "alice", T0 + 500, &s, &after), QUOTA_RATE);
     CHECK_INT(admit(q, "alice", T0 + 1000, &s, &after), QUOTA_OK);
-    quota_release(q, s);
+    quota_put(q, s);
     quota_free(q);
 }
 
@@ -84,19 +84,19 @@ static void test_stored_bytes_expire(void)
 
     CHECK_INT(admit(q, "alice", T0, &s, &after), QUOTA_OK);
     quota_stored(q, s, 600, T0 + HOUR);
-    quota_release(q, s);
+    quota_put(q, s);
     CHECK_INT(admit(q, "alice", T0, &s, &after), QUOTA_OK);
     quota_stored(q, s, 600, T0 + 2 * HOUR);
-    quota_release(q, s);
+    quota_put(q, s);
     CHECK_INT(quota_total_stored(q, T0), 1200);
     CHECK_INT(admit(q, "alice", T0, &s, &after), QUOTA_STORED);
     /* Until the first record's bucket has expired: an hour, and at most a bucket more. */
     CHECK(after >= 3600 && after <= 3600 + 24 * 3600 / 14 + 1);
     CHECK_INT(admit(q, "bob", T0, &s, &after), QUOTA_OK);
-    quota_release(q, s);
+    quota_put(q, s);
     /* Once the first has expired, 600 bytes are left: alice may store again. */
     CHECK_INT(admit(q, "alice", T0 + 3 * HOUR, &s, &after), QUOTA_OK);
-    quota_release(q, s);
+    quota_put(q, s);
     CHECK_INT(quota_total_stored(q, T0 + 3 * HOUR), 0);
     quota_free(q);
 }
@@ -128,18 +128,18 @@ static void test_bounded_table(void)
 
     CHECK_INT(admit(q, "alice", T0, &a, &after), QUOTA_OK);
     quota_stored(q, a, 1000, T0 + HOUR);
-    quota_release(q, a);
+    quota_put(q, a);
     CHECK_INT(admit(q, "bob", T0, &b, &after), QUOTA_OK);
     /* Alice, seen least recently with nothing in flight, is forgotten for carol. */
     CHECK_INT(admit(q, "carol", T0, &c, &after), QUOTA_OK);
     /* Both now in flight: a fourth caller cannot be tracked. */
     CHECK_INT(admit(q, "dave", T0, &a, &after), QUOTA_BUSY);
-    quota_release(q, c);
+    quota_put(q, c);
     /* Alice comes back from zero; her bytes stayed in the total. */
     CHECK_INT(admit(q, "alice", T0, &a, &after), QUOTA_OK);
     CHECK_INT(quota_total_stored(q, T0), 1000);
-    quota_release(q, a);
-    quota_release(q, b);
+    quota_put(q, a);
+    quota_put(q, b);
     quota_free(q);
 }
 

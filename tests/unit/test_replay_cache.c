@@ -33,9 +33,9 @@ static void test_basics(void)
     CHECK_INT(idem__rcache_new(1 << 20, &c), 0);
     CHECK(idem__rcache_get(c, &s) == NULL);
 
-    CHECK_INT(idem__rcache_put(c, &s, fp_a, 201,
-                               "Content-Type: application/json\nLocation: /api/orders/1\n",
-                               "{\"id\":1}", 8, 60000),
+    CHECK_INT(idem__rcache_insert(c, &s, fp_a, 201,
+                                  "Content-Type: application/json\nLocation: /api/orders/1\n",
+                                  "{\"id\":1}", 8, 60000),
               0);
     e = idem__rcache_get(c, &s);
     CHECK(e != NULL);
@@ -54,24 +54,24 @@ static void test_basics(void)
     }
     /* Every part of the scope counts, and the parts cannot slide into each other. */
     CHECK(idem__rcache_get(c, &s_other_op) == NULL);
-    CHECK_INT(idem__rcache_put(c, &s_split1, fp_a, 200, NULL, "1", 1, 60000), 0);
+    CHECK_INT(idem__rcache_insert(c, &s_split1, fp_a, 200, NULL, "1", 1, 60000), 0);
     CHECK(idem__rcache_get(c, &s_split2) == NULL);
 
     /* A new put replaces the entry; a reference to the old one stays readable. */
-    CHECK_INT(idem__rcache_put(c, &s, fp_b, 200, NULL, "", 0, 60000), 0);
+    CHECK_INT(idem__rcache_insert(c, &s, fp_b, 200, NULL, "", 0, 60000), 0);
     e2 = idem__rcache_get(c, &s);
     CHECK(e2 != NULL && e2->status == 200 && e2->body_len == 0 && e2->nheaders == 0);
     CHECK(e2 && memcmp(e2->fp, fp_b, IDEM_FP_LEN) == 0);
     CHECK(e && e->status == 201 && strcmp((const char *)e->body, "{\"id\":1}") == 0);
-    idem__rcache_release(e);
-    idem__rcache_release(e2);
-    idem__rcache_release(NULL);
+    idem__rcache_put(e);
+    idem__rcache_put(e2);
+    idem__rcache_put(NULL);
 
     /* forget, and a put that is not kept (no lifetime) also drops the older entry. */
     idem__rcache_forget(c, &s);
     CHECK(idem__rcache_get(c, &s) == NULL);
-    CHECK_INT(idem__rcache_put(c, &s, fp_a, 201, NULL, "x", 1, 60000), 0);
-    CHECK_INT(idem__rcache_put(c, &s, fp_a, 201, NULL, "y", 1, 0), 0);
+    CHECK_INT(idem__rcache_insert(c, &s, fp_a, 201, NULL, "x", 1, 60000), 0);
+    CHECK_INT(idem__rcache_insert(c, &s, fp_a, 201, NULL, "y", 1, 0), 0);
     CHECK(idem__rcache_get(c, &s) == NULL);
 
     idem__rcache_stats(c, &st);
@@ -94,18 +94,18 @@ static void test_lifetime(void)
      * time must pass, past the lifetime by a margin.
      */
     CHECK_INT(idem__rcache_new(64 * 1024, &c), 0);
-    CHECK_INT(idem__rcache_put(c, &s, fp_a, 200, NULL, "b", 1, 1000), 0);
+    CHECK_INT(idem__rcache_insert(c, &s, fp_a, 200, NULL, "b", 1, 1000), 0);
     e = idem__rcache_get(c, &s);
     CHECK(e != NULL);
     t_sleep_ms(1100);
     /* Expired: a miss, and the entry is gone; a reference taken before stays valid. */
     CHECK(idem__rcache_get(c, &s) == NULL);
     CHECK(e && e->body_len == 1 && ((const char *)e->body)[0] == 'b');
-    idem__rcache_release(e);
+    idem__rcache_put(e);
     idem__rcache_stats(c, &st);
     CHECK_INT(st.expired, 1);
     CHECK_INT(st.entries, 0);
-    CHECK_INT(idem__rcache_put(c, &s, fp_a, 200, NULL, "b", 1, -5), 0);
+    CHECK_INT(idem__rcache_insert(c, &s, fp_a, 200, NULL, "b", 1, -5), 0);
     CHECK(idem__rcache_get(c, &s) == NULL);
     idem__rcache_free(c);
 }
@@ -123,15 +123,15 @@ static void test_bound_and_lru(void)
     memset(body, 'x', sizeof(body));
     CHECK_INT(idem__rcache_new(MAX, &c), 0);
     snprintf(key, sizeof(key), "k0");
-    CHECK_INT(idem__rcache_put(c, &s, fp_a, 200, NULL, body, 1000, 60000), 0);
+    CHECK_INT(idem__rcache_insert(c, &s, fp_a, 200, NULL, body, 1000, 60000), 0);
     held = idem__rcache_get(c, &s); /* k0: used, and referenced while it is evicted */
     snprintf(key, sizeof(key), "k1");
-    CHECK_INT(idem__rcache_put(c, &s, fp_a, 200, NULL, body, 1000, 60000), 0);
+    CHECK_INT(idem__rcache_insert(c, &s, fp_a, 200, NULL, body, 1000, 60000), 0);
 
     /* 200 entries of ~1 KiB into 64 KiB: the least recently used go, the bound holds. */
     for (int i = 2; i < 200; i++) {
         snprintf(key, sizeof(key), "k%d", i);
-        CHECK_INT(idem__rcache_put(c, &s, fp_a, 200, NULL, body, 1000, 60000), 0);
+        CHECK_INT(idem__rcache_insert(c, &s, fp_a, 200, NULL, body, 1000, 60000), 0);
         idem__rcache_stats(c, &st);
         CHECK(st.bytes <= MAX);
         if (i < 20) {
@@ -140,7 +140,7 @@ static void test_bound_and_lru(void)
             snprintf(key, sizeof(key), "k0");
             e = idem__rcache_get(c, &s);
             CHECK(e != NULL);
-            idem__rcache_release(e);
+            idem__rcache_put(e);
         }
     }
     idem__rcache_stats(c, &st);
@@ -150,16 +150,16 @@ static void test_bound_and_lru(void)
     snprintf(key, sizeof(key), "k1");
     CHECK(idem__rcache_get(c, &s) == NULL); /* never touched: evicted early */
     snprintf(key, sizeof(key), "k199");
-    idem__rcache_release(idem__rcache_get(c, &s));
+    idem__rcache_put(idem__rcache_get(c, &s));
     CHECK(held != NULL && held->body_len == 1000 && ((const char *)held->body)[999] == 'x');
-    idem__rcache_release(held);
+    idem__rcache_put(held);
 
     /* An entry over an eighth of the shard is not kept at all. */
     {
         char *big = calloc(1, MAX / 8);
         snprintf(key, sizeof(key), "big");
         CHECK(big != NULL);
-        CHECK_INT(idem__rcache_put(c, &s, fp_a, 200, NULL, big, MAX / 8, 60000), 0);
+        CHECK_INT(idem__rcache_insert(c, &s, fp_a, 200, NULL, big, MAX / 8, 60000), 0);
         CHECK(idem__rcache_get(c, &s) == NULL);
         free(big);
     }
@@ -192,11 +192,11 @@ static void *worker_run(void *arg)
             int len = snprintf(body, sizeof(body), "body of key-%d", n);
             if (e->body_len < (size_t)len || memcmp(e->body, body, (size_t)len) != 0)
                 w->bad++;
-            idem__rcache_release(e);
+            idem__rcache_put(e);
         } else {
             int len = snprintf(body, sizeof(body), "body of key-%d %d", n, i);
-            if (idem__rcache_put(w->c, &s, fp_a, 200, "Content-Type: text/plain\n", body,
-                                 (size_t)len, (i % 7) ? 60000 : 1) < 0)
+            if (idem__rcache_insert(w->c, &s, fp_a, 200, "Content-Type: text/plain\n", body,
+                                    (size_t)len, (i % 7) ? 60000 : 1) < 0)
                 w->bad++;
         }
     }

@@ -94,15 +94,15 @@ static void test_a_released_connection_is_lent_again(void)
               "1");
 
     /* The same through the pool's own calls: released, then lent again. */
-    CHECK_INT(idem__store_acquire(st, &a, err, sizeof err), 0);
-    idem__store_release(st, a);
-    CHECK_INT(idem__store_acquire(st, &b, err, sizeof err), 0);
+    CHECK_INT(idem__store_get(st, &a, err, sizeof err), 0);
+    idem__store_put(st, a);
+    CHECK_INT(idem__store_get(st, &b, err, sizeof err), 0);
     CHECK(b == a);
     /* While one is lent, the next caller gets another. */
-    CHECK_INT(idem__store_acquire(st, &c, err, sizeof err), 0);
+    CHECK_INT(idem__store_get(st, &c, err, sizeof err), 0);
     CHECK(c != NULL && c != b);
-    idem__store_release(st, c);
-    idem__store_release(st, b);
+    idem__store_put(st, c);
+    idem__store_put(st, b);
     idem_store_close(st);
 }
 
@@ -119,7 +119,7 @@ static void *acquire_one(void *arg)
     struct waiter *w = arg;
 
     atomic_store(&w->started, 1);
-    w->rc = idem__store_acquire(w->st, &w->got, w->err, sizeof w->err);
+    w->rc = idem__store_get(w->st, &w->got, w->err, sizeof w->err);
     atomic_store(&w->done, 1);
     return NULL;
 }
@@ -132,21 +132,21 @@ static void test_an_exhausted_pool_waits_for_a_release(void)
     char err[IDEM_ERRMSG_MAX] = "";
     pthread_t th;
 
-    CHECK_INT(idem__store_acquire(st, &a, err, sizeof err), 0);
-    CHECK_INT(idem__store_acquire(st, &b, err, sizeof err), 0);
+    CHECK_INT(idem__store_get(st, &a, err, sizeof err), 0);
+    CHECK_INT(idem__store_get(st, &b, err, sizeof err), 0);
     pthread_create(&th, NULL, acquire_one, &w);
     T_WAIT_UNTIL(atomic_load(&w.started), "the third caller to ask for a connection");
     /* A quiet period: with both connections lent, nothing may come back to the third caller. */
     t_sleep_ms(100);
     CHECK_INT(atomic_load(&w.done), 0);
 
-    idem__store_release(st, a);
+    idem__store_put(st, a);
     T_WAIT_UNTIL(atomic_load(&w.done), "the waiting caller to get the released connection");
     pthread_join(th, NULL);
     CHECK_INT(w.rc, 0);
     CHECK(w.got == a); /* the one released: the pool is full, none was opened */
-    idem__store_release(st, w.got);
-    idem__store_release(st, b);
+    idem__store_put(st, w.got);
+    idem__store_put(st, b);
     idem_store_close(st);
 }
 
@@ -159,9 +159,9 @@ static void test_an_exhausted_pool_times_out_naming_its_size(void)
     char err[IDEM_ERRMSG_MAX] = "";
     int64_t t0, waited;
 
-    CHECK_INT(idem__store_acquire(st, &a, err, sizeof err), 0);
+    CHECK_INT(idem__store_get(st, &a, err, sizeof err), 0);
     t0 = clock_mono_ms();
-    CHECK_INT(idem__store_acquire(st, &b, err, sizeof err), IDEM_EUNAVAIL);
+    CHECK_INT(idem__store_get(st, &b, err, sizeof err), IDEM_EUNAVAIL);
     waited = clock_mono_ms() - t0;
     CHECK(b == NULL);
     CHECK(strstr(err, "pool of 1") != NULL);
@@ -173,10 +173,10 @@ static void test_an_exhausted_pool_times_out_naming_its_size(void)
     CHECK_INT(idem_tx_begin(st, 0, &tx), IDEM_EUNAVAIL);
     CHECK(tx == NULL);
 
-    idem__store_release(st, a);
-    CHECK_INT(idem__store_acquire(st, &b, err, sizeof err), 0);
+    idem__store_put(st, a);
+    CHECK_INT(idem__store_get(st, &b, err, sizeof err), 0);
     CHECK(b == a);
-    idem__store_release(st, b);
+    idem__store_put(st, b);
     idem_store_close(st);
 }
 

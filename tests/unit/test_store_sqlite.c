@@ -555,9 +555,9 @@ static void close_every_connection(struct idem_store *st)
 
     while (st->nidle > 0) {
         struct idem_conn *c = NULL;
-        CHECK_INT(idem__store_acquire(st, &c, err, sizeof err), 0);
+        CHECK_INT(idem__store_get(st, &c, err, sizeof err), 0);
         c->broken = 1;
-        idem__store_release(st, c); /* (a broken connection is closed, not pooled) */
+        idem__store_put(st, c); /* (a broken connection is closed, not pooled) */
     }
     CHECK_INT(st->nopen, 0);
     CHECK_INT(idem_tx_begin(st, 1, &tx), 0);

@@ -104,7 +104,7 @@ static const struct idem_conn_methods fake_cm = {
     .batch_tx = fake_batch_tx,
 };
 
-static int pool_acquire(void *ctx, struct idem_conn **out, char *err, size_t errlen)
+static int pool_get(void *ctx, struct idem_conn **out, char *err, size_t errlen)
 {
     (void)ctx;
     *out = NULL;
@@ -130,7 +130,7 @@ static int pool_acquire(void *ctx, struct idem_conn **out, char *err, size_t err
     return 0;
 }
 
-static void pool_release(void *ctx, struct idem_conn *c)
+static void pool_put(void *ctx, struct idem_conn *c)
 {
     (void)ctx;
     pthread_mutex_lock(&db_mu);
@@ -153,8 +153,8 @@ static void pool_committed(void *ctx, uint64_t ntx, int64_t t0)
 
 static const struct idem__batch_source fake_source = {
     .cm = &fake_cm,
-    .acquire = pool_acquire,
-    .release = pool_release,
+    .get = pool_get,
+    .put = pool_put,
     .committed = pool_committed,
 };
 
