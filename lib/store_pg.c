@@ -8,6 +8,10 @@
  *
  * - The primary key decides who owns a key: a claim is one INSERT ... ON CONFLICT DO UPDATE that
  *   only revives a record past retention and unprotected, never a read followed by an insert.
+ * - Finishing a key changes no indexed column of its record, so PostgreSQL writes the completed
+ *   version in place (HOT): the keys in flight, which recovery and retention look for, are rows
+ *   of a table of their own (idem_inflight), which the statements that start or end a key write
+ *   in the same statement as the record (docs/postgres.md, "The record layout").
  * - Time is the database's clock (clock_timestamp()), read inside the statements that set or
  *   compare leases and retention, so instances with skewed clocks still agree on who holds a lease.
  * - A statement that fails inside a transaction does not doom the transaction, as on SQLite: the
@@ -57,6 +61,12 @@
 #define OID_INT4 23
 #define OID_TEXT 25
 
+/*
+ * Percent of a records page that inserts fill: the rest is for the completed versions of the
+ * keys claimed on the page, which PostgreSQL writes in place (HOT) only while they fit.
+ */
+#define RECORDS_FILLFACTOR "70"
+
 /* libidem's own schema, versioned like an application's (the SQLite one, in PostgreSQL types). */
 static const struct idem_migration idem_schema[] = {
     {1, "records", NULL,
@@ -74,11 +84,43 @@ static const struct idem_migration idem_schema[] = {
     {2, "stalled index", NULL,
      "CREATE INDEX IF NOT EXISTS idem_records_stalled ON idem_records (lease_expires_ms)"
      " WHERE status = 0"},
+    /*
+     * Completions in place (HOT): finishing a key must change no indexed column, so the keys in
+     * flight are listed by a table of their own instead of an index whose predicate (status) and
+     * key (lease_expires_ms) every completion changed; the records' pages keep room for the
+     * completed version (docs/postgres.md, "The record layout").  The records are locked against
+     * writers while the keys in flight are copied, so none is missed.
+     */
+    {3, "keys in flight apart", NULL,
+     "LOCK TABLE idem_records IN SHARE MODE;"
+     "CREATE TABLE IF NOT EXISTS idem_inflight ("
+     " principal text NOT NULL, operation text NOT NULL, idem_key text NOT NULL,"
+     " PRIMARY KEY (principal, operation, idem_key));"
+     "INSERT INTO idem_inflight (principal, operation, idem_key)"
+     " SELECT principal, operation, idem_key FROM idem_records WHERE status = 0"
+     " ON CONFLICT DO NOTHING;"
+     "DROP INDEX IF EXISTS idem_records_stalled;"
+     "ALTER TABLE idem_records SET (fillfactor = " RECORDS_FILLFACTOR ");"},
 };
 
 /* ---- the store's own statements -------------------------------------------------------------- */
 
 #define SCOPE_WHERE "r.principal = $1 AND r.operation = $2 AND r.idem_key = $3"
+/* The same key in two tables: a record (r) and a key in flight (f); f and the rows written (u). */
+#define R_IS_F "r.principal = f.principal AND r.operation = f.operation AND r.idem_key = f.idem_key"
+#define F_IS_U "f.principal = u.principal AND f.operation = u.operation AND f.idem_key = u.idem_key"
+
+/*
+ * A statement that writes records (as r) and ends the keys in flight among those it returns: the
+ * key leaves idem_inflight in the same statement that finishes or deletes its record, so the
+ * table lists exactly the processing records.  `tail` answers from u, the rows written.
+ */
+#define INFLIGHT_ENDED(dml, tail)                                                                  \
+    "WITH u AS (" dml " RETURNING r.principal, r.operation, r.idem_key),"                          \
+    " d AS (DELETE FROM idem_inflight f USING u WHERE " F_IS_U ") " tail
+/* The answers of such a statement: a row per record written, or the fence (see FENCED). */
+#define ROWS_WRITTEN "SELECT 1 FROM u"
+#define FENCE_WRITTEN "SELECT 1 / count(*)::int4 FROM u"
 
 /* The fenced updates (owner, status processing), each written once for both of its forms. */
 #define ADVANCE_SQL                                                                                \
@@ -161,9 +203,10 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
      */
     [RS_CLAIM] = {RS_CLAIM,
                   "idem_claim",
-                  "WITH t AS (SELECT " DB_NOW_MS " AS now)"
-                  " INSERT INTO idem_records AS r (principal, operation, idem_key, fingerprint,"
-                  " status, recovery_point, lease_owner, lease_expires_ms, created_ms, expires_ms)"
+                  "WITH t AS (SELECT " DB_NOW_MS " AS now),"
+                  " c AS (INSERT INTO idem_records AS r (principal, operation, idem_key,"
+                  " fingerprint, status, recovery_point, lease_owner, lease_expires_ms,"
+                  " created_ms, expires_ms)"
                   " SELECT $1, $2, $3, $4, 0, $8, $5, t.now + $6, t.now, t.now + $7 FROM t"
                   " ON CONFLICT (principal, operation, idem_key) DO UPDATE SET"
                   " fingerprint = excluded.fingerprint, status = 0,"
@@ -172,7 +215,11 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
                   " lease_expires_ms = excluded.lease_expires_ms, response_status = NULL,"
                   " response_headers = NULL, response_body = NULL,"
                   " created_ms = excluded.created_ms, expires_ms = excluded.expires_ms"
-                  " WHERE " RETENTION_LET_GO,
+                  " WHERE " RETENTION_LET_GO " RETURNING r.principal, r.operation, r.idem_key),"
+                  /* A revived processing record is in flight already. */
+                  " f AS (INSERT INTO idem_inflight (principal, operation, idem_key)"
+                  " SELECT principal, operation, idem_key FROM c ON CONFLICT DO NOTHING)"
+                  " SELECT 1 FROM c",
                   8,
                   {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_TEXT, OID_INT8, OID_INT8, OID_TEXT},
                   0},
@@ -196,7 +243,8 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
                      {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_INT8, OID_BYTEA},
                      0},
     [RS_ADVANCE] = {RS_ADVANCE, "idem_advance", ADVANCE_SQL, 7, ADVANCE_TYPES, 0},
-    [RS_COMPLETE] = {RS_COMPLETE, "idem_complete", COMPLETE_SQL, 7, COMPLETE_TYPES, 0},
+    [RS_COMPLETE] = {RS_COMPLETE, "idem_complete", INFLIGHT_ENDED(COMPLETE_SQL, ROWS_WRITTEN), 7,
+                     COMPLETE_TYPES, 0},
     /*
      * The two above sent without waiting for their answer (deferred): for the record this very
      * transaction inserted (the row is this transaction's until it ends, so the update must
@@ -207,14 +255,17 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
      */
     [RS_ADVANCE_DEFERRED] = {RS_ADVANCE_DEFERRED, "idem_advance_deferred", FENCED(ADVANCE_SQL), 7,
                              ADVANCE_TYPES, 1},
-    [RS_COMPLETE_DEFERRED] = {RS_COMPLETE_DEFERRED, "idem_complete_deferred", FENCED(COMPLETE_SQL),
-                              7, COMPLETE_TYPES, 1},
-    [RS_INSERT_COMPLETED] = {RS_INSERT_COMPLETED, "idem_insert_completed", INSERT_COMPLETED_SQL, 8,
+    [RS_COMPLETE_DEFERRED] = {RS_COMPLETE_DEFERRED, "idem_complete_deferred",
+                              INFLIGHT_ENDED(COMPLETE_SQL, FENCE_WRITTEN), 7, COMPLETE_TYPES, 1},
+    /* Ends the key in flight too: the record it replaced may have been a processing one. */
+    [RS_INSERT_COMPLETED] = {RS_INSERT_COMPLETED, "idem_insert_completed",
+                             INFLIGHT_ENDED(INSERT_COMPLETED_SQL, ROWS_WRITTEN), 8,
                              INSERT_COMPLETED_TYPES, 0},
     /* Sent with the COMMIT: a key another caller holds fails it (IDEM_ELEASE), as above. */
     [RS_INSERT_COMPLETED_DEFERRED] = {RS_INSERT_COMPLETED_DEFERRED,
                                       "idem_insert_completed_deferred",
-                                      FENCED(INSERT_COMPLETED_SQL), 8, INSERT_COMPLETED_TYPES, 1},
+                                      INFLIGHT_ENDED(INSERT_COMPLETED_SQL, FENCE_WRITTEN), 8,
+                                      INSERT_COMPLETED_TYPES, 1},
     [RS_RELEASE] = {RS_RELEASE,
                     "idem_release",
                     "UPDATE idem_records r SET lease_expires_ms = 0"
@@ -222,18 +273,20 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
                     4,
                     {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT},
                     0},
-    [RS_RELEASE_OWNED] = {RS_RELEASE_OWNED,
-                          "idem_release_owned",
-                          "UPDATE idem_records SET lease_expires_ms = 0"
-                          " WHERE status = 0 AND lease_expires_ms > 0"
-                          " AND starts_with(lease_owner, $1) AND NOT starts_with(lease_owner, $2)",
-                          2,
-                          {OID_TEXT, OID_TEXT},
-                          0},
+    [RS_RELEASE_OWNED] =
+        {RS_RELEASE_OWNED,
+         "idem_release_owned",
+         "UPDATE idem_records r SET lease_expires_ms = 0 FROM idem_inflight f"
+         " WHERE " R_IS_F " AND r.status = 0 AND r.lease_expires_ms > 0"
+         " AND starts_with(r.lease_owner, $1) AND NOT starts_with(r.lease_owner, $2)",
+         2,
+         {OID_TEXT, OID_TEXT},
+         0},
     [RS_FORGET] = {RS_FORGET,
                    "idem_forget",
-                   "DELETE FROM idem_records r"
-                   " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $4",
+                   INFLIGHT_ENDED("DELETE FROM idem_records r"
+                                  " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $4",
+                                  ROWS_WRITTEN),
                    4,
                    {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT},
                    0},
@@ -250,21 +303,24 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
     /* SKIP LOCKED: sweepers of several instances, and claims reviving a key, never queue here. */
     [RS_SWEEP] = {RS_SWEEP,
                   "idem_sweep",
-                  "DELETE FROM idem_records WHERE (principal, operation, idem_key) IN"
-                  " (SELECT principal, operation, idem_key"
-                  "  FROM idem_records, (SELECT " DB_NOW_MS " AS now) t"
-                  "  WHERE expires_ms <= t.now AND (status = 1 OR lease_expires_ms <= t.now)"
-                  "  LIMIT $1 FOR UPDATE OF idem_records SKIP LOCKED)",
+                  INFLIGHT_ENDED(
+                      "DELETE FROM idem_records r WHERE (r.principal, r.operation, r.idem_key) IN"
+                      " (SELECT principal, operation, idem_key"
+                      "  FROM idem_records, (SELECT " DB_NOW_MS " AS now) t"
+                      "  WHERE expires_ms <= t.now AND (status = 1 OR lease_expires_ms <= t.now)"
+                      "  LIMIT $1 FOR UPDATE OF idem_records SKIP LOCKED)",
+                      ROWS_WRITTEN),
                   1,
                   {OID_INT4},
                   0},
     [RS_STALLED] = {RS_STALLED,
                     "idem_stalled",
-                    "SELECT principal, operation, idem_key, recovery_point"
-                    " FROM idem_records, (SELECT " DB_NOW_MS " AS now) t"
-                    " WHERE status = 0 AND lease_expires_ms <= t.now"
-                    " AND ($1::text IS NULL OR operation = $1)"
-                    " ORDER BY lease_expires_ms LIMIT $2",
+                    "SELECT r.principal, r.operation, r.idem_key, r.recovery_point"
+                    " FROM idem_inflight f JOIN idem_records r ON " R_IS_F ","
+                    " (SELECT " DB_NOW_MS " AS now) t"
+                    " WHERE r.status = 0 AND r.lease_expires_ms <= t.now"
+                    " AND ($1::text IS NULL OR r.operation = $1)"
+                    " ORDER BY r.lease_expires_ms LIMIT $2",
                     2,
                     {OID_TEXT, OID_INT4},
                     0},
