@@ -341,6 +341,20 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
                         0},
 };
 
+/*
+ * IDEM__UNFINISHED_SQL (lib/internal.h) read through the keys in flight, so that a page of the
+ * listing reads the processing records only, not every record: the same columns, order and
+ * parameters.
+ */
+#define UNFINISHED_SQL                                                                             \
+    "SELECT r.operation, r.principal, r.idem_key, r.recovery_point,"                               \
+    " encode(r.fingerprint, 'hex'), r.created_ms, r.expires_ms, r.lease_expires_ms, t.now"         \
+    " FROM idem_inflight f JOIN idem_records r ON " R_IS_F ", (SELECT " DB_NOW_MS " AS now) t"     \
+    " WHERE r.status = 0 AND r.expires_ms > $1 AND ($2 = '' OR r.operation = $2)"                  \
+    " AND (r.operation > $3 OR (r.operation = $3 AND (r.principal > $4"                            \
+    " OR (r.principal = $4 AND r.idem_key > $5))))"                                                \
+    " ORDER BY r.operation, r.principal, r.idem_key LIMIT $6"
+
 /* Whether a failed statement may run again (rec_run): a lost connection, a transient conflict. */
 static int retryable(const struct idem_conn *c)
 {
@@ -1631,7 +1645,7 @@ const struct idem_store_methods idem__pg_methods = {
     .version = IDEM__STORE_V_RUN_ASYNC,
     .flags = IDEM__STORE_CLAIMS_FIRST | IDEM__STORE_SPECULATES,
     .kind = "postgresql",
-    .unfinished_sql = IDEM__UNFINISHED_SQL("encode(fingerprint, 'hex')", DB_NOW_MS),
+    .unfinished_sql = UNFINISHED_SQL,
     .conn = &pg_conn_methods,
     .conn_open = pg_open,
     .store_close = pg_store_close,
