@@ -10,12 +10,14 @@
  *   live lease -- opens the store (which migrates), and checks that each one reads, replays, is
  *   listed as stalled and recovered, has its lease released, or is swept as before.
  * - Completions are written in place (HOT): pg_stat_user_tables counts the updates of
- *   idem_records over a run of fresh keys, and at least 90% of them must be HOT.
+ *   idem_records over a run of fresh keys by several writers at once, and at least 90% of them
+ *   must be HOT.
  */
 #include "idem/idem.h"
 #include "t.h"
 
 #include <libpq-fe.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,26 +280,59 @@ static void test_migration(PGconn *db)
     idem_store_close(st);
 }
 
-/* Fresh keys, claimed then completed: the completions must be HOT updates. */
+enum { KEYS = 1000, WRITERS = 8 };
+
+/* One of the writers: its share of the fresh keys, each claimed then completed. */
+struct writer {
+    pthread_t tid;
+    struct idem_engine *eng;
+    int first;
+    int failed;
+};
+
+static void *writer_run(void *arg)
+{
+    struct writer *w = arg;
+    unsigned char fp[IDEM_FP_LEN];
+    char key[32];
+
+    fp_of("hot", fp);
+    for (int i = w->first; i < KEYS; i += WRITERS) {
+        struct idem_call *call = NULL;
+        enum idem_outcome oc = IDEM_OUTCOME_NONE;
+
+        snprintf(key, sizeof(key), "hot-%d", i);
+        if (idem_call_begin(w->eng, &mig_op, "alice", key, fp, &call, &oc) < 0 ||
+            oc != IDEM_OUTCOME_EXECUTE ||
+            idem_call_complete(call, 201, NULL, 0, "{\"id\":\"a-typical-response-body\"}", 31) < 0)
+            w->failed++;
+        idem_call_end(call);
+    }
+    return NULL;
+}
+
+/*
+ * Fresh keys, claimed then completed by writers at once (so that the completions of keys
+ * claimed on one page race for its room): the completions must be HOT updates.
+ */
 static void test_completions_are_hot(PGconn *db)
 {
-    enum { KEYS = 1000 };
     struct idem_store *st = NULL;
     struct idem_engine *eng = NULL;
+    struct writer w[WRITERS];
     long long ins, upd, hot;
-    char key[32];
 
     sessions_gone(db);
     db_run(db, "SELECT pg_stat_reset_single_table_counters('idem_records'::regclass)");
     st = open_store();
     CHECK_INT(idem_engine_new(st, NULL, &eng), 0);
-    for (int i = 0; i < KEYS; i++) {
-        struct idem_call *call = NULL;
-        snprintf(key, sizeof(key), "hot-%d", i);
-        CHECK_INT(begin(eng, key, "hot", &call), IDEM_OUTCOME_EXECUTE);
-        CHECK_INT(
-            idem_call_complete(call, 201, NULL, 0, "{\"id\":\"a-typical-response-body\"}", 31), 0);
-        idem_call_end(call);
+    for (int i = 0; i < WRITERS; i++) {
+        w[i] = (struct writer){.eng = eng, .first = i};
+        CHECK_INT(pthread_create(&w[i].tid, NULL, writer_run, &w[i]), 0);
+    }
+    for (int i = 0; i < WRITERS; i++) {
+        pthread_join(w[i].tid, NULL);
+        CHECK_INT(w[i].failed, 0);
     }
     idem_engine_free(eng);
     idem_store_close(st);
