@@ -30,6 +30,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <yaml.h>
 
@@ -754,28 +756,30 @@ static int read_store(struct loader *ld, const struct conf_key *row, const yaml_
     return 0;
 }
 
-/* `upstream.url`: "http://HOST:PORT" or "http://[V6]:PORT", an optional trailing '/', no more. */
+/*
+ * `upstream.url`: "http://HOST:PORT" or "http://[V6]:PORT", an optional trailing '/', no more; or
+ * the same with https, whose port may be left out (443).
+ */
 static int read_upstream_url(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
                              const char *path, void *base)
 {
-    static const char what[] = "http://HOST:PORT or http://[V6]:PORT";
+    static const char what[] = "http://HOST:PORT, http://[V6]:PORT or https://HOST[:PORT]";
     struct gw_config *cfg = base;
     char hostport[300], host[256], why[256], shown[EXCERPT + 8];
-    const char *url, *authority, *rest;
-    size_t alen;
+    const char *url, *authority, *rest, *close;
+    size_t alen, scheme_len;
     uint16_t port = 0;
+    int tls, has_port;
 
     (void)row;
     if (want_text(ld, n, path, what, &url) != 0)
         return -1;
-    if (ascii_ncaseeq(url, "https://", 8))
-        return fail(ld, strict_yaml_line(n),
-                    "%s: https upstreams are not supported; put the gateway next to the service",
-                    path);
-    if (!ascii_ncaseeq(url, "http://", 7))
+    tls = ascii_ncaseeq(url, "https://", 8);
+    if (!tls && !ascii_ncaseeq(url, "http://", 7))
         return fail(ld, strict_yaml_line(n), "%s: expected %s, not %s", path, what,
                     describe(n, shown));
-    authority = url + 7;
+    scheme_len = tls ? 8 : 7;
+    authority = url + scheme_len;
     alen = strcspn(authority, "/?#");
     rest = authority + alen;
     if (memchr(authority, '@', alen) != NULL)
@@ -786,10 +790,14 @@ static int read_upstream_url(struct loader *ld, const struct conf_key *row, cons
                     "%s: expected %s without a path, query or "
                     "fragment (requests keep their own path), not %s",
                     path, what, describe(n, shown));
-    if (alen >= sizeof hostport)
+    if (alen + 4 >= sizeof hostport)
         return fail(ld, strict_yaml_line(n), "%s: the host is too long", path);
     memcpy(hostport, authority, alen);
     hostport[alen] = '\0';
+    close = hostport[0] == '[' ? strchr(hostport, ']') : NULL;
+    has_port = strchr(close ? close : hostport, ':') != NULL;
+    if (tls && !has_port)
+        memcpy(hostport + alen, ":443", 5);
     if (http_listen_split(hostport, host, sizeof host, &port, why, sizeof why) != 0 || port == 0)
         return fail(ld, strict_yaml_line(n), "%s: expected %s with a port from 1 to 65535, not %s",
                     path, what, describe(n, shown));
@@ -800,9 +808,57 @@ static int read_upstream_url(struct loader *ld, const struct conf_key *row, cons
                            "ABCDEFGHIJKLMNOPQRSTUVWXYZ.-_") != strlen(host))
         return fail(ld, strict_yaml_line(n), "%s: \"%s\" is not a host name or an IP address", path,
                     excerpt(host, shown));
-    cfg->upstream_url = xstrndup(url, 7 + alen); /* without the trailing '/' */
+    cfg->upstream_url = xstrndup(url, scheme_len + alen); /* without the trailing '/' */
     cfg->upstream_host = xstrdup(host);
     cfg->upstream_port = port;
+    cfg->upstream_tls = tls;
+    return 0;
+}
+
+/* `upstream.tls.*_file`: a readable regular file, its path relative to the config's directory. */
+static int read_tls_file(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                         const char *path, void *base)
+{
+    char shown[EXCERPT + 4];
+    const char *written, *why = NULL;
+    struct stat st;
+    char *file;
+
+    if (want_text(ld, n, path, "a file name", &written) != 0)
+        return -1;
+    file = beside_config(ld->name, written);
+    if (stat(file, &st) != 0)
+        why = strerror(errno);
+    else if (!S_ISREG(st.st_mode))
+        why = "not a regular file";
+    else if (access(file, R_OK) != 0)
+        why = strerror(errno);
+    if (why != NULL) {
+        fail(ld, strict_yaml_line(n), "%s: cannot read %s: %s", path, excerpt(file, shown), why);
+        free(file);
+        return -1;
+    }
+    *field_text(row, base) = file;
+    return 0;
+}
+
+/* `upstream.tls.server_name`: the DNS name (or address) the upstream's certificate must carry. */
+static int read_tls_server_name(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
+                                const char *path, void *base)
+{
+    static const char what[] = "a host name such as api.example.com";
+    char shown[EXCERPT + 8];
+    const char *s;
+    size_t len;
+
+    if (want_text(ld, n, path, what, &s) != 0)
+        return -1;
+    len = strlen(s);
+    if (len == 0 || len > 253 ||
+        strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:") != len)
+        return fail(ld, strict_yaml_line(n), "%s: expected %s, not %s", path, what,
+                    describe(n, shown));
+    *field_text(row, base) = xstrdup(s);
     return 0;
 }
 
@@ -1565,6 +1621,10 @@ static int key_rules(struct loader *ld, const yaml_node_t *map, const char *wher
                      yaml_node_t *const *values, void *base);
 static int route_rules(struct loader *ld, const yaml_node_t *map, const char *where,
                        yaml_node_t *const *values, void *base);
+static int upstream_rules(struct loader *ld, const yaml_node_t *map, const char *where,
+                          yaml_node_t *const *values, void *base);
+static int upstream_tls_rules(struct loader *ld, const yaml_node_t *map, const char *where,
+                              yaml_node_t *const *values, void *base);
 static int check_rules(struct loader *ld, const yaml_node_t *map, const char *where,
                        yaml_node_t *const *values, void *base);
 
@@ -1597,6 +1657,17 @@ static const struct word error_format_words[] = {
 static const struct word unrouted_words[] = {
     {"pass", GW_UNROUTED_PASS}, {"refuse", GW_UNROUTED_REFUSE}, {NULL, 0}};
 
+static const struct conf_key upstream_tls_keys[] = {
+    {.name = "ca_file", .type = KEY_CUSTOM, CFG(upstream_tls_ca_file), .doc = "the system's store",
+     .read = read_tls_file},
+    {.name = "server_name", .type = KEY_CUSTOM, CFG(upstream_tls_server_name),
+     .doc = "the URL's host", .read = read_tls_server_name},
+    {.name = "cert_file", .type = KEY_CUSTOM, CFG(upstream_tls_cert_file), .read = read_tls_file},
+    {.name = "key_file", .type = KEY_CUSTOM, CFG(upstream_tls_key_file), .read = read_tls_file},
+};
+static const struct conf_section upstream_tls_section =
+    SECTION(upstream_tls_keys, upstream_tls_rules);
+
 static const struct conf_key upstream_keys[] = {
     {.name = "url", .type = KEY_CUSTOM, .flags = KEY_REQUIRED, .example = "url: http://HOST:PORT",
      .read = read_upstream_url},
@@ -1611,8 +1682,9 @@ static const struct conf_key upstream_keys[] = {
      */
     ENUM_KEY("keyed_connections", CFG(upstream_keyed_fresh), keyed_connections_words, "fresh",
              "pooled or fresh"),
+    SECTION_KEY("tls", &upstream_tls_section),
 };
-static const struct conf_section upstream_section = SECTION(upstream_keys, NULL);
+static const struct conf_section upstream_section = SECTION(upstream_keys, upstream_rules);
 
 /* `alg` first: the key files' readers check that they belong to it. */
 static const struct conf_key jwt_keys[] = {
@@ -1917,6 +1989,38 @@ static int key_rules(struct loader *ld, const yaml_node_t *map, const char *wher
     return 0;
 }
 
+/* upstream.tls is for an https upstream only. */
+static int upstream_rules(struct loader *ld, const yaml_node_t *map, const char *where,
+                          yaml_node_t *const *values, void *base)
+{
+    const struct gw_config *cfg = base;
+    const yaml_node_t *tls = value_of(&upstream_section, values, "tls");
+
+    (void)map;
+    if (tls != NULL && !cfg->upstream_tls)
+        return fail(ld, strict_yaml_line(tls),
+                    "%s: tls applies to an https url only; write url: https://...", where);
+    return 0;
+}
+
+/* A client certificate needs its key, and a key its certificate. */
+static int upstream_tls_rules(struct loader *ld, const yaml_node_t *map, const char *where,
+                              yaml_node_t *const *values, void *base)
+{
+    const yaml_node_t *cert = value_of(&upstream_tls_section, values, "cert_file");
+    const yaml_node_t *key = value_of(&upstream_tls_section, values, "key_file");
+
+    (void)base;
+    if ((cert == NULL) != (key == NULL))
+        return fail(ld,
+                    strict_yaml_line(cert  ? cert
+                                     : key ? key
+                                           : map),
+                    "%s: cert_file and key_file go together (a client certificate and its key)",
+                    where);
+    return 0;
+}
+
 /* A route's nodes, for check_rules(). */
 static int route_rules(struct loader *ld, const yaml_node_t *map, const char *where,
                        yaml_node_t *const *values, void *base)
@@ -2107,6 +2211,10 @@ void gw_config_free(struct gw_config *cfg)
     free(cfg->instance);
     free(cfg->upstream_url);
     free(cfg->upstream_host);
+    free(cfg->upstream_tls_ca_file);
+    free(cfg->upstream_tls_server_name);
+    free(cfg->upstream_tls_cert_file);
+    free(cfg->upstream_tls_key_file);
     free(cfg->principal_header);
     if (cfg->jwt_key != NULL)
         explicit_bzero(cfg->jwt_key, cfg->jwt_key_len);

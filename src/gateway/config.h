@@ -149,9 +149,15 @@ struct gw_config {
     char *instance;
     enum gw_error_format error_format;
 
-    char *upstream_url;  /* "http://HOST:PORT" (required), no path, no https */
+    char *upstream_url;  /* "http://HOST:PORT" or "https://HOST[:PORT]" (required), no path */
     char *upstream_host; /* split from upstream_url */
     uint16_t upstream_port;
+    int upstream_tls; /* https: TLS to the upstream, its certificate and name verified */
+    /* upstream.tls: files (relative to the config's directory) and the name; NULL when absent */
+    char *upstream_tls_ca_file;     /* NULL: the system's CA store */
+    char *upstream_tls_server_name; /* NULL: the URL's host */
+    char *upstream_tls_cert_file;   /* with key_file: a client certificate (mTLS) */
+    char *upstream_tls_key_file;
     int upstream_connect_timeout_ms; /* 2000 */
     int upstream_timeout_ms;         /* request sent to the end of the answer (30000) */
     int upstream_max_connections;    /* kept open to the upstream (64) */

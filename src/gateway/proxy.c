@@ -265,6 +265,17 @@ static int relay(struct http_reply *ur, struct response *resp)
     return 0;
 }
 
+/*
+ * An upstream whose certificate does not verify (or that refuses the gateway's) fails every
+ * request until someone acts: said in the log each time, with OpenSSL's reason.
+ */
+static void log_tls_refusal(struct gateway *gw, const char *what, const struct http_reply *ur,
+                            const char *err)
+{
+    if (ur->tls_failed)
+        log_msg(&gw->log, "warn", "%s: TLS with the upstream failed, nothing sent: %s", what, err);
+}
+
 static void answer_not_sent(struct response *resp, const char *err)
 {
     char detail[400];
@@ -540,6 +551,7 @@ static void settle(struct gateway *gw, const struct note *n, struct idem_call *c
         resp->outcome = "executed";
         return;
     case HTTP_FETCH_NOT_SENT:
+        log_tls_refusal(gw, r->operation, ur, err);
         rc = idem_call_forget(call);
         if (rc < 0)
             log_msg(&gw->log, "error", "%s: cannot release a record: %s", r->operation,
@@ -1402,6 +1414,8 @@ static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *r
             if (relay(&pk->reply, resp) == 0)
                 stream_rest(gw, "a request passed through", &pk->reply, resp);
         } else {
+            if (pk->res == HTTP_FETCH_NOT_SENT)
+                log_tls_refusal(gw, "a request passed through", &pk->reply, pk->err);
             answer_passed(pk->res, &pk->reply, pk->err, resp);
         }
         http_reply_clear(&pk->reply);

@@ -220,6 +220,7 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
         .max_idle = cfg->upstream_max_connections,
         .max_response_bytes = cfg->max_response_bytes,
     };
+    struct tls_ctx *upstream_tls = NULL;
     char owner[256];
     size_t owner_prefix;
     int serving_fd = -2;
@@ -242,6 +243,20 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     if (cfg->nroutes > 0 && principal_verifier_new(cfg, &gw.principals, err, sizeof err) != 0) {
         log_msg(&gw.log, "error", "%s", err);
         goto out;
+    }
+    if (cfg->upstream_tls) {
+        struct tls_client_options to = {
+            .server_name =
+                cfg->upstream_tls_server_name ? cfg->upstream_tls_server_name : cfg->upstream_host,
+            .ca_file = cfg->upstream_tls_ca_file,
+            .cert_file = cfg->upstream_tls_cert_file,
+            .key_file = cfg->upstream_tls_key_file,
+        };
+        if (tls_ctx_client_new(&to, &upstream_tls, err, sizeof err) != 0) {
+            log_msg(&gw.log, "error", "upstream: %s", err);
+            goto out;
+        }
+        uo.tls = upstream_tls;
     }
     if (upstream_new(&uo, &gw.upstream, err, sizeof err) != 0) {
         log_msg(&gw.log, "error", "%s", err);
@@ -310,6 +325,7 @@ out:
     if (serving_fd >= 0)
         close(serving_fd);
     upstream_free(gw.upstream);
+    tls_ctx_free(upstream_tls);
     principal_verifier_free(gw.principals);
     gw_metrics_free(gw.metrics);
     unrouted_free(gw.unrouted);

@@ -7,6 +7,13 @@
  *
  * Every socket is non-blocking and every wait is a poll() against the exchange's deadline, so a
  * silent upstream costs a worker at most connect_timeout_ms + timeout_ms.
+ *
+ * Over TLS (an https upstream) a worker's connection runs its handshake within the connect
+ * timeout, before a byte of the request is encrypted, so a refused certificate is "nothing sent";
+ * then every byte goes through the engine of tls.h (struct conn below), and only plaintext counts
+ * as the upstream answering: TLS 1.3's session tickets, which come after the handshake, while the
+ * request is written or the connection idles, are not an answer.  Both kinds of exchange share
+ * one TLS context, so a session one connection got, another resumes.
  */
 #include "upstream.h"
 #include "ascii.h"
@@ -37,8 +44,14 @@
  */
 #define IDLE_REUSE_MS HTTP_CLIENT_IDLE_REUSE_MS
 
-struct idle_conn {
+/* A worker's connection: the socket, and its TLS state over https. */
+struct conn {
     int fd;
+    struct tls_conn *tls;
+};
+
+struct idle_conn {
+    struct conn c;
     int64_t since_ms;
 };
 
@@ -80,12 +93,64 @@ int upstream_new(const struct http_client_options *opts, struct upstream **out, 
     return 0;
 }
 
+static void conn_close(struct conn *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    tls_conn_free(c->tls);
+    c->fd = -1;
+    c->tls = NULL;
+}
+
+/*
+ * Over TLS, reads what ciphertext the socket has into the engine and decrypts it, appending at
+ * most PULL_MAX bytes of plaintext to `plain`.  Returns the engine's step (TLS_WANT when the
+ * socket had no more), or TLS_FAIL with errno set when the socket failed (the engine's reason
+ * empty).  What the engine has to send back is appended to `out` when the caller is writing
+ * (so that it follows the records already there), else written if the socket takes it.
+ */
+#define PULL_MAX 16384
+static enum tls_step tls_pull(struct conn *c, struct strbuf *plain, struct strbuf *out)
+{
+    struct strbuf mine = STRBUF_INIT;
+    enum tls_step step;
+    char buf[PULL_MAX];
+    int e = 0;
+
+    for (;;) {
+        ssize_t n;
+        step = tls_conn_read(c->tls, plain, PULL_MAX);
+        if (step != TLS_WANT)
+            break;
+        n = read(c->fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            break;
+        if (n < 0) {
+            e = errno;
+            step = TLS_FAIL;
+            break;
+        }
+        tls_conn_put(c->tls, buf, (size_t)n);
+    }
+    if (out != NULL) {
+        tls_conn_take(c->tls, out);
+    } else if (tls_conn_take(c->tls, &mine) > 0) {
+        ssize_t w = write(c->fd, mine.buf, mine.len);
+        (void)w;
+    }
+    strbuf_release(&mine);
+    errno = e;
+    return step;
+}
+
 void upstream_free(struct upstream *up)
 {
     if (!up)
         return;
     for (int i = 0; i < up->nidle; i++)
-        close(up->idle[i].fd);
+        conn_close(&up->idle[i].c);
     free(up->idle);
     pthread_mutex_destroy(&up->lock);
     http_client_free(up->async);
@@ -96,43 +161,54 @@ void upstream_free(struct upstream *up)
  * A pooled connection still fit for a request: young, and nothing to read on it (an EOF or stray
  * bytes mean the upstream is closing it or broke the protocol).
  */
-static int idle_usable(const struct idle_conn *ic, int64_t now)
+static int idle_usable(struct idle_conn *ic, int64_t now)
 {
-    struct pollfd p = {.fd = ic->fd, .events = POLLIN};
+    struct pollfd p = {.fd = ic->c.fd, .events = POLLIN};
+    struct strbuf plain = STRBUF_INIT;
+    int usable;
+
     if (now - ic->since_ms > IDLE_REUSE_MS)
         return 0;
-    return poll(&p, 1, 0) == 0;
+    if (poll(&p, 1, 0) == 0)
+        return 1;
+    if (!ic->c.tls)
+        return 0;
+    /* Ciphertext that decrypts to nothing (a session ticket) leaves it quiet. */
+    usable = tls_pull(&ic->c, &plain, NULL) == TLS_WANT && plain.len == 0;
+    strbuf_release(&plain);
+    return usable;
 }
 
-static int take_idle(struct upstream *up)
+/* A pooled connection fit for a request, or one with fd -1. */
+static struct conn take_idle(struct upstream *up)
 {
     int64_t now = clock_mono_ms();
-    int fd = -1;
+    struct conn c = {.fd = -1};
 
     pthread_mutex_lock(&up->lock);
-    while (up->nidle > 0 && fd < 0) {
+    while (up->nidle > 0 && c.fd < 0) {
         struct idle_conn ic = up->idle[--up->nidle];
         if (idle_usable(&ic, now))
-            fd = ic.fd;
+            c = ic.c;
         else
-            close(ic.fd);
+            conn_close(&ic.c);
     }
     pthread_mutex_unlock(&up->lock);
-    return fd;
+    return c;
 }
 
-static void give_back(struct upstream *up, int fd)
+static void give_back(struct upstream *up, struct conn *c)
 {
     pthread_mutex_lock(&up->lock);
     if (up->nidle < (up->opts.max_idle > 0 ? up->opts.max_idle : 1)) {
-        up->idle[up->nidle].fd = fd;
+        up->idle[up->nidle].c = *c;
         up->idle[up->nidle].since_ms = clock_mono_ms();
         up->nidle++;
-        fd = -1;
+        c->fd = -1;
+        c->tls = NULL;
     }
     pthread_mutex_unlock(&up->lock);
-    if (fd >= 0)
-        close(fd);
+    conn_close(c);
 }
 
 /* A new connection, or -1 with `err` set: nothing was sent on it. */
@@ -170,6 +246,107 @@ static int connect_new(struct upstream *up, char *err, size_t errlen)
 fail:
     close(fd);
     return -1;
+}
+
+/* Writes all of `len` bytes by `deadline`: 0, or -1 (errno). */
+static int send_all(int fd, const char *data, size_t len, int64_t deadline)
+{
+    while (len > 0) {
+        ssize_t w = write(fd, data, len);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno == EAGAIN) {
+            int r = fd_wait(fd, POLLOUT, deadline);
+            if (r <= 0) {
+                if (r == 0)
+                    errno = ETIMEDOUT;
+                return -1;
+            }
+            continue;
+        }
+        if (w < 0)
+            return -1;
+        data += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+/*
+ * The TLS handshake on the new connection `c`, by `deadline`: 0, or -1 with `err` (*refused: the
+ * certificate or the name did not verify, or the server refused us, rather than a cut or a
+ * timeout).  Nothing of a request is sent before it is done.
+ */
+static int tls_handshake(struct upstream *up, struct conn *c, int64_t deadline, int *refused,
+                         char *err, size_t errlen)
+{
+    struct strbuf out = STRBUF_INIT;
+    char buf[PULL_MAX];
+    int rc = -1;
+
+    c->tls = tls_conn_new(up->opts.tls);
+    for (;;) {
+        enum tls_step step = tls_conn_handshake(c->tls);
+        ssize_t n;
+        if (tls_conn_take(c->tls, &out) > 0 && send_all(c->fd, out.buf, out.len, deadline) != 0 &&
+            step != TLS_FAIL) {
+            snprintf(err, errlen, "TLS: sending the handshake to %s: %s", up->host_header,
+                     strerror(errno));
+            goto out;
+        }
+        strbuf_reset(&out);
+        if (step == TLS_OK)
+            break;
+        if (step == TLS_FAIL) {
+            snprintf(err, errlen, "%s (upstream %s)", tls_conn_error(c->tls), up->host_header);
+            *refused = 1;
+            goto out;
+        }
+        n = read(c->fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN) {
+            int w = fd_wait(c->fd, POLLIN, deadline);
+            if (w == 0) {
+                snprintf(err, errlen,
+                         "TLS: the handshake with %s did not end within the connect "
+                         "timeout",
+                         up->host_header);
+                goto out;
+            }
+            if (w < 0) {
+                snprintf(err, errlen, "poll: %s", strerror(errno));
+                goto out;
+            }
+            continue;
+        }
+        if (n < 0) {
+            snprintf(err, errlen, "TLS: the handshake with %s: %s", up->host_header,
+                     strerror(errno));
+            goto out;
+        }
+        tls_conn_put(c->tls, buf, (size_t)n); /* 0: the end, which fails the handshake */
+    }
+    rc = 0;
+out:
+    strbuf_release(&out);
+    return rc;
+}
+
+/* A new connection, its TLS handshake done over https; -1 with `err`: nothing was sent on it. */
+static int open_conn(struct upstream *up, struct conn *c, int *tls_refused, char *err,
+                     size_t errlen)
+{
+    c->tls = NULL;
+    c->fd = connect_new(up, err, errlen);
+    if (c->fd < 0)
+        return -1;
+    if (up->opts.tls != NULL && tls_handshake(up, c, clock_mono_ms() + up->opts.connect_timeout_ms,
+                                              tls_refused, err, errlen) != 0) {
+        conn_close(c);
+        return -1;
+    }
+    return 0;
 }
 
 /* The request head: method, target, the caller's headers, Content-Length, Connection. */
@@ -235,23 +412,133 @@ static int write_all(int fd, struct iovec *iov, int n, int64_t deadline, size_t 
 }
 
 /*
- * Reads the answer on `fd` until it is whole, the deadline passes or the connection ends.
- * *reusable says whether the connection may carry another exchange.
+ * Over TLS, writes all of `iov` encrypted, as write_all() does: 0, 1 when the upstream began to
+ * answer (plaintext came, now in `plain`, or the connection ended), or -1 (errno).  *sent: the
+ * ciphertext bytes written.
  */
-static enum http_fetch_result read_answer(struct http_reply_reader *r, int fd, int64_t deadline,
+static int tls_write_all(struct conn *c, const struct iovec *iov, int n, int64_t deadline,
+                         size_t *sent, struct strbuf *plain)
+{
+    struct strbuf out = STRBUF_INIT;
+    size_t off = 0;
+    int rc = 0;
+
+    *sent = 0;
+    for (int i = 0; i < n; i++) {
+        if (iov[i].iov_len > 0 && tls_conn_write(c->tls, iov[i].iov_base, iov[i].iov_len) != 0) {
+            errno = EPROTO;
+            rc = -1;
+            goto out;
+        }
+    }
+    tls_conn_take(c->tls, &out);
+    while (off < out.len) {
+        ssize_t w = write(c->fd, out.buf + off, out.len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno == EAGAIN) {
+            struct pollfd answer = {.fd = c->fd, .events = POLLIN};
+            int r = fd_wait(c->fd, POLLOUT | POLLIN, deadline);
+            if (r <= 0) {
+                if (r == 0)
+                    errno = ETIMEDOUT;
+                rc = -1;
+                goto out;
+            }
+            /* A session ticket decrypts to nothing: only plaintext is the upstream answering. */
+            if (poll(&answer, 1, 0) > 0 && (tls_pull(c, plain, &out) != TLS_WANT || plain->len)) {
+                rc = 1;
+                goto out;
+            }
+            continue;
+        }
+        if (w < 0) {
+            rc = -1;
+            goto out;
+        }
+        off += (size_t)w;
+        *sent += (size_t)w;
+    }
+out:
+    strbuf_release(&out);
+    return rc;
+}
+
+/*
+ * After a failed first write on a new TLS connection: whether the server's alert refusing our
+ * certificate came before its reset (TLS 1.3 judges the client's certificate after the client's
+ * handshake ends), so that it never read the request.
+ */
+static int refused_first(struct conn *c)
+{
+    struct strbuf plain = STRBUF_INIT;
+    int refused = 0;
+
+    if (tls_conn_bytes_read(c->tls) == 0 && !tls_conn_resumed(c->tls)) {
+        (void)tls_pull(c, &plain, NULL);
+        refused = plain.len == 0 && tls_conn_failed_in_handshake(c->tls);
+    }
+    strbuf_release(&plain);
+    return refused;
+}
+
+/*
+ * read() for a worker's connection: over TLS, the plaintext (first what came while the request
+ * was written, in `plain`), and -1 with EPROTO when TLS failed (tls_conn_error says why).
+ */
+static ssize_t conn_read(struct conn *c, struct strbuf *plain, char *buf, size_t cap)
+{
+    size_t n;
+
+    if (!c->tls)
+        return read(c->fd, buf, cap);
+    if (plain->len == 0) {
+        enum tls_step step = tls_pull(c, plain, NULL);
+        if (plain->len == 0) {
+            if (step == TLS_EOF)
+                return 0;
+            if (step == TLS_FAIL && tls_conn_error(c->tls)[0] != '\0')
+                errno = EPROTO;
+            else if (step != TLS_FAIL)
+                errno = EAGAIN;
+            return -1;
+        }
+    }
+    n = plain->len < cap ? plain->len : cap;
+    memcpy(buf, plain->buf, n);
+    memmove(plain->buf, plain->buf + n, plain->len - n);
+    plain->len -= n;
+    return (ssize_t)n;
+}
+
+/*
+ * Reads the answer on `c` until it is whole, the deadline passes or the connection ends.
+ * *reusable says whether the connection may carry another exchange.  `buf` holds PULL_MAX, what
+ * one pull decrypts, so nothing stays in `plain` when the reader says it streams.
+ */
+static enum http_fetch_result read_answer(struct http_reply_reader *r, struct conn *c,
+                                          struct strbuf *plain, int64_t deadline,
                                           struct http_reply *resp, int *reusable, int *streaming,
                                           char *err, size_t errlen)
 {
-    char buf[16384];
+    char buf[PULL_MAX];
 
     *reusable = 0;
     *streaming = 0;
     for (;;) {
-        ssize_t n = read(fd, buf, sizeof buf);
+        ssize_t n = conn_read(c, plain, buf, sizeof buf);
         if (n < 0 && errno == EINTR)
             continue;
+        if (n < 0 && errno == EPROTO && c->tls) {
+            snprintf(err, errlen, "reading the answer: %s", tls_conn_error(c->tls));
+            if (!tls_conn_failed_in_handshake(c->tls))
+                return HTTP_FETCH_UNKNOWN;
+            /* TLS 1.3: the server refused our certificate, and never read the request. */
+            resp->tls_failed = 1;
+            return HTTP_FETCH_NOT_SENT;
+        }
         if (n < 0 && errno == EAGAIN) {
-            int w = fd_wait(fd, POLLIN, deadline);
+            int w = fd_wait(c->fd, POLLIN, deadline);
             if (w == 0) {
                 snprintf(err, errlen, "no whole answer within the upstream timeout");
                 resp->timed_out = 1;
@@ -301,16 +588,16 @@ enum http_fetch_result upstream_exchange(struct upstream *up, const struct upstr
     struct iovec iov[2];
     enum http_fetch_result res;
     int64_t start_ns, deadline;
+    struct strbuf plain = STRBUF_INIT; /* TLS: answer bytes decrypted while writing */
+    struct conn c = {.fd = -1};
     size_t sent = 0;
     int reusable = 0, streaming = 0, early;
-    int fd;
 
     memset(resp, 0, sizeof *resp);
     err[0] = '\0';
-    fd = rq->fresh_connection ? -1 : take_idle(up);
-    if (fd < 0)
-        fd = connect_new(up, err, errlen);
-    if (fd < 0)
+    if (!rq->fresh_connection)
+        c = take_idle(up);
+    if (c.fd < 0 && open_conn(up, &c, &resp->tls_failed, err, errlen) != 0)
         return HTTP_FETCH_NOT_SENT;
 
     http_reply_reader_init(&r, hold_max ? hold_max : up->opts.max_response_bytes,
@@ -324,7 +611,14 @@ enum http_fetch_result upstream_exchange(struct upstream *up, const struct upstr
     iov[1].iov_len = rq->body_len;
     start_ns = clock_mono_ns();
     deadline = clock_mono_ms() + up->opts.timeout_ms;
-    early = write_all(fd, iov, rq->body_len > 0 ? 2 : 1, deadline, &sent);
+    early = c.tls ? tls_write_all(&c, iov, rq->body_len > 0 ? 2 : 1, deadline, &sent, &plain)
+                  : write_all(c.fd, iov, rq->body_len > 0 ? 2 : 1, deadline, &sent);
+    if (early < 0 && c.tls && refused_first(&c)) {
+        snprintf(err, errlen, "%s (upstream %s)", tls_conn_error(c.tls), up->host_header);
+        resp->tls_failed = 1;
+        res = HTTP_FETCH_NOT_SENT;
+        goto out;
+    }
     if (early < 0) {
         int e = errno;
         snprintf(err, errlen, "sending the request: %s", strerror(e));
@@ -333,7 +627,7 @@ enum http_fetch_result upstream_exchange(struct upstream *up, const struct upstr
         res = sent == 0 ? HTTP_FETCH_NOT_SENT : HTTP_FETCH_UNKNOWN;
         goto out;
     }
-    res = read_answer(&r, fd, deadline, resp, &reusable, &streaming, err, errlen);
+    res = read_answer(&r, &c, &plain, deadline, resp, &reusable, &streaming, err, errlen);
     if (res == HTTP_FETCH_OK || res == HTTP_FETCH_TOO_LARGE) {
         int timed_out = resp->timed_out;
         http_reply_reader_take(&r, resp);
@@ -342,17 +636,19 @@ enum http_fetch_result upstream_exchange(struct upstream *up, const struct upstr
     resp->seconds = (double)(clock_mono_ns() - start_ns) / 1e9;
     if (streaming) {
         /* The rest of the body is the caller's to read: the reader and the connection go along. */
-        resp->rest = http_body_stream_new(&r, fd, up->opts.timeout_ms);
+        resp->rest = http_body_stream_new(&r, c.fd, c.tls, up->opts.timeout_ms);
         strbuf_release(&head);
+        strbuf_release(&plain);
         return res;
     }
 out:
     strbuf_release(&head);
     http_reply_reader_release(&r);
-    if (reusable && early == 0 && !rq->fresh_connection)
-        give_back(up, fd);
+    if (reusable && early == 0 && !rq->fresh_connection && plain.len == 0)
+        give_back(up, &c);
     else
-        close(fd);
+        conn_close(&c);
+    strbuf_release(&plain);
     return res;
 }
 

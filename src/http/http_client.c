@@ -7,6 +7,12 @@
  * the pool needs no lock once found.  While a connection is idle its read stays armed, so an
  * upstream that closes it (or sends stray bytes) is seen at once and the connection dropped; a
  * request is only written into a connection that was quiet and young a moment ago.
+ *
+ * Over TLS a new connection runs its handshake first, under the connect timeout, and the request
+ * is encrypted only once it is done; every read goes through the engine (tls.h), and only the
+ * plaintext it gives counts as the upstream speaking: ciphertext that decrypts to nothing (TLS
+ * 1.3's session tickets, which may come while the request is written or the connection is idle)
+ * is not an answer.  Ciphertext goes out by writes of its own, each with its buffer.
  */
 #include "http_client.h"
 #include "ascii.h"
@@ -246,7 +252,8 @@ void http_reply_reader_take(struct http_reply_reader *r, struct http_reply *out)
 
 /* ---- the rest of a streamed answer ----------------------------------------------------------- */
 
-struct http_body_stream *http_body_stream_new(struct http_reply_reader *r, int fd, int timeout_ms)
+struct http_body_stream *http_body_stream_new(struct http_reply_reader *r, int fd,
+                                              struct tls_conn *tls, int timeout_ms)
 {
     struct http_body_stream *st = xcalloc(1, sizeof *st);
     int flags = fcntl(fd, F_GETFL);
@@ -255,6 +262,7 @@ struct http_body_stream *http_body_stream_new(struct http_reply_reader *r, int f
     if (flags >= 0 && !(flags & O_NONBLOCK))
         (void)fcntl(fd, F_SETFL, flags | O_NONBLOCK);
     st->fd = fd;
+    st->tls = tls;
     st->reader = *r;
     st->reader.hp.data = &st->reader; /* the parser's callbacks find the reader there */
     st->timeout_ms = timeout_ms;
@@ -267,17 +275,64 @@ uint64_t http_body_stream_length(const struct http_body_stream *st)
     return http_reply_reader_length(&st->reader);
 }
 
+/*
+ * Over TLS, read() for the stream: the plaintext the engine has, else the socket's ciphertext
+ * put in and tried again.  Returns as read() does: >0 bytes, 0 at the end, -1 with errno
+ * (EAGAIN: nothing yet; EPROTO: TLS failed, `err` says why).  What the engine has to send back
+ * (an answer to a key update) is written if the socket takes it, and dropped if not: the body is
+ * only read from here on.
+ */
+static ssize_t stream_tls_read(struct http_body_stream *st, char *buf, size_t cap, char *err,
+                               size_t errlen)
+{
+    struct strbuf plain = STRBUF_INIT, out = STRBUF_INIT;
+    ssize_t n = -1;
+
+    for (;;) {
+        enum tls_step step = tls_conn_read(st->tls, &plain, cap);
+        if (tls_conn_take(st->tls, &out) > 0) {
+            ssize_t w = write(st->fd, out.buf, out.len);
+            (void)w;
+            strbuf_reset(&out);
+        }
+        if (step == TLS_OK) {
+            memcpy(buf, plain.buf, plain.len);
+            n = (ssize_t)plain.len;
+            break;
+        }
+        if (step == TLS_EOF) {
+            n = 0;
+            break;
+        }
+        if (step == TLS_FAIL) {
+            snprintf(err, errlen, "reading the body: %s", tls_conn_error(st->tls));
+            errno = EPROTO;
+            break;
+        }
+        n = read(st->fd, buf, cap);
+        if (n < 0)
+            break;
+        tls_conn_put(st->tls, buf, (size_t)n);
+    }
+    strbuf_release(&plain);
+    strbuf_release(&out);
+    return n;
+}
+
 enum http_source_step http_body_stream_step(struct http_body_stream *st, struct strbuf *into,
                                             char *err, size_t errlen)
 {
     char buf[65536];
 
     while (!st->done) {
-        ssize_t n = read(st->fd, buf, sizeof buf);
+        ssize_t n = st->tls ? stream_tls_read(st, buf, sizeof buf, err, errlen)
+                            : read(st->fd, buf, sizeof buf);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return HTTP_SOURCE_WAIT;
+        if (n < 0 && errno == EPROTO && st->tls)
+            return HTTP_SOURCE_ERROR; /* `err` said it */
         if (n < 0) {
             snprintf(err, errlen, "reading the body: %s", strerror(errno));
             return HTTP_SOURCE_ERROR;
@@ -339,6 +394,7 @@ void http_body_stream_close(struct http_body_stream *st)
     if (st == NULL)
         return;
     close(st->fd);
+    tls_conn_free(st->tls);
     http_reply_reader_release(&st->reader);
     free(st);
 }
@@ -381,6 +437,16 @@ struct fconn {
     int nclosed;           /* handles closed: the connection is freed at 2 */
     char connect_err[120]; /* a connect refused at once, told from the timer */
     struct http_reply_reader rr;
+    struct tls_conn *tls; /* https: its TLS state */
+    int handshaking;      /* connected, the TLS handshake not done: nothing of the request sent */
+};
+
+/* One write of ciphertext, with its buffer. */
+struct tls_write {
+    uv_write_t req;
+    struct fconn *c;
+    char *buf;
+    int request; /* it carries the end of the request (the plain connection's c->write) */
 };
 
 struct http_fetch {
@@ -440,6 +506,7 @@ static void fconn_closed(uv_handle_t *h)
     struct fconn *c = h->data;
     if (++c->nclosed < 2)
         return;
+    tls_conn_free(c->tls);
     http_reply_reader_release(&c->rr);
     free(c);
 }
@@ -533,12 +600,30 @@ static void fail(struct fconn *c, enum http_fetch_result res, int timed_out, con
     http_reply_clear(&reply);
 }
 
+/* The TLS handshake failed: nothing of the request was sent (reply->tls_failed). */
+static void fail_tls(struct fconn *c, const char *err)
+{
+    struct http_fetch *f = c->f;
+    struct http_reply reply;
+
+    fconn_close(c);
+    if (!f)
+        return;
+    memset(&reply, 0, sizeof reply);
+    reply.tls_failed = 1;
+    finish(f, HTTP_FETCH_NOT_SENT, &reply, err);
+    http_reply_clear(&reply);
+}
+
 static void on_timeout(uv_timer_t *t)
 {
     struct fconn *c = t->data;
     if (!c->f)
         return;
-    if (c->f->start_ns == 0)
+    if (c->handshaking)
+        fail(c, HTTP_FETCH_NOT_SENT, 0,
+             "TLS: the handshake did not end within the connect timeout");
+    else if (c->f->start_ns == 0)
         fail(c, HTTP_FETCH_NOT_SENT, 0, c->connect_err[0] ? c->connect_err : "connect: timed out");
     else
         fail(c, HTTP_FETCH_UNKNOWN, 1, "no whole answer within the upstream timeout");
@@ -569,16 +654,17 @@ static void release(struct fconn *c, int reusable)
     p->nidle++;
 }
 
-static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+/*
+ * What the upstream said on `c`: `nread` bytes of `data` (plaintext over TLS), or its end
+ * (UV_EOF), or a read error (another negative).
+ */
+static void answer_bytes(struct fconn *c, const char *data, ssize_t nread)
 {
-    struct fconn *c = s->data;
     struct http_fetch *f = c->f;
     struct http_reply reply;
     enum http_reply_read r;
     char err[200];
 
-    if (nread == 0)
-        return;
     if (!f) {
         fconn_close(c); /* idle: the upstream closed it, or spoke out of turn */
         return;
@@ -590,7 +676,7 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     if (c->writing && nread > 0)
         c->early = 1;
-    r = http_reply_reader_feed(&c->rr, buf->base, nread < 0 ? 0 : (size_t)nread);
+    r = http_reply_reader_feed(&c->rr, data, nread < 0 ? 0 : (size_t)nread);
     switch (r) {
     case HTTP_REPLY_MORE:
         if (nread < 0)
@@ -615,7 +701,8 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             fail(c, HTTP_FETCH_UNKNOWN, 0, "cannot keep the upstream connection for the body");
             return;
         }
-        reply.rest = http_body_stream_new(&c->rr, fd, c->pool->cl->opts.timeout_ms);
+        reply.rest = http_body_stream_new(&c->rr, fd, c->tls, c->pool->cl->opts.timeout_ms);
+        c->tls = NULL; /* the stream's now, with what it holds of the body */
         fconn_close(c);
         finish(f, HTTP_FETCH_OK, &reply, "");
         http_reply_clear(&reply);
@@ -636,9 +723,9 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
 }
 
-static void write_cb(uv_write_t *w, int status)
+/* The request's last write ended with `status`. */
+static void request_written(struct fconn *c, int status)
 {
-    struct fconn *c = w->data;
     char err[200];
 
     c->writing = 0;
@@ -646,6 +733,153 @@ static void write_cb(uv_write_t *w, int status)
         return;
     snprintf(err, sizeof err, "sending the request: %s", uv_strerror(status));
     fail(c, HTTP_FETCH_UNKNOWN, 0, err);
+}
+
+static void write_cb(uv_write_t *w, int status)
+{
+    request_written(w->data, status);
+}
+
+static void send_on(struct fconn *c);
+
+static void tls_write_cb(uv_write_t *req, int status)
+{
+    struct tls_write *w = req->data;
+    struct fconn *c = w->c;
+    int request = w->request;
+    char err[200];
+
+    free(w->buf);
+    free(w);
+    if (request && status < 0 && !c->closing && tls_conn_bytes_read(c->tls) == 0 &&
+        !tls_conn_resumed(c->tls)) {
+        /*
+         * A server that refused our certificate (TLS 1.3) resets the connection after its alert:
+         * the read, armed, finds the alert first and says "nothing sent", or the reset.
+         */
+        c->writing = 0;
+        return;
+    }
+    if (request) {
+        request_written(c, status);
+        return;
+    }
+    if (status == 0 || c->closing)
+        return;
+    /* A handshake flight, or the engine's own answer after the request. */
+    snprintf(err, sizeof err, "TLS: sending: %s", uv_strerror(status));
+    fail(c, c->f && c->f->start_ns == 0 ? HTTP_FETCH_NOT_SENT : HTTP_FETCH_UNKNOWN, 0, err);
+}
+
+/* Writes what ciphertext the engine has; `request`: it ends the request.  uv_write's status. */
+static int tls_flush(struct fconn *c, int request)
+{
+    struct strbuf out = STRBUF_INIT;
+    struct tls_write *w;
+    uv_buf_t buf;
+    size_t len = 0;
+    int rc;
+
+    if (tls_conn_take(c->tls, &out) == 0)
+        return 0;
+    w = xcalloc(1, sizeof *w);
+    w->c = c;
+    w->request = request;
+    w->req.data = w;
+    w->buf = strbuf_detach(&out, &len);
+    buf = uv_buf_init(w->buf, (unsigned int)len);
+    rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &buf, 1, tls_write_cb);
+    if (rc < 0) {
+        free(w->buf);
+        free(w);
+    }
+    return rc;
+}
+
+/* Moves the handshake on; once done, the request goes. */
+static void handshake_step(struct fconn *c)
+{
+    enum tls_step step = tls_conn_handshake(c->tls);
+    int rc = tls_flush(c, 0);
+    char err[300];
+
+    if (step == TLS_FAIL) {
+        snprintf(err, sizeof err, "%s", tls_conn_error(c->tls));
+        fail_tls(c, err);
+        return;
+    }
+    if (rc < 0) {
+        snprintf(err, sizeof err, "TLS: sending the handshake: %s", uv_strerror(rc));
+        fail(c, HTTP_FETCH_NOT_SENT, 0, err);
+        return;
+    }
+    if (step == TLS_OK) {
+        c->handshaking = 0;
+        uv_timer_stop(&c->timer);
+        send_on(c);
+    }
+}
+
+/* Ciphertext (or the end, or an error) read on a TLS connection. */
+static void tls_read(struct fconn *c, ssize_t nread, const uv_buf_t *buf)
+{
+    struct strbuf plain = STRBUF_INIT;
+    enum tls_step step;
+    char err[300];
+
+    if (nread < 0 && nread != UV_EOF) {
+        if (c->handshaking) {
+            snprintf(err, sizeof err, "TLS: the handshake: %s", uv_strerror((int)nread));
+            fail(c, HTTP_FETCH_NOT_SENT, 0, err);
+        } else {
+            answer_bytes(c, NULL, nread);
+        }
+        return;
+    }
+    tls_conn_put(c->tls, buf->base, nread < 0 ? 0 : (size_t)nread);
+    if (c->handshaking) {
+        handshake_step(c);
+        return;
+    }
+    for (;;) {
+        step = tls_conn_read(c->tls, &plain, (size_t)1 << 20);
+        if (step != TLS_OK)
+            break;
+        answer_bytes(c, plain.buf, (ssize_t)plain.len);
+        strbuf_reset(&plain);
+        if (c->closing || !c->tls)
+            break;
+    }
+    strbuf_release(&plain);
+    if (c->closing || !c->tls)
+        return;
+    (void)tls_flush(c, 0); /* a failure is told by its callback */
+    if (step == TLS_EOF) {
+        answer_bytes(c, NULL, UV_EOF);
+    } else if (step == TLS_FAIL) {
+        if (!c->f) {
+            fconn_close(c);
+        } else if (tls_conn_failed_in_handshake(c->tls)) {
+            /* TLS 1.3: the server refused the client's certificate, and never read the request. */
+            snprintf(err, sizeof err, "%s", tls_conn_error(c->tls));
+            fail_tls(c, err);
+        } else {
+            snprintf(err, sizeof err, "reading the answer: %s", tls_conn_error(c->tls));
+            fail(c, HTTP_FETCH_UNKNOWN, 0, err);
+        }
+    }
+}
+
+static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    struct fconn *c = s->data;
+
+    if (nread == 0)
+        return;
+    if (c->tls)
+        tls_read(c, nread, buf);
+    else
+        answer_bytes(c, buf->base, nread);
 }
 
 /* Writes the request on a connected `c` and waits for the answer. */
@@ -662,7 +896,12 @@ static void send_on(struct fconn *c)
         http_reply_reader_allow_stream(&c->rr);
     f->start_ns = clock_mono_ns();
     c->writing = 1;
-    rc = uv_write(&c->write, (uv_stream_t *)&c->tcp, &buf, 1, write_cb);
+    if (!c->tls)
+        rc = uv_write(&c->write, (uv_stream_t *)&c->tcp, &buf, 1, write_cb);
+    else if (tls_conn_write(c->tls, f->out, f->out_len) != 0)
+        rc = UV_EPROTO;
+    else
+        rc = tls_flush(c, 1);
     if (rc < 0) {
         /* Refused before a byte was queued: the upstream saw nothing. */
         c->writing = 0;
@@ -687,6 +926,7 @@ static void connect_cb(uv_connect_t *req, int status)
 {
     struct fconn *c = req->data;
     char err[200];
+    int rc;
 
     if (c->closing)
         return;
@@ -697,7 +937,22 @@ static void connect_cb(uv_connect_t *req, int status)
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);
-    send_on(c);
+    if (!c->pool->cl->opts.tls) {
+        send_on(c);
+        return;
+    }
+    /* The handshake, then the request: its own deadline, the connect's. */
+    c->tls = tls_conn_new(c->pool->cl->opts.tls);
+    c->handshaking = 1;
+    rc = uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
+    if (rc < 0) {
+        snprintf(err, sizeof err, "TLS: reading the handshake: %s", uv_strerror(rc));
+        fail(c, HTTP_FETCH_NOT_SENT, 0, err);
+        return;
+    }
+    c->reading = 1;
+    uv_timer_start(&c->timer, on_timeout, (uint64_t)c->pool->cl->opts.connect_timeout_ms, 0);
+    handshake_step(c);
 }
 
 /* A pooled connection fit for a request: young (its read is armed, so a close was seen). */

@@ -14,6 +14,11 @@
  * an exchange that ends without a whole answer is HTTP_FETCH_UNKNOWN.  A pooled connection is
  * reused only while young, and is watched while idle, so that an upstream closing it is noticed
  * before a request is written into it.
+ *
+ * With TLS (http_client_options.tls), a connection's handshake is done -- the upstream's
+ * certificate and name verified -- before a byte of the request is encrypted, so a handshake that
+ * fails is HTTP_FETCH_NOT_SENT like a refused connect, with reply->tls_failed set.  Bytes go
+ * through the engine of tls.h both ways; the socket only ever carries ciphertext.
  */
 #ifndef IDEM_HTTP_HTTP_CLIENT_H
 #define IDEM_HTTP_HTTP_CLIENT_H
@@ -26,6 +31,7 @@
 
 #include "response.h"
 #include "strbuf.h"
+#include "tls.h"
 
 /* A pooled connection older than this is closed rather than reused (upstreams close idle ones). */
 #define HTTP_CLIENT_IDLE_REUSE_MS 2000
@@ -57,6 +63,7 @@ struct http_reply {
     size_t body_len;
     double seconds; /* first byte sent to the end of the answer */
     int timed_out;  /* HTTP_FETCH_UNKNOWN because the timeout passed (not a reset or a close) */
+    int tls_failed; /* HTTP_FETCH_NOT_SENT because the TLS handshake failed (err says why) */
     /*
      * Set when the exchange was allowed to stream and the body is over its cap: `body` holds
      * its first bytes, the rest is read from here (http_body_stream_step or _next).  Closed by
@@ -130,7 +137,8 @@ void http_reply_reader_release(struct http_reply_reader *r);
 /* ---- the rest of a streamed answer ----------------------------------------------------------- */
 
 struct http_body_stream {
-    int fd; /* the upstream connection, never pooled again */
+    int fd;               /* the upstream connection, never pooled again */
+    struct tls_conn *tls; /* its TLS state, NULL on a plain connection */
     struct http_reply_reader reader;
     int timeout_ms; /* for each stall of the upstream, not for the whole body */
     int done;
@@ -138,9 +146,11 @@ struct http_body_stream {
 
 /*
  * Moves `r` (which said HTTP_REPLY_STREAM, its head and first bytes taken) and the connection
- * `fd` (blocking or not) into a new stream; `r` is left empty.
+ * `fd` (blocking or not) into a new stream; `r` is left empty.  Steals `tls` (NULL: plain), the
+ * connection's TLS state, through which the rest is read.
  */
-struct http_body_stream *http_body_stream_new(struct http_reply_reader *r, int fd, int timeout_ms);
+struct http_body_stream *http_body_stream_new(struct http_reply_reader *r, int fd,
+                                              struct tls_conn *tls, int timeout_ms);
 /* The body's announced length, or UINT64_MAX (chunked, or until the close). */
 uint64_t http_body_stream_length(const struct http_body_stream *st);
 /*
@@ -172,6 +182,7 @@ struct http_client_options {
     int timeout_ms;            /* from the request written to the end of the answer */
     int max_idle;              /* connections kept per loop between exchanges */
     size_t max_response_bytes; /* a longer body ends the exchange as HTTP_FETCH_TOO_LARGE */
+    struct tls_ctx *tls;       /* https: every connection through it (borrowed; NULL: plain) */
 };
 
 /* Returns 0 with *out, or -1 with a sentence in `err` (the host does not resolve). */

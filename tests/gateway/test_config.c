@@ -517,8 +517,10 @@ static void test_type_errors(void)
     CHECK_REFUSED("upstream:\n", "t.yaml:1: ", "upstream: expected a mapping, not an empty value");
     CHECK_REFUSED("upstream: {connect_timeout: 1s}\n",
                   "t.yaml:1: ", "upstream: missing required key \"url\"");
-    CHECK_REFUSED("upstream: {url: [http://h:1]}\n", "t.yaml:1: ",
-                  "upstream.url: expected http://HOST:PORT or http://[V6]:PORT, not a list");
+    CHECK_REFUSED(
+        "upstream: {url: [http://h:1]}\n", "t.yaml:1: ",
+        "upstream.url: expected http://HOST:PORT, http://[V6]:PORT or https://HOST[:PORT], not "
+        "a list");
     CHECK_REFUSED("upstream:\n  url: http://h:1\n  max_connections: lots\n", "t.yaml:3: ",
                   "upstream.max_connections: expected an integer from 1 to 10000, not \"lots\"");
     CHECK_REFUSED("upstream:\n  url: http://h:1\n  max_connections: 10001\n",
@@ -571,12 +573,50 @@ static void test_type_errors(void)
                   "t.yaml:8: ", "not \"line one?line two\"");
 }
 
+/* https: the port 443 unless written, the URL's host verified unless another is named. */
+static void test_upstream_tls(void)
+{
+    struct gw_config *cfg = parse_ok("upstream: {url: 'HTTPS://api.example.com/'}\n");
+
+    CHECK(cfg != NULL);
+    if (cfg != NULL) {
+        CHECK(cfg->upstream_tls);
+        CHECK_STR(cfg->upstream_host, "api.example.com");
+        CHECK_INT(cfg->upstream_port, 443);
+        CHECK(cfg->upstream_tls_ca_file == NULL && cfg->upstream_tls_server_name == NULL);
+        gw_config_free(cfg);
+    }
+    cfg = parse_ok("upstream:\n  url: https://[::1]:8443\n  tls:\n    server_name: api.internal\n"
+                   "    ca_file: /etc/hostname\n    cert_file: /etc/hostname\n"
+                   "    key_file: /etc/hostname\n");
+    CHECK(cfg != NULL);
+    if (cfg != NULL) {
+        CHECK_STR(cfg->upstream_host, "::1");
+        CHECK_INT(cfg->upstream_port, 8443);
+        CHECK_STR(cfg->upstream_tls_server_name, "api.internal");
+        CHECK_STR(cfg->upstream_tls_ca_file, "/etc/hostname");
+        CHECK_STR(cfg->upstream_tls_cert_file, "/etc/hostname");
+        CHECK_STR(cfg->upstream_tls_key_file, "/etc/hostname");
+        gw_config_free(cfg);
+    }
+    cfg = parse_ok("upstream: {url: 'http://h:1'}\n");
+    CHECK(cfg != NULL && !cfg->upstream_tls);
+    gw_config_free(cfg);
+}
+
 static void test_upstream_errors(void)
 {
-    CHECK_REFUSED("upstream:\n  url: https://api.internal:443\n", "t.yaml:2: ",
-                  "upstream.url: https upstreams are not supported; put the gateway next to the "
-                  "service");
-    CHECK_REFUSED("upstream: {url: 'HTTPS://h:1'}\n", "t.yaml:1: ", "https upstreams");
+    CHECK_REFUSED("upstream:\n  url: http://h:1\n  tls: {server_name: h}\n",
+                  "t.yaml:3: ", "upstream: tls applies to an https url only");
+    CHECK_REFUSED("upstream:\n  url: https://h\n  tls: {server_name: 'a b'}\n",
+                  "t.yaml:3: ", "upstream.tls.server_name: expected a host name");
+    CHECK_REFUSED("upstream:\n  url: https://h\n  tls:\n    cert_file: /etc/hostname\n",
+                  "t.yaml:4: ", "upstream.tls: cert_file and key_file go together");
+    CHECK_REFUSED("upstream:\n  url: https://h\n  tls: {ca_file: /nonexistent/ca.pem}\n",
+                  "t.yaml:3: ", "upstream.tls.ca_file: cannot read /nonexistent/ca.pem: No such");
+    CHECK_REFUSED("upstream:\n  url: https://h\n  tls: {ca_file: /tmp}\n",
+                  "t.yaml:3: ", "not a regular file");
+    CHECK_REFUSED("upstream:\n  url: https://[::1\n", "t.yaml:2: ", "with a port");
     CHECK_REFUSED("upstream:\n  url: ftp://h:1\n",
                   "t.yaml:2: ", "upstream.url: expected http://HOST:PORT");
     CHECK_REFUSED("upstream:\n  url: http://h:1/api\n",
@@ -585,8 +625,10 @@ static void test_upstream_errors(void)
     CHECK_REFUSED("upstream:\n  url: http://h:1//\n", "t.yaml:2: ", "without a path");
     CHECK_REFUSED("upstream:\n  url: http://user:pw@h:1\n",
                   "t.yaml:2: ", "upstream.url: no user information (user@) is allowed");
-    CHECK_REFUSED("upstream:\n  url: http://h\n", "t.yaml:2: ",
-                  "upstream.url: expected http://HOST:PORT or http://[V6]:PORT with a port");
+    CHECK_REFUSED(
+        "upstream:\n  url: http://h\n", "t.yaml:2: ",
+        "upstream.url: expected http://HOST:PORT, http://[V6]:PORT or https://HOST[:PORT] "
+        "with a port");
     CHECK_REFUSED("upstream:\n  url: http://h:0\n", "t.yaml:2: ", "with a port from 1 to 65535");
     CHECK_REFUSED("upstream:\n  url: http://h:65536\n", "t.yaml:2: ", "with a port");
     CHECK_REFUSED("upstream:\n  url: http://::1:80\n", "t.yaml:2: ", "with a port");
@@ -1337,6 +1379,7 @@ int main(void)
     test_values();
     test_document_errors();
     test_type_errors();
+    test_upstream_tls();
     test_upstream_errors();
     test_principal_errors();
     test_limits_errors();

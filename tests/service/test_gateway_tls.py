@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""
+test_gateway_tls.py - idem-gateway in front of an HTTPS upstream (`upstream.url: https://...`),
+over real TLS on loopback, with certificates a throw-away CA makes (tls_ca.py):
+
+  - a keyed POST executes once and its retry replays; requests passed through work too, and a
+    retry of an unknown outcome is resent over TLS from a worker;
+  - an upstream whose certificate is signed by a CA the gateway does not trust, has expired, or
+    names another host is refused before anything is sent: the upstream counts no request, the
+    client is told to retry (Retry-After), no record is kept (`keys list --state any`), and the
+    log says why;
+  - mutual TLS: accepted with the gateway's client certificate, refused (nothing sent) without;
+  - SNI: the upstream sees the name the gateway verifies;
+  - sessions: later connections resume the first one's session instead of a full handshake.
+
+The upstream is gateway_harness's counting upstream, its sockets wrapped with Python's ssl on the
+handler's thread (so a failed handshake costs only its own connection).
+"""
+
+import json
+import os
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness  # noqa: E402
+from harness import expect_eq, test  # noqa: E402
+import gateway_harness  # noqa: E402
+from gateway_harness import GATEWAY, Gateway, expect  # noqa: E402
+from tls_ca import TlsCa  # noqa: E402
+
+
+def key(prefix="k"):
+    return "%s-%s" % (prefix, uuid.uuid4().hex[:12])
+
+
+class _TlsServer(gateway_harness._ThreadingServer):
+    """The counting upstream's server, each connection's handshake on the handler's thread."""
+
+    def finish_request(self, request, client_address):
+        up = self.upstream
+        try:
+            tls = self.tls_context.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as e:
+            with up.lock:
+                up.handshake_failures.append(str(e))
+            return
+        with up.lock:
+            up.handshakes += 1
+            up.resumed += 1 if tls.session_reused else 0
+            up.client_certs.append(tls.getpeercert())
+        try:
+            super().finish_request(tls, client_address)
+        finally:
+            tls.close()
+
+
+class TlsUpstream(gateway_harness.Upstream):
+    """The counting upstream over HTTPS with `leaf`'s certificate; `client_ca`: mTLS required."""
+
+    def __init__(self, leaf, client_ca=None):
+        self.lock = threading.Lock()
+        self.count = 0
+        self.by_key = {}
+        self.first_by_key = {}
+        self.requests = []
+        self.lookups = 0
+        self.lookup_headers = []
+        self.deduped = 0
+        self.release = threading.Event()
+        self.handshakes = 0
+        self.resumed = 0
+        self.handshake_failures = []
+        self.client_certs = []
+        self.sni = []
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(leaf.chain, leaf.key)
+        ctx.options |= getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
+        if client_ca is not None:
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.load_verify_locations(client_ca)
+
+        def on_sni(sock, name, c):
+            with self.lock:
+                self.sni.append(name)
+        ctx.sni_callback = on_sni
+        self.httpd = _TlsServer(("127.0.0.1", 0), gateway_harness._Handler)
+        self.httpd.upstream = self
+        self.httpd.tls_context = ctx
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self):
+        return "https://127.0.0.1:%d" % self.port
+
+
+class Setup:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="idem-tls-")
+        self.ca = TlsCa(self.dir)
+        self.rogue = TlsCa(self.dir, name="rogue")
+        self.good = self.ca.server("good")
+        self.named = self.ca.server("named", hosts=["api.test"])
+        self.other = self.ca.server("other", hosts=["example.org"])
+        self.expired = self.ca.server("expired", expired=True)
+        self.untrusted = self.rogue.server("untrusted")
+        self.client = self.ca.client("gateway")
+
+
+def tls_gateway(up, tls_lines, name):
+    """A gateway in front of `up`, with `tls_lines` (YAML under upstream.tls)."""
+    gw = Gateway(up, name=name)
+    with open(gw.config_path) as f:
+        text = f.read()
+    block = "  tls:\n" + "".join("    %s\n" % line for line in tls_lines) if tls_lines else ""
+    text = text.replace("  timeout: 3s\n", "  timeout: 3s\n" + block, 1)
+    with open(gw.config_path, "w") as f:
+        f.write(text)
+    return gw
+
+
+def with_upstream(leaf, tls_lines, fn, client_ca=None, name="gateway-tls"):
+    up = TlsUpstream(leaf, client_ca)
+    gw = tls_gateway(up, tls_lines, name)
+    try:
+        gw.start()
+        fn(gw, up)
+    finally:
+        gw.close()
+        up.close()
+
+
+def stderr_of(gw):
+    with open(gw.stderr_path, errors="replace") as f:
+        return f.read()
+
+
+def held_keys(gw):
+    p = subprocess.run([GATEWAY, "keys", "list", "--state", "any", "--limit", "1000", "--config",
+                        gw.config_path], capture_output=True, timeout=20)
+    expect(p.returncode == 0, "keys list: %d %r" % (p.returncode, p.stderr))
+    return [r["key"] for r in json.loads(p.stdout)["records"]]
+
+
+def expect_refused(gw, up, why, what, rounds=1):
+    """A keyed POST is not sent: Retry-After, no execution, no record, `why` in the log."""
+    for _ in range(rounds - 1):
+        expect_refused(gw, up, why, what)
+    k = key("refused")
+    r = gw.request("POST", "/v1/things", {"n": 1}, key=k)
+    expect(r.status in (502, 503) and r.headers.get("Retry-After") is not None and
+           r.headers.get("Content-Type", "").startswith("application/problem+json"),
+           "%s: a retryable problem: %s" % (what, r.describe()))
+    expect("nothing was sent" in r.json().get("detail", ""), "%s: %s" % (what, r.describe()))
+    expect_eq(up.count, 0, "%s: requests the upstream executed" % what)
+    expect(k not in held_keys(gw), "%s: no record is kept for the key" % what)
+    # A request passed through is refused the same way.
+    r = gw.request("GET", "/count")
+    expect(r.status in (502, 503) and r.headers.get("Retry-After") is not None,
+           "%s: passed through: %s" % (what, r.describe()))
+    expect_eq(up.count, 0, "%s: requests the upstream executed" % what)
+    harness.wait_until("%s: the log to say why" % what, lambda: why in stderr_of(gw))
+
+
+@test
+def a_keyed_post_runs_once_over_tls_and_replays(ctx):
+    def run(gw, up):
+        k = key("once")
+        a = gw.request("POST", "/v1/things", {"n": 1}, key=k)
+        expect_eq(a.status, 201, "first answer: %s" % a.describe())
+        b = gw.request("POST", "/v1/things", {"n": 1}, key=k)
+        expect_eq(b.status, 201, "the retry: %s" % b.describe())
+        expect_eq(b.headers.get("Idempotent-Replayed"), "true", "the retry is a replay")
+        expect_eq(a.body, b.body, "the replay's body")
+        expect_eq(up.executions(k), 1, "executions")
+        r = gw.request("POST", "/v2/free", {"n": 2})
+        expect_eq(r.status, 201, "a request passed through: %s" % r.describe())
+        # An unknown outcome, resent from a worker (upstream_exchange) over TLS.
+        k2 = key("resend")
+        r = gw.request("POST", "/v1/resend", {"n": 3}, key=k2, headers={"X-Test-Mode": "reset"})
+        expect_eq(r.status, 502, "a reset after executing: %s" % r.describe())
+        r = gw.request("POST", "/v1/resend", {"n": 3}, key=k2)
+        expect_eq(r.status, 201, "the resent retry: %s" % r.describe())
+        expect_eq(up.executions(k2), 2, "executions of the resent key")
+        expect_eq(up.handshake_failures, [], "handshakes the upstream saw fail")
+    with_upstream(ctx.good, ["ca_file: %s" % ctx.ca.cert], run)
+
+
+@test
+def an_untrusted_ca_is_refused_before_anything_is_sent(ctx):
+    with_upstream(ctx.untrusted, ["ca_file: %s" % ctx.ca.cert],
+                  lambda gw, up: expect_refused(gw, up, "self-signed certificate in certificate chain",
+                                                "untrusted CA"))
+
+
+@test
+def the_system_store_does_not_trust_a_private_ca(ctx):
+    with_upstream(ctx.good, [],
+                  lambda gw, up: expect_refused(gw, up, "certificate verify failed",
+                                                "no ca_file"))
+
+
+@test
+def an_expired_certificate_is_refused(ctx):
+    with_upstream(ctx.expired, ["ca_file: %s" % ctx.ca.cert],
+                  lambda gw, up: expect_refused(gw, up, "certificate has expired", "expired"))
+
+
+@test
+def a_certificate_for_another_host_is_refused(ctx):
+    with_upstream(ctx.other, ["ca_file: %s" % ctx.ca.cert, "server_name: api.test"],
+                  lambda gw, up: expect_refused(gw, up, "hostname mismatch", "wrong host"))
+    # By address: the certificate must carry the address.
+    with_upstream(ctx.other, ["ca_file: %s" % ctx.ca.cert],
+                  lambda gw, up: expect_refused(gw, up, "IP address mismatch", "wrong address"))
+
+
+@test
+def the_server_name_is_verified_and_sent_as_sni(ctx):
+    def run(gw, up):
+        r = gw.request("POST", "/v1/things", {"n": 1}, key=key("sni"))
+        expect_eq(r.status, 201, "through a certificate for api.test: %s" % r.describe())
+        expect(up.sni and set(up.sni) == {"api.test"}, "SNI the upstream saw: %r" % up.sni)
+    with_upstream(ctx.named, ["ca_file: %s" % ctx.ca.cert, "server_name: api.test"], run)
+
+
+@test
+def mutual_tls_with_and_without_a_client_certificate(ctx):
+    def accepted(gw, up):
+        r = gw.request("POST", "/v1/things", {"n": 1}, key=key("mtls"))
+        expect_eq(r.status, 201, "with the client certificate: %s" % r.describe())
+        expect(up.client_certs and up.client_certs[-1], "the upstream saw a client certificate")
+    with_upstream(ctx.good, ["ca_file: %s" % ctx.ca.cert, "cert_file: %s" % ctx.client.chain,
+                             "key_file: %s" % ctx.client.key], accepted, client_ca=ctx.ca.cert)
+    with_upstream(ctx.good, ["ca_file: %s" % ctx.ca.cert],
+                  # The server's alert races its reset of the request's write: several rounds.
+                  lambda gw, up: expect_refused(gw, up, "certificate required",
+                                                "no client certificate", rounds=5),
+                  client_ca=ctx.ca.cert)
+
+
+@test
+def later_connections_resume_the_session(ctx):
+    def run(gw, up):
+        # Keyed requests go on connections of their own (keyed_connections: fresh).
+        for i in range(5):
+            r = gw.request("POST", "/v1/things", {"n": i}, key=key("resume"))
+            expect_eq(r.status, 201, "request %d: %s" % (i, r.describe()))
+        expect(up.handshakes >= 5, "connections: %d" % up.handshakes)
+        expect(up.resumed >= up.handshakes - 2,
+               "resumed handshakes: %d of %d" % (up.resumed, up.handshakes))
+    with_upstream(ctx.good, ["ca_file: %s" % ctx.ca.cert], run)
+
+
+if __name__ == "__main__":
+    harness.run("gateway-tls", setup=Setup)
