@@ -262,6 +262,18 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
         log_msg(&gw.log, "error", "%s", err);
         goto out;
     }
+    if (cfg->upstream_tls) {
+        /* An API on the public network knows itself by its name: the one its certificate has. */
+        const char *name =
+            cfg->upstream_tls_server_name ? cfg->upstream_tls_server_name : cfg->upstream_host;
+        char host[300];
+        if (cfg->upstream_port == 443)
+            snprintf(host, sizeof host, strchr(name, ':') ? "[%s]" : "%s", name);
+        else
+            snprintf(host, sizeof host, strchr(name, ':') ? "[%s]:%u" : "%s:%u", name,
+                     (unsigned)cfg->upstream_port);
+        upstream_set_host(gw.upstream, host);
+    }
     rc = idem_store_open(cfg->store, &store_opts, &gw.store, &errmsg);
     if (rc < 0) {
         log_msg(&gw.log, "error", "cannot open the store: %s", errmsg ? errmsg : idem_strerror(rc));

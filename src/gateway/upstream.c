@@ -60,6 +60,7 @@ struct upstream {
     const struct sockaddr *addr; /* resolved by `async`, shared */
     socklen_t addr_len;
     char host_header[300]; /* "127.0.0.1:9000", for requests that come without Host */
+    int own_host;          /* host_header replaces the caller's Host (upstream_set_host) */
 
     pthread_mutex_t lock;
     struct idle_conn *idle; /* a stack: the most recently used is reused first */
@@ -143,6 +144,12 @@ static enum tls_step tls_pull(struct conn *c, struct strbuf *plain, struct strbu
     strbuf_release(&mine);
     errno = e;
     return step;
+}
+
+void upstream_set_host(struct upstream *up, const char *host)
+{
+    snprintf(up->host_header, sizeof up->host_header, "%s", host);
+    up->own_host = 1;
 }
 
 void upstream_free(struct upstream *up)
@@ -357,6 +364,8 @@ static void build_head(const struct upstream *up, const struct upstream_request 
 
     strbuf_addf(out, "%s %s HTTP/1.1\r\n", rq->method, rq->target);
     for (size_t i = 0; i < rq->nheaders; i++) {
+        if (ascii_caseeq(rq->headers[i].name, "Host") && up->own_host)
+            continue;
         if (ascii_caseeq(rq->headers[i].name, "Host"))
             has_host = 1;
         strbuf_adds(out, rq->headers[i].name);

@@ -31,6 +31,12 @@ int upstream_new(const struct http_client_options *opts, struct upstream **out, 
                  size_t errlen);
 void upstream_free(struct upstream *up);
 
+/*
+ * Every request carries `Host: host` (copied) instead of the caller's: for an API reached over
+ * the public network, which knows itself by its own name, not by the gateway's.
+ */
+void upstream_set_host(struct upstream *up, const char *host);
+
 struct upstream_header {
     const char *name;
     const char *value;

@@ -11,7 +11,7 @@ over real TLS on loopback, with certificates a throw-away CA makes (tls_ca.py):
     client is told to retry (Retry-After), no record is kept (`keys list --state any`), and the
     log says why;
   - mutual TLS: accepted with the gateway's client certificate, refused (nothing sent) without;
-  - SNI: the upstream sees the name the gateway verifies;
+  - SNI: the upstream sees the name the gateway verifies, and the same name as Host;
   - sessions: later connections resume the first one's session instead of a full handshake.
 
 The upstream is gateway_harness's counting upstream, its sockets wrapped with Python's ssl on the
@@ -229,6 +229,8 @@ def the_server_name_is_verified_and_sent_as_sni(ctx):
         r = gw.request("POST", "/v1/things", {"n": 1}, key=key("sni"))
         expect_eq(r.status, 201, "through a certificate for api.test: %s" % r.describe())
         expect(up.sni and set(up.sni) == {"api.test"}, "SNI the upstream saw: %r" % up.sni)
+        expect_eq(up.last_request()["headers"].get("Host"), "api.test:%d" % up.port,
+                  "the Host the upstream saw (its own name, not the gateway's)")
     with_upstream(ctx.named, ["ca_file: %s" % ctx.ca.cert, "server_name: api.test"], run)
 
 
