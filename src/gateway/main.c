@@ -24,6 +24,7 @@
 #include "options.h"
 #include "records.h"
 #include "serve.h"
+#include "tls.h"
 #include "util.h"
 #include "banned.h"
 
@@ -269,6 +270,15 @@ static int cmd_check(int argc, char **argv)
         return EXIT_USAGE;
     }
     admin_warn(cfg, stderr);
+    /* The upstream's TLS files as serve reads them (a key that is not the certificate's...). */
+    if (cfg->upstream_tls) {
+        struct tls_ctx *tls = NULL;
+        if (serve_upstream_tls(cfg, &tls, err, sizeof err) != 0) {
+            fprintf(stderr, "%s: %s\n", file, err);
+            status = 1;
+        }
+        tls_ctx_free(tls);
+    }
     /*
      * The store as serve opens it, so a store the gateway cannot open fails here, not at start;
      * a SQLite file serve has not made yet is not made here (its directory is checked instead).

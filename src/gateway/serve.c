@@ -201,6 +201,24 @@ static struct quota *quota_from_store(struct gateway *gw)
     return q;
 }
 
+int serve_upstream_tls(const struct gw_config *cfg, struct tls_ctx **out, char *err, size_t errlen)
+{
+    struct tls_client_options to = {
+        .server_name =
+            cfg->upstream_tls_server_name ? cfg->upstream_tls_server_name : cfg->upstream_host,
+        .ca_file = cfg->upstream_tls_ca_file,
+        .cert_file = cfg->upstream_tls_cert_file,
+        .key_file = cfg->upstream_tls_key_file,
+    };
+    char why[400];
+
+    if (tls_ctx_client_new(&to, out, why, sizeof why) != 0) {
+        snprintf(err, errlen, "upstream.tls: %s", why);
+        return -1;
+    }
+    return 0;
+}
+
 int serve_run(const struct gw_config *cfg, const struct serve_options *so)
 {
     struct gateway gw = {0};
@@ -245,15 +263,8 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
         goto out;
     }
     if (cfg->upstream_tls) {
-        struct tls_client_options to = {
-            .server_name =
-                cfg->upstream_tls_server_name ? cfg->upstream_tls_server_name : cfg->upstream_host,
-            .ca_file = cfg->upstream_tls_ca_file,
-            .cert_file = cfg->upstream_tls_cert_file,
-            .key_file = cfg->upstream_tls_key_file,
-        };
-        if (tls_ctx_client_new(&to, &upstream_tls, err, sizeof err) != 0) {
-            log_msg(&gw.log, "error", "upstream: %s", err);
+        if (serve_upstream_tls(cfg, &upstream_tls, err, sizeof err) != 0) {
+            log_msg(&gw.log, "error", "%s", err);
             goto out;
         }
         uo.tls = upstream_tls;

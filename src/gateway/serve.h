@@ -16,6 +16,15 @@ struct serve_options {
     int db_pool;          /* store connections */
 };
 
+struct tls_ctx;
+
+/*
+ * The TLS context of an https upstream (cfg->upstream_tls): its CA file or the system's store,
+ * the name to verify, the client certificate; every file read now.  Returns 0 with *out (new:
+ * tls_ctx_free), or -1 with a sentence in `err`.  check-config and serve both make it.
+ */
+int serve_upstream_tls(const struct gw_config *cfg, struct tls_ctx **out, char *err, size_t errlen);
+
 /* Runs until a stop signal; returns the process's exit status. */
 int serve_run(const struct gw_config *cfg, const struct serve_options *so);
 

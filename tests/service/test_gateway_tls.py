@@ -12,7 +12,8 @@ over real TLS on loopback, with certificates a throw-away CA makes (tls_ca.py):
     log says why;
   - mutual TLS: accepted with the gateway's client certificate, refused (nothing sent) without;
   - SNI: the upstream sees the name the gateway verifies, and the same name as Host;
-  - sessions: later connections resume the first one's session instead of a full handshake.
+  - sessions: later connections resume the first one's session instead of a full handshake;
+  - check-config reads the TLS files as serve does (a key that is not the certificate's).
 
 The upstream is gateway_harness's counting upstream, its sockets wrapped with Python's ssl on the
 handler's thread (so a failed handshake costs only its own connection).
@@ -260,6 +261,25 @@ def later_connections_resume_the_session(ctx):
         expect(up.resumed >= up.handshakes - 2,
                "resumed handshakes: %d of %d" % (up.resumed, up.handshakes))
     with_upstream(ctx.good, ["ca_file: %s" % ctx.ca.cert], run)
+
+
+@test
+def check_config_reads_the_tls_files(ctx):
+    up = TlsUpstream(ctx.good)
+    try:
+        for lines, code, said in (
+                (["ca_file: %s" % ctx.ca.cert], 0, ": ok"),
+                (["ca_file: %s" % ctx.ca.cert, "cert_file: %s" % ctx.client.chain,
+                  "key_file: %s" % ctx.good.key], 1, "key values mismatch"),
+                (["ca_file: %s" % ctx.good.key], 1, "cannot load the CA certificates")):
+            gw = tls_gateway(up, lines, "gateway-tls-check")
+            p = subprocess.run([GATEWAY, "check-config", "--no-store", "--config", gw.config_path],
+                               capture_output=True, timeout=20, text=True)
+            expect(p.returncode == code and said in p.stdout + p.stderr,
+                   "check-config with %r: %d %r %r" % (lines, p.returncode, p.stdout, p.stderr))
+            gw.close()
+    finally:
+        up.close()
 
 
 if __name__ == "__main__":
