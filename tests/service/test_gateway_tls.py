@@ -5,7 +5,8 @@ test_gateway_tls.py - idem-gateway in front of an HTTPS upstream (`upstream.url:
 over real TLS on loopback, with certificates a throw-away CA makes (tls_ca.py):
 
   - a keyed POST executes once and its retry replays; requests passed through work too, and a
-    retry of an unknown outcome is resent over TLS from a worker;
+    retry of an unknown outcome is resent over TLS from a worker; answers too large to hold are
+    streamed from the TLS connection, keyed or not;
   - an upstream whose certificate is signed by a CA the gateway does not trust, has expired, or
     names another host is refused before anything is sent: the upstream counts no request, the
     client is told to retry (Retry-After), no record is kept (`keys list --state any`), and the
@@ -116,21 +117,22 @@ class Setup:
         self.client = self.ca.client("gateway")
 
 
-def tls_gateway(up, tls_lines, name):
+def tls_gateway(up, tls_lines, name, upstream_extra=""):
     """A gateway in front of `up`, with `tls_lines` (YAML under upstream.tls)."""
     gw = Gateway(up, name=name)
     with open(gw.config_path) as f:
         text = f.read()
     block = "  tls:\n" + "".join("    %s\n" % line for line in tls_lines) if tls_lines else ""
+    block += upstream_extra
     text = text.replace("  timeout: 3s\n", "  timeout: 3s\n" + block, 1)
     with open(gw.config_path, "w") as f:
         f.write(text)
     return gw
 
 
-def with_upstream(leaf, tls_lines, fn, client_ca=None, name="gateway-tls"):
+def with_upstream(leaf, tls_lines, fn, client_ca=None, name="gateway-tls", upstream_extra=""):
     up = TlsUpstream(leaf, client_ca)
-    gw = tls_gateway(up, tls_lines, name)
+    gw = tls_gateway(up, tls_lines, name, upstream_extra)
     try:
         gw.start()
         fn(gw, up)
@@ -261,6 +263,24 @@ def later_connections_resume_the_session(ctx):
         expect(up.resumed >= up.handshakes - 2,
                "resumed handshakes: %d of %d" % (up.resumed, up.handshakes))
     with_upstream(ctx.good, ["ca_file: %s" % ctx.ca.cert], run)
+
+
+@test
+def answers_too_large_to_hold_stream_through_tls(ctx):
+    def run(gw, up):
+        n = 3 << 20
+        for mode in ("big:%d" % n, "bigchunked:%d" % n):
+            # Passed through: over max_response_size, streamed by the loop from the TLS stream.
+            r = gw.request("POST", "/v2/big", {"n": 1}, headers={"X-Test-Mode": mode})
+            expect(r.status == 200 and len(r.body) == n and gateway_harness.is_pattern(r.body),
+                   "%s passed through: %d, %d bytes" % (mode, r.status, len(r.body)))
+            # Keyed: over the route's max_stored_body (1 MiB), streamed and not stored.
+            r = gw.request("POST", "/v1/things", {"n": 2}, key=key("big"),
+                           headers={"X-Test-Mode": mode})
+            expect(r.status == 200 and len(r.body) == n and gateway_harness.is_pattern(r.body),
+                   "%s keyed: %d, %d bytes" % (mode, r.status, len(r.body)))
+    with_upstream(ctx.good, ["ca_file: %s" % ctx.ca.cert], run,
+                  upstream_extra="  max_response_size: 64KiB\n")
 
 
 @test
