@@ -74,6 +74,7 @@ static void conn_free(struct conn *c)
     response_release(&c->resp);
     free(c->in);
     free(c->out);
+    tls_conn_free(c->tls);
     free(c);
 }
 
@@ -128,6 +129,63 @@ void http__conn_close(struct conn *c)
 
 /* ---- writing --------------------------------------------------------------------------------- */
 
+/* One write of ciphertext, with its buffer, for the plaintext write `orig`. */
+struct tls_write {
+    uv_write_t req;
+    uv_write_t *orig; /* NULL: the engine's own bytes (handshake, alerts, close_notify) */
+    uv_write_cb cb;
+    char *buf;
+};
+
+static void tls_written(uv_write_t *req, int status)
+{
+    struct tls_write *w = req->data;
+    uv_write_t *orig = w->orig;
+    uv_write_cb cb = w->cb;
+
+    free(w->buf);
+    free(w);
+    if (cb != NULL)
+        cb(orig, status);
+}
+
+/* Writes the ciphertext the engine has; `cb` (may be NULL) is told of it with `orig`. */
+static int tls_send(struct conn *c, uv_write_t *orig, uv_write_cb cb)
+{
+    struct strbuf out = STRBUF_INIT;
+    struct tls_write *w;
+    uv_buf_t buf;
+    size_t len = 0;
+    int rc;
+
+    tls_conn_take(c->tls, &out);
+    if (out.len == 0 && cb == NULL)
+        return 0;
+    w = xcalloc(1, sizeof *w);
+    w->req.data = w;
+    w->orig = orig;
+    w->cb = cb;
+    w->buf = strbuf_detach(&out, &len);
+    buf = uv_buf_init(w->buf ? w->buf : (char *)"", (unsigned int)len);
+    rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &buf, 1, tls_written);
+    if (rc != 0) {
+        free(w->buf);
+        free(w);
+    }
+    return rc;
+}
+
+int http__write(struct conn *c, uv_write_t *wr, const char *data, size_t len, uv_write_cb cb)
+{
+    uv_buf_t buf = uv_buf_init((char *)data, (unsigned int)len);
+
+    if (c->tls == NULL)
+        return uv_write(wr, (uv_stream_t *)&c->tcp, &buf, 1, cb);
+    if (tls_conn_write(c->tls, data, len) != 0)
+        return UV_EPROTO;
+    return tls_send(c, wr, cb);
+}
+
 static void process_input(struct conn *c);
 static void dispatch(struct conn *c, enum http_loop_verdict v, int keep);
 
@@ -149,6 +207,10 @@ void http__written(struct conn *c, int status)
     if (!c->keep_alive) {
         /* Shut the write side, and read what the client still sends until it closes. */
         http__set_state(c, CONN_LINGER);
+        if (c->tls != NULL) {
+            tls_conn_shutdown(c->tls); /* close_notify, before the FIN */
+            (void)tls_send(c, NULL, NULL);
+        }
         if (uv_shutdown(&c->sd, (uv_stream_t *)&c->tcp, on_shutdown) != 0) {
             http__conn_close(c);
             return;
@@ -217,7 +279,7 @@ static void send_response(struct conn *c, const struct request *rq, int keep_ali
     http__set_state(c, CONN_WRITING);
     c->out = strbuf_detach(&out, &len);
     buf = uv_buf_init(c->out, (unsigned int)len);
-    n = uv_try_write((uv_stream_t *)&c->tcp, &buf, 1);
+    n = c->tls == NULL ? uv_try_write((uv_stream_t *)&c->tcp, &buf, 1) : 0;
     if (n == (int)len) {
         http__written(c, 0);
         return;
@@ -230,7 +292,7 @@ static void send_response(struct conn *c, const struct request *rq, int keep_ali
         n = 0;
     buf = uv_buf_init(c->out + n, (unsigned int)(len - (size_t)n));
     c->wr.data = c;
-    if (uv_write(&c->wr, (uv_stream_t *)&c->tcp, &buf, 1, on_write) != 0)
+    if (http__write(c, &c->wr, buf.base, buf.len, on_write) != 0)
         http__written(c, -1);
 }
 
@@ -300,7 +362,10 @@ static int head_accepted(struct conn *c)
     if (rq->expects_continue && rq->has_body) {
         /* Best effort: a client that does not hear it sends the body after its own pause. */
         buf = uv_buf_init((char *)continue_line, sizeof continue_line - 1);
-        uv_try_write((uv_stream_t *)&c->tcp, &buf, 1);
+        if (c->tls == NULL)
+            uv_try_write((uv_stream_t *)&c->tcp, &buf, 1);
+        else if (tls_conn_write(c->tls, buf.base, buf.len) == 0)
+            (void)tls_send(c, NULL, NULL);
     }
     http__set_state(c, CONN_BODY);
     return 0;
@@ -505,12 +570,72 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init(c->lp->buf, (unsigned int)sizeof c->lp->buf);
 }
 
+static void got(struct conn *c, const char *data, ssize_t nread);
+
+/* What a plain-HTTP client on the TLS port is told before the connection closes. */
+static const char plain_on_tls[] =
+    "HTTP/1.1 400 Bad Request\r\nContent-Type: application/problem+json\r\n"
+    "Connection: close\r\nContent-Length: 132\r\n\r\n"
+    "{\"type\":\"/problems/tls-required\",\"title\":\"TLS required\",\"status\":400,"
+    "\"detail\":\"This port speaks HTTPS only.\",\"code\":\"tls-required\"}\n";
+
+/* Ciphertext read on a TLS connection: the handshake moved on, or plaintext for got(). */
+static void tls_in(struct conn *c, const char *data, size_t len)
+{
+    struct strbuf plain = STRBUF_INIT;
+    enum tls_step step;
+
+    tls_conn_put(c->tls, data, len);
+    if (c->handshaking) {
+        step = tls_conn_handshake(c->tls);
+        if (step == TLS_FAIL && len > 0 && data[0] >= 'A' && data[0] <= 'Z') {
+            uv_buf_t buf = uv_buf_init((char *)plain_on_tls, sizeof plain_on_tls - 1);
+            uv_try_write((uv_stream_t *)&c->tcp, &buf, 1); /* best effort, as it closes */
+        } else {
+            (void)tls_send(c, NULL, NULL); /* a flight, or the failure's alert */
+        }
+        if (step == TLS_FAIL) {
+            http__server_log(c->lp->srv, "TLS handshake with %s failed: %s", c->peer,
+                             tls_conn_error(c->tls));
+            http__conn_close(c);
+            return;
+        }
+        if (step != TLS_OK)
+            return;
+        c->handshaking = 0;
+    }
+    do
+        step = tls_conn_read(c->tls, &plain, (size_t)1 << 20);
+    while (step == TLS_OK);
+    (void)tls_send(c, NULL, NULL);
+    if (plain.len > 0)
+        got(c, plain.buf, (ssize_t)plain.len);
+    strbuf_release(&plain);
+    /* The end (or a broken record) while the connection still reads; else the socket's EOF. */
+    if ((step == TLS_EOF || step == TLS_FAIL) && c->reading && c->state != CONN_CLOSING)
+        got(c, NULL, UV_EOF);
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     struct conn *c = (struct conn *)s;
 
     if (nread == 0)
         return;
+    if (c->tls != NULL && nread > 0 && c->state != CONN_LINGER) {
+        tls_in(c, buf->base, (size_t)nread);
+        return;
+    }
+    if (c->tls != NULL && c->handshaking && nread < 0) {
+        http__conn_close(c);
+        return;
+    }
+    got(c, buf->base, nread);
+}
+
+/* `nread` bytes of `data` from the client (plaintext), or its end or an error (negative). */
+static void got(struct conn *c, const char *data, ssize_t nread)
+{
     if (c->state == CONN_LINGER) {
         c->drained += nread > 0 ? (size_t)nread : 0;
         if (nread < 0 || c->drained > LINGER_MAX_BYTES)
@@ -524,12 +649,12 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     if (c->state == CONN_WRITING || c->state == CONN_STREAMING) {
         /* The next pipelined request waits for this response to be out; not without bound. */
-        keep_rest(c, buf->base, (size_t)nread);
+        keep_rest(c, data, (size_t)nread);
         if (c->in_len > READ_CHUNK)
             http__stop_reading(c);
         return;
     }
-    parse(c, buf->base, (size_t)nread);
+    parse(c, data, (size_t)nread);
 }
 
 void http__start_reading(struct conn *c)
@@ -748,10 +873,12 @@ int http_server_start(const struct http_server_options *opts, const char *listen
     }
     if (ss.ss_family == AF_INET6) {
         inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, host, sizeof host);
-        snprintf(srv->url, sizeof srv->url, "http://[%s]:%u", host, (unsigned)port);
+        snprintf(srv->url, sizeof srv->url, "%s://[%s]:%u", opts->tls ? "https" : "http", host,
+                 (unsigned)port);
     } else {
         inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, host, sizeof host);
-        snprintf(srv->url, sizeof srv->url, "http://%s:%u", host, (unsigned)port);
+        snprintf(srv->url, sizeof srv->url, "%s://%s:%u", opts->tls ? "https" : "http", host,
+                 (unsigned)port);
     }
 
     srv->nworkers = srv->opts.limits.workers;

@@ -228,6 +228,12 @@ struct http_server_options {
     int ipv6;         /* 1: IPv6 hosts and "[V6]:PORT" too; 0: IPv4 only */
     int stop_grace_s; /* how long a stop waits for the requests in flight */
     struct http_limits limits;
+    /*
+     * Borrowed, may be NULL: the listener speaks TLS with this server context (tls.h), which
+     * tls_ctx_server_reload() may renew while the server runs.  The handshake happens within the
+     * head deadline from the accept, on a connection already counted against its address's limit.
+     */
+    struct tls_ctx *tls;
 };
 
 struct http_server;

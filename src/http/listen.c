@@ -129,6 +129,11 @@ void http__on_connection(uv_stream_t *server, int status)
     }
     uv_tcp_nodelay(&c->tcp, 1);
     peer_of(c);
+    if (srv->opts.tls != NULL) {
+        /* Over TLS a refusal below cannot be written before a handshake: it closes. */
+        c->tls = tls_conn_new(srv->opts.tls);
+        c->handshaking = 1;
+    }
     c->start_ns = clock_mono_ns();
     total = atomic_load(&srv->nconns);
     if (total > srv->opts.limits.max_connections) {

@@ -31,6 +31,7 @@ int http_loop_at_stop(void (*fn)(void *arg), void *arg);
 
 #include "http_server.h"
 #include "strbuf.h"
+#include "tls.h"
 
 #define LOOPS_MAX 8 /* as HTTP_LIMITS_FLAGS' http-threads */
 #define READ_CHUNK ((size_t)64 * 1024)
@@ -121,6 +122,9 @@ struct conn {
     char peer[INET6_ADDRSTRLEN];
     unsigned char ip[16];
     int counted; /* holds a slot in the per-address table */
+
+    struct tls_conn *tls; /* a TLS listener's: every byte in and out goes through it */
+    int handshaking;      /* its handshake is not done: nothing is parsed or answered yet */
 };
 
 struct http_loop {
@@ -205,6 +209,11 @@ void http__send_problem(struct conn *c, const struct request *rq, int status, co
 const struct request *http__current_request(struct conn *c);
 void http__unpark(struct conn *c, int timed_out);
 void http__begin_stop(struct http_loop *lp);
+/*
+ * uv_write() of `len` bytes of `data` on `c`, or over TLS their ciphertext (encrypted now: `data`
+ * need not outlive the call); `cb` gets `wr` as uv_write's would.  0 or a libuv error.
+ */
+int http__write(struct conn *c, uv_write_t *wr, const char *data, size_t len, uv_write_cb cb);
 
 /* deadlines.c */
 void http__set_state(struct conn *c, enum conn_state st);

@@ -282,7 +282,7 @@ static void stream_write(struct conn *c)
     st->writing = 1;
     st->write_since = uv_now(&c->lp->uv);
     st->wr.data = c;
-    if (uv_write(&st->wr, (uv_stream_t *)&c->tcp, &buf, 1, stream_written) != 0) {
+    if (http__write(c, &st->wr, buf.base, buf.len, stream_written) != 0) {
         st->writing = 0;
         stream_finish(c, HTTP_SOURCE_CLIENT);
     }

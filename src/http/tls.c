@@ -59,11 +59,12 @@
 static const unsigned char alpn_http11[] = "\x08http/1.1";
 
 struct tls_ctx {
-    SSL_CTX *ssl_ctx;
+    SSL_CTX *ssl_ctx; /* replaced by a server's reload: read under mu */
     int server;
     char *server_name; /* a client's: verified and sent as SNI */
     int name_is_ip;
-    pthread_mutex_t mu; /* guards session */
+    char *cert_file, *key_file; /* a server's, for reloads */
+    pthread_mutex_t mu;         /* guards ssl_ctx and session */
     SSL_SESSION *session;
 };
 
@@ -245,6 +246,8 @@ int tls_ctx_server_new(const struct tls_server_options *opts, struct tls_ctx **o
     ctx = ctx_new(1, err, errlen);
     if (ctx == NULL)
         goto out;
+    ctx->cert_file = xstrdup(opts->cert_file);
+    ctx->key_file = xstrdup(opts->key_file);
     if (SSL_CTX_set_cipher_list(ctx->ssl_ctx, SERVER_CIPHERS) != 1) {
         say_ssl_error(err, errlen, "TLS: cannot set the ciphers");
         goto out;
@@ -260,6 +263,25 @@ out:
     return rc;
 }
 
+int tls_ctx_server_reload(struct tls_ctx *ctx, char *err, size_t errlen)
+{
+    struct tls_server_options opts = {.cert_file = ctx->cert_file, .key_file = ctx->key_file};
+    struct tls_ctx *fresh = NULL;
+    SSL_CTX *old;
+
+    if (!ctx->server || tls_ctx_server_new(&opts, &fresh, err, errlen) != 0)
+        return -1;
+    /* The new SSL_CTX moves over; SSLs made from the old one hold it until they are freed. */
+    SSL_CTX_set_ex_data(fresh->ssl_ctx, ctx_index, ctx);
+    pthread_mutex_lock(&ctx->mu);
+    old = ctx->ssl_ctx;
+    ctx->ssl_ctx = fresh->ssl_ctx;
+    pthread_mutex_unlock(&ctx->mu);
+    fresh->ssl_ctx = old;
+    tls_ctx_free(fresh);
+    return 0;
+}
+
 void tls_ctx_free(struct tls_ctx *ctx)
 {
     if (ctx == NULL)
@@ -268,6 +290,8 @@ void tls_ctx_free(struct tls_ctx *ctx)
     SSL_SESSION_free(ctx->session);
     pthread_mutex_destroy(&ctx->mu);
     free(ctx->server_name);
+    free(ctx->cert_file);
+    free(ctx->key_file);
     free(ctx);
 }
 
@@ -276,7 +300,9 @@ struct tls_conn *tls_conn_new(struct tls_ctx *ctx)
     struct tls_conn *t = xcalloc(1, sizeof *t);
 
     ERR_clear_error();
+    pthread_mutex_lock(&ctx->mu);
     t->ssl = SSL_new(ctx->ssl_ctx);
+    pthread_mutex_unlock(&ctx->mu);
     t->in = BIO_new(BIO_s_mem());
     t->out = BIO_new(BIO_s_mem());
     if (t->ssl == NULL || t->in == NULL || t->out == NULL)

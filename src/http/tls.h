@@ -51,6 +51,13 @@ struct tls_server_options {
 int tls_ctx_server_new(const struct tls_server_options *opts, struct tls_ctx **out, char *err,
                        size_t errlen);
 
+/*
+ * Reads a server context's certificate and key files again (a renewed certificate), for the
+ * connections made from now on; connections open go on with what they have.  Any thread, while
+ * connections are made.  0, or -1 with a sentence in `err` (the context keeps the old pair).
+ */
+int tls_ctx_server_reload(struct tls_ctx *ctx, char *err, size_t errlen);
+
 /* Frees the context; connections made from it keep what they need.  NULL is a no-op. */
 void tls_ctx_free(struct tls_ctx *ctx);
 
