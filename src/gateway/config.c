@@ -1625,6 +1625,8 @@ static int upstream_rules(struct loader *ld, const yaml_node_t *map, const char 
                           yaml_node_t *const *values, void *base);
 static int upstream_tls_rules(struct loader *ld, const yaml_node_t *map, const char *where,
                               yaml_node_t *const *values, void *base);
+static int listen_tls_rules(struct loader *ld, const yaml_node_t *map, const char *where,
+                            yaml_node_t *const *values, void *base);
 static int check_rules(struct loader *ld, const yaml_node_t *map, const char *where,
                        yaml_node_t *const *values, void *base);
 
@@ -1656,6 +1658,14 @@ static const struct word error_format_words[] = {
     {"problem", GW_ERRORS_PROBLEM}, {"stripe", GW_ERRORS_STRIPE}, {NULL, 0}};
 static const struct word unrouted_words[] = {
     {"pass", GW_UNROUTED_PASS}, {"refuse", GW_UNROUTED_REFUSE}, {NULL, 0}};
+
+static const struct conf_key listen_tls_keys[] = {
+    {.name = "cert_file", .type = KEY_CUSTOM, CFG(listen_tls_cert_file), .doc = "required",
+     .read = read_tls_file},
+    {.name = "key_file", .type = KEY_CUSTOM, CFG(listen_tls_key_file), .doc = "required",
+     .read = read_tls_file},
+};
+static const struct conf_section listen_tls_section = SECTION(listen_tls_keys, listen_tls_rules);
 
 static const struct conf_key upstream_tls_keys[] = {
     {.name = "ca_file", .type = KEY_CUSTOM, CFG(upstream_tls_ca_file), .doc = "the system's store",
@@ -1794,6 +1804,7 @@ static const struct conf_key top_keys[] = {
     /* The stored answers of every caller together. */
     SIZE_KEY("max_stored_bytes", CFG(max_stored_bytes), 0, 1024 * 1024 * GIB, 16 * GIB),
     ENUM_KEY("unrouted_keys", CFG(unrouted_keys), unrouted_words, "pass", "pass or refuse"),
+    SECTION_KEY("listen_tls", &listen_tls_section),
 };
 static const struct conf_section top_section = SECTION(top_keys, check_rules);
 /* clang-format on */
@@ -2000,6 +2011,21 @@ static int upstream_rules(struct loader *ld, const yaml_node_t *map, const char 
     if (tls != NULL && !cfg->upstream_tls)
         return fail(ld, strict_yaml_line(tls),
                     "%s: tls applies to an https url only; write url: https://...", where);
+    return 0;
+}
+
+/* A TLS listener needs its certificate and its key. */
+static int listen_tls_rules(struct loader *ld, const yaml_node_t *map, const char *where,
+                            yaml_node_t *const *values, void *base)
+{
+    (void)base;
+    if (map == NULL)
+        return 0; /* no listen_tls: plain HTTP */
+    if (value_of(&listen_tls_section, values, "cert_file") == NULL ||
+        value_of(&listen_tls_section, values, "key_file") == NULL)
+        return fail(ld, strict_yaml_line(map),
+                    "%s: expected cert_file and key_file (the certificate chain and its key)",
+                    where);
     return 0;
 }
 
@@ -2211,6 +2237,8 @@ void gw_config_free(struct gw_config *cfg)
     free(cfg->instance);
     free(cfg->upstream_url);
     free(cfg->upstream_host);
+    free(cfg->listen_tls_cert_file);
+    free(cfg->listen_tls_key_file);
     free(cfg->upstream_tls_ca_file);
     free(cfg->upstream_tls_server_name);
     free(cfg->upstream_tls_cert_file);

@@ -149,6 +149,10 @@ struct gw_config {
     char *instance;
     enum gw_error_format error_format;
 
+    /* listen_tls: the public listener's certificate chain and key (PEM), or NULL: plain HTTP */
+    char *listen_tls_cert_file;
+    char *listen_tls_key_file;
+
     char *upstream_url;  /* "http://HOST:PORT" or "https://HOST[:PORT]" (required), no path */
     char *upstream_host; /* split from upstream_url */
     uint16_t upstream_port;

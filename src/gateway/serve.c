@@ -201,6 +201,31 @@ static struct quota *quota_from_store(struct gateway *gw)
     return q;
 }
 
+/*
+ * Waits for a stop signal; with a TLS listener, SIGHUP meanwhile re-reads its certificate and key
+ * for the connections to come (those open keep theirs).  Returns the stop signal's name.
+ */
+static const char *wait_for_stop(struct gateway *gw, const sigset_t *stops, struct tls_ctx *tls)
+{
+    sigset_t set = *stops;
+    char err[512];
+    int sig = 0;
+
+    if (tls == NULL)
+        return stop_signals_wait(stops);
+    sigaddset(&set, SIGHUP);
+    for (;;) {
+        if (sigwait(&set, &sig) != 0)
+            continue;
+        if (sig != SIGHUP)
+            return sig == SIGINT ? "SIGINT" : "SIGTERM";
+        if (tls_ctx_server_reload(tls, err, sizeof err) == 0)
+            log_msg(&gw->log, "info", "SIGHUP: the listener's certificate was read again");
+        else
+            log_msg(&gw->log, "error", "SIGHUP: listen_tls kept its certificate: %s", err);
+    }
+}
+
 int serve_upstream_tls(const struct gw_config *cfg, struct tls_ctx **out, char *err, size_t errlen)
 {
     struct tls_client_options to = {
@@ -238,7 +263,7 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
         .max_idle = cfg->upstream_max_connections,
         .max_response_bytes = cfg->max_response_bytes,
     };
-    struct tls_ctx *upstream_tls = NULL;
+    struct tls_ctx *upstream_tls = NULL, *listen_tls = NULL;
     char owner[256];
     size_t owner_prefix;
     int serving_fd = -2;
@@ -251,6 +276,13 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     pthread_mutex_init(&gw.steps_mu, NULL);
     pthread_cond_init(&gw.steps_cv, NULL);
     stop_signals_block(&stop_signals); /* before any thread, so every thread inherits it */
+    if (cfg->listen_tls_cert_file != NULL) {
+        /* SIGHUP re-reads the listener's certificate: taken by the main thread, as the stops. */
+        sigset_t hup;
+        sigemptyset(&hup);
+        sigaddset(&hup, SIGHUP);
+        pthread_sigmask(SIG_BLOCK, &hup, NULL);
+    }
     gw.cfg = cfg;
     gw.log.format = so->log_format;
     gw.metrics = gw_metrics_new(cfg->nroutes);
@@ -301,6 +333,15 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     gw.quota = quota_from_store(&gw);
 
     proxy_server_options(&gw, &popts);
+    if (cfg->listen_tls_cert_file != NULL) {
+        struct tls_server_options to = {.cert_file = cfg->listen_tls_cert_file,
+                                        .key_file = cfg->listen_tls_key_file};
+        if (tls_ctx_server_new(&to, &listen_tls, err, sizeof err) != 0) {
+            log_msg(&gw.log, "error", "listen_tls: %s", err);
+            goto out;
+        }
+        popts.tls = listen_tls;
+    }
     if (http_server_start(&popts, cfg->listen, &pub, err, sizeof err) != 0) {
         log_msg(&gw.log, "error", "listen %s: %s", cfg->listen, err);
         goto out;
@@ -337,7 +378,7 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     log_msg(&gw.log, "info", "serving %s on %s to upstream %s (store %s, %zu route%s)",
             IDEM_VERSION_STRING, http_server_url(pub), cfg->upstream_url, idem_store_kind(gw.store),
             cfg->nroutes, cfg->nroutes == 1 ? "" : "s");
-    log_msg(&gw.log, "info", "stopping on %s", stop_signals_wait(&stop_signals));
+    log_msg(&gw.log, "info", "stopping on %s", wait_for_stop(&gw, &stop_signals, listen_tls));
     status = 0;
 out:
     http_server_stop(pub);
@@ -349,6 +390,7 @@ out:
         close(serving_fd);
     upstream_free(gw.upstream);
     tls_ctx_free(upstream_tls);
+    tls_ctx_free(listen_tls);
     principal_verifier_free(gw.principals);
     gw_metrics_free(gw.metrics);
     unrouted_free(gw.unrouted);

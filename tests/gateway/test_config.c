@@ -604,6 +604,29 @@ static void test_upstream_tls(void)
     gw_config_free(cfg);
 }
 
+/* listen_tls: both files, readable; the listener speaks TLS. */
+static void test_listen_tls(void)
+{
+    struct gw_config *cfg =
+        parse_ok("upstream: {url: 'http://h:1'}\n"
+                 "listen_tls: {cert_file: /etc/hostname, key_file: /etc/hostname}\n");
+
+    CHECK(cfg != NULL);
+    if (cfg != NULL) {
+        CHECK_STR(cfg->listen_tls_cert_file, "/etc/hostname");
+        CHECK_STR(cfg->listen_tls_key_file, "/etc/hostname");
+        gw_config_free(cfg);
+    }
+    cfg = parse_ok("upstream: {url: 'http://h:1'}\n");
+    CHECK(cfg != NULL && cfg->listen_tls_cert_file == NULL);
+    gw_config_free(cfg);
+    CHECK_REFUSED("upstream: {url: 'http://h:1'}\nlisten_tls: {cert_file: /etc/hostname}\n",
+                  "t.yaml:2: ", "listen_tls: expected cert_file and key_file");
+    CHECK_REFUSED("upstream: {url: 'http://h:1'}\nlisten_tls:\n  cert_file: /nonexistent\n"
+                  "  key_file: /etc/hostname\n",
+                  "t.yaml:3: ", "listen_tls.cert_file: cannot read /nonexistent");
+}
+
 static void test_upstream_errors(void)
 {
     CHECK_REFUSED("upstream:\n  url: http://h:1\n  tls: {server_name: h}\n",
@@ -1380,6 +1403,7 @@ int main(void)
     test_document_errors();
     test_type_errors();
     test_upstream_tls();
+    test_listen_tls();
     test_upstream_errors();
     test_principal_errors();
     test_limits_errors();

@@ -14,7 +14,13 @@ over real TLS on loopback, with certificates a throw-away CA makes (tls_ca.py):
   - mutual TLS: accepted with the gateway's client certificate, refused (nothing sent) without;
   - SNI: the upstream sees the name the gateway verifies, and the same name as Host;
   - sessions: later connections resume the first one's session instead of a full handshake;
-  - check-config reads the TLS files as serve does (a key that is not the certificate's).
+  - check-config reads the TLS files as serve does (a key that is not the certificate's);
+
+and the gateway's own listener over TLS (`listen_tls`): keyed requests and keep-alive over HTTPS
+with ALPN http/1.1; a plain-HTTP request on the TLS port answered 400 tls-required and closed; a
+handshake stalled half-way cut by the head deadline, counted meanwhile against its address's
+connection limit; SIGHUP reads a new certificate (RSA after ECDSA) for new connections while a
+request runs and an older connection goes on.
 
 The upstream is gateway_harness's counting upstream, its sockets wrapped with Python's ssl on the
 handler's thread (so a failed handshake costs only its own connection).
@@ -32,7 +38,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import harness  # noqa: E402
-from harness import expect_eq, test  # noqa: E402
+from harness import TestFailure, expect_eq, test  # noqa: E402
 import gateway_harness  # noqa: E402
 from gateway_harness import GATEWAY, Gateway, expect  # noqa: E402
 from tls_ca import TlsCa  # noqa: E402
@@ -115,6 +121,8 @@ class Setup:
         self.expired = self.ca.server("expired", expired=True)
         self.untrusted = self.rogue.server("untrusted")
         self.client = self.ca.client("gateway")
+        self.edge = self.ca.server("edge")
+        self.edge2 = self.ca.server("edge2", rsa=True)
 
 
 def tls_gateway(up, tls_lines, name, upstream_extra=""):
@@ -300,6 +308,184 @@ def check_config_reads_the_tls_files(ctx):
             gw.close()
     finally:
         up.close()
+
+
+# ---- TLS at the edge: listen_tls -----------------------------------------------------------------
+
+import http.client  # noqa: E402
+import re  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import shutil  # noqa: E402
+import time  # noqa: E402
+
+
+class EdgeGateway(Gateway):
+    """A gateway whose public listener speaks TLS with `leaf` (copied, so a test may rotate it)."""
+
+    listen_re = re.compile(gateway_harness.GATEWAY_LISTEN_RE.pattern.replace(
+        "listening on http://", "listening on https://"))
+
+    def __init__(self, up, setup, leaf, limits=""):
+        super().__init__(up, name="gateway-edge", extra=limits)
+        self.ca = setup.ca
+        self.cert = os.path.join(self.tmpdir, "edge.pem")
+        self.key = os.path.join(self.tmpdir, "edge.key")
+        self.install(leaf)
+        with open(self.config_path, "a") as f:
+            f.write("listen_tls:\n  cert_file: %s\n  key_file: %s\n" % (self.cert, self.key))
+
+    def install(self, leaf):
+        shutil.copyfile(leaf.chain, self.cert + ".new")
+        shutil.copyfile(leaf.key, self.key + ".new")
+        os.replace(self.key + ".new", self.key)
+        os.replace(self.cert + ".new", self.cert)
+
+    def client_context(self):
+        ctx = ssl.create_default_context(cafile=self.ca.cert)
+        ctx.set_alpn_protocols(["http/1.1"])
+        return ctx
+
+    def connection(self, timeout=10):
+        return http.client.HTTPSConnection(self.host, self.port, timeout=timeout,
+                                           context=self.client_context())
+
+    def request(self, method, path, body=None, headers=None, principal="alice", key=None,
+                timeout=30):
+        h = {"X-Consumer-Id": principal} if principal else {}
+        if key is not None:
+            h["Idempotency-Key"] = key
+        if body is not None and not isinstance(body, (bytes, str)):
+            body = json.dumps(body)
+            h["Content-Type"] = "application/json"
+        h.update(headers or {})
+        conn = self.connection(timeout)
+        try:
+            conn.request(method, path, body=body, headers=h)
+            r = conn.getresponse()
+            return harness.Response(r.status, r.headers, r.read(), 0)
+        finally:
+            conn.close()
+
+
+def with_edge(ctx, fn, limits=""):
+    up = gateway_harness.Upstream()
+    gw = EdgeGateway(up, ctx, ctx.edge, limits)
+    try:
+        gw.start()
+        fn(gw, up)
+    finally:
+        gw.close()
+        up.close()
+
+
+def served_serial(conn):
+    return conn.sock.getpeercert()["serialNumber"]
+
+
+@test
+def the_listener_speaks_tls(ctx):
+    def run(gw, up):
+        k = key("edge")
+        a = gw.request("POST", "/v1/things", {"n": 1}, key=k)
+        b = gw.request("POST", "/v1/things", {"n": 1}, key=k)
+        expect(a.status == 201 and b.status == 201 and
+               b.headers.get("Idempotent-Replayed") == "true" and a.body == b.body,
+               "a keyed POST over HTTPS and its replay: %s / %s" % (a.describe(), b.describe()))
+        expect_eq(up.executions(k), 1, "executions")
+        # Keep-alive: several requests on one TLS connection; ALPN says http/1.1.
+        conn = gw.connection()
+        for i in range(3):
+            conn.request("POST", "/v2/free", body=json.dumps({"i": i}),
+                         headers={"Content-Type": "application/json"})
+            r = conn.getresponse()
+            expect_eq(r.status, 201, "request %d on one connection" % i)
+            r.read()
+        expect_eq(conn.sock.selected_alpn_protocol(), "http/1.1", "ALPN")
+        conn.close()
+    with_edge(ctx, run)
+
+
+@test
+def plain_http_on_the_tls_port_is_told_and_closed(ctx):
+    def run(gw, up):
+        s = socket.create_connection((gw.host, gw.port), timeout=5)
+        s.sendall(b"GET /v2/x HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = b""
+        while True:
+            piece = s.recv(4096)
+            if not piece:
+                break
+            got += piece
+        s.close()
+        expect(got.startswith(b"HTTP/1.1 400 ") and b"tls-required" in got,
+               "a plain request on the TLS port: %r" % got[:300])
+        head, _, body = got.partition(b"\r\n\r\n")
+        length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+        expect_eq(len(body), length, "the body is its Content-Length")
+        json.loads(body)
+        expect_eq(up.count, 0, "nothing reached the upstream")
+    with_edge(ctx, run)
+
+
+@test
+def a_stalled_handshake_is_cut_and_counts_against_the_address(ctx):
+    def run(gw, up):
+        # Half a ClientHello, then silence: a slowloris mid-handshake.
+        stalled = []
+        for _ in range(2):
+            s = socket.create_connection((gw.host, gw.port), timeout=10)
+            s.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+            stalled.append(s)
+        # The address holds as many connections as it may: a third is not served.
+        try:
+            r = gw.request("GET", "/count", timeout=5)
+            raise TestFailure("a third connection was served: %s" % r.describe())
+        except (ssl.SSLError, OSError, http.client.HTTPException):
+            pass
+        t0 = time.monotonic()
+        for s in stalled:
+            expect_eq(s.recv(100), b"", "the stalled handshake is closed")
+        waited = time.monotonic() - t0
+        expect(waited < 4, "cut by the head deadline (1 s), after %.1f s" % waited)
+        r = gw.request("POST", "/v2/free", {"n": 1})
+        expect_eq(r.status, 201, "served again once they are cut")
+    with_edge(ctx, run, limits="limits:\n  head_timeout_ms: 1000\n  max_connections_per_ip: 2\n")
+
+
+@test
+def sighup_reads_a_new_certificate_while_requests_run(ctx):
+    def run(gw, up):
+        old = gw.connection()
+        old.request("GET", "/count")
+        old.getresponse().read()
+        first = served_serial(old)
+        hung_key = key("during")
+        hung = harness.in_thread(lambda: gw.request("POST", "/v1/things", {"n": 1}, key=hung_key,
+                                                    headers={"X-Test-Mode": "slow:1500"}))
+        harness.wait_until("the slow request to reach the upstream",
+                           lambda: up.executions(hung_key) == 1)
+        gw.install(ctx.edge2)
+        gw.proc.send_signal(signal.SIGHUP)
+        harness.wait_until("the log to say the certificate was read again",
+                           lambda: "read again" in stderr_of(gw))
+        new = gw.connection()
+        new.request("GET", "/count")
+        new.getresponse().read()
+        expect(served_serial(new) != first, "a new connection gets the new certificate")
+        new.close()
+        old.request("GET", "/count")
+        r = old.getresponse()
+        r.read()
+        expect_eq(r.status, 200, "the connection open before SIGHUP goes on")
+        old.close()
+        thread, box = hung
+        thread.join(20)
+        expect("resp" in box, "the request running across SIGHUP: %r" % box)
+        r = box["resp"]
+        expect_eq(r.status, 201, "the request running across SIGHUP: %s" % r.describe())
+        expect(gw.alive(), "the gateway still runs")
+    with_edge(ctx, run)
 
 
 if __name__ == "__main__":
