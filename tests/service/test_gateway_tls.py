@@ -403,6 +403,12 @@ def the_listener_speaks_tls(ctx):
             r.read()
         expect_eq(conn.sock.selected_alpn_protocol(), "http/1.1", "ALPN")
         conn.close()
+        # A body streamed by the loop (over the route's max_stored_body) goes out through TLS.
+        n = 3 << 20
+        r = gw.request("POST", "/v1/things", {"n": 2}, key=key("edge-big"),
+                       headers={"X-Test-Mode": "bigchunked:%d" % n})
+        expect(r.status == 200 and len(r.body) == n and gateway_harness.is_pattern(r.body),
+               "a streamed answer over HTTPS: %d, %d bytes" % (r.status, len(r.body)))
     with_edge(ctx, run)
 
 
