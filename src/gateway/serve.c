@@ -201,29 +201,21 @@ static struct quota *quota_from_store(struct gateway *gw)
     return q;
 }
 
-/*
- * Waits for a stop signal; with a TLS listener, SIGHUP meanwhile re-reads its certificate and key
- * for the connections to come (those open keep theirs).  Returns the stop signal's name.
- */
-static const char *wait_for_stop(struct gateway *gw, const sigset_t *stops, struct tls_ctx *tls)
-{
-    sigset_t set = *stops;
-    char err[512];
-    int sig = 0;
+/* SIGHUP: the listener's certificate and key read again for new connections. */
+struct reload_arg {
+    struct gateway *gw;
+    struct tls_ctx *tls;
+};
 
-    if (tls == NULL)
-        return stop_signals_wait(stops);
-    sigaddset(&set, SIGHUP);
-    for (;;) {
-        if (sigwait(&set, &sig) != 0)
-            continue;
-        if (sig != SIGHUP)
-            return sig == SIGINT ? "SIGINT" : "SIGTERM";
-        if (tls_ctx_server_reload(tls, err, sizeof err) == 0)
-            log_msg(&gw->log, "info", "SIGHUP: the listener's certificate was read again");
-        else
-            log_msg(&gw->log, "error", "SIGHUP: listen_tls kept its certificate: %s", err);
-    }
+static void reload_listener(void *arg)
+{
+    struct reload_arg *ra = arg;
+    char err[512];
+
+    if (tls_ctx_server_reload(ra->tls, err, sizeof err) == 0)
+        log_msg(&ra->gw->log, "info", "SIGHUP: the listener's certificate was read again");
+    else
+        log_msg(&ra->gw->log, "error", "SIGHUP: listen_tls kept its certificate: %s", err);
 }
 
 int serve_upstream_tls(const struct gw_config *cfg, struct tls_ctx **out, char *err, size_t errlen)
@@ -276,13 +268,9 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     pthread_mutex_init(&gw.steps_mu, NULL);
     pthread_cond_init(&gw.steps_cv, NULL);
     stop_signals_block(&stop_signals); /* before any thread, so every thread inherits it */
-    if (cfg->listen_tls_cert_file != NULL) {
-        /* SIGHUP re-reads the listener's certificate: taken by the main thread, as the stops. */
-        sigset_t hup;
-        sigemptyset(&hup);
-        sigaddset(&hup, SIGHUP);
-        pthread_sigmask(SIG_BLOCK, &hup, NULL);
-    }
+    /* SIGHUP re-reads the listener's certificate: taken by the main thread, as the stops. */
+    if (cfg->listen_tls_cert_file != NULL)
+        reload_signal_block(&stop_signals);
     gw.cfg = cfg;
     gw.log.format = so->log_format;
     gw.metrics = gw_metrics_new(cfg->nroutes);
@@ -378,7 +366,11 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     log_msg(&gw.log, "info", "serving %s on %s to upstream %s (store %s, %zu route%s)",
             IDEM_VERSION_STRING, http_server_url(pub), cfg->upstream_url, idem_store_kind(gw.store),
             cfg->nroutes, cfg->nroutes == 1 ? "" : "s");
-    log_msg(&gw.log, "info", "stopping on %s", wait_for_stop(&gw, &stop_signals, listen_tls));
+    {
+        struct reload_arg ra = {.gw = &gw, .tls = listen_tls};
+        log_msg(&gw.log, "info", "stopping on %s",
+                stop_signals_wait_reloading(&stop_signals, reload_listener, &ra));
+    }
     status = 0;
 out:
     http_server_stop(pub);

@@ -27,4 +27,16 @@ option_callback http_limits_option;
         .kind = OPTION_TEXT, .help = http_limits_help, .value = (limits)                           \
     }
 
+/*
+ * HTTPS for the listener: --tls-cert and --tls-key into `limits` (struct http_limits *), whose
+ * server then makes its TLS context (http_server.h); SIGHUP reads them again
+ * (http_server_reload_tls) in the programs that take these rows.
+ */
+#define OPT_HTTP_TLS(limits)                                                                       \
+    OPT_STRING(0, "tls-cert", &(limits)->tls_cert_file, "FILE",                                    \
+               "serve HTTPS with this certificate chain (PEM, leaf first;\n"                       \
+               "ECDSA or RSA), with --tls-key; SIGHUP reads both again"),                          \
+        OPT_STRING(0, "tls-key", &(limits)->tls_key_file, "FILE",                                  \
+                   "the private key (PEM) of --tls-cert")
+
 #endif /* IDEM_HTTP_HTTP_LIMITS_OPTIONS_H */

@@ -807,6 +807,13 @@ static int loop_init(struct http_server *srv, struct http_loop *lp, int fd)
                                                                                              : -1;
 }
 
+int http_server_reload_tls(struct http_server *srv, char *err, size_t errlen)
+{
+    if (srv == NULL || srv->own_tls == NULL)
+        return 1;
+    return tls_ctx_server_reload(srv->own_tls, err, errlen);
+}
+
 int http_server_start(const struct http_server_options *opts, const char *listen,
                       struct http_server **out, char *err, size_t errlen)
 {
@@ -824,6 +831,17 @@ int http_server_start(const struct http_server_options *opts, const char *listen
     srv = xcalloc(1, sizeof *srv);
     srv->opts = *opts;
     http_limits_resolve(&srv->opts.limits);
+    if ((opts->limits.tls_cert_file == NULL) != (opts->limits.tls_key_file == NULL)) {
+        snprintf(err, errlen, "--tls-cert and --tls-key go together");
+        goto out;
+    }
+    if (opts->tls == NULL && opts->limits.tls_cert_file != NULL) {
+        struct tls_server_options to = {.cert_file = opts->limits.tls_cert_file,
+                                        .key_file = opts->limits.tls_key_file};
+        if (tls_ctx_server_new(&to, &srv->own_tls, err, errlen) != 0)
+            goto out;
+        srv->opts.tls = srv->own_tls;
+    }
     if (srv->opts.max_body == 0)
         srv->opts.max_body = HTTP_BODY_MAX;
     if (srv->opts.max_body == HTTP_BODY_MAX)
@@ -873,11 +891,11 @@ int http_server_start(const struct http_server_options *opts, const char *listen
     }
     if (ss.ss_family == AF_INET6) {
         inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, host, sizeof host);
-        snprintf(srv->url, sizeof srv->url, "%s://[%s]:%u", opts->tls ? "https" : "http", host,
+        snprintf(srv->url, sizeof srv->url, "%s://[%s]:%u", srv->opts.tls ? "https" : "http", host,
                  (unsigned)port);
     } else {
         inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, host, sizeof host);
-        snprintf(srv->url, sizeof srv->url, "%s://%s:%u", opts->tls ? "https" : "http", host,
+        snprintf(srv->url, sizeof srv->url, "%s://%s:%u", srv->opts.tls ? "https" : "http", host,
                  (unsigned)port);
     }
 
@@ -1044,6 +1062,7 @@ void http_server_stop(struct http_server *srv)
     }
     free(srv->loops);
     free(srv->workers);
+    tls_ctx_free(srv->own_tls);
     pthread_cond_destroy(&srv->qcond);
     pthread_mutex_destroy(&srv->qmu);
     pthread_mutex_destroy(&srv->ipmu);

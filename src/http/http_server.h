@@ -87,6 +87,13 @@ struct http_limits {
     int stream_min_rate;        /* bytes/s a client must take a streamed answer at (16384; -1) */
     int streams_per_ip;         /* streamed answers one client address may hold at once (4; -1) */
     int max_streams;            /* streamed answers all clients may hold at once (1024; -1) */
+    /*
+     * Borrowed, both or neither: the listener speaks TLS with this certificate chain and key
+     * (PEM), its context made and owned by the server (--tls-cert, --tls-key: OPT_HTTP_TLS).
+     * http_server_options.tls, when set, is used instead.
+     */
+    const char *tls_cert_file;
+    const char *tls_key_file;
 };
 
 #define HTTP_DEFAULT_MAX_CONNECTIONS 10000
@@ -282,6 +289,13 @@ extern const char http_limits_help[];
  */
 int http_server_start(const struct http_server_options *opts, const char *listen,
                       struct http_server **out, char *err, size_t errlen);
+
+/*
+ * Reads the TLS certificate and key of a server whose context is its own (limits.tls_cert_file)
+ * again, for the connections to come: 0, 1 when it has none, or -1 with a sentence in `err`
+ * (the old pair stays).  Any thread.
+ */
+int http_server_reload_tls(struct http_server *srv, char *err, size_t errlen);
 
 /* The URL the server is reachable at, "http://127.0.0.1:PORT" (borrowed). */
 const char *http_server_url(const struct http_server *srv);

@@ -187,6 +187,7 @@ struct http_server {
     _Atomic int parked_must_finish;   /* parked requests a stop waits for past its grace */
     int64_t stop_quiet_ns;            /* past the grace, since when nothing was finishing */
     _Atomic uint64_t st_open, st_refused, st_timeouts, st_heads, st_queue_full;
+    struct tls_ctx *own_tls; /* made from limits.tls_cert_file (opts.tls points to it) */
 };
 
 /* How a response's body is delimited. */

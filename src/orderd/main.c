@@ -340,6 +340,7 @@ static int parse_serve_options(struct cli *cli, int argc, char **argv)
                  "given.\n"
                  "\n"),
         OPT_HTTP_LIMITS(&cfg->http), /* --max-connections and the other limits */
+        OPT_HTTP_TLS(&cfg->http),    /* --tls-cert, --tls-key */
         OPT_VERSION_HIDDEN,
         OPT_END(),
     };

@@ -52,6 +52,23 @@ static int start_workers(struct app *app, struct worker w[WORKER_COUNT])
     return rc;
 }
 
+struct reload_arg {
+    struct app *app;
+    struct http_server *srv;
+};
+
+/* SIGHUP with --tls-cert: the certificate and key read again for new connections. */
+static void reload_tls(void *arg)
+{
+    struct reload_arg *ra = arg;
+    char err[512];
+
+    if (http_server_reload_tls(ra->srv, err, sizeof err) < 0)
+        log_msg(&ra->app->log, "error", "SIGHUP: kept the TLS certificate: %s", err);
+    else
+        log_msg(&ra->app->log, "info", "SIGHUP: the TLS certificate was read again");
+}
+
 int serve_run(const struct orderd_config *cfg)
 {
     struct app app;
@@ -69,6 +86,8 @@ int serve_run(const struct orderd_config *cfg)
 
     /* Before any thread exists, so every thread inherits the mask. */
     stop_signals_block(&stop_signals);
+    if (cfg->http.tls_cert_file != NULL)
+        reload_signal_block(&stop_signals);
     /* Before any thread: libcurl's global set-up is not thread-safe. */
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         log_msg(&app.log, "error", "curl_global_init failed");
@@ -125,7 +144,11 @@ int serve_run(const struct orderd_config *cfg)
             (long long)cfg->lease_ms, (long long)cfg->wait_ms,
             cfg->provider ? cfg->provider : "none: orders are not charged");
 
-    log_msg(&app.log, "info", "stopping on %s", stop_signals_wait(&stop_signals));
+    {
+        struct reload_arg ra = {.app = &app, .srv = srv};
+        log_msg(&app.log, "info", "stopping on %s",
+                stop_signals_wait_reloading(&stop_signals, reload_tls, &ra));
+    }
     status = 0;
 out:
     http_server_stop(srv);

@@ -131,6 +131,7 @@ static int parse_args(struct sim_config *cfg, int argc, char **argv)
         OPT_CALLBACK(0, "version", NULL, NULL, "show the version", version_option),
         OPT_TEXT("\n"),
         OPT_HTTP_LIMITS(&cfg->http), /* --max-connections and the other limits */
+        OPT_HTTP_TLS(&cfg->http),    /* --tls-cert, --tls-key */
         OPT_END(),
     };
     struct options o = {.prog = "provider-sim", .usage = usage, .rows = rows, .column = 30};
@@ -154,6 +155,17 @@ static void operation_init(struct idem_operation *op, const char *name)
     op->wait_ms = 1000;
 }
 
+/* SIGHUP with --tls-cert: the certificate and key read again for new connections. */
+static void reload_tls(void *arg)
+{
+    char err[512];
+
+    if (http_server_reload_tls(arg, err, sizeof err) < 0)
+        log_msg(&sim_log, "error", "SIGHUP: kept the TLS certificate: %s", err);
+    else
+        log_msg(&sim_log, "info", "SIGHUP: the TLS certificate was read again");
+}
+
 static int run(const struct sim_config *cfg)
 {
     struct sim sim = {0};
@@ -166,6 +178,8 @@ static int run(const struct sim_config *cfg)
     int rc;
 
     stop_signals_block(&stop_signals);
+    if (cfg->http.tls_cert_file != NULL)
+        reload_signal_block(&stop_signals);
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         log_msg(&sim_log, "error", "curl_global_init failed");
         return 1;
@@ -212,7 +226,8 @@ static int run(const struct sim_config *cfg)
             (long long)cfg->faults.latency_ms, (long long)cfg->faults.latency_jitter_ms,
             cfg->faults.fail_rate, cfg->faults.lost_rate, cfg->faults.webhook_dup,
             (long long)cfg->faults.webhook_delay_ms);
-    log_msg(&sim_log, "info", "stopping on %s", stop_signals_wait(&stop_signals));
+    log_msg(&sim_log, "info", "stopping on %s",
+            stop_signals_wait_reloading(&stop_signals, reload_tls, srv));
     status = 0;
 out:
     http_server_stop(srv);

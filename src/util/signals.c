@@ -17,6 +17,25 @@ void stop_signals_block(sigset_t *set)
     signal(SIGPIPE, SIG_IGN);
 }
 
+void reload_signal_block(sigset_t *set)
+{
+    sigaddset(set, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, set, NULL);
+}
+
+const char *stop_signals_wait_reloading(const sigset_t *set, void (*reload)(void *arg), void *arg)
+{
+    int sig = 0;
+
+    for (;;) {
+        if (sigwait(set, &sig) != 0)
+            continue;
+        if (sig != SIGHUP)
+            return sig == SIGINT ? "SIGINT" : "SIGTERM";
+        reload(arg);
+    }
+}
+
 const char *stop_signals_wait(const sigset_t *set)
 {
     int sig = 0;

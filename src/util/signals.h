@@ -19,4 +19,16 @@ void stop_signals_block(sigset_t *set);
 /* Waits for one of the stop signals in `set`; returns its name ("SIGINT", "SIGTERM"), static. */
 const char *stop_signals_wait(const sigset_t *set);
 
+/*
+ * Adds SIGHUP to `set` and blocks it in the calling thread, for a program that reloads on it
+ * (before any other thread exists, as stop_signals_block).
+ */
+void reload_signal_block(sigset_t *set);
+
+/*
+ * Waits for a stop signal in `set` as stop_signals_wait(); each SIGHUP meanwhile (when the set
+ * has it: reload_signal_block) calls reload(arg) on the calling thread, and the wait goes on.
+ */
+const char *stop_signals_wait_reloading(const sigset_t *set, void (*reload)(void *arg), void *arg);
+
 #endif /* IDEM_UTIL_SIGNALS_H */

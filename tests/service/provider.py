@@ -26,7 +26,7 @@ from harness import BIN, Server, TestFailure, _tail, free_port, wait_until  # no
 
 PROVIDER_SIM = os.path.join(BIN, "provider-sim")
 START_TIMEOUT_S = 15.0
-LISTEN_RE = re.compile(r"provider-sim: listening on http://([^:/\s]+):(\d+)")
+LISTEN_RE = re.compile(r"provider-sim: listening on https?://([^:/\s]+):(\d+)")
 WEBHOOK_SECRET = "whsec_test_" + "0123456789abcdef"
 
 _live = []
@@ -57,7 +57,8 @@ class Provider:
 
     @property
     def url(self):
-        return "http://127.0.0.1:%d" % self.port
+        scheme = "https" if "--tls-cert" in self.args else "http"
+        return "%s://127.0.0.1:%d" % (scheme, self.port)
 
     def start(self, port=None):
         """Starts it; on the same port as before when it ran already (port 0 the first time)."""

@@ -494,5 +494,47 @@ def sighup_reads_a_new_certificate_while_requests_run(ctx):
     with_edge(ctx, run)
 
 
+@test
+def the_gateway_calls_provider_sim_over_https(ctx):
+    """The egress example of docs/gateway.md: provider-sim serving HTTPS (--tls-cert)."""
+    import provider
+    sim = provider.Provider(args=["--tls-cert", ctx.edge.chain, "--tls-key", ctx.edge.key])
+    sim.start()
+    routes = "\n  - match: POST /v1/emails\n    operation: emails.create\n"
+    gw = Gateway(sim, routes=routes, name="gateway-sim")
+    with open(gw.config_path) as f:
+        text = f.read()
+    with open(gw.config_path, "w") as f:
+        f.write(text.replace("  timeout: 3s\n", "  timeout: 3s\n  tls:\n    ca_file: %s\n"
+                             % ctx.ca.cert, 1))
+    try:
+        gw.start()
+        k = key("email")
+        doc = {"to": "a@example.com", "subject": "hi", "template": "welcome"}
+        a = gw.request("POST", "/v1/emails", doc, key=k)
+        b = gw.request("POST", "/v1/emails", doc, key=k)
+        expect(a.status // 100 == 2 and b.status == a.status and a.body == b.body and
+               b.headers.get("Idempotent-Replayed") == "true",
+               "an email through the gateway, then its replay: %s / %s"
+               % (a.describe(), b.describe()))
+        r = gw.request("GET", "/v1/emails?idempotency_key=" + k)
+        expect(r.status == 200 and len(r.json().get("data", r.json().get("emails", [1]))) >= 1,
+               "provider-sim sent one email: %s" % r.describe())
+        # Plain HTTP to provider-sim's TLS port: told, and closed.
+        s = socket.create_connection(("127.0.0.1", sim.port), timeout=5)
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        expect(s.recv(100).startswith(b"HTTP/1.1 400 "), "plain HTTP on provider-sim's TLS port")
+        s.close()
+        # SIGHUP: provider-sim reads its certificate again.
+        sim.proc.send_signal(signal.SIGHUP)
+        harness.wait_until("provider-sim to read its certificate again",
+                           lambda: "read again" in open(sim.stderr_path).read())
+        r = gw.request("POST", "/v1/emails", doc, key=key("email-after"))
+        expect(r.status // 100 == 2, "after SIGHUP: %s" % r.describe())
+    finally:
+        gw.close()
+        sim.close()
+
+
 if __name__ == "__main__":
     harness.run("gateway-tls", setup=Setup)
