@@ -979,7 +979,7 @@ static int read_principal_authorization(struct loader *ld, const struct conf_key
 {
     struct gw_config *cfg = base;
     char shown[EXCERPT + 8];
-    const char *s;
+    const char *s = NULL;
 
     (void)row;
     if (want_text(ld, n, path, "sha256", &s) != 0)
@@ -1029,7 +1029,7 @@ static int read_limits(struct loader *ld, const struct conf_key *row, const yaml
     const struct conf_section sec = {rows, COUNT(rows), NULL};
     yaml_node_t *v[COUNT(limit_flags)];
     char path[96], why[256];
-    const char *s, *sentence;
+    const char *s = NULL, *sentence;
     size_t i, j, flag_len;
 
     (void)row;

@@ -102,7 +102,9 @@ static void say_ssl_error(char *err, size_t errlen, const char *what)
             ERR_error_string_n(e, buf, sizeof buf);
             reason = buf;
         }
-        snprintf(err, errlen, "%s: %s", what, reason);
+        /* A reason longer than `err` is cut (the return used: gcc then trusts the cut). */
+        if (snprintf(err, errlen, "%s: %s", what, reason) < 0)
+            err[0] = '\0';
     }
     ERR_clear_error();
 }
