@@ -1771,6 +1771,68 @@ static void test_begin_async(struct idem_engine *eng, struct idem_store *st)
     idem_engine_free(nocache);
 }
 
+/*
+ * Completions queued at once (PostgreSQL runs them several to a transaction: tx_batch.c) each end
+ * as they would alone: one fenced out after a takeover fails (IDEM_ELEASE) and stores nothing,
+ * and its neighbours complete.
+ */
+#define FA_CALLS 8
+
+static void test_complete_async_fenced_alone(struct idem_engine *eng, struct idem_store *st)
+{
+    static const struct idem_operation short_op = {
+        .name = "contract.point", .lease_ms = 50, .wait_ms = 10, .claim_point = "forwarded"};
+    struct idem_engine_options o = {.replay_cache_bytes = IDEM_REPLAY_CACHE_OFF};
+    struct idem_engine *nocache = NULL;
+    struct async_step a[FA_CALLS];
+    struct idem_call *heir[FA_CALLS] = {0};
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+    char key[32], body[8];
+
+    CHECK_INT(idem_engine_new(st, &o, &nocache), 0);
+    fp_of("{\"async\":2}", fp);
+    for (int i = 0; i < FA_CALLS; i++) {
+        memset(&a[i], 0, sizeof a[i]);
+        snprintf(key, sizeof key, "fa-%d", i);
+        CHECK_INT(idem_call_begin_async(eng, &short_op, "alice", key, fp, async_begun, &a[i]), 1);
+    }
+    for (int i = 0; i < FA_CALLS; i++) {
+        CHECK(async_wait(&a[i]));
+        CHECK_INT(a[i].outcome, IDEM_OUTCOME_EXECUTE);
+    }
+    /* Two of them lose their record to an heir once their leases ran out. */
+    for (int i = 2; i < FA_CALLS; i += 3) {
+        snprintf(key, sizeof key, "fa-%d", i);
+        T_WAIT_UNTIL(lease_over(eng, "alice", short_op.name, key), "the claim's lease to run out");
+        CHECK_INT(idem_call_begin(nocache, &short_op, "alice", key, fp, &heir[i], &oc), 0);
+        CHECK_INT(oc, IDEM_OUTCOME_RESUME);
+    }
+    for (int i = 0; i < FA_CALLS; i++) {
+        struct idem_call *call = a[i].call;
+        memset(&a[i], 0, sizeof a[i]);
+        snprintf(body, sizeof body, "b%d", i);
+        CHECK_INT(idem_call_complete_async(call, 201, NULL, 0, body, strlen(body), async_completed,
+                                           &a[i]),
+                  0);
+    }
+    for (int i = 0; i < FA_CALLS; i++) {
+        CHECK(async_wait(&a[i]));
+        CHECK_INT(a[i].rc, heir[i] ? IDEM_ELEASE : 0);
+        idem_call_end(a[i].call);
+        snprintf(key, sizeof key, "fa-%d", i);
+        snprintf(body, sizeof body, "b%d", i);
+        if (heir[i]) {
+            CHECK_INT(idem_call_complete(heir[i], 200, NULL, 0, "heir", 4), 0);
+            idem_call_end(heir[i]);
+            expect_replay(nocache, &short_op, key, fp, 200, "heir");
+        } else {
+            expect_replay(nocache, &short_op, key, fp, 201, body);
+        }
+    }
+    idem_engine_free(nocache);
+}
+
 /* ---- 9e. callbacks that block, and a commit that fails alone ------------------------------- */
 
 /*
@@ -2149,6 +2211,7 @@ int main(int argc, char **argv)
     test_claim_point(eng, st);
     test_one_phase(eng, st);
     test_begin_async(eng, st);
+    test_complete_async_fenced_alone(eng, st);
     test_run_async(eng, st);
     test_callbacks_may_block(eng);
     test_commit_fails_alone(eng, st);
