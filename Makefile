@@ -85,13 +85,13 @@ test-repeat: deps-test $(if $(filter $(BUILD),build),build)
 # payments, webhooks and storms): a race reported in any of them ends that process
 # (halt_on_error), and so its test.
 TSAN_TESTS = store_contract test_store_pg test_engine test_inflight test_replay_cache \
-	test_store_sqlite orderd idem-gateway provider-sim idem-check
+	test_sqlite_commit orderd idem-gateway provider-sim idem-check
 TSAN_SERVICE = storm|payments|webhook_inbox|replay_cache|http_limits|gateway|gateway_streams
 test-tsan: deps-test
 	@CC=clang cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DIDEM_TSAN=ON >/dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TESTS) -- --no-print-directory
 	@cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest $(CTEST_FLAGS) \
-		-R '^(contract\.|pg\.store_pg$$|unit\.(engine|inflight|replay_cache|store_sqlite)$$|service\.($(TSAN_SERVICE))$$)'
+		-R '^(contract\.|pg\.store_pg$$|unit\.(engine|inflight|replay_cache|sqlite_commit)$$|service\.($(TSAN_SERVICE))$$)'
 
 # Longer fuzzing by hand: make fuzz FUZZ_SECONDS=600
 FUZZ_SECONDS ?= 300

@@ -1,21 +1,25 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_store_sqlite.c - what the SQLite store must refuse at its own level, below the engine's
- * public API, where a race would otherwise need luck to show: a takeover is fenced on the
- * fingerprint the caller read, so a record swept and claimed afresh by another
- * request between that read and the takeover is never resumed as if it were the caller's; and a
- * savepoint rollback that fails breaks the writer, so the aborted transaction's writes are never
- * committed with the next member of the group commit.  And whole transactions
- * run by the writer's holder (idem__tx_run): one that fails or asks for a rollback leaves nothing,
- * its neighbours in the same batch keep theirs, from many threads at once (half of them one
- * statement each, without a savepoint of their own); and the same without
- * a thread waiting for them (write_run_async), told by the store's own thread.  A job whose
- * writes would fail the batch's COMMIT (a deferred foreign key) fails alone.  A store whose fsync
- * failed answers no read, inside a read transaction either; and the syncer's fsync reaches the
- * WAL that is named -wal now, after the last connection to the file closed.
+ * test_sqlite_commit.c - the SQLite store's group commit (lib/sqlite_commit.c) at its interface
+ * (sqlite_commit.h, and idem__tx_run below the public API), on real files in a temporary
+ * directory.  Members committed while an fsync is in flight share the next COMMIT and fsync; a
+ * member that does not wait is told on the notifier thread -- neither its caller's nor the
+ * syncer's -- and only once the fsync covering its batch returned; a member whose release would
+ * leave a deferred foreign key unresolved fails alone and its neighbours in the batch commit; a
+ * member that rolls back leaves nothing, its neighbours keep theirs; a savepoint rollback made to
+ * fail (a test hook) breaks the writer, so the aborted writes never commit with the next member.
+ * Whole transactions run by the writer's holder (idem__tx_run): one that fails or asks for a
+ * rollback leaves nothing, its neighbours in the same batch keep theirs, from many threads at once
+ * (half of them one statement each, without a savepoint of their own); and the same without a
+ * thread waiting for them (write_run_async), told by the store's own thread; a queued job that
+ * cannot get the writer in time gives up.  A job whose writes would fail the batch's COMMIT (a
+ * deferred foreign key) fails alone.  A group whose fsync failed answers no read, inside a read
+ * transaction either, and refuses every write with IDEM_EUNAVAIL; and the syncer's fsync reaches
+ * the WAL that is named -wal now, after the last connection to the file closed.
  */
 #define _GNU_SOURCE /* syscall() */
 #include "internal.h"
+#include "sqlite_commit.h"
 #include "sqlite_conn.h"
 #include "t.h"
 
@@ -33,16 +37,24 @@
 /*
  * The disk, as far as these tests need it: this program defines fdatasync() (which libidem's
  * syncer calls; an executable's definition interposes on the C library's), so a test can make it
- * fail, and see which file it was asked to flush.
+ * fail, hold it until it lets go (an fsync in flight for as long as the test needs), count the
+ * calls that returned, see which thread called, and which file it was asked to flush.
  */
 static _Atomic int fdatasync_fails;      /* while set, every fdatasync fails with EIO */
 static _Atomic unsigned long synced_ino; /* the inode of the last file flushed */
 static _Atomic unsigned long synced_dev; /* and its device */
 static _Atomic int synced_unlinked;      /* flushes of a file no name points to any more */
+static _Atomic int fdatasync_returned;   /* calls that returned */
+static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
+static int hold;              /* while set, fdatasync waits (hold_mu) */
+static int held;              /* calls waiting now (hold_mu) */
+static pthread_t syncer_seen; /* the thread of the last call (hold_mu) */
 
 int fdatasync(int fd)
 {
     struct stat sb;
+    int rc;
 
     if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode)) {
         atomic_store(&synced_ino, (unsigned long)sb.st_ino);
@@ -50,11 +62,51 @@ int fdatasync(int fd)
         if (sb.st_nlink == 0)
             atomic_fetch_add(&synced_unlinked, 1);
     }
+    pthread_mutex_lock(&hold_mu);
+    syncer_seen = pthread_self();
+    held++;
+    while (hold)
+        pthread_cond_wait(&hold_cv, &hold_mu);
+    held--;
+    pthread_mutex_unlock(&hold_mu);
     if (atomic_load(&fdatasync_fails)) {
         errno = EIO;
-        return -1;
+        rc = -1;
+    } else {
+        rc = (int)syscall(SYS_fdatasync, fd);
     }
-    return (int)syscall(SYS_fdatasync, fd);
+    atomic_fetch_add(&fdatasync_returned, 1);
+    return rc;
+}
+
+/* Holds every fdatasync from now (1) or lets them go (0). */
+static void fdatasync_hold(int on)
+{
+    pthread_mutex_lock(&hold_mu);
+    hold = on;
+    pthread_mutex_unlock(&hold_mu);
+    if (!on)
+        pthread_cond_broadcast(&hold_cv);
+}
+
+static int fdatasync_held(void)
+{
+    int n;
+
+    pthread_mutex_lock(&hold_mu);
+    n = held;
+    pthread_mutex_unlock(&hold_mu);
+    return n;
+}
+
+static pthread_t fdatasync_caller(void)
+{
+    pthread_t t;
+
+    pthread_mutex_lock(&hold_mu);
+    t = syncer_seen;
+    pthread_mutex_unlock(&hold_mu);
+    return t;
 }
 
 static const struct idem_migration biz[] = {
@@ -622,20 +674,339 @@ static void syncer_follows_the_wal(const char *dir)
     idem_store_close(st);
 }
 
+/* ---- the group at its interface (sqlite_commit.h) ----------------------------------------- */
+
+/* A member that did not wait (write_commit_async): how, where and when it was told. */
+struct member {
+    struct idem__job_slot slot; /* the group's, until told */
+    atomic_int told;
+    int rc;
+    pthread_t on;      /* the thread it was told on */
+    int fsyncs_before; /* fdatasync calls that had returned when it was told */
+};
+
+static void member_done(void *arg, int rc, const char *errmsg)
+{
+    struct member *m = arg;
+
+    (void)errmsg;
+    m->rc = rc;
+    m->on = pthread_self();
+    m->fsyncs_before = atomic_load(&fdatasync_returned);
+    atomic_fetch_add(&m->told, 1);
+}
+
+/* A store of its own on the file `name` of `dir`, with biz and the foreign-key tables made. */
+static struct idem_store *group_store(const char *dir, const char *name)
+{
+    struct idem_store *st = NULL;
+    char uri[200];
+
+    snprintf(uri, sizeof uri, "sqlite:%s/%s", dir, name);
+    CHECK_INT(idem_store_open(uri, NULL, &st, NULL), 0);
+    CHECK_INT(idem_store_migrate(st, "unit", biz, 1, NULL, NULL), 0);
+    CHECK_INT(idem_store_migrate(st, "unit-fk", fk_tables, 1, NULL, NULL), 0);
+    return st;
+}
+
+/* Takes the writer, inserts `id` into biz and commits without waiting: 0 or the failure. */
+static int member_commit_async(struct idem_store *st, struct member *m, const char *id)
+{
+    struct idem_conn *c = NULL;
+    const char *p[] = {id};
+    char err[IDEM_ERRMSG_MAX] = "";
+    int rc;
+
+    memset(m, 0, sizeof *m);
+    rc = idem__sq_write_begin(st, &c, err, sizeof err);
+    if (rc < 0)
+        return rc;
+    rc = st->cm->exec(c, "INSERT INTO biz (id) VALUES ($1)", 1, p, NULL);
+    if (rc < 0) {
+        idem__sq_write_rollback(st, c);
+        return rc;
+    }
+    return idem__sq_write_commit_async(st, c, &m->slot, member_done, m, err, sizeof err);
+}
+
+static int members_told(struct member *m, int n)
+{
+    int told = 0;
+
+    for (int i = 0; i < n; i++)
+        told += atomic_load(&m[i].told);
+    return told;
+}
+
+/*
+ * With the syncer's fsync held, one member's batch waits for it; the members committed meanwhile
+ * (members one after another, a transaction that holds the writer and the jobs queued behind it)
+ * all go into the next batch, which commits when the fsync returns: two COMMITs and two fsyncs
+ * for all of them, each member told once, all on one thread.
+ */
+static void members_committed_meanwhile_share_one_fsync(const char *dir)
+{
+    enum { N = 12 };
+    static struct async_job jobs[N];
+    static struct member members[N];
+    struct member first, holder;
+    struct idem_store *st = group_store(dir, "share.db");
+    struct idem_store_stats before, after;
+    struct idem_conn *c = NULL;
+    const char *held[] = {"share-holder"};
+    char err[IDEM_ERRMSG_MAX] = "", id[64];
+    int fsyncs, not_told = 0, elsewhere = 0;
+
+    idem_store_stats(st, &before);
+    fsyncs = atomic_load(&fdatasync_returned);
+    fdatasync_hold(1);
+    CHECK_INT(member_commit_async(st, &first, "share-first"), 0);
+    T_WAIT_UNTIL(fdatasync_held() == 1, "the syncer's fsync of the first batch");
+
+    /* Members one after another, each taking the writer and committing without waiting. */
+    for (int i = 0; i < N; i++) {
+        snprintf(id, sizeof id, "share-member-%d", i);
+        CHECK_INT(member_commit_async(st, &members[i], id), 0);
+    }
+
+    /* The writer, then jobs queued behind it, then the writer's own commit. */
+    memset(&holder, 0, sizeof holder);
+    CHECK_INT(idem__sq_write_begin(st, &c, err, sizeof err), 0);
+    CHECK_INT(st->cm->exec(c, "INSERT INTO biz (id) VALUES ($1)", 1, held, NULL), 0);
+    for (int i = 0; i < N; i++) {
+        snprintf(id, sizeof id, "share-job-%d", i);
+        CHECK_INT(async_queue(&jobs[i], st, JOB_KEEP, id), 0);
+    }
+    CHECK_INT(
+        idem__sq_write_commit_async(st, c, &holder.slot, member_done, &holder, err, sizeof err), 0);
+    /* Nobody is told while the first batch's fsync is in flight. */
+    t_sleep_ms(50); /* (a quiet period: nothing may be told in it) */
+    CHECK_INT(atomic_load(&first.told) + atomic_load(&holder.told) + async_told(jobs, N) +
+                  members_told(members, N),
+              0);
+    fdatasync_hold(0);
+
+    T_WAIT_UNTIL(atomic_load(&first.told) && atomic_load(&holder.told) &&
+                     async_told(jobs, N) == N && members_told(members, N) == N,
+                 "every member told");
+    idem_store_stats(st, &after);
+    CHECK_INT(first.rc, 0);
+    CHECK_INT(holder.rc, 0);
+    for (int i = 0; i < N; i++) {
+        not_told += atomic_load(&jobs[i].told) != 1 || jobs[i].rc != 0;
+        elsewhere += jobs[i].on_caller;
+        not_told += atomic_load(&members[i].told) != 1 || members[i].rc != 0;
+        elsewhere += !pthread_equal(members[i].on, first.on);
+    }
+    CHECK_INT(not_told, 0);
+    CHECK_INT(elsewhere, 0);
+    CHECK(pthread_equal(first.on, holder.on)); /* one notifier */
+    CHECK_INT(after.write_commits - before.write_commits, 2 * N + 2);
+    /*
+     * The first batch, and the one they all joined: two COMMITs, two fsyncs.  (A batch older than
+     * 20 ms commits at its next release, to bound a member's wait: a thread of this test stalled
+     * that long on a loaded machine may close one early, whence a third.)
+     */
+    CHECK(after.durable_commits - before.durable_commits >= 2);
+    CHECK(after.durable_commits - before.durable_commits <= 3);
+    CHECK_INT(atomic_load(&fdatasync_returned) - fsyncs,
+              after.durable_commits - before.durable_commits);
+    CHECK_INT(biz_count(st, "LIKE", "share-%"), 2 * N + 2);
+    idem_store_close(st);
+}
+
+/*
+ * A member that did not wait is told on the notifier thread: not on the thread that committed it,
+ * not on the syncer (a callback may write and wait for the syncer), and only once the fsync that
+ * covers its batch returned -- while that fsync is held, it is not told.
+ */
+static void an_async_member_is_told_on_the_notifier_after_its_fsync(const char *dir)
+{
+    struct idem_store *st = group_store(dir, "notify.db");
+    struct member m;
+    pthread_t syncer;
+    int fsyncs = atomic_load(&fdatasync_returned);
+
+    fdatasync_hold(1);
+    CHECK_INT(member_commit_async(st, &m, "notified"), 0);
+    T_WAIT_UNTIL(fdatasync_held() == 1, "the syncer's fsync");
+    syncer = fdatasync_caller();
+    t_sleep_ms(50); /* (a quiet period: the member may not be told in it) */
+    CHECK_INT(atomic_load(&m.told), 0);
+    fdatasync_hold(0);
+    T_WAIT_UNTIL(atomic_load(&m.told) == 1, "the member told");
+    CHECK_INT(m.rc, 0);
+    CHECK(!pthread_equal(m.on, pthread_self()));
+    CHECK(!pthread_equal(m.on, syncer));
+    CHECK(m.fsyncs_before > fsyncs); /* told after the fsync returned */
+    CHECK_INT(biz_has(st, "notified"), 1);
+    idem_store_close(st);
+}
+
+/* member_commit_async() on a thread of its own. */
+struct member_thread {
+    struct idem_store *st;
+    const char *id;
+    struct member m;
+    atomic_int returned;
+    int rc;
+};
+
+static void *member_thread(void *arg)
+{
+    struct member_thread *t = arg;
+
+    t->rc = member_commit_async(t->st, &t->m, t->id);
+    atomic_store(&t->returned, 1);
+    return NULL;
+}
+
+/* A member on a thread of its own: it inserts "lone" and either an orphan (then commits) or not
+ * (then rolls back). */
+struct lone {
+    struct idem_store *st;
+    int orphan;
+    atomic_int begun, done;
+    int rc;
+    char err[IDEM_ERRMSG_MAX];
+};
+
+static void *lone_member(void *arg)
+{
+    struct lone *l = arg;
+    struct idem_conn *c = NULL;
+    const char *p[] = {"lone"}, *child[] = {"lone", "no-such-parent"};
+
+    l->rc = idem__sq_write_begin(l->st, &c, l->err, sizeof l->err);
+    if (l->rc == 0)
+        l->rc = l->st->cm->exec(c, "INSERT INTO biz (id) VALUES ($1)", 1, p, NULL);
+    if (l->rc == 0 && l->orphan)
+        l->rc =
+            l->st->cm->exec(c, "INSERT INTO fk_child (id, parent) VALUES ($1, $2)", 2, child, NULL);
+    atomic_store(&l->begun, 1);
+    if (c && (l->rc < 0 || !l->orphan))
+        l->rc = l->rc < 0 ? l->rc : idem__sq_write_rollback(l->st, c);
+    else if (c)
+        l->rc = idem__sq_write_commit(l->st, c, l->err, sizeof l->err);
+    atomic_store(&l->done, 1);
+    return NULL;
+}
+
+/*
+ * One member between two others in a batch held open by an fsync in flight (the first batch's):
+ * with `orphan` its release leaves a deferred foreign key unresolved and fails alone
+ * (IDEM_ESTORE, as its own COMMIT would); without, it rolls back.  Either way nothing of it is
+ * left, and its neighbours commit.
+ */
+static void lone_member_between_neighbours(const char *dir, const char *file, int orphan)
+{
+    struct idem_store *st = group_store(dir, file);
+    struct member first, before;
+    struct member_thread next = {.st = st, .id = "after"};
+    struct lone l = {.st = st, .orphan = orphan};
+    pthread_t th, th2;
+
+    fdatasync_hold(1);
+    CHECK_INT(member_commit_async(st, &first, "first"), 0);
+    T_WAIT_UNTIL(fdatasync_held() == 1, "the syncer's fsync of the first batch");
+    CHECK_INT(member_commit_async(st, &before, "before"), 0);
+    pthread_create(&th, NULL, lone_member, &l);
+    T_WAIT_UNTIL(atomic_load(&l.begun), "the lone member's writes");
+    /*
+     * The next member takes the writer once the lone one let it go.  On a thread of its own: were
+     * its commit to wait (its release failing for writes the lone one left behind), this thread
+     * would still let the fsync go and report it.
+     */
+    pthread_create(&th2, NULL, member_thread, &next);
+    T_WAIT_UNTIL(atomic_load(&next.returned), "the next member's commit to return");
+    CHECK_INT(next.rc, 0);
+    CHECK_INT(atomic_load(&before.told) + atomic_load(&next.m.told), 0);
+    fdatasync_hold(0);
+    pthread_join(th, NULL);
+    pthread_join(th2, NULL);
+    T_WAIT_UNTIL(atomic_load(&first.told) && atomic_load(&before.told) && atomic_load(&next.m.told),
+                 "the neighbours told");
+    if (orphan) {
+        CHECK_INT(l.rc, IDEM_ESTORE);
+        CHECK(strstr(l.err, "FOREIGN KEY") != NULL);
+    } else {
+        CHECK_INT(l.rc, 0);
+    }
+    CHECK_INT(first.rc, 0);
+    CHECK_INT(before.rc, 0);
+    CHECK_INT(next.m.rc, 0);
+    CHECK_INT(biz_has(st, "lone"), 0);
+    CHECK_INT(biz_has(st, "first") + biz_has(st, "before") + biz_has(st, "after"), 3);
+    {
+        struct idem_tx *tx = NULL;
+        struct idem_rows *r = NULL;
+        CHECK_INT(idem_tx_begin(st, 0, &tx), 0);
+        CHECK_INT(idem_tx_exec(tx, "SELECT count(*) FROM fk_child", 0, NULL, &r), 0);
+        CHECK_STR(idem_rows_get(r, 0, 0), "0");
+        idem_rows_free(r);
+        idem_tx_rollback(tx);
+    }
+    idem_store_close(st);
+}
+
+static void a_member_whose_release_fails_fails_alone(const char *dir)
+{
+    lone_member_between_neighbours(dir, "lone-fk.db", 1);
+}
+
+static void a_rolled_back_member_leaves_nothing(const char *dir)
+{
+    lone_member_between_neighbours(dir, "lone-rb.db", 0);
+}
+
+/*
+ * Once an fsync failed, the group takes no more writes, however given: a transaction is not
+ * begun, a whole one (idem__tx_run) and one without a waiting thread fail with IDEM_EUNAVAIL,
+ * and none of them left anything when the file is opened again.
+ */
+static void a_stopped_group_refuses_every_write(const char *dir)
+{
+    struct idem_store *st = group_store(dir, "refuse.db");
+    struct idem_conn *c = NULL;
+    struct async_job aj;
+    struct job_arg a;
+    const char *lost[] = {"lost"};
+    char err[IDEM_ERRMSG_MAX] = "", uri[200];
+    int rc;
+
+    atomic_store(&fdatasync_fails, 1);
+    CHECK_INT(idem__sq_write_begin(st, &c, err, sizeof err), 0);
+    CHECK_INT(st->cm->exec(c, "INSERT INTO biz (id) VALUES ($1)", 1, lost, NULL), 0);
+    CHECK_INT(idem__sq_write_commit(st, c, err, sizeof err), IDEM_EUNAVAIL);
+    atomic_store(&fdatasync_fails, 0);
+
+    c = NULL;
+    err[0] = '\0';
+    CHECK_INT(idem__sq_write_begin(st, &c, err, sizeof err), IDEM_EUNAVAIL);
+    CHECK(c == NULL);
+    CHECK(strstr(err, "the store stopped") != NULL);
+    a = (struct job_arg){st, JOB_KEEP, "refused-run", 0};
+    CHECK_INT(idem__tx_run(st, job_fn, &a, 0, err, sizeof err), IDEM_EUNAVAIL);
+    rc = async_queue(&aj, st, JOB_KEEP, "refused-async");
+    if (rc == 0) {
+        async_wait_all(&aj, 1);
+        rc = aj.rc;
+    }
+    CHECK_INT(rc, IDEM_EUNAVAIL);
+    idem_store_close(st);
+
+    snprintf(uri, sizeof uri, "sqlite:%s/refuse.db", dir);
+    st = NULL;
+    CHECK_INT(idem_store_open(uri, NULL, &st, NULL), 0);
+    CHECK_INT(biz_has(st, "refused-run") + biz_has(st, "refused-async"), 0);
+    idem_store_close(st);
+}
+
 int main(void)
 {
-    char dir[] = "/tmp/idem-unit-sq-XXXXXX";
-    char uri[128];
+    char dir[] = "/tmp/idem-unit-sqc-XXXXXX";
+    char uri[128], cmd[160];
     struct idem_store *st = NULL;
-    struct idem_engine *eng = NULL;
-    struct idem_call *call = NULL;
-    struct idem_tx *tx = NULL;
-    enum idem_outcome oc;
-    static const struct idem_operation op = {
-        .name = "unit.takeover", .lease_ms = 50, .wait_ms = 10};
-    struct idem_scope scope = {"alice", "unit.takeover", "k"};
-    unsigned char fp1[IDEM_FP_LEN], fp2[IDEM_FP_LEN];
-    int won = -1;
 
     if (!mkdtemp(dir)) {
         perror("mkdtemp");
@@ -643,46 +1014,21 @@ int main(void)
     }
     snprintf(uri, sizeof uri, "sqlite:%s/unit.db", dir);
     CHECK_INT(idem_store_open(uri, NULL, &st, NULL), 0);
-    CHECK_INT(idem_engine_new(st, NULL, &eng), 0);
-    CHECK_INT(idem_fingerprint("POST", "/t", NULL, 0, "{\"a\":1}", 7, fp1, NULL), 0);
-    CHECK_INT(idem_fingerprint("POST", "/t", NULL, 0, "{\"a\":2}", 7, fp2, NULL), 0);
-
-    /*
-     * A processing record of fp1 whose owner vanished: its lease runs out.  Time must pass: the
-     * advance set the lease to end 50 ms after a moment before it returned, so 120 ms later it
-     * has, however late this thread runs (the refusal below would otherwise prove nothing).
-     */
-    CHECK_INT(idem_call_begin(eng, &op, "alice", "k", fp1, &call, &oc), 0);
-    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
-    CHECK_INT(idem_call_advance(call, "forwarded", NULL), 0);
-    t_sleep_ms(120);
-
-    /* A caller that read another fingerprint cannot take it over... */
-    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
-    CHECK_INT(st->cm->record_takeover(idem__tx_conn(tx), &scope, fp2, "intruder", 1000, &won), 0);
-    CHECK_INT(won, 0);
-    idem_tx_rollback(tx);
-    /* ...the one that read fp1 can. */
-    CHECK_INT(idem_tx_begin(st, 1, &tx), 0);
-    CHECK_INT(st->cm->record_takeover(idem__tx_conn(tx), &scope, fp1, "heir", 1000, &won), 0);
-    CHECK_INT(won, 1);
-    CHECK_INT(idem_tx_commit(tx), 0);
-
-    idem_call_end(call); /* its release is fenced out: the heir holds the lease */
     failed_rollback_never_commits(st);
     whole_transactions(st);
+    idem_store_close(st);
+    members_committed_meanwhile_share_one_fsync(dir);
+    an_async_member_is_told_on_the_notifier_after_its_fsync(dir);
+    a_member_whose_release_fails_fails_alone(dir);
+    a_rolled_back_member_leaves_nothing(dir);
     queued_job_times_out(dir);
     jobs_without_a_waiting_thread(dir);
     stopped_store_fails_every_read(dir);
+    a_stopped_group_refuses_every_write(dir);
     syncer_follows_the_wal(dir);
     orphans_fail_alone(dir);
-    idem_engine_free(eng);
-    idem_store_close(st);
-    {
-        char cmd[160];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        if (system(cmd) != 0)
-            fprintf(stderr, "could not remove %s\n", dir);
-    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
     return t_done();
 }
