@@ -193,7 +193,9 @@ static void slow_callback(void *arg)
     struct slow_watch *s = arg;
 
     atomic_store(&s->running, 1);
-    while (!atomic_load(&s->release))
+    /* Polled with a deadline, not T_WAIT_UNTIL: its counters belong to the test's thread. */
+    const int64_t deadline = clock_mono_ms() + T_WAIT_MS;
+    while (!atomic_load(&s->release) && clock_mono_ms() < deadline)
         t_sleep_ms(1);
     atomic_store(&s->returned, 1);
 }
