@@ -73,8 +73,18 @@ static void check_config(const struct gw_config *cfg)
     CHECK(cfg->file != NULL && strcmp(cfg->file, NAME) == 0, "the file is the name given");
     CHECK(cfg->listen != NULL && cfg->admin_listen != NULL && cfg->store != NULL,
           "listeners and store are set");
-    CHECK(cfg->upstream_url != NULL && ascii_ncaseeq(cfg->upstream_url, "http://", 7),
-          "the upstream is http://");
+    CHECK(cfg->upstream_url != NULL &&
+              (cfg->upstream_tls ? ascii_ncaseeq(cfg->upstream_url, "https://", 8)
+                                 : ascii_ncaseeq(cfg->upstream_url, "http://", 7)),
+          "TLS to the upstream exactly when it is https://");
+    CHECK(cfg->upstream_tls || (cfg->upstream_tls_ca_file == NULL &&
+                                cfg->upstream_tls_server_name == NULL &&
+                                cfg->upstream_tls_cert_file == NULL),
+          "upstream.tls settings only for an https:// upstream");
+    CHECK((cfg->upstream_tls_cert_file == NULL) == (cfg->upstream_tls_key_file == NULL),
+          "a client certificate comes with its key");
+    CHECK((cfg->listen_tls_cert_file == NULL) == (cfg->listen_tls_key_file == NULL),
+          "a listener certificate comes with its key");
     CHECK(cfg->upstream_host != NULL && cfg->upstream_host[0] != '\0' && cfg->upstream_port > 0,
           "the upstream has a host and a port");
     CHECK(cfg->upstream_connect_timeout_ms > 0 && cfg->upstream_timeout_ms > 0,
