@@ -77,9 +77,9 @@ static void check_config(const struct gw_config *cfg)
               (cfg->upstream_tls ? ascii_ncaseeq(cfg->upstream_url, "https://", 8)
                                  : ascii_ncaseeq(cfg->upstream_url, "http://", 7)),
           "TLS to the upstream exactly when it is https://");
-    CHECK(cfg->upstream_tls || (cfg->upstream_tls_ca_file == NULL &&
-                                cfg->upstream_tls_server_name == NULL &&
-                                cfg->upstream_tls_cert_file == NULL),
+    CHECK(cfg->upstream_tls ||
+              (cfg->upstream_tls_ca_file == NULL && cfg->upstream_tls_server_name == NULL &&
+               cfg->upstream_tls_cert_file == NULL),
           "upstream.tls settings only for an https:// upstream");
     CHECK((cfg->upstream_tls_cert_file == NULL) == (cfg->upstream_tls_key_file == NULL),
           "a client certificate comes with its key");
