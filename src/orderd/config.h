@@ -51,6 +51,7 @@ struct orderd_config {
 
     /* Payments (docs/orderd.md): without a provider, orders are not charged ("created"). */
     const char *provider;          /* base URL of the provider; NULL: no payments */
+    const char *provider_ca;       /* PEM CAs of an https:// provider; NULL: the system's */
     int64_t provider_timeout_ms;   /* one provider call, connect included */
     const char *webhook_secret;    /* HMAC key of provider webhooks; NULL: all refused (401) */
     int64_t webhook_tolerance_s;   /* accepted age of a webhook's signature timestamp */

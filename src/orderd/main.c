@@ -235,6 +235,24 @@ static int status_option(struct options *o, const struct option_row *row, const 
     return OPTIONS_CONTINUE;
 }
 
+/*
+ * --provider-ca has a meaning only for an https:// provider, and a file that cannot be read would
+ * make every call fail (as unknown outcomes) until someone looks: both are refused at start.
+ */
+static int check_provider_ca(struct cli *cli)
+{
+    const struct orderd_config *cfg = &cli->cfg;
+    FILE *f;
+
+    if (cfg->provider == NULL || strncmp(cfg->provider, "https://", 8) != 0)
+        return options_error(&cli->opts, "--provider-ca needs an https:// --provider");
+    f = fopen(cfg->provider_ca, "r");
+    if (f == NULL)
+        return options_error(&cli->opts, "--provider-ca %s: %s", cfg->provider_ca, strerror(errno));
+    fclose(f);
+    return OPTIONS_CONTINUE;
+}
+
 /* `--version` in every command's table, not in its --help. */
 #define OPT_VERSION_HIDDEN OPT_CALLBACK(0, "version", NULL, NULL, NULL, version_option)
 
@@ -303,6 +321,9 @@ static int parse_serve_options(struct cli *cli, int argc, char **argv)
         OPT_TEXT("Payments (without --provider, orders are not charged and stay \"created\"):\n"),
         OPT_CALLBACK(0, "provider", &cfg->provider, "URL",
                      "payment + email provider, e.g. http://127.0.0.1:8090", provider_option),
+        OPT_STRING(0, "provider-ca", &cfg->provider_ca, "FILE",
+                   "PEM CA certificates an https:// --provider's certificate must\n"
+                   "chain to, instead of the system's CA store"),
         OPT_INT64(0, "provider-timeout-ms", &cfg->provider_timeout_ms, "N", 10, 600000,
                   "timeout of one provider call (default 5000)"),
         OPT_CALLBACK(0, "webhook-secret", &cfg->webhook_secret, "S",
@@ -704,6 +725,8 @@ int main(int argc, char **argv)
             status =
                 options_error(&cli.opts, "--sqlite-sync normal cannot be used with --provider: an "
                                          "order must be on disk before its card is charged");
+        if (status < 0 && cli.cfg.provider_ca != NULL)
+            status = check_provider_ca(&cli);
         if (status < 0 && cli.cfg.idempotency_off)
             fprintf(stderr, "orderd: warn: --idempotency off: POST /api/orders keeps no "
                             "idempotency record, retries are NOT safe (benchmark baseline)\n");

@@ -38,10 +38,16 @@ struct provider_reply {
 void provider_reply_read(struct provider_reply *r, long status, const char *body, size_t len);
 
 /*
- * Makes a client for `base_url` ("http://127.0.0.1:8090"), with `timeout_ms` per call (connect
- * included).  curl_global_init() must have run.  Returns 0 and *out, or -1.
+ * Makes a client for `base_url` ("http://127.0.0.1:8090", or https://), with `timeout_ms` per
+ * call (connect and TLS handshake included).  Over https:// the provider's certificate must chain
+ * to the system's CA store, or to the PEM certificates of `ca_file` (copied; NULL: the system's)
+ * instead, and name the URL's host, which is also sent as SNI; TLS 1.2 is the least accepted.
+ * None of it can be turned off.  A handshake that fails has sent nothing; the call's outcome is
+ * then PROVIDER_UNKNOWN like that of a refused connection (see provider_reply.detail).
+ * curl_global_init() must have run.  Returns 0 and *out, or -1.
  */
-int provider_open(const char *base_url, int64_t timeout_ms, struct provider **out);
+int provider_open(const char *base_url, const char *ca_file, int64_t timeout_ms,
+                  struct provider **out);
 void provider_close(struct provider *p);
 const char *provider_url(const struct provider *p);
 

@@ -98,7 +98,7 @@ int serve_run(const struct orderd_config *cfg)
     if (cfg->test_hooks)
         log_msg(&app.log, "warn", "ORDERD_TEST_HOOKS=1: X-Test-* request headers are honoured");
     if (cfg->provider != NULL) {
-        provider_open(cfg->provider, cfg->provider_timeout_ms, &app.provider);
+        provider_open(cfg->provider, cfg->provider_ca, cfg->provider_timeout_ms, &app.provider);
         if (cfg->provider_timeout_ms >= cfg->lease_ms)
             log_msg(&app.log, "warn",
                     "--provider-timeout-ms %lld is not below --lease-ms %lld: a slow provider "

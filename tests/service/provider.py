@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -42,8 +43,10 @@ def sign(body, secret=WEBHOOK_SECRET, t=None):
 class Provider:
     """One provider-sim process on 127.0.0.1, its database and logs in a temp dir."""
 
-    def __init__(self, args=(), webhook_url=None, secret=WEBHOOK_SECRET, name="provider-sim"):
+    def __init__(self, args=(), webhook_url=None, secret=WEBHOOK_SECRET, name="provider-sim",
+                 ca_file=None):
         self.name = name
+        self.ca_file = ca_file  # with --tls-cert: what the tests' own calls trust
         self.tmpdir = tempfile.mkdtemp(prefix="idem-prov-")
         self.db = "sqlite:%s/provider.db" % self.tmpdir
         self.args = list(args)
@@ -136,8 +139,14 @@ class Provider:
 
     # -- its API --
 
+    def connection(self, timeout=30):
+        if "--tls-cert" not in self.args:
+            return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        ctx = ssl.create_default_context(cafile=self.ca_file)
+        return http.client.HTTPSConnection("127.0.0.1", self.port, timeout=timeout, context=ctx)
+
     def call(self, method, path, body=None, headers=None, timeout=30):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn = self.connection(timeout)
         try:
             data = json.dumps(body).encode() if body is not None else None
             hdrs = {"Content-Type": "application/json"} if data is not None else {}
