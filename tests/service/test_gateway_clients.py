@@ -15,6 +15,9 @@ the caller (`principal.authorization: sha256`), `error_format: stripe`, `scope_h
     through a fault proxy that drops answers after the gateway executed and resets connections
     before it saw anything, some answers slower than the SDK's timeout: one charge per intent,
     and the id each intent ended with is that charge's;
+  - the same SDK over HTTPS, the gateway serving `listen_tls` with a throw-away CA's certificate
+    that the SDK trusts through NODE_EXTRA_CA_CERTS: late answers retried, one charge per
+    intent; without the CA the SDK cannot connect and nothing is made;
   - each of the gateway's own errors is the SDK's matching error class, and the SDK retries
     exactly those that say so: the key reused (StripeIdempotencyError), no caller
     (StripeAuthenticationError), a bad key (StripeInvalidRequestError), a duplicate in flight
@@ -47,6 +50,7 @@ from harness import expect_eq, test  # noqa: E402
 from faultproxy import DROP, FORWARD, RESET, FaultProxy  # noqa: E402
 from gateway_harness import Gateway, expect, http_request  # noqa: E402
 from stripe_upstream import StripeUpstream  # noqa: E402
+from tls_ca import TlsCa  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STRIPE_CLIENT = os.path.join(HERE, "clients", "stripe_client.js")
@@ -75,8 +79,13 @@ def gateway_extra(name):
     return "error_format: stripe\ninstance: %s-%s\n" % (name, uuid.uuid4().hex[:8])
 
 
-def new_gateway(up, name, routes=ROUTES, upstream_timeout="10s"):
-    return Gateway(up, routes=routes, extra=gateway_extra(name), principal="authorization: sha256",
+def new_gateway(up, name, routes=ROUTES, upstream_timeout="10s", tls=None):
+    """The gateway as the Stripe section configures it; `tls` (a tls_ca leaf): it serves HTTPS
+    (listen_tls) with that certificate."""
+    extra = gateway_extra(name)
+    if tls is not None:
+        extra += "listen_tls:\n  cert_file: %s\n  key_file: %s\n" % (tls.chain, tls.key)
+    return Gateway(up, routes=routes, extra=extra, principal="authorization: sha256",
                    upstream_timeout=upstream_timeout, name=name)
 
 
@@ -128,7 +137,7 @@ def node_env():
 class StripeRun:
     """One stripe_client.js process running `intents` with `cfg`; wait() gives {intent: result}."""
 
-    def __init__(self, cfg, intents, what="stripe client"):
+    def __init__(self, cfg, intents, what="stripe client", env=None):
         self.what = what
         self.count = len(intents)
         self.tmp = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
@@ -137,7 +146,7 @@ class StripeRun:
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(["node", STRIPE_CLIENT, json.dumps(cfg), self.tmp.name],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL, env=node_env())
+                                     stdin=subprocess.DEVNULL, env=dict(node_env(), **(env or {})))
 
     def wait(self, timeout=60):
         try:
@@ -346,6 +355,69 @@ def sdk_retries_through_faults_make_exactly_one_charge_per_intent(ctx):
               len(intents_of), sum(len(up.by_intent(n)) for n in intents_of), attempts,
               lost_after, resets, timeouts, replays, len(gave_up), len(gave_up) - len(unkept),
               len(unkept), time.monotonic() - t0))
+
+
+@test
+def sdk_over_https_to_the_gateway_makes_exactly_one_charge_per_intent(ctx):
+    """The same SDK through the gateway's TLS listener (listen_tls, a certificate of a throw-away
+    CA the SDK trusts through NODE_EXTRA_CA_CERTS, as an application trusting a private CA would):
+    answers that come after the SDK's timeout make it retry, each attempt on a TLS connection of its
+    own, and every intent still makes exactly one object."""
+    up = ctx["up"]
+    tls_dir = tempfile.mkdtemp(prefix="idem-clients-tls-")
+    ca = TlsCa(tls_dir)
+    gw = new_gateway(up, "gw-clients-tls", tls=ca.server("gateway"))
+    trust = {"NODE_EXTRA_CA_CERTS": ca.cert}
+    tag = uuid.uuid4().hex[:6]
+    t0 = time.monotonic()
+    try:
+        gw.start()
+        # Without the CA the SDK cannot connect, and nothing is made.
+        res = sdk(gw.port, charge("u" + tag, 100, key("untrusted")), retries=0, protocol="https")
+        expect(res.get("ok") is False and res.get("error") == "StripeConnectionError",
+               "the SDK without the CA: %s" % json.dumps(res))
+        expect_eq(up.count(lambda e: e["intent"] == "u" + tag), 0,
+                  "objects made for the SDK that did not trust the gateway")
+        # Two applications: the first lets the SDK make its keys, the second keeps one per
+        # order; every fourth intent is answered after the SDK's timeout (1.5 s).
+        runs, intents_of = [], {}
+        for n, api_key in enumerate(API_KEYS[:2]):
+            intents = []
+            for i in range(12):
+                name = "t%s-%d-%02d" % (tag, n, i)
+                meta = {"slow_ms": 2200} if i % 4 == 1 else {}
+                it = charge(name, amount=100 + 7 * i + n, idem=key(name) if n else None, **meta)
+                it["apiKey"] = api_key
+                intents.append(it)
+                intents_of[name] = it
+            runs.append(StripeRun(sdk_config(gw.port, api_key, retries=5, timeout_ms=1500,
+                                             keepAlive=False, protocol="https"),
+                                  intents, "SDK over HTTPS, key %d" % n, env=trust))
+        results = {}
+        for run in runs:
+            results.update(run.wait(90))
+    finally:
+        gw.close()
+        shutil.rmtree(tls_dir, ignore_errors=True)
+    problems = []
+    for name, it in sorted(intents_of.items()):
+        res, got = results[name], up.by_intent(name)
+        if not res.get("ok"):
+            problems.append("%s: the SDK ended without a charge: %s" % (name, json.dumps(res)))
+        elif len(got) != 1 or got[0]["id"] != res["id"]:
+            problems.append("%s: the SDK ended with %s, the upstream made %s" % (
+                name, res.get("id"), [e["id"] for e in got]))
+        elif got[0]["api_key"] != it["apiKey"]:
+            problems.append("%s: made for API key %s, not %s" % (name, got[0]["api_key"],
+                                                                it["apiKey"]))
+    expect(not problems, "%d of %d intents wrong:\n%s" % (len(problems), len(intents_of),
+                                                          "\n".join(problems[:12])))
+    timeouts = sum(1 for r in results.values() for t in r.get("tries", ()) if t == "ETIMEDOUT")
+    attempts = sum(r.get("attempts", 0) for r in results.values())
+    expect(timeouts > 0, "the SDK timed out and retried: %d timeouts" % timeouts)
+    print("     SDK over HTTPS x 2 keys: %d intents, %d objects; %d attempts (%d SDK timeouts); "
+          "%.1f s" % (len(intents_of), sum(len(up.by_intent(n)) for n in intents_of), attempts,
+                      timeouts, time.monotonic() - t0))
 
 
 # ---- 2. the gateway's errors as the SDK's classes ----------------------------------------------

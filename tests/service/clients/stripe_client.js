@@ -8,8 +8,10 @@
 // CONFIG is JSON (inline, or @FILE) with the client's settings, as an application would pass
 // them to the SDK:
 //   {"host": "127.0.0.1", "port": 8180, "apiKey": "sk_test_...", "maxNetworkRetries": 5,
-//    "timeout": 80000, "keepAlive": true, "concurrency": 0, "apiVersion": null, "noAuth": false}
-// (protocol is always http; keepAlive false gives every attempt a connection of its own;
+//    "timeout": 80000, "keepAlive": true, "concurrency": 0, "apiVersion": null, "noAuth": false,
+//    "protocol": "http"}
+// (protocol "https" speaks TLS, trusting what node trusts: NODE_EXTRA_CA_CERTS adds a CA;
+// keepAlive false gives every attempt a connection of its own;
 // concurrency 0 runs every intent at once; noAuth sends no Authorization header at all, through
 // the SDK's own `authenticator` hook).
 //
@@ -35,6 +37,7 @@
 
 const fs = require('fs');
 const http = require('http');
+const https = require('https');
 
 let Stripe;
 try {
@@ -67,12 +70,14 @@ if (!Array.isArray(intents)) {
 const options = {
   host: cfg.host || '127.0.0.1',
   port: cfg.port,
-  protocol: 'http',
+  protocol: cfg.protocol === 'https' ? 'https' : 'http',
   maxNetworkRetries: cfg.maxNetworkRetries === undefined ? 5 : cfg.maxNetworkRetries,
   timeout: cfg.timeout === undefined ? 80000 : cfg.timeout,
   telemetry: false,
 };
-const agent = new http.Agent({ keepAlive: cfg.keepAlive !== false });
+const agent = new (options.protocol === 'https' ? https : http).Agent({
+  keepAlive: cfg.keepAlive !== false,
+});
 options.httpAgent = agent;
 if (cfg.apiVersion) options.apiVersion = cfg.apiVersion;
 if (cfg.noAuth) options.authenticator = async () => {}; // sends no Authorization header
