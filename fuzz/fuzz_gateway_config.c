@@ -83,8 +83,10 @@ static void check_config(const struct gw_config *cfg)
           "upstream.tls settings only for an https:// upstream");
     CHECK((cfg->upstream_tls_cert_file == NULL) == (cfg->upstream_tls_key_file == NULL),
           "a client certificate comes with its key");
-    CHECK((cfg->listen_tls_cert_file == NULL) == (cfg->listen_tls_key_file == NULL),
+    CHECK((cfg->listen_tls.cert_file == NULL) == (cfg->listen_tls.key_file == NULL),
           "a listener certificate comes with its key");
+    CHECK((cfg->admin_listen_tls.cert_file == NULL) == (cfg->admin_listen_tls.key_file == NULL),
+          "the admin listener's certificate comes with its key");
     CHECK(cfg->upstream_host != NULL && cfg->upstream_host[0] != '\0' && cfg->upstream_port > 0,
           "the upstream has a host and a port");
     CHECK(cfg->upstream_connect_timeout_ms > 0 && cfg->upstream_timeout_ms > 0,

@@ -43,7 +43,7 @@
 #define KEY_FILE_MAX_BYTES ((size_t)64 << 10) /* a JWT secret or a PEM public key */
 #define MAX_ROUTES 1000
 #define MAX_DEPTH 16 /* the deepest config is 5 levels: routes[i].key.body */
-#define MAX_KEYS 16  /* keys of the widest mapping (a route has 12) */
+#define MAX_KEYS 20  /* keys of the widest mapping (the top level has 17) */
 #define MAX_POINTERS 16
 #define MAX_STORE_HEADERS 32
 #define MAX_MATCH_LEN 512 /* also bounds the route-against-route comparisons */
@@ -111,7 +111,7 @@ enum key_type {
     KEY_SIZE,     /* bytes in [min, max] (512KiB, 1MiB, 1GiB; bare: bytes) */
     KEY_TEXT,     /* any text, into a char * (new) */
     KEY_ENUM,     /* one of the row's words, into an int-sized field */
-    KEY_SECTION,  /* a mapping read by its own rows (`sub`) into the same struct */
+    KEY_SECTION,  /* a mapping read by its own rows (`sub`) into the struct at `offset` */
     KEY_CUSTOM,   /* its own reader (`read`) */
 };
 
@@ -169,6 +169,7 @@ struct conf_section {
 #define FIELD_OF(type, f) .offset = offsetof(type, f), .size = sizeof(((type *)0)->f)
 #define CFG(f) FIELD_OF(struct gw_config, f)
 #define ROUTE(f) FIELD_OF(struct gw_route, f)
+#define LISTENER_TLS(f) FIELD_OF(struct gw_listen_tls, f)
 #define LIST(type, f) .offset = offsetof(type, f), .count_offset = offsetof(type, n##f)
 /* clang-format off */
 #define SECTION(rows, rules) {rows, COUNT(rows), rules}
@@ -1648,6 +1649,7 @@ static int check_rules(struct loader *ld, const yaml_node_t *map, const char *wh
     {.name = n, .type = KEY_ENUM, field, .words = w, .def_text = d, .what = expected}
 #define TEXT_KEY(n, field, expected) {.name = n, .type = KEY_TEXT, field, .what = expected}
 #define SECTION_KEY(n, s) {.name = n, .type = KEY_SECTION, .sub = s}
+#define SECTION_AT(n, s, field) {.name = n, .type = KEY_SECTION, .sub = s, CFG(field)}
 #define CUSTOM_KEY(n, reader) {.name = n, .type = KEY_CUSTOM, .read = reader}
 
 static const struct word keyed_connections_words[] = {{"pooled", 0}, {"fresh", 1}, {NULL, 0}};
@@ -1659,10 +1661,11 @@ static const struct word error_format_words[] = {
 static const struct word unrouted_words[] = {
     {"pass", GW_UNROUTED_PASS}, {"refuse", GW_UNROUTED_REFUSE}, {NULL, 0}};
 
+/* Both listeners' (listen_tls, admin_listen_tls), each read into its struct gw_listen_tls. */
 static const struct conf_key listen_tls_keys[] = {
-    {.name = "cert_file", .type = KEY_CUSTOM, CFG(listen_tls_cert_file), .doc = "required",
+    {.name = "cert_file", .type = KEY_CUSTOM, LISTENER_TLS(cert_file), .doc = "required",
      .read = read_tls_file},
-    {.name = "key_file", .type = KEY_CUSTOM, CFG(listen_tls_key_file), .doc = "required",
+    {.name = "key_file", .type = KEY_CUSTOM, LISTENER_TLS(key_file), .doc = "required",
      .read = read_tls_file},
 };
 static const struct conf_section listen_tls_section = SECTION(listen_tls_keys, listen_tls_rules);
@@ -1804,7 +1807,8 @@ static const struct conf_key top_keys[] = {
     /* The stored answers of every caller together. */
     SIZE_KEY("max_stored_bytes", CFG(max_stored_bytes), 0, 1024 * 1024 * GIB, 16 * GIB),
     ENUM_KEY("unrouted_keys", CFG(unrouted_keys), unrouted_words, "pass", "pass or refuse"),
-    SECTION_KEY("listen_tls", &listen_tls_section),
+    SECTION_AT("listen_tls", &listen_tls_section, listen_tls),
+    SECTION_AT("admin_listen_tls", &listen_tls_section, admin_listen_tls),
 };
 static const struct conf_section top_section = SECTION(top_keys, check_rules);
 /* clang-format on */
@@ -1896,7 +1900,7 @@ static int read_value(struct loader *ld, const struct conf_key *row, const yaml_
         x = w->value;
         break;
     case KEY_SECTION:
-        return read_section(ld, row->sub, n, path, base);
+        return read_section(ld, row->sub, n, path, (char *)base + row->offset);
     case KEY_CUSTOM:
         if (n == NULL && (row->flags & KEY_READS_DEFAULT) == 0)
             return 0;
@@ -2014,13 +2018,13 @@ static int upstream_rules(struct loader *ld, const yaml_node_t *map, const char 
     return 0;
 }
 
-/* A TLS listener needs its certificate and its key. */
+/* A TLS listener (listen_tls, admin_listen_tls) needs its certificate and its key. */
 static int listen_tls_rules(struct loader *ld, const yaml_node_t *map, const char *where,
                             yaml_node_t *const *values, void *base)
 {
     (void)base;
     if (map == NULL)
-        return 0; /* no listen_tls: plain HTTP */
+        return 0; /* absent: plain HTTP */
     if (value_of(&listen_tls_section, values, "cert_file") == NULL ||
         value_of(&listen_tls_section, values, "key_file") == NULL)
         return fail(ld, strict_yaml_line(map),
@@ -2237,8 +2241,10 @@ void gw_config_free(struct gw_config *cfg)
     free(cfg->instance);
     free(cfg->upstream_url);
     free(cfg->upstream_host);
-    free(cfg->listen_tls_cert_file);
-    free(cfg->listen_tls_key_file);
+    free(cfg->listen_tls.cert_file);
+    free(cfg->listen_tls.key_file);
+    free(cfg->admin_listen_tls.cert_file);
+    free(cfg->admin_listen_tls.key_file);
     free(cfg->upstream_tls_ca_file);
     free(cfg->upstream_tls_server_name);
     free(cfg->upstream_tls_cert_file);

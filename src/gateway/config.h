@@ -132,6 +132,15 @@ enum gw_unrouted {
     GW_UNROUTED_REFUSE, /* 400 idempotency-key-unrouted, naming the routes */
 };
 
+/*
+ * A listener's HTTPS (listen_tls, admin_listen_tls): its certificate chain and key (PEM, paths
+ * relative to the config's directory), both NULL when it speaks plain HTTP.
+ */
+struct gw_listen_tls {
+    char *cert_file;
+    char *key_file;
+};
+
 struct gw_config {
     char *file; /* as given to gw_config_load, for messages */
 
@@ -149,9 +158,9 @@ struct gw_config {
     char *instance;
     enum gw_error_format error_format;
 
-    /* listen_tls: the public listener's certificate chain and key (PEM), or NULL: plain HTTP */
-    char *listen_tls_cert_file;
-    char *listen_tls_key_file;
+    /* listen_tls, admin_listen_tls: each listener's certificate and key, or plain HTTP */
+    struct gw_listen_tls listen_tls;
+    struct gw_listen_tls admin_listen_tls;
 
     char *upstream_url;  /* "http://HOST:PORT" or "https://HOST[:PORT]" (required), no path */
     char *upstream_host; /* split from upstream_url */

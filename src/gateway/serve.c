@@ -201,21 +201,48 @@ static struct quota *quota_from_store(struct gateway *gw)
     return q;
 }
 
-/* SIGHUP: the listener's certificate and key read again for new connections. */
+/* SIGHUP: each TLS listener's certificate and key read again for new connections. */
 struct reload_arg {
     struct gateway *gw;
-    struct tls_ctx *tls;
+    struct tls_ctx *tls, *admin_tls; /* NULL: that listener is plain */
 };
 
-static void reload_listener(void *arg)
+static void reload_one(const struct gateway *gw, struct tls_ctx *tls, const char *listener,
+                       const char *key)
 {
-    struct reload_arg *ra = arg;
     char err[512];
 
-    if (tls_ctx_server_reload(ra->tls, err, sizeof err) == 0)
-        log_msg(&ra->gw->log, "info", "SIGHUP: the listener's certificate was read again");
+    if (tls == NULL)
+        return;
+    if (tls_ctx_server_reload(tls, err, sizeof err) == 0)
+        log_msg(&gw->log, "info", "SIGHUP: the %s's certificate was read again", listener);
     else
-        log_msg(&ra->gw->log, "error", "SIGHUP: listen_tls kept its certificate: %s", err);
+        log_msg(&gw->log, "error", "SIGHUP: %s kept its certificate: %s", key, err);
+}
+
+static void reload_listeners(void *arg)
+{
+    struct reload_arg *ra = arg;
+
+    reload_one(ra->gw, ra->tls, "listener", "listen_tls");
+    reload_one(ra->gw, ra->admin_tls, "admin listener", "admin_listen_tls");
+}
+
+/* A listener's TLS context from its config (`key` names it in the log), or none when plain. */
+static int listener_tls(const struct gateway *gw, const struct gw_listen_tls *lt, const char *key,
+                        struct tls_ctx **out)
+{
+    struct tls_server_options to = {.cert_file = lt->cert_file, .key_file = lt->key_file};
+    char err[512];
+
+    *out = NULL;
+    if (lt->cert_file == NULL)
+        return 0;
+    if (tls_ctx_server_new(&to, out, err, sizeof err) != 0) {
+        log_msg(&gw->log, "error", "%s: %s", key, err);
+        return -1;
+    }
+    return 0;
 }
 
 int serve_upstream_tls(const struct gw_config *cfg, struct tls_ctx **out, char *err, size_t errlen)
@@ -255,7 +282,7 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
         .max_idle = cfg->upstream_max_connections,
         .max_response_bytes = cfg->max_response_bytes,
     };
-    struct tls_ctx *upstream_tls = NULL, *listen_tls = NULL;
+    struct tls_ctx *upstream_tls = NULL, *listen_tls = NULL, *admin_tls = NULL;
     char owner[256];
     size_t owner_prefix;
     int serving_fd = -2;
@@ -268,8 +295,8 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     pthread_mutex_init(&gw.steps_mu, NULL);
     pthread_cond_init(&gw.steps_cv, NULL);
     stop_signals_block(&stop_signals); /* before any thread, so every thread inherits it */
-    /* SIGHUP re-reads the listener's certificate: taken by the main thread, as the stops. */
-    if (cfg->listen_tls_cert_file != NULL)
+    /* SIGHUP re-reads the listeners' certificates: taken by the main thread, as the stops. */
+    if (cfg->listen_tls.cert_file != NULL || cfg->admin_listen_tls.cert_file != NULL)
         reload_signal_block(&stop_signals);
     gw.cfg = cfg;
     gw.log.format = so->log_format;
@@ -321,15 +348,9 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     gw.quota = quota_from_store(&gw);
 
     proxy_server_options(&gw, &popts);
-    if (cfg->listen_tls_cert_file != NULL) {
-        struct tls_server_options to = {.cert_file = cfg->listen_tls_cert_file,
-                                        .key_file = cfg->listen_tls_key_file};
-        if (tls_ctx_server_new(&to, &listen_tls, err, sizeof err) != 0) {
-            log_msg(&gw.log, "error", "listen_tls: %s", err);
-            goto out;
-        }
-        popts.tls = listen_tls;
-    }
+    if (listener_tls(&gw, &cfg->listen_tls, "listen_tls", &listen_tls) != 0)
+        goto out;
+    popts.tls = listen_tls;
     if (http_server_start(&popts, cfg->listen, &pub, err, sizeof err) != 0) {
         log_msg(&gw.log, "error", "listen %s: %s", cfg->listen, err);
         goto out;
@@ -337,6 +358,9 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     gw.public_server = pub;
     admin_warn(cfg, stderr);
     admin_server_options(&gw, &aopts);
+    if (listener_tls(&gw, &cfg->admin_listen_tls, "admin_listen_tls", &admin_tls) != 0)
+        goto out;
+    aopts.tls = admin_tls;
     if (http_server_start(&aopts, cfg->admin_listen, &adm, err, sizeof err) != 0) {
         log_msg(&gw.log, "error", "admin listen %s: %s", cfg->admin_listen, err);
         goto out;
@@ -367,9 +391,9 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
             IDEM_VERSION_STRING, http_server_url(pub), cfg->upstream_url, idem_store_kind(gw.store),
             cfg->nroutes, cfg->nroutes == 1 ? "" : "s");
     {
-        struct reload_arg ra = {.gw = &gw, .tls = listen_tls};
+        struct reload_arg ra = {.gw = &gw, .tls = listen_tls, .admin_tls = admin_tls};
         log_msg(&gw.log, "info", "stopping on %s",
-                stop_signals_wait_reloading(&stop_signals, reload_listener, &ra));
+                stop_signals_wait_reloading(&stop_signals, reload_listeners, &ra));
     }
     status = 0;
 out:
@@ -383,6 +407,7 @@ out:
     upstream_free(gw.upstream);
     tls_ctx_free(upstream_tls);
     tls_ctx_free(listen_tls);
+    tls_ctx_free(admin_tls);
     principal_verifier_free(gw.principals);
     gw_metrics_free(gw.metrics);
     unrouted_free(gw.unrouted);

@@ -604,27 +604,44 @@ static void test_upstream_tls(void)
     gw_config_free(cfg);
 }
 
-/* listen_tls: both files, readable; the listener speaks TLS. */
+/* listen_tls, admin_listen_tls: both files, readable; each listener speaks TLS on its own. */
 static void test_listen_tls(void)
 {
-    struct gw_config *cfg =
-        parse_ok("upstream: {url: 'http://h:1'}\n"
-                 "listen_tls: {cert_file: /etc/hostname, key_file: /etc/hostname}\n");
+    static const char *const keys[] = {"listen_tls", "admin_listen_tls"};
+    struct gw_config *cfg;
+    char yaml[256], want[128];
+    size_t i;
 
-    CHECK(cfg != NULL);
-    if (cfg != NULL) {
-        CHECK_STR(cfg->listen_tls_cert_file, "/etc/hostname");
-        CHECK_STR(cfg->listen_tls_key_file, "/etc/hostname");
-        gw_config_free(cfg);
+    for (i = 0; i < 2; i++) {
+        snprintf(yaml, sizeof yaml,
+                 "upstream: {url: 'http://h:1'}\n"
+                 "%s: {cert_file: /etc/hostname, key_file: /etc/hostname}\n",
+                 keys[i]);
+        cfg = parse_ok(yaml);
+        CHECK(cfg != NULL);
+        if (cfg != NULL) {
+            const struct gw_listen_tls *on = i == 0 ? &cfg->listen_tls : &cfg->admin_listen_tls;
+            const struct gw_listen_tls *off = i == 0 ? &cfg->admin_listen_tls : &cfg->listen_tls;
+            CHECK_STR(on->cert_file, "/etc/hostname");
+            CHECK_STR(on->key_file, "/etc/hostname");
+            CHECK(off->cert_file == NULL && off->key_file == NULL);
+            gw_config_free(cfg);
+        }
+        snprintf(yaml, sizeof yaml,
+                 "upstream: {url: 'http://h:1'}\n%s: {cert_file: /etc/hostname}\n", keys[i]);
+        snprintf(want, sizeof want, "%s: expected cert_file and key_file", keys[i]);
+        CHECK_REFUSED(yaml, "t.yaml:2: ", want);
+        snprintf(yaml, sizeof yaml,
+                 "upstream: {url: 'http://h:1'}\n%s:\n  cert_file: /nonexistent\n"
+                 "  key_file: /etc/hostname\n",
+                 keys[i]);
+        snprintf(want, sizeof want, "%s.cert_file: cannot read /nonexistent", keys[i]);
+        CHECK_REFUSED(yaml, "t.yaml:3: ", want);
     }
     cfg = parse_ok("upstream: {url: 'http://h:1'}\n");
-    CHECK(cfg != NULL && cfg->listen_tls_cert_file == NULL);
+    CHECK(cfg != NULL && cfg->listen_tls.cert_file == NULL &&
+          cfg->admin_listen_tls.cert_file == NULL);
     gw_config_free(cfg);
-    CHECK_REFUSED("upstream: {url: 'http://h:1'}\nlisten_tls: {cert_file: /etc/hostname}\n",
-                  "t.yaml:2: ", "listen_tls: expected cert_file and key_file");
-    CHECK_REFUSED("upstream: {url: 'http://h:1'}\nlisten_tls:\n  cert_file: /nonexistent\n"
-                  "  key_file: /etc/hostname\n",
-                  "t.yaml:3: ", "listen_tls.cert_file: cannot read /nonexistent");
 }
 
 static void test_upstream_errors(void)

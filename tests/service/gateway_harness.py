@@ -82,9 +82,10 @@ def is_pattern(data):
 
 import re  # noqa: E402
 
+# Either listener may speak HTTPS (listen_tls, admin_listen_tls).
 GATEWAY_LISTEN_RE = re.compile(
-    r"idem-gateway: listening on http://(\[[^\]]+\]|[^:/\s]+):(\d+) "
-    r"\(admin http://(\[[^\]]+\]|[^:/\s]+):(\d+)\)")
+    r"idem-gateway: listening on https?://(\[[^\]]+\]|[^:/\s]+):(\d+) "
+    r"\(admin https?://(\[[^\]]+\]|[^:/\s]+):(\d+)\)")
 
 
 def sf_key(value):

@@ -20,7 +20,8 @@ and the gateway's own listener over TLS (`listen_tls`): keyed requests and keep-
 with ALPN http/1.1; a plain-HTTP request on the TLS port answered 400 tls-required and closed; a
 handshake stalled half-way cut by the head deadline, counted meanwhile against its address's
 connection limit; SIGHUP reads a new certificate (RSA after ECDSA) for new connections while a
-request runs and an older connection goes on.
+request runs and an older connection goes on; the admin listener over TLS when given a
+certificate (`admin_listen_tls`), the public one plain, and SIGHUP reading its certificate again.
 
 The upstream is gateway_harness's counting upstream, its sockets wrapped with Python's ssl on the
 handler's thread (so a failed handshake costs only its own connection).
@@ -503,6 +504,76 @@ def sighup_reads_a_new_certificate_while_requests_run(ctx):
         expect_eq(r.status, 201, "the request running across SIGHUP: %s" % r.describe())
         expect(gw.alive(), "the gateway still runs")
     with_edge(ctx, run)
+
+
+def admin_get(gw, path, ca):
+    """GET `path` on the admin listener over HTTPS: (status, body, the serving certificate's
+    serial)."""
+    conn = http.client.HTTPSConnection(gw.host, gw.admin_port, timeout=10,
+                                       context=ssl.create_default_context(cafile=ca))
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, r.read(), served_serial(conn)
+    finally:
+        conn.close()
+
+
+@test
+def the_admin_listener_speaks_tls_when_given_a_certificate(ctx):
+    """admin_listen_tls: the admin listener alone over HTTPS (the public one stays plain), a plain
+    request on its port told and closed, and SIGHUP reads its certificate again."""
+    up = gateway_harness.Upstream()
+    gw = Gateway(up, name="gateway-admin-tls")
+    cert, keyf = os.path.join(gw.tmpdir, "admin.pem"), os.path.join(gw.tmpdir, "admin.key")
+
+    def install(leaf):
+        shutil.copyfile(leaf.chain, cert + ".new")
+        shutil.copyfile(leaf.key, keyf + ".new")
+        os.replace(keyf + ".new", keyf)
+        os.replace(cert + ".new", cert)
+    install(ctx.edge)
+    with open(gw.config_path, "a") as f:
+        f.write("admin_listen_tls:\n  cert_file: %s\n  key_file: %s\n" % (cert, keyf))
+    try:
+        gw.start()
+        with open(gw.stdout_path) as f:
+            said = f.read()
+        expect("listening on http://" in said and "(admin https://" in said,
+               "the listening line: %r" % said)
+        status, body, first = admin_get(gw, "/healthz", ctx.ca.cert)
+        expect_eq(status, 200, "GET /healthz over HTTPS")
+        status, body, _ = admin_get(gw, "/metrics", ctx.ca.cert)
+        expect(status == 200 and b"idem_gateway_requests_total" in body,
+               "GET /metrics over HTTPS: %d %r" % (status, body[:200]))
+        k = key("admin-tls")
+        a = gw.request("POST", "/v1/things", {"n": 1}, key=k)
+        b = gw.request("POST", "/v1/things", {"n": 1}, key=k)
+        expect(a.status == 201 and b.headers.get("Idempotent-Replayed") == "true",
+               "the public listener stays plain HTTP: %s / %s" % (a.describe(), b.describe()))
+        s = socket.create_connection((gw.host, gw.admin_port), timeout=5)
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        got = b""
+        while True:
+            piece = s.recv(4096)
+            if not piece:
+                break
+            got += piece
+        s.close()
+        expect(got.startswith(b"HTTP/1.1 400 ") and b"tls-required" in got,
+               "a plain request on the admin listener: %r" % got[:300])
+        install(ctx.edge2)
+        gw.proc.send_signal(signal.SIGHUP)
+        harness.wait_until("the log to say the admin listener's certificate was read again",
+                           lambda: "admin listener's certificate was read again" in stderr_of(gw))
+        status, _, now = admin_get(gw, "/healthz", ctx.ca.cert)
+        expect(status == 200 and now != first,
+               "after SIGHUP a new connection gets the new certificate (%s, then %s)"
+               % (first, now))
+        expect(gw.alive(), "the gateway still runs")
+    finally:
+        gw.close()
+        up.close()
 
 
 @test
