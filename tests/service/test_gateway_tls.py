@@ -23,6 +23,9 @@ connection limit; SIGHUP reads a new certificate (RSA after ECDSA) for new conne
 request runs and an older connection goes on; the admin listener over TLS when given a
 certificate (`admin_listen_tls`), the public one plain, and SIGHUP reading its certificate again.
 
+docs/gateway.md's "In front of a remote API" example is run as written (its openssl command, its
+config with free ports, its request twice, then without ca_file).
+
 The upstream is gateway_harness's counting upstream, its sockets wrapped with Python's ssl on the
 handler's thread (so a failed handshake costs only its own connection).
 """
@@ -615,6 +618,89 @@ def the_gateway_calls_provider_sim_over_https(ctx):
         expect(r.status // 100 == 2, "after SIGHUP: %s" % r.describe())
     finally:
         gw.close()
+        sim.close()
+
+
+DOCS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "gateway.md")
+
+
+def egress_example():
+    """docs/gateway.md's "In front of a remote API" example: (the openssl command, the YAML, the
+    curl command), each as the doc writes it."""
+    with open(DOCS) as f:
+        text = f.read()
+    section = text[text.index("## In front of a remote API"):text.index("## TLS at the edge")]
+    blocks = re.findall(r"```(\w+)\n(.*?)```", section, re.S)
+
+    def command(block, start):
+        joined = block.replace("\\\n", " ")
+        line = next(ln for ln in joined.splitlines() if ln.lstrip().startswith(start))
+        return line.split("#")[0].strip()
+    sh = [b for kind, b in blocks if kind == "sh"]
+    yaml = next(b for kind, b in blocks if kind == "yaml" and b.startswith("# egress/gateway.yaml"))
+    return (command(next(b for b in sh if "openssl req" in b), "openssl req"), yaml,
+            command(next(b for b in sh if "curl -si" in b), "curl -si"))
+
+
+@test
+def the_docs_egress_example_works_as_written(ctx):
+    """The example a newcomer pastes: its openssl command, its provider-sim flags, its config (only
+    the ports changed to free ones) and its request, sent twice; then without ca_file."""
+    import provider
+    import shlex
+    openssl, yaml, curl = egress_example()
+    work = tempfile.mkdtemp(prefix="idem-egress-", dir=ctx.dir)
+    p = subprocess.run(openssl, shell=True, cwd=work, capture_output=True, text=True, timeout=30)
+    expect(p.returncode == 0, "the doc's openssl command: %s" % p.stderr)
+    sim = provider.Provider(args=["--tls-cert", os.path.join(work, "sim.pem"),
+                                  "--tls-key", os.path.join(work, "sim.key")],
+                            ca_file=os.path.join(work, "sim.pem"))
+    sim.start()
+    argv = shlex.split(curl)
+    headers = {argv[i + 1].split(":")[0]: argv[i + 1].split(":", 1)[1].strip()
+               for i in range(len(argv) - 1) if argv[i] == "-H"}
+    body = argv[argv.index("-d") + 1]
+    expect("127.0.0.1:8443" in yaml and "127.0.0.1:8280" in yaml and "127.0.0.1:8281" in yaml,
+           "the doc's ports, as the test replaces them:\n" + yaml)
+    yaml = (yaml.replace("127.0.0.1:8443", "127.0.0.1:%d" % sim.port)
+            .replace("127.0.0.1:8280", "127.0.0.1:0").replace("127.0.0.1:8281", "127.0.0.1:0"))
+    gw = gw2 = None
+    try:
+        gw = Gateway(sim, name="gateway-egress-doc")
+        shutil.copyfile(os.path.join(work, "sim.pem"), os.path.join(gw.tmpdir, "sim.pem"))
+        with open(gw.config_path, "w") as f:
+            f.write(yaml)
+        c = subprocess.run([GATEWAY, "check-config", "--config", gw.config_path],
+                           capture_output=True, text=True, timeout=20)
+        expect(c.returncode == 0 and "ok (1 route)" in c.stdout,
+               "check-config of the doc's config: %d %r %r" % (c.returncode, c.stdout, c.stderr))
+        gw.start()
+        a = gw.request("POST", "/v1/emails", body, headers=headers, principal=None)
+        b = gw.request("POST", "/v1/emails", body, headers=headers, principal=None)
+        expect(a.status == 201 and b.status == 201 and a.body == b.body and
+               b.headers.get("Idempotent-Replayed") == "true",
+               "the doc's request, then again: %s / %s" % (a.describe(), b.describe()))
+        status, doc = sim.call("GET", "/v1/emails?idempotency_key=" + headers["Idempotency-Key"])
+        expect(status == 200 and len(doc["data"]) == 1, "provider-sim's emails: %r" % doc)
+        gw.close()
+        # Without ca_file: nothing is sent, and the log says why.
+        gw2 = Gateway(sim, name="gateway-egress-doc-noca")
+        with open(gw2.config_path, "w") as f:
+            f.write("".join(ln for ln in yaml.splitlines(True)
+                            if "tls:" not in ln and "ca_file:" not in ln))
+        gw2.start()
+        h = dict(headers, **{"Idempotency-Key": "welcome-ada-2"})
+        r = gw2.request("POST", "/v1/emails", body, headers=h, principal=None)
+        expect(r.status == 502 and r.json().get("code") == "upstream-unavailable",
+               "without ca_file: %s" % r.describe())
+        expect("certificate verify failed: self-signed certificate" in stderr_of(gw2),
+               "the log says why:\n" + stderr_of(gw2)[-2000:])
+        status, doc = sim.call("GET", "/v1/emails?idempotency_key=welcome-ada-2")
+        expect(status == 200 and doc["data"] == [], "nothing sent without ca_file: %r" % doc)
+    finally:
+        for g in (gw, gw2):
+            if g is not None:
+                g.close()
         sim.close()
 
 
