@@ -34,7 +34,7 @@ static void sha256_fetch(void)
     sha256_fetched = EVP_MD_fetch(NULL, "SHA256", NULL);
 }
 
-static const EVP_MD *sha256_md(void)
+const EVP_MD *idem__sha256(void)
 {
     pthread_once(&sha256_once, sha256_fetch);
     return sha256_fetched ? sha256_fetched : EVP_sha256();
@@ -93,7 +93,7 @@ int idem_fingerprint(const char *method, const char *route, const char *const *p
     ctx = EVP_MD_CTX_new();
     if (!ctx)
         goto out;
-    if (EVP_DigestInit_ex(ctx, sha256_md(), NULL) != 1)
+    if (EVP_DigestInit_ex(ctx, idem__sha256(), NULL) != 1)
         goto out;
     rc = put_field(ctx, FP_DOMAIN, strlen(FP_DOMAIN));
     if (rc == 0)

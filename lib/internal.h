@@ -36,6 +36,16 @@ void idem__fmt(char *buf, size_t cap, const char *fmt, ...) __attribute__((forma
 /* malloc'd copy of `s`, or NULL when `s` is NULL or memory ran out. */
 char *idem__strdup(const char *s);
 
+/*
+ * OpenSSL's SHA-256, fetched once (fingerprint.c): EVP_sha256() would be looked up again by name,
+ * under a lock, on every digest.  An `EVP_MD *`, declared without OpenSSL's header.
+ */
+struct evp_md_st;
+const struct evp_md_st *idem__sha256(void);
+
+/* The directory's tables (shard_map.c), made by idem_shards_open(). */
+int idem__shard_directory_migrate(struct idem_store *dir, char **errmsg);
+
 /* ---- records -------------------------------------------------------------------------------- */
 
 enum idem_record_status { IDEM_REC_PROCESSING = 0, IDEM_REC_COMPLETED = 1 };

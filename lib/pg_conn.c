@@ -124,6 +124,9 @@ int idem__pg_fail_res(struct idem_conn *c, const PGresult *res, const char *what
     }
     if (idem__pg_state_is(state, "23505"))
         return IDEM_ECONFLICT;
+    /* The shard fence's refusal (idem_bucket_of's bucket not owned here; lib/shards.c). */
+    if (idem__pg_state_is(state, "IDM01"))
+        return IDEM_EMOVED;
     /* Transient: serialization failure, deadlock, lock or statement timeout, resources. */
     if (idem__pg_state_is(state, "40001") || idem__pg_state_is(state, "40P01") ||
         idem__pg_state_is(state, "55P03") || idem__pg_state_is(state, "57014") ||

@@ -49,7 +49,8 @@ extern "C" {
     XX(ELEASE, -11, "lease lost to another owner")                                                 \
     XX(ESTATE, -12, "call not in a state that allows this")                                        \
     XX(EURI, -13, "store URI not recognised")                                                      \
-    XX(EMIGRATE, -14, "schema migration failed")
+    XX(EMIGRATE, -14, "schema migration failed")                                                   \
+    XX(EMOVED, -15, "the principal's bucket is not on this cluster (moved or moving)")
 
 enum idem_errno {
 #define IDEM__ERR_ENUM(name, code, text) IDEM_##name = (code),
@@ -776,6 +777,102 @@ struct idem_cache_stats {
     uint64_t max_bytes; /* the bound */
 };
 IDEM_API void idem_engine_cache_stats(struct idem_engine *eng, struct idem_cache_stats *out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Shards: principals spread over several PostgreSQL clusters (docs/shards.md)
+ *
+ * A principal maps to one of IDEM_SHARD_BUCKETS buckets by idem_shard_bucket(); a map kept in a
+ * directory store says which cluster owns each bucket.  Every record and application row of a
+ * principal lives in the cluster that owns its bucket, and each cluster refuses writes for a
+ * bucket it does not own (IDEM_EMOVED), inside the writing transaction.
+ * ------------------------------------------------------------------------------------------- */
+
+#define IDEM_SHARD_BUCKETS 1024
+/* The longest cluster name a directory may hold. */
+#define IDEM_SHARD_NAME_MAX 63
+
+/*
+ * The bucket of a principal (`len` bytes, UTF-8 as it is stored): the first 8 bytes of
+ * SHA-256(principal) read as an unsigned big-endian 64-bit integer, modulo IDEM_SHARD_BUCKETS.
+ * Stable across versions and platforms; PostgreSQL computes the same with the clusters' SQL
+ * function idem_bucket_of(text).
+ */
+IDEM_API unsigned idem_shard_bucket(const void *principal, size_t len);
+
+struct idem_shard_map;
+
+/*
+ * Reads the map from `directory`, a store holding the directory's tables (idem_shards_open()
+ * creates them): every cluster's name and URI, and each bucket's owner, epoch and whether it is
+ * moving, in one read-only transaction.  A map that leaves a bucket without an owner, or names a
+ * cluster the directory does not list, is refused (IDEM_ESTORE).  Returns 0 and *out (new, free
+ * with idem_shard_map_free), or a negative code with *errmsg (new, free with idem_free; may be
+ * NULL).
+ */
+IDEM_API int idem_shard_map_read(struct idem_store *directory, struct idem_shard_map **out,
+                                 char **errmsg);
+IDEM_API void idem_shard_map_free(struct idem_shard_map *map);
+
+/* How many clusters the map names, and the i-th one's name and URI (borrowed until the free). */
+IDEM_API size_t idem_shard_map_clusters(const struct idem_shard_map *map);
+IDEM_API const char *idem_shard_map_name(const struct idem_shard_map *map, size_t i);
+IDEM_API const char *idem_shard_map_uri(const struct idem_shard_map *map, size_t i);
+
+/*
+ * The owner of `bucket`: *cluster its index, *epoch (may be NULL) the bucket's epoch, which a
+ * move raises.  Returns 0, IDEM_EMOVED when the bucket is moving (*cluster is then the owner it
+ * is moving from), or IDEM_EINVAL.
+ */
+IDEM_API int idem_shard_map_owner(const struct idem_shard_map *map, unsigned bucket,
+                                  size_t *cluster, int64_t *epoch);
+
+struct idem_shards;
+
+/*
+ * Opens a shard set: the directory store named by `directory_uri` (any store URI) with the
+ * directory's tables, its map, and a store for each cluster the map names (PostgreSQL only,
+ * each opened with `opts`, which may be NULL).  Each cluster gets the fence: its table
+ * idem_buckets(bucket, epoch), which holds a row for every bucket it owns, the function
+ * idem_bucket_of(text), and a trigger that refuses a write of idem_records for a principal whose
+ * bucket has no row there.  Returns 0 and *out (new, close with idem_shards_close), or a
+ * negative code with *errmsg (new, free with idem_free; may be NULL).
+ */
+IDEM_API int idem_shards_open(const char *directory_uri, const struct idem_store_options *opts,
+                              struct idem_shards **out, char **errmsg);
+/* Closes every cluster's store and the directory.  NULL is a no-op.  No call may be running. */
+IDEM_API void idem_shards_close(struct idem_shards *sh);
+
+/* The clusters, in the map's order: their count, and the i-th one's name and store (borrowed
+ * until idem_shards_close; a program makes its engine for each store). */
+IDEM_API size_t idem_shards_count(const struct idem_shards *sh);
+IDEM_API const char *idem_shards_name(const struct idem_shards *sh, size_t i);
+IDEM_API struct idem_store *idem_shards_store(const struct idem_shards *sh, size_t i);
+
+/*
+ * Where the calls of `principal` go, by the map this set holds: *index the cluster (for
+ * idem_shards_store()).  Returns 0, IDEM_EMOVED when the principal's bucket is moving (answer
+ * 503 with a Retry-After: nothing may be written for it meanwhile), or IDEM_EINVAL.  Takes no
+ * lock a writer holds and reads no store.
+ */
+IDEM_API int idem_shards_route(struct idem_shards *sh, const char *principal, size_t *index);
+
+/*
+ * Reads the map from the directory again and keeps it if it is whole and names only the
+ * clusters the set opened (a new cluster needs a restart: IDEM_ESTATE).  Reads happen at most
+ * every 100 ms however often it is called (a call in between returns 0 at once): a program calls
+ * it after every IDEM_EMOVED.  Returns 0 or the directory's error.
+ */
+IDEM_API int idem_shards_refresh(struct idem_shards *sh);
+
+/*
+ * idem_tx_begin() on the cluster that owns `principal`'s bucket.  A write transaction first
+ * locks that bucket's row of the cluster's idem_buckets (FOR KEY SHARE, until the transaction
+ * ends), so everything it writes is fenced: a bucket the cluster does not own, or no longer
+ * does, is IDEM_EMOVED (the map is re-read: begin again), and a move of the bucket waits for the
+ * transaction to end.  Returns what idem_tx_begin() returns, or IDEM_EMOVED.
+ */
+IDEM_API int idem_shards_tx_begin(struct idem_shards *sh, const char *principal, int write,
+                                  struct idem_tx **out);
 
 #ifdef __cplusplus
 }

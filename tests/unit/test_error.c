@@ -24,7 +24,9 @@ static void test_names_and_texts(void)
         {IDEM_EMIGRATE, "IDEM_EMIGRATE", "schema migration failed"},
         {-999, "IDEM_UNKNOWN", "unknown error"},
         {1, "IDEM_UNKNOWN", "unknown error"},
-        {-15, "IDEM_UNKNOWN", "unknown error"},
+        {IDEM_EMOVED, "IDEM_EMOVED",
+         "the principal's bucket is not on this cluster (moved or moving)"},
+        {-16, "IDEM_UNKNOWN", "unknown error"},
     };
     /* Every code of the map, taken from the map itself so a new one is covered at once. */
     static const struct {
@@ -50,7 +52,7 @@ static void test_names_and_texts(void)
         for (j = 0; j < i; j++)
             CHECK(map[i].code != map[j].code);
     }
-    CHECK_INT(sizeof map / sizeof map[0], 14);
+    CHECK_INT(sizeof map / sizeof map[0], 15);
 }
 
 static void test_free(void)
