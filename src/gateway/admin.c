@@ -68,6 +68,7 @@ static void show_record(struct gateway *gw, const struct request *rq, struct res
     const char *principal = request_query(rq, "principal");
     const char *operation = request_query(rq, "operation");
     const char *key = request_query(rq, "key");
+    struct idem_engine *eng;
     json_t *doc = NULL;
     int rc;
 
@@ -76,7 +77,8 @@ static void show_record(struct gateway *gw, const struct request *rq, struct res
                          "Name the record: ?principal=...&operation=...&key=...");
         return;
     }
-    rc = records_show(gw->engine, principal, operation, key, &doc);
+    eng = gateway_engine(gw, principal, 1);
+    rc = eng ? records_show(eng, principal, operation, key, &doc) : IDEM_EMOVED;
     if (rc < 0) {
         keyed_answer_fail(resp, rc);
     } else if (rc == 0) {
@@ -100,8 +102,8 @@ static void list_records(struct gateway *gw, const struct request *rq, struct re
         response_problem(resp, 400, "validation-failed", "limit is a number from 1 to 1000.");
         return;
     }
-    rc = records_list(gw->store, state ? state : "unknown", request_query(rq, "operation"),
-                      request_query(rq, "after"), (int)limit, &doc);
+    rc = records_list(gw->stores, gw->nengines, state ? state : "unknown",
+                      request_query(rq, "operation"), request_query(rq, "after"), (int)limit, &doc);
     if (rc == IDEM_EINVAL) {
         response_problem(resp, 400, "validation-failed",
                          "state is unknown, in-flight or any; after is the next of an earlier "
@@ -125,6 +127,7 @@ static void resolve_record(struct gateway *gw, const struct request *rq, struct 
     struct records_decision d;
     struct idem_header h[32];
     const struct idem_operation *op;
+    struct idem_engine *eng;
     const char *name;
     json_t *value;
     char err[300];
@@ -179,7 +182,12 @@ static void resolve_record(struct gateway *gw, const struct request *rq, struct 
                          "\"decision\" is \"executed\" or \"not-executed\".");
         goto out;
     }
-    switch (records_resolve(gw->engine, op, principal, key, &d, err, sizeof err)) {
+    eng = gateway_engine(gw, principal, 1);
+    if (!eng) {
+        keyed_answer_fail(resp, IDEM_EMOVED);
+        goto out;
+    }
+    switch (records_resolve(eng, op, principal, key, &d, err, sizeof err)) {
     case RECORDS_RESOLVED: {
         json_t *ok = xcheck(json_pack("{s:s,s:s}", "resolved", decision, "key", key));
         log_msg(&gw->log, "info", "record %s/%s resolved: %s", operation, key, decision);
@@ -323,11 +331,15 @@ static void admin_handle(void *ctx, const struct request *rq, struct response *r
         response_json(resp, 200, doc);
         json_decref(doc);
     } else if (strcmp(rq->path, "/readyz") == 0 && get) {
-        struct idem_tx *tx = NULL;
-        int rc = idem_tx_begin(gw->store, 0, &tx);
-        if (rc == 0)
-            rc = idem_tx_exec(tx, "SELECT 1", 0, NULL, NULL);
-        idem_tx_rollback(tx);
+        int rc = 0;
+        /* Every cluster of a shard set: a principal of any one may call. */
+        for (size_t i = 0; i < gw->nengines && rc == 0; i++) {
+            struct idem_tx *tx = NULL;
+            rc = idem_tx_begin(gw->stores[i], 0, &tx);
+            if (rc == 0)
+                rc = idem_tx_exec(tx, "SELECT 1", 0, NULL, NULL);
+            idem_tx_rollback(tx);
+        }
         if (rc == 0) {
             json_t *doc = xcheck(
                 json_pack("{s:s,s:s}", "status", "ready", "store", idem_store_kind(gw->store)));

@@ -726,16 +726,21 @@ out:
 static int read_store(struct loader *ld, const struct conf_key *row, const yaml_node_t *n,
                       const char *path, void *base)
 {
-    static const char what[] = "sqlite:PATH, a postgresql:// URI or a libpq key=value string";
+    static const char what[] = "sqlite:PATH, a postgresql:// URI, a libpq key=value string, or "
+                               "shards: and the URI of a shard directory";
     struct gw_config *cfg = base;
     char shown[EXCERPT + 8];
-    const char *s = row->def_text;
+    const char *s = row->def_text, *pg;
+    int known;
 
     if (n != NULL) {
         if (want_text(ld, n, path, what, &s) != 0)
             return -1;
-        if (strncmp(s, "sqlite:", 7) != 0 && strncmp(s, "postgres://", 11) != 0 &&
-            strncmp(s, "postgresql://", 13) != 0 && strchr(s, '=') == NULL)
+        /* "shards:URI": a shard set (docs/shards.md), its directory at URI (PostgreSQL). */
+        pg = strncmp(s, "shards:", 7) == 0 ? s + 7 : s;
+        known = (pg == s && strncmp(s, "sqlite:", 7) == 0) || strncmp(pg, "postgres://", 11) == 0 ||
+                strncmp(pg, "postgresql://", 13) == 0 || (pg[0] != '\0' && strchr(pg, '=') != NULL);
+        if (!known)
             return fail(ld, strict_yaml_line(n), "%s: expected %s, not %s", path, what,
                         describe(n, shown));
     }

@@ -1,9 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * gateway.c - the routes' libidem operations (gateway.h), for the proxy, the admin listener and
- * the command line alike.
+ * the command line alike, and the engine of a record's principal when the store is a shard set.
  */
 #include "gateway.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "util.h"
 #include "banned.h"
@@ -30,4 +34,88 @@ struct idem_operation *gateway_ops_new(const struct gw_config *cfg)
 const struct idem_operation *gateway_op(const struct gateway *gw, const struct gw_route *route)
 {
     return &gw->ops[route - gw->cfg->routes];
+}
+
+struct idem_engine *gateway_engine(struct gateway *gw, const char *principal, int may_block)
+{
+    size_t i = 0;
+    int rc;
+
+    if (!gw->shards)
+        return gw->engine;
+    if (atomic_load(&gw->map_stale)) {
+        if (!may_block)
+            return NULL;
+        /* Cleared first: a refusal after this read marks it again. */
+        atomic_store(&gw->map_stale, 0);
+        if (idem_shards_refresh(gw->shards) < 0)
+            atomic_store(&gw->map_stale, 1);
+    }
+    rc = idem_shards_route(gw->shards, principal, &i);
+    if (rc < 0 || i >= gw->nengines) {
+        gateway_store_failed(gw, rc); /* moving: read the map until the move has ended */
+        return NULL;
+    }
+    return gw->engines[i];
+}
+
+void gateway_store_failed(struct gateway *gw, int rc)
+{
+    if (gw->shards && rc == IDEM_EMOVED)
+        atomic_store(&gw->map_stale, 1);
+}
+
+int gateway_stores_open(struct gateway *gw, const char *uri, const struct idem_store_options *so,
+                        const struct idem_engine_options *eo, char *err, size_t errlen)
+{
+    char *errmsg = NULL;
+    int rc;
+
+    if (strncmp(uri, "shards:", 7) == 0) {
+        rc = idem_shards_open(uri + 7, so, &gw->shards, &errmsg);
+        if (rc == 0)
+            gw->nengines = idem_shards_count(gw->shards);
+    } else {
+        rc = idem_store_open(uri, so, &gw->store, &errmsg);
+        gw->nengines = 1;
+    }
+    if (rc < 0) {
+        snprintf(err, errlen, "%s", errmsg ? errmsg : idem_strerror(rc));
+        idem_free(errmsg);
+        gw->nengines = 0;
+        return -1;
+    }
+    gw->engines = xcalloc(gw->nengines, sizeof *gw->engines);
+    gw->stores = xcalloc(gw->nengines, sizeof *gw->stores);
+    for (size_t i = 0; i < gw->nengines; i++) {
+        struct idem_store *st = gw->shards ? idem_shards_store(gw->shards, i) : gw->store;
+        gw->stores[i] = st;
+        rc = idem_engine_new(st, eo, &gw->engines[i]);
+        if (rc < 0) {
+            snprintf(err, errlen, "cannot make the engine: %s", idem_strerror(rc));
+            return -1;
+        }
+    }
+    if (gw->shards)
+        gw->store = idem_shards_store(gw->shards, 0);
+    gw->engine = gw->engines[0];
+    return 0;
+}
+
+void gateway_stores_close(struct gateway *gw)
+{
+    for (size_t i = 0; gw->engines && i < gw->nengines; i++)
+        idem_engine_free(gw->engines[i]);
+    free(gw->engines);
+    free(gw->stores);
+    gw->stores = NULL;
+    if (gw->shards)
+        idem_shards_close(gw->shards);
+    else
+        idem_store_close(gw->store);
+    gw->engines = NULL;
+    gw->nengines = 0;
+    gw->shards = NULL;
+    gw->store = NULL;
+    gw->engine = NULL;
 }

@@ -10,6 +10,7 @@
 #define IDEM_GATEWAY_GATEWAY_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "idem/idem.h"
 
@@ -30,8 +31,17 @@
 
 struct gateway {
     const struct gw_config *cfg;
-    struct idem_store *store;
-    struct idem_engine *engine;
+    struct idem_store *store;   /* with shards: the first cluster's */
+    struct idem_engine *engine; /* engines[0] */
+    /*
+     * A store of "shards:URI" is a shard set (docs/shards.md): an engine per cluster, each
+     * record on the cluster of its principal.  One store: no set, and engines[0] is `engine`.
+     */
+    struct idem_shards *shards;
+    struct idem_engine **engines;
+    struct idem_store **stores; /* stores[i] is engines[i]'s */
+    size_t nengines;
+    _Atomic int map_stale; /* a write was refused (IDEM_EMOVED): the map is read again */
     struct upstream *upstream;
     struct principal_verifier *principals;
     struct idem_operation *ops; /* ops[i] is cfg->routes[i]'s operation */
@@ -54,6 +64,26 @@ struct gateway {
  * from the config, which must outlive them; each claims at GW_POINT_FORWARDED.  New: free().
  */
 struct idem_operation *gateway_ops_new(const struct gw_config *cfg);
+
+/*
+ * The engine of the cluster that holds the records of `principal` (the record's: the caller's
+ * with its route's scope headers): gw->engine with one store.  NULL when the principal's bucket
+ * is moving (answer 503), or when the map is known to be stale and `may_block` is 0 (an event
+ * loop: hand the request to a worker, whose call reads the map again first).
+ */
+struct idem_engine *gateway_engine(struct gateway *gw, const char *principal, int may_block);
+
+/*
+ * Opens the store the config names (`uri`, cfg->store), or the shard set of a "shards:URI"
+ * store, with an engine on each (`eo`): sets gw->store, engine, shards, engines and nengines.
+ * Returns 0, or -1 with `err` saying why.  gateway_stores_close() undoes it, also a half-open.
+ */
+int gateway_stores_open(struct gateway *gw, const char *uri, const struct idem_store_options *so,
+                        const struct idem_engine_options *eo, char *err, size_t errlen);
+void gateway_stores_close(struct gateway *gw);
+
+/* After a store call of a record failed with `rc`: IDEM_EMOVED marks the map stale. */
+void gateway_store_failed(struct gateway *gw, int rc);
 
 /* The operation of `route` (one of gw->cfg->routes). */
 const struct idem_operation *gateway_op(const struct gateway *gw, const struct gw_route *route);

@@ -254,9 +254,9 @@ static int cmd_check(int argc, char **argv)
     struct options o = {
         .prog = "idem-gateway check-config", .usage = usage_check, .rows = rows, .column = 17};
     struct gw_config *cfg = NULL;
-    struct idem_store *store = NULL;
+    struct gateway gw = {0}; /* its stores only */
+    struct idem_engine_options no_cache = {.replay_cache_bytes = IDEM_REPLAY_CACHE_OFF};
     struct idem_store_options so;
-    char *errmsg = NULL;
     char err[600];
 
     status = parse_command(&o, argc, argv);
@@ -290,13 +290,11 @@ static int cmd_check(int argc, char **argv)
     } else if (cfg->store_file != NULL && access(cfg->store_file, F_OK) != 0) {
         if (store_file_creatable(cfg->store_file, file) != 0)
             status = 1;
-    } else if (idem_store_open(cfg->store, &so, &store, &errmsg) < 0) {
-        fprintf(stderr, "%s: the store cannot be opened: %s\n", file,
-                errmsg ? errmsg : "unknown error");
+    } else if (gateway_stores_open(&gw, cfg->store, &so, &no_cache, err, sizeof err) != 0) {
+        fprintf(stderr, "%s: the store cannot be opened: %s\n", file, err);
         status = 1;
     }
-    idem_free(errmsg);
-    idem_store_close(store);
+    gateway_stores_close(&gw);
     /* "ok" only once everything checked holds. */
     if (status == 0)
         printf("%s: ok (%zu route%s%s)\n", file, cfg->nroutes, cfg->nroutes == 1 ? "" : "s",
@@ -341,8 +339,7 @@ static char *read_body_file(const char *path, size_t *len, char *err, size_t err
 /* What the keys commands work on: the config, its store, an engine without a replay cache. */
 struct keys_store {
     struct gw_config *cfg;
-    struct idem_store *store;
-    struct idem_engine *eng;
+    struct gateway gw; /* its stores and engines only (a shard set's: one per cluster) */
 };
 
 /* Loads `file` into k->cfg: 0, or EXIT_USAGE after saying why.  keys_store_close() it. */
@@ -363,25 +360,20 @@ static int keys_store_connect(struct keys_store *k)
 {
     struct idem_store_options so = {.pool_size = 2};
     struct idem_engine_options eo = {.replay_cache_bytes = IDEM_REPLAY_CACHE_OFF};
-    char *errmsg = NULL;
-    int status = 0;
+    char err[600];
 
     if (store_file_exists(k->cfg, "keys") != 0)
         return 1;
-    if (idem_store_open(k->cfg->store, &so, &k->store, &errmsg) < 0 ||
-        idem_engine_new(k->store, &eo, &k->eng) < 0) {
-        fprintf(stderr, "idem-gateway keys: cannot open the store: %s\n",
-                errmsg ? errmsg : "engine");
-        status = 1;
+    if (gateway_stores_open(&k->gw, k->cfg->store, &so, &eo, err, sizeof err) != 0) {
+        fprintf(stderr, "idem-gateway keys: cannot open the store: %s\n", err);
+        return 1;
     }
-    idem_free(errmsg);
-    return status;
+    return 0;
 }
 
 static void keys_store_close(struct keys_store *k)
 {
-    idem_engine_free(k->eng);
-    idem_store_close(k->store);
+    gateway_stores_close(&k->gw);
     gw_config_free(k->cfg);
 }
 
@@ -483,8 +475,8 @@ static int cmd_keys_list(struct keys_args *a, struct options *o)
         status = keys_store_connect(&k);
     if (status != 0)
         goto out;
-    rc = records_list(k.store, a->state ? a->state : "unknown", a->operation, a->after,
-                      a->limit ? a->limit : 100, &doc);
+    rc = records_list(k.gw.stores, k.gw.nengines, a->state ? a->state : "unknown", a->operation,
+                      a->after, a->limit ? a->limit : 100, &doc);
     if (rc == IDEM_EINVAL) {
         status = options_error(o, "--after is not a cursor this command printed");
     } else if (rc < 0) {
@@ -562,7 +554,8 @@ static int cmd_keys(int argc, char **argv)
         goto out;
     if (show) {
         json_t *doc = NULL;
-        int rc = records_show(k.eng, a.principal, a.operation, a.key, &doc);
+        struct idem_engine *eng = gateway_engine(&k.gw, a.principal, 1);
+        int rc = eng ? records_show(eng, a.principal, a.operation, a.key, &doc) : IDEM_EMOVED;
         if (rc < 0) {
             fprintf(stderr, "idem-gateway keys: %s\n", idem_strerror(rc));
         } else if (rc == 0) {
@@ -584,6 +577,7 @@ static int cmd_keys(int argc, char **argv)
             [RECORDS_FAILED] = "the store failed",
         };
         enum records_result r;
+        struct idem_engine *eng;
         size_t flen = 0;
         if (a.body_file) {
             file_body = read_body_file(a.body_file, &flen, err, sizeof err);
@@ -599,8 +593,14 @@ static int cmd_keys(int argc, char **argv)
         d.body = file_body ? file_body : a.body;
         d.body_len = file_body ? flen : a.body ? strlen(a.body) : 0;
         err[0] = '\0';
-        r = records_resolve(k.eng, records_find_op(k.cfg, ops, a.operation), a.principal, a.key, &d,
-                            err, sizeof err);
+        eng = gateway_engine(&k.gw, a.principal, 1);
+        if (!eng) {
+            snprintf(err, sizeof err, "the principal's bucket is moving; try again");
+            r = RECORDS_FAILED;
+        } else {
+            r = records_resolve(eng, records_find_op(k.cfg, ops, a.operation), a.principal, a.key,
+                                &d, err, sizeof err);
+        }
         if (r == RECORDS_RESOLVED) {
             printf("%s: %s\n", a.key, a.decision);
             status = 0;

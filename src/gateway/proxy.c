@@ -1144,9 +1144,9 @@ static enum http_loop_verdict to_worker(struct note *n, struct parked *pk, int s
     return HTTP_LOOP_HANDOFF;
 }
 
-static enum http_loop_verdict fresh_on_loop(struct gateway *gw, const struct note *n,
-                                            const struct idem_operation *op, struct http_park *park,
-                                            struct response *resp)
+static enum http_loop_verdict fresh_on_loop(struct gateway *gw, struct idem_engine *eng,
+                                            const struct note *n, const struct idem_operation *op,
+                                            struct http_park *park, struct response *resp)
 {
     struct parked *pk = xcalloc(1, sizeof *pk);
     int rc;
@@ -1155,12 +1155,13 @@ static enum http_loop_verdict fresh_on_loop(struct gateway *gw, const struct not
     pk->step = PARK_CLAIM;
     pk->token = park->token;
     pk->since_ns = clock_mono_ns();
-    rc = idem_call_begin_async(gw->engine, op, n->principal, n->key, n->fp, claim_done, pk);
+    rc = idem_call_begin_async(eng, op, n->principal, n->key, n->fp, claim_done, pk);
     if (rc == 1)
         return park_again(pk, park, STEP_CHECK_MS);
     free(pk);
     if (rc == 0)
         return HTTP_LOOP_WORKER; /* a record may exist, or the store cannot: the blocking way */
+    gateway_store_failed(gw, rc);
     answer_no_claim(gw, op->name, idem_err_name(rc), resp);
     return HTTP_LOOP_ANSWERED;
 }
@@ -1240,6 +1241,7 @@ static enum http_loop_verdict fresh_on_unpark(struct gateway *gw, const struct r
         if (pk->store_rc < 0 || pk->outcome == IDEM_OUTCOME_EXECUTE)
             gw_metrics_store(gw->metrics, (double)(clock_mono_ns() - pk->since_ns) / 1e9);
         if (pk->store_rc < 0) {
+            gateway_store_failed(gw, pk->store_rc);
             answer_no_claim(gw, r->operation, idem_call_errmsg(pk->call), resp);
             idem_call_end(pk->call);
             free(pk);
@@ -1342,6 +1344,7 @@ static enum http_loop_verdict proxy_on_loop(void *ctx, const struct request *rq,
     struct gateway *gw = ctx;
     struct note *n = rq->note;
     const struct idem_operation *op;
+    struct idem_engine *eng;
     struct idem_watch *watch = NULL;
     struct parked *pk;
 
@@ -1354,20 +1357,23 @@ static enum http_loop_verdict proxy_on_loop(void *ctx, const struct request *rq,
     if (!n->keyed)
         return pass_on_loop(gw, rq, n, park, resp);
     op = gateway_op(gw, n->m.route);
-    if (keyed_answer_lookup(gw->engine, op, n->principal, n->key, n->fp, resp))
+    eng = gateway_engine(gw, n->principal, 0);
+    if (!eng)
+        return HTTP_LOOP_WORKER; /* a shard's map to read again, or a move: the worker says */
+    if (keyed_answer_lookup(eng, op, n->principal, n->key, n->fp, resp))
         return HTTP_LOOP_ANSWERED;
     /* The first request of this key is being forwarded here: wait for it holding no thread. */
     pk = xcalloc(1, sizeof *pk);
     pk->step = PARK_WATCH;
     pk->token = park->token;
-    if (idem_watch_inflight(gw->engine, op, n->principal, n->key, watch_fired, pk, &watch) == 1) {
+    if (idem_watch_inflight(eng, op, n->principal, n->key, watch_fired, pk, &watch) == 1) {
         pk->watch = watch;
         return park_again(pk, park, (int)op->wait_ms);
     }
     free(pk);
     if (admit(gw, n, resp) != 0)
         return HTTP_LOOP_ANSWERED;
-    return fresh_on_loop(gw, n, op, park, resp);
+    return fresh_on_loop(gw, eng, n, op, park, resp);
 }
 
 /*
@@ -1381,6 +1387,7 @@ static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *r
     struct gateway *gw = ctx;
     struct note *n = rq->note;
     struct parked *pk = data;
+    struct idem_engine *eng;
     enum http_loop_verdict v = HTTP_LOOP_WORKER;
 
     switch (pk->step) {
@@ -1430,8 +1437,9 @@ static enum http_loop_verdict proxy_on_unpark(void *ctx, const struct request *r
         }
         n->watched_ms = rq->parked_ms;
         idem_watch_end(pk->watch);
-        if (keyed_answer_lookup(gw->engine, gateway_op(gw, n->m.route), n->principal, n->key, n->fp,
-                                resp)) {
+        eng = gateway_engine(gw, n->principal, 0);
+        if (eng && keyed_answer_lookup(eng, gateway_op(gw, n->m.route), n->principal, n->key, n->fp,
+                                       resp)) {
             if (resp->outcome && strcmp(resp->outcome, "replayed") == 0)
                 resp->outcome = "waited";
             v = HTTP_LOOP_ANSWERED;
@@ -1447,6 +1455,7 @@ static void proxy_handle(void *ctx, const struct request *rq, struct response *r
     struct gateway *gw = ctx;
     struct note *n = rq->note;
     struct idem_call *call = NULL;
+    struct idem_engine *eng;
     enum idem_outcome outcome = IDEM_OUTCOME_NONE;
     const struct idem_operation *op;
     struct idem_operation parked;
@@ -1482,11 +1491,17 @@ static void proxy_handle(void *ctx, const struct request *rq, struct response *r
     }
     if (admit(gw, n, resp) != 0)
         return;
+    eng = gateway_engine(gw, n->principal, 1);
+    if (!eng) {
+        answer_no_claim(gw, op->name, "IDEM_EMOVED: the principal's bucket is moving", resp);
+        return;
+    }
     t0 = clock_mono_ns();
-    rc = idem_call_begin(gw->engine, op, n->principal, n->key, n->fp, &call, &outcome);
+    rc = idem_call_begin(eng, op, n->principal, n->key, n->fp, &call, &outcome);
     gw_metrics_store(gw->metrics, (double)(clock_mono_ns() - t0) / 1e9);
     if (rc < 0) {
         char why[600];
+        gateway_store_failed(gw, rc);
         snprintf(why, sizeof why, "%s: %s", idem_err_name(rc), idem_call_begin_error());
         answer_no_claim(gw, op->name, why, resp);
         return;

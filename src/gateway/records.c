@@ -7,6 +7,7 @@
 #include "records.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ascii.h"
@@ -113,42 +114,94 @@ static int cursor_parse(const char *text, struct idem_record_id *id)
                : 0;
 }
 
-int records_list(struct idem_store *st, const char *state, const char *operation, const char *after,
-                 int limit, json_t **doc)
+/*
+ * The cursor of a page's last record, `cluster` its store's index among several: with one
+ * store, its cursor_of(); else "<cluster>." before it, the clusters listed one after another.
+ */
+static json_t *cursor_at(size_t cluster, size_t nstores, const struct idem_record_id *id)
+{
+    json_t *hex = cursor_of(id), *out;
+    struct strbuf buf = STRBUF_INIT;
+
+    if (nstores == 1)
+        return hex;
+    strbuf_addf(&buf, "%zu.%s", cluster, json_string_value(hex));
+    out = xcheck(json_string(buf.buf));
+    json_decref(hex);
+    strbuf_release(&buf);
+    return out;
+}
+
+/* Reads `after` into *cluster and `cursor` (*has_cursor 0 for none): 0, or -1 when malformed. */
+static int after_parse(const char *after, size_t nstores, size_t *cluster,
+                       struct idem_record_id *cursor, int *has_cursor)
+{
+    const char *dot = after ? strchr(after, '.') : NULL;
+    char *end = NULL;
+    unsigned long long c = 0;
+
+    *cluster = 0;
+    *has_cursor = 0;
+    if (!after || !after[0])
+        return 0;
+    if (dot) {
+        if (nstores == 1 || dot == after)
+            return -1;
+        c = strtoull(after, &end, 10);
+        if (end != dot || c >= nstores)
+            return -1;
+        after = dot + 1;
+    }
+    *cluster = (size_t)c;
+    if (cursor_parse(after, cursor) != 0)
+        return -1;
+    *has_cursor = 1;
+    return 0;
+}
+
+int records_list(struct idem_store *const *stores, size_t nstores, const char *state,
+                 const char *operation, const char *after, int limit, json_t **doc)
 {
     struct idem_record_id cursor;
     struct idem_record_listed *recs;
-    json_t *list;
-    int n;
+    json_t *list, *next = NULL;
+    size_t cluster = 0;
+    int has_cursor = 0, got = 0;
 
     *doc = NULL;
     if (strcmp(state, "unknown") != 0 && strcmp(state, "in-flight") != 0 &&
         strcmp(state, "any") != 0)
         return IDEM_EINVAL;
-    if (after && after[0] && cursor_parse(after, &cursor) != 0)
+    if (nstores < 1 || after_parse(after, nstores, &cluster, &cursor, &has_cursor) != 0)
         return IDEM_EINVAL;
     if (limit < 1 || limit > 1000)
         return IDEM_EINVAL;
     recs = xcalloc((size_t)limit, sizeof *recs);
-    /* The page and what each record holds in one statement, not one more per record. */
-    n = idem_store_records_unfinished(st, operation, after && after[0] ? &cursor : NULL, recs,
-                                      limit);
-    if (n < 0) {
-        free(recs);
-        return n;
-    }
     list = xcheck(json_array());
-    for (int i = 0; i < n; i++) {
-        const struct idem_record_id *id = &recs[i].id;
-        json_t *rec = record_doc(id->principal, id->operation, id->key, &recs[i].info);
+    /* One cluster after another, each read in cursor order; a page may span two. */
+    for (; cluster < nstores && got < limit; cluster++, has_cursor = 0) {
+        /* The page and what each record holds in one statement, not one more per record. */
+        int n = idem_store_records_unfinished(stores[cluster], operation,
+                                              has_cursor ? &cursor : NULL, recs, limit - got);
+        if (n < 0) {
+            json_decref(list);
+            free(recs);
+            return n;
+        }
+        for (int i = 0; i < n; i++) {
+            const struct idem_record_id *id = &recs[i].id;
+            json_t *rec = record_doc(id->principal, id->operation, id->key, &recs[i].info);
 
-        if (strcmp(state, "any") == 0 ||
-            strcmp(json_string_value(json_object_get(rec, "state")), state) == 0)
-            json_array_append(list, rec);
-        json_decref(rec);
+            if (strcmp(state, "any") == 0 ||
+                strcmp(json_string_value(json_object_get(rec, "state")), state) == 0)
+                json_array_append(list, rec);
+            json_decref(rec);
+        }
+        got += n;
+        if (got == limit)
+            next = cursor_at(cluster, nstores, &recs[n - 1].id);
     }
-    *doc = xcheck(json_pack("{s:o,s:o}", "records", list, "next",
-                            n == limit ? cursor_of(&recs[n - 1].id) : json_null()));
+    *doc = xcheck(json_pack("{s:o,s:o}", "records", list, "next", next ? next : json_null()));
     free(recs);
     return 0;
 }

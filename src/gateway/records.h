@@ -46,12 +46,13 @@ struct records_decision {
  * A page of the records not completed, for an operator looking for held keys: those whose state
  * (as records_show says it) is `state` ("unknown", "in-flight", or "any" for both), of
  * `operation` (NULL: every one), after the opaque `after` cursor (NULL or "": from the first), at
- * most `limit` looked at, read from the engine's store `st` in one statement.  *doc: {"records":
- * [records_show's documents], "next": a cursor for the next page, or null after the last}.
- * Returns 0, IDEM_EINVAL for a bad state or cursor, or a store error.
+ * most `limit` looked at, read from the stores `stores` (the engine's, or a shard set's clusters,
+ * one after another) in one statement each.  *doc: {"records": [records_show's documents],
+ * "next": a cursor for the next page, or null after the last}.  Returns 0, IDEM_EINVAL for a bad
+ * state or cursor, or a store error.
  */
-int records_list(struct idem_store *st, const char *state, const char *operation, const char *after,
-                 int limit, json_t **doc);
+int records_list(struct idem_store *const *stores, size_t nstores, const char *state,
+                 const char *operation, const char *after, int limit, json_t **doc);
 
 enum records_result {
     RECORDS_RESOLVED,

@@ -31,20 +31,26 @@
 /* Records deleted per sweep transaction. */
 #define SWEEP_BATCH 500
 
-/* Deletes the expired records, SWEEP_BATCH per transaction, until none is left. */
+/*
+ * Deletes the expired records, SWEEP_BATCH per transaction, until none is left (of every cluster
+ * of a shard set).
+ */
 static void sweep(struct periodic *p, void *ctx)
 {
     struct gateway *gw = ctx;
     int total = 0, deleted = SWEEP_BATCH, rc;
 
-    while (deleted == SWEEP_BATCH && !periodic_stopping(p)) {
-        deleted = 0;
-        rc = idem_engine_sweep(gw->engine, SWEEP_BATCH, &deleted);
-        if (rc < 0) {
-            log_msg(&gw->log, "warn", "sweep: %s", idem_strerror(rc));
-            break;
+    for (size_t i = 0; i < gw->nengines; i++) {
+        deleted = SWEEP_BATCH;
+        while (deleted == SWEEP_BATCH && !periodic_stopping(p)) {
+            deleted = 0;
+            rc = idem_engine_sweep(gw->engines[i], SWEEP_BATCH, &deleted);
+            if (rc < 0) {
+                log_msg(&gw->log, "warn", "sweep: %s", idem_strerror(rc));
+                break;
+            }
+            total += deleted;
         }
-        total += deleted;
     }
     if (total > 0)
         log_msg(&gw->log, "info", "sweep: %d expired records deleted", total);
@@ -113,12 +119,16 @@ static int hold_sqlite_store(const char *path, char *err, size_t errlen)
  */
 static void release_earlier_process(struct gateway *gw, const char *prefix)
 {
-    uint64_t released = 0;
-    int rc;
+    uint64_t released = 0, one;
+    int rc = 0;
 
     if (strcmp(idem_store_kind(gw->store), "sqlite") != 0 && gw->cfg->instance == NULL)
         return;
-    rc = idem_engine_release_leases(gw->engine, prefix, &released);
+    for (size_t i = 0; i < gw->nengines && rc == 0; i++) {
+        one = 0;
+        rc = idem_engine_release_leases(gw->engines[i], prefix, &one);
+        released += one;
+    }
     if (rc < 0)
         log_msg(&gw->log, "warn", "cannot release an earlier process's records: %s",
                 idem_strerror(rc));
@@ -130,38 +140,20 @@ static void release_earlier_process(struct gateway *gw, const char *prefix)
                 prefix);
 }
 
-/*
- * The callers' limits (quota.h), with the bytes the store's records hold now counted in, per
- * principal and expiry, so a restart keeps what each caller stored: one statement at start.  A
- * record's principal is the caller's with its route's scope headers appended (";Name=value",
- * values percent-encoded): they are taken off, since the limits are the caller's.
- */
-static struct quota *quota_from_store(struct gateway *gw)
+/* quota_from_store()'s count of one store `st`: the bytes its records hold, into `q`. */
+static void count_stored(struct gateway *gw, struct quota *q, struct idem_store *st, int64_t now_ms)
 {
     const struct gw_config *cfg = gw->cfg;
-    struct quota_limits ql = {
-        .keys_in_flight = cfg->limit_keys_in_flight,
-        .new_keys_per_second = cfg->limit_new_keys_per_second,
-        .stored_bytes = cfg->limit_stored_bytes,
-        .total_stored_bytes = cfg->max_stored_bytes,
-        .tracked = cfg->limit_tracked,
-    };
-    struct quota *q;
     struct idem_tx *tx = NULL;
     struct idem_rows *rows = NULL;
     char width[24], now[24], overhead[24];
     const char *params[3] = {width, now, overhead};
-    int64_t now_ms = clock_wall_ms();
     int rc;
 
-    for (size_t i = 0; i < cfg->nroutes; i++)
-        if (cfg->routes[i].retention_ms > ql.window_ms)
-            ql.window_ms = cfg->routes[i].retention_ms;
-    q = quota_new(&ql);
     snprintf(width, sizeof width, "%lld", (long long)quota_bucket_ms(q));
     snprintf(now, sizeof now, "%lld", (long long)now_ms);
     snprintf(overhead, sizeof overhead, "%d", QUOTA_RECORD_OVERHEAD);
-    rc = idem_tx_begin(gw->store, 0, &tx);
+    rc = idem_tx_begin(st, 0, &tx);
     if (rc == 0)
         rc = idem_tx_exec(tx,
                           "SELECT principal, operation, expires_ms / CAST($1 AS BIGINT) AS b,"
@@ -198,6 +190,33 @@ static struct quota *quota_from_store(struct gateway *gw)
     }
     idem_rows_free(rows);
     idem_tx_rollback(tx);
+}
+
+/*
+ * The callers' limits (quota.h), with the bytes the store's records hold now counted in, per
+ * principal and expiry, so a restart keeps what each caller stored: one statement at start.  A
+ * record's principal is the caller's with its route's scope headers appended (";Name=value",
+ * values percent-encoded): they are taken off, since the limits are the caller's.
+ */
+static struct quota *quota_from_store(struct gateway *gw)
+{
+    const struct gw_config *cfg = gw->cfg;
+    struct quota_limits ql = {
+        .keys_in_flight = cfg->limit_keys_in_flight,
+        .new_keys_per_second = cfg->limit_new_keys_per_second,
+        .stored_bytes = cfg->limit_stored_bytes,
+        .total_stored_bytes = cfg->max_stored_bytes,
+        .tracked = cfg->limit_tracked,
+    };
+    struct quota *q;
+    int64_t now_ms = clock_wall_ms();
+
+    for (size_t i = 0; i < cfg->nroutes; i++)
+        if (cfg->routes[i].retention_ms > ql.window_ms)
+            ql.window_ms = cfg->routes[i].retention_ms;
+    q = quota_new(&ql);
+    for (size_t i = 0; i < gw->nengines; i++)
+        count_stored(gw, q, gw->stores[i], now_ms);
     return q;
 }
 
@@ -288,9 +307,7 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
     int serving_fd = -2;
     sigset_t stop_signals;
     char err[512];
-    char *errmsg = NULL;
     int status = 1;
-    int rc;
 
     pthread_mutex_init(&gw.steps_mu, NULL);
     pthread_cond_init(&gw.steps_cv, NULL);
@@ -332,16 +349,10 @@ int serve_run(const struct gw_config *cfg, const struct serve_options *so)
                      (unsigned)cfg->upstream_port);
         upstream_set_host(gw.upstream, host);
     }
-    rc = idem_store_open(cfg->store, &store_opts, &gw.store, &errmsg);
-    if (rc < 0) {
-        log_msg(&gw.log, "error", "cannot open the store: %s", errmsg ? errmsg : idem_strerror(rc));
-        goto out;
-    }
     owner_prefix = owner_name(cfg, owner, sizeof owner);
     eng_opts.owner = owner;
-    rc = idem_engine_new(gw.store, &eng_opts, &gw.engine);
-    if (rc < 0) {
-        log_msg(&gw.log, "error", "cannot make the engine: %s", idem_strerror(rc));
+    if (gateway_stores_open(&gw, cfg->store, &store_opts, &eng_opts, err, sizeof err) != 0) {
+        log_msg(&gw.log, "error", "cannot open the store: %s", err);
         goto out;
     }
     owner[owner_prefix] = '\0'; /* "<instance>:" */
@@ -400,8 +411,7 @@ out:
     http_server_stop(pub);
     http_server_stop(adm);
     periodic_stop(&sweeper);
-    idem_engine_free(gw.engine);
-    idem_store_close(gw.store);
+    gateway_stores_close(&gw);
     if (serving_fd >= 0)
         close(serving_fd);
     upstream_free(gw.upstream);
@@ -415,7 +425,6 @@ out:
     free(gw.ops);
     pthread_cond_destroy(&gw.steps_cv);
     pthread_mutex_destroy(&gw.steps_mu);
-    idem_free(errmsg);
     if (status == 0)
         log_msg(&gw.log, "info", "stopped");
     return status;

@@ -107,8 +107,11 @@ void keyed_answer_unavailable(struct response *resp, const char *detail)
 
 void keyed_answer_fail(struct response *resp, int rc)
 {
-    if (rc == IDEM_EUNAVAIL) {
-        /* Not "nothing was done": a COMMIT whose answer was lost may have committed. */
+    if (rc == IDEM_EUNAVAIL || rc == IDEM_EMOVED) {
+        /*
+         * Not "nothing was done": a COMMIT whose answer was lost may have committed.  (Moved: the
+         * principal's bucket is on another cluster, or on its way there; a retry finds it.)
+         */
         keyed_answer_unavailable(resp, "The store did not answer in time, so the request did not "
                                        "finish. Retry with the same Idempotency-Key: it runs once, "
                                        "or returns its stored result.");

@@ -424,6 +424,16 @@ out:
         CHECK_INT(cfg->principal, GW_PRINCIPAL_AUTHORIZATION);
         gw_config_free(cfg);
     }
+
+    /* A shard set: the directory's URI after "shards:" (docs/shards.md). */
+    cfg = parse_ok("upstream: {url: http://h:1}\n"
+                   "store: 'shards:postgresql://dir-a,dir-b/idem_directory'\n");
+    CHECK(cfg != NULL);
+    if (cfg != NULL) {
+        CHECK_STR(cfg->store, "shards:postgresql://dir-a,dir-b/idem_directory");
+        CHECK(cfg->store_file == NULL);
+        gw_config_free(cfg);
+    }
 }
 
 /* ---- errors ---------------------------------------------------------------------------------- */
@@ -544,7 +554,10 @@ static void test_type_errors(void)
     CHECK_REFUSED("upstream: {url: 'http://h:1'}\nadmin_listen: '[::1]:99999'\n",
                   "t.yaml:2: ", "admin_listen: bad listen address");
     CHECK_REFUSED("upstream: {url: 'http://h:1'}\nstore: mysql://db/x\n", "t.yaml:2: ",
-                  "store: expected sqlite:PATH, a postgresql:// URI or a libpq key=value string");
+                  "store: expected sqlite:PATH, a postgresql:// URI, a libpq key=value string, "
+                  "or shards: and the URI of a shard directory");
+    CHECK_REFUSED("upstream: {url: 'http://h:1'}\nstore: 'shards:sqlite:x.db'\n",
+                  "t.yaml:2: ", "store: expected");
     CHECK_REFUSED("upstream: {url: 'http://h:1'}\nstore: ''\n", "t.yaml:2: ", "store: expected");
     CHECK_REFUSED("upstream: {url: 'http://h:1'}\nroutes: {}\n",
                   "t.yaml:2: ", "routes: expected a list of routes");
