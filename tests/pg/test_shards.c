@@ -184,7 +184,8 @@ static int call(struct idem_engine *eng, const char *principal, const char *key)
 static const struct idem_operation one_phase_op = {.name = "shard.one", .one_phase = 1};
 static const struct idem_operation claim_op = {.name = "shard.claim", .claim_point = "sent"};
 
-static _Atomic int async_rc = 2; /* 2: not told yet */
+static _Atomic int async_rc = 2;             /* 2: not told yet */
+static struct idem_call *_Atomic async_call; /* the caller's to end, once told */
 
 static int run_stage(struct idem_call *c, void *arg)
 {
@@ -194,15 +195,15 @@ static int run_stage(struct idem_call *c, void *arg)
 
 static void run_done(struct idem_call *c, int rc, void *arg)
 {
-    (void)c;
     (void)arg;
+    atomic_store(&async_call, c);
     atomic_store(&async_rc, rc);
 }
 
 static void claim_begun(struct idem_call *c, int rc, enum idem_outcome outcome, void *arg)
 {
-    (void)c;
     (void)arg;
+    atomic_store(&async_call, c);
     atomic_store(&async_rc, rc < 0 ? rc : (int)outcome);
 }
 
@@ -221,6 +222,7 @@ static int run_async(struct idem_engine *eng, const char *principal, const char 
     if (rc != 1)
         return rc < 0 ? rc : 3;
     T_WAIT_UNTIL(atomic_load(&async_rc) != 2, "the run's done callback");
+    idem_call_end(atomic_exchange(&async_call, NULL));
     return atomic_load(&async_rc);
 }
 
@@ -234,6 +236,7 @@ static int claim_async(struct idem_engine *eng, const char *principal, const cha
     if (rc != 1)
         return rc < 0 ? rc : 3;
     T_WAIT_UNTIL(atomic_load(&async_rc) != 2, "the claim's begun callback");
+    idem_call_end(atomic_exchange(&async_call, NULL));
     return atomic_load(&async_rc);
 }
 
