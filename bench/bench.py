@@ -157,12 +157,12 @@ class Bench:
         return p
 
     def start_gateway_route(self, name, gateway_bin, upstream_url, store_uri, principal, path,
-                            operation):
+                            operation, extra=""):
         """
         idem-gateway (`gateway_bin`) with one route, POST `path` as `operation`, in front of
         `upstream_url`, its records in `store_uri`; `principal` is the one line of its principal
-        block ("header: X-Consumer-Id").  Its admin URL is p.admin.  gateway_bench.py and
-        peers_bench.py start theirs so.
+        block ("header: X-Consumer-Id"); `extra`, more top-level YAML (a `listen_tls` block).
+        Its admin URL is p.admin.  gateway_bench.py and peers_bench.py start theirs so.
         """
         d = os.path.join(self.tmp, name)
         os.makedirs(d, exist_ok=True)
@@ -171,7 +171,7 @@ class Bench:
         with open(conf, "w") as f:
             f.write("""# written by bench/bench.py
 listen: 127.0.0.1:0
-admin_listen: 127.0.0.1:%(admin)d
+%(extra)sadmin_listen: 127.0.0.1:%(admin)d
 store: %(store)s
 upstream:
   url: %(up)s
@@ -187,7 +187,7 @@ routes:
   - match: POST %(path)s
     operation: %(op)s
 """ % {"admin": admin_port, "store": json.dumps(store_uri), "up": upstream_url,
-                "principal": principal, "path": path, "op": operation})
+                "principal": principal, "path": path, "op": operation, "extra": extra})
         p = self.start(name, [gateway_bin, "serve", "--config", conf])
         p.admin = "http://127.0.0.1:%d" % admin_port
         return p

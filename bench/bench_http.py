@@ -17,12 +17,16 @@ def split_url(url):
     return u.hostname, u.port
 
 
-def http_call(url, method, path, body=None, headers=None, conn=None, timeout=30):
-    """One request; returns (status, headers dict lower-cased, body bytes)."""
+def http_call(url, method, path, body=None, headers=None, conn=None, timeout=30, context=None):
+    """One request; returns (status, headers dict lower-cased, body bytes).  An https `url` is
+    reached with the ssl.SSLContext `context` (which says whom to trust)."""
     own = conn is None
     if own:
         host, port = split_url(url)
-        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+        if url.startswith("https:"):
+            conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
+        else:
+            conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         conn.request(method, path, body=body, headers=headers or {})
         r = conn.getresponse()

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import time
 
-LISTEN_RE = re.compile(r"listening on (http://[0-9.]+:\d+)")
+LISTEN_RE = re.compile(r"listening on (https?://[0-9.]+:\d+)")
 NGINX_WORKERS = 2
 
 
