@@ -130,7 +130,7 @@ bench-gateway:
 	@scripts/deps.sh bench
 	@cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=Release -DIDEM_BENCH=ON \
 		"-DCMAKE_C_FLAGS=-g -fno-omit-frame-pointer" >/dev/null
-	@cmake --build $(BENCH_BUILD) -j $(JOBS) --target idem-gateway static_http \
+	@cmake --build $(BENCH_BUILD) -j $(JOBS) --target idem-gateway static_http handshakes \
 		-- --no-print-directory
 	@$(BENCH_PG) python3 bench/gateway_bench.py --bin $(BENCH_BUILD)/bin \
 		--out bench/results --seconds $(BENCH_SECONDS)

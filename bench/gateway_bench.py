@@ -10,6 +10,12 @@ proxy_pass to it, as ratios of runs taken in the same session, A-B-A.
   F  fresh keys    a new Idempotency-Key per request through the gateway (SQLite store, durable)
                    ÷ nginx proxy_pass (keep-alive upstream connections, 2 workers); p50 of both
   P  pass-through  GET /static (on no route) through the gateway ÷ nginx proxy_pass
+  T  over TLS      P again over HTTPS kept alive: a second gateway with listen_tls ÷ nginx
+                   terminating TLS (the same certificate, ECDSA P-256) before proxy_pass
+  H  handshakes    GET /static, each on a new connection with a full TLS 1.3 handshake (no
+                   session resumed; bench/handshakes.c): that gateway ÷ that nginx
+  FT fresh keys    F through the TLS gateway ÷ F through the plain one (no target)
+     over TLS
   F on PostgreSQL  F with the gateway on a fresh PostgreSQL database, when IDEM_TEST_PG_URI is
                    set (make bench-gateway runs this under with_pg.sh): the ratio is information;
                    PostgreSQL's own account of the gateway's run (bench_pg.PgRunStats) gives the
@@ -19,9 +25,10 @@ proxy_pass to it, as ratios of runs taken in the same session, A-B-A.
 Every ratio is gateway ÷ the mean of the reference run before and after it (A-B-A), so a steady
 drift of other work on the machine cancels.  A target not met is profiled afterwards while the
 scenario runs again: `perf record --call-graph dwarf -p <gateway pid>` and `perf trace -s -p`.
-Everything listens on 127.0.0.1, every load is bounded in time, every process is stopped by its
-PID.  Standard library only; the helpers are bench/bench.py's.  docs/bench.md ("idem-gateway
-") says what each number means.
+The TLS servers' certificate comes from a throw-away CA made with `openssl` in the temp dir
+(tests/service/tls_ca.py).  Everything listens on 127.0.0.1, every load is bounded in time, every
+process is stopped by its PID.  Standard library only; the helpers are bench/bench.py's.
+docs/bench.md ("idem-gateway") says what each number means.
 
   python3 bench/gateway_bench.py --bin build-bench/bin [--out bench/results] [--seconds 5]
                                  [--connections 16] [--no-profile] [--wait-idle 30]
@@ -29,18 +36,25 @@ PID.  Standard library only; the helpers are bench/bench.py's.  docs/bench.md ("
 BENCH_KEEP=1 keeps the temp directory (configs, logs, the SQLite file, perf data).
 """
 
+import json
 import os
 import re
+import resource
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import time
+import types
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.join(os.path.dirname(HERE), "tests", "service"))
 import bench as B  # noqa: E402  (bench/bench.py: processes, wrk, nginx, PostgreSQL, /proc)
+from tls_ca import TlsCa  # noqa: E402  (the tests' throw-away CA)
 from bench_fmt import fmt_ms, fmt_rate, fmt_ratio, fmt_us, mean  # noqa: E402
 from bench_procs import nginx_path  # noqa: E402
 
@@ -57,6 +71,8 @@ DEADLINE_S = 900  # a hard stop for the whole run, far above its expected ~2 min
 T_REPLAY = 1.0   # replays ÷ the upstream answering the same request directly
 T_FRESH = 0.5    # fresh keyed requests (SQLite, durable) ÷ nginx proxy_pass
 T_PASS = 0.8     # unkeyed pass-through ÷ nginx proxy_pass
+T_TLS_PASS = 0.9       # unkeyed pass-through over HTTPS kept alive ÷ nginx terminating TLS
+T_TLS_HANDSHAKE = 0.8  # new connections, each a full TLS 1.3 handshake, ÷ nginx
 # The fresh-path targets for a fresh keyed request through the gateway on SQLite.
 T28_FRESH = 0.40    # F ÷ nginx proxy_pass
 T28_CPU_US = 70     # the gateway's CPU per request
@@ -65,6 +81,11 @@ T28_FUTEX = 4       # futex calls of the gateway's threads per request
 T_PG_CPU_US = 45    # the CPU of the cluster's processes per fresh key
 T_PG_HOT = 0.90     # the share of the record's updates (completions) that are HOT
 T_PG_GW_CPU_US = 45  # the gateway's own CPU per fresh key
+
+# nginx's TLS 1.2 suites: the gateway's (src/http/tls.c); TLS 1.3's are both servers' defaults.
+TLS12_CIPHERS = ("ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
+                 "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"
+                 "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305")
 
 say = B.say
 
@@ -78,30 +99,52 @@ class GatewayBench(B.Bench):
         self.r = {"scenarios": {}, "targets": [], "info": [], "notes": [], "profiles": {}}
         self.upstream = None
         self.nginx = None
+        self.nginx_tls = None
+        self.gw_tls = None
+        self.handshakes = os.path.join(self.bin, "handshakes")
+        self.cert = None          # the server certificate (tls_ca.Issued) of both TLS servers
+        self.tls_client = None    # an ssl.SSLContext trusting the bench's CA, for the probes
+
+    def call(self, url, method, path, body=None, headers=None):
+        """One request (bench_http.http_call), over TLS trusting the bench's CA for https."""
+        return B.http_call(url, method, path, body, headers, context=self.tls_client)
 
     # -- servers --
 
     def start_upstream(self):
         p = self.start("upstream", [self.static_http, "--listen", "127.0.0.1:0",
                                     "--max-connections-per-ip", "-1"])
-        st, hdrs, body = B.http_call(p.url, "POST", ROUTE_PATH, B.ORDER_BODY, {
+        st, hdrs, body = self.call(p.url, "POST", ROUTE_PATH, B.ORDER_BODY, {
             "Content-Type": "application/json", "X-Consumer-Id": CONSUMER,
             "Idempotency-Key": "probe"})
-        st2, _, body2 = B.http_call(p.url, "GET", UNROUTED_PATH)
+        st2, _, body2 = self.call(p.url, "GET", UNROUTED_PATH)
         if st != 201 or st2 != 201 or body2 != body:
             raise B.BenchError("static_http does not answer every method and path alike: POST "
                                "%d, GET %d" % (st, st2))
         self.upstream_answer = body
         return p
 
-    def start_gateway(self, name, store_uri):
-        """idem-gateway with one route (POST /v1/things) in front of the upstream."""
+    def make_certificate(self):
+        """A throw-away CA and a server certificate for 127.0.0.1 (ECDSA P-256), in the temp
+        dir; both TLS servers present its chain (leaf + CA)."""
+        self.cert = TlsCa(self.tmp, name="bench").server("bench")
+        ca = os.path.join(os.path.dirname(self.cert.cert), "ca.crt")
+        self.tls_client = ssl.create_default_context(cafile=ca)
+        self.tls_client.set_alpn_protocols(["http/1.1"])
+
+    def start_gateway(self, name, store_uri, tls=False):
+        """idem-gateway with one route (POST /v1/things) in front of the upstream; with `tls`,
+        its listener speaks HTTPS only (listen_tls) with the bench's certificate."""
+        extra = ""
+        if tls:
+            extra = "listen_tls:\n  cert_file: %s\n  key_file: %s\n" % (
+                json.dumps(self.cert.chain), json.dumps(self.cert.key))
         p = self.start_gateway_route(name, self.gateway, self.upstream.url, store_uri,
-                                     "header: X-Consumer-Id", ROUTE_PATH, OPERATION)
+                                     "header: X-Consumer-Id", ROUTE_PATH, OPERATION, extra=extra)
         # A keyed POST executes once and replays; an unrouted GET passes through.
         key = "probe-" + uuid.uuid4().hex[:8]
         for want in ("executed", "replayed"):
-            st, hdrs, body = B.http_call(p.url, "POST", ROUTE_PATH, B.ORDER_BODY, {
+            st, hdrs, body = self.call(p.url, "POST", ROUTE_PATH, B.ORDER_BODY, {
                 "Content-Type": "application/json", "X-Consumer-Id": CONSUMER,
                 "Idempotency-Key": key})
             replayed = hdrs.get("idempotent-replayed") == "true"
@@ -109,7 +152,7 @@ class GatewayBench(B.Bench):
                 self.stop(p)
                 raise B.BenchError("%s: a keyed POST answered %d (%s expected): %r" % (
                     name, st, want, body[:200]))
-        st, _, body = B.http_call(p.url, "GET", UNROUTED_PATH)
+        st, _, body = self.call(p.url, "GET", UNROUTED_PATH)
         if st != 201 or body != self.upstream_answer:
             self.stop(p)
             raise B.BenchError("%s: GET %s answered %d: %r" % (name, UNROUTED_PATH, st,
@@ -117,12 +160,16 @@ class GatewayBench(B.Bench):
         return p
 
     def start_nginx(self):
-        """nginx, 2 workers, proxy_pass to the upstream over kept-alive connections."""
+        """
+        nginx, 2 workers, proxy_pass to the upstream over kept-alive connections, on two ports:
+        plain HTTP (self.nginx), and HTTPS with the bench's certificate (self.nginx_tls, the same
+        process) in front of the same upstream block.
+        """
         nginx = nginx_path()
         if nginx is None:
             raise B.BenchError("nginx is not installed (scripts/deps.sh bench installs "
                                "nginx-light)")
-        port = B.free_port()
+        port, tls_port = B.free_port(), B.free_port()
         conf, d = B.write_nginx_conf(
             os.path.join(self.tmp, "nginx"), "bench/gateway_bench.py: a proxy to the gateway's "
             "upstream", """    upstream backend {
@@ -138,26 +185,92 @@ class GatewayBench(B.Bench):
             proxy_set_header Connection "";
         }
     }
-""" % {"port": port, "up": "%s:%d" % B.split_url(self.upstream.url)})
+    server {
+        listen 127.0.0.1:%(tls_port)d ssl;
+        ssl_certificate %(cert)s;
+        ssl_certificate_key %(key)s;
+        ssl_protocols TLSv1.2 TLSv1.3;
+        ssl_ciphers %(ciphers)s;
+        location / {
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+""" % {"port": port, "tls_port": tls_port, "up": "%s:%d" % B.split_url(self.upstream.url),
+       "cert": self.cert.chain, "key": self.cert.key, "ciphers": TLS12_CIPHERS})
         p = self.start("nginx", [nginx, "-c", conf, "-p", d + "/", "-g", "daemon off;"],
                        port=port)
-        for method, path, body in (("POST", ROUTE_PATH, B.ORDER_BODY), ("GET", UNROUTED_PATH,
-                                                                        None)):
-            st, _, got = B.http_call(p.url, method, path, body, {
-                "Content-Type": "application/json", "X-Consumer-Id": CONSUMER,
-                "Idempotency-Key": "probe"} if body else {})
-            if st != 201 or got != self.upstream_answer:
-                self.stop(p)
-                raise B.BenchError("nginx: %s %s answered %d: %r" % (method, path, st, got[:200]))
+        # The HTTPS server: the same process (its CPU is nginx's), another URL.
+        self.nginx_tls = types.SimpleNamespace(name="nginx", pid=p.pid,
+                                               url="https://127.0.0.1:%d" % tls_port)
+        for url in (p.url, self.nginx_tls.url):
+            for method, path, body in (("POST", ROUTE_PATH, B.ORDER_BODY),
+                                       ("GET", UNROUTED_PATH, None)):
+                st, _, got = self.call(url, method, path, body, {
+                    "Content-Type": "application/json", "X-Consumer-Id": CONSUMER,
+                    "Idempotency-Key": "probe"} if body else {})
+                if st != 201 or got != self.upstream_answer:
+                    self.stop(p)
+                    raise B.BenchError("nginx: %s %s %s answered %d: %r" % (
+                        method, url, path, st, got[:200]))
         return p
 
     # -- one run --
 
     def load(self, who, mode, method, path, key, seconds=None):
+        """One wrk run of gateway.lua against `who` (a Proc: the gateway, the upstream or nginx;
+        its url http or https), measured as measure() says."""
+        return self.measure(who, lambda: self.wrk(who.url, LUA_GATEWAY,
+                                                  [mode, method, path, CONSUMER, key],
+                                                  seconds=seconds))
+
+    def load_handshakes(self, who, seconds=None):
         """
-        One wrk run of gateway.lua against `who` (a Proc: the gateway, the upstream or nginx),
-        with the CPU each of our servers used per request meanwhile, and, for a gateway, what its
-        /metrics counted; for a gateway on PostgreSQL (who.pg_stats), PostgreSQL's own account
+        One run of bench/handshakes.c against `who`'s https URL: GET /static, each request on a
+        new connection with a full handshake (TLS 1.3), as many connections at once as wrk's
+        runs have; measured as measure() says, its result in wrk_result()'s shape (its rate is
+        requests answered a second, one per handshake), with the handshakes, the resumed ones
+        (0 expected) and the protocol, cipher and group negotiated.
+        """
+        seconds = seconds or self.seconds
+        host, port = B.split_url(who.url)
+
+        def run():
+            cmd = [self.handshakes, host, str(port), "--connections", str(self.conns),
+                   "--threads", str(min(B.WRK_THREADS, self.conns)), "--seconds",
+                   "%g" % seconds, "--path", UNROUTED_PATH, "--tls", "1.3"]
+            ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            m0 = B.machine_cpu()
+            p = subprocess.run(cmd, capture_output=True, timeout=seconds + 60)
+            m1 = B.machine_cpu()
+            ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if p.returncode != 0:
+                raise B.BenchError("handshakes failed (%d): %s" % (
+                    p.returncode, p.stderr.decode("utf-8", "replace")[-400:]))
+            j = json.loads(p.stdout.decode())
+            res = B.wrk_result({"requests": j["requests"], "duration_us": j["duration_us"],
+                                "p50_us": j["p50_us"], "p90_us": j["p90_us"],
+                                "p99_us": j["p99_us"], "max_us": j["max_us"],
+                                "err_status": j["non2xx"],
+                                "err_connect": j["err_connect"] + j["err_handshake"],
+                                "err_read": j["err_read"], "err_write": j["err_write"],
+                                "err_timeout": j["err_timeout"]}, self.conns, seconds)
+            res["handshakes"] = j["handshakes"]
+            res["handshake_errors"] = j["err_handshake"]
+            res["resumed"] = j["resumed"]
+            res["tls"] = "%s %s %s" % (j["protocol"], j["cipher"], j["group"])
+            res["wrk_cpu_us_per_req"] = ((ru1.ru_utime + ru1.ru_stime - ru0.ru_utime -
+                                          ru0.ru_stime) * 1e6 / max(res["requests"], 1))
+            res["machine_busy"] = B.busy_share(m0, m1)
+            return res
+        return self.measure(who, run)
+
+    def measure(self, who, run):
+        """
+        run() (a load against `who`: a Proc of the gateway, the upstream or nginx) with the CPU
+        each of our servers used per request meanwhile, and, for a gateway, what its /metrics
+        counted; for a gateway on PostgreSQL (who.pg_stats), PostgreSQL's own account
         (res["pg"]).
         """
         servers = {"gateway": None, "upstream": self.upstream, "nginx": self.nginx}
@@ -169,8 +282,7 @@ class GatewayBench(B.Bench):
             pgs.start()
         cpu0 = {k: self.cpu(p) for k, p in servers.items() if p is not None}
         m0 = B.metrics(who.admin) if servers["gateway"] else None
-        res = self.wrk(who.url, LUA_GATEWAY, [mode, method, path, CONSUMER, key],
-                       seconds=seconds)
+        res = run()
         n = max(res["requests"], 1)
         res["cpu_us_per_req"] = {k: (self.cpu(servers[k]) - v) * 1e6 / n
                                  for k, v in cpu0.items()}
@@ -203,19 +315,23 @@ class GatewayBench(B.Bench):
     def cpu(self, p):
         return B.tree_cpu_seconds(p.pid) if p is self.nginx else B.cpu_seconds(p.pid)
 
-    def aba(self, sid, title, ref_name, ref, gw, mode, method, path, key_of, check):
-        """Reference, gateway, reference: the ratio is the gateway ÷ the mean of the two."""
+    def aba(self, sid, title, ref_name, ref, gw, mode, method, path, key_of, check, load=None):
+        """
+        Reference, gateway, reference: the ratio is the gateway ÷ the mean of the two.  Each
+        run is self.load(who, mode, method, path, key_of()), or load(who) when given.
+        """
         say("== %s ==" % title)
         runs = []
         for label, who in ((ref_name, ref), ("gateway", gw), (ref_name, ref)):
-            res = self.load(who, mode, method, path, key_of())
+            res = (load(who) if load is not None else
+                   self.load(who, mode, method, path, key_of()))
             res["label"] = label
             runs.append(res)
             say("%-28s %s: %7.0f req/s, p50 %s ms, p99 %s ms, non-2xx %d, socket errors %d" % (
                 title, label, res["rps"], fmt_ms(res["p50_ms"]), fmt_ms(res["p99_ms"]),
                 res["non2xx"], res["socket_errors"]))
         a1, g, a2 = runs
-        ref_rps = mean([a1["rps"], a2["rps"]])
+        ref_rps = max(mean([a1["rps"], a2["rps"]]), 1e-9)  # (0 when every request failed)
         ref_p50 = mean([a1["p50_ms"], a2["p50_ms"]])
         sc = {"title": title, "reference": ref_name, "runs": runs, "gateway_rps": g["rps"],
               "reference_rps": ref_rps, "ratio": g["rps"] / ref_rps,
@@ -262,9 +378,10 @@ class GatewayBench(B.Bench):
         gw = self.start_gateway("gateway-sqlite",
                                 "sqlite:" + os.path.join(self.tmp, "gateway-sqlite.db"))
         self.gw_sqlite = gw
+        self.make_certificate()
         self.nginx = self.start_nginx()
         # R: the warm-up creates the record; from then on every request is a replay.
-        st, hdrs, _ = B.http_call(gw.url, "POST", ROUTE_PATH, B.ORDER_BODY, {
+        st, hdrs, _ = self.call(gw.url, "POST", ROUTE_PATH, B.ORDER_BODY, {
             "Content-Type": "application/json", "X-Consumer-Id": CONSUMER,
             "Idempotency-Key": REPLAY_KEY})
         if st != 201:
@@ -277,6 +394,7 @@ class GatewayBench(B.Bench):
         self.r["futex"] = self.futex_per_request(gw)
         self.aba("pass", "P pass-through", "nginx", self.nginx, gw, "none", "GET",
                  UNROUTED_PATH, lambda: "-", self.checker("passed", operation=""))
+        self.tls_scenarios()
         if self.pg_admin:
             db = self.db_uri("postgresql", "gw")
             pg = self.start_gateway("gateway-postgresql", db)
@@ -290,6 +408,51 @@ class GatewayBench(B.Bench):
         else:
             self.note("PostgreSQL was not measured: IDEM_TEST_PG_URI is not set (make "
                       "bench-gateway runs this under tests/pg/with_pg.sh)")
+
+    def tls_scenarios(self):
+        """T, H and FT: a second gateway, the same but for listen_tls, against nginx's HTTPS
+        server, and against the plain gateway for fresh keys."""
+        gw = self.start_gateway("gateway-tls",
+                                "sqlite:" + os.path.join(self.tmp, "gateway-tls.db"), tls=True)
+        self.gw_tls = gw
+        # What an OpenSSL client with its defaults (wrk's, Python's) gets from each: the same.
+        neg = {who.url: self.tls_probe(who.url) for who in (gw, self.nginx_tls)}
+        self.r["tls_negotiated"] = {"gateway": neg[gw.url], "nginx": neg[self.nginx_tls.url]}
+        t = self.aba("tls-pass", "T pass-through over TLS", "nginx", self.nginx_tls, gw, "none",
+                     "GET", UNROUTED_PATH, lambda: "-", self.checker("passed", operation=""))
+        if len(set(neg.values())) != 1:
+            t["problems"].append("the gateway and nginx negotiated %s and %s" % (
+                neg[gw.url], neg[self.nginx_tls.url]))
+        h = self.aba("tls-handshake", "H new TLS connections", "nginx", self.nginx_tls, gw,
+                     None, None, None, None, self.handshake_checker(), load=self.load_handshakes)
+        tls = sorted({x.get("tls") for x in h["runs"]})
+        if len(tls) != 1:
+            h["problems"].append("the runs negotiated different parameters: %s" % ", ".join(tls))
+            self.note("%s: the runs negotiated different parameters: %s" % (h["title"],
+                                                                            ", ".join(tls)))
+        self.aba("tls-fresh", "FT fresh keys over TLS", "gateway, plain HTTP", self.gw_sqlite,
+                 gw, "fresh", "POST", ROUTE_PATH, lambda: "t" + uuid.uuid4().hex[:8],
+                 self.checker("executed"))
+
+    def tls_probe(self, url):
+        """The protocol and cipher a default client negotiates with `url`, and its ALPN."""
+        host, port = B.split_url(url)
+        with socket.create_connection((host, port), timeout=10) as raw:
+            with self.tls_client.wrap_socket(raw, server_hostname=host) as s:
+                return "%s %s, ALPN %s" % (s.version(), s.cipher()[0],
+                                           s.selected_alpn_protocol())
+
+    def handshake_checker(self):
+        """H's gateway run: every answer passed through, every handshake a full one."""
+        passed = self.checker("passed", operation="")
+
+        def check(res):
+            out = passed(res)
+            if res.get("resumed"):
+                out.append("%d of %d handshakes resumed a session" % (res["resumed"],
+                                                                     res["handshakes"]))
+            return out
+        return check
 
     def futex_per_request(self, gw):
         """
@@ -409,7 +572,11 @@ class GatewayBench(B.Bench):
                  "answering the same request directly" % T_REPLAY),
                 ("fresh-sqlite", T_FRESH, "F: fresh keyed requests, SQLite durable, ≥ %.1f× "
                  "nginx proxy_pass" % T_FRESH),
-                ("pass", T_PASS, "P: unkeyed pass-through ≥ %.1f× nginx proxy_pass" % T_PASS))
+                ("pass", T_PASS, "P: unkeyed pass-through ≥ %.1f× nginx proxy_pass" % T_PASS),
+                ("tls-pass", T_TLS_PASS, "T: unkeyed pass-through over HTTPS kept alive ≥ %.1f× "
+                 "nginx terminating TLS" % T_TLS_PASS),
+                ("tls-handshake", T_TLS_HANDSHAKE, "H: new HTTPS connections a second, each a "
+                 "full TLS 1.3 handshake, ≥ %.1f× nginx" % T_TLS_HANDSHAKE))
         for sid, want, text in rows:
             s = sc.get(sid)
             if not s:
@@ -421,6 +588,7 @@ class GatewayBench(B.Bench):
                     s["gateway_rps"], s["reference_rps"], s["reference"],
                     s["runs"][0]["rps"], s["runs"][2]["rps"],
                     "; " + "; ".join(s["problems"]) if s["problems"] else "")})
+        self.targets_tls()
         for sid in ("fresh-sqlite", "fresh-postgresql"):
             s = sc.get(sid)
             if s:
@@ -455,6 +623,43 @@ class GatewayBench(B.Bench):
                 "measured": "%.0f ÷ %.0f req/s" % (s["gateway_rps"], s["reference_rps"]),
                 "value": fmt_ratio(s["ratio"])})
 
+    def targets_tls(self):
+        """What H negotiated, what a handshake and TLS cost each side, and FT's ratio."""
+        sc = self.r["scenarios"]
+        neg = self.r.get("tls_negotiated")
+        if neg:
+            self.r["info"].append({
+                "what": "T pass-through over TLS: negotiated by a default OpenSSL client "
+                        "(gateway; nginx)", "measured": "certificate ECDSA P-256",
+                "value": "%s; %s" % (neg["gateway"], neg["nginx"])})
+        s = sc.get("tls-handshake")
+        if s:
+            tls = sorted({x.get("tls") for x in s["runs"]})
+            g, refs = s["runs"][1], (s["runs"][0], s["runs"][2])
+            self.r["info"].append({
+                "what": "H new TLS connections: negotiated (every run), handshakes resumed",
+                "measured": "certificate ECDSA P-256; %d of %d handshakes resumed" % (
+                    sum(x.get("resumed", 0) for x in s["runs"]),
+                    sum(x.get("handshakes", 0) for x in s["runs"])),
+                "value": ", ".join(map(str, tls))})
+            gcpu = g["cpu_us_per_req"].get("gateway")
+            ncpu = mean([x["cpu_us_per_req"].get("nginx") for x in refs])
+            if gcpu is not None and ncpu:
+                self.r["info"].append({
+                    "what": "H new TLS connections: CPU per connection, gateway ÷ nginx (master + "
+                            "workers; the upstream's apart)",
+                    "measured": "%.0f ÷ %.0f µs" % (gcpu, ncpu), "value": fmt_ratio(gcpu / ncpu)})
+        s = sc.get("tls-fresh")
+        if s:
+            g, refs = s["runs"][1], (s["runs"][0], s["runs"][2])
+            gcpu = g["cpu_us_per_req"].get("gateway")
+            pcpu = mean([x["cpu_us_per_req"].get("gateway") for x in refs])
+            self.r["info"].append({
+                "what": "FT fresh keys through the gateway, over TLS ÷ over plain HTTP (no target)",
+                "measured": "%.0f ÷ %.0f req/s; the gateway's CPU %s ÷ %s µs per request" % (
+                    s["gateway_rps"], s["reference_rps"], fmt_us(gcpu), fmt_us(pcpu)),
+                "value": fmt_ratio(s["ratio"])})
+
     def commit_bound(self, s):
         """
         What the gateway's run of a fresh-key scenario spent in the store's durable commits and
@@ -483,19 +688,26 @@ class GatewayBench(B.Bench):
         if not self.perf_works():
             self.note("perf does not work here: no profiles")
             return
-        gw = self.gw_sqlite
         secs = max(3.0, self.seconds - 1)
-        plan = {"replay": ("fixed", "POST", ROUTE_PATH, lambda: REPLAY_KEY),
-                "fresh-sqlite": ("fresh", "POST", ROUTE_PATH, lambda: "pf" + uuid.uuid4().hex[:8]),
-                "pass": ("none", "GET", UNROUTED_PATH, lambda: "-")}
+
+        def wrk_load(gw, mode, method, path, key_of):
+            return gw, lambda: self.load(gw, mode, method, path, key_of(), seconds=secs)
+        plan = {"replay": lambda: wrk_load(self.gw_sqlite, "fixed", "POST", ROUTE_PATH,
+                                           lambda: REPLAY_KEY),
+                "fresh-sqlite": lambda: wrk_load(self.gw_sqlite, "fresh", "POST", ROUTE_PATH,
+                                                 lambda: "pf" + uuid.uuid4().hex[:8]),
+                "pass": lambda: wrk_load(self.gw_sqlite, "none", "GET", UNROUTED_PATH,
+                                         lambda: "-"),
+                "tls-pass": lambda: wrk_load(self.gw_tls, "none", "GET", UNROUTED_PATH,
+                                             lambda: "-"),
+                "tls-handshake": lambda: (self.gw_tls, lambda: self.load_handshakes(
+                    self.gw_tls, seconds=secs))}
         for sid in unmet:
-            mode, method, path, key_of = plan[sid]
+            gw, load = plan[sid]()
             say("profiling %s: perf record --call-graph dwarf -p %d" % (sid, gw.pid))
             prof = {"scenario": self.r["scenarios"][sid]["title"], "pid": gw.pid}
-            prof["cpu"] = self.perf_record(sid, gw.pid, lambda: self.load(
-                gw, mode, method, path, key_of(), seconds=secs))
-            prof["trace"] = self.perf_trace(sid, gw.pid, lambda: self.load(
-                gw, mode, method, path, key_of(), seconds=secs))
+            prof["cpu"] = self.perf_record(sid, gw.pid, load)
+            prof["trace"] = self.perf_trace(sid, gw.pid, load)
             self.r["profiles"][sid] = prof
 
     def perf_record(self, name, pid, load):
@@ -568,9 +780,13 @@ class GatewayBench(B.Bench):
              "an 8 MiB replay cache, a text request log to a file) and one route, `POST %s`; "
              "store SQLite (WAL, synchronous=FULL) in a temp dir. nginx: %d workers, "
              "`proxy_pass` to an upstream block with `keepalive 64`, `proxy_http_version 1.1; "
-             "proxy_set_header Connection \"\";`, access log off. Each ratio is the gateway's "
-             "run ÷ the mean of the reference runs right before and right after it." % (
-                 ROUTE_PATH, B.NGINX_WORKERS), "",
+             "proxy_set_header Connection \"\";`, access log off. TLS (T, H, FT): a second "
+             "gateway, the same but for `listen_tls`, and nginx's second server (`listen ... "
+             "ssl`, its defaults otherwise) in front of the same upstream block, both with one "
+             "ECDSA P-256 certificate from a throw-away CA; H's client is `bench/handshakes.c` "
+             "(a new connection and a full handshake per request, no session offered). Each "
+             "ratio is the gateway's run ÷ the mean of the reference runs right before and "
+             "right after it." % (ROUTE_PATH, B.NGINX_WORKERS), "",
              "## Targets", "", "| target | measured | ratio | met |", "|---|---|---|---|"]
         for t in r["targets"]:
             L.append("| %s | %s | %s | %s |" % (t["target"], t["measured"], fmt_ratio(t["ratio"]),
@@ -582,10 +798,12 @@ class GatewayBench(B.Bench):
                 L.append("| %s | %s | %s |" % (i["what"], i["measured"], i["value"]))
         L += ["", "## Runs", "",
               "CPU is µs per answered request of each of our processes during the run "
-              "(`/proc/PID/stat`; nginx: master + workers); wrk's own CPU and how busy the whole "
-              "machine was meanwhile are beside it.", "",
+              "(`/proc/PID/stat`; nginx: master + workers); the client's own CPU (wrk, or "
+              "handshakes for H) and how busy the whole machine was meanwhile are beside it. "
+              "H's latency is from connect() to the answer's last byte.", "",
               "| scenario | run | req/s | p50 ms | p90 ms | p99 ms | non-2xx | socket err | "
-              "gateway CPU | upstream CPU | nginx CPU | wrk CPU | machine busy | gateway counted |",
+              "gateway CPU | upstream CPU | nginx CPU | client CPU | machine busy | "
+              "gateway counted |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for sid, s in r["scenarios"].items():
             for x in s["runs"]:
@@ -595,7 +813,8 @@ class GatewayBench(B.Bench):
                              s["title"], x["label"], fmt_rate(x["rps"]), fmt_ms(x["p50_ms"]),
                              fmt_ms(x["p90_ms"]), fmt_ms(x["p99_ms"]), x["non2xx"],
                              x["socket_errors"],
-                             fmt_us(c.get("gateway")) if x["label"] == "gateway" else "—",
+                             fmt_us(c.get("gateway")) if x["label"].startswith("gateway")
+                             else "—",
                              fmt_us(c.get("upstream")),
                              fmt_us(c.get("nginx")) if x["label"] == "nginx" else "—",
                              x["wrk_cpu_us_per_req"], x["machine_busy"] * 100,
@@ -726,10 +945,12 @@ class GatewayBench(B.Bench):
 def main():
     ap = B.arg_parser(__doc__, connections=16, wait_idle=30.0)
     args = B.parse_args(ap)
-    for prog in ("idem-gateway", "static_http"):
+    for prog in ("idem-gateway", "static_http", "handshakes"):
         if not os.access(os.path.join(args.bin, prog), os.X_OK):
             ap.error("%s is not in %s (cmake --build build-bench --target idem-gateway "
-                     "static_http)" % (prog, args.bin))
+                     "static_http handshakes)" % (prog, args.bin))
+    if not shutil.which("openssl"):
+        ap.error("openssl is not installed (the TLS rows' certificates)")
 
     return B.run_to_end(GatewayBench(args), DEADLINE_S)
 
