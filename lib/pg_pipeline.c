@@ -11,12 +11,19 @@
  * fails is reported by the statement (or the COMMIT) it went out with, which then did not run:
  * PostgreSQL skips the rest of a pipeline after an error, up to its Sync.
  *
+ * A statement held back right after another of the same joins it when its caller describes a
+ * form for several rows (struct pg_stmt's `many`: a batch's completions): the rows go out as that
+ * one statement, each parameter an array of their values, and the server runs its executor once
+ * and not once a row.  Only neighbours join, so the statements still run in the
+ * order they were held back.
+ *
  * Layer: above pg_conn.c (a session's messages and error codes), below store_pg.c and nothing
  * else (store_pg.h lists the layers).  It runs what its caller describes -- a statement's text,
  * or a struct pg_stmt of the caller's own table -- and knows no statement of the store's.
  */
 #include "store_pg.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,8 +62,10 @@ void idem__pg_deferred_clear(struct idem_conn *c)
 {
     for (int i = 0; i < c->ndefer; i++) {
         free(c->defer[i].sql);
-        for (int j = 0; j < DEFER_PARAMS; j++)
+        for (int j = 0; j < DEFER_PARAMS; j++) {
             free(c->defer[i].vals[j]);
+            free(c->defer[i].arr[j].buf);
+        }
     }
     memset(c->defer, 0, sizeof(c->defer));
     c->ndefer = 0;
@@ -74,6 +83,102 @@ static int send_q(struct idem_conn *c, const struct pipe_q *q)
 }
 
 /*
+ * Binary arrays (PostgreSQL's array_recv): a header of five 4-byte integers -- dimensions (1),
+ * flags (0), the element type, the length and the lower bound (1) -- then each element as its
+ * 4-byte length (-1: NULL) and its bytes.  The bytes of a text or a bytea are the value itself.
+ */
+#define ARR_HEAD 20
+#define OID_BYTEA 17
+#define OID_TEXT 25
+
+static void put_be32(char *p, uint32_t v)
+{
+    p[0] = (char)(v >> 24);
+    p[1] = (char)(v >> 16);
+    p[2] = (char)(v >> 8);
+    p[3] = (char)v;
+}
+
+/* Appends one element (NULL when `val` is) to the array `a`; 0, or IDEM_ENOMEM. */
+static int arr_put(struct deferred *d, int k, const char *val, size_t len)
+{
+    size_t need = 4 + (val ? len : 0);
+
+    if (!d->arr[k].buf || d->arr[k].cap - d->arr[k].len < need) {
+        size_t cap = d->arr[k].cap ? d->arr[k].cap : 64;
+        char *buf;
+        while (cap - d->arr[k].len < need) {
+            if (cap > (size_t)INT_MAX / 2)
+                return IDEM_ENOMEM; /* (a parameter's length is an int) */
+            cap *= 2;
+        }
+        buf = realloc(d->arr[k].buf, cap);
+        if (!buf)
+            return IDEM_ENOMEM;
+        if (!d->arr[k].buf)
+            d->arr[k].len = ARR_HEAD; /* filled in when it is sent */
+        d->arr[k].buf = buf;
+        d->arr[k].cap = cap;
+    }
+    put_be32(d->arr[k].buf + d->arr[k].len, val ? (uint32_t)len : 0xffffffffu);
+    if (val)
+        memcpy(d->arr[k].buf + d->arr[k].len + 4, val, len);
+    d->arr[k].len += need;
+    return 0;
+}
+
+/* Parameter k's value of row `vals` (the caller's convention: bytes where lens[k] is set). */
+static size_t val_len(const char *const *vals, const int *lens, int k)
+{
+    return vals[k] == NULL ? 0 : lens && lens[k] ? (size_t)lens[k] : strlen(vals[k]);
+}
+
+/*
+ * Adds a row to `d`, held back already with the same statement and formats: the row becomes an
+ * element of each of its arrays (the first row too, on the second).  0, or IDEM_ENOMEM with `d`
+ * as it was.
+ */
+static int deferred_add_row(struct deferred *d, const char *const *vals, const int *lens)
+{
+    const int np = d->stmt->nparams;
+    size_t was[DEFER_PARAMS];
+    int rc = 0;
+
+    for (int k = 0; k < np; k++)
+        was[k] = d->arr[k].buf ? d->arr[k].len : ARR_HEAD;
+    for (int k = 0; k < np && rc == 0; k++) {
+        if (d->rows == 1)
+            rc = arr_put(d, k, d->vals[k], val_len((const char *const *)d->vals, d->lens, k));
+        if (rc == 0)
+            rc = arr_put(d, k, vals[k], val_len(vals, lens, k));
+    }
+    if (rc < 0) {
+        for (int k = 0; k < np; k++)
+            if (d->arr[k].buf)
+                d->arr[k].len = was[k];
+        return rc;
+    }
+    if (d->rows == 1)
+        for (int k = 0; k < np; k++) {
+            free(d->vals[k]);
+            d->vals[k] = NULL;
+        }
+    d->rows++;
+    return 0;
+}
+
+/* Whether a row of `stmt` with formats `fmts` may join `d`, the last statement held back. */
+static int joins(const struct deferred *d, const struct pg_stmt *stmt, const int *fmts)
+{
+    if (d->sql || d->stmt != stmt || !stmt->many || d->rows >= DEFER_ROWS_MAX)
+        return 0;
+    for (int k = 0; k < stmt->nparams; k++)
+        if (d->fmts[k] != (fmts ? fmts[k] : 0))
+            return 0;
+    return 1;
+}
+
+/*
  * Sends the deferred statements, then q[0..n), then a Sync, in one pipeline (one round trip), and
  * reads every answer.  Returns 0 when all succeeded (optional ones aside); else the first
  * failure's code and message, with its index in `q` in *failed (-1: a deferred statement, or the
@@ -84,6 +189,9 @@ static int send_q(struct idem_conn *c, const struct pipe_q *q)
 int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
 {
     struct pipe_q all[1 + DEFER_MAX * 2 + 8];
+    /* The `many` forms' parameters: the arrays, sent as bytes */
+    const char *mvals[DEFER_MAX][DEFER_PARAMS];
+    int mlens[DEFER_MAX][DEFER_PARAMS], mfmts[DEFER_MAX][DEFER_PARAMS];
     int nd = 0, nall = 0, synced = 0, bad = -1;
     const char *what;
     PGresult *err = NULL;
@@ -102,15 +210,31 @@ int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
     if (c->begin_deferred)
         all[nall++] = idem__pg_q_simple("BEGIN ISOLATION LEVEL READ COMMITTED", "begin");
     for (int i = 0; i < c->ndefer; i++) {
-        const struct deferred *d = &c->defer[i];
-        if (!d->sql && !(c->prepared & (1u << d->stmt->id)))
-            all[nall++] = idem__pg_q_prepare(d->stmt, d->what);
+        struct deferred *d = &c->defer[i];
+        const struct pg_stmt *stmt = d->rows > 1 ? d->stmt->many : d->stmt;
+        if (!d->sql && !(c->prepared & (1u << stmt->id)))
+            all[nall++] = idem__pg_q_prepare(stmt, d->what);
         if (d->sql) {
             all[nall++] = idem__pg_q_simple(d->sql, d->what);
+        } else if (d->rows > 1) {
+            for (int k = 0; k < stmt->nparams; k++) {
+                char *h = d->arr[k].buf;
+                put_be32(h, 1);
+                put_be32(h + 4, 0);
+                put_be32(h + 8, d->fmts[k] ? OID_BYTEA : OID_TEXT);
+                put_be32(h + 12, (uint32_t)d->rows);
+                put_be32(h + 16, 1);
+                mvals[i][k] = h;
+                mlens[i][k] = (int)d->arr[k].len;
+                mfmts[i][k] = 1;
+            }
+            all[nall] = idem__pg_q_exec(stmt->name, stmt->nparams, mvals[i], mlens[i], mfmts[i], 0,
+                                        d->what);
+            all[nall++].fenced = stmt->fenced;
         } else {
-            all[nall] = idem__pg_q_exec(d->stmt->name, d->stmt->nparams,
-                                        (const char *const *)d->vals, d->lens, d->fmts, 0, d->what);
-            all[nall++].fenced = d->stmt->fenced;
+            all[nall] = idem__pg_q_exec(stmt->name, stmt->nparams, (const char *const *)d->vals,
+                                        d->lens, d->fmts, 0, d->what);
+            all[nall++].fenced = stmt->fenced;
         }
     }
     nd = nall;
@@ -240,12 +364,20 @@ int idem__pg_defer_stmt(struct idem_conn *c, const struct pg_stmt *stmt, const c
     struct deferred *d;
     int rc;
 
+    /* The row of a statement held back just before: one statement, its `many` form, runs both. */
+    if (c->ndefer > 0 && joins(&c->defer[c->ndefer - 1], stmt, fmts)) {
+        rc = deferred_add_row(&c->defer[c->ndefer - 1], vals, lens);
+        if (rc == 0 && c->in_tx)
+            c->tx_stmts++;
+        return rc;
+    }
     if (c->ndefer == DEFER_MAX && (rc = idem__pg_flush_deferred(c)) < 0)
         return rc;
     d = &c->defer[c->ndefer];
     memset(d, 0, sizeof(*d));
     for (int i = 0; i < stmt->nparams && i < DEFER_PARAMS; i++) {
-        size_t len = vals[i] == NULL ? 0 : lens && lens[i] ? (size_t)lens[i] : strlen(vals[i]);
+        size_t len = val_len(vals, lens, i);
+        d->fmts[i] = fmts ? fmts[i] : 0;
         if (vals[i] == NULL)
             continue;
         d->vals[i] = malloc(len + 1);
@@ -258,10 +390,10 @@ int idem__pg_defer_stmt(struct idem_conn *c, const struct pg_stmt *stmt, const c
         memcpy(d->vals[i], vals[i], len);
         d->vals[i][len] = '\0';
         d->lens[i] = lens ? lens[i] : 0;
-        d->fmts[i] = fmts ? fmts[i] : 0;
     }
     d->stmt = stmt;
     d->what = what;
+    d->rows = 1;
     c->ndefer++;
     if (c->in_tx)
         c->tx_stmts++;

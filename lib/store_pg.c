@@ -60,6 +60,8 @@
 #define OID_INT8 20
 #define OID_INT4 23
 #define OID_TEXT 25
+#define OID_BYTEA_ARRAY 1001
+#define OID_TEXT_ARRAY 1009
 
 /*
  * Percent of a records page that inserts fill: the rest is for the completed versions of the
@@ -140,6 +142,20 @@ static const struct idem_migration idem_schema[] = {
         OID_TEXT, OID_TEXT, OID_TEXT, OID_INT4, OID_TEXT, OID_BYTEA, OID_TEXT                      \
     }
 /*
+ * The completions of several records at once (RS_COMPLETE_MANY): COMPLETE_SQL with each
+ * parameter an array, a row each (the response's status as text).  The fence demands a record
+ * changed for every row: a row fenced out, or a key twice, fails the statement.
+ */
+#define COMPLETE_MANY_SQL                                                                          \
+    "UPDATE idem_records r SET status = 1, response_status = v.code::int4,"                        \
+    " response_headers = v.headers, response_body = v.body, lease_owner = NULL,"                   \
+    " lease_expires_ms = 0"                                                                        \
+    " FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[],"        \
+    " $7::text[]) AS v(principal, operation, idem_key, code, headers, body, owner)"                \
+    " WHERE r.principal = v.principal AND r.operation = v.operation AND r.idem_key = v.idem_key"   \
+    " AND r.status = 0 AND r.lease_owner = v.owner"
+#define FENCE_WRITTEN_ALL "SELECT 1 / (count(*) = cardinality($1::text[]))::int4 FROM u"
+/*
  * The claims' condition for replacing a record of the scope that is there: its retention ended
  * and no live lease protects it (the key is new again).
  */
@@ -190,6 +206,7 @@ enum rec_stmt {
     RS_NOTIFY,
     RS_VERSION,
     RS_SET_VERSION,
+    RS_COMPLETE_MANY,
     RS_COUNT
 };
 _Static_assert(RS_COUNT <= 32, "a statement's id is its bit in c->prepared");
@@ -201,50 +218,63 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
      * READ COMMITTED, a concurrent claimer of the same key waits here for the first one's
      * transaction, then sees its row (committed) and changes nothing, or inserts (rolled back).
      */
-    [RS_CLAIM] = {RS_CLAIM,
-                  "idem_claim",
-                  "WITH t AS (SELECT " DB_NOW_MS " AS now),"
-                  " c AS (INSERT INTO idem_records AS r (principal, operation, idem_key,"
-                  " fingerprint, status, recovery_point, lease_owner, lease_expires_ms,"
-                  " created_ms, expires_ms)"
-                  " SELECT $1, $2, $3, $4, 0, $8, $5, t.now + $6, t.now, t.now + $7 FROM t"
-                  " ON CONFLICT (principal, operation, idem_key) DO UPDATE SET"
-                  " fingerprint = excluded.fingerprint, status = 0,"
-                  " recovery_point = excluded.recovery_point,"
-                  " recovery_data = NULL, lease_owner = excluded.lease_owner,"
-                  " lease_expires_ms = excluded.lease_expires_ms, response_status = NULL,"
-                  " response_headers = NULL, response_body = NULL,"
-                  " created_ms = excluded.created_ms, expires_ms = excluded.expires_ms"
-                  " WHERE " RETENTION_LET_GO " RETURNING r.principal, r.operation, r.idem_key),"
-                  /* A revived processing record is in flight already. */
-                  " f AS (INSERT INTO idem_inflight (principal, operation, idem_key)"
-                  " SELECT principal, operation, idem_key FROM c ON CONFLICT DO NOTHING)"
-                  " SELECT 1 FROM c",
-                  8,
-                  {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_TEXT, OID_INT8, OID_INT8, OID_TEXT},
-                  0},
+    [RS_CLAIM] = {.id = RS_CLAIM,
+                  .name = "idem_claim",
+                  .sql =
+                      "WITH t AS (SELECT " DB_NOW_MS " AS now),"
+                      " c AS (INSERT INTO idem_records AS r (principal, operation, idem_key,"
+                      " fingerprint, status, recovery_point, lease_owner, lease_expires_ms,"
+                      " created_ms, expires_ms)"
+                      " SELECT $1, $2, $3, $4, 0, $8, $5, t.now + $6, t.now, t.now + $7 FROM t"
+                      " ON CONFLICT (principal, operation, idem_key) DO UPDATE SET"
+                      " fingerprint = excluded.fingerprint, status = 0,"
+                      " recovery_point = excluded.recovery_point,"
+                      " recovery_data = NULL, lease_owner = excluded.lease_owner,"
+                      " lease_expires_ms = excluded.lease_expires_ms, response_status = NULL,"
+                      " response_headers = NULL, response_body = NULL,"
+                      " created_ms = excluded.created_ms, expires_ms = excluded.expires_ms"
+                      " WHERE " RETENTION_LET_GO " RETURNING r.principal, r.operation, r.idem_key),"
+                      /* A revived processing record is in flight already. */
+                      " f AS (INSERT INTO idem_inflight (principal, operation, idem_key)"
+                      " SELECT principal, operation, idem_key FROM c ON CONFLICT DO NOTHING)"
+                      " SELECT 1 FROM c",
+                  .nparams = 8,
+                  .types = {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_TEXT, OID_INT8, OID_INT8,
+                            OID_TEXT},
+                  .fenced = 0},
     /* One row always: the database's time, and the record's columns (NULL when there is none). */
-    [RS_GET] = {RS_GET,
-                "idem_get",
-                "SELECT t.now, r.status::int4, r.fingerprint, r.recovery_point, r.recovery_data,"
+    [RS_GET] =
+        {.id = RS_GET,
+         .name = "idem_get",
+         .sql = "SELECT t.now, r.status::int4, r.fingerprint, r.recovery_point, r.recovery_data,"
                 " r.lease_owner, r.lease_expires_ms, r.response_status, r.response_headers,"
                 " r.response_body, r.expires_ms, r.created_ms"
                 " FROM (SELECT " DB_NOW_MS " AS now) t LEFT JOIN idem_records r ON " SCOPE_WHERE,
-                3,
-                {OID_TEXT, OID_TEXT, OID_TEXT},
-                0},
-    [RS_TAKEOVER] = {RS_TAKEOVER,
-                     "idem_takeover",
-                     "UPDATE idem_records r SET lease_owner = $4, lease_expires_ms = t.now + $5"
-                     " FROM (SELECT " DB_NOW_MS " AS now) t"
-                     " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_expires_ms <= t.now"
-                     " AND r.fingerprint = $6",
-                     6,
-                     {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_INT8, OID_BYTEA},
-                     0},
-    [RS_ADVANCE] = {RS_ADVANCE, "idem_advance", ADVANCE_SQL, 7, ADVANCE_TYPES, 0},
-    [RS_COMPLETE] = {RS_COMPLETE, "idem_complete", INFLIGHT_ENDED(COMPLETE_SQL, ROWS_WRITTEN), 7,
-                     COMPLETE_TYPES, 0},
+         .nparams = 3,
+         .types = {OID_TEXT, OID_TEXT, OID_TEXT},
+         .fenced = 0},
+    [RS_TAKEOVER] = {.id = RS_TAKEOVER,
+                     .name = "idem_takeover",
+                     .sql =
+                         "UPDATE idem_records r SET lease_owner = $4, lease_expires_ms = t.now + $5"
+                         " FROM (SELECT " DB_NOW_MS " AS now) t"
+                         " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_expires_ms <= t.now"
+                         " AND r.fingerprint = $6",
+                     .nparams = 6,
+                     .types = {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT, OID_INT8, OID_BYTEA},
+                     .fenced = 0},
+    [RS_ADVANCE] = {.id = RS_ADVANCE,
+                    .name = "idem_advance",
+                    .sql = ADVANCE_SQL,
+                    .nparams = 7,
+                    .types = ADVANCE_TYPES,
+                    .fenced = 0},
+    [RS_COMPLETE] = {.id = RS_COMPLETE,
+                     .name = "idem_complete",
+                     .sql = INFLIGHT_ENDED(COMPLETE_SQL, ROWS_WRITTEN),
+                     .nparams = 7,
+                     .types = COMPLETE_TYPES,
+                     .fenced = 0},
     /*
      * The two above sent without waiting for their answer (deferred): for the record this very
      * transaction inserted (the row is this transaction's until it ends, so the update must
@@ -253,43 +283,71 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
      * transaction and the COMMIT that follows in the same pipeline (IDEM_ELEASE): a record this
      * call does not hold is never changed, even unchecked.
      */
-    [RS_ADVANCE_DEFERRED] = {RS_ADVANCE_DEFERRED, "idem_advance_deferred", FENCED(ADVANCE_SQL), 7,
-                             ADVANCE_TYPES, 1},
-    [RS_COMPLETE_DEFERRED] = {RS_COMPLETE_DEFERRED, "idem_complete_deferred",
-                              INFLIGHT_ENDED(COMPLETE_SQL, FENCE_WRITTEN), 7, COMPLETE_TYPES, 1},
+    [RS_ADVANCE_DEFERRED] = {.id = RS_ADVANCE_DEFERRED,
+                             .name = "idem_advance_deferred",
+                             .sql = FENCED(ADVANCE_SQL),
+                             .nparams = 7,
+                             .types = ADVANCE_TYPES,
+                             .fenced = 1},
+    [RS_COMPLETE_DEFERRED] = {.id = RS_COMPLETE_DEFERRED,
+                              .name = "idem_complete_deferred",
+                              .sql = INFLIGHT_ENDED(COMPLETE_SQL, FENCE_WRITTEN),
+                              .nparams = 7,
+                              .types = COMPLETE_TYPES,
+                              .fenced = 1,
+                              .many = &rec_sql[RS_COMPLETE_MANY]},
+    /*
+     * Completions deferred one after the other (a batch's: tx_batch.c) as one statement.  Should
+     * one of them change nothing, the statement fails as the one above does, and the batch with
+     * it: its jobs then run alone, each told its own outcome.
+     */
+    [RS_COMPLETE_MANY] = {.id = RS_COMPLETE_MANY,
+                          .name = "idem_complete_many",
+                          .sql = INFLIGHT_ENDED(COMPLETE_MANY_SQL, FENCE_WRITTEN_ALL),
+                          .nparams = 7,
+                          .types = {OID_TEXT_ARRAY, OID_TEXT_ARRAY, OID_TEXT_ARRAY, OID_TEXT_ARRAY,
+                                    OID_TEXT_ARRAY, OID_BYTEA_ARRAY, OID_TEXT_ARRAY},
+                          .fenced = 1,
+                          .many = NULL},
     /* Ends the key in flight too: the record it replaced may have been a processing one. */
-    [RS_INSERT_COMPLETED] = {RS_INSERT_COMPLETED, "idem_insert_completed",
-                             INFLIGHT_ENDED(INSERT_COMPLETED_SQL, ROWS_WRITTEN), 8,
-                             INSERT_COMPLETED_TYPES, 0},
+    [RS_INSERT_COMPLETED] = {.id = RS_INSERT_COMPLETED,
+                             .name = "idem_insert_completed",
+                             .sql = INFLIGHT_ENDED(INSERT_COMPLETED_SQL, ROWS_WRITTEN),
+                             .nparams = 8,
+                             .types = INSERT_COMPLETED_TYPES,
+                             .fenced = 0},
     /* Sent with the COMMIT: a key another caller holds fails it (IDEM_ELEASE), as above. */
-    [RS_INSERT_COMPLETED_DEFERRED] = {RS_INSERT_COMPLETED_DEFERRED,
-                                      "idem_insert_completed_deferred",
-                                      INFLIGHT_ENDED(INSERT_COMPLETED_SQL, FENCE_WRITTEN), 8,
-                                      INSERT_COMPLETED_TYPES, 1},
-    [RS_RELEASE] = {RS_RELEASE,
-                    "idem_release",
-                    "UPDATE idem_records r SET lease_expires_ms = 0"
-                    " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $4",
-                    4,
-                    {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT},
-                    0},
+    [RS_INSERT_COMPLETED_DEFERRED] = {.id = RS_INSERT_COMPLETED_DEFERRED,
+                                      .name = "idem_insert_completed_deferred",
+                                      .sql = INFLIGHT_ENDED(INSERT_COMPLETED_SQL, FENCE_WRITTEN),
+                                      .nparams = 8,
+                                      .types = INSERT_COMPLETED_TYPES,
+                                      .fenced = 1},
+    [RS_RELEASE] = {.id = RS_RELEASE,
+                    .name = "idem_release",
+                    .sql = "UPDATE idem_records r SET lease_expires_ms = 0"
+                           " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $4",
+                    .nparams = 4,
+                    .types = {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT},
+                    .fenced = 0},
     [RS_RELEASE_OWNED] =
-        {RS_RELEASE_OWNED,
-         "idem_release_owned",
-         "UPDATE idem_records r SET lease_expires_ms = 0 FROM idem_inflight f"
-         " WHERE " R_IS_F " AND r.status = 0 AND r.lease_expires_ms > 0"
-         " AND starts_with(r.lease_owner, $1) AND NOT starts_with(r.lease_owner, $2)",
-         2,
-         {OID_TEXT, OID_TEXT},
-         0},
-    [RS_FORGET] = {RS_FORGET,
-                   "idem_forget",
-                   INFLIGHT_ENDED("DELETE FROM idem_records r"
-                                  " WHERE " SCOPE_WHERE " AND r.status = 0 AND r.lease_owner = $4",
-                                  ROWS_WRITTEN),
-                   4,
-                   {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT},
-                   0},
+        {.id = RS_RELEASE_OWNED,
+         .name = "idem_release_owned",
+         .sql = "UPDATE idem_records r SET lease_expires_ms = 0 FROM idem_inflight f"
+                " WHERE " R_IS_F " AND r.status = 0 AND r.lease_expires_ms > 0"
+                " AND starts_with(r.lease_owner, $1) AND NOT starts_with(r.lease_owner, $2)",
+         .nparams = 2,
+         .types = {OID_TEXT, OID_TEXT},
+         .fenced = 0},
+    [RS_FORGET] = {.id = RS_FORGET,
+                   .name = "idem_forget",
+                   .sql = INFLIGHT_ENDED("DELETE FROM idem_records r"
+                                         " WHERE " SCOPE_WHERE
+                                         " AND r.status = 0 AND r.lease_owner = $4",
+                                         ROWS_WRITTEN),
+                   .nparams = 4,
+                   .types = {OID_TEXT, OID_TEXT, OID_TEXT, OID_TEXT},
+                   .fenced = 0},
     /*
      * "This record may have changed", sent once the phase committed (pg_commit), as a
      * transaction of its own.  Not inside the phase: PostgreSQL serialises every notifying commit
@@ -298,47 +356,51 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
      * transaction that wrote nothing but a notification commits without waiting for a flush
      * (xact.c, RecordTransactionCommit), so it holds that lock only for a moment.
      */
-    [RS_NOTIFY] =
-        {RS_NOTIFY, "idem_notify", "SELECT pg_notify('" NOTIFY_CHANNEL "', $1)", 1, {OID_TEXT}, 0},
+    [RS_NOTIFY] = {.id = RS_NOTIFY,
+                   .name = "idem_notify",
+                   .sql = "SELECT pg_notify('" NOTIFY_CHANNEL "', $1)",
+                   .nparams = 1,
+                   .types = {OID_TEXT},
+                   .fenced = 0},
     /* SKIP LOCKED: sweepers of several instances, and claims reviving a key, never queue here. */
-    [RS_SWEEP] = {RS_SWEEP,
-                  "idem_sweep",
-                  INFLIGHT_ENDED(
+    [RS_SWEEP] = {.id = RS_SWEEP,
+                  .name = "idem_sweep",
+                  .sql = INFLIGHT_ENDED(
                       "DELETE FROM idem_records r WHERE (r.principal, r.operation, r.idem_key) IN"
                       " (SELECT principal, operation, idem_key"
                       "  FROM idem_records, (SELECT " DB_NOW_MS " AS now) t"
                       "  WHERE expires_ms <= t.now AND (status = 1 OR lease_expires_ms <= t.now)"
                       "  LIMIT $1 FOR UPDATE OF idem_records SKIP LOCKED)",
                       ROWS_WRITTEN),
-                  1,
-                  {OID_INT4},
-                  0},
-    [RS_STALLED] = {RS_STALLED,
-                    "idem_stalled",
-                    "SELECT r.principal, r.operation, r.idem_key, r.recovery_point"
-                    " FROM idem_inflight f JOIN idem_records r ON " R_IS_F ","
-                    " (SELECT " DB_NOW_MS " AS now) t"
-                    " WHERE r.status = 0 AND r.lease_expires_ms <= t.now"
-                    " AND ($1::text IS NULL OR r.operation = $1)"
-                    " ORDER BY r.lease_expires_ms LIMIT $2",
-                    2,
-                    {OID_TEXT, OID_INT4},
-                    0},
-    [RS_VERSION] = {RS_VERSION,
-                    "idem_schema_version",
-                    "SELECT version FROM idem_schema WHERE component = $1",
-                    1,
-                    {OID_TEXT},
-                    0},
-    [RS_SET_VERSION] = {RS_SET_VERSION,
-                        "idem_schema_set",
-                        "INSERT INTO idem_schema (component, version, applied_ms)"
-                        " VALUES ($1, $2, " DB_NOW_MS ")"
-                        " ON CONFLICT (component) DO UPDATE SET version = excluded.version,"
-                        " applied_ms = excluded.applied_ms",
-                        2,
-                        {OID_TEXT, OID_INT4},
-                        0},
+                  .nparams = 1,
+                  .types = {OID_INT4},
+                  .fenced = 0},
+    [RS_STALLED] = {.id = RS_STALLED,
+                    .name = "idem_stalled",
+                    .sql = "SELECT r.principal, r.operation, r.idem_key, r.recovery_point"
+                           " FROM idem_inflight f JOIN idem_records r ON " R_IS_F ","
+                           " (SELECT " DB_NOW_MS " AS now) t"
+                           " WHERE r.status = 0 AND r.lease_expires_ms <= t.now"
+                           " AND ($1::text IS NULL OR r.operation = $1)"
+                           " ORDER BY r.lease_expires_ms LIMIT $2",
+                    .nparams = 2,
+                    .types = {OID_TEXT, OID_INT4},
+                    .fenced = 0},
+    [RS_VERSION] = {.id = RS_VERSION,
+                    .name = "idem_schema_version",
+                    .sql = "SELECT version FROM idem_schema WHERE component = $1",
+                    .nparams = 1,
+                    .types = {OID_TEXT},
+                    .fenced = 0},
+    [RS_SET_VERSION] = {.id = RS_SET_VERSION,
+                        .name = "idem_schema_set",
+                        .sql = "INSERT INTO idem_schema (component, version, applied_ms)"
+                               " VALUES ($1, $2, " DB_NOW_MS ")"
+                               " ON CONFLICT (component) DO UPDATE SET version = excluded.version,"
+                               " applied_ms = excluded.applied_ms",
+                        .nparams = 2,
+                        .types = {OID_TEXT, OID_INT4},
+                        .fenced = 0},
 };
 
 /*

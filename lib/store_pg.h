@@ -92,6 +92,13 @@ struct pg_stmt {
     /* An update sent without waiting for its answer that fails (a division by zero) when it
      * changed nothing: its failure means the record is not this call's (IDEM_ELEASE). */
     int fenced;
+    /*
+     * Or NULL: the same statement for several rows at once, which the pipeline sends instead
+     * when this one is held back several times in a row (struct deferred).  Its parameter k is
+     * the array of parameter k's values, one a row: text[] where this one's value is sent as
+     * text, bytea[] where it is sent as bytes.  Fenced, it fails unless every row changed one.
+     */
+    const struct pg_stmt *many;
 };
 
 /*
@@ -103,6 +110,8 @@ struct pg_stmt {
  */
 #define DEFER_MAX 8
 #define DEFER_PARAMS 8
+/* Rows of one statement held back as one (its `many` form), at most. */
+#define DEFER_ROWS_MAX 64
 struct deferred {
     const char *what; /* names it in a message */
     char *sql;        /* a parameterless statement (owned), or NULL for: */
@@ -111,6 +120,16 @@ struct deferred {
     char *vals[DEFER_PARAMS];
     int lens[DEFER_PARAMS];
     int fmts[DEFER_PARAMS];
+    /*
+     * Rows held back: from 2, the statement's `many` form runs them all, and arr[k] holds
+     * parameter k's values as the elements of a binary array (each a 4-byte length, then its
+     * bytes), vals[] is unused.
+     */
+    int rows;
+    struct {
+        char *buf;
+        size_t len, cap;
+    } arr[DEFER_PARAMS];
 };
 
 struct idem_conn {

@@ -1772,9 +1772,9 @@ static void test_begin_async(struct idem_engine *eng, struct idem_store *st)
 }
 
 /*
- * Completions queued at once (PostgreSQL runs them several to a transaction: tx_batch.c) each end
- * as they would alone: one fenced out after a takeover fails (IDEM_ELEASE) and stores nothing,
- * and its neighbours complete.
+ * Completions queued at once (PostgreSQL runs them several to a transaction, as one statement:
+ * tx_batch.c, store_pg.c) each end as they would alone: one fenced out after a takeover fails
+ * (IDEM_ELEASE) and stores nothing, and its neighbours complete.
  */
 #define FA_CALLS 8
 

@@ -5,7 +5,8 @@
  * pipeline answer in order; one that fails stops those after it; statements held back go out with
  * the next one, which reports their failure; a fenced one that changes nothing is IDEM_ELEASE; a
  * statement the caller describes is prepared once per session; a BEGIN held back never reaches
- * the server when nothing follows it.
+ * the server when nothing follows it; rows of one statement held back in a row go out as one
+ * statement, which fails whole when one row is fenced out.
  */
 #include "store_pg.h"
 #include "t.h"
@@ -167,6 +168,111 @@ static void test_a_described_statement_is_prepared_once_and_fenced(void)
     session_end(c);
 }
 
+/*
+ * A fenced update of the test's own with a form for several rows (as the store's completions):
+ * it sets v and b of key k, if v is still 0.
+ */
+static const struct pg_stmt set_many = {
+    .id = 7,
+    .name = "test_set_many",
+    .sql = "WITH u AS (UPDATE pg_temp.held_rows r SET v = x.v::int4, b = x.b"
+           " FROM unnest($1::text[], $2::text[], $3::bytea[]) AS x(k, v, b)"
+           " WHERE r.k = x.k AND r.v = 0 RETURNING 1)"
+           " SELECT 1 / (count(*) = cardinality($1::text[]))::int4 FROM u",
+    .nparams = 3,
+    .types = {1009, 1009, 1001},
+    .fenced = 1,
+};
+static const struct pg_stmt set_one = {
+    .id = 6,
+    .name = "test_set_one",
+    .sql =
+        "WITH u AS (UPDATE pg_temp.held_rows SET v = $2, b = $3 WHERE k = $1 AND v = 0 RETURNING 1)"
+        " SELECT 1 / count(*)::int4 FROM u",
+    .nparams = 3,
+    .types = {25, 23, 17},
+    .fenced = 1,
+    .many = &set_many,
+};
+
+/* Defers set_one of key `k` to `v`, with bytes of `v` (a NUL among them) or NULL for b. */
+static int defer_set(struct idem_conn *c, const char *k, const char *v, int null_b)
+{
+    char bytes[3] = {v[0], '\0', v[0]};
+    const char *vals[3] = {k, v, null_b ? NULL : bytes};
+    const int lens[3] = {0, 0, 3};
+    const int fmts[3] = {0, 0, 1};
+
+    return idem__pg_defer_stmt(c, &set_one, vals, lens, fmts, "set");
+}
+
+/* "k:v:b-as-hex" of every row, in key order. */
+static void rows_are(struct idem_conn *c, const char *want)
+{
+    struct pipe_q q[1] = {idem__pg_q_simple(
+        "SELECT string_agg(k || ':' || v || ':' || coalesce(encode(b, 'hex'), '-'), ' ' ORDER BY k)"
+        " FROM pg_temp.held_rows",
+        "rows")};
+    int failed;
+
+    CHECK_INT(idem__pg_pipe_run(c, q, 1, &failed), 0);
+    CHECK(q[0].ok && PQntuples(q[0].res) == 1);
+    if (q[0].ok && PQntuples(q[0].res) == 1 && strcmp(PQgetvalue(q[0].res, 0, 0), want) != 0) {
+        fprintf(stderr, "rows: %s, want %s\n", PQgetvalue(q[0].res, 0, 0), want);
+        CHECK(0);
+    }
+    clear(q, 1);
+}
+
+static void test_rows_held_back_in_a_row_go_out_as_one_statement(void)
+{
+    struct idem_conn *c = session();
+    int failed;
+
+    CHECK_INT(
+        idem__pg_run_simple(c,
+                            "CREATE TEMP TABLE held_rows (k text PRIMARY KEY, v int4, b bytea);"
+                            "INSERT INTO held_rows VALUES ('a', 0, NULL), ('b', 0, NULL),"
+                            " ('c', 0, NULL), ('d', 0, NULL), ('e', 0, NULL)",
+                            "create"),
+        0);
+    /* Three in a row are one statement, its form for several rows; each row's values kept. */
+    idem__pg_defer_begin(c);
+    CHECK_INT(defer_set(c, "a", "1", 0), 0);
+    CHECK_INT(defer_set(c, "b", "2", 1), 0);
+    CHECK_INT(defer_set(c, "c", "3", 0), 0);
+    CHECK_INT(c->ndefer, 1);
+    CHECK_INT(c->defer[0].rows, 3);
+    /* Another statement between: not merged across it (the order stays the one given). */
+    CHECK_INT(idem__pg_defer_simple(c, "SELECT 1", "between"), 0);
+    CHECK_INT(defer_set(c, "d", "4", 0), 0);
+    CHECK_INT(c->ndefer, 3);
+    CHECK_INT(idem__pg_flush_deferred(c), 0);
+    CHECK_INT(c->prepared, (1u << 6) | (1u << 7));
+    rows_are(c, "a:1:310031 b:2:- c:3:330033 d:4:340034 e:0:-");
+    CHECK_INT(idem__pg_run_simple(c, "COMMIT", "commit"), 0);
+    idem__pg_tx_forget(c);
+
+    /* One row fenced out (a is set already) fails the whole statement: nothing of it stays. */
+    idem__pg_defer_begin(c);
+    CHECK_INT(defer_set(c, "e", "5", 0), 0);
+    CHECK_INT(defer_set(c, "a", "6", 0), 0);
+    CHECK_INT(c->defer[0].rows, 2);
+    CHECK_INT(idem__pg_pipe_run(c, NULL, 0, &failed), IDEM_ELEASE);
+    CHECK(strstr(c->errmsg, "no longer this call's") != NULL);
+    CHECK_INT(idem__pg_run_simple(c, "ROLLBACK", "rollback"), 0);
+    idem__pg_tx_forget(c);
+    /* As does a key twice: its second row changes nothing. */
+    idem__pg_defer_begin(c);
+    CHECK_INT(defer_set(c, "e", "5", 0), 0);
+    CHECK_INT(defer_set(c, "e", "7", 0), 0);
+    CHECK_INT(idem__pg_pipe_run(c, NULL, 0, &failed), IDEM_ELEASE);
+    CHECK_INT(idem__pg_run_simple(c, "ROLLBACK", "rollback"), 0);
+    idem__pg_tx_forget(c);
+    rows_are(c, "a:1:310031 b:2:- c:3:330033 d:4:340034 e:0:-");
+    session_end(c);
+}
+
 static void test_a_begin_with_nothing_after_it_never_reaches_the_server(void)
 {
     struct idem_conn *c = session();
@@ -197,5 +303,6 @@ int main(void)
     test_a_held_back_failure_is_reported_by_the_next_statement();
     test_a_described_statement_is_prepared_once_and_fenced();
     test_a_begin_with_nothing_after_it_never_reaches_the_server();
+    test_rows_held_back_in_a_row_go_out_as_one_statement();
     return t_done();
 }
