@@ -64,7 +64,7 @@ void idem__pg_deferred_clear(struct idem_conn *c)
         free(c->defer[i].sql);
         for (int j = 0; j < DEFER_PARAMS; j++) {
             free(c->defer[i].vals[j]);
-            free(c->defer[i].arr[j].buf);
+            idem__pg_array_clear(&c->defer[i].arr[j]);
         }
     }
     memset(c->defer, 0, sizeof(c->defer));
@@ -99,32 +99,47 @@ static void put_be32(char *p, uint32_t v)
     p[3] = (char)v;
 }
 
-/* Appends one element (NULL when `val` is) to the array `a`; 0, or IDEM_ENOMEM. */
-static int arr_put(struct deferred *d, int k, const char *val, size_t len)
+int idem__pg_array_add(struct pg_array *a, const char *val, size_t len)
 {
     size_t need = 4 + (val ? len : 0);
 
-    if (!d->arr[k].buf || d->arr[k].cap - d->arr[k].len < need) {
-        size_t cap = d->arr[k].cap ? d->arr[k].cap : 64;
+    if (!a->buf || a->cap - a->len < need) {
+        size_t cap = a->cap ? a->cap : 64;
         char *buf;
-        while (cap - d->arr[k].len < need) {
+        while (cap - (a->buf ? a->len : ARR_HEAD) < need) {
             if (cap > (size_t)INT_MAX / 2)
                 return IDEM_ENOMEM; /* (a parameter's length is an int) */
             cap *= 2;
         }
-        buf = realloc(d->arr[k].buf, cap);
+        buf = realloc(a->buf, cap);
         if (!buf)
             return IDEM_ENOMEM;
-        if (!d->arr[k].buf)
-            d->arr[k].len = ARR_HEAD; /* filled in when it is sent */
-        d->arr[k].buf = buf;
-        d->arr[k].cap = cap;
+        if (!a->buf)
+            a->len = ARR_HEAD; /* filled in by idem__pg_array_seal */
+        a->buf = buf;
+        a->cap = cap;
     }
-    put_be32(d->arr[k].buf + d->arr[k].len, val ? (uint32_t)len : 0xffffffffu);
+    put_be32(a->buf + a->len, val ? (uint32_t)len : 0xffffffffu);
     if (val)
-        memcpy(d->arr[k].buf + d->arr[k].len + 4, val, len);
-    d->arr[k].len += need;
+        memcpy(a->buf + a->len + 4, val, len);
+    a->len += need;
+    a->n++;
     return 0;
+}
+
+void idem__pg_array_seal(struct pg_array *a, int bytea)
+{
+    put_be32(a->buf, 1);
+    put_be32(a->buf + 4, 0);
+    put_be32(a->buf + 8, bytea ? OID_BYTEA : OID_TEXT);
+    put_be32(a->buf + 12, (uint32_t)a->n);
+    put_be32(a->buf + 16, 1);
+}
+
+void idem__pg_array_clear(struct pg_array *a)
+{
+    free(a->buf);
+    memset(a, 0, sizeof(*a));
 }
 
 /* Parameter k's value of row `vals` (the caller's convention: bytes where lens[k] is set). */
@@ -141,21 +156,24 @@ static size_t val_len(const char *const *vals, const int *lens, int k)
 static int deferred_add_row(struct deferred *d, const char *const *vals, const int *lens)
 {
     const int np = d->stmt->nparams;
-    size_t was[DEFER_PARAMS];
+    struct pg_array was[DEFER_PARAMS];
     int rc = 0;
 
     for (int k = 0; k < np; k++)
-        was[k] = d->arr[k].buf ? d->arr[k].len : ARR_HEAD;
+        was[k] = d->arr[k];
     for (int k = 0; k < np && rc == 0; k++) {
         if (d->rows == 1)
-            rc = arr_put(d, k, d->vals[k], val_len((const char *const *)d->vals, d->lens, k));
+            rc = idem__pg_array_add(&d->arr[k], d->vals[k],
+                                    val_len((const char *const *)d->vals, d->lens, k));
         if (rc == 0)
-            rc = arr_put(d, k, vals[k], val_len(vals, lens, k));
+            rc = idem__pg_array_add(&d->arr[k], vals[k], val_len(vals, lens, k));
     }
     if (rc < 0) {
         for (int k = 0; k < np; k++)
-            if (d->arr[k].buf)
-                d->arr[k].len = was[k];
+            if (d->arr[k].buf) {
+                d->arr[k].len = was[k].buf ? was[k].len : ARR_HEAD;
+                d->arr[k].n = was[k].n;
+            }
         return rc;
     }
     if (d->rows == 1)
@@ -178,6 +196,16 @@ static int joins(const struct deferred *d, const struct pg_stmt *stmt, const int
     return 1;
 }
 
+/* Adds `stmt`, a statement without parameters, to all[nall] (prepared first if need be). */
+static int add_plain(const struct idem_conn *c, struct pipe_q *all, int nall,
+                     const struct pg_stmt *stmt, const char *what)
+{
+    if (!(c->prepared & (1u << stmt->id)))
+        all[nall++] = idem__pg_q_prepare(stmt, what);
+    all[nall++] = idem__pg_q_exec(stmt->name, 0, NULL, NULL, NULL, 0, what);
+    return nall;
+}
+
 /*
  * Sends the deferred statements, then q[0..n), then a Sync, in one pipeline (one round trip), and
  * reads every answer.  Returns 0 when all succeeded (optional ones aside); else the first
@@ -188,7 +216,7 @@ static int joins(const struct deferred *d, const struct pg_stmt *stmt, const int
  */
 int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
 {
-    struct pipe_q all[1 + DEFER_MAX * 2 + 8];
+    struct pipe_q all[1 + DEFER_MAX * 6 + 8];
     /* The `many` forms' parameters: the arrays, sent as bytes */
     const char *mvals[DEFER_MAX][DEFER_PARAMS];
     int mlens[DEFER_MAX][DEFER_PARAMS], mfmts[DEFER_MAX][DEFER_PARAMS];
@@ -202,8 +230,8 @@ int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
         q[i].ok = 0;
         q[i].res = NULL;
     }
-    /* The BEGIN, each deferred statement with its preparation, then q. */
-    if (1 + 2 * c->ndefer + n > (int)(sizeof(all) / sizeof(all[0]))) {
+    /* The BEGIN, each deferred statement with its preparation (and its settings'), then q. */
+    if (1 + 6 * c->ndefer + n > (int)(sizeof(all) / sizeof(all[0]))) {
         idem__pg_set_msg(c, "pipeline", "too many statements at once", NULL);
         return IDEM_EINVAL;
     }
@@ -212,30 +240,32 @@ int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
     for (int i = 0; i < c->ndefer; i++) {
         struct deferred *d = &c->defer[i];
         const struct pg_stmt *stmt = d->rows > 1 ? d->stmt->many : d->stmt;
-        if (!d->sql && !(c->prepared & (1u << stmt->id)))
-            all[nall++] = idem__pg_q_prepare(stmt, d->what);
         if (d->sql) {
             all[nall++] = idem__pg_q_simple(d->sql, d->what);
-        } else if (d->rows > 1) {
+            continue;
+        }
+        /* The settings it is planned under, before it, and their undoing after it (a form for
+         * several rows: struct pg_stmt). */
+        if (stmt->before)
+            nall = add_plain(c, all, nall, stmt->before, d->what);
+        if (!(c->prepared & (1u << stmt->id)))
+            all[nall++] = idem__pg_q_prepare(stmt, d->what);
+        if (d->rows > 1) {
             for (int k = 0; k < stmt->nparams; k++) {
-                char *h = d->arr[k].buf;
-                put_be32(h, 1);
-                put_be32(h + 4, 0);
-                put_be32(h + 8, d->fmts[k] ? OID_BYTEA : OID_TEXT);
-                put_be32(h + 12, (uint32_t)d->rows);
-                put_be32(h + 16, 1);
-                mvals[i][k] = h;
+                idem__pg_array_seal(&d->arr[k], d->fmts[k]);
+                mvals[i][k] = d->arr[k].buf;
                 mlens[i][k] = (int)d->arr[k].len;
                 mfmts[i][k] = 1;
             }
             all[nall] = idem__pg_q_exec(stmt->name, stmt->nparams, mvals[i], mlens[i], mfmts[i], 0,
                                         d->what);
-            all[nall++].fenced = stmt->fenced;
         } else {
             all[nall] = idem__pg_q_exec(stmt->name, stmt->nparams, (const char *const *)d->vals,
                                         d->lens, d->fmts, 0, d->what);
-            all[nall++].fenced = stmt->fenced;
         }
+        all[nall++].fenced = stmt->fenced;
+        if (stmt->after)
+            nall = add_plain(c, all, nall, stmt->after, d->what);
     }
     nd = nall;
     for (int i = 0; i < n; i++)

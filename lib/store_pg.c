@@ -164,6 +164,28 @@ static const struct idem_migration idem_schema[] = {
     " AND (r.status = 1 OR r.lease_expires_ms <= excluded.created_ms)"
 
 /*
+ * A claim: the primary key decides -- a new key is inserted, an existing one is left alone,
+ * unless its retention ended and no live lease protects it, in which case the key is new again.
+ * Under READ COMMITTED, a concurrent claimer of the same key waits here for the first one's
+ * transaction, then sees its row (committed) and changes nothing, or inserts (rolled back).  The
+ * keys won (c) are in flight, in the same statement; a revived processing record is already.
+ */
+#define CLAIM_INSERT                                                                               \
+    "INSERT INTO idem_records AS r (principal, operation, idem_key, fingerprint, status,"          \
+    " recovery_point, lease_owner, lease_expires_ms, created_ms, expires_ms)"
+#define CLAIM_CONFLICT                                                                             \
+    " ON CONFLICT (principal, operation, idem_key) DO UPDATE SET"                                  \
+    " fingerprint = excluded.fingerprint, status = 0, recovery_point = excluded.recovery_point,"   \
+    " recovery_data = NULL, lease_owner = excluded.lease_owner,"                                   \
+    " lease_expires_ms = excluded.lease_expires_ms, response_status = NULL,"                       \
+    " response_headers = NULL, response_body = NULL, created_ms = excluded.created_ms,"            \
+    " expires_ms = excluded.expires_ms"                                                            \
+    " WHERE " RETENTION_LET_GO " RETURNING r.principal, r.operation, r.idem_key"
+#define CLAIM_INFLIGHT                                                                             \
+    "f AS (INSERT INTO idem_inflight (principal, operation, idem_key)"                             \
+    " SELECT principal, operation, idem_key FROM c ON CONFLICT DO NOTHING)"
+
+/*
  * A one-phase operation's record, inserted already completed (the claim's conflict rule: only a
  * record that retention let go is replaced).
  */
@@ -207,37 +229,20 @@ enum rec_stmt {
     RS_VERSION,
     RS_SET_VERSION,
     RS_COMPLETE_MANY,
+    RS_PLAN_PROBES,
+    RS_PLAN_RESTORE,
     RS_COUNT
 };
 _Static_assert(RS_COUNT <= 32, "a statement's id is its bit in c->prepared");
 
 static const struct pg_stmt rec_sql[RS_COUNT] = {
-    /*
-     * The primary key decides: a new key is inserted, an existing one is left alone -- unless its
-     * retention ended and no live lease protects it, in which case the key is new again.  Under
-     * READ COMMITTED, a concurrent claimer of the same key waits here for the first one's
-     * transaction, then sees its row (committed) and changes nothing, or inserts (rolled back).
-     */
+    /* A claim (CLAIM_INSERT): one row if the key was won. */
     [RS_CLAIM] = {.id = RS_CLAIM,
                   .name = "idem_claim",
                   .sql =
                       "WITH t AS (SELECT " DB_NOW_MS " AS now),"
-                      " c AS (INSERT INTO idem_records AS r (principal, operation, idem_key,"
-                      " fingerprint, status, recovery_point, lease_owner, lease_expires_ms,"
-                      " created_ms, expires_ms)"
-                      " SELECT $1, $2, $3, $4, 0, $8, $5, t.now + $6, t.now, t.now + $7 FROM t"
-                      " ON CONFLICT (principal, operation, idem_key) DO UPDATE SET"
-                      " fingerprint = excluded.fingerprint, status = 0,"
-                      " recovery_point = excluded.recovery_point,"
-                      " recovery_data = NULL, lease_owner = excluded.lease_owner,"
-                      " lease_expires_ms = excluded.lease_expires_ms, response_status = NULL,"
-                      " response_headers = NULL, response_body = NULL,"
-                      " created_ms = excluded.created_ms, expires_ms = excluded.expires_ms"
-                      " WHERE " RETENTION_LET_GO " RETURNING r.principal, r.operation, r.idem_key),"
-                      /* A revived processing record is in flight already. */
-                      " f AS (INSERT INTO idem_inflight (principal, operation, idem_key)"
-                      " SELECT principal, operation, idem_key FROM c ON CONFLICT DO NOTHING)"
-                      " SELECT 1 FROM c",
+                      " c AS (" CLAIM_INSERT " SELECT $1, $2, $3, $4, 0, $8, $5, t.now + $6, t.now,"
+                      " t.now + $7 FROM t" CLAIM_CONFLICT "), " CLAIM_INFLIGHT " SELECT 1 FROM c",
                   .nparams = 8,
                   .types = {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_TEXT, OID_INT8, OID_INT8,
                             OID_TEXT},
@@ -308,7 +313,44 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
                           .types = {OID_TEXT_ARRAY, OID_TEXT_ARRAY, OID_TEXT_ARRAY, OID_TEXT_ARRAY,
                                     OID_TEXT_ARRAY, OID_BYTEA_ARRAY, OID_TEXT_ARRAY},
                           .fenced = 1,
-                          .many = NULL},
+                          .many = NULL,
+                          .before = &rec_sql[RS_PLAN_PROBES],
+                          .after = &rec_sql[RS_PLAN_RESTORE]},
+    /*
+     * The plan of a statement for several rows, set before it and undone after it (its `before`
+     * and `after`): one plan for every count of rows (generic), each row probing the primary key.
+     * Left to choose, PostgreSQL plans a short batch's statement anew each time -- a custom plan
+     * knows the arrays' lengths, which makes it look cheaper than the generic one -- and the
+     * planning costs more than the statement; and a generic plan made while the table is small
+     * joins by hashing a scan of the whole table, and stays until the table's statistics change.
+     * With hash and merge joins and sequential scans off, the one join left is a nested loop over
+     * the rows, each an index scan of the primary key.  The values they had are kept in settings
+     * of the store's own (idem.*) and put back, so the rest of the transaction is planned as ever.
+     */
+    [RS_PLAN_PROBES] =
+        {.id = RS_PLAN_PROBES,
+         .name = "idem_plan_probes",
+         .sql = "SELECT set_config('idem.pcm', current_setting('plan_cache_mode'), true),"
+                " set_config('idem.hj', current_setting('enable_hashjoin'), true),"
+                " set_config('idem.mj', current_setting('enable_mergejoin'), true),"
+                " set_config('idem.ss', current_setting('enable_seqscan'), true),"
+                " set_config('plan_cache_mode', 'force_generic_plan', true),"
+                " set_config('enable_hashjoin', 'off', true),"
+                " set_config('enable_mergejoin', 'off', true),"
+                " set_config('enable_seqscan', 'off', true)",
+         .nparams = 0,
+         .types = {0},
+         .fenced = 0},
+    [RS_PLAN_RESTORE] =
+        {.id = RS_PLAN_RESTORE,
+         .name = "idem_plan_restore",
+         .sql = "SELECT set_config('plan_cache_mode', current_setting('idem.pcm'), true),"
+                " set_config('enable_hashjoin', current_setting('idem.hj'), true),"
+                " set_config('enable_mergejoin', current_setting('idem.mj'), true),"
+                " set_config('enable_seqscan', current_setting('idem.ss'), true)",
+         .nparams = 0,
+         .types = {0},
+         .fenced = 0},
     /* Ends the key in flight too: the record it replaced may have been a processing one. */
     [RS_INSERT_COMPLETED] = {.id = RS_INSERT_COMPLETED,
                              .name = "idem_insert_completed",
@@ -1132,25 +1174,34 @@ static int rec_run(struct idem_conn *c, enum rec_stmt k, const char *const *vals
     for (int attempt = 1;; attempt++) {
         int in_tx = c->in_tx;
         int first = c->tx_stmts == 0;
-        struct pipe_q q[2];
+        struct pipe_q q[6];
         int n = 0, failed;
 
         if (c->broken) {
             idem__pg_set_msg(c, what, "the connection was lost", NULL);
             rc = IDEM_EUNAVAIL;
         } else {
+            const struct pg_stmt *before = rec_sql[k].before, *after = rec_sql[k].after;
+            int at;
+            if (before && !(c->prepared & (1u << before->id)))
+                q[n++] = idem__pg_q_prepare(before, what);
+            if (before)
+                q[n++] = idem__pg_q_exec(before->name, 0, NULL, NULL, NULL, 0, what);
             if (!(c->prepared & (1u << k)))
                 q[n++] = idem__pg_q_prepare(&rec_sql[k], what);
+            at = n;
             q[n++] = idem__pg_q_exec(rec_sql[k].name, rec_sql[k].nparams, vals, lens, fmts, binary,
                                      what);
+            if (after && !(c->prepared & (1u << after->id)))
+                q[n++] = idem__pg_q_prepare(after, what);
+            if (after)
+                q[n++] = idem__pg_q_exec(after->name, 0, NULL, NULL, NULL, 0, what);
             rc = idem__pg_pipe_run(c, q, n, &failed);
-            for (int i = 0; i < n - 1; i++)
-                PQclear(q[i].res);
-            if (rc == 0) {
-                *out = q[n - 1].res;
-            } else {
-                PQclear(q[n - 1].res);
-            }
+            for (int i = 0; i < n; i++)
+                if (i != at || rc != 0)
+                    PQclear(q[i].res);
+            if (rc == 0)
+                *out = q[at].res;
         }
         if (in_tx)
             c->tx_stmts++;

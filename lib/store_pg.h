@@ -99,6 +99,23 @@ struct pg_stmt {
      * text, bytea[] where it is sent as bytes.  Fenced, it fails unless every row changed one.
      */
     const struct pg_stmt *many;
+    /*
+     * Or NULL: statements without parameters that the pipeline runs right before this one and
+     * right after it, in the same round trip -- the settings it is to be planned under, and
+     * their undoing, so that they bind no other statement of the transaction.
+     */
+    const struct pg_stmt *before, *after;
+};
+
+/*
+ * A parameter that is an array (text[] or bytea[]) in PostgreSQL's binary form, built an element
+ * at a time: a header -- dimensions, flags, the element type, the length, the lower bound --
+ * then each element as its 4-byte length (-1: NULL) and its bytes.
+ */
+struct pg_array {
+    char *buf; /* owned; the header is written by idem__pg_array_seal */
+    size_t len, cap;
+    int n; /* elements */
 };
 
 /*
@@ -126,10 +143,7 @@ struct deferred {
      * bytes), vals[] is unused.
      */
     int rows;
-    struct {
-        char *buf;
-        size_t len, cap;
-    } arr[DEFER_PARAMS];
+    struct pg_array arr[DEFER_PARAMS];
 };
 
 struct idem_conn {
@@ -217,6 +231,12 @@ int idem__pg_flush_deferred(struct idem_conn *c);
 int idem__pg_defer_simple(struct idem_conn *c, const char *sql, const char *what);
 int idem__pg_defer_stmt(struct idem_conn *c, const struct pg_stmt *stmt, const char *const *vals,
                         const int *lens, const int *fmts, const char *what);
+/* Appends an element (NULL when `val` is) to `a`: 0, or IDEM_ENOMEM with `a` unchanged. */
+int idem__pg_array_add(struct pg_array *a, const char *val, size_t len);
+/* Writes `a`'s header (its elements bytea, or text): a->buf and a->len are the parameter. */
+void idem__pg_array_seal(struct pg_array *a, int bytea);
+/* Frees `a`'s bytes; it is empty again. */
+void idem__pg_array_clear(struct pg_array *a);
 /* Begins a transaction whose BEGIN goes out with its first statement. */
 void idem__pg_defer_begin(struct idem_conn *c);
 /* Forgets the connection's transaction (ended or abandoned): nothing held back, no notices. */

@@ -172,6 +172,18 @@ static void test_a_described_statement_is_prepared_once_and_fenced(void)
  * A fenced update of the test's own with a form for several rows (as the store's completions):
  * it sets v and b of key k, if v is still 0.
  */
+/* Its plan's settings, before it and after it: the store's kind (store_pg.c, RS_PLAN_PROBES). */
+static const struct pg_stmt plan_generic = {
+    .id = 8,
+    .name = "test_plan_generic",
+    .sql = "SELECT set_config('test.pcm', current_setting('plan_cache_mode'), true),"
+           " set_config('plan_cache_mode', 'force_generic_plan', true)",
+};
+static const struct pg_stmt plan_restore = {
+    .id = 9,
+    .name = "test_plan_restore",
+    .sql = "SELECT set_config('plan_cache_mode', current_setting('test.pcm'), true)",
+};
 static const struct pg_stmt set_many = {
     .id = 7,
     .name = "test_set_many",
@@ -182,6 +194,8 @@ static const struct pg_stmt set_many = {
     .nparams = 3,
     .types = {1009, 1009, 1001},
     .fenced = 1,
+    .before = &plan_generic,
+    .after = &plan_restore,
 };
 static const struct pg_stmt set_one = {
     .id = 6,
@@ -224,6 +238,24 @@ static void rows_are(struct idem_conn *c, const char *want)
     clear(q, 1);
 }
 
+/* "generic custom plan_cache_mode" of the statement for several rows. */
+static void plans_are(struct idem_conn *c, const char *want)
+{
+    struct pipe_q q[1] = {idem__pg_q_simple(
+        "SELECT generic_plans || ' ' || custom_plans || ' ' || current_setting('plan_cache_mode')"
+        " FROM pg_prepared_statements WHERE name = 'test_set_many'",
+        "plans")};
+    int failed;
+
+    CHECK_INT(idem__pg_pipe_run(c, q, 1, &failed), 0);
+    CHECK(q[0].ok && PQntuples(q[0].res) == 1);
+    if (q[0].ok && PQntuples(q[0].res) == 1 && strcmp(PQgetvalue(q[0].res, 0, 0), want) != 0) {
+        fprintf(stderr, "plans: %s, want %s\n", PQgetvalue(q[0].res, 0, 0), want);
+        CHECK(0);
+    }
+    clear(q, 1);
+}
+
 static void test_rows_held_back_in_a_row_go_out_as_one_statement(void)
 {
     struct idem_conn *c = session();
@@ -248,8 +280,10 @@ static void test_rows_held_back_in_a_row_go_out_as_one_statement(void)
     CHECK_INT(defer_set(c, "d", "4", 0), 0);
     CHECK_INT(c->ndefer, 3);
     CHECK_INT(idem__pg_flush_deferred(c), 0);
-    CHECK_INT(c->prepared, (1u << 6) | (1u << 7));
+    CHECK_INT(c->prepared, (1u << 6) | (1u << 7) | (1u << 8) | (1u << 9));
     rows_are(c, "a:1:310031 b:2:- c:3:330033 d:4:340034 e:0:-");
+    /* Planned once (generic), not for each count of rows; the session's setting left alone. */
+    plans_are(c, "1 0 auto");
     CHECK_INT(idem__pg_run_simple(c, "COMMIT", "commit"), 0);
     idem__pg_tx_forget(c);
 
