@@ -1043,7 +1043,8 @@ int idem_call_begin_async(struct idem_engine *eng, const struct idem_operation *
     *a = (struct claim_async){{call, 0}, clock_mono_ms(), begun, arg};
     call->state = CALL_CLAIMING;
     rc = idem__tx_run_async(eng->st, &call->job_slot, claim_job_run, &a->job,
-                            IDEM__TX_ONE_STATEMENT, claim_async_done, call, err, sizeof(err));
+                            IDEM__TX_ONE_STATEMENT | IDEM__TX_CLAIM, claim_async_done, call, err,
+                            sizeof(err));
     if (rc < 0) {
         call_free(call);
         return rc;

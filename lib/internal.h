@@ -132,6 +132,13 @@ struct idem__job_slot {
  * others run again without it.
  */
 #define IDEM__TX_RERUNNABLE 2u
+/*
+ * idem__tx_run_async()'s flag: `fn` is a claim -- its one statement a record_insert, which it
+ * calls first, its writes nothing else -- so a batch may run it once more, before any of its
+ * jobs, on a connection that only collects the claims (claims_collect); that run's answer means
+ * nothing.
+ */
+#define IDEM__TX_CLAIM 4u
 
 /*
  * The page of unfinished records (idem_store_records_unfinished() keeps only their scopes) with
@@ -184,9 +191,11 @@ struct idem__job_slot {
 /*
  * The versions of struct idem_conn_methods.  IDEM__CONN_V_COMMIT_CHECKS: adds whole_tx and
  * batch_tx, for a connection that may leave a statement's check to the COMMIT.
+ * IDEM__CONN_V_CLAIMS_AHEAD: adds claims_collect, for one that claims a batch's keys at once.
  */
 #define IDEM__CONN_V_BASE 1
 #define IDEM__CONN_V_COMMIT_CHECKS 2
+#define IDEM__CONN_V_CLAIMS_AHEAD 3
 
 /*
  * What a store backend implements, in two tables as SQLite's sqlite3_vfs and sqlite3_io_methods:
@@ -303,6 +312,16 @@ struct idem_conn_methods {
      * application statement).
      */
     void (*batch_tx)(struct idem_conn *c);
+
+    /* ---- version 3 (IDEM__CONN_V_CLAIMS_AHEAD) ---- */
+    /*
+     * Between claims_collect(c, 1) and claims_collect(c, 0), after batch_tx, `record_insert`
+     * only notes its claim (*inserted = 0, nothing sent): the batch's claim jobs (IDEM__TX_CLAIM)
+     * run once so, before any job runs.  The first noted claim that then runs for real claims
+     * every noted key in one statement, and each later one answers from it, as each would have
+     * alone at that point of the transaction.
+     */
+    void (*claims_collect)(struct idem_conn *c, int on);
 };
 
 struct idem_store_methods {

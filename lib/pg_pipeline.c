@@ -443,9 +443,26 @@ void idem__pg_defer_begin(struct idem_conn *c)
     c->begin_deferred = 1;
 }
 
+void idem__pg_ahead_clear(struct idem_conn *c)
+{
+    for (int i = 0; i < c->nahead; i++) {
+        struct claim_ahead *a = &c->ahead[i];
+        free(a->principal);
+        free(a->operation);
+        free(a->key);
+        free(a->owner);
+        free(a->point);
+    }
+    memset(c->ahead, 0, sizeof(c->ahead[0]) * (size_t)c->nahead);
+    c->nahead = 0;
+    c->collecting = 0;
+    c->ahead_ran = 0;
+}
+
 void idem__pg_tx_forget(struct idem_conn *c)
 {
     idem__pg_deferred_clear(c);
+    idem__pg_ahead_clear(c);
     c->in_tx = 0;
     c->nnotify = 0;
     c->claimed_open = 0;

@@ -212,6 +212,7 @@ static const struct idem_migration idem_schema[] = {
 /* The store's own statements: rec_sql[k] describes statement k, whose id is k. */
 enum rec_stmt {
     RS_CLAIM,
+    RS_CLAIM_MANY,
     RS_GET,
     RS_TAKEOVER,
     RS_ADVANCE,
@@ -247,6 +248,28 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
                   .types = {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_TEXT, OID_INT8, OID_INT8,
                             OID_TEXT},
                   .fenced = 0},
+    /*
+     * The claims of a batch's jobs (noted ahead: claims_collect), one row of the arrays each,
+     * the keys distinct (a key twice would fail the statement: an INSERT ... ON CONFLICT DO
+     * UPDATE may not touch a row twice).  It answers with the keys won.  It needs no settings
+     * of its plan: it joins nothing, and PostgreSQL settles on its generic plan after five runs
+     * (a custom plan for the arrays' lengths costs the same to run, and more to make).
+     */
+    [RS_CLAIM_MANY] = {.id = RS_CLAIM_MANY,
+                       .name = "idem_claim_many",
+                       .sql =
+                           "WITH t AS (SELECT " DB_NOW_MS " AS now),"
+                           " c AS (" CLAIM_INSERT " SELECT v.principal, v.operation, v.idem_key,"
+                           " v.fingerprint, 0, v.point, v.owner, t.now + v.lease::int8, t.now,"
+                           " t.now + v.ttl::int8 FROM t, unnest($1::text[], $2::text[], $3::text[],"
+                           " $4::bytea[], $5::text[], $6::text[], $7::text[], $8::text[])"
+                           " AS v(principal, operation, idem_key, fingerprint, owner, lease, ttl, "
+                           "point)" CLAIM_CONFLICT "), " CLAIM_INFLIGHT
+                           " SELECT principal, operation, idem_key FROM c",
+                       .nparams = 8,
+                       .types = {OID_TEXT_ARRAY, OID_TEXT_ARRAY, OID_TEXT_ARRAY, OID_BYTEA_ARRAY,
+                                 OID_TEXT_ARRAY, OID_TEXT_ARRAY, OID_TEXT_ARRAY, OID_TEXT_ARRAY},
+                       .fenced = 0},
     /* One row always: the database's time, and the record's columns (NULL when there is none). */
     [RS_GET] =
         {.id = RS_GET,
@@ -646,6 +669,7 @@ static int reconnect(struct idem_conn *c)
     c->broken = 0;
     c->in_tx = 0;
     idem__pg_deferred_clear(c);
+    idem__pg_ahead_clear(c);
     cache_reset(c);
     return idem__pg_session_setup(c);
 }
@@ -657,6 +681,7 @@ static void pg_close(struct idem_conn *c)
     for (int i = 0; i < STMT_CACHE; i++)
         free(c->cache[i].sql);
     idem__pg_deferred_clear(c);
+    idem__pg_ahead_clear(c);
     PQfinish(c->pg);
     free(c);
 }
@@ -1249,6 +1274,136 @@ static void notify_after_commit(struct idem_conn *c, const struct idem_scope *s)
         memcpy(c->notify[c->nnotify++], payload, sizeof(payload));
 }
 
+/* What a claim noted ahead came to (struct claim_ahead). */
+enum { AHEAD_NOTED, AHEAD_WON, AHEAD_TAKEN, AHEAD_TOLD };
+
+/* The claim noted ahead that is exactly this one, not yet told; or -1. */
+static int ahead_find(const struct idem_conn *c, const struct idem_scope *s,
+                      const unsigned char fp[IDEM_FP_LEN], const char *owner, int64_t lease_ms,
+                      int64_t ttl_ms, const char *point)
+{
+    for (int i = 0; i < c->nahead; i++) {
+        const struct claim_ahead *a = &c->ahead[i];
+        if (a->state != AHEAD_TOLD && strcmp(a->principal, s->principal) == 0 &&
+            strcmp(a->operation, s->operation) == 0 && strcmp(a->key, s->key) == 0 &&
+            strcmp(a->owner, owner) == 0 && strcmp(a->point, point) == 0 &&
+            a->lease_ms == lease_ms && a->ttl_ms == ttl_ms && memcmp(a->fp, fp, IDEM_FP_LEN) == 0)
+            return i;
+    }
+    return -1;
+}
+
+/*
+ * Notes a claim while collecting (claims_collect).  A key noted already is not noted again: its
+ * second claim runs as a statement of its own, after the first, as it would have alone.  Past
+ * AHEAD_MAX, or out of memory, a claim is simply not noted and runs alone too.
+ */
+static void ahead_note(struct idem_conn *c, const struct idem_scope *s,
+                       const unsigned char fp[IDEM_FP_LEN], const char *owner, int64_t lease_ms,
+                       int64_t ttl_ms, const char *point)
+{
+    struct claim_ahead *a = &c->ahead[c->nahead];
+
+    if (c->nahead == AHEAD_MAX)
+        return;
+    for (int i = 0; i < c->nahead; i++)
+        if (strcmp(c->ahead[i].principal, s->principal) == 0 &&
+            strcmp(c->ahead[i].operation, s->operation) == 0 &&
+            strcmp(c->ahead[i].key, s->key) == 0)
+            return;
+    a->principal = idem__strdup(s->principal);
+    a->operation = idem__strdup(s->operation);
+    a->key = idem__strdup(s->key);
+    a->owner = idem__strdup(owner);
+    a->point = idem__strdup(point);
+    if (!a->principal || !a->operation || !a->key || !a->owner || !a->point) {
+        free(a->principal);
+        free(a->operation);
+        free(a->key);
+        free(a->owner);
+        free(a->point);
+        memset(a, 0, sizeof(*a));
+        return;
+    }
+    memcpy(a->fp, fp, IDEM_FP_LEN);
+    a->lease_ms = lease_ms;
+    a->ttl_ms = ttl_ms;
+    a->state = AHEAD_NOTED;
+    c->nahead++;
+}
+
+/* Runs the claims noted ahead as one statement (RS_CLAIM_MANY); each one's state is its answer. */
+static int ahead_run(struct idem_conn *c)
+{
+    struct claim_ahead kept[AHEAD_MAX];
+    const int n = c->nahead;
+    struct pg_array arr[8] = {{0}};
+    const char *vals[8];
+    int lens[8];
+    const int fmts[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    PGresult *res = NULL;
+    int rc = 0;
+
+    for (int i = 0; i < c->nahead && rc == 0; i++) {
+        const struct claim_ahead *a = &c->ahead[i];
+        char lease[24], ttl[24];
+        idem__fmt(lease, sizeof(lease), "%lld", (long long)a->lease_ms);
+        idem__fmt(ttl, sizeof(ttl), "%lld", (long long)a->ttl_ms);
+        if (idem__pg_array_add(&arr[0], a->principal, strlen(a->principal)) < 0 ||
+            idem__pg_array_add(&arr[1], a->operation, strlen(a->operation)) < 0 ||
+            idem__pg_array_add(&arr[2], a->key, strlen(a->key)) < 0 ||
+            idem__pg_array_add(&arr[3], (const char *)a->fp, IDEM_FP_LEN) < 0 ||
+            idem__pg_array_add(&arr[4], a->owner, strlen(a->owner)) < 0 ||
+            idem__pg_array_add(&arr[5], lease, strlen(lease)) < 0 ||
+            idem__pg_array_add(&arr[6], ttl, strlen(ttl)) < 0 ||
+            idem__pg_array_add(&arr[7], a->point, strlen(a->point)) < 0)
+            rc = IDEM_ENOMEM;
+    }
+    if (rc < 0) {
+        idem__pg_set_msg(c, "claim", "out of memory", NULL);
+        goto out;
+    }
+    for (int k = 0; k < 8; k++) {
+        idem__pg_array_seal(&arr[k], k == 3);
+        vals[k] = arr[k].buf;
+        lens[k] = (int)arr[k].len;
+    }
+    /* Kept aside while it runs: a retry begins the transaction again, which forgets them. */
+    memcpy(kept, c->ahead, sizeof(kept[0]) * (size_t)n);
+    c->nahead = 0;
+    rc = rec_run(c, RS_CLAIM_MANY, vals, lens, fmts, 0, "claim", &res);
+    idem__pg_ahead_clear(c);
+    memcpy(c->ahead, kept, sizeof(kept[0]) * (size_t)n);
+    c->nahead = n;
+    if (rc < 0)
+        goto out;
+    for (int i = 0; i < c->nahead; i++)
+        c->ahead[i].state = AHEAD_TAKEN;
+    for (int row = 0; row < PQntuples(res); row++) {
+        for (int i = 0; i < c->nahead; i++) {
+            struct claim_ahead *a = &c->ahead[i];
+            if (strcmp(a->principal, PQgetvalue(res, row, 0)) == 0 &&
+                strcmp(a->operation, PQgetvalue(res, row, 1)) == 0 &&
+                strcmp(a->key, PQgetvalue(res, row, 2)) == 0)
+                a->state = AHEAD_WON;
+        }
+    }
+    c->ahead_ran = 1;
+out:
+    for (int k = 0; k < 8; k++)
+        idem__pg_array_clear(&arr[k]);
+    PQclear(res);
+    return rc;
+}
+
+static void pg_claims_collect(struct idem_conn *c, int on)
+{
+    c->collecting = on;
+    /* One claim is cheaper as the statement for one. */
+    if (!on && c->nahead < 2)
+        idem__pg_ahead_clear(c);
+}
+
 static int pg_record_insert(struct idem_conn *c, const struct idem_scope *s,
                             const unsigned char fp[IDEM_FP_LEN], const char *owner,
                             int64_t lease_ms, int64_t ttl_ms, const char *point, int *inserted)
@@ -1259,19 +1414,36 @@ static int pg_record_insert(struct idem_conn *c, const struct idem_scope *s,
     const int lens[8] = {0, 0, 0, IDEM_FP_LEN, 0, 0, 0, 0};
     const int fmts[8] = {0, 0, 0, 1, 0, 0, 0, 0};
     PGresult *res = NULL;
-    int rc;
+    int ahead = -1;
+    int rc = 0;
 
     *inserted = 0;
-    idem__fmt(lease, sizeof(lease), "%lld", (long long)lease_ms);
-    idem__fmt(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
-    rc = rec_run(c, RS_CLAIM, vals, lens, fmts, 0, "claim", &res);
-    if (rc == 0)
-        *inserted = changed_of(res) == 1;
+    if (c->collecting) {
+        ahead_note(c, s, fp, owner, lease_ms, ttl_ms, point);
+        return 0;
+    }
+    if (c->nahead > 0 && c->in_tx)
+        ahead = ahead_find(c, s, fp, owner, lease_ms, ttl_ms, point);
+    if (ahead >= 0) {
+        /* The batch's claims, all at once when the first of them runs. */
+        if (!c->ahead_ran)
+            rc = ahead_run(c);
+        if (rc < 0)
+            return rc;
+        *inserted = c->ahead[ahead].state == AHEAD_WON;
+        c->ahead[ahead].state = AHEAD_TOLD;
+    } else {
+        idem__fmt(lease, sizeof(lease), "%lld", (long long)lease_ms);
+        idem__fmt(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
+        rc = rec_run(c, RS_CLAIM, vals, lens, fmts, 0, "claim", &res);
+        if (rc == 0)
+            *inserted = changed_of(res) == 1;
+        PQclear(res);
+    }
     if (*inserted && c->in_tx) {
         c->claimed = idem__pg_scope_hash(s);
         c->claimed_open = 1;
     }
-    PQclear(res);
     return rc;
 }
 
@@ -1727,7 +1899,7 @@ static void pg_store_close(struct idem_store *st)
 }
 
 static const struct idem_conn_methods pg_conn_methods = {
-    .version = IDEM__CONN_V_COMMIT_CHECKS,
+    .version = IDEM__CONN_V_CLAIMS_AHEAD,
     .conn_close = pg_close,
     .errmsg = pg_errmsg,
     .conn_ok = pg_conn_ok,
@@ -1752,6 +1924,7 @@ static const struct idem_conn_methods pg_conn_methods = {
     .schema_set = pg_schema_set,
     .whole_tx = pg_whole_tx,
     .batch_tx = pg_batch_tx,
+    .claims_collect = pg_claims_collect,
 };
 
 const struct idem_store_methods idem__pg_methods = {

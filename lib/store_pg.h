@@ -146,6 +146,18 @@ struct deferred {
     struct pg_array arr[DEFER_PARAMS];
 };
 
+/*
+ * A claim noted ahead (claims_collect: a batch's claim jobs), answered by the batch's one claim
+ * statement when the first of them runs.
+ */
+#define AHEAD_MAX 32
+struct claim_ahead {
+    char *principal, *operation, *key, *owner, *point; /* owned */
+    unsigned char fp[IDEM_FP_LEN];
+    int64_t lease_ms, ttl_ms;
+    int state; /* AHEAD_NOTED, then AHEAD_WON or AHEAD_TAKEN, then AHEAD_TOLD (store_pg.c) */
+};
+
 struct idem_conn {
     PGconn *pg;
     struct pg_shared *sh;
@@ -163,6 +175,11 @@ struct idem_conn {
     int claimed_open;
     int whole; /* a whole transaction (idem__tx_run): only its COMMIT follows its statements */
     int batch; /* a batch's transaction (tx_batch.c): a failed statement may doom it */
+    /* This transaction's claims noted ahead, while `collecting` and then until it ends. */
+    struct claim_ahead ahead[AHEAD_MAX];
+    int nahead;
+    int collecting;
+    int ahead_ran;      /* their statement ran: each one's state is its answer */
     unsigned prepared;  /* bit k: the session knows the struct pg_stmt whose id is k */
     char notify[4][17]; /* scopes (hashes) to announce once the transaction commits */
     int nnotify;
@@ -239,6 +256,8 @@ void idem__pg_array_seal(struct pg_array *a, int bytea);
 void idem__pg_array_clear(struct pg_array *a);
 /* Begins a transaction whose BEGIN goes out with its first statement. */
 void idem__pg_defer_begin(struct idem_conn *c);
+/* Forgets the claims noted ahead (struct claim_ahead). */
+void idem__pg_ahead_clear(struct idem_conn *c);
 /* Forgets the connection's transaction (ended or abandoned): nothing held back, no notices. */
 void idem__pg_tx_forget(struct idem_conn *c);
 /* Runs one of the store's own parameterless statements, after what is deferred. */

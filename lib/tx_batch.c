@@ -14,7 +14,9 @@
  * A notice's callback runs on the runner while it holds nothing of the store's, so it may use
  * libidem as any thread may (a blocking call only delays that runner's next batch).  Measured on
  * orderd's create (docs/postgres.md, "Batches"): about half the server's CPU per order and half
- * orderd's.
+ * orderd's.  Before its jobs run, a batch tells its connection the claims among them
+ * (IDEM__TX_CLAIM: idem-gateway's fresh keys; collect_claims), and the backend claims them all
+ * in one statement when the first of them runs: a round trip for the batch's claims, not one each.
  *
  * Why no answer can come from a write a crash could take back:
  * - A job's notice is told only once the batch's COMMIT was acknowledged.  The server
@@ -71,6 +73,7 @@ struct batch_job {
     void *arg;
     idem__commit_done done;
     void *done_arg;
+    unsigned flags;               /* IDEM__TX_CLAIM: its claim is collected ahead */
     int rc;                       /* fn's word in the batch: 0 or IDEM__TX_DISCARD; then its end */
     char errmsg[IDEM_ERRMSG_MAX]; /* why it failed, kept until it is told */
 };
@@ -156,6 +159,27 @@ static int run_alone(const struct idem__batch_source *src, struct idem_conn *c, 
 }
 
 /*
+ * The claims of a batch's claim jobs, told to `c` before any job runs, when there are two or
+ * more: the backend claims them all in one statement when the first of them runs (struct
+ * idem_conn_methods, claims_collect).  What each job's run says here is not its answer.
+ */
+static void collect_claims(const struct idem_conn_methods *cm, struct idem_conn *c,
+                           struct batch_job *jobs)
+{
+    int n = 0;
+
+    for (struct batch_job *j = jobs; j && n < 2; j = j->next)
+        n += (j->flags & IDEM__TX_CLAIM) != 0;
+    if (n < 2)
+        return;
+    cm->claims_collect(c, 1);
+    for (struct batch_job *j = jobs; j; j = j->next)
+        if (j->flags & IDEM__TX_CLAIM)
+            (void)j->fn(c, j->arg);
+    cm->claims_collect(c, 0);
+}
+
+/*
  * Runs `jobs` (two or more) in one transaction on `c`.  Returns 1 once it told each job that the
  * batch committed, 2 once it told each that the connection was lost (`err` says why), or 0 when
  * the batch rolled back with nothing of it committed and the connection still good: run each
@@ -176,6 +200,8 @@ static int run_together(const struct idem__batch_source *src, struct idem_conn *
             cm->whole_tx(c);
             cm->batch_tx(c);
         }
+        if (cm->version >= IDEM__CONN_V_CLAIMS_AHEAD)
+            collect_claims(cm, c, jobs);
         for (struct batch_job *j = jobs; j && rc == 0; j = j->next) {
             j->rc = j->fn(c, j->arg);
             if (j->rc < 0)
@@ -313,8 +339,9 @@ int idem__batch_run_async(struct idem__batcher *b, struct idem__job_slot *slot, 
     const char *why = idem_strerror(IDEM_ENOMEM);
     int rc = IDEM_ENOMEM;
 
-    (void)flags; /* every job may run again alone (see the top of this file) */
+    /* (Every job may run again alone, whatever its flags: see the top of this file.) */
     j->next = NULL;
+    j->flags = flags;
     j->fn = fn;
     j->arg = arg;
     j->done = done;

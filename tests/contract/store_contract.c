@@ -1833,6 +1833,123 @@ static void test_complete_async_fenced_alone(struct idem_engine *eng, struct ide
     idem_engine_free(nocache);
 }
 
+/*
+ * Claims queued at once (PostgreSQL claims a batch's keys in one statement: tx_batch.c,
+ * store_pg.c) each end as they would alone: fresh keys and a key whose retention ended are won,
+ * a completed key, one held under a live lease and a stalled one (its lease ran out, its
+ * retention did not) are taken, and of one key claimed by two engines at once exactly one wins.
+ */
+#define CA_FRESH 4
+
+static void test_claims_async_each_alone(struct idem_engine *eng, struct idem_store *st)
+{
+    static const struct idem_operation short_op = {
+        .name = "contract.point", .lease_ms = 50, .wait_ms = 10, .claim_point = "forwarded"};
+    static const struct idem_operation brief_op = {
+        .name = "contract.point", .ttl_ms = 1, .lease_ms = 50, .claim_point = "forwarded"};
+    static const char *const taken[] = {"ca-done", "ca-held", "ca-stalled"};
+    struct idem_engine_options o = {.replay_cache_bytes = IDEM_REPLAY_CACHE_OFF};
+    struct idem_engine *nocache = NULL, *other = NULL;
+    struct async_step fresh[CA_FRESH], old[3], gone, twice[2];
+    struct idem_call *held = NULL, *call = NULL;
+    enum idem_outcome oc;
+    unsigned char fp[IDEM_FP_LEN];
+    char key[32];
+    int won = 0;
+
+    CHECK_INT(idem_engine_new(st, &o, &nocache), 0);
+    CHECK_INT(idem_engine_new(st, NULL, &other), 0);
+    fp_of("{\"async\":3}", fp);
+    /* Completed; held under a live lease; stalled; and a record whose retention ended. */
+    CHECK_INT(idem_call_begin(nocache, &point_op, "alice", "ca-done", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_complete(call, 201, NULL, 0, "done", 4), 0);
+    idem_call_end(call);
+    CHECK_INT(idem_call_begin(nocache, &point_op, "alice", "ca-held", fp, &held, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(idem_call_begin(nocache, &short_op, "alice", "ca-stalled", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    idem_call_end(call);
+    CHECK_INT(idem_call_begin(nocache, &brief_op, "alice", "ca-gone", fp, &call, &oc), 0);
+    CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
+    idem_call_end(call);
+    T_WAIT_UNTIL(lease_over(nocache, "alice", short_op.name, "ca-stalled") &&
+                     !record_kept(nocache, "alice", brief_op.name, "ca-gone"),
+                 "the lease and the retention to run out");
+
+    /* All queued back to back: the store's runner takes them as one batch, or a few. */
+    memset(fresh, 0, sizeof fresh);
+    memset(old, 0, sizeof old);
+    memset(&gone, 0, sizeof gone);
+    memset(twice, 0, sizeof twice);
+    for (int i = 0; i < CA_FRESH; i++) {
+        snprintf(key, sizeof key, "ca-fresh-%d", i);
+        CHECK_INT(idem_call_begin_async(eng, &point_op, "alice", key, fp, async_begun, &fresh[i]),
+                  1);
+        if (i == 1) {
+            CHECK_INT(idem_call_begin_async(eng, &point_op, "alice", "ca-twice", fp, async_begun,
+                                            &twice[0]),
+                      1);
+            CHECK_INT(idem_call_begin_async(other, &point_op, "alice", "ca-twice", fp, async_begun,
+                                            &twice[1]),
+                      1);
+        }
+        if (i < 3)
+            CHECK_INT(idem_call_begin_async(other, &point_op, "alice", taken[i], fp, async_begun,
+                                            &old[i]),
+                      1);
+    }
+    CHECK_INT(idem_call_begin_async(eng, &point_op, "alice", "ca-gone", fp, async_begun, &gone), 1);
+
+    for (int i = 0; i < CA_FRESH; i++) {
+        CHECK(async_wait(&fresh[i]));
+        CHECK_INT(fresh[i].rc, 0);
+        CHECK_INT(fresh[i].outcome, IDEM_OUTCOME_EXECUTE);
+        snprintf(key, sizeof key, "ca-fresh-%d", i);
+        expect_claimed_at_point(nocache, fresh[i].call, key);
+    }
+    for (int i = 0; i < 3; i++) {
+        CHECK(async_wait(&old[i]));
+        CHECK_INT(old[i].rc, 0);
+        CHECK_INT(old[i].outcome, IDEM_OUTCOME_NONE);
+        idem_call_end(old[i].call);
+    }
+    CHECK(async_wait(&gone));
+    CHECK_INT(gone.rc, 0);
+    CHECK_INT(gone.outcome, IDEM_OUTCOME_EXECUTE);
+    expect_claimed_at_point(nocache, gone.call, "ca-gone");
+    for (int i = 0; i < 2; i++) {
+        CHECK(async_wait(&twice[i]));
+        CHECK_INT(twice[i].rc, 0);
+        CHECK(twice[i].outcome == IDEM_OUTCOME_EXECUTE || twice[i].outcome == IDEM_OUTCOME_NONE);
+        won += twice[i].outcome == IDEM_OUTCOME_EXECUTE;
+    }
+    CHECK_INT(won, 1);
+
+    /* What each holds is what it would hold alone: the winners complete, the rest were left. */
+    for (int i = 0; i < CA_FRESH; i++) {
+        CHECK_INT(idem_call_complete(fresh[i].call, 201, NULL, 0, "fresh", 5), 0);
+        idem_call_end(fresh[i].call);
+        snprintf(key, sizeof key, "ca-fresh-%d", i);
+        expect_replay(nocache, &point_op, key, fp, 201, "fresh");
+    }
+    CHECK_INT(idem_call_complete(gone.call, 201, NULL, 0, "again", 5), 0);
+    idem_call_end(gone.call);
+    expect_replay(nocache, &point_op, "ca-gone", fp, 201, "again");
+    for (int i = 0; i < 2; i++) {
+        if (twice[i].outcome == IDEM_OUTCOME_EXECUTE)
+            CHECK_INT(idem_call_complete(twice[i].call, 201, NULL, 0, "twice", 5), 0);
+        idem_call_end(twice[i].call);
+    }
+    expect_replay(nocache, &point_op, "ca-twice", fp, 201, "twice");
+    expect_replay(nocache, &point_op, "ca-done", fp, 201, "done");
+    CHECK_INT(idem_call_complete(held, 200, NULL, 0, "held", 4), 0);
+    idem_call_end(held);
+    expect_replay(nocache, &point_op, "ca-held", fp, 200, "held");
+    idem_engine_free(other);
+    idem_engine_free(nocache);
+}
+
 /* ---- 9e. callbacks that block, and a commit that fails alone ------------------------------- */
 
 /*
@@ -2212,6 +2329,7 @@ int main(int argc, char **argv)
     test_one_phase(eng, st);
     test_begin_async(eng, st);
     test_complete_async_fenced_alone(eng, st);
+    test_claims_async_each_alone(eng, st);
     test_run_async(eng, st);
     test_callbacks_may_block(eng);
     test_commit_fails_alone(eng, st);
