@@ -419,13 +419,14 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
      * of the cluster on one lock that it holds until the commit record is flushed (async.c,
      * PreCommit_Notify), which would queue every phase's fsync behind every other's.  A
      * transaction that wrote nothing but a notification commits without waiting for a flush
-     * (xact.c, RecordTransactionCommit), so it holds that lock only for a moment.
+     * (xact.c, RecordTransactionCommit), so it holds that lock only for a moment.  One
+     * statement for all of a transaction's scopes (a batch's): an array of their hashes.
      */
     [RS_NOTIFY] = {.id = RS_NOTIFY,
                    .name = "idem_notify",
-                   .sql = "SELECT pg_notify('" NOTIFY_CHANNEL "', $1)",
+                   .sql = "SELECT pg_notify('" NOTIFY_CHANNEL "', p) FROM unnest($1::text[]) p",
                    .nparams = 1,
-                   .types = {OID_TEXT},
+                   .types = {OID_TEXT_ARRAY},
                    .fenced = 0},
     /* SKIP LOCKED: sweepers of several instances, and claims reviving a key, never queue here. */
     [RS_SWEEP] = {.id = RS_SWEEP,
@@ -784,8 +785,11 @@ static int pg_begin(struct idem_conn *c, int write)
  */
 static int pg_commit(struct idem_conn *c)
 {
-    struct pipe_q q[2 + sizeof(c->notify) / sizeof(c->notify[0])];
-    const char *vals[sizeof(c->notify) / sizeof(c->notify[0])][1];
+    struct pipe_q q[3];
+    /* The hashes as a text array, "{h1,h2,...}": hex digits need no quoting. */
+    char scopes[2 + sizeof(c->notify)];
+    const char *vals[1] = {scopes};
+    size_t used = 0;
     int n = 0, failed = -1, rc;
 
     if (c->broken) {
@@ -803,9 +807,17 @@ static int pg_commit(struct idem_conn *c)
     q[n++] = idem__pg_q_simple("COMMIT", "commit");
     if (c->nnotify > 0 && !(c->prepared & (1u << RS_NOTIFY)))
         q[n++] = idem__pg_q_prepare(&rec_sql[RS_NOTIFY], "notify");
-    for (int i = 0; i < c->nnotify; i++) {
-        vals[i][0] = c->notify[i];
-        q[n++] = idem__pg_q_exec(rec_sql[RS_NOTIFY].name, 1, vals[i], NULL, NULL, 0, "notify");
+    if (c->nnotify > 0) {
+        scopes[used++] = '{';
+        for (int i = 0; i < c->nnotify; i++) {
+            if (i > 0)
+                scopes[used++] = ',';
+            memcpy(scopes + used, c->notify[i], 16);
+            used += 16;
+        }
+        scopes[used++] = '}';
+        scopes[used] = '\0';
+        q[n++] = idem__pg_q_exec(rec_sql[RS_NOTIFY].name, 1, vals, NULL, NULL, 0, "notify");
     }
     for (int i = 1; i < n; i++)
         q[i].optional = 1; /* the notifications (and their preparation): best effort */
@@ -1269,7 +1281,8 @@ static void notify_after_commit(struct idem_conn *c, const struct idem_scope *s)
     for (int i = 0; i < c->nnotify; i++)
         if (strcmp(c->notify[i], payload) == 0)
             return;
-    /* A phase ends one call's record; more are only a wake-up lost, which polling covers. */
+    /* A phase ends one call's record, a batch one each; more are only a wake-up lost, which
+     * polling covers. */
     if (c->nnotify < (int)(sizeof(c->notify) / sizeof(c->notify[0])))
         memcpy(c->notify[c->nnotify++], payload, sizeof(payload));
 }

@@ -179,9 +179,9 @@ struct idem_conn {
     struct claim_ahead ahead[AHEAD_MAX];
     int nahead;
     int collecting;
-    int ahead_ran;      /* their statement ran: each one's state is its answer */
-    unsigned prepared;  /* bit k: the session knows the struct pg_stmt whose id is k */
-    char notify[4][17]; /* scopes (hashes) to announce once the transaction commits */
+    int ahead_ran;       /* their statement ran: each one's state is its answer */
+    unsigned prepared;   /* bit k: the session knows the struct pg_stmt whose id is k */
+    char notify[32][17]; /* scopes (hashes) to announce once the transaction commits */
     int nnotify;
     uint64_t clock;
     uint64_t serial;
