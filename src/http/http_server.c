@@ -101,7 +101,14 @@ static void on_closed(uv_handle_t *h)
         conn_free(c);
 }
 
-/* Puts `c` on its loop's done list for `why` (DONE_*) and wakes the loop.  Any thread. */
+static void on_self_wake(uv_idle_t *h);
+
+/*
+ * Puts `c` on its loop's done list for `why` (DONE_*) and wakes the loop.  Any thread.  The loop's
+ * own thread (an upstream's answer unparking its request) needs no wake-up through the kernel: an
+ * idle handle drains the list at the start of the next turn, before the loop polls, where the
+ * async handle would cost a write and a read of its eventfd and a poll that returns at once.
+ */
 void http__loop_push(struct conn *c, int why)
 {
     struct http_loop *lp = c->lp;
@@ -116,7 +123,10 @@ void http__loop_push(struct conn *c, int why)
         lp->done = c;
     }
     pthread_mutex_unlock(&lp->mu);
-    uv_async_send(&lp->wake);
+    if (current_loop == lp && !uv_is_closing((uv_handle_t *)&lp->self_wake))
+        uv_idle_start(&lp->self_wake, on_self_wake);
+    else
+        uv_async_send(&lp->wake);
 }
 
 void http__conn_close(struct conn *c)
@@ -694,9 +704,9 @@ static void job_done(struct conn *c)
     send_response(c, rq, request_parser_keep_alive(&c->rp));
 }
 
-static void on_wake(uv_async_t *a)
+/* Takes the loop's done list and acts on each connection on it (the loop's thread). */
+static void drain_done(struct http_loop *lp)
 {
-    struct http_loop *lp = a->data;
     struct conn *c, *next;
 
     if (lp->halted) {
@@ -724,6 +734,18 @@ static void on_wake(uv_async_t *a)
     }
     if (atomic_load(&lp->srv->stopping))
         http__begin_stop(lp);
+}
+
+static void on_wake(uv_async_t *a)
+{
+    drain_done(a->data);
+}
+
+/* The loop's own pushes (http__loop_push): once drained, the handle stops until the next one. */
+static void on_self_wake(uv_idle_t *h)
+{
+    uv_idle_stop(h);
+    drain_done(h->data);
 }
 
 /* ---- the loops ------------------------------------------------------------------------------- */
@@ -789,6 +811,8 @@ static int loop_init(struct http_server *srv, struct http_loop *lp, int fd)
         die("cannot initialise a mutex");
     uv_async_init(&lp->uv, &lp->wake, on_wake);
     lp->wake.data = lp;
+    uv_idle_init(&lp->uv, &lp->self_wake);
+    lp->self_wake.data = lp;
     uv_timer_init(&lp->uv, &lp->tick);
     lp->tick.data = lp;
     uv_timer_start(&lp->tick, http__on_tick, TICK_MS, TICK_MS);

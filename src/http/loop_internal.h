@@ -132,6 +132,7 @@ struct http_loop {
     uv_loop_t uv;
     uv_tcp_t listener;
     uv_async_t wake;
+    uv_idle_t self_wake; /* the done list pushed to by the loop's own thread: drained next turn */
     uv_timer_t tick;
     uv_prepare_t before_wait; /* opts.before_wait, each turn before the loop polls */
     pthread_t thread;
