@@ -230,6 +230,10 @@ struct idem_client_attempt {
     int64_t next_delay_ms;            /* pause before the next attempt, -1 when none follows */
     enum idem_client_outcome outcome; /* NONE when another attempt follows */
     const char *reason;               /* why it is retried or why it stops: a static sentence */
+    /* 1 when the answer carried "Idempotent-Replayed: true" (any case): the server sent back what
+     * it stored for the key instead of running the request, which it may do from memory without
+     * its store; 0 without that header and without an answer. */
+    int replayed;
 };
 
 typedef void (*idem_client_attempt_fn)(const struct idem_client_attempt *attempt, void *arg);

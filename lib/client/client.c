@@ -323,6 +323,16 @@ static int setup_curl(struct idem_client *c, const struct idem_client_request *r
     return 0;
 }
 
+/* An Idempotent-Replayed value that says "true", in any case, white space after it allowed. */
+static int is_replay(const char *v)
+{
+    if (!v || !idem_client__strncaseeq(v, "true", 4))
+        return 0;
+    for (v += 4; *v == ' ' || *v == '\t'; v++)
+        ;
+    return *v == '\0';
+}
+
 /* One attempt: sends, and fills `a` with what happened.  Returns the verdict. */
 static enum idem_client__verdict attempt(struct idem_client *c, struct attempt_ctx *ax,
                                          int64_t timeout_ms, struct idem_client_attempt *a)
@@ -349,6 +359,7 @@ static enum idem_client__verdict attempt(struct idem_client *c, struct attempt_c
         ra = idem_client_response_header(r, "Retry-After");
         if (ra && idem_client__retry_after_parse(ra, time(NULL), &ra_ms) == 0)
             a->retry_after_ms = ra_ms;
+        a->replayed = is_replay(idem_client_response_header(r, "Idempotent-Replayed"));
         v = idem_client__classify_status(r->status, ra != NULL, r->body.data, r->body.len, &why);
     } else {
         /* An answer cut short is no answer: forget its status, the retry gets the whole one. */

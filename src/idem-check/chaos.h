@@ -312,7 +312,9 @@ void ck_verdict_of(const struct chaos *cx, const struct ck_audit *au, struct ck_
 int ck_failover_start(struct chaos *cx);
 void ck_failover_stop(struct chaos *cx);
 void ck_failover_free(struct chaos *cx);
-void ck_failover_attempt(struct chaos *cx, int status);
+/* One attempt of a drive client: its status (0 without an answer) and whether the answer said it
+ * was a replay (libidem-client's `replayed`). */
+void ck_failover_attempt(struct chaos *cx, int status, int replayed);
 int ck_failover_running(struct chaos *cx);
 int ck_failover_problem(struct chaos *cx, char *why, size_t cap);
 void ck_failover_print_table(struct chaos *cx);

@@ -13,9 +13,12 @@
  * attempt since the last 2xx came), and per failover its longest stretch, so memory does not grow
  * with the attempts.  A stretch of failures runs from the first failed attempt (no answer, or a
  * 5xx) after a 2xx to the next 2xx, seen by any client; it belongs to the failover whose command
- * was running when it began.  The proxy's own faults also fail attempts, now and then, so a
- * failover's figure is its longest stretch, not its first: without other faults the two are the
- * same, the first failure after the command started to the first success after it.
+ * was running when it began.  A replayed 2xx (Idempotent-Replayed: true) neither ends nor begins
+ * one: orderd answers a retry of a finished intent from its in-memory replay cache without its
+ * store, so such a 2xx comes while the database has no primary and says nothing of it.  The proxy's
+ * own faults also fail attempts, now and then, so a failover's figure is its longest stretch, not
+ * its first: without other faults the two are the same, the first failure after the command started
+ * to the first success after it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -94,13 +97,14 @@ static void stretch_over(struct ck_failovers *fo, long long from, long long to, 
     }
 }
 
-void ck_failover_attempt(struct chaos *cx, int status)
+void ck_failover_attempt(struct chaos *cx, int status, int replayed)
 {
     struct ck_failovers *fo = cx->fo;
-    int ok = status >= 200 && status < 300, failed = status == 0 || status >= 500;
+    int ok = status >= 200 && status < 300 && !replayed, failed = status == 0 || status >= 500;
     long long now;
 
-    /* A 409 in progress, a 429: the service is there.  After the drive nothing is measured. */
+    /* A 409 in progress, a 429: the service is there.  A replayed 2xx may have needed no store.
+     * After the drive nothing is measured. */
     if (!fo || (!ok && !failed) || atomic_load(&fo->stop))
         return;
     pthread_mutex_lock(&fo->lock);

@@ -5,7 +5,8 @@
  * with headers, or a close without an answer - and keeps every request's raw bytes, so the tests
  * can check what the policy tables cannot: every attempt sends the very same bytes and key, the
  * pauses follow Retry-After, the caps stop the loop, the callback sees each attempt, the seed
- * makes the jitter reproducible, and the journal holds the key before the first request arrives.
+ * makes the jitter reproducible, the journal holds the key before the first request arrives, and
+ * the report tells a replayed answer (Idempotent-Replayed: true) from a fresh one.
  */
 #include "client_internal.h"
 #include "ascii.h"
@@ -655,6 +656,98 @@ static void test_default_headers(void)
     idem_client_close(c);
 }
 
+/*
+ * The attempt report says which answers were replays: a 503, then a 200 that carries
+ * Idempotent-Replayed: true; then, one attempt each, the header's other spellings and values.
+ */
+static void test_replayed_reported(void)
+{
+    static const struct step retried[] = {
+        {503, "Retry-After: 0\r\n", "{\"code\":\"idempotency-store-unavailable\"}"},
+        {200, "Idempotent-Replayed: true\r\n", "{\"id\":\"o1\"}"},
+    };
+    static const struct {
+        int status;
+        const char *headers;
+        int replayed;
+    } cases[] = {
+        {201, NULL, 0},
+        {201, "Idempotent-Replayed: false\r\n", 0},
+        {201, "Idempotent-Replayed: trueish\r\n", 0},
+        {201, "Idempotent-Replayed:\r\n", 0},
+        {201, "Idempotent-Replay: true\r\n", 0},
+        {200, "idempotent-replayed:TRUE \r\n", 1},
+        {402, "Idempotent-Replayed: true\r\n", 1}, /* a stored refusal, replayed */
+    };
+    struct idem_client_request req = {0};
+    struct idem_client_options o = {0};
+    struct idem_client_response *r = NULL;
+    enum idem_client_outcome oc;
+    struct idem_client *c;
+    struct server s;
+    struct seen seen = {0};
+    struct step one;
+    char url[128];
+    size_t i;
+
+    server_start(&s, retried, 2);
+    o.base_delay_ms = 1;
+    c = client_with(&o, &seen);
+    url_of(url, sizeof url, s.port, "/api/orders");
+    req.method = "POST";
+    req.url = url;
+    req.body = body;
+    req.body_len = strlen(body);
+    req.key = "k-replayed";
+    CHECK_INT(idem_client_send(c, &req, &r, &oc), 0);
+    server_stop(&s);
+    CHECK_INT(oc, IDEM_CLIENT_OUTCOME_FINAL);
+    CHECK_INT(seen.n, 2);
+    CHECK_INT(seen.a[0].status, 503);
+    CHECK_INT(seen.a[0].replayed, 0);
+    CHECK_INT(seen.a[1].status, 200);
+    CHECK_INT(seen.a[1].replayed, 1);
+    idem_client_response_free(r);
+    server_free(&s);
+    idem_client_close(c);
+
+    /* No answer: not a replay. */
+    memset(&seen, 0, sizeof seen);
+    memset(&one, 0, sizeof one);
+    server_start(&s, &one, 1);
+    o.max_attempts = 1;
+    c = client_with(&o, &seen);
+    url_of(url, sizeof url, s.port, "/api/orders");
+    CHECK_INT(idem_client_send(c, &req, &r, &oc), 0);
+    server_stop(&s);
+    CHECK_INT(seen.n, 1);
+    CHECK_INT(seen.a[0].status, 0);
+    CHECK_INT(seen.a[0].replayed, 0);
+    idem_client_response_free(r);
+    server_free(&s);
+    idem_client_close(c);
+
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        memset(&seen, 0, sizeof seen);
+        one.status = cases[i].status;
+        one.headers = cases[i].headers;
+        one.body = "{}";
+        server_start(&s, &one, 1);
+        c = client_with(&o, &seen);
+        url_of(url, sizeof url, s.port, "/api/orders");
+        CHECK_INT(idem_client_send(c, &req, &r, &oc), 0);
+        server_stop(&s);
+        CHECK_INT(seen.n, 1);
+        CHECK_INT(seen.a[0].status, cases[i].status);
+        if (seen.a[0].replayed != cases[i].replayed)
+            fprintf(stderr, "case %zu: %s", i, cases[i].headers ? cases[i].headers : "(none)\n");
+        CHECK_INT(seen.a[0].replayed, cases[i].replayed);
+        idem_client_response_free(r);
+        server_free(&s);
+        idem_client_close(c);
+    }
+}
+
 int main(void)
 {
     test_retries_send_same_bytes();
@@ -665,5 +758,6 @@ int main(void)
     test_journal_before_first_send();
     test_refusals();
     test_default_headers();
+    test_replayed_reported();
     return t_done();
 }
