@@ -164,7 +164,8 @@ bench-peers:
 # idem-check chaos while the database fails over (docs/ha.md, "Chaos with failovers"): a Patroni
 # cluster of three nodes (tests/ha/with_ha.sh), three orderd instances, one killed -9 every 3 s,
 # every fault, and every 20 s a switchover or a killed primary (tests/ha/failover.sh); about
-# 6 minutes on 2 cores.  The drive stops at CHAOS_FAILOVER_INTENTS or after 300 s.
+# 6 minutes on 2 cores.  The drive stops at CHAOS_FAILOVER_INTENTS or after 300 s (once the
+# failover running then, if any, is over).
 CHAOS_FAILOVER_INTENTS ?= 15000
 .PHONY: chaos-failover
 chaos-failover: deps-test build

@@ -15,7 +15,9 @@
  * 5xx) after a 2xx to the next 2xx, seen by any client; it belongs to the failover whose command
  * was running when it began.  A replayed 2xx (Idempotent-Replayed: true) neither ends nor begins
  * one: orderd answers a retry of a finished intent from its in-memory replay cache without its
- * store, so such a 2xx comes while the database has no primary and says nothing of it.  The proxy's
+ * store, so such a 2xx comes while the database has no primary and says nothing of it.  A
+ * failover still running at --max-time keeps the clients sending until its command returns
+ * (chaos.c): a primary killed after they stopped would leave no trace in the figure.  The proxy's
  * own faults also fail attempts, now and then, so a failover's figure is its longest stretch, not
  * its first: without other faults the two are the same, the first failure after the command started
  * to the first success after it.
@@ -304,9 +306,14 @@ static void *failover_main(void *arg)
         long long wake = clock_mono_ms() + cx->o.failover_every_s * 1000;
         while (clock_mono_ms() < wake && !atomic_load(&fo->stop))
             clock_sleep_ms(50);
+        /* Marked running before the deadline is read: a client past the deadline drives on while
+         * a failover runs, so the clients never stop under one that starts now. */
+        atomic_store(&fo->running, 1);
         /* None after the drive's last intent started: the audit needs the database settled. */
-        if (atomic_load(&fo->stop) || clock_mono_ms() >= cx->deadline_ms)
+        if (atomic_load(&fo->stop) || clock_mono_ms() >= cx->deadline_ms) {
+            atomic_store(&fo->running, 0);
             break;
+        }
         if (run_failover(cx, kind) < 0) {
             /* Without a primary every intent would retry until its time is up: end the drive. */
             atomic_store(&cx->stop_drive, 1);

@@ -46,7 +46,8 @@ atexit.register(shutil.rmtree, WORK, True)
 
 # The drive: the first failover (switchover) at 15 s, the second (kill) 15 s after the switchover
 # is over (10-25 s on this 2-core machine, under the load), so 70 s leaves room for it to start;
-# none starts after the drive's last intent did.  --intents is only a ceiling.
+# none starts after 70 s, and one running then keeps the clients going until it is over, so the
+# killed primary is measured even when it dies after 70 s.  --intents is only a ceiling.
 ARGS = ["chaos", "--orderd-bin", os.path.join(BIN, "orderd"),
         "--provider-bin", os.path.join(BIN, "provider-sim"),
         "--instances", "3", "--kill-every", "5", "--haproxy-config", HAPROXY_CONFIG,
