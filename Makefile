@@ -42,10 +42,11 @@ test-fast: deps-test build
 	@cd $(BUILD) && ctest $(CTEST_FLAGS) $(if $(PLAIN_SKIP),-E '$(PLAIN_SKIP)')
 
 # The suites whose store is incidental: they test the HTTP layer, the gateway's framing, its TLS
-# upstreams and its clients, orderd's config file and TLS to its provider, a load balancer in front; the store only keeps
-# and answers.  Their PostgreSQL twins (service-pg.<name>) run in neither make test run, their
-# SQLite runs in both; the PostgreSQL store itself is contract.postgresql's and pg.*'s, under
-# orderd and the gateway the twins of the suites where the store matters (docs/testing.md).
+# upstreams and its clients, orderd's config file and its TLS to the provider, a load balancer in
+# front; the store only keeps and answers.  Their PostgreSQL twins (service-pg.<name>) run in
+# neither make test run, their SQLite runs in both; the PostgreSQL store itself is
+# contract.postgresql's and pg.*'s, under orderd and the gateway the twins of the suites where the
+# store matters (docs/testing.md).
 PG_INCIDENTAL = http_limits|gateway_streams|gateway_clients|gateway_failopen|gateway_tls|gateway_upstream_conns|haproxy_chaos|config_file|provider_tls
 # The plain run also leaves out service-pg.chaos: there ha.chaos_failover runs idem-check chaos on
 # PostgreSQL (three orderd, kill -9, every fault, webhooks, the audit) through two failovers, and
