@@ -80,6 +80,7 @@ struct chaos_opts {
     long intents, clients, max_time_s, kill_every_s, instances, webhook_dup, grace_s;
     long page_size; /* --audit-page-size: ledger references (and orders, up to 100) per page */
     long failover_every_s;    /* --failover-every: 0 off */
+    long min_failovers;       /* --min-failovers: the drive outlasts --max-time until as many ran */
     const char *failover_cmd; /* --failover-cmd, run as `/bin/sh -c 'CMD "$1"' sh KIND` */
     double drop_rate, reset_rate, cut_rate, dup_rate, lost_rate, fail_rate;
     int attach, json, no_webhooks, balance;
@@ -307,7 +308,8 @@ void ck_verdict_of(const struct chaos *cx, const struct ck_audit *au, struct ck_
  * the unavailability each failover caused is measured.  ck_failover_start() also makes cx->fo
  * (0, or -1 when the thread could not start); ck_failover_stop() starts no further failover and
  * waits for the one running (bounded); ck_failover_problem() says whether a command failed (1,
- * with the sentence in `why`); ck_failover_running() is 1 while a command runs.
+ * with the sentence in `why`); ck_failover_running() is 1 while a command runs, and past
+ * --max-time while fewer than --min-failovers have run (the drive goes on for them).
  */
 int ck_failover_start(struct chaos *cx);
 void ck_failover_stop(struct chaos *cx);

@@ -61,6 +61,7 @@ struct ck_failovers {
     pthread_t thread;
     int have_thread;
     atomic_int stop, running;
+    atomic_int done;       /* failovers whose command returned 0 */
     long long t0;          /* the drive's start */
     struct ck_failover *f; /* under lock, n of cap */
     size_t n, cap;
@@ -310,7 +311,8 @@ static void *failover_main(void *arg)
          * a failover runs, so the clients never stop under one that starts now. */
         atomic_store(&fo->running, 1);
         /* None after the drive's last intent started: the audit needs the database settled. */
-        if (atomic_load(&fo->stop) || clock_mono_ms() >= cx->deadline_ms) {
+        if (atomic_load(&fo->stop) ||
+            (clock_mono_ms() >= cx->deadline_ms && atomic_load(&fo->done) >= cx->o.min_failovers)) {
             atomic_store(&fo->running, 0);
             break;
         }
@@ -319,6 +321,7 @@ static void *failover_main(void *arg)
             atomic_store(&cx->stop_drive, 1);
             break;
         }
+        atomic_fetch_add(&fo->done, 1);
         kind = (kind + 1) % FAILOVER_KINDS;
     }
     return NULL;
@@ -372,7 +375,11 @@ void ck_failover_free(struct chaos *cx)
 
 int ck_failover_running(struct chaos *cx)
 {
-    return cx->fo && atomic_load(&cx->fo->running);
+    struct ck_failovers *fo = cx->fo;
+
+    /* A failover still owed keeps the drive going: its thread starts it once its wait is over. */
+    return fo && (atomic_load(&fo->running) ||
+                  (!atomic_load(&fo->stop) && atomic_load(&fo->done) < cx->o.min_failovers));
 }
 
 int ck_failover_problem(struct chaos *cx, char *why, size_t cap)

@@ -362,6 +362,9 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
                      "(at most 180 s; its output in the work dir's\n"
                      "failover.log)",
                      failover_cmd_option),
+        OPT_LONG(0, "min-failovers", &co->min_failovers, "N", 1, 1000,
+                 "with --failover-every: past --max-time the drive goes\n"
+                 "on until N failovers ran (--intents still ends it)"),
         OPT_TEXT("audit:\n"),
         OPT_LONG(0, "audit-page-size", &co->page_size, "N", 1, CK_PAGE_SIZE_MAX,
                  "references per page of provider-sim's ledger, 1..1000\n"
@@ -417,6 +420,8 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
                              "database over");
     if (co->failover_cmd && !co->failover_every_s)
         return options_error(o, "%s", "--failover-cmd needs --failover-every, how often to run it");
+    if (co->min_failovers && !co->failover_every_s)
+        return options_error(o, "%s", "--min-failovers needs --failover-every and --failover-cmd");
     if (co->attach) {
         /* Nothing is started or killed: the flags that would do so are mistakes. */
         if (co->kill_every_s)

@@ -45,14 +45,14 @@ WORK = tempfile.mkdtemp(prefix="idem-chaos-failover-test-")
 atexit.register(shutil.rmtree, WORK, True)
 
 # The drive: the first failover (switchover) at 15 s, the second (kill) 15 s after the switchover
-# is over (10-25 s on this 2-core machine, under the load), so 70 s leaves room for it to start;
-# none starts after 70 s, and one running then keeps the clients going until it is over, so the
-# killed primary is measured even when it dies after 70 s.  --intents is only a ceiling.
+# is over (10-60 s on this 2-core machine, under load).  --min-failovers 2 drives on past the 70 s
+# until both ran, and one running then keeps the clients going until it is over, so the killed
+# primary is always measured.  --intents is only a ceiling.
 ARGS = ["chaos", "--orderd-bin", os.path.join(BIN, "orderd"),
         "--provider-bin", os.path.join(BIN, "provider-sim"),
         "--instances", "3", "--kill-every", "5", "--haproxy-config", HAPROXY_CONFIG,
-        "--failover-every", "15", "--failover-cmd", FAILOVER_CMD,
-        "--intents", "20000", "--clients", "8", "--max-time", "70",
+        "--failover-every", "15", "--failover-cmd", FAILOVER_CMD, "--min-failovers", "2",
+        "--intents", "60000", "--clients", "8", "--max-time", "70",
         "--drop-rate", "0.05", "--reset-rate", "0.02", "--cut-rate", "0.02", "--dup-rate", "0.05",
         "--provider-lost-rate", "0.02", "--provider-5xx-rate", "0.02", "--json"]
 
