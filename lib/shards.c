@@ -66,8 +66,30 @@ struct idem_shards {
     "CREATE TRIGGER idem_records_fence BEFORE INSERT OR UPDATE OR DELETE ON idem_records"          \
     " FOR EACH ROW EXECUTE FUNCTION idem_records_fence();"
 
+/*
+ * The mover's way past the fence: a transaction that has set idem.mover to 'on' (set_config(...,
+ * true), so it ends with the transaction) may write and delete the records of a bucket its
+ * cluster does not own -- the copy into a new owner before it takes writes, and the removal of
+ * what the old owner keeps.  The setting is read only on the refused path: an owned bucket's
+ * write pays nothing for it.
+ */
+#define FENCE_MOVER_SQL                                                                            \
+    "CREATE OR REPLACE FUNCTION idem_records_fence() RETURNS trigger LANGUAGE plpgsql AS $f$"      \
+    " BEGIN"                                                                                       \
+    "  IF TG_OP = 'DELETE' THEN"                                                                   \
+    "   IF idem_bucket_owned(OLD.principal) THEN RETURN OLD; END IF;"                              \
+    "   IF current_setting('idem.mover', true) = 'on' THEN RETURN OLD; END IF;"                    \
+    "   RETURN NULL;"                                                                              \
+    "  END IF;"                                                                                    \
+    "  IF idem_bucket_owned(NEW.principal) THEN RETURN NEW; END IF;"                               \
+    "  IF current_setting('idem.mover', true) = 'on' THEN RETURN NEW; END IF;"                     \
+    "  RAISE EXCEPTION 'bucket % is not on this cluster (moved or moving)',"                       \
+    "   idem_bucket_of(NEW.principal) USING ERRCODE = 'IDM01';"                                    \
+    " END $f$;"
+
 static const struct idem_migration fence_schema[] = {
     {1, "shard fence", NULL, FENCE_SQL},
+    {2, "shard fence: the mover", NULL, FENCE_MOVER_SQL},
 };
 
 static int set_err(char **errmsg, int rc, const char *msg)
@@ -287,4 +309,593 @@ out:
     }
     *out = tx;
     return 0;
+}
+
+/* ---- setting a directory up, moving a bucket ------------------------------------------------ */
+
+/* Runs one statement in `tx`; a failure says `what` and the store's detail in `err`. */
+static int tx_run(struct idem_tx *tx, const char *what, const char *sql, int nparams,
+                  const char *const *params, struct idem_rows **rows, char *err, size_t cap)
+{
+    int rc = idem_tx_exec(tx, sql, nparams, params, rows);
+
+    if (rc < 0)
+        idem__fmt(err, cap, "%s: %s", what, idem_tx_errmsg(tx));
+    return rc;
+}
+
+/* The integer in (0, 0) of `rows`, or -1. */
+static int64_t rows_int(const struct idem_rows *rows)
+{
+    const char *v = idem_rows_get(rows, 0, 0);
+
+    return v ? strtoll(v, NULL, 10) : -1;
+}
+
+/* Whether the clusters `c` (n of them) are exactly those of `rows` (name, uri). */
+static int same_cluster_list(const struct idem_rows *rows, const struct idem_shard_cluster *c,
+                             size_t n)
+{
+    if ((size_t)idem_rows_count(rows) != n)
+        return 0;
+    for (int r = 0; r < idem_rows_count(rows); r++) {
+        size_t i = 0;
+
+        while (i < n && strcmp(c[i].name, idem_rows_get(rows, r, 0)) != 0)
+            i++;
+        if (i == n || strcmp(c[i].uri, idem_rows_get(rows, r, 1)) != 0)
+            return 0;
+    }
+    return 1;
+}
+
+/* The directory's half of idem_shards_init(): the clusters and the buckets, or a check of them. */
+static int init_directory(struct idem_store *dir, const struct idem_shard_cluster *c, size_t n,
+                          char *err, size_t cap)
+{
+    int rc = 0;
+    struct idem_tx *tx = NULL;
+    struct idem_rows *names = NULL, *count = NULL;
+    char lo[16], hi[16];
+
+    rc = idem_tx_begin(dir, 1, &tx);
+    if (rc < 0) {
+        idem__fmt(err, cap, "shard directory: %s", idem_strerror(rc));
+        goto out;
+    }
+    rc = tx_run(tx, "shard directory", "SELECT name, uri FROM idem_shard_clusters ORDER BY name", 0,
+                NULL, &names, err, cap);
+    if (rc == 0)
+        rc = tx_run(tx, "shard directory", "SELECT count(*) FROM idem_shard_buckets", 0, NULL,
+                    &count, err, cap);
+    if (rc < 0)
+        goto out;
+    if (idem_rows_count(names) > 0 || rows_int(count) != 0) {
+        if (!same_cluster_list(names, c, n) || rows_int(count) != IDEM_SHARD_BUCKETS) {
+            idem__fmt(err, cap,
+                      "shard directory: it holds another map (%d clusters, %lld buckets); "
+                      "left as it is",
+                      idem_rows_count(names), (long long)rows_int(count));
+            rc = IDEM_ESTATE;
+        }
+        goto out; /* set up already: kept as it is */
+    }
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        const char *cp[2] = {c[i].name, c[i].uri};
+        rc = tx_run(tx, "shard directory", "INSERT INTO idem_shard_clusters VALUES ($1, $2)", 2, cp,
+                    NULL, err, cap);
+    }
+    /* Cluster i owns [i * 1024 / n, (i + 1) * 1024 / n): even, contiguous, in the order given. */
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        const char *bp[3] = {lo, hi, c[i].name};
+        idem__fmt(lo, sizeof lo, "%zu", i * IDEM_SHARD_BUCKETS / n);
+        idem__fmt(hi, sizeof hi, "%zu", (i + 1) * IDEM_SHARD_BUCKETS / n);
+        rc = tx_run(tx, "shard directory",
+                    "WITH RECURSIVE s(b) AS (SELECT CAST($1 AS integer)"
+                    " UNION ALL SELECT b + 1 FROM s WHERE b + 1 < CAST($2 AS integer))"
+                    " INSERT INTO idem_shard_buckets (bucket, cluster, epoch, moving)"
+                    " SELECT b, $3, 1, 0 FROM s",
+                    3, bp, NULL, err, cap);
+    }
+    if (rc == 0) {
+        rc = idem_tx_commit(tx);
+        tx = NULL;
+        if (rc < 0)
+            idem__fmt(err, cap, "shard directory: commit: %s", idem_strerror(rc));
+    }
+out:
+    idem_rows_free(names);
+    idem_rows_free(count);
+    idem_tx_rollback(tx);
+    return rc;
+}
+
+/* Cluster i's idem_buckets rows, when it has none yet: the buckets the map gives it, not moving. */
+static int init_fence_rows(struct idem_shards *sh, size_t i, char *err, size_t cap)
+{
+    int rc = 0;
+    struct idem_tx *tx = NULL;
+    struct idem_rows *rows = NULL;
+    char *buckets = NULL, *epochs = NULL;
+    const char *params[2];
+    size_t blen = 0, elen = 0, bcap = IDEM_SHARD_BUCKETS * 6 + 3,
+           ecap = IDEM_SHARD_BUCKETS * 21 + 3;
+
+    buckets = malloc(bcap);
+    epochs = malloc(ecap);
+    if (!buckets || !epochs) {
+        rc = IDEM_ENOMEM;
+        goto out;
+    }
+    rc = idem_tx_begin(sh->stores[i], 1, &tx);
+    if (rc < 0) {
+        idem__fmt(err, cap, "shard cluster %s: %s", sh->names[i], idem_strerror(rc));
+        goto out;
+    }
+    rc = tx_run(tx, sh->names[i], "SELECT count(*) FROM idem_buckets", 0, NULL, &rows, err, cap);
+    if (rc < 0 || rows_int(rows) != 0)
+        goto out; /* given its rows already (a move keeps them since) */
+    buckets[blen++] = '{';
+    epochs[elen++] = '{';
+    for (unsigned b = 0; b < IDEM_SHARD_BUCKETS; b++) {
+        size_t owner = 0;
+        int64_t epoch = 0;
+
+        if (idem_shard_map_owner(sh->map, b, &owner, &epoch) != 0 || owner != i)
+            continue;
+        blen += (size_t)snprintf(buckets + blen, bcap - blen, "%s%u", blen > 1 ? "," : "", b);
+        elen += (size_t)snprintf(epochs + elen, ecap - elen, "%s%lld", elen > 1 ? "," : "",
+                                 (long long)epoch);
+    }
+    buckets[blen++] = '}';
+    buckets[blen] = '\0';
+    epochs[elen++] = '}';
+    epochs[elen] = '\0';
+    params[0] = buckets;
+    params[1] = epochs;
+    rc = tx_run(tx, sh->names[i],
+                "INSERT INTO idem_buckets (bucket, epoch)"
+                " SELECT * FROM unnest(CAST($1 AS integer[]), CAST($2 AS bigint[]))",
+                2, params, NULL, err, cap);
+    if (rc == 0) {
+        rc = idem_tx_commit(tx);
+        tx = NULL;
+        if (rc < 0)
+            idem__fmt(err, cap, "shard cluster %s: commit: %s", sh->names[i], idem_strerror(rc));
+    }
+out:
+    idem_rows_free(rows);
+    idem_tx_rollback(tx);
+    free(buckets);
+    free(epochs);
+    return rc;
+}
+
+int idem_shards_init(const char *directory_uri, const struct idem_shard_cluster *clusters, size_t n,
+                     const struct idem_store_options *opts, char **errmsg)
+{
+    int rc = 0;
+    struct idem_store *dir = NULL;
+    struct idem_shards *sh = NULL;
+    char err[IDEM_ERRMSG_MAX] = "";
+
+    if (errmsg)
+        *errmsg = NULL;
+    if (!directory_uri || !clusters || n == 0 || n > IDEM_SHARD_BUCKETS)
+        return set_err(errmsg, IDEM_EINVAL, "from 1 to 1024 clusters, and a directory");
+    for (size_t i = 0; i < n; i++) {
+        if (!clusters[i].name || !clusters[i].uri || !clusters[i].name[0] ||
+            strlen(clusters[i].name) > IDEM_SHARD_NAME_MAX)
+            return set_err(errmsg, IDEM_EINVAL,
+                           "a cluster needs a name (1 to 63 characters)"
+                           " and a URI");
+        for (size_t j = 0; j < i; j++) {
+            if (strcmp(clusters[i].name, clusters[j].name) == 0)
+                return set_err(errmsg, IDEM_EINVAL, "a cluster is named twice");
+        }
+    }
+    rc = idem_store_open(directory_uri, opts, &dir, errmsg);
+    if (rc == 0)
+        rc = idem__shard_directory_migrate(dir, errmsg);
+    if (rc == 0)
+        rc = init_directory(dir, clusters, n, err, sizeof err);
+    if (rc < 0)
+        goto out;
+    rc = idem_shards_open(directory_uri, opts, &sh, errmsg);
+    for (size_t i = 0; rc == 0 && i < sh->n; i++)
+        rc = init_fence_rows(sh, i, err, sizeof err);
+out:
+    if (rc < 0)
+        set_err(errmsg, rc, err);
+    idem_shards_close(sh);
+    idem_store_close(dir);
+    return rc;
+}
+
+/* One move of one bucket: the set it runs on and what the directory said of the bucket. */
+struct move {
+    struct idem_shards *sh;
+    const struct idem_shard_move_options *mo;
+    char bucket[16];
+    size_t from, to;
+    int64_t epoch, t0;
+    char err[IDEM_ERRMSG_MAX];
+};
+
+static const char *const step_name[] = {
+    [IDEM_SHARD_MOVE_FROZEN] = "frozen",   [IDEM_SHARD_MOVE_FENCED] = "fenced",
+    [IDEM_SHARD_MOVE_DRAINED] = "drained", [IDEM_SHARD_MOVE_COPIED] = "copied",
+    [IDEM_SHARD_MOVE_FLIPPED] = "flipped", [IDEM_SHARD_MOVE_OPENED] = "opened",
+    [IDEM_SHARD_MOVE_CLEANED] = "cleaned",
+};
+
+static int step_done(struct move *mv, enum idem_shard_move_step step, int64_t records)
+{
+    if (!mv->mo || !mv->mo->on_step)
+        return 0;
+    if (mv->mo->on_step(step, clock_mono_ms() - mv->t0, records, mv->mo->arg) == 0)
+        return 0;
+    idem__fmt(mv->err, sizeof mv->err, "bucket %s: the move was stopped once %s; run it again",
+              mv->bucket, step_name[step]);
+    return IDEM_ESTATE;
+}
+
+/*
+ * Runs `sql` (`np` parameters) in a write transaction of its own on `st`, the mover's way past
+ * the fence set when `mover`; *changed (may be NULL) the rows it changed.
+ */
+static int move_exec(struct move *mv, struct idem_store *st, const char *where, int mover,
+                     const char *sql, int np, const char *const *params, int64_t *changed)
+{
+    int rc;
+    struct idem_tx *tx = NULL;
+    struct idem_rows *rows = NULL;
+
+    rc = idem_tx_begin(st, 1, &tx);
+    if (rc < 0) {
+        idem__fmt(mv->err, sizeof mv->err, "%s: %s", where, idem_strerror(rc));
+        return rc;
+    }
+    if (mover)
+        rc = tx_run(tx, where, "SELECT set_config('idem.mover', 'on', true)", 0, NULL, NULL,
+                    mv->err, sizeof mv->err);
+    if (rc == 0)
+        rc = tx_run(tx, where, sql, np, params, &rows, mv->err, sizeof mv->err);
+    if (rc == 0 && changed)
+        *changed = idem_rows_changed(rows);
+    idem_rows_free(rows);
+    if (rc < 0) {
+        idem_tx_rollback(tx);
+        return rc;
+    }
+    rc = idem_tx_commit(tx);
+    if (rc < 0)
+        idem__fmt(mv->err, sizeof mv->err, "%s: commit: %s", where, idem_strerror(rc));
+    return rc;
+}
+
+/* The first value of `sql` (no parameters) on `st`, read in a transaction of its own. */
+static int move_query(struct move *mv, struct idem_store *st, const char *where, const char *sql,
+                      const char *a, char *out, size_t cap)
+{
+    int rc;
+    struct idem_tx *tx = NULL;
+    struct idem_rows *rows = NULL;
+    const char *params[1] = {a};
+
+    rc = idem_tx_begin(st, 0, &tx);
+    if (rc < 0) {
+        idem__fmt(mv->err, sizeof mv->err, "%s: %s", where, idem_strerror(rc));
+        return rc;
+    }
+    rc = tx_run(tx, where, sql, a ? 1 : 0, params, &rows, mv->err, sizeof mv->err);
+    if (rc == 0)
+        idem__fmt(out, cap, "%s", idem_rows_get(rows, 0, 0) ? idem_rows_get(rows, 0, 0) : "");
+    idem_rows_free(rows);
+    idem_tx_rollback(tx);
+    return rc;
+}
+
+/*
+ * The drain: waits until no session of the cluster's database is in a transaction that began
+ * before `since`, the cluster's clock read after the fence row's delete committed.  A writer
+ * that read the fence row before the delete did so inside a transaction that had begun by then,
+ * whatever its isolation and however its statements took their snapshots, so once no such
+ * transaction is open none can commit a write of the bucket (docs/shards.md).  Sessions of other
+ * roles are seen only with pg_read_all_stats: without it the drain could miss them, so it is
+ * required.
+ */
+static int drain(struct move *mv, size_t i, const char *since)
+{
+    int rc;
+    char seen[512];
+    int64_t deadline = clock_mono_ms() +
+                       (mv->mo && mv->mo->drain_timeout_ms > 0 ? mv->mo->drain_timeout_ms : 30000);
+
+    rc = move_query(mv, mv->sh->stores[i], mv->sh->names[i],
+                    "SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')", NULL, seen,
+                    sizeof seen);
+    if (rc == 0 && strcmp(seen, "t") != 0) {
+        idem__fmt(mv->err, sizeof mv->err,
+                  "%s: the mover's role must see every session (pg_read_all_stats)",
+                  mv->sh->names[i]);
+        return IDEM_ESTATE;
+    }
+    for (; rc == 0;) {
+        rc = move_query(mv, mv->sh->stores[i], mv->sh->names[i],
+                        "SELECT coalesce(string_agg(pid || ' (' || coalesce(state, '?') || ': '"
+                        " || left(query, 40) || ')', ', '), '') FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                        " AND backend_type = 'client backend'"
+                        " AND xact_start < CAST($1 AS timestamptz)",
+                        since, seen, sizeof seen);
+        if (rc < 0 || seen[0] == '\0')
+            break;
+        if (clock_mono_ms() > deadline) {
+            idem__fmt(mv->err, sizeof mv->err,
+                      "%s: transactions older than the fence still open (pids %s); the bucket "
+                      "stays frozen: run the move again",
+                      mv->sh->names[i], seen);
+            return IDEM_ESTATE;
+        }
+        clock_sleep_ms(10);
+    }
+    return rc;
+}
+
+/* Rows of a copy page: at most this many records go in one INSERT. */
+#define COPY_PAGE 500
+
+/* Inserts rows [from, to) of `rows` (each a record as JSON) into `table` in `tx`. */
+static int copy_page(struct move *mv, struct idem_tx *tx, const char *table,
+                     const struct idem_rows *rows, int from, int to)
+{
+    int rc;
+    size_t len = 3, at = 0;
+    char *json = NULL, sql[160];
+    const char *params[1];
+
+    for (int r = from; r < to; r++)
+        len += strlen(idem_rows_get(rows, r, 0)) + 1;
+    json = malloc(len);
+    if (!json)
+        return IDEM_ENOMEM;
+    json[at++] = '[';
+    for (int r = from; r < to; r++) {
+        size_t n = strlen(idem_rows_get(rows, r, 0));
+        if (r > from)
+            json[at++] = ',';
+        memcpy(json + at, idem_rows_get(rows, r, 0), n);
+        at += n;
+    }
+    json[at++] = ']';
+    json[at] = '\0';
+    params[0] = json;
+    idem__fmt(sql, sizeof sql,
+              "INSERT INTO %s SELECT * FROM json_populate_recordset(NULL::%s, CAST($1 AS json))",
+              table, table);
+    rc = tx_run(tx, mv->sh->names[mv->to], sql, 1, params, NULL, mv->err, sizeof mv->err);
+    free(json);
+    return rc;
+}
+
+/*
+ * The copy: the bucket's records and keys in flight, read from the owner in one snapshot, written
+ * at the new owner in one transaction that first removes whatever an earlier, cut-short move left
+ * there.  The new owner holds no idem_buckets row for the bucket yet: the mover's setting lets
+ * these writes past its fence, and nobody else's.  The bucket's rows are read whole (one scan of
+ * each table, as the function of the principal has no index): the mover holds them in memory.
+ */
+static int copy_bucket(struct move *mv, int64_t *copied)
+{
+    int rc;
+    struct idem_tx *src = NULL, *dst = NULL;
+    struct idem_rows *records = NULL, *inflight = NULL;
+    const char *params[1] = {mv->bucket};
+    const char *from = mv->sh->names[mv->from], *to = mv->sh->names[mv->to];
+
+    rc = idem_tx_begin(mv->sh->stores[mv->from], 0, &src);
+    if (rc < 0) {
+        idem__fmt(mv->err, sizeof mv->err, "%s: %s", from, idem_strerror(rc));
+        goto out;
+    }
+    rc = tx_run(src, from,
+                "SELECT row_to_json(r)::text FROM idem_records r"
+                " WHERE idem_bucket_of(r.principal) = CAST($1 AS integer)",
+                1, params, &records, mv->err, sizeof mv->err);
+    if (rc == 0)
+        rc = tx_run(src, from,
+                    "SELECT row_to_json(f)::text FROM idem_inflight f"
+                    " WHERE idem_bucket_of(f.principal) = CAST($1 AS integer)",
+                    1, params, &inflight, mv->err, sizeof mv->err);
+    if (rc < 0)
+        goto out;
+    rc = idem_tx_begin(mv->sh->stores[mv->to], 1, &dst);
+    if (rc < 0) {
+        idem__fmt(mv->err, sizeof mv->err, "%s: %s", to, idem_strerror(rc));
+        goto out;
+    }
+    rc = tx_run(dst, to, "SELECT set_config('idem.mover', 'on', true)", 0, NULL, NULL, mv->err,
+                sizeof mv->err);
+    if (rc == 0)
+        rc = tx_run(dst, to,
+                    "DELETE FROM idem_inflight WHERE idem_bucket_of(principal) = CAST($1 AS "
+                    "integer)",
+                    1, params, NULL, mv->err, sizeof mv->err);
+    if (rc == 0)
+        rc = tx_run(dst, to,
+                    "DELETE FROM idem_records WHERE idem_bucket_of(principal) = CAST($1 AS "
+                    "integer)",
+                    1, params, NULL, mv->err, sizeof mv->err);
+    for (int r = 0; rc == 0 && r < idem_rows_count(records); r += COPY_PAGE)
+        rc = copy_page(mv, dst, "idem_records", records, r,
+                       r + COPY_PAGE < idem_rows_count(records) ? r + COPY_PAGE
+                                                                : idem_rows_count(records));
+    for (int r = 0; rc == 0 && r < idem_rows_count(inflight); r += COPY_PAGE)
+        rc = copy_page(mv, dst, "idem_inflight", inflight, r,
+                       r + COPY_PAGE < idem_rows_count(inflight) ? r + COPY_PAGE
+                                                                 : idem_rows_count(inflight));
+    if (rc < 0)
+        goto out;
+    rc = idem_tx_commit(dst);
+    dst = NULL;
+    if (rc < 0) {
+        idem__fmt(mv->err, sizeof mv->err, "%s: commit: %s", to, idem_strerror(rc));
+        goto out;
+    }
+    *copied = idem_rows_count(records);
+out:
+    idem_rows_free(records);
+    idem_rows_free(inflight);
+    idem_tx_rollback(dst);
+    idem_tx_rollback(src);
+    return rc;
+}
+
+/* Freeze, fence, drain, copy and flip: the steps that end with the directory naming mv->to. */
+static int move_over(struct move *mv, int moving)
+{
+    int rc = 0;
+    int64_t changed = 0, copied = 0;
+    char epoch[24], next[24], since[64];
+    char **sinces = NULL;
+    const char *freeze[3] = {mv->bucket, mv->sh->names[mv->from], epoch};
+    const char *flip[5] = {mv->bucket, mv->sh->names[mv->to], next, mv->sh->names[mv->from], epoch};
+
+    idem__fmt(epoch, sizeof epoch, "%lld", (long long)mv->epoch);
+    idem__fmt(next, sizeof next, "%lld", (long long)mv->epoch + 1);
+    if (!moving) {
+        rc = move_exec(mv, mv->sh->dir, "shard directory", 0,
+                       "UPDATE idem_shard_buckets SET moving = 1 WHERE bucket = CAST($1 AS "
+                       "integer) AND cluster = $2 AND epoch = CAST($3 AS bigint) AND moving = 0",
+                       3, freeze, &changed);
+        if (rc == 0 && changed != 1) {
+            idem__fmt(mv->err, sizeof mv->err, "bucket %s changed under the move", mv->bucket);
+            rc = IDEM_ESTATE;
+        }
+    }
+    if (rc == 0)
+        rc = step_done(mv, IDEM_SHARD_MOVE_FROZEN, 0);
+    if (rc < 0)
+        return rc;
+
+    /* Every cluster, the new owner too: one an earlier move cut short may hold a row. */
+    sinces = calloc(mv->sh->n, sizeof(*sinces));
+    if (!sinces)
+        return IDEM_ENOMEM;
+    for (size_t i = 0; rc == 0 && i < mv->sh->n; i++) {
+        rc = move_exec(mv, mv->sh->stores[i], mv->sh->names[i], 0,
+                       "DELETE FROM idem_buckets WHERE bucket = CAST($1 AS integer)", 1, freeze,
+                       NULL);
+        if (rc == 0)
+            rc = move_query(mv, mv->sh->stores[i], mv->sh->names[i],
+                            "SELECT clock_timestamp()::text", NULL, since, sizeof since);
+        if (rc == 0) {
+            sinces[i] = idem__strdup(since);
+            if (!sinces[i])
+                rc = IDEM_ENOMEM;
+        }
+    }
+    if (rc == 0)
+        rc = step_done(mv, IDEM_SHARD_MOVE_FENCED, 0);
+    for (size_t i = 0; rc == 0 && i < mv->sh->n; i++)
+        rc = drain(mv, i, sinces[i]);
+    if (rc == 0)
+        rc = step_done(mv, IDEM_SHARD_MOVE_DRAINED, 0);
+    if (rc == 0 && mv->from != mv->to)
+        rc = copy_bucket(mv, &copied);
+    if (rc == 0)
+        rc = step_done(mv, IDEM_SHARD_MOVE_COPIED, copied);
+    if (rc == 0) {
+        rc = move_exec(mv, mv->sh->dir, "shard directory", 0,
+                       "UPDATE idem_shard_buckets SET cluster = $2, epoch = CAST($3 AS bigint),"
+                       " moving = 0 WHERE bucket = CAST($1 AS integer) AND cluster = $4"
+                       " AND epoch = CAST($5 AS bigint) AND moving = 1",
+                       5, flip, &changed);
+        if (rc == 0 && changed != 1) {
+            idem__fmt(mv->err, sizeof mv->err, "bucket %s changed under the move", mv->bucket);
+            rc = IDEM_ESTATE;
+        }
+        if (rc == 0) {
+            mv->epoch++;
+            rc = step_done(mv, IDEM_SHARD_MOVE_FLIPPED, 0);
+        }
+    }
+    for (size_t i = 0; sinces && i < mv->sh->n; i++)
+        free(sinces[i]);
+    free(sinces);
+    return rc;
+}
+
+/*
+ * The end of a move, which also finishes one cut short after its flip: the owner the directory
+ * names gets its idem_buckets row (at the map's epoch), then every other cluster, which holds no
+ * such row, loses its copies of the bucket's records.
+ */
+static int move_finish(struct move *mv)
+{
+    int rc;
+    char epoch[24];
+    const char *open[2] = {mv->bucket, epoch};
+
+    idem__fmt(epoch, sizeof epoch, "%lld", (long long)mv->epoch);
+    rc = move_exec(mv, mv->sh->stores[mv->to], mv->sh->names[mv->to], 0,
+                   "INSERT INTO idem_buckets (bucket, epoch) VALUES (CAST($1 AS integer),"
+                   " CAST($2 AS bigint)) ON CONFLICT (bucket) DO UPDATE SET epoch = EXCLUDED.epoch",
+                   2, open, NULL);
+    if (rc == 0)
+        rc = step_done(mv, IDEM_SHARD_MOVE_OPENED, 0);
+    for (size_t i = 0; rc == 0 && i < mv->sh->n; i++) {
+        if (i == mv->to)
+            continue;
+        rc = move_exec(mv, mv->sh->stores[i], mv->sh->names[i], 1,
+                       "WITH f AS (DELETE FROM idem_inflight"
+                       "  WHERE idem_bucket_of(principal) = CAST($1 AS integer)"
+                       "  AND NOT EXISTS (SELECT 1 FROM idem_buckets WHERE bucket = CAST($1 AS "
+                       "integer)))"
+                       " DELETE FROM idem_records WHERE idem_bucket_of(principal) = CAST($1 AS "
+                       "integer) AND NOT EXISTS (SELECT 1 FROM idem_buckets"
+                       "  WHERE bucket = CAST($1 AS integer))",
+                       1, open, NULL);
+    }
+    if (rc == 0)
+        rc = step_done(mv, IDEM_SHARD_MOVE_CLEANED, 0);
+    return rc;
+}
+
+int idem_shards_move(const char *directory_uri, unsigned bucket, const char *to,
+                     const struct idem_shard_move_options *opts, char **errmsg)
+{
+    int rc = 0, moving;
+    struct move mv = {.mo = opts, .t0 = clock_mono_ms()};
+
+    if (errmsg)
+        *errmsg = NULL;
+    if (!directory_uri || !to || bucket >= IDEM_SHARD_BUCKETS)
+        return set_err(errmsg, IDEM_EINVAL, "a bucket from 0 to 1023, a cluster, a directory");
+    idem__fmt(mv.bucket, sizeof mv.bucket, "%u", bucket);
+    rc = idem_shards_open(directory_uri, opts ? opts->store : NULL, &mv.sh, errmsg);
+    if (rc < 0)
+        goto out;
+    mv.to = mv.sh->n;
+    for (size_t i = 0; i < mv.sh->n; i++) {
+        if (strcmp(mv.sh->names[i], to) == 0)
+            mv.to = i;
+    }
+    if (mv.to == mv.sh->n) {
+        idem__fmt(mv.err, sizeof mv.err, "the directory names no cluster '%s'", to);
+        rc = IDEM_EINVAL;
+        goto out;
+    }
+    /* The set read the map as it opened: where the bucket is, and whether a move has it. */
+    moving = idem_shard_map_owner(mv.sh->map, bucket, &mv.from, &mv.epoch) == IDEM_EMOVED;
+    if (moving || mv.from != mv.to)
+        rc = move_over(&mv, moving);
+    if (rc == 0)
+        rc = move_finish(&mv);
+out:
+    if (rc < 0)
+        set_err(errmsg, rc, mv.err);
+    idem_shards_close(mv.sh);
+    return rc;
 }

@@ -866,13 +866,75 @@ IDEM_API int idem_shards_refresh(struct idem_shards *sh);
 
 /*
  * idem_tx_begin() on the cluster that owns `principal`'s bucket.  A write transaction first
- * locks that bucket's row of the cluster's idem_buckets (FOR KEY SHARE, until the transaction
- * ends), so everything it writes is fenced: a bucket the cluster does not own, or no longer
- * does, is IDEM_EMOVED (the map is re-read: begin again), and a move of the bucket waits for the
- * transaction to end.  Returns what idem_tx_begin() returns, or IDEM_EMOVED.
+ * reads that bucket's row of the cluster's idem_buckets (without locking it), so everything it
+ * writes is fenced: a bucket the cluster does not own, or no longer does, is IDEM_EMOVED (the
+ * map is re-read: begin again), and a move of the bucket waits for the transaction to end
+ * (idem_shards_move()).  Returns what idem_tx_begin() returns, or IDEM_EMOVED.
  */
 IDEM_API int idem_shards_tx_begin(struct idem_shards *sh, const char *principal, int write,
                                   struct idem_tx **out);
+
+/* A cluster of a shard set being set up: its name (1 to IDEM_SHARD_NAME_MAX characters) and
+ * its store URI (PostgreSQL, no password in it). */
+struct idem_shard_cluster {
+    const char *name;
+    const char *uri;
+};
+
+/*
+ * Sets a directory up: names the `n` clusters and spreads the IDEM_SHARD_BUCKETS buckets over
+ * them evenly in the order given (contiguous ranges, epoch 1), in one directory transaction;
+ * then installs each cluster's fence (idem_shards_open()) and gives it the idem_buckets rows of
+ * the buckets it owns.  Idempotent: a directory that names exactly these clusters and URIs is
+ * kept as it is (its buckets may have moved since) and only the fence rows of a cluster that has
+ * none yet are written, so a set-up cut short is finished by running it again.  A directory that
+ * names other clusters or URIs is refused with IDEM_ESTATE and left alone.  Run it while no move
+ * runs.  `opts` (may be NULL) opens every store.  Returns 0, or a negative code with *errmsg
+ * (new, free with idem_free; may be NULL).
+ */
+IDEM_API int idem_shards_init(const char *directory_uri, const struct idem_shard_cluster *clusters,
+                              size_t n, const struct idem_store_options *opts, char **errmsg);
+
+/* The steps of a move, in order, as idem_shards_move() reports them. */
+enum idem_shard_move_step {
+    IDEM_SHARD_MOVE_FROZEN = 1, /* the directory marks the bucket moving */
+    IDEM_SHARD_MOVE_FENCED,     /* no cluster holds the bucket's idem_buckets row */
+    IDEM_SHARD_MOVE_DRAINED,    /* every transaction older than that has ended */
+    IDEM_SHARD_MOVE_COPIED,     /* the new owner holds the bucket's records */
+    IDEM_SHARD_MOVE_FLIPPED,    /* the directory names the new owner, epoch + 1, not moving */
+    IDEM_SHARD_MOVE_OPENED,     /* the new owner's idem_buckets row: it takes writes */
+    IDEM_SHARD_MOVE_CLEANED,    /* the other clusters' copies of the records are removed */
+};
+
+struct idem_shard_move_options {
+    const struct idem_store_options *store; /* opens every store; NULL: defaults */
+    /* How long to wait for the transactions older than the fence (0: 30,000 ms). */
+    int drain_timeout_ms;
+    /*
+     * Called after each step (may be NULL) with the milliseconds since the move began and, for
+     * COPIED, the number of records copied (else 0).  A non-zero return stops the move there
+     * with IDEM_ESTATE, as a crash would: running the move again finishes it.
+     */
+    int (*on_step)(enum idem_shard_move_step step, int64_t elapsed_ms, int64_t records, void *arg);
+    void *arg;
+};
+
+/*
+ * Moves `bucket` to the cluster named `to` while instances run (docs/shards.md, "Moving a
+ * bucket"): freezes it in the directory (instances answer its principals 503), deletes its
+ * idem_buckets row on every cluster, waits for every transaction that began before that delete,
+ * copies its records and keys in flight from the owner to `to` in one transaction, flips the
+ * map (owner `to`, epoch + 1, not moving) in one directory transaction, gives `to` its
+ * idem_buckets row, and removes the records of the bucket from every other cluster.  Each step
+ * is safe to cut short (kill -9): run the move again, with the same `to`, to finish it; a move
+ * to the bucket's current owner ends a move cut short before its flip without moving anything.
+ * No two clusters take writes for the bucket at once, and no record is lost.  `opts` may be
+ * NULL.  Returns 0, IDEM_EINVAL (a bucket out of range, a cluster the directory does not name),
+ * IDEM_ESTATE (the bucket changed under the move, the drain timed out, or on_step stopped it), or
+ * the stores' error; *errmsg (new, free with idem_free; may be NULL) says which.
+ */
+IDEM_API int idem_shards_move(const char *directory_uri, unsigned bucket, const char *to,
+                              const struct idem_shard_move_options *opts, char **errmsg);
 
 #ifdef __cplusplus
 }
