@@ -1,8 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * main.c - idem-gateway's command line: `serve`, `check-config`, `keys list|show|resolve`,
- * `--help`,
- * `--version`.
+ * `shards init|show|move` (shards_cmd.c), `--help`, `--version`.
  * As in orderd, a wrong flag or value is named on stderr with exit status 2, a failure at run
  * time exits with 1; a config file with a mistake is one line naming the file, the line and what
  * was expected (config.h).
@@ -24,6 +23,7 @@
 #include "options.h"
 #include "records.h"
 #include "serve.h"
+#include "shards_cmd.h"
 #include "tls.h"
 #include "util.h"
 #include "banned.h"
@@ -46,6 +46,9 @@ static const char usage_main[] =
     "  keys show      print the record of one key\n"
     "  keys list      the held keys (outcome unknown) an operator must resolve, a page at a time\n"
     "  keys resolve   settle a record whose outcome is unknown (held)\n"
+    "  shards init    set a shard set's directory up (its clusters, the buckets spread)\n"
+    "  shards show    print a shard set's map: clusters, bucket counts, buckets moving\n"
+    "  shards move    move a bucket to another cluster while the gateways run\n"
     "\n"
     "Options:\n"
     "  -h, --help     show this help\n"
@@ -635,6 +638,8 @@ int main(int argc, char **argv)
         return cmd_check(argc - 1, argv + 1);
     if (strcmp(argv[1], "keys") == 0)
         return cmd_keys(argc - 1, argv + 1);
+    if (strcmp(argv[1], "shards") == 0)
+        return cmd_shards(argc - 1, argv + 1);
     fprintf(stderr, "idem-gateway: unknown command '%s'\n%s", argv[1], usage_main);
     return EXIT_USAGE;
 }

@@ -1,0 +1,258 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * shards_cmd.c - `idem-gateway shards init|show|move`: what an operator runs to set a shard
+ * set's directory up, to see its map, and to move a bucket while the instances run.  The work is
+ * libidem's (idem_shards_init, idem_shards_move, idem_shard_map_read), so orderd or a tool of
+ * its own can do the same; this file is the command line and what it prints.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "idem/idem.h"
+
+#include "options.h"
+#include "shards_cmd.h"
+#include "banned.h"
+
+#define EXIT_USAGE 2
+#define MAX_CLUSTERS 64
+
+static const char usage_shards[] =
+    "Usage: idem-gateway shards init --directory URI --cluster NAME=URI [--cluster ...]\n"
+    "       idem-gateway shards show --directory URI [--buckets]\n"
+    "       idem-gateway shards move --directory URI BUCKET --to NAME [--drain-timeout MS]\n"
+    "\n"
+    "A shard set (docs/shards.md): the directory, a PostgreSQL database (the URI of\n"
+    "'store: shards:URI', with or without 'shards:'), maps each of 1024 buckets to a cluster.\n"
+    "init names the clusters and spreads the buckets evenly over them in the order given, then\n"
+    "gives each cluster its fence; run again, it finishes a set-up cut short, and it refuses a\n"
+    "directory that holds another map.\n"
+    "show prints each cluster with its number of buckets, and the buckets being moved (a move\n"
+    "cut short: run it again); --buckets lists every bucket, its cluster and epoch.\n"
+    "move moves BUCKET to cluster NAME while the instances run: its principals get 503 with\n"
+    "Retry-After until it is done.  Each step is printed with the milliseconds since the start.\n"
+    "A move cut short (killed) is finished by running it again; a move to the bucket's owner\n"
+    "ends one cut short before its flip.  Exit status 1 when it fails.\n"
+    "\n"
+    "Options:\n";
+
+struct shards_args {
+    const char *directory;
+    struct idem_shard_cluster clusters[MAX_CLUSTERS];
+    char *copies[MAX_CLUSTERS];
+    size_t nclusters;
+    const char *to;
+    int buckets, drain_ms;
+};
+
+static int cluster_option(struct options *o, const struct option_row *row, const char *arg)
+{
+    struct shards_args *a = row->value;
+    const char *eq = strchr(arg, '=');
+    char *copy;
+
+    if (!eq || eq == arg || !eq[1])
+        return options_error(o, "--cluster is NAME=URI");
+    if (a->nclusters == MAX_CLUSTERS)
+        return options_error(o, "at most %d --cluster", MAX_CLUSTERS);
+    copy = strdup(arg);
+    if (!copy)
+        return options_error(o, "out of memory");
+    copy[eq - arg] = '\0';
+    a->copies[a->nclusters] = copy;
+    a->clusters[a->nclusters].name = copy;
+    a->clusters[a->nclusters].uri = copy + (eq - arg) + 1;
+    a->nclusters++;
+    return OPTIONS_CONTINUE;
+}
+
+/* The directory's URI without the gateway config's "shards:" in front. */
+static const char *directory_uri(const char *uri)
+{
+    return strncmp(uri, "shards:", 7) == 0 ? uri + 7 : uri;
+}
+
+static int shards_show(const struct shards_args *a)
+{
+    int rc, status = 1;
+    struct idem_store *dir = NULL;
+    struct idem_shard_map *map = NULL;
+    size_t count[MAX_CLUSTERS + 1] = {0}, nmoving = 0, n;
+    char *err = NULL;
+
+    rc = idem_store_open(directory_uri(a->directory), NULL, &dir, &err);
+    if (rc == 0)
+        rc = idem_shard_map_read(dir, &map, &err);
+    if (rc < 0) {
+        fprintf(stderr, "idem-gateway shards: %s\n", err ? err : idem_strerror(rc));
+        goto out;
+    }
+    n = idem_shard_map_clusters(map);
+    for (unsigned b = 0; b < IDEM_SHARD_BUCKETS; b++) {
+        size_t c = 0;
+        nmoving += idem_shard_map_owner(map, b, &c, NULL) == IDEM_EMOVED;
+        count[c < MAX_CLUSTERS ? c : MAX_CLUSTERS]++;
+    }
+    printf("%-16s %7s  %s\n", "cluster", "buckets", "uri");
+    for (size_t i = 0; i < n; i++)
+        printf("%-16s %7zu  %s\n", idem_shard_map_name(map, i), i < MAX_CLUSTERS ? count[i] : 0,
+               idem_shard_map_uri(map, i));
+    printf("moving: %zu\n", nmoving);
+    for (unsigned b = 0; b < IDEM_SHARD_BUCKETS; b++) {
+        size_t c = 0;
+        int64_t epoch = 0;
+        int moving = idem_shard_map_owner(map, b, &c, &epoch) == IDEM_EMOVED;
+
+        if (moving)
+            printf("  bucket %u: moving from %s (epoch %lld): run 'shards move' again to finish"
+                   "\n",
+                   b, idem_shard_map_name(map, c), (long long)epoch);
+        if (a->buckets)
+            printf("bucket %u %s %lld%s\n", b, idem_shard_map_name(map, c), (long long)epoch,
+                   moving ? " moving" : "");
+    }
+    status = 0;
+out:
+    idem_free(err);
+    idem_shard_map_free(map);
+    idem_store_close(dir);
+    return status;
+}
+
+static int shards_init(const struct shards_args *a)
+{
+    char *err = NULL;
+    int rc = idem_shards_init(directory_uri(a->directory), a->clusters, a->nclusters, NULL, &err);
+
+    if (rc < 0) {
+        fprintf(stderr, "idem-gateway shards: %s\n", err ? err : idem_strerror(rc));
+        idem_free(err);
+        return 1;
+    }
+    printf("shards: %zu clusters, %d buckets\n", a->nclusters, IDEM_SHARD_BUCKETS);
+    return 0;
+}
+
+static const char *const step_text[] = {
+    [IDEM_SHARD_MOVE_FROZEN] = "frozen",   [IDEM_SHARD_MOVE_FENCED] = "fenced",
+    [IDEM_SHARD_MOVE_DRAINED] = "drained", [IDEM_SHARD_MOVE_COPIED] = "copied",
+    [IDEM_SHARD_MOVE_FLIPPED] = "flipped", [IDEM_SHARD_MOVE_OPENED] = "opened",
+    [IDEM_SHARD_MOVE_CLEANED] = "cleaned",
+};
+
+/* What a move has done so far, for its last line. */
+struct move_seen {
+    unsigned bucket;
+    int64_t frozen_ms, flipped_ms, records;
+};
+
+static int move_step(enum idem_shard_move_step step, int64_t elapsed_ms, int64_t records, void *arg)
+{
+    struct move_seen *seen = arg;
+
+    if (step == IDEM_SHARD_MOVE_FROZEN)
+        seen->frozen_ms = elapsed_ms;
+    if (step == IDEM_SHARD_MOVE_FLIPPED)
+        seen->flipped_ms = elapsed_ms;
+    if (step == IDEM_SHARD_MOVE_COPIED) {
+        seen->records = records;
+        printf("bucket %u: %s %lld records (%lld ms)\n", seen->bucket, step_text[step],
+               (long long)records, (long long)elapsed_ms);
+    } else {
+        printf("bucket %u: %s (%lld ms)\n", seen->bucket, step_text[step], (long long)elapsed_ms);
+    }
+    fflush(stdout); /* a watcher (or a test) sees each step as it ends */
+    return 0;
+}
+
+static int shards_move(const struct shards_args *a, const char *bucket_arg, struct options *o)
+{
+    char *end = NULL, *err = NULL;
+    long bucket = strtol(bucket_arg, &end, 10);
+    struct move_seen seen = {.frozen_ms = -1, .flipped_ms = -1};
+    struct idem_shard_move_options mo = {
+        .drain_timeout_ms = a->drain_ms, .on_step = move_step, .arg = &seen};
+    int rc;
+
+    if (*end != '\0' || end == bucket_arg || bucket < 0 || bucket >= IDEM_SHARD_BUCKETS)
+        return options_error(o, "BUCKET is a number from 0 to %d", IDEM_SHARD_BUCKETS - 1);
+    if (!a->to)
+        return options_error(o, "--to NAME is required");
+    seen.bucket = (unsigned)bucket;
+    rc = idem_shards_move(directory_uri(a->directory), (unsigned)bucket, a->to, &mo, &err);
+    if (rc < 0) {
+        fprintf(stderr, "idem-gateway shards: %s\n", err ? err : idem_strerror(rc));
+        idem_free(err);
+        return 1;
+    }
+    if (seen.flipped_ms >= 0)
+        printf("bucket %ld: on %s, frozen %lld ms, %lld records\n", bucket, a->to,
+               (long long)(seen.flipped_ms - (seen.frozen_ms > 0 ? seen.frozen_ms : 0)),
+               (long long)seen.records);
+    else
+        printf("bucket %ld: on %s\n", bucket, a->to);
+    return 0;
+}
+
+int cmd_shards(int argc, char **argv)
+{
+    struct shards_args a = {0};
+    const struct option_row rows[] = {
+        OPT_STRING(0, "directory", &a.directory, "URI",
+                   "the directory's PostgreSQL URI (shards:URI as in the config)"),
+        OPT_CALLBACK(0, "cluster", &a, "NAME=URI", "init: a cluster, its store URI (repeatable)",
+                     cluster_option),
+        OPT_FLAG(0, "buckets", &a.buckets, "show: every bucket, its cluster and epoch"),
+        OPT_STRING(0, "to", &a.to, "NAME", "move: the cluster the bucket goes to"),
+        OPT_INT(0, "drain-timeout", &a.drain_ms, "MS", 1, 3600000,
+                "move: how long to wait for the transactions older than\n"
+                "the fence (default 30000)"),
+        OPT_HELP("show this help"),
+        OPT_END(),
+    };
+    struct options o = {
+        .prog = "idem-gateway shards", .usage = usage_shards, .rows = rows, .column = 24};
+    int status, sub;
+
+    if (argc < 2) {
+        fputs(usage_shards, stderr);
+        return EXIT_USAGE;
+    }
+    sub = strcmp(argv[1], "init") == 0   ? 1
+          : strcmp(argv[1], "show") == 0 ? 2
+          : strcmp(argv[1], "move") == 0 ? 3
+                                         : 0;
+    if (sub == 0 && argv[1][0] != '-')
+        return options_error(&o, "the subcommand is 'init', 'show' or 'move'");
+    status = sub ? options_parse(&o, argc - 1, argv + 1) : options_parse(&o, argc, argv);
+    if (status >= 0)
+        goto out;
+    if (sub == 0) {
+        status = options_error(&o, "the subcommand is 'init', 'show' or 'move'");
+        goto out;
+    }
+    if (!a.directory) {
+        status = options_error(&o, "--directory URI is required");
+        goto out;
+    }
+    if (sub != 3 && o.next < argc - 1) {
+        status = options_error(&o, "unexpected argument '%s'", argv[1 + o.next]);
+        goto out;
+    }
+    if (sub == 1 && a.nclusters == 0)
+        status = options_error(&o, "init needs a --cluster NAME=URI for each cluster");
+    else if (sub == 1)
+        status = shards_init(&a);
+    else if (sub == 2)
+        status = shards_show(&a);
+    else if (o.next != argc - 2)
+        status = options_error(&o, "move takes one BUCKET");
+    else
+        status = shards_move(&a, argv[1 + o.next], &o);
+out:
+    for (size_t i = 0; i < a.nclusters; i++)
+        free(a.copies[i]);
+    return status;
+}
