@@ -67,11 +67,14 @@ struct idem_shards {
     " FOR EACH ROW EXECUTE FUNCTION idem_records_fence();"
 
 /*
- * The mover's way past the fence: a transaction that has set idem.mover to 'on' (set_config(...,
+ * Two ways past the fence, both read only on the refused path (an owned bucket's write pays
+ * nothing for them).  The mover's: a transaction that has set idem.mover to 'on' (set_config(...,
  * true), so it ends with the transaction) may write and delete the records of a bucket its
  * cluster does not own -- the copy into a new owner before it takes writes, and the removal of
- * what the old owner keeps.  The setting is read only on the refused path: an owned bucket's
- * write pays nothing for it.
+ * what the old owner keeps.  And a key in flight's: the holder of a live lease may still update
+ * its record (renew, advance, complete) once the bucket's row is gone, so an answer the upstream
+ * gave during a move is kept; the move waits for those leases before it copies (docs/shards.md).
+ * A new claim, or a takeover of an expired lease, is refused.
  */
 #define FENCE_MOVER_SQL                                                                            \
     "CREATE OR REPLACE FUNCTION idem_records_fence() RETURNS trigger LANGUAGE plpgsql AS $f$"      \
@@ -83,6 +86,10 @@ struct idem_shards {
     "  END IF;"                                                                                    \
     "  IF idem_bucket_owned(NEW.principal) THEN RETURN NEW; END IF;"                               \
     "  IF current_setting('idem.mover', true) = 'on' THEN RETURN NEW; END IF;"                     \
+    "  IF TG_OP = 'UPDATE' AND OLD.status = 0"                                                     \
+    "   AND (NEW.lease_owner IS NULL OR NEW.lease_owner = OLD.lease_owner)"                        \
+    "   AND OLD.lease_expires_ms > (extract(epoch from clock_timestamp()) * 1000)::bigint"         \
+    "   THEN RETURN NEW; END IF;"                                                                  \
     "  RAISE EXCEPTION 'bucket % is not on this cluster (moved or moving)',"                       \
     "   idem_bucket_of(NEW.principal) USING ERRCODE = 'IDM01';"                                    \
     " END $f$;"
@@ -643,6 +650,51 @@ static int drain(struct move *mv, size_t i, const char *since)
     return rc;
 }
 
+/*
+ * At the owner, once its row is gone: waits until no key of the bucket in flight has a live
+ * lease, for its holder may still complete it there (the fence lets it), and then reads the
+ * clock again into *since, so the drain also waits for the transaction of the last such write.
+ * Expired leases stay as they are (held keys, copied as such): nobody can update them now.
+ */
+static int wait_leases(struct move *mv, char **since)
+{
+    int rc = 0;
+    char live[32], now[64];
+    int64_t deadline = clock_mono_ms() +
+                       (mv->mo && mv->mo->drain_timeout_ms > 0 ? mv->mo->drain_timeout_ms : 30000);
+
+    for (;;) {
+        rc = move_query(mv, mv->sh->stores[mv->from], mv->sh->names[mv->from],
+                        "SELECT count(*) FROM idem_inflight f JOIN idem_records r"
+                        " ON r.principal = f.principal AND r.operation = f.operation"
+                        " AND r.idem_key = f.idem_key"
+                        " WHERE idem_bucket_of(f.principal) = CAST($1 AS integer)"
+                        " AND r.lease_expires_ms > (extract(epoch from clock_timestamp()) * 1000)"
+                        "::bigint",
+                        mv->bucket, live, sizeof live);
+        if (rc < 0 || strcmp(live, "0") == 0)
+            break;
+        if (clock_mono_ms() > deadline) {
+            idem__fmt(mv->err, sizeof mv->err,
+                      "%s: %s keys of bucket %s still in flight; the bucket stays frozen: run "
+                      "the move again",
+                      mv->sh->names[mv->from], live, mv->bucket);
+            return IDEM_ESTATE;
+        }
+        clock_sleep_ms(10);
+    }
+    if (rc == 0)
+        rc = move_query(mv, mv->sh->stores[mv->from], mv->sh->names[mv->from],
+                        "SELECT clock_timestamp()::text", NULL, now, sizeof now);
+    if (rc == 0) {
+        free(*since);
+        *since = idem__strdup(now);
+        if (!*since)
+            rc = IDEM_ENOMEM;
+    }
+    return rc;
+}
+
 /* Rows of a copy page: at most this many records go in one INSERT. */
 #define COPY_PAGE 500
 
@@ -798,6 +850,8 @@ static int move_over(struct move *mv, int moving)
     }
     if (rc == 0)
         rc = step_done(mv, IDEM_SHARD_MOVE_FENCED, 0);
+    if (rc == 0)
+        rc = wait_leases(mv, &sinces[mv->from]);
     for (size_t i = 0; rc == 0 && i < mv->sh->n; i++)
         rc = drain(mv, i, sinces[i]);
     if (rc == 0)
