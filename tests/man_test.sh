@@ -78,7 +78,7 @@ if [ -n "$bin" ]; then
     check_options idem-check.1 idem-check conformance
     check_options idem-check.1 idem-check chaos
     check_options idem-gateway.8 idem-gateway
-    for cmd in serve check-config "keys show"; do
+    for cmd in serve check-config "keys show" "shards move"; do
         # shellcheck disable=SC2086
         check_options idem-gateway.8 idem-gateway $cmd
     done

@@ -908,7 +908,7 @@ enum idem_shard_move_step {
 
 struct idem_shard_move_options {
     const struct idem_store_options *store; /* opens every store; NULL: defaults */
-    /* How long to wait for the transactions older than the fence (0: 30,000 ms). */
+    /* How long each wait (keys in flight, older transactions) may take (0: 30,000 ms). */
     int drain_timeout_ms;
     /*
      * Called after each step (may be NULL) with the milliseconds since the move began and, for
@@ -922,16 +922,18 @@ struct idem_shard_move_options {
 /*
  * Moves `bucket` to the cluster named `to` while instances run (docs/shards.md, "Moving a
  * bucket"): freezes it in the directory (instances answer its principals 503), deletes its
- * idem_buckets row on every cluster, waits for every transaction that began before that delete,
- * copies its records and keys in flight from the owner to `to` in one transaction, flips the
- * map (owner `to`, epoch + 1, not moving) in one directory transaction, gives `to` its
- * idem_buckets row, and removes the records of the bucket from every other cluster.  Each step
- * is safe to cut short (kill -9): run the move again, with the same `to`, to finish it; a move
- * to the bucket's current owner ends a move cut short before its flip without moving anything.
- * No two clusters take writes for the bucket at once, and no record is lost.  `opts` may be
- * NULL.  Returns 0, IDEM_EINVAL (a bucket out of range, a cluster the directory does not name),
- * IDEM_ESTATE (the bucket changed under the move, the drain timed out, or on_step stopped it), or
- * the stores' error; *errmsg (new, free with idem_free; may be NULL) says which.
+ * idem_buckets row on every cluster, waits until the bucket's keys in flight at the owner hold no
+ * live lease (their holders may still complete them there: the fence lets them) and every
+ * transaction that began before that has ended, copies its records and keys in flight from the
+ * owner to `to` in one transaction, flips the map (owner `to`, epoch + 1, not moving) in one
+ * directory transaction, gives `to` its idem_buckets row, and removes the records of the bucket
+ * from every other cluster.  Each step is safe to cut short (kill -9): run the move again, with the
+ * same `to`, to finish it; a move to the bucket's current owner ends a move cut short before its
+ * flip without moving anything. No two clusters take writes for the bucket at once, and no record
+ * is lost.  `opts` may be NULL.  Returns 0, IDEM_EINVAL (a bucket out of range, a cluster the
+ * directory does not name), IDEM_ESTATE (the bucket changed under the move, a wait timed out, or
+ * on_step stopped it), or the stores' error; *errmsg (new, free with idem_free; may be NULL) says
+ * which.
  */
 IDEM_API int idem_shards_move(const char *directory_uri, unsigned bucket, const char *to,
                               const struct idem_shard_move_options *opts, char **errmsg);

@@ -207,8 +207,8 @@ int cmd_shards(int argc, char **argv)
         OPT_FLAG(0, "buckets", &a.buckets, "show: every bucket, its cluster and epoch"),
         OPT_STRING(0, "to", &a.to, "NAME", "move: the cluster the bucket goes to"),
         OPT_INT(0, "drain-timeout", &a.drain_ms, "MS", 1, 3600000,
-                "move: how long to wait for the transactions older than\n"
-                "the fence (default 30000)"),
+                "move: how long to wait for keys in flight and for the\n"
+                "transactions older than the fence (default 30000)"),
         OPT_HELP("show this help"),
         OPT_END(),
     };
