@@ -220,6 +220,7 @@ int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
     /* The `many` forms' parameters: the arrays, sent as bytes */
     const char *mvals[DEFER_MAX][DEFER_PARAMS];
     int mlens[DEFER_MAX][DEFER_PARAMS], mfmts[DEFER_MAX][DEFER_PARAMS];
+    const int ending = n > 0 && q[0].ends_tx;
     int nd = 0, nall = 0, synced = 0, bad = -1;
     const char *what;
     PGresult *err = NULL;
@@ -264,7 +265,8 @@ int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
                                         d->lens, d->fmts, 0, d->what);
         }
         all[nall++].fenced = stmt->fenced;
-        if (stmt->after)
+        /* (Before the COMMIT, the transaction's end undoes the settings.) */
+        if (stmt->after && !(ending && i == c->ndefer - 1))
             nall = add_plain(c, all, nall, stmt->after, d->what);
     }
     nd = nall;

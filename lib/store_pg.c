@@ -348,7 +348,8 @@ static const struct pg_stmt rec_sql[RS_COUNT] = {
      * joins by hashing a scan of the whole table, and stays until the table's statistics change.
      * With hash and merge joins and sequential scans off, the one join left is a nested loop over
      * the rows, each an index scan of the primary key.  The values they had are kept in settings
-     * of the store's own (idem.*) and put back, so the rest of the transaction is planned as ever.
+     * of the store's own (idem.*) and put back, so the rest of the transaction is planned as ever;
+     * a COMMIT right after ends them instead (pg_pipeline.c), a statement less per batch.
      */
     [RS_PLAN_PROBES] =
         {.id = RS_PLAN_PROBES,
@@ -804,7 +805,8 @@ static int pg_commit(struct idem_conn *c)
         rc = 0;
         goto out;
     }
-    q[n++] = idem__pg_q_simple("COMMIT", "commit");
+    q[n] = idem__pg_q_simple("COMMIT", "commit");
+    q[n++].ends_tx = 1;
     if (c->nnotify > 0 && !(c->prepared & (1u << RS_NOTIFY)))
         q[n++] = idem__pg_q_prepare(&rec_sql[RS_NOTIFY], "notify");
     if (c->nnotify > 0) {

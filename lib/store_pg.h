@@ -102,7 +102,9 @@ struct pg_stmt {
     /*
      * Or NULL: statements without parameters that the pipeline runs right before this one and
      * right after it, in the same round trip -- the settings it is to be planned under, and
-     * their undoing, so that they bind no other statement of the transaction.
+     * their undoing, so that they bind no other statement of the transaction.  The undoing is
+     * left out when the transaction's COMMIT comes right after it (the settings are the
+     * transaction's own, SET LOCAL, and end with it).
      */
     const struct pg_stmt *before, *after;
 };
@@ -227,6 +229,7 @@ struct pipe_q {
     const int *fmts;
     int binary;    /* its result in binary */
     int optional;  /* its failure is not the pipeline's (best-effort notifications) */
+    int ends_tx;   /* the COMMIT: what is deferred before it needs no settings undone */
     int fenced;    /* a division by zero means the record is not ours (struct pg_stmt) */
     unsigned mark; /* with `prepare`: its bit in c->prepared once the session knows it, or 0 */
     int ok;

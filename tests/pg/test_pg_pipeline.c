@@ -307,6 +307,53 @@ static void test_rows_held_back_in_a_row_go_out_as_one_statement(void)
     session_end(c);
 }
 
+/* pg_commit's COMMIT, after what is deferred. */
+static int commit_deferred(struct idem_conn *c)
+{
+    struct pipe_q q[1] = {idem__pg_q_simple("COMMIT", "commit")};
+    int failed, rc;
+
+    q[0].ends_tx = 1;
+    rc = idem__pg_pipe_run(c, q, 1, &failed);
+    clear(q, 1);
+    idem__pg_tx_forget(c);
+    return rc;
+}
+
+/*
+ * The undoing of a statement's settings is left to a COMMIT right after it (they are the
+ * transaction's own); before anything else, it runs.
+ */
+static void test_settings_right_before_a_commit_are_left_to_it(void)
+{
+    struct idem_conn *c = session();
+
+    CHECK_INT(
+        idem__pg_run_simple(c,
+                            "CREATE TEMP TABLE held_rows (k text PRIMARY KEY, v int4, b bytea);"
+                            "INSERT INTO held_rows VALUES ('a', 0, NULL), ('b', 0, NULL),"
+                            " ('c', 0, NULL), ('d', 0, NULL)",
+                            "create"),
+        0);
+    idem__pg_defer_begin(c);
+    CHECK_INT(defer_set(c, "a", "1", 0), 0);
+    CHECK_INT(defer_set(c, "b", "2", 1), 0);
+    CHECK_INT(commit_deferred(c), 0);
+    /* The statement for several and its settings ran; their undoing did not. */
+    CHECK_INT(c->prepared, (1u << 7) | (1u << 8));
+    rows_are(c, "a:1:310031 b:2:- c:0:- d:0:-");
+    plans_are(c, "1 0 auto");
+    /* Another statement between them and the COMMIT: undone before it. */
+    idem__pg_defer_begin(c);
+    CHECK_INT(defer_set(c, "c", "3", 0), 0);
+    CHECK_INT(defer_set(c, "d", "4", 0), 0);
+    CHECK_INT(idem__pg_defer_simple(c, "SELECT 1", "between"), 0);
+    CHECK_INT(commit_deferred(c), 0);
+    CHECK_INT(c->prepared, (1u << 7) | (1u << 8) | (1u << 9));
+    rows_are(c, "a:1:310031 b:2:- c:3:330033 d:4:340034");
+    session_end(c);
+}
+
 static void test_a_begin_with_nothing_after_it_never_reaches_the_server(void)
 {
     struct idem_conn *c = session();
@@ -338,5 +385,6 @@ int main(void)
     test_a_described_statement_is_prepared_once_and_fenced();
     test_a_begin_with_nothing_after_it_never_reaches_the_server();
     test_rows_held_back_in_a_row_go_out_as_one_statement();
+    test_settings_right_before_a_commit_are_left_to_it();
     return t_done();
 }
