@@ -26,7 +26,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <jansson.h>
 
@@ -124,7 +123,7 @@ static void after_order_created(const struct call_ctx *cx)
     crash = request_header(cx->rq, "X-Test-Crash");
     if (crash != NULL && strcmp(crash, "after-order-created") == 0) {
         log_msg(&cx->app->log, "warn", "test hook: exiting with 137 after order_created");
-        _exit(137);
+        exit_at_once(137);
     }
     delay = request_header(cx->rq, "X-Test-Delay-Ms");
     if (delay != NULL && parse_int64(delay, 0, TEST_DELAY_MAX_MS, &ms) == 0 && ms > 0)

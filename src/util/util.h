@@ -23,6 +23,14 @@ extern const char program_name[];
 /* Prints "<program_name>: fatal: <message>" on stderr and exits with status 1. */
 void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
+/*
+ * Ends the whole process at once with `status`, as kill -9 would end it: no atexit handlers, no
+ * flushing, and the other threads do nothing more.  _exit() alone does not promise the last part
+ * under ThreadSanitizer, whose _exit() keeps every thread running for its atexit_sleep_ms (1 s by
+ * default) before the process ends.  For orderd's crash test hooks.
+ */
+void exit_at_once(int status) __attribute__((noreturn));
+
 /* Allocators that never return NULL: they die on failure. */
 void *xmalloc(size_t n);
 void *xcalloc(size_t n, size_t size);

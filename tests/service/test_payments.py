@@ -52,6 +52,12 @@ def charge_key(order_id):
     return "order-%s-charge" % order_id
 
 
+def record_status(server, key):
+    """The idempotency record of `key` in the server's store: processing, completed or None."""
+    rows = db_query(server.db_uri, "SELECT status FROM idem_records WHERE idem_key = ?", (key,))
+    return {"0": "processing", "1": "completed"}.get(rows[0][0]) if rows else None
+
+
 def emails_of(prov, template):
     return prov.ledger(keys=False)["emails"]["byTemplate"].get(template, 0)
 
@@ -293,6 +299,10 @@ def test_kill9_after_the_charge_settles_against_the_one_charge(_):
             except (OSError, http.client.HTTPException):
                 pass
             expect_eq(s.wait_exit(10), 137, "orderd's exit status at the crash hook")
+            # As after kill -9, nothing happened after the hook: no thread of the dying process
+            # finished the record.  (The provider's webhook may have settled the order already,
+            # while orderd waited for the charge's answer.)
+            expect_eq(record_status(s, k), "processing", "%s: the record after the crash" % how)
             charged = prov.ledger()["charges"]["succeeded"]
             s.start()  # same database, same port: the provider's webhooks find it again
             if how == "retry":
