@@ -308,11 +308,18 @@ def test_kill9_after_the_charge_settles_against_the_one_charge(_):
             if how == "retry":
                 final, interim = retry_until_final(u, "POST", "/api/orders", body, key=k)
             else:
-                # Nobody retries: the completer finishes the record (after the webhook, maybe).
-                before = metric_value(metrics(u), "orderd_worker_items_total", worker="completer")
-                wait_until("the completer to finish the record",
-                           lambda: metric_value(metrics(u), "orderd_worker_items_total",
-                                                worker="completer") > before)
+                # Nobody retries: the restarted orderd's completer finishes the record (after the
+                # webhook, maybe) once the dead one's lease expired, which may be before this line
+                # runs: the wait is for the record, finished, and this process's completer count.
+                def completed():
+                    done = metric_value(metrics(u), "orderd_worker_items_total",
+                                        worker="completer")
+                    return record_status(s, k) == "completed" and done >= 1
+
+                wait_until("the completer to finish the record", completed,
+                           describe=lambda: "record %s, completer items %g" % (
+                               record_status(s, k), metric_value(
+                                   metrics(u), "orderd_worker_items_total", worker="completer")))
                 final, interim = u.post("/api/orders", body, key=k), []
                 expect(final.replayed, "after the completer, the retry is a replay: " +
                        final.describe())
