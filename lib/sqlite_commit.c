@@ -109,8 +109,7 @@
  * A job given without a thread to wait (write_run_async: an event loop's) carries a notice
  * instead, told when its batch ends or it is done.  When such a job heads the queue and the
  * writer is free, the group's runner thread (started on the first such job) takes the writer,
- * runs the queue and commits it -- or the syncer, when no batch is in or waiting for an fsync
- * (syncer_takes_jobs_locked) -- so the caller never blocks, and never runs a job itself.
+ * runs the queue and commits it: the caller never blocks, and never runs a job itself.
  */
 enum sq_job_state {
     JOB_QUEUED,   /* in g->jobs */
@@ -737,25 +736,9 @@ static int wal_sync(struct sq_group *g, char *msg, size_t msglen)
     return rc;
 }
 
-static void writer_turn_locked(struct sq_group *g, int run_queue);
-
-/*
- * Whether the syncer is to take the writer for the queued jobs (g->mu held): jobs of event loops
- * head the queue, the writer is free, and no batch waits for or is in an fsync.  The runner
- * would run them and commit at once (the disk being idle), then wake the syncer for the fsync:
- * one thread woken instead of two, where a wake-up is dearer than the jobs' statements.  While
- * an fsync runs the runner still fills the next batch, so the pipelining is unchanged.
- */
-static int syncer_takes_jobs_locked(const struct sq_group *g)
-{
-    return g->marks && g->jobs && g->jobs->notice && !g->busy && disk_idle_locked(g) &&
-           !g->committing && !g->syncer_stop;
-}
-
 /*
  * The syncer: while batches wait in its list, one fsync of the WAL for all of them, then their
- * members are told (threads woken; notices handed to the notifier, which runs their callbacks);
- * when the disk is idle it also runs the jobs of event loops (syncer_takes_jobs_locked).
+ * members are told (threads woken; notices handed to the notifier, which runs their callbacks).
  * At the store's close it leaves once the list is empty and the notifier has run every callback.
  */
 static void *syncer_main(void *arg)
@@ -801,17 +784,6 @@ static void *syncer_main(void *arg)
                 writer_take_locked(g);
                 writer_release_locked(g);
             }
-            group_unlock(g);
-            pthread_mutex_lock(&g->mu);
-            continue;
-        }
-        /*
-         * Jobs of event loops queued while the disk is idle (syncer_takes_jobs_locked): this
-         * thread runs and commits them itself, and its next round makes them durable, so the
-         * runner is not woken only to hand the batch straight back here.
-         */
-        if (syncer_takes_jobs_locked(g)) {
-            writer_turn_locked(g, 1);
             group_unlock(g);
             pthread_mutex_lock(&g->mu);
             continue;
@@ -1747,10 +1719,7 @@ int idem__sq_write_run_async(struct idem_store *st, struct idem__job_slot *slot,
     }
     *g->jobs_tail = j;
     g->jobs_tail = &j->next;
-    /* Else the writer's holder, or whoever is woken, runs it. */
-    if (!g->busy && g->jobs == j && syncer_takes_jobs_locked(g))
-        g->wake_syncer = 1;
-    else if (!g->busy && g->jobs == j)
+    if (!g->busy && g->jobs == j) /* else the writer's holder, or whoever is woken, runs it */
         g->wake_runner = 1;
     group_unlock(g);
     return 0;
