@@ -358,8 +358,10 @@ static void test_a_stale_instance_is_refused_at_the_old_owner(void)
     CHECK_INT(run_async(engs[0], p, "after-run"), IDEM_EMOVED);
     CHECK_INT(claim_async(engs[0], p, "after-claim"), IDEM_EMOVED);
     CHECK_INT(records_of(stale, 0, p), 1);
-    t_sleep_ms(150); /* past the refresh's pause since the set was opened */
-    CHECK_INT(idem_shards_tx_begin(stale, p, 1, &tx), IDEM_EMOVED);
+    /* Refused again until a refusal comes past the refresh's pause since the set was opened. */
+    T_WAIT_UNTIL(idem_shards_tx_begin(stale, p, 1, &tx) == IDEM_EMOVED && tx == NULL &&
+                     idem_shards_route(stale, p, &at) == 0 && at == 1,
+                 "a refused transaction to re-read the map");
     CHECK(tx == NULL);
 
     /* That refusal re-read the map: the principal routes to c2, where writes are taken. */
@@ -392,12 +394,12 @@ static void test_a_moving_bucket_routes_to_emoved(struct idem_shards *sh)
     snprintf(b, sizeof b, "%u", bucket);
     CHECK_INT(idem_store_open(dir_uri, NULL, &dir, NULL), 0);
     CHECK_INT(run(dir, "UPDATE idem_shard_buckets SET moving = 1 WHERE bucket = $1", b, NULL), 1);
-    t_sleep_ms(150);
-    CHECK_INT(idem_shards_refresh(sh), 0);
+    T_WAIT_UNTIL(idem_shards_refresh(sh) == 0 && idem_shards_route(sh, p, &at) == IDEM_EMOVED,
+                 "a refresh to see the bucket moving");
     CHECK_INT(idem_shards_route(sh, p, &at), IDEM_EMOVED);
     CHECK_INT(run(dir, "UPDATE idem_shard_buckets SET moving = 0 WHERE bucket = $1", b, NULL), 1);
-    t_sleep_ms(150);
-    CHECK_INT(idem_shards_refresh(sh), 0);
+    T_WAIT_UNTIL(idem_shards_refresh(sh) == 0 && idem_shards_route(sh, p, &at) == 0,
+                 "a refresh to see the bucket open again");
     CHECK_INT(idem_shards_route(sh, p, &at), 0);
     idem_store_close(dir);
 }
@@ -408,8 +410,7 @@ static void test_a_new_cluster_needs_a_restart(struct idem_shards *sh)
 
     CHECK_INT(idem_store_open(dir_uri, NULL, &dir, NULL), 0);
     CHECK_INT(run(dir, "INSERT INTO idem_shard_clusters VALUES ('c4', $1)", pg_uri, NULL), 1);
-    t_sleep_ms(150);
-    CHECK_INT(idem_shards_refresh(sh), IDEM_ESTATE);
+    T_WAIT_UNTIL(idem_shards_refresh(sh) == IDEM_ESTATE, "a refresh to see the new cluster");
     CHECK_INT(run(dir, "DELETE FROM idem_shard_clusters WHERE name = 'c4'", NULL, NULL), 1);
     idem_store_close(dir);
 }
