@@ -897,6 +897,23 @@ def parse_metrics(text):
     return out
 
 
+def metrics(client):
+    """The samples of a server's /metrics (parse_metrics)."""
+    return parse_metrics(client.get("/metrics").body.decode())
+
+
+def order_of(client, order_id):
+    """orderd's order `order_id` (GET /api/orders/{id}, which must answer 200)."""
+    r = client.get("/api/orders/" + order_id)
+    expect_eq(r.status, 200, "GET /api/orders/" + order_id)
+    return r.json()
+
+
+def charge_key(order_id):
+    """The idempotency key orderd gives the provider for the charge of `order_id`."""
+    return "order-%s-charge" % order_id
+
+
 def metric_value(samples, name, **labels):
     """Sum of the samples of `name` whose labels include `labels` (0 if none)."""
     total = 0.0

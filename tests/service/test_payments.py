@@ -28,28 +28,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (ORDERD, Server, db_query, expect, expect_eq, expect_problem,  # noqa: E402
-                     expect_replay, fail, fresh_db_per_server, metric_value, new_key,
-                     parse_metrics, retry_after_seconds, run, test)
+from harness import (ORDERD, Server, charge_key, db_query, expect, expect_eq,  # noqa: E402
+                     expect_problem, expect_replay, fail, fresh_db_per_server, metric_value,
+                     metrics, new_key, order_of, parse_metrics, retry_after_seconds, run,
+                     test)
 from provider import (WEBHOOK_SECRET, Provider, paid_pair, retry_until_final, sign,  # noqa: E402
                       wait_until)
 
 FAST = ["--completer-interval-ms", "100", "--reconciler-interval-ms", "100",
         "--reconcile-after-ms", "300", "--outbox-interval-ms", "50"]
-
-
-def metrics(client):
-    return parse_metrics(client.get("/metrics").body.decode())
-
-
-def order_of(client, order_id):
-    r = client.get("/api/orders/" + order_id)
-    expect_eq(r.status, 200, "GET /api/orders/" + order_id)
-    return r.json()
-
-
-def charge_key(order_id):
-    return "order-%s-charge" % order_id
 
 
 def record_status(server, key):

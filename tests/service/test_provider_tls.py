@@ -27,8 +27,9 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (ORDERD, Server, expect, expect_eq, expect_problem, expect_replay,  # noqa: E402
-                     free_port, metric_value, new_key, parse_metrics, run, test)
+from harness import (ORDERD, Server, charge_key, expect, expect_eq, expect_problem,  # noqa: E402
+                     expect_replay, free_port, metric_value, metrics, new_key, order_of, run,
+                     test)
 from provider import WEBHOOK_SECRET, Provider, wait_until  # noqa: E402
 from tls_ca import TlsCa  # noqa: E402
 
@@ -94,20 +95,6 @@ def tls_pair(ctx, leaf, name, order_args=FAST, trust=True):
     if trust:
         args += ["--provider-ca", ctx.ca.cert]
     return prov, Server(name=name + "-orderd", extra_args=args)
-
-
-def metrics(client):
-    return parse_metrics(client.get("/metrics").body.decode())
-
-
-def order_of(client, order_id):
-    r = client.get("/api/orders/" + order_id)
-    expect_eq(r.status, 200, "GET /api/orders/" + order_id)
-    return r.json()
-
-
-def charge_key(order_id):
-    return "order-%s-charge" % order_id
 
 
 def stderr_of(server):
