@@ -423,9 +423,9 @@ static int head_arrived(struct conn *c)
 }
 
 /*
- * Parks the request (its reading stopped) as `park` says, until woken or its timeout: at least a
- * millisecond, so that a request parked again by http__on_tick's pass is not met again in that
- * pass.
+ * Parks the request as `park` says, until woken or its timeout: at least a millisecond, so that a
+ * request parked again by http__on_tick's pass is not met again in that pass.  Reading goes on,
+ * into c->in and no further than got() lets it.
  */
 static void park_request(struct conn *c, const struct http_park *park)
 {
@@ -452,7 +452,6 @@ static void request_complete(struct conn *c)
     if (o->on_loop != NULL)
         v = o->on_loop(o->ctx, rq, &c->resp, &park);
     if (v == HTTP_LOOP_PARKED && o->on_unpark != NULL) {
-        http__stop_reading(c);
         park_request(c, &park);
         return;
     }
@@ -643,13 +642,31 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     got(c, buf->base, nread);
 }
 
-/* `nread` bytes of `data` from the client (plaintext), or its end or an error (negative). */
+/*
+ * `nread` bytes of `data` from the client (plaintext), or its end or an error (negative).
+ *
+ * Reading goes on while a request is on a worker or parked: stopping and starting it again for
+ * each request would cost the loop two epoll_ctl() calls (libuv re-adds the descriptor, which
+ * fails with EEXIST, then modifies it).  What comes meanwhile waits in c->in, as behind a
+ * response being written, and reading stops once that holds READ_CHUNK bytes.
+ */
 static void got(struct conn *c, const char *data, ssize_t nread)
 {
+    int away = c->state == CONN_WORKING || c->state == CONN_PARKED;
+
     if (c->state == CONN_LINGER) {
         c->drained += nread > 0 ? (size_t)nread : 0;
         if (nread < 0 || c->drained > LINGER_MAX_BYTES)
             http__conn_close(c);
+        return;
+    }
+    if (nread < 0 && away) {
+        /*
+         * A worker or the program holds the request: the connection stays until it is answered
+         * (the answer may still reach a client that only shut its write side), then closes.
+         */
+        http__stop_reading(c);
+        c->hung_up = 1;
         return;
     }
     if (nread < 0) {
@@ -657,7 +674,7 @@ static void got(struct conn *c, const char *data, ssize_t nread)
         http__conn_close(c);
         return;
     }
-    if (c->state == CONN_WRITING || c->state == CONN_STREAMING) {
+    if (away || c->state == CONN_WRITING || c->state == CONN_STREAMING) {
         /* The next pipelined request waits for this response to be out; not without bound. */
         keep_rest(c, data, (size_t)nread);
         if (c->in_len > READ_CHUNK)
@@ -669,6 +686,10 @@ static void got(struct conn *c, const char *data, ssize_t nread)
 
 void http__start_reading(struct conn *c)
 {
+    if (c->hung_up && c->state != CONN_CLOSING) {
+        http__conn_close(c); /* its end was read while its request was away */
+        return;
+    }
     if (!c->reading && c->state != CONN_CLOSING) {
         if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
             c->reading = 1;

@@ -46,7 +46,7 @@ enum conn_state {
     CONN_IDLE,      /* waiting for the first byte of a request */
     CONN_HEAD,      /* request line and header fields arriving */
     CONN_BODY,      /* body arriving */
-    CONN_WORKING,   /* on a worker (or queued for one): the loop does not read */
+    CONN_WORKING,   /* on a worker (or queued for one): the loop reads on, bounded */
     CONN_WRITING,   /* the response is being written */
     CONN_LINGER,    /* answered, write side shut, dropping what the client still sends */
     CONN_CLOSING,   /* uv_close() called */
@@ -111,6 +111,7 @@ struct conn {
     int keep_alive; /* after this response */
     int report;     /* a request came (even a malformed one): tell `answered` */
     int reading;
+    int hung_up; /* its end (or a read error) came while a request was away: close once answered */
     int parsing; /* inside parse(): it goes on by itself after a response written at once */
     uv_write_t wr;
     uv_shutdown_t sd;

@@ -80,8 +80,7 @@ int http__submit(struct conn *c, enum job job, int always)
     }
     pthread_mutex_unlock(&srv->qmu);
     if (rc == 0) {
-        http__stop_reading(c);
-        http__set_state(c, CONN_WORKING);
+        http__set_state(c, CONN_WORKING); /* reading goes on, bounded (got() in http_server.c) */
         pthread_cond_signal(&srv->qcond);
     } else {
         atomic_fetch_add(&srv->st_queue_full, 1);
