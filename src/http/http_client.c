@@ -896,9 +896,24 @@ static void send_on(struct fconn *c)
         http_reply_reader_allow_stream(&c->rr);
     f->start_ns = clock_mono_ns();
     c->writing = 1;
-    if (!c->tls)
-        rc = uv_write(&c->write, (uv_stream_t *)&c->tcp, &buf, 1, write_cb);
-    else if (tls_conn_write(c->tls, f->out, f->out_len) != 0)
+    if (!c->tls) {
+        /*
+         * Straight into the kernel when it takes the whole request, as it nearly always does: a
+         * uv_write() done at once still costs the loop an epoll_ctl() at its next poll (libuv
+         * re-registers a descriptor whose output watcher it stopped).  A failure, or what the
+         * kernel did not take, goes through uv_write, whose callback says how it ended.
+         */
+        int n = uv_try_write((uv_stream_t *)&c->tcp, &buf, 1);
+
+        if (n == (int)buf.len) {
+            c->writing = 0;
+            rc = 0;
+        } else {
+            if (n > 0)
+                buf = uv_buf_init(buf.base + n, buf.len - (unsigned int)n);
+            rc = uv_write(&c->write, (uv_stream_t *)&c->tcp, &buf, 1, write_cb);
+        }
+    } else if (tls_conn_write(c->tls, f->out, f->out_len) != 0)
         rc = UV_EPROTO;
     else
         rc = tls_flush(c, 1);
@@ -944,13 +959,15 @@ static void connect_cb(uv_connect_t *req, int status)
     /* The handshake, then the request: its own deadline, the connect's. */
     c->tls = tls_conn_new(c->pool->cl->opts.tls);
     c->handshaking = 1;
-    rc = uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
-    if (rc < 0) {
-        snprintf(err, sizeof err, "TLS: reading the handshake: %s", uv_strerror(rc));
-        fail(c, HTTP_FETCH_NOT_SENT, 0, err);
-        return;
+    if (!c->reading) {
+        rc = uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
+        if (rc < 0) {
+            snprintf(err, sizeof err, "TLS: reading the handshake: %s", uv_strerror(rc));
+            fail(c, HTTP_FETCH_NOT_SENT, 0, err);
+            return;
+        }
+        c->reading = 1;
     }
-    c->reading = 1;
     uv_timer_start(&c->timer, on_timeout, (uint64_t)c->pool->cl->opts.connect_timeout_ms, 0);
     handshake_step(c);
 }
