@@ -1041,6 +1041,13 @@ int http_fetch_start(struct http_client *cl, const char *head, size_t head_len, 
         uv_timer_start(&c->timer, on_timeout, 0, 0);
         return 0;
     }
+    /*
+     * The read armed with the connect: the descriptor enters the loop's epoll set once, for both,
+     * instead of once for the connect and again (EEXIST, then a modify) for the answer.  libuv
+     * calls nothing but connect_cb until the connect ends.
+     */
+    if (uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb) == 0)
+        c->reading = 1;
     uv_timer_start(&c->timer, on_timeout, (uint64_t)cl->opts.connect_timeout_ms, 0);
     return 0;
 }
