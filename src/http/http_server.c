@@ -159,24 +159,41 @@ static void tls_written(uv_write_t *req, int status)
         cb(orig, status);
 }
 
-/* Writes the ciphertext the engine has; `cb` (may be NULL) is told of it with `orig`. */
-static int tls_send(struct conn *c, uv_write_t *orig, uv_write_cb cb)
+/*
+ * Writes the ciphertext the engine has; `cb` (may be NULL) is told of it with `orig`.  0, or a
+ * libuv error -- or 1 when `now` and the kernel took it all at once: `cb` is not called then,
+ * the caller goes on by itself.  The engine's own bytes (cb NULL), and with `now` the caller's,
+ * are tried straight into the kernel first: a uv_write() done at once still costs the loop an
+ * epoll_ctl() at its next poll (libuv re-registers a descriptor whose output watcher it
+ * stopped).  uv_try_write() takes nothing while earlier writes are queued, so the order holds.
+ */
+static int tls_send(struct conn *c, uv_write_t *orig, uv_write_cb cb, int now)
 {
     struct strbuf out = STRBUF_INIT;
     struct tls_write *w;
     uv_buf_t buf;
-    size_t len = 0;
-    int rc;
+    size_t len = 0, off = 0;
+    int n, rc;
 
     tls_conn_take(c->tls, &out);
     if (out.len == 0 && cb == NULL)
         return 0;
+    if (out.len > 0 && (cb == NULL || now)) {
+        buf = uv_buf_init(out.buf, (unsigned int)out.len);
+        n = uv_try_write((uv_stream_t *)&c->tcp, &buf, 1);
+        if (n == (int)out.len) {
+            strbuf_release(&out);
+            return cb == NULL ? 0 : 1;
+        }
+        if (n > 0)
+            off = (size_t)n;
+    }
     w = xcalloc(1, sizeof *w);
     w->req.data = w;
     w->orig = orig;
     w->cb = cb;
     w->buf = strbuf_detach(&out, &len);
-    buf = uv_buf_init(w->buf ? w->buf : (char *)"", (unsigned int)len);
+    buf = uv_buf_init(w->buf ? w->buf + off : (char *)"", (unsigned int)(len - off));
     rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &buf, 1, tls_written);
     if (rc != 0) {
         free(w->buf);
@@ -193,7 +210,7 @@ int http__write(struct conn *c, uv_write_t *wr, const char *data, size_t len, uv
         return uv_write(wr, (uv_stream_t *)&c->tcp, &buf, 1, cb);
     if (tls_conn_write(c->tls, data, len) != 0)
         return UV_EPROTO;
-    return tls_send(c, wr, cb);
+    return tls_send(c, wr, cb, 0);
 }
 
 static void process_input(struct conn *c);
@@ -215,12 +232,12 @@ void http__written(struct conn *c, int status)
         return;
     }
     if (!c->keep_alive) {
-        /* Shut the write side, and read what the client still sends until it closes. */
-        http__set_state(c, CONN_LINGER);
         if (c->tls != NULL) {
             tls_conn_shutdown(c->tls); /* close_notify, before the FIN */
-            (void)tls_send(c, NULL, NULL);
+            (void)tls_send(c, NULL, NULL, 0);
         }
+        /* Shut the write side, and read what the client still sends until it closes. */
+        http__set_state(c, CONN_LINGER);
         if (uv_shutdown(&c->sd, (uv_stream_t *)&c->tcp, on_shutdown) != 0) {
             http__conn_close(c);
             return;
@@ -289,7 +306,14 @@ static void send_response(struct conn *c, const struct request *rq, int keep_ali
     http__set_state(c, CONN_WRITING);
     c->out = strbuf_detach(&out, &len);
     buf = uv_buf_init(c->out, (unsigned int)len);
-    n = c->tls == NULL ? uv_try_write((uv_stream_t *)&c->tcp, &buf, 1) : 0;
+    if (c->tls != NULL) {
+        c->wr.data = c;
+        n = tls_conn_write(c->tls, c->out, len) != 0 ? UV_EPROTO : tls_send(c, &c->wr, on_write, 1);
+        if (n != 0)
+            http__written(c, n == 1 ? 0 : n);
+        return;
+    }
+    n = uv_try_write((uv_stream_t *)&c->tcp, &buf, 1);
     if (n == (int)len) {
         http__written(c, 0);
         return;
@@ -375,7 +399,7 @@ static int head_accepted(struct conn *c)
         if (c->tls == NULL)
             uv_try_write((uv_stream_t *)&c->tcp, &buf, 1);
         else if (tls_conn_write(c->tls, buf.base, buf.len) == 0)
-            (void)tls_send(c, NULL, NULL);
+            (void)tls_send(c, NULL, NULL, 0);
     }
     http__set_state(c, CONN_BODY);
     return 0;
@@ -601,7 +625,7 @@ static void tls_in(struct conn *c, const char *data, size_t len)
             uv_buf_t buf = uv_buf_init((char *)plain_on_tls, sizeof plain_on_tls - 1);
             uv_try_write((uv_stream_t *)&c->tcp, &buf, 1); /* best effort, as it closes */
         } else {
-            (void)tls_send(c, NULL, NULL); /* a flight, or the failure's alert */
+            (void)tls_send(c, NULL, NULL, 0); /* a flight, or the failure's alert */
         }
         if (step == TLS_FAIL) {
             http__server_log(c->lp->srv, "TLS handshake with %s failed: %s", c->peer,
@@ -616,7 +640,7 @@ static void tls_in(struct conn *c, const char *data, size_t len)
     do
         step = tls_conn_read(c->tls, &plain, (size_t)1 << 20);
     while (step == TLS_OK);
-    (void)tls_send(c, NULL, NULL);
+    (void)tls_send(c, NULL, NULL, 0);
     if (plain.len > 0)
         got(c, plain.buf, (ssize_t)plain.len);
     strbuf_release(&plain);
