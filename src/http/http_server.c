@@ -236,7 +236,23 @@ void http__written(struct conn *c, int status)
             tls_conn_shutdown(c->tls); /* close_notify, before the FIN */
             (void)tls_send(c, NULL, NULL, 0);
         }
-        /* Shut the write side, and read what the client still sends until it closes. */
+        /*
+         * The client asked to close and its request was read whole, nothing after it: a close
+         * ends the connection as a shut write side would (the kernel sends the FIN after what is
+         * queued), and reading went on until the answer, so no byte of it is left to turn the
+         * close into a reset.  So nginx closes too.
+         */
+        if (c->read_whole && c->in_len == 0 && !request_parser_keep_alive(&c->rp) &&
+            uv_stream_get_write_queue_size((const uv_stream_t *)&c->tcp) == 0) {
+            http__conn_close(c);
+            return;
+        }
+        /*
+         * Else (a refused request whose body was not read, a server stopping, bytes past the
+         * request) shut the write side, and read what the client still sends until it closes:
+         * a close with unread bytes would reset the connection, and the client could lose the
+         * answer.
+         */
         http__set_state(c, CONN_LINGER);
         if (uv_shutdown(&c->sd, (uv_stream_t *)&c->tcp, on_shutdown) != 0) {
             http__conn_close(c);
@@ -247,6 +263,7 @@ void http__written(struct conn *c, int status)
     }
     response_release(&c->resp);
     response_init(&c->resp);
+    c->read_whole = 0;
     http__set_state(c, CONN_IDLE);
     if (c->parsing)
         return; /* parse() goes on with the bytes it holds */
@@ -558,6 +575,7 @@ static void parse(struct conn *c, const char *data, size_t len)
         len -= used;
         if ((c->state == CONN_IDLE || c->state == CONN_FRESH) && request_parser_started(&c->rp)) {
             c->report = 1;
+            c->read_whole = 0;
             http__set_state(c, CONN_HEAD);
             c->start_ns = clock_mono_ns();
         }
@@ -569,8 +587,10 @@ static void parse(struct conn *c, const char *data, size_t len)
         }
         if (r == REQUEST_PARSE_HEADERS && head_arrived(c) == 0)
             continue;
-        if (r == REQUEST_PARSE_COMPLETE)
+        if (r == REQUEST_PARSE_COMPLETE) {
+            c->read_whole = 1;
             request_complete(c);
+        }
         if (c->state == CONN_IDLE && len > 0)
             continue; /* answered at once: the next pipelined request */
         if (c->state == CONN_WORKING || c->state == CONN_WRITING || c->state == CONN_PARKED)

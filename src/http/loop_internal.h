@@ -109,6 +109,7 @@ struct conn {
     struct response resp;
     int64_t start_ns;
     int keep_alive; /* after this response */
+    int read_whole; /* the request being answered was read to its end */
     int report;     /* a request came (even a malformed one): tell `answered` */
     int reading;
     int hung_up; /* its end (or a read error) came while a request was away: close once answered */
