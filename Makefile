@@ -125,6 +125,9 @@ BENCH_TARGETS = orderd commit_rate static_http storm idem-gateway \
 # The comparison with the Node peers (bench-peers below), run last by make bench too.
 PEERS_BENCH = $(BENCH_PG) python3 bench/peers_bench.py --bin $(BENCH_BUILD)/bin --out bench/results \
 	--seconds $(BENCH_SECONDS)
+# The shards scaling benchmark (bench-shards below), run by make bench after the peers.
+SHARDS_BENCH = python3 bench/shards_bench.py --bin $(BENCH_BUILD)/bin --out bench/results \
+	--seconds $(BENCH_SECONDS)
 bench:
 	@scripts/deps.sh bench
 	@cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=Release -DIDEM_BENCH=ON \
@@ -133,6 +136,7 @@ bench:
 	@$(BENCH_PG) python3 bench/bench.py --bin $(BENCH_BUILD)/bin --out bench/results \
 		--seconds $(BENCH_SECONDS)
 	@$(PEERS_BENCH)
+	@$(SHARDS_BENCH)
 
 # idem-gateway's benchmark (docs/bench.md, "idem-gateway"): the gateway against its
 # upstream alone and against nginx proxy_pass, same build tree, about 2 minutes.
@@ -161,6 +165,19 @@ bench-peers:
 		"-DCMAKE_C_FLAGS=-g -fno-omit-frame-pointer" >/dev/null
 	@cmake --build $(BENCH_BUILD) -j $(JOBS) --target orderd idem-gateway -- --no-print-directory
 	@$(PEERS_BENCH)
+
+# The shards scaling benchmark (docs/bench.md, "Shards: scaling with clusters"): idem-gateway on
+# a shard set of 1, 2 and 4 PostgreSQL clusters of its own, each in a cgroup capped at the same
+# CPU share (root: cgroup v1 or v2), fresh keys from 10,000 principals, then a model of 8..64
+# clusters; about 3 minutes.  Its report: bench/results/shards-<UTC time>.md.
+#   make bench-shards BENCH_SECONDS=8
+.PHONY: bench-shards
+bench-shards:
+	@scripts/deps.sh bench
+	@cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=Release -DIDEM_BENCH=ON \
+		"-DCMAKE_C_FLAGS=-g -fno-omit-frame-pointer" >/dev/null
+	@cmake --build $(BENCH_BUILD) -j $(JOBS) --target idem-gateway static_http -- --no-print-directory
+	@$(SHARDS_BENCH)
 
 # idem-check chaos while the database fails over (docs/ha.md, "Chaos with failovers"): a Patroni
 # cluster of three nodes (tests/ha/with_ha.sh), three orderd instances, one killed -9 every 3 s,
