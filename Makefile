@@ -72,12 +72,14 @@ power-loss: deps-test build
 	@$(BUILD)/bin/test_power_loss --rounds $(POWER_ROUNDS)
 
 # Mutation testing of the durability proof (docs/testing.md, "Mutants"): each deliberate bug of
-# tests/mutate/mutate.py applied to a scratch copy in $(BUILD)/mutate, the crash and contract
-# tests run on it; every mutant must be caught.  make test runs a fast subset (mutate.quick).
+# tests/mutate/mutate.py applied to a scratch copy in $(BUILD)/mutate (which takes $(BUILD)'s
+# object files), the crash and contract tests run on it; every mutant must be caught.  make test
+# runs a fast subset (mutate.quick).
 MUTATE_ROUNDS ?= 24
 .PHONY: mutate
 mutate: deps-test build
-	@python3 tests/mutate/mutate.py --rounds $(MUTATE_ROUNDS) --work $(BUILD)/mutate
+	@python3 tests/mutate/mutate.py --rounds $(MUTATE_ROUNDS) --work $(BUILD)/mutate \
+		--objects-from $(BUILD)
 
 # Flaky tests show here before a user meets them: the service suites (or any ctest regex in
 # TESTS) N times in $(BUILD), then each test that failed in any run and how often.

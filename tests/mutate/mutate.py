@@ -20,9 +20,13 @@ SQLite itself fsyncs the WAL's header, and then the directory, at the first comm
 before anything can be answered from it.
 
 Options: --work DIR keeps the scratch copy and its build there (reused by the next run, so only
-what changed is rebuilt); --rounds N power cuts per run of the crash test (which stops at the
-first round that fails); --repeat N runs each mutant's tests N times (caught only if caught every
-time: how sure the catch is); --jobs N for the build.
+what changed is rebuilt); --objects-from BUILD takes the object files of an up-to-date build of
+this tree (CTest's and make mutate's: their own build tree) instead of compiling them again, each
+one only when its compile flags are the scratch build's (-Werror aside) and it is newer than every
+file its .o.d lists, so the scratch build compiles only the sources a mutant changes; --rounds N
+power cuts per run of the crash test (which stops at the first round that fails); --repeat N runs
+each mutant's tests N times (caught only if caught every time: how sure the catch is); --jobs N for
+the build.
 Exit status: 0 when every mutant applied, built and was caught; 1 otherwise.
 """
 
@@ -198,6 +202,70 @@ def sync_tree(src, dst):
         shutil.copy2(s, d)
 
 
+def object_dirs(build, targets):
+    """The scratch build's CMakeFiles/<target>.dir directories of the targets."""
+    want = {t + ".dir" for t in targets}
+    for root, dirs, names in os.walk(build):
+        dirs[:] = [d for d in dirs if d != "CMakeTmp"]
+        if "flags.make" in names and os.path.basename(root) in want:
+            yield root
+
+
+def seed_objects(src, main_build, tree, build, targets):
+    """Copies main_build's object files of the targets into the scratch build, so that make takes
+    them as up to date there; returns how many. An object is taken only when the scratch build
+    compiles it with the same flags.make (its paths aside; -Werror changes no object) and when it
+    is newer than every dependency its .o.d names (its main build is up to date for it). Its .o.d
+    comes along, its paths made the scratch copy's, so that a header changed later rebuilds it
+    there too."""
+    src, main_build = os.path.realpath(src), os.path.realpath(main_build)
+    tree, build = os.path.realpath(tree), os.path.realpath(build)
+
+    def scratch_path(path):
+        for old, new in ((main_build, build), (src, tree)):
+            if path == old or path.startswith(old + "/"):
+                return new + path[len(old):]
+        return path
+
+    def flags(path, base_src, base_build):
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError:
+            return None
+        text = text.replace(base_build, "@BUILD@").replace(base_src, "@SRC@")
+        return text.replace(" -Werror", "")
+
+    seeded = 0
+    for sdir in object_dirs(build, targets):
+        mdir = os.path.join(main_build, os.path.relpath(sdir, build))
+        mflags = os.path.join(mdir, "flags.make")
+        if not os.path.isfile(mflags) or flags(mflags, src, main_build) != flags(
+                os.path.join(sdir, "flags.make"), tree, build):
+            continue
+        for root, _, names in os.walk(mdir):
+            for dep in (n for n in names if n.endswith(".o.d")):
+                mobj = os.path.join(root, dep[:-2])
+                try:
+                    with open(os.path.join(root, dep)) as f:
+                        words = f.read().replace("\\\n", " ").split()
+                    newest = max([os.path.getmtime(mflags)] +
+                                 [os.path.getmtime(w) for w in words if not w.endswith(":")])
+                    fresh = os.path.getmtime(mobj) >= newest
+                except (OSError, ValueError):
+                    fresh = False
+                if not fresh:
+                    continue
+                sobj = os.path.join(sdir, os.path.relpath(mobj, mdir))
+                os.makedirs(os.path.dirname(sobj), exist_ok=True)
+                with open(sobj + ".d", "w") as f:
+                    f.write(" ".join(w if w.endswith(":") else scratch_path(w) for w in words))
+                    f.write("\n")
+                shutil.copyfile(mobj, sobj)  # its time is now: newer than the scratch sources
+                seeded += 1
+    return seeded
+
+
 def check_anchors(tree, mutants):
     """Every anchor found exactly once, or the run stops: the list must not rot silently."""
     bad = []
@@ -245,6 +313,9 @@ def main():
     ap.add_argument("--only", help="comma-separated mutant names")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--work", help="scratch directory (kept, reused); default: a temporary one")
+    ap.add_argument("--objects-from", metavar="BUILD",
+                    help="an up-to-date build of this tree whose object files the scratch build "
+                    "takes instead of compiling them again")
     ap.add_argument("--rounds", type=int, default=24, help="power cuts per crash-test run")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=1,
@@ -291,12 +362,17 @@ def main():
         return run(["cmake", "--build", build, "-j", str(args.jobs), "--target"] + targets,
                    tree, 1200)
 
+    seeded = 0
+    if args.objects_from:
+        # libidem's objects (idem_static is an archive of idem_objects') and the tests' own
+        seeded = seed_objects(src, args.objects_from, tree, build, targets + ["idem_objects"])
     rc, out, took = build_targets()
     if rc != 0:
         log(out[-4000:])
         log("mutate: the scratch copy does not build unmutated")
         return 1
-    log(f"mutate: scratch copy in {work}, built in {took:.0f} s")
+    log(f"mutate: scratch copy in {work}, built in {took:.0f} s"
+        + (f" ({seeded} object files taken from {args.objects_from})" if seeded else ""))
     # The tests must pass unmutated, or every mutant would be "caught" by a broken test.
     needed = sorted({t for m in mutants for t in m[3]})
     for test in needed:
