@@ -337,7 +337,7 @@ def main():
         return 0
 
     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    work = args.work or tempfile.mkdtemp(prefix="idem-mutate-")
+    work = os.path.abspath(args.work) if args.work else tempfile.mkdtemp(prefix="idem-mutate-")
     tree, build = os.path.join(work, "src"), os.path.join(work, "build")
     global TMP
     TMP = os.path.join(work, "tmp")
