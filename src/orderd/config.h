@@ -36,7 +36,8 @@
 struct orderd_config {
     const char *listen;         /* "HOST:PORT", "[V6]:PORT"; port 0 picks a free one */
     const char *metrics_listen; /* GET /metrics on its own listener; NULL: on `listen` */
-    const char *db;             /* store URI: "sqlite:PATH" or "postgresql://..." */
+    const char *db;             /* store URI: "sqlite:PATH", "postgresql://...", "shards:URI" */
+    const char *catalogue;      /* with shards: the store of users, tokens and products */
     int db_pool;                /* store connections */
     enum idem_sync sync;        /* SQLite durability */
     enum log_format log_format;

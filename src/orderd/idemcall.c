@@ -123,6 +123,7 @@ static void deferred_committed(struct idem_call *call, int rc, void *arg)
     if (rc == IDEM_ELEASE &&
         atomic_compare_exchange_strong(&d->state, &pending, DEFERRED_HANDED_BACK))
         return;
+    app_store_failed(d->app, rc);
     if (rc == 0) {
         keyed_answer_stored(call, d->resp);
     } else {
@@ -168,14 +169,33 @@ int idemcall_commit_deferred(const struct call_ctx *cx, struct idem_call *call,
     return rc;
 }
 
+/*
+ * After a refusal as moved (IDEM_EMOVED): the map read again and *moved made a copy of `cx` on
+ * the view of the principal's cluster now.  Returns 0, or IDEM_EMOVED while the bucket moves.
+ */
+static int reroute(const struct call_ctx *cx, struct call_ctx *moved)
+{
+    struct app *view = NULL;
+    int rc;
+
+    app_store_failed(cx->app, IDEM_EMOVED);
+    rc = app_route(cx->app, cx->principal, 1, &view);
+    if (rc != 0)
+        return IDEM_EMOVED;
+    *moved = *cx;
+    moved->app = view;
+    return 0;
+}
+
 void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
                      idemcall_run_fn run, void *arg, struct response *resp)
 {
     struct app *app = cx->app;
     struct idem_call *call = NULL;
     struct idem_operation parked;
+    struct call_ctx moved;
     enum idem_outcome outcome = IDEM_OUTCOME_NONE;
-    int attempt;
+    int attempt, rerouted = 0;
     int rc;
 
     if (cx->rq->parked_ms > 0) {
@@ -188,6 +208,25 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
     /* A second attempt only follows a lost lease: another owner finished or holds the record. */
     for (attempt = 0; attempt < 2; attempt++) {
         rc = idem_call_begin(app->engine, op, cx->principal, cx->key, cx->fp, &call, &outcome);
+        if (rc == IDEM_EMOVED && !rerouted) {
+            /* Refused by a cluster that no longer owns the bucket: once more, on the owner. */
+            idem_call_end(call);
+            call = NULL;
+            rerouted = 1;
+            if (reroute(cx, &moved) < 0) {
+                keyed_answer_fail(resp, IDEM_EMOVED);
+                goto out;
+            }
+            cx = &moved;
+            app = moved.app;
+            attempt--;
+            continue;
+        }
+        if (rc == IDEM_EMOVED) {
+            app_store_failed(app, rc);
+            keyed_answer_fail(resp, rc);
+            goto out;
+        }
         if (rc < 0) {
             log_msg(&app->log, "error", "%s: cannot begin: %s", op->name, idem_err_name(rc));
             keyed_answer_unavailable(resp, "The idempotency store cannot be reached; nothing was "
@@ -213,6 +252,22 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
                 call = NULL; /* the commit's thread answers and ends it */
                 goto out;
             }
+            if (rc == IDEM_EMOVED && !rerouted) {
+                /* A one-phase call's record is written at its commit, and refused there. */
+                idem_call_abort(call);
+                idem_call_end(call);
+                call = NULL;
+                rerouted = 1;
+                if (reroute(cx, &moved) < 0) {
+                    keyed_answer_fail(resp, IDEM_EMOVED);
+                    goto out;
+                }
+                cx = &moved;
+                app = moved.app;
+                attempt--;
+                continue;
+            }
+            app_store_failed(app, rc);
             /* A lost key is no fault: the next begin answers from its record. */
             if (rc != IDEM_ELEASE)
                 log_msg(&app->log, "error", "%s: %s: %s", op->name, idem_err_name(rc),

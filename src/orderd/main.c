@@ -16,6 +16,7 @@
 
 #include "idem/idem.h"
 
+#include "app.h"
 #include "auth.h"
 #include "config.h"
 #include "db.h"
@@ -63,9 +64,10 @@ static const char usage_serve[] =
     "Options:\n";
 
 static const char usage_token[] =
-    "Usage: orderd token create --db URI --user NAME\n"
-    "       orderd token list --db URI [--user NAME]\n"
-    "       orderd token revoke --db URI (--user NAME | --token-id ID | --token TOKEN)\n"
+    "Usage: orderd token create --db URI [--catalogue URI] --user NAME\n"
+    "       orderd token list --db URI [--catalogue URI] [--user NAME]\n"
+    "       orderd token revoke --db URI [--catalogue URI] (--user NAME | --token-id ID |\n"
+    "                           --token TOKEN)\n"
     "\n"
     "create makes user NAME if it does not exist, then a new bearer token for it, and prints\n"
     "the token alone on stdout.  Only its SHA-256 is stored: the token cannot be shown again.\n"
@@ -74,11 +76,12 @@ static const char usage_token[] =
     "revoke deletes NAME's tokens, the token with that id (8 or more of its digits), or the\n"
     "token itself, and prints how many.  The store forgets them at once; a running orderd\n"
     "stops accepting a revoked token within 5 seconds (its token cache).\n"
+    "On a shard set (--db shards:URI) users and tokens live in the --catalogue store.\n"
     "\n"
     "Options:\n";
 
 static const char usage_migrate[] =
-    "Usage: orderd migrate --db URI\n"
+    "Usage: orderd migrate --db URI [--catalogue URI]\n"
     "\n"
     "Applies orderd's database migrations (libidem's own schema included) and prints how many\n"
     "ran.  `orderd serve` does the same at start-up.\n"
@@ -95,7 +98,8 @@ static const char usage_outbox[] =
     "\n"
     "Options:\n";
 
-#define HELP_DB "store (default " ORDERD_DEFAULT_DB ")"
+#define HELP_DB "store (default " ORDERD_DEFAULT_DB "), or shards:DIRECTORY_URI"
+#define HELP_CATALOGUE "with --db shards:URI: the store of users, tokens, products"
 
 /* What each command was told; `serve` uses all of it, the others the store part. */
 struct cli {
@@ -297,6 +301,7 @@ static int parse_serve_options(struct cli *cli, int argc, char **argv)
                      "on --listen, so a scraper needs no access to the API",
                      listen_option),
         OPT_STRING(0, "db", &cfg->db, "URI", HELP_DB),
+        OPT_STRING(0, "catalogue", &cfg->catalogue, "URI", HELP_CATALOGUE),
         OPT_INT(0, "db-pool", &cfg->db_pool, "N", 1, 1024,
                 "store connections, 1..1024 (default 16)"),
         OPT_CALLBACK(0, "sqlite-sync", &cfg->sync, "MODE",
@@ -404,6 +409,7 @@ static int parse_token_options(struct cli *cli, int argc, char **argv)
 {
     const struct option_row rows[] = {
         OPT_STRING(0, "db", &cli->cfg.db, "URI", HELP_DB),
+        OPT_STRING(0, "catalogue", &cli->cfg.catalogue, "URI", HELP_CATALOGUE),
         OPT_STRING(0, "user", &cli->user, "NAME", "user name (create: required)"),
         OPT_STRING(0, "token-id", &cli->token_id, "ID",
                    "revoke: a token id from 'orderd token list'"),
@@ -420,6 +426,7 @@ static int parse_migrate_options(struct cli *cli, int argc, char **argv)
 {
     const struct option_row rows[] = {
         OPT_STRING(0, "db", &cli->cfg.db, "URI", HELP_DB),
+        OPT_STRING(0, "catalogue", &cli->cfg.catalogue, "URI", HELP_CATALOGUE),
         OPT_HELP("show this help"),
         OPT_VERSION_HIDDEN,
         OPT_END(),
@@ -460,6 +467,14 @@ static struct idem_store *open_command_store(const struct cli *cli, const char *
     char err[512];
     char *errmsg = NULL;
     int rc;
+
+    /* Users and tokens of a shard set are in its catalogue. */
+    if (app_db_is_shards(db) != (cli->cfg.catalogue != NULL)) {
+        fprintf(stderr, "orderd %s: --db shards:URI and --catalogue URI go together\n", what);
+        return NULL;
+    }
+    if (cli->cfg.catalogue != NULL)
+        db = cli->cfg.catalogue;
 
     if (existing && strncmp(db, "sqlite:", 7) == 0 && strcmp(db + 7, ":memory:") != 0 &&
         access(db + 7, F_OK) != 0 && errno == ENOENT)
@@ -510,11 +525,32 @@ out:
     return status;
 }
 
+/* `orderd migrate` on a shard set: the catalogue and every cluster, as `serve` opens them. */
+static int run_migrate_shards(const struct cli *cli)
+{
+    struct app app;
+    char err[512];
+    int applied = 0;
+    int rc;
+
+    app_init(&app, &cli->cfg);
+    rc = app_open_store(&app, &applied, err, sizeof err);
+    if (rc < 0)
+        fprintf(stderr, "orderd migrate: %s\n", err);
+    else
+        printf("orderd: applied %d migration%s\n", applied, applied == 1 ? "" : "s");
+    app_close(&app);
+    return rc < 0 ? 1 : 0;
+}
+
 static int run_migrate(const struct cli *cli)
 {
     int applied = 0;
-    struct idem_store *st = open_command_store(cli, "migrate", 0, &applied);
+    struct idem_store *st;
 
+    if (app_db_is_shards(cli->cfg.db))
+        return run_migrate_shards(cli);
+    st = open_command_store(cli, "migrate", 0, &applied);
     if (st == NULL)
         return 1;
     printf("orderd: applied %d migration%s\n", applied, applied == 1 ? "" : "s");
@@ -643,6 +679,11 @@ static int run_outbox(const struct cli *cli, int retry)
     int status = 1;
     int rc;
 
+    if (app_db_is_shards(cli->cfg.db)) { /* the outbox is one per cluster: name one */
+        fprintf(stderr, "orderd %s: give one cluster's store as --db, not the shard set\n",
+                cli->command);
+        return 1;
+    }
     st = open_command_store(cli, cli->command, 1, NULL);
     if (st == NULL)
         goto out;

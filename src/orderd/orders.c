@@ -388,7 +388,7 @@ static void order_row_fill(struct app *app, const char *principal, const char *k
 {
     int64_t ms = 0;
 
-    idgen_next(&app->ids, o->id, &ms);
+    idgen_next(app->ids, o->id, &ms);
     iso8601_ms(ms, o->created);
     o->principal = principal;
     o->key = key;
@@ -561,7 +561,7 @@ static void create_without_record(const struct call_ctx *cx, const struct create
     int rc;
 
     resp->outcome = "none";
-    rc = idem_tx_begin(app->store, 1, &tx);
+    rc = app_tx_begin(app, cx->principal, 1, &tx);
     if (rc < 0)
         goto out;
     order_row_init(app, cx, "created", &o);
@@ -783,8 +783,10 @@ int orders_create_finish(struct create_async *ca, struct response *resp)
     if (ca->rc == 0) {
         resp->outcome = "executed";
         keyed_answer_stored(ca->call, resp);
-    } else if (ca->rc == IDEM_CALL_ASK_BEGIN || ca->rc == IDEM_ECONFLICT) {
-        answered = 0; /* a record, or an order of the key, is there: the blocking way answers */
+    } else if (ca->rc == IDEM_CALL_ASK_BEGIN || ca->rc == IDEM_ECONFLICT || ca->rc == IDEM_EMOVED) {
+        /* A record, or an order of the key, is there, or the bucket moved: the blocking way. */
+        app_store_failed(ca->app, ca->rc);
+        answered = 0;
     } else {
         log_msg(&ca->app->log, "error", "orders.create: %s: %s", idem_err_name(ca->rc),
                 idem_call_errmsg(ca->call) ? idem_call_errmsg(ca->call) : "");
@@ -805,7 +807,7 @@ void orders_get(const struct call_ctx *cx, struct response *resp)
     json_t *doc = NULL;
     int rc;
 
-    rc = idem_tx_begin(cx->app->store, 0, &tx);
+    rc = app_tx_begin(cx->app, cx->principal, 0, &tx);
     if (rc == 0)
         rc =
             db_exec(cx->app, tx, "SELECT " ORDER_COLS " FROM orders WHERE id = $1 AND user_id = $2",
@@ -856,7 +858,7 @@ void orders_list(const struct call_ctx *cx, struct response *resp)
     }
     /* One more than asked for says whether there is a next page. */
     snprintf(fetch, sizeof fetch, "%lld", (long long)limit + 1);
-    rc = idem_tx_begin(cx->app->store, 0, &tx);
+    rc = app_tx_begin(cx->app, cx->principal, 0, &tx);
     if (rc < 0) {
         keyed_answer_fail(resp, rc);
         goto out;

@@ -153,7 +153,7 @@ static void profile_without_key(const struct call_ctx *cx, const struct profile_
     json_t *doc = NULL;
     int rc;
 
-    rc = idem_tx_begin(cx->app->store, 1, &tx);
+    rc = app_tx_begin(cx->app, cx->principal, 1, &tx);
     if (rc < 0)
         goto out;
     rc = profile_apply(cx->app, tx, cx->principal, in, &doc);

@@ -216,8 +216,22 @@ static int check_auth(struct call_ctx *cx, struct response *resp, int may_block)
         user = xstrdup(((const struct loop_note *)cx->rq->note)->principal);
         rc = 0;
     } else {
-        rc = auth_principal(cx->app->tokens, may_block ? cx->app->store : NULL,
+        rc = auth_principal(cx->app->tokens, may_block ? cx->app->catalogue : NULL,
                             request_header(cx->rq, "Authorization"), &user);
+    }
+    if (rc == 0 && cx->app->shards != NULL) {
+        /* On a shard set the rest of the request runs on its user's cluster. */
+        rc = app_route(cx->app, user, may_block, &cx->app);
+        if (rc != 0) {
+            free(user);
+            user = NULL;
+        }
+        if (rc == 1)
+            return 1; /* the map is read again where blocking is allowed */
+        if (rc < 0) {
+            keyed_answer_fail(resp, rc); /* moving: 503, Retry-After */
+            goto out;
+        }
     }
     if (rc == AUTH_ASK_STORE)
         return 1;
@@ -563,7 +577,7 @@ enum http_loop_verdict router_answer_on_loop(struct app *app, const struct reque
         (v = create_on_loop(&cx, rt, resp, park)) != HTTP_LOOP_WORKER)
         goto out;
     /* The first request of this key runs here now: wait for it without holding a thread. */
-    if (park != NULL && idem_watch_inflight(app->engine, op, cx.principal, cx.key,
+    if (park != NULL && idem_watch_inflight(cx.app->engine, op, cx.principal, cx.key,
                                             http_server_unpark, park->token, &watch) == 1) {
         /* What the checks found goes along, so the wake-up only asks the cache. */
         pc = xcalloc(1, sizeof *pc);
@@ -603,7 +617,8 @@ enum http_loop_verdict router_unpark(struct app *app, const struct request *rq,
     cx.key = pc->key;
     memcpy(cx.fp, pc->fp, IDEM_FP_LEN);
     resp->operation = pc->operation;
-    answered = idemcall_lookup(&cx, pc->op, resp);
+    /* The replay cache of the principal's cluster (a shard set's map unread: a worker's turn). */
+    answered = app_route(app, pc->principal, 0, &cx.app) == 0 && idemcall_lookup(&cx, pc->op, resp);
     if (answered && resp->outcome != NULL && strcmp(resp->outcome, "replayed") == 0)
         resp->outcome = "waited";
     return parked_end(pc, resp, answered);

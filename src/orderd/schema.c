@@ -257,3 +257,21 @@ int schema_migrate(struct idem_store *st, int *applied, char **errmsg)
 {
     return idem_store_migrate(st, "orderd", steps, sizeof steps / sizeof steps[0], applied, errmsg);
 }
+
+/*
+ * A cluster of a shard set (docs/shards.md, "orderd on a shard set"): the user of an order or a
+ * profile is checked in the catalogue, where the token named it; the cluster holds no users.
+ */
+static const char cluster_no_user_fk[] =
+    "ALTER TABLE orders DROP CONSTRAINT orders_user_id_fkey;"
+    "ALTER TABLE profiles DROP CONSTRAINT profiles_user_id_fkey";
+
+static const struct idem_migration cluster_steps[] = {
+    {1, "users are in the catalogue", "SELECT 1", cluster_no_user_fk},
+};
+
+int schema_migrate_cluster(struct idem_store *st, int *applied, char **errmsg)
+{
+    return idem_store_migrate(st, "orderd_shard", cluster_steps,
+                              sizeof cluster_steps / sizeof cluster_steps[0], applied, errmsg);
+}

@@ -13,4 +13,11 @@ struct idem_store;
  */
 int schema_migrate(struct idem_store *st, int *applied, char **errmsg);
 
+/*
+ * On each cluster of a shard set, after schema_migrate(): users and products live in the
+ * catalogue, so the cluster's rows refer to them by value, without a foreign key.  As
+ * schema_migrate() otherwise.
+ */
+int schema_migrate_cluster(struct idem_store *st, int *applied, char **errmsg);
+
 #endif /* ORDERD_SCHEMA_H */

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""
+test_pg_shards_orderd.py - orderd on a shard set (docs/shards.md, "orderd on a shard set"):
+`orderd serve --db shards:DIRECTORY_URI --catalogue URI`, the directory naming three clusters,
+each a database of the with_pg.sh server, and the catalogue (users, tokens) one more.  Buckets
+0-341 are on c1, 342-682 on c2, the rest on c3, set up with the SQL of docs/shards.md.
+
+  - `orderd token create` with the same two flags puts the user and its token in the catalogue,
+    and no cluster holds users;
+  - the orders of many users land in their user's cluster (SHA-256 of the user id, first 8
+    bytes big-endian, mod 1024, computed here) and in no other; a retry replays;
+  - a bucket moved by hand while orderd runs (frozen and fenced first, then flipped and opened
+    at the new owner): an order of its user gets 503 with Retry-After while it moves, then is
+    made at the new owner, once, and replays there.
+
+Runs only under tests/pg/with_pg.sh (CTest: service-pg.pg_shards_orderd).
+"""
+
+import hashlib
+import time
+
+import harness
+from harness import Server, expect, expect_eq, new_key, run, test
+
+CLUSTERS = ("c1", "c2", "c3")
+
+
+def bucket_of(principal):
+    """docs/shards.md: the first 8 bytes of SHA-256, big-endian, mod 1024."""
+    return int.from_bytes(hashlib.sha256(principal.encode("utf-8")).digest()[:8], "big") % 1024
+
+
+def owner_of(bucket):
+    return 0 if bucket < 342 else 1 if bucket < 683 else 2
+
+
+class ShardedOrderd(Server):
+    """orderd on the set: --db shards:DIR --catalogue CAT on every command line."""
+
+    def __init__(self, dir_uri, catalogue_uri, **kw):
+        super().__init__(db_uri="shards:" + dir_uri, **kw)
+        self.catalogue = catalogue_uri
+
+    def migrate(self):
+        self._run_tool(["migrate", "--db", self.db_uri, "--catalogue", self.catalogue], "migrate")
+        self._migrated = True
+
+    def serve_command(self):
+        return super().serve_command() + ["--catalogue", self.catalogue]
+
+    def create_token(self, user):
+        out = self._run_tool(["token", "create", "--db", self.db_uri, "--catalogue",
+                              self.catalogue, "--user", user], "token create")
+        return out.strip()
+
+
+class Ctx:
+    def __init__(self):
+        self.dbs = []
+        self.srv = None
+        self.dir_uri, name = harness.pg_create_database("oshdir")
+        self.dbs.append(name)
+        self.cat_uri, name = harness.pg_create_database("oshcat")
+        self.dbs.append(name)
+        self.cluster_uris = []
+        for c in CLUSTERS:
+            uri, name = harness.pg_create_database("osh" + c)
+            self.dbs.append(name)
+            self.cluster_uris.append(uri)
+        harness.psql(self.dir_uri,
+                     "CREATE TABLE idem_shard_clusters (name text PRIMARY KEY, uri text NOT NULL);"
+                     "CREATE TABLE idem_shard_buckets (bucket integer PRIMARY KEY,"
+                     " cluster text NOT NULL REFERENCES idem_shard_clusters (name),"
+                     " epoch bigint NOT NULL, moving integer NOT NULL DEFAULT 0);" +
+                     "".join("INSERT INTO idem_shard_clusters VALUES ('%s', '%s');" % (c, u)
+                             for c, u in zip(CLUSTERS, self.cluster_uris)) +
+                     "INSERT INTO idem_shard_buckets (bucket, cluster, epoch)"
+                     " SELECT b, CASE WHEN b < 342 THEN 'c1' WHEN b < 683 THEN 'c2' ELSE 'c3'"
+                     " END, 1 FROM generate_series(0, 1023) b;\n")
+        for i, uri in enumerate(self.cluster_uris):
+            lo, hi = ((0, 341), (342, 682), (683, 1023))[i]
+            harness.psql(uri, "CREATE TABLE idem_buckets (bucket integer PRIMARY KEY"
+                              " CHECK (bucket >= 0 AND bucket < 1024),"
+                              " epoch bigint NOT NULL CHECK (epoch >= 1));"
+                              "INSERT INTO idem_buckets SELECT b, 1"
+                              " FROM generate_series(%d, %d) b;\n" % (lo, hi))
+        self.srv = ShardedOrderd(self.dir_uri, self.cat_uri, name="orderd-shards",
+                                 env={"ORDERD_TEST_HOOKS": "1"})
+        self.srv.start()
+
+    def user(self, prefix="u"):
+        """A new user (token in the catalogue): (client, user id)."""
+        c = self.srv.new_user(prefix)
+        rows = harness.psql(self.cat_uri, "SELECT id FROM users WHERE name = :'n';\n",
+                            {"n": c.user})
+        expect_eq(len(rows), 1, "users named %s in the catalogue" % c.user)
+        return c, rows[0][0]
+
+    def user_on(self, cluster, prefix="u"):
+        while True:
+            c, uid = self.user(prefix)
+            if owner_of(bucket_of(uid)) == cluster:
+                return c, uid
+
+    def orders(self, i, user_id):
+        return [r[0] for r in harness.psql(self.cluster_uris[i],
+                                           "SELECT id FROM orders WHERE user_id = :'u';\n",
+                                           {"u": user_id})]
+
+    def where(self, user_id):
+        return [i for i in range(3) if self.orders(i, user_id)]
+
+    def close(self):
+        if self.srv:
+            self.srv.close()
+        for name in self.dbs:
+            harness.pg_drop_database(name)
+
+
+@test
+def tokens_are_made_in_the_catalogue_only(ctx):
+    c, uid = ctx.user("tok")
+    expect(uid.startswith("usr_"), "a user id: %r" % uid)
+    for i, uri in enumerate(ctx.cluster_uris):
+        expect_eq(harness.psql(uri, "SELECT count(*) FROM users;\n")[0][0], "0",
+                  "users in cluster %s" % CLUSTERS[i])
+    expect_eq(c.get("/api/orders").status, 200, "the token works")
+
+
+@test
+def orders_land_in_their_user_s_cluster_only_and_replay(ctx):
+    seen = set()
+    for n in range(12):
+        c, uid = ctx.user("many")
+        key = new_key("shard")
+        body = {"productId": "p-1024", "quantity": 1}
+        first = c.post("/api/orders", body, key=key)
+        expect_eq(first.status, 201, "order of %s: %s" % (uid, first.describe()))
+        again = c.post("/api/orders", body, key=key)
+        expect(again.status == 201 and again.replayed and again.body == first.body,
+               "a retry of %s replays: %s" % (key, again.describe()))
+        where = ctx.where(uid)
+        expect_eq(where, [owner_of(bucket_of(uid))],
+                  "clusters holding %s's orders (bucket %d)" % (uid, bucket_of(uid)))
+        expect_eq(len(ctx.orders(where[0], uid)), 1, "orders of %s" % uid)
+        got = c.get("/api/orders/" + first.json()["orderId"])
+        expect_eq(got.status, 200, "GET of the order on its cluster")
+        seen.add(where[0])
+    expect_eq(seen, {0, 1, 2}, "the clusters that got orders")
+
+
+@test
+def a_bucket_moved_by_hand_is_503_then_made_once_at_the_new_owner(ctx):
+    c, uid = ctx.user_on(0, "move")
+    b = bucket_of(uid)
+    # Frozen and fenced: the directory marks it moving, its owner gives up its fence row.
+    harness.psql(ctx.dir_uri, "UPDATE idem_shard_buckets SET moving = 1 WHERE bucket = %d;\n" % b)
+    harness.psql(ctx.cluster_uris[0], "DELETE FROM idem_buckets WHERE bucket = %d;\n" % b)
+    key = new_key("move")
+    body = {"productId": "p-1024", "quantity": 2}
+    r = c.post("/api/orders", body, key=key)
+    expect_eq(r.status, 503, "an order while its bucket moves: %s" % r.describe())
+    expect(r.header("Retry-After") is not None, "503 with a Retry-After")
+    expect_eq(ctx.where(uid), [], "clusters holding an order after the 503")
+    # Flipped to c2 and opened there.
+    harness.psql(ctx.dir_uri, "UPDATE idem_shard_buckets SET cluster = 'c2', epoch = epoch + 1,"
+                              " moving = 0 WHERE bucket = %d;\n" % b)
+    harness.psql(ctx.cluster_uris[1], "INSERT INTO idem_buckets VALUES (%d, 2);\n" % b)
+    r = None
+    for _ in range(50):
+        r = c.post("/api/orders", body, key=key)
+        if r.status != 503:
+            break
+        time.sleep(0.1)
+    expect_eq(r.status, 201, "the order once the move ended: %s" % r.describe())
+    expect_eq(ctx.where(uid), [1], "clusters holding the order")
+    expect_eq(len(ctx.orders(1, uid)), 1, "orders at the new owner")
+    again = c.post("/api/orders", body, key=key)
+    expect(again.status == 201 and again.replayed, "the retry replays: %s" % again.describe())
+    expect_eq(len(ctx.orders(1, uid)), 1, "orders at the new owner after the retry")
+
+
+if __name__ == "__main__":
+    run("test_pg_shards_orderd", setup=Ctx, teardown=lambda ctx: ctx and ctx.close())
