@@ -71,7 +71,7 @@ static int make_engine(struct app *app, struct idem_store *st, struct idem_engin
     return rc;
 }
 
-/* orderd's migrations, and a cluster's (`cluster`) on a shard set. */
+/* orderd's migrations, and a cluster's (`cluster` 1) or the catalogue's (2) on a shard set. */
 static int migrate(struct idem_store *st, int cluster, const char *what, int *applied, char *err,
                    size_t errlen)
 {
@@ -80,8 +80,10 @@ static int migrate(struct idem_store *st, int cluster, const char *what, int *ap
     int rc;
 
     rc = schema_migrate(st, &n, &errmsg);
-    if (rc == 0 && cluster)
+    if (rc == 0 && cluster == 1)
         rc = schema_migrate_cluster(st, &m, &errmsg);
+    else if (rc == 0 && cluster == 2)
+        rc = schema_migrate_catalogue(st, &m, &errmsg);
     if (rc < 0 && what == NULL)
         snprintf(err, errlen, "migrations failed: %s", errmsg ? errmsg : idem_strerror(rc));
     else if (rc < 0)
@@ -120,7 +122,7 @@ static int open_shards(struct app *app, int *applied, char *err, size_t errlen)
     rc = db_open(cfg->catalogue, cfg->db_pool, cfg->sync, &app->catalogue, err, errlen);
     if (rc < 0)
         return rc;
-    rc = migrate(app->catalogue, 0, "the catalogue", applied, err, errlen);
+    rc = migrate(app->catalogue, 2, "the catalogue", applied, err, errlen);
     if (rc < 0)
         return rc;
     n = idem_shards_count(app->shards);
@@ -136,6 +138,8 @@ static int open_shards(struct app *app, int *applied, char *err, size_t errlen)
         if (rc < 0)
             return rc;
     }
+    /* Its stock is reserved on the catalogue first, a step of its own (stock.h). */
+    app->op_orders_create.one_phase = 0;
     /* The context itself stands for the first cluster (health, requests of no user). */
     app->store = app->views[0].store;
     app->engine = app->views[0].engine;

@@ -22,6 +22,7 @@
 #include "provider.h"
 #include "response.h"
 #include "router.h"
+#include "stock.h"
 #include "util.h"
 #include "banned.h"
 
@@ -125,7 +126,8 @@ static int cancel_begin(const struct call_ctx *cx, struct idem_call *call, struc
     int rc;
 
     *go_refund = 0;
-    rc = db_exec(app, tx, "SELECT id FROM orders WHERE id = $1 AND user_id = $2", 2, params, &rows);
+    rc = db_exec(app, tx, "SELECT id, idem_key FROM orders WHERE id = $1 AND user_id = $2", 2,
+                 params, &rows);
     if (rc < 0)
         goto out;
     if (idem_rows_count(rows) == 0) {
@@ -136,6 +138,17 @@ static int cancel_begin(const struct call_ctx *cx, struct idem_call *call, struc
     rc = payments_load(app, tx, cx->params[0], &o);
     if (rc < 0)
         goto out;
+    if (app->shards != NULL && (strcmp(o.status, "created") == 0 || strcmp(o.status, "paid") == 0 ||
+                                strcmp(o.status, "cancelled") == 0)) {
+        /*
+         * A shard set: the stock goes back on the catalogue first, once whatever retries follow
+         * (the reservation is marked released with it), then the order is cancelled here.
+         */
+        rc = stock_release(app, cx->principal, app->op_orders_create.name, db_text(rows, 0, 1),
+                           NULL);
+        if (rc < 0)
+            goto out;
+    }
     if (strcmp(o.status, "created") == 0) {
         rc = db_exec(app, tx, "UPDATE orders SET status = 'cancelled' WHERE id = $1", 1, params,
                      NULL);

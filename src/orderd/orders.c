@@ -41,6 +41,7 @@
 #include "order_doc.h"
 #include "response.h"
 #include "router.h"
+#include "stock.h"
 #include "util.h"
 #include "banned.h"
 
@@ -82,7 +83,14 @@ struct create_input {
     char quantity[24];
     int64_t qty;
     char fp_hex[2 * IDEM_FP_LEN + 1];
+    /* On a shard set: the stock is reserved on the catalogue already, at this price. */
+    int reserved;
+    int64_t price;
+    char currency[16];
 };
+
+/* The recovery point after the stock's reservation on a shard set; its data "PRICE CURRENCY". */
+#define POINT_STOCK_RESERVED "stock_reserved"
 
 /* ---- shared ---------------------------------------------------------------------------------- */
 
@@ -335,6 +343,39 @@ static int place_one_statement(struct app *app, struct idem_tx *tx, const struct
     return rc;
 }
 
+/* A shard set: the stock was reserved on the catalogue (stock.c), the order goes in alone. */
+static int place_reserved(struct app *app, struct idem_tx *tx, const struct create_input *in,
+                          const struct order_row *o, struct placed *pl)
+{
+    struct idem_rows *rows = NULL;
+    const char *params[12];
+    char unit_price[24], amount[24];
+    int rc;
+
+    pl->product_known = 1;
+    pl->reserved = 1;
+    pl->price = in->price;
+    snprintf(pl->currency, sizeof pl->currency, "%s", in->currency);
+    snprintf(unit_price, sizeof unit_price, "%lld", (long long)in->price);
+    snprintf(amount, sizeof amount, "%lld", (long long)(in->price * in->qty));
+    params[0] = o->id;
+    params[1] = o->principal;
+    params[2] = in->product;
+    params[3] = in->quantity;
+    params[4] = unit_price;
+    params[5] = amount;
+    params[6] = in->currency;
+    params[7] = o->status;
+    params[8] = o->key;
+    params[9] = in->fp_hex;
+    params[10] = o->created;
+    params[11] = in->source;
+    rc = db_exec(app, tx, SQL_INSERT_ORDER, 12, params, &rows);
+    pl->inserted = rc == 0 && idem_rows_changed(rows) == 1;
+    idem_rows_free(rows);
+    return rc;
+}
+
 /*
  * Places an order in `tx`, for the idempotent flow and the benchmark-only flow without a record
  * alike, so both sell stock the same way: reserves the stock and inserts the order at the
@@ -356,9 +397,12 @@ static int place_order(struct app *app, struct idem_tx *tx, const struct create_
 
     *order = NULL;
     no->status = 0;
-    rc = strcmp(idem_store_kind(app->store), "postgresql") == 0
-             ? place_one_statement(app, tx, in, o, &pl)
-             : place_two_statements(app, tx, in, o, &pl);
+    if (in->reserved)
+        rc = place_reserved(app, tx, in, o, &pl);
+    else if (strcmp(idem_store_kind(app->store), "postgresql") == 0)
+        rc = place_one_statement(app, tx, in, o, &pl);
+    else
+        rc = place_two_statements(app, tx, in, o, &pl);
     if (rc < 0)
         return rc;
     if (!pl.reserved)
@@ -368,6 +412,9 @@ static int place_order(struct app *app, struct idem_tx *tx, const struct create_
                                 pl.price * in->qty, pl.currency, o->created);
         return 0;
     }
+    /* The catalogue's reservation is this key's, and its order's: it stays taken. */
+    if (in->reserved)
+        return IDEM_ECONFLICT;
     /* This (user, key) has its order already: what was reserved for a second one goes back. */
     rc = db_exec(app, tx, SQL_UNRESERVE, 2, params, NULL);
     return rc < 0 ? rc : IDEM_ECONFLICT;
@@ -500,10 +547,77 @@ out:
     return rc;
 }
 
+/* The test hook (ORDERD_TEST_HOOKS=1): crash once the catalogue's reservation committed. */
+static void after_stock_reserved(const struct call_ctx *cx)
+{
+    const char *crash = cx->app->cfg->test_hooks ? request_header(cx->rq, "X-Test-Crash") : NULL;
+
+    if (crash != NULL && strcmp(crash, "after-stock-reserved") == 0) {
+        log_msg(&cx->app->log, "warn", "test hook: exiting with 137 after stock_reserved");
+        exit_at_once(137);
+    }
+}
+
+/*
+ * A shard set's first step, in the open phase: the stock reserved on the catalogue under a key
+ * derived from this request (stock.c), then the recovery point "stock_reserved" with its price
+ * committed, and the next phase begun for the order.  A refusal completes the call (*done).
+ */
+static int create_phase_stock(const struct call_ctx *cx, struct idem_call *call,
+                              struct create_input *in, int *done)
+{
+    struct app *app = cx->app;
+    struct stock_reservation res;
+    enum stock_refusal refused = STOCK_OK;
+    struct refusal no;
+    char data[64];
+    int rc;
+
+    rc = stock_reserve(app, cx->principal, app->op_orders_create.name, cx->key, in->product,
+                       in->quantity, &res, &refused);
+    if (rc < 0)
+        return rc;
+    if (refused != STOCK_OK) {
+        no.status = 0;
+        rc = refuse_order(app, NULL, in, refused == STOCK_OUT, &no);
+        if (rc == 0)
+            rc = idemcall_complete_problem(call, no.status, no.code, no.detail);
+        *done = 1;
+        return rc;
+    }
+    after_stock_reserved(cx);
+    snprintf(data, sizeof data, "%lld %s", (long long)res.unit_price, res.currency);
+    rc = idem_call_advance(call, POINT_STOCK_RESERVED, data);
+    if (rc == 0)
+        rc = idem_call_phase_begin(call);
+    in->reserved = rc == 0;
+    in->price = res.unit_price;
+    snprintf(in->currency, sizeof in->currency, "%s", res.currency);
+    return rc;
+}
+
+/* The price of a reservation from the data of "stock_reserved", into `in`. */
+static int stock_reserved_read(const char *data, struct create_input *in)
+{
+    const char *sp = data != NULL ? strchr(data, ' ') : NULL;
+    char price[24];
+
+    if (sp == NULL || (size_t)(sp - data) >= sizeof price || strlen(sp + 1) == 0 ||
+        strlen(sp + 1) >= sizeof in->currency)
+        return IDEM_ESTATE;
+    memcpy(price, data, (size_t)(sp - data));
+    price[sp - data] = '\0';
+    if (parse_int64(price, 0, INT64_MAX / QUANTITY_MAX, &in->price) != 0)
+        return IDEM_ESTATE;
+    snprintf(in->currency, sizeof in->currency, "%s", sp + 1);
+    in->reserved = 1;
+    return 0;
+}
+
 static int create_run(const struct call_ctx *cx, struct idem_call *call, enum idem_outcome outcome,
                       void *arg, struct response *resp)
 {
-    const struct create_input *in = arg;
+    struct create_input *in = arg;
     struct checkout_opts opts = {0, cx};
     const char *point = "";
     char *order_id = NULL;
@@ -512,12 +626,28 @@ static int create_run(const struct call_ctx *cx, struct idem_call *call, enum id
 
     if (outcome == IDEM_OUTCOME_RESUME)
         point = idem_call_recovery_point(call);
-    if (point == NULL || point[0] == '\0') {
+    if (point == NULL)
+        point = "";
+    if (strcmp(point, POINT_STOCK_RESERVED) == 0) {
+        rc = stock_reserved_read(idem_call_recovery_data(call), in);
+        if (rc == 0)
+            rc = idem_call_phase_begin(call);
+        if (rc < 0)
+            goto out;
+        point = ""; /* the order's phase, as below */
+    } else if (point[0] == '\0') {
         if (outcome == IDEM_OUTCOME_RESUME) {
             rc = idem_call_phase_begin(call);
             if (rc < 0)
                 goto out;
         }
+        if (cx->app->shards != NULL) {
+            rc = create_phase_stock(cx, call, in, &done);
+            if (rc < 0 || done)
+                goto out;
+        }
+    }
+    if (point[0] == '\0') {
         rc = create_phase_reserve(cx, call, in, resp, &order_id, &done, &late);
         if (rc < 0 || done)
             goto out;
@@ -735,7 +865,7 @@ int orders_create_start(const struct call_ctx *cx, json_t *body, void (*wake)(vo
 
     *out = NULL;
     if (app->cfg->idempotency_off || app->provider != NULL || wants_phase_hook(cx) ||
-        cx->principal == NULL || cx->key == NULL) {
+        app->shards != NULL || cx->principal == NULL || cx->key == NULL) {
         json_decref(body);
         return 0;
     }

@@ -16,6 +16,7 @@
 #include "app.h"
 #include "db.h"
 #include "outbox.h"
+#include "stock.h"
 #include "util.h"
 #include "banned.h"
 
@@ -161,6 +162,11 @@ int payments_mark_declined(const struct app *app, struct idem_tx *tx, const stru
     n = idem_rows_changed(rows);
     if (n == 0)
         goto out;
+    if (app->shards != NULL) {
+        /* A shard set's stock is the catalogue's: its reservation is released, once. */
+        rc = stock_release(app, o->user_id, app->op_orders_create.name, o->idem_key, NULL);
+        goto out;
+    }
     snprintf(qty, sizeof qty, "%" PRId64, o->quantity);
     params[0] = o->product_id;
     params[1] = qty;

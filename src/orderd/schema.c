@@ -266,12 +266,48 @@ static const char cluster_no_user_fk[] =
     "ALTER TABLE orders DROP CONSTRAINT orders_user_id_fkey;"
     "ALTER TABLE profiles DROP CONSTRAINT profiles_user_id_fkey";
 
+/* Products too: an order's product is checked at its reservation, in the catalogue. */
+static const char cluster_no_product_fk[] =
+    "ALTER TABLE orders DROP CONSTRAINT orders_product_id_fkey";
+
 static const struct idem_migration cluster_steps[] = {
     {1, "users are in the catalogue", "SELECT 1", cluster_no_user_fk},
+    {2, "products are in the catalogue", "SELECT 1", cluster_no_product_fk},
 };
 
 int schema_migrate_cluster(struct idem_store *st, int *applied, char **errmsg)
 {
     return idem_store_migrate(st, "orderd_shard", cluster_steps,
                               sizeof cluster_steps / sizeof cluster_steps[0], applied, errmsg);
+}
+
+/*
+ * The catalogue of a shard set: the stock each order took (stock.c), keyed by the request that
+ * took it, so a retry takes nothing again and a cancel gives it back once.
+ */
+#define CATALOGUE_RESERVATIONS(INT)                                                                \
+    "CREATE TABLE stock_reservations ("                                                            \
+    "  user_id TEXT NOT NULL,"                                                                     \
+    "  operation TEXT NOT NULL,"                                                                   \
+    "  idem_key TEXT NOT NULL,"                                                                    \
+    "  product_id TEXT NOT NULL REFERENCES products (id),"                                         \
+    "  quantity " INT " NOT NULL,"                                                                 \
+    "  unit_price " INT " NOT NULL,"                                                               \
+    "  currency TEXT NOT NULL,"                                                                    \
+    "  released " INT " NOT NULL DEFAULT 0,"                                                       \
+    "  created_at TEXT NOT NULL,"                                                                  \
+    "  PRIMARY KEY (user_id, operation, idem_key)"                                                 \
+    ")"
+
+static const char reservations_sqlite[] = CATALOGUE_RESERVATIONS("INTEGER");
+static const char reservations_postgres[] = CATALOGUE_RESERVATIONS("BIGINT");
+
+static const struct idem_migration catalogue_steps[] = {
+    {1, "stock reservations", reservations_sqlite, reservations_postgres},
+};
+
+int schema_migrate_catalogue(struct idem_store *st, int *applied, char **errmsg)
+{
+    return idem_store_migrate(st, "orderd_catalogue", catalogue_steps,
+                              sizeof catalogue_steps / sizeof catalogue_steps[0], applied, errmsg);
 }

@@ -20,4 +20,7 @@ int schema_migrate(struct idem_store *st, int *applied, char **errmsg);
  */
 int schema_migrate_cluster(struct idem_store *st, int *applied, char **errmsg);
 
+/* The catalogue of a shard set, after schema_migrate(): its stock reservations (stock.c). */
+int schema_migrate_catalogue(struct idem_store *st, int *applied, char **errmsg);
+
 #endif /* ORDERD_SCHEMA_H */

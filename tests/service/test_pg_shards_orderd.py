@@ -10,6 +10,9 @@ each a database of the with_pg.sh server, and the catalogue (users, tokens) one 
     and no cluster holds users;
   - the orders of many users land in their user's cluster (SHA-256 of the user id, first 8
     bytes big-endian, mod 1024, computed here) and in no other; a retry replays;
+  - the stock of products is taken in the catalogue, once per order (a reservation keyed by
+    user, operation and Idempotency-Key), also when orderd is killed between the reservation and
+    the order and the order is retried; a cancel gives it back once;
   - a bucket moved by hand while orderd runs (frozen and fenced first, then flipped and opened
     at the new owner): an order of its user gets 503 with Retry-After while it moves, then is
     made at the new owner, once, and replays there.
@@ -18,12 +21,14 @@ Runs only under tests/pg/with_pg.sh (CTest: service-pg.pg_shards_orderd).
 """
 
 import hashlib
+import http.client
 import time
 
 import harness
 from harness import Server, expect, expect_eq, new_key, run, test
 
 CLUSTERS = ("c1", "c2", "c3")
+LEASE_MS = 1000
 
 
 def bucket_of(principal):
@@ -86,7 +91,8 @@ class Ctx:
                               "INSERT INTO idem_buckets SELECT b, 1"
                               " FROM generate_series(%d, %d) b;\n" % (lo, hi))
         self.srv = ShardedOrderd(self.dir_uri, self.cat_uri, name="orderd-shards",
-                                 env={"ORDERD_TEST_HOOKS": "1"})
+                                 env={"ORDERD_TEST_HOOKS": "1"},
+                                 extra_args=["--lease-ms", str(LEASE_MS)])
         self.srv.start()
 
     def user(self, prefix="u"):
@@ -110,6 +116,20 @@ class Ctx:
 
     def where(self, user_id):
         return [i for i in range(3) if self.orders(i, user_id)]
+
+    def stock(self, product="p-1024"):
+        """The stock of `product` in the catalogue."""
+        return int(harness.psql(self.cat_uri, "SELECT stock FROM products WHERE id = :'p';\n",
+                                {"p": product})[0][0])
+
+    def cluster_stocks(self, product="p-1024"):
+        return [harness.psql(uri, "SELECT stock FROM products WHERE id = :'p';\n",
+                             {"p": product})[0][0] for uri in self.cluster_uris]
+
+    def reservations(self, user_id):
+        return harness.psql(self.cat_uri, "SELECT idem_key, quantity, released FROM"
+                                          " stock_reservations WHERE user_id = :'u';\n",
+                            {"u": user_id})
 
     def close(self):
         if self.srv:
@@ -179,6 +199,90 @@ def a_bucket_moved_by_hand_is_503_then_made_once_at_the_new_owner(ctx):
     again = c.post("/api/orders", body, key=key)
     expect(again.status == 201 and again.replayed, "the retry replays: %s" % again.describe())
     expect_eq(len(ctx.orders(1, uid)), 1, "orders at the new owner after the retry")
+
+
+def retry_until_final(client, body, key, deadline_s=30):
+    """Retries POST /api/orders past 409 (in progress), 503 and dropped connections."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            r = client.post("/api/orders", body, key=key)
+            if r.status not in (409, 503):
+                return r
+        except (OSError, http.client.HTTPException):
+            pass
+        expect(time.monotonic() < deadline, "no final answer for %s in %d s" % (key, deadline_s))
+        time.sleep(0.2)
+
+
+@test
+def stock_is_taken_on_the_catalogue_once_per_order(ctx):
+    c, uid = ctx.user("stock")
+    clusters = ctx.cluster_stocks()
+    before = ctx.stock()
+    body = {"productId": "p-1024", "quantity": 3}
+    key = new_key("stock")
+    r = c.post("/api/orders", body, key=key)
+    expect_eq(r.status, 201, "an order: %s" % r.describe())
+    expect_eq(ctx.stock(), before - 3, "the catalogue's stock after one order")
+    again = c.post("/api/orders", body, key=key)
+    expect(again.status == 201 and again.replayed, "a retry replays: %s" % again.describe())
+    expect_eq(ctx.stock(), before - 3, "the catalogue's stock after the retry")
+    expect_eq(ctx.reservations(uid), [[key, "3", "0"]], "the reservation of the order")
+    expect_eq(ctx.cluster_stocks(), clusters, "the clusters' product rows (not used)")
+    r = c.post("/api/orders", {"productId": "p-none", "quantity": 1}, key=new_key("none"))
+    expect_eq(r.status, 422, "an unknown product: %s" % r.describe())
+    expect_eq(ctx.where(uid), [owner_of(bucket_of(uid))], "where the orders are")
+    expect_eq(len(ctx.orders(ctx.where(uid)[0], uid)), 1, "orders (the refused one is none)")
+
+
+@test
+def an_order_killed_after_its_reservation_takes_the_stock_once(ctx):
+    c, uid = ctx.user("crash")
+    before = ctx.stock()
+    body = {"productId": "p-1024", "quantity": 5}
+    key = new_key("crash")
+    try:
+        c.post("/api/orders", body, key=key, headers={"X-Test-Crash": "after-stock-reserved"},
+               timeout=10)
+        expect(False, "X-Test-Crash: after-stock-reserved should drop the connection")
+    except (OSError, http.client.HTTPException):
+        pass
+    expect(ctx.srv.wait_exit(10) is not None, "orderd did not exit after X-Test-Crash")
+    expect_eq(ctx.stock(), before - 5, "the catalogue's stock right after the crash")
+    expect_eq(ctx.where(uid), [], "clusters holding an order right after the crash")
+    ctx.srv.start()
+    r = retry_until_final(c, body, key)
+    expect_eq(r.status, 201, "the retry after the crash: %s" % r.describe())
+    expect_eq(ctx.stock(), before - 5, "the catalogue's stock after the retry (taken once)")
+    expect_eq(ctx.reservations(uid), [[key, "5", "0"]], "reservations of the order")
+    home = owner_of(bucket_of(uid))
+    expect_eq(ctx.where(uid), [home], "where the order is")
+    expect_eq(len(ctx.orders(home, uid)), 1, "orders after the retry")
+    again = c.post("/api/orders", body, key=key)
+    expect(again.status == 201 and again.replayed and again.body == r.body,
+           "the next retry replays: %s" % again.describe())
+    expect_eq(ctx.stock(), before - 5, "the catalogue's stock after the replay")
+
+
+@test
+def a_cancel_gives_the_stock_back_once(ctx):
+    c, uid = ctx.user("cancel")
+    before = ctx.stock()
+    r = c.post("/api/orders", {"productId": "p-1024", "quantity": 4}, key=new_key("cancel"))
+    expect_eq(r.status, 201, "an order: %s" % r.describe())
+    order_id = r.json()["orderId"]
+    expect_eq(ctx.stock(), before - 4, "the stock after the order")
+    key = new_key("cancel")
+    x = c.cancel(order_id, key)
+    expect_eq(x.status, 200, "the cancel: %s" % x.describe())
+    expect_eq(ctx.stock(), before, "the stock after the cancel")
+    again = c.cancel(order_id, key)
+    expect(again.status == 200 and again.replayed, "a retry replays: %s" % again.describe())
+    other = c.cancel(order_id, new_key("cancel"))
+    expect_eq(other.status, 200, "a second cancel of the order: %s" % other.describe())
+    expect_eq(ctx.stock(), before, "the stock after two cancels")
+    expect_eq([r[2] for r in ctx.reservations(uid)], ["1"], "the reservation is released")
 
 
 if __name__ == "__main__":
