@@ -27,8 +27,9 @@
 #include "banned.h"
 
 /* Ask (lookup by key) and/or refund; *ok = refunded, with *refund_id (new) or a refusal detail. */
-static int refund(struct app *app, const char *order_id, const struct refund_row *rf, int ask_first,
-                  char **refund_id, char *detail, size_t cap)
+static int refund(struct app *app, const char *order_id, const char *user,
+                  const struct refund_row *rf, int ask_first, char **refund_id, char *detail,
+                  size_t cap)
 {
     struct provider_reply r;
     char key[PAYMENT_KEY_MAX];
@@ -53,8 +54,10 @@ static int refund(struct app *app, const char *order_id, const struct refund_row
         }
         provider_reply_clear(&r);
     }
-    body = xcheck(json_pack("{s:s, s:I, s:{s:s}}", "charge", rf->charge_id, "amount",
-                            (json_int_t)rf->amount, "metadata", "orderId", order_id));
+    /* The user routes the refund's webhook to the user's cluster on a shard set. */
+    body =
+        xcheck(json_pack("{s:s, s:I, s:{s:s, s:s}}", "charge", rf->charge_id, "amount",
+                         (json_int_t)rf->amount, "metadata", "orderId", order_id, "userId", user));
     provider_post(app->provider, "/v1/refunds", key, body, &r);
     metrics_provider(app->metrics, PCALL_REFUND, (int)r.outcome);
     if (r.outcome == PROVIDER_OK) {
@@ -91,7 +94,8 @@ int cancel_refund_settle(struct app *app, struct idem_call *call, const char *or
         goto out;
     }
     if (app->provider != NULL)
-        verdict = refund(app, order_id, &rf, ask_first, &refund_id, detail, sizeof detail);
+        verdict =
+            refund(app, order_id, principal, &rf, ask_first, &refund_id, detail, sizeof detail);
     else
         log_msg(&app->log, "warn", "orders.cancel: refund of %s waits for a --provider", order_id);
     if (verdict < 0) {

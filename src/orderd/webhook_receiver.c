@@ -111,7 +111,7 @@ void webhooks_provider(const struct call_ctx *cx, struct response *resp)
     struct idem_tx *tx = NULL;
     struct idem_rows *rows = NULL;
     const char *params[4];
-    const char *why, *event_id, *type;
+    const char *why, *event_id, *type, *user;
     const json_t *object;
     char now[ISO8601_LEN + 1];
     json_error_t jerr;
@@ -143,11 +143,22 @@ void webhooks_provider(const struct call_ctx *cx, struct response *resp)
         goto out;
     }
 
+    /*
+     * On a shard set the event goes to the cluster of the user orderd named in the charge's or
+     * refund's metadata (its inbox dedupes there); one without a user is recorded on the first.
+     */
+    user = string_at(object, "metadata", "userId");
+    if (app->shards != NULL && user != NULL) {
+        rc = app_route(app, user, 1, &app);
+        if (rc != 0)
+            goto fail;
+    }
     iso8601_ms(clock_wall_ms(), now);
     params[0] = event_id;
     params[1] = type;
     params[2] = now;
-    rc = idem_tx_begin(app->store, 1, &tx);
+    rc = app->shards != NULL && user != NULL ? app_tx_begin(app, user, 1, &tx)
+                                             : idem_tx_begin(app->store, 1, &tx);
     if (rc == 0)
         rc = db_exec(app, tx,
                      "INSERT INTO inbox (event_id, type, result, received_at) VALUES ($1, $2, "

@@ -14,21 +14,27 @@
 
 #define FULL_RUNS_MAX 8
 
-/* One tick: a run, and up to FULL_RUNS_MAX - 1 more at once while each comes back full. */
+/*
+ * One tick: for each cluster (the one store, or each of a shard set), a run, and up to
+ * FULL_RUNS_MAX - 1 more at once while each comes back full.
+ */
 static void worker_tick(struct periodic *p, void *ctx)
 {
     struct worker *w = ctx;
     int items, rc, runs;
 
-    for (runs = 0; runs < FULL_RUNS_MAX; runs++) {
-        items = 0;
-        rc = w->fn(w->app, &items);
-        metrics_worker_run(w->app->metrics, w->id, items > 0 ? (uint64_t)items : 0, rc < 0);
-        if (rc < 0)
-            log_msg(&w->app->log, "warn", "%s: run failed: %s", worker_name(w->id),
-                    idem_strerror(rc));
-        if (rc < 0 || items < w->full_batch || periodic_stopping(p))
-            break;
+    for (size_t v = 0; v < w->app->nviews && !periodic_stopping(p); v++) {
+        struct app *view = &w->app->views[v];
+        for (runs = 0; runs < FULL_RUNS_MAX; runs++) {
+            items = 0;
+            rc = w->fn(view, &items);
+            metrics_worker_run(view->metrics, w->id, items > 0 ? (uint64_t)items : 0, rc < 0);
+            if (rc < 0)
+                log_msg(&view->log, "warn", "%s%s%s: run failed: %s", worker_name(w->id),
+                        view->shard[0] ? " on " : "", view->shard, idem_strerror(rc));
+            if (rc < 0 || items < w->full_batch || periodic_stopping(p))
+                break;
+        }
     }
 }
 

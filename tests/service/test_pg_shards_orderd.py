@@ -15,17 +15,21 @@ each a database of the with_pg.sh server, and the catalogue (users, tokens) one 
     the order and the order is retried; a cancel gives it back once;
   - a bucket moved by hand while orderd runs (frozen and fenced first, then flipped and opened
     at the new owner): an order of its user gets 503 with Retry-After while it moves, then is
-    made at the new owner, once, and replays there.
+    made at the new owner, once, and replays there;
+  - a provider webhook carrying the user in its metadata is recorded in that user's cluster's
+    inbox, and its second delivery is a duplicate there.
 
 Runs only under tests/pg/with_pg.sh (CTest: service-pg.pg_shards_orderd).
 """
 
 import hashlib
 import http.client
+import json
 import time
 
 import harness
 from harness import Server, expect, expect_eq, new_key, run, test
+from provider import WEBHOOK_SECRET, sign
 
 CLUSTERS = ("c1", "c2", "c3")
 LEASE_MS = 1000
@@ -91,7 +95,8 @@ class Ctx:
                               "INSERT INTO idem_buckets SELECT b, 1"
                               " FROM generate_series(%d, %d) b;\n" % (lo, hi))
         self.srv = ShardedOrderd(self.dir_uri, self.cat_uri, name="orderd-shards",
-                                 env={"ORDERD_TEST_HOOKS": "1"},
+                                 env={"ORDERD_TEST_HOOKS": "1",
+                                      "ORDERD_WEBHOOK_SECRET": WEBHOOK_SECRET},
                                  extra_args=["--lease-ms", str(LEASE_MS)])
         self.srv.start()
 
@@ -283,6 +288,27 @@ def a_cancel_gives_the_stock_back_once(ctx):
     expect_eq(other.status, 200, "a second cancel of the order: %s" % other.describe())
     expect_eq(ctx.stock(), before, "the stock after two cancels")
     expect_eq([r[2] for r in ctx.reservations(uid)], ["1"], "the reservation is released")
+
+
+@test
+def a_webhook_lands_on_its_user_s_cluster(ctx):
+    for cluster in (0, 2):
+        c, uid = ctx.user_on(cluster, "hook")
+        r = c.post("/api/orders", {"productId": "p-1024", "quantity": 1}, key=new_key("hook"))
+        expect_eq(r.status, 201, "an order: %s" % r.describe())
+        event_id = "evt_shard_" + new_key("e")
+        event = json.dumps({"id": event_id, "type": "charge.succeeded",
+                            "data": {"object": {"id": "ch_none", "metadata": {
+                                "orderId": r.json()["orderId"], "userId": uid}}}}).encode()
+        for n in range(2):
+            w = c.request("POST", "/webhooks/provider", body=event, token=None,
+                          headers={"Provider-Signature": sign(event)})
+            expect_eq(w.status, 200, "delivery %d of %s: %s" % (n + 1, event_id, w.describe()))
+            expect_eq(w.json().get("duplicate"), n == 1, "delivery %d is a duplicate" % (n + 1))
+        where = [i for i, uri in enumerate(ctx.cluster_uris)
+                 if harness.psql(uri, "SELECT 1 FROM inbox WHERE event_id = :'e';\n",
+                                 {"e": event_id})]
+        expect_eq(where, [cluster], "clusters whose inbox holds %s" % event_id)
 
 
 if __name__ == "__main__":
