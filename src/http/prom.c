@@ -5,6 +5,7 @@
 #include "prom.h"
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "idem/idem.h"
 
@@ -25,43 +26,118 @@ static void sample(struct strbuf *sb, const char *prefix, const char *name, cons
     strbuf_addf(sb, "%s_%s%s %llu\n", prefix, name, labels, (unsigned long long)value);
 }
 
-void prom_replay_cache(struct strbuf *sb, const char *prefix, struct idem_engine *eng)
+/*
+ * The labels of sample i: `shard="NAME"` when there are shard names, then `more` ("" or
+ * `result="hit"`), as "" or "{...}".
+ */
+static void labels(char *out, size_t cap, const char *const *shards, size_t i, const char *more)
 {
-    struct idem_cache_stats st;
+    const char *sep = shards != NULL && more[0] != '\0' ? "," : "";
 
-    idem_engine_cache_stats(eng, &st);
+    if (shards == NULL && more[0] == '\0')
+        snprintf(out, cap, "%s", "");
+    else if (shards == NULL)
+        snprintf(out, cap, "{%s}", more);
+    else
+        snprintf(out, cap, "{shard=\"%s\"%s%s}", shards[i], sep, more);
+}
+
+static void replay_caches(struct strbuf *sb, const char *prefix, size_t n,
+                          const char *const *shards, struct idem_engine *const *engines)
+{
+    struct idem_cache_stats st[PROM_SHARDS_MAX];
+    char l[128];
+    size_t i;
+
+    if (n > PROM_SHARDS_MAX)
+        n = PROM_SHARDS_MAX;
+    for (i = 0; i < n; i++)
+        idem_engine_cache_stats(engines[i], &st[i]);
     family(sb, prefix, "replay_cache_lookups_total", "counter",
            "Lookups of the replay cache: hit (answered from memory), miss (the store was asked).");
-    sample(sb, prefix, "replay_cache_lookups_total", "{result=\"hit\"}", st.hits);
-    sample(sb, prefix, "replay_cache_lookups_total", "{result=\"miss\"}", st.misses);
+    for (i = 0; i < n; i++) {
+        labels(l, sizeof l, shards, i, "result=\"hit\"");
+        sample(sb, prefix, "replay_cache_lookups_total", l, st[i].hits);
+        labels(l, sizeof l, shards, i, "result=\"miss\"");
+        sample(sb, prefix, "replay_cache_lookups_total", l, st[i].misses);
+    }
     family(sb, prefix, "replay_cache_evictions_total", "counter",
            "Entries dropped from the replay cache to make room.");
-    sample(sb, prefix, "replay_cache_evictions_total", "", st.evictions);
+    for (i = 0; i < n; i++) {
+        labels(l, sizeof l, shards, i, "");
+        sample(sb, prefix, "replay_cache_evictions_total", l, st[i].evictions);
+    }
     family(sb, prefix, "replay_cache_bytes", "gauge", "Bytes the replay cache holds now.");
-    sample(sb, prefix, "replay_cache_bytes", "", st.bytes);
+    for (i = 0; i < n; i++) {
+        labels(l, sizeof l, shards, i, "");
+        sample(sb, prefix, "replay_cache_bytes", l, st[i].bytes);
+    }
     family(sb, prefix, "replay_cache_max_bytes", "gauge", "The replay cache's bound (0: off).");
-    sample(sb, prefix, "replay_cache_max_bytes", "", st.max_bytes);
+    for (i = 0; i < n; i++) {
+        labels(l, sizeof l, shards, i, "");
+        sample(sb, prefix, "replay_cache_max_bytes", l, st[i].max_bytes);
+    }
+}
+
+void prom_replay_cache(struct strbuf *sb, const char *prefix, struct idem_engine *eng)
+{
+    replay_caches(sb, prefix, 1, NULL, &eng);
+}
+
+void prom_replay_cache_shards(struct strbuf *sb, const char *prefix, size_t n,
+                              const char *const *shards, struct idem_engine *const *engines)
+{
+    replay_caches(sb, prefix, n, shards, engines);
+}
+
+static void stores(struct strbuf *sb, const char *prefix, size_t n, const char *const *shards,
+                   const struct idem_store *const *st)
+{
+    struct idem_store_stats stats[PROM_SHARDS_MAX];
+    char l[128];
+    size_t i;
+
+    if (n > PROM_SHARDS_MAX)
+        n = PROM_SHARDS_MAX;
+    for (i = 0; i < n; i++)
+        idem_store_stats(st[i], &stats[i]);
+    family(sb, prefix, "store_write_commits_total", "counter",
+           "Write transactions committed, each acknowledged once durable.");
+    for (i = 0; i < n; i++) {
+        labels(l, sizeof l, shards, i, "");
+        sample(sb, prefix, "store_write_commits_total", l, stats[i].write_commits);
+    }
+    family(sb, prefix, "store_durable_commits_total", "counter",
+           "Durable commits that carried them (SQLite group commit: one per batch).");
+    for (i = 0; i < n; i++) {
+        labels(l, sizeof l, shards, i, "");
+        sample(sb, prefix, "store_durable_commits_total", l, stats[i].durable_commits);
+    }
+    family(sb, prefix, "store_durable_commit_seconds_total", "counter",
+           "Time spent in those durable commits (SQLite: COMMIT with its fsync; PostgreSQL: the "
+           "COMMIT round trip).");
+    for (i = 0; i < n; i++) {
+        labels(l, sizeof l, shards, i, "");
+        strbuf_addf(sb, "%s_store_durable_commit_seconds_total%s %.6f\n", prefix, l,
+                    (double)stats[i].durable_commit_ns / 1e9);
+    }
+    family(sb, prefix, "store_writer_busy_seconds_total", "counter",
+           "Time the store's one writer connection was held (SQLite: statements and COMMITs, the "
+           "serial part of every write; 0 on PostgreSQL).");
+    for (i = 0; i < n; i++) {
+        labels(l, sizeof l, shards, i, "");
+        strbuf_addf(sb, "%s_store_writer_busy_seconds_total%s %.6f\n", prefix, l,
+                    (double)stats[i].writer_busy_ns / 1e9);
+    }
 }
 
 void prom_store(struct strbuf *sb, const char *prefix, const struct idem_store *st)
 {
-    struct idem_store_stats stats;
+    stores(sb, prefix, 1, NULL, &st);
+}
 
-    idem_store_stats(st, &stats);
-    family(sb, prefix, "store_write_commits_total", "counter",
-           "Write transactions committed, each acknowledged once durable.");
-    sample(sb, prefix, "store_write_commits_total", "", stats.write_commits);
-    family(sb, prefix, "store_durable_commits_total", "counter",
-           "Durable commits that carried them (SQLite group commit: one per batch).");
-    sample(sb, prefix, "store_durable_commits_total", "", stats.durable_commits);
-    family(sb, prefix, "store_durable_commit_seconds_total", "counter",
-           "Time spent in those durable commits (SQLite: COMMIT with its fsync; PostgreSQL: the "
-           "COMMIT round trip).");
-    strbuf_addf(sb, "%s_store_durable_commit_seconds_total %.6f\n", prefix,
-                (double)stats.durable_commit_ns / 1e9);
-    family(sb, prefix, "store_writer_busy_seconds_total", "counter",
-           "Time the store's one writer connection was held (SQLite: statements and COMMITs, the "
-           "serial part of every write; 0 on PostgreSQL).");
-    strbuf_addf(sb, "%s_store_writer_busy_seconds_total %.6f\n", prefix,
-                (double)stats.writer_busy_ns / 1e9);
+void prom_store_shards(struct strbuf *sb, const char *prefix, size_t n, const char *const *shards,
+                       const struct idem_store *const *st)
+{
+    stores(sb, prefix, n, shards, st);
 }

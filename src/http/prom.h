@@ -6,6 +6,8 @@
 #ifndef IDEM_HTTP_PROM_H
 #define IDEM_HTTP_PROM_H
 
+#include <stddef.h>
+
 struct idem_engine;
 struct idem_store;
 struct strbuf;
@@ -24,5 +26,17 @@ void prom_replay_cache(struct strbuf *sb, const char *prefix, struct idem_engine
  * PREFIX_store_writer_busy_seconds_total (SQLite's one writer held: the serial part of writes).
  */
 void prom_store(struct strbuf *sb, const char *prefix, const struct idem_store *st);
+
+/* The most clusters the *_shards calls below render (more are left out). */
+#define PROM_SHARDS_MAX 64
+
+/*
+ * The same for the `n` clusters of a shard set: each sample labelled shard="NAME" (shards[i],
+ * borrowed), each family's HELP and TYPE once.
+ */
+void prom_replay_cache_shards(struct strbuf *sb, const char *prefix, size_t n,
+                              const char *const *shards, struct idem_engine *const *engines);
+void prom_store_shards(struct strbuf *sb, const char *prefix, size_t n, const char *const *shards,
+                       const struct idem_store *const *st);
 
 #endif /* IDEM_HTTP_PROM_H */

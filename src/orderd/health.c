@@ -34,14 +34,22 @@ void health_check(const struct call_ctx *cx, struct response *resp)
     struct idem_tx *tx = NULL;
     struct idem_rows *rows = NULL;
     json_t *doc = NULL;
-    int rc;
+    int rc = 0;
 
-    rc = idem_tx_begin(app->store, 0, &tx);
-    if (rc == 0)
-        rc = idem_tx_exec(tx, "SELECT 1", 0, NULL, &rows);
-    if (rc < 0) {
-        keyed_answer_unavailable(resp, "The store does not answer.");
-        goto out;
+    /* On a shard set every cluster and the catalogue: a user of any one may call. */
+    for (size_t i = 0; i <= app->nviews && (i < app->nviews || app->shards != NULL); i++) {
+        struct idem_store *st = i < app->nviews ? app->views[i].store : app->catalogue;
+        idem_rows_free(rows);
+        rows = NULL;
+        idem_tx_rollback(tx);
+        tx = NULL;
+        rc = idem_tx_begin(st, 0, &tx);
+        if (rc == 0)
+            rc = idem_tx_exec(tx, "SELECT 1", 0, NULL, &rows);
+        if (rc < 0) {
+            keyed_answer_unavailable(resp, "The store does not answer.");
+            goto out;
+        }
     }
     doc = xcheck(json_pack("{s:s, s:s}", "status", "ok", "store", idem_store_kind(app->store)));
     response_json(resp, 200, doc);
@@ -51,19 +59,28 @@ out:
     idem_tx_rollback(tx);
 }
 
-/* The value of count `name` in `rows` (name, sum), 0 when it has no row. */
-static long long count_of(const struct idem_rows *rows, const char *name)
+/* The counts of every cluster read by one scrape (one without shards). */
+struct counts {
+    size_t n;
+    struct idem_rows *rows[PROM_SHARDS_MAX];
+    struct idem_tx *tx[PROM_SHARDS_MAX];
+};
+
+/* The value of count `name` in each cluster's rows (name, sum), summed; 0 when it has no row. */
+static long long count_of(const struct counts *c, const char *name)
 {
+    long long sum = 0;
     int r;
 
-    for (r = 0; r < idem_rows_count(rows); r++)
-        if (strcmp(db_text(rows, r, 0), name) == 0)
-            return (long long)db_int(rows, r, 1);
-    return 0;
+    for (size_t i = 0; i < c->n; i++)
+        for (r = 0; r < idem_rows_count(c->rows[i]); r++)
+            if (strcmp(db_text(c->rows[i], r, 0), name) == 0)
+                sum += (long long)db_int(c->rows[i], r, 1);
+    return sum;
 }
 
 /* The outbox by state: a growing "pending" or any "parked" is what an operator watches. */
-static void render_outbox(const struct idem_rows *counts, struct strbuf *sb)
+static void render_outbox(const struct counts *counts, struct strbuf *sb)
 {
     static const char *const states[] = {"pending", "sent", "parked"};
     char name[32];
@@ -86,7 +103,7 @@ static void render_outbox(const struct idem_rows *counts, struct strbuf *sb)
  * can take a difference across kills and instances; the retention sweep of the inbox leaves it.
  * The label values are the fixed set the schema's triggers count by (schema.c, step 5).
  */
-static void render_inbox(const struct idem_rows *counts, struct strbuf *sb)
+static void render_inbox(const struct counts *counts, struct strbuf *sb)
 {
     static const char *const types[] = {"charge.succeeded", "refund.succeeded", "other"};
     static const char *const results[] = {"applied", "ignored", "other"};
@@ -108,24 +125,25 @@ static void render_inbox(const struct idem_rows *counts, struct strbuf *sb)
  * Payments and refunds whose outcome is unknown (flagged for the reconciler), by the index of
  * their next check: a few rows whatever the size of the tables, as many as are unsettled now.
  */
-static void render_unknown(struct idem_tx *tx, struct strbuf *sb)
+static void render_unknown(const struct counts *c, struct strbuf *sb)
 {
     static const char *const sql[2] = {
         "SELECT COUNT(*) FROM orders WHERE payment_check_ms >= 0 AND status = 'pending_payment'",
         "SELECT COUNT(*) FROM refunds WHERE check_ms >= 0"};
     static const char *const kinds[2] = {"charge", "refund"};
     struct idem_rows *rows = NULL;
-    long long n[2];
+    long long n[2] = {0, 0};
 
-    for (int i = 0; i < 2; i++) {
-        if (idem_tx_exec(tx, sql[i], 0, NULL, &rows) != 0) {
+    for (size_t k = 0; k < c->n; k++)
+        for (int i = 0; i < 2; i++) {
+            if (idem_tx_exec(c->tx[k], sql[i], 0, NULL, &rows) != 0) {
+                idem_rows_free(rows);
+                return;
+            }
+            n[i] += (long long)db_int(rows, 0, 0);
             idem_rows_free(rows);
-            return;
+            rows = NULL;
         }
-        n[i] = (long long)db_int(rows, 0, 0);
-        idem_rows_free(rows);
-        rows = NULL;
-    }
     strbuf_adds(sb, "# HELP orderd_payments_unknown Charges and refunds whose outcome is unknown"
                     " now: waiting for a retry, a webhook or the reconciler.\n"
                     "# TYPE orderd_payments_unknown gauge\n");
@@ -137,32 +155,50 @@ static void render_unknown(struct idem_tx *tx, struct strbuf *sb)
  * The figures read from the store: the counts the schema's triggers keep (schema.c, step 5), a
  * few rows whatever the size of the outbox and the inbox.  A store that does not answer leaves
  * them out rather than fail the page (the counters are still worth having), and says so in
- * orderd_store_up.
+ * orderd_store_up.  On a shard set the store's own series and orderd_store_up are labelled by
+ * cluster (shard="c1"), and the counts are the sums over the clusters, left out when one of them
+ * does not answer.
  */
 static void render_store(const struct app *app, struct strbuf *sb)
 {
-    struct idem_tx *tx = NULL;
-    struct idem_rows *counts = NULL;
-    int up;
+    const char *names[PROM_SHARDS_MAX];
+    const struct idem_store *stores[PROM_SHARDS_MAX];
+    struct counts c;
+    size_t i, n = app->nviews < PROM_SHARDS_MAX ? app->nviews : PROM_SHARDS_MAX;
+    int up, all = 1;
 
-    prom_store(sb, "orderd", app->store);
-
-    up = idem_tx_begin(app->store, 0, &tx) == 0 &&
-         idem_tx_exec(tx, "SELECT name, SUM(value) FROM counts GROUP BY name", 0, NULL, &counts) ==
-             0;
-    strbuf_addf(sb,
-                "# HELP orderd_store_up Whether the store answered this scrape's read (1) or not"
-                " (0).\n"
-                "# TYPE orderd_store_up gauge\n"
-                "orderd_store_up %d\n",
-                up);
-    if (up) {
-        render_outbox(counts, sb);
-        render_inbox(counts, sb);
-        render_unknown(tx, sb);
+    memset(&c, 0, sizeof c);
+    c.n = n;
+    for (i = 0; i < n; i++) {
+        names[i] = app->views[i].shard;
+        stores[i] = app->views[i].store;
     }
-    idem_rows_free(counts);
-    idem_tx_rollback(tx);
+    if (app->shards == NULL)
+        prom_store(sb, "orderd", app->store);
+    else
+        prom_store_shards(sb, "orderd", n, names, stores);
+    strbuf_adds(sb, "# HELP orderd_store_up Whether the store answered this scrape's read (1) or"
+                    " not (0).\n"
+                    "# TYPE orderd_store_up gauge\n");
+    for (i = 0; i < n; i++) {
+        up = idem_tx_begin(app->views[i].store, 0, &c.tx[i]) == 0 &&
+             idem_tx_exec(c.tx[i], "SELECT name, SUM(value) FROM counts GROUP BY name", 0, NULL,
+                          &c.rows[i]) == 0;
+        if (app->shards == NULL)
+            strbuf_addf(sb, "orderd_store_up %d\n", up);
+        else
+            strbuf_addf(sb, "orderd_store_up{shard=\"%s\"} %d\n", names[i], up);
+        all = all && up;
+    }
+    if (all) {
+        render_outbox(&c, sb);
+        render_inbox(&c, sb);
+        render_unknown(&c, sb);
+    }
+    for (i = 0; i < n; i++) {
+        idem_rows_free(c.rows[i]);
+        idem_tx_rollback(c.tx[i]);
+    }
 }
 
 /* The HTTP layer's own counters: what it refused, and why (docs/http-server.md). */
@@ -199,6 +235,24 @@ static void render_http(const struct app *app, struct strbuf *sb)
                 (unsigned long long)st.queue_full);
 }
 
+/* libidem's replay cache: one per cluster on a shard set, labelled by it. */
+static void render_replay_cache(const struct app *app, struct strbuf *sb)
+{
+    const char *names[PROM_SHARDS_MAX];
+    struct idem_engine *engines[PROM_SHARDS_MAX];
+    size_t i, n = app->nviews < PROM_SHARDS_MAX ? app->nviews : PROM_SHARDS_MAX;
+
+    if (app->shards == NULL) {
+        prom_replay_cache(sb, "orderd", app->engine);
+        return;
+    }
+    for (i = 0; i < n; i++) {
+        names[i] = app->views[i].shard;
+        engines[i] = app->views[i].engine;
+    }
+    prom_replay_cache_shards(sb, "orderd", n, names, engines);
+}
+
 void health_metrics(const struct call_ctx *cx, struct response *resp)
 {
     struct strbuf sb = STRBUF_INIT;
@@ -209,7 +263,7 @@ void health_metrics(const struct call_ctx *cx, struct response *resp)
     strbuf_add(&sb, text, len);
     free(text);
     render_store(cx->app, &sb);
-    prom_replay_cache(&sb, "orderd", cx->app->engine);
+    render_replay_cache(cx->app, &sb);
     render_http(cx->app, &sb);
     free(resp->body);
     resp->body = strbuf_detach(&sb, &len);

@@ -17,7 +17,8 @@ each a database of the with_pg.sh server, and the catalogue (users, tokens) one 
     at the new owner): an order of its user gets 503 with Retry-After while it moves, then is
     made at the new owner, once, and replays there;
   - a provider webhook carrying the user in its metadata is recorded in that user's cluster's
-    inbox, and its second delivery is a duplicate there.
+    inbox, and its second delivery is a duplicate there;
+  - /metrics labels the store's series by cluster (shard="c1"), each family's TYPE once.
 
 Runs only under tests/pg/with_pg.sh (CTest: service-pg.pg_shards_orderd).
 """
@@ -309,6 +310,23 @@ def a_webhook_lands_on_its_user_s_cluster(ctx):
                  if harness.psql(uri, "SELECT 1 FROM inbox WHERE event_id = :'e';\n",
                                  {"e": event_id})]
         expect_eq(where, [cluster], "clusters whose inbox holds %s" % event_id)
+
+
+@test
+def metrics_label_the_store_s_series_by_shard(ctx):
+    c, _ = ctx.user("metrics")
+    page = c.get("/metrics")
+    expect_eq(page.status, 200, "GET /metrics")
+    text = page.body.decode()
+    for name in CLUSTERS:
+        for series in ('orderd_store_up{shard="%s"} 1' % name,
+                       'orderd_store_write_commits_total{shard="%s"} ' % name,
+                       'orderd_replay_cache_lookups_total{shard="%s",result="hit"} ' % name):
+            expect(series in text, "/metrics has %s" % series)
+    for family in ("orderd_store_up", "orderd_store_write_commits_total",
+                   "orderd_replay_cache_bytes", "orderd_outbox_messages"):
+        expect_eq(text.count("# TYPE %s " % family), 1, "TYPE lines of %s" % family)
+    expect('orderd_outbox_messages{status="pending"} ' in text, "the outbox's sum is there")
 
 
 if __name__ == "__main__":
