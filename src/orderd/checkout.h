@@ -16,6 +16,11 @@ struct call_ctx;
 
 /* The recovery point phase 1 of orders.create leaves, with the order id as its data. */
 #define POINT_ORDER_CREATED "order_created"
+/*
+ * On a shard set, before it: the stock reserved on the catalogue (stock.h), its data "PRICE
+ * CURRENCY".  Only the client's retry, which carries the order's body, goes on from there.
+ */
+#define POINT_STOCK_RESERVED "stock_reserved"
 
 struct checkout_opts {
     int ask_first;             /* reconciler: look the charge up by key before charging */

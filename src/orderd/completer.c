@@ -95,6 +95,10 @@ int completer_run(struct app *app, int *items)
     for (k = 0; k < 2 && rc == 0 && done < RECOVERY_BATCH; k++) {
         rc = idem_engine_stalled(app->engine, ops[k]->name, STALLED_SCAN, &list, &n);
         for (i = 0; rc == 0 && i < n && done < RECOVERY_BATCH; i++) {
+            /* The order's body is the client's: its retry, not the completer, goes on. */
+            if (k == 0 && list[i].recovery_point != NULL &&
+                strcmp(list[i].recovery_point, POINT_STOCK_RESERVED) == 0)
+                continue;
             if (flagged(app, k == 0, list[i].principal, list[i].key))
                 continue;
             rc = resume(app, ops[k], k == 0, &list[i], &settled);

@@ -89,9 +89,6 @@ struct create_input {
     char currency[16];
 };
 
-/* The recovery point after the stock's reservation on a shard set; its data "PRICE CURRENCY". */
-#define POINT_STOCK_RESERVED "stock_reserved"
-
 /* ---- shared ---------------------------------------------------------------------------------- */
 
 static void validation_failed(struct response *resp, const char *detail)
