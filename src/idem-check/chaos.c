@@ -39,7 +39,8 @@ static void *dup_main(void *arg)
     struct dup_arg *d = arg;
     struct idem_client *c = ck_open_client(d->cx, 30000, 1);
     if (c) {
-        ck_send_intent(c, d->cx->proxy_url, d->cx->auth, d->it->key, &d->it->b, NULL, 0);
+        ck_send_intent(c, d->cx->proxy_url, d->cx->users[d->it->user].auth, d->it->key, &d->it->b,
+                       NULL, 0);
         idem_client_close(c);
     }
     return NULL;
@@ -77,7 +78,7 @@ static void *client_main(void *arg)
             atomic_fetch_add(&cx->dup_sends, 1);
             dup_started = pthread_create(&t, NULL, dup_main, &d) == 0;
         }
-        ck_send_intent(c, cx->proxy_url, cx->auth, it->key, &it->a, NULL, 0);
+        ck_send_intent(c, cx->proxy_url, cx->users[it->user].auth, it->key, &it->a, NULL, 0);
         if (dup_started)
             pthread_join(t, NULL);
         atomic_fetch_add(&cx->done, 1);
@@ -218,7 +219,7 @@ static int set_up(struct chaos *cx)
             fprintf(stderr, "idem-check chaos: provider-sim did not start (see %s)\n", cx->workdir);
             return CK_EXIT_SETUP;
         }
-        if (ck_create_token(cx) < 0) {
+        if (ck_create_tokens(cx) < 0) {
             fprintf(stderr, "idem-check chaos: `orderd token create` failed (see %s)\n",
                     cx->workdir);
             return CK_EXIT_SETUP;
@@ -232,7 +233,9 @@ static int set_up(struct chaos *cx)
         if (cx->o.haproxy_config && ck_haproxy_start(cx) < 0)
             return CK_EXIT_SETUP;
     }
-    snprintf(cx->auth, sizeof(cx->auth), "Authorization: Bearer %s", cx->token);
+    for (i = 0; i < cx->n_users; i++)
+        snprintf(cx->users[i].auth, sizeof(cx->users[i].auth), "Authorization: Bearer %s",
+                 cx->users[i].token);
     if (ck_audit_before(cx, why, sizeof(why)) < 0) {
         fprintf(stderr, "idem-check chaos: %s\n", why);
         return CK_EXIT_SETUP;
@@ -313,6 +316,7 @@ struct chaos *ck_chaos_new(void)
 
 void ck_chaos_free(struct chaos *cx)
 {
+    free(cx->users);
     pthread_mutex_destroy(&cx->lock);
     free(cx);
 }
@@ -357,8 +361,10 @@ int ck_chaos_run(struct chaos *cx)
 
     cx->in = xmalloc((size_t)cx->o.intents * sizeof(*cx->in));
     memset(cx->in, 0, (size_t)cx->o.intents * sizeof(*cx->in));
-    for (k = 0; k < cx->o.intents; k++)
+    for (k = 0; k < cx->o.intents; k++) {
         cx->in[k].key = ck_random_key();
+        cx->in[k].user = (int)(k % cx->n_users);
+    }
     drive(cx, &killer, &have_killer);
     ck_haproxy_read_stats(cx); /* what HAProxy re-sent during the drive */
 

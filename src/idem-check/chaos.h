@@ -27,6 +27,8 @@
 /* References per page of provider-sim's ledger (its maximum); orderd's pages hold at most 100. */
 #define CK_PAGE_SIZE_MAX 1000
 #define CK_ORDERS_PAGE_MAX 100
+/* --users, and tokens given with --attach: one bucket of a shard set each, so a set wants many. */
+#define CK_USERS_MAX 1000
 
 /* ---- the proxy (fault_proxy.c) ---------------------------------------------------------------
  */
@@ -76,7 +78,11 @@ void ck_proxy_stop(struct ck_proxy *p);
 
 struct chaos_opts {
     const char *orderd_bin, *provider_bin, *db;
-    const char *orderd_urls, *provider_url, *token; /* --attach */
+    const char *orderd_urls, *provider_url; /* --attach */
+    const char *tokens[CK_USERS_MAX];       /* --attach: each --token, in order */
+    long n_tokens;
+    const char *tokens_file; /* --attach: --tokens FILE, one token a line */
+    long users;              /* --users: users (and tokens) made with `orderd token create` */
     long intents, clients, max_time_s, kill_every_s, instances, webhook_dup, grace_s;
     long page_size; /* --audit-page-size: ledger references (and orders, up to 100) per page */
     long failover_every_s;    /* --failover-every: 0 off */
@@ -99,6 +105,7 @@ struct ck_seen {
 
 struct ck_intent {
     char *key;
+    int user; /* index into chaos.users: whose token sends it */
     int started, dup;
     struct ck_seen a, b; /* the sender, and the duplicate sender */
     struct ck_seen r;    /* the audit's replay */
@@ -110,6 +117,7 @@ struct ck_intent {
 struct ck_order {
     char id[64];
     int pending, paid, failed;
+    int user;             /* whose list it is in (index into chaos.users) */
     int before;           /* listed before the run */
     int matched;          /* intents naming it */
     long charges, emails; /* successful charges, order_confirmation emails */
@@ -190,12 +198,25 @@ struct ck_haproxy {
     long sessions[CK_MAX_INSTANCES], failed[CK_MAX_INSTANCES], downs[CK_MAX_INSTANCES];
 };
 
+/*
+ * One user of the run: its bearer token and what the audit found of it.  The intents go to the
+ * users in turn (intent k to user k mod N), so each has its share.
+ */
+struct ck_user {
+    char name[64]; /* the name `orderd token create --user` was given; "" when attached */
+    char token[256];
+    char auth[300];       /* "Authorization: Bearer <token>" */
+    long intents, orders; /* intents started for it, new orders listed for it */
+    long problems;        /* its intents lost, its orders duplicated */
+};
+
 struct chaos {
     struct chaos_opts o;
     char workdir[PATH_MAX];
     char db[PATH_MAX + 64];
     char provider_url[128], proxy_url[96], hook_proxy_url[160];
-    char token[256], auth[300];
+    struct ck_user *users; /* n_users of them, --users or the tokens given */
+    int n_users;
     char **envp;  /* the children's environment: ours plus the webhook secret */
     int webhooks; /* provider-sim delivers webhooks during the run (and the audit checks them) */
     struct ck_instance inst[CK_MAX_INSTANCES];
@@ -248,7 +269,8 @@ pid_t ck_spawn(char **envp, char *const argv[], const char *out_path, const char
 
 /* chaos_procs.c: the children.  Each returns 0, or -1 (see the logs in the work directory). */
 int ck_start_provider(struct chaos *cx);
-int ck_create_token(struct chaos *cx);
+/* `orderd token create` for each of cx->users (names made here, tokens read back). */
+int ck_create_tokens(struct chaos *cx);
 /* Starts instance `i` on its port (0 the first time: the kernel picks, and it is kept). */
 int ck_start_orderd(struct chaos *cx, int i);
 /* kill -9 of instance `i` and a restart on the same port and store. */
@@ -271,8 +293,9 @@ void ck_audit_progress_end(struct chaos *cx, const char *fmt, ...)
  */
 json_t *ck_get_json(struct chaos *cx, const char *url, const char *token, char *why, size_t cap);
 /*
- * Every order of the run's user (orderd's pages, from the first instance), sorted by id, those
- * listed before the run marked.  Returns the array (new, free()) and *n, or NULL with `why`.
+ * Every order of the run's users (orderd's pages of each, from the first instance), sorted by
+ * id, each with its user, those listed before the run marked.  Returns the array (new, free()) and
+ * *n, or NULL with `why`.
  */
 struct ck_order *ck_list_orders(struct chaos *cx, size_t *n, char *why, size_t cap);
 /* GET /v1/ledger?keys=0 (its totals) into `l`; 0, or -1 with `why`. */

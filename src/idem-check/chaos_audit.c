@@ -404,8 +404,8 @@ static void *replay_main(void *arg)
             break;
         it = &cx->in[k];
         if (it->started && c)
-            ck_send_intent(c, cx->inst[k % cx->n_inst].url, cx->auth, it->key, &it->r, it->order_id,
-                           sizeof(it->order_id));
+            ck_send_intent(c, cx->inst[k % cx->n_inst].url, cx->users[it->user].auth, it->key,
+                           &it->r, it->order_id, sizeof(it->order_id));
         atomic_fetch_add(&rp->done, 1);
     }
     idem_client_close(c);
@@ -446,11 +446,13 @@ static void replay_intents(struct chaos *cx, struct ck_audit *au)
         if (!it->started)
             continue;
         au->started++;
+        cx->users[it->user].intents++;
         au->seen_2xx += a2 + b2;
         if (a2 || b2)
             au->finished_2xx++;
         if (it->r.status < 200 || it->r.status >= 300) {
             au->lost++;
+            cx->users[it->user].problems++;
             if (!au->note[0])
                 snprintf(au->note, sizeof(au->note), "intent %s: replay answered %d", it->key,
                          it->r.status);
@@ -460,12 +462,15 @@ static void replay_intents(struct chaos *cx, struct ck_audit *au)
             au->finished_in_audit++;
         if ((a2 && !same_seen(&it->a, &it->r)) || (b2 && !same_seen(&it->b, &it->r))) {
             au->not_durable++;
+            cx->users[it->user].problems++;
             if (!au->note[0])
                 snprintf(au->note, sizeof(au->note),
                          "intent %s: a client saw a 2xx the replay does not repeat", it->key);
         }
-        if (a2 && b2 && !same_seen(&it->a, &it->b))
+        if (a2 && b2 && !same_seen(&it->a, &it->b)) {
             au->dup_mismatch++;
+            cx->users[it->user].problems++;
+        }
     }
 }
 
@@ -657,22 +662,26 @@ void ck_audit(struct chaos *cx, struct ck_audit *au)
         goto out;
     }
 
-    /* 3. Match: each started intent's order must be listed, once; every listed order that was
-     *    not there before the run must belong to exactly one intent, else it is a second
-     *    execution of some intent. */
+    /* 3. Match: each started intent's order must be listed, once, among its own user's; every
+     *    listed order that was not there before the run must belong to exactly one intent of
+     *    its user, else it is a second execution of some intent. */
     for (k = 0; k < cx->o.intents; k++) {
         struct ck_intent *it = &cx->in[k];
         struct ck_order *hit;
         if (!it->started || !it->order_id[0])
             continue;
         hit = ck_find_order(rows, n_rows, it->order_id);
-        if (!hit || hit->before) {
+        if (!hit || hit->before || hit->user != it->user) {
             au->lost++;
+            cx->users[it->user].problems++;
             if (!au->note[0])
                 snprintf(au->note, sizeof(au->note), "order %s is not listed%s", it->order_id,
-                         hit ? " as new" : "");
+                         !hit          ? ""
+                         : hit->before ? " as new"
+                                       : " among its user's orders");
         } else if (hit->matched++) {
             au->dup_orders++; /* two intents, one order: cannot happen with fresh keys */
+            cx->users[it->user].problems++;
             if (!au->note[0])
                 snprintf(au->note, sizeof(au->note), "order %s is named by two intents",
                          it->order_id);
@@ -683,8 +692,10 @@ void ck_audit(struct chaos *cx, struct ck_audit *au)
             au->preexisting++;
             continue;
         }
+        cx->users[rows[i].user].orders++;
         if (!rows[i].matched) {
             au->dup_orders++;
+            cx->users[rows[i].user].problems++;
             if (!au->note[0])
                 snprintf(au->note, sizeof(au->note), "order %s belongs to no intent", rows[i].id);
         }

@@ -141,26 +141,23 @@ int ck_start_provider(struct chaos *cx)
     return 0;
 }
 
-/* `orderd token create`: the token alone on stdout. */
-int ck_create_token(struct chaos *cx)
+/* `orderd token create --user NAME` into `tok` (cap bytes): the token alone on stdout.  0 or -1. */
+static int create_token(struct chaos *cx, const char *user, char *tok, size_t cap)
 {
-    char user[64], out[PATH_MAX + 32], err[PATH_MAX + 32];
-    char *key = ck_random_key();
+    char out[PATH_MAX + 32], err[PATH_MAX + 32];
     char *argv[] = {(char *)cx->o.orderd_bin,
                     (char *)"token",
                     (char *)"create",
                     (char *)"--db",
                     cx->db,
                     (char *)"--user",
-                    user,
+                    (char *)user,
                     NULL};
     pid_t pid;
     int status = 0;
     FILE *f;
     size_t n;
 
-    snprintf(user, sizeof(user), "chaos-%.12s", key + strlen("idem-check-"));
-    free(key);
     snprintf(out, sizeof(out), "%s/token.stdout", cx->workdir);
     snprintf(err, sizeof(err), "%s/token.stderr", cx->workdir);
     pid = ck_spawn(cx->envp, argv, out, err, -1, -1);
@@ -170,14 +167,33 @@ int ck_create_token(struct chaos *cx)
     f = fopen(out, "r");
     if (!f)
         return -1;
-    n = fread(cx->token, 1, sizeof(cx->token) - 1, f);
+    n = fread(tok, 1, cap - 1, f);
     fclose(f);
-    cx->token[n] = '\0';
-    while (n > 0 && (cx->token[n - 1] == '\n' || cx->token[n - 1] == '\r'))
-        cx->token[--n] = '\0';
-    if (n == 0 || strchr(cx->token, '\n'))
+    tok[n] = '\0';
+    while (n > 0 && (tok[n - 1] == '\n' || tok[n - 1] == '\r'))
+        tok[--n] = '\0';
+    if (n == 0 || strchr(tok, '\n'))
         return -1;
     return 0;
+}
+
+int ck_create_tokens(struct chaos *cx)
+{
+    char *key = ck_random_key();
+    int i, rc = 0;
+
+    /* Fresh users, one random prefix for the run: chaos-<12 hex> alone, or -1, -2, ... after it. */
+    for (i = 0; i < cx->n_users && rc == 0; i++) {
+        struct ck_user *u = &cx->users[i];
+        if (cx->n_users == 1)
+            snprintf(u->name, sizeof(u->name), "chaos-%.12s", key + strlen("idem-check-"));
+        else
+            snprintf(u->name, sizeof(u->name), "chaos-%.12s-%d", key + strlen("idem-check-"),
+                     i + 1);
+        rc = create_token(cx, u->name, u->token, sizeof(u->token));
+    }
+    free(key);
+    return rc;
 }
 
 int ck_start_orderd(struct chaos *cx, int i)

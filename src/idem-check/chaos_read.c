@@ -103,10 +103,11 @@ struct ck_order *ck_find_order(struct ck_order *rows, size_t n, const char *id)
 
 /* One page of orders into *rows (growing it); its nextCursor into `cursor` ("" at the end).  0
  * or -1 with `why`. */
-static int orders_page(struct chaos *cx, const char *url, struct ck_order **rows, size_t *n,
-                       size_t *cap, char *cursor, size_t cursor_cap, char *why, size_t why_cap)
+static int orders_page(struct chaos *cx, int user, const char *url, struct ck_order **rows,
+                       size_t *n, size_t *cap, char *cursor, size_t cursor_cap, char *why,
+                       size_t why_cap)
 {
-    json_t *doc = ck_get_json(cx, url, cx->token, why, why_cap);
+    json_t *doc = ck_get_json(cx, url, cx->users[user].token, why, why_cap);
     json_t *arr = json_object_get(doc, "orders"), *o;
     char escaped[1024];
     const char *next;
@@ -130,6 +131,7 @@ static int orders_page(struct chaos *cx, const char *url, struct ck_order **rows
         }
         r = &(*rows)[(*n)++];
         memset(r, 0, sizeof(*r));
+        r->user = user;
         snprintf(r->id, sizeof(r->id), "%s", id ? id : "");
         r->pending = status && strcmp(status, "pending_payment") == 0;
         r->paid = status && strcmp(status, "paid") == 0;
@@ -159,16 +161,23 @@ struct ck_order *ck_list_orders(struct chaos *cx, size_t *n_out, char *why, size
     long pages = 0;
     char cursor[1024] = "";
     char url[1200];
+    int u;
 
-    do {
-        snprintf(url, sizeof(url), "%s/api/orders?limit=%ld%s%s", cx->inst[0].url, limit,
-                 cursor[0] ? "&cursor=" : "", cursor);
-        if (orders_page(cx, url, &rows, &n, &rows_cap, cursor, sizeof(cursor), why, cap) < 0) {
-            free(rows);
-            return NULL;
-        }
-        ck_audit_progress(cx, "audit: the user's orders, page %ld (%zu orders)", ++pages, n);
-    } while (cursor[0] && pages < PAGES_MAX);
+    for (u = 0; u < cx->n_users; u++) {
+        long user_pages = 0;
+        cursor[0] = '\0';
+        do {
+            snprintf(url, sizeof(url), "%s/api/orders?limit=%ld%s%s", cx->inst[0].url, limit,
+                     cursor[0] ? "&cursor=" : "", cursor);
+            if (orders_page(cx, u, url, &rows, &n, &rows_cap, cursor, sizeof(cursor), why, cap) <
+                0) {
+                free(rows);
+                return NULL;
+            }
+            user_pages++;
+            ck_audit_progress(cx, "audit: the users' orders, page %ld (%zu orders)", ++pages, n);
+        } while (cursor[0] && user_pages < PAGES_MAX);
+    }
     if (n)
         qsort(rows, n, sizeof(*rows), cmp_order);
     for (i = 0; i < n; i++) /* the orders that were there before the run */

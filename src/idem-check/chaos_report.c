@@ -28,6 +28,31 @@ static long peak_rss_kib(void)
     return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : 0;
 }
 
+/* The spread of the per-user figures: intents and new orders per user, at least and at most,
+ * and how many users had a problem of their own (an intent lost, an order duplicated). */
+struct user_spread {
+    long intents_min, intents_max, orders_min, orders_max, with_problems;
+};
+
+static void user_spread(const struct chaos *cx, struct user_spread *s)
+{
+    int i;
+
+    memset(s, 0, sizeof(*s));
+    for (i = 0; i < cx->n_users; i++) {
+        const struct ck_user *u = &cx->users[i];
+        if (i == 0 || u->intents < s->intents_min)
+            s->intents_min = u->intents;
+        if (i == 0 || u->intents > s->intents_max)
+            s->intents_max = u->intents;
+        if (i == 0 || u->orders < s->orders_min)
+            s->orders_min = u->orders;
+        if (i == 0 || u->orders > s->orders_max)
+            s->orders_max = u->orders;
+        s->with_problems += u->problems > 0;
+    }
+}
+
 /* The direct webhook audit's row: orderd's inbox over the run, or why only the indirect ran. */
 static void print_inbox(const struct chaos *cx, const struct ck_audit *au)
 {
@@ -70,6 +95,14 @@ void ck_print_table(struct chaos *cx, const struct ck_audit *au, const struct ck
     }
     printf("%-34s %ld of %ld (%ld answered 2xx to a client, %ld finished by the audit)\n",
            "intents started", au->started, cx->o.intents, au->finished_2xx, au->finished_in_audit);
+    {
+        struct user_spread us;
+        user_spread(cx, &us);
+        printf("%-34s %d (%s): intents each %ld..%ld, new orders each %ld..%ld, %ld with a "
+               "problem\n",
+               "users", cx->n_users, cx->o.attach ? "tokens given" : "made by orderd token create",
+               us.intents_min, us.intents_max, us.orders_min, us.orders_max, us.with_problems);
+    }
     printf("%-34s %ld\n", "client retries", atomic_load(&cx->retries));
     printf("%-34s %ld\n", "duplicated sends", atomic_load(&cx->dup_sends));
     printf("%-34s %ld\n", "faults: proxy resets", atomic_load(&p->resets));
@@ -83,8 +116,8 @@ void ck_print_table(struct chaos *cx, const struct ck_audit *au, const struct ck
     printf("%-34s %ld\n", "faults: orderd kill -9", atomic_load(&cx->kills));
     ck_haproxy_print_table(cx);
     ck_failover_print_table(cx);
-    printf("%-34s %ld (%ld paid, %ld pending, over all the user's orders)", "orders", au->orders,
-           au->paid, au->pending);
+    printf("%-34s %ld (%ld paid, %ld pending, over all the %s orders)", "orders", au->orders,
+           au->paid, au->pending, cx->n_users == 1 ? "user's" : "users'");
     if (au->preexisting)
         printf(", plus %ld from before the run", au->preexisting);
     putchar('\n');
@@ -211,6 +244,14 @@ void ck_print_json(struct chaos *cx, const struct ck_audit *au, const struct ck_
         (json_int_t)v->unsettled, "webhookProblems", (json_int_t)v->webhooks, "firstProblem",
         au->note, "seconds", secs, "workdir", cx->workdir);
     if (doc) {
+        struct user_spread us;
+        user_spread(cx, &us);
+        json_object_set_new(
+            doc, "users",
+            json_pack("{s:i, s:I, s:I, s:I, s:I, s:I}", "count", cx->n_users, "intentsMin",
+                      (json_int_t)us.intents_min, "intentsMax", (json_int_t)us.intents_max,
+                      "ordersMin", (json_int_t)us.orders_min, "ordersMax",
+                      (json_int_t)us.orders_max, "withProblems", (json_int_t)us.with_problems));
         json_object_set_new(
             doc, "audit",
             json_pack("{s:b, s:s, s:I, s:I, s:I, s:I, s:f}", "complete", au->problem[0] == '\0',

@@ -287,6 +287,90 @@ static int failover_cmd_option(struct options *o, const struct option_row *row, 
     return OPTIONS_CONTINUE;
 }
 
+/* --token, repeated: one more user of the run. */
+static int token_option(struct options *o, const struct option_row *row, const char *arg)
+{
+    struct chaos_opts *co = row->value;
+
+    if (co->n_tokens == CK_USERS_MAX)
+        return options_error(o, "at most %d tokens", CK_USERS_MAX);
+    co->tokens[co->n_tokens++] = arg;
+    return OPTIONS_CONTINUE;
+}
+
+/* A bearer token as a header carries it: not empty, no white space. */
+static int token_ok(const char *t, size_t len)
+{
+    size_t i;
+
+    if (len == 0 || len >= sizeof(((struct ck_user *)0)->token))
+        return 0;
+    for (i = 0; i < len; i++)
+        if (t[i] == ' ' || t[i] == '\t' || t[i] == '\r' || t[i] == '\n')
+            return 0;
+    return 1;
+}
+
+/* One more user with token `t` (`len` bytes) into cx->users; 0 or a usage error. */
+static int add_user(struct options *o, struct chaos *cx, const char *t, size_t len)
+{
+    int i;
+
+    if (!token_ok(t, len))
+        return options_error(o, "%s", "a token must be one non-empty bearer token");
+    if (cx->n_users == CK_USERS_MAX)
+        return options_error(o, "at most %d tokens", CK_USERS_MAX);
+    for (i = 0; i < cx->n_users; i++)
+        if (strlen(cx->users[i].token) == len && memcmp(cx->users[i].token, t, len) == 0)
+            return options_error(o, "token %d is given twice: each token is one user", i + 1);
+    memcpy(cx->users[cx->n_users].token, t, len);
+    cx->users[cx->n_users].token[len] = '\0';
+    cx->n_users++;
+    return 0;
+}
+
+/*
+ * The users of an attached run: every --token, then every line of --tokens FILE (blank lines and
+ * lines starting with # left out).  0 or a usage error.
+ */
+static int attach_users(struct options *o, struct chaos *cx)
+{
+    const struct chaos_opts *co = &cx->o;
+    char line[512];
+    FILE *f = NULL;
+    long i;
+    int rc = 0;
+
+    cx->users = xmalloc(CK_USERS_MAX * sizeof(*cx->users));
+    memset(cx->users, 0, CK_USERS_MAX * sizeof(*cx->users));
+    for (i = 0; i < co->n_tokens && rc == 0; i++)
+        rc = add_user(o, cx, co->tokens[i], strlen(co->tokens[i]));
+    if (rc != 0 || !co->tokens_file)
+        goto out;
+    f = fopen(co->tokens_file, "r");
+    if (!f) {
+        rc = options_error(o, "--tokens '%s' cannot be read: %s", co->tokens_file, strerror(errno));
+        goto out;
+    }
+    while (rc == 0 && fgets(line, sizeof(line), f)) {
+        size_t len = strcspn(line, "\r\n");
+        if (len == sizeof(line) - 1) {
+            rc = options_error(o, "--tokens '%s': a line too long for a token", co->tokens_file);
+            break;
+        }
+        line[len] = '\0';
+        if (len == 0 || line[0] == '#')
+            continue;
+        rc = add_user(o, cx, line, len);
+    }
+out:
+    if (f)
+        fclose(f);
+    if (rc == 0 && cx->n_users == 0)
+        rc = options_error(o, "%s", "--attach needs --token or --tokens FILE (no token given)");
+    return rc;
+}
+
 /*
  * The options of chaos into cx->o, checked together.  Returns 0 to run, -1 after --help, or an
  * exit status.
@@ -324,13 +408,22 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
         OPT_FLAG(0, "attach", &co->attach, "use running services instead of starting them"),
         OPT_STRING(0, "orderd-url", &co->orderd_urls, "URL[,URL]",
                    "orderd instance(s) of one service, http://IPv4:PORT"),
-        OPT_STRING(0, "token", &co->token, "T",
-                   "bearer token of a user nothing else uses during the run"),
+        OPT_CALLBACK(0, "token", co, "T",
+                     "bearer token of a user nothing else uses during the run;\n"
+                     "repeat it for more users (at most 1000 in all)",
+                     token_option),
+        OPT_STRING(0, "tokens", &co->tokens_file, "FILE",
+                   "more tokens, one a line (blank lines and # comments\n"
+                   "left out); the intents go to the users in turn"),
         OPT_STRING(0, "provider-url", &co->provider_url, "URL",
                    "provider-sim: its faults and ledger (optional; without\n"
                    "it no provider fault and no ledger audit)"),
         OPT_TEXT("load:\n"),
         OPT_LONG(0, "intents", &co->intents, "N", 1, 10000000, "business intents (default 300)"),
+        OPT_LONG(0, "users", &co->users, "N", 1, CK_USERS_MAX,
+                 "users to make (orderd token create), 1..1000 (default\n"
+                 "1); the intents go to them in turn, and the audit\n"
+                 "checks each user's orders"),
         OPT_LONG(0, "clients", &co->clients, "M", 1, 256, "concurrent client threads (default 8)"),
         OPT_LONG(0, "max-time", &co->max_time_s, "S", 1, 86400,
                  "stop starting intents after S seconds (default 60)"),
@@ -444,10 +537,12 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
             return options_error(o, "%s",
                                  "--haproxy-config starts HAProxy on the orderd instances "
                                  "idem-check starts; with --attach nothing is started");
-        if (!co->orderd_urls || !co->token)
+        if (co->users)
+            return options_error(o, "%s",
+                                 "--users makes users with orderd token create; with --attach "
+                                 "give their tokens (--token, repeated, or --tokens FILE)");
+        if (!co->orderd_urls)
             return options_error(o, "%s", "--attach needs --orderd-url and --token");
-        if (!co->token[0] || strpbrk(co->token, " \r\n"))
-            return options_error(o, "%s", "--token must be one non-empty bearer token");
         if (!co->provider_url && (co->lost_set || co->fail_set || co->webhook_dup_set))
             return options_error(o, "%s", "provider faults and --webhook-dup need --provider-url");
         if (parse_orderd_urls(o, cx, co->orderd_urls) != 0)
@@ -460,11 +555,11 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
                 return options_error(o, "--provider-url wants http://IPv4:PORT, not '%s'",
                                      co->provider_url);
         }
-        snprintf(cx->token, sizeof(cx->token), "%s", co->token);
-        return 0;
+        return attach_users(o, cx);
     }
-    if (co->orderd_urls || co->provider_url || co->token)
-        return options_error(o, "%s", "--orderd-url, --provider-url and --token are for --attach");
+    if (co->orderd_urls || co->provider_url || co->n_tokens || co->tokens_file)
+        return options_error(o, "%s",
+                             "--orderd-url, --provider-url, --token and --tokens are for --attach");
     if (!co->orderd_bin || !co->provider_bin)
         return options_error(o, "%s", "--orderd-bin and --provider-bin are required (or --attach)");
     if (access(co->orderd_bin, X_OK) != 0)
@@ -484,6 +579,9 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
             return options_error(o, "%s", why);
     }
     cx->n_inst = (int)co->instances;
+    cx->n_users = co->users ? (int)co->users : 1;
+    cx->users = xmalloc((size_t)cx->n_users * sizeof(*cx->users));
+    memset(cx->users, 0, (size_t)cx->n_users * sizeof(*cx->users));
     return 0;
 }
 

@@ -178,6 +178,26 @@ def test_instances_kills_webhooks_cuts(ctx):
     expect(took <= 120, "a short run stays short (%.1f s)" % took)
 
 
+@test
+def test_many_users(ctx):
+    # --users 5: five users made by `orderd token create`, the intents spread over them in turn,
+    # each user's orders audited with its own token.
+    args = BASE + ["--users", "5", "--intents", "100", "--clients", "4", "--max-time", "60",
+                   "--no-webhooks", "--drop-rate", "0.1", "--dup-rate", "0.1", "--json"]
+    rc, out, err, took = chaos_on_fresh_store(args)
+    doc = parse_json(rc, out, err)
+    print("measured: 5 users took %.1f s: %s" % (took, out.strip()), flush=True)
+    expect_clean(doc, rc, out, err, 100)
+    u = doc["users"]
+    started = doc["intents"]["started"]
+    expect_eq(u["count"], 5, "users made: %r" % u)
+    expect(started // 5 <= u["intentsMin"] <= u["intentsMax"] <= started // 5 + 1,
+           "the intents are spread evenly: %r" % u)
+    expect_eq((u["ordersMin"], u["ordersMax"]), (u["intentsMin"], u["intentsMax"]),
+              "each user has one order per intent of its own: %r" % u)
+    expect_eq(u["withProblems"], 0, "no user has a problem: %r" % u)
+
+
 # orderd's settings in the attach test: the ones idem-check gives the instances it starts, so that
 # the workers settle what the faults leave open within the audit's grace.
 FAST_WORKERS = ["--lease-ms", "1500", "--wait-ms", "1000", "--provider-timeout-ms", "1000",
@@ -266,10 +286,16 @@ def test_attach_without_the_inbox_gauge_falls_back(ctx):
     try:
         s.start()
         user = s.new_user("chaos-noinbox")
+        # A second user from a file of tokens (with a comment and a blank line).
+        user2 = s.new_user("chaos-noinbox-2")
+        tokens = os.path.join(WORK, "noinbox.tokens")
+        with open(tokens, "w") as f:
+            f.write("# the second user\n\n%s\n" % user2.token)
         front = inbox_gauge_stripper(s.port)
         rc, out, err, took = idem_check(["chaos", "--attach", "--orderd-url", front.url,
                                          "--provider-url", prov.url, "--token", user.token,
-                                         "--intents", "20", "--clients", "4", "--max-time", "30"],
+                                         "--tokens", tokens, "--intents", "20", "--clients", "4",
+                                         "--max-time", "30"],
                                         timeout=120)
         print("measured: attached without the inbox gauge took %.1f s:\n%s" % (took, out),
               flush=True)
@@ -280,6 +306,11 @@ def test_attach_without_the_inbox_gauge_falls_back(ctx):
                "has no orderd_webhook_inbox_events" in row[0] and "indirectly" in row[0],
                "the table says the inbox was checked indirectly only:\n%s" % out)
         expect("WEBHOOK problems                   0" in out, "no webhook problem:\n%s" % out)
+        expect("users                              2 (tokens given): intents each 10..10, new "
+               "orders each 10..10, 0 with a problem" in out, "two users, ten each:\n%s" % out)
+        for u in (user, user2):
+            r = expect_status(u.get("/api/orders?limit=100"), 200, "orders of a user")
+            expect_eq(len(r.json()["orders"]), 10, "each user has its ten orders")
     finally:
         if front is not None:
             front.close()
@@ -513,6 +544,14 @@ def test_usage_errors(ctx):
         (BASE + ["--failover-every", "0", "--failover-cmd", "true"], "a zero --failover-every"),
         (BASE + ["--failover-every", "x", "--failover-cmd", "true"], "a bad --failover-every"),
         (BASE + ["--failover-every", "5", "--failover-cmd", " "], "an empty --failover-cmd"),
+        (BASE + ["--users", "0"], "zero users"),
+        (BASE + ["--users", "1001"], "too many users"),
+        (attach + ["--users", "2"], "--attach with --users"),
+        (BASE + ["--tokens", "/dev/null"], "--tokens without --attach"),
+        (attach + ["--tokens", "/nonexistent/tokens"], "an unreadable --tokens file"),
+        (attach + ["--token", "t"], "the same token twice"),
+        (["chaos", "--attach", "--orderd-url", "http://127.0.0.1:9", "--tokens", "/dev/null"],
+         "a --tokens file with no token"),
     ]:
         rc, out, err, _ = idem_check(args, timeout=20)
         expect_eq(rc, 2, "exit code for %s (stderr %r)" % (what, err))
@@ -521,7 +560,7 @@ def test_usage_errors(ctx):
     expect_eq(rc, 0, "--help exit code")
     for flag in ("--kill-every", "--grace", "--instances", "--balance", "--cut-rate", "--attach",
                  "--orderd-url", "--provider-url", "--token", "--no-webhooks", "--webhook-dup",
-                 "--failover-every", "--failover-cmd"):
+                 "--failover-every", "--failover-cmd", "--users", "--tokens"):
         expect(flag in out, "--help lists %s" % flag)
 
 
