@@ -78,6 +78,7 @@ void ck_proxy_stop(struct ck_proxy *p);
 
 struct chaos_opts {
     const char *orderd_bin, *provider_bin, *db;
+    const char *catalogue; /* --catalogue: given to every orderd and `orderd token create` */
     const char *orderd_urls, *provider_url; /* --attach */
     const char *tokens[CK_USERS_MAX];       /* --attach: each --token, in order */
     long n_tokens;

@@ -145,14 +145,10 @@ int ck_start_provider(struct chaos *cx)
 static int create_token(struct chaos *cx, const char *user, char *tok, size_t cap)
 {
     char out[PATH_MAX + 32], err[PATH_MAX + 32];
-    char *argv[] = {(char *)cx->o.orderd_bin,
-                    (char *)"token",
-                    (char *)"create",
-                    (char *)"--db",
-                    cx->db,
-                    (char *)"--user",
-                    (char *)user,
-                    NULL};
+    char *argv[] = {(char *)cx->o.orderd_bin, (char *)"token", (char *)"create", (char *)"--db",
+                    cx->db, (char *)"--user", (char *)user,
+                    /* On a shard set the users and tokens are the catalogue's. */
+                    cx->o.catalogue ? (char *)"--catalogue" : NULL, (char *)cx->o.catalogue, NULL};
     pid_t pid;
     int status = 0;
     FILE *f;
@@ -224,6 +220,10 @@ int ck_start_orderd(struct chaos *cx, int i)
     argv[argc++] = (char *)"--outbox-max-attempts=1000";
     /* Several instances on one store: fewer connections each (a PostgreSQL has 100 by default). */
     argv[argc++] = cx->n_inst > 2 ? (char *)"--db-pool=8" : (char *)"--db-pool=16";
+    if (cx->o.catalogue) { /* a shard set's products, users and tokens */
+        argv[argc++] = (char *)"--catalogue";
+        argv[argc++] = (char *)cx->o.catalogue;
+    }
     argv[argc] = NULL;
     for (;;) {
         pid_t pid;

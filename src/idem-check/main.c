@@ -385,8 +385,13 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
         OPT_STRING(0, "provider-bin", &co->provider_bin, "PATH",
                    "the provider-sim program (required unless --attach)"),
         OPT_STRING(0, "db", &co->db, "URI",
-                   "orderd's store, sqlite:PATH or postgresql://...\n"
-                   "(default: sqlite in a new temp dir)"),
+                   "orderd's store, sqlite:PATH, postgresql://... or a shard\n"
+                   "set, shards:DIRECTORY_URI (default: sqlite in a new\n"
+                   "temp dir)"),
+        OPT_STRING(0, "catalogue", &co->catalogue, "URI",
+                   "orderd's catalogue store, given to every orderd and to\n"
+                   "orderd token create as --catalogue URI; only meaningful\n"
+                   "with --db shards:..."),
         OPT_LONG(0, "instances", &co->instances, "N", 1, CK_MAX_INSTANCES,
                  "orderd processes on that one store, 1..8 (default 1)"),
         OPT_CALLBACK(0, "balance", &co->balance, "rr|random",
@@ -525,10 +530,10 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
             return options_error(o, "%s",
                                  "--instances starts orderd processes; with --attach, list the "
                                  "running instances in --orderd-url");
-        if (co->orderd_bin || co->provider_bin || co->db)
+        if (co->orderd_bin || co->provider_bin || co->db || co->catalogue)
             return options_error(o, "%s",
-                                 "--orderd-bin, --provider-bin and --db start services; with "
-                                 "--attach nothing is started");
+                                 "--orderd-bin, --provider-bin, --db and --catalogue start "
+                                 "services; with --attach nothing is started");
         if (co->no_webhooks)
             return options_error(o, "%s",
                                  "--no-webhooks configures a provider-sim idem-check starts; with "
@@ -566,8 +571,12 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
         return options_error(o, "--orderd-bin '%s' is not an executable", co->orderd_bin);
     if (access(co->provider_bin, X_OK) != 0)
         return options_error(o, "--provider-bin '%s' is not an executable", co->provider_bin);
-    if (co->db && strncmp(co->db, "sqlite:", 7) != 0 && strncmp(co->db, "postgres", 8) != 0)
-        return options_error(o, "--db wants sqlite:PATH or postgresql://..., not '%s'", co->db);
+    if (co->db && strncmp(co->db, "sqlite:", 7) != 0 && strncmp(co->db, "postgres", 8) != 0 &&
+        strncmp(co->db, "shards:", 7) != 0)
+        return options_error(o, "--db wants sqlite:PATH, postgresql://... or shards:URI, not '%s'",
+                             co->db);
+    if (co->catalogue && !co->catalogue[0])
+        return options_error(o, "%s", "--catalogue wants a store URI");
     if (co->haproxy_bin && !co->haproxy_config)
         return options_error(o, "%s", "--haproxy-bin needs --haproxy-config");
     if (co->haproxy_config) {

@@ -502,6 +502,47 @@ def test_audit_catches_webhooks_orderd_refuses(ctx):
            inbox["problems"] > 0, "the inbox audit sees no event recorded: %r" % inbox)
 
 
+# A stand-in for orderd that notes its arguments, one call a line, then runs orderd without
+# --catalogue URI (orderd on a shard set is what takes it; here the store is a plain one).
+CATALOGUE_WRAPPER = """#!/bin/sh
+echo "$*" >>"%(dir)s/calls"
+for a; do
+    shift
+    if [ "$skip" = 1 ]; then skip=0; continue; fi
+    if [ "$a" = --catalogue ]; then skip=1; continue; fi
+    set -- "$@" "$a"
+done
+exec "%(real)s" "$@"
+"""
+
+
+@test
+def test_catalogue_is_passed_on(ctx):
+    # --catalogue URI goes to `orderd token create` (each user's) and to every orderd started.
+    d = tempfile.mkdtemp(prefix="idem-chaos-wrap-")
+    wrapper = os.path.join(d, "orderd")
+    with open(wrapper, "w") as f:
+        f.write(CATALOGUE_WRAPPER % {"real": ORDERD, "dir": d})
+    os.chmod(wrapper, 0o755)
+    try:
+        rc, out, err, _ = idem_check(["chaos", "--orderd-bin", wrapper, "--provider-bin",
+                                      PROVIDER_SIM, "--catalogue", "postgresql:///cat-x",
+                                      "--users", "2", "--instances", "2", "--intents", "10",
+                                      "--max-time", "10", "--no-webhooks", "--json"])
+        with open(os.path.join(d, "calls")) as f:
+            calls = f.read().splitlines()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    doc = parse_json(rc, out, err)
+    expect_eq((rc, doc["verdict"]), (0, "clean"), "a clean run:\n%s\n%s" % (out, err[-2000:]))
+    tokens = [c for c in calls if c.startswith("token create ")]
+    serves = [c for c in calls if c.startswith("serve ")]
+    expect_eq((len(tokens), len(serves)), (2, 2), "two token creates, two orderd: %r" % calls)
+    expect(all(c.endswith(" --catalogue postgresql:///cat-x") or
+               " --catalogue postgresql:///cat-x " in c for c in tokens + serves),
+           "every call has the catalogue: %r" % calls)
+
+
 @test
 def test_usage_errors(ctx):
     attach = ["chaos", "--attach", "--orderd-url", "http://127.0.0.1:9", "--token", "t"]
@@ -545,6 +586,8 @@ def test_usage_errors(ctx):
         (BASE + ["--failover-every", "x", "--failover-cmd", "true"], "a bad --failover-every"),
         (BASE + ["--failover-every", "5", "--failover-cmd", " "], "an empty --failover-cmd"),
         (BASE + ["--users", "0"], "zero users"),
+        (attach + ["--catalogue", "postgresql:///c"], "--attach with --catalogue"),
+        (BASE + ["--catalogue", ""], "an empty --catalogue"),
         (BASE + ["--users", "1001"], "too many users"),
         (attach + ["--users", "2"], "--attach with --users"),
         (BASE + ["--tokens", "/dev/null"], "--tokens without --attach"),
@@ -560,7 +603,7 @@ def test_usage_errors(ctx):
     expect_eq(rc, 0, "--help exit code")
     for flag in ("--kill-every", "--grace", "--instances", "--balance", "--cut-rate", "--attach",
                  "--orderd-url", "--provider-url", "--token", "--no-webhooks", "--webhook-dup",
-                 "--failover-every", "--failover-cmd", "--users", "--tokens"):
+                 "--failover-every", "--failover-cmd", "--users", "--tokens", "--catalogue"):
         expect(flag in out, "--help lists %s" % flag)
 
 
