@@ -6,9 +6,10 @@
  * between provider-sim's webhooks and orderd), turns on provider faults, drives N business intents
  * from M threads with libidem-client (each intent one fresh key, retried with that key through the
  * proxy; some sent twice at once), kills a random orderd with SIGKILL on a schedule and brings it
- * back on the same port and store (and, with --failover-every, fails the database over:
- * chaos_failover.c), then has chaos_audit.c audit that every intent took effect exactly once and
- * chaos_report.c print the verdict.  docs/chaos.md is the user's side.
+ * back on the same port and store (and, with --failover-every, fails the database over, and with
+ * --move-every moves buckets of a shard set: chaos_schedule.c), then has chaos_audit.c audit that
+ * every intent took effect exactly once and chaos_report.c print the verdict.  docs/chaos.md is the
+ * user's side.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -64,10 +65,10 @@ static void *client_main(void *arg)
         struct dup_arg d;
         int dup_started = 0;
 
-        /* Past --max-time a failover still running is driven through: its unavailability is
-         * measured only while clients send. */
+        /* Past --max-time a failover or a move still running is driven through: its
+         * unavailability is measured only while clients send. */
         if (i >= cx->o.intents || atomic_load(&cx->stop_drive) ||
-            (clock_mono_ms() >= cx->deadline_ms && !ck_failover_running(cx)))
+            (clock_mono_ms() >= cx->deadline_ms && !ck_schedule_running(cx, -1)))
             break;
         it = &cx->in[i];
         it->started = 1;
@@ -261,8 +262,10 @@ static void drive(struct chaos *cx, pthread_t *killer, int *have_killer)
     if (cx->hook_proxy_on)
         ck_proxy_set_faults(&cx->hook_proxy, cx->o.drop_rate, cx->o.reset_rate, cx->o.cut_rate);
     cx->deadline_ms = clock_mono_ms() + cx->o.max_time_s * 1000;
-    /* Failovers first: the killer reads cx->fo (ck_failover_running) from its own thread. */
-    if (cx->o.failover_every_s > 0 && ck_failover_start(cx) < 0)
+    /* Failovers first: the killer reads cx->sched (ck_schedule_running) from its own thread. */
+    if (cx->o.failover_every_s > 0 && ck_schedule_start(cx, CK_FAILOVER) < 0)
+        atomic_store(&cx->stop_drive, 1);
+    if (cx->o.move_every_s > 0 && ck_schedule_start(cx, CK_MOVE) < 0)
         atomic_store(&cx->stop_drive, 1);
     if (cx->o.kill_every_s > 0)
         *have_killer = pthread_create(killer, NULL, killer_main, cx) == 0;
@@ -284,8 +287,9 @@ static void drive(struct chaos *cx, pthread_t *killer, int *have_killer)
     free(th);
     progress(cx, 1);
     atomic_store(&cx->stop_kill, 1);
-    /* No new failover; one running is waited for: the audit needs a primary. */
-    ck_failover_stop(cx);
+    /* No new failover or move; one running is waited for: the audit needs a primary, and the
+     * buckets open. */
+    ck_schedule_stop(cx);
     while (*have_killer && !atomic_load(&cx->killer_idle))
         clock_sleep_ms(20);
 }
@@ -329,7 +333,7 @@ int ck_chaos_run(struct chaos *cx)
     int rc, have_killer = 0, curl_on = 0;
     long k;
     long long t0 = clock_mono_ms();
-    char failover_why[PATH_MAX + 1024];
+    char schedule_why[PATH_MAX + 1200];
 
     memset(&au, 0, sizeof(au));
     memset(&v, 0, sizeof(v));
@@ -347,8 +351,8 @@ int ck_chaos_run(struct chaos *cx)
         cx->envp = child_env(secret);
         free(secret);
     }
-    /* Attached, nothing else is kept: a work directory only for the failover command's log. */
-    if (cx->o.attach && cx->o.failover_cmd && make_workdir(cx) < 0)
+    /* Attached, nothing else is kept: a work directory only for the commands' logs. */
+    if (cx->o.attach && (cx->o.failover_cmd || cx->o.move_cmd) && make_workdir(cx) < 0)
         goto out;
     if (ck_http_global_init() < 0) {
         fputs("idem-check chaos: cannot initialise libcurl\n", stderr);
@@ -373,9 +377,9 @@ int ck_chaos_run(struct chaos *cx)
     cx->proxy_on = 0;
     if (cx->hook_proxy_on)
         ck_proxy_set_faults(&cx->hook_proxy, 0.0, 0.0, 0.0);
-    /* A failed failover first: it is why an orderd restart after it fails too. */
-    if (ck_failover_problem(cx, failover_why, sizeof(failover_why))) {
-        fprintf(stderr, "idem-check chaos: the database failover failed: %s\n", failover_why);
+    /* A failed failover (or move) first: it is why an orderd restart after it fails too. */
+    if (ck_schedule_problem(cx, schedule_why, sizeof(schedule_why))) {
+        fprintf(stderr, "idem-check chaos: %s\n", schedule_why);
         rc = CK_EXIT_FAIL;
         goto out;
     }
@@ -411,7 +415,7 @@ out:
     atomic_store(&cx->killer_release, 1);
     if (have_killer)
         pthread_join(killer, NULL);
-    ck_failover_free(cx);
+    ck_schedule_free(cx);
     if (cx->in)
         for (k = 0; k < cx->o.intents; k++)
             free(cx->in[k].key);

@@ -4,9 +4,9 @@
  * banned; this one is seeded from the OpenSSL CSPRNG), the fault-injecting TCP proxy
  * (fault_proxy.c), the state of one run, and the entry points of its parts: the command line and
  * the drive (chaos.c), the processes it starts and kills (chaos_procs.c), the exactly-once audit
- * (chaos_audit.c), what the audit reads, in pages (chaos_read.c), the database failovers during
- * the drive (chaos_failover.c), and the verdict (chaos_report.c).  docs/chaos.md is the user's
- * side of it.
+ * (chaos_audit.c), what the audit reads, in pages (chaos_read.c), the database failovers and
+ * bucket moves during the drive (chaos_schedule.c), and the verdict (chaos_report.c). docs/chaos.md
+ * is the user's side of it.
  */
 #ifndef IDEM_CHECK_CHAOS_H
 #define IDEM_CHECK_CHAOS_H
@@ -89,6 +89,9 @@ struct chaos_opts {
     long failover_every_s;    /* --failover-every: 0 off */
     long min_failovers;       /* --min-failovers: the drive outlasts --max-time until as many ran */
     const char *failover_cmd; /* --failover-cmd, run as `/bin/sh -c 'CMD "$1"' sh KIND` */
+    long move_every_s;        /* --move-every: 0 off */
+    long min_moves;           /* --min-moves */
+    const char *move_cmd;     /* --move-cmd, run as `/bin/sh -c 'CMD "$1"' sh N` */
     double drop_rate, reset_rate, cut_rate, dup_rate, lost_rate, fail_rate;
     int attach, json, no_webhooks, balance;
     int instances_set, webhook_dup_set, lost_set, fail_set; /* given on the command line */
@@ -211,6 +214,9 @@ struct ck_user {
     long problems;        /* its intents lost, its orders duplicated */
 };
 
+/* The disruptions run on a schedule during the drive (chaos_schedule.c). */
+enum ck_disruption { CK_FAILOVER, CK_MOVE, CK_DISRUPTIONS };
+
 struct chaos {
     struct chaos_opts o;
     char workdir[PATH_MAX];
@@ -253,8 +259,9 @@ struct chaos {
     long long progress_ms;
     /* the drive's progress off a terminal: when the last line was printed, and the first */
     long long progress_line_ms, progress_started_ms;
-    struct ck_failovers *fo; /* --failover-every (chaos_failover.c), NULL when off */
-    struct ck_haproxy lb;    /* --haproxy-config (chaos_haproxy.c) */
+    /* --failover-every, --move-every (chaos_schedule.c), NULL when off */
+    struct ck_schedule *sched[CK_DISRUPTIONS];
+    struct ck_haproxy lb; /* --haproxy-config (chaos_haproxy.c) */
 };
 
 /* chaos_procs.c: a NULL-terminated array of malloc'd strings (an environment), freed. */
@@ -327,24 +334,26 @@ void ck_audit(struct chaos *cx, struct ck_audit *au);
 void ck_verdict_of(const struct chaos *cx, const struct ck_audit *au, struct ck_chaos_verdict *v);
 
 /*
- * chaos_failover.c: --failover-every.  A thread runs --failover-cmd every S seconds of the drive
- * (switchover, kill, switchover, ...), and the drive's clients report every attempt, from which
- * the unavailability each failover caused is measured.  ck_failover_start() also makes cx->fo
- * (0, or -1 when the thread could not start); ck_failover_stop() starts no further failover and
- * waits for the one running (bounded); ck_failover_problem() says whether a command failed (1,
- * with the sentence in `why`); ck_failover_running() is 1 while a command runs, and past
- * --max-time while fewer than --min-failovers have run (the drive goes on for them).
+ * chaos_schedule.c: --failover-every and --move-every.  A thread per kind runs its command every S
+ * seconds of the drive (a failover: switchover, kill, switchover, ...; a move: 1, 2, 3, ...), and
+ * the drive's clients report every attempt, from which the unavailability each one caused is
+ * measured.  ck_schedule_start() makes cx->sched[d] (0, or -1 when the thread could not start);
+ * ck_schedule_stop() starts no further command and waits for those running (bounded);
+ * ck_schedule_problem() says whether a command failed (1, with the sentence in `why`);
+ * ck_schedule_running(cx, d) is 1 while a command of kind d (any, d < 0) runs, and past
+ * --max-time while fewer than --min-failovers (--min-moves) have run (the drive goes on for them).
  */
-int ck_failover_start(struct chaos *cx);
-void ck_failover_stop(struct chaos *cx);
-void ck_failover_free(struct chaos *cx);
+int ck_schedule_start(struct chaos *cx, enum ck_disruption d);
+void ck_schedule_stop(struct chaos *cx);
+void ck_schedule_free(struct chaos *cx);
 /* One attempt of a drive client: its status (0 without an answer) and whether the answer said it
  * was a replay (libidem-client's `replayed`). */
-void ck_failover_attempt(struct chaos *cx, int status, int replayed);
-int ck_failover_running(struct chaos *cx);
-int ck_failover_problem(struct chaos *cx, char *why, size_t cap);
-void ck_failover_print_table(struct chaos *cx);
-json_t *ck_failover_json(struct chaos *cx);
+void ck_schedule_attempt(struct chaos *cx, int status, int replayed);
+int ck_schedule_running(struct chaos *cx, int d);
+int ck_schedule_problem(struct chaos *cx, char *why, size_t cap);
+void ck_schedule_print_table(struct chaos *cx);
+/* {"every","command","count","list":[...]}, {"every":0,"count":0,"list":[]} when off (new). */
+json_t *ck_schedule_json(struct chaos *cx, enum ck_disruption d);
 
 /*
  * chaos_haproxy.c: --haproxy-config.  ck_haproxy_find_bin() finds --haproxy-bin in PATH (0, or -1

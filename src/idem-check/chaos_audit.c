@@ -31,8 +31,8 @@ static void on_attempt(const struct idem_client_attempt *a, void *arg)
     struct chaos *cx = arg;
     if (a->outcome == IDEM_CLIENT_OUTCOME_NONE)
         atomic_fetch_add(&cx->retries, 1);
-    /* how long a failover left the clients without a 2xx */
-    ck_failover_attempt(cx, a->status, a->replayed);
+    /* how long a failover or a move left the clients without a 2xx */
+    ck_schedule_attempt(cx, a->status, a->replayed);
 }
 
 struct idem_client *ck_open_client(struct chaos *cx, int64_t max_time_ms, int count)

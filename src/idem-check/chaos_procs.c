@@ -253,11 +253,11 @@ int ck_start_orderd(struct chaos *cx, int i)
         /* A fixed port may still be held for a moment by the process just killed.  While the
          * database fails over there may be no primary to open the store on: orderd exits, and
          * is tried again until the failover is over, then for a whole window of its own. */
-        if (ck_failover_running(cx))
+        if (ck_schedule_running(cx, CK_FAILOVER))
             end = clock_mono_ms() + START_TIMEOUT_MS;
         else if (port == 0 || clock_mono_ms() > end)
             return -1;
-        clock_sleep_ms(ck_failover_running(cx) ? 500 : 100);
+        clock_sleep_ms(ck_schedule_running(cx, CK_FAILOVER) ? 500 : 100);
     }
 }
 

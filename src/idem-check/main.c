@@ -201,8 +201,8 @@ static const char usage_chaos[] =
 static const char usage_chaos_end[] =
     "\n"
     "exit codes: 0 clean, 1 something duplicated, lost or unsettled (or a webhook not\n"
-    "            accepted, or orderd could not be restarted, or a failover command\n"
-    "            failed), 2 bad usage,\n"
+    "            accepted, or orderd could not be restarted, or a failover or move\n"
+    "            command failed), 2 bad usage,\n"
     "            3 the services could not be started (or reached, with --attach)\n";
 
 /*
@@ -279,10 +279,11 @@ static int balance_option(struct options *o, const struct option_row *row, const
     return OPTIONS_CONTINUE;
 }
 
-static int failover_cmd_option(struct options *o, const struct option_row *row, const char *arg)
+/* --failover-cmd, --move-cmd: a command for /bin/sh, not blank. */
+static int command_option(struct options *o, const struct option_row *row, const char *arg)
 {
     if (!arg[0] || strspn(arg, " \t") == strlen(arg))
-        return options_error(o, "--failover-cmd wants a command, not '%s'", arg);
+        return options_error(o, "--%s wants a command, not '%s'", row->name, arg);
     *(const char **)row->value = arg;
     return OPTIONS_CONTINUE;
 }
@@ -459,10 +460,22 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
                      "kill; returns once the database takes writes again\n"
                      "(at most 180 s; its output in the work dir's\n"
                      "failover.log)",
-                     failover_cmd_option),
+                     command_option),
         OPT_LONG(0, "min-failovers", &co->min_failovers, "N", 1, 1000,
                  "with --failover-every: past --max-time the drive goes\n"
                  "on until N failovers ran (--intents still ends it)"),
+        OPT_LONG(0, "move-every", &co->move_every_s, "S", 1, 86400,
+                 "every S seconds of the drive, move a bucket of the\n"
+                 "shard set with --move-cmd"),
+        OPT_CALLBACK(0, "move-cmd", &co->move_cmd, "CMD",
+                     "run as /bin/sh -c 'CMD \"$1\"' with $1 the move's number\n"
+                     "(1, 2, ...); it picks the bucket and where to, and\n"
+                     "returns once the move is over (at most 180 s; its\n"
+                     "output in the work dir's move.log)",
+                     command_option),
+        OPT_LONG(0, "min-moves", &co->min_moves, "N", 1, 1000,
+                 "with --move-every: past --max-time the drive goes on\n"
+                 "until N moves ran (--intents still ends it)"),
         OPT_TEXT("audit:\n"),
         OPT_LONG(0, "audit-page-size", &co->page_size, "N", 1, CK_PAGE_SIZE_MAX,
                  "references per page of provider-sim's ledger, 1..1000\n"
@@ -520,6 +533,14 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
         return options_error(o, "%s", "--failover-cmd needs --failover-every, how often to run it");
     if (co->min_failovers && !co->failover_every_s)
         return options_error(o, "%s", "--min-failovers needs --failover-every and --failover-cmd");
+    /* A move is the shard set's, whoever started the services. */
+    if (co->move_every_s && !co->move_cmd)
+        return options_error(o, "%s",
+                             "--move-every needs --move-cmd, the command that moves a bucket");
+    if (co->move_cmd && !co->move_every_s)
+        return options_error(o, "%s", "--move-cmd needs --move-every, how often to run it");
+    if (co->min_moves && !co->move_every_s)
+        return options_error(o, "%s", "--min-moves needs --move-every and --move-cmd");
     if (co->attach) {
         /* Nothing is started or killed: the flags that would do so are mistakes. */
         if (co->kill_every_s)

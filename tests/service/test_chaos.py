@@ -327,11 +327,16 @@ sleep 0.2
 """
 
 
-def fake_failover(mode):
-    path = os.path.join(WORK, "fake-failover.sh")
+def fake_command(name, script, notes, mode):
+    """The stand-in `script` as WORK/name: the command line, and the file it notes its $1 in."""
+    path = os.path.join(WORK, name)
     with open(path, "w") as f:
-        f.write(FAKE_FAILOVER)
-    return "sh %s %s" % (path, mode), os.path.join(WORK, "kinds-" + mode)
+        f.write(script)
+    return "sh %s %s" % (path, mode), os.path.join(WORK, notes + "-" + mode)
+
+
+def fake_failover(mode):
+    return fake_command("fake-failover.sh", FAKE_FAILOVER, "kinds", mode)
 
 
 @test
@@ -388,6 +393,66 @@ def test_failed_failover_command_fails_the_run(ctx):
     finally:
         s.close()
         prov.close()
+
+
+# A stand-in for a bucket move (a real one is `idem-gateway shards move`, which needs a shard
+# set): `sh FAKE MODE N` notes N; in mode "ok" it succeeds, in mode "second-fails" move 2 fails.
+FAKE_MOVE = """echo "$2" >>"$(dirname "$0")/moves-$1"
+sleep 0.2
+[ "$1" = ok ] || [ "$2" != 2 ] || { echo "bucket 175 stays frozen" >&2; exit 4; }
+"""
+
+
+def fake_move(mode):
+    return fake_command("fake-move.sh", FAKE_MOVE, "moves", mode)
+
+
+@test
+def test_move_command(ctx):
+    # --move-every 1: the command runs every second of the drive with $1 = 1, 2, 3, ...;
+    # --min-moves 3 keeps the drive going past a --max-time too short for three.
+    cmd, calls = fake_move("ok")
+    rc, out, err, took = chaos_on_fresh_store(
+        BASE + ["--intents", "5000", "--clients", "4", "--max-time", "1", "--move-every", "1",
+                "--move-cmd", cmd, "--min-moves", "3", "--no-webhooks", "--json"])
+    doc = parse_json(rc, out, err)
+    expect_eq((rc, doc["verdict"]), (0, "clean"), "a clean run:\n%s\n%s" % (out, err[-2000:]))
+    mv = doc["moves"]
+    runs = mv["list"]
+    expect(mv["count"] == len(runs) >= 3 and mv["every"] == 1 and mv["command"] == cmd,
+           "moves: %r" % mv)
+    with open(calls) as f:
+        ran = f.read().split()
+    expect_eq(ran, [str(i) for i in range(1, len(runs) + 1)], "$1 is the move's number")
+    expect_eq([r["n"] for r in runs], [int(n) for n in ran], "the moves reported are those run")
+    for r in runs:
+        expect(r["exitStatus"] == 0 and r["recovered"] and r["commandSeconds"] >= 0.2 and
+               r["noneFailed"] == (r["failedAt"] is None) and "kind" not in r,
+               "move %d: its command ran: %r" % (r["n"], r))
+    expect(runs[2]["startedAt"] >= 2.0, "three moves, a second apart: %r" % runs)
+    expect_eq(doc["failovers"]["count"], 0, "no failover: %r" % doc["failovers"])
+    expect("chaos: move 1 at " in err and "chaos: move 3 done in " in err,
+           "progress names the moves: %r" % err[-2000:])
+
+
+@test
+def test_failed_move_command_fails_the_run(ctx):
+    # Move 2 fails: the drive ends at once, the run exits 1 naming the command and move.log,
+    # which has both moves and the command's own words.
+    cmd, _ = fake_move("second-fails")
+    rc, out, err, took = chaos_on_fresh_store(
+        BASE + ["--intents", "100000", "--clients", "4", "--max-time", "60", "--move-every", "1",
+                "--move-cmd", cmd, "--no-webhooks"])
+    expect_eq(rc, 1, "exit code when a move command fails:\n%s\n%s" % (out, err[-2000:]))
+    expect("idem-check chaos: the bucket move failed: move 2, `%s 2`, exited with status 4" % cmd
+           in err, "the failure is explained: %r" % err[-2000:])
+    log = err.split("its output is in ")[-1].split(")")[0]
+    expect(log.startswith(WORK) and log.endswith("/move.log"), "the log is named: %r" % log)
+    with open(log) as f:
+        text = f.read()
+    expect("== move 1, " in text and "== move 2, " in text and "bucket 175 stays frozen" in text
+           and "== move 2: exit status 4" in text, "move.log has both commands:\n%s" % text)
+    expect(took < 40, "the drive ended with the failed command (%.1f s)" % took)
 
 
 @test
@@ -586,6 +651,12 @@ def test_usage_errors(ctx):
         (BASE + ["--failover-every", "x", "--failover-cmd", "true"], "a bad --failover-every"),
         (BASE + ["--failover-every", "5", "--failover-cmd", " "], "an empty --failover-cmd"),
         (BASE + ["--users", "0"], "zero users"),
+        (BASE + ["--move-every", "10"], "--move-every without --move-cmd"),
+        (attach + ["--move-every", "10"], "--attach, --move-every without a command"),
+        (BASE + ["--move-cmd", "true"], "--move-cmd without --move-every"),
+        (BASE + ["--min-moves", "2"], "--min-moves without --move-every"),
+        (BASE + ["--move-every", "0", "--move-cmd", "true"], "a zero --move-every"),
+        (BASE + ["--move-every", "5", "--move-cmd", ""], "an empty --move-cmd"),
         (attach + ["--catalogue", "postgresql:///c"], "--attach with --catalogue"),
         (BASE + ["--catalogue", ""], "an empty --catalogue"),
         (BASE + ["--users", "1001"], "too many users"),
@@ -603,7 +674,8 @@ def test_usage_errors(ctx):
     expect_eq(rc, 0, "--help exit code")
     for flag in ("--kill-every", "--grace", "--instances", "--balance", "--cut-rate", "--attach",
                  "--orderd-url", "--provider-url", "--token", "--no-webhooks", "--webhook-dup",
-                 "--failover-every", "--failover-cmd", "--users", "--tokens", "--catalogue"):
+                 "--failover-every", "--failover-cmd", "--users", "--tokens", "--catalogue",
+                 "--move-every", "--move-cmd", "--min-moves"):
         expect(flag in out, "--help lists %s" % flag)
 
 
