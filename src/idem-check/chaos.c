@@ -38,7 +38,8 @@ struct dup_arg {
 static void *dup_main(void *arg)
 {
     struct dup_arg *d = arg;
-    struct idem_client *c = ck_open_client(d->cx, 30000, 1);
+    struct ck_sender sender = {d->cx, d->it->user};
+    struct idem_client *c = ck_open_client(d->cx, &sender, 30000);
     if (c) {
         ck_send_intent(c, d->cx->proxy_url, d->cx->users[d->it->user].auth, d->it->key, &d->it->b,
                        NULL, 0);
@@ -50,7 +51,8 @@ static void *dup_main(void *arg)
 static void *client_main(void *arg)
 {
     struct chaos *cx = arg;
-    struct idem_client *c = ck_open_client(cx, 30000, 1);
+    struct ck_sender sender = {cx, -1};
+    struct idem_client *c = ck_open_client(cx, &sender, 30000);
     struct ck_rng rng;
 
     ck_rng_seed(&rng);
@@ -72,6 +74,7 @@ static void *client_main(void *arg)
             break;
         it = &cx->in[i];
         it->started = 1;
+        sender.user = it->user; /* whose attempts these are */
         if (cx->o.dup_rate > 0 && ck_rng_double(&rng) < cx->o.dup_rate) {
             d.cx = cx;
             d.it = it;
@@ -189,6 +192,11 @@ static int set_up(struct chaos *cx)
     int port[CK_MAX_INSTANCES], i;
     char why[512] = "";
 
+    /* The map first: a directory that cannot be read stops the run before anything starts. */
+    if (cx->o.shard_directory && ck_shards_read_map(cx, why, sizeof(why)) < 0) {
+        fprintf(stderr, "idem-check chaos: --shard-directory: %s\n", why);
+        return CK_EXIT_SETUP;
+    }
     for (i = 0; i < cx->n_inst; i++) {
         addr[i] = cx->o.attach ? cx->inst[i].addr : htonl(0x7f000001u);
         port[i] = cx->o.attach ? cx->inst[i].port : 0;
@@ -237,6 +245,10 @@ static int set_up(struct chaos *cx)
     for (i = 0; i < cx->n_users; i++)
         snprintf(cx->users[i].auth, sizeof(cx->users[i].auth), "Authorization: Bearer %s",
                  cx->users[i].token);
+    if (cx->shards && ck_shards_place_users(cx, why, sizeof(why)) < 0) {
+        fprintf(stderr, "idem-check chaos: --shard-directory: %s\n", why);
+        return CK_EXIT_SETUP;
+    }
     if (ck_audit_before(cx, why, sizeof(why)) < 0) {
         fprintf(stderr, "idem-check chaos: %s\n", why);
         return CK_EXIT_SETUP;
@@ -290,6 +302,7 @@ static void drive(struct chaos *cx, pthread_t *killer, int *have_killer)
     /* No new failover or move; one running is waited for: the audit needs a primary, and the
      * buckets open. */
     ck_schedule_stop(cx);
+    ck_shards_stop(cx);
     while (*have_killer && !atomic_load(&cx->killer_idle))
         clock_sleep_ms(20);
 }
@@ -416,6 +429,7 @@ out:
     if (have_killer)
         pthread_join(killer, NULL);
     ck_schedule_free(cx);
+    ck_shards_free(cx);
     if (cx->in)
         for (k = 0; k < cx->o.intents; k++)
             free(cx->in[k].key);

@@ -79,6 +79,8 @@ void ck_proxy_stop(struct ck_proxy *p);
 struct chaos_opts {
     const char *orderd_bin, *provider_bin, *db;
     const char *catalogue; /* --catalogue: given to every orderd and `orderd token create` */
+    const char
+        *shard_directory; /* --shard-directory: the shard set's map, for per-cluster figures */
     const char *orderd_urls, *provider_url; /* --attach */
     const char *tokens[CK_USERS_MAX];       /* --attach: each --token, in order */
     long n_tokens;
@@ -212,6 +214,11 @@ struct ck_user {
     char auth[300];       /* "Authorization: Bearer <token>" */
     long intents, orders; /* intents started for it, new orders listed for it */
     long problems;        /* its intents lost, its orders duplicated */
+    /* --shard-directory: orderd's id of the user (its principal), its bucket and the cluster
+     * that owned the bucket at the start (an index into the map's clusters) */
+    char principal[80];
+    unsigned bucket;
+    int cluster;
 };
 
 /* The disruptions run on a schedule during the drive (chaos_schedule.c). */
@@ -261,7 +268,8 @@ struct chaos {
     long long progress_line_ms, progress_started_ms;
     /* --failover-every, --move-every (chaos_schedule.c), NULL when off */
     struct ck_schedule *sched[CK_DISRUPTIONS];
-    struct ck_haproxy lb; /* --haproxy-config (chaos_haproxy.c) */
+    struct ck_haproxy lb;     /* --haproxy-config (chaos_haproxy.c) */
+    struct ck_shards *shards; /* --shard-directory (chaos_shards.c), NULL when off */
 };
 
 /* chaos_procs.c: a NULL-terminated array of malloc'd strings (an environment), freed. */
@@ -325,7 +333,14 @@ struct ck_order *ck_find_order(struct ck_order *rows, size_t n, const char *id);
 struct idem_client;
 void ck_send_intent(struct idem_client *c, const char *base, const char *auth, const char *key,
                     struct ck_seen *s, char *order_id, size_t cap);
-struct idem_client *ck_open_client(struct chaos *cx, int64_t max_time_ms, int count);
+/* A drive client's attempts are counted (retries, failovers, clusters) for the user it names:
+ * the sender sets `user` before each intent. */
+struct ck_sender {
+    struct chaos *cx;
+    int user;
+};
+/* A client of libidem-client; with `sender` its attempts are counted (the drive's clients). */
+struct idem_client *ck_open_client(struct chaos *cx, struct ck_sender *sender, int64_t max_time_ms);
 /* Reads what is there before the run: the user's orders, the ledger, the provider's faults. */
 int ck_audit_before(struct chaos *cx, char *why, size_t cap);
 /* POST /v1/faults with the given members (negative: leave it as it is).  0 or -1. */
@@ -369,6 +384,23 @@ void ck_haproxy_read_stats(struct chaos *cx);
 void ck_instance_counts(const struct chaos *cx, int i, long *connections, long *refused);
 void ck_haproxy_print_table(const struct chaos *cx);
 json_t *ck_haproxy_json(const struct chaos *cx);
+
+/*
+ * chaos_shards.c: --shard-directory.  ck_shards_read_map() reads the directory's map into
+ * cx->shards (0, or -1 with `why`); ck_shards_place_users() gives each user its bucket and
+ * cluster, reading the principals of the users chaos made from orderd's users table (attached,
+ * they were given); ck_shards_attempt() counts one attempt of a drive client for its user's
+ * cluster, until ck_shards_stop() at the end of the drive.
+ */
+int ck_shards_read_map(struct chaos *cx, char *why, size_t cap);
+int ck_shards_place_users(struct chaos *cx, char *why, size_t cap);
+void ck_shards_attempt(struct chaos *cx, int user, int status, int replayed);
+void ck_shards_stop(struct chaos *cx);
+void ck_shards_free(struct chaos *cx);
+void ck_shards_print_table(const struct chaos *cx);
+/* {"clusters":[{"name","users","intents","answered2xx","failedAttempts",
+ * "longestWithout2xxSeconds","recovered"}...]} (new). */
+json_t *ck_shards_json(const struct chaos *cx);
 
 /* chaos_report.c */
 void ck_print_table(struct chaos *cx, const struct ck_audit *au, const struct ck_chaos_verdict *v,

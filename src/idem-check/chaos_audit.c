@@ -28,14 +28,16 @@
 
 static void on_attempt(const struct idem_client_attempt *a, void *arg)
 {
-    struct chaos *cx = arg;
+    struct ck_sender *s = arg;
+    struct chaos *cx = s->cx;
     if (a->outcome == IDEM_CLIENT_OUTCOME_NONE)
         atomic_fetch_add(&cx->retries, 1);
-    /* how long a failover or a move left the clients without a 2xx */
+    /* how long a failover or a move left the clients without a 2xx, and each cluster's users */
     ck_schedule_attempt(cx, a->status, a->replayed);
+    ck_shards_attempt(cx, s->user, a->status, a->replayed);
 }
 
-struct idem_client *ck_open_client(struct chaos *cx, int64_t max_time_ms, int count)
+struct idem_client *ck_open_client(struct chaos *cx, struct ck_sender *sender, int64_t max_time_ms)
 {
     struct idem_client_options co;
     struct idem_client *c = NULL;
@@ -47,9 +49,10 @@ struct idem_client *ck_open_client(struct chaos *cx, int64_t max_time_ms, int co
     co.connect_timeout_ms = 2000;
     co.attempt_timeout_ms = 10000;
     co.user_agent = "idem-check-chaos";
-    if (count) {
+    (void)cx;
+    if (sender) {
         co.on_attempt = on_attempt;
-        co.on_attempt_arg = cx;
+        co.on_attempt_arg = sender;
     }
     if (idem_client_open(&co, &c) != 0)
         return NULL;
@@ -395,7 +398,7 @@ static void *replay_main(void *arg)
 {
     struct replay *rp = arg;
     struct chaos *cx = rp->cx;
-    struct idem_client *c = ck_open_client(cx, 60000, 0);
+    struct idem_client *c = ck_open_client(cx, NULL, 60000);
 
     for (;;) {
         long k = atomic_fetch_add(&rp->next, 1);

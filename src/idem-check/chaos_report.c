@@ -116,6 +116,7 @@ void ck_print_table(struct chaos *cx, const struct ck_audit *au, const struct ck
     printf("%-34s %ld\n", "faults: orderd kill -9", atomic_load(&cx->kills));
     ck_haproxy_print_table(cx);
     ck_schedule_print_table(cx);
+    ck_shards_print_table(cx);
     printf("%-34s %ld (%ld paid, %ld pending, over all the %s orders)", "orders", au->orders,
            au->paid, au->pending, cx->n_users == 1 ? "user's" : "users'");
     if (au->preexisting)
@@ -263,6 +264,8 @@ void ck_print_json(struct chaos *cx, const struct ck_audit *au, const struct ck_
         json_object_set_new(doc, "haproxy", ck_haproxy_json(cx));
         json_object_set_new(doc, "failovers", ck_schedule_json(cx, CK_FAILOVER));
         json_object_set_new(doc, "moves", ck_schedule_json(cx, CK_MOVE));
+        if (cx->shards)
+            json_object_set_new(doc, "shards", ck_shards_json(cx));
     }
     s = doc ? json_dumps(doc, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
     puts(s ? s : "{\"mode\":\"chaos\",\"error\":\"cannot build the report\"}");

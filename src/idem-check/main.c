@@ -312,11 +312,15 @@ static int token_ok(const char *t, size_t len)
     return 1;
 }
 
-/* One more user with token `t` (`len` bytes) into cx->users; 0 or a usage error. */
-static int add_user(struct options *o, struct chaos *cx, const char *t, size_t len)
+/* One more user with token `t` (`len` bytes) and principal `p` (may be NULL) into cx->users; 0
+ * or a usage error. */
+static int add_user(struct options *o, struct chaos *cx, const char *t, size_t len, const char *p)
 {
     int i;
 
+    if (p && (!token_ok(p, strlen(p)) ||
+              strlen(p) >= sizeof(cx->users[cx->n_users % CK_USERS_MAX].principal)))
+        return options_error(o, "'%s' is not a principal (orderd's user id)", p);
     if (!token_ok(t, len))
         return options_error(o, "%s", "a token must be one non-empty bearer token");
     if (cx->n_users == CK_USERS_MAX)
@@ -326,6 +330,9 @@ static int add_user(struct options *o, struct chaos *cx, const char *t, size_t l
             return options_error(o, "token %d is given twice: each token is one user", i + 1);
     memcpy(cx->users[cx->n_users].token, t, len);
     cx->users[cx->n_users].token[len] = '\0';
+    if (p)
+        snprintf(cx->users[cx->n_users].principal, sizeof(cx->users[cx->n_users].principal), "%s",
+                 p);
     cx->n_users++;
     return 0;
 }
@@ -337,7 +344,8 @@ static int add_user(struct options *o, struct chaos *cx, const char *t, size_t l
 static int attach_users(struct options *o, struct chaos *cx)
 {
     const struct chaos_opts *co = &cx->o;
-    char line[512];
+    char line[512], *principal;
+    size_t tok_len;
     FILE *f = NULL;
     long i;
     int rc = 0;
@@ -345,7 +353,7 @@ static int attach_users(struct options *o, struct chaos *cx)
     cx->users = xmalloc(CK_USERS_MAX * sizeof(*cx->users));
     memset(cx->users, 0, CK_USERS_MAX * sizeof(*cx->users));
     for (i = 0; i < co->n_tokens && rc == 0; i++)
-        rc = add_user(o, cx, co->tokens[i], strlen(co->tokens[i]));
+        rc = add_user(o, cx, co->tokens[i], strlen(co->tokens[i]), NULL);
     if (rc != 0 || !co->tokens_file)
         goto out;
     f = fopen(co->tokens_file, "r");
@@ -362,13 +370,23 @@ static int attach_users(struct options *o, struct chaos *cx)
         line[len] = '\0';
         if (len == 0 || line[0] == '#')
             continue;
-        rc = add_user(o, cx, line, len);
+        /* "TOKEN" or "TOKEN PRINCIPAL": the user's id, for --shard-directory. */
+        tok_len = strcspn(line, " \t");
+        principal = line + tok_len + strspn(line + tok_len, " \t");
+        principal[strcspn(principal, " \t")] = '\0';
+        rc = add_user(o, cx, line, tok_len, principal[0] ? principal : NULL);
     }
 out:
     if (f)
         fclose(f);
     if (rc == 0 && cx->n_users == 0)
         rc = options_error(o, "%s", "--attach needs --token or --tokens FILE (no token given)");
+    for (i = 0; rc == 0 && co->shard_directory && i < cx->n_users; i++)
+        if (!cx->users[i].principal[0])
+            rc = options_error(o,
+                               "--shard-directory needs each user's principal: give the tokens in "
+                               "--tokens FILE as lines 'TOKEN PRINCIPAL' (token %ld has none)",
+                               i + 1);
     return rc;
 }
 
@@ -420,7 +438,8 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
                      token_option),
         OPT_STRING(0, "tokens", &co->tokens_file, "FILE",
                    "more tokens, one a line (blank lines and # comments\n"
-                   "left out); the intents go to the users in turn"),
+                   "left out), each optionally followed by its user's\n"
+                   "principal (orderd's user id, for --shard-directory)"),
         OPT_STRING(0, "provider-url", &co->provider_url, "URL",
                    "provider-sim: its faults and ledger (optional; without\n"
                    "it no provider fault and no ledger audit)"),
@@ -476,6 +495,12 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
         OPT_LONG(0, "min-moves", &co->min_moves, "N", 1, 1000,
                  "with --move-every: past --max-time the drive goes on\n"
                  "until N moves ran (--intents still ends it)"),
+        OPT_STRING(0, "shard-directory", &co->shard_directory, "URI",
+                   "the shard set's directory (postgresql://...): its map is\n"
+                   "read at the start, each user placed in the cluster of\n"
+                   "its bucket, and the verdict gives per cluster the\n"
+                   "intents, the attempts that failed and the longest time\n"
+                   "without a 2xx; unreadable: exit 3"),
         OPT_TEXT("audit:\n"),
         OPT_LONG(0, "audit-page-size", &co->page_size, "N", 1, CK_PAGE_SIZE_MAX,
                  "references per page of provider-sim's ledger, 1..1000\n"
@@ -533,6 +558,10 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
         return options_error(o, "%s", "--failover-cmd needs --failover-every, how often to run it");
     if (co->min_failovers && !co->failover_every_s)
         return options_error(o, "%s", "--min-failovers needs --failover-every and --failover-cmd");
+    if (co->shard_directory && strncmp(co->shard_directory, "postgresql://", 13) != 0 &&
+        strncmp(co->shard_directory, "postgres://", 11) != 0)
+        return options_error(o, "--shard-directory wants a postgresql:// URI, not '%s'",
+                             co->shard_directory);
     /* A move is the shard set's, whoever started the services. */
     if (co->move_every_s && !co->move_cmd)
         return options_error(o, "%s",
@@ -598,6 +627,11 @@ static int parse_chaos(int argc, char **argv, struct chaos *cx)
                              co->db);
     if (co->catalogue && !co->catalogue[0])
         return options_error(o, "%s", "--catalogue wants a store URI");
+    /* The principals are orderd's user ids: on a set its users table is in the catalogue. */
+    if (co->shard_directory && co->db && strncmp(co->db, "shards:", 7) == 0 && !co->catalogue)
+        return options_error(o, "%s",
+                             "--shard-directory with --db shards:... needs --catalogue, where "
+                             "orderd keeps its users");
     if (co->haproxy_bin && !co->haproxy_config)
         return options_error(o, "%s", "--haproxy-bin needs --haproxy-config");
     if (co->haproxy_config) {

@@ -23,6 +23,7 @@ Store: on SQLite idem-check makes orderd's file in its own temp directory; under
 """
 
 import atexit
+import hashlib
 import json
 import os
 import shutil
@@ -32,7 +33,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness import (BIN, HttpFront, Server, expect, expect_eq, expect_status, fail,  # noqa: E402
-                     new_key, pg_create_database, pg_drop_database, pg_fresh_mode, run,
+                     new_key, pg_create_database, pg_drop_database, pg_fresh_mode, psql, run,
                      run_idem_check, test, wait_until)
 from provider import WEBHOOK_SECRET, paid_pair  # noqa: E402
 
@@ -196,6 +197,80 @@ def test_many_users(ctx):
     expect_eq((u["ordersMin"], u["ordersMax"]), (u["intentsMin"], u["intentsMax"]),
               "each user has one order per intent of its own: %r" % u)
     expect_eq(u["withProblems"], 0, "no user has a problem: %r" % u)
+    expect("shards" not in doc and "shard clusters" not in err,
+           "no per-cluster figures without --shard-directory")
+
+
+SHARD_CLUSTERS = ("c1", "c2", "c3")
+
+
+def bucket_of(principal):
+    """docs/shards.md: the first 8 bytes of SHA-256, big-endian, mod 1024."""
+    return int.from_bytes(hashlib.sha256(principal.encode("utf-8")).digest()[:8], "big") % 1024
+
+
+def owner_of(bucket):
+    return SHARD_CLUSTERS[0 if bucket < 342 else 1 if bucket < 683 else 2]
+
+
+@test
+def test_shard_directory_counts_per_cluster(ctx):
+    # --shard-directory: a directory database naming three clusters (buckets 0-341 on c1,
+    # 342-682 on c2, the rest on c3, as docs/shards.md sets one up; chaos only reads the map, so
+    # the clusters need not exist).  orderd runs on one plain store, and the verdict counts each
+    # cluster's users, intents and failed attempts: they add up, and each user is where its
+    # principal's bucket says.
+    if not pg_fresh_mode():
+        print("skipped: needs PostgreSQL (service-pg.chaos)")
+        return
+    dir_uri, dir_name = pg_create_database("chaosdir")
+    db_uri, db_name = pg_create_database("chaos")
+    try:
+        psql(dir_uri,
+             "CREATE TABLE idem_shard_clusters (name text PRIMARY KEY, uri text NOT NULL);"
+             "CREATE TABLE idem_shard_buckets (bucket integer PRIMARY KEY,"
+             " cluster text NOT NULL REFERENCES idem_shard_clusters (name),"
+             " epoch bigint NOT NULL, moving integer NOT NULL DEFAULT 0);" +
+             "".join("INSERT INTO idem_shard_clusters VALUES ('%s', 'postgresql:///%s');" % (c, c)
+                     for c in SHARD_CLUSTERS) +
+             "INSERT INTO idem_shard_buckets (bucket, cluster, epoch)"
+             " SELECT b, CASE WHEN b < 342 THEN 'c1' WHEN b < 683 THEN 'c2' ELSE 'c3'"
+             " END, 1 FROM generate_series(0, 1023) b;\n")
+        rc, out, err, took = idem_check(
+            BASE + ["--db", db_uri, "--users", "20", "--intents", "100", "--clients", "4",
+                    "--max-time", "60", "--no-webhooks", "--drop-rate", "0.1",
+                    "--shard-directory", dir_uri, "--json"], timeout=200)
+        doc = parse_json(rc, out, err)
+        print("measured: 20 users on 3 clusters took %.1f s: %s" % (took, doc.get("shards")),
+              flush=True)
+        expect_clean(doc, rc, out, err, 100)
+        users = psql(db_uri, "SELECT id FROM users WHERE name LIKE 'chaos-%';\n")
+        expect_eq(len(users), 20, "orderd's users table has the run's 20 users")
+        want = {c: 0 for c in SHARD_CLUSTERS}
+        for (uid,) in users:
+            want[owner_of(bucket_of(uid))] += 1
+        got = doc["shards"]["clusters"]
+        expect_eq([c["name"] for c in got], list(SHARD_CLUSTERS), "the map's clusters, in order")
+        expect_eq({c["name"]: c["users"] for c in got}, want, "users per cluster, by bucket")
+        expect_eq(sum(c["intents"] for c in got), doc["intents"]["started"],
+                  "the clusters' intents add up to the run's: %r" % got)
+        expect(all(c["answered2xx"] > 0 for c in got if c["users"]),
+               "every cluster's users got answers: %r" % got)
+        expect(sum(c["failedAttempts"] for c in got) > 0 and
+               all(c["recovered"] for c in got), "the dropped responses are counted: %r" % got)
+    finally:
+        pg_drop_database(db_name)
+        pg_drop_database(dir_name)
+
+
+@test
+def test_unreachable_shard_directory_exits_3(ctx):
+    # Port 9 (discard) on loopback: nothing listens; the run stops before it starts anything.
+    rc, out, err, took = idem_check(BASE + ["--intents", "5", "--shard-directory",
+                                            "postgresql://127.0.0.1:9/nodir"], timeout=60)
+    expect_eq(rc, 3, "exit code for an unreachable directory (stderr %r)" % err)
+    expect("--shard-directory: cannot open the shard directory" in err,
+           "the directory is named: %r" % err)
 
 
 # orderd's settings in the attach test: the ones idem-check gives the instances it starts, so that
@@ -411,8 +486,9 @@ def fake_move(mode):
 def test_move_command(ctx):
     # --move-every 1: the command runs every second of the drive with $1 = 1, 2, 3, ...;
     # --min-moves 3 keeps the drive going past a --max-time too short for three.
+    # The store is not what this is about: SQLite in idem-check's work directory on both runs.
     cmd, calls = fake_move("ok")
-    rc, out, err, took = chaos_on_fresh_store(
+    rc, out, err, took = idem_check(
         BASE + ["--intents", "5000", "--clients", "4", "--max-time", "1", "--move-every", "1",
                 "--move-cmd", cmd, "--min-moves", "3", "--no-webhooks", "--json"])
     doc = parse_json(rc, out, err)
@@ -440,7 +516,7 @@ def test_failed_move_command_fails_the_run(ctx):
     # Move 2 fails: the drive ends at once, the run exits 1 naming the command and move.log,
     # which has both moves and the command's own words.
     cmd, _ = fake_move("second-fails")
-    rc, out, err, took = chaos_on_fresh_store(
+    rc, out, err, took = idem_check(
         BASE + ["--intents", "100000", "--clients", "4", "--max-time", "60", "--move-every", "1",
                 "--move-cmd", cmd, "--no-webhooks"])
     expect_eq(rc, 1, "exit code when a move command fails:\n%s\n%s" % (out, err[-2000:]))
@@ -651,6 +727,10 @@ def test_usage_errors(ctx):
         (BASE + ["--failover-every", "x", "--failover-cmd", "true"], "a bad --failover-every"),
         (BASE + ["--failover-every", "5", "--failover-cmd", " "], "an empty --failover-cmd"),
         (BASE + ["--users", "0"], "zero users"),
+        (BASE + ["--shard-directory", "sqlite:/tmp/x.db"], "a --shard-directory not PostgreSQL"),
+        (attach + ["--shard-directory", "postgresql:///d"], "attached, a token without principal"),
+        (BASE + ["--db", "shards:postgresql:///d", "--shard-directory", "postgresql:///d"],
+         "--shard-directory on a shard set without --catalogue"),
         (BASE + ["--move-every", "10"], "--move-every without --move-cmd"),
         (attach + ["--move-every", "10"], "--attach, --move-every without a command"),
         (BASE + ["--move-cmd", "true"], "--move-cmd without --move-every"),
@@ -675,7 +755,7 @@ def test_usage_errors(ctx):
     for flag in ("--kill-every", "--grace", "--instances", "--balance", "--cut-rate", "--attach",
                  "--orderd-url", "--provider-url", "--token", "--no-webhooks", "--webhook-dup",
                  "--failover-every", "--failover-cmd", "--users", "--tokens", "--catalogue",
-                 "--move-every", "--move-cmd", "--min-moves"):
+                 "--move-every", "--move-cmd", "--min-moves", "--shard-directory"):
         expect(flag in out, "--help lists %s" % flag)
 
 
