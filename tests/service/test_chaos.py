@@ -24,11 +24,14 @@ Store: on SQLite idem-check makes orderd's file in its own temp directory; under
 
 import atexit
 import hashlib
+import http.client
 import json
 import os
 import shutil
 import sys
 import tempfile
+import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -75,6 +78,17 @@ def chaos_on_fresh_store(args, timeout=200):
     finally:
         if dbname:
             pg_drop_database(dbname)
+
+
+def store_free(what):
+    """
+    True on the SQLite run; under with_pg.sh False, with a note: `what` checks idem-check's own
+    machinery, on a store of its own in both runs, so the PostgreSQL run would repeat it.
+    """
+    if pg_fresh_mode():
+        print("skipped on PostgreSQL: %s runs the same on the SQLite run" % what)
+        return False
+    return True
 
 
 def expect_clean(doc, rc, out, err, intents):
@@ -260,6 +274,133 @@ def test_shard_directory_counts_per_cluster(ctx):
                all(c["recovered"] for c in got), "the dropped responses are counted: %r" % got)
     finally:
         pg_drop_database(db_name)
+        pg_drop_database(dir_name)
+
+
+class ShardDownFront:
+    """
+    An HTTP front for one orderd that stands for a shard set with one cluster down: while `down`
+    is set, POST /api/orders with one of the `tokens` gets 503 (nothing passed on); everything
+    else goes to orderd as it came.  The window opens at the first POST of those users and closes
+    `seconds` later.
+    """
+
+    def __init__(self, port, tokens, seconds):
+        import http.server
+        front = self
+        self.opened = None
+        self.refused = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def answer(self, status, headers, data):
+                self.send_response(status)
+                for k, v in headers:
+                    if k.lower() not in ("content-length", "connection", "transfer-encoding",
+                                         "date", "server"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def forward(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else None
+                auth = self.headers.get("Authorization", "")
+                if self.command == "POST" and auth[len("Bearer "):] in tokens:
+                    now = time.monotonic()
+                    if front.opened is None:
+                        front.opened = now
+                    if now - front.opened < seconds:
+                        front.refused += 1
+                        self.answer(503, [("Content-Type", "application/problem+json")],
+                                    b'{"type":"about:blank","title":"cluster down"}')
+                        return
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in ("host", "connection", "content-length")}
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                try:
+                    c.request(self.command, self.path, body=body, headers=headers)
+                    r = c.getresponse()
+                    self.answer(r.status, r.getheaders(), r.read())
+                finally:
+                    c.close()
+
+            do_GET = do_POST = forward
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = "http://127.0.0.1:%d" % self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@test
+def test_one_cluster_down_others_see_no_error(ctx):
+    # Attached, six users with their principals in --tokens FILE; the directory puts the first
+    # user's bucket on c1 and every other bucket on c2.  A front refuses c1's users (503) for 1.5 s
+    # and nothing else is injected: c1's row has the failures and a stretch without a 2xx, c2's
+    # users saw no error at all, and the audit is clean.
+    if not pg_fresh_mode():
+        print("skipped: needs PostgreSQL (service-pg.chaos)")
+        return
+    prov, s = paid_pair(order_args=FAST_WORKERS, name="shard-down")
+    front = None
+    dir_uri, dir_name = pg_create_database("chaosdir")
+    try:
+        s.start()
+        users = [s.new_user("chaos-down-%d" % i) for i in range(6)]
+        ids = [psql(s.db_uri, "SELECT id FROM users WHERE name LIKE :'p';\n",
+                    {"p": "chaos-down-%d-%%" % i}) for i in range(6)]
+        expect(all(len(r) == 1 for r in ids), "one user of each name: %r" % ids)
+        principals = [r[0][0] for r in ids]
+        down = bucket_of(principals[0])
+        psql(dir_uri,
+             "CREATE TABLE idem_shard_clusters (name text PRIMARY KEY, uri text NOT NULL);"
+             "CREATE TABLE idem_shard_buckets (bucket integer PRIMARY KEY,"
+             " cluster text NOT NULL REFERENCES idem_shard_clusters (name),"
+             " epoch bigint NOT NULL, moving integer NOT NULL DEFAULT 0);"
+             "INSERT INTO idem_shard_clusters VALUES ('c1', 'postgresql:///c1'),"
+             " ('c2', 'postgresql:///c2');"
+             "INSERT INTO idem_shard_buckets (bucket, cluster, epoch) SELECT b,"
+             " CASE WHEN b = %d THEN 'c1' ELSE 'c2' END, 1 FROM generate_series(0, 1023) b;\n"
+             % down)
+        on_c1 = [u.token for u, p in zip(users, principals) if bucket_of(p) == down]
+        tokens = os.path.join(WORK, "down.tokens")
+        with open(tokens, "w") as f:
+            f.write("".join("%s %s\n" % (u.token, p) for u, p in zip(users, principals)))
+        front = ShardDownFront(s.port, set(on_c1), 1.5)
+        rc, out, err, took = idem_check(["chaos", "--attach", "--orderd-url", front.url,
+                                         "--provider-url", prov.url, "--tokens", tokens,
+                                         "--intents", "120", "--clients", "4", "--max-time", "60",
+                                         "--shard-directory", dir_uri, "--json"], timeout=120)
+        doc = parse_json(rc, out, err)
+        print("measured: one cluster down took %.1f s: %s" % (took, doc.get("shards")),
+              flush=True)
+        expect_clean(doc, rc, out, err, 120)
+        c1, c2 = doc["shards"]["clusters"]
+        expect_eq((c1["name"], c1["users"], c2["name"], c2["users"]),
+                  ("c1", len(on_c1), "c2", 6 - len(on_c1)), "users per cluster")
+        expect(front.refused > 0 and c1["failedAttempts"] == front.refused,
+               "c1's refused attempts are counted (%d refused): %r" % (front.refused, c1))
+        expect(1.0 <= c1["longestWithout2xxSeconds"] and c1["recovered"],
+               "c1's users went without a 2xx while it was down: %r" % c1)
+        expect_eq((c2["failedAttempts"], c2["longestWithout2xxSeconds"]), (0, 0),
+                  "c2's users saw no error: %r" % c2)
+        expect(c2["answered2xx"] >= c2["intents"] > 0, "c2's users were answered: %r" % c2)
+    finally:
+        if front is not None:
+            front.close()
+        s.close()
+        prov.close()
         pg_drop_database(dir_name)
 
 
@@ -486,7 +627,8 @@ def fake_move(mode):
 def test_move_command(ctx):
     # --move-every 1: the command runs every second of the drive with $1 = 1, 2, 3, ...;
     # --min-moves 3 keeps the drive going past a --max-time too short for three.
-    # The store is not what this is about: SQLite in idem-check's work directory on both runs.
+    if not store_free("the move schedule"):
+        return
     cmd, calls = fake_move("ok")
     rc, out, err, took = idem_check(
         BASE + ["--intents", "5000", "--clients", "4", "--max-time", "1", "--move-every", "1",
@@ -515,6 +657,8 @@ def test_move_command(ctx):
 def test_failed_move_command_fails_the_run(ctx):
     # Move 2 fails: the drive ends at once, the run exits 1 naming the command and move.log,
     # which has both moves and the command's own words.
+    if not store_free("a failed move"):
+        return
     cmd, _ = fake_move("second-fails")
     rc, out, err, took = idem_check(
         BASE + ["--intents", "100000", "--clients", "4", "--max-time", "60", "--move-every", "1",
@@ -660,6 +804,8 @@ exec "%(real)s" "$@"
 @test
 def test_catalogue_is_passed_on(ctx):
     # --catalogue URI goes to `orderd token create` (each user's) and to every orderd started.
+    if not store_free("the catalogue's pass-through"):
+        return
     d = tempfile.mkdtemp(prefix="idem-chaos-wrap-")
     wrapper = os.path.join(d, "orderd")
     with open(wrapper, "w") as f:
