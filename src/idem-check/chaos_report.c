@@ -53,6 +53,17 @@ static void user_spread(const struct chaos *cx, struct user_spread *s)
     }
 }
 
+/* The users' row: how many, and the spread of their figures. */
+static void print_users(const struct chaos *cx)
+{
+    struct user_spread us;
+
+    user_spread(cx, &us);
+    printf("%-34s %d (%s): intents each %ld..%ld, new orders each %ld..%ld, %ld with a problem\n",
+           "users", cx->n_users, cx->o.attach ? "tokens given" : "made by orderd token create",
+           us.intents_min, us.intents_max, us.orders_min, us.orders_max, us.with_problems);
+}
+
 /* The direct webhook audit's row: orderd's inbox over the run, or why only the indirect ran. */
 static void print_inbox(const struct chaos *cx, const struct ck_audit *au)
 {
@@ -95,14 +106,7 @@ void ck_print_table(struct chaos *cx, const struct ck_audit *au, const struct ck
     }
     printf("%-34s %ld of %ld (%ld answered 2xx to a client, %ld finished by the audit)\n",
            "intents started", au->started, cx->o.intents, au->finished_2xx, au->finished_in_audit);
-    {
-        struct user_spread us;
-        user_spread(cx, &us);
-        printf("%-34s %d (%s): intents each %ld..%ld, new orders each %ld..%ld, %ld with a "
-               "problem\n",
-               "users", cx->n_users, cx->o.attach ? "tokens given" : "made by orderd token create",
-               us.intents_min, us.intents_max, us.orders_min, us.orders_max, us.with_problems);
-    }
+    print_users(cx);
     printf("%-34s %ld\n", "client retries", atomic_load(&cx->retries));
     printf("%-34s %ld\n", "duplicated sends", atomic_load(&cx->dup_sends));
     printf("%-34s %ld\n", "faults: proxy resets", atomic_load(&p->resets));

@@ -318,8 +318,7 @@ static int add_user(struct options *o, struct chaos *cx, const char *t, size_t l
 {
     int i;
 
-    if (p && (!token_ok(p, strlen(p)) ||
-              strlen(p) >= sizeof(cx->users[cx->n_users % CK_USERS_MAX].principal)))
+    if (p && (!token_ok(p, strlen(p)) || strlen(p) >= sizeof(cx->users[0].principal)))
         return options_error(o, "'%s' is not a principal (orderd's user id)", p);
     if (!token_ok(t, len))
         return options_error(o, "%s", "a token must be one non-empty bearer token");
