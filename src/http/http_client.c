@@ -21,12 +21,14 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <uv.h>
@@ -415,6 +417,7 @@ struct http_client {
     struct http_client_options opts;
     struct sockaddr_storage addr;
     socklen_t addr_len;
+    int loopback;       /* addr is a loopback address: connect_at_once() may connect to it */
     pthread_mutex_t mu; /* guards pools[] and npools (each pool is its loop's alone) */
     struct loop_pool pools[MAX_POOLS];
     int npools;
@@ -435,7 +438,9 @@ struct fconn {
     int early;             /* answer bytes came while it was: never reused (the upstream may
                               not read the rest of the request, and take it for another) */
     int nclosed;           /* handles closed: the connection is freed at 2 */
+    int nodelay;           /* TCP_NODELAY is set */
     char connect_err[120]; /* a connect refused at once, told from the timer */
+    int failed_sent;       /* ...or a failure once the request went (connect_at_once): unknown */
     struct http_reply_reader rr;
     struct tls_conn *tls; /* https: its TLS state */
     int handshaking;      /* connected, the TLS handshake not done: nothing of the request sent */
@@ -460,6 +465,20 @@ struct http_fetch {
     int64_t start_ns;
 };
 
+/* Whether `sa` is 127.0.0.0/8, ::1 or ::ffff:127.0.0.0/104: this host, over the loopback. */
+static int is_loopback(const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        return ((const unsigned char *)&in->sin_addr)[0] == 127;
+    }
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
+    return 0;
+}
+
 int http_client_new(const struct http_client_options *opts, struct http_client **out, char *err,
                     size_t errlen)
 {
@@ -481,6 +500,7 @@ int http_client_new(const struct http_client_options *opts, struct http_client *
     cl->opts.host = NULL; /* not kept: the address is */
     memcpy(&cl->addr, res->ai_addr, res->ai_addrlen);
     cl->addr_len = res->ai_addrlen;
+    cl->loopback = is_loopback((const struct sockaddr *)&cl->addr);
     freeaddrinfo(res);
     pthread_mutex_init(&cl->mu, NULL);
     *out = cl;
@@ -623,6 +643,8 @@ static void on_timeout(uv_timer_t *t)
     if (c->handshaking)
         fail(c, HTTP_FETCH_NOT_SENT, 0,
              "TLS: the handshake did not end within the connect timeout");
+    else if (c->failed_sent)
+        fail(c, HTTP_FETCH_UNKNOWN, 0, c->connect_err);
     else if (c->f->start_ns == 0)
         fail(c, HTTP_FETCH_NOT_SENT, 0, c->connect_err[0] ? c->connect_err : "connect: timed out");
     else
@@ -882,6 +904,40 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         answer_bytes(c, buf->base, nread);
 }
 
+/* Sets TCP_NODELAY on a plain connection, once. */
+static void nodelay_on(struct fconn *c)
+{
+    if (!c->nodelay)
+        uv_tcp_nodelay(&c->tcp, 1);
+    c->nodelay = 1;
+}
+
+/* Makes `c` ready to read the answer to its exchange's request, which goes now (at `start_ns`). */
+static void exchange_begin(struct fconn *c, int64_t start_ns)
+{
+    struct http_fetch *f = c->f;
+
+    http_reply_reader_release(&c->rr);
+    http_reply_reader_init(&c->rr, f->hold_max, (f->flags & HTTP_FETCH_HEAD) != 0);
+    if (f->flags & HTTP_FETCH_MAY_STREAM)
+        http_reply_reader_allow_stream(&c->rr);
+    f->start_ns = start_ns;
+}
+
+/* The request went (or is queued): the answer's timeout, and the read armed.  0 or libuv's code. */
+static int answer_wait(struct fconn *c)
+{
+    int rc;
+
+    uv_timer_start(&c->timer, on_timeout, (uint64_t)c->pool->cl->opts.timeout_ms, 0);
+    if (c->reading)
+        return 0;
+    rc = uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
+    if (rc == 0)
+        c->reading = 1;
+    return rc;
+}
+
 /* Writes the request on a connected `c` and waits for the answer. */
 static void send_on(struct fconn *c)
 {
@@ -890,11 +946,7 @@ static void send_on(struct fconn *c)
     char err[200];
     int rc;
 
-    http_reply_reader_release(&c->rr);
-    http_reply_reader_init(&c->rr, f->hold_max, (f->flags & HTTP_FETCH_HEAD) != 0);
-    if (f->flags & HTTP_FETCH_MAY_STREAM)
-        http_reply_reader_allow_stream(&c->rr);
-    f->start_ns = clock_mono_ns();
+    exchange_begin(c, clock_mono_ns());
     c->writing = 1;
     if (!c->tls) {
         /*
@@ -902,6 +954,10 @@ static void send_on(struct fconn *c)
          * uv_write() done at once still costs the loop an epoll_ctl() at its next poll (libuv
          * re-registers a descriptor whose output watcher it stopped).  A failure, or what the
          * kernel did not take, goes through uv_write, whose callback says how it ended.
+         *
+         * One write leaves nothing for Nagle's algorithm to hold back (it holds a small segment
+         * only while an earlier one is unacknowledged, and the last answer acknowledged the last
+         * request), so TCP_NODELAY is set only when the request takes more than one.
          */
         int n = uv_try_write((uv_stream_t *)&c->tcp, &buf, 1);
 
@@ -911,6 +967,7 @@ static void send_on(struct fconn *c)
         } else {
             if (n > 0)
                 buf = uv_buf_init(buf.base + n, buf.len - (unsigned int)n);
+            nodelay_on(c);
             rc = uv_write(&c->write, (uv_stream_t *)&c->tcp, &buf, 1, write_cb);
         }
     } else if (tls_conn_write(c->tls, f->out, f->out_len) != 0)
@@ -925,16 +982,77 @@ static void send_on(struct fconn *c)
         fail(c, HTTP_FETCH_NOT_SENT, 0, err);
         return;
     }
-    uv_timer_start(&c->timer, on_timeout, (uint64_t)c->pool->cl->opts.timeout_ms, 0);
-    if (!c->reading) {
-        rc = uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
-        if (rc < 0) {
-            snprintf(err, sizeof err, "reading the answer: %s", uv_strerror(rc));
-            fail(c, HTTP_FETCH_UNKNOWN, 0, err);
-            return;
-        }
-        c->reading = 1;
+    rc = answer_wait(c);
+    if (rc < 0) {
+        snprintf(err, sizeof err, "reading the answer: %s", uv_strerror(rc));
+        fail(c, HTTP_FETCH_UNKNOWN, 0, err);
     }
+}
+
+/*
+ * A new plain connection to an upstream on this host, its request written in the same turn of
+ * the loop.  On the loopback the kernel runs both ends of the handshake within connect() (which
+ * still says EINPROGRESS), so the request can go at once rather than a turn of the loop later,
+ * when libuv has seen the connect complete: that saves the loop a wake-up and three system calls
+ * (the connect's SO_ERROR, and an epoll_ctl() each to watch for it and to stop watching), which
+ * a keyed request's fresh connection pays every time.  The socket becomes the connection's only
+ * once the kernel took some of the request.  If it took none (the handshake has not ended: the
+ * listener's queue is full, or the connect was refused), nothing was sent: the socket is closed
+ * and 0 returned, and the caller connects the ordinary way, which waits for the connect under
+ * its timeout and says how it failed.  Returns 1 once the request went (the rest of it, if any,
+ * queued); a failure after that is told by the timer, at once, as HTTP_FETCH_UNKNOWN.
+ */
+static int connect_at_once(struct fconn *c)
+{
+    struct http_client *cl = c->pool->cl;
+    struct http_fetch *f = c->f;
+    int64_t start_ns = clock_mono_ns();
+    uv_buf_t rest;
+    ssize_t n;
+    int fd, rc;
+
+    if (!cl->loopback || cl->opts.tls)
+        return 0;
+    fd = socket(cl->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    if (connect(fd, (const struct sockaddr *)&cl->addr, cl->addr_len) != 0 &&
+        errno != EINPROGRESS) {
+        close(fd);
+        return 0;
+    }
+    do
+        n = send(fd, f->out, f->out_len, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0) {
+        close(fd);
+        return 0;
+    }
+    exchange_begin(c, start_ns);
+    rc = uv_tcp_open(&c->tcp, fd);
+    if (rc < 0) {
+        close(fd);
+        goto failed;
+    }
+    if ((size_t)n < f->out_len) {
+        rest = uv_buf_init(f->out + n, (unsigned int)(f->out_len - (size_t)n));
+        nodelay_on(c);
+        c->writing = 1;
+        rc = uv_write(&c->write, (uv_stream_t *)&c->tcp, &rest, 1, write_cb);
+        if (rc < 0) {
+            c->writing = 0;
+            goto failed;
+        }
+    }
+    rc = answer_wait(c);
+    if (rc == 0)
+        return 1;
+failed:
+    /* `done` may not run inside the caller's own call: the timer tells it, at once. */
+    c->failed_sent = 1;
+    snprintf(c->connect_err, sizeof c->connect_err, "sending the request: %s", uv_strerror(rc));
+    uv_timer_start(&c->timer, on_timeout, 0, 0);
+    return 1;
 }
 
 static void connect_cb(uv_connect_t *req, int status)
@@ -951,11 +1069,11 @@ static void connect_cb(uv_connect_t *req, int status)
         fail(c, HTTP_FETCH_NOT_SENT, 0, err);
         return;
     }
-    uv_tcp_nodelay(&c->tcp, 1);
     if (!c->pool->cl->opts.tls) {
         send_on(c);
         return;
     }
+    nodelay_on(c); /* the handshake's flights, then the request: several writes */
     /* The handshake, then the request: its own deadline, the connect's. */
     c->tls = tls_conn_new(c->pool->cl->opts.tls);
     c->handshaking = 1;
@@ -1034,6 +1152,8 @@ int http_fetch_start(struct http_client *cl, const char *head, size_t head_len, 
     c->timer.data = c;
     c->connect.data = c;
     c->write.data = c;
+    if (connect_at_once(c))
+        return 0;
     rc = uv_tcp_connect(&c->connect, &c->tcp, (const struct sockaddr *)&cl->addr, connect_cb);
     if (rc < 0) {
         /* `done` may not run inside the caller's own call: the timer tells it, at once. */
