@@ -220,9 +220,12 @@ struct sq_group {
     int runner_stop;
     /* The pipeline (NULL marks: none, each COMMIT is as durable as its synchronous setting). */
     struct sq_marks *marks;
-    int marks_fd;               /* holds an OFD read lock while the store is open */
-    pthread_mutex_t wal_mu;     /* held by whoever checks, reopens or fsyncs wal_fd */
-    int wal_fd;                 /* our own descriptor on the -wal file, for fsync */
+    int marks_fd;           /* holds an OFD read lock while the store is open */
+    pthread_mutex_t wal_mu; /* held by whoever checks, reopens or fsyncs wal_fd */
+    int wal_fd;             /* our own descriptor on the -wal file, for fsync */
+    int wal_known;          /* wal_dev and wal_ino are wal_fd's (read once per descriptor) */
+    dev_t wal_dev;          /* wal_fd's file (wal_follow) */
+    ino_t wal_ino;
     int dir_fd;                 /* the directory holding it */
     int committing;             /* a COMMIT runs whose batch is not yet in the syncer's list */
     struct sq_batch *sync_head; /* committed, waiting for the syncer's next fsync */
@@ -683,9 +686,14 @@ static int wal_follow(struct sq_group *g, char *msg, size_t msglen)
     int fd, db;
 
     idem__fmt(name, sizeof name, "%s-wal", path);
-    if (fstat(g->wal_fd, &held) != 0)
-        goto sys_fail;
-    if (stat(name, &now) == 0 && now.st_dev == held.st_dev && now.st_ino == held.st_ino)
+    if (!g->wal_known) { /* (a descriptor's inode never changes: read once, not every round) */
+        if (fstat(g->wal_fd, &held) != 0)
+            goto sys_fail;
+        g->wal_dev = held.st_dev;
+        g->wal_ino = held.st_ino;
+        g->wal_known = 1;
+    }
+    if (stat(name, &now) == 0 && now.st_dev == g->wal_dev && now.st_ino == g->wal_ino)
         return 0;
     fd = open(name, O_RDONLY | O_CLOEXEC);
     if (fd < 0 && errno != ENOENT)
@@ -703,6 +711,7 @@ static int wal_follow(struct sq_group *g, char *msg, size_t msglen)
     if (fd >= 0) { /* (else none now: the next one is checked at the next fsync) */
         close(g->wal_fd);
         g->wal_fd = fd;
+        g->wal_known = 0;
     }
     if (fsync(g->dir_fd) != 0 && errno != EINVAL) {
         dir_of(path, name, sizeof name);
