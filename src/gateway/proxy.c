@@ -986,8 +986,11 @@ struct parked {
     struct idem_call *call;
     int64_t since_ns;    /* the claim began (idem_gateway_store_seconds) */
     int64_t deadline_ms; /* PARK_FORWARD: when it gives up on the upstream (monotonic) */
-    /* The store's step ended: written by the store's thread, under gw->steps_mu. */
-    int stored;
+    /*
+     * The store's step ended: written by the store's thread, under gw->steps_mu, with the two
+     * fields below and after its wake-up was sent (step_done).
+     */
+    atomic_int stored;
     int store_rc;
     enum idem_outcome outcome;
 };
@@ -1095,12 +1098,13 @@ static void step_done(struct parked *pk, struct idem_call *call, int rc, enum id
     pk->call = call;
     pk->store_rc = rc;
     pk->outcome = outcome;
-    pk->stored = 1;
     /*
-     * Sent under the mutex: once the loop reads `stored` the wake-up is queued, so the
-     * connection is not freed while a wake-up is still on its way to it.
+     * The wake-up is sent before `stored` is raised: once the loop reads it, the wake-up is
+     * queued, so the connection is not freed while a wake-up is still on its way to it.  From
+     * then on this thread touches `gw` only (which outlives the store's threads), never `pk`.
      */
     http_server_unpark(pk->token);
+    atomic_store_explicit(&pk->stored, 1, memory_order_release);
     pthread_cond_broadcast(&gw->steps_cv);
     pthread_mutex_unlock(&gw->steps_mu);
 }
@@ -1115,15 +1119,22 @@ static void complete_done(struct idem_call *call, int rc, void *arg)
     step_done(arg, call, rc, IDEM_OUTCOME_NONE);
 }
 
-/* Whether the store step ended; with `wait`, once it has (a stop: nothing else runs). */
+/*
+ * Whether the store step ended; with `wait`, once it has (a stop: nothing else runs).  A step
+ * that ended is seen without the mutex: the loop, woken by step_done's wake-up, would otherwise
+ * find the mutex still held by the store's thread that woke it (a futex sleep and wake-up each
+ * time), and the store's thread ending a batch's steps one after the other holds it often.
+ */
 static int step_ended(struct gateway *gw, struct parked *pk, int wait)
 {
     int ended;
 
+    if (atomic_load_explicit(&pk->stored, memory_order_acquire))
+        return 1;
     pthread_mutex_lock(&gw->steps_mu);
-    while (wait && !pk->stored)
+    while (wait && !atomic_load_explicit(&pk->stored, memory_order_acquire))
         pthread_cond_wait(&gw->steps_cv, &gw->steps_mu);
-    ended = pk->stored;
+    ended = atomic_load_explicit(&pk->stored, memory_order_acquire);
     pthread_mutex_unlock(&gw->steps_mu);
     return ended;
 }
@@ -1204,9 +1215,7 @@ static enum http_loop_verdict fresh_settle(struct gateway *gw, struct note *n, s
 
     if (!streamed && !stores_whole(r, pk->res, &pk->reply))
         return to_worker(n, pk, 0);
-    pthread_mutex_lock(&gw->steps_mu);
-    pk->stored = 0;
-    pthread_mutex_unlock(&gw->steps_mu);
+    atomic_store_explicit(&pk->stored, 0, memory_order_relaxed); /* (no store step runs now) */
     pk->step = PARK_COMPLETE;
     if (streamed) {
         size_t nh = not_stored_answer(gw, r, http_body_stream_length(pk->reply.rest),
