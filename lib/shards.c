@@ -123,6 +123,30 @@ void idem_shards_close(struct idem_shards *sh)
     free(sh);
 }
 
+/*
+ * Installs the fence on `st`, the store of cluster `name`, which must be PostgreSQL (opening it
+ * made its idem records schema already).
+ */
+static int install_fence(struct idem_store *st, const char *name, char **errmsg)
+{
+    int rc = 0;
+    char *why = NULL;
+    char msg[IDEM_ERRMSG_MAX];
+
+    if (strcmp(idem_store_kind(st), "postgresql") != 0) {
+        idem__fmt(msg, sizeof(msg), "shard cluster %s: a cluster must be PostgreSQL", name);
+        return set_err(errmsg, IDEM_EURI, msg);
+    }
+    rc = idem_store_migrate(st, "idem_shard_fence", fence_schema,
+                            sizeof(fence_schema) / sizeof(fence_schema[0]), NULL, &why);
+    if (rc < 0) {
+        idem__fmt(msg, sizeof(msg), "shard cluster %s: %s", name, why ? why : idem_strerror(rc));
+        set_err(errmsg, rc, msg);
+    }
+    idem_free(why);
+    return rc;
+}
+
 /* Opens cluster i of the map as a PostgreSQL store and installs its fence. */
 static int open_cluster(struct idem_shards *sh, size_t i, const struct idem_store_options *opts,
                         char **errmsg)
@@ -136,19 +160,12 @@ static int open_cluster(struct idem_shards *sh, size_t i, const struct idem_stor
     if (!sh->names[i])
         return IDEM_ENOMEM;
     rc = idem_store_open(idem_shard_map_uri(sh->map, i), opts, &sh->stores[i], &why);
-    if (rc == 0 && strcmp(idem_store_kind(sh->stores[i]), "postgresql") != 0) {
-        idem__fmt(msg, sizeof(msg), "shard cluster %s: a cluster must be PostgreSQL", name);
-        return set_err(errmsg, IDEM_EURI, msg);
-    }
-    if (rc == 0)
-        rc = idem_store_migrate(sh->stores[i], "idem_shard_fence", fence_schema,
-                                sizeof(fence_schema) / sizeof(fence_schema[0]), NULL, &why);
     if (rc < 0) {
         idem__fmt(msg, sizeof(msg), "shard cluster %s: %s", name, why ? why : idem_strerror(rc));
         set_err(errmsg, rc, msg);
     }
     idem_free(why);
-    return rc;
+    return rc < 0 ? rc : install_fence(sh->stores[i], name, errmsg);
 }
 
 int idem_shards_open(const char *directory_uri, const struct idem_store_options *opts,
@@ -515,6 +532,127 @@ out:
     if (rc < 0)
         set_err(errmsg, rc, err);
     idem_shards_close(sh);
+    idem_store_close(dir);
+    return rc;
+}
+
+/* Whether `name` may name a cluster: 1 to IDEM_SHARD_NAME_MAX of [A-Za-z0-9._-]. */
+static int cluster_name_ok(const char *name)
+{
+    size_t len = name ? strlen(name) : 0;
+
+    if (len == 0 || len > IDEM_SHARD_NAME_MAX)
+        return 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.'))
+            return 0;
+    }
+    return 1;
+}
+
+/* Refuses a name or URI the directory holds already, and a set that is full. */
+static int add_check_directory(struct idem_store *dir, const char *name, const char *uri, char *err,
+                               size_t cap)
+{
+    int rc;
+    struct idem_tx *tx = NULL;
+    struct idem_rows *rows = NULL;
+
+    rc = idem_tx_begin(dir, 0, &tx);
+    if (rc < 0) {
+        idem__fmt(err, cap, "shard directory: %s", idem_strerror(rc));
+        return rc;
+    }
+    rc = tx_run(tx, "shard directory", "SELECT name, uri FROM idem_shard_clusters ORDER BY name", 0,
+                NULL, &rows, err, cap);
+    for (int r = 0; rc == 0 && r < idem_rows_count(rows); r++) {
+        const char *n = idem_rows_get(rows, r, 0), *u = idem_rows_get(rows, r, 1);
+        if (strcmp(n, name) == 0) {
+            idem__fmt(err, cap, "shard directory: the name '%s' is taken (%s)", name, u);
+            rc = IDEM_ECONFLICT;
+        } else if (strcmp(u, uri) == 0) {
+            idem__fmt(err, cap, "shard directory: cluster '%s' has that URI already", n);
+            rc = IDEM_ECONFLICT;
+        }
+    }
+    if (rc == 0 && idem_rows_count(rows) >= IDEM_SHARDS_MAX) {
+        idem__fmt(err, cap, "shard directory: a set holds at most %d clusters", IDEM_SHARDS_MAX);
+        rc = IDEM_ESTATE;
+    }
+    idem_rows_free(rows);
+    idem_tx_rollback(tx);
+    return rc;
+}
+
+int idem_shards_add(const char *directory_uri, const char *name, const char *uri,
+                    const struct idem_store_options *opts, char **errmsg)
+{
+    int rc = 0;
+    struct idem_store *dir = NULL, *st = NULL;
+    struct idem_tx *tx = NULL;
+    struct idem_rows *rows = NULL;
+    char *why = NULL;
+    char err[IDEM_ERRMSG_MAX] = "";
+    const char *params[2] = {name, uri};
+
+    if (errmsg)
+        *errmsg = NULL;
+    if (!directory_uri || !uri || !uri[0])
+        return set_err(errmsg, IDEM_EINVAL, "a cluster needs a store URI, and a directory");
+    if (!cluster_name_ok(name))
+        return set_err(errmsg, IDEM_EINVAL,
+                       "a cluster's name is 1 to 63 letters, digits, '.', '-' or '_'");
+    rc = idem_store_open(directory_uri, opts, &dir, errmsg);
+    if (rc == 0)
+        rc = idem__shard_directory_migrate(dir, errmsg);
+    if (rc == 0)
+        rc = add_check_directory(dir, name, uri, err, sizeof err);
+    if (rc < 0)
+        goto out;
+    /* The cluster first: the directory names it only once it can take a bucket. */
+    rc = idem_store_open(uri, opts, &st, &why);
+    if (rc < 0) {
+        idem__fmt(err, sizeof err, "shard cluster %s: %s", name, why ? why : idem_strerror(rc));
+        goto out;
+    }
+    rc = install_fence(st, name, errmsg);
+    if (rc == 0)
+        rc = idem_tx_begin(st, 0, &tx);
+    if (rc == 0)
+        rc = tx_run(tx, name, "SELECT count(*) FROM idem_buckets", 0, NULL, &rows, err, sizeof err);
+    if (rc == 0 && rows_int(rows) != 0) {
+        /* It would take writes for buckets the map gives another cluster. */
+        idem__fmt(err, sizeof err,
+                  "shard cluster %s: its idem_buckets holds %lld buckets already (a cluster of "
+                  "another set?)",
+                  name, (long long)rows_int(rows));
+        rc = IDEM_ESTATE;
+    }
+    idem_rows_free(rows);
+    rows = NULL;
+    idem_tx_rollback(tx);
+    tx = NULL;
+    if (rc < 0)
+        goto out;
+    rc = idem_tx_begin(dir, 1, &tx);
+    if (rc == 0)
+        rc = tx_run(tx, "shard directory", "INSERT INTO idem_shard_clusters VALUES ($1, $2)", 2,
+                    params, NULL, err, sizeof err);
+    if (rc == 0) {
+        rc = idem_tx_commit(tx);
+        tx = NULL;
+    }
+    if (rc == IDEM_ECONFLICT)
+        idem__fmt(err, sizeof err, "shard directory: the name '%s' is taken", name);
+out:
+    if (rc < 0)
+        set_err(errmsg, rc, err);
+    idem_free(why);
+    idem_rows_free(rows);
+    idem_tx_rollback(tx);
+    idem_store_close(st);
     idem_store_close(dir);
     return rc;
 }

@@ -790,6 +790,8 @@ IDEM_API void idem_engine_cache_stats(struct idem_engine *eng, struct idem_cache
 #define IDEM_SHARD_BUCKETS 1024
 /* The longest cluster name a directory may hold. */
 #define IDEM_SHARD_NAME_MAX 63
+/* The most clusters a set holds (idem_shards_open(), idem_shards_add()). */
+#define IDEM_SHARDS_MAX 64
 
 /*
  * The bucket of a principal (`len` bytes, UTF-8 as it is stored): the first 8 bytes of
@@ -894,6 +896,21 @@ struct idem_shard_cluster {
  */
 IDEM_API int idem_shards_init(const char *directory_uri, const struct idem_shard_cluster *clusters,
                               size_t n, const struct idem_store_options *opts, char **errmsg);
+
+/*
+ * Adds a cluster to a set's directory: `name` (1 to IDEM_SHARD_NAME_MAX letters, digits, '.',
+ * '-' or '_') and `uri` (its PostgreSQL store URI, no password in it).  Opens the cluster, which
+ * makes its idem records schema, installs its fence with no bucket, and only then names it in
+ * the directory, owning no bucket: idem_shards_move() then moves buckets to it, and the
+ * instances open it when their map names it (idem_shards_refresh()).  Returns 0; IDEM_EINVAL for
+ * a bad name; IDEM_ECONFLICT when the directory names a cluster `name` already, or one with that
+ * URI; IDEM_ESTATE when the set holds IDEM_SHARDS_MAX clusters, or when the cluster's
+ * idem_buckets holds rows (a cluster of another set); the store's error (IDEM_EUNAVAIL when it
+ * cannot be reached, IDEM_EURI when it is not PostgreSQL); *errmsg (new, free with idem_free;
+ * may be NULL) says which.  Safe to run again after a failure: nothing is named until the end.
+ */
+IDEM_API int idem_shards_add(const char *directory_uri, const char *name, const char *uri,
+                             const struct idem_store_options *opts, char **errmsg);
 
 /* The steps of a move, in order, as idem_shards_move() reports them. */
 enum idem_shard_move_step {

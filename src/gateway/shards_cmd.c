@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * shards_cmd.c - `idem-gateway shards init|show|move`: what an operator runs to set a shard
- * set's directory up, to see its map, and to move a bucket while the instances run.  The work is
- * libidem's (idem_shards_init, idem_shards_move, idem_shard_map_read), so orderd or a tool of
- * its own can do the same; this file is the command line and what it prints.
+ * shards_cmd.c - `idem-gateway shards init|add|show|move`: what an operator runs to set a shard
+ * set's directory up, to add a cluster to it, to see its map, and to move a bucket while the
+ * instances run.  The work is libidem's (idem_shards_init, idem_shards_add, idem_shards_move,
+ * idem_shard_map_read), so orderd or a tool of its own can do the same; this file is the command
+ * line and what it prints.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -17,10 +18,11 @@
 #include "banned.h"
 
 #define EXIT_USAGE 2
-#define MAX_CLUSTERS 64
+#define MAX_CLUSTERS IDEM_SHARDS_MAX
 
 static const char usage_shards[] =
     "Usage: idem-gateway shards init --directory URI --cluster NAME=URI [--cluster ...]\n"
+    "       idem-gateway shards add --directory URI NAME CLUSTER_URI\n"
     "       idem-gateway shards show --directory URI [--buckets]\n"
     "       idem-gateway shards move --directory URI BUCKET --to NAME [--drain-timeout MS]\n"
     "\n"
@@ -29,6 +31,9 @@ static const char usage_shards[] =
     "init names the clusters and spreads the buckets evenly over them in the order given, then\n"
     "gives each cluster its fence; run again, it finishes a set-up cut short, and it refuses a\n"
     "directory that holds another map.\n"
+    "add names a new cluster in the directory, owning no bucket yet: it makes the cluster's\n"
+    "records schema and fence first (the cluster must be reachable from here).  Move buckets to\n"
+    "it with move.\n"
     "show prints each cluster with its number of buckets, and the buckets being moved (a move\n"
     "cut short: run it again); --buckets lists every bucket, its cluster and epoch.\n"
     "move moves BUCKET to cluster NAME while the instances run: its principals get 503 with\n"
@@ -135,6 +140,21 @@ static int shards_init(const struct shards_args *a)
     return 0;
 }
 
+static int shards_add(const struct shards_args *a, const char *name, const char *uri)
+{
+    char *err = NULL;
+    int rc = idem_shards_add(directory_uri(a->directory), name, uri, NULL, &err);
+
+    if (rc < 0) {
+        fprintf(stderr, "idem-gateway shards: %s\n", err ? err : idem_strerror(rc));
+        idem_free(err);
+        return 1;
+    }
+    printf("shards: cluster %s added, no bucket yet (move buckets to it with 'shards move')\n",
+           name);
+    return 0;
+}
+
 static const char *const step_text[] = {
     [IDEM_SHARD_MOVE_FROZEN] = "frozen",   [IDEM_SHARD_MOVE_FENCED] = "fenced",
     [IDEM_SHARD_MOVE_DRAINED] = "drained", [IDEM_SHARD_MOVE_COPIED] = "copied",
@@ -223,21 +243,22 @@ int cmd_shards(int argc, char **argv)
     sub = strcmp(argv[1], "init") == 0   ? 1
           : strcmp(argv[1], "show") == 0 ? 2
           : strcmp(argv[1], "move") == 0 ? 3
+          : strcmp(argv[1], "add") == 0  ? 4
                                          : 0;
     if (sub == 0 && argv[1][0] != '-')
-        return options_error(&o, "the subcommand is 'init', 'show' or 'move'");
+        return options_error(&o, "the subcommand is 'init', 'add', 'show' or 'move'");
     status = sub ? options_parse(&o, argc - 1, argv + 1) : options_parse(&o, argc, argv);
     if (status >= 0)
         goto out;
     if (sub == 0) {
-        status = options_error(&o, "the subcommand is 'init', 'show' or 'move'");
+        status = options_error(&o, "the subcommand is 'init', 'add', 'show' or 'move'");
         goto out;
     }
     if (!a.directory) {
         status = options_error(&o, "--directory URI is required");
         goto out;
     }
-    if (sub != 3 && o.next < argc - 1) {
+    if (sub != 3 && sub != 4 && o.next < argc - 1) {
         status = options_error(&o, "unexpected argument '%s'", argv[1 + o.next]);
         goto out;
     }
@@ -247,6 +268,10 @@ int cmd_shards(int argc, char **argv)
         status = shards_init(&a);
     else if (sub == 2)
         status = shards_show(&a);
+    else if (sub == 4 && o.next != argc - 3)
+        status = options_error(&o, "add takes NAME and CLUSTER_URI");
+    else if (sub == 4)
+        status = shards_add(&a, argv[1 + o.next], argv[2 + o.next]);
     else if (o.next != argc - 2)
         status = options_error(&o, "move takes one BUCKET");
     else

@@ -10,7 +10,9 @@
  * IDEM_EMOVED, also when the store's own threads send the write (a one-phase call the runner
  * commits in a batch, a claim committed at its claim point) -- and, having re-read the map, writes
  * at the new owner; a delete of a record whose bucket the cluster does not own passes it by.  A
- * bucket marked moving routes to IDEM_EMOVED.
+ * bucket marked moving routes to IDEM_EMOVED.  idem_shards_add() names a new cluster only once
+ * its schema and empty fence are in, and refuses a bad name, a name or URI taken, a cluster it
+ * cannot reach and one that holds buckets already.
  */
 #include "internal.h"
 #include "t.h"
@@ -20,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *pg_uri;
 static char dir_uri[512];
@@ -415,6 +418,61 @@ static void test_a_new_cluster_needs_a_restart(struct idem_shards *sh)
     idem_store_close(dir);
 }
 
+/* idem_shards_add(): its rc, and whether *errmsg holds `says`. */
+static int add(const char *name, const char *uri, const char *says)
+{
+    char *err = NULL;
+    int rc = idem_shards_add(dir_uri, name, uri, NULL, &err);
+
+    if (says && (!err || !strstr(err, says))) {
+        fprintf(stderr, "idem_shards_add(%s): '%s' does not say '%s'\n", name, err ? err : "",
+                says);
+        rc = 1;
+    }
+    idem_free(err);
+    return rc;
+}
+
+static void test_add_a_cluster(void)
+{
+    PGconn *admin = PQconnectdb(pg_uri);
+    struct idem_store *dir = NULL, *c4 = NULL;
+    char uri[512], c1[512], c1_other[600];
+
+    admin_exec(admin, "CREATE DATABASE shard_c4");
+    PQfinish(admin);
+    uri_of("shard_c4", uri, sizeof uri);
+    uri_of("shard_c1", c1, sizeof c1);
+    snprintf(c1_other, sizeof c1_other, "%s?application_name=other", c1);
+    CHECK_INT(idem_store_open(dir_uri, NULL, &dir, NULL), 0);
+
+    CHECK_INT(add("", uri, "name"), IDEM_EINVAL);
+    CHECK_INT(add("c 4", uri, "name"), IDEM_EINVAL);
+    CHECK_INT(add("c4\";", uri, "name"), IDEM_EINVAL);
+    CHECK_INT(add("c1", uri, "the name 'c1' is taken"), IDEM_ECONFLICT);
+    CHECK_INT(add("c9", c1, "cluster 'c1' has that URI"), IDEM_ECONFLICT);
+    /* A database that holds buckets (of this set, or of another) would take their writes. */
+    CHECK_INT(add("c9", c1_other, "holds 342 buckets"), IDEM_ESTATE);
+    CHECK(add("c9", "postgresql://127.0.0.1:1/nowhere?connect_timeout=2", "shard cluster c9") < 0);
+    CHECK(add("c9", "sqlite:/tmp/idem-shard-c9.db", "must be PostgreSQL") < 0);
+    CHECK_INT(query_int(dir, "SELECT count(*) FROM idem_shard_clusters WHERE name = 'c9'", NULL),
+              0);
+
+    CHECK_INT(add("c4", uri, NULL), 0);
+    CHECK_INT(query_int(dir, "SELECT count(*) FROM idem_shard_clusters WHERE name = 'c4'", NULL),
+              1);
+    CHECK_INT(query_int(dir, "SELECT count(*) FROM idem_shard_buckets WHERE cluster = 'c4'", NULL),
+              0);
+    CHECK_INT(idem_store_open(uri, NULL, &c4, NULL), 0);
+    CHECK_INT(query_int(c4, "SELECT count(*) FROM idem_buckets", NULL), 0);
+    CHECK_INT(query_int(c4, "SELECT count(*) FROM idem_records", NULL), 0);
+    CHECK_INT(query_int(c4, "SELECT idem_bucket_of('alice')", NULL), 175);
+    CHECK_INT(add("c4", uri, "the name 'c4' is taken"), IDEM_ECONFLICT);
+    idem_store_close(c4);
+    idem_store_close(dir);
+    unlink("/tmp/idem-shard-c9.db");
+}
+
 int main(void)
 {
     struct idem_shards *sh = NULL;
@@ -432,6 +490,7 @@ int main(void)
     test_a_transaction_runs_on_the_principals_cluster(sh);
     test_a_moving_bucket_routes_to_emoved(sh);
     test_a_new_cluster_needs_a_restart(sh);
+    test_add_a_cluster();
     test_a_stale_instance_is_refused_at_the_old_owner();
     idem_shards_close(sh);
     return t_done();
