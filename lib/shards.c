@@ -10,20 +10,31 @@
  * and a refresh replaces the map under the write lock after reading the directory outside it.
  * A stale map is harmless by construction: the cluster, not the map, decides whether a write
  * lands (docs/shards.md).
+ *
+ * The clusters only grow while the set is open: a refresh whose map names a new cluster opens
+ * its store into the next slot of fixed arrays and then publishes the count, so a reader that
+ * loads the count sees whole entries only and takes no lock for them.  A set's index of a
+ * cluster never changes; the map's (name order) may, so the set keeps where each of the map's
+ * clusters is, swapped with the map.
  */
 #include "internal.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 struct idem_shards {
     struct idem_store *dir;
-    size_t n;
-    char **names;               /* the clusters, in the map's (name) order */
-    struct idem_store **stores; /* one per cluster, index as names */
+    struct idem_store_options opts; /* what opens a cluster's store */
+    int has_opts;
+    /* Slots [0, n) are whole; slot n is written (by a refresh only) before n grows past it. */
+    _Atomic size_t n;
+    char *names[IDEM_SHARDS_MAX];               /* as opened: the map's order, then as added */
+    struct idem_store *stores[IDEM_SHARDS_MAX]; /* one per cluster, index as names */
 
-    pthread_rwlock_t lock; /* guards `map` */
+    pthread_rwlock_t lock; /* guards `map` and `at` */
     struct idem_shard_map *map;
+    size_t at[IDEM_SHARDS_MAX]; /* the map's cluster i is the set's at[i] */
 
     pthread_mutex_t refresh_mu; /* one refresh at a time */
     int64_t refreshed_ms;       /* monotonic time of the last read of the directory */
@@ -110,12 +121,10 @@ void idem_shards_close(struct idem_shards *sh)
 {
     if (!sh)
         return;
-    for (size_t i = 0; i < sh->n; i++) {
+    for (size_t i = 0; i < IDEM_SHARDS_MAX; i++) {
         idem_store_close(sh->stores[i]);
         free(sh->names[i]);
     }
-    free(sh->stores);
-    free(sh->names);
     idem_shard_map_free(sh->map);
     idem_store_close(sh->dir);
     pthread_rwlock_destroy(&sh->lock);
@@ -147,25 +156,96 @@ static int install_fence(struct idem_store *st, const char *name, char **errmsg)
     return rc;
 }
 
-/* Opens cluster i of the map as a PostgreSQL store and installs its fence. */
-static int open_cluster(struct idem_shards *sh, size_t i, const struct idem_store_options *opts,
+/*
+ * Opens cluster `name` at `uri` as a PostgreSQL store with its fence, into slot i (the next one,
+ * not yet published); on failure the slot is left empty, for a later refresh to try again.
+ */
+static int open_cluster(struct idem_shards *sh, size_t i, const char *name, const char *uri,
                         char **errmsg)
 {
     int rc = 0;
     char *why = NULL;
     char msg[IDEM_ERRMSG_MAX];
-    const char *name = idem_shard_map_name(sh->map, i);
 
     sh->names[i] = idem__strdup(name);
     if (!sh->names[i])
         return IDEM_ENOMEM;
-    rc = idem_store_open(idem_shard_map_uri(sh->map, i), opts, &sh->stores[i], &why);
+    rc = idem_store_open(uri, sh->has_opts ? &sh->opts : NULL, &sh->stores[i], &why);
     if (rc < 0) {
         idem__fmt(msg, sizeof(msg), "shard cluster %s: %s", name, why ? why : idem_strerror(rc));
         set_err(errmsg, rc, msg);
     }
     idem_free(why);
-    return rc < 0 ? rc : install_fence(sh->stores[i], name, errmsg);
+    if (rc == 0)
+        rc = install_fence(sh->stores[i], name, errmsg);
+    if (rc < 0) {
+        idem_store_close(sh->stores[i]);
+        free(sh->names[i]);
+        sh->stores[i] = NULL;
+        sh->names[i] = NULL;
+    }
+    return rc;
+}
+
+/*
+ * Takes map `m` (stolen on success): opens the clusters it names that the set does not hold yet,
+ * each published whole before the next, then swaps it in with where its clusters are in the set.
+ * A map that leaves out a cluster of the set is refused (removing one takes a restart).
+ */
+static int take_map(struct idem_shards *sh, struct idem_shard_map *m, char **errmsg)
+{
+    int rc = 0;
+    size_t at[IDEM_SHARDS_MAX], n = atomic_load(&sh->n), mn = idem_shard_map_clusters(m);
+    struct idem_shard_map *old = NULL;
+    char msg[IDEM_ERRMSG_MAX];
+
+    if (mn > IDEM_SHARDS_MAX) {
+        idem__fmt(msg, sizeof msg, "shard directory: %zu clusters; a set holds at most %d", mn,
+                  IDEM_SHARDS_MAX);
+        return set_err(errmsg, IDEM_ESTATE, msg);
+    }
+    for (size_t j = 0; j < mn; j++) {
+        const char *name = idem_shard_map_name(m, j);
+        size_t i = 0;
+
+        while (i < n && strcmp(sh->names[i], name) != 0)
+            i++;
+        if (i == n) {
+            rc = open_cluster(sh, n, name, idem_shard_map_uri(m, j), errmsg);
+            if (rc < 0)
+                return rc;
+            atomic_store(&sh->n, ++n); /* the slot is whole: readers may use it */
+        }
+        at[j] = i;
+    }
+    if (mn != n) {
+        /* Every name of the map is in the set, once: the set holds one the map does not. */
+        idem__fmt(msg, sizeof msg,
+                  "shard directory: a cluster of this set is gone from the map; removing a "
+                  "cluster takes a restart");
+        return set_err(errmsg, IDEM_ESTATE, msg);
+    }
+    pthread_rwlock_wrlock(&sh->lock);
+    old = sh->map;
+    sh->map = m;
+    memcpy(sh->at, at, mn * sizeof at[0]);
+    pthread_rwlock_unlock(&sh->lock);
+    idem_shard_map_free(old);
+    return 0;
+}
+
+/* The set's index of the owner of `bucket` by the map held now, as idem_shard_map_owner(). */
+static int owner_of(struct idem_shards *sh, unsigned bucket, size_t *index, int64_t *epoch)
+{
+    int rc;
+    size_t j = 0;
+
+    pthread_rwlock_rdlock(&sh->lock);
+    rc = idem_shard_map_owner(sh->map, bucket, &j, epoch);
+    if (rc >= 0 || rc == IDEM_EMOVED)
+        *index = sh->at[j];
+    pthread_rwlock_unlock(&sh->lock);
+    return rc;
 }
 
 int idem_shards_open(const char *directory_uri, const struct idem_store_options *opts,
@@ -173,6 +253,7 @@ int idem_shards_open(const char *directory_uri, const struct idem_store_options 
 {
     int rc = 0;
     struct idem_shards *sh = NULL;
+    struct idem_shard_map *m = NULL;
 
     if (errmsg)
         *errmsg = NULL;
@@ -191,60 +272,53 @@ int idem_shards_open(const char *directory_uri, const struct idem_store_options 
         free(sh);
         return IDEM_ENOMEM;
     }
+    if (opts) {
+        sh->opts = *opts;
+        sh->has_opts = 1;
+    }
     rc = idem_store_open(directory_uri, opts, &sh->dir, errmsg);
     if (rc < 0)
         goto out;
     rc = idem__shard_directory_migrate(sh->dir, errmsg);
     if (rc < 0)
         goto out;
-    rc = idem_shard_map_read(sh->dir, &sh->map, errmsg);
+    rc = idem_shard_map_read(sh->dir, &m, errmsg);
     if (rc < 0)
         goto out;
     sh->refreshed_ms = clock_mono_ms();
-    sh->names = calloc(idem_shard_map_clusters(sh->map), sizeof(*sh->names));
-    sh->stores = calloc(idem_shard_map_clusters(sh->map), sizeof(*sh->stores));
-    if (!sh->names || !sh->stores) {
-        rc = IDEM_ENOMEM;
-        goto out;
-    }
-    sh->n = idem_shard_map_clusters(sh->map); /* what idem_shards_close() walks */
-    for (size_t i = 0; i < sh->n && rc == 0; i++)
-        rc = open_cluster(sh, i, opts, errmsg);
+    rc = take_map(sh, m, errmsg); /* opens every cluster, in the map's order */
     if (rc < 0)
         goto out;
+    m = NULL;
     *out = sh;
     sh = NULL;
 out:
     if (rc < 0)
         set_err(errmsg, rc, NULL);
+    idem_shard_map_free(m);
     idem_shards_close(sh);
     return rc;
 }
 
 size_t idem_shards_count(const struct idem_shards *sh)
 {
-    return sh ? sh->n : 0;
+    return sh ? atomic_load(&((struct idem_shards *)sh)->n) : 0;
 }
 
 const char *idem_shards_name(const struct idem_shards *sh, size_t i)
 {
-    return sh && i < sh->n ? sh->names[i] : NULL;
+    return i < idem_shards_count(sh) ? sh->names[i] : NULL;
 }
 
 struct idem_store *idem_shards_store(const struct idem_shards *sh, size_t i)
 {
-    return sh && i < sh->n ? sh->stores[i] : NULL;
+    return i < idem_shards_count(sh) ? sh->stores[i] : NULL;
 }
 
 /* Routes `bucket` by the map held now. */
 static int route_bucket(struct idem_shards *sh, unsigned bucket, size_t *index)
 {
-    int rc;
-
-    pthread_rwlock_rdlock(&sh->lock);
-    rc = idem_shard_map_owner(sh->map, bucket, index, NULL);
-    pthread_rwlock_unlock(&sh->lock);
-    return rc;
+    return owner_of(sh, bucket, index, NULL);
 }
 
 int idem_shards_route(struct idem_shards *sh, const char *principal, size_t *index)
@@ -254,22 +328,10 @@ int idem_shards_route(struct idem_shards *sh, const char *principal, size_t *ind
     return route_bucket(sh, idem_shard_bucket(principal, strlen(principal)), index);
 }
 
-/* Whether `m` names exactly the clusters the set opened, in the same order. */
-static int same_clusters(const struct idem_shards *sh, const struct idem_shard_map *m)
-{
-    if (idem_shard_map_clusters(m) != sh->n)
-        return 0;
-    for (size_t i = 0; i < sh->n; i++) {
-        if (strcmp(idem_shard_map_name(m, i), sh->names[i]) != 0)
-            return 0;
-    }
-    return 1;
-}
-
 int idem_shards_refresh(struct idem_shards *sh)
 {
     int rc = 0;
-    struct idem_shard_map *m = NULL, *old = NULL;
+    struct idem_shard_map *m = NULL;
 
     if (!sh)
         return IDEM_EINVAL;
@@ -282,19 +344,12 @@ int idem_shards_refresh(struct idem_shards *sh)
     if (rc < 0)
         goto out;
     sh->refreshed_ms = clock_mono_ms();
-    if (!same_clusters(sh, m)) {
-        rc = IDEM_ESTATE; /* a cluster joined or left: a restart opens its store */
-        goto out;
-    }
-    pthread_rwlock_wrlock(&sh->lock);
-    old = sh->map;
-    sh->map = m;
-    m = NULL;
-    pthread_rwlock_unlock(&sh->lock);
+    rc = take_map(sh, m, NULL); /* a cluster the map names first opens here */
+    if (rc == 0)
+        m = NULL;
 out:
     pthread_mutex_unlock(&sh->refresh_mu);
     idem_shard_map_free(m);
-    idem_shard_map_free(old);
     return rc;
 }
 
@@ -465,7 +520,7 @@ static int init_fence_rows(struct idem_shards *sh, size_t i, char *err, size_t c
         size_t owner = 0;
         int64_t epoch = 0;
 
-        if (idem_shard_map_owner(sh->map, b, &owner, &epoch) != 0 || owner != i)
+        if (owner_of(sh, b, &owner, &epoch) != 0 || owner != i)
             continue;
         blen += (size_t)snprintf(buckets + blen, bcap - blen, "%s%u", blen > 1 ? "," : "", b);
         elen += (size_t)snprintf(epochs + elen, ecap - elen, "%s%lld", elen > 1 ? "," : "",
@@ -1080,7 +1135,7 @@ int idem_shards_move(const char *directory_uri, unsigned bucket, const char *to,
         goto out;
     }
     /* The set read the map as it opened: where the bucket is, and whether a move has it. */
-    moving = idem_shard_map_owner(mv.sh->map, bucket, &mv.from, &mv.epoch) == IDEM_EMOVED;
+    moving = owner_of(mv.sh, bucket, &mv.from, &mv.epoch) == IDEM_EMOVED;
     if (moving || mv.from != mv.to)
         rc = move_over(&mv, moving);
     if (rc == 0)

@@ -844,8 +844,15 @@ IDEM_API int idem_shards_open(const char *directory_uri, const struct idem_store
 /* Closes every cluster's store and the directory.  NULL is a no-op.  No call may be running. */
 IDEM_API void idem_shards_close(struct idem_shards *sh);
 
-/* The clusters, in the map's order: their count, and the i-th one's name and store (borrowed
- * until idem_shards_close; a program makes its engine for each store). */
+/*
+ * The clusters: their count, and the i-th one's name and store (borrowed until
+ * idem_shards_close; a program makes its engine for each store).  Opened in the map's (name)
+ * order; a cluster the map names later (idem_shards_add()) is opened by idem_shards_refresh()
+ * and takes the next index.  The count only grows, at most to IDEM_SHARDS_MAX, and an index
+ * never changes: a program compares the count with how many engines it has, after a refresh
+ * or when idem_shards_route() gives an index it has none for, and makes the missing ones.
+ * Safe to call while another thread refreshes: an entry below the count is whole.
+ */
 IDEM_API size_t idem_shards_count(const struct idem_shards *sh);
 IDEM_API const char *idem_shards_name(const struct idem_shards *sh, size_t i);
 IDEM_API struct idem_store *idem_shards_store(const struct idem_shards *sh, size_t i);
@@ -859,10 +866,13 @@ IDEM_API struct idem_store *idem_shards_store(const struct idem_shards *sh, size
 IDEM_API int idem_shards_route(struct idem_shards *sh, const char *principal, size_t *index);
 
 /*
- * Reads the map from the directory again and keeps it if it is whole and names only the
- * clusters the set opened (a new cluster needs a restart: IDEM_ESTATE).  Reads happen at most
- * every 100 ms however often it is called (a call in between returns 0 at once): a program calls
- * it after every IDEM_EMOVED.  Returns 0 or the directory's error.
+ * Reads the map from the directory again and keeps it if it is whole.  A cluster it names that
+ * the set does not hold is opened first (with the set's store options, its fence installed),
+ * as the next index (idem_shards_count()); one it cannot open keeps the old map, and the next
+ * refresh tries again.  A map that leaves out a cluster of the set is not taken (IDEM_ESTATE):
+ * removing a cluster takes a restart.  Reads happen at most every 100 ms however often it is
+ * called (a call in between returns 0 at once): a program calls it after every IDEM_EMOVED.
+ * Returns 0, IDEM_ESTATE, or the directory's or the new cluster's error.
  */
 IDEM_API int idem_shards_refresh(struct idem_shards *sh);
 

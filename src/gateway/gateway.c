@@ -36,6 +36,26 @@ const struct idem_operation *gateway_op(const struct gateway *gw, const struct g
     return &gw->ops[route - gw->cfg->routes];
 }
 
+/*
+ * Makes an engine for each cluster the set opened since the last call (a map that named a new
+ * one): off the hot path, which only compares a cluster's index with nengines.
+ */
+static void engines_grow(struct gateway *gw)
+{
+    size_t n;
+
+    pthread_mutex_lock(&gw->engines_mu);
+    n = atomic_load(&gw->nengines);
+    while (n < idem_shards_count(gw->shards) && n < IDEM_SHARDS_MAX) {
+        struct idem_store *st = idem_shards_store(gw->shards, n);
+        if (idem_engine_new(st, &gw->engine_opts, &gw->engines[n]) < 0)
+            break; /* out of memory: the next request of the cluster tries again */
+        gw->stores[n] = st;
+        atomic_store(&gw->nengines, ++n); /* the slot is whole */
+    }
+    pthread_mutex_unlock(&gw->engines_mu);
+}
+
 struct idem_engine *gateway_engine(struct gateway *gw, const char *principal, int may_block)
 {
     size_t i = 0;
@@ -50,9 +70,12 @@ struct idem_engine *gateway_engine(struct gateway *gw, const char *principal, in
         atomic_store(&gw->map_stale, 0);
         if (idem_shards_refresh(gw->shards) < 0)
             atomic_store(&gw->map_stale, 1);
+        engines_grow(gw);
     }
     rc = idem_shards_route(gw->shards, principal, &i);
-    if (rc < 0 || i >= gw->nengines) {
+    if (rc == 0 && i >= atomic_load(&gw->nengines))
+        engines_grow(gw); /* a cluster another call's refresh opened */
+    if (rc < 0 || i >= atomic_load(&gw->nengines)) {
         gateway_store_failed(gw, rc); /* moving: read the map until the move has ended */
         return NULL;
     }
@@ -69,12 +92,17 @@ int gateway_stores_open(struct gateway *gw, const char *uri, const struct idem_s
                         const struct idem_engine_options *eo, char *err, size_t errlen)
 {
     char *errmsg = NULL;
+    size_t slots = 1;
     int rc;
 
+    pthread_mutex_init(&gw->engines_mu, NULL);
+    if (eo)
+        gw->engine_opts = *eo;
     if (strncmp(uri, "shards:", 7) == 0) {
         rc = idem_shards_open(uri + 7, so, &gw->shards, &errmsg);
         if (rc == 0)
             gw->nengines = idem_shards_count(gw->shards);
+        slots = IDEM_SHARDS_MAX; /* clusters added later take the free ones */
     } else {
         rc = idem_store_open(uri, so, &gw->store, &errmsg);
         gw->nengines = 1;
@@ -85,8 +113,8 @@ int gateway_stores_open(struct gateway *gw, const char *uri, const struct idem_s
         gw->nengines = 0;
         return -1;
     }
-    gw->engines = xcalloc(gw->nengines, sizeof *gw->engines);
-    gw->stores = xcalloc(gw->nengines, sizeof *gw->stores);
+    gw->engines = xcalloc(slots, sizeof *gw->engines);
+    gw->stores = xcalloc(slots, sizeof *gw->stores);
     for (size_t i = 0; i < gw->nengines; i++) {
         struct idem_store *st = gw->shards ? idem_shards_store(gw->shards, i) : gw->store;
         gw->stores[i] = st;
@@ -118,4 +146,5 @@ void gateway_stores_close(struct gateway *gw)
     gw->shards = NULL;
     gw->store = NULL;
     gw->engine = NULL;
+    pthread_mutex_destroy(&gw->engines_mu);
 }

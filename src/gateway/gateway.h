@@ -36,12 +36,16 @@ struct gateway {
     /*
      * A store of "shards:URI" is a shard set (docs/shards.md): an engine per cluster, each
      * record on the cluster of its principal.  One store: no set, and engines[0] is `engine`.
+     * A cluster the set opens while the gateway runs gets its engine in the next slot, made
+     * whole before nengines grows past it (under engines_mu), so readers take no lock.
      */
     struct idem_shards *shards;
-    struct idem_engine **engines;
-    struct idem_store **stores; /* stores[i] is engines[i]'s */
-    size_t nengines;
-    _Atomic int map_stale; /* a write was refused (IDEM_EMOVED): the map is read again */
+    struct idem_engine **engines; /* IDEM_SHARDS_MAX slots with shards, else one */
+    struct idem_store **stores;   /* stores[i] is engines[i]'s */
+    _Atomic size_t nengines;
+    _Atomic int map_stale;      /* a write was refused (IDEM_EMOVED): the map is read again */
+    pthread_mutex_t engines_mu; /* one grower of engines at a time */
+    struct idem_engine_options engine_opts; /* what makes a new cluster's engine */
     struct upstream *upstream;
     struct principal_verifier *principals;
     struct idem_operation *ops; /* ops[i] is cfg->routes[i]'s operation */

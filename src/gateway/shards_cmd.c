@@ -33,7 +33,7 @@ static const char usage_shards[] =
     "directory that holds another map.\n"
     "add names a new cluster in the directory, owning no bucket yet: it makes the cluster's\n"
     "records schema and fence first (the cluster must be reachable from here).  Move buckets to\n"
-    "it with move.\n"
+    "it with move; running instances open it when they next read the map, without a restart.\n"
     "show prints each cluster with its number of buckets, and the buckets being moved (a move\n"
     "cut short: run it again); --buckets lists every bucket, its cluster and epoch.\n"
     "move moves BUCKET to cluster NAME while the instances run: its principals get 503 with\n"

@@ -407,15 +407,44 @@ static void test_a_moving_bucket_routes_to_emoved(struct idem_shards *sh)
     idem_store_close(dir);
 }
 
-static void test_a_new_cluster_needs_a_restart(struct idem_shards *sh)
+/*
+ * A cluster added while `sh` is open (c0, which sorts first, so the map's order of the clusters
+ * is no longer the set's): a refresh opens it as the set's fourth, leaving the others where
+ * they were, and once a bucket is moved to it, its principal's calls run there.
+ */
+static void test_a_new_cluster_is_taken(struct idem_shards *sh)
 {
-    struct idem_store *dir = NULL;
+    struct idem_engine *eng = NULL;
+    struct idem_shard_move_options mo = {.drain_timeout_ms = 10000};
+    unsigned bucket;
+    const char *p = principal_on_c1(&bucket);
+    char *err = NULL;
+    size_t at = 99;
 
-    CHECK_INT(idem_store_open(dir_uri, NULL, &dir, NULL), 0);
-    CHECK_INT(run(dir, "INSERT INTO idem_shard_clusters VALUES ('c4', $1)", pg_uri, NULL), 1);
-    T_WAIT_UNTIL(idem_shards_refresh(sh) == IDEM_ESTATE, "a refresh to see the new cluster");
-    CHECK_INT(run(dir, "DELETE FROM idem_shard_clusters WHERE name = 'c4'", NULL, NULL), 1);
-    idem_store_close(dir);
+    CHECK_INT(idem_shards_count(sh), 3);
+    CHECK_INT(idem_shards_move(dir_uri, bucket, "c0", &mo, &err), 0);
+    if (err)
+        fprintf(stderr, "move: %s\n", err);
+    idem_free(err);
+    T_WAIT_UNTIL(idem_shards_refresh(sh) == 0 && idem_shards_count(sh) == 4,
+                 "a refresh to open the new cluster");
+    CHECK_STR(idem_shards_name(sh, 3), "c0");
+    for (size_t i = 0; i < 3; i++)
+        CHECK_STR(idem_shards_name(sh, i), cluster_names[i]);
+    CHECK(idem_shards_store(sh, 3) != NULL);
+    CHECK(idem_shards_store(sh, 4) == NULL);
+    CHECK_INT(idem_shards_route(sh, p, &at), 0);
+    CHECK_INT(at, 3);
+    CHECK_INT(idem_shards_route(sh, "alice", &at), 0); /* bucket 175, on c1 still */
+    CHECK_INT(at, bucket == 175 ? 3 : 0);
+    CHECK_INT(idem_engine_new(idem_shards_store(sh, 3), NULL, &eng), 0);
+    CHECK_INT(call(eng, p, "on-c0"), IDEM_OUTCOME_EXECUTE);
+    CHECK_INT(call(eng, p, "on-c0"), IDEM_OUTCOME_REPLAY);
+    /* The three the bucket took with it from c2, and this one; c1's leftover was cleaned. */
+    CHECK_INT(records_of(sh, 3, p), 4);
+    for (size_t i = 0; i < 3; i++)
+        CHECK_INT(records_of(sh, i, p), 0);
+    idem_engine_free(eng);
 }
 
 /* idem_shards_add(): its rc, and whether *errmsg holds `says`. */
@@ -439,9 +468,9 @@ static void test_add_a_cluster(void)
     struct idem_store *dir = NULL, *c4 = NULL;
     char uri[512], c1[512], c1_other[600];
 
-    admin_exec(admin, "CREATE DATABASE shard_c4");
+    admin_exec(admin, "CREATE DATABASE shard_c0");
     PQfinish(admin);
-    uri_of("shard_c4", uri, sizeof uri);
+    uri_of("shard_c0", uri, sizeof uri);
     uri_of("shard_c1", c1, sizeof c1);
     snprintf(c1_other, sizeof c1_other, "%s?application_name=other", c1);
     CHECK_INT(idem_store_open(dir_uri, NULL, &dir, NULL), 0);
@@ -452,22 +481,22 @@ static void test_add_a_cluster(void)
     CHECK_INT(add("c1", uri, "the name 'c1' is taken"), IDEM_ECONFLICT);
     CHECK_INT(add("c9", c1, "cluster 'c1' has that URI"), IDEM_ECONFLICT);
     /* A database that holds buckets (of this set, or of another) would take their writes. */
-    CHECK_INT(add("c9", c1_other, "holds 342 buckets"), IDEM_ESTATE);
+    CHECK_INT(add("c9", c1_other, "its idem_buckets holds"), IDEM_ESTATE);
     CHECK(add("c9", "postgresql://127.0.0.1:1/nowhere?connect_timeout=2", "shard cluster c9") < 0);
     CHECK(add("c9", "sqlite:/tmp/idem-shard-c9.db", "must be PostgreSQL") < 0);
     CHECK_INT(query_int(dir, "SELECT count(*) FROM idem_shard_clusters WHERE name = 'c9'", NULL),
               0);
 
-    CHECK_INT(add("c4", uri, NULL), 0);
-    CHECK_INT(query_int(dir, "SELECT count(*) FROM idem_shard_clusters WHERE name = 'c4'", NULL),
+    CHECK_INT(add("c0", uri, NULL), 0);
+    CHECK_INT(query_int(dir, "SELECT count(*) FROM idem_shard_clusters WHERE name = 'c0'", NULL),
               1);
-    CHECK_INT(query_int(dir, "SELECT count(*) FROM idem_shard_buckets WHERE cluster = 'c4'", NULL),
+    CHECK_INT(query_int(dir, "SELECT count(*) FROM idem_shard_buckets WHERE cluster = 'c0'", NULL),
               0);
     CHECK_INT(idem_store_open(uri, NULL, &c4, NULL), 0);
     CHECK_INT(query_int(c4, "SELECT count(*) FROM idem_buckets", NULL), 0);
     CHECK_INT(query_int(c4, "SELECT count(*) FROM idem_records", NULL), 0);
     CHECK_INT(query_int(c4, "SELECT idem_bucket_of('alice')", NULL), 175);
-    CHECK_INT(add("c4", uri, "the name 'c4' is taken"), IDEM_ECONFLICT);
+    CHECK_INT(add("c0", uri, "the name 'c0' is taken"), IDEM_ECONFLICT);
     idem_store_close(c4);
     idem_store_close(dir);
     unlink("/tmp/idem-shard-c9.db");
@@ -489,9 +518,9 @@ int main(void)
     test_records_land_in_the_owning_cluster_only(sh);
     test_a_transaction_runs_on_the_principals_cluster(sh);
     test_a_moving_bucket_routes_to_emoved(sh);
-    test_a_new_cluster_needs_a_restart(sh);
-    test_add_a_cluster();
     test_a_stale_instance_is_refused_at_the_old_owner();
+    test_add_a_cluster();
+    test_a_new_cluster_is_taken(sh);
     idem_shards_close(sh);
     return t_done();
 }

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""
+test_pg_shards_add.py - a cluster added to a shard set while a gateway runs (docs/shards.md,
+"Adding a cluster"): `idem-gateway shards init` names c1 and c2 (buckets 0-511 on c1), a
+gateway serves on them; `shards add` names c3, `shards move` gives it a bucket of c1, and the
+same gateway process, not restarted:
+
+  - answers the bucket's principal's next write 503 (c1 refused it: nothing sent upstream),
+    reads the map, opens c3 and runs the retry there, once: the record is in c3's database
+    only, with the bucket's earlier record the move took along, and a retry replays it;
+  - `shards add` refuses a name taken, a bad name and a cluster it cannot reach (exit 1).
+
+Runs only under tests/pg/with_pg.sh (CTest: service-pg.pg_shards_add).
+"""
+
+import hashlib
+import re
+import subprocess
+import time
+
+import harness
+from harness import expect, expect_eq, run, test, TestFailure
+from gateway_harness import GATEWAY, Gateway, Upstream
+
+
+def bucket_of(principal):
+    """docs/shards.md: the first 8 bytes of SHA-256, big-endian, mod 1024."""
+    return int.from_bytes(hashlib.sha256(principal.encode("utf-8")).digest()[:8], "big") % 1024
+
+
+def shards(*args, timeout=60):
+    p = subprocess.run([GATEWAY, "shards"] + list(args), capture_output=True, timeout=timeout)
+    return p.returncode, p.stdout.decode(), p.stderr.decode()
+
+
+class Ctx:
+    def __init__(self):
+        self.dbs, self.gw = [], None
+        self.up = Upstream()
+        self.dir_uri, name = harness.pg_create_database("addir")
+        self.dbs.append(name)
+        self.cluster_uris = []
+        for c in ("c1", "c2", "c3"):
+            uri, name = harness.pg_create_database("ad" + c)
+            self.dbs.append(name)
+            self.cluster_uris.append(uri)
+        code, out, err = shards("init", "--directory", self.dir_uri,
+                                "--cluster", "c1=" + self.cluster_uris[0],
+                                "--cluster", "c2=" + self.cluster_uris[1])
+        if code != 0:
+            raise TestFailure("shards init: %d %r %r" % (code, out, err))
+        self.gw = Gateway(self.up, db_uri="shards:" + self.dir_uri)
+        self.gw.start()
+
+    def records(self, i, key):
+        return [r[0] for r in harness.psql(self.cluster_uris[i],
+                                           "SELECT principal FROM idem_records"
+                                           " WHERE idem_key = :'k';\n", {"k": key})]
+
+    def close(self):
+        if self.gw:
+            self.gw.close()
+        self.up.close()
+        for name in self.dbs:
+            harness.pg_drop_database(name)
+
+
+@test
+def add_refuses_a_name_taken_a_bad_name_and_an_unreachable_cluster(ctx):
+    code, out, err = shards("add", "--directory", ctx.dir_uri, "c1", ctx.cluster_uris[2])
+    expect(code == 1 and "the name 'c1' is taken" in err, "a name taken: %d %r" % (code, err))
+    code, out, err = shards("add", "--directory", ctx.dir_uri, "c 3", ctx.cluster_uris[2])
+    expect(code == 1 and "name" in err, "a bad name: %d %r" % (code, err))
+    code, out, err = shards("add", "--directory", ctx.dir_uri, "c9",
+                            "postgresql://127.0.0.1:1/nowhere?connect_timeout=2")
+    expect(code == 1 and "shard cluster c9" in err, "an unreachable cluster: %d %r" % (code, err))
+    code, out, err = shards("show", "--directory", ctx.dir_uri)
+    expect(code == 0 and "c3" not in out and "c9" not in out, "nothing named: %r" % out)
+
+
+@test
+def a_cluster_added_and_given_a_bucket_takes_its_requests_without_a_restart(ctx):
+    p = next("add-%d" % n for n in range(10000) if bucket_of("add-%d" % n) < 512)
+    b = bucket_of(p)
+    pid = ctx.gw.proc.pid
+    before = harness.new_key("before")
+    harness.expect_fresh(ctx.gw.request("POST", "/v1/things", {"n": 1}, principal=p, key=before),
+                         201, "before the cluster is added")
+    expect_eq(len(ctx.records(0, before)), 1, "the first record is at c1")
+
+    code, out, err = shards("add", "--directory", ctx.dir_uri, "c3", ctx.cluster_uris[2])
+    expect(code == 0 and "cluster c3 added" in out, "shards add: %d %r %r" % (code, out, err))
+    code, out, err = shards("show", "--directory", ctx.dir_uri)
+    expect(code == 0 and re.search(r"^c3\s+0\s", out, re.M), "show lists c3, no bucket: %r" % out)
+    code, out, err = shards("move", "--directory", ctx.dir_uri, str(b), "--to", "c3")
+    expect(code == 0 and ("bucket %d: on c3" % b) in out, "shards move: %d %r %r" % (code, out, err))
+
+    k = harness.new_key("after")
+    r = ctx.gw.request("POST", "/v1/things", {"n": 2}, principal=p, key=k)
+    expect_eq(r.status, 503, "the first write after the move, refused by c1: %s" % r.describe())
+    expect_eq(ctx.up.executions(k), 0, "nothing was sent upstream")
+    deadline = time.monotonic() + 10
+    while r.status == 503 and time.monotonic() < deadline:
+        time.sleep(0.15)
+        r = ctx.gw.request("POST", "/v1/things", {"n": 2}, principal=p, key=k)
+    harness.expect_fresh(r, 201, "a retry once the map names c3")
+    harness.expect_replay(ctx.gw.request("POST", "/v1/things", {"n": 2}, principal=p, key=k),
+                          r, "a retry of the key run at c3")
+    expect_eq(ctx.up.executions(k), 1, "upstream executions of the key")
+    expect_eq([len(ctx.records(i, k)) for i in range(3)], [0, 0, 1], "the key's record, by cluster")
+    expect_eq([len(ctx.records(i, before)) for i in range(3)], [0, 0, 1],
+              "the earlier record went with the bucket")
+    expect(ctx.gw.proc.poll() is None and ctx.gw.proc.pid == pid, "the same gateway process")
+
+
+if __name__ == "__main__":
+    run("test_pg_shards_add", setup=Ctx, teardown=lambda ctx: ctx and ctx.close())
