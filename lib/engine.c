@@ -123,6 +123,8 @@ struct idem_engine {
     char *owner;
     atomic_ullong next_call;
     struct idem__rcache *cache; /* NULL: off */
+    /* idem_engine_stats(): relaxed adds, off every path but a claim's, an answer's, a refusal's. */
+    atomic_ullong claims, answers, moved;
 
     /* Scopes this engine's calls claim or execute; wakes waiters when a record changes here. */
     struct idem__inflight *inflight;
@@ -411,6 +413,20 @@ const char *idem_engine_owner(const struct idem_engine *eng)
     return eng ? eng->owner : NULL;
 }
 
+void idem_engine_stats(const struct idem_engine *eng, struct idem_engine_stats *out)
+{
+    struct idem_engine *e = (struct idem_engine *)eng; /* C11's atomic_load takes no const */
+
+    if (!out)
+        return;
+    *out = (struct idem_engine_stats){0};
+    if (!e)
+        return;
+    out->claims = atomic_load_explicit(&e->claims, memory_order_relaxed);
+    out->answers = atomic_load_explicit(&e->answers, memory_order_relaxed);
+    out->moved = atomic_load_explicit(&e->moved, memory_order_relaxed);
+}
+
 /* ---- changes in this process: the in-flight registry (inflight.c) ------------------------ */
 
 /*
@@ -444,6 +460,8 @@ const char *idem_call_begin_error(void)
 
 static int call_fail(struct idem_call *call, int rc, const char *what, const char *detail)
 {
+    if (rc == IDEM_EMOVED)
+        atomic_fetch_add_explicit(&call->eng->moved, 1, memory_order_relaxed);
     idem__fmt(call->errmsg, sizeof(call->errmsg), "%s: %s", what,
               detail && detail[0] ? detail : idem_strerror(rc));
     return rc;
@@ -658,6 +676,9 @@ static int try_claim_at_point(struct idem_call *call, int *claimed)
 /* A claim that won, as every later step reads it: the record is ours, at its recovery point. */
 static int claim_won(struct idem_call *call, int64_t claim_mono)
 {
+    /* A one-phase call's record lands with its answer: counted then (response_committed). */
+    if (!call->one_phase)
+        atomic_fetch_add_explicit(&call->eng->claims, 1, memory_order_relaxed);
     call->claimed_mono_ms = claim_mono;
     idem__record_clear(&call->rec);
     call->rec.found = 1;
@@ -925,6 +946,7 @@ static int call_start(struct idem_engine *eng, const struct idem_operation *op,
             if (rc < 0)
                 goto out;
             if (won) {
+                atomic_fetch_add_explicit(&eng->claims, 1, memory_order_relaxed);
                 call->record_durable = 1;
                 call->state = CALL_CLAIMED;
                 *outcome = IDEM_OUTCOME_RESUME;
@@ -1393,6 +1415,9 @@ out:
 static int response_committed(struct idem_call *call, int rc, const char *errmsg)
 {
     if (rc == 0) {
+        if (call->one_phase && call->claimed_mono_ms)
+            atomic_fetch_add_explicit(&call->eng->claims, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&call->eng->answers, 1, memory_order_relaxed);
         call->record_durable = 1;
         if (call->eng->cache && call->claimed_mono_ms)
             (void)idem__rcache_insert(

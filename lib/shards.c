@@ -36,8 +36,9 @@ struct idem_shards {
     struct idem_shard_map *map;
     size_t at[IDEM_SHARDS_MAX]; /* the map's cluster i is the set's at[i] */
 
-    pthread_mutex_t refresh_mu; /* one refresh at a time */
-    int64_t refreshed_ms;       /* monotonic time of the last read of the directory */
+    pthread_mutex_t refresh_mu;              /* one refresh at a time */
+    int64_t refreshed_ms;                    /* monotonic time of the last read of the directory */
+    atomic_ullong refreshes, refresh_errors; /* idem_shards_stats() */
 };
 
 /* Re-reads of the directory are at most this often, however many writes are refused. */
@@ -345,12 +346,30 @@ int idem_shards_refresh(struct idem_shards *sh)
         goto out;
     sh->refreshed_ms = clock_mono_ms();
     rc = take_map(sh, m, NULL); /* a cluster the map names first opens here */
-    if (rc == 0)
+    if (rc == 0) {
         m = NULL;
+        atomic_fetch_add(&sh->refreshes, 1);
+    }
 out:
+    if (rc < 0)
+        atomic_fetch_add(&sh->refresh_errors, 1);
     pthread_mutex_unlock(&sh->refresh_mu);
     idem_shard_map_free(m);
     return rc;
+}
+
+void idem_shards_stats(const struct idem_shards *sh, struct idem_shards_stats *out)
+{
+    struct idem_shards *s = (struct idem_shards *)sh; /* C11's atomic_load takes no const */
+
+    if (!out)
+        return;
+    *out = (struct idem_shards_stats){0};
+    if (!s)
+        return;
+    out->refreshes = atomic_load(&s->refreshes);
+    out->refresh_errors = atomic_load(&s->refresh_errors);
+    out->clusters = idem_shards_count(sh);
 }
 
 int idem_shards_tx_begin(struct idem_shards *sh, const char *principal, int write,

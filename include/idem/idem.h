@@ -347,6 +347,17 @@ IDEM_API void idem_engine_free(struct idem_engine *eng);
 /* The owner name written into leases (borrowed until idem_engine_free). */
 IDEM_API const char *idem_engine_owner(const struct idem_engine *eng);
 
+/* Counters of an engine since it was made, for monitoring (a shard set: one engine a cluster). */
+struct idem_engine_stats {
+    /* Records this engine claimed: new ones (a one-phase call's once its answer is durable,
+     * as its record lands with it), and expired leases taken over. */
+    uint64_t claims;
+    uint64_t answers; /* answers it stored (a completion or a one-phase run, made durable) */
+    uint64_t moved;   /* claims and completions the store refused with IDEM_EMOVED */
+};
+/* Fills *out (zeros for a NULL engine). */
+IDEM_API void idem_engine_stats(const struct idem_engine *eng, struct idem_engine_stats *out);
+
 enum idem_outcome {
     IDEM_OUTCOME_NONE = 0,
     IDEM_OUTCOME_EXECUTE,     /* new record claimed: run from the first phase, which is open */
@@ -875,6 +886,15 @@ IDEM_API int idem_shards_route(struct idem_shards *sh, const char *principal, si
  * Returns 0, IDEM_ESTATE, or the directory's or the new cluster's error.
  */
 IDEM_API int idem_shards_refresh(struct idem_shards *sh);
+
+/* Counters of a set since it was opened, for monitoring. */
+struct idem_shards_stats {
+    uint64_t refreshes;      /* maps read from the directory by idem_shards_refresh() and taken */
+    uint64_t refresh_errors; /* refreshes that failed: directory, new cluster, or IDEM_ESTATE */
+    uint64_t clusters;       /* idem_shards_count() now */
+};
+/* Fills *out (zeros for a NULL set). */
+IDEM_API void idem_shards_stats(const struct idem_shards *sh, struct idem_shards_stats *out);
 
 /*
  * idem_tx_begin() on the cluster that owns `principal`'s bucket.  A write transaction first

@@ -37,6 +37,8 @@ static void metrics(struct gateway *gw, struct response *resp)
     if (gw->quota)
         quota_render(gw->quota, "idem_gateway", clock_wall_ms(), &out);
     prom_store(&out, "idem_gateway", gw->store);
+    if (gw->shards)
+        gw_metrics_render_shards(gw->metrics, gw->shards, gw->engines, gw->nengines, &out);
     if (srv) {
         struct http_server_stats st;
         http_server_stats(srv, &st);

@@ -76,6 +76,8 @@ struct idem_engine *gateway_engine(struct gateway *gw, const char *principal, in
     if (rc == 0 && i >= atomic_load(&gw->nengines))
         engines_grow(gw); /* a cluster another call's refresh opened */
     if (rc < 0 || i >= atomic_load(&gw->nengines)) {
+        if (rc == IDEM_EMOVED && may_block)
+            gw_metrics_shard_moving(gw->metrics, i); /* the caller answers 503 */
         gateway_store_failed(gw, rc); /* moving: read the map until the move has ended */
         return NULL;
     }

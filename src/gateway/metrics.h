@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 
+#include "idem/idem.h"
 #include "strbuf.h"
 
 /* How a request through the gateway ended (docs/gateway.md, "Metrics"). */
@@ -53,5 +54,15 @@ void gw_metrics_store(struct gw_metrics *m, double seconds);
  */
 void gw_metrics_render(const struct gw_metrics *m, const char *const *operations,
                        struct strbuf *out);
+
+/* A request of cluster `shard` (its index in the set) answered 503: its bucket is moving. */
+void gw_metrics_shard_moving(struct gw_metrics *m, size_t shard);
+/*
+ * The counters of each cluster of `sh`, labelled shard="NAME" (claims, answers, refusals), from
+ * `engines` (the first `nengines` clusters'), and the set's map refreshes (docs/gateway.md).
+ */
+void gw_metrics_render_shards(const struct gw_metrics *m, struct idem_shards *sh,
+                              struct idem_engine *const *engines, size_t nengines,
+                              struct strbuf *out);
 
 #endif /* IDEM_GATEWAY_METRICS_H */

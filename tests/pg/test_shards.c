@@ -344,6 +344,7 @@ static void test_a_stale_instance_is_refused_at_the_old_owner(void)
 {
     struct idem_shards *stale = open_set();
     struct idem_engine **engs = engines_of(stale);
+    struct idem_engine_stats es;
     struct idem_tx *tx = NULL;
     unsigned bucket;
     const char *p = principal_on_c1(&bucket);
@@ -361,6 +362,10 @@ static void test_a_stale_instance_is_refused_at_the_old_owner(void)
     CHECK_INT(run_async(engs[0], p, "after-run"), IDEM_EMOVED);
     CHECK_INT(claim_async(engs[0], p, "after-claim"), IDEM_EMOVED);
     CHECK_INT(records_of(stale, 0, p), 1);
+    idem_engine_stats(engs[0], &es);
+    CHECK_INT(es.claims, 1); /* "before": the refused ones claimed nothing */
+    CHECK_INT(es.answers, 1);
+    CHECK(es.moved >= 2); /* the claims; the one-phase run's refusal comes with its commit */
     /* Refused again until a refusal comes past the refresh's pause since the set was opened. */
     T_WAIT_UNTIL(idem_shards_tx_begin(stale, p, 1, &tx) == IDEM_EMOVED && tx == NULL &&
                      idem_shards_route(stale, p, &at) == 0 && at == 1,
@@ -420,8 +425,12 @@ static void test_a_new_cluster_is_taken(struct idem_shards *sh)
     const char *p = principal_on_c1(&bucket);
     char *err = NULL;
     size_t at = 99;
+    struct idem_shards_stats ss;
+    struct idem_engine_stats es;
 
     CHECK_INT(idem_shards_count(sh), 3);
+    idem_shards_stats(sh, &ss);
+    CHECK_INT(ss.clusters, 3);
     CHECK_INT(idem_shards_move(dir_uri, bucket, "c0", &mo, &err), 0);
     if (err)
         fprintf(stderr, "move: %s\n", err);
@@ -440,6 +449,13 @@ static void test_a_new_cluster_is_taken(struct idem_shards *sh)
     CHECK_INT(idem_engine_new(idem_shards_store(sh, 3), NULL, &eng), 0);
     CHECK_INT(call(eng, p, "on-c0"), IDEM_OUTCOME_EXECUTE);
     CHECK_INT(call(eng, p, "on-c0"), IDEM_OUTCOME_REPLAY);
+    idem_engine_stats(eng, &es);
+    CHECK_INT(es.claims, 1);
+    CHECK_INT(es.answers, 1);
+    CHECK_INT(es.moved, 0);
+    idem_shards_stats(sh, &ss);
+    CHECK_INT(ss.clusters, 4);
+    CHECK(ss.refreshes >= 1);
     /* The three the bucket took with it from c2, and this one; c1's leftover was cleaned. */
     CHECK_INT(records_of(sh, 3, p), 4);
     for (size_t i = 0; i < 3; i++)

@@ -9,7 +9,12 @@ same gateway process, not restarted:
   - answers the bucket's principal's next write 503 (c1 refused it: nothing sent upstream),
     reads the map, opens c3 and runs the retry there, once: the record is in c3's database
     only, with the bucket's earlier record the move took along, and a retry replays it;
+  - shows it on /metrics: idem_gateway_shard_*{shard="c3"} claims and answers, c1's refusal
+    (reason "moved"), the map refreshes and three clusters;
   - `shards add` refuses a name taken, a bad name and a cluster it cannot reach (exit 1).
+  - the bucket then frozen by hand on c3 (its directory row moving, c3's fence row gone): c3
+    refuses the next write (reason "moved"), and once the map is read the 503s count as
+    "moving", on c3 only.
 
 Runs only under tests/pg/with_pg.sh (CTest: service-pg.pg_shards_add).
 """
@@ -58,12 +63,23 @@ class Ctx:
                                            "SELECT principal FROM idem_records"
                                            " WHERE idem_key = :'k';\n", {"k": key})]
 
+    def metrics(self):
+        r = self.gw.admin("GET", "/metrics")
+        expect_eq(r.status, 200, "GET /metrics")
+        return r.body.decode()
+
     def close(self):
         if self.gw:
             self.gw.close()
         self.up.close()
         for name in self.dbs:
             harness.pg_drop_database(name)
+
+
+def metric(text, name, labels=""):
+    """The value of `name{labels}` in a /metrics text, or None."""
+    m = re.search(r"^%s%s (\d+)$" % (re.escape(name), re.escape(labels)), text, re.M)
+    return int(m.group(1)) if m else None
 
 
 @test
@@ -88,6 +104,9 @@ def a_cluster_added_and_given_a_bucket_takes_its_requests_without_a_restart(ctx)
     harness.expect_fresh(ctx.gw.request("POST", "/v1/things", {"n": 1}, principal=p, key=before),
                          201, "before the cluster is added")
     expect_eq(len(ctx.records(0, before)), 1, "the first record is at c1")
+    text = ctx.metrics()
+    expect_eq(metric(text, "idem_gateway_shard_clusters"), 2, "clusters before the add")
+    expect_eq(metric(text, "idem_gateway_shard_claims_total", '{shard="c1"}'), 1, "c1's claims")
 
     code, out, err = shards("add", "--directory", ctx.dir_uri, "c3", ctx.cluster_uris[2])
     expect(code == 0 and "cluster c3 added" in out, "shards add: %d %r %r" % (code, out, err))
@@ -112,6 +131,42 @@ def a_cluster_added_and_given_a_bucket_takes_its_requests_without_a_restart(ctx)
     expect_eq([len(ctx.records(i, before)) for i in range(3)], [0, 0, 1],
               "the earlier record went with the bucket")
     expect(ctx.gw.proc.poll() is None and ctx.gw.proc.pid == pid, "the same gateway process")
+
+    text = ctx.metrics()
+    expect_eq(metric(text, "idem_gateway_shard_clusters"), 3, "clusters after the add")
+    expect_eq(metric(text, "idem_gateway_shard_claims_total", '{shard="c3"}'), 1, "c3's claims")
+    expect_eq(metric(text, "idem_gateway_shard_answers_total", '{shard="c3"}'), 1, "c3's answers")
+    expect_eq(metric(text, "idem_gateway_shard_claims_total", '{shard="c1"}'), 1,
+              "c1's claims: the refused one is none")
+    expect(metric(text, "idem_gateway_shard_refused_total", '{shard="c1",reason="moved"}') >= 1,
+           "c1's refusal of the moved bucket: %r" % re.findall(r"^idem_gateway_shard.*$", text, re.M))
+    expect_eq(metric(text, "idem_gateway_shard_refused_total", '{shard="c3",reason="moved"}'), 0,
+              "c3 refused nothing")
+    expect(metric(text, "idem_gateway_shard_map_refreshes_total") >= 1, "the map was read again")
+
+
+@test
+def a_bucket_frozen_on_the_new_cluster_is_counted_as_moving(ctx):
+    """As a move's freeze and fence steps leave it: c3 refuses (moved), the map says moving."""
+    p = next("add-%d" % n for n in range(10000) if bucket_of("add-%d" % n) < 512)
+    b = bucket_of(p)
+    harness.psql(ctx.dir_uri, "UPDATE idem_shard_buckets SET moving = 1 WHERE bucket = %d;\n" % b)
+    harness.psql(ctx.cluster_uris[2], "DELETE FROM idem_buckets WHERE bucket = %d;\n" % b)
+    k = harness.new_key("frozen")
+
+    def moving():
+        r = ctx.gw.request("POST", "/v1/things", {"n": 3}, principal=p, key=k)
+        expect_eq(r.status, 503, "a write of the frozen bucket: %s" % r.describe())
+        return metric(ctx.metrics(), "idem_gateway_shard_refused_total",
+                      '{shard="c3",reason="moving"}') >= 1
+    harness.wait_until("a 503 of the bucket counted as moving on c3", moving, timeout_s=10)
+    text = ctx.metrics()
+    expect(metric(text, "idem_gateway_shard_refused_total", '{shard="c3",reason="moved"}') >= 1,
+           "c3's refusal before the map was read: %r"
+           % re.findall(r"^idem_gateway_shard_refused.*$", text, re.M))
+    expect_eq(metric(text, "idem_gateway_shard_refused_total", '{shard="c1",reason="moving"}'), 0,
+              "c1: no bucket of its is moving")
+    expect_eq(ctx.up.executions(k), 0, "nothing was sent upstream")
 
 
 if __name__ == "__main__":
