@@ -73,7 +73,10 @@ struct idem_engine *gateway_engine(struct gateway *gw, const char *principal, in
         engines_grow(gw);
     }
     rc = idem_shards_route(gw->shards, principal, &i);
-    if (rc == 0 && i >= atomic_load(&gw->nengines))
+    /* The hot path: one load (acquire: the engine below the count is whole). */
+    if (rc == 0 && i < atomic_load_explicit(&gw->nengines, memory_order_acquire))
+        return gw->engines[i];
+    if (rc == 0)
         engines_grow(gw); /* a cluster another call's refresh opened */
     if (rc < 0 || i >= atomic_load(&gw->nengines)) {
         if (rc == IDEM_EMOVED && may_block)
