@@ -197,6 +197,17 @@ chaos-failover: deps-test build
 		--drop-rate 0.1 --reset-rate 0.05 --cut-rate 0.05 --dup-rate 0.1 \
 		--provider-lost-rate 0.05 --provider-5xx-rate 0.05 --webhook-dup 2'
 
+# The same over a shard set (docs/chaos.md, "Over a shard set"): orderd on three clusters, two
+# plain servers and the Patroni cluster, 60 users; phase 1 has every fault of chaos-failover, the
+# Patroni cluster failing over every 20 s and a bucket moving between the plain ones every 15 s,
+# for CHAOS_SHARDS_MAX_TIME s (at least one failover and two moves); phase 2 only kills the
+# Patroni cluster's primary and checks that the other clusters' users saw no error.  Both audits
+# must be clean.  About 5 minutes on 2 cores.
+CHAOS_SHARDS_MAX_TIME ?= 90
+.PHONY: chaos-shards
+chaos-shards: deps-test build
+	@CHAOS_SHARDS_MAX_TIME=$(CHAOS_SHARDS_MAX_TIME) sh tests/ha/chaos_shards.sh $(BUILD)
+
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(BENCH_BUILD)
 
