@@ -85,6 +85,9 @@ def move(n):
     table in the catalogue; their names start with "chaos-") that c1 or c2 owns, the one with the
     most users, and keeps it in the state file; every move takes it to the other of c1 and c2, so
     the bucket goes back and forth with its users' traffic on it.  c3 is left to its failovers.
+    With CHAOS_SHARDS_MOVE=empty the bucket is instead c1's first that none of the run's users
+    has: a move of orderd's users loses sight of their orders today (a move carries idempotency
+    records, not orderd's rows: docs/shards.md, "Not yet"), which the audit counts as lost.
     """
     directory = os.environ["IDEM_CHAOS_SHARDS_DIRECTORY"]
     state = os.environ["IDEM_CHAOS_SHARDS_STATE"]
@@ -101,12 +104,15 @@ def move(n):
             b = bucket_of(principal)
             if owners.get(b) in ("c1", "c2"):
                 counts[b] = counts.get(b, 0) + 1
-        if not counts:
-            die("move %s: no user of the run has a bucket on c1 or c2" % n)
-        bucket = max(sorted(counts), key=lambda b: counts[b])
+        if os.environ.get("CHAOS_SHARDS_MOVE", "users") == "users":
+            if not counts:
+                die("move %s: no user of the run has a bucket on c1 or c2" % n)
+            bucket = max(sorted(counts), key=lambda b: counts[b])
+        else:
+            bucket = min(b for b, c in owners.items() if c == "c1" and b not in counts)
         with open(state, "w") as f:
             f.write("%d\n" % bucket)
-        say("move %s: bucket %d, %d user(s) of the run" % (n, bucket, counts[bucket]))
+        say("move %s: bucket %d, %d user(s) of the run" % (n, bucket, counts.get(bucket, 0)))
     to = "c2" if owners[bucket] == "c1" else "c1"
     say("move %s: bucket %d from %s to %s" % (n, bucket, owners[bucket], to))
     rc = subprocess.run([os.environ["IDEM_CHAOS_SHARDS_GATEWAY"], "shards", "move", "--directory",
