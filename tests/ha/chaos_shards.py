@@ -17,13 +17,14 @@ inside the three servers (`make chaos-shards`):
 Phase 1, everything at once: three orderd instances, one killed -9 every 3 s, every fault of
 `make chaos-failover` (dropped responses, resets, cuts, duplicated sends, provider faults), 60
 users, c3 failing over every 20 s through tests/ha/failover.sh (switchover, then kill), and every
-15 s a bucket of the run's users moved between c1 and c2 (`move`, below).  The audit must be
-clean: no key run twice, no answered key lost, nothing unsettled; at least one failover and two
-moves ran, each command succeeded.
+15 s a bucket moved between c1 and c2 (`move`, below: CHAOS_SHARDS_MOVE says which).  The audit
+must be clean: no key run twice, no answered key lost, nothing unsettled; at least one failover
+and two moves ran, each command succeeded.
 
-Phase 2, one shard down: the same services with no injected fault and no kill; about 8 s into
-the drive (after the users are made) c3's primary is killed (tests/ha/failover.sh kill).  The verdict's per-cluster figures
-must show c1's and c2's users with no failed attempt, c3's with some, and the audit clean.
+Phase 2, one shard down: a second run on the same set, new users, no injected fault and no
+kill; 8 s into its drive (once its users are made) c3's primary is killed (tests/ha/failover.sh
+kill).  The verdict's per-cluster figures must show c1's and c2's users with no failed attempt,
+c3's with some, and the audit clean.
 
 Prints the figures of both phases.  Exit 0 when both hold, 1 otherwise.
 """
