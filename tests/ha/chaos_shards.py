@@ -40,6 +40,8 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "service"))
+import harness  # noqa: E402
 FAILOVER = os.path.join(HERE, "failover.sh")
 BUCKETS = 1024  # IDEM_SHARD_BUCKETS
 
@@ -118,14 +120,19 @@ def move(n):
     say("move %s: bucket %d from %s to %s" % (n, bucket, owners[bucket], to))
     # `shards move` opens every cluster of the set, so it fails while c3 has no primary; the
     # same move run again finishes one cut short (docs/shards.md), as an operator would.
-    deadline = time.time() + 150
-    while True:
+    def moved():
         rc = subprocess.run([os.environ["IDEM_CHAOS_SHARDS_GATEWAY"], "shards", "move",
                              "--directory", directory, str(bucket), "--to", to]).returncode
-        if rc == 0 or time.time() >= deadline:
-            sys.exit(rc)
-        say("move %s: failed (exit %d), running it again in 2 s" % (n, rc))
-        time.sleep(2)
+        if rc != 0:
+            say("move %s: failed (exit %d), running it again" % (n, rc))
+        return rc == 0
+
+    try:
+        harness.wait_until("move %s to end" % n, moved, timeout_s=150, pause_s=2)
+    except harness.TestFailure as e:
+        say("move %s: %s" % (n, e))
+        sys.exit(1)
+    sys.exit(0)
 
 
 # --- the phases -----------------------------------------------------------------------------

@@ -26,7 +26,6 @@ Runs only under tests/pg/with_pg.sh (CTest: service-pg.pg_shards_orderd).
 import hashlib
 import http.client
 import json
-import time
 
 import harness
 from harness import Server, expect, expect_eq, new_key, run, test
@@ -193,12 +192,11 @@ def a_bucket_moved_by_hand_is_503_then_made_once_at_the_new_owner(ctx):
     harness.psql(ctx.dir_uri, "UPDATE idem_shard_buckets SET cluster = 'c2', epoch = epoch + 1,"
                               " moving = 0 WHERE bucket = %d;\n" % b)
     harness.psql(ctx.cluster_uris[1], "INSERT INTO idem_buckets VALUES (%d, 2);\n" % b)
-    r = None
-    for _ in range(50):
-        r = c.post("/api/orders", body, key=key)
-        if r.status != 503:
-            break
-        time.sleep(0.1)
+    def posted():
+        resp = c.post("/api/orders", body, key=key)
+        return resp if resp.status != 503 else None
+
+    r = harness.wait_until("an answer other than 503 once the move ended", posted, timeout_s=5)
     expect_eq(r.status, 201, "the order once the move ended: %s" % r.describe())
     expect_eq(ctx.where(uid), [1], "clusters holding the order")
     expect_eq(len(ctx.orders(1, uid)), 1, "orders at the new owner")
@@ -209,16 +207,15 @@ def a_bucket_moved_by_hand_is_503_then_made_once_at_the_new_owner(ctx):
 
 def retry_until_final(client, body, key, deadline_s=30):
     """Retries POST /api/orders past 409 (in progress), 503 and dropped connections."""
-    deadline = time.monotonic() + deadline_s
-    while True:
+    def posted():
         try:
             r = client.post("/api/orders", body, key=key)
-            if r.status not in (409, 503):
-                return r
         except (OSError, http.client.HTTPException):
-            pass
-        expect(time.monotonic() < deadline, "no final answer for %s in %d s" % (key, deadline_s))
-        time.sleep(0.2)
+            return None
+        return r if r.status not in (409, 503) else None
+
+    return harness.wait_until("a final answer for %s" % key, posted, timeout_s=deadline_s,
+                              pause_s=0.2)
 
 
 @test
