@@ -23,6 +23,7 @@ Environment:
 """
 
 import atexit
+import hashlib
 import http.client
 import json
 import os
@@ -136,6 +137,54 @@ def pg_drop_database(name):
     if admin:
         psql(admin, 'DROP DATABASE IF EXISTS "%s" WITH (FORCE);\n' % name, check=False)
 
+
+# --- shard sets (docs/shards.md) -------------------------------------------------------------
+
+SHARD_CLUSTERS = ("c1", "c2", "c3")
+# The buckets of each of SHARD_CLUSTERS in the sets the tests make by hand: [lo, hi] each.
+SHARD_SPLIT = ((0, 341), (342, 682), (683, 1023))
+
+
+def shard_bucket(principal):
+    """docs/shards.md: the first 8 bytes of SHA-256, big-endian, mod 1024."""
+    return int.from_bytes(hashlib.sha256(principal.encode("utf-8")).digest()[:8], "big") % 1024
+
+
+def shard_owner(bucket):
+    """The index in SHARD_CLUSTERS of the cluster owning `bucket` in a set made by hand."""
+    return next(i for i, (lo, hi) in enumerate(SHARD_SPLIT) if lo <= bucket <= hi)
+
+
+def pg_shard_set_by_hand(prefix):
+    """
+    A shard set made with the SQL of docs/shards.md rather than `shards init`: a directory and
+    the three SHARD_CLUSTERS, each a new database of the with_pg.sh server, the buckets split as
+    SHARD_SPLIT at epoch 1, each cluster holding its idem_buckets rows (the fence's table only:
+    the instance installs the rest).  Returns (directory URI, [cluster URIs], [database names]).
+    """
+    dir_uri, name = pg_create_database(prefix + "dir")
+    names, uris = [name], []
+    for c in SHARD_CLUSTERS:
+        uri, name = pg_create_database(prefix + c)
+        names.append(name)
+        uris.append(uri)
+    psql(dir_uri,
+         "CREATE TABLE idem_shard_clusters (name text PRIMARY KEY, uri text NOT NULL);"
+         "CREATE TABLE idem_shard_buckets (bucket integer PRIMARY KEY,"
+         " cluster text NOT NULL REFERENCES idem_shard_clusters (name),"
+         " epoch bigint NOT NULL, moving integer NOT NULL DEFAULT 0);" +
+         "".join("INSERT INTO idem_shard_clusters VALUES ('%s', '%s');" % (c, u)
+                 for c, u in zip(SHARD_CLUSTERS, uris)) +
+         "".join("INSERT INTO idem_shard_buckets (bucket, cluster, epoch)"
+                 " SELECT b, '%s', 1 FROM generate_series(%d, %d) b;" % (c, lo, hi)
+                 for c, (lo, hi) in zip(SHARD_CLUSTERS, SHARD_SPLIT)) + "\n")
+    for uri, (lo, hi) in zip(uris, SHARD_SPLIT):
+        psql(uri, "CREATE TABLE idem_buckets (bucket integer PRIMARY KEY"
+                  " CHECK (bucket >= 0 AND bucket < 1024),"
+                  " epoch bigint NOT NULL CHECK (epoch >= 1));"
+                  "INSERT INTO idem_buckets SELECT b, 1"
+                  " FROM generate_series(%d, %d) b;\n" % (lo, hi))
+    return dir_uri, uris, names
 
 def db_query(uri, sql, params=()):
     """

@@ -23,7 +23,6 @@ Store: on SQLite idem-check makes orderd's file in its own temp directory; under
 """
 
 import atexit
-import hashlib
 import http.client
 import json
 import os
@@ -37,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from harness import (BIN, HttpFront, Server, expect, expect_eq, expect_status, fail,  # noqa: E402
                      new_key, pg_create_database, pg_drop_database, pg_fresh_mode, psql, run,
-                     run_idem_check, test, wait_until)
+                     run_idem_check, test, wait_until, SHARD_CLUSTERS, shard_bucket, shard_owner)
 from provider import WEBHOOK_SECRET, paid_pair  # noqa: E402
 
 IDEM_CHECK = os.path.join(BIN, "idem-check")
@@ -216,16 +215,11 @@ def test_many_users(ctx):
            "no per-cluster figures without --shard-directory")
 
 
-SHARD_CLUSTERS = ("c1", "c2", "c3")
-
-
-def bucket_of(principal):
-    """docs/shards.md: the first 8 bytes of SHA-256, big-endian, mod 1024."""
-    return int.from_bytes(hashlib.sha256(principal.encode("utf-8")).digest()[:8], "big") % 1024
+bucket_of = shard_bucket
 
 
 def owner_of(bucket):
-    return SHARD_CLUSTERS[0 if bucket < 342 else 1 if bucket < 683 else 2]
+    return SHARD_CLUSTERS[shard_owner(bucket)]
 
 
 @test

@@ -19,7 +19,6 @@ docs/shards.md.
 Runs only under tests/pg/with_pg.sh (CTest: service-pg.pg_shards).
 """
 
-import hashlib
 import json
 import subprocess
 import time
@@ -28,16 +27,9 @@ import harness
 from harness import expect, expect_eq, run, test, TestFailure
 from gateway_harness import GATEWAY, Gateway, Upstream
 
-CLUSTERS = ("c1", "c2", "c3")
-
-
-def bucket_of(principal):
-    """docs/shards.md: the first 8 bytes of SHA-256, big-endian, mod 1024."""
-    return int.from_bytes(hashlib.sha256(principal.encode("utf-8")).digest()[:8], "big") % 1024
-
-
-def owner_of(bucket):
-    return 0 if bucket < 342 else 1 if bucket < 683 else 2
+CLUSTERS = harness.SHARD_CLUSTERS
+bucket_of = harness.shard_bucket
+owner_of = harness.shard_owner
 
 
 class Ctx:
@@ -45,31 +37,8 @@ class Ctx:
         self.dbs = []
         self.gw = None
         self.up = Upstream()
-        self.dir_uri, name = harness.pg_create_database("shdir")
-        self.dbs.append(name)
-        self.cluster_uris = []
-        for c in CLUSTERS:
-            uri, name = harness.pg_create_database("sh" + c)
-            self.dbs.append(name)
-            self.cluster_uris.append(uri)
         # The directory and each cluster's rows, as docs/shards.md sets them up.
-        harness.psql(self.dir_uri,
-                     "CREATE TABLE idem_shard_clusters (name text PRIMARY KEY, uri text NOT NULL);"
-                     "CREATE TABLE idem_shard_buckets (bucket integer PRIMARY KEY,"
-                     " cluster text NOT NULL REFERENCES idem_shard_clusters (name),"
-                     " epoch bigint NOT NULL, moving integer NOT NULL DEFAULT 0);" +
-                     "".join("INSERT INTO idem_shard_clusters VALUES ('%s', '%s');" % (c, u)
-                             for c, u in zip(CLUSTERS, self.cluster_uris)) +
-                     "INSERT INTO idem_shard_buckets (bucket, cluster, epoch)"
-                     " SELECT b, CASE WHEN b < 342 THEN 'c1' WHEN b < 683 THEN 'c2' ELSE 'c3'"
-                     " END, 1 FROM generate_series(0, 1023) b;\n")
-        for i, uri in enumerate(self.cluster_uris):
-            lo, hi = ((0, 341), (342, 682), (683, 1023))[i]
-            harness.psql(uri, "CREATE TABLE idem_buckets (bucket integer PRIMARY KEY"
-                              " CHECK (bucket >= 0 AND bucket < 1024),"
-                              " epoch bigint NOT NULL CHECK (epoch >= 1));"
-                              "INSERT INTO idem_buckets SELECT b, 1"
-                              " FROM generate_series(%d, %d) b;\n" % (lo, hi))
+        self.dir_uri, self.cluster_uris, self.dbs = harness.pg_shard_set_by_hand("sh")
         self.gw = Gateway(self.up, db_uri="shards:" + self.dir_uri)
         self.gw.start()
 

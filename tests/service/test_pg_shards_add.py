@@ -19,7 +19,6 @@ same gateway process, not restarted:
 Runs only under tests/pg/with_pg.sh (CTest: service-pg.pg_shards_add).
 """
 
-import hashlib
 import re
 import subprocess
 
@@ -28,9 +27,7 @@ from harness import expect, expect_eq, run, test, TestFailure
 from gateway_harness import GATEWAY, Gateway, Upstream
 
 
-def bucket_of(principal):
-    """docs/shards.md: the first 8 bytes of SHA-256, big-endian, mod 1024."""
-    return int.from_bytes(hashlib.sha256(principal.encode("utf-8")).digest()[:8], "big") % 1024
+bucket_of = harness.shard_bucket
 
 
 def shards(*args, timeout=60):
