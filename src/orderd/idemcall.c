@@ -187,6 +187,24 @@ static int reroute(const struct call_ctx *cx, struct call_ctx *moved)
     return 0;
 }
 
+/*
+ * A request's first refusal as moved: ends `*call` and points *cx (a copy in `moved`) and *app at
+ * the principal's cluster now.  Returns 0 to try there, or -1 with the 503 answered.
+ */
+static int try_on_owner(struct idem_call **call, const struct call_ctx **cx, struct app **app,
+                        struct call_ctx *moved, struct response *resp)
+{
+    idem_call_end(*call);
+    *call = NULL;
+    if (reroute(*cx, moved) < 0) {
+        keyed_answer_fail(resp, IDEM_EMOVED);
+        return -1;
+    }
+    *cx = moved;
+    *app = moved->app;
+    return 0;
+}
+
 void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
                      idemcall_run_fn run, void *arg, struct response *resp)
 {
@@ -210,15 +228,9 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
         rc = idem_call_begin(app->engine, op, cx->principal, cx->key, cx->fp, &call, &outcome);
         if (rc == IDEM_EMOVED && !rerouted) {
             /* Refused by a cluster that no longer owns the bucket: once more, on the owner. */
-            idem_call_end(call);
-            call = NULL;
             rerouted = 1;
-            if (reroute(cx, &moved) < 0) {
-                keyed_answer_fail(resp, IDEM_EMOVED);
+            if (try_on_owner(&call, &cx, &app, &moved, resp) < 0)
                 goto out;
-            }
-            cx = &moved;
-            app = moved.app;
             attempt--;
             continue;
         }
@@ -255,15 +267,9 @@ void idemcall_handle(const struct call_ctx *cx, const struct idem_operation *op,
             if (rc == IDEM_EMOVED && !rerouted) {
                 /* A one-phase call's record is written at its commit, and refused there. */
                 idem_call_abort(call);
-                idem_call_end(call);
-                call = NULL;
                 rerouted = 1;
-                if (reroute(cx, &moved) < 0) {
-                    keyed_answer_fail(resp, IDEM_EMOVED);
+                if (try_on_owner(&call, &cx, &app, &moved, resp) < 0)
                     goto out;
-                }
-                cx = &moved;
-                app = moved.app;
                 attempt--;
                 continue;
             }
