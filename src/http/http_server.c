@@ -134,6 +134,7 @@ void http__conn_close(struct conn *c)
     if (c->state == CONN_CLOSING || uv_is_closing((uv_handle_t *)&c->tcp))
         return;
     http__set_state(c, CONN_CLOSING);
+    http_fd_closing((uv_handle_t *)&c->tcp);
     uv_close((uv_handle_t *)&c->tcp, on_closed);
 }
 

@@ -22,6 +22,36 @@ uv_loop_t *http_loop_current(void);
  */
 int http_loop_at_stop(void (*fn)(void *arg), void *arg);
 
+/*
+ * Call just before uv_close() of a handle that owns a descriptor.  libuv closes it with a bare
+ * close system call, which ThreadSanitizer does not see: the number's next owner on another loop
+ * thread (a dup() or an accept() given the same number) would be reported as racing its old
+ * owner.  Under ThreadSanitizer this tells it of the close, as libuv does when built with it;
+ * elsewhere it is nothing.
+ */
+#if defined(__SANITIZE_THREAD__)
+#define HTTP_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define HTTP_UNDER_TSAN 1
+#endif
+#endif
+#ifdef HTTP_UNDER_TSAN
+void __sanitizer_syscall_pre_impl_close(long fd);
+static inline void http_fd_closing(uv_handle_t *h)
+{
+    uv_os_fd_t fd;
+
+    if (uv_fileno(h, &fd) == 0)
+        __sanitizer_syscall_pre_impl_close(fd);
+}
+#else
+static inline void http_fd_closing(uv_handle_t *h)
+{
+    (void)h;
+}
+#endif
+
 /* ---- the server's own ---------------------------------------------------------------------- */
 
 #include <netinet/in.h>
