@@ -106,9 +106,74 @@ struct idem_shards {
     "   idem_bucket_of(NEW.principal) USING ERRCODE = 'IDM01';"                                    \
     " END $f$;"
 
+/*
+ * An application's rows move with their bucket too, once it registers their table with
+ * idem_shard_table(table, column): `column` holds the principal the rows belong to (a NULL one
+ * belongs to no bucket and stays).  Registering records the table in idem_shard_tables (in the
+ * order tables are registered: parents first, as a move inserts in that order and deletes in the
+ * reverse) and gives it the rows' fence, a constraint trigger checked at commit: a transaction
+ * may write a row of a bucket its cluster owns, or of one a move is carrying (the mover's
+ * setting), or of the bucket whose key in flight it completes past the fence (the record's
+ * trigger names that bucket in idem.leased, as it lets the update through, whichever statement
+ * of the transaction came first).  Anything else -- a worker's update, a sweep's delete, a write
+ * with a stale map -- is refused at commit with IDM01, as a record's write is.  Checked at commit,
+ * the fence row is read inside a transaction that had begun by then, which is all the drain needs.
+ */
+#define FENCE_ROWS_SQL                                                                             \
+    "CREATE TABLE IF NOT EXISTS idem_shard_tables ("                                               \
+    " name text PRIMARY KEY,"                                                                      \
+    " principal_column text NOT NULL,"                                                             \
+    " position bigserial NOT NULL);"                                                               \
+    "CREATE OR REPLACE FUNCTION idem_rows_fence() RETURNS trigger LANGUAGE plpgsql AS $f$"         \
+    " DECLARE p text; b integer;"                                                                  \
+    " BEGIN"                                                                                       \
+    "  IF TG_OP = 'DELETE' THEN p := to_jsonb(OLD) ->> TG_ARGV[0];"                                \
+    "  ELSE p := to_jsonb(NEW) ->> TG_ARGV[0]; END IF;"                                            \
+    "  IF p IS NULL THEN RETURN NULL; END IF;"                                                     \
+    "  b := idem_bucket_of(p);"                                                                    \
+    "  IF EXISTS (SELECT 1 FROM idem_buckets WHERE bucket = b)"                                    \
+    "   OR current_setting('idem.mover', true) = 'on'"                                             \
+    "   OR current_setting('idem.leased', true) = b::text THEN RETURN NULL; END IF;"               \
+    "  RAISE EXCEPTION 'bucket % is not on this cluster (moved or moving)', b"                     \
+    "   USING ERRCODE = 'IDM01';"                                                                  \
+    " END $f$;"                                                                                    \
+    "CREATE OR REPLACE FUNCTION idem_shard_table(t regclass, col text) RETURNS void"               \
+    " LANGUAGE plpgsql AS $f$"                                                                     \
+    " BEGIN"                                                                                       \
+    "  IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = t AND attname = col"             \
+    "   AND attnum > 0 AND NOT attisdropped) THEN"                                                 \
+    "   RAISE EXCEPTION 'table % has no column %', t, col USING ERRCODE = '42703';"                \
+    "  END IF;"                                                                                    \
+    "  INSERT INTO idem_shard_tables (name, principal_column) VALUES (t::text, quote_ident(col))"  \
+    "   ON CONFLICT (name) DO UPDATE SET principal_column = EXCLUDED.principal_column;"            \
+    "  EXECUTE format('DROP TRIGGER IF EXISTS idem_rows_fence ON %s', t);"                         \
+    "  EXECUTE format('CREATE CONSTRAINT TRIGGER idem_rows_fence'"                                 \
+    "   || ' AFTER INSERT OR UPDATE OR DELETE ON %s DEFERRABLE INITIALLY DEFERRED'"                \
+    "   || ' FOR EACH ROW EXECUTE FUNCTION idem_rows_fence(%L)', t, col);"                         \
+    " END $f$;"                                                                                    \
+    "CREATE OR REPLACE FUNCTION idem_records_fence() RETURNS trigger LANGUAGE plpgsql AS $f$"      \
+    " BEGIN"                                                                                       \
+    "  IF TG_OP = 'DELETE' THEN"                                                                   \
+    "   IF idem_bucket_owned(OLD.principal) THEN RETURN OLD; END IF;"                              \
+    "   IF current_setting('idem.mover', true) = 'on' THEN RETURN OLD; END IF;"                    \
+    "   RETURN NULL;"                                                                              \
+    "  END IF;"                                                                                    \
+    "  IF idem_bucket_owned(NEW.principal) THEN RETURN NEW; END IF;"                               \
+    "  IF current_setting('idem.mover', true) = 'on' THEN RETURN NEW; END IF;"                     \
+    "  IF TG_OP = 'UPDATE' AND OLD.status = 0"                                                     \
+    "   AND (NEW.lease_owner IS NULL OR NEW.lease_owner = OLD.lease_owner)"                        \
+    "   AND OLD.lease_expires_ms > (extract(epoch from clock_timestamp()) * 1000)::bigint THEN"    \
+    "   PERFORM set_config('idem.leased', idem_bucket_of(NEW.principal)::text, true);"             \
+    "   RETURN NEW;"                                                                               \
+    "  END IF;"                                                                                    \
+    "  RAISE EXCEPTION 'bucket % is not on this cluster (moved or moving)',"                       \
+    "   idem_bucket_of(NEW.principal) USING ERRCODE = 'IDM01';"                                    \
+    " END $f$;"
+
 static const struct idem_migration fence_schema[] = {
     {1, "shard fence", NULL, FENCE_SQL},
     {2, "shard fence: the mover", NULL, FENCE_MOVER_SQL},
+    {3, "shard fence: an application's rows", NULL, FENCE_ROWS_SQL},
 };
 
 static int set_err(char **errmsg, int rc, const char *msg)
@@ -760,11 +825,11 @@ static int step_done(struct move *mv, enum idem_shard_move_step step, int64_t re
 }
 
 /*
- * Runs `sql` (`np` parameters) in a write transaction of its own on `st`, the mover's way past
- * the fence set when `mover`; *changed (may be NULL) the rows it changed.
+ * Runs `sql` (`np` parameters) in a write transaction of its own on `st`; *changed (may be NULL)
+ * the rows it changed.
  */
-static int move_exec(struct move *mv, struct idem_store *st, const char *where, int mover,
-                     const char *sql, int np, const char *const *params, int64_t *changed)
+static int move_exec(struct move *mv, struct idem_store *st, const char *where, const char *sql,
+                     int np, const char *const *params, int64_t *changed)
 {
     int rc;
     struct idem_tx *tx = NULL;
@@ -775,11 +840,7 @@ static int move_exec(struct move *mv, struct idem_store *st, const char *where, 
         idem__fmt(mv->err, sizeof mv->err, "%s: %s", where, idem_strerror(rc));
         return rc;
     }
-    if (mover)
-        rc = tx_run(tx, where, "SELECT set_config('idem.mover', 'on', true)", 0, NULL, NULL,
-                    mv->err, sizeof mv->err);
-    if (rc == 0)
-        rc = tx_run(tx, where, sql, np, params, &rows, mv->err, sizeof mv->err);
+    rc = tx_run(tx, where, sql, np, params, &rows, mv->err, sizeof mv->err);
     if (rc == 0 && changed)
         *changed = idem_rows_changed(rows);
     idem_rows_free(rows);
@@ -907,16 +968,74 @@ static int wait_leases(struct move *mv, char **since)
     return rc;
 }
 
-/* Rows of a copy page: at most this many records go in one INSERT. */
+/*
+ * The tables whose rows move with a bucket, on cluster i, parents first: the records, the keys
+ * in flight, then those applications registered (idem_shard_table()), in the order they were.
+ * Each row of *out is (table, principal column), both as SQL names.
+ */
+static int moved_tables(struct move *mv, size_t i, struct idem_rows **out)
+{
+    int rc;
+    struct idem_tx *tx = NULL;
+
+    rc = idem_tx_begin(mv->sh->stores[i], 0, &tx);
+    if (rc < 0) {
+        idem__fmt(mv->err, sizeof mv->err, "%s: %s", mv->sh->names[i], idem_strerror(rc));
+        return rc;
+    }
+    rc = tx_run(tx, mv->sh->names[i],
+                "SELECT name, principal_column FROM (SELECT 'idem_records', 'principal', -2"
+                " UNION ALL SELECT 'idem_inflight', 'principal', -1"
+                " UNION ALL SELECT name, principal_column, position FROM idem_shard_tables)"
+                " t (name, principal_column, position) ORDER BY position",
+                0, NULL, out, mv->err, sizeof mv->err);
+    idem_tx_rollback(tx);
+    return rc;
+}
+
+/*
+ * Before a bucket is frozen: the new owner must hold every table the owner moves rows of, or the
+ * copy would fail with the bucket frozen.  An application registers its tables on a cluster by
+ * migrating it (orderd does as it opens one).
+ */
+static int check_tables(struct move *mv)
+{
+    int rc;
+    struct idem_rows *from = NULL, *to = NULL;
+
+    rc = moved_tables(mv, mv->from, &from);
+    if (rc == 0)
+        rc = moved_tables(mv, mv->to, &to);
+    for (int r = 0; rc == 0 && r < idem_rows_count(from); r++) {
+        int found = 0;
+
+        for (int q = 0; q < idem_rows_count(to) && !found; q++)
+            found = strcmp(idem_rows_get(from, r, 0), idem_rows_get(to, q, 0)) == 0 &&
+                    strcmp(idem_rows_get(from, r, 1), idem_rows_get(to, q, 1)) == 0;
+        if (!found) {
+            idem__fmt(mv->err, sizeof mv->err,
+                      "bucket %s: %s moves the rows of table %s (by %s), which %s has not "
+                      "registered: migrate the application there first",
+                      mv->bucket, mv->sh->names[mv->from], idem_rows_get(from, r, 0),
+                      idem_rows_get(from, r, 1), mv->sh->names[mv->to]);
+            rc = IDEM_ESTATE;
+        }
+    }
+    idem_rows_free(from);
+    idem_rows_free(to);
+    return rc;
+}
+
+/* Rows of a copy page: at most this many go in one INSERT. */
 #define COPY_PAGE 500
 
-/* Inserts rows [from, to) of `rows` (each a record as JSON) into `table` in `tx`. */
+/* Inserts rows [from, to) of `rows` (each a row as JSON) into `table` in `tx`. */
 static int copy_page(struct move *mv, struct idem_tx *tx, const char *table,
                      const struct idem_rows *rows, int from, int to)
 {
     int rc;
     size_t len = 3, at = 0;
-    char *json = NULL, sql[160];
+    char *json = NULL, sql[2 * IDEM_ERRMSG_MAX];
     const char *params[1];
 
     for (int r = from; r < to; r++)
@@ -943,37 +1062,76 @@ static int copy_page(struct move *mv, struct idem_tx *tx, const char *table,
     return rc;
 }
 
+/* Copies the bucket's rows of `table` (by `column`) read in `src` into `dst`; *rows how many. */
+static int copy_table(struct move *mv, struct idem_tx *src, struct idem_tx *dst, const char *table,
+                      const char *column, int64_t *count)
+{
+    int rc;
+    char sql[2 * IDEM_ERRMSG_MAX];
+    const char *params[1] = {mv->bucket};
+    struct idem_rows *rows = NULL;
+
+    idem__fmt(sql, sizeof sql,
+              "SELECT row_to_json(t)::text FROM %s t WHERE idem_bucket_of(t.%s) = CAST($1 AS "
+              "integer)",
+              table, column);
+    rc = tx_run(src, mv->sh->names[mv->from], sql, 1, params, &rows, mv->err, sizeof mv->err);
+    for (int r = 0; rc == 0 && r < idem_rows_count(rows); r += COPY_PAGE)
+        rc = copy_page(mv, dst, table, rows, r,
+                       r + COPY_PAGE < idem_rows_count(rows) ? r + COPY_PAGE
+                                                             : idem_rows_count(rows));
+    *count = idem_rows_count(rows);
+    idem_rows_free(rows);
+    return rc;
+}
+
 /*
- * The copy: the bucket's records and keys in flight, read from the owner in one snapshot, written
+ * Deletes the bucket's rows of every table of `tables` (children first) in `tx`, which has the
+ * mover's setting; with `unowned`, only while the cluster holds no fence row for the bucket.
+ */
+static int delete_bucket(struct move *mv, struct idem_tx *tx, size_t i,
+                         const struct idem_rows *tables, int unowned)
+{
+    int rc = 0;
+    char sql[2 * IDEM_ERRMSG_MAX];
+    const char *params[1] = {mv->bucket};
+
+    for (int r = idem_rows_count(tables) - 1; rc == 0 && r >= 0; r--) {
+        idem__fmt(sql, sizeof sql,
+                  "DELETE FROM %s WHERE idem_bucket_of(%s) = CAST($1 AS integer)%s",
+                  idem_rows_get(tables, r, 0), idem_rows_get(tables, r, 1),
+                  unowned ? " AND NOT EXISTS (SELECT 1 FROM idem_buckets"
+                            " WHERE bucket = CAST($1 AS integer))"
+                          : "");
+        rc = tx_run(tx, mv->sh->names[i], sql, 1, params, NULL, mv->err, sizeof mv->err);
+    }
+    return rc;
+}
+
+/*
+ * The copy: the bucket's rows of every moved table, read from the owner in one snapshot, written
  * at the new owner in one transaction that first removes whatever an earlier, cut-short move left
  * there.  The new owner holds no idem_buckets row for the bucket yet: the mover's setting lets
  * these writes past its fence, and nobody else's.  The bucket's rows are read whole (one scan of
- * each table, as the function of the principal has no index): the mover holds them in memory.
+ * each table, as the function of the principal has no index): the mover holds a table's rows in
+ * memory at a time.  *copied is the number of records.
  */
 static int copy_bucket(struct move *mv, int64_t *copied)
 {
     int rc;
+    int64_t count = 0;
     struct idem_tx *src = NULL, *dst = NULL;
-    struct idem_rows *records = NULL, *inflight = NULL;
-    const char *params[1] = {mv->bucket};
+    struct idem_rows *tables = NULL;
     const char *from = mv->sh->names[mv->from], *to = mv->sh->names[mv->to];
 
+    rc = moved_tables(mv, mv->from, &tables);
+    if (rc < 0)
+        goto out;
     rc = idem_tx_begin(mv->sh->stores[mv->from], 0, &src);
     if (rc < 0) {
         idem__fmt(mv->err, sizeof mv->err, "%s: %s", from, idem_strerror(rc));
         goto out;
     }
-    rc = tx_run(src, from,
-                "SELECT row_to_json(r)::text FROM idem_records r"
-                " WHERE idem_bucket_of(r.principal) = CAST($1 AS integer)",
-                1, params, &records, mv->err, sizeof mv->err);
-    if (rc == 0)
-        rc = tx_run(src, from,
-                    "SELECT row_to_json(f)::text FROM idem_inflight f"
-                    " WHERE idem_bucket_of(f.principal) = CAST($1 AS integer)",
-                    1, params, &inflight, mv->err, sizeof mv->err);
-    if (rc < 0)
-        goto out;
     rc = idem_tx_begin(mv->sh->stores[mv->to], 1, &dst);
     if (rc < 0) {
         idem__fmt(mv->err, sizeof mv->err, "%s: %s", to, idem_strerror(rc));
@@ -982,35 +1140,21 @@ static int copy_bucket(struct move *mv, int64_t *copied)
     rc = tx_run(dst, to, "SELECT set_config('idem.mover', 'on', true)", 0, NULL, NULL, mv->err,
                 sizeof mv->err);
     if (rc == 0)
-        rc = tx_run(dst, to,
-                    "DELETE FROM idem_inflight WHERE idem_bucket_of(principal) = CAST($1 AS "
-                    "integer)",
-                    1, params, NULL, mv->err, sizeof mv->err);
-    if (rc == 0)
-        rc = tx_run(dst, to,
-                    "DELETE FROM idem_records WHERE idem_bucket_of(principal) = CAST($1 AS "
-                    "integer)",
-                    1, params, NULL, mv->err, sizeof mv->err);
-    for (int r = 0; rc == 0 && r < idem_rows_count(records); r += COPY_PAGE)
-        rc = copy_page(mv, dst, "idem_records", records, r,
-                       r + COPY_PAGE < idem_rows_count(records) ? r + COPY_PAGE
-                                                                : idem_rows_count(records));
-    for (int r = 0; rc == 0 && r < idem_rows_count(inflight); r += COPY_PAGE)
-        rc = copy_page(mv, dst, "idem_inflight", inflight, r,
-                       r + COPY_PAGE < idem_rows_count(inflight) ? r + COPY_PAGE
-                                                                 : idem_rows_count(inflight));
+        rc = delete_bucket(mv, dst, mv->to, tables, 0);
+    for (int r = 0; rc == 0 && r < idem_rows_count(tables); r++) {
+        rc = copy_table(mv, src, dst, idem_rows_get(tables, r, 0), idem_rows_get(tables, r, 1),
+                        &count);
+        if (r == 0)
+            *copied = count;
+    }
     if (rc < 0)
         goto out;
     rc = idem_tx_commit(dst);
     dst = NULL;
-    if (rc < 0) {
+    if (rc < 0)
         idem__fmt(mv->err, sizeof mv->err, "%s: commit: %s", to, idem_strerror(rc));
-        goto out;
-    }
-    *copied = idem_rows_count(records);
 out:
-    idem_rows_free(records);
-    idem_rows_free(inflight);
+    idem_rows_free(tables);
     idem_tx_rollback(dst);
     idem_tx_rollback(src);
     return rc;
@@ -1028,8 +1172,10 @@ static int move_over(struct move *mv, int moving)
 
     idem__fmt(epoch, sizeof epoch, "%lld", (long long)mv->epoch);
     idem__fmt(next, sizeof next, "%lld", (long long)mv->epoch + 1);
-    if (!moving) {
-        rc = move_exec(mv, mv->sh->dir, "shard directory", 0,
+    if (mv->from != mv->to)
+        rc = check_tables(mv);
+    if (rc == 0 && !moving) {
+        rc = move_exec(mv, mv->sh->dir, "shard directory",
                        "UPDATE idem_shard_buckets SET moving = 1 WHERE bucket = CAST($1 AS "
                        "integer) AND cluster = $2 AND epoch = CAST($3 AS bigint) AND moving = 0",
                        3, freeze, &changed);
@@ -1048,7 +1194,7 @@ static int move_over(struct move *mv, int moving)
     if (!sinces)
         return IDEM_ENOMEM;
     for (size_t i = 0; rc == 0 && i < mv->sh->n; i++) {
-        rc = move_exec(mv, mv->sh->stores[i], mv->sh->names[i], 0,
+        rc = move_exec(mv, mv->sh->stores[i], mv->sh->names[i],
                        "DELETE FROM idem_buckets WHERE bucket = CAST($1 AS integer)", 1, freeze,
                        NULL);
         if (rc == 0)
@@ -1073,7 +1219,7 @@ static int move_over(struct move *mv, int moving)
     if (rc == 0)
         rc = step_done(mv, IDEM_SHARD_MOVE_COPIED, copied);
     if (rc == 0) {
-        rc = move_exec(mv, mv->sh->dir, "shard directory", 0,
+        rc = move_exec(mv, mv->sh->dir, "shard directory",
                        "UPDATE idem_shard_buckets SET cluster = $2, epoch = CAST($3 AS bigint),"
                        " moving = 0 WHERE bucket = CAST($1 AS integer) AND cluster = $4"
                        " AND epoch = CAST($5 AS bigint) AND moving = 1",
@@ -1093,6 +1239,36 @@ static int move_over(struct move *mv, int moving)
     return rc;
 }
 
+/* Removes cluster i's copies of the bucket's rows, in a transaction of its own. */
+static int clean_cluster(struct move *mv, size_t i)
+{
+    int rc;
+    struct idem_tx *tx = NULL;
+    struct idem_rows *tables = NULL;
+
+    rc = moved_tables(mv, i, &tables);
+    if (rc == 0) {
+        rc = idem_tx_begin(mv->sh->stores[i], 1, &tx);
+        if (rc < 0)
+            idem__fmt(mv->err, sizeof mv->err, "%s: %s", mv->sh->names[i], idem_strerror(rc));
+    }
+    if (rc == 0)
+        rc = tx_run(tx, mv->sh->names[i], "SELECT set_config('idem.mover', 'on', true)", 0, NULL,
+                    NULL, mv->err, sizeof mv->err);
+    if (rc == 0)
+        rc = delete_bucket(mv, tx, i, tables, 1);
+    if (rc == 0) {
+        rc = idem_tx_commit(tx);
+        tx = NULL;
+        if (rc < 0)
+            idem__fmt(mv->err, sizeof mv->err, "%s: commit: %s", mv->sh->names[i],
+                      idem_strerror(rc));
+    }
+    idem_tx_rollback(tx);
+    idem_rows_free(tables);
+    return rc;
+}
+
 /*
  * The end of a move, which also finishes one cut short after its flip: the owner the directory
  * names gets its idem_buckets row (at the map's epoch), then every other cluster, which holds no
@@ -1105,24 +1281,15 @@ static int move_finish(struct move *mv)
     const char *open[2] = {mv->bucket, epoch};
 
     idem__fmt(epoch, sizeof epoch, "%lld", (long long)mv->epoch);
-    rc = move_exec(mv, mv->sh->stores[mv->to], mv->sh->names[mv->to], 0,
+    rc = move_exec(mv, mv->sh->stores[mv->to], mv->sh->names[mv->to],
                    "INSERT INTO idem_buckets (bucket, epoch) VALUES (CAST($1 AS integer),"
                    " CAST($2 AS bigint)) ON CONFLICT (bucket) DO UPDATE SET epoch = EXCLUDED.epoch",
                    2, open, NULL);
     if (rc == 0)
         rc = step_done(mv, IDEM_SHARD_MOVE_OPENED, 0);
     for (size_t i = 0; rc == 0 && i < mv->sh->n; i++) {
-        if (i == mv->to)
-            continue;
-        rc = move_exec(mv, mv->sh->stores[i], mv->sh->names[i], 1,
-                       "WITH f AS (DELETE FROM idem_inflight"
-                       "  WHERE idem_bucket_of(principal) = CAST($1 AS integer)"
-                       "  AND NOT EXISTS (SELECT 1 FROM idem_buckets WHERE bucket = CAST($1 AS "
-                       "integer)))"
-                       " DELETE FROM idem_records WHERE idem_bucket_of(principal) = CAST($1 AS "
-                       "integer) AND NOT EXISTS (SELECT 1 FROM idem_buckets"
-                       "  WHERE bucket = CAST($1 AS integer))",
-                       1, open, NULL);
+        if (i != mv->to)
+            rc = clean_cluster(mv, i);
     }
     if (rc == 0)
         rc = step_done(mv, IDEM_SHARD_MOVE_CLEANED, 0);

@@ -967,20 +967,22 @@ struct idem_shard_move_options {
 };
 
 /*
- * Moves `bucket` to the cluster named `to` while instances run (docs/shards.md, "Moving a
- * bucket"): freezes it in the directory (instances answer its principals 503), deletes its
- * idem_buckets row on every cluster, waits until the bucket's keys in flight at the owner hold no
- * live lease (their holders may still complete them there: the fence lets them) and every
- * transaction that began before that has ended, copies its records and keys in flight from the
- * owner to `to` in one transaction, flips the map (owner `to`, epoch + 1, not moving) in one
- * directory transaction, gives `to` its idem_buckets row, and removes the records of the bucket
- * from every other cluster.  Each step is safe to cut short (kill -9): run the move again, with the
- * same `to`, to finish it; a move to the bucket's current owner ends a move cut short before its
- * flip without moving anything. No two clusters take writes for the bucket at once, and no record
- * is lost.  `opts` may be NULL.  Returns 0, IDEM_EINVAL (a bucket out of range, a cluster the
- * directory does not name), IDEM_ESTATE (the bucket changed under the move, a wait timed out, or
- * on_step stopped it), or the stores' error; *errmsg (new, free with idem_free; may be NULL) says
- * which.
+ * Moves `bucket` to the cluster named `to` while instances run (docs/shards.md, "Moving a bucket"):
+ * freezes it in the directory (instances answer its principals 503), deletes its idem_buckets row
+ * on every cluster, waits until the bucket's keys in flight at the owner hold no live lease (their
+ * holders may still complete them there: the fence lets them) and every transaction that began
+ * before that has ended, copies its records, keys in flight and rows of the tables registered with
+ * the SQL function idem_shard_table(table, principal_column) from the owner to `to` in one
+ * transaction, flips the map (owner `to`, epoch + 1, not moving) in one directory transaction,
+ * gives `to` its idem_buckets row, and removes the bucket's rows from every other cluster.  A move
+ * is refused before it freezes anything when `to` has not registered every table the owner has.
+ * Each step is safe to cut short (kill -9): run the move again, with the same `to`, to finish it; a
+ * move to the bucket's current owner ends a move cut short before its flip without moving anything.
+ * No two clusters take writes for the bucket at once, and no record is lost.  `opts` may be NULL.
+ * Returns 0, IDEM_EINVAL (a bucket out of range, a cluster the directory does not name),
+ * IDEM_ESTATE (the bucket changed under the move, a wait timed out, or on_step stopped it, or `to`
+ * lacks a registered table), or the stores' error; *errmsg (new, free with idem_free; may be NULL)
+ * says which.
  */
 IDEM_API int idem_shards_move(const char *directory_uri, unsigned bucket, const char *to,
                               const struct idem_shard_move_options *opts, char **errmsg);

@@ -11,7 +11,8 @@
  * transaction that wrote past the fence before the move is waited for (the drain), so its record
  * is copied and not lost; a drain that times out leaves the bucket frozen.  A key in flight when
  * the move begins completes at the old owner (its live lease lets it past the fence), the move
- * waiting for it, and replays at the new owner; a new claim there is refused.
+ * waiting for it, and replays at the new owner; a new claim there is refused.  The tables an
+ * application registered move with the bucket, fenced like the records.
  */
 #include "internal.h"
 #include "t.h"
@@ -115,6 +116,50 @@ static long long bucket_rows(int c, const char *table, unsigned bucket)
     snprintf(sql, sizeof sql, "SELECT count(*) FROM %s WHERE idem_bucket_of(principal) = $1::int",
              table);
     return sql_int(c_uri[c], sql, b);
+}
+
+/* Runs `sql` with one parameter on database `uri`; the SQLSTATE of its failure, "" on success. */
+static const char *sql_state(const char *uri, const char *sql, const char *a)
+{
+    static char state[8];
+    PGconn *pg = connect_to(uri);
+    PGresult *res = PQexecParams(pg, sql, a ? 1 : 0, NULL, &a, NULL, NULL, 0);
+    const char *s = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+
+    snprintf(state, sizeof state, "%s",
+             PQresultStatus(res) == PGRES_COMMAND_OK || PQresultStatus(res) == PGRES_TUPLES_OK ? ""
+             : s                                                                               ? s
+                 : "?");
+    PQclear(res);
+    PQfinish(pg);
+    return state;
+}
+
+/* Rows of the application's table `table` whose user is of `bucket`, on cluster c. */
+static long long app_rows(int c, const char *table, unsigned bucket)
+{
+    char b[16], sql[160];
+
+    snprintf(b, sizeof b, "%u", bucket);
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM %s WHERE idem_bucket_of(user_id) = $1::int",
+             table);
+    return sql_int(c_uri[c], sql, b);
+}
+
+/* An application's tables on cluster c: orders and their lines (a child by foreign key). */
+static void app_tables(int c, int registered)
+{
+    PGconn *pg = connect_to(c_uri[c]);
+
+    admin_exec(pg, "CREATE TABLE IF NOT EXISTS app_orders (id text PRIMARY KEY, user_id text,"
+                   " amount bigint NOT NULL)");
+    admin_exec(pg, "CREATE TABLE IF NOT EXISTS \"App Lines\" (order_id text NOT NULL"
+                   " REFERENCES app_orders (id), \"User\" text, n int NOT NULL)");
+    if (registered) {
+        admin_exec(pg, "SELECT idem_shard_table('app_orders', 'user_id')");
+        admin_exec(pg, "SELECT idem_shard_table('\"App Lines\"', 'User')");
+    }
+    PQfinish(pg);
 }
 
 static void test_init_spreads_the_buckets_and_is_idempotent(void)
@@ -407,6 +452,73 @@ static void test_the_drain_waits_for_a_writer_older_than_the_fence(void)
     CHECK_INT(bucket_rows(0, "idem_records", bucket), 0);
 }
 
+/*
+ * An application's registered tables move with the bucket: its rows (a parent and a child by
+ * foreign key, a quoted name and column) are at the new owner and gone from the old one; a row
+ * of no user stays.  The fence keeps a stale writer out of the moved rows at the old owner,
+ * checked at commit; a move is refused before it freezes anything when the new owner has not
+ * registered a table.
+ */
+static void test_a_move_carries_the_registered_tables(void)
+{
+    unsigned bucket = 500; /* on c1 */
+    char p[3][32];
+    PGconn *pg;
+    int moving;
+    long long epoch;
+
+    principals_of(bucket, p, 3);
+    app_tables(0, 1);
+    app_tables(1, 0);
+    pg = connect_to(c_uri[0]);
+    for (int i = 0; i < 3; i++) {
+        const char *params[1] = {p[i]};
+        PGresult *res = PQexecParams(
+            pg,
+            "WITH o AS (INSERT INTO app_orders VALUES ('o-' || $1, $1, 100) RETURNING id)"
+            " INSERT INTO \"App Lines\" SELECT id, $1, n FROM o, generate_series(1, 2) n",
+            1, NULL, params, NULL, NULL, 0);
+        CHECK_INT(PQresultStatus(res), PGRES_COMMAND_OK);
+        PQclear(res);
+    }
+    admin_exec(pg, "INSERT INTO app_orders VALUES ('nobody', NULL, 1)");
+    PQfinish(pg);
+    /* c1 refuses a row of a bucket it does not own (700 is c2's), at commit. */
+    CHECK_STR(sql_state(c_uri[0],
+                        "INSERT INTO app_orders SELECT 'x' || n, 'x' || n, 1 FROM"
+                        " generate_series(1, 5000) n WHERE idem_bucket_of('x' || n) = 700",
+                        NULL),
+              "IDM01");
+
+    /* c2 has not registered the tables: nothing frozen. */
+    CHECK_INT(move(bucket, "c2", 0, 0), IDEM_ESTATE);
+    CHECK_INT(steps_seen[IDEM_SHARD_MOVE_FROZEN], 0);
+    CHECK_INT(owner_of(bucket, &moving, &epoch), 0);
+    CHECK_INT(moving, 0);
+    CHECK_INT(fence_rows(0, bucket), 1);
+
+    app_tables(1, 1);
+    CHECK_INT(move(bucket, "c2", 0, 0), 0);
+    CHECK_INT(app_rows(1, "app_orders", bucket), 3);
+    CHECK_INT(app_rows(0, "app_orders", bucket), 0);
+    CHECK_INT(sql_int(c_uri[1],
+                      "SELECT count(*) FROM \"App Lines\" WHERE idem_bucket_of(\"User\") = 500",
+                      NULL),
+              6);
+    CHECK_INT(sql_int(c_uri[0], "SELECT count(*) FROM \"App Lines\"", NULL), 0);
+    CHECK_INT(sql_int(c_uri[0], "SELECT count(*) FROM app_orders WHERE id = 'nobody'", NULL), 1);
+    CHECK_INT(sql_int(c_uri[1], "SELECT count(*) FROM app_orders WHERE id = 'nobody'", NULL), 0);
+
+    /* A writer with a stale map: c1 refuses it, c2 takes it. */
+    CHECK_STR(sql_state(c_uri[0], "INSERT INTO app_orders VALUES ('late', $1, 1)", p[0]), "IDM01");
+    CHECK_STR(sql_state(c_uri[1], "INSERT INTO app_orders VALUES ('late', $1, 1)", p[0]), "");
+    /* And back, rows and all. */
+    CHECK_INT(move(bucket, "c1", 0, 0), 0);
+    CHECK_INT(app_rows(0, "app_orders", bucket), 4);
+    CHECK_INT(app_rows(1, "app_orders", bucket), 0);
+    CHECK_INT(sql_int(c_uri[0], "SELECT count(*) FROM \"App Lines\"", NULL), 6);
+}
+
 static void *move_thread(void *arg)
 {
     static int rc;
@@ -440,6 +552,13 @@ static void test_a_key_in_flight_completes_during_the_move(void)
     CHECK_INT(owner_of(bucket, &moving, &epoch), 0);
     CHECK_INT(moving, 1); /* waiting for the lease */
     CHECK_INT(call(eng, p[1], "k-new", 1), IDEM_EMOVED);
+    {
+        /* Its application row, written before the record's completion in its transaction. */
+        const char *params[1] = {p[0]};
+        CHECK_INT(idem_tx_exec(idem_call_tx(c), "INSERT INTO app_orders VALUES ('flight', $1, 1)",
+                               1, params, NULL),
+                  0);
+    }
     CHECK_INT(idem_call_complete(c, 201, NULL, 0, "k-flight", 8), 0);
     idem_call_end(c);
     CHECK_INT(pthread_join(t, &ret), 0);
@@ -455,6 +574,8 @@ static void test_a_key_in_flight_completes_during_the_move(void)
         idem_engine_free(eng2);
     }
     CHECK_INT(bucket_rows(0, "idem_records", bucket), 0);
+    CHECK_INT(app_rows(1, "app_orders", bucket), 1);
+    CHECK_INT(app_rows(0, "app_orders", bucket), 0);
     idem_engine_free(eng);
     idem_shards_close(sh);
 }
@@ -521,6 +642,7 @@ int main(void)
     test_a_move_cut_short_at_each_step_is_finished_by_running_it_again();
     test_the_drain_waits_for_a_writer_older_than_the_fence();
     test_the_movers_setting_passes_the_fence();
+    test_a_move_carries_the_registered_tables();
     test_a_key_in_flight_completes_during_the_move();
     measure(450, 1000);
     return t_done();
