@@ -31,6 +31,9 @@ struct idem_shards {
     _Atomic size_t n;
     char *names[IDEM_SHARDS_MAX];               /* as opened: the map's order, then as added */
     struct idem_store *stores[IDEM_SHARDS_MAX]; /* one per cluster, index as names */
+    /* A mover's set (lazy) opens a cluster only once it needs it, from its URI. */
+    int lazy;
+    char *uris[IDEM_SHARDS_MAX];
 
     pthread_rwlock_t lock; /* guards `map` and `at` */
     struct idem_shard_map *map;
@@ -190,6 +193,7 @@ void idem_shards_close(struct idem_shards *sh)
     for (size_t i = 0; i < IDEM_SHARDS_MAX; i++) {
         idem_store_close(sh->stores[i]);
         free(sh->names[i]);
+        free(sh->uris[i]);
     }
     idem_shard_map_free(sh->map);
     idem_store_close(sh->dir);
@@ -277,7 +281,13 @@ static int take_map(struct idem_shards *sh, struct idem_shard_map *m, char **err
         while (i < n && strcmp(sh->names[i], name) != 0)
             i++;
         if (i == n) {
-            rc = open_cluster(sh, n, name, idem_shard_map_uri(m, j), errmsg);
+            if (sh->lazy) {
+                sh->names[n] = idem__strdup(name);
+                sh->uris[n] = idem__strdup(idem_shard_map_uri(m, j));
+                rc = sh->names[n] && sh->uris[n] ? 0 : IDEM_ENOMEM;
+            } else {
+                rc = open_cluster(sh, n, name, idem_shard_map_uri(m, j), errmsg);
+            }
             if (rc < 0)
                 return rc;
             atomic_store(&sh->n, ++n); /* the slot is whole: readers may use it */
@@ -314,8 +324,9 @@ static int owner_of(struct idem_shards *sh, unsigned bucket, size_t *index, int6
     return rc;
 }
 
-int idem_shards_open(const char *directory_uri, const struct idem_store_options *opts,
-                     struct idem_shards **out, char **errmsg)
+/* idem_shards_open(), or with `lazy` a set whose clusters are named but not opened yet. */
+static int shards_open(const char *directory_uri, const struct idem_store_options *opts, int lazy,
+                       struct idem_shards **out, char **errmsg)
 {
     int rc = 0;
     struct idem_shards *sh = NULL;
@@ -342,6 +353,7 @@ int idem_shards_open(const char *directory_uri, const struct idem_store_options 
         sh->opts = *opts;
         sh->has_opts = 1;
     }
+    sh->lazy = lazy;
     rc = idem_store_open(directory_uri, opts, &sh->dir, errmsg);
     if (rc < 0)
         goto out;
@@ -364,6 +376,12 @@ out:
     idem_shard_map_free(m);
     idem_shards_close(sh);
     return rc;
+}
+
+int idem_shards_open(const char *directory_uri, const struct idem_store_options *opts,
+                     struct idem_shards **out, char **errmsg)
+{
+    return shards_open(directory_uri, opts, 0, out, errmsg);
 }
 
 size_t idem_shards_count(const struct idem_shards *sh)
@@ -806,6 +824,32 @@ struct move {
     char err[IDEM_ERRMSG_MAX];
 };
 
+/*
+ * Cluster i's store, opened with its fence the first time the move needs it: a move reaches the
+ * bucket's owner and its new owner, and the other clusters only to clean, where they answer.
+ */
+static int reach(struct move *mv, size_t i)
+{
+    int rc;
+    char *why = NULL;
+    struct idem_shards *sh = mv->sh;
+
+    if (sh->stores[i])
+        return 0;
+    rc = idem_store_open(sh->uris[i], sh->has_opts ? &sh->opts : NULL, &sh->stores[i], &why);
+    if (rc < 0)
+        idem__fmt(mv->err, sizeof mv->err, "shard cluster %s: %s", sh->names[i],
+                  why ? why : idem_strerror(rc));
+    if (rc == 0 && (rc = install_fence(sh->stores[i], sh->names[i], &why)) < 0)
+        idem__fmt(mv->err, sizeof mv->err, "%s", why ? why : idem_strerror(rc));
+    if (rc < 0) {
+        idem_store_close(sh->stores[i]);
+        sh->stores[i] = NULL;
+    }
+    idem_free(why);
+    return rc;
+}
+
 static const char *const step_name[] = {
     [IDEM_SHARD_MOVE_FROZEN] = "frozen",   [IDEM_SHARD_MOVE_FENCED] = "fenced",
     [IDEM_SHARD_MOVE_DRAINED] = "drained", [IDEM_SHARD_MOVE_COPIED] = "copied",
@@ -1189,11 +1233,16 @@ static int move_over(struct move *mv, int moving)
     if (rc < 0)
         return rc;
 
-    /* Every cluster, the new owner too: one an earlier move cut short may hold a row. */
+    /*
+     * The owner, and the new owner too: one an earlier move cut short may hold a row.  No other
+     * cluster can: a cluster gets the row only once the directory names it the owner.
+     */
     sinces = calloc(mv->sh->n, sizeof(*sinces));
     if (!sinces)
         return IDEM_ENOMEM;
     for (size_t i = 0; rc == 0 && i < mv->sh->n; i++) {
+        if (i != mv->from && i != mv->to)
+            continue;
         rc = move_exec(mv, mv->sh->stores[i], mv->sh->names[i],
                        "DELETE FROM idem_buckets WHERE bucket = CAST($1 AS integer)", 1, freeze,
                        NULL);
@@ -1210,8 +1259,10 @@ static int move_over(struct move *mv, int moving)
         rc = step_done(mv, IDEM_SHARD_MOVE_FENCED, 0);
     if (rc == 0)
         rc = wait_leases(mv, &sinces[mv->from]);
-    for (size_t i = 0; rc == 0 && i < mv->sh->n; i++)
-        rc = drain(mv, i, sinces[i]);
+    for (size_t i = 0; rc == 0 && i < mv->sh->n; i++) {
+        if (sinces[i])
+            rc = drain(mv, i, sinces[i]);
+    }
     if (rc == 0)
         rc = step_done(mv, IDEM_SHARD_MOVE_DRAINED, 0);
     if (rc == 0 && mv->from != mv->to)
@@ -1288,8 +1339,10 @@ static int move_finish(struct move *mv)
     if (rc == 0)
         rc = step_done(mv, IDEM_SHARD_MOVE_OPENED, 0);
     for (size_t i = 0; rc == 0 && i < mv->sh->n; i++) {
-        if (i != mv->to)
+        if (i == mv->from && i != mv->to)
             rc = clean_cluster(mv, i);
+        else if (i != mv->to && reach(mv, i) == 0)
+            (void)clean_cluster(mv, i); /* a move cut short and re-aimed may have left a copy */
     }
     if (rc == 0)
         rc = step_done(mv, IDEM_SHARD_MOVE_CLEANED, 0);
@@ -1307,7 +1360,7 @@ int idem_shards_move(const char *directory_uri, unsigned bucket, const char *to,
     if (!directory_uri || !to || bucket >= IDEM_SHARD_BUCKETS)
         return set_err(errmsg, IDEM_EINVAL, "a bucket from 0 to 1023, a cluster, a directory");
     idem__fmt(mv.bucket, sizeof mv.bucket, "%u", bucket);
-    rc = idem_shards_open(directory_uri, opts ? opts->store : NULL, &mv.sh, errmsg);
+    rc = shards_open(directory_uri, opts ? opts->store : NULL, 1, &mv.sh, errmsg);
     if (rc < 0)
         goto out;
     mv.to = mv.sh->n;
@@ -1322,7 +1375,10 @@ int idem_shards_move(const char *directory_uri, unsigned bucket, const char *to,
     }
     /* The set read the map as it opened: where the bucket is, and whether a move has it. */
     moving = owner_of(mv.sh, bucket, &mv.from, &mv.epoch) == IDEM_EMOVED;
-    if (moving || mv.from != mv.to)
+    rc = reach(&mv, mv.from);
+    if (rc == 0)
+        rc = reach(&mv, mv.to);
+    if (rc == 0 && (moving || mv.from != mv.to))
         rc = move_over(&mv, moving);
     if (rc == 0)
         rc = move_finish(&mv);

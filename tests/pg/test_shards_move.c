@@ -611,6 +611,32 @@ static void test_the_movers_setting_passes_the_fence(void)
     PQfinish(pg);
 }
 
+/*
+ * A move reaches the bucket's owner and new owner only: a third cluster the directory names that
+ * does not answer (here, a port nothing listens on) neither stops nor slows it.
+ */
+static void test_a_move_needs_only_its_two_clusters(void)
+{
+    PGconn *dir = connect_to(dir_uri);
+    char p[2][32];
+    int moving;
+    long long epoch;
+
+    admin_exec(dir, "INSERT INTO idem_shard_clusters VALUES ('c9',"
+                    " 'postgresql://127.0.0.1:1/nowhere?connect_timeout=2')");
+    principals_of(610, p, 2);                       /* on c2 */
+    CHECK_INT(write_keys(610, p, 2, 1), IDEM_EUNAVAIL); /* an instance opens every cluster */
+    CHECK_INT(move(610, "c1", 0, 0), 0);
+    CHECK_INT(owner_of(610, &moving, &epoch), 0);
+    CHECK_INT(fence_rows(0, 610), 1);
+    CHECK_INT(move(610, "c9", 0, 0), IDEM_EUNAVAIL);
+    CHECK_INT(steps_seen[IDEM_SHARD_MOVE_FROZEN], 0);
+    admin_exec(dir, "DELETE FROM idem_shard_clusters WHERE name = 'c9'");
+    PQfinish(dir);
+    CHECK_INT(owner_of(610, &moving, &epoch), 0);
+    CHECK_INT(moving, 0);
+}
+
 /* What a move costs: the milliseconds frozen for `n` records (printed, for docs/shards.md). */
 static void measure(unsigned bucket, int n)
 {
@@ -644,6 +670,7 @@ int main(void)
     test_the_movers_setting_passes_the_fence();
     test_a_move_carries_the_registered_tables();
     test_a_key_in_flight_completes_during_the_move();
+    test_a_move_needs_only_its_two_clusters();
     measure(450, 1000);
     return t_done();
 }
