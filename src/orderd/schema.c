@@ -245,17 +245,58 @@ static const char counts_postgres[] = COUNTS_TABLE
     "  FOR EACH ROW EXECUTE FUNCTION orderd_inbox_counts()";
 /* clang-format on */
 
+/*
+ * Step 6: every per-user row names its user.  On a shard set a user's rows live on the cluster of
+ * the user's bucket, and a move of a bucket selects the rows it carries by that column; orders and
+ * profiles had it, the rows below reach their user only through an order or a payload.  What
+ * exists is backfilled: a payment or a refund from its order; an order's confirmation email from
+ * the order its dedupe key names ("order-<id>-confirmation", payments.c); a "profile changed"
+ * email from its payload's metadata.userId, the only place it names its user (profile.c).  An
+ * inbox row kept only the event's id, type and result, so an old one stays NULL, as does a new
+ * one whose event named no user.
+ */
+#define USER_COLUMNS(PROFILE_USER)                                                                 \
+    "ALTER TABLE payments ADD COLUMN user_id TEXT;"                                                \
+    "ALTER TABLE refunds ADD COLUMN user_id TEXT;"                                                 \
+    "ALTER TABLE outbox ADD COLUMN user_id TEXT;"                                                  \
+    "ALTER TABLE inbox ADD COLUMN user_id TEXT;"                                                   \
+    "UPDATE payments SET user_id ="                                                                \
+    "  (SELECT o.user_id FROM orders o WHERE o.id = payments.order_id);"                           \
+    "UPDATE refunds SET user_id ="                                                                 \
+    "  (SELECT o.user_id FROM orders o WHERE o.id = refunds.order_id);"                            \
+    "UPDATE outbox SET user_id = (SELECT o.user_id FROM orders o WHERE o.id ="                     \
+    "  substr(outbox.dedupe_key, 7, length(outbox.dedupe_key) - 19))"                              \
+    "  WHERE dedupe_key LIKE 'order-%-confirmation';"                                              \
+    "UPDATE outbox SET user_id = " PROFILE_USER " WHERE kind = 'profile_changed'"
+
+static const char user_columns_sqlite[] =
+    USER_COLUMNS("json_extract(payload, '$.metadata.userId')");
+static const char user_columns_postgres[] = USER_COLUMNS("CAST(payload AS jsonb) #>> "
+                                                         "'{metadata,userId}'");
+
 static const struct idem_migration steps[] = {
     {1, "business tables", tables_sqlite, tables_postgres},
     {2, "seed products", seed_products, seed_products},
     {3, "payments, refunds, outbox, inbox", payments_sqlite, payments_postgres},
     {4, "order foreign keys checked at commit", "SELECT 1", fk_at_commit_postgres},
     {5, "outbox and inbox counts kept by triggers", counts_sqlite, counts_postgres},
+    {6, "payments, refunds, outbox, inbox name their user", user_columns_sqlite,
+     user_columns_postgres},
 };
 
 int schema_migrate(struct idem_store *st, int *applied, char **errmsg)
 {
-    return idem_store_migrate(st, "orderd", steps, sizeof steps / sizeof steps[0], applied, errmsg);
+    return schema_migrate_to(st, steps[sizeof steps / sizeof steps[0] - 1].version, applied,
+                             errmsg);
+}
+
+int schema_migrate_to(struct idem_store *st, int version, int *applied, char **errmsg)
+{
+    size_t n = 0;
+
+    while (n < sizeof steps / sizeof steps[0] && steps[n].version <= version)
+        n++;
+    return idem_store_migrate(st, "orderd", steps, n, applied, errmsg);
 }
 
 /*

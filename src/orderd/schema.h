@@ -14,6 +14,12 @@ struct idem_store;
 int schema_migrate(struct idem_store *st, int *applied, char **errmsg);
 
 /*
+ * As schema_migrate(), up to and including step `version` only: how a test builds the store an
+ * older orderd left, to see what a later step makes of its rows.
+ */
+int schema_migrate_to(struct idem_store *st, int version, int *applied, char **errmsg);
+
+/*
  * On each cluster of a shard set, after schema_migrate(): users and products live in the
  * catalogue, so the cluster's rows refer to them by value, without a foreign key.  As
  * schema_migrate() otherwise.
