@@ -27,10 +27,10 @@
 #define RELAY_THREADS 8
 #define BACKOFF_FIRST_MS 250
 
-int outbox_enqueue(const struct app *app, struct idem_tx *tx, const char *dedupe_key,
-                   const json_t *email)
+int outbox_enqueue(const struct app *app, struct idem_tx *tx, const char *user_id,
+                   const char *dedupe_key, const json_t *email)
 {
-    const char *params[7];
+    const char *params[8];
     unsigned char rnd[12];
     char id[40], created[ISO8601_LEN + 1], now_ms[24];
     char *payload = NULL;
@@ -52,11 +52,12 @@ int outbox_enqueue(const struct app *app, struct idem_tx *tx, const char *dedupe
     params[4] = payload;
     params[5] = now_ms;
     params[6] = created;
+    params[7] = user_id;
     rc = db_exec(app, tx,
                  "INSERT INTO outbox (id, kind, dedupe_key, recipient, payload, status, attempts, "
-                 "next_attempt_ms, created_at) VALUES ($1, $2, $3, $4, $5, 'pending', 0, CAST($6 "
-                 "AS BIGINT), $7) ON CONFLICT (dedupe_key) DO NOTHING",
-                 7, params, NULL);
+                 "next_attempt_ms, created_at, user_id) VALUES ($1, $2, $3, $4, $5, 'pending', 0, "
+                 "CAST($6 AS BIGINT), $7, $8) ON CONFLICT (dedupe_key) DO NOTHING",
+                 8, params, NULL);
     free(payload);
     return rc;
 }

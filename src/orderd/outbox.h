@@ -19,13 +19,14 @@
 struct app;
 
 /*
- * Queues `email` (borrowed: {"to","subject","template","text","metadata"}) in `tx`.  With a
- * `dedupe_key`, a second message of the same key is not queued (the first stays): the
- * confirmation of an order is one row however many paths settle the order.  NULL: always queued.
- * Returns 0 or a negative IDEM_E*.
+ * Queues `email` (borrowed: {"to","subject","template","text","metadata"}) in `tx`, as a message
+ * of the user `user_id` (the row's user_id: on a shard set, a move of the user's bucket carries
+ * it).  With a `dedupe_key`, a second message of the same key is not queued (the first stays):
+ * the confirmation of an order is one row however many paths settle the order.  NULL: always
+ * queued.  Returns 0 or a negative IDEM_E*.
  */
-int outbox_enqueue(const struct app *app, struct idem_tx *tx, const char *dedupe_key,
-                   const json_t *email);
+int outbox_enqueue(const struct app *app, struct idem_tx *tx, const char *user_id,
+                   const char *dedupe_key, const json_t *email);
 
 /* One run of the relay (a worker_fn): delivers what is due, at most a batch; *items = sent. */
 int outbox_relay_run(struct app *app, int *items);

@@ -94,7 +94,7 @@ static int queue_confirmation(const struct app *app, struct idem_tx *tx, const s
                          idem_rows_count(rows) > 0 ? db_text(rows, 0, 0) : "unknown@example.com",
                          "subject", subject, "template", "order_confirmation", "text", text,
                          "metadata", "orderId", o->id, "userId", o->user_id));
-    rc = outbox_enqueue(app, tx, dedupe, email);
+    rc = outbox_enqueue(app, tx, o->user_id, dedupe, email);
 out:
     json_decref(email);
     idem_rows_free(rows);
@@ -105,7 +105,7 @@ int payments_mark_paid(const struct app *app, struct idem_tx *tx, const struct o
                        const char *charge_id, int *changed)
 {
     struct idem_rows *rows = NULL;
-    const char *params[7];
+    const char *params[8];
     char key[PAYMENT_KEY_MAX], amount[24], now[ISO8601_LEN + 1];
     int64_t n = 0;
     int rc;
@@ -129,11 +129,12 @@ int payments_mark_paid(const struct app *app, struct idem_tx *tx, const struct o
     params[4] = o->currency;
     params[5] = "succeeded";
     params[6] = now;
+    params[7] = o->user_id;
     rc = db_exec(app, tx,
                  "INSERT INTO payments (order_id, charge_id, provider_key, amount, currency, "
-                 "status, created_at) VALUES ($1, $2, $3, CAST($4 AS BIGINT), $5, $6, $7) ON "
-                 "CONFLICT (order_id) DO NOTHING",
-                 7, params, NULL);
+                 "status, created_at, user_id) VALUES ($1, $2, $3, CAST($4 AS BIGINT), $5, $6, "
+                 "$7, $8) ON CONFLICT (order_id) DO NOTHING",
+                 8, params, NULL);
     if (rc == 0)
         rc = queue_confirmation(app, tx, o);
 out:
@@ -261,7 +262,7 @@ int refunds_load(const struct app *app, struct idem_tx *tx, const char *order_id
 
 int refunds_request(const struct app *app, struct idem_tx *tx, const struct order_pay *o)
 {
-    const char *params[6];
+    const char *params[7];
     char key[PAYMENT_KEY_MAX], amount[24], now[ISO8601_LEN + 1];
     int rc;
 
@@ -280,11 +281,12 @@ int refunds_request(const struct app *app, struct idem_tx *tx, const struct orde
     params[3] = amount;
     params[4] = o->currency;
     params[5] = now;
+    params[6] = o->user_id;
     return db_exec(app, tx,
                    "INSERT INTO refunds (order_id, provider_key, charge_id, amount, currency, "
-                   "status, requested_at, updated_at) VALUES ($1, $2, $3, CAST($4 AS BIGINT), $5, "
-                   "'requested', $6, $6) ON CONFLICT (order_id) DO NOTHING",
-                   6, params, NULL);
+                   "status, requested_at, updated_at, user_id) VALUES ($1, $2, $3, CAST($4 AS "
+                   "BIGINT), $5, 'requested', $6, $6, $7) ON CONFLICT (order_id) DO NOTHING",
+                   7, params, NULL);
 }
 
 int refunds_mark_done(const struct app *app, struct idem_tx *tx, const char *order_id, int ok,

@@ -43,7 +43,7 @@ static int queue_email(const struct app *app, struct idem_tx *tx, const char *us
                   "template", "profile_changed", "text",
                   "Your name and email address were updated. If this was not you, contact us.",
                   "metadata", "userId", user));
-    int rc = outbox_enqueue(app, tx, NULL, email);
+    int rc = outbox_enqueue(app, tx, user, NULL, email);
 
     json_decref(email);
     return rc;

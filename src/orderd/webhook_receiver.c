@@ -157,13 +157,14 @@ void webhooks_provider(const struct call_ctx *cx, struct response *resp)
     params[0] = event_id;
     params[1] = type;
     params[2] = now;
+    params[3] = user;
     rc = app->shards != NULL && user != NULL ? app_tx_begin(app, user, 1, &tx)
                                              : idem_tx_begin(app->store, 1, &tx);
     if (rc == 0)
         rc = db_exec(app, tx,
-                     "INSERT INTO inbox (event_id, type, result, received_at) VALUES ($1, $2, "
-                     "'received', $3) ON CONFLICT (event_id) DO NOTHING",
-                     3, params, &rows);
+                     "INSERT INTO inbox (event_id, type, result, received_at, user_id) VALUES "
+                     "($1, $2, 'received', $3, $4) ON CONFLICT (event_id) DO NOTHING",
+                     4, params, &rows);
     if (rc < 0)
         goto fail;
     if (idem_rows_changed(rows) == 0) {

@@ -13,6 +13,8 @@ between a real orderd and a real provider-sim:
 - cancelling twice, the provider down during the first, refunds exactly once;
 - the "profile changed" email goes out only when something changed; a parked email comes back
   with `orderd outbox retry`;
+- every payment, refund, outbox and inbox row names its user (NULL only for an event that names
+  none);
 - provider-sim reads back every object it made, by id, by key and by filter.
 
 Every test starts its own provider-sim and orderd (fresh databases), so they do not interfere.
@@ -506,6 +508,41 @@ def test_profile_email_only_when_something_changed(_):
         _, lst = prov.call("GET", "/v1/emails")
         conf = [e for e in lst["data"] if e["template"] == "order_confirmation"]
         expect_eq(conf[0]["to"], "ada@example.org", "recipient of the confirmation")
+
+
+@test
+def test_every_per_user_row_names_its_user(_):
+    # On a shard set a move of a user's bucket selects the user's rows by their user_id
+    # (docs/orderd.md): each row an order, a cancel, a profile change or a webhook makes names it.
+    prov, s = paid_pair(order_args=FAST, name="owner")
+    with prov, s:
+        u = s.new_user("owner")
+        expect_eq(u.put("/api/me/profile", {"name": "Ann", "email": "ann@example.com"}).status,
+                  200, "profile PUT")
+        created = u.create_order(new_key("order"))
+        expect_eq(created.status, 201, "paid order")
+        oid = created.json()["orderId"]
+        expect_eq(u.cancel(oid, new_key("cancel")).json().get("refundStatus"), "refunded",
+                  "cancel")
+        user = db_query(s.db_uri, "SELECT user_id FROM orders WHERE id = ?", (oid,))[0][0]
+        ping = json.dumps({"id": "evt_ping_" + new_key(), "type": "test.ping",
+                           "data": {"object": {}}}).encode()
+        r = u.request("POST", "/webhooks/provider", body=ping, token=None,
+                      headers={"Provider-Signature": sign(ping)})
+        expect_eq(r.status, 200, "a webhook that names no user")
+        wait_until("the charge's and the refund's webhooks", lambda: int(db_query(
+            s.db_uri, "SELECT COUNT(*) FROM inbox WHERE type IN ('charge.succeeded', "
+            "'refund.succeeded')")[0][0]) == 2)
+        for table in ("payments", "refunds"):
+            expect_eq(db_query(s.db_uri, "SELECT user_id FROM %s WHERE order_id = ?" % table,
+                               (oid,)), [[user]], "user_id of the order's row in " + table)
+        rows = db_query(s.db_uri, "SELECT kind, COALESCE(user_id, 'NULL') FROM outbox")
+        expect_eq(sorted(rows), [["order_confirmation", user], ["profile_changed", user]],
+                  "user_id of the outbox rows")
+        rows = db_query(s.db_uri, "SELECT type, COALESCE(user_id, 'NULL') FROM inbox")
+        expect_eq(sorted(rows),
+                  [["charge.succeeded", user], ["refund.succeeded", user], ["test.ping", "NULL"]],
+                  "user_id of the inbox rows (NULL when the event names no user)")
 
 
 def outbox_cli(server, *args):

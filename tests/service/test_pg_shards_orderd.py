@@ -17,7 +17,7 @@ each a database of the with_pg.sh server, and the catalogue (users, tokens) one 
     at the new owner): an order of its user gets 503 with Retry-After while it moves, then is
     made at the new owner, once, and replays there;
   - a provider webhook carrying the user in its metadata is recorded in that user's cluster's
-    inbox, and its second delivery is a duplicate there;
+    inbox, in a row that names the user, and its second delivery is a duplicate there;
   - /metrics labels the store's series by cluster (shard="c1"), each family's TYPE once.
 
 Runs only under tests/pg/with_pg.sh (CTest: service-pg.pg_shards_orderd).
@@ -276,6 +276,10 @@ def a_webhook_lands_on_its_user_s_cluster(ctx):
                  if harness.psql(uri, "SELECT 1 FROM inbox WHERE event_id = :'e';\n",
                                  {"e": event_id})]
         expect_eq(where, [cluster], "clusters whose inbox holds %s" % event_id)
+        # The row names its user: a move of the user's bucket selects it by that column.
+        expect_eq(harness.psql(ctx.cluster_uris[cluster], "SELECT user_id FROM inbox WHERE "
+                               "event_id = :'e';\n", {"e": event_id}), [[uid]],
+                  "the user of %s's inbox row" % event_id)
 
 
 @test
