@@ -474,8 +474,12 @@ int idem_shards_tx_begin(struct idem_shards *sh, const char *principal, int writ
     if (rc < 0)
         goto out;
     rc = idem_tx_begin(sh->stores[index], write, &tx);
-    if (rc < 0 || !write)
+    if (rc < 0)
         goto out;
+    /*
+     * A read is fenced too: once it saw the row, a move's drain waits for it to end before the
+     * bucket's rows are copied and removed here, so it never reads an emptied old owner.
+     */
     idem__fmt(text, sizeof(text), "%u", bucket);
     rc = idem_tx_exec(tx, "SELECT 1 FROM idem_buckets WHERE bucket = $1", 1, params, &rows);
     if (rc == 0 && idem_rows_count(rows) != 1)

@@ -897,11 +897,13 @@ struct idem_shards_stats {
 IDEM_API void idem_shards_stats(const struct idem_shards *sh, struct idem_shards_stats *out);
 
 /*
- * idem_tx_begin() on the cluster that owns `principal`'s bucket.  A write transaction first
- * reads that bucket's row of the cluster's idem_buckets (without locking it), so everything it
- * writes is fenced: a bucket the cluster does not own, or no longer does, is IDEM_EMOVED (the
- * map is re-read: begin again), and a move of the bucket waits for the transaction to end
- * (idem_shards_move()).  Returns what idem_tx_begin() returns, or IDEM_EMOVED.
+ * idem_tx_begin() on the cluster that owns `principal`'s bucket.  The transaction first reads
+ * that bucket's row of the cluster's idem_buckets (without locking it): a bucket the cluster does
+ * not own, or no longer does, is IDEM_EMOVED (the map is re-read: begin again).  A move of the
+ * bucket waits for a transaction that saw the row to end (idem_shards_move()) before it copies and
+ * removes the bucket's rows: so everything a write transaction writes is fenced, and a read
+ * transaction never reads an old owner's emptied copy.  Returns what idem_tx_begin() returns, or
+ * IDEM_EMOVED.
  */
 IDEM_API int idem_shards_tx_begin(struct idem_shards *sh, const char *principal, int write,
                                   struct idem_tx **out);
