@@ -311,9 +311,42 @@ static const char cluster_no_user_fk[] =
 static const char cluster_no_product_fk[] =
     "ALTER TABLE orders DROP CONSTRAINT orders_product_id_fkey";
 
+/*
+ * A user's rows move with the user's bucket (docs/shards.md, "Moving a bucket"): each table is
+ * registered with its user column, parents first, which also fences its writes.  Rows of no user
+ * (an inbox event without metadata.userId) stay where they are.
+ */
+static const char cluster_rows_move[] = "SELECT idem_shard_table('orders', 'user_id');"
+                                        "SELECT idem_shard_table('profiles', 'user_id');"
+                                        "SELECT idem_shard_table('payments', 'user_id');"
+                                        "SELECT idem_shard_table('refunds', 'user_id');"
+                                        "SELECT idem_shard_table('outbox', 'user_id');"
+                                        "SELECT idem_shard_table('inbox', 'user_id')";
+
+/*
+ * The inbox figures count events ever accepted, so the copy of an event a move brings counts
+ * nowhere again (its old cluster's count keeps it).  The outbox figures are messages now: the
+ * move's delete and insert carry them over as they are.
+ */
+/* clang-format off */
+static const char cluster_inbox_counts[] =
+    "CREATE OR REPLACE FUNCTION orderd_inbox_counts() RETURNS trigger LANGUAGE plpgsql AS $$"
+    " BEGIN"
+    "  IF current_setting('idem.mover', true) = 'on' THEN RETURN NULL; END IF;"
+    "  PERFORM orderd_count_move("
+    "    CASE WHEN TG_OP = 'UPDATE' AND OLD.result <> 'received' THEN "
+             INBOX_NAME("OLD.type", "OLD.result") " END,"
+    "    CASE WHEN NEW.result <> 'received' THEN "
+             INBOX_NAME("NEW.type", "NEW.result") " END);"
+    "  RETURN NULL;"
+    " END $$";
+/* clang-format on */
+
 static const struct idem_migration cluster_steps[] = {
     {1, "users are in the catalogue", "SELECT 1", cluster_no_user_fk},
     {2, "products are in the catalogue", "SELECT 1", cluster_no_product_fk},
+    {3, "a user's rows move with the user's bucket", "SELECT 1", cluster_rows_move},
+    {4, "a moved inbox event is not counted again", "SELECT 1", cluster_inbox_counts},
 };
 
 int schema_migrate_cluster(struct idem_store *st, int *applied, char **errmsg)

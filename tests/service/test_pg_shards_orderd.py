@@ -16,6 +16,9 @@ each a database of the with_pg.sh server, and the catalogue (users, tokens) one 
   - a bucket moved by hand while orderd runs (frozen and fenced first, then flipped and opened
     at the new owner): an order of its user gets 503 with Retry-After while it moves, then is
     made at the new owner, once, and replays there;
+  - `idem-gateway shards move` of a user's bucket carries the user's order, profile and outbox
+    to the new owner, where they are read and the order's retry replays; a stale write of the
+    user's rows on the old cluster is refused;
   - a provider webhook carrying the user in its metadata is recorded in that user's cluster's
     inbox, in a row that names the user, and its second delivery is a duplicate there;
   - /metrics labels the store's series by cluster (shard="c1"), each family's TYPE once.
@@ -25,9 +28,11 @@ Runs only under tests/pg/with_pg.sh (CTest: service-pg.pg_shards_orderd).
 
 import http.client
 import json
+import subprocess
 
 import harness
 from harness import Server, expect, expect_eq, new_key, run, test
+from gateway_harness import GATEWAY
 from provider import WEBHOOK_SECRET, sign
 
 CLUSTERS = harness.SHARD_CLUSTERS
@@ -172,6 +177,56 @@ def a_bucket_moved_by_hand_is_503_then_made_once_at_the_new_owner(ctx):
     again = c.post("/api/orders", body, key=key)
     expect(again.status == 201 and again.replayed, "the retry replays: %s" % again.describe())
     expect_eq(len(ctx.orders(1, uid)), 1, "orders at the new owner after the retry")
+
+def user_rows(uri, table, uid):
+    return int(harness.psql(uri, "SELECT count(*) FROM %s WHERE user_id = :'u';\n" % table,
+                            {"u": uid})[0][0])
+
+
+@test
+def a_move_carries_the_user_s_orders_profile_and_outbox(ctx):
+    c, uid = ctx.user_on(0, "carry")
+    b = bucket_of(uid)
+    key = new_key("carry")
+    body = {"productId": "p-1024", "quantity": 1}
+    first = c.post("/api/orders", body, key=key)
+    expect_eq(first.status, 201, "the order before the move: %s" % first.describe())
+    profile = c.put("/api/me/profile", {"name": "Ada", "email": "ada@example.org"},
+                    key=new_key("carry-profile"))
+    expect_eq(profile.status, 200, "the profile before the move: %s" % profile.describe())
+    tables = ("orders", "profiles", "outbox")
+    before = {t: user_rows(ctx.cluster_uris[0], t, uid) for t in tables}
+    expect(before["orders"] == 1 and before["profiles"] == 1 and before["outbox"] >= 1,
+           "the user's rows on c1 before the move: %r" % before)
+
+    move = subprocess.run([GATEWAY, "shards", "move", "--directory", ctx.dir_uri, str(b),
+                           "--to", "c3"], capture_output=True, timeout=60)
+    expect_eq(move.returncode, 0, "shards move: %s" % move.stderr.decode())
+    after = {t: user_rows(ctx.cluster_uris[2], t, uid) for t in tables}
+    expect_eq(after, before, "the user's rows on c3 after the move")
+    for t in tables:
+        expect_eq(user_rows(ctx.cluster_uris[0], t, uid), 0, "the user's %s left on c1" % t)
+
+    def listed():
+        r = c.get("/api/orders")
+        return r if r.status == 200 else None
+
+    r = harness.wait_until("the order list at the new owner", listed, timeout_s=5)
+    expect(first.json()["orderId"] in r.body.decode(), "the moved order is listed: %s"
+           % r.describe())
+    expect_eq(c.get("/api/orders/" + first.json()["orderId"]).status, 200,
+              "GET of the moved order")
+    again = c.post("/api/orders", body, key=key)
+    expect(again.status == 201 and again.replayed and again.body == first.body,
+           "the order's retry replays at the new owner: %s" % again.describe())
+    # A write of the user's rows that reaches c1 anyway (a stale map) is refused there at commit.
+    sql = ("INSERT INTO outbox (id, kind, dedupe_key, recipient, payload, status, next_attempt_ms,"
+           " created_at, user_id) VALUES ('stale', 'k', 'stale', 'r', '{}', 'pending', 0, 'now',"
+           " :'u');\n")
+    out = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", "u=" + uid,
+                          ctx.cluster_uris[0]], input=sql.encode(), capture_output=True)
+    expect(out.returncode != 0 and b"not on this cluster" in out.stderr,
+           "an outbox row of the user on c1 refused: %s" % out.stderr.decode())
 
 
 def retry_until_final(client, body, key, deadline_s=30):
