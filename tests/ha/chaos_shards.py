@@ -88,9 +88,9 @@ def move(n):
     table in the catalogue; their names start with "chaos-") that c1 or c2 owns, the one with the
     most users, and keeps it in the state file; every move takes it to the other of c1 and c2, so
     the bucket goes back and forth with its users' traffic on it.  c3 is left to its failovers.
-    With CHAOS_SHARDS_MOVE=empty the bucket is instead c1's first that none of the run's users
-    has: a move of orderd's users loses sight of their orders today (a move carries idempotency
-    records, not orderd's rows: docs/shards.md, "Not yet"), which the audit counts as lost.
+    The move carries the users' records and orderd's rows of them, so the audit finds their
+    orders at the new owner.  With CHAOS_SHARDS_MOVE=empty the bucket is instead c1's first that
+    none of the run's users has (a move with no traffic on it, to compare).
     """
     directory = os.environ["IDEM_CHAOS_SHARDS_DIRECTORY"]
     state = os.environ["IDEM_CHAOS_SHARDS_STATE"]
@@ -118,8 +118,8 @@ def move(n):
         say("move %s: bucket %d, %d user(s) of the run" % (n, bucket, counts.get(bucket, 0)))
     to = "c2" if owners[bucket] == "c1" else "c1"
     say("move %s: bucket %d from %s to %s" % (n, bucket, owners[bucket], to))
-    # `shards move` opens every cluster of the set, so it fails while c3 has no primary; the
-    # same move run again finishes one cut short (docs/shards.md), as an operator would.
+    # A move that fails (a drain timed out under load) is run again, which finishes one cut
+    # short (docs/shards.md), as an operator would.
     def moved():
         rc = subprocess.run([os.environ["IDEM_CHAOS_SHARDS_GATEWAY"], "shards", "move",
                              "--directory", directory, str(bucket), "--to", to]).returncode
