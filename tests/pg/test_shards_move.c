@@ -624,7 +624,7 @@ static void test_a_move_needs_only_its_two_clusters(void)
 
     admin_exec(dir, "INSERT INTO idem_shard_clusters VALUES ('c9',"
                     " 'postgresql://127.0.0.1:1/nowhere?connect_timeout=2')");
-    principals_of(610, p, 2);                       /* on c2 */
+    principals_of(610, p, 2);                           /* on c2 */
     CHECK_INT(write_keys(610, p, 2, 1), IDEM_EUNAVAIL); /* an instance opens every cluster */
     CHECK_INT(move(610, "c1", 0, 0), 0);
     CHECK_INT(owner_of(610, &moving, &epoch), 0);
