@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * main.c - idem-gateway's command line: `serve`, `check-config`, `keys list|show|resolve`,
- * `shards init|show|move` (shards_cmd.c), `--help`, `--version`.
+ * `shards init|add|show|move` (shards_cmd.c), `--help`, `--version`.
  * As in orderd, a wrong flag or value is named on stderr with exit status 2, a failure at run
  * time exits with 1; a config file with a mistake is one line naming the file, the line and what
  * was expected (config.h).
@@ -47,6 +47,7 @@ static const char usage_main[] =
     "  keys list      the held keys (outcome unknown) an operator must resolve, a page at a time\n"
     "  keys resolve   settle a record whose outcome is unknown (held)\n"
     "  shards init    set a shard set's directory up (its clusters, the buckets spread)\n"
+    "  shards add     name a new cluster in a shard set, owning no bucket yet\n"
     "  shards show    print a shard set's map: clusters, bucket counts, buckets moving\n"
     "  shards move    move a bucket to another cluster while the gateways run\n"
     "\n"
