@@ -173,10 +173,51 @@ struct idem_shards {
     "   idem_bucket_of(NEW.principal) USING ERRCODE = 'IDM01';"                                    \
     " END $f$;"
 
+/*
+ * A move finds a bucket's rows by an index on the bucket, so its scans grow with the bucket, not
+ * the table: the records', the keys in flight's, and each registered table's (made as it is
+ * registered).  idem_bucket_of() becomes one expression, the same bucket computed without a
+ * subquery, so that PostgreSQL inlines it into the index, the fence and the move's queries alike.
+ * On a large existing table, make the index first with CREATE INDEX CONCURRENTLY under the same
+ * name (docs/shards.md): the migration then finds it and does not hold the table's writes.
+ */
+#define FENCE_INDEX_SQL                                                                            \
+    "CREATE OR REPLACE FUNCTION idem_bucket_of(p text) RETURNS integer"                            \
+    " LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $f$"                                          \
+    " SELECT (('x' || encode(substring(sha256(convert_to(p, 'UTF8')) FROM 7 FOR 2), 'hex'))"       \
+    "  ::bit(16)::integer) & 1023 $f$;"                                                            \
+    "CREATE INDEX IF NOT EXISTS idem_records_bucket ON idem_records (idem_bucket_of(principal));"  \
+    "CREATE INDEX IF NOT EXISTS idem_inflight_bucket ON idem_inflight"                             \
+    " (idem_bucket_of(principal));"                                                                \
+    "CREATE OR REPLACE FUNCTION idem_shard_table(t regclass, col text) RETURNS void"               \
+    " LANGUAGE plpgsql AS $f$"                                                                     \
+    " BEGIN"                                                                                       \
+    "  IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = t AND attname = col"             \
+    "   AND attnum > 0 AND NOT attisdropped) THEN"                                                 \
+    "   RAISE EXCEPTION 'table % has no column %', t, col USING ERRCODE = '42703';"                \
+    "  END IF;"                                                                                    \
+    "  INSERT INTO idem_shard_tables (name, principal_column) VALUES (t::text, quote_ident(col))"  \
+    "   ON CONFLICT (name) DO UPDATE SET principal_column = EXCLUDED.principal_column;"            \
+    "  EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %s (idem_bucket_of(%I))',"                 \
+    "   (SELECT relname FROM pg_class WHERE oid = t) || '_idem_bucket', t, col);"                  \
+    "  EXECUTE format('DROP TRIGGER IF EXISTS idem_rows_fence ON %s', t);"                         \
+    "  EXECUTE format('CREATE CONSTRAINT TRIGGER idem_rows_fence'"                                 \
+    "   || ' AFTER INSERT OR UPDATE OR DELETE ON %s DEFERRABLE INITIALLY DEFERRED'"                \
+    "   || ' FOR EACH ROW EXECUTE FUNCTION idem_rows_fence(%L)', t, col);"                         \
+    " END $f$;"                                                                                    \
+    "DO $d$ DECLARE r record; BEGIN"                                                               \
+    "  FOR r IN SELECT name, principal_column FROM idem_shard_tables ORDER BY position LOOP"       \
+    "   EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %s (idem_bucket_of(%s))',"                \
+    "    (SELECT relname FROM pg_class WHERE oid = r.name::regclass) || '_idem_bucket',"           \
+    "    r.name, r.principal_column);"                                                             \
+    "  END LOOP;"                                                                                  \
+    " END $d$"
+
 static const struct idem_migration fence_schema[] = {
     {1, "shard fence", NULL, FENCE_SQL},
     {2, "shard fence: the mover", NULL, FENCE_MOVER_SQL},
     {3, "shard fence: an application's rows", NULL, FENCE_ROWS_SQL},
+    {4, "shard fence: an index on the bucket", NULL, FENCE_INDEX_SQL},
 };
 
 static int set_err(char **errmsg, int rc, const char *msg)

@@ -166,6 +166,14 @@ static void test_sql_and_c_agree_on_buckets(struct idem_shards *sh)
         CHECK_INT(query_int(idem_shards_store(sh, 0), "SELECT idem_bucket_of($1)", p),
                   idem_shard_bucket(p, strlen(p)));
     }
+    for (int i = 0, bad = 0; i < 2000; i++) {
+        char p[32];
+        snprintf(p, sizeof p, "user-%d", i);
+        bad += query_int(idem_shards_store(sh, 0), "SELECT idem_bucket_of($1)", p) !=
+               (long long)idem_shard_bucket(p, strlen(p));
+        if (i == 1999)
+            CHECK_INT(bad, 0);
+    }
 }
 
 static const struct idem_operation op = {.name = "shard.test"};

@@ -509,6 +509,28 @@ static void test_a_move_carries_the_registered_tables(void)
     CHECK_INT(sql_int(c_uri[0], "SELECT count(*) FROM app_orders WHERE id = 'nobody'", NULL), 1);
     CHECK_INT(sql_int(c_uri[1], "SELECT count(*) FROM app_orders WHERE id = 'nobody'", NULL), 0);
 
+    /* The move found the rows by the bucket's index, on every moved table. */
+    CHECK_INT(sql_int(c_uri[1],
+                      "SELECT count(*) FROM pg_indexes WHERE indexname IN ('idem_records_bucket',"
+                      " 'idem_inflight_bucket', 'app_orders_idem_bucket', 'App Lines_idem_bucket')",
+                      NULL),
+              4);
+    {
+        /* The move's queries can take them (as they are written in lib/shards.c). */
+        PGconn *pg = connect_to(c_uri[1]);
+        admin_exec(pg, "CREATE FUNCTION plan_of(q text) RETURNS text LANGUAGE plpgsql AS $$"
+                       " DECLARE r text; o text := ''; BEGIN SET LOCAL enable_seqscan = off;"
+                       " FOR r IN EXECUTE 'EXPLAIN ' || q LOOP o := o || r; END LOOP;"
+                       " RETURN o; END $$");
+        PQfinish(pg);
+    }
+    CHECK_INT(sql_int(c_uri[1],
+                      "SELECT (position('app_orders_idem_bucket' IN plan_of('SELECT row_to_json(t)"
+                      "::text FROM app_orders t WHERE idem_bucket_of(t.user_id) = CAST(''500'' AS"
+                      " integer)')) > 0 AND position('idem_records_bucket' IN plan_of('DELETE FROM"
+                      " idem_records WHERE idem_bucket_of(principal) = 500')) > 0)::int",
+                      NULL),
+              1);
     /* A writer with a stale map: c1 refuses it, c2 takes it. */
     CHECK_STR(sql_state(c_uri[0], "INSERT INTO app_orders VALUES ('late', $1, 1)", p[0]), "IDM01");
     CHECK_STR(sql_state(c_uri[1], "INSERT INTO app_orders VALUES ('late', $1, 1)", p[0]), "");
