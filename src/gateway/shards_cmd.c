@@ -24,7 +24,7 @@ static const char usage_shards[] =
     "Usage: idem-gateway shards init --directory URI --cluster NAME=URI [--cluster ...]\n"
     "       idem-gateway shards add --directory URI NAME CLUSTER_URI\n"
     "       idem-gateway shards show --directory URI [--buckets]\n"
-    "       idem-gateway shards move --directory URI BUCKET --to NAME [--drain-timeout MS]\n"
+    "       idem-gateway shards move --directory URI BUCKETS --to NAME [--drain-timeout MS]\n"
     "\n"
     "A shard set (docs/shards.md): the directory, a PostgreSQL database (the URI of\n"
     "'store: shards:URI', with or without 'shards:'), maps each of 1024 buckets to a cluster.\n"
@@ -36,12 +36,14 @@ static const char usage_shards[] =
     "it with move; running instances open it when they next read the map, without a restart.\n"
     "show prints each cluster with its number of buckets, and the buckets being moved (a move\n"
     "cut short: run it again); --buckets lists every bucket, its cluster and epoch.\n"
-    "move moves BUCKET to cluster NAME while the instances run: its principals get 503 with\n"
-    "Retry-After until it is done.  It carries the bucket's records and its rows of the tables\n"
-    "an application registered (idem_shard_table()), and reaches only the bucket's owner and\n"
-    "NAME.  Each step is printed with the milliseconds since the start.\n"
-    "A move cut short (killed) is finished by running it again; a move to the bucket's owner\n"
-    "ends one cut short before its flip.  Exit status 1 when it fails.\n"
+    "move moves each bucket of BUCKETS (a number, a range 8-15, or a list of them: 1,8-15) to\n"
+    "cluster NAME while the instances run, one after the other: a bucket's principals get 503\n"
+    "with Retry-After while it moves.  It carries the bucket's records and its rows of the\n"
+    "tables an application registered (idem_shard_table()), and reaches only the bucket's owner\n"
+    "and NAME.  Each step is printed with the milliseconds since the start.  A bucket on NAME\n"
+    "already is passed by.  A move cut short (killed) is finished by running it again; a move\n"
+    "to the bucket's owner ends one cut short before its flip.  Exit status 1 when a move\n"
+    "fails: the buckets before it have moved, the rest have not; run the same command again.\n"
     "\n"
     "Options:\n";
 
@@ -189,32 +191,94 @@ static int move_step(enum idem_shard_move_step step, int64_t elapsed_ms, int64_t
     return 0;
 }
 
-static int shards_move(const struct shards_args *a, const char *bucket_arg, struct options *o)
+/*
+ * BUCKETS: numbers and ranges (8-15) separated by commas, each from 0 to 1023, into want[];
+ * returns how many, or -1 when `arg` is not that.
+ */
+static int buckets_parse(const char *arg, unsigned char want[IDEM_SHARD_BUCKETS])
 {
-    char *end = NULL, *err = NULL;
-    long bucket = strtol(bucket_arg, &end, 10);
-    struct move_seen seen = {.frozen_ms = -1, .flipped_ms = -1};
+    const char *p = arg;
+    int n = 0;
+
+    memset(want, 0, IDEM_SHARD_BUCKETS);
+    for (;;) {
+        char *end = NULL;
+        long lo, hi;
+
+        if (*p < '0' || *p > '9')
+            return -1;
+        lo = hi = strtol(p, &end, 10);
+        if (*end == '-') {
+            p = end + 1;
+            if (*p < '0' || *p > '9')
+                return -1;
+            hi = strtol(p, &end, 10);
+        }
+        if (lo < 0 || hi >= IDEM_SHARD_BUCKETS || lo > hi)
+            return -1;
+        for (long b = lo; b <= hi; b++) {
+            n += !want[b];
+            want[b] = 1;
+        }
+        if (*end == '\0')
+            return n;
+        if (*end != ',')
+            return -1;
+        p = end + 1;
+    }
+}
+
+/* One bucket's move, its steps printed; 0, or 1 with the reason on stderr. */
+static int move_one(const struct shards_args *a, unsigned bucket)
+{
+    char *err = NULL;
+    struct move_seen seen = {.bucket = bucket, .frozen_ms = -1, .flipped_ms = -1};
     struct idem_shard_move_options mo = {
         .drain_timeout_ms = a->drain_ms, .on_step = move_step, .arg = &seen};
     int rc;
 
-    if (*end != '\0' || end == bucket_arg || bucket < 0 || bucket >= IDEM_SHARD_BUCKETS)
-        return options_error(o, "BUCKET is a number from 0 to %d", IDEM_SHARD_BUCKETS - 1);
-    if (!a->to)
-        return options_error(o, "--to NAME is required");
-    seen.bucket = (unsigned)bucket;
-    rc = idem_shards_move(directory_uri(a->directory), (unsigned)bucket, a->to, &mo, &err);
+    rc = idem_shards_move(directory_uri(a->directory), bucket, a->to, &mo, &err);
     if (rc < 0) {
         fprintf(stderr, "idem-gateway shards: %s\n", err ? err : idem_strerror(rc));
         idem_free(err);
         return 1;
     }
     if (seen.flipped_ms >= 0)
-        printf("bucket %ld: on %s, frozen %lld ms, %lld records\n", bucket, a->to,
+        printf("bucket %u: on %s, frozen %lld ms, %lld records\n", bucket, a->to,
                (long long)(seen.flipped_ms - (seen.frozen_ms > 0 ? seen.frozen_ms : 0)),
                (long long)seen.records);
     else
-        printf("bucket %ld: on %s\n", bucket, a->to);
+        printf("bucket %u: on %s\n", bucket, a->to);
+    return 0;
+}
+
+static int shards_move(const struct shards_args *a, const char *buckets_arg, struct options *o)
+{
+    unsigned char want[IDEM_SHARD_BUCKETS];
+    int n = buckets_parse(buckets_arg, want), done = 0;
+
+    if (n < 0)
+        return options_error(o,
+                             "BUCKETS is a bucket from 0 to %d, a range of them (8-15), or a "
+                             "list (1,8-15)",
+                             IDEM_SHARD_BUCKETS - 1);
+    if (!a->to)
+        return options_error(o, "--to NAME is required");
+    for (unsigned b = 0; b < IDEM_SHARD_BUCKETS; b++) {
+        if (!want[b])
+            continue;
+        if (move_one(a, b) != 0) {
+            if (n > 1)
+                fprintf(stderr,
+                        "idem-gateway shards: %d of %d buckets moved before bucket %u; run the "
+                        "same command again to finish\n",
+                        done, n, b);
+            return 1;
+        }
+        done++;
+    }
+    if (n > 1)
+        printf("shards: %d buckets on %s\n", n, a->to);
     return 0;
 }
 
@@ -275,7 +339,7 @@ int cmd_shards(int argc, char **argv)
     else if (sub == 4)
         status = shards_add(&a, argv[1 + o.next], argv[2 + o.next]);
     else if (o.next != argc - 2)
-        status = options_error(&o, "move takes one BUCKET");
+        status = options_error(&o, "move takes BUCKETS, one argument (1,8-15)");
     else
         status = shards_move(&a, argv[1 + o.next], &o);
 out:

@@ -15,6 +15,9 @@ reports the bucket moving) and run again to finish.  Afterwards:
   - the principals of other buckets got 2xx only (the movers may get 503 + Retry-After while
     their bucket is frozen); answers lost to the killed gateway are not counted against them.
 
+And one command moves several buckets (`10-12,500`), passes by those already there when run
+again, refuses a BUCKETS it cannot read, and says how many moved before one that failed.
+
 Runs only under tests/pg/with_pg.sh (CTest: service-pg.pg_shards_move).
 """
 
@@ -226,6 +229,36 @@ def buckets_moved_back_and_forth_under_load_lose_nothing_and_run_nothing_twice(c
           for u in ctx.cluster_uris]
     expect(at[0 if owner == "c1" else 1] >= len(moved) and at[1 if owner == "c1" else 0] == 0,
            "the bucket's records are at its owner %s only: %r" % (owner, at))
+
+
+def owners(ctx, buckets):
+    rows = harness.psql(ctx.dir_uri, "SELECT bucket, cluster FROM idem_shard_buckets"
+                                     " WHERE bucket IN (%s) ORDER BY bucket;\n"
+                        % ",".join(str(b) for b in buckets))
+    return [c for _, c in rows]
+
+
+@test
+def several_buckets_move_in_one_command(ctx):
+    buckets = [10, 11, 12, 500]
+    code, out, err = shards("move", "--directory", ctx.dir_uri, "10-12,500", "--to", "c2")
+    expect_eq(code, 0, "move 10-12,500: %r %r" % (out, err))
+    expect_eq(owners(ctx, buckets), ["c2"] * 4, "owners after the move")
+    expect("shards: 4 buckets on c2" in out, "the last line: %r" % out)
+    for b in buckets:
+        expect("bucket %d: on c2, frozen" % b in out, "bucket %d's line: %r" % (b, out))
+    # Again: every bucket is there already, nothing moves.
+    code, out, err = shards("move", "--directory", ctx.dir_uri, "500,10-12", "--to", "c2")
+    expect(code == 0 and "frozen" not in out, "the same move again: %d %r %r" % (code, out, err))
+    for bad in ("12-10", "1024", "1,,2", "3-", "x", "1,"):
+        code, out, err = shards("move", "--directory", ctx.dir_uri, bad, "--to", "c1")
+        expect(code == 2 and "BUCKETS is" in err, "BUCKETS %r: %d %r" % (bad, code, err))
+    # A cluster the directory does not name stops the command at the first bucket.
+    code, out, err = shards("move", "--directory", ctx.dir_uri, "10-12", "--to", "c9")
+    expect(code == 1 and "0 of 3 buckets moved before bucket 10" in err,
+           "a move to c9: %d %r" % (code, err))
+    code, out, err = shards("move", "--directory", ctx.dir_uri, "10-12,500", "--to", "c1")
+    expect_eq((code, owners(ctx, buckets)), (0, ["c1"] * 4), "moved back: %r" % err)
 
 
 if __name__ == "__main__":
