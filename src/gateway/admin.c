@@ -4,6 +4,7 @@
  */
 #include "admin.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,10 +34,21 @@ static void metrics(struct gateway *gw, struct response *resp)
     gw_metrics_render(gw->metrics, names, &out);
     unrouted_render(gw->unrouted, &out);
     free(names);
-    prom_replay_cache(&out, "idem_gateway", gw->engine);
+    if (gw->shards) {
+        /* Each cluster's replay cache and store, labelled shard="NAME" (one engine each). */
+        const char *shard[IDEM_SHARDS_MAX];
+        size_t n = atomic_load(&gw->nengines);
+        for (size_t i = 0; i < n; i++)
+            shard[i] = idem_shards_name(gw->shards, i);
+        prom_replay_cache_shards(&out, "idem_gateway", n, shard, gw->engines);
+        prom_store_shards(&out, "idem_gateway", n, shard,
+                          (const struct idem_store *const *)gw->stores);
+    } else {
+        prom_replay_cache(&out, "idem_gateway", gw->engine);
+        prom_store(&out, "idem_gateway", gw->store);
+    }
     if (gw->quota)
         quota_render(gw->quota, "idem_gateway", clock_wall_ms(), &out);
-    prom_store(&out, "idem_gateway", gw->store);
     if (gw->shards)
         gw_metrics_render_shards(gw->metrics, gw->shards, gw->engines, gw->nengines, &out);
     if (srv) {

@@ -141,6 +141,15 @@ def a_cluster_added_and_given_a_bucket_takes_its_requests_without_a_restart(ctx)
     expect_eq(metric(text, "idem_gateway_shard_refused_total", '{shard="c3",reason="moved"}'), 0,
               "c3 refused nothing")
     expect(metric(text, "idem_gateway_shard_map_refreshes_total") >= 1, "the map was read again")
+    # The store's and the replay cache's series, one per cluster; c3's took the one write there.
+    for name in ("idem_gateway_store_write_commits_total", "idem_gateway_replay_cache_bytes"):
+        expect_eq(text.count("# TYPE %s " % name), 1, "TYPE lines of %s" % name)
+        for c in ("c1", "c2", "c3"):
+            expect(metric(text, name, '{shard="%s"}' % c) is not None, "%s of %s" % (name, c))
+    expect(metric(text, "idem_gateway_store_write_commits_total", '{shard="c3"}') >= 1,
+           "c3's store commits")
+    expect(metric(text, "idem_gateway_replay_cache_bytes", '{shard="c3"}') >= 1,
+           "c3's replay cache holds its answer")
 
 
 @test
