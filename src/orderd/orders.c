@@ -38,6 +38,7 @@
 #include "intake.h"
 #include "keyed_answer.h"
 #include "idemcall.h"
+#include "jdoc.h"
 #include "order_doc.h"
 #include "response.h"
 #include "router.h"
@@ -556,9 +557,29 @@ static void after_stock_reserved(const struct call_ctx *cx)
 }
 
 /*
+ * The data of "stock_reserved": the reservation's price and what the order is made of, so that
+ * the next phase needs nothing of the request -- the completer makes the order without the client
+ * (the fingerprint is the record's).  A JSON object, members in this order:
+ * {"unitPrice":1999,"currency":"EUR","productId":"p-1","quantity":2,"paymentSource":"tok_ok"}.
+ * Returns new text (free()).
+ */
+static char *stock_reserved_data(const struct create_input *in, const struct stock_reservation *res)
+{
+    json_t *doc =
+        xcheck(json_pack("{s:I, s:s, s:s, s:I, s:s}", "unitPrice", (json_int_t)res->unit_price,
+                         "currency", res->currency, "productId", in->product, "quantity",
+                         (json_int_t)in->qty, "paymentSource", in->source));
+    char *data = jdoc_text(doc, NULL);
+
+    json_decref(doc);
+    return data;
+}
+
+/*
  * A shard set's first step, in the open phase: the stock reserved on the catalogue under a key
  * derived from this request (stock.c), then the recovery point "stock_reserved" with its price
- * committed, and the next phase begun for the order.  A refusal completes the call (*done).
+ * and the order's input committed, and the next phase begun for the order.  A refusal completes
+ * the call (*done).
  */
 static int create_phase_stock(const struct call_ctx *cx, struct idem_call *call,
                               struct create_input *in, int *done)
@@ -567,36 +588,38 @@ static int create_phase_stock(const struct call_ctx *cx, struct idem_call *call,
     struct stock_reservation res;
     enum stock_refusal refused = STOCK_OK;
     struct refusal no;
-    char data[64];
+    char *data = NULL;
     int rc;
 
     rc = stock_reserve(app, cx->principal, app->op_orders_create.name, cx->key, in->product,
                        in->quantity, &res, &refused);
     if (rc < 0)
-        return rc;
+        goto out;
     if (refused != STOCK_OK) {
         no.status = 0;
         rc = refuse_order(app, NULL, in, refused == STOCK_OUT, &no);
         if (rc == 0)
             rc = idemcall_complete_problem(call, no.status, no.code, no.detail);
         *done = 1;
-        return rc;
+        goto out;
     }
     after_stock_reserved(cx);
-    snprintf(data, sizeof data, "%lld %s", (long long)res.unit_price, res.currency);
+    data = stock_reserved_data(in, &res);
     rc = idem_call_advance(call, POINT_STOCK_RESERVED, data);
     if (rc == 0)
         rc = idem_call_phase_begin(call);
     in->reserved = rc == 0;
     in->price = res.unit_price;
     snprintf(in->currency, sizeof in->currency, "%s", res.currency);
+out:
+    free(data);
     return rc;
 }
 
-/* The price of a reservation from the data of "stock_reserved", into `in`. */
-static int stock_reserved_read(const char *data, struct create_input *in)
+/* The price in "stock_reserved" data of the first form, "PRICE CURRENCY", into `in`. */
+static int stock_reserved_read_price(const char *data, struct create_input *in)
 {
-    const char *sp = data != NULL ? strchr(data, ' ') : NULL;
+    const char *sp = strchr(data, ' ');
     char price[24];
 
     if (sp == NULL || (size_t)(sp - data) >= sizeof price || strlen(sp + 1) == 0 ||
@@ -607,8 +630,66 @@ static int stock_reserved_read(const char *data, struct create_input *in)
     if (parse_int64(price, 0, INT64_MAX / QUANTITY_MAX, &in->price) != 0)
         return IDEM_ESTATE;
     snprintf(in->currency, sizeof in->currency, "%s", sp + 1);
-    in->reserved = 1;
     return 0;
+}
+
+/* A string member of `doc` of 1 to `max` bytes without a NUL, or NULL. */
+static const char *short_string(const json_t *doc, const char *name, size_t max)
+{
+    const json_t *v = json_object_get(doc, name);
+    size_t len = json_is_string(v) ? json_string_length(v) : 0;
+
+    if (len == 0 || len > max || strlen(json_string_value(v)) != len)
+        return NULL;
+    return json_string_value(v);
+}
+
+/*
+ * The data of "stock_reserved" into `in`: the reservation's price; with `whole` (not NULL) the
+ * order's input too (product, quantity, payment source; borrowed from *whole, new), which the
+ * completer goes on with -- a request has its own body.  Data of the first form, "PRICE
+ * CURRENCY" (written by versions before the completer made such orders), has no input: *whole
+ * is NULL then, and only the client's retry can go on.
+ */
+static int stock_reserved_read(const char *data, struct create_input *in, json_t **whole)
+{
+    const char *currency, *product, *source;
+    json_t *doc = NULL;
+    int64_t price = 0, qty = 0;
+    int rc = IDEM_ESTATE;
+
+    if (whole != NULL)
+        *whole = NULL;
+    if (data == NULL)
+        goto out;
+    if (data[0] != '{') {
+        rc = stock_reserved_read_price(data, in);
+        in->reserved = rc == 0;
+        goto out;
+    }
+    doc = jdoc_load(data, strlen(data), 0, NULL);
+    currency = short_string(doc, "currency", sizeof in->currency - 1);
+    product = short_string(doc, "productId", PRODUCT_ID_MAX);
+    source = short_string(doc, "paymentSource", SOURCE_MAX);
+    if (!json_is_object(doc) || currency == NULL || product == NULL || source == NULL ||
+        whole_number(json_object_get(doc, "unitPrice"), 0, INT64_MAX / QUANTITY_MAX, &price) != 0 ||
+        whole_number(json_object_get(doc, "quantity"), 1, QUANTITY_MAX, &qty) != 0)
+        goto out;
+    in->price = price;
+    snprintf(in->currency, sizeof in->currency, "%s", currency);
+    in->reserved = 1;
+    rc = 0;
+    if (whole == NULL)
+        goto out;
+    in->product = product;
+    in->source = source;
+    in->qty = qty;
+    snprintf(in->quantity, sizeof in->quantity, "%lld", (long long)qty);
+    *whole = doc;
+    doc = NULL;
+out:
+    json_decref(doc);
+    return rc;
 }
 
 static int create_run(const struct call_ctx *cx, struct idem_call *call, enum idem_outcome outcome,
@@ -626,7 +707,7 @@ static int create_run(const struct call_ctx *cx, struct idem_call *call, enum id
     if (point == NULL)
         point = "";
     if (strcmp(point, POINT_STOCK_RESERVED) == 0) {
-        rc = stock_reserved_read(idem_call_recovery_data(call), in);
+        rc = stock_reserved_read(idem_call_recovery_data(call), in, NULL);
         if (rc == 0)
             rc = idem_call_phase_begin(call);
         if (rc < 0)
