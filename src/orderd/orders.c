@@ -90,6 +90,19 @@ struct create_input {
     char currency[16];
 };
 
+/*
+ * Who goes on with an order once its stock is reserved: its request, or the completer, which has
+ * none -- no test hooks, no headers beside the stored answer, and a commit made before it moves
+ * on, not deferred to the thread that makes it durable.
+ */
+struct create_ctx {
+    struct app *app;
+    const char *principal;
+    const char *key;
+    const struct call_ctx *cx; /* the request; NULL for the completer */
+    struct response *resp; /* its answer (what is sent but not stored); NULL for the completer */
+};
+
 /* ---- shared ---------------------------------------------------------------------------------- */
 
 static void validation_failed(struct response *resp, const char *detail)
@@ -143,18 +156,17 @@ static void after_order_created(const struct call_ctx *cx)
  * Returns 1 (with the call completed, or *pending set, or rc < 0 in *rc) when an order with this
  * key exists, 0 when not.
  */
-static int complete_from_existing(const struct call_ctx *cx, struct idem_call *call,
-                                  const struct create_input *in, struct response *resp, int *rc,
-                                  char **pending)
+static int complete_from_existing(const struct create_ctx *cc, struct idem_call *call,
+                                  const struct create_input *in, int *rc, char **pending)
 {
     struct idem_tx *tx = idem_call_tx(call);
     struct idem_rows *rows = NULL;
-    const char *params[2] = {cx->principal, cx->key};
+    const char *params[2] = {cc->principal, cc->key};
     char location[128];
     json_t *doc = NULL;
     int found = 0;
 
-    *rc = db_exec(cx->app, tx,
+    *rc = db_exec(cc->app, tx,
                   "SELECT " ORDER_COLS ", request_fp FROM orders WHERE user_id = $1 AND "
                   "idem_key = $2",
                   2, params, &rows);
@@ -166,19 +178,20 @@ static int complete_from_existing(const struct call_ctx *cx, struct idem_call *c
             call, 422, "idempotency-key-reused",
             "This Idempotency-Key already created an order with a different request. Use a new "
             "key for a new order.");
-        resp->outcome = "mismatch";
+        if (cc->resp != NULL)
+            cc->resp->outcome = "mismatch";
         goto out;
     }
-    if (cx->app->provider != NULL && strcmp(db_text(rows, 0, 1), "pending_payment") == 0) {
+    if (cc->app->provider != NULL && strcmp(db_text(rows, 0, 1), "pending_payment") == 0) {
         *pending = xstrdup(db_text(rows, 0, 0));
         goto out;
     }
     doc = order_json(rows, 0);
     order_location(db_text(rows, 0, 0), location, sizeof location);
     *rc = idemcall_complete_json(call, 200, doc, location);
-    if (*rc == 0) {
-        response_set_header(resp, "Idempotent-Replayed", "true");
-        resp->outcome = "replayed";
+    if (*rc == 0 && cc->resp != NULL) {
+        response_set_header(cc->resp, "Idempotent-Replayed", "true");
+        cc->resp->outcome = "replayed";
     }
 out:
     json_decref(doc);
@@ -460,14 +473,15 @@ static int order_of_key(struct app *app, struct idem_tx *tx, const char *princip
 }
 
 /*
- * Phase 1, in the open phase's transaction.  Either completes the call with a business answer
- * (*done = 1) or advances it to "order_created" with the new id in *order_id (new).
+ * Phase 1 (on a shard set, the phase after the reservation), in the open phase's transaction.
+ * Either completes the call with a business answer (*done = 1) or advances it to
+ * "order_created" with the new id in *order_id (new).
  */
-static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *call,
-                                const struct create_input *in, struct response *resp,
-                                char **order_id, int *done, int *late)
+static int create_phase_reserve(const struct create_ctx *cc, struct idem_call *call,
+                                const struct create_input *in, char **order_id, int *done,
+                                int *late)
 {
-    struct app *app = cx->app;
+    struct app *app = cc->app;
     struct idem_tx *tx = idem_call_tx(call);
     json_t *order = NULL;
     struct order_row o;
@@ -485,9 +499,10 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
      * provider nothing external follows: the phase stays open and the order, its stock and the
      * stored 201 commit together, one durable commit per order.
      */
-    one_commit = app->provider == NULL && !wants_phase_hook(cx);
+    one_commit = app->provider == NULL && (cc->cx == NULL || !wants_phase_hook(cc->cx));
     /* With a provider the order waits for its charge; without one there is nothing to pay. */
-    order_row_init(app, cx, app->provider != NULL ? "pending_payment" : "created", &o);
+    order_row_fill(app, cc->principal, cc->key,
+                   app->provider != NULL ? "pending_payment" : "created", &o);
     rc = place_order(app, tx, in, &o, &order, &no);
     /*
      * A late retry whose record was swept finds its order: the insert meets UNIQUE (user, key),
@@ -497,7 +512,7 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
     if (rc == IDEM_ECONFLICT || (rc == 0 && no.status != 0)) {
         int found_rc = 0;
         char *pending = NULL;
-        if (complete_from_existing(cx, call, in, resp, &found_rc, &pending) || found_rc < 0) {
+        if (complete_from_existing(cc, call, in, &found_rc, &pending) || found_rc < 0) {
             if (pending != NULL && found_rc == 0) {
                 /* Its charge is settled next, as after "order_created" (ask the provider first). */
                 rc = idem_call_advance(call, POINT_ORDER_CREATED, pending);
@@ -529,10 +544,11 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
         goto out;
     }
     if (one_commit) {
-        /* The 201 is sent by whichever thread makes the batch durable; this one moves on. */
+        /* A request's 201 is sent by whichever thread makes the batch durable; it moves on. */
         rc = stage_created(call, o.id, order);
         if (rc == 0)
-            rc = idemcall_commit_deferred(cx, call, resp);
+            rc = cc->cx != NULL ? idemcall_commit_deferred(cc->cx, call, cc->resp)
+                                : idem_call_commit(call);
         *done = 1;
         goto out;
     }
@@ -542,6 +558,34 @@ static int create_phase_reserve(const struct call_ctx *cx, struct idem_call *cal
     *order_id = xstrdup(o.id);
 out:
     json_decref(order);
+    return rc;
+}
+
+/*
+ * The order and its charge, in the open phase: phase 1 on one store; on a shard set the phase
+ * after the reservation, where a request and the completer alike go on from "stock_reserved".
+ * Returns 0 with the call completed, or with *unknown (the provider's answer was unknown: the
+ * caller aborts the call); IDEMCALL_DEFERRED (a request's commit, deferred); or IDEM_E*.
+ */
+static int create_order_and_charge(const struct create_ctx *cc, struct idem_call *call,
+                                   const struct create_input *in, int *unknown)
+{
+    struct checkout_opts opts = {0, cc->cx};
+    char *order_id = NULL;
+    int done = 0, late = 0;
+    int rc;
+
+    *unknown = 0;
+    rc = create_phase_reserve(cc, call, in, &order_id, &done, &late);
+    if (rc < 0 || done)
+        goto out;
+    /* A late retry's order may have been charged before its record went: ask first. */
+    opts.ask_first = late;
+    if (!late && cc->cx != NULL)
+        after_order_created(cc->cx);
+    rc = checkout_settle(cc->app, call, order_id, &opts, unknown);
+out:
+    free(order_id);
     return rc;
 }
 
@@ -696,10 +740,11 @@ static int create_run(const struct call_ctx *cx, struct idem_call *call, enum id
                       void *arg, struct response *resp)
 {
     struct create_input *in = arg;
+    struct create_ctx cc = {cx->app, cx->principal, cx->key, cx, resp};
     struct checkout_opts opts = {0, cx};
     const char *point = "";
     char *order_id = NULL;
-    int done = 0, unknown = 0, late = 0;
+    int done = 0, unknown = 0;
     int rc = 0;
 
     if (outcome == IDEM_OUTCOME_RESUME)
@@ -726,21 +771,15 @@ static int create_run(const struct call_ctx *cx, struct idem_call *call, enum id
         }
     }
     if (point[0] == '\0') {
-        rc = create_phase_reserve(cx, call, in, resp, &order_id, &done, &late);
-        if (rc < 0 || done)
-            goto out;
-        /* A late retry's order may have been charged before its record went: ask first. */
-        opts.ask_first = late;
-        if (!late)
-            after_order_created(cx);
+        rc = create_order_and_charge(&cc, call, in, &unknown);
     } else if (strcmp(point, POINT_ORDER_CREATED) == 0 && idem_call_recovery_data(call) != NULL) {
         order_id = xstrdup(idem_call_recovery_data(call));
+        rc = checkout_settle(cx->app, call, order_id, &opts, &unknown);
     } else {
         log_msg(&cx->app->log, "error", "orders.create: unknown recovery point '%s'", point);
         rc = IDEM_ESTATE;
         goto out;
     }
-    rc = checkout_settle(cx->app, call, order_id, &opts, &unknown);
     if (rc == 0 && unknown)
         rc = idemcall_outcome_unknown(resp, "The order exists, but the payment provider did not "
                                             "confirm its charge. Nothing was stored: retry with "
