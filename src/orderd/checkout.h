@@ -17,8 +17,9 @@ struct call_ctx;
 /* The recovery point phase 1 of orders.create leaves, with the order id as its data. */
 #define POINT_ORDER_CREATED "order_created"
 /*
- * On a shard set, before it: the stock reserved on the catalogue (stock.h), its data "PRICE
- * CURRENCY".  Only the client's retry, which carries the order's body, goes on from there.
+ * On a shard set, before it: the stock reserved on the catalogue (stock.h), its data the price
+ * and the order's input (orders.c), from which a retry or the completer makes the order.  Data
+ * of the first form, "PRICE CURRENCY", lacks the input: only the client's retry goes on there.
  */
 #define POINT_STOCK_RESERVED "stock_reserved"
 

@@ -2,7 +2,8 @@
 /*
  * completer.c - finishes stalled records (see recovery.h).  The library lists records whose lease
  * expired (idem_engine_stalled) and hands one over without the request's fingerprint
- * (idem_call_recover); the recovery point and its data (the order id) say what is left to do.
+ * (idem_call_recover); the recovery point and its data (the order id; on a shard set, before the
+ * order, what the order is made of) say what is left to do.
  * The scan looks further than one batch, so records the reconciler owns cannot starve the rest.
  */
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include "checkout.h"
 #include "db.h"
 #include "log.h"
+#include "orders.h"
 #include "recovery.h"
 #include "banned.h"
 
@@ -43,9 +45,12 @@ static int flagged(const struct app *app, int create, const char *principal, con
     return yes;
 }
 
-/* Takes one stalled record over and runs what is left of it; *settled when it completed. */
+/*
+ * Takes one stalled record over and runs what is left of it; *settled when it completed,
+ * *passed when it is not the completer's to go on with (nothing done).
+ */
 static int resume(struct app *app, const struct idem_operation *op, int create,
-                  const struct idem_stalled *s, int *settled)
+                  const struct idem_stalled *s, int *settled, int *passed)
 {
     struct checkout_opts opts = {0, NULL};
     struct idem_call *call = NULL;
@@ -55,12 +60,15 @@ static int resume(struct app *app, const struct idem_operation *op, int create,
     int rc;
 
     *settled = 0;
+    *passed = 0;
     rc = idem_call_recover(app->engine, op, s->principal, s->key, &call, &outcome);
     if (rc < 0 || outcome != IDEM_OUTCOME_RESUME)
         goto out;
     point = idem_call_recovery_point(call);
     data = idem_call_recovery_data(call);
-    if (create && strcmp(point, POINT_ORDER_CREATED) == 0 && data != NULL) {
+    if (create && strcmp(point, POINT_STOCK_RESERVED) == 0) {
+        rc = orders_create_from_reserved(app, call, s->principal, s->key, &unknown, passed);
+    } else if (create && strcmp(point, POINT_ORDER_CREATED) == 0 && data != NULL) {
         rc = checkout_settle(app, call, data, &opts, &unknown);
     } else if (!create && strcmp(point, POINT_REFUND_REQUESTED) == 0 && data != NULL) {
         rc = cancel_refund_settle(app, call, data, s->principal, s->key, 0, &unknown);
@@ -69,7 +77,7 @@ static int resume(struct app *app, const struct idem_operation *op, int create,
                 s->principal, s->key, point);
         goto out;
     }
-    if (rc == 0 && !unknown) {
+    if (rc == 0 && !unknown && !*passed) {
         *settled = 1;
         log_msg(&app->log, "info", "completer: finished %s %s/%s from '%s'", op->name, s->principal,
                 s->key, point);
@@ -88,21 +96,18 @@ int completer_run(struct app *app, int *items)
     const struct idem_operation *ops[2] = {&app->op_orders_create, &app->op_orders_cancel};
     struct idem_stalled *list = NULL;
     size_t n = 0, i;
-    int done = 0, settled, k;
+    int done = 0, settled, passed, k;
     int rc = 0;
 
     *items = 0;
     for (k = 0; k < 2 && rc == 0 && done < RECOVERY_BATCH; k++) {
         rc = idem_engine_stalled(app->engine, ops[k]->name, STALLED_SCAN, &list, &n);
         for (i = 0; rc == 0 && i < n && done < RECOVERY_BATCH; i++) {
-            /* The order's body is the client's: its retry, not the completer, goes on. */
-            if (k == 0 && list[i].recovery_point != NULL &&
-                strcmp(list[i].recovery_point, POINT_STOCK_RESERVED) == 0)
-                continue;
             if (flagged(app, k == 0, list[i].principal, list[i].key))
                 continue;
-            rc = resume(app, ops[k], k == 0, &list[i], &settled);
-            done++;
+            rc = resume(app, ops[k], k == 0, &list[i], &settled, &passed);
+            /* A record passed by (its retry's) leaves room for one to finish. */
+            done += !passed;
             *items += settled;
         }
         idem_stalled_free(list, n);

@@ -589,13 +589,17 @@ out:
     return rc;
 }
 
-/* The test hook (ORDERD_TEST_HOOKS=1): crash once the catalogue's reservation committed. */
-static void after_stock_reserved(const struct call_ctx *cx)
+/*
+ * The test hooks (ORDERD_TEST_HOOKS=1) of a shard set: crash once the catalogue's reservation
+ * committed, before the record is durable ("after-stock-reserved"), or once the record's point
+ * "stock_reserved" committed too ("after-stock-reserved-point").
+ */
+static void stock_crash_hook(const struct call_ctx *cx, const char *when)
 {
     const char *crash = cx->app->cfg->test_hooks ? request_header(cx->rq, "X-Test-Crash") : NULL;
 
-    if (crash != NULL && strcmp(crash, "after-stock-reserved") == 0) {
-        log_msg(&cx->app->log, "warn", "test hook: exiting with 137 after stock_reserved");
+    if (crash != NULL && strcmp(crash, when) == 0) {
+        log_msg(&cx->app->log, "warn", "test hook: exiting with 137 %s", when);
         exit_at_once(137);
     }
 }
@@ -647,11 +651,13 @@ static int create_phase_stock(const struct call_ctx *cx, struct idem_call *call,
         *done = 1;
         goto out;
     }
-    after_stock_reserved(cx);
+    stock_crash_hook(cx, "after-stock-reserved");
     data = stock_reserved_data(in, &res);
     rc = idem_call_advance(call, POINT_STOCK_RESERVED, data);
-    if (rc == 0)
+    if (rc == 0) {
+        stock_crash_hook(cx, "after-stock-reserved-point");
         rc = idem_call_phase_begin(call);
+    }
     in->reserved = rc == 0;
     in->price = res.unit_price;
     snprintf(in->currency, sizeof in->currency, "%s", res.currency);
@@ -786,6 +792,42 @@ static int create_run(const struct call_ctx *cx, struct idem_call *call, enum id
                                             "the same Idempotency-Key; the charge is made once.");
 out:
     free(order_id);
+    return rc;
+}
+
+int orders_create_from_reserved(struct app *app, struct idem_call *call, const char *principal,
+                                const char *key, int *unknown, int *skipped)
+{
+    struct create_ctx cc = {app, principal, key, NULL, NULL};
+    struct idem_record_info info;
+    struct create_input in;
+    json_t *whole = NULL;
+    int rc;
+
+    *unknown = 0;
+    *skipped = 0;
+    memset(&in, 0, sizeof in);
+    rc = stock_reserved_read(idem_call_recovery_data(call), &in, &whole);
+    if (rc < 0)
+        goto out;
+    if (whole == NULL) {
+        *skipped = 1;
+        goto out;
+    }
+    /* The order row keeps the request's fingerprint, which only the record holds now. */
+    rc = idem_record_inspect(app->engine, principal, app->op_orders_create.name, key, &info);
+    if (rc < 0)
+        goto out;
+    if (!info.found || info.completed) {
+        rc = IDEM_ELEASE; /* swept or completed meanwhile: not ours to go on with */
+        goto out;
+    }
+    memcpy(in.fp_hex, info.fingerprint_hex, sizeof in.fp_hex);
+    rc = idem_call_phase_begin(call);
+    if (rc == 0)
+        rc = create_order_and_charge(&cc, call, &in, unknown);
+out:
+    json_decref(whole);
     return rc;
 }
 

@@ -8,11 +8,24 @@
 
 #include <jansson.h>
 
+struct app;
 struct call_ctx;
+struct idem_call;
 struct response;
 struct create_async;
 
 void orders_create(const struct call_ctx *cx, struct response *resp);
+/*
+ * The completer's turn at a record of orders.create left at "stock_reserved" (a shard set: the
+ * stock reserved on the catalogue, no order yet), taken over with idem_call_recover() (`call`, no
+ * phase open): the order on the user's cluster, then its charge, as the client's retry would go
+ * on, and the answer the client would have got stored for a late retry to replay.  Returns 0
+ * with the call completed; 0 with *unknown (the provider did not answer: the order is flagged,
+ * nothing stored; end the call); 0 with *skipped when the point's data predates the order's
+ * input ("PRICE CURRENCY": nothing done, only the client's retry goes on); or a negative IDEM_E*.
+ */
+int orders_create_from_reserved(struct app *app, struct idem_call *call, const char *principal,
+                                const char *key, int *unknown, int *skipped);
 /*
  * POST /api/orders from the event loop, without a worker, where it can be (no provider, the
  * store runs its writer itself: SQLite): checks the body (`body`, parsed; taken), then hands the

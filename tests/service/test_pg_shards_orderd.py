@@ -13,6 +13,10 @@ each a database of the with_pg.sh server, and the catalogue (users, tokens) one 
   - the stock of products is taken in the catalogue, once per order (a reservation keyed by
     user, operation and Idempotency-Key), also when orderd is killed between the reservation and
     the order and the order is retried; a cancel gives it back once;
+  - an order killed once its record reached `stock_reserved`, whose client never retries, is
+    made by the completer on the user's cluster, its stock taken once, and a late retry replays
+    the completer's answer; a record of an older version ("PRICE CURRENCY", without the
+    order's input) is passed by the completer and finished by the client's retry;
   - a bucket moved by hand while orderd runs (frozen and fenced first, then flipped and opened
     at the new owner): an order of its user gets 503 with Retry-After while it moves, then is
     made at the new owner, once, and replays there;
@@ -37,6 +41,7 @@ from provider import WEBHOOK_SECRET, sign
 
 CLUSTERS = harness.SHARD_CLUSTERS
 LEASE_MS = 1000
+COMPLETER_MS = 200
 bucket_of = harness.shard_bucket
 owner_of = harness.shard_owner
 
@@ -71,7 +76,8 @@ class Ctx:
         self.srv = ShardedOrderd(self.dir_uri, self.cat_uri, name="orderd-shards",
                                  env={"ORDERD_TEST_HOOKS": "1",
                                       "ORDERD_WEBHOOK_SECRET": WEBHOOK_SECRET},
-                                 extra_args=["--lease-ms", str(LEASE_MS)])
+                                 extra_args=["--lease-ms", str(LEASE_MS),
+                                             "--completer-interval-ms", str(COMPLETER_MS)])
         self.srv.start()
 
     def user(self, prefix="u"):
@@ -109,6 +115,14 @@ class Ctx:
         return harness.psql(self.cat_uri, "SELECT idem_key, quantity, released FROM"
                                           " stock_reservations WHERE user_id = :'u';\n",
                             {"u": user_id})
+
+    def record(self, i, user_id, key):
+        """(status, recovery point) of the record of user_id's order with `key` on cluster i."""
+        rows = harness.psql(self.cluster_uris[i], "SELECT status, recovery_point FROM idem_records"
+                                                  " WHERE principal = :'u' AND operation ="
+                                                  " 'orders.create' AND idem_key = :'k';\n",
+                            {"u": user_id, "k": key})
+        return tuple(rows[0]) if rows else None
 
     def close(self):
         if self.srv:
@@ -290,6 +304,95 @@ def an_order_killed_after_its_reservation_takes_the_stock_once(ctx):
     expect(again.status == 201 and again.replayed and again.body == r.body,
            "the next retry replays: %s" % again.describe())
     expect_eq(ctx.stock(), before - 5, "the catalogue's stock after the replay")
+
+
+def crash_at_the_stock_point(ctx, c, body, key):
+    """POST /api/orders that kills orderd once the record reached `stock_reserved`."""
+    try:
+        c.post("/api/orders", body, key=key,
+               headers={"X-Test-Crash": "after-stock-reserved-point"}, timeout=10)
+        expect(False, "X-Test-Crash: after-stock-reserved-point should drop the connection")
+    except (OSError, http.client.HTTPException):
+        pass
+    expect(ctx.srv.wait_exit(10) is not None, "orderd did not exit after X-Test-Crash")
+
+
+@test
+def an_order_left_at_its_reservation_is_made_by_the_completer(ctx):
+    c, uid = ctx.user("left")
+    home = owner_of(bucket_of(uid))
+    before = ctx.stock()
+    body = {"productId": "p-1024", "quantity": 2, "paymentSource": "tok_left"}
+    key = new_key("left")
+    crash_at_the_stock_point(ctx, c, body, key)
+    expect_eq(ctx.record(home, uid, key), ("0", "stock_reserved"), "the record after the crash")
+    expect_eq(ctx.stock(), before - 2, "the catalogue's stock right after the crash")
+    expect_eq(ctx.where(uid), [], "clusters holding an order right after the crash")
+    # The client never retries: the completer makes the order once the lease has run out.
+    ctx.srv.start()
+    made = harness.wait_until("the completer's order of %s" % key,
+                              lambda: ctx.orders(home, uid), timeout_s=20,
+                              describe=lambda: "record %r" % (ctx.record(home, uid, key),))
+    expect_eq(len(made), 1, "orders the completer made")
+    expect_eq(ctx.record(home, uid, key)[0], "1", "the record's status (completed)")
+    expect_eq(ctx.where(uid), [home], "clusters holding the order")
+    expect_eq(ctx.stock(), before - 2, "the catalogue's stock after the completer (taken once)")
+    expect_eq(ctx.reservations(uid), [[key, "2", "0"]], "reservations of the order")
+    expect_eq(harness.psql(ctx.cluster_uris[home], "SELECT quantity, payment_source FROM orders"
+                                                   " WHERE id = :'o';\n", {"o": made[0]}),
+              [["2", "tok_left"]], "the order's quantity and payment source")
+    # The client's late retry gets the completer's answer: the same order, nothing taken again.
+    late = c.post("/api/orders", body, key=key)
+    expect(late.status == 201 and late.replayed and late.json()["orderId"] == made[0],
+           "the late retry replays the completer's order %s: %s" % (made[0], late.describe()))
+    expect_eq(ctx.orders(home, uid), made, "orders after the late retry")
+    expect_eq(ctx.stock(), before - 2, "the catalogue's stock after the late retry")
+
+
+@test
+def an_order_left_by_an_older_version_waits_for_its_retry(ctx):
+    c, uid = ctx.user("older")
+    home = owner_of(bucket_of(uid))
+    before = ctx.stock()
+    body = {"productId": "p-1024", "quantity": 3}
+    key = new_key("older")
+    crash_at_the_stock_point(ctx, c, body, key)
+    # The data as versions before the completer made such orders wrote it: the price alone.
+    price = harness.psql(ctx.cat_uri, "SELECT unit_price || ' ' || currency FROM products"
+                                      " WHERE id = 'p-1024';\n")[0][0]
+    harness.psql(ctx.cluster_uris[home], "UPDATE idem_records SET recovery_data = :'d' WHERE"
+                                         " principal = :'u' AND idem_key = :'k';\n",
+                 {"d": price, "u": uid, "k": key})
+    ctx.srv.start()
+
+    def now_ms():
+        return int(harness.psql(ctx.cluster_uris[home], "SELECT (extract(epoch FROM"
+                                " clock_timestamp()) * 1000)::bigint;\n")[0][0])
+
+    def lease_ms():
+        return int(harness.psql(ctx.cluster_uris[home], "SELECT lease_expires_ms FROM"
+                                " idem_records WHERE principal = :'u' AND idem_key = :'k';\n",
+                                {"u": uid, "k": key})[0][0])
+
+    harness.wait_until("the crashed lease of %s to run out" % key, lambda: lease_ms() < now_ms(),
+                       timeout_s=10)
+
+    def runs():
+        return harness.metric_value(harness.metrics(c), "orderd_worker_runs_total",
+                                    worker="completer")
+
+    # Two completer ticks over every cluster once the record was the completer's to take.
+    seen = runs()
+    harness.wait_until("two completer ticks", lambda: runs() >= seen + 2 * len(CLUSTERS),
+                       timeout_s=10)
+    expect_eq(ctx.record(home, uid, key), ("0", "stock_reserved"), "the record the completer left")
+    expect_eq(ctx.where(uid), [], "clusters holding an order before the retry")
+    expect_eq(ctx.stock(), before - 3, "the catalogue's stock before the retry")
+    r = retry_until_final(c, body, key)
+    expect_eq(r.status, 201, "the retry of the older record: %s" % r.describe())
+    expect_eq(r.json()["unitPrice"], int(price.split()[0]), "the order's price, the reservation's")
+    expect_eq(len(ctx.orders(home, uid)), 1, "orders after the retry")
+    expect_eq(ctx.stock(), before - 3, "the catalogue's stock after the retry (taken once)")
 
 
 @test
