@@ -15,7 +15,8 @@ each a database of the with_pg.sh server, and the catalogue (users, tokens) one 
     the order and the order is retried; a cancel gives it back once;
   - an order killed once its record reached `stock_reserved`, whose client never retries, is
     made by the completer on the user's cluster, its stock taken once, and a late retry replays
-    the completer's answer; a record of an older version ("PRICE CURRENCY", without the
+    the completer's answer (with a provider: the order charged once, and paid); a record of an
+    older version ("PRICE CURRENCY", without the
     order's input) is passed by the completer and finished by the client's retry;
   - a bucket moved by hand while orderd runs (frozen and fenced first, then flipped and opened
     at the new owner): an order of its user gets 503 with Retry-After while it moves, then is
@@ -37,7 +38,7 @@ import subprocess
 import harness
 from harness import Server, expect, expect_eq, new_key, run, test
 from gateway_harness import GATEWAY
-from provider import WEBHOOK_SECRET, sign
+from provider import WEBHOOK_SECRET, Provider, sign
 
 CLUSTERS = harness.SHARD_CLUSTERS
 LEASE_MS = 1000
@@ -306,15 +307,15 @@ def an_order_killed_after_its_reservation_takes_the_stock_once(ctx):
     expect_eq(ctx.stock(), before - 5, "the catalogue's stock after the replay")
 
 
-def crash_at_the_stock_point(ctx, c, body, key):
-    """POST /api/orders that kills orderd once the record reached `stock_reserved`."""
+def crash_at_the_stock_point(srv, c, body, key):
+    """POST /api/orders that kills orderd `srv` once the record reached `stock_reserved`."""
     try:
         c.post("/api/orders", body, key=key,
                headers={"X-Test-Crash": "after-stock-reserved-point"}, timeout=10)
         expect(False, "X-Test-Crash: after-stock-reserved-point should drop the connection")
     except (OSError, http.client.HTTPException):
         pass
-    expect(ctx.srv.wait_exit(10) is not None, "orderd did not exit after X-Test-Crash")
+    expect(srv.wait_exit(10) is not None, "orderd did not exit after X-Test-Crash")
 
 
 @test
@@ -324,7 +325,7 @@ def an_order_left_at_its_reservation_is_made_by_the_completer(ctx):
     before = ctx.stock()
     body = {"productId": "p-1024", "quantity": 2, "paymentSource": "tok_left"}
     key = new_key("left")
-    crash_at_the_stock_point(ctx, c, body, key)
+    crash_at_the_stock_point(ctx.srv, c, body, key)
     expect_eq(ctx.record(home, uid, key), ("0", "stock_reserved"), "the record after the crash")
     expect_eq(ctx.stock(), before - 2, "the catalogue's stock right after the crash")
     expect_eq(ctx.where(uid), [], "clusters holding an order right after the crash")
@@ -350,13 +351,60 @@ def an_order_left_at_its_reservation_is_made_by_the_completer(ctx):
 
 
 @test
+def with_a_provider_the_completer_charges_the_order_it_makes(ctx):
+    with Provider(name="shards-provider-sim") as prov:
+        paying = ShardedOrderd(ctx.dir_uri, ctx.cat_uri, name="orderd-shards-pay",
+                               env={"ORDERD_TEST_HOOKS": "1",
+                                    "ORDERD_WEBHOOK_SECRET": WEBHOOK_SECRET},
+                               extra_args=["--lease-ms", str(LEASE_MS), "--completer-interval-ms",
+                                           str(COMPLETER_MS), "--provider", prov.url])
+        # The orderd without a provider would make the order unpaid: it waits meanwhile.
+        ctx.srv.stop()
+        try:
+            paying.start()
+            c = paying.new_user("paid")
+            uid = harness.psql(ctx.cat_uri, "SELECT id FROM users WHERE name = :'n';\n",
+                               {"n": c.user})[0][0]
+            home = owner_of(bucket_of(uid))
+            before = ctx.stock()
+            body = {"productId": "p-1024", "quantity": 1}
+            key = new_key("paid")
+            crash_at_the_stock_point(paying, c, body, key)
+            paying.start()
+
+            def paid():
+                rows = harness.psql(ctx.cluster_uris[home], "SELECT id, status FROM orders WHERE"
+                                    " user_id = :'u';\n", {"u": uid})
+                return rows if rows and rows[0][1] == "paid" else None
+
+            made = harness.wait_until("the completer's paid order of %s" % key, paid,
+                                      timeout_s=20,
+                                      describe=lambda: "record %r" % (ctx.record(home, uid, key),))
+            expect_eq(len(made), 1, "orders the completer made")
+            order_id = made[0][0]
+            expect_eq(len(prov.charges_by_key(harness.charge_key(order_id))), 1,
+                      "charges of the order")
+            expect_eq(ctx.record(home, uid, key)[0], "1", "the record's status (completed)")
+            expect_eq(ctx.stock(), before - 1, "the catalogue's stock (taken once)")
+            late = c.post("/api/orders", body, key=key)
+            expect(late.status == 201 and late.replayed and late.json()["orderId"] == order_id
+                   and late.json()["status"] == "paid",
+                   "the late retry replays the paid order %s: %s" % (order_id, late.describe()))
+            expect_eq(len(prov.charges_by_key(harness.charge_key(order_id))), 1,
+                      "charges of the order after the late retry")
+        finally:
+            paying.close()
+            ctx.srv.start()
+
+
+@test
 def an_order_left_by_an_older_version_waits_for_its_retry(ctx):
     c, uid = ctx.user("older")
     home = owner_of(bucket_of(uid))
     before = ctx.stock()
     body = {"productId": "p-1024", "quantity": 3}
     key = new_key("older")
-    crash_at_the_stock_point(ctx, c, body, key)
+    crash_at_the_stock_point(ctx.srv, c, body, key)
     # The data as versions before the completer made such orders wrote it: the price alone.
     price = harness.psql(ctx.cat_uri, "SELECT unit_price || ' ' || currency FROM products"
                                       " WHERE id = 'p-1024';\n")[0][0]
