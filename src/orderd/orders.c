@@ -802,14 +802,18 @@ int orders_create_from_reserved(struct app *app, struct idem_call *call, const c
     struct idem_record_info info;
     struct create_input in;
     json_t *whole = NULL;
-    int rc;
+    int rc = 0;
 
     *unknown = 0;
     *skipped = 0;
     memset(&in, 0, sizeof in);
-    rc = stock_reserved_read(idem_call_recovery_data(call), &in, &whole);
-    if (rc < 0)
+    /* Data it cannot read is passed by too (a retry answers 500 for it, as it always has). */
+    if (stock_reserved_read(idem_call_recovery_data(call), &in, &whole) < 0) {
+        log_msg(&app->log, "error", "orders.create: %s/%s: unreadable data at stock_reserved",
+                principal, key);
+        *skipped = 1;
         goto out;
+    }
     if (whole == NULL) {
         *skipped = 1;
         goto out;

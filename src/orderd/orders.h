@@ -22,7 +22,8 @@ void orders_create(const struct call_ctx *cx, struct response *resp);
  * on, and the answer the client would have got stored for a late retry to replay.  Returns 0
  * with the call completed; 0 with *unknown (the provider did not answer: the order is flagged,
  * nothing stored; end the call); 0 with *skipped when the point's data predates the order's
- * input ("PRICE CURRENCY": nothing done, only the client's retry goes on); or a negative IDEM_E*.
+ * input ("PRICE CURRENCY") or cannot be read (logged): nothing done, only the client's retry
+ * goes on; or a negative IDEM_E*.
  */
 int orders_create_from_reserved(struct app *app, struct idem_call *call, const char *principal,
                                 const char *key, int *unknown, int *skipped);
