@@ -22,6 +22,13 @@ struct call_ctx;
  * of the first form, "PRICE CURRENCY", lacks the input: only the client's retry goes on there.
  */
 #define POINT_STOCK_RESERVED "stock_reserved"
+/*
+ * On a shard set, before that: the record made durable with the order's input as its data,
+ * before the catalogue's stock is touched, so that a reservation never outlives a record that
+ * says what it was for: a retry or the completer reserves again (the same reservation, found by
+ * its key) and goes on.
+ */
+#define POINT_STOCK_RESERVING "stock_reserving"
 
 struct checkout_opts {
     int ask_first;             /* reconciler: look the charge up by key before charging */

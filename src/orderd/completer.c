@@ -66,7 +66,8 @@ static int resume(struct app *app, const struct idem_operation *op, int create,
         goto out;
     point = idem_call_recovery_point(call);
     data = idem_call_recovery_data(call);
-    if (create && strcmp(point, POINT_STOCK_RESERVED) == 0) {
+    if (create &&
+        (strcmp(point, POINT_STOCK_RESERVED) == 0 || strcmp(point, POINT_STOCK_RESERVING) == 0)) {
         rc = orders_create_from_reserved(app, call, s->principal, s->key, &unknown, passed);
     } else if (create && strcmp(point, POINT_ORDER_CREATED) == 0 && data != NULL) {
         rc = checkout_settle(app, call, data, &opts, &unknown);

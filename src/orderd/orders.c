@@ -591,12 +591,13 @@ out:
 
 /*
  * The test hooks (ORDERD_TEST_HOOKS=1) of a shard set: crash once the catalogue's reservation
- * committed, before the record is durable ("after-stock-reserved"), or once the record's point
- * "stock_reserved" committed too ("after-stock-reserved-point").
+ * committed, the record at "stock_reserving" ("after-stock-reserved"), or once the record's
+ * point "stock_reserved" committed too ("after-stock-reserved-point").
  */
 static void stock_crash_hook(const struct call_ctx *cx, const char *when)
 {
-    const char *crash = cx->app->cfg->test_hooks ? request_header(cx->rq, "X-Test-Crash") : NULL;
+    const char *crash =
+        cx != NULL && cx->app->cfg->test_hooks ? request_header(cx->rq, "X-Test-Crash") : NULL;
 
     if (crash != NULL && strcmp(crash, when) == 0) {
         log_msg(&cx->app->log, "warn", "test hook: exiting with 137 %s", when);
@@ -624,22 +625,48 @@ static char *stock_reserved_data(const struct create_input *in, const struct sto
 }
 
 /*
- * A shard set's first step, in the open phase: the stock reserved on the catalogue under a key
- * derived from this request (stock.c), then the recovery point "stock_reserved" with its price
- * and the order's input committed, and the next phase begun for the order.  A refusal completes
- * the call (*done).
+ * The data of "stock_reserving": what the order is made of, as in "stock_reserved" without the
+ * price, {"productId":"p-1","quantity":2,"paymentSource":"tok_ok"}.  Returns new text (free()).
  */
-static int create_phase_stock(const struct call_ctx *cx, struct idem_call *call,
-                              struct create_input *in, int *done)
+static char *stock_reserving_data(const struct create_input *in)
 {
-    struct app *app = cx->app;
+    json_t *doc = xcheck(json_pack("{s:s, s:I, s:s}", "productId", in->product, "quantity",
+                                   (json_int_t)in->qty, "paymentSource", in->source));
+    char *data = jdoc_text(doc, NULL);
+
+    json_decref(doc);
+    return data;
+}
+
+/*
+ * A shard set's first steps, in the open phase: the record made durable at "stock_reserving"
+ * with the order's input (unless it is there already, `reserving`), then the stock reserved on
+ * the catalogue under a key derived from the request (stock.c), then the recovery point
+ * "stock_reserved" with its price and the order's input committed, and the next phase begun for
+ * the order.  A refusal completes the call (*done).
+ */
+static int create_phase_stock(const struct create_ctx *cc, struct idem_call *call,
+                              struct create_input *in, int reserving, int *done)
+{
+    struct app *app = cc->app;
+    const struct call_ctx *cx = cc->cx;
     struct stock_reservation res;
     enum stock_refusal refused = STOCK_OK;
     struct refusal no;
     char *data = NULL;
     int rc;
 
-    rc = stock_reserve(app, cx->principal, app->op_orders_create.name, cx->key, in->product,
+    if (!reserving) {
+        data = stock_reserving_data(in);
+        rc = idem_call_advance(call, POINT_STOCK_RESERVING, data);
+        free(data);
+        data = NULL;
+        if (rc == 0)
+            rc = idem_call_phase_begin(call);
+        if (rc < 0)
+            goto out;
+    }
+    rc = stock_reserve(app, cc->principal, app->op_orders_create.name, cc->key, in->product,
                        in->quantity, &res, &refused);
     if (rc < 0)
         goto out;
@@ -695,6 +722,26 @@ static const char *short_string(const json_t *doc, const char *name, size_t max)
 }
 
 /*
+ * The order's input in a point's data `doc` (productId, quantity, paymentSource) into `in`,
+ * borrowed from doc; 0, or IDEM_ESTATE when a member is missing or out of range.
+ */
+static int order_input_read(const json_t *doc, struct create_input *in)
+{
+    const char *product = short_string(doc, "productId", PRODUCT_ID_MAX);
+    const char *source = short_string(doc, "paymentSource", SOURCE_MAX);
+    int64_t qty = 0;
+
+    if (product == NULL || source == NULL ||
+        whole_number(json_object_get(doc, "quantity"), 1, QUANTITY_MAX, &qty) != 0)
+        return IDEM_ESTATE;
+    in->product = product;
+    in->source = source;
+    in->qty = qty;
+    snprintf(in->quantity, sizeof in->quantity, "%lld", (long long)qty);
+    return 0;
+}
+
+/*
  * The data of "stock_reserved" into `in`: the reservation's price; with `whole` (not NULL) the
  * order's input too (product, quantity, payment source; borrowed from *whole, new), which the
  * completer goes on with -- a request has its own body.  Data of the first form, "PRICE
@@ -703,9 +750,9 @@ static const char *short_string(const json_t *doc, const char *name, size_t max)
  */
 static int stock_reserved_read(const char *data, struct create_input *in, json_t **whole)
 {
-    const char *currency, *product, *source;
+    const char *currency;
     json_t *doc = NULL;
-    int64_t price = 0, qty = 0;
+    int64_t price = 0;
     int rc = IDEM_ESTATE;
 
     if (whole != NULL)
@@ -719,22 +766,23 @@ static int stock_reserved_read(const char *data, struct create_input *in, json_t
     }
     doc = jdoc_load(data, strlen(data), 0, NULL);
     currency = short_string(doc, "currency", sizeof in->currency - 1);
-    product = short_string(doc, "productId", PRODUCT_ID_MAX);
-    source = short_string(doc, "paymentSource", SOURCE_MAX);
-    if (!json_is_object(doc) || currency == NULL || product == NULL || source == NULL ||
-        whole_number(json_object_get(doc, "unitPrice"), 0, INT64_MAX / QUANTITY_MAX, &price) != 0 ||
-        whole_number(json_object_get(doc, "quantity"), 1, QUANTITY_MAX, &qty) != 0)
+    if (!json_is_object(doc) || currency == NULL ||
+        whole_number(json_object_get(doc, "unitPrice"), 0, INT64_MAX / QUANTITY_MAX, &price) != 0)
+        goto out;
+    /* A request keeps its own body; the completer takes the input (checked either way). */
+    if (whole != NULL)
+        rc = order_input_read(doc, in);
+    else {
+        struct create_input check = *in;
+        rc = order_input_read(doc, &check);
+    }
+    if (rc < 0)
         goto out;
     in->price = price;
     snprintf(in->currency, sizeof in->currency, "%s", currency);
     in->reserved = 1;
-    rc = 0;
     if (whole == NULL)
         goto out;
-    in->product = product;
-    in->source = source;
-    in->qty = qty;
-    snprintf(in->quantity, sizeof in->quantity, "%lld", (long long)qty);
     *whole = doc;
     doc = NULL;
 out:
@@ -764,17 +812,20 @@ static int create_run(const struct call_ctx *cx, struct idem_call *call, enum id
         if (rc < 0)
             goto out;
         point = ""; /* the order's phase, as below */
-    } else if (point[0] == '\0') {
+    } else if (strcmp(point, POINT_STOCK_RESERVING) == 0 || point[0] == '\0') {
+        int reserving = point[0] != '\0';
         if (outcome == IDEM_OUTCOME_RESUME) {
             rc = idem_call_phase_begin(call);
             if (rc < 0)
                 goto out;
         }
+        /* At "stock_reserving" the request's own body goes on; the reservation is found again. */
         if (cx->app->shards != NULL) {
-            rc = create_phase_stock(cx, call, in, &done);
+            rc = create_phase_stock(&cc, call, in, reserving, &done);
             if (rc < 0 || done)
                 goto out;
         }
+        point = "";
     }
     if (point[0] == '\0') {
         rc = create_order_and_charge(&cc, call, in, &unknown);
@@ -802,15 +853,26 @@ int orders_create_from_reserved(struct app *app, struct idem_call *call, const c
     struct idem_record_info info;
     struct create_input in;
     json_t *whole = NULL;
+    int reserving, done = 0;
     int rc = 0;
 
     *unknown = 0;
     *skipped = 0;
     memset(&in, 0, sizeof in);
+    reserving = strcmp(idem_call_recovery_point(call), POINT_STOCK_RESERVING) == 0;
     /* Data it cannot read is passed by too (a retry answers 500 for it, as it always has). */
-    if (stock_reserved_read(idem_call_recovery_data(call), &in, &whole) < 0) {
-        log_msg(&app->log, "error", "orders.create: %s/%s: unreadable data at stock_reserved",
-                principal, key);
+    if (reserving) {
+        const char *data = idem_call_recovery_data(call);
+        whole = data != NULL ? jdoc_load(data, strlen(data), 0, NULL) : NULL;
+        if (whole == NULL || order_input_read(whole, &in) < 0)
+            rc = IDEM_ESTATE;
+    } else {
+        rc = stock_reserved_read(idem_call_recovery_data(call), &in, &whole);
+    }
+    if (rc < 0) {
+        log_msg(&app->log, "error", "orders.create: %s/%s: unreadable data at %s", principal, key,
+                idem_call_recovery_point(call));
+        rc = 0;
         *skipped = 1;
         goto out;
     }
@@ -828,7 +890,9 @@ int orders_create_from_reserved(struct app *app, struct idem_call *call, const c
     }
     memcpy(in.fp_hex, info.fingerprint_hex, sizeof in.fp_hex);
     rc = idem_call_phase_begin(call);
-    if (rc == 0)
+    if (rc == 0 && reserving)
+        rc = create_phase_stock(&cc, call, &in, 1, &done);
+    if (rc == 0 && !done)
         rc = create_order_and_charge(&cc, call, &in, unknown);
 out:
     json_decref(whole);

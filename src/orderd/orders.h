@@ -16,11 +16,12 @@ struct create_async;
 
 void orders_create(const struct call_ctx *cx, struct response *resp);
 /*
- * The completer's turn at a record of orders.create left at "stock_reserved" (a shard set: the
- * stock reserved on the catalogue, no order yet), taken over with idem_call_recover() (`call`, no
- * phase open): the order on the user's cluster, then its charge, as the client's retry would go
- * on, and the answer the client would have got stored for a late retry to replay.  Returns 0
- * with the call completed; 0 with *unknown (the provider did not answer: the order is flagged,
+ * The completer's turn at a record of orders.create left at "stock_reserving" or
+ * "stock_reserved" (a shard set: the stock maybe or surely reserved on the catalogue, no order
+ * yet), taken over with idem_call_recover() (`call`, no phase open): the stock reserved (found
+ * again if it was), the order on the user's cluster, then its charge, as the client's retry
+ * would go on, and the answer the client would have got stored for a late retry to replay.  Returns
+ * 0 with the call completed; 0 with *unknown (the provider did not answer: the order is flagged,
  * nothing stored; end the call); 0 with *skipped when the point's data predates the order's
  * input ("PRICE CURRENCY") or cannot be read (logged): nothing done, only the client's retry
  * goes on; or a negative IDEM_E*.

@@ -307,12 +307,11 @@ def an_order_killed_after_its_reservation_takes_the_stock_once(ctx):
     expect_eq(ctx.stock(), before - 5, "the catalogue's stock after the replay")
 
 
-def crash_at_the_stock_point(srv, c, body, key):
-    """POST /api/orders that kills orderd `srv` once the record reached `stock_reserved`."""
+def crash_at_the_stock_point(srv, c, body, key, hook="after-stock-reserved-point"):
+    """POST /api/orders that kills orderd `srv` at `hook` (the record at stock_reserved)."""
     try:
-        c.post("/api/orders", body, key=key,
-               headers={"X-Test-Crash": "after-stock-reserved-point"}, timeout=10)
-        expect(False, "X-Test-Crash: after-stock-reserved-point should drop the connection")
+        c.post("/api/orders", body, key=key, headers={"X-Test-Crash": hook}, timeout=10)
+        expect(False, "X-Test-Crash: %s should drop the connection" % hook)
     except (OSError, http.client.HTTPException):
         pass
     expect(srv.wait_exit(10) is not None, "orderd did not exit after X-Test-Crash")
@@ -320,13 +319,23 @@ def crash_at_the_stock_point(srv, c, body, key):
 
 @test
 def an_order_left_at_its_reservation_is_made_by_the_completer(ctx):
+    left_with_its_stock_reserved(ctx, "after-stock-reserved-point", "stock_reserved")
+
+
+@test
+def an_order_left_before_its_reservation_point_is_made_by_the_completer(ctx):
+    # The reservation committed, the record still at stock_reserving (durable before it).
+    left_with_its_stock_reserved(ctx, "after-stock-reserved", "stock_reserving")
+
+
+def left_with_its_stock_reserved(ctx, hook, point):
     c, uid = ctx.user("left")
     home = owner_of(bucket_of(uid))
     before = ctx.stock()
     body = {"productId": "p-1024", "quantity": 2, "paymentSource": "tok_left"}
     key = new_key("left")
-    crash_at_the_stock_point(ctx.srv, c, body, key)
-    expect_eq(ctx.record(home, uid, key), ("0", "stock_reserved"), "the record after the crash")
+    crash_at_the_stock_point(ctx.srv, c, body, key, hook)
+    expect_eq(ctx.record(home, uid, key), ("0", point), "the record after the crash")
     expect_eq(ctx.stock(), before - 2, "the catalogue's stock right after the crash")
     expect_eq(ctx.where(uid), [], "clusters holding an order right after the crash")
     # The client never retries: the completer makes the order once the lease has run out.
