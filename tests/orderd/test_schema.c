@@ -20,35 +20,38 @@
 
 static char dir[] = "/tmp/idem-unit-orderd-schema-XXXXXX";
 
-/* The rows an orderd at step 5 wrote: two users, one order each, and what hangs off them. */
+/*
+ * The rows an orderd at step 5 wrote: two users, one order each, and what hangs off them.  Each
+ * statement spans several literals, in parentheses (clang's -Wstring-concatenation).
+ */
 static const char *const step5_rows[] = {
     "INSERT INTO users (id, name) VALUES ('u-ann', 'ann'), ('u-bob', 'bob')",
-    "INSERT INTO orders (id, user_id, product_id, quantity, unit_price, amount, currency, status, "
-    "idem_key, request_fp, created_at) VALUES "
-    "('ord-1', 'u-ann', 'p-1024', 1, 1999, 1999, 'EUR', 'cancelled', 'k-1', 'fp', "
-    "'2026-01-01T00:00:00.000Z'), "
-    "('ord-2', 'u-bob', 'p-2048', 1, 4999, 4999, 'EUR', 'paid', 'k-2', 'fp', "
-    "'2026-01-01T00:00:01.000Z')",
-    "INSERT INTO payments (order_id, charge_id, provider_key, amount, currency, status, "
-    "created_at) VALUES "
-    "('ord-1', 'ch-1', 'order-ord-1-charge', 1999, 'EUR', 'succeeded', '2026-01-01T00:00:02Z'), "
-    "('ord-2', 'ch-2', 'order-ord-2-charge', 4999, 'EUR', 'succeeded', '2026-01-01T00:00:03Z')",
-    "INSERT INTO refunds (order_id, provider_key, charge_id, amount, currency, status, "
-    "requested_at, updated_at) VALUES ('ord-1', 'order-ord-1-refund', 'ch-1', 1999, 'EUR', "
-    "'requested', '2026-01-01T00:00:04Z', '2026-01-01T00:00:04Z')",
-    "INSERT INTO outbox (id, kind, dedupe_key, recipient, payload, status, next_attempt_ms, "
-    "created_at) VALUES "
-    "('obx_confirm', 'order_confirmation', 'order-ord-1-confirmation', 'ann@example.com', "
-    "'{\"to\":\"ann@example.com\",\"template\":\"order_confirmation\","
-    "\"metadata\":{\"orderId\":\"ord-1\",\"userId\":\"u-ann\"}}', 'sent', 0, "
-    "'2026-01-01T00:00:05Z'), "
-    "('obx_profile', 'profile_changed', 'obx_profile', 'bob@example.com', "
-    "'{\"to\":\"bob@example.com\",\"template\":\"profile_changed\","
-    "\"metadata\":{\"userId\":\"u-bob\"}}', 'pending', 0, '2026-01-01T00:00:06Z'), "
-    "('obx_other', 'email', 'obx_other', 'ops@example.com', 'not JSON', 'parked', 0, "
-    "'2026-01-01T00:00:07Z')",
-    "INSERT INTO inbox (event_id, type, result, received_at) VALUES "
-    "('evt_1', 'charge.succeeded', 'applied', '2026-01-01T00:00:08Z')",
+    ("INSERT INTO orders (id, user_id, product_id, quantity, unit_price, amount, currency, status, "
+     "idem_key, request_fp, created_at) VALUES "
+     "('ord-1', 'u-ann', 'p-1024', 1, 1999, 1999, 'EUR', 'cancelled', 'k-1', 'fp', "
+     "'2026-01-01T00:00:00.000Z'), "
+     "('ord-2', 'u-bob', 'p-2048', 1, 4999, 4999, 'EUR', 'paid', 'k-2', 'fp', "
+     "'2026-01-01T00:00:01.000Z')"),
+    ("INSERT INTO payments (order_id, charge_id, provider_key, amount, currency, status, "
+     "created_at) VALUES "
+     "('ord-1', 'ch-1', 'order-ord-1-charge', 1999, 'EUR', 'succeeded', '2026-01-01T00:00:02Z'), "
+     "('ord-2', 'ch-2', 'order-ord-2-charge', 4999, 'EUR', 'succeeded', '2026-01-01T00:00:03Z')"),
+    ("INSERT INTO refunds (order_id, provider_key, charge_id, amount, currency, status, "
+     "requested_at, updated_at) VALUES ('ord-1', 'order-ord-1-refund', 'ch-1', 1999, 'EUR', "
+     "'requested', '2026-01-01T00:00:04Z', '2026-01-01T00:00:04Z')"),
+    ("INSERT INTO outbox (id, kind, dedupe_key, recipient, payload, status, next_attempt_ms, "
+     "created_at) VALUES "
+     "('obx_confirm', 'order_confirmation', 'order-ord-1-confirmation', 'ann@example.com', "
+     "'{\"to\":\"ann@example.com\",\"template\":\"order_confirmation\","
+     "\"metadata\":{\"orderId\":\"ord-1\",\"userId\":\"u-ann\"}}', 'sent', 0, "
+     "'2026-01-01T00:00:05Z'), "
+     "('obx_profile', 'profile_changed', 'obx_profile', 'bob@example.com', "
+     "'{\"to\":\"bob@example.com\",\"template\":\"profile_changed\","
+     "\"metadata\":{\"userId\":\"u-bob\"}}', 'pending', 0, '2026-01-01T00:00:06Z'), "
+     "('obx_other', 'email', 'obx_other', 'ops@example.com', 'not JSON', 'parked', 0, "
+     "'2026-01-01T00:00:07Z')"),
+    ("INSERT INTO inbox (event_id, type, result, received_at) VALUES "
+     "('evt_1', 'charge.succeeded', 'applied', '2026-01-01T00:00:08Z')"),
 };
 
 /* The first column of the first row `sql` answers ("(null)" for NULL), or "(error)". */
