@@ -12,6 +12,7 @@
 #include "idem/idem.h"
 #include "schema.h"
 #include "t.h"
+#include "t_store.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,25 +54,6 @@ static const char *const step5_rows[] = {
     ("INSERT INTO inbox (event_id, type, result, received_at) VALUES "
      "('evt_1', 'charge.succeeded', 'applied', '2026-01-01T00:00:08Z')"),
 };
-
-/* The first column of the first row `sql` answers ("(null)" for NULL), or "(error)". */
-static const char *query(struct idem_store *st, const char *sql, char *buf, size_t cap)
-{
-    struct idem_tx *tx = NULL;
-    struct idem_rows *r = NULL;
-    const char *v;
-
-    snprintf(buf, cap, "(error)");
-    if (idem_tx_begin(st, 0, &tx) < 0)
-        return buf;
-    if (idem_tx_exec(tx, sql, 0, NULL, &r) == 0 && idem_rows_count(r) > 0) {
-        v = idem_rows_get(r, 0, 0);
-        snprintf(buf, cap, "%s", v ? v : "(null)");
-    }
-    idem_rows_free(r);
-    idem_tx_rollback(tx);
-    return buf;
-}
 
 /* Runs each of `sql` in one write transaction and commits; 0 or the first failure. */
 static int exec_all(struct idem_store *st, const char *const *sql, size_t n)
@@ -115,35 +97,42 @@ static void test_step6_names_the_user_of_rows_made_at_step5(const char *uri)
     CHECK_INT(schema_migrate_to(st, 5, &applied, &err), 0);
     CHECK_INT(applied, 5);
     CHECK_INT(exec_all(st, step5_rows, sizeof step5_rows / sizeof step5_rows[0]), 0);
-    CHECK_STR(query(st, "SELECT count(*) FROM payments", buf, sizeof buf), "2");
+    CHECK_STR(t_store_cell(st, "SELECT count(*) FROM payments", NULL, buf, sizeof buf), "2");
 
     CHECK_INT(schema_migrate(st, &applied, &err), 0);
     if (err != NULL)
         fprintf(stderr, "schema_migrate: %s\n", err);
     CHECK_INT(applied, 1);
-    CHECK_STR(query(st, "SELECT user_id FROM payments WHERE order_id = 'ord-1'", buf, sizeof buf),
+    CHECK_STR(t_store_cell(st, "SELECT user_id FROM payments WHERE order_id = 'ord-1'", NULL, buf,
+                           sizeof buf),
               "u-ann");
-    CHECK_STR(query(st, "SELECT user_id FROM payments WHERE order_id = 'ord-2'", buf, sizeof buf),
+    CHECK_STR(t_store_cell(st, "SELECT user_id FROM payments WHERE order_id = 'ord-2'", NULL, buf,
+                           sizeof buf),
               "u-bob");
-    CHECK_STR(query(st, "SELECT user_id FROM refunds WHERE order_id = 'ord-1'", buf, sizeof buf),
+    CHECK_STR(t_store_cell(st, "SELECT user_id FROM refunds WHERE order_id = 'ord-1'", NULL, buf,
+                           sizeof buf),
               "u-ann");
     /* The confirmation through the order its dedupe key names; the profile email by its payload. */
-    CHECK_STR(query(st, "SELECT user_id FROM outbox WHERE id = 'obx_confirm'", buf, sizeof buf),
+    CHECK_STR(t_store_cell(st, "SELECT user_id FROM outbox WHERE id = 'obx_confirm'", NULL, buf,
+                           sizeof buf),
               "u-ann");
-    CHECK_STR(query(st, "SELECT user_id FROM outbox WHERE id = 'obx_profile'", buf, sizeof buf),
+    CHECK_STR(t_store_cell(st, "SELECT user_id FROM outbox WHERE id = 'obx_profile'", NULL, buf,
+                           sizeof buf),
               "u-bob");
-    CHECK_STR(query(st, "SELECT user_id FROM outbox WHERE id = 'obx_other'", buf, sizeof buf),
+    CHECK_STR(t_store_cell(st, "SELECT user_id FROM outbox WHERE id = 'obx_other'", NULL, buf,
+                           sizeof buf),
               "(null)");
-    CHECK_STR(query(st, "SELECT user_id FROM inbox WHERE event_id = 'evt_1'", buf, sizeof buf),
+    CHECK_STR(t_store_cell(st, "SELECT user_id FROM inbox WHERE event_id = 'evt_1'", NULL, buf,
+                           sizeof buf),
               "(null)");
     /* The counts the triggers keep saw no change of status or result. */
-    CHECK_STR(
-        query(st, "SELECT sum(value) FROM counts WHERE name = 'outbox:sent'", buf, sizeof buf),
-        "1");
-    CHECK_STR(query(st,
-                    "SELECT sum(value) FROM counts WHERE name = "
-                    "'inbox:charge.succeeded:applied'",
-                    buf, sizeof buf),
+    CHECK_STR(t_store_cell(st, "SELECT sum(value) FROM counts WHERE name = 'outbox:sent'", NULL,
+                           buf, sizeof buf),
+              "1");
+    CHECK_STR(t_store_cell(st,
+                           "SELECT sum(value) FROM counts WHERE name = "
+                           "'inbox:charge.succeeded:applied'",
+                           NULL, buf, sizeof buf),
               "1");
 
     applied = -1;
@@ -161,7 +150,7 @@ static void test_a_fresh_store_takes_every_step(const char *uri)
 
     CHECK_INT(schema_migrate(st, &applied, &err), 0);
     CHECK_INT(applied, 6);
-    CHECK_STR(query(st, "SELECT count(user_id) FROM outbox", buf, sizeof buf), "0");
+    CHECK_STR(t_store_cell(st, "SELECT count(user_id) FROM outbox", NULL, buf, sizeof buf), "0");
     idem_free(err);
     idem_store_close(st);
 }

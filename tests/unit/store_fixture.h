@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "t_store.h"
+
 static const struct idem_migration biz[] = {
     {1, "rows", "CREATE TABLE biz (id TEXT PRIMARY KEY)", "CREATE TABLE biz (id TEXT PRIMARY KEY)"},
 };
@@ -44,25 +46,6 @@ static int exec_committed(struct idem_store *st, int write, const char *sql)
         return rc;
     }
     return idem_tx_commit(tx);
-}
-
-/* The first cell `sql` answers in a read transaction, or "(error)". */
-static const char *read_one(struct idem_store *st, const char *sql, char *buf, size_t cap)
-{
-    struct idem_tx *tx = NULL;
-    struct idem_rows *r = NULL;
-    const char *v;
-
-    snprintf(buf, cap, "(error)");
-    if (idem_tx_begin(st, 0, &tx) < 0)
-        return buf;
-    if (idem_tx_exec(tx, sql, 0, NULL, &r) == 0) {
-        v = idem_rows_get(r, 0, 0);
-        snprintf(buf, cap, "%s", v ? v : "(null)");
-    }
-    idem_rows_free(r);
-    idem_tx_rollback(tx);
-    return buf;
 }
 
 #endif /* IDEM_TEST_STORE_FIXTURE_H */

@@ -14,6 +14,7 @@
  */
 #include "idem/idem.h"
 #include "t.h"
+#include "t_store.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -47,40 +48,18 @@ static struct idem_store *open_store(const char *name)
     return st;
 }
 
-/*
- * The first column of the first row `sql` answers (its $1 `param`, if not NULL), in a read
- * transaction, or "(error)".
- */
-static const char *query(struct idem_store *st, const char *sql, const char *param, char *buf,
-                         size_t cap)
-{
-    struct idem_tx *tx = NULL;
-    struct idem_rows *r = NULL;
-    const char *v;
-
-    snprintf(buf, cap, "(error)");
-    if (idem_tx_begin(st, 0, &tx) < 0)
-        return buf;
-    if (idem_tx_exec(tx, sql, param ? 1 : 0, param ? &param : NULL, &r) == 0) {
-        v = idem_rows_get(r, 0, 0);
-        snprintf(buf, cap, "%s", v ? v : "(null)");
-    }
-    idem_rows_free(r);
-    idem_tx_rollback(tx);
-    return buf;
-}
-
 /* The steps' log, in the order they wrote it: "1,2,5". */
 static const char *log_of(struct idem_store *st, char *buf, size_t cap)
 {
-    return query(st, "SELECT group_concat(step, ',') FROM (SELECT step FROM log ORDER BY rowid)",
-                 NULL, buf, cap);
+    return t_store_cell(st,
+                        "SELECT group_concat(step, ',') FROM (SELECT step FROM log ORDER BY rowid)",
+                        NULL, buf, cap);
 }
 
 /* Whether the table `name` exists: "1" or "0". */
 static const char *table_exists(struct idem_store *st, const char *name, char *buf, size_t cap)
 {
-    return query(st, "SELECT count(*) FROM sqlite_master WHERE name = $1", name, buf, cap);
+    return t_store_cell(st, "SELECT count(*) FROM sqlite_master WHERE name = $1", name, buf, cap);
 }
 
 static void test_steps_apply_in_order_each_once(void)
@@ -167,7 +146,7 @@ static void test_a_failed_step_rolls_back_whole_and_names_its_version(void)
     CHECK_INT(idem_store_migrate(st, "unit-fail", fixed, 3, &applied, &err), 0);
     CHECK(err == NULL);
     CHECK_INT(applied, 2);
-    CHECK_STR(query(st, "SELECT count(*) FROM half", NULL, buf, sizeof buf), "1");
+    CHECK_STR(t_store_cell(st, "SELECT count(*) FROM half", NULL, buf, sizeof buf), "1");
     CHECK_STR(table_exists(st, "after3", buf, sizeof buf), "1");
     idem_store_close(st);
 }

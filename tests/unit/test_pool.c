@@ -35,8 +35,8 @@ static void test_a_released_connection_is_lent_again(void)
     char buf[32], err[IDEM_ERRMSG_MAX] = "";
 
     CHECK_INT(exec_committed(st, 0, "CREATE TEMP TABLE lent_mark (x)"), 0);
-    CHECK_STR(read_one(st, "SELECT count(*) FROM temp.sqlite_master WHERE name = 'lent_mark'", buf,
-                       sizeof buf),
+    CHECK_STR(t_store_cell(st, "SELECT count(*) FROM temp.sqlite_master WHERE name = 'lent_mark'",
+                           NULL, buf, sizeof buf),
               "1");
 
     /* The same through the pool's own calls: released, then lent again. */

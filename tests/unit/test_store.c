@@ -76,7 +76,7 @@ static void test_a_read_transaction_sees_committed_rows(void)
     CHECK_INT(idem_tx_exec(tx, "INSERT INTO biz (id) VALUES ($1)", 1, undone, NULL), 0);
     CHECK_INT(idem_tx_rollback(tx), 0);
 
-    CHECK_STR(read_one(st, "SELECT group_concat(id) FROM biz", buf, sizeof buf), "kept");
+    CHECK_STR(t_store_cell(st, "SELECT group_concat(id) FROM biz", NULL, buf, sizeof buf), "kept");
     idem_store_close(st);
 }
 
