@@ -89,9 +89,11 @@ struct idem_shards {
  * what the old owner keeps.  And a key in flight's: the holder of a live lease may still update
  * its record (renew, advance, complete) once the bucket's row is gone, so an answer the upstream
  * gave during a move is kept; the move waits for those leases before it copies (docs/shards.md).
- * A new claim, or a takeover of an expired lease, is refused.
+ * A new claim, or a takeover of an expired lease, is refused.  `LEASED` is what the trigger runs
+ * as it lets a live lease's holder through, before it returns the row: a later step marks the
+ * transaction with the bucket there, for the rows' fence below.
  */
-#define FENCE_MOVER_SQL                                                                            \
+#define RECORDS_FENCE_SQL(LEASED)                                                                  \
     "CREATE OR REPLACE FUNCTION idem_records_fence() RETURNS trigger LANGUAGE plpgsql AS $f$"      \
     " BEGIN"                                                                                       \
     "  IF TG_OP = 'DELETE' THEN"                                                                   \
@@ -103,11 +105,13 @@ struct idem_shards {
     "  IF current_setting('idem.mover', true) = 'on' THEN RETURN NEW; END IF;"                     \
     "  IF TG_OP = 'UPDATE' AND OLD.status = 0"                                                     \
     "   AND (NEW.lease_owner IS NULL OR NEW.lease_owner = OLD.lease_owner)"                        \
-    "   AND OLD.lease_expires_ms > (extract(epoch from clock_timestamp()) * 1000)::bigint"         \
-    "   THEN RETURN NEW; END IF;"                                                                  \
+    "   AND OLD.lease_expires_ms > (extract(epoch from clock_timestamp()) * 1000)::bigint "        \
+    "THEN" LEASED "   RETURN NEW;"                                                                 \
+    "  END IF;"                                                                                    \
     "  RAISE EXCEPTION 'bucket % is not on this cluster (moved or moving)',"                       \
     "   idem_bucket_of(NEW.principal) USING ERRCODE = 'IDM01';"                                    \
     " END $f$;"
+#define FENCE_MOVER_SQL RECORDS_FENCE_SQL("")
 
 /*
  * An application's rows move with their bucket too, once it registers their table with
@@ -149,29 +153,16 @@ struct idem_shards {
     "  END IF;"                                                                                    \
     "  INSERT INTO idem_shard_tables (name, principal_column) VALUES (t::text, quote_ident(col))"  \
     "   ON CONFLICT (name) DO UPDATE SET principal_column = EXCLUDED.principal_column;"            \
+    "  EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %s (idem_bucket_of(%I))',"                 \
+    "   (SELECT relname FROM pg_class WHERE oid = t) || '_idem_bucket', t, col);"                  \
     "  EXECUTE format('DROP TRIGGER IF EXISTS idem_rows_fence ON %s', t);"                         \
     "  EXECUTE format('CREATE CONSTRAINT TRIGGER idem_rows_fence'"                                 \
     "   || ' AFTER INSERT OR UPDATE OR DELETE ON %s DEFERRABLE INITIALLY DEFERRED'"                \
     "   || ' FOR EACH ROW EXECUTE FUNCTION idem_rows_fence(%L)', t, col);"                         \
-    " END $f$;"                                                                                    \
-    "CREATE OR REPLACE FUNCTION idem_records_fence() RETURNS trigger LANGUAGE plpgsql AS $f$"      \
-    " BEGIN"                                                                                       \
-    "  IF TG_OP = 'DELETE' THEN"                                                                   \
-    "   IF idem_bucket_owned(OLD.principal) THEN RETURN OLD; END IF;"                              \
-    "   IF current_setting('idem.mover', true) = 'on' THEN RETURN OLD; END IF;"                    \
-    "   RETURN NULL;"                                                                              \
-    "  END IF;"                                                                                    \
-    "  IF idem_bucket_owned(NEW.principal) THEN RETURN NEW; END IF;"                               \
-    "  IF current_setting('idem.mover', true) = 'on' THEN RETURN NEW; END IF;"                     \
-    "  IF TG_OP = 'UPDATE' AND OLD.status = 0"                                                     \
-    "   AND (NEW.lease_owner IS NULL OR NEW.lease_owner = OLD.lease_owner)"                        \
-    "   AND OLD.lease_expires_ms > (extract(epoch from clock_timestamp()) * 1000)::bigint THEN"    \
-    "   PERFORM set_config('idem.leased', idem_bucket_of(NEW.principal)::text, true);"             \
-    "   RETURN NEW;"                                                                               \
-    "  END IF;"                                                                                    \
-    "  RAISE EXCEPTION 'bucket % is not on this cluster (moved or moving)',"                       \
-    "   idem_bucket_of(NEW.principal) USING ERRCODE = 'IDM01';"                                    \
     " END $f$;"
+#define FENCE_LEASED_SQL                                                                           \
+    RECORDS_FENCE_SQL("   PERFORM set_config('idem.leased', idem_bucket_of(NEW.principal)::text, " \
+                      "true);")
 
 /*
  * A move finds a bucket's rows by an index on the bucket, so its scans grow with the bucket, not
@@ -188,36 +179,13 @@ struct idem_shards {
     "  ::bit(16)::integer) & 1023 $f$;"                                                            \
     "CREATE INDEX IF NOT EXISTS idem_records_bucket ON idem_records (idem_bucket_of(principal));"  \
     "CREATE INDEX IF NOT EXISTS idem_inflight_bucket ON idem_inflight"                             \
-    " (idem_bucket_of(principal));"                                                                \
-    "CREATE OR REPLACE FUNCTION idem_shard_table(t regclass, col text) RETURNS void"               \
-    " LANGUAGE plpgsql AS $f$"                                                                     \
-    " BEGIN"                                                                                       \
-    "  IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = t AND attname = col"             \
-    "   AND attnum > 0 AND NOT attisdropped) THEN"                                                 \
-    "   RAISE EXCEPTION 'table % has no column %', t, col USING ERRCODE = '42703';"                \
-    "  END IF;"                                                                                    \
-    "  INSERT INTO idem_shard_tables (name, principal_column) VALUES (t::text, quote_ident(col))"  \
-    "   ON CONFLICT (name) DO UPDATE SET principal_column = EXCLUDED.principal_column;"            \
-    "  EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %s (idem_bucket_of(%I))',"                 \
-    "   (SELECT relname FROM pg_class WHERE oid = t) || '_idem_bucket', t, col);"                  \
-    "  EXECUTE format('DROP TRIGGER IF EXISTS idem_rows_fence ON %s', t);"                         \
-    "  EXECUTE format('CREATE CONSTRAINT TRIGGER idem_rows_fence'"                                 \
-    "   || ' AFTER INSERT OR UPDATE OR DELETE ON %s DEFERRABLE INITIALLY DEFERRED'"                \
-    "   || ' FOR EACH ROW EXECUTE FUNCTION idem_rows_fence(%L)', t, col);"                         \
-    " END $f$;"                                                                                    \
-    "DO $d$ DECLARE r record; BEGIN"                                                               \
-    "  FOR r IN SELECT name, principal_column FROM idem_shard_tables ORDER BY position LOOP"       \
-    "   EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %s (idem_bucket_of(%s))',"                \
-    "    (SELECT relname FROM pg_class WHERE oid = r.name::regclass) || '_idem_bucket',"           \
-    "    r.name, r.principal_column);"                                                             \
-    "  END LOOP;"                                                                                  \
-    " END $d$"
+    " (idem_bucket_of(principal));"
 
 static const struct idem_migration fence_schema[] = {
     {1, "shard fence", NULL, FENCE_SQL},
     {2, "shard fence: the mover", NULL, FENCE_MOVER_SQL},
-    {3, "shard fence: an application's rows", NULL, FENCE_ROWS_SQL},
-    {4, "shard fence: an index on the bucket", NULL, FENCE_INDEX_SQL},
+    {3, "shard fence: an index on the bucket, an application's rows", NULL,
+     FENCE_INDEX_SQL FENCE_ROWS_SQL FENCE_LEASED_SQL},
 };
 
 static int set_err(char **errmsg, int rc, const char *msg)
