@@ -209,6 +209,18 @@ static const char counts_sqlite[] = COUNTS_TABLE
         SQ_ADD(INBOX_NAME("NEW.type", "NEW.result"), "1")
     "END";
 
+/* The inbox trigger's body, `GUARD` first (a statement that may return before counting). */
+#define INBOX_COUNTS_BODY(GUARD)                                                                   \
+    " BEGIN"                                                                                       \
+    GUARD                                                                                          \
+    "  PERFORM orderd_count_move("                                                                 \
+    "    CASE WHEN TG_OP = 'UPDATE' AND OLD.result <> 'received' THEN "                            \
+             INBOX_NAME("OLD.type", "OLD.result") " END,"                                          \
+    "    CASE WHEN NEW.result <> 'received' THEN "                                                 \
+             INBOX_NAME("NEW.type", "NEW.result") " END);"                                         \
+    "  RETURN NULL;"                                                                               \
+    " END $$"
+
 /* PostgreSQL: the shard of the backend; a change of status adds to both rows in name order. */
 static const char counts_postgres[] = COUNTS_TABLE
     "CREATE FUNCTION orderd_count(n TEXT, d BIGINT) RETURNS void LANGUAGE sql AS $$"
@@ -233,14 +245,7 @@ static const char counts_postgres[] = COUNTS_TABLE
     "CREATE TRIGGER outbox_counts AFTER INSERT OR UPDATE OF status OR DELETE ON outbox"
     "  FOR EACH ROW EXECUTE FUNCTION orderd_outbox_counts();"
     "CREATE FUNCTION orderd_inbox_counts() RETURNS trigger LANGUAGE plpgsql AS $$"
-    " BEGIN"
-    "  PERFORM orderd_count_move("
-    "    CASE WHEN TG_OP = 'UPDATE' AND OLD.result <> 'received' THEN "
-             INBOX_NAME("OLD.type", "OLD.result") " END,"
-    "    CASE WHEN NEW.result <> 'received' THEN "
-             INBOX_NAME("NEW.type", "NEW.result") " END);"
-    "  RETURN NULL;"
-    " END $$;"
+    INBOX_COUNTS_BODY("") ";"
     "CREATE TRIGGER inbox_counts AFTER INSERT OR UPDATE OF result ON inbox"
     "  FOR EACH ROW EXECUTE FUNCTION orderd_inbox_counts()";
 /* clang-format on */
@@ -331,15 +336,7 @@ static const char cluster_rows_move[] = "SELECT idem_shard_table('orders', 'user
 /* clang-format off */
 static const char cluster_inbox_counts[] =
     "CREATE OR REPLACE FUNCTION orderd_inbox_counts() RETURNS trigger LANGUAGE plpgsql AS $$"
-    " BEGIN"
-    "  IF current_setting('idem.mover', true) = 'on' THEN RETURN NULL; END IF;"
-    "  PERFORM orderd_count_move("
-    "    CASE WHEN TG_OP = 'UPDATE' AND OLD.result <> 'received' THEN "
-             INBOX_NAME("OLD.type", "OLD.result") " END,"
-    "    CASE WHEN NEW.result <> 'received' THEN "
-             INBOX_NAME("NEW.type", "NEW.result") " END);"
-    "  RETURN NULL;"
-    " END $$";
+    INBOX_COUNTS_BODY("  IF current_setting('idem.mover', true) = 'on' THEN RETURN NULL; END IF;");
 /* clang-format on */
 
 static const struct idem_migration cluster_steps[] = {

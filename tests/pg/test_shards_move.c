@@ -108,14 +108,20 @@ static long long fence_rows(int c, unsigned bucket)
     return sql_int(c_uri[c], "SELECT count(*) FROM idem_buckets WHERE bucket = $1::int", b);
 }
 
-static long long bucket_rows(int c, const char *table, unsigned bucket)
+/* The rows of `table` on cluster c whose `column` is a principal of `bucket`. */
+static long long rows_of(int c, const char *table, const char *column, unsigned bucket)
 {
     char b[16], sql[160];
 
     snprintf(b, sizeof b, "%u", bucket);
-    snprintf(sql, sizeof sql, "SELECT count(*) FROM %s WHERE idem_bucket_of(principal) = $1::int",
-             table);
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM %s WHERE idem_bucket_of(%s) = $1::int", table,
+             column);
     return sql_int(c_uri[c], sql, b);
+}
+
+static long long bucket_rows(int c, const char *table, unsigned bucket)
+{
+    return rows_of(c, table, "principal", bucket);
 }
 
 /* Runs `sql` with one parameter on database `uri`; the SQLSTATE of its failure, "" on success. */
@@ -138,12 +144,7 @@ static const char *sql_state(const char *uri, const char *sql, const char *a)
 /* Rows of the application's table `table` whose user is of `bucket`, on cluster c. */
 static long long app_rows(int c, const char *table, unsigned bucket)
 {
-    char b[16], sql[160];
-
-    snprintf(b, sizeof b, "%u", bucket);
-    snprintf(sql, sizeof sql, "SELECT count(*) FROM %s WHERE idem_bucket_of(user_id) = $1::int",
-             table);
-    return sql_int(c_uri[c], sql, b);
+    return rows_of(c, table, "user_id", bucket);
 }
 
 /* An application's tables on cluster c: orders and their lines (a child by foreign key). */
