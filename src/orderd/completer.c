@@ -56,6 +56,7 @@ static int resume(struct app *app, const struct idem_operation *op, int create,
     struct idem_call *call = NULL;
     enum idem_outcome outcome = IDEM_OUTCOME_NONE;
     const char *point, *data;
+    char from[64]; /* the point it resumed at: advancing the call frees `point` */
     int unknown = 0;
     int rc;
 
@@ -66,6 +67,7 @@ static int resume(struct app *app, const struct idem_operation *op, int create,
         goto out;
     point = idem_call_recovery_point(call);
     data = idem_call_recovery_data(call);
+    snprintf(from, sizeof from, "%s", point);
     if (create &&
         (strcmp(point, POINT_STOCK_RESERVED) == 0 || strcmp(point, POINT_STOCK_RESERVING) == 0)) {
         rc = orders_create_from_reserved(app, call, s->principal, s->key, &unknown, passed);
@@ -81,7 +83,7 @@ static int resume(struct app *app, const struct idem_operation *op, int create,
     if (rc == 0 && !unknown && !*passed) {
         *settled = 1;
         log_msg(&app->log, "info", "completer: finished %s %s/%s from '%s'", op->name, s->principal,
-                s->key, point);
+                s->key, from);
     }
 out:
     if (rc < 0)
