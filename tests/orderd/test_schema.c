@@ -88,6 +88,23 @@ static struct idem_store *open_store(const char *uri)
     return st;
 }
 
+/* What step 6 leaves of those rows: each statement's first cell. */
+static const struct {
+    const char *sql, *want;
+} after_step6[] = {
+    {"SELECT user_id FROM payments WHERE order_id = 'ord-1'", "u-ann"},
+    {"SELECT user_id FROM payments WHERE order_id = 'ord-2'", "u-bob"},
+    {"SELECT user_id FROM refunds WHERE order_id = 'ord-1'", "u-ann"},
+    /* The confirmation through the order its dedupe key names; the profile email by its payload. */
+    {"SELECT user_id FROM outbox WHERE id = 'obx_confirm'", "u-ann"},
+    {"SELECT user_id FROM outbox WHERE id = 'obx_profile'", "u-bob"},
+    {"SELECT user_id FROM outbox WHERE id = 'obx_other'", "(null)"},
+    {"SELECT user_id FROM inbox WHERE event_id = 'evt_1'", "(null)"},
+    /* The counts the triggers keep saw no change of status or result. */
+    {"SELECT sum(value) FROM counts WHERE name = 'outbox:sent'", "1"},
+    {"SELECT sum(value) FROM counts WHERE name = 'inbox:charge.succeeded:applied'", "1"},
+};
+
 static void test_step6_names_the_user_of_rows_made_at_step5(const char *uri)
 {
     struct idem_store *st = open_store(uri);
@@ -103,37 +120,8 @@ static void test_step6_names_the_user_of_rows_made_at_step5(const char *uri)
     if (err != NULL)
         fprintf(stderr, "schema_migrate: %s\n", err);
     CHECK_INT(applied, 1);
-    CHECK_STR(t_store_cell(st, "SELECT user_id FROM payments WHERE order_id = 'ord-1'", NULL, buf,
-                           sizeof buf),
-              "u-ann");
-    CHECK_STR(t_store_cell(st, "SELECT user_id FROM payments WHERE order_id = 'ord-2'", NULL, buf,
-                           sizeof buf),
-              "u-bob");
-    CHECK_STR(t_store_cell(st, "SELECT user_id FROM refunds WHERE order_id = 'ord-1'", NULL, buf,
-                           sizeof buf),
-              "u-ann");
-    /* The confirmation through the order its dedupe key names; the profile email by its payload. */
-    CHECK_STR(t_store_cell(st, "SELECT user_id FROM outbox WHERE id = 'obx_confirm'", NULL, buf,
-                           sizeof buf),
-              "u-ann");
-    CHECK_STR(t_store_cell(st, "SELECT user_id FROM outbox WHERE id = 'obx_profile'", NULL, buf,
-                           sizeof buf),
-              "u-bob");
-    CHECK_STR(t_store_cell(st, "SELECT user_id FROM outbox WHERE id = 'obx_other'", NULL, buf,
-                           sizeof buf),
-              "(null)");
-    CHECK_STR(t_store_cell(st, "SELECT user_id FROM inbox WHERE event_id = 'evt_1'", NULL, buf,
-                           sizeof buf),
-              "(null)");
-    /* The counts the triggers keep saw no change of status or result. */
-    CHECK_STR(t_store_cell(st, "SELECT sum(value) FROM counts WHERE name = 'outbox:sent'", NULL,
-                           buf, sizeof buf),
-              "1");
-    CHECK_STR(t_store_cell(st,
-                           "SELECT sum(value) FROM counts WHERE name = "
-                           "'inbox:charge.succeeded:applied'",
-                           NULL, buf, sizeof buf),
-              "1");
+    for (size_t i = 0; i < sizeof after_step6 / sizeof after_step6[0]; i++)
+        CHECK_STR(t_store_cell(st, after_step6[i].sql, NULL, buf, sizeof buf), after_step6[i].want);
 
     applied = -1;
     CHECK_INT(schema_migrate(st, &applied, &err), 0);
