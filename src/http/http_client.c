@@ -552,8 +552,7 @@ static void fconn_close(struct fconn *c)
     c->closing = 1;
     pool_unlink(c);
     uv_read_stop((uv_stream_t *)&c->tcp);
-    http_fd_closing((uv_handle_t *)&c->tcp);
-    uv_close((uv_handle_t *)&c->tcp, fconn_closed);
+    http_close_fd_handle((uv_handle_t *)&c->tcp, fconn_closed);
     uv_close((uv_handle_t *)&c->timer, fconn_closed);
 }
 
@@ -717,7 +716,7 @@ static void answer_bytes(struct fconn *c, const char *data, ssize_t nread)
         /* The rest is read from the socket apart (a dup): it goes along, the handle closes. */
         uv_os_fd_t fd = -1;
         http_reply_reader_take(&c->rr, &reply);
-        if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0 && (fd = dup(fd)) >= 0)
+        if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0 && (fd = http_fd_dup(fd)) >= 0)
             (void)fcntl(fd, F_SETFD, FD_CLOEXEC); /* as every other descriptor here */
         if (fd < 0) {
             http_reply_clear(&reply);

@@ -49,6 +49,10 @@ void http__server_log(const struct http_server *srv, const char *fmt, ...)
 /* The loop the calling thread runs, NULL on any other thread (loop_internal.h). */
 static _Thread_local struct http_loop *current_loop;
 
+#ifdef HTTP_UNDER_TSAN
+char http__fd_numbers;
+#endif
+
 uv_loop_t *http_loop_current(void)
 {
     return current_loop ? &current_loop->uv : NULL;
@@ -134,8 +138,7 @@ void http__conn_close(struct conn *c)
     if (c->state == CONN_CLOSING || uv_is_closing((uv_handle_t *)&c->tcp))
         return;
     http__set_state(c, CONN_CLOSING);
-    http_fd_closing((uv_handle_t *)&c->tcp);
-    uv_close((uv_handle_t *)&c->tcp, on_closed);
+    http_close_fd_handle((uv_handle_t *)&c->tcp, on_closed);
 }
 
 /* ---- writing --------------------------------------------------------------------------------- */

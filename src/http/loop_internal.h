@@ -10,6 +10,7 @@
 #ifndef IDEM_HTTP_LOOP_INTERNAL_H
 #define IDEM_HTTP_LOOP_INTERNAL_H
 
+#include <unistd.h>
 #include <uv.h>
 
 /* The libuv loop the calling thread runs (a server's loop thread), or NULL on any other thread. */
@@ -23,11 +24,11 @@ uv_loop_t *http_loop_current(void);
 int http_loop_at_stop(void (*fn)(void *arg), void *arg);
 
 /*
- * Call just before uv_close() of a handle that owns a descriptor.  libuv closes it with a bare
- * close system call, which ThreadSanitizer does not see: the number's next owner on another loop
- * thread (a dup() or an accept() given the same number) would be reported as racing its old
- * owner.  Under ThreadSanitizer this tells it of the close, as libuv does when built with it;
- * elsewhere it is nothing.
+ * Closes a handle that owns a descriptor (a TCP stream), as uv_close().  libuv closes the
+ * descriptor with a bare close system call, which ThreadSanitizer does not see, and touches it
+ * once more after that (taking it out of the epoll set).  Under ThreadSanitizer this tells it of
+ * the close, and marks that last touch as done before any later dup(), whose new number may be
+ * the same one on another loop thread (see http_fd_dup).  Elsewhere it is uv_close().
  */
 #if defined(__SANITIZE_THREAD__)
 #define HTTP_UNDER_TSAN 1
@@ -37,18 +38,31 @@ int http_loop_at_stop(void (*fn)(void *arg), void *arg);
 #endif
 #endif
 #ifdef HTTP_UNDER_TSAN
+#include <sanitizer/tsan_interface.h>
 void __sanitizer_syscall_pre_impl_close(long fd);
-static inline void http_fd_closing(uv_handle_t *h)
+extern char http__fd_numbers; /* what a closed number's next dup() waits on, for TSan */
+static inline void http_close_fd_handle(uv_handle_t *h, uv_close_cb cb)
 {
     uv_os_fd_t fd;
 
     if (uv_fileno(h, &fd) == 0)
         __sanitizer_syscall_pre_impl_close(fd);
+    uv_close(h, cb);
+    __tsan_release(&http__fd_numbers);
+}
+static inline int http_fd_dup(int fd)
+{
+    __tsan_acquire(&http__fd_numbers);
+    return dup(fd);
 }
 #else
-static inline void http_fd_closing(uv_handle_t *h)
+static inline void http_close_fd_handle(uv_handle_t *h, uv_close_cb cb)
 {
-    (void)h;
+    uv_close(h, cb);
+}
+static inline int http_fd_dup(int fd)
+{
+    return dup(fd);
 }
 #endif
 
