@@ -347,6 +347,7 @@ class PeersBench(B.Bench):
             res["durable_commits"] = delta("idem_gateway_store_durable_commits_total")
             res["commit_ms"] = (delta("idem_gateway_store_durable_commit_seconds_total") * 1e3 /
                                 max(res["durable_commits"], 1))
+            res["round_trips"] = delta("idem_gateway_store_round_trips_total")
         if pgs is not None:
             res["pg"] = pgs.stop(res["counted"].get("executed") or n)
         # The share of the machine that neither wrk nor the servers of this run used: other work
@@ -589,9 +590,12 @@ class PeersBench(B.Bench):
             if is_gateway(t["id"]):
                 cm = mean([x.get("commit_ms") for x in runs])
                 dc = mean([x.get("durable_commits", 0) / max(x["requests"], 1) for x in runs])
+                rt = mean([x.get("round_trips", 0) / max(x["requests"], 1) for x in runs])
                 if cm is not None:
                     line += ("Its store made %.2f durable commits per request, %.2f ms each on "
-                             "average. " % (dc, cm))
+                             "average" % (dc, cm))
+                    line += (", in %.2f round trips to the server per request. " % rt
+                             if rt else ". ")
             if t["problems"]:
                 line += "Runs that do not count: %s." % "; ".join(t["problems"])
             out.append(line)

@@ -412,6 +412,7 @@ struct idem_store {
     _Atomic uint64_t durable_commits;   /* counted by the backend when it groups commits */
     _Atomic uint64_t durable_commit_ns; /* the time those commits took, likewise */
     _Atomic uint64_t writer_busy_ns;    /* SQLite: the time its one writer was held */
+    _Atomic uint64_t round_trips;       /* PostgreSQL: counted by the backend */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;

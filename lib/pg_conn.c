@@ -186,6 +186,7 @@ int idem__pg_session_setup(struct idem_conn *c)
                        " CASE WHEN current_setting('lock_timeout') = '0'"
                        " THEN set_config('lock_timeout', $1, false) END",
                        1, NULL, params, NULL, NULL, 0);
+    idem__pg_trip(c);
     rc = idem__pg_check(c, res, "configure session");
     PQclear(res);
     return rc;

@@ -280,6 +280,7 @@ int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
             goto lost;
     if (!PQpipelineSync(c->pg))
         goto lost;
+    idem__pg_trip(c);
     /* Each query's results end with a NULL; the Sync's result ends the pipeline. */
     for (int i = 0; i <= nall && !synced;) {
         PGresult *res = PQgetResult(c->pg);
@@ -481,6 +482,7 @@ int idem__pg_run_simple(struct idem_conn *c, const char *sql, const char *what)
     if (rc == 0) {
         /* The simple protocol: `sql` may hold several statements separated by ';'. */
         res = PQexec(c->pg, sql);
+        idem__pg_trip(c);
         rc = idem__pg_check(c, res, what);
         PQclear(res);
     }

@@ -171,6 +171,7 @@ void idem_store_stats(const struct idem_store *st, struct idem_store_stats *out)
     out->durable_commits = st ? atomic_load(&st->durable_commits) : 0;
     out->durable_commit_ns = st ? atomic_load(&st->durable_commit_ns) : 0;
     out->writer_busy_ns = st ? atomic_load(&st->writer_busy_ns) : 0;
+    out->round_trips = st ? atomic_load(&st->round_trips) : 0;
 }
 
 int idem_store_migrate(struct idem_store *st, const char *component,

@@ -642,10 +642,12 @@ static int shared_get(struct idem_store *st, struct pg_shared **out, char *err, 
         rc = shared_new(st->target, st->opts.busy_timeout_ms, &sh, err, errlen);
         if (rc == 0)
             rc = idem__batcher_open(&pool, &sh->batcher);
-        if (rc == 0)
+        if (rc == 0) {
+            sh->round_trips = &st->round_trips;
             st->backend = sh;
-        else
+        } else {
             shared_free(sh);
+        }
     }
     *out = st->backend;
     pthread_mutex_unlock(&st->mu);
@@ -840,6 +842,7 @@ static int pg_commit(struct idem_conn *c)
     } else if (rc < 0 && failed < 0 && PQtransactionStatus(c->pg) == PQTRANS_INERROR) {
         /* A deferred statement failed, so the COMMIT did not run: roll back, keep its message. */
         PGresult *res = PQexec(c->pg, "ROLLBACK");
+        idem__pg_trip(c);
         if (PQresultStatus(res) != PGRES_COMMAND_OK)
             c->broken = 1;
         PQclear(res);
@@ -1091,6 +1094,7 @@ static int exec_savepoint_stmt(struct idem_conn *c, const char *sql, struct idem
     rc = idem__pg_flush_deferred(c);
     if (rc == 0) {
         res = PQexecParams(c->pg, sql, 0, NULL, NULL, NULL, NULL, 0);
+        idem__pg_trip(c);
         rc = idem__pg_check(c, res, "exec");
     }
     if (c->in_tx)
@@ -1827,6 +1831,7 @@ static int pg_schema_version(struct idem_conn *c, const char *component, int *ve
         /* Outside a transaction a missing table costs nothing; there is no plan to prepare. */
         res = PQexecParams(c->pg, rec_sql[RS_VERSION].sql, 1, rec_sql[RS_VERSION].types, vals, NULL,
                            NULL, 0);
+        idem__pg_trip(c);
         rc = idem__pg_check(c, res, "read schema version");
         if (rc < 0 && idem__pg_state_is(c->sqlstate, "42P01"))
             rc = 0; /* undefined_table: nothing was ever migrated */

@@ -15,6 +15,7 @@
 
 #include <libpq-fe.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #define STMT_CACHE 48
@@ -66,6 +67,7 @@ struct pg_shared {
     /* write_run_async's runner threads (tx_batch.h): made with this, stopped at the store's close
      */
     struct idem__batcher *batcher;
+    _Atomic uint64_t *round_trips; /* the store's count (idem_store_stats) */
 };
 
 /* ---- connections ----------------------------------------------------------------------------- */
@@ -206,6 +208,12 @@ int idem__pg_state_is(const char *state, const char *code);
 int idem__pg_fail_res(struct idem_conn *c, const PGresult *res, const char *what);
 /* 0 if `res` is a success, else idem__pg_fail_res().  Never frees `res`. */
 int idem__pg_check(struct idem_conn *c, const PGresult *res, const char *what);
+/* Counts a round trip of c's (idem_store_stats' round_trips). */
+static inline void idem__pg_trip(const struct idem_conn *c)
+{
+    if (c->sh && c->sh->round_trips)
+        atomic_fetch_add_explicit(c->sh->round_trips, 1, memory_order_relaxed);
+}
 /* libpq's notice processor for every connection of the store: notices are not errors. */
 void idem__pg_notice_ignore(void *arg, const char *message);
 

@@ -189,6 +189,12 @@ struct idem_store_stats {
      * nanoseconds: the serial part of every write.  0 on PostgreSQL, which has no such writer.
      */
     uint64_t writer_busy_ns;
+    /*
+     * PostgreSQL: round trips to the servers (each a message sent and its answers awaited,
+     * however many statements it carried), by every connection of the store but the listener's.
+     * 0 on SQLite, which has no server.
+     */
+    uint64_t round_trips;
 };
 
 /* Fills *out (zeros for NULL st). */

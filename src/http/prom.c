@@ -129,6 +129,13 @@ static void stores(struct strbuf *sb, const char *prefix, size_t n, const char *
         strbuf_addf(sb, "%s_store_writer_busy_seconds_total%s %.6f\n", prefix, l,
                     (double)stats[i].writer_busy_ns / 1e9);
     }
+    family(sb, prefix, "store_round_trips_total", "counter",
+           "Round trips to the database server, each any number of statements (PostgreSQL; 0 on "
+           "SQLite).");
+    for (i = 0; i < n; i++) {
+        labels(l, sizeof l, shards, i, "");
+        sample(sb, prefix, "store_round_trips_total", l, stats[i].round_trips);
+    }
 }
 
 void prom_store(struct strbuf *sb, const char *prefix, const struct idem_store *st)

@@ -911,6 +911,12 @@ def admin_listener_health_ready_metrics(ctx):
     expect(1 <= durable <= writes, "durable commits counted: %d for %d writes" % (durable, writes))
     expect(harness.metric_value(m, "idem_gateway_store_durable_commit_seconds_total") > 0,
            "the time of the durable commits")
+    # Each durable commit is one round trip at least on PostgreSQL; SQLite has no server.
+    trips = harness.metric_value(m, "idem_gateway_store_round_trips_total")
+    if harness.store_kind() == "postgresql":
+        expect(trips >= durable, "round trips counted: %d for %d commits" % (trips, durable))
+    else:
+        expect_eq(trips, 0, "no round trips on SQLite")
     r = gw.admin("GET", "/nope")
     expect_problem(r, 404, "not-found", "unknown admin path")
     # The public listener does not serve them: they are the upstream's paths there.
