@@ -765,12 +765,19 @@ static int pg_begin(struct idem_conn *c, int write)
         }
         c->broken = 1;
     }
+    /* A connection the server closed while it was idle (a restart, a failover) is seen here when
+     * its end has arrived -- reading what came costs no wait: the server's last words (the
+     * error it ends a session with), then the end -- and opened again: a batch's first round
+     * trip may be its COMMIT, which cannot be retried. */
+    for (int i = 0; i < 2 && !c->broken; i++)
+        if (!PQconsumeInput(c->pg) || PQstatus(c->pg) != CONNECTION_OK)
+            c->broken = 1;
     if (c->broken) {
         rc = reconnect(c);
         if (rc < 0)
             return rc;
     }
-    /* A connection the server closed while it was idle fails at the first statement, which is
+    /* One the server closed without it being seen yet fails at the first statement, which is
      * retried on a new one (rec_run, pg_exec): nothing of the transaction had run. */
     idem__pg_defer_begin(c);
     return 0;

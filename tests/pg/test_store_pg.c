@@ -615,8 +615,9 @@ static void test_deferred_statements(struct idem_store *st, struct idem_engine *
 
 /*
  * Connections the server closed while they sat idle in the pool (an administrator, a failover):
- * a transaction whose first statement meets one is begun again on a new connection, since
- * nothing of it ran; the caller sees no failure.
+ * one whose end has arrived is opened again as a transaction begins on it; a transaction whose
+ * first statement meets one is begun again on a new connection, since nothing of it ran.  The
+ * caller sees no failure.
  */
 static void test_idle_connections_closed(void)
 {
@@ -645,6 +646,12 @@ static void test_idle_connections_closed(void)
     CHECK_STR(PQgetvalue(res, 0, 0), "0");
     PQclear(res);
     PQfinish(admin);
+    /* A transaction whose first round trip is its COMMIT (its one statement, a savepoint, held
+     * back to go with it, as a batch's statements are) cannot be begun again once sent: the
+     * closed connection is seen as the transaction begins instead, and it commits on a new one. */
+    CHECK_INT(idem_tx_begin(st, 1, &tx[0]), 0);
+    CHECK_INT(idem_tx_exec(tx[0], "SAVEPOINT first", 0, NULL, NULL), 0);
+    CHECK_INT(idem_tx_commit(tx[0]), 0);
     for (int i = 0; i < 3; i++) {
         CHECK_INT(idem_tx_begin(st, 1, &tx[0]), 0);
         CHECK_INT(idem_tx_exec(tx[0], "SELECT 41 + 1", 0, NULL, &r), 0);
