@@ -641,7 +641,10 @@ static int claim_job_run(struct idem_conn *c, void *arg)
         call->eng->st->cm->record_insert(c, &call->scope, call->fp, call->owner, call->lease_ms,
                                          call->ttl_ms, call->claim_point, &j->claimed);
 
-    return rc < 0 ? rc : j->claimed ? 0 : IDEM__TX_DISCARD;
+    if (rc < 0)
+        return rc;
+    /* A batch's claim answered by its COMMIT is kept: it may have won. */
+    return j->claimed == IDEM__CLAIM_AT_COMMIT || j->claimed ? 0 : IDEM__TX_DISCARD;
 }
 
 /* How a claim job ended (rc as idem__tx_run returned): *claimed, or a failure. */
@@ -651,7 +654,7 @@ static int claim_job_ended(struct idem_call *call, const struct claim_job *j, in
     *claimed = 0;
     if (rc < 0)
         return call_fail(call, rc, "claim", err);
-    *claimed = rc == 0 && j->claimed;
+    *claimed = rc == 0 && j->claimed == 1;
     if (*claimed) {
         call->record_durable = 1;
         call->state = CALL_CLAIMED;

@@ -139,6 +139,12 @@ struct idem__job_slot {
  * nothing.
  */
 #define IDEM__TX_CLAIM 4u
+/*
+ * What record_insert() leaves in *inserted for a claim of a batch's claim job (IDEM__TX_CLAIM)
+ * that is answered by the batch's COMMIT: the claim went out with it, and the COMMIT writes 1
+ * (won) or 0 there before the job is told -- 0 too whenever the batch did not commit.
+ */
+#define IDEM__CLAIM_AT_COMMIT (-1)
 
 /*
  * The page of unfinished records (idem_store_records_unfinished() keeps only their scopes) with
@@ -319,7 +325,8 @@ struct idem_conn_methods {
      * only notes its claim (*inserted = 0, nothing sent): the batch's claim jobs (IDEM__TX_CLAIM)
      * run once so, before any job runs.  The first noted claim that then runs for real claims
      * every noted key in one statement, and each later one answers from it, as each would have
-     * alone at that point of the transaction.
+     * alone at that point of the transaction.  A backend may instead send that statement with the
+     * COMMIT and answer each claim there (IDEM__CLAIM_AT_COMMIT).
      */
     void (*claims_collect)(struct idem_conn *c, int on);
 };

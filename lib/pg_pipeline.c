@@ -264,6 +264,7 @@ int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
             all[nall] = idem__pg_q_exec(stmt->name, stmt->nparams, (const char *const *)d->vals,
                                         d->lens, d->fmts, 0, d->what);
         }
+        all[nall].keep = d->keep;
         all[nall++].fenced = stmt->fenced;
         /* (Before the COMMIT, the transaction's end undoes the settings.) */
         if (stmt->after && !(ending && i == c->ndefer - 1))
@@ -318,8 +319,14 @@ int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
         }
         PQclear(res);
     }
-    for (int i = 0; i < nd; i++)
-        PQclear(all[i].res);
+    for (int i = 0; i < nd; i++) {
+        if (all[i].keep && all[i].ok) {
+            PQclear(*all[i].keep);
+            *all[i].keep = all[i].res;
+        } else {
+            PQclear(all[i].res);
+        }
+    }
     for (int i = 0; i < n; i++) {
         q[i].ok = all[nd + i].ok;
         q[i].res = all[nd + i].res;
@@ -460,6 +467,9 @@ void idem__pg_ahead_clear(struct idem_conn *c)
     c->nahead = 0;
     c->collecting = 0;
     c->ahead_ran = 0;
+    c->ahead_pending = 0;
+    PQclear(c->ahead_res);
+    c->ahead_res = NULL;
 }
 
 void idem__pg_tx_forget(struct idem_conn *c)

@@ -793,6 +793,8 @@ static int pg_begin(struct idem_conn *c, int write)
  * deferred statement that fails aborts the pipeline before the COMMIT: the transaction is rolled
  * back and the commit fails with that statement's message.
  */
+static void ahead_answer(struct idem_conn *c, int committed);
+
 static int pg_commit(struct idem_conn *c)
 {
     struct pipe_q q[3];
@@ -833,6 +835,7 @@ static int pg_commit(struct idem_conn *c)
     for (int i = 1; i < n; i++)
         q[i].optional = 1; /* the notifications (and their preparation): best effort */
     rc = idem__pg_pipe_run(c, q, n, &failed);
+    ahead_answer(c, q[0].ok && strcmp(PQcmdStatus(q[0].res), "COMMIT") == 0);
     if (q[0].ok) {
         /* The COMMIT's answer came, so it stands, even if the connection failed after it. */
         rc = 0;
@@ -857,6 +860,7 @@ static int pg_commit(struct idem_conn *c)
     for (int i = 0; i < n; i++)
         PQclear(q[i].res);
 out:
+    ahead_answer(c, 0); /* (when it did not get as far as the COMMIT) */
     idem__pg_tx_forget(c);
     return rc;
 }
@@ -865,6 +869,7 @@ static int pg_rollback(struct idem_conn *c)
 {
     PGTransactionStatusType ts = PQtransactionStatus(c->pg);
 
+    ahead_answer(c, 0);
     idem__pg_tx_forget(c); /* statements held back are simply never sent */
     if (c->broken || ts == PQTRANS_UNKNOWN || ts == PQTRANS_ACTIVE) {
         /* Closing the connection rolls the server's side back. */
@@ -1358,19 +1363,11 @@ static void ahead_note(struct idem_conn *c, const struct idem_scope *s,
     c->nahead++;
 }
 
-/* Runs the claims noted ahead as one statement (RS_CLAIM_MANY); each one's state is its answer. */
-static int ahead_run(struct idem_conn *c)
+/* The claims noted ahead as RS_CLAIM_MANY's parameters, one row each: 0, or IDEM_ENOMEM. */
+static int ahead_params(struct idem_conn *c, struct pg_array arr[8], const char *vals[8],
+                        int lens[8])
 {
-    struct claim_ahead kept[AHEAD_MAX];
-    const int n = c->nahead;
-    struct pg_array arr[8] = {{0}};
-    const char *vals[8];
-    int lens[8];
-    const int fmts[8] = {1, 1, 1, 1, 1, 1, 1, 1};
-    PGresult *res = NULL;
-    int rc = 0;
-
-    for (int i = 0; i < c->nahead && rc == 0; i++) {
+    for (int i = 0; i < c->nahead; i++) {
         const struct claim_ahead *a = &c->ahead[i];
         char lease[24], ttl[24];
         idem__fmt(lease, sizeof(lease), "%lld", (long long)a->lease_ms);
@@ -1382,18 +1379,53 @@ static int ahead_run(struct idem_conn *c)
             idem__pg_array_add(&arr[4], a->owner, strlen(a->owner)) < 0 ||
             idem__pg_array_add(&arr[5], lease, strlen(lease)) < 0 ||
             idem__pg_array_add(&arr[6], ttl, strlen(ttl)) < 0 ||
-            idem__pg_array_add(&arr[7], a->point, strlen(a->point)) < 0)
-            rc = IDEM_ENOMEM;
-    }
-    if (rc < 0) {
-        idem__pg_set_msg(c, "claim", "out of memory", NULL);
-        goto out;
+            idem__pg_array_add(&arr[7], a->point, strlen(a->point)) < 0) {
+            idem__pg_set_msg(c, "claim", "out of memory", NULL);
+            return IDEM_ENOMEM;
+        }
     }
     for (int k = 0; k < 8; k++) {
         idem__pg_array_seal(&arr[k], k == 3);
         vals[k] = arr[k].buf;
         lens[k] = (int)arr[k].len;
     }
+    return 0;
+}
+
+/*
+ * Each claim noted ahead is won if RS_CLAIM_MANY's rows `res` name its key, else taken: its state,
+ * or its caller's answer when it is to be answered at the COMMIT.
+ */
+static void ahead_settle(struct idem_conn *c, const PGresult *res)
+{
+    for (int i = 0; i < c->nahead; i++) {
+        struct claim_ahead *a = &c->ahead[i];
+        int won = 0;
+        for (int row = 0; row < PQntuples(res) && !won; row++)
+            won = strcmp(a->principal, PQgetvalue(res, row, 0)) == 0 &&
+                  strcmp(a->operation, PQgetvalue(res, row, 1)) == 0 &&
+                  strcmp(a->key, PQgetvalue(res, row, 2)) == 0;
+        if (a->answer)
+            *a->answer = won;
+        else if (a->state != AHEAD_TOLD)
+            a->state = won ? AHEAD_WON : AHEAD_TAKEN;
+    }
+}
+
+/* Runs the claims noted ahead as one statement (RS_CLAIM_MANY); each one's state is its answer. */
+static int ahead_run(struct idem_conn *c)
+{
+    struct claim_ahead kept[AHEAD_MAX];
+    const int n = c->nahead;
+    struct pg_array arr[8] = {{0}};
+    const char *vals[8];
+    int lens[8];
+    const int fmts[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    PGresult *res = NULL;
+    int rc = ahead_params(c, arr, vals, lens);
+
+    if (rc < 0)
+        goto out;
     /* Kept aside while it runs: a retry begins the transaction again, which forgets them. */
     memcpy(kept, c->ahead, sizeof(kept[0]) * (size_t)n);
     c->nahead = 0;
@@ -1403,23 +1435,58 @@ static int ahead_run(struct idem_conn *c)
     c->nahead = n;
     if (rc < 0)
         goto out;
-    for (int i = 0; i < c->nahead; i++)
-        c->ahead[i].state = AHEAD_TAKEN;
-    for (int row = 0; row < PQntuples(res); row++) {
-        for (int i = 0; i < c->nahead; i++) {
-            struct claim_ahead *a = &c->ahead[i];
-            if (strcmp(a->principal, PQgetvalue(res, row, 0)) == 0 &&
-                strcmp(a->operation, PQgetvalue(res, row, 1)) == 0 &&
-                strcmp(a->key, PQgetvalue(res, row, 2)) == 0)
-                a->state = AHEAD_WON;
-        }
-    }
+    ahead_settle(c, res);
     c->ahead_ran = 1;
 out:
     for (int k = 0; k < 8; k++)
         idem__pg_array_clear(&arr[k]);
     PQclear(res);
     return rc;
+}
+
+/*
+ * A batch's claims noted ahead as one statement (RS_CLAIM_MANY) held back to go out with the next
+ * one that needs an answer -- at the latest the COMMIT -- instead of a round trip of its own: its
+ * rows are kept (c->ahead_res), and the COMMIT writes each claim's answer where its caller reads
+ * it (pg_record_insert, IDEM__CLAIM_AT_COMMIT).  A batch's claim jobs need their answers only
+ * once their batch committed: the claim is each one's only statement.
+ */
+static int ahead_defer(struct idem_conn *c)
+{
+    struct pg_array arr[8] = {{0}};
+    const char *vals[8];
+    int lens[8];
+    const int fmts[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    int rc = ahead_params(c, arr, vals, lens);
+
+    if (rc == 0)
+        rc = idem__pg_defer_stmt(c, &rec_sql[RS_CLAIM_MANY], vals, lens, fmts, "claim");
+    if (rc == 0) {
+        c->defer[c->ndefer - 1].keep = &c->ahead_res;
+        c->ahead_ran = 1;
+        c->ahead_pending = 1;
+    }
+    for (int k = 0; k < 8; k++)
+        idem__pg_array_clear(&arr[k]);
+    return rc;
+}
+
+/*
+ * Tells each claim answered at the COMMIT (ahead_defer) what it came to: won or taken when the
+ * transaction `committed`, else nothing (0: the caller runs it again or fails).
+ */
+static void ahead_answer(struct idem_conn *c, int committed)
+{
+    if (!c->ahead_pending)
+        return;
+    for (int i = 0; i < c->nahead; i++)
+        if (c->ahead[i].answer)
+            *c->ahead[i].answer = 0;
+    if (committed && c->ahead_res)
+        ahead_settle(c, c->ahead_res);
+    for (int i = 0; i < c->nahead; i++)
+        c->ahead[i].answer = NULL;
+    c->ahead_pending = 0;
 }
 
 static void pg_claims_collect(struct idem_conn *c, int on)
@@ -1451,11 +1518,18 @@ static int pg_record_insert(struct idem_conn *c, const struct idem_scope *s,
     if (c->nahead > 0 && c->in_tx)
         ahead = ahead_find(c, s, fp, owner, lease_ms, ttl_ms, point);
     if (ahead >= 0) {
-        /* The batch's claims, all at once when the first of them runs. */
+        /* The batch's claims, all at once when the first of them runs: in a batch's
+         * transaction with the next statement that needs an answer, else now. */
         if (!c->ahead_ran)
-            rc = ahead_run(c);
+            rc = c->batch ? ahead_defer(c) : ahead_run(c);
         if (rc < 0)
             return rc;
+        if (c->ahead_pending) {
+            c->ahead[ahead].state = AHEAD_TOLD;
+            c->ahead[ahead].answer = inserted;
+            *inserted = IDEM__CLAIM_AT_COMMIT;
+            return 0;
+        }
         *inserted = c->ahead[ahead].state == AHEAD_WON;
         c->ahead[ahead].state = AHEAD_TOLD;
     } else {

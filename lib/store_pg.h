@@ -148,18 +148,21 @@ struct deferred {
      */
     int rows;
     struct pg_array arr[DEFER_PARAMS];
+    PGresult **keep; /* its result goes here (replacing what is there), or NULL: dropped */
 };
 
 /*
  * A claim noted ahead (claims_collect: a batch's claim jobs), answered by the batch's one claim
- * statement when the first of them runs.
+ * statement when the first of them runs -- or, in a batch, by the COMMIT that statement went out
+ * with: `answer` is then where the claim's caller reads it (IDEM__CLAIM_AT_COMMIT).
  */
 #define AHEAD_MAX 32
 struct claim_ahead {
     char *principal, *operation, *key, *owner, *point; /* owned */
     unsigned char fp[IDEM_FP_LEN];
     int64_t lease_ms, ttl_ms;
-    int state; /* AHEAD_NOTED, then AHEAD_WON or AHEAD_TAKEN, then AHEAD_TOLD (store_pg.c) */
+    int state;   /* AHEAD_NOTED, then AHEAD_WON or AHEAD_TAKEN, then AHEAD_TOLD (store_pg.c) */
+    int *answer; /* borrowed until the transaction ends, or NULL */
 };
 
 struct idem_conn {
@@ -184,6 +187,8 @@ struct idem_conn {
     int nahead;
     int collecting;
     int ahead_ran;       /* their statement ran: each one's state is its answer */
+    int ahead_pending;   /* their statement went out deferred: the COMMIT answers */
+    PGresult *ahead_res; /* that statement's rows once it ran (the keys won) */
     unsigned prepared;   /* bit k: the session knows the struct pg_stmt whose id is k */
     char notify[32][17]; /* scopes (hashes) to announce once the transaction commits */
     int nnotify;
@@ -235,11 +240,12 @@ struct pipe_q {
     const char *const *vals;
     const int *lens;
     const int *fmts;
-    int binary;    /* its result in binary */
-    int optional;  /* its failure is not the pipeline's (best-effort notifications) */
-    int ends_tx;   /* the COMMIT: what is deferred before it needs no settings undone */
-    int fenced;    /* a division by zero means the record is not ours (struct pg_stmt) */
-    unsigned mark; /* with `prepare`: its bit in c->prepared once the session knows it, or 0 */
+    int binary;      /* its result in binary */
+    int optional;    /* its failure is not the pipeline's (best-effort notifications) */
+    int ends_tx;     /* the COMMIT: what is deferred before it needs no settings undone */
+    int fenced;      /* a division by zero means the record is not ours (struct pg_stmt) */
+    unsigned mark;   /* with `prepare`: its bit in c->prepared once the session knows it, or 0 */
+    PGresult **keep; /* a deferred statement's: where its result goes (struct deferred) */
     int ok;
     PGresult *res;
 };
