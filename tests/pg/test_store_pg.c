@@ -1058,7 +1058,7 @@ static void test_batch_claims_one_round_trip(void)
         .name = "pg.claims", .lease_ms = 60000, .claim_point = "forwarded"};
     static struct claim_seen seen[CLAIMS];
     struct idem_store *st = open_uri(pg_uri, 1);
-    struct idem_engine *eng = NULL, *other = NULL;
+    struct idem_engine *eng = NULL;
     struct idem_store_stats before, after;
     struct idem_tx *hold = NULL;
     unsigned char fp[IDEM_FP_LEN];
@@ -1068,44 +1068,32 @@ static void test_batch_claims_one_round_trip(void)
     if (idem_engine_new(st, NULL, &eng) < 0)
         exit(1);
     fp_of("{\"claims\":1}", fp);
-    /* A record the batch finds taken, completed before. */
-    snprintf(key, sizeof key, "rt-%d", CLAIMS - 1);
-    {
-        struct idem_call *call = NULL;
-        enum idem_outcome oc;
-        CHECK_INT(idem_call_begin(eng, &op, "alice", key, fp, &call, &oc), 0);
-        CHECK_INT(oc, IDEM_OUTCOME_EXECUTE);
-        CHECK_INT(idem_call_complete(call, 201, NULL, 0, "before", 6), 0);
-        idem_call_end(call);
-    }
-    if (idem_engine_new(st, NULL, &other) < 0)
-        exit(1);
+    /* Fresh keys only: a claim found taken and run alone costs two round trips and no commit
+     * (its ROLLBACK), which the count below could not tell from a batch's. The contract suite
+     * has taken keys in batches. */
     idem_store_stats(st, &before);
     CHECK_INT(idem_tx_begin(st, 1, &hold), 0);
     for (int i = 0; i < CLAIMS; i++) {
-        /* The last, the completed key, through an engine whose replay cache does not hold it. */
         memset(&seen[i], 0, sizeof seen[i]);
         snprintf(key, sizeof key, "rt-%d", i);
-        CHECK_INT(idem_call_begin_async(i == CLAIMS - 1 ? other : eng, &op, "alice", key, fp,
-                                        claim_begun, &seen[i]),
-                  1);
+        CHECK_INT(idem_call_begin_async(eng, &op, "alice", key, fp, claim_begun, &seen[i]), 1);
     }
     idem_tx_rollback(hold);
     for (int i = 0; i < CLAIMS; i++) {
         T_WAIT_UNTIL(atomic_load(&seen[i].told), "every claim to be answered");
         CHECK_INT(atomic_load(&seen[i].rc), 0);
-        CHECK_INT(atomic_load(&seen[i].outcome),
-                  i == CLAIMS - 1 ? IDEM_OUTCOME_NONE : IDEM_OUTCOME_EXECUTE);
+        CHECK_INT(atomic_load(&seen[i].outcome), IDEM_OUTCOME_EXECUTE);
     }
     idem_store_stats(st, &after);
     trips = after.round_trips - before.round_trips;
     commits = after.durable_commits - before.durable_commits;
     printf("%d claims: %llu commits, %llu round trips\n", CLAIMS, (unsigned long long)commits,
            (unsigned long long)trips);
+    /* A claim alone is two round trips and a commit; a batch of two or more, one and one. */
     CHECK(commits >= 1 && trips >= commits);
-    CHECK(trips < 2 * commits); /* a batch of two claims or more took one round trip */
-    /* Each won claim holds its record at its point; the taken one was left as it was. */
-    for (int i = 0; i < CLAIMS - 1; i++) {
+    CHECK(trips < 2 * commits);
+    /* Each claim holds its record at its point, and completes. */
+    for (int i = 0; i < CLAIMS; i++) {
         snprintf(sql, sizeof sql,
                  "SELECT count(*) FROM idem_records WHERE idem_key = 'rt-%d' AND status = 0"
                  " AND recovery_point = 'forwarded'",
@@ -1114,11 +1102,9 @@ static void test_batch_claims_one_round_trip(void)
         CHECK_INT(idem_call_complete(seen[i].call, 201, NULL, 0, "made", 4), 0);
         idem_call_end(seen[i].call);
     }
-    idem_call_end(seen[CLAIMS - 1].call);
     CHECK_INT(query_int(st, "SELECT count(*) FROM idem_records WHERE idem_key LIKE 'rt-%'"
                             " AND status = 1"),
               CLAIMS);
-    idem_engine_free(other);
     idem_engine_free(eng);
     idem_store_close(st);
 }
