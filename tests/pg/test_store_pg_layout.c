@@ -201,11 +201,11 @@ static void test_migration(PGconn *db)
 
     st = open_store();
     CHECK_INT(idem_engine_new(st, &eo, &eng), 0);
-    CHECK_INT(db_int(db, "SELECT version FROM idem_schema WHERE component = 'libidem'"), 3);
+    CHECK_INT(db_int(db, "SELECT version FROM idem_schema WHERE component = 'libidem'"), 4);
     CHECK_INT(
         db_int(db, "SELECT count(*) FROM pg_indexes WHERE indexname = 'idem_records_stalled'"), 0);
     CHECK_INT(db_int(db, "SELECT count(*) FROM pg_class WHERE relname = 'idem_records'"
-                         " AND 'fillfactor=70' = ANY (reloptions)"),
+                         " AND 'fillfactor=40' = ANY (reloptions)"),
               1);
     /* Every processing record, past retention or not, is in flight. */
     CHECK_INT(db_int(db, "SELECT count(*) FROM idem_inflight"), 4);
