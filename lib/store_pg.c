@@ -49,6 +49,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -751,6 +752,29 @@ static int pg_conn_ok(struct idem_conn *c)
 /* ---- transactions ---------------------------------------------------------------------------- */
 
 /*
+ * Whether an idle connection is still open.  One the server closed while it was idle (a restart,
+ * a failover) is seen when its end has arrived, and must be opened again before a transaction
+ * begins on it: a batch's first round trip may be its COMMIT, which cannot be retried.  A live
+ * idle connection has nothing to read, so one peek that does not wait tells (EAGAIN), the usual
+ * case.  When bytes did arrive -- the server's last words (the error it ends a session with),
+ * then its end -- libpq reads them, twice: once for the words, once for the end.
+ */
+static int pg_idle_alive(struct idem_conn *c)
+{
+    char b;
+    ssize_t got = recv(PQsocket(c->pg), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+
+    if (got < 0)
+        return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+    if (got == 0)
+        return 0;
+    for (int i = 0; i < 2; i++)
+        if (!PQconsumeInput(c->pg) || PQstatus(c->pg) != CONNECTION_OK)
+            return 0;
+    return 1;
+}
+
+/*
  * Every transaction is READ COMMITTED, whatever the server's default, and that is what claims
  * need.  INSERT ... ON CONFLICT under READ COMMITTED waits for a concurrent inserter of the same
  * key to finish, then acts on the row it committed even though that row is newer than the
@@ -773,13 +797,8 @@ static int pg_begin(struct idem_conn *c, int write)
         }
         c->broken = 1;
     }
-    /* A connection the server closed while it was idle (a restart, a failover) is seen here when
-     * its end has arrived -- reading what came costs no wait: the server's last words (the
-     * error it ends a session with), then the end -- and opened again: a batch's first round
-     * trip may be its COMMIT, which cannot be retried. */
-    for (int i = 0; i < 2 && !c->broken; i++)
-        if (!PQconsumeInput(c->pg) || PQstatus(c->pg) != CONNECTION_OK)
-            c->broken = 1;
+    if (!c->broken && !pg_idle_alive(c))
+        c->broken = 1;
     if (c->broken) {
         rc = reconnect(c);
         if (rc < 0)
