@@ -1390,10 +1390,27 @@ static void ahead_note(struct idem_conn *c, const struct idem_scope *s,
     c->nahead++;
 }
 
-/* The claims noted ahead as RS_CLAIM_MANY's parameters, one row each: 0, or IDEM_ENOMEM. */
-static int ahead_params(struct idem_conn *c, struct pg_array arr[8], const char *vals[8],
-                        int lens[8])
+/* RS_CLAIM_MANY's parameters: the claims noted ahead, one array element each, all binary. */
+struct claim_many {
+    struct pg_array arr[8];
+    const char *vals[8];
+    int lens[8];
+};
+
+static const int claim_many_fmts[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+
+static void claim_many_free(struct claim_many *p)
 {
+    for (int k = 0; k < 8; k++)
+        idem__pg_array_clear(&p->arr[k]);
+}
+
+/* Builds `p` (zeroed by the caller, freed with claim_many_free) from the claims noted ahead: 0,
+ * or IDEM_ENOMEM. */
+static int claim_many_build(struct idem_conn *c, struct claim_many *p)
+{
+    struct pg_array *arr = p->arr;
+
     for (int i = 0; i < c->nahead; i++) {
         const struct claim_ahead *a = &c->ahead[i];
         char lease[24], ttl[24];
@@ -1413,8 +1430,8 @@ static int ahead_params(struct idem_conn *c, struct pg_array arr[8], const char 
     }
     for (int k = 0; k < 8; k++) {
         idem__pg_array_seal(&arr[k], k == 3);
-        vals[k] = arr[k].buf;
-        lens[k] = (int)arr[k].len;
+        p->vals[k] = arr[k].buf;
+        p->lens[k] = (int)arr[k].len;
     }
     return 0;
 }
@@ -1444,19 +1461,16 @@ static int ahead_run(struct idem_conn *c)
 {
     struct claim_ahead kept[AHEAD_MAX];
     const int n = c->nahead;
-    struct pg_array arr[8] = {{0}};
-    const char *vals[8];
-    int lens[8];
-    const int fmts[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    struct claim_many p = {0};
     PGresult *res = NULL;
-    int rc = ahead_params(c, arr, vals, lens);
+    int rc = claim_many_build(c, &p);
 
     if (rc < 0)
         goto out;
     /* Kept aside while it runs: a retry begins the transaction again, which forgets them. */
     memcpy(kept, c->ahead, sizeof(kept[0]) * (size_t)n);
     c->nahead = 0;
-    rc = rec_run(c, RS_CLAIM_MANY, vals, lens, fmts, 0, "claim", &res);
+    rc = rec_run(c, RS_CLAIM_MANY, p.vals, p.lens, claim_many_fmts, 0, "claim", &res);
     idem__pg_ahead_clear(c);
     memcpy(c->ahead, kept, sizeof(kept[0]) * (size_t)n);
     c->nahead = n;
@@ -1465,8 +1479,7 @@ static int ahead_run(struct idem_conn *c)
     ahead_settle(c, res);
     c->ahead_ran = 1;
 out:
-    for (int k = 0; k < 8; k++)
-        idem__pg_array_clear(&arr[k]);
+    claim_many_free(&p);
     PQclear(res);
     return rc;
 }
@@ -1480,21 +1493,18 @@ out:
  */
 static int ahead_defer(struct idem_conn *c)
 {
-    struct pg_array arr[8] = {{0}};
-    const char *vals[8];
-    int lens[8];
-    const int fmts[8] = {1, 1, 1, 1, 1, 1, 1, 1};
-    int rc = ahead_params(c, arr, vals, lens);
+    struct claim_many p = {0};
+    int rc = claim_many_build(c, &p);
 
     if (rc == 0)
-        rc = idem__pg_defer_stmt(c, &rec_sql[RS_CLAIM_MANY], vals, lens, fmts, "claim");
+        rc = idem__pg_defer_stmt(c, &rec_sql[RS_CLAIM_MANY], p.vals, p.lens, claim_many_fmts,
+                                 "claim");
     if (rc == 0) {
         c->defer[c->ndefer - 1].keep = &c->ahead_res;
         c->ahead_ran = 1;
         c->ahead_pending = 1;
     }
-    for (int k = 0; k < 8; k++)
-        idem__pg_array_clear(&arr[k]);
+    claim_many_free(&p);
     return rc;
 }
 
