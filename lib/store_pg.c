@@ -625,9 +625,10 @@ static void pool_put(void *st, struct idem_conn *c)
     idem__store_put(st, c);
 }
 
-static void pool_committed(void *st, uint64_t ntx, int64_t t0)
+/* A claim its batch's COMMIT found taken wrote nothing: its job is no write commit. */
+static void pool_committed(void *st, struct idem_conn *c, uint64_t ntx, int64_t t0)
 {
-    idem__store_count_commit(st, ntx, t0);
+    idem__store_count_commit(st, ntx - (uint64_t)c->ahead_taken, t0);
 }
 
 static void shared_free(struct pg_shared *sh);
@@ -806,6 +807,7 @@ static int pg_begin(struct idem_conn *c, int write)
     }
     /* One the server closed without it being seen yet fails at the first statement, which is
      * retried on a new one (rec_run, pg_exec): nothing of the transaction had run. */
+    c->ahead_taken = 0;
     idem__pg_defer_begin(c);
     return 0;
 }
@@ -1516,13 +1518,16 @@ static void ahead_answer(struct idem_conn *c, int committed)
 {
     if (!c->ahead_pending)
         return;
+    c->ahead_taken = 0;
     for (int i = 0; i < c->nahead; i++)
         if (c->ahead[i].answer)
             *c->ahead[i].answer = 0;
     if (committed && c->ahead_res)
         ahead_settle(c, c->ahead_res);
-    for (int i = 0; i < c->nahead; i++)
+    for (int i = 0; i < c->nahead; i++) {
+        c->ahead_taken += committed && c->ahead[i].answer && !*c->ahead[i].answer;
         c->ahead[i].answer = NULL;
+    }
     c->ahead_pending = 0;
 }
 

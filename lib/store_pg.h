@@ -189,6 +189,7 @@ struct idem_conn {
     int ahead_ran;       /* their statement ran: each one's state is its answer */
     int ahead_pending;   /* their statement went out deferred: the COMMIT answers */
     PGresult *ahead_res; /* that statement's rows once it ran (the keys won) */
+    int ahead_taken;     /* of those the last COMMIT answered, the claims it found taken */
     unsigned prepared;   /* bit k: the session knows the struct pg_stmt whose id is k */
     char notify[32][17]; /* scopes (hashes) to announce once the transaction commits */
     int nnotify;

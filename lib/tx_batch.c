@@ -148,7 +148,7 @@ static int run_alone(const struct idem__batch_source *src, struct idem_conn *c, 
         t0 = clock_mono_ns();
         rc = cm->commit(c);
         if (rc == 0)
-            src->committed(src->ctx, 1, t0);
+            src->committed(src->ctx, c, 1, t0);
     }
     if (rc < 0)
         idem__fmt(err, sizeof(err), "%s", cm->errmsg(c));
@@ -213,7 +213,7 @@ static int run_together(const struct idem__batch_source *src, struct idem_conn *
         t0 = clock_mono_ns();
         rc = cm->commit(c);
         if (rc == 0) {
-            src->committed(src->ctx, kept, t0);
+            src->committed(src->ctx, c, kept, t0);
             while (jobs) {
                 struct batch_job *next = jobs->next;
                 tell(told, jobs, jobs->rc, NULL);

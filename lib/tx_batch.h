@@ -23,8 +23,9 @@ struct idem__batch_source {
     int (*get)(void *ctx, struct idem_conn **out, char *err, size_t errlen);
     /* Takes the connection back (a broken one, `cm->conn_ok` false, is to be closed). */
     void (*put)(void *ctx, struct idem_conn *c);
-    /* `ntx` jobs made durable by one COMMIT that began at clock_mono_ns() `t0`. */
-    void (*committed)(void *ctx, uint64_t ntx, int64_t t0);
+    /* `ntx` jobs made durable by one COMMIT on `c` that began at clock_mono_ns() `t0` (counting
+     * those whose claim that COMMIT answered: the backend knows which of them wrote nothing). */
+    void (*committed)(void *ctx, struct idem_conn *c, uint64_t ntx, int64_t t0);
     void *ctx;
 };
 

@@ -140,9 +140,10 @@ static void pool_put(void *ctx, struct idem_conn *c)
     pthread_mutex_unlock(&db_mu);
 }
 
-static void pool_committed(void *ctx, uint64_t ntx, int64_t t0)
+static void pool_committed(void *ctx, struct idem_conn *c, uint64_t ntx, int64_t t0)
 {
     (void)ctx;
+    (void)c;
     (void)t0;
     pthread_mutex_lock(&db_mu);
     if (ncommitted < (int)(sizeof(told_ntx) / sizeof(told_ntx[0])))
