@@ -157,11 +157,12 @@ class Bench:
         return p
 
     def start_gateway_route(self, name, gateway_bin, upstream_url, store_uri, principal, path,
-                            operation, extra=""):
+                            operation, extra="", upstream_extra=""):
         """
         idem-gateway (`gateway_bin`) with one route, POST `path` as `operation`, in front of
         `upstream_url`, its records in `store_uri`; `principal` is the one line of its principal
-        block ("header: X-Consumer-Id"); `extra`, more top-level YAML (a `listen_tls` block).
+        block ("header: X-Consumer-Id"); `extra`, more top-level YAML (a `listen_tls` block);
+        `upstream_extra`, more lines of the upstream block ("  keyed_connections: pooled\n").
         Its admin URL is p.admin.  gateway_bench.py and peers_bench.py start theirs so.
         """
         d = os.path.join(self.tmp, name)
@@ -175,7 +176,7 @@ listen: 127.0.0.1:0
 store: %(store)s
 upstream:
   url: %(up)s
-principal:
+%(upextra)sprincipal:
   %(principal)s
 limits:
   max_connections_per_ip: -1
@@ -187,7 +188,8 @@ routes:
   - match: POST %(path)s
     operation: %(op)s
 """ % {"admin": admin_port, "store": json.dumps(store_uri), "up": upstream_url,
-                "principal": principal, "path": path, "op": operation, "extra": extra})
+                "principal": principal, "path": path, "op": operation, "extra": extra,
+                "upextra": upstream_extra})
         p = self.start(name, [gateway_bin, "serve", "--config", conf])
         p.admin = "http://127.0.0.1:%d" % admin_port
         return p

@@ -10,6 +10,10 @@ of idem-gateway against Node servers that do the same work, in one run, on the s
                 principal `authorization: sha256`, in front of the plain Node server: durable
   orderd-pg     orderd serve on a fresh database of the PostgreSQL cluster tests/pg/with_pg.sh
   gateway-pg    started (IDEM_TEST_PG_URI), likewise; left out without it
+  gateway-pooled, gateway-pg-pooled
+                the two gateways again with `upstream.keyed_connections: pooled`: keyed requests
+                over kept upstream connections, not one of their own each (the default, `fresh`).
+                Fresh keys only, for information: what the connection per keyed request costs
   redis-peer    bench/peers/server.js --redis: node:http behind the @node-idempotency middleware
                 (@node-idempotency/core + storage-adapter-redis) on a redis-server this script
                 starts with no persistence (--save '' --appendonly no): not durable
@@ -79,16 +83,20 @@ SERVERS = {
     "gateway": ("idem-gateway (SQLite FULL) in front of plain node:http", "yes", True),
     "orderd-pg": ("orderd, PostgreSQL", "yes", True),
     "gateway-pg": ("idem-gateway (PostgreSQL) in front of plain node:http", "yes", True),
+    "gateway-pooled": ("idem-gateway (SQLite FULL), keyed_connections: pooled", "yes", True),
+    "gateway-pg-pooled": ("idem-gateway (PostgreSQL), keyed_connections: pooled", "yes", True),
     "redis-peer": ("node:http + @node-idempotency + Redis (no persistence)", "no", True),
     "redis-durable": ("node:http + @node-idempotency + Redis, appendfsync always",
                       "claims (the completion is written after the answer)", True),
     "node-plain": ("node:http alone, no idempotency", "—", False),
 }
-ORDER_ALL = ["orderd", "gateway", "orderd-pg", "gateway-pg", "redis-peer", "redis-durable",
-             "node-plain"]
-PG_SERVERS = ("orderd-pg", "gateway-pg")
+ORDER_ALL = ["orderd", "gateway", "gateway-pooled", "orderd-pg", "gateway-pg",
+             "gateway-pg-pooled", "redis-peer", "redis-durable", "node-plain"]
+PG_SERVERS = ("orderd-pg", "gateway-pg", "gateway-pg-pooled")
 # The runs with a synchronous standby: these servers, kind "fresh-sync".
-SYNC_SERVERS = ("gateway-pg", "orderd-pg")
+SYNC_SERVERS = ("gateway-pg", "gateway-pg-pooled", "orderd-pg")
+# Measured with fresh keys only: their replays are the default gateways' (no upstream involved).
+POOLED = {"gateway-pooled": "gateway", "gateway-pg-pooled": "gateway-pg"}
 
 
 def is_orderd(name):
@@ -207,9 +215,11 @@ class PeersBench(B.Bench):
         return self.start(name, cmd)
 
     def start_gateway(self, name, upstream, store):
-        """idem-gateway, one route POST /api/orders, in front of `upstream` (the plain server)."""
-        return self.start_gateway_route(name, self.gateway_bin, upstream.url, store,
-                                        "authorization: sha256", PATH, OPERATION)
+        """idem-gateway, one route POST /api/orders, in front of `upstream` (the plain server);
+        for the POOLED ones, its keyed requests over kept upstream connections."""
+        return self.start_gateway_route(
+            name, self.gateway_bin, upstream.url, store, "authorization: sha256", PATH, OPERATION,
+            upstream_extra="  keyed_connections: pooled\n" if name in POOLED else "")
 
     def probe(self, name, p, token, idempotent):
         """A keyed POST twice: 201 both times; the second a replay of the first where keyed."""
@@ -244,12 +254,13 @@ class PeersBench(B.Bench):
         self.srv["node-plain"] = self.start_node("node-plain")
         self.srv["redis-peer"] = self.start_node("redis-peer", self.redis)
         self.srv["redis-durable"] = self.start_node("redis-durable", self.redis_durable)
-        self.srv["gateway"] = self.start_gateway(
-            "gateway", self.srv["node-plain"], "sqlite:" + os.path.join(self.tmp, "gateway.db"))
+        for name in ("gateway", "gateway-pooled"):
+            self.srv[name] = self.start_gateway(name, self.srv["node-plain"],
+                                                self.db_uri("sqlite", name))
         if self.pg_admin:
-            self.dbs["gateway-pg"] = self.db_uri("postgresql", "gateway")
-            self.srv["gateway-pg"] = self.start_gateway("gateway-pg", self.srv["node-plain"],
-                                                        self.dbs["gateway-pg"])
+            for name in ("gateway-pg", "gateway-pg-pooled"):
+                self.dbs[name] = self.db_uri("postgresql", name)
+                self.srv[name] = self.start_gateway(name, self.srv["node-plain"], self.dbs[name])
         for name in self.order:
             self.probe(name, self.srv[name], self.tok(name), SERVERS[name][2])
             r[name] = {"what": SERVERS[name][0], "durable": SERVERS[name][1],
@@ -415,13 +426,14 @@ class PeersBench(B.Bench):
         # caches, SQLite's WAL) meets the measured load cold.
         for name in self.order:
             self.load(name, "fresh", 0, seconds=2, record=False)
-        replay_tags = {n: self.warm_replays(n) for n in self.order if SERVERS[n][2]}
+        replay_tags = {n: self.warm_replays(n) for n in self.order
+                       if SERVERS[n][2] and n not in POOLED}
         for rnd in range(1, self.rounds + 1):
             order = self.order if rnd % 2 else list(reversed(self.order))
             for name in order:
                 self.load(name, "fresh", rnd)
             for name in order:
-                if SERVERS[name][2]:
+                if name in replay_tags:
                     self.load(name, "replay", rnd, tag=replay_tags[name])
         if self.pg_admin and not self.args.no_standby:
             self.sync_standby_runs()
@@ -489,7 +501,20 @@ class PeersBench(B.Bench):
                 "measured": "%s ÷ %s req/s" % (fmt_rate(mine), fmt_rate(peer)),
                 "met": ratio is not None and ratio >= want and not problems,
                 "problems": problems})
-        for name in ("orderd-pg", "gateway-pg"):
+        for name, default in POOLED.items():
+            mine, runs = self.rate(name, "fresh")
+            dflt, _ = self.rate(default, "fresh")
+            peer_name = "redis-durable" if name in PG_SERVERS else "redis-peer"
+            peer, _ = self.rate(peer_name, "fresh")
+            if mine:
+                self.r["info"].append({
+                    "what": "%s: fresh keys over kept upstream connections (÷ the %s; ÷ %s, a "
+                            "connection per keyed request)" % (
+                                name, "durable Redis peer" if name in PG_SERVERS else
+                                "Redis peer", default),
+                    "value": "%s req/s (%s; %s)" % (fmt_rate(mine), fmt_ratio(
+                        mine / peer if peer else None), fmt_ratio(mine / dflt if dflt else None))})
+        for name in SYNC_SERVERS:
             if self.runs_of(name, "fresh-sync"):
                 mine, _ = self.rate(name, "fresh-sync")
                 alone, _ = self.rate(name, "fresh")
