@@ -10,6 +10,10 @@ of idem-gateway against Node servers that do the same work, in one run, on the s
                 principal `authorization: sha256`, in front of the plain Node server: durable
   orderd-pg     orderd serve on a fresh database of the PostgreSQL cluster tests/pg/with_pg.sh
   gateway-pg    started (IDEM_TEST_PG_URI), likewise; left out without it
+  orderd-pg-spread
+                orderd-pg again, its orders going round 1,000 products instead of all of one
+                (fresh.lua's NPRODUCTS, as make bench's S1 spread): fresh keys only, for
+                information: what one hot stock row costs on PostgreSQL
   gateway-pooled, gateway-pg-pooled
                 the two gateways again with `upstream.keyed_connections: pooled`: keyed requests
                 over kept upstream connections, not one of their own each (the default, `fresh`).
@@ -82,6 +86,7 @@ SERVERS = {
     "orderd": ("orderd, SQLite FULL", "yes", True),
     "gateway": ("idem-gateway (SQLite FULL) in front of plain node:http", "yes", True),
     "orderd-pg": ("orderd, PostgreSQL", "yes", True),
+    "orderd-pg-spread": ("orderd, PostgreSQL, orders over 1,000 products", "yes", True),
     "gateway-pg": ("idem-gateway (PostgreSQL) in front of plain node:http", "yes", True),
     "gateway-pooled": ("idem-gateway (SQLite FULL), keyed_connections: pooled", "yes", True),
     "gateway-pg-pooled": ("idem-gateway (PostgreSQL), keyed_connections: pooled", "yes", True),
@@ -90,13 +95,15 @@ SERVERS = {
                       "claims (the completion is written after the answer)", True),
     "node-plain": ("node:http alone, no idempotency", "—", False),
 }
-ORDER_ALL = ["orderd", "gateway", "gateway-pooled", "orderd-pg", "gateway-pg",
-             "gateway-pg-pooled", "redis-peer", "redis-durable", "node-plain"]
-PG_SERVERS = ("orderd-pg", "gateway-pg", "gateway-pg-pooled")
+ORDER_ALL = ["orderd", "gateway", "gateway-pooled", "orderd-pg", "orderd-pg-spread",
+             "gateway-pg", "gateway-pg-pooled", "redis-peer", "redis-durable", "node-plain"]
+PG_SERVERS = ("orderd-pg", "orderd-pg-spread", "gateway-pg", "gateway-pg-pooled")
 # The runs with a synchronous standby: these servers, kind "fresh-sync".
 SYNC_SERVERS = ("gateway-pg", "gateway-pg-pooled", "orderd-pg")
-# Measured with fresh keys only: their replays are the default gateways' (no upstream involved).
+# Measured with fresh keys only, for information beside the server each varies: their replays
+# would be that server's.
 POOLED = {"gateway-pooled": "gateway", "gateway-pg-pooled": "gateway-pg"}
+VARIANTS = dict(POOLED, **{"orderd-pg-spread": "orderd-pg"})
 
 
 def is_orderd(name):
@@ -249,6 +256,11 @@ class PeersBench(B.Bench):
             self.dbs["orderd-pg"] = self.db_uri("postgresql", "orderd")
             self.token_pg = self.token(self.dbs["orderd-pg"], "bench")
             self.srv["orderd-pg"] = self.start_orderd("orderd-pg", self.dbs["orderd-pg"])
+            self.dbs["orderd-pg-spread"] = self.db_uri("postgresql", "orderd-spread")
+            self.token_spread = self.token(self.dbs["orderd-pg-spread"], "bench")
+            self.add_products(self.dbs["orderd-pg-spread"], B.SPREAD_PRODUCTS)
+            self.srv["orderd-pg-spread"] = self.start_orderd("orderd-pg-spread",
+                                                             self.dbs["orderd-pg-spread"])
         self.redis = self.start_redis()
         self.redis_durable = self.start_redis(durable=True)
         self.srv["node-plain"] = self.start_node("node-plain")
@@ -271,7 +283,9 @@ class PeersBench(B.Bench):
 
     def tok(self, name):
         """The bearer token of a server's requests (orderd checks its own; the rest ignore it)."""
-        return self.token_pg if name == "orderd-pg" else self.token_
+        if name == "orderd-pg":
+            return self.token_pg
+        return self.token_spread if name == "orderd-pg-spread" else self.token_
 
     # -- what each server counted --
 
@@ -343,7 +357,8 @@ class PeersBench(B.Bench):
             res = self.wrk(p.url, B.LUA_REPLAY, [self.tok(name), tag, str(WARM_KEYS)],
                            seconds=seconds)
         else:
-            res = self.wrk(p.url, B.LUA_FRESH, [self.tok(name), tag], seconds=seconds)
+            products = [str(B.SPREAD_PRODUCTS)] if name == "orderd-pg-spread" else []
+            res = self.wrk(p.url, B.LUA_FRESH, [self.tok(name), tag] + products, seconds=seconds)
         n = max(res["requests"], 1)
         res["cpu_us_per_req"] = {k: (self.cpu(v) - cpu0[k]) * 1e6 / n
                                  for k, v in pids.items()}
@@ -427,7 +442,7 @@ class PeersBench(B.Bench):
         for name in self.order:
             self.load(name, "fresh", 0, seconds=2, record=False)
         replay_tags = {n: self.warm_replays(n) for n in self.order
-                       if SERVERS[n][2] and n not in POOLED}
+                       if SERVERS[n][2] and n not in VARIANTS}
         for rnd in range(1, self.rounds + 1):
             order = self.order if rnd % 2 else list(reversed(self.order))
             for name in order:
@@ -514,6 +529,15 @@ class PeersBench(B.Bench):
                                 "Redis peer", default),
                     "value": "%s req/s (%s; %s)" % (fmt_rate(mine), fmt_ratio(
                         mine / peer if peer else None), fmt_ratio(mine / dflt if dflt else None))})
+        mine, _ = self.rate("orderd-pg-spread", "fresh")
+        one, _ = self.rate("orderd-pg", "fresh")
+        durable, _ = self.rate("redis-durable", "fresh")
+        if mine:
+            self.r["info"].append({
+                "what": "orderd-pg-spread: fresh orders over 1,000 products (÷ the durable Redis "
+                        "peer; ÷ orderd-pg, every order of one product)",
+                "value": "%s req/s (%s; %s)" % (fmt_rate(mine), fmt_ratio(
+                    mine / durable if durable else None), fmt_ratio(mine / one if one else None))})
         for name in SYNC_SERVERS:
             if self.runs_of(name, "fresh-sync"):
                 mine, _ = self.rate(name, "fresh-sync")
