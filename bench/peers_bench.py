@@ -645,6 +645,15 @@ class PeersBench(B.Bench):
                              "average" % (dc, cm))
                     line += (", in %.2f round trips to the server per request. " % rt
                              if rt else ". ")
+            for v, of in VARIANTS.items():
+                vr, vruns = self.rate(v, t["kind"])
+                peer, _ = self.rate(t["peer"], t["kind"])
+                if of != t["id"] or not vr or not peer:
+                    continue
+                line += ("%s, in the same minutes: %s req/s, %s the peer (%s this server's). " % (
+                    "With `keyed_connections: pooled` (%s)" % v if v in POOLED else
+                    "Over 1,000 products, no one hot stock row (%s)" % v,
+                    fmt_rate(vr), fmt_ratio(vr / peer), fmt_ratio(vr / rps if rps else None)))
             if t["problems"]:
                 line += "Runs that do not count: %s." % "; ".join(t["problems"])
             out.append(line)
