@@ -156,7 +156,7 @@ bench-gateway:
 # and on PostgreSQL (with_pg.sh's cluster) beside a Node server with the @node-idempotency
 # middleware on Redis (no persistence, and appendfsync always) and the same server without
 # idempotency, fresh keys and replays, wrk -t2 -c64, then the PostgreSQL rows again with a
-# synchronous standby, in one run (about 4 minutes); make bench ends with it too.  Its report:
+# synchronous standby, in one run (about 6 minutes); make bench ends with it too.  Its report:
 # bench/results/peers-<UTC time>.md.
 # The npm packages go into bench/peers/node_modules (npm ci) when missing; Redis is Debian's.
 #   make bench-peers BENCH_SECONDS=8     make bench-peers BENCH_BUILD=build-peers
