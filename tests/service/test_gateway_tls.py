@@ -469,6 +469,10 @@ def a_stalled_handshake_is_cut_and_counts_against_the_address(ctx):
             expect_eq(s.recv(100), b"", "the stalled handshake is closed")
         waited = time.monotonic() - t0
         expect(waited < 4, "cut by the head deadline (1 s), after %.1f s" % waited)
+        # The gateway gives the address's slots back once each close is done, just after the
+        # client saw it end.
+        harness.wait_until("the gateway to let go of the stalled connections",
+                           lambda: open_connections(gw) == 0)
         r = gw.request("POST", "/v2/free", {"n": 1})
         expect_eq(r.status, 201, "served again once they are cut")
     with_edge(ctx, run, limits="limits:\n  head_timeout_ms: 1000\n  max_connections_per_ip: 2\n")
