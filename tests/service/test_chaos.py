@@ -700,7 +700,7 @@ fi
 exec "%(real)s" "$@"
 """
 EXTRA = r"""
-import http.client, os, re, sys, time, uuid
+import http.client, json, os, re, sys, time, uuid
 pid = sys.argv[1]
 deadline = time.monotonic() + 60  # a slow (sanitized, loaded) orderd may take a while to listen
 while True:
@@ -716,6 +716,17 @@ while True:
     time.sleep(0.05)
 token = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "token")).read().strip()
 c = http.client.HTTPConnection("127.0.0.1", int(m.group(1)), timeout=10)
+# Only once the run has made an order: idem-check lists the orders there before the run first,
+# and an order made before that list is one that was there already, not one too many.
+while True:
+    c.request("GET", "/api/orders?limit=1", headers={"Authorization": "Bearer " + token})
+    r = c.getresponse()
+    if r.status == 200 and json.loads(r.read())["orders"]:
+        break
+    r.read()
+    if time.monotonic() > deadline:
+        sys.exit(1)
+    time.sleep(0.02)
 c.request("POST", "/api/orders", body='{"productId":"p-1024","quantity":1}',
           headers={"Authorization": "Bearer " + token, "Content-Type": "application/json",
                    "Idempotency-Key": "extra-" + uuid.uuid4().hex})
