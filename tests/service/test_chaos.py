@@ -700,33 +700,33 @@ fi
 exec "%(real)s" "$@"
 """
 EXTRA = r"""
-import http.client, json, os, re, sys, time, uuid
+import http.client, json, os, re, sys, uuid
+sys.path.insert(0, "@HARNESS_DIR@")
+from harness import wait_until
 pid = sys.argv[1]
-deadline = time.monotonic() + 60  # a slow (sanitized, loaded) orderd may take a while to listen
-while True:
+
+
+def port():
     try:
-        out = open("/proc/%s/fd/1" % pid).read()
+        m = re.search(r"listening on http://127.0.0.1:(\d+)", open("/proc/%s/fd/1" % pid).read())
     except OSError:
-        out = ""
-    m = re.search(r"listening on http://127.0.0.1:(\d+)", out)
-    if m:
-        break
-    if time.monotonic() > deadline:
-        sys.exit(1)
-    time.sleep(0.05)
-token = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "token")).read().strip()
-c = http.client.HTTPConnection("127.0.0.1", int(m.group(1)), timeout=10)
-# Only once the run has made an order: idem-check lists the orders there before the run first,
-# and an order made before that list is one that was there already, not one too many.
-while True:
+        return None
+    return m and int(m.group(1))
+
+
+def orders_made():
     c.request("GET", "/api/orders?limit=1", headers={"Authorization": "Bearer " + token})
     r = c.getresponse()
-    if r.status == 200 and json.loads(r.read())["orders"]:
-        break
-    r.read()
-    if time.monotonic() > deadline:
-        sys.exit(1)
-    time.sleep(0.02)
+    body = r.read()
+    return r.status == 200 and json.loads(body)["orders"]
+
+
+# (a slow, sanitized or loaded, orderd may take a while to listen)
+c = http.client.HTTPConnection("127.0.0.1", wait_until("orderd to listen", port, 60), timeout=10)
+token = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "token")).read().strip()
+# Only once the run has made an order: idem-check lists the orders there before the run first,
+# and an order made before that list is one that was there already, not one too many.
+wait_until("the run's first order", orders_made, 60)
 c.request("POST", "/api/orders", body='{"productId":"p-1024","quantity":1}',
           headers={"Authorization": "Bearer " + token, "Content-Type": "application/json",
                    "Idempotency-Key": "extra-" + uuid.uuid4().hex})
@@ -743,7 +743,7 @@ def test_audit_catches_an_order_no_intent_made(ctx):
         f.write(WRAPPER % {"real": ORDERD, "dir": d, "python": sys.executable})
     os.chmod(wrapper, 0o755)
     with open(os.path.join(d, "extra.py"), "w") as f:
-        f.write(EXTRA)
+        f.write(EXTRA.replace("@HARNESS_DIR@", os.path.dirname(os.path.abspath(__file__))))
     try:
         rc, out, err, _ = idem_check(["chaos", "--orderd-bin", wrapper, "--provider-bin",
                                       PROVIDER_SIM, "--intents", "50", "--max-time", "10",
