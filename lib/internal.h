@@ -198,10 +198,12 @@ struct idem__job_slot {
  * The versions of struct idem_conn_methods.  IDEM__CONN_V_COMMIT_CHECKS: adds whole_tx and
  * batch_tx, for a connection that may leave a statement's check to the COMMIT.
  * IDEM__CONN_V_CLAIMS_AHEAD: adds claims_collect, for one that claims a batch's keys at once.
+ * IDEM__CONN_V_EXEC_DEFERRED: adds exec_deferred, for one that can hold a statement back.
  */
 #define IDEM__CONN_V_BASE 1
 #define IDEM__CONN_V_COMMIT_CHECKS 2
 #define IDEM__CONN_V_CLAIMS_AHEAD 3
+#define IDEM__CONN_V_EXEC_DEFERRED 4
 
 /*
  * What a store backend implements, in two tables as SQLite's sqlite3_vfs and sqlite3_io_methods:
@@ -329,6 +331,15 @@ struct idem_conn_methods {
      * COMMIT and answer each claim there (IDEM__CLAIM_AT_COMMIT).
      */
     void (*claims_collect)(struct idem_conn *c, int on);
+
+    /* ---- version 4 (IDEM__CONN_V_EXEC_DEFERRED) ---- */
+    /*
+     * idem_tx_exec_deferred(): in a batch's transaction (batch_tx), holds `sql` back to go out
+     * with the next statement or the COMMIT, whose failure it then is, and returns 1; anywhere
+     * else returns 0 with nothing run.
+     */
+    int (*exec_deferred)(struct idem_conn *c, const char *sql, int nparams,
+                         const char *const *params);
 };
 
 struct idem_store_methods {

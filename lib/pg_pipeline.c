@@ -61,13 +61,18 @@ struct pipe_q idem__pg_q_exec(const char *name, int nparams, const char *const *
 void idem__pg_deferred_clear(struct idem_conn *c)
 {
     for (int i = 0; i < c->ndefer; i++) {
-        free(c->defer[i].sql);
+        struct deferred *d = &c->defer[i];
+        free(d->sql);
+        free(d->app_name);
+        for (int j = 0; j < d->napp; j++)
+            free(d->app_vals[j]);
+        free(d->app_vals);
         for (int j = 0; j < DEFER_PARAMS; j++) {
-            free(c->defer[i].vals[j]);
-            idem__pg_array_clear(&c->defer[i].arr[j]);
+            free(d->vals[j]);
+            idem__pg_array_clear(&d->arr[j]);
         }
     }
-    memset(c->defer, 0, sizeof(c->defer));
+    memset(c->defer, 0, sizeof(c->defer[0]) * (size_t)c->ndefer);
     c->ndefer = 0;
     c->begin_deferred = 0;
 }
@@ -188,7 +193,7 @@ static int deferred_add_row(struct deferred *d, const char *const *vals, const i
 /* Whether a row of `stmt` with formats `fmts` may join `d`, the last statement held back. */
 static int joins(const struct deferred *d, const struct pg_stmt *stmt, const int *fmts)
 {
-    if (d->sql || d->stmt != stmt || !stmt->many || d->rows >= DEFER_ROWS_MAX)
+    if (d->sql || d->app_name || d->stmt != stmt || !stmt->many || d->rows >= DEFER_ROWS_MAX)
         return 0;
     for (int k = 0; k < stmt->nparams; k++)
         if (d->fmts[k] != (fmts ? fmts[k] : 0))
@@ -197,10 +202,24 @@ static int joins(const struct deferred *d, const struct pg_stmt *stmt, const int
 }
 
 /* Adds `stmt`, a statement without parameters, to all[nall] (prepared first if need be). */
-static int add_plain(const struct idem_conn *c, struct pipe_q *all, int nall,
+/*
+ * Whether `stmt` is to be prepared in this pipeline: neither the session nor an earlier statement
+ * of the pipeline (`*preparing`, which it then joins) knows it.
+ */
+static int to_prepare(const struct idem_conn *c, unsigned *preparing, const struct pg_stmt *stmt)
+{
+    const unsigned bit = 1u << stmt->id;
+
+    if ((c->prepared | *preparing) & bit)
+        return 0;
+    *preparing |= bit;
+    return 1;
+}
+
+static int add_plain(const struct idem_conn *c, unsigned *preparing, struct pipe_q *all, int nall,
                      const struct pg_stmt *stmt, const char *what)
 {
-    if (!(c->prepared & (1u << stmt->id)))
+    if (to_prepare(c, preparing, stmt))
         all[nall++] = idem__pg_q_prepare(stmt, what);
     all[nall++] = idem__pg_q_exec(stmt->name, 0, NULL, NULL, NULL, 0, what);
     return nall;
@@ -222,6 +241,7 @@ int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
     int mlens[DEFER_MAX][DEFER_PARAMS], mfmts[DEFER_MAX][DEFER_PARAMS];
     const int ending = n > 0 && q[0].ends_tx;
     int nd = 0, nall = 0, synced = 0, bad = -1;
+    unsigned preparing = 0; /* the store's statements this pipeline prepares (struct pg_stmt) */
     const char *what;
     PGresult *err = NULL;
     int rc = 0;
@@ -245,11 +265,16 @@ int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
             all[nall++] = idem__pg_q_simple(d->sql, d->what);
             continue;
         }
+        if (d->app_name) {
+            all[nall++] = idem__pg_q_exec(d->app_name, d->napp, (const char *const *)d->app_vals,
+                                          NULL, NULL, 0, d->what);
+            continue;
+        }
         /* The settings it is planned under, before it, and their undoing after it (a form for
          * several rows: struct pg_stmt). */
         if (stmt->before)
-            nall = add_plain(c, all, nall, stmt->before, d->what);
-        if (!(c->prepared & (1u << stmt->id)))
+            nall = add_plain(c, &preparing, all, nall, stmt->before, d->what);
+        if (to_prepare(c, &preparing, stmt))
             all[nall++] = idem__pg_q_prepare(stmt, d->what);
         if (d->rows > 1) {
             for (int k = 0; k < stmt->nparams; k++) {
@@ -268,7 +293,7 @@ int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
         all[nall++].fenced = stmt->fenced;
         /* (Before the COMMIT, the transaction's end undoes the settings.) */
         if (stmt->after && !(ending && i == c->ndefer - 1))
-            nall = add_plain(c, all, nall, stmt->after, d->what);
+            nall = add_plain(c, &preparing, all, nall, stmt->after, d->what);
     }
     nd = nall;
     for (int i = 0; i < n; i++)
@@ -392,6 +417,38 @@ int idem__pg_defer_simple(struct idem_conn *c, const char *sql, const char *what
     if (c->in_tx)
         c->tx_stmts++;
     return 0;
+}
+
+/* Holds back an EXECUTE of `name` with copies of `vals`; 0, or IDEM_ENOMEM. */
+int idem__pg_defer_app(struct idem_conn *c, const char *name, int nparams, const char *const *vals,
+                       const char *what)
+{
+    struct deferred *d;
+    int rc;
+
+    if (c->ndefer == DEFER_MAX && (rc = idem__pg_flush_deferred(c)) < 0)
+        return rc;
+    d = &c->defer[c->ndefer];
+    memset(d, 0, sizeof(*d));
+    d->what = what;
+    d->app_name = idem__strdup(name);
+    d->app_vals = calloc((size_t)nparams + 1, sizeof(char *));
+    if (!d->app_name || !d->app_vals)
+        goto nomem;
+    for (; d->napp < nparams; d->napp++)
+        if (vals[d->napp] && !(d->app_vals[d->napp] = idem__strdup(vals[d->napp])))
+            goto nomem;
+    c->ndefer++;
+    if (c->in_tx)
+        c->tx_stmts++;
+    return 0;
+nomem:
+    for (int j = 0; j < d->napp; j++)
+        free(d->app_vals[j]);
+    free(d->app_vals);
+    free(d->app_name);
+    memset(d, 0, sizeof(*d));
+    return IDEM_ENOMEM;
 }
 
 /*

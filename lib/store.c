@@ -412,6 +412,21 @@ int idem_tx_exec(struct idem_tx *tx, const char *sql, int nparams, const char *c
     return rc;
 }
 
+int idem_tx_exec_deferred(struct idem_tx *tx, const char *sql, int nparams,
+                          const char *const *params)
+{
+    int rc;
+
+    if (!tx || !sql || nparams < 0 || (nparams > 0 && !params))
+        return IDEM_EINVAL;
+    if (tx->st->cm->version < IDEM__CONN_V_EXEC_DEFERRED)
+        return 0;
+    rc = tx->st->cm->exec_deferred(tx->conn, sql, nparams, params);
+    if (rc < 0)
+        idem__fmt(tx->errmsg, sizeof(tx->errmsg), "%s", tx->st->cm->errmsg(tx->conn));
+    return rc;
+}
+
 unsigned idem__tx_rollbacks(const struct idem_tx *tx)
 {
     return tx->rollbacks;

@@ -1034,6 +1034,29 @@ static int app_lookup(struct idem_conn *c, const char *sql, struct app_stmt **ou
     return 0;
 }
 
+/*
+ * app_lookup() of `sql` to be run with `nparams` parameters (IDEM_EINVAL if it uses more), with
+ * the DEALLOCATE of the statement it evicted in `dealloc` ("" if none), for the caller to send.
+ */
+static int app_entry(struct idem_conn *c, const char *sql, int nparams, struct app_stmt **out,
+                     char *dealloc, size_t dealloclen)
+{
+    char evict[64];
+    int rc = app_lookup(c, sql, out, evict, sizeof(evict));
+
+    dealloc[0] = '\0';
+    if (rc < 0)
+        return rc;
+    if (evict[0])
+        idem__fmt(dealloc, dealloclen, "DEALLOCATE %s", evict);
+    if ((*out)->nparams > nparams) {
+        idem__fmt(c->errmsg, sizeof(c->errmsg), "postgresql: statement uses $%d but %d given",
+                  (*out)->nparams, nparams);
+        return IDEM_EINVAL;
+    }
+    return 0;
+}
+
 /* Copies a result's rows, as text, into the shape both stores share. */
 static int rows_from(const PGresult *res, struct idem_rows **out)
 {
@@ -1146,6 +1169,17 @@ static int exec_savepoint_stmt(struct idem_conn *c, const char *sql, struct idem
     return rc;
 }
 
+/* The PREPARE of an application's statement under its name. */
+static struct pipe_q q_prepare_app(const struct app_stmt *e)
+{
+    struct pipe_q q = idem__pg_q_simple(e->sql, "exec");
+
+    q.name = e->name;
+    q.prepare = 1;
+    q.nparams = e->nparams;
+    return q;
+}
+
 /*
  * Runs one application statement.  Inside a transaction it runs under a savepoint, so that a
  * failure (a unique violation above all) leaves the transaction usable, as SQLite does: what is
@@ -1159,7 +1193,6 @@ static int pg_exec(struct idem_conn *c, const char *sql, int nparams, const char
 {
     int rc = 0;
     struct app_stmt *e = NULL;
-    char evict[64];
     char dealloc[96];
 
     if (rows)
@@ -1175,16 +1208,9 @@ static int pg_exec(struct idem_conn *c, const char *sql, int nparams, const char
         }
         return exec_savepoint_stmt(c, sql, rows);
     }
-    rc = app_lookup(c, sql, &e, evict, sizeof(evict));
+    rc = app_entry(c, sql, nparams, &e, dealloc, sizeof(dealloc));
     if (rc < 0)
         return rc;
-    if (e->nparams > nparams) {
-        idem__fmt(c->errmsg, sizeof(c->errmsg), "postgresql: statement uses $%d but %d given",
-                  e->nparams, nparams);
-        return IDEM_EINVAL;
-    }
-    if (evict[0])
-        idem__fmt(dealloc, sizeof(dealloc), "DEALLOCATE %s", evict);
     for (int attempt = 0;; attempt++) {
         struct pipe_q q[5];
         int n = 0, ix, prep = -1, dx = -1, failed = -1;
@@ -1197,16 +1223,13 @@ static int pg_exec(struct idem_conn *c, const char *sql, int nparams, const char
 
         if (savepoint)
             q[n++] = idem__pg_q_simple("SAVEPOINT idem_stmt", "exec");
-        if (evict[0]) {
+        if (dealloc[0]) {
             dx = n;
             q[n++] = idem__pg_q_simple(dealloc, "exec");
         }
         if (!e->prepared) {
             prep = n;
-            q[n] = idem__pg_q_simple(sql, "exec");
-            q[n].name = e->name;
-            q[n].prepare = 1;
-            q[n++].nparams = e->nparams;
+            q[n++] = q_prepare_app(e);
         }
         ix = n;
         q[n++] = idem__pg_q_exec(e->name, e->nparams, params, NULL, NULL, 0, "exec");
@@ -1218,7 +1241,7 @@ static int pg_exec(struct idem_conn *c, const char *sql, int nparams, const char
         if (prep >= 0 && q[prep].ok)
             e->prepared = 1;
         if (dx >= 0 && q[dx].ok)
-            evict[0] = '\0';
+            dealloc[0] = '\0';
         if (rc == 0 && rows)
             rc = rows_from(q[ix].res, rows);
         for (int i = 0; i < n; i++)
@@ -1235,8 +1258,45 @@ static int pg_exec(struct idem_conn *c, const char *sql, int nparams, const char
         if (!first || !c->broken || attempt > 0 || reconnect(c) < 0)
             return rc;
         idem__pg_defer_begin(c);
-        evict[0] = '\0'; /* a new session knows none of the old one's statements */
+        dealloc[0] = '\0'; /* a new session knows none of the old one's statements */
     }
+}
+
+/*
+ * An application's statement held back in a batch's transaction (struct idem_conn_methods,
+ * exec_deferred): its EXECUTE goes out with the next pipeline, and its failure fails the batch.
+ * The first time a session meets it, its PREPARE costs a round trip of its own.  Returns 1 when
+ * held back, 0 when not (not a batch's transaction: nothing ran), or a negative code.
+ */
+static int pg_exec_deferred(struct idem_conn *c, const char *sql, int nparams,
+                            const char *const *params)
+{
+    struct app_stmt *e = NULL;
+    char dealloc[96];
+    int rc;
+
+    if (c->broken || !c->in_tx || !c->batch || is_savepoint_stmt(sql))
+        return 0;
+    rc = app_entry(c, sql, nparams, &e, dealloc, sizeof(dealloc));
+    if (rc < 0)
+        return rc;
+    /* (After every EXECUTE of the evicted statement held back before it.) */
+    if (dealloc[0]) {
+        rc = idem__pg_defer_simple(c, dealloc, "exec");
+        if (rc < 0)
+            return rc;
+    }
+    if (!e->prepared) {
+        struct pipe_q q = q_prepare_app(e);
+        int failed = -1;
+        rc = idem__pg_pipe_run(c, &q, 1, &failed);
+        e->prepared = q.ok;
+        PQclear(q.res);
+        if (rc < 0)
+            return rc;
+    }
+    rc = idem__pg_defer_app(c, e->name, e->nparams, params, "exec");
+    return rc < 0 ? rc : 1;
 }
 
 /* ---- records --------------------------------------------------------------------------------- */
@@ -2042,7 +2102,7 @@ static void pg_store_close(struct idem_store *st)
 }
 
 static const struct idem_conn_methods pg_conn_methods = {
-    .version = IDEM__CONN_V_CLAIMS_AHEAD,
+    .version = IDEM__CONN_V_EXEC_DEFERRED,
     .conn_close = pg_close,
     .errmsg = pg_errmsg,
     .conn_ok = pg_conn_ok,
@@ -2068,6 +2128,7 @@ static const struct idem_conn_methods pg_conn_methods = {
     .whole_tx = pg_whole_tx,
     .batch_tx = pg_batch_tx,
     .claims_collect = pg_claims_collect,
+    .exec_deferred = pg_exec_deferred,
 };
 
 const struct idem_store_methods idem__pg_methods = {

@@ -125,17 +125,23 @@ struct pg_array {
 /*
  * A statement whose answer nobody waits for, held back to go out in the pipeline of the next one
  * that needs its answer (see "pipelines" below): the application's SAVEPOINT, RELEASE and
- * ROLLBACK TO, and the completion of a record this transaction inserted (the BEGIN is only a
- * flag, begin_deferred).  Its failure is
- * reported by that next statement (or the COMMIT, which then does not happen).
+ * ROLLBACK TO, the completion of a record this transaction inserted, and in a batch the
+ * application's statements it asked to hold back (the BEGIN is only a flag, begin_deferred).
+ * Its failure is reported by that next statement (or the COMMIT, which then does not happen).
+ * At most DEFER_MAX (a batch's 32 jobs, two each) before they go out on their own.
  */
-#define DEFER_MAX 8
+#define DEFER_MAX 64
 #define DEFER_PARAMS 8
 /* Rows of one statement held back as one (its `many` form), at most. */
 #define DEFER_ROWS_MAX 64
 struct deferred {
     const char *what; /* names it in a message */
     char *sql;        /* a parameterless statement (owned), or NULL for: */
+    /* an application's statement prepared under `app_name` (owned), with app_vals[0..napp)
+     * (owned; NULL for a NULL), or NULL for: */
+    char *app_name;
+    char **app_vals;
+    int napp;
     const struct pg_stmt
         *stmt; /* the statement (borrowed: static), with these parameters (owned) */
     char *vals[DEFER_PARAMS];
@@ -262,10 +268,15 @@ int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
 void idem__pg_deferred_clear(struct idem_conn *c);
 /* Sends what is deferred, alone. */
 int idem__pg_flush_deferred(struct idem_conn *c);
-/* Hold back a parameterless statement, or `stmt` (borrowed) with copies of its parameters. */
+/*
+ * Hold back a parameterless statement, `stmt` (borrowed) with copies of its parameters, or the
+ * application's statement the session prepared as `name` with copies of its text parameters.
+ */
 int idem__pg_defer_simple(struct idem_conn *c, const char *sql, const char *what);
 int idem__pg_defer_stmt(struct idem_conn *c, const struct pg_stmt *stmt, const char *const *vals,
                         const int *lens, const int *fmts, const char *what);
+int idem__pg_defer_app(struct idem_conn *c, const char *name, int nparams, const char *const *vals,
+                       const char *what);
 /* Appends an element (NULL when `val` is) to `a`: 0, or IDEM_ENOMEM with `a` unchanged. */
 int idem__pg_array_add(struct pg_array *a, const char *val, size_t len);
 /* Writes `a`'s header (its elements bytea, or text): a->buf and a->len are the parameter. */

@@ -266,6 +266,21 @@ IDEM_API int idem_tx_rollback(struct idem_tx *tx);
 IDEM_API int idem_tx_exec(struct idem_tx *tx, const char *sql, int nparams,
                           const char *const *params, struct idem_rows **rows);
 
+/*
+ * idem_tx_exec() of a write whose answer the caller does not need, without waiting for it where
+ * that is safe: in the transaction idem_call_run_async() shares among several requests on
+ * PostgreSQL, the statement is held back to go out with the transaction's next statement or
+ * its COMMIT, and returns 1.  A write held back cannot say that it changed nothing, so one whose
+ * condition may fail must fail itself (divide by zero when it changed no row, say): its error
+ * fails the whole shared transaction, which is rolled back, and each request's run goes again
+ * alone -- where this returns 0.
+ *
+ * Returns 1 when held back, 0 when it was not (elsewhere, or on SQLite): nothing ran, run the
+ * statement with idem_tx_exec() and read its answer.  A negative code as idem_tx_exec().
+ */
+IDEM_API int idem_tx_exec_deferred(struct idem_tx *tx, const char *sql, int nparams,
+                                   const char *const *params);
+
 /* The last failure's detail, borrowed until the next call on `tx`. */
 IDEM_API const char *idem_tx_errmsg(const struct idem_tx *tx);
 
