@@ -11,6 +11,7 @@
 
 #include "auth.h"
 #include "db.h"
+#include "prices.h"
 #include "schema.h"
 #include "util.h"
 #include "banned.h"
@@ -35,6 +36,8 @@ void app_init(struct app *app, const struct orderd_config *cfg)
     app->metrics = metrics_new();
     app->ids = xcalloc(1, sizeof *app->ids);
     idgen_init(app->ids);
+    app->prices = xcalloc(1, sizeof *app->prices);
+    prices_init(app->prices);
     app->map_stale = xcalloc(1, sizeof *app->map_stale);
     atomic_init(app->map_stale, 0);
     /*
@@ -197,6 +200,9 @@ void app_close(struct app *app)
     if (app->ids != NULL)
         idgen_destroy(app->ids);
     free(app->ids);
+    if (app->prices != NULL)
+        prices_destroy(app->prices);
+    free(app->prices);
     free(app->map_stale);
     metrics_free(app->metrics);
     app->engine = NULL;
@@ -207,6 +213,7 @@ void app_close(struct app *app)
     app->views = NULL;
     app->nviews = 0;
     app->ids = NULL;
+    app->prices = NULL;
     app->map_stale = NULL;
     app->metrics = NULL;
 }

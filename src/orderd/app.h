@@ -24,6 +24,7 @@
 
 struct auth_cache;
 struct http_server;
+struct prices;
 struct provider;
 
 struct app {
@@ -42,6 +43,7 @@ struct app {
     struct auth_cache *tokens;  /* bearer token -> user, trusted for AUTH_CACHE_TTL_MS */
     struct metrics *metrics;
     struct idgen *ids;
+    struct prices *prices; /* what each product last sold at (orders.c's held-back writes) */
     /* The HTTP server, once started (its counters on /metrics); requests may come before. */
     struct http_server *_Atomic http;
 

@@ -42,6 +42,7 @@
 #include "order_doc.h"
 #include "response.h"
 #include "router.h"
+#include "prices.h"
 #include "stock.h"
 #include "util.h"
 #include "banned.h"
@@ -337,18 +338,70 @@ out:
     "$7, $8, $9 FROM r ON CONFLICT (user_id, idem_key) DO NOTHING RETURNING 1) "                   \
     "SELECT r.unit_price, r.currency, (SELECT count(*) FROM i) FROM r"
 
+/*
+ * The same, held back: in a transaction that idem_call_run_async() shares among several requests
+ * (idem_tx_exec_deferred), at the price this process last sold the product at (prices.h), the
+ * statement goes out with the batch's next one or its COMMIT.  The batch then pays no round trip
+ * an order, and holds the product's row from its first order to its COMMIT in one pipeline
+ * instead of one round trip an order: what bounds the orders of one product.  It fails itself (a
+ * division by zero) unless it reserved at that price and inserted the order: the whole batch
+ * rolls back, and each of its orders runs again alone, the waiting way above, which answers the
+ * refusal or the order already there and notes the price it finds.
+ */
+#define SQL_PLACE_PG_HELD                                                                          \
+    "WITH r AS (UPDATE products SET stock = stock - CAST($4 AS INTEGER) WHERE id = $3 AND "        \
+    "stock >= CAST($4 AS INTEGER) AND unit_price = CAST($10 AS BIGINT) AND currency = $11 "        \
+    "RETURNING unit_price, currency), "                                                            \
+    "i AS (INSERT INTO orders (id, user_id, product_id, quantity, unit_price, amount, currency, "  \
+    "status, idem_key, request_fp, created_at, payment_source) SELECT $1, $2, $3, "                \
+    "CAST($4 AS BIGINT), r.unit_price, r.unit_price * CAST($4 AS BIGINT), r.currency, $5, $6, "    \
+    "$7, $8, $9 FROM r ON CONFLICT (user_id, idem_key) DO NOTHING RETURNING 1) "                   \
+    "SELECT 1 / (SELECT count(*) FROM i)"
+
+/* 1 when the order was held back, as placed at the noted price; 0 when it was not (run it). */
+static int place_held_back(struct app *app, struct idem_tx *tx, const struct create_input *in,
+                           const struct order_row *o, struct placed *pl)
+{
+    char price[24];
+    const char *params[11] = {o->id,      o->principal, in->product, in->quantity,
+                              o->status,  o->key,       in->fp_hex,  o->created,
+                              in->source, price,        pl->currency};
+    int rc;
+
+    if (!prices_get(app->prices, in->product, &pl->price, pl->currency))
+        return 0;
+    snprintf(price, sizeof price, "%lld", (long long)pl->price);
+    rc = idem_tx_exec_deferred(tx, SQL_PLACE_PG_HELD, 11, params);
+    if (rc < 0)
+        log_msg(&app->log, "error", "orders.create: cannot hold the order back (%s): %s",
+                idem_err_name(rc), idem_tx_errmsg(tx));
+    if (rc != 1)
+        return rc;
+    pl->product_known = 1;
+    pl->reserved = 1;
+    pl->inserted = 1;
+    return 1;
+}
+
 static int place_one_statement(struct app *app, struct idem_tx *tx, const struct create_input *in,
                                const struct order_row *o, struct placed *pl)
 {
     struct idem_rows *rows = NULL;
     const char *params[9] = {o->id,  o->principal, in->product, in->quantity, o->status,
                              o->key, in->fp_hex,   o->created,  in->source};
-    int rc = db_exec(app, tx, SQL_PLACE_PG, 9, params, &rows);
+    int rc = place_held_back(app, tx, in, o, pl);
 
+    if (rc != 0)
+        return rc < 0 ? rc : 0;
+    rc = db_exec(app, tx, SQL_PLACE_PG, 9, params, &rows);
     if (rc == 0 && idem_rows_count(rows) == 1) {
         pl->reserved = 1;
         pl->inserted = strcmp(db_text(rows, 0, 2), "1") == 0;
         rc = placed_price(pl, idem_rows_get(rows, 0, 0), idem_rows_get(rows, 0, 1));
+        if (rc == 0)
+            prices_note(app->prices, in->product, pl->price, pl->currency);
+    } else if (rc == 0) {
+        prices_forget(app->prices, in->product); /* refused: its next orders wait for the answer */
     }
     idem_rows_free(rows);
     return rc;

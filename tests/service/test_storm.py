@@ -15,9 +15,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import (Server, expect, expect_eq, expect_problem, fail,  # noqa: E402
+from harness import (Server, db_query, expect, expect_eq, expect_problem, fail,  # noqa: E402
                      fresh_db_per_server, metric_value, new_key, parse_metrics,
-                     retry_after_seconds, run, store_kind, test)
+                     retry_after_seconds, run, store_kind, test, wait_until)
 
 SAME_KEY_REQUESTS = 120
 DISTINCT_KEYS = 100
@@ -317,6 +317,58 @@ def test_limited_stock_is_never_oversold(server):
         expect(len(created) <= 3, "p-limited oversold: %d orders for a stock of 3" % len(created))
     listed = sum(len(c.all_orders()) for c in buyers)
     expect_eq(listed, len(created), "p-limited orders listed across the buyers")
+
+
+@test
+def test_a_new_price_reaches_the_orders_that_follow_it(server):
+    # On PostgreSQL orderd sends an order of a product it sold before without waiting for the
+    # database, at the price it last sold at; the database checks that price.  A price changed
+    # behind its back must still be what every later order pays and answers.
+    db_query(server.db_uri, "INSERT INTO products (id, name, unit_price, currency, stock)"
+                            " VALUES ('p-repriced', 'Repriced', 500, 'EUR', 1000)")
+    u = server.new_user("repriced")
+    first = u.create_order(new_key("repriced"), product="p-repriced", quantity=1)
+    expect_eq(first.status, 201, "the first order of p-repriced: %s" % first.describe())
+    expect_eq(first.json()["unitPrice"], 500, "the first order's price")
+    db_query(server.db_uri, "UPDATE products SET unit_price = 700 WHERE id = 'p-repriced'")
+    # Orders of another product meanwhile keep the store's threads busy, so the new price's
+    # first orders queue into batches with theirs rather than find a thread idle and run alone.
+    stop, flooded = threading.Event(), []
+
+    def flood():
+        c = server.new_user("flood")
+        conn = c.connect(timeout=60)
+        try:
+            deadline = time.monotonic() + 60
+            while not stop.is_set() and time.monotonic() < deadline:
+                flooded.append(c.create_order(new_key("flood"), conn=conn).status)
+        finally:
+            conn.close()
+
+    flooders = [threading.Thread(target=flood, daemon=True) for _ in range(8)]
+    for t in flooders:
+        t.start()
+    try:
+        wait_until("the flood's first orders", lambda: len(flooded) >= 50)
+        body = {"productId": "p-repriced", "quantity": 2}
+        results = storm(u, [(new_key("repriced"), body) for _ in range(DISTINCT_KEYS // 4)])
+    finally:
+        stop.set()
+        for t in flooders:
+            t.join(60)
+    expect_eq(set(flooded), {201}, "the statuses of the flood's orders")
+    for key, _, r in results:
+        if getattr(r, "status", None) != 201:
+            fail("order %s after the new price: %r" % (key, getattr(r, "describe", lambda: r)()))
+        doc = r.json()
+        expect_eq((doc["unitPrice"], doc["amount"]), (700, 1400), "the answer of order %s" % key)
+    rows = db_query(server.db_uri, "SELECT unit_price, amount, count(*) FROM orders"
+                                   " WHERE product_id = 'p-repriced' GROUP BY unit_price, amount"
+                                   " ORDER BY unit_price")
+    expect_eq(rows, [["500", "500", "1"], ["700", "1400", str(len(results))]],
+              "the orders of p-repriced by (unit price, amount)")
+    expect_eq(int(db_query(server.db_uri, "SELECT stock FROM products WHERE id = 'p-repriced'")
+                  [0][0]), 1000 - 1 - 2 * len(results), "the stock of p-repriced")
 
 
 if __name__ == "__main__":
