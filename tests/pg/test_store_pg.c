@@ -1240,8 +1240,6 @@ static void test_batch_held_back_statements(void)
     held_round(st, eng, 1, 100, jobs, &trips);
     for (int i = 0; i < HELD_JOBS; i++) {
         held += atomic_load(&jobs[i].held);
-        fprintf(stderr, "job %d runs %d held %d\n", i, atomic_load(&jobs[i].runs),
-                atomic_load(&jobs[i].held));
         CHECK_INT(idem_call_response_status(jobs[i].call), 201);
         idem_call_end(jobs[i].call);
     }
