@@ -226,6 +226,75 @@ static int add_plain(const struct idem_conn *c, unsigned *preparing, struct pipe
 }
 
 /*
+ * Adds the deferred statement `d` to all[nall] (with its preparation and settings); returns the
+ * new count.  mv, ml and mf hold a `many` form's parameters (the arrays).  `last`: the COMMIT
+ * comes right after it, which undoes its settings for it.
+ */
+static int add_deferred(const struct idem_conn *c, struct deferred *d, unsigned *preparing,
+                        struct pipe_q *all, int nall, const char **mv, int *ml, int *mf, int last)
+{
+    const struct pg_stmt *stmt;
+
+    if (d->sql) {
+        all[nall++] = idem__pg_q_simple(d->sql, d->what);
+        return nall;
+    }
+    if (d->app_name) {
+        all[nall++] = idem__pg_q_exec(d->app_name, d->napp, (const char *const *)d->app_vals, NULL,
+                                      NULL, 0, d->what);
+        return nall;
+    }
+    stmt = d->rows > 1 ? d->stmt->many : d->stmt;
+    /* The settings it is planned under, before it, and their undoing after it (a form for
+     * several rows: struct pg_stmt). */
+    if (stmt->before)
+        nall = add_plain(c, preparing, all, nall, stmt->before, d->what);
+    if (to_prepare(c, preparing, stmt))
+        all[nall++] = idem__pg_q_prepare(stmt, d->what);
+    if (d->rows > 1) {
+        for (int k = 0; k < stmt->nparams; k++) {
+            idem__pg_array_seal(&d->arr[k], d->fmts[k]);
+            mv[k] = d->arr[k].buf;
+            ml[k] = (int)d->arr[k].len;
+            mf[k] = 1;
+        }
+        all[nall] = idem__pg_q_exec(stmt->name, stmt->nparams, mv, ml, mf, 0, d->what);
+    } else {
+        all[nall] = idem__pg_q_exec(stmt->name, stmt->nparams, (const char *const *)d->vals,
+                                    d->lens, d->fmts, 0, d->what);
+    }
+    all[nall].keep = d->keep;
+    all[nall++].fenced = stmt->fenced;
+    /* (Before the COMMIT, the transaction's end undoes the settings.) */
+    if (stmt->after && !last)
+        nall = add_plain(c, preparing, all, nall, stmt->after, d->what);
+    return nall;
+}
+
+/*
+ * Whether the application's writes held back go after the store's own statements held back among
+ * them, not in the order they came.  Both kinds go out with the batch's next statement or its
+ * COMMIT, nobody reads their answers, and they write other tables (an application's write held
+ * back leaves the store's alone: idem_tx_exec_deferred), so any order gives the same rows and
+ * any failure still fails the batch -- but a row that the writes lock is then locked for less of
+ * the transaction: a batch of orders of one product holds that product's row from its first
+ * order, and the records' inserts no longer run while it is held.  Not when a statement of the
+ * application's own comes after one of its writes (its savepoints), whose order with them counts.
+ */
+static int apps_go_last(const struct idem_conn *c)
+{
+    int apps = 0;
+
+    for (int i = 0; i < c->ndefer; i++) {
+        if (c->defer[i].app_name)
+            apps = 1;
+        else if (c->defer[i].sql && apps)
+            return 0;
+    }
+    return apps;
+}
+
+/*
  * Sends the deferred statements, then q[0..n), then a Sync, in one pipeline (one round trip), and
  * reads every answer.  Returns 0 when all succeeded (optional ones aside); else the first
  * failure's code and message, with its index in `q` in *failed (-1: a deferred statement, or the
@@ -242,6 +311,7 @@ int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
     const int ending = n > 0 && q[0].ends_tx;
     int nd = 0, nall = 0, synced = 0, bad = -1;
     unsigned preparing = 0; /* the store's statements this pipeline prepares (struct pg_stmt) */
+    int apps_last;
     const char *what;
     PGresult *err = NULL;
     int rc = 0;
@@ -258,43 +328,13 @@ int idem__pg_pipe_run(struct idem_conn *c, struct pipe_q *q, int n, int *failed)
     }
     if (c->begin_deferred)
         all[nall++] = idem__pg_q_simple("BEGIN ISOLATION LEVEL READ COMMITTED", "begin");
-    for (int i = 0; i < c->ndefer; i++) {
-        struct deferred *d = &c->defer[i];
-        const struct pg_stmt *stmt = d->rows > 1 ? d->stmt->many : d->stmt;
-        if (d->sql) {
-            all[nall++] = idem__pg_q_simple(d->sql, d->what);
-            continue;
-        }
-        if (d->app_name) {
-            all[nall++] = idem__pg_q_exec(d->app_name, d->napp, (const char *const *)d->app_vals,
-                                          NULL, NULL, 0, d->what);
-            continue;
-        }
-        /* The settings it is planned under, before it, and their undoing after it (a form for
-         * several rows: struct pg_stmt). */
-        if (stmt->before)
-            nall = add_plain(c, &preparing, all, nall, stmt->before, d->what);
-        if (to_prepare(c, &preparing, stmt))
-            all[nall++] = idem__pg_q_prepare(stmt, d->what);
-        if (d->rows > 1) {
-            for (int k = 0; k < stmt->nparams; k++) {
-                idem__pg_array_seal(&d->arr[k], d->fmts[k]);
-                mvals[i][k] = d->arr[k].buf;
-                mlens[i][k] = (int)d->arr[k].len;
-                mfmts[i][k] = 1;
-            }
-            all[nall] = idem__pg_q_exec(stmt->name, stmt->nparams, mvals[i], mlens[i], mfmts[i], 0,
-                                        d->what);
-        } else {
-            all[nall] = idem__pg_q_exec(stmt->name, stmt->nparams, (const char *const *)d->vals,
-                                        d->lens, d->fmts, 0, d->what);
-        }
-        all[nall].keep = d->keep;
-        all[nall++].fenced = stmt->fenced;
-        /* (Before the COMMIT, the transaction's end undoes the settings.) */
-        if (stmt->after && !(ending && i == c->ndefer - 1))
-            nall = add_plain(c, &preparing, all, nall, stmt->after, d->what);
-    }
+    /* The store's statements held back, then the application's writes, or all as they came. */
+    apps_last = apps_go_last(c);
+    for (int pass = 0; pass < 1 + apps_last; pass++)
+        for (int i = 0; i < c->ndefer; i++)
+            if (!apps_last || (c->defer[i].app_name != NULL) == (pass == 1))
+                nall = add_deferred(c, &c->defer[i], &preparing, all, nall, mvals[i], mlens[i],
+                                    mfmts[i], ending && i == c->ndefer - 1 && !apps_last);
     nd = nall;
     for (int i = 0; i < n; i++)
         all[nall++] = q[i];

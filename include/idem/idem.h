@@ -273,7 +273,9 @@ IDEM_API int idem_tx_exec(struct idem_tx *tx, const char *sql, int nparams,
  * its COMMIT, and returns 1.  A write held back cannot say that it changed nothing, so one whose
  * condition may fail must fail itself (divide by zero when it changed no row, say): its error
  * fails the whole shared transaction, which is rolled back, and each request's run goes again
- * alone -- where this returns 0.
+ * alone -- where this returns 0.  It must leave libidem's own tables alone: it may go out after
+ * statements of the store's that were held back after it (never after a savepoint statement of
+ * yours that came after it).
  *
  * Returns 1 when held back, 0 when it was not (elsewhere, or on SQLite): nothing ran, run the
  * statement with idem_tx_exec() and read its answer.  A negative code as idem_tx_exec().
