@@ -201,7 +201,6 @@ static int joins(const struct deferred *d, const struct pg_stmt *stmt, const int
     return 1;
 }
 
-/* Adds `stmt`, a statement without parameters, to all[nall] (prepared first if need be). */
 /*
  * Whether `stmt` is to be prepared in this pipeline: neither the session nor an earlier statement
  * of the pipeline (`*preparing`, which it then joins) knows it.
@@ -216,6 +215,7 @@ static int to_prepare(const struct idem_conn *c, unsigned *preparing, const stru
     return 1;
 }
 
+/* Adds `stmt`, a statement without parameters, to all[nall] (prepared first if need be). */
 static int add_plain(const struct idem_conn *c, unsigned *preparing, struct pipe_q *all, int nall,
                      const struct pg_stmt *stmt, const char *what)
 {
