@@ -394,6 +394,21 @@ static int is_rollback(const char *sql)
             sql[8] == ';');
 }
 
+/* Whether a statement's arguments are unusable (idem_tx_exec and idem_tx_exec_deferred). */
+static int stmt_args_bad(const struct idem_tx *tx, const char *sql, int nparams,
+                         const char *const *params)
+{
+    return !tx || !sql || nparams < 0 || (nparams > 0 && !params);
+}
+
+/* Keeps the connection's message of a failed statement in `tx` (idem_tx_errmsg); returns rc. */
+static int stmt_ended(struct idem_tx *tx, int rc)
+{
+    if (rc < 0)
+        idem__fmt(tx->errmsg, sizeof(tx->errmsg), "%s", tx->st->cm->errmsg(tx->conn));
+    return rc;
+}
+
 int idem_tx_exec(struct idem_tx *tx, const char *sql, int nparams, const char *const *params,
                  struct idem_rows **rows)
 {
@@ -401,11 +416,9 @@ int idem_tx_exec(struct idem_tx *tx, const char *sql, int nparams, const char *c
 
     if (rows)
         *rows = NULL;
-    if (!tx || !sql || nparams < 0 || (nparams > 0 && !params))
+    if (stmt_args_bad(tx, sql, nparams, params))
         return IDEM_EINVAL;
-    rc = tx->st->cm->exec(tx->conn, sql, nparams, params, rows);
-    if (rc < 0)
-        idem__fmt(tx->errmsg, sizeof(tx->errmsg), "%s", tx->st->cm->errmsg(tx->conn));
+    rc = stmt_ended(tx, tx->st->cm->exec(tx->conn, sql, nparams, params, rows));
     /* Counted whatever it returned: a failed one may still have undone something. */
     if (is_rollback(sql))
         tx->rollbacks++;
@@ -415,16 +428,11 @@ int idem_tx_exec(struct idem_tx *tx, const char *sql, int nparams, const char *c
 int idem_tx_exec_deferred(struct idem_tx *tx, const char *sql, int nparams,
                           const char *const *params)
 {
-    int rc;
-
-    if (!tx || !sql || nparams < 0 || (nparams > 0 && !params))
+    if (stmt_args_bad(tx, sql, nparams, params))
         return IDEM_EINVAL;
     if (tx->st->cm->version < IDEM__CONN_V_EXEC_DEFERRED)
         return 0;
-    rc = tx->st->cm->exec_deferred(tx->conn, sql, nparams, params);
-    if (rc < 0)
-        idem__fmt(tx->errmsg, sizeof(tx->errmsg), "%s", tx->st->cm->errmsg(tx->conn));
-    return rc;
+    return stmt_ended(tx, tx->st->cm->exec_deferred(tx->conn, sql, nparams, params));
 }
 
 unsigned idem__tx_rollbacks(const struct idem_tx *tx)
